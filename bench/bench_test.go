@@ -1,0 +1,322 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// testRoles are child roles only the tests use.
+var testRoles = map[string]ChildFunc{
+	"test.fail": func([]string) (map[string]Op, func() error, error) {
+		return nil, nil, errors.New("setup refused")
+	},
+	"test.echo": func(args []string) (map[string]Op, func() error, error) {
+		return map[string]Op{
+			// Reports n microseconds, so the parent sees the child's own
+			// timing, not the pipe round trip.
+			"us": func(n int) (time.Duration, error) { return time.Duration(n) * time.Microsecond, nil },
+			"fail": func(int) (time.Duration, error) {
+				return 0, errors.New("op failed: " + strings.Join(args, " "))
+			},
+		}, nil, nil
+	},
+}
+
+func TestMain(m *testing.M) {
+	RunChildIfRequested(testRoles)
+	os.Exit(m.Run())
+}
+
+// tiny is a config for smoke tests: enough to exercise every path, too short
+// to mean anything.
+func tiny() Config { return Config{Rounds: 3, Target: 200 * time.Microsecond} }
+
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   []float64
+		want float64
+	}{
+		{"empty", nil, 0},
+		{"one", []float64{7}, 7},
+		{"odd unsorted", []float64{5, 1, 3}, 3},
+		{"even", []float64{4, 1, 3, 2}, 2.5},
+		{"outlier", []float64{10, 11, 1000, 12, 9}, 11},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := append([]float64(nil), tc.in...)
+			require.Equal(t, tc.want, median(tc.in))
+			require.Equal(t, in, tc.in, "median must not reorder its input")
+		})
+	}
+}
+
+func TestQuantile(t *testing.T) {
+	for _, tc := range []struct {
+		in      []float64
+		q, want float64
+	}{
+		{nil, 0.5, 0},
+		{[]float64{3}, 0.25, 3},
+		{[]float64{4, 1, 3, 2, 5}, 0.25, 2},
+		{[]float64{4, 1, 3, 2, 5}, 0.75, 4},
+		{[]float64{1, 2}, 0.5, 1.5},
+		{[]float64{1, 2}, 1, 2},
+	} {
+		require.Equal(t, tc.want, quantile(tc.in, tc.q), "%v q=%v", tc.in, tc.q)
+	}
+}
+
+func TestCalibrateReachesTarget(t *testing.T) {
+	var calls []int
+	op := func(n int) (time.Duration, error) {
+		calls = append(calls, n)
+		return time.Duration(n) * 300 * time.Nanosecond, nil
+	}
+	n, err := calibrate(op, time.Millisecond)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, time.Duration(n)*300, time.Millisecond)
+	require.Less(t, len(calls), 6, "calibration should converge in a few batches: %v", calls)
+}
+
+func TestAlternateOrderAndSkips(t *testing.T) {
+	var order []string
+	mk := func(name string) Setup {
+		return func() (Op, func() error, error) {
+			return func(n int) (time.Duration, error) {
+				order = append(order, name)
+				return time.Duration(n) * time.Millisecond, nil
+			}, nil, nil
+		}
+	}
+	cleaned := false
+	figs, warns := Alternate(Config{Rounds: 2, Target: time.Millisecond},
+		Contender{"a_ns", mk("a")},
+		Contender{"broken_ns", func() (Op, func() error, error) {
+			return nil, func() error { cleaned = true; return errors.New("boom") }, errors.New("no such thing")
+		}},
+		Contender{"panics_ns", func() (Op, func() error, error) { panic("half-written hook") }},
+		Contender{"nil_ns", nil},
+		Contender{"b_ns", mk("b")},
+	)
+	// One calibration batch each, then rounds alternate a b a b.
+	require.Equal(t, []string{"a", "b", "a", "b", "a", "b"}, order)
+	require.Len(t, figs, 5)
+	require.Equal(t, 1e6, figs[0].Value)
+	require.Equal(t, "ns/op", figs[0].Unit)
+	require.Equal(t, "no such thing", figs[1].Skipped)
+	require.Contains(t, figs[2].Skipped, "half-written hook")
+	require.Equal(t, ErrNotWired.Error(), figs[3].Skipped)
+	require.True(t, cleaned, "cleanup of a failed setup must still run")
+	require.Len(t, warns, 1)
+	require.Contains(t, warns[0], "boom")
+}
+
+// fakeSources wires every hook with something cheap, so the smoke run walks
+// every path of Run without the engine.
+func fakeSources() Sources {
+	owner := func() (Op, func() error, error) { return gomapOp(), nil, nil }
+	return Sources{
+		KeysGet:      owner,
+		KeysSetOwner: owner,
+		// KeysSetClient stays nil: reported as not wired.
+		KeysReaders: func(k int) ([]Op, func() error, error) {
+			ops := make([]Op, k)
+			for i := range ops {
+				ops[i] = gomapOp()
+			}
+			return ops, nil, nil
+		},
+		AddRows: goLoopAdd,
+		KernelsC: func(int, time.Duration) (map[string]float64, error) {
+			return map[string]float64{"16k": 2000}, nil
+		},
+		StepMixed: func() (Op, func() error, error) { panic("not yet") },
+		Memory:    func() (float64, float64, error) { return 1.25, 1.0 / 8, nil },
+	}
+}
+
+func TestSmokeReport(t *testing.T) {
+	cfg := tiny()
+	// Everything but the Python and Redis baselines, which have their own
+	// tests.
+	cfg.Only = []string{"keys.get.gomap", "keys.get.shmsteer", "keys.set.owner", "keys.set.client",
+		"keys.get.scaling", "kernels.add.16k.goloop", "kernels.add.16k.shmsteer", "kernels.add.16k.c",
+		"kernels.add.256k.c", "steer.", "mem."}
+	var prog bytes.Buffer
+	cfg.Progress = &prog
+	rep := Run(cfg, fakeSources())
+	require.Contains(t, prog.String(), "keys.get.gomap_ns")
+
+	var table bytes.Buffer
+	require.NoError(t, rep.WriteTable(&table))
+	out := table.String()
+	for _, want := range []string{
+		"keys.get.gomap_ns", "keys.get.shmsteer_ns", "kernels.add.16k.goloop_ns",
+		"kernels.add.16k.c_ns", "mem.overhead_ratio",
+		"skipped keys.set.client_ns: " + ErrNotWired.Error(),
+		"skipped kernels.add.256k.c_ns: no result for size 256k",
+		"skipped steer.step.mixed_ns: setup panicked: not yet",
+	} {
+		require.Contains(t, out, want)
+	}
+
+	var js bytes.Buffer
+	require.NoError(t, rep.WriteJSON(&js))
+	var recs []map[string]any
+	require.NoError(t, json.Unmarshal(js.Bytes(), &recs))
+	got := map[string]map[string]any{}
+	for _, r := range recs {
+		for k := range r {
+			require.Contains(t, []string{"name", "value", "unit", "baseline", "ratio"}, k)
+		}
+		got[r["name"].(string)] = r
+	}
+	for name, unit := range map[string]string{
+		"keys.get.gomap_ns": "ns/op", "keys.get.shmsteer_ns": "ns/op", "keys.set.owner_ns": "ns/op",
+		"keys.get.scaling_2readers": "x", "kernels.add.16k.goloop_ns": "ns/op",
+		"kernels.add.16k.shmsteer_ns": "ns/op", "kernels.add.16k.c_ns": "ns/op",
+		"mem.overhead_ratio": "x", "mem.tp8_ratio": "x",
+	} {
+		require.Contains(t, got, name)
+		require.Equal(t, unit, got[name]["unit"], name)
+		require.Greater(t, got[name]["value"].(float64), 0.0, name)
+	}
+	require.Len(t, recs, 9, "skipped figures must not be in the JSON")
+	for _, skipped := range []string{"keys.set.client_ns", "kernels.add.256k.c_ns", "steer.step.mixed_ns", "steer.step.kernel_ns"} {
+		require.NotContains(t, got, skipped)
+	}
+	require.Equal(t, 1.25, got["mem.overhead_ratio"]["value"])
+
+	// Ratio = ours / baseline, only where the baseline was measured.
+	k := got["kernels.add.16k.shmsteer_ns"]
+	require.Equal(t, "kernels.add.16k.c_ns", k["baseline"])
+	require.InDelta(t, k["value"].(float64)/2000, k["ratio"].(float64), 1e-9)
+	require.NotContains(t, got["keys.get.shmsteer_ns"], "ratio", "syncmanager was not run, so no ratio")
+	require.NotContains(t, got["keys.get.gomap_ns"], "baseline")
+
+	// Round trip through Figure keeps names, values and units.
+	var figs []Figure
+	require.NoError(t, json.Unmarshal(js.Bytes(), &figs))
+	require.Equal(t, rep.Measured()[0].Name, figs[0].Name)
+	require.Equal(t, rep.Measured()[0].Value, figs[0].Value)
+
+	dir := t.TempDir()
+	for _, name := range []string{"bench.png", "bench.svg"} {
+		path := filepath.Join(dir, name)
+		require.NoError(t, rep.Plot(path))
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.Greater(t, len(b), 1000, name)
+		if strings.HasSuffix(name, ".png") {
+			require.Equal(t, "\x89PNG", string(b[:4]))
+		}
+	}
+}
+
+func TestMainFlags(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.Equal(t, 2, Main([]string{"--bogus"}, Sources{}, &out, &errb))
+	require.Equal(t, 2, Main([]string{"extra"}, Sources{}, &out, &errb))
+	require.Equal(t, 0, Main([]string{"-h"}, Sources{}, &out, &errb))
+	require.Contains(t, errb.String(), "--quick")
+
+	dir := t.TempDir()
+	js, png := filepath.Join(dir, "b.json"), filepath.Join(dir, "b.png")
+	out.Reset()
+	code := Main([]string{"--quick", "--rounds", "2", "--only", "keys.get.gomap,mem.", "--json", js, "--plot", png}, Sources{}, &out, &errb)
+	require.Equal(t, 0, code, errb.String())
+	require.Contains(t, out.String(), "keys.get.gomap_ns")
+	require.Contains(t, out.String(), "skipped mem.tp8_ratio")
+	b, err := os.ReadFile(js)
+	require.NoError(t, err)
+	var recs []Figure
+	require.NoError(t, json.Unmarshal(b, &recs))
+	require.Len(t, recs, 1)
+	require.Equal(t, "keys.get.gomap_ns", recs[0].Name)
+	st, err := os.Stat(png)
+	require.NoError(t, err)
+	require.Positive(t, st.Size())
+
+	require.Equal(t, 1, Main([]string{"--only", "mem.", "--json", filepath.Join(dir, "no", "such", "dir.json")}, Sources{}, &out, &errb))
+}
+
+func TestChildDriver(t *testing.T) {
+	p, err := StartChild("test.echo", "a", "b")
+	require.NoError(t, err)
+	d, err := p.Run("us", 250)
+	require.NoError(t, err)
+	require.Equal(t, 250*time.Microsecond, d, "the child's own timing comes back")
+	_, err = p.Run("fail", 1)
+	require.ErrorIs(t, err, ErrChild)
+	require.Contains(t, err.Error(), "op failed: a b")
+	_, err = p.Run("nope", 1)
+	require.ErrorContains(t, err, "unknown op")
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close(), "Close is idempotent")
+	_, err = p.Run("us", 1)
+	require.ErrorIs(t, err, ErrChild)
+
+	_, err = StartChild("test.fail")
+	require.ErrorIs(t, err, ErrChild)
+	require.ErrorContains(t, err, "setup refused")
+	_, err = StartChild("test.nosuchrole")
+	require.ErrorContains(t, err, ErrUnknownRole.Error())
+}
+
+func TestChildTimeoutKills(t *testing.T) {
+	// A child that never answers: the driver must give up and kill it.
+	cmd := exec.Command("sleep", "30")
+	start := time.Now()
+	_, err := StartProc("sleeper", cmd, 300*time.Millisecond)
+	require.ErrorIs(t, err, ErrChildTimeout)
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.NotNil(t, cmd.ProcessState, "the child was waited for")
+}
+
+func TestScalingWithGoChildren(t *testing.T) {
+	// The built-in gomap role stands in for the shmsteer reader: two child
+	// processes, each timing its own batch.
+	readers := func(k int) ([]Op, func() error, error) {
+		var ops []Op
+		var procs []*Proc
+		closeAll := func() error {
+			var errs []error
+			for _, p := range procs {
+				errs = append(errs, p.Close())
+			}
+			return errors.Join(errs...)
+		}
+		for range k {
+			p, err := StartChild("bench.gomap")
+			if err != nil {
+				return nil, closeAll, err
+			}
+			procs = append(procs, p)
+			ops = append(ops, p.Op("get"))
+		}
+		return ops, closeAll, nil
+	}
+	cfg := tiny()
+	cfg.Only = []string{"keys.get.scaling"}
+	rep := Run(cfg, Sources{KeysReaders: readers})
+	require.Len(t, rep.Figures, 1)
+	f := rep.Figures[0]
+	require.Empty(t, f.Skipped)
+	require.Equal(t, "keys.get.scaling_2readers", f.Name)
+	require.Equal(t, "x", f.Unit)
+	// Private maps on a 2-core machine shared with other work: anywhere from
+	// perfect scaling to a few times slower, never zero.
+	require.Greater(t, f.Value, 0.2)
+	require.Less(t, f.Value, 20.0)
+	require.Empty(t, rep.Warnings)
+}

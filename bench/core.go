@@ -1,0 +1,270 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ErrNotWired reports a shmsteer contender whose hook in [Sources] is nil.
+var ErrNotWired = errors.New("shmsteer: bench: not wired")
+
+// ErrBadOp reports an Op that returned a non-positive duration, which would
+// turn into a meaningless ns/op.
+var ErrBadOp = errors.New("shmsteer: bench: op reported no elapsed time")
+
+// Op runs the measured operation n times and returns how long the n runs took.
+// Ops that run in this process time themselves with [GoOp]; ops that run in a
+// child process return the duration the child measured, so the pipe round
+// trip to the child is not part of the figure.
+type Op func(n int) (time.Duration, error)
+
+// Setup prepares a contender: it returns the op and a cleanup (which may be
+// nil). An error marks the contender as skipped, with the error as reason.
+type Setup func() (op Op, cleanup func() error, err error)
+
+// Contender is one measured thing. Name is the figure name, e.g.
+// "keys.get.gomap_ns"; its suffix decides the unit (see [unitOf]).
+type Contender struct {
+	Name  string
+	Setup Setup
+}
+
+// GoOp turns a function that runs an operation n times into an [Op] timed
+// with the monotonic clock around the whole batch.
+func GoOp(f func(n int) error) Op {
+	return func(n int) (time.Duration, error) {
+		start := time.Now()
+		err := f(n)
+		return time.Since(start), err
+	}
+}
+
+// Config controls a run. The zero value is not useful; see [DefaultConfig]
+// and [QuickConfig].
+type Config struct {
+	// Rounds is how many times each contender is measured, alternating with
+	// the other contenders of its group; the figure is the median.
+	Rounds int
+	// Target is the least duration of one timed batch; the batch size n is
+	// calibrated per contender to reach it, so timer resolution and per-call
+	// overhead of the driver stay negligible.
+	Target time.Duration
+	// Only, when non-empty, keeps the contenders whose name starts with one
+	// of these prefixes; the others are not run and not reported.
+	Only []string
+	// Progress receives a one-line, carriage-return-rewritten progress
+	// display; nil means silent.
+	Progress io.Writer
+}
+
+// DefaultConfig is the full run: 11 rounds (odd, so the median is a sample)
+// of batches of at least 20 ms.
+func DefaultConfig() Config { return Config{Rounds: 11, Target: 20 * time.Millisecond} }
+
+// QuickConfig keeps the baselines' share of a run to a few seconds, for
+// `shmsteer bench --quick` and CI.
+func QuickConfig() Config { return Config{Rounds: 7, Target: 5 * time.Millisecond} }
+
+func (c Config) wants(name string) bool {
+	if len(c.Only) == 0 {
+		return true
+	}
+	for _, p := range c.Only {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// maxBatch bounds calibration: an op so cheap that 2^30 runs stay under the
+// target is being elided by the compiler, not measured.
+const maxBatch = 1 << 30
+
+// calibrate finds a batch size whose run takes at least target. The last
+// batch it runs doubles as the contender's warm-up.
+func calibrate(op Op, target time.Duration) (int, error) {
+	n := 1
+	for {
+		d, err := op(n)
+		if err != nil {
+			return 0, err
+		}
+		if d >= target || n >= maxBatch {
+			return n, nil
+		}
+		next := 100 * n
+		if d > 0 {
+			// Aim 20% past the target so the next try usually ends it.
+			next = int(1.2 * float64(n) * float64(target) / float64(d))
+		}
+		n = min(max(next, 2*n), 100*n, maxBatch)
+	}
+}
+
+// median returns the middle value (mean of the two middle values for an even
+// count); 0 for no values.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	m := len(s) / 2
+	if len(s)%2 == 1 {
+		return s[m]
+	}
+	return (s[m-1] + s[m]) / 2
+}
+
+// quantile returns the q-quantile (0 ≤ q ≤ 1) by linear interpolation
+// between the closest ranks; 0 for no values.
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	pos := q * float64(len(s)-1)
+	i := int(pos)
+	if i+1 >= len(s) {
+		return s[len(s)-1]
+	}
+	return s[i] + (pos-float64(i))*(s[i+1]-s[i])
+}
+
+// progress prints "[i/total] name round r/R" over itself on one line.
+type progress struct {
+	w     io.Writer
+	i     int
+	total int
+}
+
+func (p *progress) show(name, what string) {
+	if p == nil || p.w == nil {
+		return
+	}
+	fmt.Fprintf(p.w, "\r\033[K[%d/%d] %s %s", p.i, p.total, name, what)
+}
+
+func (p *progress) done() {
+	if p == nil || p.w == nil {
+		return
+	}
+	fmt.Fprint(p.w, "\r\033[K")
+}
+
+// live is a contender during a run.
+type live struct {
+	name    string
+	op      Op
+	n       int
+	nsPerOp []float64
+	skipped string
+}
+
+// Alternate measures the contenders of one group in a single run: after each
+// contender's setup and calibration, round r measures every live contender
+// once, in order (A B C A B C …), so drift of a noisy machine lands on all of
+// them alike. It returns one figure per contender, in input order, skipped
+// ones carrying the reason, and warnings from failed cleanups. Cleanups run
+// before it returns, even when an op panics.
+func Alternate(cfg Config, cs ...Contender) (figs []Figure, warnings []string) {
+	return alternate(cfg, nil, cs)
+}
+
+func alternate(cfg Config, prog *progress, cs []Contender) (figs []Figure, warnings []string) {
+	ls := make([]*live, len(cs))
+	type named struct {
+		name string
+		f    func() error
+	}
+	var cleanups []named
+	defer func() {
+		// Reverse order, as defers would: a later setup may share a resource
+		// set up earlier.
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			if err := cleanups[i].f(); err != nil {
+				// The timings already taken stand, but a failed cleanup (a child
+				// that would not exit) must not pass silently.
+				warnings = append(warnings, fmt.Sprintf("%s: cleanup: %v", cleanups[i].name, err))
+			}
+		}
+	}()
+	for i, c := range cs {
+		l := &live{name: c.Name}
+		ls[i] = l
+		if prog != nil {
+			prog.i++
+			prog.show(c.Name, "setup")
+		}
+		op, cleanup, err := safeSetup(c.Setup)
+		if cleanup != nil {
+			cleanups = append(cleanups, named{c.Name, cleanup})
+		}
+		if err != nil {
+			l.skipped = err.Error()
+			continue
+		}
+		prog.show(c.Name, "calibrate")
+		n, err := calibrate(op, cfg.Target)
+		if err != nil {
+			l.skipped = fmt.Sprintf("calibration: %v", err)
+			continue
+		}
+		l.op, l.n = op, n
+	}
+	for r := range cfg.Rounds {
+		for _, l := range ls {
+			if l.skipped != "" {
+				continue
+			}
+			prog.show(l.name, fmt.Sprintf("round %d/%d", r+1, cfg.Rounds))
+			d, err := l.op(l.n)
+			switch {
+			case err != nil:
+				l.skipped = fmt.Sprintf("round %d: %v", r+1, err)
+			case d <= 0:
+				l.skipped = fmt.Sprintf("round %d: %v", r+1, ErrBadOp)
+			default:
+				l.nsPerOp = append(l.nsPerOp, float64(d.Nanoseconds())/float64(l.n))
+			}
+		}
+	}
+	for _, l := range ls {
+		f := Figure{Name: l.name, Unit: unitOf(l.name), Skipped: l.skipped}
+		if l.skipped == "" {
+			if len(l.nsPerOp) == 0 {
+				f.Skipped = "no rounds run"
+			} else {
+				f.Value = median(l.nsPerOp)
+				f.Rounds, f.Batch = len(l.nsPerOp), l.n
+				f.Spread = (quantile(l.nsPerOp, 0.75) - quantile(l.nsPerOp, 0.25)) / f.Value
+			}
+		}
+		figs = append(figs, f)
+	}
+	return figs, warnings
+}
+
+// safeSetup turns a panicking setup into a skipped contender: a half-written
+// engine hook must not take the baselines down with it.
+func safeSetup(s Setup) (op Op, cleanup func() error, err error) {
+	if s == nil {
+		return nil, nil, ErrNotWired
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			op, err = nil, fmt.Errorf("setup panicked: %v", r)
+		}
+	}()
+	op, cleanup, err = s()
+	if err == nil && op == nil {
+		err = ErrNotWired
+	}
+	return op, cleanup, err
+}

@@ -1,0 +1,217 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// Figure is one reported number. Skipped figures carry the reason and no
+// value; they are printed but never written to JSON or plotted.
+type Figure struct {
+	Name     string  `json:"name"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	Baseline string  `json:"baseline,omitempty"`
+	Ratio    float64 `json:"ratio,omitempty"` // Value / baseline's Value
+	Skipped  string  `json:"-"`
+
+	// How the value was obtained, for the table only: the rounds it is the
+	// median of, the batch size of each round, and the interquartile range
+	// over the median, which says how noisy the machine was without letting
+	// one preempted round dominate.
+	Rounds int     `json:"-"`
+	Batch  int     `json:"-"`
+	Spread float64 `json:"-"`
+}
+
+// FigureNames is the spec of the report (issue 6): every figure `shmsteer
+// bench` knows, in report order. <size> stands for each of [KernelSizes].
+var FigureNames = []string{
+	"keys.get.shmsteer_ns",
+	"keys.set.client_ns",
+	"keys.set.owner_ns",
+	"keys.get.gomap_ns",
+	"keys.get.syncmanager_ns",
+	"keys.set.syncmanager_ns",
+	"keys.get.redis_ns",
+	"keys.set.redis_ns",
+	"keys.get.scaling_2readers",
+	"kernels.add.<size>.shmsteer_ns",
+	"kernels.add.<size>.c_ns",
+	"kernels.add.<size>.goloop_ns",
+	"kernels.add.<size>.numpy_ns",
+	"steer.step.mixed_ns",
+	"steer.step.kernel_ns",
+	"mem.overhead_ratio",
+	"mem.tp8_ratio",
+}
+
+// Baselines maps each shmsteer figure to the figure it is compared with;
+// Ratio = ours / baseline, so below 1 means shmsteer is faster (or smaller).
+// The keys figures compare with the seed design (SyncManager) and the add
+// kernel with C, the bar for a hand-written kernel.
+var Baselines = map[string]string{
+	"keys.get.shmsteer_ns": "keys.get.syncmanager_ns",
+	"keys.set.client_ns":   "keys.set.syncmanager_ns",
+	"keys.set.owner_ns":    "keys.set.syncmanager_ns",
+}
+
+func init() {
+	for _, k := range KernelSizes {
+		Baselines["kernels.add."+k.Tag+".shmsteer_ns"] = "kernels.add." + k.Tag + ".c_ns"
+	}
+}
+
+// unitOf derives the unit from the name's suffix, so names and units cannot
+// drift apart.
+func unitOf(name string) string {
+	switch {
+	case strings.HasSuffix(name, "_ns"):
+		return "ns/op"
+	case strings.HasSuffix(name, "_ratio"), strings.Contains(name, "scaling"):
+		return "x"
+	}
+	return ""
+}
+
+// reportOrder expands FigureNames: the <size> entries become one entry per
+// size and contender, grouped by size, where the first of them stood.
+func reportOrder() []string {
+	var out, templates []string
+	at := -1
+	for _, n := range FigureNames {
+		if strings.Contains(n, "<size>") {
+			if at < 0 {
+				at = len(out)
+			}
+			templates = append(templates, n)
+			continue
+		}
+		out = append(out, n)
+	}
+	var kernel []string
+	for _, k := range KernelSizes {
+		for _, t := range templates {
+			kernel = append(kernel, strings.Replace(t, "<size>", k.Tag, 1))
+		}
+	}
+	return slices.Insert(out, max(at, 0), kernel...)
+}
+
+// rank is a figure's place in the report; unknown names go last.
+func rank(name string) int {
+	if i := slices.Index(reportOrder(), name); i >= 0 {
+		return i
+	}
+	return 1 << 20
+}
+
+// Report collects the figures of a run.
+type Report struct {
+	Figures  []Figure
+	Warnings []string
+}
+
+// Add appends figures; Finish orders them and fills in ratios.
+func (r *Report) Add(figs ...Figure) { r.Figures = append(r.Figures, figs...) }
+
+// Finish sorts the figures into report order and sets Baseline and Ratio for
+// every measured figure whose baseline was measured too; a ratio against a
+// skipped baseline is left out rather than guessed.
+func (r *Report) Finish() {
+	slices.SortStableFunc(r.Figures, func(a, b Figure) int {
+		if c := rank(a.Name) - rank(b.Name); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	byName := map[string]Figure{}
+	for _, f := range r.Figures {
+		if f.Skipped == "" {
+			byName[f.Name] = f
+		}
+	}
+	for i := range r.Figures {
+		f := &r.Figures[i]
+		f.Baseline, f.Ratio = "", 0
+		base, ok := byName[Baselines[f.Name]]
+		if f.Skipped != "" || !ok || base.Value == 0 {
+			continue
+		}
+		f.Baseline, f.Ratio = base.Name, f.Value/base.Value
+	}
+}
+
+// Measured returns the figures that have a value, i.e. what the JSON holds.
+func (r *Report) Measured() []Figure {
+	var out []Figure
+	for _, f := range r.Figures {
+		if f.Skipped == "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// WriteJSON writes the measured figures as a JSON array, one record per
+// figure; skipped figures are absent.
+func (r *Report) WriteJSON(w io.Writer) error {
+	figs := r.Measured()
+	if figs == nil {
+		figs = []Figure{} // "[]", not "null", for readers that expect an array
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(figs)
+}
+
+// WriteTable prints the measured figures as an aligned table, then one line
+// per skipped figure with its reason, then the warnings.
+func (r *Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "name\tvalue\tunit\tbaseline\tratio\tiqr/median\trounds x batch\n")
+	for _, f := range r.Measured() {
+		ratio, base := "", f.Baseline
+		if f.Ratio != 0 {
+			ratio = fmt.Sprintf("%.3f", f.Ratio)
+		}
+		spread, rounds := "", ""
+		if f.Rounds > 0 {
+			spread = fmt.Sprintf("%.0f%%", 100*f.Spread)
+			rounds = fmt.Sprintf("%d x %d", f.Rounds, f.Batch)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Name, formatValue(f), f.Unit, base, ratio, spread, rounds)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, f := range r.Figures {
+		if f.Skipped != "" {
+			if _, err := fmt.Fprintf(w, "skipped %s: %s\n", f.Name, f.Skipped); err != nil {
+				return err
+			}
+		}
+	}
+	for _, s := range r.Warnings {
+		if _, err := fmt.Fprintf(w, "warning: %s\n", s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func formatValue(f Figure) string {
+	switch {
+	case f.Unit != "ns/op":
+		return fmt.Sprintf("%.3f", f.Value)
+	case f.Value < 100:
+		return fmt.Sprintf("%.2f", f.Value)
+	case f.Value < 10000:
+		return fmt.Sprintf("%.1f", f.Value)
+	}
+	return fmt.Sprintf("%.0f", f.Value)
+}

@@ -1,0 +1,9 @@
+//go:build !cgo
+
+package ccompare
+
+const cAvailable = false
+
+func cAddRowsRepeat(h []float32, d int, s float32, v []float32, iters int) {
+	panic(ErrUnavailable)
+}

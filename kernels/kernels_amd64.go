@@ -1,0 +1,78 @@
+//go:build amd64 && !purego
+
+package kernels
+
+import "golang.org/x/sys/cpu"
+
+// Assembly kernels (kernels_amd64.s). Preconditions are those listed in
+// kernels.go; the exported wrappers enforce them.
+
+// addRowsSIMD runs the SIMD kernel for path (an id*) and reports true, or
+// reports false without touching h when path is idGeneric.
+//
+//go:noescape
+func addRowsSIMD(h, v []float32, s float32, path int) bool
+
+//go:noescape
+func addRowsAVX512(h, v []float32, s float32)
+
+//go:noescape
+func dotAVX512(a, b []float32) float32
+
+//go:noescape
+func sumSqAVX512(a []float32) float64
+
+//go:noescape
+func addRowsAVX2(h, v []float32, s float32)
+
+//go:noescape
+func dotAVX2(a, b []float32) float32
+
+//go:noescape
+func sumSqAVX2(a []float32) float64
+
+// archImpls returns the SIMD paths this CPU supports, best first.
+// x/sys/cpu also checks that the OS saves the wider register state (XCR0).
+func archImpls() []impl {
+	var out []impl
+	// The AVX-512 kernels use VEX-encoded FMA in scalar tails, hence the
+	// extra AVX2/FMA requirement (every AVX-512F CPU has them anyway).
+	if cpu.X86.HasAVX512F && cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		out = append(out, impl{name: PathAVX512, id: idAVX512})
+	}
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		out = append(out, impl{name: PathAVX2, id: idAVX2})
+	}
+	return out
+}
+
+// Dispatchers. The path is a switch on an int rather than a func value: a
+// direct call to an assembly (ABI0) function needs no ABI wrapper.
+
+func addRowsImpl(h, v []float32, s float32) {
+	if !addRowsSIMD(h, v, s, cur.id) {
+		addRowsGeneric(h, v, s)
+	}
+}
+
+func dotImpl(a, b []float32) float32 {
+	switch cur.id {
+	case idAVX512:
+		return dotAVX512(a, b)
+	case idAVX2:
+		return dotAVX2(a, b)
+	default:
+		return dotGeneric(a, b)
+	}
+}
+
+func sumSqImpl(a []float32) float64 {
+	switch cur.id {
+	case idAVX512:
+		return sumSqAVX512(a)
+	case idAVX2:
+		return sumSqAVX2(a)
+	default:
+		return sumSqGeneric(a)
+	}
+}

@@ -1,0 +1,14 @@
+//go:build !amd64 || purego
+
+package kernels
+
+// archImpls reports no SIMD paths: this build has no assembly kernels.
+func archImpls() []impl { return nil }
+
+func addRowsImpl(h, v []float32, s float32) { addRowsGeneric(h, v, s) }
+
+func dotImpl(a, b []float32) float32 { return dotGeneric(a, b) }
+
+func sumSqImpl(a []float32) float64 { return sumSqGeneric(a) }
+
+func addRowsSIMD(h, v []float32, s float32, path int) bool { return false }

@@ -1,0 +1,35 @@
+// Package shm owns the shared-memory region that every shmsteer process reads: its binary
+// layout, the open-addressing index, the arena of immutable blobs, versions and snapshots, and
+// epoch-based reclamation through reader slots.
+//
+// One process, the owner, creates a region (Create) and is its only writer; writes are
+// serialized by an in-process mutex, so no cross-process lock can be left held by a dead
+// process. Any number of processes open the region from its two file descriptors (Open) and
+// read it lock-free.
+//
+// # Layout (v1)
+//
+// A region is two memfds. The data memfd holds, in order: a 4 KiB header, the index (a
+// power-of-two array of 64-bit words) and the arena of 64-byte-aligned blobs. After the owner
+// maps it, the data memfd is sealed (F_SEAL_FUTURE_WRITE), so readers can map it read-only: a
+// buggy reader cannot corrupt what every other process reads. The reader memfd holds the reader
+// slots, one cache line each, which readers write to announce the version they read at.
+//
+// # Consistency
+//
+// Every write is copy-on-write: the writer fills a new blob whose header records its version and
+// the offset of the blob it replaces, then links it with one atomic store of an index word and
+// publishes the new global version with another. A reader pins the current version in its slot,
+// follows an index word to the newest blob whose version is not above its pin, and so sees
+// every write of a transaction or none of it. A replaced blob is retired at the version that
+// replaced it and reused only when every pinned slot is at or above that version; slots of dead
+// processes are found (pid gone or reused) and cleared, so a crashed reader never blocks
+// reclamation for long.
+//
+// Every shared word is read and written with sync/atomic; every offset and length read from the
+// mapping is bounds-checked, so a corrupt region yields ErrCorrupt, never a fault. All pointer
+// conversions live in unsafe.go.
+//
+// This package knows nothing of keys, requests or steering: it stores opaque values under
+// (Kind, key) and must not import the rest of shmsteer.
+package shm

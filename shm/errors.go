@@ -1,0 +1,42 @@
+package shm
+
+import "errors"
+
+var (
+	// ErrNotFound means no live value is stored under the kind and key at the version read.
+	ErrNotFound = errors.New("shmsteer: not found")
+	// ErrRegionFull means the arena or the index has no room for the write; nothing was
+	// changed. Delete values, or create the region with a larger Config.
+	ErrRegionFull = errors.New("shmsteer: region full")
+	// ErrKeyTooLong means a key is empty or longer than MaxKeyLen bytes.
+	ErrKeyTooLong = errors.New("shmsteer: key empty or too long")
+	// ErrBadKind means kind 0 was used; it is reserved.
+	ErrBadKind = errors.New("shmsteer: kind 0 is reserved")
+	// ErrBadConfig means a Config field is out of range; the message names it.
+	ErrBadConfig = errors.New("shmsteer: bad region config")
+	// ErrNotRegion means the file is not a shmsteer region (wrong magic or too small).
+	ErrNotRegion = errors.New("shmsteer: not a shmsteer region")
+	// ErrIncompatible means the region was written with a layout version this build cannot
+	// read; run the same shmsteer version in every process.
+	ErrIncompatible = errors.New("shmsteer: incompatible region layout")
+	// ErrCorrupt means a header, index word or blob read from the mapping failed validation.
+	// The region cannot be trusted; recreate it.
+	ErrCorrupt = errors.New("shmsteer: region corrupt")
+	// ErrReadOnly means a write was attempted on a region opened by a reader; send writes to
+	// the owner.
+	ErrReadOnly = errors.New("shmsteer: region is read-only in this process")
+	// ErrClosed means the region or snapshot was already closed.
+	ErrClosed = errors.New("shmsteer: closed")
+	// ErrNoReaderSlot means every reader slot is claimed; create the region with more
+	// ReaderSlots or close idle readers.
+	ErrNoReaderSlot = errors.New("shmsteer: no free reader slot")
+	// ErrSnapshotTooOld means the version asked for has already been reclaimed; pin it sooner
+	// or hold a snapshot of it in some process while others pin it.
+	ErrSnapshotTooOld = errors.New("shmsteer: snapshot version already reclaimed")
+	// ErrSnapshotFuture means the version asked for has not been published yet.
+	ErrSnapshotFuture = errors.New("shmsteer: snapshot version not yet published")
+	// ErrValueTooLarge means a value exceeds MaxValueLen or the whole arena.
+	ErrValueTooLarge = errors.New("shmsteer: value too large")
+	// ErrUnsupported means this operating system lacks memfd; shmsteer needs Linux.
+	ErrUnsupported = errors.New("shmsteer: shared regions need Linux memfd")
+)

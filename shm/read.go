@@ -1,0 +1,464 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+)
+
+// pinCurrent claims one of this process's reader slots and pins the current version in it.
+// It returns the slot's offset and the pinned version.
+func (r *Region) pinCurrent() (uint64, uint64, error) {
+	if r.closed.Load() {
+		return 0, 0, ErrClosed
+	}
+	for {
+		v := load64(r.data, hVersion)
+		n := r.nlocal.Load()
+		for i := int32(0); i < n; i++ {
+			s := r.local[i].Load()
+			if !cas64(r.readers, s+slotPin, 0, v) {
+				continue
+			}
+			// The writer raises the horizon before it scans the slots, so a pin that the
+			// scan may have missed sees the raised horizon here and retries.
+			if load64(r.data, hHorizon) <= v {
+				return s, v, nil
+			}
+			r.unpin(s)
+			n = -1
+			break
+		}
+		if n >= 0 {
+			if err := r.claimSlot(n); err != nil {
+				return 0, 0, err
+			}
+		}
+	}
+}
+
+// pinAt pins an explicit version, for snapshots handed from one process to another.
+func (r *Region) pinAt(v uint64) (uint64, error) {
+	if v == 0 || v > load64(r.data, hVersion) {
+		return 0, fmt.Errorf("%w: version %d", ErrSnapshotFuture, v)
+	}
+	s, cur, err := r.pinCurrent()
+	if err != nil {
+		return 0, err
+	}
+	if cur == v {
+		return s, nil
+	}
+	// Hold the slot at v, then wait until no reclamation pass is in flight and read the
+	// horizon it left: every version at or above it is intact, and later passes see our pin.
+	r.pinStore(s, v)
+	for spins := 0; ; spins++ {
+		seq := load64(r.data, hReclaimSeq)
+		h := load64(r.data, hHorizon)
+		if seq&1 == 0 && load64(r.data, hReclaimSeq) == seq {
+			if h <= v {
+				return s, nil
+			}
+			r.unpin(s)
+			return 0, fmt.Errorf("%w: version %d, oldest kept is %d", ErrSnapshotTooOld, v, h)
+		}
+		if spins > 64 {
+			runtime.Gosched()
+		}
+	}
+}
+
+// unpin leaves a read section. A release store suffices: the writer only needs to see the
+// slot cleared after this reader's loads, which amd64 guarantees for a plain store.
+func (r *Region) unpin(slot uint64) { storeRelaxed(word64(r.readers, slot+slotPin), 0) }
+
+// pinStore announces version v in a slot. It must be ordered before the reader's next load of
+// the horizon: by a fenced store, or, in processes registered for the owner's membarrier, by
+// the barrier the owner runs before it scans the slots.
+func (r *Region) pinStore(slot, v uint64) {
+	if r.relaxed {
+		storeRelaxed(word64(r.readers, slot+slotPin), v)
+	} else {
+		store64(r.readers, slot+slotPin, v)
+	}
+}
+
+// claimSlot adds a free reader slot to this process's pool, unless another goroutine already
+// added one since the caller saw have slots.
+func (r *Region) claimSlot(have int32) error {
+	r.slotMu.Lock()
+	defer r.slotMu.Unlock()
+	n := r.nlocal.Load()
+	if n != have {
+		return nil
+	}
+	if n == maxLocalSlots {
+		runtime.Gosched() // every local slot busy: wait for one rather than hoard more
+		return nil
+	}
+	s, err := r.claimFreeSlot()
+	if err != nil {
+		return err
+	}
+	r.local[n].Store(s)
+	r.nlocal.Store(n + 1)
+	return nil
+}
+
+// claimFreeSlot marks a free reader slot as this process's and returns its offset.
+func (r *Region) claimFreeSlot() (uint64, error) {
+	if r.closed.Load() {
+		return 0, ErrClosed
+	}
+	for i := uint64(0); i < r.l.readerSlots; i++ {
+		s := slotOff(i)
+		if !cas64(r.readers, s+slotOwner, 0, r.me) {
+			continue
+		}
+		store64(r.readers, s+slotPin, 0)
+		for {
+			hw := load64(r.readers, rHighWater)
+			if hw > i || cas64(r.readers, rHighWater, hw, i+1) {
+				break
+			}
+		}
+		return s, nil
+	}
+	return 0, fmt.Errorf("%w: all %d claimed", ErrNoReaderSlot, r.l.readerSlots)
+}
+
+func (r *Region) releaseSlot(s uint64) {
+	store64(r.readers, s+slotPin, 0)
+	cas64(r.readers, s+slotOwner, r.me, 0)
+}
+
+// Reader is a read handle with a reader slot of its own, for one goroutine at a time: a worker's
+// step loop, say. Its Get needs no atomic read-modify-write, so it is the fastest way to read a
+// region; Region.Get is the goroutine-safe equivalent. Close it to give the slot back.
+type Reader struct {
+	r    *Region
+	slot uint64
+	busy bool // a Snapshot taken from this Reader is open
+}
+
+// NewReader claims a reader slot for a new Reader.
+func (r *Region) NewReader() (*Reader, error) {
+	s, err := r.claimFreeSlot()
+	if err != nil {
+		return nil, err
+	}
+	return &Reader{r: r, slot: s}, nil
+}
+
+// ErrReaderBusy means a Reader was used while a Snapshot taken from it is open; close the
+// snapshot first, or use another Reader.
+var ErrReaderBusy = errors.New("shmsteer: reader has an open snapshot")
+
+func (rd *Reader) pin() (uint64, error) {
+	if rd.busy {
+		return 0, ErrReaderBusy
+	}
+	r := rd.r
+	if r.closed.Load() {
+		return 0, ErrClosed
+	}
+	for {
+		v := load64(r.data, hVersion)
+		r.pinStore(rd.slot, v)
+		if load64(r.data, hHorizon) <= v {
+			return v, nil
+		}
+	}
+}
+
+// Get appends the value of (kind, key) at the current version to dst, like Region.Get.
+func (rd *Reader) Get(kind Kind, key string, dst []byte) ([]byte, error) {
+	v, err := rd.pin()
+	if err != nil {
+		return dst, err
+	}
+	dst, err = rd.r.getFast(kind, stringBytes(key), v, dst)
+	rd.r.unpin(rd.slot)
+	return dst, err
+}
+
+// Snapshot pins the current version in the Reader's slot. The Reader cannot be used again
+// until the snapshot is closed, and the snapshot must be used by the Reader's goroutine.
+func (rd *Reader) Snapshot() (Snapshot, error) {
+	v, err := rd.pin()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	rd.busy = true
+	return Snapshot{r: rd.r, slot: rd.slot, version: v, owner: rd}, nil
+}
+
+// Close gives the Reader's slot back.
+func (rd *Reader) Close() error {
+	if rd.r == nil {
+		return ErrClosed
+	}
+	if !rd.r.closed.Load() {
+		rd.r.releaseSlot(rd.slot)
+	}
+	rd.r = nil
+	return nil
+}
+
+// lookup finds the newest blob of (kind, key) whose version is at most v.
+func (r *Region) lookup(kind Kind, key []byte, v uint64) (blob, error) {
+	off, err := r.find(kind, key)
+	if err != nil {
+		return blob{}, err
+	}
+	b, err := readBlob(r.arena, off)
+	if err != nil {
+		return b, err
+	}
+	return r.atVersion(b, v)
+}
+
+// find probes the index for (kind, key) and returns the arena offset of its newest blob,
+// whatever that blob's version. It checks only what the probe needs (kind, key length and key
+// bytes, inside the arena); callers decode the blob with readBlob.
+func (r *Region) find(kind Kind, key []byte) (uint64, error) {
+	if kind == 0 {
+		return 0, ErrBadKind
+	}
+	if len(key) == 0 || len(key) > MaxKeyLen {
+		return 0, ErrKeyTooLong
+	}
+	h := keyHash(r.l.hashK0, r.l.hashK1, kind, key)
+	mask := r.l.mask()
+	arena := r.arena
+	want := uint64(kind)<<32 | uint64(len(key))
+	for i := uint64(0); i < r.l.maxProbe; i++ {
+		w := load64(r.index, ((h+i)&mask)*8)
+		if w == 0 {
+			break
+		}
+		if w == tombstone || uint32(w>>32) != uint32(h>>32) {
+			continue
+		}
+		off := (uint64(uint32(w)) - 1) * blobAlign
+		if off > uint64(len(arena))-blobAlign-bKey-uint64(len(key)) || uint64(len(arena)) < blobAlign+bKey+MaxKeyLen {
+			return 0, fmt.Errorf("%w: index word %#x points outside the arena", ErrCorrupt, w)
+		}
+		meta, lens := load64(arena, off+bMeta), load64(arena, off+bLens)
+		if (meta>>32&0xffff)<<32|uint64(uint32(lens)) != want || string(arena[off+bKey:off+bKey+uint64(len(key))]) != string(key) {
+			continue
+		}
+		return off, nil
+	}
+	return 0, ErrNotFound
+}
+
+// getFast serves Region.Get: when the newest blob is visible at v and live (the common case), it
+// decodes only what the copy needs, bounds-checked; otherwise it takes the general path.
+func (r *Region) getFast(kind Kind, key []byte, v uint64, dst []byte) ([]byte, error) {
+	off, err := r.find(kind, key)
+	if err != nil {
+		return dst, err
+	}
+	arena := r.arena
+	meta := load64(arena, off+bMeta)
+	if load64(arena, off+bVersion) > v || meta>>48 != 0 {
+		b, err := r.lookup(kind, key, v)
+		if err != nil {
+			return dst, err
+		}
+		return append(dst, b.value(arena)...), nil
+	}
+	vl, vo, size := load64(arena, off+bLens)>>32, load64(arena, off+bSum)>>32, uint64(uint32(meta))*blobAlign
+	if vo != valueOffset(len(key), int(vl)) || size > uint64(len(arena))-off || vl > size-vo {
+		return dst, fmt.Errorf("%w: blob at %d has bad lengths", ErrCorrupt, off)
+	}
+	return append(dst, arena[off+vo:off+vo+vl]...), nil
+}
+
+// atVersion walks a key's version chain back to the newest blob not above v.
+func (r *Region) atVersion(b blob, v uint64) (blob, error) {
+	for steps := 0; b.version > v; steps++ {
+		if b.prev == 0 {
+			return blob{}, ErrNotFound // created after v
+		}
+		p, err := readBlob(r.arena, (b.prev-1)*blobAlign)
+		if err != nil {
+			return p, err
+		}
+		if p.version >= b.version || p.kind != b.kind || p.keyLen != b.keyLen || steps >= maxChain {
+			return p, fmt.Errorf("%w: broken version chain at %d", ErrCorrupt, b.off)
+		}
+		b = p
+	}
+	if b.deleted() {
+		return blob{}, ErrNotFound
+	}
+	return b, nil
+}
+
+// Get appends the value stored under (kind, key) at the current version to dst and returns
+// it; pass dst[:0] to reuse a buffer without allocating. ErrNotFound if there is none.
+func (r *Region) Get(kind Kind, key string, dst []byte) ([]byte, error) {
+	slot, v, err := r.pinCurrent()
+	if err != nil {
+		return dst, err
+	}
+	dst, err = r.getFast(kind, stringBytes(key), v, dst)
+	r.unpin(slot)
+	return dst, err
+}
+
+// Snapshot is a pinned version of a region: every lookup through it sees that version, and the
+// memory of every value it returns stays untouched until Close, however the writer goes on. A
+// Snapshot is a small value: copy it freely, but Close exactly one copy, once, and use no copy
+// after that. Its read methods are safe for concurrent use.
+type Snapshot struct {
+	r       *Region
+	slot    uint64
+	version uint64
+	owner   *Reader // the Reader whose slot this is, if any
+}
+
+// Snapshot pins the current version.
+func (r *Region) Snapshot() (Snapshot, error) {
+	slot, v, err := r.pinCurrent()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	return Snapshot{r: r, slot: slot, version: v}, nil
+}
+
+// SnapshotAt pins a version published earlier, in this process or another (a scheduler can hand
+// one version to every tensor-parallel rank). ErrSnapshotTooOld if its data was already
+// reclaimed: that cannot happen while any process holds a snapshot at or below it.
+func (r *Region) SnapshotAt(version uint64) (Snapshot, error) {
+	slot, err := r.pinAt(version)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	return Snapshot{r: r, slot: slot, version: version}, nil
+}
+
+// Version is the pinned version.
+func (s *Snapshot) Version() uint64 { return s.version }
+
+// Close unpins the snapshot; views taken from it must not be used afterwards.
+func (s *Snapshot) Close() {
+	if s.r != nil {
+		s.r.unpin(s.slot)
+		s.r = nil
+		if s.owner != nil {
+			s.owner.busy = false
+		}
+	}
+}
+
+func (s *Snapshot) find(kind Kind, key string) (blob, error) {
+	if s.r == nil {
+		return blob{}, ErrClosed
+	}
+	return s.r.lookup(kind, stringBytes(key), s.version)
+}
+
+// Get appends the value of (kind, key) at the snapshot's version to dst.
+func (s *Snapshot) Get(kind Kind, key string, dst []byte) ([]byte, error) {
+	b, err := s.find(kind, key)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, b.value(s.r.arena)...), nil
+}
+
+// View returns the value of (kind, key) without copying, and the version that wrote it. The
+// bytes are read-only (in readers they are mapped read-only; writing them faults) and valid
+// until the snapshot is closed.
+func (s *Snapshot) View(kind Kind, key string) ([]byte, uint64, error) {
+	b, err := s.find(kind, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	return b.value(s.r.arena), b.version, nil
+}
+
+// ViewFloat32 is View for values written as float32s (Tx.PutFloat32); the view is 64-byte
+// aligned. ErrCorrupt if the value's length is not a multiple of 4.
+func (s *Snapshot) ViewFloat32(kind Kind, key string) ([]float32, uint64, error) {
+	v, ver, err := s.View(kind, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(v)%4 != 0 {
+		return nil, 0, fmt.Errorf("%w: value of %d bytes is not float32s", ErrCorrupt, len(v))
+	}
+	return AsFloat32(v), ver, nil
+}
+
+// Range calls fn for every live value of kind at the snapshot's version, in index order, until
+// fn returns false. key and value are views valid until the snapshot is closed.
+func (s *Snapshot) Range(kind Kind, fn func(key, value []byte, version uint64) bool) error {
+	if s.r == nil {
+		return ErrClosed
+	}
+	r := s.r
+	for i := uint64(0); i < r.l.indexSlots; i++ {
+		off, ok := wordOffset(load64(r.index, i*8))
+		if !ok {
+			continue
+		}
+		b, err := readBlob(r.arena, off)
+		if err != nil {
+			return err
+		}
+		if b.kind != kind {
+			continue
+		}
+		if b, err = r.atVersion(b, s.version); err == ErrNotFound {
+			continue
+		} else if err != nil {
+			return err
+		}
+		if !fn(b.key(r.arena), b.value(r.arena), b.version) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// Len counts the live values of kind at the snapshot's version by walking the index.
+func (s *Snapshot) Len(kind Kind) (int, error) {
+	n := 0
+	err := s.Range(kind, func(_, _ []byte, _ uint64) bool { n++; return true })
+	return n, err
+}
+
+// Check verifies every blob reachable from the index at the snapshot's version: bounds, version
+// chains and content checksums. It is for tests and operators (fsck), not the hot path.
+func (s *Snapshot) Check() error {
+	if s.r == nil {
+		return ErrClosed
+	}
+	r := s.r
+	for i := uint64(0); i < r.l.indexSlots; i++ {
+		off, ok := wordOffset(load64(r.index, i*8))
+		if !ok {
+			continue
+		}
+		b, err := readBlob(r.arena, off)
+		if err != nil {
+			return err
+		}
+		if h := keyHash(r.l.hashK0, r.l.hashK1, b.kind, b.key(r.arena)); uint32(h>>32) != uint32(load64(r.index, i*8)>>32) {
+			return fmt.Errorf("%w: index word %d has a wrong fingerprint", ErrCorrupt, i)
+		}
+		if b, err = r.atVersion(b, s.version); err == ErrNotFound {
+			continue
+		} else if err != nil {
+			return err
+		}
+		if err := b.verify(r.arena); err != nil {
+			return err
+		}
+	}
+	return nil
+}

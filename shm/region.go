@@ -1,0 +1,253 @@
+package shm
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"os"
+	"sync"
+	"sync/atomic"
+)
+
+// Kind separates the namespaces of the values in one region (keys of the key registry, named
+// vectors, ...). Kind 0 is reserved.
+type Kind uint16
+
+const (
+	minIndexSlots  = 64
+	maxIndexSlots  = 1 << 26
+	minArenaBytes  = 64 << 10
+	maxArenaBytes  = 64 << 30
+	maxReaderSlots = 4096
+	maxLocalSlots  = 64
+
+	// DefaultIndexSlots, DefaultArenaBytes, DefaultReaderSlots and DefaultMaxProbe are the
+	// Config values used for zero fields.
+	DefaultIndexSlots  = 1 << 16
+	DefaultArenaBytes  = 64 << 20
+	DefaultReaderSlots = 256
+	DefaultMaxProbe    = 64
+)
+
+// Config sizes a region. Zero fields take the defaults.
+type Config struct {
+	// IndexSlots is the number of index words, a power of two; the index holds at most this
+	// many keys (fewer in practice: probes are bounded by MaxProbe).
+	IndexSlots int
+	// ArenaBytes is the space for values, keys and blob headers, a multiple of 64. A value
+	// costs its length plus its key plus 40 bytes, rounded up to 64, and a replaced value
+	// stays allocated until every reader has moved past it.
+	ArenaBytes int64
+	// ReaderSlots is the number of reader slots shared by all processes. Each process claims
+	// one per goroutine that reads concurrently (at most 64).
+	ReaderSlots int
+	// MaxProbe bounds the index probe length, and so the cost of a miss.
+	MaxProbe int
+	// UserConfig is up to UserConfigSize bytes stored in the immutable header, where every
+	// process that opens the region can read it (Region.UserConfig).
+	UserConfig []byte
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.IndexSlots == 0 {
+		c.IndexSlots = DefaultIndexSlots
+	}
+	if c.ArenaBytes == 0 {
+		c.ArenaBytes = DefaultArenaBytes
+	}
+	if c.ReaderSlots == 0 {
+		c.ReaderSlots = DefaultReaderSlots
+	}
+	if c.MaxProbe == 0 {
+		c.MaxProbe = min(DefaultMaxProbe, c.IndexSlots)
+	}
+	switch {
+	case c.IndexSlots < minIndexSlots || c.IndexSlots > maxIndexSlots || bits.OnesCount(uint(c.IndexSlots)) != 1:
+		return c, fmt.Errorf("%w: IndexSlots %d must be a power of two in [%d, %d]", ErrBadConfig, c.IndexSlots, minIndexSlots, maxIndexSlots)
+	case c.ArenaBytes < minArenaBytes || c.ArenaBytes > maxArenaBytes || c.ArenaBytes%blobAlign != 0:
+		return c, fmt.Errorf("%w: ArenaBytes %d must be a multiple of 64 in [%d, %d]", ErrBadConfig, c.ArenaBytes, minArenaBytes, int64(maxArenaBytes))
+	case c.ReaderSlots < 1 || c.ReaderSlots > maxReaderSlots:
+		return c, fmt.Errorf("%w: ReaderSlots %d must be in [1, %d]", ErrBadConfig, c.ReaderSlots, maxReaderSlots)
+	case c.MaxProbe < 1 || c.MaxProbe > c.IndexSlots:
+		return c, fmt.Errorf("%w: MaxProbe %d must be in [1, IndexSlots]", ErrBadConfig, c.MaxProbe)
+	case len(c.UserConfig) > UserConfigSize:
+		return c, fmt.Errorf("%w: UserConfig is %d bytes, at most %d", ErrBadConfig, len(c.UserConfig), UserConfigSize)
+	}
+	return c, nil
+}
+
+// Region is a mapped shmsteer region, in the owner (Create) or in a reader (Open). Its methods
+// are safe for concurrent use by any number of goroutines.
+type Region struct {
+	l       layout
+	data    []byte // whole data mapping: read-write in the owner, read-only in readers
+	index   []byte
+	arena   []byte
+	readers []byte // reader slots, read-write everywhere
+	maps    mappings
+	files   [2]*os.File // owner only: the memfds, for passing to readers
+	me      uint64      // this process's slot owner word
+	relaxed bool        // pins may use plain stores (see flagMembarrier)
+	closed  atomic.Bool
+
+	slotMu sync.Mutex // serializes claiming new reader slots
+	local  [maxLocalSlots]atomic.Uint64
+	nlocal atomic.Int32
+
+	w *writer // nil in readers
+}
+
+// Create makes a new region backed by two sealed memfds, maps it read-write and returns it as
+// its owner: the only process that may write it. Nothing is created on any file system.
+func Create(cfg Config) (*Region, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	l := computeLayout(uint64(cfg.IndexSlots), uint64(cfg.ArenaBytes), uint64(cfg.ReaderSlots), uint64(cfg.MaxProbe))
+	var salt [24]byte
+	if _, err := rand.Read(salt[:]); err != nil {
+		return nil, fmt.Errorf("shmsteer: reading random salt: %w", err)
+	}
+	l.hashK0 = binary.LittleEndian.Uint64(salt[0:])
+	l.hashK1 = binary.LittleEndian.Uint64(salt[8:])
+	l.regionID = binary.LittleEndian.Uint64(salt[16:]) | 1
+
+	me, err := selfOwnerWord()
+	if err != nil {
+		return nil, err
+	}
+	if registerMembarrier() && globalBarrier() == nil {
+		l.flags |= flagMembarrier
+	}
+	r := &Region{l: l, me: me, relaxed: l.flags&flagMembarrier != 0}
+	if err := r.createFiles(); err != nil {
+		return nil, err
+	}
+	writeHeader(r.data, l, me>>32, uint64(uint32(me)), cfg.UserConfig)
+	le := binary.LittleEndian
+	le.PutUint64(r.readers[rMagic:], readersMagic)
+	le.PutUint64(r.readers[rSlots:], l.readerSlots)
+	le.PutUint64(r.readers[rRegionID:], l.regionID)
+	store64(r.data, hVersion, 1)
+	store64(r.data, hHorizon, 1)
+	r.slice()
+	if err := r.seal(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	r.w = newWriter(l)
+	return r, nil
+}
+
+// Open maps a region from the two files the owner passed (Files), read-only for the data,
+// after validating every header field against the files' sizes. The caller may close the files
+// once Open returns.
+func Open(data, readers *os.File) (*Region, error) {
+	if data == nil || readers == nil {
+		return nil, fmt.Errorf("%w: nil file", ErrNotRegion)
+	}
+	me, err := selfOwnerWord()
+	if err != nil {
+		return nil, err
+	}
+	r := &Region{me: me}
+	if err := r.openFiles(data, readers); err != nil {
+		return nil, err
+	}
+	r.relaxed = r.l.flags&flagMembarrier != 0 && registerMembarrier()
+	r.slice()
+	return r, nil
+}
+
+func (r *Region) slice() {
+	r.index = r.data[r.l.indexOff : r.l.indexOff+8*r.l.indexSlots : r.l.indexOff+8*r.l.indexSlots]
+	r.arena = r.data[r.l.arenaOff : r.l.arenaOff+r.l.arenaSize : r.l.arenaOff+r.l.arenaSize]
+}
+
+// IsOwner reports whether this process created the region and may write it.
+func (r *Region) IsOwner() bool { return r.w != nil }
+
+// Files returns the owner's memfds, to pass to readers (cmd.ExtraFiles or SCM_RIGHTS). They stay
+// owned by the region; readers get nil.
+func (r *Region) Files() (data, readers *os.File) { return r.files[0], r.files[1] }
+
+// ID is the region's random identity, the same in every process that maps it.
+func (r *Region) ID() uint64 { return r.l.regionID }
+
+// Version returns the last published version.
+func (r *Region) Version() uint64 { return load64(r.data, hVersion) }
+
+// OwnerPID is the pid of the process that created the region.
+func (r *Region) OwnerPID() int { return int(binary.LittleEndian.Uint64(r.data[hOwnerPID:])) }
+
+// UserConfig returns a copy of the bytes given as Config.UserConfig (zero-padded to
+// UserConfigSize).
+func (r *Region) UserConfig() []byte {
+	return append([]byte(nil), r.data[hUserConfig:hUserConfig+UserConfigSize]...)
+}
+
+// Close releases this process's reader slots and unmaps the region. Views and snapshots taken
+// from it must not be used afterwards. Closing the owner's region does not destroy what
+// readers still map: memory is freed when the last mapping goes.
+func (r *Region) Close() error {
+	if !r.closed.CompareAndSwap(false, true) {
+		return ErrClosed
+	}
+	if r.readers != nil {
+		for i := int32(0); i < r.nlocal.Load(); i++ {
+			r.releaseSlot(r.local[i].Load())
+		}
+	}
+	return r.unmap()
+}
+
+// Stats is a point-in-time view of a region's counters.
+type Stats struct {
+	Version        uint64 // last published version
+	Horizon        uint64 // oldest version a snapshot can still pin
+	Entries        uint64 // live values
+	IndexSlots     uint64
+	ArenaBytes     uint64 // arena capacity
+	AllocBytes     uint64 // arena bytes in use: live values, retired values, deletion markers
+	LiveBytes      uint64 // arena bytes of live values
+	RetiredBytes   uint64 // arena bytes waiting for readers to move on
+	ReclaimedBytes uint64 // arena bytes reclaimed over the region's life
+	Commits        uint64
+	ReaderSlots    uint64
+	ReadersClaimed uint64 // reader slots claimed by some process
+	ReadersPinned  uint64 // reader slots inside a read section right now
+	DeadCleared    uint64 // reader slots of dead processes cleared
+}
+
+// Stats reads the region's counters; any process may call it.
+func (r *Region) Stats() Stats {
+	s := Stats{
+		Version:        load64(r.data, hVersion),
+		Horizon:        load64(r.data, hHorizon),
+		Entries:        load64(r.data, hEntries),
+		IndexSlots:     r.l.indexSlots,
+		ArenaBytes:     r.l.arenaSize,
+		AllocBytes:     load64(r.data, hAllocBytes),
+		LiveBytes:      load64(r.data, hLiveBytes),
+		RetiredBytes:   load64(r.data, hRetiredBytes),
+		ReclaimedBytes: load64(r.data, hReclaimed),
+		Commits:        load64(r.data, hCommits),
+		ReaderSlots:    r.l.readerSlots,
+		DeadCleared:    load64(r.data, hDeadCleared),
+	}
+	hw := min(load64(r.readers, rHighWater), r.l.readerSlots)
+	for i := uint64(0); i < hw; i++ {
+		o := slotOff(i)
+		if load64(r.readers, o+slotOwner) != 0 {
+			s.ReadersClaimed++
+			if load64(r.readers, o+slotPin) != 0 {
+				s.ReadersPinned++
+			}
+		}
+	}
+	return s
+}
+
+func slotOff(i uint64) uint64 { return lineSize * (i + 1) }

@@ -1,0 +1,51 @@
+package shm
+
+// This is the only file of shmsteer that uses package unsafe. Every function here takes a byte
+// slice and an offset the caller has already bounds-checked; each re-checks the bound so a
+// mistake panics instead of reading out of range.
+
+import (
+	"sync/atomic"
+	"unsafe"
+)
+
+// word64 returns the 8-byte-aligned word at b[off:off+8] for use with sync/atomic.
+func word64(b []byte, off uint64) *uint64 {
+	_ = b[off+7]
+	if off&7 != 0 {
+		panic("shm: unaligned word64")
+	}
+	return (*uint64)(unsafe.Pointer(&b[off]))
+}
+
+func load64(b []byte, off uint64) uint64     { return atomic.LoadUint64(word64(b, off)) }
+func store64(b []byte, off uint64, v uint64) { atomic.StoreUint64(word64(b, off), v) }
+func cas64(b []byte, off uint64, old, new uint64) bool {
+	return atomic.CompareAndSwapUint64(word64(b, off), old, new)
+}
+func add64(b []byte, off uint64, delta uint64) uint64 {
+	return atomic.AddUint64(word64(b, off), delta)
+}
+
+// stringBytes views the bytes of s without copying; the result must not be written.
+func stringBytes(s string) []byte {
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}
+
+// AsFloat32 views b, whose length is a multiple of 4 and whose start is 4-byte aligned (every
+// value in a region is 64-byte aligned), as float32s in the machine's byte order, without
+// copying. It returns nil for an empty or misaligned slice.
+func AsFloat32(b []byte) []float32 {
+	if len(b) < 4 || len(b)%4 != 0 || uintptr(unsafe.Pointer(&b[0]))%4 != 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+// Float32Bytes views f as bytes without copying.
+func Float32Bytes(f []float32) []byte {
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))
+}

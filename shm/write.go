@@ -1,0 +1,468 @@
+package shm
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// writer is the owner's private write state. Nothing here is shared with other processes, so a
+// crash of the owner cannot leave it half-updated in anyone else's memory.
+type writer struct {
+	mu      sync.Mutex
+	alloc   *allocator
+	retired []retiredBlob // in retire-version order
+	markers []marker      // deletion markers still linked, in version order
+	// liveness caches process checks by slot owner word, so a long-held snapshot costs one
+	// /proc read per livenessEvery, not one per pass.
+	liveness map[uint64]time.Time
+	pending  int // commits since the last reclamation pass
+}
+
+type retiredBlob struct{ off, size, version uint64 }
+
+type marker struct{ slot, word, version, off, size uint64 }
+
+const (
+	livenessEvery = 200 * time.Millisecond
+	// reclaimEvery bounds how many commits may pass between reclamation passes; a pass also
+	// runs whenever an allocation fails.
+	reclaimEvery = 32
+)
+
+func newWriter(l layout) *writer {
+	return &writer{alloc: newAllocator(l.arenaSize), liveness: map[uint64]time.Time{}}
+}
+
+// Tx is one atomic write: every Put and Delete in it is published with one version, so readers
+// see all of it or none. A Tx is used by one goroutine, inside Region.Update.
+type Tx struct {
+	r       *Region
+	version uint64
+	ops     []txOp
+}
+
+type txOp struct {
+	kind     Kind
+	key      string
+	hash     uint64
+	slot     uint64 // index word number
+	old      uint64 // index word before the Tx
+	oldBlob  blob   // head blob before the Tx, valid if hadOld
+	hadOld   bool
+	off      uint64 // new blob
+	size     uint64
+	isDelete bool
+}
+
+// Update runs fn in a transaction and publishes its writes with one new version, which it
+// returns. If fn or any write fails, nothing is published and every existing value stays as it
+// was. Only the owner may write.
+func (r *Region) Update(fn func(tx *Tx) error) (uint64, error) {
+	w := r.w
+	if w == nil {
+		return 0, ErrReadOnly
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.closed.Load() {
+		return 0, ErrClosed
+	}
+	tx := Tx{r: r, version: load64(r.data, hVersion) + 1}
+	if err := fn(&tx); err != nil {
+		tx.abort()
+		return 0, err
+	}
+	r.commit(&tx)
+	return tx.version, nil
+}
+
+// Put stores value under (kind, key) in its own transaction and returns its version.
+func (r *Region) Put(kind Kind, key string, value []byte) (uint64, error) {
+	return r.Update(func(tx *Tx) error { return tx.Put(kind, key, value) })
+}
+
+// Delete removes (kind, key) in its own transaction. ErrNotFound if it has no live value.
+func (r *Region) Delete(kind Kind, key string) (uint64, error) {
+	return r.Update(func(tx *Tx) error { return tx.Delete(kind, key) })
+}
+
+// Put stores a copy of value under (kind, key).
+func (tx *Tx) Put(kind Kind, key string, value []byte) error {
+	return tx.PutFunc(kind, key, len(value), func(dst []byte) { copy(dst, value) })
+}
+
+// PutFloat32 stores v as float32s, readable zero-copy with Snapshot.ViewFloat32.
+func (tx *Tx) PutFloat32(kind Kind, key string, v []float32) error {
+	return tx.PutFunc(kind, key, 4*len(v), func(dst []byte) { copy(AsFloat32(dst), v) })
+}
+
+// PutFunc stores an n-byte value that fill writes in place, straight into the region. fill must
+// write all n bytes and must not keep dst.
+func (tx *Tx) PutFunc(kind Kind, key string, n int, fill func(dst []byte)) error {
+	if n < 0 || n > MaxValueLen || uint64(n) > tx.r.l.arenaSize {
+		return fmt.Errorf("%w: %d bytes", ErrValueTooLarge, n)
+	}
+	op, err := tx.plan(kind, key, n, false)
+	if err != nil {
+		return err
+	}
+	arena := tx.r.arena
+	vo := op.off + valueOffset(len(key), n)
+	fill(arena[vo : vo+uint64(n) : vo+uint64(n)])
+	sealBlob(arena, op.off, len(key), n)
+	return nil
+}
+
+// Delete removes (kind, key). ErrNotFound if it has no live value as the Tx sees it.
+func (tx *Tx) Delete(kind Kind, key string) error {
+	op, err := tx.plan(kind, key, 0, true)
+	if err != nil || op == nil {
+		return err
+	}
+	sealBlob(tx.r.arena, op.off, len(key), 0)
+	return nil
+}
+
+// plan finds the index word for (kind, key), allocates the new blob and writes its header; the
+// caller fills the value. A second write of the same key in one Tx replaces the first. It
+// returns a nil op for a delete that cancels a key created earlier in the same Tx.
+func (tx *Tx) plan(kind Kind, key string, valueLen int, isDelete bool) (*txOp, error) {
+	r := tx.r
+	if kind == 0 {
+		return nil, ErrBadKind
+	}
+	if len(key) == 0 || len(key) > MaxKeyLen {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLong, len(key), MaxKeyLen)
+	}
+	kb := stringBytes(key)
+	h := keyHash(r.l.hashK0, r.l.hashK1, kind, kb)
+	op, fresh, err := tx.findSlot(kind, key, kb, h)
+	if err != nil {
+		return nil, err
+	}
+	// Whether the key holds a value before the Tx, and as the Tx sees it now.
+	preLive := op.hadOld && !op.oldBlob.deleted()
+	live := preLive
+	if !fresh {
+		live = !op.isDelete
+	}
+	if isDelete && !live {
+		if fresh {
+			tx.dropOp(op)
+		}
+		return nil, fmt.Errorf("%w: nothing to delete", ErrNotFound)
+	}
+	if isDelete && !preLive { // created and deleted in this Tx: forget both
+		tx.release(op.off, op.size)
+		tx.dropOp(op)
+		return nil, nil
+	}
+	var prev uint64
+	if op.hadOld {
+		prev = op.oldBlob.off/blobAlign + 1
+	}
+	size := blobSize(len(key), valueLen)
+	limit := r.l.arenaSize - r.l.deleteRes
+	if isDelete {
+		limit = r.l.arenaSize
+	}
+	off, ok := r.w.alloc.alloc(size, limit)
+	if !ok {
+		r.reclaimLocked()
+		off, ok = r.w.alloc.alloc(size, limit)
+	}
+	if !ok {
+		if fresh {
+			tx.dropOp(op)
+		}
+		return nil, fmt.Errorf("%w: no %d free bytes in the arena (%d of %d in use, %d retired)",
+			ErrRegionFull, size, r.w.alloc.used, r.l.arenaSize, load64(r.data, hRetiredBytes))
+	}
+	if !fresh { // replace what this Tx planned earlier for the key
+		tx.release(op.off, op.size)
+	}
+	var flags uint16
+	if isDelete {
+		flags = flagDeleted
+	}
+	writeBlobHeader(r.arena, off, kind, flags, kb, valueLen, tx.version, prev)
+	op.off, op.size, op.isDelete = off, size, isDelete
+	return op, nil
+}
+
+// release frees a blob no reader can have seen (planned in this Tx, never linked).
+func (tx *Tx) release(off, size uint64) {
+	zero(tx.r.arena[off : off+size])
+	tx.r.w.alloc.release(off, size)
+}
+
+// abort frees everything the Tx planned; nothing of it was linked.
+func (tx *Tx) abort() {
+	for _, op := range tx.ops {
+		tx.release(op.off, op.size)
+	}
+	tx.ops = nil
+}
+
+// dropOp forgets an op that planned nothing.
+func (tx *Tx) dropOp(op *txOp) {
+	for i := range tx.ops {
+		if &tx.ops[i] == op {
+			tx.ops = append(tx.ops[:i], tx.ops[i+1:]...)
+			return
+		}
+	}
+}
+
+// findSlot returns the Tx's op for (kind, key), creating it: the word holding the key if it is
+// in the index, else the first empty or tombstone word on its probe path.
+func (tx *Tx) findSlot(kind Kind, key string, kb []byte, h uint64) (op *txOp, fresh bool, err error) {
+	for i := range tx.ops {
+		if op := &tx.ops[i]; op.kind == kind && op.key == key {
+			return op, false, nil
+		}
+	}
+	r := tx.r
+	mask := r.l.mask()
+	free := int64(-1)
+probe:
+	for i := uint64(0); i < r.l.maxProbe; i++ {
+		s := (h + i) & mask
+		for j := range tx.ops {
+			if tx.ops[j].slot == s {
+				continue probe // taken by another key of this Tx
+			}
+		}
+		w := load64(r.index, s*8)
+		switch {
+		case w == 0:
+			if free < 0 {
+				free = int64(s)
+			}
+			break probe
+		case w == tombstone:
+			if free < 0 {
+				free = int64(s)
+			}
+			continue
+		case uint32(w>>32) != uint32(h>>32):
+			continue
+		}
+		off, _ := wordOffset(w)
+		b, err := readBlob(r.arena, off)
+		if err != nil {
+			return nil, false, err
+		}
+		if b.kind == kind && string(b.key(r.arena)) == key {
+			tx.ops = append(tx.ops, txOp{kind: kind, key: key, hash: h, slot: s, old: w, oldBlob: b, hadOld: true})
+			return &tx.ops[len(tx.ops)-1], true, nil
+		}
+	}
+	if free < 0 {
+		return nil, false, fmt.Errorf("%w: no free index word within %d probes (IndexSlots %d)", ErrRegionFull, r.l.maxProbe, r.l.indexSlots)
+	}
+	s := uint64(free)
+	tx.ops = append(tx.ops, txOp{kind: kind, key: key, hash: h, slot: s, old: load64(r.index, s*8)})
+	return &tx.ops[len(tx.ops)-1], true, nil
+}
+
+// commit links the Tx's blobs, retires what they replace and publishes the new version.
+func (r *Region) commit(tx *Tx) {
+	w, v := r.w, tx.version
+	var dEntries, dLive int64
+	var retired uint64
+	for _, op := range tx.ops {
+		word := indexWord(op.hash, op.off)
+		store64(r.index, op.slot*8, word)
+		if op.hadOld {
+			w.retire(op.oldBlob.off, op.oldBlob.size, v)
+			retired += op.oldBlob.size
+			if !op.oldBlob.deleted() {
+				dEntries--
+				dLive -= int64(op.oldBlob.size)
+			}
+		}
+		if op.isDelete {
+			w.markers = append(w.markers, marker{slot: op.slot, word: word, version: v, off: op.off, size: op.size})
+		} else {
+			dEntries++
+			dLive += int64(op.size)
+		}
+	}
+	retired += r.unlinkMarkers(v)
+	add64(r.data, hEntries, uint64(dEntries))
+	add64(r.data, hLiveBytes, uint64(dLive))
+	add64(r.data, hRetiredBytes, retired)
+	store64(r.data, hAllocBytes, w.alloc.used)
+	add64(r.data, hCommits, 1)
+	store64(r.data, hVersion, v)
+	tx.ops = nil
+	w.pending++
+	if w.pending >= reclaimEvery || load64(r.data, hRetiredBytes) > r.l.arenaSize/8 {
+		r.reclaimLocked()
+	}
+}
+
+func (w *writer) retire(off, size, version uint64) {
+	w.retired = append(w.retired, retiredBlob{off: off, size: size, version: version})
+}
+
+// unlinkMarkers turns the index words of deletion markers that every reader has seen (version
+// at or below the horizon) into tombstones, retiring the markers at version v. Readers that
+// still hold a marker pinned a version below v, so it is freed only after they move on.
+func (r *Region) unlinkMarkers(v uint64) (retired uint64) {
+	w := r.w
+	h := load64(r.data, hHorizon)
+	n := 0
+	for _, m := range w.markers {
+		if m.version > h {
+			break
+		}
+		n++
+		// A later write replaced the marker (and retired it) unless the word still points at a
+		// deletion marker of the same version. The version check matters: the marker's memory
+		// may since have been reused for a new value of the same key, with the same word.
+		if load64(r.index, m.slot*8) != m.word || load64(r.arena, m.off+bVersion) != m.version ||
+			load64(r.arena, m.off+bMeta)>>48 != flagDeleted {
+			continue
+		}
+		store64(r.index, m.slot*8, tombstone)
+		w.retire(m.off, m.size, v)
+		retired += m.size
+	}
+	w.markers = append(w.markers[:0], w.markers[n:]...)
+	return retired
+}
+
+// reclaimLocked frees retired blobs that no pinned reader can reach, clearing the slots of dead
+// processes on the way. It runs with the writer lock held.
+//
+// The horizon protocol: the pass first raises the horizon to the current version G, then reads
+// every slot. A reader pins by storing its version and then loading the horizon; with
+// sequentially consistent atomics either the pass sees the pin, or the reader sees the raised
+// horizon and re-pins at a version at least G. So no blob retired above the smallest pin seen
+// (or above G) can be in use, and the pass then lowers the horizon to that bound, below which
+// snapshots can no longer be pinned.
+func (r *Region) reclaimLocked() {
+	w := r.w
+	w.pending = 0
+	add64(r.data, hReclaimSeq, 1) // odd: pass in flight
+	g := load64(r.data, hVersion)
+	prevHorizon := load64(r.data, hHorizon)
+	store64(r.data, hHorizon, g)
+	bound := g
+	if r.l.flags&flagMembarrier != 0 && globalBarrier() != nil {
+		// Without the barrier a relaxed pin may be invisible to the scan: free nothing.
+		store64(r.data, hHorizon, prevHorizon)
+		add64(r.data, hReclaimSeq, 1)
+		return
+	}
+	now := time.Now()
+	hw := min(load64(r.readers, rHighWater), r.l.readerSlots)
+	for i := uint64(0); i < hw; i++ {
+		s := slotOff(i)
+		owner := load64(r.readers, s+slotOwner)
+		if owner == 0 {
+			continue
+		}
+		if owner != r.me && now.Sub(w.liveness[owner]) > livenessEvery {
+			if !ownerAlive(owner) {
+				r.clearSlot(s, owner)
+				delete(w.liveness, owner)
+				continue
+			}
+			w.liveness[owner] = now
+		}
+		if pin := load64(r.readers, s+slotPin); pin != 0 && pin < bound {
+			bound = pin
+		}
+	}
+	var freed uint64
+	n := 0
+	for _, b := range w.retired {
+		if b.version > bound {
+			break
+		}
+		zero(r.arena[b.off : b.off+b.size])
+		w.alloc.release(b.off, b.size)
+		freed += b.size
+		n++
+	}
+	w.retired = append(w.retired[:0], w.retired[n:]...)
+	if freed > 0 {
+		add64(r.data, hRetiredBytes, -freed)
+		add64(r.data, hReclaimed, freed)
+		store64(r.data, hAllocBytes, w.alloc.used)
+	}
+	store64(r.data, hHorizon, bound)
+	add64(r.data, hReclaimSeq, 1) // even: pass done
+}
+
+func (r *Region) clearSlot(s, owner uint64) {
+	store64(r.readers, s+slotPin, 0)
+	if cas64(r.readers, s+slotOwner, owner, 0) {
+		add64(r.data, hDeadCleared, 1)
+	}
+}
+
+// Reclaim runs a reclamation pass now, and unlinks deletion markers every reader has seen (which
+// takes a commit of its own). The owner runs passes on its own as it writes; call Reclaim when
+// writes stop but memory should still be returned, or in tests.
+func (r *Region) Reclaim() error {
+	w := r.w
+	if w == nil {
+		return ErrReadOnly
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.closed.Load() {
+		return ErrClosed
+	}
+	r.reclaimLocked()
+	if len(w.markers) > 0 && w.markers[0].version <= load64(r.data, hHorizon) {
+		r.commit(&Tx{r: r, version: load64(r.data, hVersion) + 1})
+		r.reclaimLocked()
+	}
+	return nil
+}
+
+// ReleaseReaders clears the reader slots of process pid once it has exited, waiting up to wait
+// for it to do so (a client's socket closes a moment before its process is reaped). It returns
+// how many slots it cleared; the slots of a process still alive are never touched. Owner only.
+func (r *Region) ReleaseReaders(pid int, wait time.Duration) (int, error) {
+	w := r.w
+	if w == nil {
+		return 0, ErrReadOnly
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		cleared, alive := 0, false
+		w.mu.Lock()
+		for i := uint64(0); i < min(load64(r.readers, rHighWater), r.l.readerSlots); i++ {
+			s := slotOff(i)
+			owner := load64(r.readers, s+slotOwner)
+			if owner == 0 || int(owner>>32) != pid || owner == r.me {
+				continue
+			}
+			if ownerAlive(owner) {
+				alive = true
+				continue
+			}
+			r.clearSlot(s, owner)
+			delete(w.liveness, owner)
+			cleared++
+		}
+		w.mu.Unlock()
+		if !alive || time.Now().After(deadline) {
+			if alive {
+				return cleared, fmt.Errorf("shmsteer: process %s still alive after %v; its reader slots are kept", strconv.Itoa(pid), wait)
+			}
+			return cleared, nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func zero(b []byte) { clear(b) }
