@@ -13,15 +13,14 @@ type allocator struct {
 	used    uint64 // bytes handed out and not yet freed
 	byStart map[uint64]uint64
 	byEnd   map[uint64]uint64
-	bins    [64]map[uint64]struct{}
+	// bins[b] holds the starts of free extents of 2^b to 2^(b+1)-1 units; pos maps a start to
+	// its index there, so any extent leaves its bin in O(1) when it is coalesced.
+	bins [64][]uint64
+	pos  map[uint64]int
 }
 
 func newAllocator(size uint64) *allocator {
-	a := &allocator{size: size, byStart: map[uint64]uint64{}, byEnd: map[uint64]uint64{}}
-	for i := range a.bins {
-		a.bins[i] = map[uint64]struct{}{}
-	}
-	return a
+	return &allocator{size: size, byStart: map[uint64]uint64{}, byEnd: map[uint64]uint64{}, pos: map[uint64]int{}}
 }
 
 func binOf(n uint64) int { return bits.Len64(n/blobAlign) - 1 }
@@ -36,7 +35,8 @@ func (a *allocator) alloc(n, limit uint64) (uint64, bool) {
 		return 0, false
 	}
 	for b := binOf(n); b < len(a.bins); b++ {
-		for start := range a.bins[b] {
+		for i := len(a.bins[b]) - 1; i >= 0; i-- {
+			start := a.bins[b][i]
 			sz := a.byStart[start]
 			if sz < n {
 				continue // only the lowest bin holds extents smaller than n
@@ -80,11 +80,18 @@ func (a *allocator) release(off, n uint64) {
 func (a *allocator) insert(off, n uint64) {
 	a.byStart[off] = n
 	a.byEnd[off+n] = off
-	a.bins[binOf(n)][off] = struct{}{}
+	b := binOf(n)
+	a.pos[off] = len(a.bins[b])
+	a.bins[b] = append(a.bins[b], off)
 }
 
 func (a *allocator) remove(off, n uint64) {
 	delete(a.byStart, off)
 	delete(a.byEnd, off+n)
-	delete(a.bins[binOf(n)], off)
+	b := binOf(n)
+	i, last := a.pos[off], len(a.bins[b])-1
+	a.bins[b][i] = a.bins[b][last]
+	a.pos[a.bins[b][i]] = i
+	a.bins[b] = a.bins[b][:last]
+	delete(a.pos, off)
 }

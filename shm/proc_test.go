@@ -121,8 +121,18 @@ func startChildren(t *testing.T, r *Region, role string, n int, extraEnv ...stri
 		cmd.Env = append(cmd.Env, extraEnv...)
 		cmd.ExtraFiles = []*os.File{data, readers}
 		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		cmds = append(cmds, cmd)
 	}
+	// A failed assertion must not leave children looping: kill whatever still runs.
+	t.Cleanup(func() {
+		for _, c := range cmds {
+			if c.Process != nil && c.ProcessState == nil {
+				c.Process.Kill()
+				c.Wait()
+			}
+		}
+	})
 	return cmds
 }
 
@@ -142,6 +152,9 @@ func runChild(role string) int {
 		return childVerify(r)
 	case "hold":
 		return childHold(r)
+	case "bench-get":
+		n, _ := strconv.Atoi(os.Getenv("SHMSTEER_SHM_N"))
+		return childGetLoop(r, max(n, 1))
 	}
 	fmt.Println("ERR unknown role", role)
 	return 2

@@ -128,27 +128,3 @@ func TestSnapshotSeesPinnedVersion(t *testing.T) {
 	require.Equal(t, uint64(6), st.Entries)
 }
 
-func BenchmarkGet(b *testing.B) {
-	r := newTestRegion(b, Config{IndexSlots: 2048, ArenaBytes: 1 << 20})
-	keys := make([]string, 1024)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("%08x-1234-5678-9abc-%012x", i, i*7919)
-		_, err := r.Put(1, keys[i], make([]byte, 32))
-		require.NoError(b, err)
-	}
-	buf := make([]byte, 0, 64)
-	b.Run("shm", func(b *testing.B) {
-		for i := 0; b.Loop(); i++ {
-			buf, _ = r.Get(1, keys[i&1023], buf[:0])
-		}
-	})
-	m := map[string][]byte{}
-	for _, k := range keys {
-		m[k] = make([]byte, 32)
-	}
-	b.Run("gomap", func(b *testing.B) {
-		for i := 0; b.Loop(); i++ {
-			buf = append(buf[:0], m[keys[i&1023]]...)
-		}
-	})
-}
