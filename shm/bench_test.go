@@ -131,4 +131,3 @@ func BenchmarkPut(b *testing.B) {
 		}
 	}
 }
-

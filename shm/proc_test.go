@@ -109,7 +109,9 @@ func writeGeneration(r *Region, gen uint64) error {
 	return err
 }
 
-func isNotFound(err error) bool { return err != nil && strings.Contains(err.Error(), ErrNotFound.Error()) }
+func isNotFound(err error) bool {
+	return err != nil && strings.Contains(err.Error(), ErrNotFound.Error())
+}
 
 func startChildren(t *testing.T, r *Region, role string, n int, extraEnv ...string) []*exec.Cmd {
 	t.Helper()

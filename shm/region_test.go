@@ -127,4 +127,3 @@ func TestSnapshotSeesPinnedVersion(t *testing.T) {
 	require.Zero(t, st.RetiredBytes)
 	require.Equal(t, uint64(6), st.Entries)
 }
-
