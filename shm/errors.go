@@ -25,6 +25,9 @@ var (
 	// ErrReadOnly means a write was attempted on a region opened by a reader; send writes to
 	// the owner.
 	ErrReadOnly = errors.New("shmsteer: region is read-only in this process")
+	// ErrBusy means Close found snapshots or reads of this process still open; the region
+	// stays mapped. Close every snapshot first.
+	ErrBusy = errors.New("shmsteer: region still in use")
 	// ErrClosed means the region or snapshot was already closed.
 	ErrClosed = errors.New("shmsteer: closed")
 	// ErrNoReaderSlot means every reader slot is claimed; create the region with more

@@ -23,6 +23,10 @@ func (r *Region) pinCurrent() (uint64, uint64, error) {
 			// The writer raises the horizon before it scans the slots, so a pin that the
 			// scan may have missed sees the raised horizon here and retries.
 			if load64(r.data, hHorizon) <= v {
+				if r.closed.Load() { // Close may be waiting for pins to drain
+					r.unpin(s)
+					return 0, 0, ErrClosed
+				}
 				return s, v, nil
 			}
 			r.unpin(s)
@@ -96,7 +100,7 @@ func (r *Region) claimSlot(have int32) error {
 		runtime.Gosched() // every local slot busy: wait for one rather than hoard more
 		return nil
 	}
-	s, err := r.claimFreeSlot()
+	s, err := r.claimFreeSlotLocked()
 	if err != nil {
 		return err
 	}
@@ -105,8 +109,9 @@ func (r *Region) claimSlot(have int32) error {
 	return nil
 }
 
-// claimFreeSlot marks a free reader slot as this process's and returns its offset.
-func (r *Region) claimFreeSlot() (uint64, error) {
+// claimFreeSlotLocked marks a free reader slot as this process's and returns its offset. The
+// caller holds slotMu.
+func (r *Region) claimFreeSlotLocked() (uint64, error) {
 	if r.closed.Load() {
 		return 0, ErrClosed
 	}
@@ -122,14 +127,17 @@ func (r *Region) claimFreeSlot() (uint64, error) {
 				break
 			}
 		}
+		r.claimed[s] = true
 		return s, nil
 	}
 	return 0, fmt.Errorf("%w: all %d claimed", ErrNoReaderSlot, r.l.readerSlots)
 }
 
+// releaseSlot gives a slot back; the caller holds slotMu.
 func (r *Region) releaseSlot(s uint64) {
 	store64(r.readers, s+slotPin, 0)
 	cas64(r.readers, s+slotOwner, r.me, 0)
+	delete(r.claimed, s)
 }
 
 // Reader is a read handle with a reader slot of its own, for one goroutine at a time: a worker's
@@ -143,7 +151,9 @@ type Reader struct {
 
 // NewReader claims a reader slot for a new Reader.
 func (r *Region) NewReader() (*Reader, error) {
-	s, err := r.claimFreeSlot()
+	r.slotMu.Lock()
+	s, err := r.claimFreeSlotLocked()
+	r.slotMu.Unlock()
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +176,10 @@ func (rd *Reader) pin() (uint64, error) {
 		v := load64(r.data, hVersion)
 		r.pinStore(rd.slot, v)
 		if load64(r.data, hHorizon) <= v {
+			if r.closed.Load() {
+				r.unpin(rd.slot)
+				return 0, ErrClosed
+			}
 			return v, nil
 		}
 	}
@@ -198,16 +212,18 @@ func (rd *Reader) Close() error {
 	if rd.r == nil {
 		return ErrClosed
 	}
+	rd.r.slotMu.Lock()
 	if !rd.r.closed.Load() {
 		rd.r.releaseSlot(rd.slot)
 	}
+	rd.r.slotMu.Unlock()
 	rd.r = nil
 	return nil
 }
 
 // lookup finds the newest blob of (kind, key) whose version is at most v.
 func (r *Region) lookup(kind Kind, key []byte, v uint64) (blob, error) {
-	off, err := r.find(kind, key)
+	off, _, err := r.find(kind, key)
 	if err != nil {
 		return blob{}, err
 	}
@@ -219,18 +235,20 @@ func (r *Region) lookup(kind Kind, key []byte, v uint64) (blob, error) {
 }
 
 // find probes the index for (kind, key) and returns the arena offset of its newest blob,
-// whatever that blob's version. It checks only what the probe needs (kind, key length and key
-// bytes, inside the arena); callers decode the blob with readBlob.
-func (r *Region) find(kind Kind, key []byte) (uint64, error) {
+// whatever that blob's version, with the blob's meta word. It checks only what the probe needs
+// (kind, key length and key bytes, inside the arena); callers decode the rest.
+func (r *Region) find(kind Kind, key []byte) (off, meta uint64, err error) {
 	if kind == 0 {
-		return 0, ErrBadKind
+		return 0, 0, ErrBadKind
 	}
 	if len(key) == 0 || len(key) > MaxKeyLen {
-		return 0, ErrKeyTooLong
+		return 0, 0, ErrKeyTooLong
 	}
 	h := keyHash(r.l.hashK0, r.l.hashK1, kind, key)
 	mask := r.l.mask()
 	arena := r.arena
+	// The arena is at least minArenaBytes, so this does not underflow.
+	lastOff := uint64(len(arena)) - bKey - uint64(len(key))
 	want := uint64(kind)<<32 | uint64(len(key))
 	for i := uint64(0); i < r.l.maxProbe; i++ {
 		w := load64(r.index, ((h+i)&mask)*8)
@@ -240,28 +258,28 @@ func (r *Region) find(kind Kind, key []byte) (uint64, error) {
 		if w == tombstone || uint32(w>>32) != uint32(h>>32) {
 			continue
 		}
-		off := (uint64(uint32(w)) - 1) * blobAlign
-		if off > uint64(len(arena))-blobAlign-bKey-uint64(len(key)) || uint64(len(arena)) < blobAlign+bKey+MaxKeyLen {
-			return 0, fmt.Errorf("%w: index word %#x points outside the arena", ErrCorrupt, w)
+		off = (uint64(uint32(w)) - 1) * blobAlign
+		if off > lastOff {
+			return 0, 0, fmt.Errorf("%w: index word %#x points outside the arena", ErrCorrupt, w)
 		}
-		meta, lens := load64(arena, off+bMeta), load64(arena, off+bLens)
-		if (meta>>32&0xffff)<<32|uint64(uint32(lens)) != want || string(arena[off+bKey:off+bKey+uint64(len(key))]) != string(key) {
+		meta = load64(arena, off+bMeta)
+		if (meta>>32&0xffff)<<32|uint64(uint32(load64(arena, off+bLens))) != want ||
+			string(arena[off+bKey:off+bKey+uint64(len(key))]) != string(key) {
 			continue
 		}
-		return off, nil
+		return off, meta, nil
 	}
-	return 0, ErrNotFound
+	return 0, 0, ErrNotFound
 }
 
 // getFast serves Region.Get: when the newest blob is visible at v and live (the common case), it
 // decodes only what the copy needs, bounds-checked; otherwise it takes the general path.
 func (r *Region) getFast(kind Kind, key []byte, v uint64, dst []byte) ([]byte, error) {
-	off, err := r.find(kind, key)
+	off, meta, err := r.find(kind, key)
 	if err != nil {
 		return dst, err
 	}
 	arena := r.arena
-	meta := load64(arena, off+bMeta)
 	if load64(arena, off+bVersion) > v || meta>>48 != 0 {
 		b, err := r.lookup(kind, key, v)
 		if err != nil {

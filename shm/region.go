@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Kind separates the namespaces of the values in one region (keys of the key registry, named
@@ -91,9 +92,10 @@ type Region struct {
 	relaxed bool        // pins may use plain stores (see flagMembarrier)
 	closed  atomic.Bool
 
-	slotMu sync.Mutex // serializes claiming new reader slots
-	local  [maxLocalSlots]atomic.Uint64
-	nlocal atomic.Int32
+	slotMu  sync.Mutex      // serializes claiming and releasing reader slots
+	claimed map[uint64]bool // every slot this process holds, for Close
+	local   [maxLocalSlots]atomic.Uint64
+	nlocal  atomic.Int32
 
 	w *writer // nil in readers
 }
@@ -121,7 +123,7 @@ func Create(cfg Config) (*Region, error) {
 	if registerMembarrier() && globalBarrier() == nil {
 		l.flags |= flagMembarrier
 	}
-	r := &Region{l: l, me: me, relaxed: l.flags&flagMembarrier != 0}
+	r := &Region{l: l, me: me, relaxed: l.flags&flagMembarrier != 0, claimed: map[uint64]bool{}}
 	if err := r.createFiles(); err != nil {
 		return nil, err
 	}
@@ -152,7 +154,7 @@ func Open(data, readers *os.File) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Region{me: me}
+	r := &Region{me: me, claimed: map[uint64]bool{}}
 	if err := r.openFiles(data, readers); err != nil {
 		return nil, err
 	}
@@ -188,20 +190,46 @@ func (r *Region) UserConfig() []byte {
 	return append([]byte(nil), r.data[hUserConfig:hUserConfig+UserConfigSize]...)
 }
 
-// Close releases this process's reader slots and unmaps the region. Views and snapshots taken
-// from it must not be used afterwards. Closing the owner's region does not destroy what
-// readers still map: memory is freed when the last mapping goes.
+// Close releases this process's reader slots and unmaps the region. New reads fail with
+// ErrClosed at once; Close waits up to closeWait for reads in flight and open snapshots of this
+// process to finish, and if some are still open it returns ErrBusy and leaves the region
+// mapped, so that no reader faults. Closing the owner's region does not destroy what other
+// processes still map: the memory goes with the last mapping.
 func (r *Region) Close() error {
 	if !r.closed.CompareAndSwap(false, true) {
 		return ErrClosed
 	}
-	if r.readers != nil {
-		for i := int32(0); i < r.nlocal.Load(); i++ {
-			r.releaseSlot(r.local[i].Load())
+	if r.w != nil {
+		r.w.mu.Lock() // wait for a write in flight
+		defer r.w.mu.Unlock()
+	}
+	if r.relaxed {
+		globalBarrier() // make relaxed pin stores of our readers visible to the scan below
+	}
+	r.slotMu.Lock()
+	defer r.slotMu.Unlock()
+	for deadline := time.Now().Add(closeWait); ; time.Sleep(time.Millisecond) {
+		busy := 0
+		for s := range r.claimed {
+			if load64(r.readers, s+slotPin) != 0 {
+				busy++
+			}
 		}
+		if busy == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %d read sections still open after %v", ErrBusy, busy, closeWait)
+		}
+	}
+	for s := range r.claimed {
+		r.releaseSlot(s)
 	}
 	return r.unmap()
 }
+
+// closeWait bounds how long Close waits for open read sections (a variable for tests).
+var closeWait = 5 * time.Second
 
 // Stats is a point-in-time view of a region's counters.
 type Stats struct {

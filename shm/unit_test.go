@@ -2,11 +2,13 @@ package shm
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -280,13 +282,54 @@ func TestConcurrentGoroutines(t *testing.T) {
 			}
 		}()
 	}
-	for gen := uint64(2); gen < 300; gen++ {
-		require.NoError(t, writeGeneration(r, gen))
+	stopped := false
+	stopReaders := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
 	}
-	close(stop)
-	wg.Wait()
+	defer stopReaders() // even if an assertion fails, before cleanup unmaps the region
+	for gen := uint64(2); gen < 300; gen++ {
+		err := writeGeneration(r, gen)
+		for errors.Is(err, ErrRegionFull) { // snapshots pin memory: back off
+			time.Sleep(100 * time.Microsecond)
+			err = writeGeneration(r, gen)
+		}
+		require.NoError(t, err)
+	}
+	stopReaders()
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
 	}
+}
+
+func TestCloseWaitsForReaders(t *testing.T) {
+	r, err := Create(Config{IndexSlots: 64, ArenaBytes: 64 << 10})
+	require.NoError(t, err)
+	_, err = r.Put(1, "k", []byte("v"))
+	require.NoError(t, err)
+	s, err := r.Snapshot()
+	require.NoError(t, err)
+	view, _, err := s.View(1, "k")
+	require.NoError(t, err)
+
+	saved := closeWait
+	closeWait = 20 * time.Millisecond
+	defer func() { closeWait = saved }()
+	require.ErrorIs(t, r.Close(), ErrBusy, "a snapshot is open: the mapping must stay")
+	require.Equal(t, "v", string(view), "the open snapshot's view is still readable")
+	_, err = r.Get(1, "k", nil)
+	require.ErrorIs(t, err, ErrClosed, "no new reads after Close")
+
+	r2, err := Create(Config{IndexSlots: 64, ArenaBytes: 64 << 10})
+	require.NoError(t, err)
+	s2, err := r2.Snapshot()
+	require.NoError(t, err)
+	closeWait = 5 * time.Second
+	go func() { time.Sleep(10 * time.Millisecond); s2.Close() }()
+	require.NoError(t, r2.Close(), "Close waits for the snapshot to finish")
+	s.Close()
 }
