@@ -94,8 +94,10 @@ type Region struct {
 
 	slotMu  sync.Mutex      // serializes claiming and releasing reader slots
 	claimed map[uint64]bool // every slot this process holds, for Close
-	local   [maxLocalSlots]atomic.Uint64
-	nlocal  atomic.Int32
+
+	versionWord, horizonWord *uint64 // header words every read loads
+	local                    [maxLocalSlots]atomic.Uint64
+	nlocal                   atomic.Int32
 
 	w *writer // nil in readers
 }
@@ -164,6 +166,7 @@ func Open(data, readers *os.File) (*Region, error) {
 }
 
 func (r *Region) slice() {
+	r.versionWord, r.horizonWord = word64(r.data, hVersion), word64(r.data, hHorizon)
 	r.index = r.data[r.l.indexOff : r.l.indexOff+8*r.l.indexSlots : r.l.indexOff+8*r.l.indexSlots]
 	r.arena = r.data[r.l.arenaOff : r.l.arenaOff+r.l.arenaSize : r.l.arenaOff+r.l.arenaSize]
 }
