@@ -38,11 +38,10 @@ type Sources struct {
 	// AddRows is the best add kernel (kernels.AddRows), measured against the
 	// Go loop and numpy on the same shapes as kernels.add.<size>.shmsteer_ns.
 	AddRows AddFunc
-	// KernelsC returns the C kernel's ns per add, keyed by KernelSizes tag
-	// ("16k", "256k", "4m", "64m"), for kernels.add.<size>.c_ns. It runs its
-	// own loop (kernels/ccompare), so those figures are not alternated with
-	// the others.
-	KernelsC func(rounds int, minBatch time.Duration) (map[string]float64, error)
+	// AddRowsC runs the gcc -O3 -march=native add iters times in one call
+	// (kernels/ccompare.AddRowsRepeat), so C alternates with the other add
+	// contenders round by round without paying a cgo transition per add.
+	AddRowsC func(h []float32, d int, s float32, v []float32, iters int) error
 	// StepMixed and StepKernel measure one steering step, for
 	// steer.step.mixed_ns and steer.step.kernel_ns.
 	StepMixed  Setup
@@ -94,6 +93,7 @@ func Run(cfg Config, src Sources) *Report {
 			Contender{pre + "goloop_ns", addSetup(k, goLoopAdd)},
 			Contender{pre + "numpy_ns", np.opOf("add." + k.Tag)},
 			Contender{pre + "shmsteer_ns", addSetup(k, src.AddRows)},
+			Contender{pre + "c_ns", addRepeatSetup(k, src.AddRowsC)},
 		)) > 0 && cfg.wants(pre+"numpy_ns") {
 			numpyWanted = true
 		}
@@ -102,14 +102,8 @@ func Run(cfg Config, src Sources) *Report {
 		Contender{"steer.step.mixed_ns", src.StepMixed},
 		Contender{"steer.step.kernel_ns", src.StepKernel},
 	)
-	var cNames []string
-	for _, k := range KernelSizes {
-		if n := "kernels.add." + k.Tag + ".c_ns"; cfg.wants(n) {
-			cNames = append(cNames, n)
-		}
-	}
 	memNames := filter(cfg, "mem.overhead_ratio", "mem.tp8_ratio")
-	prog.total += len(cNames) + len(memNames)
+	prog.total += len(memNames)
 
 	if numpyWanted {
 		// One numpy process serves all sizes: hold it across the size groups
@@ -130,7 +124,6 @@ func Run(cfg Config, src Sources) *Report {
 		rep.Add(figs...)
 		rep.Warnings = append(rep.Warnings, warns...)
 	}
-	rep.Add(kernelsCFigures(cfg, prog, src.KernelsC, cNames)...)
 	rep.Add(memFigures(prog, src.Memory, memNames)...)
 	rep.Finish()
 	return rep
@@ -215,34 +208,6 @@ func scalingFigure(name string, figs []Figure) Figure {
 		f.Spread = max(one.Spread, two.Spread)
 	}
 	return f
-}
-
-func kernelsCFigures(cfg Config, prog *progress, fn func(int, time.Duration) (map[string]float64, error), names []string) []Figure {
-	if len(names) == 0 {
-		return nil
-	}
-	var res map[string]float64
-	err := ErrNotWired
-	if fn != nil {
-		prog.show("kernels.add.*.c_ns", "running")
-		res, err = fn(cfg.Rounds, cfg.Target)
-	}
-	var figs []Figure
-	for _, n := range names {
-		prog.i++
-		f := Figure{Name: n, Unit: unitOf(n)}
-		tag := strings.TrimSuffix(strings.TrimPrefix(n, "kernels.add."), ".c_ns")
-		switch v, ok := res[tag]; {
-		case err != nil:
-			f.Skipped = err.Error()
-		case !ok || v <= 0:
-			f.Skipped = "no result for size " + tag
-		default:
-			f.Value = v
-		}
-		figs = append(figs, f)
-	}
-	return figs
 }
 
 func memFigures(prog *progress, fn func() (float64, float64, error), names []string) []Figure {

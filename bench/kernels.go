@@ -71,3 +71,22 @@ func addSetup(k KernelSize, fn AddFunc) Setup {
 		}, nil, nil
 	}
 }
+
+// addRepeatSetup measures a kernel that repeats the add itself (the C loop, one cgo call per
+// batch), on its own buffers of size k, like addSetup.
+func addRepeatSetup(k KernelSize, fn func(h []float32, d int, s float32, v []float32, iters int) error) Setup {
+	return func() (Op, func() error, error) {
+		if fn == nil {
+			return nil, nil, ErrNotWired
+		}
+		h, v := kernelData(k.T)
+		if err := fn(h, KernelD, kernelScale, v, 1); err != nil {
+			return nil, nil, err
+		}
+		return func(n int) (time.Duration, error) {
+			start := time.Now()
+			err := fn(h, KernelD, kernelScale, v, n)
+			return time.Since(start), err
+		}, nil, nil
+	}
+}

@@ -37,6 +37,18 @@ func AddRows(h []float32, d int, s float32, v []float32) {
 	cAddRowsRepeat(h, d, s, v, 1)
 }
 
+// AddRowsRepeat runs the C add iters times over h inside one cgo call, so the ~50 ns cgo
+// transition is paid once, not per add: the fair way to time C against a Go loop of iters
+// calls. Same shape rules as AddRows; ErrUnavailable without cgo.
+func AddRowsRepeat(h []float32, d int, s float32, v []float32, iters int) error {
+	if !cAvailable {
+		return ErrUnavailable
+	}
+	checkShape(h, d, v)
+	cAddRowsRepeat(h, d, s, v, iters)
+	return nil
+}
+
 func checkShape(h []float32, d int, v []float32) {
 	if d <= 0 || len(v) != d || len(h)%d != 0 {
 		panic("ccompare: bad shape")
