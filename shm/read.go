@@ -291,26 +291,54 @@ func (r *Region) find(kind Kind, key []byte) (off, meta uint64, err error) {
 	return 0, 0, ErrNotFound
 }
 
-// getFast serves Region.Get: when the newest blob is visible at v and live (the common case), it
-// decodes only what the copy needs, bounds-checked; otherwise it takes the general path.
+// getFast serves Region.Get and Reader.Get: one probe loop over the index as words that
+// checks and copies the newest blob when it is visible at v and live (the common case), and
+// leaves version chains and deletion markers to the general path. Every offset is checked
+// against the arena before use.
 func (r *Region) getFast(kind Kind, key []byte, v uint64, dst []byte) ([]byte, error) {
-	off, meta, err := r.find(kind, key)
-	if err != nil {
+	if kind == 0 || len(key) == 0 || len(key) > MaxKeyLen {
+		_, err := r.lookup(kind, key, v) // the typed error
 		return dst, err
 	}
-	arena := r.arena
-	if load64(arena, off+bVersion) > v || meta>>48 != 0 {
-		b, err := r.lookup(kind, key, v)
-		if err != nil {
-			return dst, err
+	h := keyHash(r.l.hashK0, r.l.hashK1, kind, key)
+	index, arena, aw := r.indexWords, r.arena, r.arenaWords
+	mask := uint64(len(index) - 1)
+	fp := h >> 32
+	// A blob whose header and key fit before the arena's end starts at or below lastOff.
+	lastOff := uint64(len(arena)) - bKey - uint64(len(key))
+	want := uint64(kind)<<32 | uint64(len(key))
+	for i := uint64(0); i < r.l.maxProbe; i++ {
+		w := atomic.LoadUint64(&index[(h+i)&mask])
+		if w == 0 {
+			break
 		}
-		return append(dst, b.value(arena)...), nil
+		if w>>32 != fp || w == tombstone {
+			continue
+		}
+		off := (uint64(uint32(w)) - 1) * blobAlign
+		if off > lastOff {
+			return dst, fmt.Errorf("%w: index word %#x points outside the arena", ErrCorrupt, w)
+		}
+		hdr := aw[off/8 : off/8+5 : off/8+5]
+		meta, lens := atomic.LoadUint64(&hdr[0]), atomic.LoadUint64(&hdr[1])
+		if (meta>>32&0xffff)<<32|uint64(uint32(lens)) != want ||
+			string(arena[off+bKey:off+bKey+uint64(len(key))]) != string(key) {
+			continue
+		}
+		if atomic.LoadUint64(&hdr[2]) > v || meta>>48 != 0 {
+			b, err := r.lookup(kind, key, v) // an older version, or deleted
+			if err != nil {
+				return dst, err
+			}
+			return append(dst, b.value(arena)...), nil
+		}
+		vl, vo, size := lens>>32, atomic.LoadUint64(&hdr[4])>>32, uint64(uint32(meta))*blobAlign
+		if vo != valueOffset(len(key), int(vl)) || size > uint64(len(arena))-off || vl > size-vo {
+			return dst, fmt.Errorf("%w: blob at %d has bad lengths", ErrCorrupt, off)
+		}
+		return append(dst, arena[off+vo:off+vo+vl]...), nil
 	}
-	vl, vo, size := load64(arena, off+bLens)>>32, load64(arena, off+bSum)>>32, uint64(uint32(meta))*blobAlign
-	if vo != valueOffset(len(key), int(vl)) || size > uint64(len(arena))-off || vl > size-vo {
-		return dst, fmt.Errorf("%w: blob at %d has bad lengths", ErrCorrupt, off)
-	}
-	return append(dst, arena[off+vo:off+vo+vl]...), nil
+	return dst, ErrNotFound
 }
 
 // atVersion walks a key's version chain back to the newest blob not above v.

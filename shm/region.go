@@ -95,7 +95,8 @@ type Region struct {
 	slotMu  sync.Mutex      // serializes claiming and releasing reader slots
 	claimed map[uint64]bool // every slot this process holds, for Close
 
-	versionWord, horizonWord *uint64 // header words every read loads
+	versionWord, horizonWord *uint64  // header words every read loads
+	indexWords, arenaWords   []uint64 // the index and the arena as words, for the hot path
 	local                    [maxLocalSlots]atomic.Uint64
 	nlocal                   atomic.Int32
 
@@ -167,6 +168,7 @@ func Open(data, readers *os.File) (*Region, error) {
 
 func (r *Region) slice() {
 	r.versionWord, r.horizonWord = word64(r.data, hVersion), word64(r.data, hHorizon)
+	defer func() { r.indexWords, r.arenaWords = words(r.index), words(r.arena) }()
 	r.index = r.data[r.l.indexOff : r.l.indexOff+8*r.l.indexSlots : r.l.indexOff+8*r.l.indexSlots]
 	r.arena = r.data[r.l.arenaOff : r.l.arenaOff+r.l.arenaSize : r.l.arenaOff+r.l.arenaSize]
 }

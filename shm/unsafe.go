@@ -49,3 +49,15 @@ func Float32Bytes(f []float32) []byte {
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))
 }
+
+// words views b, 8-byte aligned with a length that is a multiple of 8 (the index, the arena),
+// as uint64s for sync/atomic.
+func words(b []byte) []uint64 {
+	if len(b) == 0 {
+		return nil
+	}
+	if len(b)%8 != 0 || uintptr(unsafe.Pointer(&b[0]))%8 != 0 {
+		panic("shm: words of a misaligned slice")
+	}
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8)
+}

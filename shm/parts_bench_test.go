@@ -1,0 +1,44 @@
+package shm
+
+// BenchmarkParts splits a Get into its parts (hash, probe, decode and copy, pin), to see where
+// the nanoseconds go.
+
+import "testing"
+
+func BenchmarkParts(b *testing.B) {
+	r := benchRegion(b)
+	keys := make([]string, benchKeys)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	var sink uint64
+	b.Run("hash", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			sink += keyHash(1, 2, 1, stringBytes(keys[i&(benchKeys-1)]))
+		}
+	})
+	b.Run("find", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			o, _, _ := r.find(1, stringBytes(keys[i&(benchKeys-1)]))
+			sink += o
+		}
+	})
+	buf := make([]byte, 0, 64)
+	b.Run("getFast", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			buf, _ = r.getFast(1, stringBytes(keys[i&(benchKeys-1)]), 1<<40, buf[:0])
+		}
+	})
+	rd, _ := r.NewReader()
+	b.Run("readerGet", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			buf, _ = rd.Get(1, keys[i&(benchKeys-1)], buf[:0])
+		}
+	})
+	b.Run("readerGetSame", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			buf, _ = rd.Get(1, keys[5], buf[:0])
+		}
+	})
+	_ = sink
+}
