@@ -1,10 +1,9 @@
 package shm
 
-// BenchmarkParts splits a Get into its parts (hash, probe, decode and copy, pin), to see where
-// the nanoseconds go.
-
 import "testing"
 
+// BenchmarkParts splits a Get into its parts (hash, probe, decode and copy, pin), to see where
+// the nanoseconds go.
 func BenchmarkParts(b *testing.B) {
 	r := benchRegion(b)
 	keys := make([]string, benchKeys)
