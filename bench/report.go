@@ -58,6 +58,7 @@ var Baselines = map[string]string{
 	"keys.get.shmsteer_ns": "keys.get.syncmanager_ns",
 	"keys.set.client_ns":   "keys.set.syncmanager_ns",
 	"keys.set.owner_ns":    "keys.set.syncmanager_ns",
+	"steer.step.mixed_ns":  "steer.step.kernel_ns",
 }
 
 func init() {

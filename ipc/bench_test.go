@@ -1,0 +1,113 @@
+package ipc
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// benchKeys are UUID-shaped request ids with 32-byte keys, as in bench/keys.go.
+func benchKeys(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%08x-1234-5678-9abc-%012x", i, i*7919)
+	}
+	return ids
+}
+
+func benchSetup(b *testing.B) (*Owner, *Client, []string) {
+	env := newTestEnv()
+	opts := env.ownerOpts()
+	opts.Region.ArenaBytes = 16 << 20
+	opts.Region.IndexSlots = 4096
+	opts.Grace = time.Hour
+	o := newTestOwner(b, opts)
+	c := attach(b, env.clientOpts())
+	ids := benchKeys(1024)
+	key := make([]byte, 32)
+	for _, id := range ids {
+		require.NoError(b, o.Keys().Set(id, key))
+	}
+	return o, c, ids
+}
+
+// BenchmarkClientGet reads keys through a Client attached (Attach, handshake, fds, shm.Open)
+// in the owner's own process: the read path is the same plain loads from the mapping as in a
+// separate process. TestHelperProcess's "bench-get" role measures it from a child process.
+func BenchmarkClientGet(b *testing.B) {
+	_, c, ids := benchSetup(b)
+	k := c.Keys()
+	buf := make([]byte, 0, 64)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		var err error
+		if buf, err = k.Get(ids[i&1023], buf[:0]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkOwnerSet writes keys directly in the owner.
+func BenchmarkOwnerSet(b *testing.B) {
+	o, _, ids := benchSetup(b)
+	k := o.Keys()
+	key := make([]byte, 32)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if err := k.Set(ids[i&1023], key); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkClientSetRPC writes keys from a Client over the attach socket (an RPC round trip
+// to an owner in the same process; see TestHelperProcess's "bench-set" role for a child).
+func BenchmarkClientSetRPC(b *testing.B) {
+	_, c, ids := benchSetup(b)
+	k := c.Keys()
+	key := make([]byte, 32)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if err := k.Set(ids[i&1023], key); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchChild runs op ("benchset" or "benchget") b.N times in a child process attached to an
+// owner in this process, and reports the child's own timing as ns/op.
+func benchChild(b *testing.B, op string) {
+	env := newTestEnv()
+	opts := env.ownerOpts()
+	opts.Region.ArenaBytes = 16 << 20
+	opts.Region.IndexSlots = 4096
+	opts.Grace = time.Hour
+	o := newTestOwner(b, opts)
+	key := make([]byte, 32)
+	for _, id := range benchKeys(1024) {
+		require.NoError(b, o.Keys().Set(id, key))
+	}
+	p := startProc(b, "client", env.childEnv()...)
+	require.Equal(b, "ok ready", p.line())
+	p.do(op + " 1000") // warm up
+	b.ResetTimer()
+	res := p.do(fmt.Sprintf("%s %d", op, b.N))
+	b.StopTimer()
+	ns, err := strconv.ParseInt(strings.TrimPrefix(res, "ok "), 10, 64)
+	require.NoError(b, err, res)
+	b.ReportMetric(float64(ns)/float64(b.N), "ns/op")
+	p.exit()
+}
+
+// BenchmarkChildGet: Registry.Get timed inside a separate client process.
+func BenchmarkChildGet(b *testing.B) { benchChild(b, "benchget") }
+
+// BenchmarkChildSetRPC: Registry.Set over RPC timed inside a separate client process.
+func BenchmarkChildSetRPC(b *testing.B) { benchChild(b, "benchset") }
+
+// BenchmarkChildPing: an empty RPC round trip timed inside a separate client process.
+func BenchmarkChildPing(b *testing.B) { benchChild(b, "benchping") }

@@ -1,0 +1,376 @@
+package ipc
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/shmsteer/shmsteer/shm"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultTimeout bounds an attach and each RPC when ClientOptions.Timeout is 0.
+const DefaultTimeout = 5 * time.Second
+
+// ClientOptions configures Attach.
+type ClientOptions struct {
+	// Secret proves this process to the owner and finds its handle; nil reads SHMSTEER_SECRET.
+	Secret *Secret
+	// Namespace must match the owner's.
+	Namespace string
+	// Timeout bounds the attach and each RPC; 0 means DefaultTimeout (5 s).
+	Timeout time.Duration
+	// DropEnv unsets SHMSTEER_SECRET once the secret is resolved.
+	DropEnv bool
+
+	// handle overrides the derived handle name (tests: an impostor that knows where the
+	// owner listens but not its secret).
+	handle string
+}
+
+// Client is an attached process: it reads the region straight from its mapping and sends
+// writes to the owner over the attach socket. Its methods are safe for concurrent use; RPCs
+// from several goroutines are sent one at a time.
+type Client struct {
+	region   *shm.Region
+	keys     *Registry
+	timeout  time.Duration
+	maxFrame int
+	ownerPID int
+
+	mu     sync.Mutex // one RPC in flight; guards everything below
+	conn   *net.UnixConn
+	fr     frameReader
+	wbuf   []byte
+	nextID uint32
+	gone   error // set once the owner is gone or the stream is unusable
+	closed bool
+}
+
+// Attach finds the owner through the handle derived from the secret and namespace, runs the
+// mutual handshake, receives the region's file descriptors and maps the region (read-only).
+// Errors: ErrAuthSecretNotDefined, ErrNotYetInitialized (no owner answers), ErrAuthFailed,
+// ErrIncompatible, ErrTimeout.
+func Attach(opts ClientOptions) (*Client, error) {
+	secret, err := resolveSecret(opts.Secret, opts.DropEnv)
+	if err != nil {
+		return nil, err
+	}
+	defer secret.wipe() // a client needs the secret only for the handshake
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	name := opts.handle
+	if name == "" {
+		name = handleName(secret, opts.Namespace)
+	}
+	d := net.Dialer{Timeout: timeout}
+	nc, err := d.Dial("unix", "@"+name)
+	if err != nil {
+		switch {
+		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT):
+			return nil, ErrNotYetInitialized
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return nil, fmt.Errorf("%w: connecting to the owner", ErrTimeout)
+		}
+		return nil, fmt.Errorf("shmsteer: connecting to the owner: %w", err)
+	}
+	conn := nc.(*net.UnixConn)
+	c := &Client{conn: conn, timeout: timeout}
+	conn.SetDeadline(time.Now().Add(timeout))
+	w, err := c.handshake(secret, opts.Namespace)
+	if err != nil {
+		c.fr.wipe()
+		conn.Close()
+		return nil, err
+	}
+	conn.SetDeadline(time.Time{})
+	c.maxFrame = int(w.maxFrame)
+	c.ownerPID = int(w.ownerPID)
+	c.keys = &Registry{region: c.region, maxKey: int(w.maxKey), client: c}
+	return c, nil
+}
+
+// handshakeErr maps an I/O error during the handshake.
+func handshakeErr(err error) error {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("%w: during the attach handshake", ErrTimeout)
+	case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return fmt.Errorf("%w: the owner closed the connection during the attach handshake", ErrAuthFailed)
+	case errors.Is(err, ErrFrameTooLarge):
+		return fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	return err
+}
+
+// readHandshake reads one handshake frame and turns an error frame into its error.
+func (c *Client) readHandshake(read func([]byte) (int, error), want uint16) ([]byte, error) {
+	f, err := c.fr.next(read, handshakeMaxFrame)
+	if err != nil {
+		return nil, handshakeErr(err)
+	}
+	switch f.op {
+	case want:
+		return f.payload, nil
+	case opError:
+		code, msg, err := decodeError(f.payload)
+		if err != nil {
+			return nil, err
+		}
+		return nil, remoteError(code, msg)
+	}
+	return nil, fmt.Errorf("%w: expected handshake op %d, got %d", ErrProtocol, want, f.op)
+}
+
+func (c *Client) handshake(secret Secret, ns string) (welcome, error) {
+	clientNonce := make([]byte, nonceLen)
+	rand.Read(clientNonce)
+	if _, err := c.conn.Write(appendFrame(nil, opHello, 0, encodeHello(clientNonce))); err != nil {
+		return welcome{}, handshakeErr(err)
+	}
+	p, err := c.readHandshake(c.conn.Read, opChallenge)
+	if err != nil {
+		return welcome{}, err
+	}
+	on, ownerProof, err := decodeChallenge(p)
+	if err != nil {
+		return welcome{}, err
+	}
+	ownerNonce := append([]byte(nil), on...)
+	want := proof(secret, ownerProofLabel, ns, clientNonce, ownerNonce)
+	if !hmac.Equal(ownerProof, want[:]) {
+		c.conn.Write(appendFrame(nil, opError, 0, appendError(nil, codeAuthFailed, "shmsteer: authentication failed: the owner's proof does not match this client's secret")))
+		return welcome{}, fmt.Errorf("%w: the owner's proof does not match", ErrAuthFailed)
+	}
+	mine := proof(secret, clientProofLabel, ns, clientNonce, ownerNonce)
+	if _, err := c.conn.Write(appendFrame(nil, opProof, 0, mine[:])); err != nil {
+		return welcome{}, handshakeErr(err)
+	}
+
+	// The welcome carries the region's descriptors: read it with recvmsg and keep every
+	// descriptor that arrives, to use or close.
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	var oobErr error
+	read := func(b []byte) (int, error) {
+		n, oobn, flags, _, err := c.conn.ReadMsgUnix(b, oob)
+		if oobn > 0 {
+			got, perr := parseRights(oob[:oobn])
+			fds = append(fds, got...)
+			if perr != nil && oobErr == nil {
+				oobErr = perr
+			}
+		}
+		if flags&unix.MSG_CTRUNC != 0 && oobErr == nil {
+			oobErr = fmt.Errorf("%w: descriptors truncated", ErrProtocol)
+		}
+		return n, err
+	}
+	if p, err = c.readHandshake(read, opWelcome); err != nil {
+		return welcome{}, err
+	}
+	w, err := decodeWelcome(p)
+	if err != nil {
+		return welcome{}, err
+	}
+	if oobErr != nil {
+		return welcome{}, oobErr
+	}
+	if len(fds) != 2 {
+		return welcome{}, fmt.Errorf("%w: welcome carried %d descriptors, want 2", ErrProtocol, len(fds))
+	}
+	data, readers := os.NewFile(uintptr(fds[0]), "shmsteer-data"), os.NewFile(uintptr(fds[1]), "shmsteer-readers")
+	fds = nil
+	region, err := shm.Open(data, readers)
+	data.Close()
+	readers.Close()
+	if err != nil {
+		if errors.Is(err, shm.ErrIncompatible) {
+			return welcome{}, fmt.Errorf("%w: %w", ErrIncompatible, err)
+		}
+		return welcome{}, err
+	}
+	if region.ID() != w.regionID {
+		region.Close()
+		return welcome{}, fmt.Errorf("%w: descriptors of another region", ErrProtocol)
+	}
+	c.region = region
+	return w, nil
+}
+
+// parseRights extracts descriptors from control messages, marking them close-on-exec.
+func parseRights(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("%w: control message: %w", ErrProtocol, err)
+	}
+	var fds []int
+	for i := range msgs {
+		got, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			continue
+		}
+		for _, fd := range got {
+			unix.CloseOnExec(fd)
+		}
+		fds = append(fds, got...)
+	}
+	return fds, nil
+}
+
+// Region is the mapped region, read-only in a client (writes give shm.ErrReadOnly). It stays
+// readable after the owner is gone, showing the last state.
+func (c *Client) Region() *shm.Region { return c.region }
+
+// Keys is the key registry: reads from the mapping, writes over RPC.
+func (c *Client) Keys() *Registry { return c.keys }
+
+// OwnerPID is the owner's process id.
+func (c *Client) OwnerPID() int { return c.ownerPID }
+
+// Call sends an extension RPC (op from MinUserOp to MaxUserOp, served by the owner's
+// Owner.Handle) and returns the reply, which the caller owns. Errors: ErrOwnerGone,
+// ErrTimeout, ErrFrameTooLarge, ErrUnknownOp, or the handler's error (errors.Is works for
+// sentinels registered with RegisterError).
+func (c *Client) Call(op uint16, req []byte) ([]byte, error) {
+	if op < MinUserOp || op > MaxUserOp {
+		return nil, fmt.Errorf("%w: op %d is outside [%d, %d]", ErrUnknownOp, op, MinUserOp, MaxUserOp)
+	}
+	var out []byte
+	err := c.call(op, func(b []byte) []byte { return append(b, req...) }, func(p []byte) {
+		out = append([]byte{}, p...)
+	})
+	return out, err
+}
+
+// Ping round-trips an empty RPC: nil while the owner serves.
+func (c *Client) Ping() error { return c.call(opPing, nil, nil) }
+
+func (c *Client) keySet(id string, key []byte) error {
+	return c.call(opKeySet, func(b []byte) []byte { return appendKeySet(b, id, key) }, nil)
+}
+
+func (c *Client) keyRemove(id string) error {
+	return c.call(opKeyRemove, func(b []byte) []byte { return append(b, id...) }, nil)
+}
+
+// call sends one request, built by build, and waits for its reply, which onReply sees (the
+// bytes are valid only during onReply). Replies to earlier requests that timed out are skipped
+// by id. Request bytes are zeroed once sent (they may hold a key).
+func (c *Client) call(op uint16, build func([]byte) []byte, onReply func([]byte)) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if c.gone != nil {
+		return c.gone
+	}
+	c.nextID++
+	if c.nextID == 0 {
+		c.nextID = 1
+	}
+	id := c.nextID
+	c.wbuf = beginFrame(c.wbuf[:0], op, id)
+	if build != nil {
+		c.wbuf = build(c.wbuf)
+	}
+	defer func() {
+		clear(c.wbuf)
+		if cap(c.wbuf) > readerKeep {
+			c.wbuf = nil
+		}
+	}()
+	if len(c.wbuf) > c.maxFrame {
+		return fmt.Errorf("%w: request of %d bytes, the owner takes at most %d", ErrFrameTooLarge, len(c.wbuf), c.maxFrame)
+	}
+	finishFrame(c.wbuf, 0)
+	c.conn.SetDeadline(time.Now().Add(c.timeout))
+	if n, err := c.conn.Write(c.wbuf); err != nil {
+		if n > 0 { // a partial frame went out: the stream cannot be resynchronized
+			c.gone = fmt.Errorf("%w: connection unusable after a partial write (%v); re-attach", ErrOwnerGone, err)
+			c.conn.Close()
+			return c.gone
+		}
+		return c.ioErr(err)
+	}
+	for {
+		f, err := c.fr.next(c.conn.Read, c.maxFrame)
+		if err != nil {
+			return c.ioErr(err)
+		}
+		if f.id != id {
+			continue // the reply to a call that timed out
+		}
+		switch f.op {
+		case opReplyOK:
+			if onReply != nil {
+				onReply(f.payload)
+			}
+			return nil
+		case opReplyErr:
+			code, msg, err := decodeError(f.payload)
+			if err != nil {
+				return err
+			}
+			return remoteError(code, msg)
+		}
+		c.gone = fmt.Errorf("%w: unexpected op %d from the owner; re-attach", ErrProtocol, f.op)
+		c.conn.Close()
+		return c.gone
+	}
+}
+
+// ioErr maps an RPC I/O error; a closed stream marks the owner gone for good.
+func (c *Client) ioErr(err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("%w: after %v", ErrTimeout, c.timeout)
+	}
+	if errors.Is(err, ErrProtocol) || errors.Is(err, ErrFrameTooLarge) {
+		c.gone = fmt.Errorf("%w: %w", ErrOwnerGone, err)
+	} else {
+		c.gone = ErrOwnerGone
+	}
+	c.conn.Close()
+	return c.gone
+}
+
+// Close detaches: it tells the owner (so it need not look for a dead process), releases this
+// process's reader slots and unmaps the region.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	c.closed = true
+	if c.gone == nil {
+		c.conn.SetWriteDeadline(time.Now().Add(c.timeout))
+		c.conn.Write(appendFrame(nil, opBye, 0, nil))
+	}
+	c.conn.Close()
+	c.fr.wipe()
+	return c.region.Close()
+}
+
+// setTimeout changes the RPC timeout (tests).
+func (c *Client) setTimeout(d time.Duration) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.timeout = d
+	return nil
+}

@@ -1,0 +1,191 @@
+package ipc
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/shmsteer/shmsteer/shm"
+)
+
+// Sentinel errors. Every error this package returns wraps one of these (or one of shm's), so
+// callers test them with errors.Is. None of them ever carries the secret.
+var (
+	// ErrAuthSecretNotDefined means no secret was given and SHMSTEER_SECRET is unset or empty.
+	// Set SHMSTEER_SECRET to the same value in the owner and in every worker, or pass the
+	// secret explicitly.
+	ErrAuthSecretNotDefined = errors.New("shmsteer: auth secret not defined: set SHMSTEER_SECRET (the same value in the owner and every worker) or pass a Secret")
+	// ErrNotYetInitialized means no owner answers the handle derived from the secret and
+	// namespace: start the owner first, and check that the secret and namespace match it.
+	ErrNotYetInitialized = errors.New("shmsteer: not yet initialized: no owner answers for this secret and namespace; start the owner first and check SHMSTEER_SECRET and the namespace")
+	// ErrPreviouslyInitialized means an owner already runs for this secret and namespace, in
+	// this process or another. Use one owner per handle, or give this one another namespace.
+	ErrPreviouslyInitialized = errors.New("shmsteer: previously initialized: an owner already runs for this secret and namespace; attach as a client or use another namespace")
+	// ErrAuthFailed means the mutual handshake failed: the peer does not know the secret, it
+	// replayed an old handshake, or its uid is not allowed. Check that every process uses the
+	// same secret and runs as an allowed user.
+	ErrAuthFailed = errors.New("shmsteer: authentication failed: the peer does not prove the same secret or its uid is not allowed")
+	// ErrOwnerGone means the owner process exited or closed after this client attached. Reads
+	// still see the last state; writes cannot be served. Restart the owner and re-attach.
+	ErrOwnerGone = errors.New("shmsteer: owner gone: the owner process exited; reads see the last state, writes need a new owner and a new attach")
+	// ErrTimeout means the owner did not answer an RPC (or the attach) within the timeout; it
+	// may be overloaded or stopped. The request may still have been applied.
+	ErrTimeout = errors.New("shmsteer: timed out waiting for the owner")
+	// ErrIncompatible means the owner and this process speak different protocol or region
+	// layout versions; run the same shmsteer build everywhere. errors.Is also matches
+	// shm.ErrIncompatible.
+	ErrIncompatible error = &wrapped{
+		msg:  "shmsteer: incompatible owner and client: run the same shmsteer version in every process",
+		base: shm.ErrIncompatible,
+	}
+	// ErrKeyNotFound means no key is registered under the request id (never set, or removed
+	// and purged).
+	ErrKeyNotFound = errors.New("shmsteer: key not found for request id")
+	// ErrKeyRevoked means the request's key was removed and its revoked sentinel still stands
+	// (until the grace period ends): the request is over, stop generating for it.
+	ErrKeyRevoked = errors.New("shmsteer: key revoked for request id")
+	// ErrRequestIDTooLong means a request id is empty or longer than MaxRequestIDLen bytes.
+	ErrRequestIDTooLong = errors.New("shmsteer: request id empty or longer than 256 bytes")
+	// ErrKeyTooLarge means a key is longer than the owner's MaxKeyBytes (default 4096).
+	ErrKeyTooLarge = errors.New("shmsteer: key larger than MaxKeyBytes")
+	// ErrFrameTooLarge means an RPC request or reply exceeds the owner's maximum frame size;
+	// raise OwnerOptions.MaxFrameBytes or send less.
+	ErrFrameTooLarge = errors.New("shmsteer: RPC frame too large")
+	// ErrUnknownOp means the owner has no handler for an RPC op (ops below 256 are reserved
+	// for this package): register it with Owner.Handle in the owner.
+	ErrUnknownOp = errors.New("shmsteer: no handler for RPC op in the owner")
+	// ErrProtocol means a peer sent a malformed frame; the connection is dropped.
+	ErrProtocol = errors.New("shmsteer: malformed RPC frame")
+	// ErrClosed means the Owner or Client was closed.
+	ErrClosed = shm.ErrClosed
+)
+
+// wrapped is a sentinel that also matches a sentinel of another package.
+type wrapped struct {
+	msg  string
+	base error
+}
+
+func (w *wrapped) Error() string { return w.msg }
+func (w *wrapped) Unwrap() error { return w.base }
+
+// Error codes on the wire. Codes below 256 belong to this package; RegisterError gives other
+// packages codes from 256 up.
+const (
+	codeOther uint16 = iota
+	codeAuthFailed
+	codeIncompatible
+	codeKeyNotFound
+	codeKeyRevoked
+	codeRequestIDTooLong
+	codeKeyTooLarge
+	codeFrameTooLarge
+	codeUnknownOp
+	codeProtocol
+	codeClosed
+	codeRegionFull
+	codeValueTooLarge
+	codeShmKeyTooLong
+	codeNotFound
+	codeCorrupt
+	codeBadConfig
+	codeNoReaderSlot
+	codeTimeout
+
+	// MinUserErrorCode is the first code RegisterError accepts.
+	MinUserErrorCode = 256
+)
+
+type errCode struct {
+	code uint16
+	err  error
+}
+
+var (
+	errMu    sync.RWMutex
+	errCodes = []errCode{
+		// Most specific first: the first sentinel that errors.Is matches gives the code.
+		{codeAuthFailed, ErrAuthFailed},
+		{codeIncompatible, ErrIncompatible},
+		{codeKeyNotFound, ErrKeyNotFound},
+		{codeKeyRevoked, ErrKeyRevoked},
+		{codeRequestIDTooLong, ErrRequestIDTooLong},
+		{codeKeyTooLarge, ErrKeyTooLarge},
+		{codeFrameTooLarge, ErrFrameTooLarge},
+		{codeUnknownOp, ErrUnknownOp},
+		{codeProtocol, ErrProtocol},
+		{codeClosed, ErrClosed},
+		{codeRegionFull, shm.ErrRegionFull},
+		{codeValueTooLarge, shm.ErrValueTooLarge},
+		{codeShmKeyTooLong, shm.ErrKeyTooLong},
+		{codeNotFound, shm.ErrNotFound},
+		{codeCorrupt, shm.ErrCorrupt},
+		{codeBadConfig, shm.ErrBadConfig},
+		{codeNoReaderSlot, shm.ErrNoReaderSlot},
+		{codeTimeout, ErrTimeout},
+	}
+)
+
+// RegisterError gives err a wire code, so that an Owner.Handle handler returning an error that
+// wraps err reaches the client as an error that errors.Is(err) still matches (its message is
+// the handler's). Register the same code and sentinel in the owner and in every client (a
+// package init does both). code must be at least MinUserErrorCode and not yet taken; it panics
+// otherwise, as for a duplicate registration.
+func RegisterError(code uint16, err error) {
+	if code < MinUserErrorCode || err == nil {
+		panic(fmt.Sprintf("ipc.RegisterError: code %d must be >= %d and err non-nil", code, MinUserErrorCode))
+	}
+	errMu.Lock()
+	defer errMu.Unlock()
+	for _, c := range errCodes {
+		if c.code == code {
+			panic(fmt.Sprintf("ipc.RegisterError: code %d already registered", code))
+		}
+	}
+	errCodes = append(errCodes, errCode{code, err})
+}
+
+// codeOf finds the wire code of err; user codes are checked before this package's, so a
+// package's own sentinels win over the generic ones they may wrap.
+func codeOf(err error) uint16 {
+	errMu.RLock()
+	defer errMu.RUnlock()
+	for _, c := range slices.Backward(errCodes) {
+		if c.code >= MinUserErrorCode && errors.Is(err, c.err) {
+			return c.code
+		}
+	}
+	for _, c := range errCodes {
+		if c.code < MinUserErrorCode && errors.Is(err, c.err) {
+			return c.code
+		}
+	}
+	return codeOther
+}
+
+func sentinelOf(code uint16) error {
+	errMu.RLock()
+	defer errMu.RUnlock()
+	for _, c := range errCodes {
+		if c.code == code {
+			return c.err
+		}
+	}
+	return nil
+}
+
+// RemoteError is an error the owner returned for an RPC. Its message is the owner's; errors.Is
+// matches the sentinel registered for its code, if this process knows it.
+type RemoteError struct {
+	Code uint16
+	Msg  string
+	base error
+}
+
+func (e *RemoteError) Error() string { return e.Msg }
+func (e *RemoteError) Unwrap() error { return e.base }
+
+func remoteError(code uint16, msg string) error {
+	return &RemoteError{Code: code, Msg: msg, base: sentinelOf(code)}
+}

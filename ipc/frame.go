@@ -1,0 +1,308 @@
+package ipc
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Wire format. Every message on an attach socket, in the handshake and after it, is a frame:
+//
+//	u32 length   bytes that follow this field (op, id and payload), little-endian
+//	u16 op
+//	u32 id       request id; a reply carries its request's id; 0 in the handshake
+//	payload      length-6 bytes
+//
+// decodeFrame validates the length against a maximum before anything is allocated for the
+// payload, and the payload decoders below never trust a length they have not checked, so a
+// hostile or corrupt peer gets an error, never a panic or a large allocation.
+const (
+	frameHeader = 10
+	// protoVersion is the attach and RPC protocol version, carried by the handshake frames.
+	protoVersion = 1
+
+	// DefaultMaxFrameBytes is the default bound on one RPC frame (request or reply), header
+	// included: room for a full set of steering vectors (4096 floats × dozens of layers).
+	DefaultMaxFrameBytes = 64 << 20
+	// MaxFrameBytesLimit is the largest OwnerOptions.MaxFrameBytes accepted.
+	MaxFrameBytesLimit = 1 << 30
+	// minFrameBytes is the smallest MaxFrameBytes accepted: a full key set must fit.
+	minFrameBytes = 64 << 10
+	// handshakeMaxFrame bounds frames before the peer is authenticated.
+	handshakeMaxFrame = 512
+
+	nonceLen = 32
+	macLen   = 32
+)
+
+// Ops. Ops below MinUserOp belong to this package; Owner.Handle takes ops from MinUserOp up to
+// MaxUserOp.
+const (
+	opHello     uint16 = 1 // client → owner: version, client nonce
+	opChallenge uint16 = 2 // owner → client: version, owner nonce, owner proof
+	opProof     uint16 = 3 // client → owner: client proof
+	opWelcome   uint16 = 4 // owner → client: region facts; the region's fds ride along (SCM_RIGHTS)
+	opError     uint16 = 5 // either way in the handshake: code, message
+
+	opKeySet    uint16 = 16 // u16 id length, id, key
+	opKeyRemove uint16 = 17 // id
+	opBye       uint16 = 18 // client closes cleanly (it released its own reader slots)
+	opPing      uint16 = 19
+
+	opReplyOK  uint16 = 0xfffe // reply payload
+	opReplyErr uint16 = 0xffff // u16 code, message
+
+	// MinUserOp is the first op Owner.Handle accepts; ops below it are reserved for ipc.
+	MinUserOp = 256
+	// MaxUserOp is the last op Owner.Handle accepts; ops above it are replies.
+	MaxUserOp = 0xfff0
+)
+
+type frame struct {
+	op      uint16
+	id      uint32
+	payload []byte
+}
+
+// decodeFrame decodes the frame at the start of b. It returns n = 0 and no error when b holds
+// only part of a frame (read more); an error when the length field is out of range, that is
+// below the header or above max bytes for the whole frame. The payload aliases b.
+func decodeFrame(b []byte, max int) (f frame, n int, err error) {
+	if len(b) < 4 {
+		return frame{}, 0, nil
+	}
+	l := uint64(binary.LittleEndian.Uint32(b))
+	if l < frameHeader-4 {
+		return frame{}, 0, fmt.Errorf("%w: frame length %d below the header", ErrProtocol, l)
+	}
+	if max < frameHeader || l+4 > uint64(max) {
+		return frame{}, 0, fmt.Errorf("%w: frame of %d bytes, at most %d", ErrFrameTooLarge, l+4, max)
+	}
+	total := int(l) + 4
+	if len(b) < total {
+		return frame{}, 0, nil
+	}
+	return frame{
+		op:      binary.LittleEndian.Uint16(b[4:]),
+		id:      binary.LittleEndian.Uint32(b[6:]),
+		payload: b[frameHeader:total:total],
+	}, total, nil
+}
+
+// frameNeed returns the total size of the frame starting at b once its length field is in,
+// or 0 if it is not yet.
+func frameNeed(b []byte) int {
+	if len(b) < 4 {
+		return 0
+	}
+	return int(binary.LittleEndian.Uint32(b)) + 4
+}
+
+// beginFrame appends a frame header with a zero length to dst; finishFrame fills the length
+// once the payload is appended.
+func beginFrame(dst []byte, op uint16, id uint32) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, 0)
+	dst = binary.LittleEndian.AppendUint16(dst, op)
+	return binary.LittleEndian.AppendUint32(dst, id)
+}
+
+func finishFrame(b []byte, start int) {
+	binary.LittleEndian.PutUint32(b[start:], uint32(len(b)-start-4))
+}
+
+func appendFrame(dst []byte, op uint16, id uint32, payload []byte) []byte {
+	start := len(dst)
+	dst = append(beginFrame(dst, op, id), payload...)
+	finishFrame(dst, start)
+	return dst
+}
+
+// hello: u8 version, client nonce.
+func encodeHello(nonce []byte) []byte {
+	return append([]byte{protoVersion}, nonce...)
+}
+
+// decodeVersion checks the version byte every handshake payload starts with; the version
+// is checked before the length, so a newer peer with a longer payload is told apart from a
+// malformed one.
+func decodeVersion(p []byte) error {
+	if len(p) < 1 {
+		return fmt.Errorf("%w: empty handshake payload", ErrProtocol)
+	}
+	if p[0] != protoVersion {
+		return fmt.Errorf("%w: peer speaks protocol %d, this build %d", ErrIncompatible, p[0], protoVersion)
+	}
+	return nil
+}
+
+func decodeHello(p []byte) (nonce []byte, err error) {
+	if err := decodeVersion(p); err != nil {
+		return nil, err
+	}
+	if len(p) != 1+nonceLen {
+		return nil, fmt.Errorf("%w: hello of %d bytes", ErrProtocol, len(p))
+	}
+	return p[1:], nil
+}
+
+// challenge: u8 version, owner nonce, owner proof.
+func encodeChallenge(nonce []byte, proof [macLen]byte) []byte {
+	b := append([]byte{protoVersion}, nonce...)
+	return append(b, proof[:]...)
+}
+
+func decodeChallenge(p []byte) (nonce, proof []byte, err error) {
+	if err := decodeVersion(p); err != nil {
+		return nil, nil, err
+	}
+	if len(p) != 1+nonceLen+macLen {
+		return nil, nil, fmt.Errorf("%w: challenge of %d bytes", ErrProtocol, len(p))
+	}
+	return p[1 : 1+nonceLen], p[1+nonceLen:], nil
+}
+
+func decodeProof(p []byte) ([]byte, error) {
+	if len(p) != macLen {
+		return nil, fmt.Errorf("%w: proof of %d bytes", ErrProtocol, len(p))
+	}
+	return p, nil
+}
+
+// welcome: u8 version, u64 region id, u32 owner pid, u32 max frame bytes, u32 max key bytes.
+type welcome struct {
+	regionID uint64
+	ownerPID uint32
+	maxFrame uint32
+	maxKey   uint32
+}
+
+const welcomeLen = 1 + 8 + 4 + 4 + 4
+
+func (w welcome) encode() []byte {
+	b := []byte{protoVersion}
+	b = binary.LittleEndian.AppendUint64(b, w.regionID)
+	b = binary.LittleEndian.AppendUint32(b, w.ownerPID)
+	b = binary.LittleEndian.AppendUint32(b, w.maxFrame)
+	return binary.LittleEndian.AppendUint32(b, w.maxKey)
+}
+
+func decodeWelcome(p []byte) (welcome, error) {
+	if err := decodeVersion(p); err != nil {
+		return welcome{}, err
+	}
+	if len(p) != welcomeLen {
+		return welcome{}, fmt.Errorf("%w: welcome of %d bytes", ErrProtocol, len(p))
+	}
+	w := welcome{
+		regionID: binary.LittleEndian.Uint64(p[1:]),
+		ownerPID: binary.LittleEndian.Uint32(p[9:]),
+		maxFrame: binary.LittleEndian.Uint32(p[13:]),
+		maxKey:   binary.LittleEndian.Uint32(p[17:]),
+	}
+	if w.maxFrame < minFrameBytes || w.maxFrame > MaxFrameBytesLimit || w.maxKey > w.maxFrame {
+		return welcome{}, fmt.Errorf("%w: welcome limits %d/%d out of range", ErrProtocol, w.maxFrame, w.maxKey)
+	}
+	return w, nil
+}
+
+// Error payload (opError and opReplyErr): u16 code, message.
+func appendError(dst []byte, code uint16, msg string) []byte {
+	dst = binary.LittleEndian.AppendUint16(dst, code)
+	return append(dst, msg...)
+}
+
+func decodeError(p []byte) (code uint16, msg string, err error) {
+	if len(p) < 2 {
+		return 0, "", fmt.Errorf("%w: error payload of %d bytes", ErrProtocol, len(p))
+	}
+	return binary.LittleEndian.Uint16(p), string(p[2:]), nil
+}
+
+// Key set payload: u16 request id length, request id, key bytes.
+func appendKeySet(dst []byte, id string, key []byte) []byte {
+	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(id)))
+	dst = append(dst, id...)
+	return append(dst, key...)
+}
+
+// decodeKeySet returns the request id and a view of the key inside p.
+func decodeKeySet(p []byte) (id []byte, key []byte, err error) {
+	if len(p) < 2 {
+		return nil, nil, fmt.Errorf("%w: key set payload of %d bytes", ErrProtocol, len(p))
+	}
+	n := int(binary.LittleEndian.Uint16(p))
+	if n > len(p)-2 {
+		return nil, nil, fmt.Errorf("%w: request id of %d bytes in a %d-byte payload", ErrProtocol, n, len(p))
+	}
+	return p[2 : 2+n : 2+n], p[2+n:], nil
+}
+
+// frameReader accumulates bytes from a stream and cuts frames out of them. Bytes read past
+// a frame stay for the next call, so a read that timed out midway loses nothing. Consumed
+// bytes are zeroed (frames may carry keys).
+type frameReader struct {
+	buf                []byte
+	start, end         int // unparsed bytes
+	prevStart, prevEnd int // the frame returned last; zeroed on the next call
+}
+
+const (
+	readerInitial = 4 << 10
+	readerKeep    = 1 << 20 // a buffer grown beyond this is dropped once empty
+)
+
+// next returns the next frame, reading with read as needed; the payload is valid until the
+// next call.
+func (r *frameReader) next(read func([]byte) (int, error), max int) (frame, error) {
+	clear(r.buf[r.prevStart:r.prevEnd])
+	r.prevStart, r.prevEnd = 0, 0
+	for {
+		f, n, err := decodeFrame(r.buf[r.start:r.end], max)
+		if err != nil {
+			return frame{}, err
+		}
+		if n > 0 {
+			r.prevStart, r.prevEnd = r.start, r.start+n
+			r.start += n
+			return f, nil
+		}
+		r.makeRoom(frameNeed(r.buf[r.start:r.end]))
+		m, err := read(r.buf[r.end:])
+		r.end += m
+		if err != nil && m == 0 {
+			return frame{}, err
+		}
+	}
+}
+
+// makeRoom compacts the buffer and grows it so that at least one more byte, and if known the
+// whole pending frame, fits; growth is at most doubling, so memory follows the bytes that
+// actually arrive, not a length field.
+func (r *frameReader) makeRoom(need int) {
+	pending := r.end - r.start
+	if pending == 0 && cap(r.buf) > readerKeep {
+		clear(r.buf)
+		r.buf, r.start, r.end = nil, 0, 0
+	}
+	if r.buf == nil {
+		r.buf = make([]byte, readerInitial)
+	}
+	if r.start > 0 {
+		copy(r.buf, r.buf[r.start:r.end])
+		clear(r.buf[pending:r.end])
+		r.start, r.end = 0, pending
+	}
+	if r.end < len(r.buf) {
+		return
+	}
+	size := min(max(need, r.end+1), 2*len(r.buf))
+	nb := make([]byte, max(size, len(r.buf)+1))
+	copy(nb, r.buf[:r.end])
+	clear(r.buf)
+	r.buf = nb
+}
+
+// wipe zeroes everything buffered.
+func (r *frameReader) wipe() {
+	clear(r.buf)
+	r.start, r.end, r.prevStart, r.prevEnd = 0, 0, 0, 0
+}

@@ -1,0 +1,459 @@
+package ipc
+
+import (
+	"bufio"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shmsteer/shmsteer/shm"
+	"github.com/stretchr/testify/require"
+)
+
+// Multi-process tests. The test binary re-executes itself as TestHelperProcess with
+// SHMSTEER_TEST_ROLE set; the child answers line commands on stdin with one line on stdout.
+
+const (
+	roleEnv   = "SHMSTEER_TEST_ROLE"
+	nsEnv     = "SHMSTEER_TEST_NS"
+	handleEnv = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
+	graceEnv  = "SHMSTEER_TEST_GRACE_MS"
+)
+
+var sentinelNames = []struct {
+	name string
+	err  error
+}{
+	{"ErrAuthSecretNotDefined", ErrAuthSecretNotDefined},
+	{"ErrNotYetInitialized", ErrNotYetInitialized},
+	{"ErrPreviouslyInitialized", ErrPreviouslyInitialized},
+	{"ErrAuthFailed", ErrAuthFailed},
+	{"ErrOwnerGone", ErrOwnerGone},
+	{"ErrTimeout", ErrTimeout},
+	{"ErrIncompatible", ErrIncompatible},
+	{"ErrKeyNotFound", ErrKeyNotFound},
+	{"ErrKeyRevoked", ErrKeyRevoked},
+	{"ErrRequestIDTooLong", ErrRequestIDTooLong},
+	{"ErrKeyTooLarge", ErrKeyTooLarge},
+	{"ErrClosed", ErrClosed},
+}
+
+func errName(err error) string {
+	for _, s := range sentinelNames {
+		if errors.Is(err, s.err) {
+			return s.name
+		}
+	}
+	return "other:" + strings.ReplaceAll(err.Error(), "\n", " ")
+}
+
+func reply(err error, ok string) string {
+	if err != nil {
+		return "err " + errName(err)
+	}
+	return strings.TrimSpace("ok " + ok)
+}
+
+// mappedRegions counts this process's mappings and descriptors of shmsteer memfds.
+func mappedRegions() int {
+	n := 0
+	if maps, err := os.ReadFile("/proc/self/maps"); err == nil {
+		n += strings.Count(string(maps), "memfd:shmsteer")
+	}
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.Contains(l, "memfd:shmsteer") {
+			n++
+		}
+	}
+	return n
+}
+
+func TestHelperProcess(t *testing.T) {
+	role := os.Getenv(roleEnv)
+	if role == "" {
+		t.Skip("helper process for the multi-process tests")
+	}
+	out := bufio.NewWriter(os.Stdout)
+	say := func(s string) { fmt.Fprintln(out, s); out.Flush() }
+	ns := os.Getenv(nsEnv)
+	var (
+		keys   *Registry
+		region func() *shm.Region
+		owner  *Owner
+	)
+	start := func() error {
+		switch role {
+		case "owner":
+			grace, _ := strconv.Atoi(os.Getenv(graceEnv))
+			o, err := NewOwner(OwnerOptions{Namespace: ns, Region: testRegion, Grace: time.Duration(grace) * time.Millisecond, Logger: quietLogger()})
+			if err != nil {
+				return err
+			}
+			owner, keys, region = o, o.Keys(), o.Region
+		case "client":
+			opts := ClientOptions{Namespace: ns, handle: os.Getenv(handleEnv)}
+			c, err := Attach(opts)
+			if err != nil {
+				return err
+			}
+			keys, region = c.Keys(), c.Region
+		default:
+			return fmt.Errorf("unknown role %q", role)
+		}
+		return nil
+	}
+	say(reply(start(), "ready"))
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		if keys == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" {
+			say("err not-attached")
+			continue
+		}
+		switch f[0] {
+		case "attach":
+			say(reply(start(), ""))
+		case "get":
+			v, err := keys.Get(f[1], nil)
+			say(reply(err, hex.EncodeToString(v)))
+		case "set":
+			v, _ := hex.DecodeString(f[2])
+			say(reply(keys.Set(f[1], v), ""))
+		case "remove":
+			say(reply(keys.Remove(f[1]), ""))
+		case "len":
+			n, err := keys.Len()
+			say(reply(err, strconv.Itoa(n)))
+		case "claimed":
+			say(reply(nil, strconv.FormatUint(region().Stats().ReadersClaimed, 10)))
+		case "clients":
+			say(reply(nil, strconv.Itoa(owner.Clients())))
+		case "mapped":
+			say(reply(nil, strconv.Itoa(mappedRegions())))
+		case "benchset", "benchget", "benchping":
+			// Timed in the child: the RPC or the read from a separate process.
+			n, _ := strconv.Atoi(f[1])
+			ids := benchKeys(1024)
+			key := make([]byte, 32)
+			buf := make([]byte, 0, 64)
+			var err error
+			start := time.Now()
+			for i := 0; i < n && err == nil; i++ {
+				switch f[0] {
+				case "benchset":
+					err = keys.Set(ids[i&1023], key)
+				case "benchping":
+					err = keys.client.Ping()
+				default:
+					buf, err = keys.Get(ids[i&1023], buf[:0])
+				}
+			}
+			say(reply(err, strconv.FormatInt(int64(time.Since(start)), 10)))
+		case "exit":
+			os.Exit(0)
+		default:
+			say("err unknown-command")
+		}
+	}
+	os.Exit(0)
+}
+
+// proc is a child test process.
+type proc struct {
+	t     testing.TB
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	lines chan string
+}
+
+func startProc(t testing.TB, role string, env ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, SecretEnv+"=") && !strings.HasPrefix(kv, "SHMSTEER_TEST_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, roleEnv+"="+role)
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	outp, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &proc{t: t, cmd: cmd, in: in, lines: make(chan string, 16)}
+	go func() {
+		sc := bufio.NewScanner(outp)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	t.Cleanup(p.kill)
+	return p
+}
+
+func (p *proc) line() string {
+	p.t.Helper()
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			p.t.Fatalf("child %d exited", p.cmd.Process.Pid)
+		}
+		return l
+	case <-time.After(60 * time.Second):
+		p.t.Fatalf("child %d did not answer", p.cmd.Process.Pid)
+	}
+	return ""
+}
+
+func (p *proc) do(cmd string) string {
+	p.t.Helper()
+	_, err := fmt.Fprintln(p.in, cmd)
+	require.NoError(p.t, err)
+	return p.line()
+}
+
+// kill SIGKILLs the child and reaps it.
+func (p *proc) kill() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.cmd.Wait()
+}
+
+func (p *proc) exit() {
+	fmt.Fprintln(p.in, "exit")
+	p.cmd.Wait()
+}
+
+func (e testEnv) childEnv() []string {
+	return []string{SecretEnv + "=" + e.secretStr, nsEnv + "=" + e.ns}
+}
+
+func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
+
+func TestProcOwnerToClients(t *testing.T) {
+	env := newTestEnv()
+	o := newTestOwner(t, env.ownerOpts())
+	require.NoError(t, o.Keys().Set("req-a", []byte("alpha")))
+
+	const n = 3
+	var kids []*proc
+	for i := range n {
+		p := startProc(t, "client", env.childEnv()...)
+		require.Equal(t, "ok ready", p.line(), "child %d", i)
+		kids = append(kids, p)
+	}
+	require.Equal(t, n, o.Clients())
+	for i, p := range kids {
+		require.Equal(t, "ok "+hexOf("alpha"), p.do("get req-a"))
+		require.Equal(t, "ok", p.do(fmt.Sprintf("set child-%d %s", i, hexOf(fmt.Sprint("key-", i)))))
+	}
+	for i, p := range kids {
+		got, err := o.Keys().Get(fmt.Sprintf("child-%d", i), nil)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint("key-", i), string(got))
+		// Each child reads what another child wrote.
+		j := (i + 1) % n
+		require.Equal(t, "ok "+hexOf(fmt.Sprint("key-", j)), p.do(fmt.Sprintf("get child-%d", j)))
+		require.Equal(t, "ok 4", p.do("len"))
+	}
+	require.NoError(t, o.Keys().Set("req-a", []byte("beta")))
+	require.Equal(t, "ok "+hexOf("beta"), kids[0].do("get req-a"))
+	for _, p := range kids {
+		p.exit()
+	}
+	require.Eventually(t, func() bool { return o.Clients() == 0 }, 20*time.Second, time.Millisecond)
+}
+
+func TestProcAuthErrors(t *testing.T) {
+	env := newTestEnv()
+	o := newTestOwner(t, env.ownerOpts())
+	require.NoError(t, o.Keys().Set("req", []byte("secret-key")))
+
+	tests := []struct {
+		name, role string
+		env        []string
+		want       string
+	}{
+		{"wrong secret at the owner's handle", "client",
+			[]string{SecretEnv + "=wrong-" + env.secretStr, nsEnv + "=" + env.ns, handleEnv + "=" + o.handle}, "err ErrAuthFailed"},
+		{"wrong secret", "client", []string{SecretEnv + "=wrong-" + env.secretStr, nsEnv + "=" + env.ns}, "err ErrNotYetInitialized"},
+		{"no secret client", "client", []string{nsEnv + "=" + env.ns}, "err ErrAuthSecretNotDefined"},
+		{"empty secret client", "client", []string{SecretEnv + "=", nsEnv + "=" + env.ns}, "err ErrAuthSecretNotDefined"},
+		{"no secret owner", "owner", []string{nsEnv + "=" + env.ns}, "err ErrAuthSecretNotDefined"},
+		{"other namespace", "client", []string{SecretEnv + "=" + env.secretStr, nsEnv + "=" + env.ns + "-other"}, "err ErrNotYetInitialized"},
+		{"second owner in another process", "owner", env.childEnv(), "err ErrPreviouslyInitialized"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startProc(t, tt.role, tt.env...)
+			require.Equal(t, tt.want, p.line())
+			require.Equal(t, "ok 0", p.do("mapped"), "nothing of the region is mapped")
+			require.Equal(t, "err not-attached", p.do("get req"))
+			p.exit()
+		})
+	}
+	require.Zero(t, o.Clients())
+	_, err := NewOwner(env.ownerOpts())
+	require.ErrorIs(t, err, ErrPreviouslyInitialized, "second owner in this process")
+}
+
+func TestProcAttachBeforeOwner(t *testing.T) {
+	env := newTestEnv()
+	p := startProc(t, "client", env.childEnv()...)
+	require.Equal(t, "err ErrNotYetInitialized", p.line())
+	o := newTestOwner(t, env.ownerOpts())
+	require.NoError(t, o.Keys().Set("req", []byte("k")))
+	require.Equal(t, "ok", p.do("attach"))
+	require.Equal(t, "ok "+hexOf("k"), p.do("get req"))
+	p.exit()
+}
+
+// listing returns the names in dir.
+func listing(t *testing.T, dir string) map[string]bool {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	require.NoError(t, err)
+	m := map[string]bool{}
+	for _, e := range ents {
+		m[e.Name()] = true
+	}
+	return m
+}
+
+func TestProcOwnerKilled(t *testing.T) {
+	env := newTestEnv()
+	beforeShm, beforeTmp := listing(t, "/dev/shm"), listing(t, os.TempDir())
+	ownerTmp := t.TempDir()
+
+	owner := startProc(t, "owner", append(env.childEnv(), "TMPDIR="+ownerTmp)...)
+	require.Equal(t, "ok ready", owner.line())
+	require.Equal(t, "ok", owner.do("set req "+hexOf("last-state")))
+	handle := handleName(env.secret, env.ns)
+	unixTable, err := os.ReadFile("/proc/net/unix")
+	require.NoError(t, err)
+	require.Contains(t, string(unixTable), "@"+handle)
+
+	kid := startProc(t, "client", env.childEnv()...)
+	require.Equal(t, "ok ready", kid.line())
+	c := attach(t, env.clientOpts()) // this process attaches too
+	require.Equal(t, "ok 2", owner.do("clients"))
+	require.Equal(t, "ok "+hexOf("last-state"), kid.do("get req"))
+	require.NoError(t, c.Keys().Set("from-parent", []byte("p")))
+
+	owner.kill()
+
+	got, err := c.Keys().Get("req", nil)
+	require.NoError(t, err, "reads go on from the last state")
+	require.Equal(t, "last-state", string(got))
+	got, err = c.Keys().Get("from-parent", nil)
+	require.NoError(t, err)
+	require.Equal(t, "p", string(got))
+	require.ErrorIs(t, c.Keys().Set("req", []byte("new")), ErrOwnerGone)
+	require.ErrorIs(t, c.Keys().Remove("req"), ErrOwnerGone)
+	require.ErrorIs(t, c.Ping(), ErrOwnerGone)
+
+	require.Equal(t, "ok "+hexOf("last-state"), kid.do("get req"))
+	require.Equal(t, "err ErrOwnerGone", kid.do("set req "+hexOf("x")))
+	require.Equal(t, "err ErrOwnerGone", kid.do("remove req"))
+	kid.exit()
+
+	_, err = Attach(env.clientOpts())
+	require.ErrorIs(t, err, ErrNotYetInitialized)
+
+	// Nothing left behind: no socket name, no files. /tmp and /dev/shm are shared with other
+	// processes on this machine, so only entries that could be ours count.
+	unixTable, err = os.ReadFile("/proc/net/unix")
+	require.NoError(t, err)
+	require.NotContains(t, string(unixTable), handle)
+	require.Empty(t, listing(t, ownerTmp), "the owner wrote nothing in its TMPDIR")
+	for dir, before := range map[string]map[string]bool{"/dev/shm": beforeShm, os.TempDir(): beforeTmp} {
+		for name := range listing(t, dir) {
+			if before[name] {
+				continue
+			}
+			ours := strings.Contains(name, "shmsteer") || strings.Contains(name, env.ns) ||
+				strings.Contains(name, strconv.Itoa(owner.cmd.Process.Pid))
+			require.False(t, ours, "left behind: %s/%s", dir, name)
+			if dir == "/dev/shm" {
+				t.Logf("new entry in /dev/shm (another process's?): %s", name)
+			}
+		}
+	}
+}
+
+func TestProcClientKilled(t *testing.T) {
+	env := newTestEnv()
+	o := newTestOwner(t, env.ownerOpts())
+	require.NoError(t, o.Keys().Set("req", []byte("k")))
+	base := o.Region().Stats().ReadersClaimed
+
+	kids := []*proc{startProc(t, "client", env.childEnv()...), startProc(t, "client", env.childEnv()...)}
+	for _, p := range kids {
+		require.Equal(t, "ok ready", p.line())
+		require.Equal(t, "ok "+hexOf("k"), p.do("get req")) // claims a reader slot
+	}
+	require.Equal(t, base+2, o.Region().Stats().ReadersClaimed)
+	require.Equal(t, 2, o.Clients())
+
+	kids[0].kill()
+	require.Eventually(t, func() bool {
+		return o.Region().Stats().ReadersClaimed == base+1 && o.Clients() == 1
+	}, 20*time.Second, time.Millisecond, "the killed client's slot is freed")
+	require.Equal(t, "ok "+hexOf("k"), kids[1].do("get req"), "the other client is untouched")
+	require.Equal(t, base+1, o.Region().Stats().ReadersClaimed)
+
+	kids[1].exit() // clean exit: releases its own slot
+	require.Eventually(t, func() bool {
+		return o.Region().Stats().ReadersClaimed == base && o.Clients() == 0
+	}, 20*time.Second, time.Millisecond)
+}
+
+func TestProcRevokePurge(t *testing.T) {
+	env := newTestEnv()
+	opts := env.ownerOpts()
+	opts.Grace = 300 * time.Millisecond
+	o := newTestOwner(t, opts)
+	reader := startProc(t, "client", env.childEnv()...)
+	writer := startProc(t, "client", env.childEnv()...)
+	require.Equal(t, "ok ready", reader.line())
+	require.Equal(t, "ok ready", writer.line())
+
+	require.NoError(t, o.Keys().Set("req", []byte("k1")))
+	require.Equal(t, "ok", writer.do("set again "+hexOf("k2")))
+	require.Equal(t, "ok "+hexOf("k1"), reader.do("get req"))
+
+	// "again" is removed first, so its old purge is due before "req"'s.
+	require.Equal(t, "ok", writer.do("remove again"))
+	require.Equal(t, "ok", writer.do("remove req"))
+	require.Equal(t, "err ErrKeyRevoked", reader.do("get req"))
+	require.Equal(t, "err ErrKeyRevoked", reader.do("get again"))
+	_, err := o.Keys().Get("req", nil)
+	require.ErrorIs(t, err, ErrKeyRevoked)
+	require.Equal(t, "ok 2", reader.do("len"))
+	require.Equal(t, "ok", writer.do("set again "+hexOf("k3"))) // cancels its purge
+
+	require.Eventually(t, func() bool { return reader.do("get req") == "err ErrKeyNotFound" },
+		20*time.Second, 10*time.Millisecond, "the sentinel is purged after the grace")
+	require.Equal(t, "ok "+hexOf("k3"), reader.do("get again"), "a key set again is not purged by the older timer")
+	require.Equal(t, "ok 1", reader.do("len"))
+	require.Equal(t, "err ErrKeyNotFound", writer.do("remove req"))
+}

@@ -1,0 +1,288 @@
+package ipc
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/shmsteer/shmsteer/shm"
+)
+
+// KindKey is the shm kind under which the key registry stores its entries: the key is the
+// request id, the value one state byte (stateLive or stateRevoked) followed, when live, by the
+// key bytes.
+const KindKey shm.Kind = 1
+
+// MaxRequestIDLen is the longest request id the registry accepts.
+const MaxRequestIDLen = 256
+
+const (
+	stateLive    byte = 1
+	stateRevoked byte = 2
+)
+
+// Registry maps request ids to secret keys, in the region every process maps: the
+// replacement for the seed's shared dict. Reads (Get, Len, Range) are lock-free loads from the
+// mapping in every process. Writes (Set, Remove) are direct in the owner and RPCs to the owner
+// in a client. Its methods are safe for concurrent use.
+//
+// Remove first replaces the key by a revoked sentinel, so a generation step still in flight
+// gets ErrKeyRevoked rather than ErrKeyNotFound; the owner purges the sentinel after the grace
+// period. Setting the id again before then cancels the purge.
+type Registry struct {
+	region *shm.Region
+	maxKey int
+	owner  *Owner  // set in the owner
+	client *Client // set in a client
+}
+
+func checkID(id string) error {
+	if len(id) == 0 || len(id) > MaxRequestIDLen {
+		return fmt.Errorf("%w: %d bytes", ErrRequestIDTooLong, len(id))
+	}
+	return nil
+}
+
+// Set registers key for requestID, replacing any key or revoked sentinel it has (and cancelling
+// the sentinel's purge). The registry keeps its own copy; key may be zeroed on return.
+func (k *Registry) Set(requestID string, key []byte) error {
+	if err := checkID(requestID); err != nil {
+		return err
+	}
+	if len(key) > k.maxKey {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLarge, len(key), k.maxKey)
+	}
+	if k.client != nil {
+		return k.client.keySet(requestID, key)
+	}
+	return k.owner.keySet(requestID, key)
+}
+
+// Get appends requestID's key to dst and returns it; pass dst[:0] to reuse a buffer. While a
+// removed key's sentinel stands it returns dst unchanged and ErrKeyRevoked; for an unknown id
+// ErrKeyNotFound. The caller owns the key bytes it gets and should zero them when done.
+func (k *Registry) Get(requestID string, dst []byte) ([]byte, error) {
+	if err := checkID(requestID); err != nil {
+		return dst, err
+	}
+	l0 := len(dst)
+	out, err := k.region.Get(KindKey, requestID, dst)
+	if err != nil {
+		if errors.Is(err, shm.ErrNotFound) {
+			return dst, ErrKeyNotFound
+		}
+		return dst, err
+	}
+	n := len(out)
+	if n == l0 {
+		return dst, fmt.Errorf("%w: empty key registry entry", shm.ErrCorrupt)
+	}
+	state := out[l0]
+	copy(out[l0:], out[l0+1:n]) // drop the state byte in place: no second copy of the key
+	out[n-1] = 0
+	out = out[:n-1]
+	switch state {
+	case stateLive:
+		return out, nil
+	case stateRevoked:
+		clear(out[l0:])
+		return out[:l0], ErrKeyRevoked
+	}
+	clear(out[l0:])
+	return out[:l0], fmt.Errorf("%w: key registry entry in state %d", shm.ErrCorrupt, state)
+}
+
+// Remove revokes requestID's key: from now on Get returns ErrKeyRevoked, and the owner purges
+// the sentinel after the grace period (after which Get returns ErrKeyNotFound). Removing a
+// revoked id again is a no-op that keeps the first deadline; an unknown id gives
+// ErrKeyNotFound.
+func (k *Registry) Remove(requestID string) error {
+	if err := checkID(requestID); err != nil {
+		return err
+	}
+	if k.client != nil {
+		return k.client.keyRemove(requestID)
+	}
+	return k.owner.keyRemove(requestID)
+}
+
+// Len counts the request ids with a live key or a standing revoked sentinel.
+func (k *Registry) Len() (int, error) {
+	s, err := k.region.Snapshot()
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	return s.Len(KindKey)
+}
+
+// Range calls fn for each request id with a live key or a standing sentinel (revoked true),
+// at one consistent version, until fn returns false. It never exposes keys.
+func (k *Registry) Range(fn func(requestID string, revoked bool) bool) error {
+	s, err := k.region.Snapshot()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return s.Range(KindKey, func(key, value []byte, _ uint64) bool {
+		return fn(string(key), len(value) > 0 && value[0] == stateRevoked)
+	})
+}
+
+// keySet writes a live key in the owner and cancels a pending purge of the id.
+func (o *Owner) keySet(id string, key []byte) error {
+	o.kmu.Lock()
+	defer o.kmu.Unlock()
+	_, err := o.region.Update(func(tx *shm.Tx) error {
+		return tx.PutFunc(KindKey, id, 1+len(key), func(dst []byte) {
+			dst[0] = stateLive
+			copy(dst[1:], key)
+		})
+	})
+	if err != nil {
+		return err
+	}
+	o.purges.cancel(id)
+	return nil
+}
+
+// keyRemove replaces a live key by the revoked sentinel and schedules its purge. The old
+// blob (holding the key) is zeroed by shm when no reader can still see it.
+func (o *Owner) keyRemove(id string) error {
+	o.kmu.Lock()
+	defer o.kmu.Unlock()
+	state, _, err := o.entry(id)
+	if err != nil {
+		return err
+	}
+	if state == stateRevoked {
+		return nil
+	}
+	v, err := o.region.Put(KindKey, id, []byte{stateRevoked})
+	if err != nil {
+		return err
+	}
+	first := o.purges.schedule(id, v, time.Now().Add(o.grace))
+	if first {
+		select {
+		case o.wake <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// entry reads the state and version of id's entry without copying its key.
+func (o *Owner) entry(id string) (state byte, version uint64, err error) {
+	s, err := o.region.Snapshot()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer s.Close()
+	v, ver, err := s.View(KindKey, id)
+	if errors.Is(err, shm.ErrNotFound) {
+		return 0, 0, ErrKeyNotFound
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(v) == 0 {
+		return 0, 0, fmt.Errorf("%w: empty key registry entry", shm.ErrCorrupt)
+	}
+	return v[0], ver, nil
+}
+
+// purgeLoop deletes revoked sentinels whose grace has passed.
+func (o *Owner) purgeLoop() {
+	defer o.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		o.kmu.Lock()
+		now := time.Now()
+		for o.purges.Len() > 0 && !o.purges.items[0].due.After(now) {
+			it := heap.Pop(&o.purges).(*purgeItem)
+			delete(o.purges.byID, it.id)
+			o.purgeLocked(it)
+		}
+		wait := time.Hour
+		if o.purges.Len() > 0 {
+			wait = o.purges.items[0].due.Sub(now)
+		}
+		o.kmu.Unlock()
+		t.Reset(wait)
+		select {
+		case <-o.done:
+			return
+		case <-o.wake:
+		case <-t.C:
+		}
+	}
+}
+
+// purgeLocked deletes a sentinel if it is still the one the item was scheduled for: same
+// version, still revoked. A key set again since has another version and is left alone.
+func (o *Owner) purgeLocked(it *purgeItem) {
+	state, ver, err := o.entry(it.id)
+	if err != nil || state != stateRevoked || ver != it.version {
+		return
+	}
+	if _, err := o.region.Delete(KindKey, it.id); err != nil {
+		o.log.Warn("shmsteer: purging a revoked key failed", "err", err)
+	}
+}
+
+// purgeQueue is a min-heap of pending purges by deadline, indexed by request id so that Set
+// can cancel one.
+type purgeQueue struct {
+	items []*purgeItem
+	byID  map[string]*purgeItem
+}
+
+type purgeItem struct {
+	id      string
+	version uint64 // version of the sentinel to purge
+	due     time.Time
+	index   int
+}
+
+// schedule adds a purge and reports whether it is now the earliest.
+func (q *purgeQueue) schedule(id string, version uint64, due time.Time) bool {
+	if q.byID == nil {
+		q.byID = map[string]*purgeItem{}
+	}
+	if old := q.byID[id]; old != nil {
+		heap.Remove(q, old.index)
+	}
+	it := &purgeItem{id: id, version: version, due: due}
+	q.byID[id] = it
+	heap.Push(q, it)
+	return it.index == 0
+}
+
+func (q *purgeQueue) cancel(id string) {
+	if it := q.byID[id]; it != nil {
+		heap.Remove(q, it.index)
+		delete(q.byID, id)
+	}
+}
+
+func (q *purgeQueue) Len() int           { return len(q.items) }
+func (q *purgeQueue) Less(i, j int) bool { return q.items[i].due.Before(q.items[j].due) }
+func (q *purgeQueue) Swap(i, j int) {
+	q.items[i], q.items[j] = q.items[j], q.items[i]
+	q.items[i].index, q.items[j].index = i, j
+}
+func (q *purgeQueue) Push(x any) {
+	it := x.(*purgeItem)
+	it.index = len(q.items)
+	q.items = append(q.items, it)
+}
+func (q *purgeQueue) Pop() any {
+	n := len(q.items)
+	it := q.items[n-1]
+	q.items[n-1] = nil
+	q.items = q.items[:n-1]
+	return it
+}

@@ -1,0 +1,42 @@
+// Package steer owns the activation-steering model of shmsteer: the model config recorded in a
+// region, named steering vectors, global and per-request steering, conversation latches, the
+// per-step apply over hidden states and the gorgonia tensor adapter.
+//
+// # Where the state lives
+//
+// Everything every rank must agree on lives once, in the shared region, under the kinds this
+// package owns (16..31):
+//
+//   - KindVector (16), key = name: a named steering set, in the steering wire format (below),
+//     carrying its sha256 content digest; the region version that wrote it is its version.
+//   - KindGlobal (17), key "global": the global base, prefill and decode tiers.
+//   - KindRequest (18), key = request id: the steering admitted for a request (its own
+//     override and/or the latched steering of its conversation), written by the owner when the
+//     request is admitted and deleted when it ends.
+//   - KindStatus (19), key "latches": the latch counters, so Status reads the same numbers in
+//     every process.
+//
+// The conversation latch map (Latches) is deterministic owner-side state in private memory:
+// only the scheduler decides admissions, and it publishes the result per request. Workers never
+// see the map, only its effect, so a latch costs one copy in the owner instead of one per
+// tensor-parallel rank, and eviction is a pure function of the sequence of latch operations.
+//
+// # Step apply
+//
+// A Stepper (one per goroutine) pins one snapshot per step (optionally a version the scheduler
+// handed to every rank), and for each (hook, layer) adds every request's effective vector
+// (global base + global phase + request base + request phase) to its rows and then applies its
+// clamps. Effective vectors are composed once into process-private memory and reused while the
+// versions of every region entry they were built from are unchanged, so the steady-state cost is
+// one read-modify-write pass over the steered rows (kernels.AddRows) plus one version check per
+// request per step, with no allocation. A 64-bit checksum over the actions applied (not over
+// floats) lets ranks compare what they did.
+//
+// # Boundaries
+//
+// steer reads and writes the region only through package shm's API (Update, Snapshot, View):
+// it must not touch region layout internals, and it does not import unsafe (float views come
+// from shm.AsFloat32). It opens no sockets: writes from a worker go to the owner through the
+// Caller interface (an ipc client), and the owner serves them through the Handler interface (an
+// ipc owner), so this package does not depend on the transport.
+package steer

@@ -1,0 +1,518 @@
+package steer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/shmsteer/shmsteer/shm"
+)
+
+// Caller sends an RPC to the region's owner (an *ipc.Client satisfies it).
+type Caller interface {
+	Call(op uint16, req []byte) ([]byte, error)
+}
+
+// HandleFunc registers an RPC handler in the owner; with an *ipc.Owner o pass
+//
+//	func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) }
+type HandleFunc func(op uint16, h func(req []byte) ([]byte, error))
+
+// RPC ops served by Engine.Serve (ipc extension ops are ≥ 256).
+const (
+	OpRegister   uint16 = 256
+	OpUnregister uint16 = 257
+)
+
+// Options configure an Engine.
+type Options struct {
+	// Latch bounds the conversation latch map (owner only).
+	Latch LatchConfig
+	// Caller routes writes from a worker to the owner; nil in the owner.
+	Caller Caller
+	// Clients reports the attached client processes, for Status (owner; nil: unknown).
+	Clients func() int
+	// Logf receives warnings (default log.Printf).
+	Logf func(format string, args ...any)
+}
+
+// Engine is the steering state of one process on one region: the owner (which writes it and
+// runs the latches) or a worker (which reads it and sends writes to the owner). Safe for
+// concurrent use; step apply goes through a Stepper per goroutine.
+type Engine struct {
+	r   *shm.Region
+	cfg ModelConfig
+	opt Options
+
+	mu      sync.Mutex // owner: serializes admissions so latch order is the call order
+	latches *Latches   // owner only
+}
+
+// VectorInfo identifies one version of a named vector.
+type VectorInfo struct {
+	Name    string
+	Version uint64
+	Digest  Digest
+}
+
+// Open binds an engine to a region. The region must have been created with RegionConfig; if
+// want is not nil the recorded config must equal it, else ErrIncompatible (which also matches
+// shm.ErrIncompatible).
+func Open(r *shm.Region, want *ModelConfig, opt Options) (*Engine, error) {
+	cfg, err := ConfigOf(r)
+	if err != nil {
+		return nil, err
+	}
+	if want != nil && !cfg.Equal(*want) {
+		return nil, fmt.Errorf("%w (%w): region has hidden %d, %d layers, hooks %v; this process expects hidden %d, %d layers, hooks %v",
+			ErrIncompatible, shm.ErrIncompatible, cfg.Hidden, cfg.Layers, cfg.hooks(), want.Hidden, want.Layers, want.hooks())
+	}
+	e := &Engine{r: r, cfg: cfg, opt: opt}
+	if r.IsOwner() {
+		lc := opt.Latch
+		if lc.Logf == nil {
+			lc.Logf = opt.Logf
+		}
+		e.latches = NewLatches(lc)
+	}
+	return e, nil
+}
+
+// Config is the model config recorded in the region.
+func (e *Engine) Config() ModelConfig { return e.cfg }
+
+// Region is the underlying region.
+func (e *Engine) Region() *shm.Region { return e.r }
+
+// Latches is the owner's latch map (nil in workers).
+func (e *Engine) Latches() *Latches { return e.latches }
+
+func (e *Engine) ownerOnly() error {
+	if !e.r.IsOwner() {
+		return fmt.Errorf("%w: this operation runs in the owner (scheduler)", ErrNotOwner)
+	}
+	return nil
+}
+
+// Register validates vecs (finite values, hidden size, known hooks, layers in range, no
+// duplicate (hook, layer), name ≤ MaxNameLen bytes) and stores them under name, replacing any
+// earlier version (last writer wins). On a worker it sends them to the owner. Nothing is
+// changed on failure.
+func (e *Engine) Register(name string, vecs []Vector) (VectorInfo, error) {
+	if err := checkName(name); err != nil {
+		return VectorInfo{}, err
+	}
+	if len(vecs) == 0 {
+		return VectorInfo{}, fmt.Errorf("%w: named vector %q", ErrEmptySet, name)
+	}
+	w, err := resolveSteering(e.cfg, &Steering{Base: Tier{Vectors: vecs}}, nil, false)
+	if err != nil {
+		return VectorInfo{}, err
+	}
+	b, err := w.encode(e.cfg.Hidden)
+	if err != nil {
+		return VectorInfo{}, err
+	}
+	if e.r.IsOwner() {
+		v, err := e.r.Put(KindVector, name, b)
+		if err != nil {
+			return VectorInfo{}, fmt.Errorf("register %q: %w", name, err)
+		}
+		return VectorInfo{Name: name, Version: v, Digest: w.digest}, nil
+	}
+	if e.opt.Caller == nil {
+		return VectorInfo{}, ErrNotOwner
+	}
+	req := binary.LittleEndian.AppendUint16(nil, uint16(len(name)))
+	req = append(append(req, name...), b...)
+	resp, err := e.call(OpRegister, req)
+	if err != nil {
+		return VectorInfo{}, err
+	}
+	if len(resp) != 8+32 {
+		return VectorInfo{}, fmt.Errorf("%w: register reply of %d bytes", ErrBadEncoding, len(resp))
+	}
+	info := VectorInfo{Name: name, Version: binary.LittleEndian.Uint64(resp)}
+	copy(info.Digest[:], resp[8:])
+	return info, nil
+}
+
+// Unregister deletes a named vector (from a worker, through the owner). Requests that reference
+// it stop applying it at the next step; latches that reference it drop at their next bridge.
+// ErrUnknownVector if it is not registered.
+func (e *Engine) Unregister(name string) (uint64, error) {
+	if err := checkName(name); err != nil {
+		return 0, err
+	}
+	if e.r.IsOwner() {
+		v, err := e.r.Delete(KindVector, name)
+		if errors.Is(err, shm.ErrNotFound) {
+			return 0, fmt.Errorf("%w: %q", ErrUnknownVector, name)
+		}
+		return v, err
+	}
+	if e.opt.Caller == nil {
+		return 0, ErrNotOwner
+	}
+	resp, err := e.call(OpUnregister, []byte(name))
+	if err != nil {
+		return 0, err
+	}
+	if len(resp) != 8 {
+		return 0, fmt.Errorf("%w: unregister reply of %d bytes", ErrBadEncoding, len(resp))
+	}
+	return binary.LittleEndian.Uint64(resp), nil
+}
+
+// Vector reads a named vector at snapshot s without copying its floats.
+func (e *Engine) Vector(s *shm.Snapshot, name string) (NamedVector, error) {
+	if err := checkName(name); err != nil {
+		return NamedVector{}, err
+	}
+	b, ver, err := s.View(KindVector, name)
+	if errors.Is(err, shm.ErrNotFound) {
+		return NamedVector{}, fmt.Errorf("%w: %q", ErrUnknownVector, name)
+	} else if err != nil {
+		return NamedVector{}, err
+	}
+	w, err := decode(b, e.cfg, false)
+	if err != nil {
+		return NamedVector{}, fmt.Errorf("named vector %q: %w", name, err)
+	}
+	st := w.steering(e.cfg)
+	return NamedVector{Name: name, Version: ver, Digest: w.digest, Vectors: st.Base.Vectors}, nil
+}
+
+// VectorInfos lists the named vectors at snapshot s (index order).
+func (e *Engine) VectorInfos(s *shm.Snapshot) ([]VectorInfo, error) {
+	var out []VectorInfo
+	err := s.Range(KindVector, func(key, value []byte, version uint64) bool {
+		d, _ := wireDigest(value)
+		out = append(out, VectorInfo{Name: string(key), Version: version, Digest: d})
+		return true
+	})
+	return out, err
+}
+
+// SetGlobal replaces the global steering tiers (owner only). Refs must name registered
+// vectors. An empty g clears global steering.
+func (e *Engine) SetGlobal(g Steering) (uint64, error) {
+	if err := e.ownerOnly(); err != nil {
+		return 0, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s, err := e.r.Snapshot()
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	g.Compose = ComposeReplace
+	w, err := resolveSteering(e.cfg, &g, digestAt(&s), false)
+	if err != nil {
+		return 0, fmt.Errorf("global steering: %w", err)
+	}
+	if g.Empty() {
+		v, err := e.r.Delete(KindGlobal, globalKey)
+		if errors.Is(err, shm.ErrNotFound) {
+			return e.r.Version(), nil
+		}
+		return v, err
+	}
+	b, err := w.encode(e.cfg.Hidden)
+	if err != nil {
+		return 0, err
+	}
+	return e.r.Put(KindGlobal, globalKey, b)
+}
+
+func digestAt(s *shm.Snapshot) func(string) (Digest, bool) {
+	return func(name string) (Digest, bool) {
+		b, _, err := s.View(KindVector, name)
+		if err != nil {
+			return Digest{}, false
+		}
+		d, err := wireDigest(b)
+		return d, err == nil
+	}
+}
+
+// Admission is a request entering the scheduler.
+type Admission struct {
+	RequestID string
+	// Conversation keys the latch; zero means the request is not part of a conversation.
+	Conversation ConvKey
+	// Override is the request's own steering; nil (or empty) inherits the conversation's latch.
+	Override *Steering
+}
+
+// Source says where a request's admitted steering came from.
+type Source uint8
+
+const (
+	SourceNone     Source = iota // no request steering (global steering still applies)
+	SourceOverride               // the request's own override
+	SourceLatch                  // its conversation's latch (a bridge)
+	SourceComposed               // the latch plus the override (ComposeAdd)
+)
+
+// Admitted is the outcome of Admit.
+type Admitted struct {
+	Version uint64 // region version that published it
+	Source  Source
+	Latched bool   // the override was latched onto the conversation
+	Refused bool   // the override was too large to latch (it still steers this request)
+	Digest  Digest // digest of the published request entry (zero for SourceNone)
+}
+
+// Admit decides the steering of a request (owner only): its override, its conversation's latch,
+// or both (Override.Compose), runs the latch operation, and publishes the result under
+// KindRequest so every rank reads it. Invalid overrides fail with a typed error before anything
+// changes.
+func (e *Engine) Admit(a Admission) (Admitted, error) {
+	if err := e.ownerOnly(); err != nil {
+		return Admitted{}, err
+	}
+	if len(a.RequestID) == 0 || len(a.RequestID) > MaxIDLen {
+		return Admitted{}, fmt.Errorf("%w (%d bytes)", ErrBadRequestID, len(a.RequestID))
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	snap, err := e.r.Snapshot()
+	if err != nil {
+		return Admitted{}, err
+	}
+	defer snap.Close()
+	digestOf := digestAt(&snap)
+	var out Admitted
+	var final Steering
+	override := a.Override != nil && !a.Override.Empty()
+	if override {
+		if _, err := resolveSteering(e.cfg, a.Override, digestOf, false); err != nil {
+			return Admitted{}, err
+		}
+		final, out.Source = *a.Override, SourceOverride
+		if !a.Conversation.zero() {
+			if a.Override.Compose == ComposeAdd {
+				if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
+					final, out.Source = mergeSteering(&prev, a.Override), SourceComposed
+				}
+			}
+			pins := pinsOf(&final, digestOf)
+			out.Latched = e.latches.Trigger(a.Conversation, &final, pins)
+			out.Refused = !out.Latched
+		}
+	} else if !a.Conversation.zero() {
+		if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
+			final, out.Source = prev, SourceLatch
+		}
+	}
+	var enc []byte
+	if out.Source != SourceNone {
+		w, err := resolveSteering(e.cfg, &final, digestOf, true)
+		if err != nil {
+			return out, err // cannot happen: every part was validated
+		}
+		if enc, err = w.encode(e.cfg.Hidden); err != nil {
+			return out, err
+		}
+		out.Digest = w.digest
+	}
+	stats := e.latches.Stats()
+	out.Version, err = e.r.Update(func(tx *shm.Tx) error {
+		if enc != nil {
+			if err := tx.Put(KindRequest, a.RequestID, enc); err != nil {
+				return err
+			}
+		} else if err := tx.Delete(KindRequest, a.RequestID); err != nil && !errors.Is(err, shm.ErrNotFound) {
+			return err
+		}
+		return tx.Put(KindStatus, statusKey, encodeLatchStats(stats))
+	})
+	if err != nil {
+		return out, fmt.Errorf("admit %q: %w", a.RequestID, err)
+	}
+	return out, nil
+}
+
+// pinsOf lists the digest of every named vector final references (each name once, in order).
+func pinsOf(final *Steering, digestOf func(string) (Digest, bool)) []Pin {
+	var pins []Pin
+	for _, t := range []*Tier{&final.Base, &final.Prefill, &final.Decode} {
+	next:
+		for _, r := range t.Refs {
+			for _, p := range pins {
+				if p.Name == r.Name {
+					continue next
+				}
+			}
+			d, _ := digestOf(r.Name)
+			pins = append(pins, Pin{Name: r.Name, Digest: d})
+		}
+	}
+	return pins
+}
+
+// End removes a finished request's steering (owner only). Its conversation's latch stays.
+func (e *Engine) End(requestID string) (uint64, error) {
+	if err := e.ownerOnly(); err != nil {
+		return 0, err
+	}
+	if len(requestID) == 0 || len(requestID) > MaxIDLen {
+		return 0, fmt.Errorf("%w (%d bytes)", ErrBadRequestID, len(requestID))
+	}
+	v, err := e.r.Delete(KindRequest, requestID)
+	if errors.Is(err, shm.ErrNotFound) {
+		return e.r.Version(), nil
+	}
+	return v, err
+}
+
+// DropConversation removes a conversation's latch (owner only), e.g. when it is closed.
+func (e *Engine) DropConversation(k ConvKey) (bool, error) {
+	if err := e.ownerOnly(); err != nil {
+		return false, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ok := e.latches.Drop(k)
+	_, err := e.r.Put(KindStatus, statusKey, encodeLatchStats(e.latches.Stats()))
+	return ok, err
+}
+
+// Status is a point-in-time summary of the steering state, the same from any process (the latch
+// counters are published by the owner at each admission).
+type Status struct {
+	Version              uint64 `json:"version"`
+	LatchedConversations int    `json:"latched_conversations"`
+	LatchedBytes         int64  `json:"latched_bytes"`
+	Evictions            uint64 `json:"evictions"`
+	OversizeRefusals     uint64 `json:"oversize_refusals"`
+	Triggers             uint64 `json:"triggers"`
+	Bridges              uint64 `json:"bridges"`
+	BridgeDrops          uint64 `json:"bridge_drops"`
+	NamedVectors         int    `json:"named_vectors"`
+	RequestsWithSteering int    `json:"requests_with_steering"`
+	Keys                 int    `json:"keys"`
+	ArenaUsed            uint64 `json:"arena_bytes_used"`
+	ArenaFree            uint64 `json:"arena_bytes_free"`
+	AttachedClients      int    `json:"attached_clients"` // -1: unknown in this process
+}
+
+// KindKeys is the key registry's kind (owned by ipc), counted by Status.
+const KindKeys shm.Kind = 1
+
+// Status reads the current state.
+func (e *Engine) Status() (Status, error) {
+	s, err := e.r.Snapshot()
+	if err != nil {
+		return Status{}, err
+	}
+	defer s.Close()
+	st := Status{Version: s.Version(), AttachedClients: -1}
+	if e.opt.Clients != nil {
+		st.AttachedClients = e.opt.Clients()
+	}
+	if b, _, err := s.View(KindStatus, statusKey); err == nil {
+		ls := decodeLatchStats(b)
+		st.LatchedConversations, st.LatchedBytes = ls.Conversations, ls.Bytes
+		st.Evictions, st.OversizeRefusals, st.Triggers, st.Bridges, st.BridgeDrops = ls.Evictions, ls.OversizeRefusals, ls.Triggers, ls.Bridges, ls.BridgeDrops
+	}
+	for _, c := range []struct {
+		k shm.Kind
+		n *int
+	}{{KindVector, &st.NamedVectors}, {KindRequest, &st.RequestsWithSteering}, {KindKeys, &st.Keys}} {
+		if *c.n, err = s.Len(c.k); err != nil {
+			return st, err
+		}
+	}
+	rs := e.r.Stats()
+	st.ArenaUsed, st.ArenaFree = rs.AllocBytes, rs.ArenaBytes-rs.AllocBytes
+	return st, nil
+}
+
+func encodeLatchStats(s LatchStats) []byte {
+	b := make([]byte, 0, 56)
+	for _, x := range []uint64{uint64(s.Conversations), uint64(s.Bytes), s.Evictions, s.OversizeRefusals, s.Triggers, s.Bridges, s.BridgeDrops} {
+		b = binary.LittleEndian.AppendUint64(b, x)
+	}
+	return b
+}
+
+func decodeLatchStats(b []byte) LatchStats {
+	var x [7]uint64
+	for i := range x {
+		if len(b) >= 8*(i+1) {
+			x[i] = binary.LittleEndian.Uint64(b[8*i:])
+		}
+	}
+	return LatchStats{Conversations: int(x[0]), Bytes: int64(x[1]), Evictions: x[2], OversizeRefusals: x[3], Triggers: x[4], Bridges: x[5], BridgeDrops: x[6]}
+}
+
+// Serve registers the owner's handlers for worker writes (OpRegister, OpUnregister). The owner
+// re-validates everything it receives: a worker's bytes are not trusted.
+func (e *Engine) Serve(handle HandleFunc) {
+	handle(OpRegister, func(req []byte) ([]byte, error) {
+		if len(req) < 2 || len(req) < 2+int(binary.LittleEndian.Uint16(req)) {
+			return errReply(fmt.Errorf("%w: short register request", ErrBadEncoding)), nil
+		}
+		n := int(binary.LittleEndian.Uint16(req))
+		name := string(req[2 : 2+n])
+		// Copy so the floats are aligned whatever the transport's buffer offset.
+		enc := append(make([]byte, 0, len(req)-2-n), req[2+n:]...)
+		w, err := decode(enc, e.cfg, true)
+		if err != nil {
+			return errReply(err), nil
+		}
+		if len(w.refs) != 0 || len(w.clamps) != 0 {
+			return errReply(fmt.Errorf("%w: a named vector holds only base vectors", ErrBadEncoding)), nil
+		}
+		info, err := e.Register(name, w.steering(e.cfg).Base.Vectors)
+		if err != nil {
+			return errReply(err), nil
+		}
+		return append(binary.LittleEndian.AppendUint64([]byte{0}, info.Version), info.Digest[:]...), nil
+	})
+	handle(OpUnregister, func(req []byte) ([]byte, error) {
+		v, err := e.Unregister(string(req))
+		if err != nil {
+			return errReply(err), nil
+		}
+		return binary.LittleEndian.AppendUint64([]byte{0}, v), nil
+	})
+}
+
+// remoteErrs are the errors a reply can carry by code (index+1), so a worker gets the same
+// typed error the owner saw.
+var remoteErrs = []error{ErrBadName, ErrNonFinite, ErrHiddenSize, ErrUnknownHook, ErrLayerRange,
+	ErrDuplicate, ErrBadClamp, ErrUnknownVector, ErrBadEncoding, ErrEmptySet, shm.ErrRegionFull, shm.ErrValueTooLarge}
+
+func errReply(err error) []byte {
+	code := byte(255)
+	for i, s := range remoteErrs {
+		if errors.Is(err, s) {
+			code = byte(i + 1)
+			break
+		}
+	}
+	return append([]byte{code}, err.Error()...)
+}
+
+func (e *Engine) call(op uint16, req []byte) ([]byte, error) {
+	resp, err := e.opt.Caller.Call(op, req)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp) == 0 {
+		return nil, fmt.Errorf("%w: empty reply", ErrBadEncoding)
+	}
+	if resp[0] == 0 {
+		return resp[1:], nil
+	}
+	base := ErrRemote
+	if c := int(resp[0]); c <= len(remoteErrs) {
+		base = remoteErrs[c-1]
+	}
+	return nil, fmt.Errorf("%w (from owner: %s)", base, resp[1:])
+}

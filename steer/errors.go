@@ -1,0 +1,51 @@
+package steer
+
+import "errors"
+
+var (
+	// ErrIncompatible means the region's recorded model config differs from the one this
+	// process expects, or was not written by this steer version. It also matches
+	// shm.ErrIncompatible with errors.Is.
+	ErrIncompatible = errors.New("shmsteer: incompatible steering config")
+	// ErrBadConfig means a ModelConfig field is out of range; the message names it.
+	ErrBadConfig = errors.New("shmsteer: bad steering config")
+	// ErrBadName means a vector name is empty or longer than MaxNameLen bytes.
+	ErrBadName = errors.New("shmsteer: vector name empty or longer than 256 bytes")
+	// ErrNonFinite means a vector, scale, strength or clamp bound is NaN or infinite.
+	ErrNonFinite = errors.New("shmsteer: non-finite value")
+	// ErrHiddenSize means a vector's length is not the model's hidden size.
+	ErrHiddenSize = errors.New("shmsteer: vector length is not the hidden size")
+	// ErrUnknownHook means a hook name is not one of the model's hooks.
+	ErrUnknownHook = errors.New("shmsteer: unknown hook")
+	// ErrLayerRange means a layer index is outside [0, layers).
+	ErrLayerRange = errors.New("shmsteer: layer out of range")
+	// ErrDuplicate means a steering set names the same (hook, layer) twice in one tier.
+	ErrDuplicate = errors.New("shmsteer: duplicate (hook, layer) in a steering set")
+	// ErrEmptySet means a named vector was registered with no entries.
+	ErrEmptySet = errors.New("shmsteer: named vector has no entries")
+	// ErrBadClamp means a clamp has a zero direction or min > max.
+	ErrBadClamp = errors.New("shmsteer: bad clamp")
+	// ErrUnknownVector means a reference names a vector that is not registered.
+	ErrUnknownVector = errors.New("shmsteer: unknown named vector")
+	// ErrBadRequestID means a request id is empty or longer than MaxIDLen bytes.
+	ErrBadRequestID = errors.New("shmsteer: request id empty or too long")
+	// ErrBadEncoding means bytes read from the region or an RPC are not valid steering wire
+	// format; the message says what failed.
+	ErrBadEncoding = errors.New("shmsteer: bad steering encoding")
+	// ErrNotOwner means a write was attempted in a process that is neither the region's owner
+	// nor connected to it through a Caller.
+	ErrNotOwner = errors.New("shmsteer: steering writes need the owner or a client connection")
+	// ErrNoStep means Apply was called on a Stepper outside Begin/End.
+	ErrNoStep = errors.New("shmsteer: no step begun")
+	// ErrBadBatch means a batch span is out of the block's rows, reversed, has an empty id or
+	// an unknown phase.
+	ErrBadBatch = errors.New("shmsteer: bad batch layout")
+	// ErrShape means a hidden-state block's length or shape does not fit the model.
+	ErrShape = errors.New("shmsteer: bad hidden-state shape")
+	// ErrDtype means a tensor is not float32.
+	ErrDtype = errors.New("shmsteer: tensor is not float32")
+	// ErrNotContiguous means a tensor is a non-contiguous (strided, transposed or masked) view.
+	ErrNotContiguous = errors.New("shmsteer: tensor is not contiguous row-major")
+	// ErrRemote means the owner answered an RPC with an error this build does not know.
+	ErrRemote = errors.New("shmsteer: owner reported an error")
+)
