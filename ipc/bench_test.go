@@ -51,6 +51,22 @@ func BenchmarkClientGet(b *testing.B) {
 	}
 }
 
+// BenchmarkClientKeyReaderGet reads keys through a KeyReader of a Client attached in the
+// owner's process.
+func BenchmarkClientKeyReaderGet(b *testing.B) {
+	_, c, ids := benchSetup(b)
+	kr, err := c.Keys().NewReader()
+	require.NoError(b, err)
+	defer kr.Close()
+	buf := make([]byte, 0, 64)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if buf, err = kr.Get(ids[i&1023], buf[:0]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkOwnerSet writes keys directly in the owner.
 func BenchmarkOwnerSet(b *testing.B) {
 	o, _, ids := benchSetup(b)
@@ -78,11 +94,13 @@ func BenchmarkClientSetRPC(b *testing.B) {
 	}
 }
 
-// benchChild runs op ("benchset" or "benchget") b.N times in a child process attached to an
-// owner in this process, and reports the child's own timing as ns/op.
-func benchChild(b *testing.B, op string) {
+// benchChild runs op (a "bench..." command of TestHelperProcess) b.N times in a child process
+// attached to an owner in this process, with the given OwnerOptions.SpinWait and
+// ClientOptions.SpinWait, and reports the child's own timing as ns/op.
+func benchChild(b *testing.B, op string, ownerSpin, clientSpin time.Duration) {
 	env := newTestEnv()
 	opts := env.ownerOpts()
+	opts.SpinWait = ownerSpin
 	opts.Region.ArenaBytes = 16 << 20
 	opts.Region.IndexSlots = 4096
 	opts.Grace = time.Hour
@@ -91,7 +109,7 @@ func benchChild(b *testing.B, op string) {
 	for _, id := range benchKeys(1024) {
 		require.NoError(b, o.Keys().Set(id, key))
 	}
-	p := startProc(b, "client", env.childEnv()...)
+	p := startProc(b, "client", append(env.childEnv(), spinEnv+"="+clientSpin.String())...)
 	require.Equal(b, "ok ready", p.line())
 	p.do(op + " 1000") // warm up
 	b.ResetTimer()
@@ -103,11 +121,25 @@ func benchChild(b *testing.B, op string) {
 	p.exit()
 }
 
-// BenchmarkChildGet: Registry.Get timed inside a separate client process.
-func BenchmarkChildGet(b *testing.B) { benchChild(b, "benchget") }
+// BenchmarkChildGet: KeyReader.Get (the worker's fast path) timed inside a separate client
+// process.
+func BenchmarkChildGet(b *testing.B) { benchChild(b, "benchget", 0, 0) }
 
-// BenchmarkChildSetRPC: Registry.Set over RPC timed inside a separate client process.
-func BenchmarkChildSetRPC(b *testing.B) { benchChild(b, "benchset") }
+// BenchmarkChildRegistryGet: the goroutine-safe Registry.Get timed inside a separate client
+// process.
+func BenchmarkChildRegistryGet(b *testing.B) { benchChild(b, "benchregget", 0, 0) }
 
-// BenchmarkChildPing: an empty RPC round trip timed inside a separate client process.
-func BenchmarkChildPing(b *testing.B) { benchChild(b, "benchping") }
+// BenchmarkChildSetRPC: Registry.Set over RPC timed inside a separate client process, with
+// the default spin on both sides.
+func BenchmarkChildSetRPC(b *testing.B) { benchChild(b, "benchset", 0, 0) }
+
+// BenchmarkChildPing: an empty RPC round trip timed inside a separate client process, with
+// the default spin on both sides.
+func BenchmarkChildPing(b *testing.B) { benchChild(b, "benchping", 0, 0) }
+
+// BenchmarkChildSetRPCNoSpin: BenchmarkChildSetRPC with spinning off on both sides (both
+// parked in the netpoller while they wait).
+func BenchmarkChildSetRPCNoSpin(b *testing.B) { benchChild(b, "benchset", -1, -1) }
+
+// BenchmarkChildPingNoSpin: BenchmarkChildPing with spinning off on both sides.
+func BenchmarkChildPingNoSpin(b *testing.B) { benchChild(b, "benchping", -1, -1) }

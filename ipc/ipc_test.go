@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -104,6 +105,68 @@ func TestRegistrySemantics(t *testing.T) {
 	n, err := o.Keys().Len()
 	require.NoError(t, err)
 	require.Equal(t, 4, n)
+}
+
+// TestKeyReader checks that a KeyReader's Get gives Registry.Get's results, in the owner and
+// in a client, and that it allocates nothing with a reused buffer.
+func TestKeyReader(t *testing.T) {
+	env := newTestEnv()
+	opts := env.ownerOpts()
+	opts.Grace = time.Hour
+	o := newTestOwner(t, opts)
+	c := attach(t, env.clientOpts())
+	ok := o.Keys()
+	require.NoError(t, ok.Set("live", []byte("secret-key")))
+	require.NoError(t, ok.Set("empty", nil))
+	require.NoError(t, ok.Set("revoked", []byte("gone")))
+	require.NoError(t, ok.Remove("revoked"))
+	maxID := strings.Repeat("m", MaxRequestIDLen)
+	require.NoError(t, ok.Set(maxID, []byte("max")))
+
+	tests := []struct {
+		name, id string
+		dst      []byte
+		want     string // the returned bytes
+		err      error
+	}{
+		{"live", "live", nil, "secret-key", nil},
+		{"live appends", "live", []byte("pre:"), "pre:secret-key", nil},
+		{"empty key", "empty", nil, "", nil},
+		{"max id", maxID, nil, "max", nil},
+		{"revoked", "revoked", []byte("keep"), "keep", ErrKeyRevoked},
+		{"missing", "missing", []byte("keep"), "keep", ErrKeyNotFound},
+		{"empty id", "", []byte("keep"), "keep", ErrRequestIDTooLong},
+		{"long id", strings.Repeat("x", MaxRequestIDLen+1), []byte("keep"), "keep", ErrRequestIDTooLong},
+	}
+	for name, k := range map[string]*Registry{"owner": o.Keys(), "client": c.Keys()} {
+		t.Run(name, func(t *testing.T) {
+			kr, err := k.NewReader()
+			require.NoError(t, err)
+			for _, tt := range tests {
+				for via, get := range map[string]func(string, []byte) ([]byte, error){"Registry": k.Get, "KeyReader": kr.Get} {
+					got, err := get(tt.id, slices.Clone(tt.dst))
+					if tt.err == nil {
+						require.NoError(t, err, "%s via %s", tt.name, via)
+					} else {
+						require.ErrorIs(t, err, tt.err, "%s via %s", tt.name, via)
+					}
+					require.Equal(t, tt.want, string(got), "%s via %s", tt.name, via)
+				}
+			}
+
+			buf := make([]byte, 0, 64)
+			allocs := testing.AllocsPerRun(100, func() {
+				buf, err = kr.Get("live", buf[:0])
+			})
+			require.NoError(t, err)
+			require.Zero(t, allocs, "KeyReader.Get with a reused buffer")
+
+			require.NoError(t, kr.Close())
+			require.ErrorIs(t, kr.Close(), ErrClosed)
+			_, err = kr.Get("live", nil)
+			require.ErrorIs(t, err, ErrClosed)
+		})
+	}
 }
 
 func TestPurgeAfterGrace(t *testing.T) {

@@ -26,6 +26,7 @@ const (
 	nsEnv     = "SHMSTEER_TEST_NS"
 	handleEnv = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
 	graceEnv  = "SHMSTEER_TEST_GRACE_MS"
+	spinEnv   = "SHMSTEER_TEST_SPIN" // client: ClientOptions.SpinWait, a time.Duration string
 )
 
 var sentinelNames = []struct {
@@ -101,6 +102,13 @@ func TestHelperProcess(t *testing.T) {
 			owner, keys, region = o, o.Keys(), o.Region
 		case "client":
 			opts := ClientOptions{Namespace: ns, handle: os.Getenv(handleEnv)}
+			if v := os.Getenv(spinEnv); v != "" {
+				d, err := time.ParseDuration(v)
+				if err != nil {
+					return err
+				}
+				opts.SpinWait = d
+			}
 			c, err := Attach(opts)
 			if err != nil {
 				return err
@@ -142,13 +150,17 @@ func TestHelperProcess(t *testing.T) {
 			say(reply(nil, strconv.Itoa(owner.Clients())))
 		case "mapped":
 			say(reply(nil, strconv.Itoa(mappedRegions())))
-		case "benchset", "benchget", "benchping":
+		case "benchset", "benchget", "benchregget", "benchping":
 			// Timed in the child: the RPC or the read from a separate process.
 			n, _ := strconv.Atoi(f[1])
 			ids := benchKeys(1024)
 			key := make([]byte, 32)
 			buf := make([]byte, 0, 64)
-			var err error
+			kr, err := keys.NewReader()
+			if err != nil {
+				say(reply(err, ""))
+				continue
+			}
 			start := time.Now()
 			for i := 0; i < n && err == nil; i++ {
 				switch f[0] {
@@ -156,11 +168,15 @@ func TestHelperProcess(t *testing.T) {
 					err = keys.Set(ids[i&1023], key)
 				case "benchping":
 					err = keys.client.Ping()
+				case "benchget":
+					buf, err = kr.Get(ids[i&1023], buf[:0])
 				default:
 					buf, err = keys.Get(ids[i&1023], buf[:0])
 				}
 			}
-			say(reply(err, strconv.FormatInt(int64(time.Since(start)), 10)))
+			elapsed := time.Since(start)
+			kr.Close()
+			say(reply(err, strconv.FormatInt(int64(elapsed), 10)))
 		case "exit":
 			os.Exit(0)
 		default:

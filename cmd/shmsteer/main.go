@@ -15,7 +15,7 @@ import (
 func main() {
 	// Re-executed children take their role from the environment before any flag parsing.
 	demo.RunWorkerIfRequested()
-	bench.RunChildIfRequested(nil)
+	bench.RunChildIfRequested(map[string]bench.ChildFunc{keysChildRole: keysChild})
 	if len(os.Args) < 2 {
 		usage()
 		os.Exit(2)
@@ -42,5 +42,7 @@ func usage() {
 func benchSources() bench.Sources {
 	src := bench.EngineSources()
 	src.StepMixed, src.StepKernel = stepMixed, stepKernel
+	src.KeysGet, src.KeysSetClient, src.KeysSetOwner = keysChildSetup("get"), keysChildSetup("set"), keysSetOwner
+	src.KeysReaders = func(k int) ([]bench.Op, func() error, error) { return keysFromChildren("get", k) }
 	return src
 }

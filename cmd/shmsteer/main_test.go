@@ -1,0 +1,46 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/shmsteer/shmsteer/bench"
+	"github.com/stretchr/testify/require"
+)
+
+// The bench re-executes this binary for its children, so the test binary must serve the child
+// roles as main does.
+func TestMain(m *testing.M) {
+	bench.RunChildIfRequested(map[string]bench.ChildFunc{keysChildRole: keysChild})
+	os.Exit(m.Run())
+}
+
+// TestBenchSmoke runs a tiny pass of `shmsteer bench` with the real engine sources: keys read
+// and written by attached child processes, the owner's Set, the 2-reader scaling, the step
+// figures and the memory figures, and checks the JSON records.
+func TestBenchSmoke(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out.json")
+	var stdout, stderr bytes.Buffer
+	code := bench.Main([]string{"--quick", "--rounds", "1", "--json", out,
+		"--only", "keys.get.shmsteer,keys.set.client,keys.set.owner,keys.get.gomap,keys.get.scaling,steer.,mem.,kernels.add.16k"},
+		benchSources(), &stdout, &stderr)
+	require.Zero(t, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	raw, err := os.ReadFile(out)
+	require.NoError(t, err)
+	var recs []bench.Figure
+	require.NoError(t, json.Unmarshal(raw, &recs))
+	got := map[string]bench.Figure{}
+	for _, r := range recs {
+		got[r.Name] = r
+	}
+	for _, name := range []string{"keys.get.shmsteer_ns", "keys.set.client_ns", "keys.set.owner_ns",
+		"keys.get.gomap_ns", "keys.get.scaling_2readers", "steer.step.mixed_ns", "steer.step.kernel_ns",
+		"mem.overhead_ratio", "mem.tp8_ratio", "kernels.add.16k.shmsteer_ns", "kernels.add.16k.goloop_ns"} {
+		require.Contains(t, got, name, stdout.String())
+		require.Greater(t, got[name].Value, 0.0, name)
+	}
+	require.InDelta(t, got["steer.step.mixed_ns"].Value/got["steer.step.kernel_ns"].Value, got["steer.step.mixed_ns"].Ratio, 1e-9)
+}
