@@ -10,8 +10,9 @@ import (
 )
 
 // KindKey is the shm kind under which the key registry stores its entries: the key is the
-// request id, the value one state byte (stateLive or stateRevoked) followed, when live, by the
-// key bytes.
+// request id, the value the key bytes (none when revoked) followed by one state byte
+// (stateLive or stateRevoked). The state byte goes last so a live Get only drops it: no shift
+// of the key bytes on the hot path.
 const KindKey shm.Kind = 1
 
 // MaxRequestIDLen is the longest request id the registry accepts.
@@ -73,31 +74,32 @@ func (k *Registry) Get(requestID string, dst []byte) ([]byte, error) {
 
 // decodeEntry turns the result of an shm Get of a registry entry, appended to dst, into
 // Registry.Get's result: the key appended to dst, or dst unchanged and the entry's error.
+// The live case is small enough to inline into the Gets; the rest is decodeEntrySlow.
 func decodeEntry(dst, out []byte, err error) ([]byte, error) {
+	if n := len(out); err == nil && n > len(dst) && out[n-1] == stateLive {
+		out[n-1] = 0
+		return out[:n-1], nil
+	}
+	return decodeEntrySlow(dst, out, err)
+}
+
+func decodeEntrySlow(dst, out []byte, err error) ([]byte, error) {
 	if err != nil {
 		if errors.Is(err, shm.ErrNotFound) {
 			return dst, ErrKeyNotFound
 		}
 		return dst, err
 	}
-	l0 := len(dst)
-	n := len(out)
+	l0, n := len(dst), len(out)
 	if n == l0 {
 		return dst, fmt.Errorf("%w: empty key registry entry", shm.ErrCorrupt)
 	}
-	state := out[l0]
-	copy(out[l0:], out[l0+1:n]) // drop the state byte in place: no second copy of the key
-	out[n-1] = 0
-	out = out[:n-1]
-	switch state {
-	case stateLive:
-		return out, nil
-	case stateRevoked:
-		clear(out[l0:])
-		return out[:l0], ErrKeyRevoked
+	state := out[n-1]
+	clear(out[l0:]) // not live: whatever was copied is not the caller's
+	if state == stateRevoked {
+		return dst, ErrKeyRevoked
 	}
-	clear(out[l0:])
-	return out[:l0], fmt.Errorf("%w: key registry entry in state %d", shm.ErrCorrupt, state)
+	return dst, fmt.Errorf("%w: key registry entry in state %d", shm.ErrCorrupt, state)
 }
 
 // KeyReader reads keys through a reader slot of its own: the fastest way for a worker's step
@@ -119,11 +121,15 @@ func (k *Registry) NewReader() (*KeyReader, error) {
 // Get is Registry.Get through the KeyReader's slot, with the same results and errors; with a
 // reused dst (dst[:0]) it allocates nothing.
 func (kr *KeyReader) Get(requestID string, dst []byte) ([]byte, error) {
-	if err := checkID(requestID); err != nil {
-		return dst, err
+	if len(requestID) == 0 || len(requestID) > MaxRequestIDLen {
+		return dst, checkID(requestID)
 	}
 	out, err := kr.rd.Get(KindKey, requestID, dst)
-	return decodeEntry(dst, out, err)
+	if n := len(out); err == nil && n > len(dst) && out[n-1] == stateLive { // live: written flat
+		out[n-1] = 0
+		return out[:n-1], nil
+	}
+	return decodeEntrySlow(dst, out, err)
 }
 
 // Close gives the KeyReader's slot back; ErrClosed if it was already closed.
@@ -162,7 +168,7 @@ func (k *Registry) Range(fn func(requestID string, revoked bool) bool) error {
 	}
 	defer s.Close()
 	return s.Range(KindKey, func(key, value []byte, _ uint64) bool {
-		return fn(string(key), len(value) > 0 && value[0] == stateRevoked)
+		return fn(string(key), len(value) > 0 && value[len(value)-1] == stateRevoked)
 	})
 }
 
@@ -171,9 +177,9 @@ func (o *Owner) keySet(id string, key []byte) error {
 	o.kmu.Lock()
 	defer o.kmu.Unlock()
 	_, err := o.region.Update(func(tx *shm.Tx) error {
-		return tx.PutFunc(KindKey, id, 1+len(key), func(dst []byte) {
-			dst[0] = stateLive
-			copy(dst[1:], key)
+		return tx.PutFunc(KindKey, id, len(key)+1, func(dst []byte) {
+			copy(dst, key)
+			dst[len(key)] = stateLive
 		})
 	})
 	if err != nil {
@@ -226,7 +232,7 @@ func (o *Owner) entry(id string) (state byte, version uint64, err error) {
 	if len(v) == 0 {
 		return 0, 0, fmt.Errorf("%w: empty key registry entry", shm.ErrCorrupt)
 	}
-	return v[0], ver, nil
+	return v[len(v)-1], ver, nil
 }
 
 // purgeLoop deletes revoked sentinels whose grace has passed.
