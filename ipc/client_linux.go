@@ -82,6 +82,11 @@ func Attach(opts ClientOptions) (*Client, error) {
 	}
 	d := net.Dialer{Timeout: timeout}
 	nc, err := d.Dial("unix", "@"+name)
+	if err != nil && opts.handle == "" && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)) {
+		// No owner at our handle. If one serves the namespace under another secret, its lobby
+		// answers and the handshake below fails with ErrAuthFailed, which says what is wrong.
+		nc, err = d.Dial("unix", "@"+lobbyName(opts.Namespace))
+	}
 	if err != nil {
 		switch {
 		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT):

@@ -21,6 +21,12 @@
 //	client → owner  proof:     HMAC(secret, client label, version, namespace, both nonces)
 //	owner → client  welcome:   limits, region id; the data and reader-slot memfds via SCM_RIGHTS
 //
+// The owner also listens on a lobby named from the namespace alone (lobbyName) and runs the same
+// handshake there. A client with a wrong secret finds no handle, knocks at the lobby, and so
+// gets ErrAuthFailed rather than a misleading ErrNotYetInitialized; ErrNotYetInitialized means
+// no owner serves the namespace at all. Two owners of one namespace are refused
+// (ErrPreviouslyInitialized) whatever their secrets.
+//
 // Proofs are compared with hmac.Equal; each covers a fresh nonce from each side, so a
 // recorded handshake replayed in either direction fails, and the distinct labels keep one
 // side's proof from serving as the other's. The client checks the owner's proof before it

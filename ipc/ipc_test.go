@@ -332,6 +332,12 @@ func TestAttachErrors(t *testing.T) {
 	opts := ClientOptions{Secret: &wrong, Namespace: env.ns, handle: o.handle}
 	_, err = Attach(opts)
 	require.ErrorIs(t, err, ErrAuthFailed)
+	// A wrong secret finds no handle, knocks at the namespace's lobby and fails the handshake.
+	_, err = Attach(ClientOptions{Secret: &wrong, Namespace: env.ns})
+	require.ErrorIs(t, err, ErrAuthFailed)
+	// A second owner of the namespace with another secret is refused.
+	_, err = NewOwner(OwnerOptions{Secret: &wrong, Namespace: env.ns})
+	require.ErrorIs(t, err, ErrPreviouslyInitialized)
 	// The right secret with another namespace finds no owner.
 	_, err = Attach(ClientOptions{Secret: &env.secret, Namespace: env.ns + "x"})
 	require.ErrorIs(t, err, ErrNotYetInitialized)

@@ -81,6 +81,7 @@ type Owner struct {
 	region   *shm.Region
 	keys     *Registry
 	ln       *net.UnixListener
+	lobby    *net.UnixListener // namespace-derived; see lobbyName
 	maxFrame int
 	maxKey   int
 	grace    time.Duration
@@ -170,6 +171,9 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 		if o.ln != nil {
 			o.ln.Close()
 		}
+		if o.lobby != nil {
+			o.lobby.Close()
+		}
 		o.secret.wipe()
 		handlesMu.Lock()
 		delete(handles, o.handle)
@@ -185,12 +189,20 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 		}
 		return fail(fmt.Errorf("shmsteer: listening on the attach handle: %w", err))
 	}
+	o.lobby, err = net.ListenUnix("unix", &net.UnixAddr{Name: "@" + lobbyName(o.ns), Net: "unix"})
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fail(fmt.Errorf("%w (another owner, with another secret, serves the namespace)", ErrPreviouslyInitialized))
+		}
+		return fail(fmt.Errorf("shmsteer: listening on the lobby: %w", err))
+	}
 	if o.region, err = shm.Create(opts.Region); err != nil {
 		return fail(err)
 	}
 	o.keys = &Registry{region: o.region, maxKey: o.maxKey, owner: o}
-	o.wg.Add(2)
-	go o.acceptLoop()
+	o.wg.Add(3)
+	go o.acceptLoop(o.ln)
+	go o.acceptLoop(o.lobby)
 	go o.purgeLoop()
 	o.log.Debug("shmsteer: owner serving", "namespace", o.ns, "pid", os.Getpid())
 	return o, nil
@@ -232,7 +244,7 @@ func (o *Owner) Close() error {
 	}
 	o.mu.Unlock()
 	close(o.done)
-	err := o.ln.Close()
+	err := errors.Join(o.ln.Close(), o.lobby.Close())
 	for _, c := range conns {
 		c.Close()
 	}
@@ -245,10 +257,11 @@ func (o *Owner) Close() error {
 	return err
 }
 
-func (o *Owner) acceptLoop() {
+// acceptLoop serves one listener (the handle or the lobby): both run the same handshake.
+func (o *Owner) acceptLoop(ln *net.UnixListener) {
 	defer o.wg.Done()
 	for {
-		c, err := o.ln.AcceptUnix()
+		c, err := ln.AcceptUnix()
 		if err != nil {
 			select {
 			case <-o.done:

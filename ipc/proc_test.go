@@ -309,7 +309,7 @@ func TestProcAuthErrors(t *testing.T) {
 	}{
 		{"wrong secret at the owner's handle", "client",
 			[]string{SecretEnv + "=wrong-" + env.secretStr, nsEnv + "=" + env.ns, handleEnv + "=" + o.handle}, "err ErrAuthFailed"},
-		{"wrong secret", "client", []string{SecretEnv + "=wrong-" + env.secretStr, nsEnv + "=" + env.ns}, "err ErrNotYetInitialized"},
+		{"wrong secret", "client", []string{SecretEnv + "=wrong-" + env.secretStr, nsEnv + "=" + env.ns}, "err ErrAuthFailed"},
 		{"no secret client", "client", []string{nsEnv + "=" + env.ns}, "err ErrAuthSecretNotDefined"},
 		{"empty secret client", "client", []string{SecretEnv + "=", nsEnv + "=" + env.ns}, "err ErrAuthSecretNotDefined"},
 		{"no secret owner", "owner", []string{nsEnv + "=" + env.ns}, "err ErrAuthSecretNotDefined"},
