@@ -459,15 +459,16 @@ func (s *Snapshot) ViewFloat32(kind Kind, key string) ([]float32, uint64, error)
 	return AsFloat32(v), ver, nil
 }
 
-// Range calls fn for every live value of kind at the snapshot's version, in index order, until
-// fn returns false. key and value are views valid until the snapshot is closed.
-func (s *Snapshot) Range(kind Kind, fn func(key, value []byte, version uint64) bool) error {
+// heads calls fn with every index word that points at a blob, and that blob decoded, until fn
+// returns false or an error.
+func (s *Snapshot) heads(fn func(word uint64, head blob) (bool, error)) error {
 	if s.r == nil {
 		return ErrClosed
 	}
 	r := s.r
 	for i := uint64(0); i < r.l.indexSlots; i++ {
-		off, ok := wordOffset(load64(r.index, i*8))
+		w := load64(r.index, i*8)
+		off, ok := wordOffset(w)
 		if !ok {
 			continue
 		}
@@ -475,19 +476,28 @@ func (s *Snapshot) Range(kind Kind, fn func(key, value []byte, version uint64) b
 		if err != nil {
 			return err
 		}
-		if b.kind != kind {
-			continue
-		}
-		if b, err = r.atVersion(b, s.version); err == ErrNotFound {
-			continue
-		} else if err != nil {
+		if more, err := fn(w, b); !more || err != nil {
 			return err
-		}
-		if !fn(b.key(r.arena), b.value(r.arena), b.version) {
-			return nil
 		}
 	}
 	return nil
+}
+
+// Range calls fn for every live value of kind at the snapshot's version, in index order, until
+// fn returns false. key and value are views valid until the snapshot is closed.
+func (s *Snapshot) Range(kind Kind, fn func(key, value []byte, version uint64) bool) error {
+	return s.heads(func(_ uint64, b blob) (bool, error) {
+		if b.kind != kind {
+			return true, nil
+		}
+		b, err := s.r.atVersion(b, s.version)
+		if err == ErrNotFound {
+			return true, nil
+		} else if err != nil {
+			return false, err
+		}
+		return fn(b.key(s.r.arena), b.value(s.r.arena), b.version), nil
+	})
 }
 
 // Len counts the live values of kind at the snapshot's version by walking the index.
@@ -497,33 +507,21 @@ func (s *Snapshot) Len(kind Kind) (int, error) {
 	return n, err
 }
 
-// Check verifies every blob reachable from the index at the snapshot's version: bounds, version
-// chains and content checksums. It is for tests and operators (fsck), not the hot path.
+// Check verifies every blob reachable from the index at the snapshot's version: bounds,
+// fingerprints, version chains and content checksums. It is for tests and operators (fsck),
+// not the hot path.
 func (s *Snapshot) Check() error {
-	if s.r == nil {
-		return ErrClosed
-	}
-	r := s.r
-	for i := uint64(0); i < r.l.indexSlots; i++ {
-		off, ok := wordOffset(load64(r.index, i*8))
-		if !ok {
-			continue
+	return s.heads(func(w uint64, b blob) (bool, error) {
+		r := s.r
+		if h := keyHash(r.l.hashK0, r.l.hashK1, b.kind, b.key(r.arena)); h>>32 != w>>32 {
+			return false, fmt.Errorf("%w: index word %#x has a wrong fingerprint", ErrCorrupt, w)
 		}
-		b, err := readBlob(r.arena, off)
-		if err != nil {
-			return err
-		}
-		if h := keyHash(r.l.hashK0, r.l.hashK1, b.kind, b.key(r.arena)); uint32(h>>32) != uint32(load64(r.index, i*8)>>32) {
-			return fmt.Errorf("%w: index word %d has a wrong fingerprint", ErrCorrupt, i)
-		}
-		if b, err = r.atVersion(b, s.version); err == ErrNotFound {
-			continue
+		b, err := r.atVersion(b, s.version)
+		if err == ErrNotFound {
+			return true, nil
 		} else if err != nil {
-			return err
+			return false, err
 		}
-		if err := b.verify(r.arena); err != nil {
-			return err
-		}
-	}
-	return nil
+		return true, b.verify(r.arena)
+	})
 }

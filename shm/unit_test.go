@@ -333,3 +333,41 @@ func TestCloseWaitsForReaders(t *testing.T) {
 	require.NoError(t, r2.Close(), "Close waits for the snapshot to finish")
 	s.Close()
 }
+
+// TestCorruptRegionGivesErrors scribbles over index words and blob headers in the owner's
+// mapping: every read must return ErrCorrupt or a clean miss, never fault.
+func TestCorruptRegionGivesErrors(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for round := 0; round < 200; round++ {
+		r, err := Create(Config{IndexSlots: 64, ArenaBytes: 64 << 10})
+		require.NoError(t, err)
+		for i := 0; i < 20; i++ {
+			_, err := r.Put(1, fmt.Sprint("k", i), make([]byte, 8+i*40))
+			require.NoError(t, err)
+		}
+		target := r.arena[:4096]
+		if round%2 == 0 {
+			target = r.index
+		}
+		for n := 0; n < 4; n++ {
+			store64(target, uint64(rng.IntN(len(target)/8))*8, rng.Uint64()>>uint(rng.IntN(64)))
+		}
+		rd, err := r.NewReader()
+		require.NoError(t, err)
+		for i := 0; i < 20; i++ {
+			_, err := rd.Get(1, fmt.Sprint("k", i), nil)
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				require.ErrorIs(t, err, ErrCorrupt)
+			}
+		}
+		s, err := rd.Snapshot()
+		require.NoError(t, err)
+		if err := s.Check(); err != nil {
+			require.ErrorIs(t, err, ErrCorrupt)
+		}
+		s.Range(1, func(_, _ []byte, _ uint64) bool { return true })
+		s.Close()
+		rd.Close()
+		r.Close()
+	}
+}
