@@ -1,4 +1,4 @@
-// Package bench owns `shmsteer bench` (issue 6): it measures shmsteer side by
+// Package bench owns `shmsteer bench`: it measures shmsteer side by
 // side against what users would pick instead and reports the figures as an
 // aligned table, a JSON array (--json) and a chart (--plot).
 //
