@@ -143,6 +143,9 @@ func openChildRegion() (*Region, error) {
 }
 
 func runChild(role string) int {
+	if role == "writer" { // creates its own region
+		return childWriter()
+	}
 	r, err := openChildRegion()
 	if err != nil {
 		fmt.Println("ERR open:", err)
@@ -411,4 +414,105 @@ func arenaKey(r *Region, b blob) []byte {
 		return nil
 	}
 	return b.key(r.arena)
+}
+
+// childWriter is an owner in a child process: it creates a region, tells the parent where its
+// memfds are, and rewrites every generation until it is killed.
+func childWriter() int {
+	r, err := Create(Config{IndexSlots: 1024, ArenaBytes: 4 << 20, ReaderSlots: 64})
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	if err := writeGeneration(r, 1); err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	data, readers := r.Files()
+	fmt.Println("READY", data.Fd(), readers.Fd())
+	for gen := uint64(2); ; gen++ {
+		err := writeGeneration(r, gen)
+		for errors.Is(err, ErrRegionFull) {
+			time.Sleep(100 * time.Microsecond)
+			err = writeGeneration(r, gen)
+		}
+		if err != nil {
+			fmt.Println("ERR", err)
+			return 1
+		}
+	}
+}
+
+// verifyGeneration checks, in one snapshot, that the region holds exactly one whole generation.
+func verifyGeneration(r *Region) (uint64, error) {
+	s, err := r.Snapshot()
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	g, _, err := s.View(testKind, genKey)
+	if err != nil {
+		return 0, fmt.Errorf("generation marker: %w", err)
+	}
+	gen := binary.LittleEndian.Uint64(g)
+	for i := 0; i < childKeys; i++ {
+		v, _, err := s.View(testKind, childKey(i))
+		deleted := i%7 == int(gen%7) && gen%3 == 0
+		switch {
+		case deleted && err == ErrNotFound:
+			continue
+		case err != nil:
+			return gen, fmt.Errorf("%s at gen %d: %w", childKey(i), gen, err)
+		}
+		if vg, err := checkValue(childKey(i), v); err != nil || vg != gen {
+			return gen, fmt.Errorf("%s has gen %d in a snapshot of gen %d: %v", childKey(i), vg, gen, err)
+		}
+	}
+	vec, _, err := s.ViewFloat32(vectorKind, "vec")
+	if err != nil || vec[0] != float32(gen) {
+		return gen, fmt.Errorf("vector at gen %d: %v", gen, err)
+	}
+	return gen, s.Check()
+}
+
+// TestKillOwnerMidWrite SIGKILLs the owner at random points while it writes: whatever moment
+// the kill lands, the region it leaves holds one whole generation, every value intact.
+func TestKillOwnerMidWrite(t *testing.T) {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 4))
+	for round := 0; round < 5; round++ {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), roleEnv+"=writer")
+		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		var dataFd, readersFd int
+		line, err := bufio.NewReader(out).ReadString('\n')
+		require.NoError(t, err)
+		_, err = fmt.Sscanf(line, "READY %d %d", &dataFd, &readersFd)
+		require.NoError(t, err, line)
+		proc := fmt.Sprintf("/proc/%d/fd/", cmd.Process.Pid)
+		data, err := os.Open(proc + strconv.Itoa(dataFd))
+		require.NoError(t, err)
+		readers, err := os.OpenFile(proc+strconv.Itoa(readersFd), os.O_RDWR, 0)
+		require.NoError(t, err)
+		r, err := Open(data, readers)
+		require.NoError(t, err)
+		data.Close()
+		readers.Close()
+
+		deadline := time.Now().Add(time.Duration(2+rng.IntN(40)) * time.Millisecond)
+		for time.Now().Before(deadline) {
+			_, err := verifyGeneration(r)
+			require.NoError(t, err, "while the owner writes")
+		}
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		require.Error(t, cmd.Wait())
+		gen, err := verifyGeneration(r)
+		require.NoError(t, err, "after the owner was killed at generation %d", gen)
+		require.Greater(t, gen, uint64(1), "the owner was killed while writing")
+		require.NoError(t, r.Close())
+	}
 }
