@@ -1,0 +1,74 @@
+package ipc
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// nobody is the uid (and gid) the other-user client runs as.
+const nobody = 65534
+
+// TestPeerCredentials attaches from a process of another uid: refused with ErrAuthFailed
+// unless the owner allows that uid. It needs root to start the child as another user.
+func TestPeerCredentials(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a client as another uid")
+	}
+	// The test binary sits in a private build directory: copy it where nobody can run it.
+	dir, err := os.MkdirTemp("", "shmsteer-uid-")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	require.NoError(t, os.Chmod(dir, 0o755))
+	exe := filepath.Join(dir, "ipc.test")
+	src, err := os.Open(os.Args[0])
+	require.NoError(t, err)
+	dst, err := os.OpenFile(exe, os.O_CREATE|os.O_WRONLY, 0o755)
+	require.NoError(t, err)
+	_, err = io.Copy(dst, src)
+	require.NoError(t, err)
+	require.NoError(t, errors.Join(src.Close(), dst.Close()))
+
+	attachAsNobody := func(env testEnv) string {
+		cmd := exec.Command(exe, "-test.run=^TestHelperProcess$", "-test.count=1")
+		cmd.Env = []string{roleEnv + "=client", nsEnv + "=" + env.ns, SecretEnv + "=" + env.secretStr, "HOME=" + dir, "TMPDIR=" + dir}
+		cmd.Dir = dir
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}, Pdeathsig: syscall.SIGKILL}
+		cmd.Stdin = strings.NewReader("exit\n")
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		cmd.Process.Kill()
+		cmd.Wait()
+		return strings.TrimSpace(line)
+	}
+
+	for _, tt := range []struct {
+		name  string
+		allow []int
+		want  string
+	}{
+		{"other uid refused", nil, "err ErrAuthFailed"},
+		{"other uid allowed", []int{nobody}, "ok ready"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := newTestEnv()
+			opts := env.ownerOpts()
+			opts.AllowUIDs = tt.allow
+			o := newTestOwner(t, opts)
+			require.Equal(t, tt.want, attachAsNobody(env))
+			if tt.allow == nil {
+				require.Zero(t, o.Clients(), "nothing attached")
+			}
+		})
+	}
+}
