@@ -28,6 +28,9 @@ var (
 	// ErrBusy means Close found snapshots or reads of this process still open; the region
 	// stays mapped. Close every snapshot first.
 	ErrBusy = errors.New("shmsteer: region still in use")
+	// ErrReaderBusy means a Reader was used while a Snapshot taken from it is open; close the
+	// snapshot first, or use another Reader.
+	ErrReaderBusy = errors.New("shmsteer: reader has an open snapshot")
 	// ErrClosed means the region or snapshot was already closed.
 	ErrClosed = errors.New("shmsteer: closed")
 	// ErrNoReaderSlot means every reader slot is claimed; create the region with more

@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"sync/atomic"
@@ -161,10 +160,6 @@ func (r *Region) NewReader() (*Reader, error) {
 	}
 	return &Reader{r: r, slot: s, pinWord: word64(r.readers, s+slotPin)}, nil
 }
-
-// ErrReaderBusy means a Reader was used while a Snapshot taken from it is open; close the
-// snapshot first, or use another Reader.
-var ErrReaderBusy = errors.New("shmsteer: reader has an open snapshot")
 
 func (rd *Reader) pin() (uint64, error) {
 	if rd.busy {
