@@ -26,8 +26,10 @@ const (
 	maxMarkSlots   = 1 << 26
 
 	// DefaultIndexSlots, DefaultArenaBytes, DefaultReaderSlots and DefaultMaxProbe are the
-	// Config values used for zero fields.
-	DefaultIndexSlots  = 1 << 16
+	// Config values used for zero fields. 32 Ki index words hold some 20 k live values (keys,
+	// named vectors, requests' steering) and cost 256 KiB resident once used: revoked keys,
+	// the one thing that piles up by the hundred thousand, live in the mark table instead.
+	DefaultIndexSlots  = 1 << 15
 	DefaultArenaBytes  = 64 << 20
 	DefaultReaderSlots = 256
 	DefaultMaxProbe    = 64
