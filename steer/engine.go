@@ -110,6 +110,9 @@ func (e *Engine) Register(name string, vecs []Vector) (VectorInfo, error) {
 	if err != nil {
 		return VectorInfo{}, err
 	}
+	if err := checkMagnitude(e.cfg, &w, nil, fmt.Sprintf("named vector %q", name)); err != nil {
+		return VectorInfo{}, err
+	}
 	b, err := w.encode(e.cfg.Hidden)
 	if err != nil {
 		return VectorInfo{}, err
@@ -213,6 +216,9 @@ func (e *Engine) SetGlobal(g Steering) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("global steering: %w", err)
 	}
+	if err := checkMagnitude(e.cfg, &w, namedAt(&s, e.cfg), "global steering"); err != nil {
+		return 0, err
+	}
 	if g.Empty() {
 		v, err := e.r.Delete(KindGlobal, globalKey)
 		if errors.Is(err, shm.ErrNotFound) {
@@ -288,9 +294,29 @@ func (e *Engine) Admit(a Admission) (Admitted, error) {
 	var out Admitted
 	var final Steering
 	override := a.Override != nil && !a.Override.Empty()
+	named := namedAt(&snap, e.cfg)
+	set := fmt.Sprintf("request %q", a.RequestID)
 	if override {
-		if _, err := resolveSteering(e.cfg, a.Override, digestOf, false); err != nil {
+		w, err := resolveSteering(e.cfg, a.Override, digestOf, false)
+		if err != nil {
 			return Admitted{}, err
+		}
+		if err := checkMagnitude(e.cfg, &w, named, set); err != nil {
+			return Admitted{}, err
+		}
+		// The override composed with its conversation's latch must fit as well; check before
+		// any latch operation so a refusal changes nothing.
+		if a.Override.Compose == ComposeAdd && !a.Conversation.zero() {
+			if prev, ok := e.latches.peek(a.Conversation, digestOf); ok {
+				m := mergeSteering(&prev, a.Override)
+				mw, err := resolveSteering(e.cfg, &m, digestOf, true)
+				if err == nil {
+					err = checkMagnitude(e.cfg, &mw, named, set+" (latched steering + override)")
+				}
+				if err != nil {
+					return Admitted{}, err
+				}
+			}
 		}
 		final, out.Source = *a.Override, SourceOverride
 		if !a.Conversation.zero() {
@@ -300,8 +326,7 @@ func (e *Engine) Admit(a Admission) (Admitted, error) {
 				}
 			}
 			pins := pinsOf(&final, digestOf)
-			out.Latched = e.latches.Trigger(a.Conversation, &final, pins)
-			out.Refused = !out.Latched
+			out.Latched, out.Refused = e.latches.trigger(a.Conversation, &final, pins)
 		}
 	} else if !a.Conversation.zero() {
 		if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
@@ -311,6 +336,9 @@ func (e *Engine) Admit(a Admission) (Admitted, error) {
 	var enc []byte
 	if out.Source != SourceNone {
 		w, err := resolveSteering(e.cfg, &final, digestOf, true)
+		if err == nil {
+			err = checkMagnitude(e.cfg, &w, named, set)
+		}
 		if err != nil {
 			return out, err // cannot happen: every part was validated
 		}
@@ -392,6 +420,7 @@ type Status struct {
 	Triggers             uint64 `json:"triggers"`
 	Bridges              uint64 `json:"bridges"`
 	BridgeDrops          uint64 `json:"bridge_drops"`
+	LatchingOff          bool   `json:"latching_off"` // latching turned off (LatchOff)
 	NamedVectors         int    `json:"named_vectors"`
 	RequestsWithSteering int    `json:"requests_with_steering"`
 	Keys                 int    `json:"keys"`
@@ -418,6 +447,10 @@ func (e *Engine) Status() (Status, error) {
 		ls := decodeLatchStats(b)
 		st.LatchedConversations, st.LatchedBytes = ls.Conversations, ls.Bytes
 		st.Evictions, st.OversizeRefusals, st.Triggers, st.Bridges, st.BridgeDrops = ls.Evictions, ls.OversizeRefusals, ls.Triggers, ls.Bridges, ls.BridgeDrops
+		st.LatchingOff = ls.Off
+	} else if e.latches != nil {
+		// No admission yet: the owner still knows whether latching is off.
+		st.LatchingOff = e.latches.Stats().Off
 	}
 	for _, c := range []struct {
 		k shm.Kind
@@ -433,21 +466,21 @@ func (e *Engine) Status() (Status, error) {
 }
 
 func encodeLatchStats(s LatchStats) []byte {
-	b := make([]byte, 0, 56)
-	for _, x := range []uint64{uint64(s.Conversations), uint64(s.Bytes), s.Evictions, s.OversizeRefusals, s.Triggers, s.Bridges, s.BridgeDrops} {
+	b := make([]byte, 0, 64)
+	for _, x := range []uint64{uint64(s.Conversations), uint64(s.Bytes), s.Evictions, s.OversizeRefusals, s.Triggers, s.Bridges, s.BridgeDrops, latchFlags(s)} {
 		b = binary.LittleEndian.AppendUint64(b, x)
 	}
 	return b
 }
 
 func decodeLatchStats(b []byte) LatchStats {
-	var x [7]uint64
+	var x [8]uint64
 	for i := range x {
 		if len(b) >= 8*(i+1) {
 			x[i] = binary.LittleEndian.Uint64(b[8*i:])
 		}
 	}
-	return LatchStats{Conversations: int(x[0]), Bytes: int64(x[1]), Evictions: x[2], OversizeRefusals: x[3], Triggers: x[4], Bridges: x[5], BridgeDrops: x[6]}
+	return LatchStats{Conversations: int(x[0]), Bytes: int64(x[1]), Evictions: x[2], OversizeRefusals: x[3], Triggers: x[4], Bridges: x[5], BridgeDrops: x[6], Off: x[7]&1 != 0}
 }
 
 // Serve registers the owner's handlers for worker writes (OpRegister, OpUnregister). The owner
@@ -486,7 +519,7 @@ func (e *Engine) Serve(handle HandleFunc) {
 // remoteErrs are the errors a reply can carry by code (index+1), so a worker gets the same
 // typed error the owner saw.
 var remoteErrs = []error{ErrBadName, ErrNonFinite, ErrHiddenSize, ErrUnknownHook, ErrLayerRange,
-	ErrDuplicate, ErrBadClamp, ErrUnknownVector, ErrBadEncoding, ErrEmptySet, shm.ErrRegionFull, shm.ErrValueTooLarge}
+	ErrDuplicate, ErrBadClamp, ErrUnknownVector, ErrBadEncoding, ErrEmptySet, shm.ErrRegionFull, shm.ErrValueTooLarge, ErrOverflow}
 
 func errReply(err error) []byte {
 	code := byte(255)

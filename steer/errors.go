@@ -13,6 +13,10 @@ var (
 	ErrBadName = errors.New("shmsteer: vector name empty or longer than 256 bytes")
 	// ErrNonFinite means a vector, scale, strength or clamp bound is NaN or infinite.
 	ErrNonFinite = errors.New("shmsteer: non-finite value")
+	// ErrOverflow means a coefficient, a term or a composed sum of steering exceeds MaxMagnitude,
+	// so applying it could write ±Inf into hidden states; the message names the steering set,
+	// tier, hook, layer and the offending value. Scale the vectors down.
+	ErrOverflow = errors.New("shmsteer: steering magnitude out of range")
 	// ErrHiddenSize means a vector's length is not the model's hidden size.
 	ErrHiddenSize = errors.New("shmsteer: vector length is not the hidden size")
 	// ErrUnknownHook means a hook name is not one of the model's hooks.

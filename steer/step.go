@@ -43,12 +43,11 @@ type Stepper struct {
 	sum   uint64
 	stats StepStats
 
-	global  comp
-	gen     uint64 // bumped when global is recomposed
-	reqs    map[string]*reqState
-	free    []*reqState
-	cur     []*reqState // per span of the current Apply, reused
-	scratch []Span
+	global comp
+	gen    uint64 // bumped when global is recomposed
+	reqs   map[string]*reqState
+	free   []*reqState
+	cur    []*reqState // per span of the current Apply, reused
 }
 
 // comp is a composed steering set: per site-phase index i = ((hook*layers)+layer)*2 + phase-1,
@@ -312,11 +311,22 @@ func (c *comp) reset() {
 }
 
 // compose rebuilds c from the encoded entry b (nil: none) at version ver. A request's
-// composition starts from the global one at every site-phase it steers, so Apply makes a single
-// pass over each row.
+// composition adds the global one at every site-phase it steers, so Apply makes a single pass
+// over each row. Its own part is checked against MaxMagnitude first: on ErrOverflow (or any
+// error) c is left empty and marked stale, so it is composed (and refused) again rather than
+// applied.
 func (s *Stepper) compose(c *comp, b []byte, ver uint64, global *comp) error {
 	s.stats.Recomposes++
 	c.reset()
+	if err := s.composeInto(c, b, ver, global); err != nil {
+		c.reset()
+		c.ver = ^uint64(0) // never a region version: the next step recomposes
+		return err
+	}
+	return nil
+}
+
+func (s *Stepper) composeInto(c *comp, b []byte, ver uint64, global *comp) error {
 	c.ver = ver
 	if b == nil {
 		return nil
@@ -341,10 +351,6 @@ func (s *Stepper) compose(c *comp, b []byte, ver uint64, global *comp) error {
 			o := len(c.vecs)
 			c.slot[ix] = int32(o)
 			c.vecs = append(c.vecs, make([]float32, d)...)
-			if global != nil && global.has && global.slot[ix] >= 0 {
-				g := global.slot[ix]
-				copy(c.vecs[o:], global.vecs[g:int(g)+d])
-			}
 		}
 		o := int(c.slot[ix])
 		return c.vecs[o : o+d]
@@ -389,6 +395,16 @@ func (s *Stepper) compose(c *comp, b []byte, ver uint64, global *comp) error {
 				ix := siteOf(v.hook, v.layer, p)
 				kernels.Axpy(target(ix), r.strength*v.scale, v.data)
 				c.act[ix] = mix64(mix64(c.act[ix], digest64(nw.digest)), uint64(math.Float32bits(r.strength))<<32|uint64(p))
+			}
+		}
+	}
+	if err := s.checkComposed(c); err != nil {
+		return err
+	}
+	if global != nil && global.has {
+		for ix, o := range c.slot {
+			if g := global.slot[ix]; o >= 0 && g >= 0 {
+				kernels.Axpy(c.vecs[o:int(o)+d], 1, global.vecs[g:int(g)+d])
 			}
 		}
 	}
