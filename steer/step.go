@@ -26,6 +26,10 @@ type StepStats struct {
 	Applies     uint64 // Apply calls
 	Recomposes  uint64 // effective-vector sets rebuilt because an entry they use changed
 	MissingRefs uint64 // references to named vectors that were not registered when composed
+	// UnknownRequests counts, once per step per request id, spans naming a request with no
+	// admitted entry (never admitted, already ended, or a mistyped id): their rows get only the
+	// global steering (or ErrUnknownRequest with Options.StrictRequests).
+	UnknownRequests uint64
 }
 
 // Stepper applies steering to hidden states, one step at a time: Begin pins a snapshot, Apply
@@ -174,9 +178,11 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 	s.cur = s.cur[:0]
 	for i := range batch {
 		sp := &batch[i]
-		if sp.ID == "" || len(sp.ID) > MaxIDLen || sp.Start < 0 || sp.Start > sp.End || sp.End > rows ||
-			(sp.Phase != PhasePrefill && sp.Phase != PhaseDecode) {
-			return fmt.Errorf("%w: span %d (%q rows [%d, %d) phase %d) in a block of %d rows", ErrBadBatch, i, sp.ID, sp.Start, sp.End, sp.Phase, rows)
+		if sp.Phase != PhasePrefill && sp.Phase != PhaseDecode {
+			return fmt.Errorf("%w: span %d (%q) has phase %d (%s): set Span.Phase to PhasePrefill (1) or PhaseDecode (2)", ErrBadBatch, i, sp.ID, uint8(sp.Phase), sp.Phase)
+		}
+		if sp.ID == "" || len(sp.ID) > MaxIDLen || sp.Start < 0 || sp.Start > sp.End || sp.End > rows {
+			return fmt.Errorf("%w: span %d (%q rows [%d, %d)) in a block of %d rows", ErrBadBatch, i, sp.ID, sp.Start, sp.End, rows)
 		}
 		st, err := s.request(sp.ID)
 		if err != nil {
@@ -258,6 +264,10 @@ func (s *Stepper) request(id string) (*reqState, error) {
 	}
 	b, ver, err := s.snap.View(KindRequest, id)
 	if errors.Is(err, shm.ErrNotFound) {
+		s.stats.UnknownRequests++
+		if s.e.opt.StrictRequests {
+			return nil, fmt.Errorf("%w: %q has no entry at version %d (call Engine.Admit for every request in a batch, and End only after its last step)", ErrUnknownRequest, id, s.snap.Version())
+		}
 		b, ver, err = nil, 0, nil
 	}
 	if err != nil {
