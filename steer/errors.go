@@ -52,10 +52,6 @@ var (
 	ErrNotServed = errors.New("shmsteer: the owner does not serve steering writes: call Engine.Serve(func(op uint16, h func([]byte) ([]byte, error)) { owner.Handle(op, h) }) in the owner")
 	// ErrShape means a hidden-state block's length or shape does not fit the model.
 	ErrShape = errors.New("shmsteer: bad hidden-state shape")
-	// ErrDtype means a tensor is not float32.
-	ErrDtype = errors.New("shmsteer: tensor is not float32")
-	// ErrNotContiguous means a tensor is a non-contiguous (strided, transposed or masked) view.
-	ErrNotContiguous = errors.New("shmsteer: tensor is not contiguous row-major")
 	// ErrRemote means the owner answered an RPC with an error this build does not know.
 	ErrRemote = errors.New("shmsteer: owner reported an error")
 )

@@ -149,6 +149,9 @@ func (s *Stepper) End() uint64 {
 // Stats returns the counters.
 func (s *Stepper) Stats() StepStats { return s.stats }
 
+// Hidden is the model's hidden size: the row length of the blocks Apply takes.
+func (s *Stepper) Hidden() int { return s.d }
+
 // Close ends any open step and drops the caches.
 func (s *Stepper) Close() {
 	s.End()
