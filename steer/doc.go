@@ -1,6 +1,7 @@
 // Package steer owns the activation-steering model of shmsteer: the model config recorded in a
 // region, named steering vectors, global and per-request steering, conversation latches, the
-// per-step apply over hidden states and the gorgonia tensor adapter.
+// per-step apply over hidden states. The gorgonia tensor adapter is package steer/dense, kept
+// apart so that a worker steering plain []float32 blocks does not compile gorgonia.
 //
 // # Where the state lives
 //

@@ -26,6 +26,10 @@ type StepStats struct {
 	Applies     uint64 // Apply calls
 	Recomposes  uint64 // effective-vector sets rebuilt because an entry they use changed
 	MissingRefs uint64 // references to named vectors that were not registered when composed
+	// UnknownRequests counts, once per step per request id, spans naming a request with no
+	// admitted entry (never admitted, already ended, or a mistyped id): their rows get only the
+	// global steering (or ErrUnknownRequest with Options.StrictRequests).
+	UnknownRequests uint64
 }
 
 // Stepper applies steering to hidden states, one step at a time: Begin pins a snapshot, Apply
@@ -43,12 +47,11 @@ type Stepper struct {
 	sum   uint64
 	stats StepStats
 
-	global  comp
-	gen     uint64 // bumped when global is recomposed
-	reqs    map[string]*reqState
-	free    []*reqState
-	cur     []*reqState // per span of the current Apply, reused
-	scratch []Span
+	global comp
+	gen    uint64 // bumped when global is recomposed
+	reqs   map[string]*reqState
+	free   []*reqState
+	cur    []*reqState // per span of the current Apply, reused
 }
 
 // comp is a composed steering set: per site-phase index i = ((hook*layers)+layer)*2 + phase-1,
@@ -146,6 +149,9 @@ func (s *Stepper) End() uint64 {
 // Stats returns the counters.
 func (s *Stepper) Stats() StepStats { return s.stats }
 
+// Hidden is the model's hidden size: the row length of the blocks Apply takes.
+func (s *Stepper) Hidden() int { return s.d }
+
 // Close ends any open step and drops the caches.
 func (s *Stepper) Close() {
 	s.End()
@@ -175,9 +181,11 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 	s.cur = s.cur[:0]
 	for i := range batch {
 		sp := &batch[i]
-		if sp.ID == "" || len(sp.ID) > MaxIDLen || sp.Start < 0 || sp.Start > sp.End || sp.End > rows ||
-			(sp.Phase != PhasePrefill && sp.Phase != PhaseDecode) {
-			return fmt.Errorf("%w: span %d (%q rows [%d, %d) phase %d) in a block of %d rows", ErrBadBatch, i, sp.ID, sp.Start, sp.End, sp.Phase, rows)
+		if sp.Phase != PhasePrefill && sp.Phase != PhaseDecode {
+			return fmt.Errorf("%w: span %d (%q) has phase %d (%s): set Span.Phase to PhasePrefill (1) or PhaseDecode (2)", ErrBadBatch, i, sp.ID, uint8(sp.Phase), sp.Phase)
+		}
+		if sp.ID == "" || len(sp.ID) > MaxIDLen || sp.Start < 0 || sp.Start > sp.End || sp.End > rows {
+			return fmt.Errorf("%w: span %d (%q rows [%d, %d)) in a block of %d rows", ErrBadBatch, i, sp.ID, sp.Start, sp.End, rows)
 		}
 		st, err := s.request(sp.ID)
 		if err != nil {
@@ -259,6 +267,10 @@ func (s *Stepper) request(id string) (*reqState, error) {
 	}
 	b, ver, err := s.snap.View(KindRequest, id)
 	if errors.Is(err, shm.ErrNotFound) {
+		s.stats.UnknownRequests++
+		if s.e.opt.StrictRequests {
+			return nil, fmt.Errorf("%w: %q has no entry at version %d (call Engine.Admit for every request in a batch, and End only after its last step)", ErrUnknownRequest, id, s.snap.Version())
+		}
 		b, ver, err = nil, 0, nil
 	}
 	if err != nil {
@@ -312,11 +324,22 @@ func (c *comp) reset() {
 }
 
 // compose rebuilds c from the encoded entry b (nil: none) at version ver. A request's
-// composition starts from the global one at every site-phase it steers, so Apply makes a single
-// pass over each row.
+// composition adds the global one at every site-phase it steers, so Apply makes a single pass
+// over each row. Its own part is checked against MaxMagnitude first: on ErrOverflow (or any
+// error) c is left empty and marked stale, so it is composed (and refused) again rather than
+// applied.
 func (s *Stepper) compose(c *comp, b []byte, ver uint64, global *comp) error {
 	s.stats.Recomposes++
 	c.reset()
+	if err := s.composeInto(c, b, ver, global); err != nil {
+		c.reset()
+		c.ver = ^uint64(0) // never a region version: the next step recomposes
+		return err
+	}
+	return nil
+}
+
+func (s *Stepper) composeInto(c *comp, b []byte, ver uint64, global *comp) error {
 	c.ver = ver
 	if b == nil {
 		return nil
@@ -341,10 +364,6 @@ func (s *Stepper) compose(c *comp, b []byte, ver uint64, global *comp) error {
 			o := len(c.vecs)
 			c.slot[ix] = int32(o)
 			c.vecs = append(c.vecs, make([]float32, d)...)
-			if global != nil && global.has && global.slot[ix] >= 0 {
-				g := global.slot[ix]
-				copy(c.vecs[o:], global.vecs[g:int(g)+d])
-			}
 		}
 		o := int(c.slot[ix])
 		return c.vecs[o : o+d]
@@ -389,6 +408,16 @@ func (s *Stepper) compose(c *comp, b []byte, ver uint64, global *comp) error {
 				ix := siteOf(v.hook, v.layer, p)
 				kernels.Axpy(target(ix), r.strength*v.scale, v.data)
 				c.act[ix] = mix64(mix64(c.act[ix], digest64(nw.digest)), uint64(math.Float32bits(r.strength))<<32|uint64(p))
+			}
+		}
+	}
+	if err := s.checkComposed(c); err != nil {
+		return err
+	}
+	if global != nil && global.has {
+		for ix, o := range c.slot {
+			if g := global.slot[ix]; o >= 0 && g >= 0 {
+				kernels.Axpy(c.vecs[o:int(o)+d], 1, global.vecs[g:int(g)+d])
 			}
 		}
 	}
