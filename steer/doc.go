@@ -16,6 +16,8 @@
 //     request is admitted and deleted when it ends.
 //   - KindStatus (19), key "latches": the latch counters, so Status reads the same numbers in
 //     every process.
+//   - KindComposed (20), key = request id, and KindComposedGlobal (21), key "global": the
+//     request's and the global steering composed per (hook, layer, phase) by the owner.
 //
 // The conversation latch map (Latches) is deterministic owner-side state in private memory:
 // only the scheduler decides admissions, and it publishes the result per request. Workers never
@@ -25,13 +27,17 @@
 // # Step apply
 //
 // A Stepper (one per goroutine) pins one snapshot per step (optionally a version the scheduler
-// handed to every rank), and for each (hook, layer) adds every request's effective vector
+// handed to every rank), and for each (hook, layer) adds every request's effective steering
 // (global base + global phase + request base + request phase) to its rows and then applies its
-// clamps. Effective vectors are composed once into process-private memory and reused while the
-// versions of every region entry they were built from are unchanged, so the steady-state cost is
-// one read-modify-write pass over the steered rows (kernels.AddRows) plus one version check per
-// request per step, with no allocation. A 64-bit checksum over the actions applied (not over
-// floats) lets ranks compare what they did.
+// clamps. The owner composes each steering set once, when it is written, into the region
+// (KindComposed per request, KindComposedGlobal for the global tiers; composed.go): workers
+// read those floats in place, so no rank keeps a copy and no rank composes. A row gets the
+// request's composed vector and the global one (shared by every row, so read from cache); a
+// global change rewrites one entry, and a named vector's change recomposes the sets that
+// reference it in the same transaction. The batch layout is validated and resolved once per
+// step (later Applies compare it), unsteered requests are skipped, and nothing is allocated.
+// A 64-bit checksum over the actions applied (not over floats) lets ranks compare what they
+// did.
 //
 // # Boundaries
 //

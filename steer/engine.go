@@ -55,8 +55,9 @@ type Engine struct {
 	cfg ModelConfig
 	opt Options
 
-	mu      sync.Mutex // owner: serializes admissions so latch order is the call order
+	mu      sync.Mutex // owner: serializes steering writes (latch order is the call order)
 	latches *Latches   // owner only
+	deps    deps       // owner only: which sets reference which named vectors
 }
 
 // VectorInfo identifies one version of a named vector.
@@ -127,7 +128,7 @@ func (e *Engine) Register(name string, vecs []Vector) (VectorInfo, error) {
 		return VectorInfo{}, err
 	}
 	if e.r.IsOwner() {
-		v, err := e.r.Put(KindVector, name, b)
+		v, err := e.writeNamed(name, b)
 		if err != nil {
 			return VectorInfo{}, fmt.Errorf("register %q: %w", name, err)
 		}
@@ -158,11 +159,7 @@ func (e *Engine) Unregister(name string) (uint64, error) {
 		return 0, err
 	}
 	if e.r.IsOwner() {
-		v, err := e.r.Delete(KindVector, name)
-		if errors.Is(err, shm.ErrNotFound) {
-			return 0, fmt.Errorf("%w: %q", ErrUnknownVector, name)
-		}
-		return v, err
+		return e.writeNamed(name, nil)
 	}
 	if e.opt.Caller == nil {
 		return 0, ErrNotOwner
@@ -229,9 +226,20 @@ func (e *Engine) SetGlobal(g Steering) (uint64, error) {
 		return 0, err
 	}
 	if g.Empty() {
-		v, err := e.r.Delete(KindGlobal, globalKey)
-		if errors.Is(err, shm.ErrNotFound) {
+		if _, _, err := s.View(KindGlobal, globalKey); errors.Is(err, shm.ErrNotFound) {
 			return e.r.Version(), nil
+		}
+		v, err := e.r.Update(func(tx *shm.Tx) error {
+			if err := tx.Delete(KindGlobal, globalKey); err != nil {
+				return err
+			}
+			if err := tx.Delete(KindComposedGlobal, globalKey); err != nil && !errors.Is(err, shm.ErrNotFound) {
+				return err
+			}
+			return nil
+		})
+		if err == nil {
+			e.deps.set(globalDep, nil)
 		}
 		return v, err
 	}
@@ -239,7 +247,16 @@ func (e *Engine) SetGlobal(g Steering) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return e.r.Put(KindGlobal, globalKey, b)
+	v, err := e.r.Update(func(tx *shm.Tx) error {
+		if err := tx.Put(KindGlobal, globalKey, b); err != nil {
+			return err
+		}
+		return e.putComposed(tx, KindComposedGlobal, globalKey, &w, lookupAt(&s, "", nil), "global steering")
+	})
+	if err == nil {
+		e.deps.set(globalDep, refNames(&w))
+	}
+	return v, err
 }
 
 func digestAt(s *shm.Snapshot) func(string) (Digest, bool) {
@@ -344,21 +361,23 @@ func (e *Engine) Admit(a Admission) (Admitted, error) {
 		}
 	}
 	// An empty steering set marks a request admitted without request steering.
-	enc, _, err := EncodeSteering(&Steering{}, e.cfg)
+	w, err := resolveSteering(e.cfg, &Steering{}, nil, false)
 	if err != nil {
 		return out, err
 	}
 	if out.Source != SourceNone {
-		w, err := resolveSteering(e.cfg, &final, digestOf, true)
-		if err == nil {
+		if w, err = resolveSteering(e.cfg, &final, digestOf, true); err == nil {
 			err = checkMagnitude(e.cfg, &w, named, set)
 		}
 		if err != nil {
 			return out, err // cannot happen: every part was validated
 		}
-		if enc, err = w.encode(e.cfg.Hidden); err != nil {
-			return out, err
-		}
+	}
+	enc, err := w.encode(e.cfg.Hidden)
+	if err != nil {
+		return out, err
+	}
+	if out.Source != SourceNone {
 		out.Digest = w.digest
 	}
 	stats := e.latches.Stats()
@@ -366,11 +385,15 @@ func (e *Engine) Admit(a Admission) (Admitted, error) {
 		if err := tx.Put(KindRequest, a.RequestID, enc); err != nil {
 			return err
 		}
+		if err := e.putComposed(tx, KindComposed, a.RequestID, &w, lookupAt(&snap, "", nil), set); err != nil {
+			return err
+		}
 		return tx.Put(KindStatus, statusKey, encodeLatchStats(stats))
 	})
 	if err != nil {
 		return out, fmt.Errorf("admit %q: %w", a.RequestID, err)
 	}
+	e.deps.set(a.RequestID, refNames(&w))
 	return out, nil
 }
 
@@ -400,9 +423,22 @@ func (e *Engine) End(requestID string) (uint64, error) {
 	if len(requestID) == 0 || len(requestID) > MaxIDLen {
 		return 0, fmt.Errorf("%w (%d bytes)", ErrBadRequestID, len(requestID))
 	}
-	v, err := e.r.Delete(KindRequest, requestID)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	v, err := e.r.Update(func(tx *shm.Tx) error {
+		if err := tx.Delete(KindRequest, requestID); err != nil {
+			return err
+		}
+		if err := tx.Delete(KindComposed, requestID); err != nil && !errors.Is(err, shm.ErrNotFound) {
+			return err
+		}
+		return nil
+	})
 	if errors.Is(err, shm.ErrNotFound) {
 		return e.r.Version(), nil
+	}
+	if err == nil {
+		e.deps.set(requestID, nil)
 	}
 	return v, err
 }

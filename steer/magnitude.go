@@ -122,22 +122,3 @@ func namedAt(s *shm.Snapshot, cfg ModelConfig) func(string) (wire, bool) {
 		return w, err == nil
 	}
 }
-
-// checkComposed is the Stepper's check of a composition it built in float32: every component of
-// every vector it would apply must be within MaxMagnitude (this also catches ±Inf and NaN).
-func (s *Stepper) checkComposed(c *comp) error {
-	for ix, o := range c.slot {
-		if o < 0 {
-			continue
-		}
-		for i, f := range c.vecs[o : int(o)+s.d] {
-			if overBound(float64(f)) {
-				site := ix / 2
-				// The caller's wrap names the request or the global steering.
-				return magnitudeError("as composed for this step", Phase(ix%2+1), s.e.cfg, HookID(site/s.layers), site%s.layers,
-					fmt.Sprintf("composed component %d (a named vector it references changed since it was admitted)", i), float64(f))
-			}
-		}
-	}
-	return nil
-}

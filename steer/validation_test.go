@@ -111,9 +111,10 @@ func TestMagnitudeBoundRefusedAtWrite(t *testing.T) {
 	require.Equal(t, st0, e.Latches().StateHash())
 }
 
-// A composition that only exceeds the bound later (a referenced named vector re-registered
-// with larger values) is refused by the Stepper with ErrOverflow; nothing is written into the
-// hidden states, and steering resumes once the vector is fixed.
+// A composition that would only exceed the bound later (a referenced named vector re-registered
+// with larger values) is refused where it happens: the owner recomposes every set that
+// references the vector in the same transaction, so Register fails with ErrOverflow naming the
+// set, nothing changes, and steps keep applying the old, finite composition.
 func TestStepperRefusesOverflowingComposition(t *testing.T) {
 	d := smallCfg.Hidden
 	for _, tier := range []string{"request", "global"} {
@@ -138,15 +139,10 @@ func TestStepperRefusesOverflowingComposition(t *testing.T) {
 			st.End()
 
 			// Fine alone (1e15 ≤ MaxMagnitude), 1e35 once referenced with strength 1e20.
+			v0 := e.Region().Version()
 			_, err = e.Register("n", []Vector{{Hook: "mlp_in", Layer: 2, Scale: 1, Data: filled(d, 1e15)}})
-			require.NoError(t, err)
-			clear(h)
-			err = st.Begin(0)
-			if err == nil {
-				err = st.Apply(3, 2, h, batch)
-			}
 			require.ErrorIs(t, err, ErrOverflow)
-			for _, w := range []string{"decode tier", "mlp_in", "layer 2", "1e+35"} {
+			for _, w := range []string{"decode tier", "mlp_in", "layer 2", "1e+35", `named vector "n"`} {
 				require.Contains(t, err.Error(), w)
 			}
 			if tier == "global" {
@@ -154,16 +150,13 @@ func TestStepperRefusesOverflowingComposition(t *testing.T) {
 			} else {
 				require.Contains(t, err.Error(), `request "r"`)
 			}
-			require.Equal(t, make([]float32, 2*d), h, "nothing applied")
-			// Refused again at the next step, not applied from a half-built cache.
+			require.Equal(t, v0, e.Region().Version(), "nothing changed")
+			clear(h)
+			require.NoError(t, st.Begin(0))
+			require.NoError(t, st.Apply(3, 2, h, batch))
+			require.Equal(t, float32(1e20), h[0], "the old composition still applies")
 			st.End()
-			err = st.Begin(0)
-			if err == nil {
-				err = st.Apply(3, 2, h, batch)
-			}
-			require.ErrorIs(t, err, ErrOverflow)
-			require.Equal(t, make([]float32, 2*d), h)
-			st.End()
+			clear(h)
 
 			_, err = e.Register("n", []Vector{{Hook: "mlp_in", Layer: 2, Scale: 1, Data: filled(d, 2)}})
 			require.NoError(t, err)
