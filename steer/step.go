@@ -178,11 +178,20 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 			continue
 		}
 		blk := h[sp.Start*d : sp.End*d]
-		if rv != nil {
+		switch {
+		case rv != nil && gv != nil:
+			// Both, row by row: each row is read and written once from memory and stays in
+			// L1 for the second add (two block-wide passes would stream a prefill block
+			// twice); the global vector is shared by every row, so it is read from cache.
+			for o := 0; o < len(blk); o += d {
+				row := blk[o : o+d : o+d]
+				kernels.Axpy(row, 1, rv)
+				kernels.Axpy(row, 1, gv)
+			}
+		case rv != nil:
 			kernels.AddRows(blk, d, 1, rv)
-		}
-		if gv != nil {
-			kernels.AddRows(blk, d, 1, gv) // shared by every row: read from cache
+		case gv != nil:
+			kernels.AddRows(blk, d, 1, gv)
 		}
 		s.global.applyClamps(blk, d, gcl)
 		st.view.applyClamps(blk, d, rcl)
