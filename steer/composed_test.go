@@ -2,8 +2,10 @@ package steer
 
 import (
 	"fmt"
+	"os"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -85,4 +87,24 @@ func TestComposedInPlace(t *testing.T) {
 	require.NoError(t, st.Apply(3, 2, h, batch[:1]))
 	st.End()
 	require.NotZero(t, st.Stats().UnknownRequests)
+}
+
+// TestStatusOldestPin: Status names the reader that holds reclamation back.
+func TestStatusOldestPin(t *testing.T) {
+	e := newOwner(t, smallCfg, Options{})
+	st, err := e.Status()
+	require.NoError(t, err)
+	require.Nil(t, st.OldestPin)
+	snap, err := e.Region().Snapshot()
+	require.NoError(t, err)
+	defer snap.Close()
+	_, err = e.Region().SweepReaders() // the owner's periodic scan notes the pin
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond)
+	st, err = e.Status()
+	require.NoError(t, err)
+	require.NotNil(t, st.OldestPin)
+	require.Equal(t, os.Getpid(), st.OldestPin.PID)
+	require.Equal(t, snap.Version(), st.OldestPin.Version)
+	require.Greater(t, st.OldestPin.AgeSeconds, 0.015)
 }

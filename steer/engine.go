@@ -474,6 +474,24 @@ type Status struct {
 	ArenaUsed            uint64 `json:"arena_bytes_used"`
 	ArenaFree            uint64 `json:"arena_bytes_free"`
 	AttachedClients      int    `json:"attached_clients"` // -1: unknown in this process
+	// Keys counts live keys; RevokedKeys the revoked sentinels standing (in the mark table).
+	RevokedKeys int `json:"revoked_keys"`
+	// IndexSlots and the mark table's use, for capacity planning.
+	IndexSlots  uint64 `json:"index_slots"`
+	MarkEntries uint64 `json:"mark_entries_used"`
+	MarkSlots   uint64 `json:"mark_slots"`
+	// OldestPin is the reader pinned at the lowest version, the one holding reclamation back
+	// (nil when no reader is pinned). An age of seconds means a stuck worker or a snapshot
+	// left open: end that process (its slots are freed within a second) or close the snapshot.
+	OldestPin *PinStatus `json:"oldest_pin,omitempty"`
+}
+
+// PinStatus describes a pinned reader slot (shm.PinInfo).
+type PinStatus struct {
+	Slot       int     `json:"slot"`
+	PID        int     `json:"pid"` // as the holder sees itself (its own PID namespace)
+	Version    uint64  `json:"version"`
+	AgeSeconds float64 `json:"age_seconds"`
 }
 
 // KindKeys is the key registry's kind (owned by ipc), counted by Status.
@@ -518,6 +536,11 @@ func (e *Engine) Status() (Status, error) {
 	}
 	rs := e.r.Stats()
 	st.ArenaUsed, st.ArenaFree = rs.AllocBytes, rs.ArenaBytes-rs.AllocBytes
+	st.RevokedKeys = int(rs.Marks)
+	st.IndexSlots, st.MarkEntries, st.MarkSlots = rs.IndexSlots, rs.MarkEntries, rs.MarkSlots
+	if p := rs.OldestPin; p.Version != 0 {
+		st.OldestPin = &PinStatus{Slot: p.Slot, PID: p.PID, Version: p.Version, AgeSeconds: p.Age.Seconds()}
+	}
 	return st, nil
 }
 
