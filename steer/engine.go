@@ -499,6 +499,7 @@ const KindKeys shm.Kind = 1
 
 // Status reads the current state.
 func (e *Engine) Status() (Status, error) {
+	rs := e.r.Stats() // before our own snapshot pins: it must not report itself as the oldest pin
 	s, err := e.r.Snapshot()
 	if err != nil {
 		return Status{}, err
@@ -534,7 +535,6 @@ func (e *Engine) Status() (Status, error) {
 	if err != nil {
 		return st, err
 	}
-	rs := e.r.Stats()
 	st.ArenaUsed, st.ArenaFree = rs.AllocBytes, rs.ArenaBytes-rs.AllocBytes
 	st.RevokedKeys = int(rs.Marks)
 	st.IndexSlots, st.MarkEntries, st.MarkSlots = rs.IndexSlots, rs.MarkEntries, rs.MarkSlots
