@@ -130,7 +130,9 @@ func compose(cfg ModelConfig, w *wire, lookup func(name string) ([]byte, bool), 
 			continue
 		}
 		for i, f := range c.vecs[int(o)*d : int(o)*d+d] {
-			if overBound(float64(f)) {
+			// The owner sums in float32; stepperMargin leaves room for its rounding over a
+			// composition that checkMagnitude accepted in float64.
+			if !(math.Abs(float64(f)) <= stepperMargin*MaxMagnitude) {
 				site := ix / 2
 				return nil, magnitudeError(set, Phase(ix%2+1), cfg, HookID(site/cfg.Layers), site%cfg.Layers,
 					fmt.Sprintf("composed component %d", i), float64(f))

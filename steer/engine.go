@@ -289,6 +289,20 @@ const (
 	SourceComposed               // the latch plus the override (ComposeAdd)
 )
 
+func (s Source) String() string {
+	switch s {
+	case SourceNone:
+		return "none"
+	case SourceOverride:
+		return "override"
+	case SourceLatch:
+		return "latch"
+	case SourceComposed:
+		return "composed"
+	}
+	return fmt.Sprintf("source(%d)", uint8(s))
+}
+
 // Admitted is the outcome of Admit.
 type Admitted struct {
 	Version uint64 // region version that published it

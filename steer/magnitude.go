@@ -18,12 +18,18 @@ import (
 //     the global steering and for a request's own steering;
 //   - a clamp's Min, Max and Strength, and Strength × max(|Min|, |Max|).
 //
-// The Stepper adds the global and the request composition (at most 2×MaxMagnitude, far below
-// the float32 maximum of 3.4e38), so every sum it applies is finite. Register, SetGlobal and
-// Admit refuse input beyond the bound with ErrOverflow and change nothing; a composition that
-// only exceeds it later (a named vector re-registered with larger values under a reference) is
-// refused by the Stepper with ErrOverflow instead of being applied.
+// Register, SetGlobal and Admit check this in float64 and refuse input beyond the bound with
+// ErrOverflow, changing nothing. A composition that only exceeds it later (a named vector
+// re-registered with larger values under a reference) is refused by the Stepper with
+// ErrOverflow instead of being applied; the Stepper composes in float32, so it allows
+// stepperMargin×MaxMagnitude to keep float32 rounding from refusing what was admitted. The
+// vector it adds to a row (global plus request composition) thus stays within
+// 2×stepperMargin×MaxMagnitude, far below the float32 maximum of 3.4e38: every sum is finite.
 const MaxMagnitude = 1e30
+
+// stepperMargin is the Stepper's allowance over MaxMagnitude for float32 rounding in its
+// composition (it sums a site's terms in float32; the write-time check sums in float64).
+const stepperMargin = 2
 
 // magnitudeError builds the ErrOverflow message: where (tier and site), what and the value.
 func magnitudeError(set string, phase Phase, cfg ModelConfig, hook HookID, layer int, what string, value float64) error {

@@ -246,3 +246,47 @@ func TestLatchOff(t *testing.T) {
 		})
 	}
 }
+
+// A composition the write-time check admits (many terms summing to just under MaxMagnitude) is
+// not refused by the Stepper because its float32 sum rounds differently.
+func TestStepperAcceptsAdmittedNearBound(t *testing.T) {
+	d := smallCfg.Hidden
+	e := newOwner(t, smallCfg, Options{})
+	_, err := e.Register("n", []Vector{{Hook: "post_block", Layer: 0, Scale: 1, Data: filled(d, 3e27)}})
+	require.NoError(t, err)
+	var refs []Ref
+	// In float64 the sum is 9.999999e29; summed in float32 it rounds to 1.0000001e30.
+	for range 16 {
+		refs = append(refs, Ref{Name: "n", Strength: 20.833332})
+	}
+	s := Steering{Base: Tier{Refs: refs}}
+	_, err = e.Admit(Admission{RequestID: "r", Override: &s})
+	require.NoError(t, err)
+	_, err = e.SetGlobal(s)
+	require.NoError(t, err)
+	st := e.NewStepper()
+	defer st.Close()
+	require.NoError(t, st.Begin(0))
+	h := make([]float32, d)
+	require.NoError(t, st.Apply(2, 0, h, []Span{{ID: "r", Start: 0, End: 1, Phase: PhasePrefill}}))
+	require.InEpsilon(t, 2e30, float64(h[0]), 1e-5)
+	st.End()
+}
+
+// The owner re-checks the bound on bytes a worker sends: a hostile Register that skipped the
+// worker's own check gets ErrOverflow back.
+func TestOwnerRechecksMagnitudeFromWorker(t *testing.T) {
+	d := smallCfg.Hidden
+	owner := newOwner(t, smallCfg, Options{})
+	lb := loopback{}
+	owner.Serve(func(op uint16, h func([]byte) ([]byte, error)) { lb[op] = h })
+	enc, _, err := EncodeSteering(&Steering{Base: Tier{Vectors: []Vector{{Hook: "mlp_in", Layer: 1, Scale: 3e38, Data: filled(d, 3e38)}}}}, smallCfg)
+	require.NoError(t, err, "the wire format alone accepts finite values")
+	w := newReader(t, owner, Options{Caller: lb})
+	req := append([]byte{1, 0, 'z'}, enc...)
+	v0 := owner.Region().Version()
+	_, err = w.call(OpRegister, req)
+	require.ErrorIs(t, err, ErrOverflow)
+	require.Contains(t, err.Error(), "mlp_in")
+	require.Equal(t, v0, owner.Region().Version())
+}
