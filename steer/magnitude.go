@@ -19,11 +19,12 @@ import (
 //   - a clamp's Min, Max and Strength, and Strength × max(|Min|, |Max|).
 //
 // Register, SetGlobal and Admit check this in float64 and refuse input beyond the bound with
-// ErrOverflow, changing nothing. A composition that only exceeds it later (a named vector
-// re-registered with larger values under a reference) is refused by the Stepper with
-// ErrOverflow instead of being applied; the Stepper composes in float32, so it allows
-// stepperMargin×MaxMagnitude to keep float32 rounding from refusing what was admitted. The
-// vector it adds to a row (global plus request composition) thus stays within
+// ErrOverflow, changing nothing. A composition that would only exceed it later (a named vector
+// re-registered with larger values under a reference) is refused where it happens: the owner
+// recomposes every set that references the vector in the same transaction, so Register fails
+// with ErrOverflow naming the set and changes nothing. The owner composes in float32, so it
+// allows stepperMargin×MaxMagnitude to keep float32 rounding from refusing what was admitted.
+// The vectors a step adds to a row (global plus request composition) thus stay within
 // 2×stepperMargin×MaxMagnitude, far below the float32 maximum of 3.4e38: every sum is finite.
 const MaxMagnitude = 1e30
 
