@@ -10,6 +10,8 @@ require (
 	gorgonia.org/tensor v0.9.24
 )
 
+require github.com/nlpodyssey/safetensors v0.0.0-20250209183917-bfb01cc25f7c
+
 // gorgonia.org/tensor panics at start on Go 1.26 with older versions of this module.
 require go4.org/unsafe/assume-no-moving-gc v0.0.0-20231121144256-b99613f794b6 // indirect
 
