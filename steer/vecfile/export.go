@@ -146,4 +146,3 @@ func writeF32(w *bufio.Writer, v []float32) error {
 	}
 	return nil
 }
-

@@ -183,3 +183,5 @@ func requireBitwise(t *testing.T, want, got []steer.Vector) {
 		}
 	}
 }
+
+func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed+1)) }

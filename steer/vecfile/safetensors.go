@@ -51,7 +51,7 @@ func dataLen(st safetensors.SafeTensors) int {
 func deserializeSafetensors(b []byte) (st safetensors.SafeTensors, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("safetensors parser failed: %v", r)
+			err = fmt.Errorf("%s: %v", parserPanicked, r)
 		}
 	}()
 	return safetensors.Deserialize(b)
@@ -157,3 +157,6 @@ func writeSafetensors(w io.Writer, vecs []steer.Vector) error {
 	}
 	return bw.Flush()
 }
+
+// parserPanicked marks a recovered panic of the safetensors library; the fuzz target fails on it.
+const parserPanicked = "safetensors parser panicked"

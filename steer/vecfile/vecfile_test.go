@@ -270,4 +270,3 @@ func TestErrorsNameFileTensorAndShape(t *testing.T) {
 	require.Contains(t, err.Error(), "[7]")
 	require.Contains(t, err.Error(), "want [8]")
 }
-
