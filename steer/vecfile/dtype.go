@@ -58,17 +58,6 @@ func (d dtype) element(raw []byte, i int) float64 {
 	return math.Float64frombits(o.Uint64(raw[8*i:]))
 }
 
-// firstNonFinite is the index of the first NaN or infinite element of raw, or -1.
-func (d dtype) firstNonFinite(raw []byte) int {
-	n := len(raw) / d.size()
-	for i := range n {
-		if x := d.element(raw, i); math.IsNaN(x) || math.IsInf(x, 0) {
-			return i
-		}
-	}
-	return -1
-}
-
 // decode converts len(dst) elements of raw into dst. float32 bits are copied exactly; float64
 // values beyond float32's range are ErrValueRange.
 func (d dtype) decode(dst []float32, raw []byte) error {
@@ -78,6 +67,12 @@ func (d dtype) decode(dst []float32, raw []byte) error {
 	o := d.order()
 	switch d.kind {
 	case 'f':
+		if !d.bigEndian {
+			for i := range dst {
+				dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+			}
+			return nil
+		}
 		for i := range dst {
 			dst[i] = math.Float32frombits(o.Uint32(raw[4*i:]))
 		}

@@ -94,4 +94,3 @@ func FuzzSafetensors(f *testing.F) {
 		fuzzImport(t, FormatSafetensors, b, ImportOptions{})
 	})
 }
-

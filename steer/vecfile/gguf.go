@@ -151,6 +151,48 @@ func (c *ggufCursor) value(typ uint32, depth int, what string) ([]byte, error) {
 	return nil, fmt.Errorf("%w: %s: unknown value type %d", ErrCorrupt, what, typ)
 }
 
+// kv reads one metadata entry.
+func (c *ggufCursor) kv() (key []byte, typ uint32, v []byte, err error) {
+	if key, err = c.str("key"); err != nil {
+		return nil, 0, nil, err
+	}
+	if typ, err = c.u32("type"); err != nil {
+		return key, 0, nil, err
+	}
+	v, err = c.value(typ, 0, "value")
+	return key, typ, v, err
+}
+
+// tensorInfo reads one tensor info.
+func (c *ggufCursor) tensorInfo() (t ggufTensor, err error) {
+	name, err := c.str("name")
+	if err != nil {
+		return t, err
+	}
+	t.name = string(name)
+	if len(name) > ggufMaxName {
+		return t, fmt.Errorf("%w: name is %d bytes, GGUF allows %d", ErrCorrupt, len(name), ggufMaxName)
+	}
+	nd, err := c.u32("n_dims")
+	if err != nil {
+		return t, err
+	}
+	if nd < 1 || nd > ggufMaxDims {
+		return t, fmt.Errorf("%w: %d dimensions, GGUF allows 1..%d", ErrCorrupt, nd, ggufMaxDims)
+	}
+	t.dims = make([]uint64, nd)
+	for i := range t.dims {
+		if t.dims[i], err = c.u64("dims"); err != nil {
+			return t, err
+		}
+	}
+	if t.typ, err = c.u32("type"); err != nil {
+		return t, err
+	}
+	t.offset, err = c.u64("offset")
+	return t, err
+}
+
 func readGGUF(b []byte) (*ggufFile, error) {
 	c := &ggufCursor{b: b}
 	magic, err := c.take(4, "magic")
@@ -186,17 +228,9 @@ func readGGUF(b []byte) (*ggufFile, error) {
 	g := &ggufFile{alignment: ggufDefaultAlignment}
 	names := map[string]struct{}{}
 	for i := range nKV {
-		key, err := c.str(fmt.Sprintf("metadata key %d", i))
+		key, typ, v, err := c.kv()
 		if err != nil {
-			return nil, err
-		}
-		typ, err := c.u32(fmt.Sprintf("type of %q", key))
-		if err != nil {
-			return nil, err
-		}
-		v, err := c.value(typ, 0, fmt.Sprintf("value of %q", key))
-		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("metadata entry %d %q: %w", i, clip(string(key)), err)
 		}
 		switch string(key) {
 		case "general.architecture":
@@ -220,36 +254,12 @@ func readGGUF(b []byte) (*ggufFile, error) {
 		}
 	}
 	for i := range nTensors {
-		name, err := c.str(fmt.Sprintf("tensor %d name", i))
+		t, err := c.tensorInfo()
 		if err != nil {
-			return nil, err
-		}
-		if len(name) > ggufMaxName {
-			return nil, fmt.Errorf("%w: tensor %d name is %d bytes, GGUF allows %d", ErrCorrupt, i, len(name), ggufMaxName)
-		}
-		t := ggufTensor{name: string(name)}
-		nd, err := c.u32(fmt.Sprintf("tensor %q dims", name))
-		if err != nil {
-			return nil, err
-		}
-		if nd < 1 || nd > ggufMaxDims {
-			return nil, fmt.Errorf("%w: tensor %q has %d dimensions, GGUF allows 1..%d", ErrCorrupt, name, nd, ggufMaxDims)
-		}
-		for range nd {
-			d, err := c.u64(fmt.Sprintf("tensor %q dims", name))
-			if err != nil {
-				return nil, err
-			}
-			t.dims = append(t.dims, d)
-		}
-		if t.typ, err = c.u32(fmt.Sprintf("tensor %q type", name)); err != nil {
-			return nil, err
-		}
-		if t.offset, err = c.u64(fmt.Sprintf("tensor %q offset", name)); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("tensor info %d %q: %w", i, clip(t.name), err)
 		}
 		if _, dup := names[t.name]; dup {
-			return nil, fmt.Errorf("%w: tensor name %q appears twice", ErrCorrupt, name)
+			return nil, fmt.Errorf("%w: tensor name %q appears twice", ErrCorrupt, t.name)
 		}
 		names[t.name] = struct{}{}
 		g.tensors = append(g.tensors, t)

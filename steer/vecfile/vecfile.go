@@ -362,14 +362,15 @@ func (a *accumulator) add(tensor string, hook steer.HookID, layer int, dt dtype,
 	}
 	a.seen[k] = true
 	dst, existed := a.slots[k]
+	tmp := make([]float32, a.cfg.Hidden)
+	if err := dt.decode(tmp, raw); err != nil {
+		return a.errf(err, tensor, "%v", err)
+	}
+	if i := firstNonFinite(tmp); i >= 0 {
+		return a.errf(steer.ErrNonFinite, tensor, "element %d is %v", i, tmp[i])
+	}
 	if !existed {
-		if err := a.checkFinite(tensor, dt, raw); err != nil {
-			return err
-		}
-		dst = make([]float32, a.cfg.Hidden)
-		if err := dt.decode(dst, raw); err != nil {
-			return a.errf(err, tensor, "%v", err)
-		}
+		dst = tmp
 		if a.scale != 1 {
 			for i := range dst {
 				dst[i] = float32(dst[i] * a.scale)
@@ -378,26 +379,12 @@ func (a *accumulator) add(tensor string, hook steer.HookID, layer int, dt dtype,
 		a.slots[k] = dst
 		a.order = append(a.order, k)
 	} else {
-		tmp := make([]float32, a.cfg.Hidden)
-		if err := dt.decode(tmp, raw); err != nil {
-			return a.errf(err, tensor, "%v", err)
-		}
-		if !allFinite(tmp) {
-			return a.errf(steer.ErrNonFinite, tensor, "holds NaN or infinity")
-		}
 		for i := range dst {
 			dst[i] += float32(tmp[i] * a.scale)
 		}
 	}
-	if !allFinite(dst) {
-		return a.errf(steer.ErrNonFinite, tensor, "overflows float32 after scale %v", a.scale)
-	}
-	return nil
-}
-
-func (a *accumulator) checkFinite(tensor string, dt dtype, raw []byte) error {
-	if i := dt.firstNonFinite(raw); i >= 0 {
-		return a.errf(steer.ErrNonFinite, tensor, "element %d is NaN or infinite", i)
+	if i := firstNonFinite(dst); i >= 0 {
+		return a.errf(steer.ErrNonFinite, tensor, "element %d overflows float32 after scale %v (and sum)", i, a.scale)
 	}
 	return nil
 }
@@ -424,6 +411,15 @@ func (a *accumulator) finish(what string) ([]steer.Vector, error) {
 		return nil, fmt.Errorf("%w: %s (after the layer range, if any)", ErrNoVectors, what)
 	}
 	return out, nil
+}
+
+func firstNonFinite(v []float32) int {
+	for i, f := range v {
+		if f-f != 0 {
+			return i
+		}
+	}
+	return -1
 }
 
 func allFinite(v []float32) bool {
