@@ -4,13 +4,12 @@ go 1.26.0
 
 require (
 	github.com/edsrzf/mmap-go v1.2.0
+	github.com/nlpodyssey/safetensors v0.0.0-20250209183917-bfb01cc25f7c
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/sys v0.50.0
 	gonum.org/v1/plot v0.17.0
 	gorgonia.org/tensor v0.9.24
 )
-
-require github.com/nlpodyssey/safetensors v0.0.0-20250209183917-bfb01cc25f7c
 
 // gorgonia.org/tensor panics at start on Go 1.26 with older versions of this module.
 require go4.org/unsafe/assume-no-moving-gc v0.0.0-20231121144256-b99613f794b6 // indirect

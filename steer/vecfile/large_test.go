@@ -173,3 +173,23 @@ func BenchmarkImportGGUF32x4096(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkImportSafetensors64MiB imports a 64 MiB safetensors file (1024 × F32 [16384]).
+//
+//	go test -run '^$' -bench ImportSafetensors -benchmem ./steer/vecfile/
+func BenchmarkImportSafetensors64MiB(b *testing.B) {
+	const hidden, layers = 16384, 1024
+	path := filepath.Join(b.TempDir(), "x.safetensors")
+	t := &testing.T{}
+	writeLargeSafetensors(t, path, hidden, layers)
+	fi, err := os.Stat(path)
+	require.NoError(b, err)
+	b.SetBytes(fi.Size())
+	cfg := steer.ModelConfig{Hidden: hidden, Layers: layers}
+	for b.Loop() {
+		vecs, err := Import(path, cfg, ImportOptions{})
+		if err != nil || len(vecs) != layers {
+			b.Fatal(err, len(vecs))
+		}
+	}
+}

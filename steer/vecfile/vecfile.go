@@ -383,8 +383,10 @@ func (a *accumulator) add(tensor string, hook steer.HookID, layer int, dt dtype,
 			dst[i] += float32(tmp[i] * a.scale)
 		}
 	}
-	if i := firstNonFinite(dst); i >= 0 {
-		return a.errf(steer.ErrNonFinite, tensor, "element %d overflows float32 after scale %v (and sum)", i, a.scale)
+	if existed || a.scale != 1 {
+		if i := firstNonFinite(dst); i >= 0 {
+			return a.errf(steer.ErrNonFinite, tensor, "element %d overflows float32 after scale %v (and sum)", i, a.scale)
+		}
 	}
 	return nil
 }
