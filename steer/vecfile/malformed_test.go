@@ -153,6 +153,7 @@ func TestMalformed(t *testing.T) {
 		{"npz unknown names", "x.npz", npzOf(t, map[string][]byte{"a.npy": npy68, "b.npy": npy68}, zip.Store), ImportOptions{}, []error{ErrTensorName, steer.ErrUnknownHook}},
 		{"npz bad member", "x.npz", npzOf(t, map[string][]byte{"post_block.npy": npy68[:100]}, zip.Deflate), ImportOptions{}, []error{ErrCorrupt}},
 		{"npz over cap", "x.npz", npzOf(t, map[string][]byte{"post_block.npy": append(bytes.Clone(npy68), make([]byte, 1<<16)...)}, zip.Deflate), ImportOptions{MaxBytes: 4096}, []error{ErrTooLarge}},
+		{"npz bomb", "x.npz", npzOf(t, map[string][]byte{"post_block.npy": append(bytes.Clone(npy68), make([]byte, 2<<20)...)}, zip.Deflate), ImportOptions{}, []error{ErrShape}},
 		{"npz member hidden", "x.npz", npzOf(t, map[string][]byte{"mlp_in.npy": buildNpy("<f4", "(8, 6)", allRows)}, zip.Store), ImportOptions{}, []error{ErrShape}},
 
 		// safetensors

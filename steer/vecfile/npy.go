@@ -285,6 +285,11 @@ func parseNpz(acc *accumulator, b []byte) error {
 			}
 			hook = acc.opts.hook()
 		}
+		// No array of the model is larger than [layers, hidden] float64 plus its header: refuse
+		// to decompress more (a zip bomb), whatever the cap.
+		if limit := uint64(acc.cfg.Layers)*uint64(acc.cfg.Hidden)*8 + npyMaxHeader + 16; f.UncompressedSize64 > limit {
+			return fmt.Errorf("%w: %s: array %q is %d bytes uncompressed, more than a [%d, %d] float64 array", ErrShape, acc.file, f.Name, f.UncompressedSize64, acc.cfg.Layers, acc.cfg.Hidden)
+		}
 		if f.UncompressedSize64 > budget {
 			return fmt.Errorf("%w: %s: array %q is %d bytes uncompressed, over the cap (ImportOptions.MaxBytes)", ErrTooLarge, acc.file, f.Name, f.UncompressedSize64)
 		}
