@@ -115,6 +115,17 @@ func TestNumpyReadsWhatWeWrite(t *testing.T) {
 		}
 		require.NoError(t, os.WriteFile(filepath.Join(dir, h+".raw"), raw, 0o644))
 	}
+	// np.save of the same array writes the same bytes as our export.
+	runPython(t, dir, `
+import numpy as np
+np.save("np_pb.npy", np.fromfile("post_block.raw", dtype="<f4").reshape(6, 8))
+`)
+	ours, err := os.ReadFile(filepath.Join(dir, "pb.npy"))
+	require.NoError(t, err)
+	theirs, err := os.ReadFile(filepath.Join(dir, "np_pb.npy"))
+	require.NoError(t, err)
+	require.Equal(t, theirs, ours)
+
 	runPython(t, dir, `
 import numpy as np
 def raw(h):

@@ -270,3 +270,27 @@ func TestErrorsNameFileTensorAndShape(t *testing.T) {
 	require.Contains(t, err.Error(), "[7]")
 	require.Contains(t, err.Error(), "want [8]")
 }
+
+// TestWritersMatchSpecBuilders: our GGUF and .npy writers produce exactly the bytes of the
+// test's byte-by-byte builders written from the specifications.
+func TestWritersMatchSpecBuilders(t *testing.T) {
+	r := newRand(51)
+	dirs := map[int][]float32{1: randVec(r, 8), 3: randVec(r, 8), 5: randVec(r, 8)}
+	var vecs []steer.Vector
+	rows := make([]byte, 0, 6*8*4)
+	for l := range testCfg.Layers {
+		if d, ok := dirs[l]; ok {
+			vecs = append(vecs, steer.Vector{Hook: "post_block", Layer: l, Scale: 1, Data: d})
+			rows = append(rows, f32Bytes(d)...)
+		} else {
+			rows = append(rows, make([]byte, 8*4)...)
+		}
+	}
+	var buf bytes.Buffer
+	require.NoError(t, Export(&buf, FormatGGUF, testCfg, vecs, ExportOptions{ModelHint: "llama"}))
+	require.Equal(t, controlVector(8, dirs), buf.Bytes())
+
+	buf.Reset()
+	require.NoError(t, Export(&buf, FormatNpy, testCfg, vecs, ExportOptions{}))
+	require.Equal(t, buildNpy("<f4", "(6, 8)", rows), buf.Bytes())
+}
