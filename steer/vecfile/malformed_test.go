@@ -168,6 +168,8 @@ func TestMalformed(t *testing.T) {
 		{"st bad dtype", "x.safetensors", buildSafetensors([]stTensor{{"layers.1", "F128", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrCorrupt}},
 		{"st name", "x.safetensors", buildSafetensors([]stTensor{{"model.layers.1.mlp", "F32", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrTensorName}},
 		{"st name layer", "x.safetensors", buildSafetensors([]stTensor{{"post_block.x", "F32", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrTensorName}},
+		{"st name sign", "x.safetensors", buildSafetensors([]stTensor{{"post_block.-0", "F32", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrTensorName}},
+		{"st name zeros", "x.safetensors", buildSafetensors([]stTensor{{"layers.01", "F32", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrTensorName}},
 		{"st unknown hook", "x.safetensors", buildSafetensors([]stTensor{{"attn.1", "F32", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{steer.ErrUnknownHook}},
 		{"st hidden", "x.safetensors", buildSafetensors([]stTensor{{"layers.1", "F32", []int{2, 4}, f32Bytes(good)}}), ImportOptions{}, []error{ErrShape, steer.ErrHiddenSize}},
 		{"st layer", "x.safetensors", buildSafetensors([]stTensor{{"layers.6", "F32", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{steer.ErrLayerRange}},

@@ -76,8 +76,11 @@ func safetensorsDtype(d safetensors.DType) (dtype, bool) {
 func tensorTarget(name, defaultHook string) (hook string, layer int, ok bool) {
 	parts := strings.Split(name, ".")
 	num := func(s string) (int, bool) {
+		if s == "" || (s[0] == '0' && s != "0") || strings.Trim(s, "0123456789") != "" {
+			return 0, false
+		}
 		n, err := strconv.Atoi(s)
-		return n, err == nil && n >= 0 && (s == "0" || s[0] != '0') && s[0] != '+'
+		return n, err == nil
 	}
 	switch {
 	case len(parts) == 1 && parts[0] != "":

@@ -133,7 +133,7 @@ func Import(path string, cfg steer.ModelConfig, opts ImportOptions) ([]steer.Vec
 }
 
 // Source is one file of ImportFiles with its own scale (llama.cpp's --control-vector FILE is
-// Scale 1, --control-vector-scaled FILE S is Scale S).
+// Scale 1, --control-vector-scaled FILE S is Scale S; 0 means 1).
 type Source struct {
 	Path  string
 	Scale float32
@@ -156,7 +156,11 @@ func ImportFiles(srcs []Source, cfg steer.ModelConfig, opts ImportOptions) ([]st
 		if s.Scale-s.Scale != 0 {
 			return nil, fmt.Errorf("%w (%w): %s: scale %v", ErrBadOptions, steer.ErrNonFinite, s.Path, s.Scale)
 		}
-		if err := importPath(acc, s.Path, s.Scale*opts.scale()); err != nil {
+		scale := s.Scale
+		if scale == 0 {
+			scale = 1
+		}
+		if err := importPath(acc, s.Path, scale*opts.scale()); err != nil {
 			return nil, err
 		}
 	}
