@@ -11,7 +11,8 @@
 //	err = vecfile.ExportFile("happy.npz", vecfile.FormatAuto, eng.Config(), nv.Vectors, vecfile.ExportOptions{})
 //
 // Import(path, cfg, opts) reads one file; ImportFiles([]Source{{path, scale}, ...}, cfg, opts)
-// sums several as llama.cpp does with repeated --control-vector / --control-vector-scaled;
+// sums several as llama.cpp does with repeated --control-vector / --control-vector-scaled
+// (opts applies to every file; a forced Format too);
 // ImportBytes and ImportReader (capped at opts.MaxBytes) serve uploads; Detect names a
 // format. ImportOptions: Format (auto: magic bytes, then extension), Scale (0 means 1),
 // Layers (*LayerRange, inclusive, as --control-vector-layer-range A B; ParseLayerRange parses
@@ -60,7 +61,8 @@
 // An .npy holds float16, float32 or float64 (either byte order, C or Fortran order) values,
 // converted to float32 (float64 values beyond float32's range are ErrValueRange), of shape
 // [layers, hidden] (row L is layer L; layers must be the model's) or [hidden] (one vector,
-// applied to every layer of opts.Layers, which is then required: ErrNeedLayers). It steers
+// applied to every layer of opts.Layers that the model has, which is then required:
+// ErrNeedLayers). It steers
 // opts.Hook (default post_block). An .npz (np.savez, or np.savez_compressed: a decompressed
 // array may not exceed the cap) holds one such array per hook, named by the hook
 // (np.savez(f, post_block=a, mlp_out=b)); an .npz with a single array of another name (arr_0)
