@@ -1,6 +1,10 @@
 package vecfile
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // Errors returned by Import and Export. Each is wrapped with the file name, the tensor and the
 // expected shape; test with errors.Is. Mismatches against the model also match steer's
@@ -41,3 +45,18 @@ var (
 	// reversed layer range, non-finite scale).
 	ErrBadOptions = errors.New("shmsteer: bad vector file options")
 )
+
+// ownSentinels are the errors the parsers return before the file name is known.
+var ownSentinels = []error{ErrCorrupt, ErrUnknownFormat, ErrDtype, ErrShape, ErrTooLarge, ErrValueRange, ErrTensorName}
+
+// rewrap puts context (a file name, a tensor) right after err's sentinel, so every message
+// reads "shmsteer: <what>: <file>: <tensor>: <detail>".
+func rewrap(context string, err error) error {
+	for _, s := range ownSentinels {
+		if errors.Is(err, s) {
+			rest := strings.TrimPrefix(err.Error(), s.Error()+": ")
+			return fmt.Errorf("%w: %s: %s", s, context, rest)
+		}
+	}
+	return fmt.Errorf("%s: %w", context, err)
+}

@@ -230,7 +230,7 @@ func readGGUF(b []byte) (*ggufFile, error) {
 	for i := range nKV {
 		key, typ, v, err := c.kv()
 		if err != nil {
-			return nil, fmt.Errorf("metadata entry %d %q: %w", i, clip(string(key)), err)
+			return nil, rewrap(fmt.Sprintf("metadata entry %d %q", i, clip(string(key))), err)
 		}
 		switch string(key) {
 		case "general.architecture":
@@ -256,7 +256,7 @@ func readGGUF(b []byte) (*ggufFile, error) {
 	for i := range nTensors {
 		t, err := c.tensorInfo()
 		if err != nil {
-			return nil, fmt.Errorf("tensor info %d %q: %w", i, clip(t.name), err)
+			return nil, rewrap(fmt.Sprintf("tensor info %d %q", i, clip(t.name)), err)
 		}
 		if _, dup := names[t.name]; dup {
 			return nil, fmt.Errorf("%w: tensor name %q appears twice", ErrCorrupt, t.name)
@@ -316,7 +316,7 @@ func (g *ggufFile) checkDisjoint() error {
 		t := &g.tensors[i]
 		raw, err := g.tensorBytes(t)
 		if err != nil {
-			return fmt.Errorf("tensor %q: %w", t.name, err)
+			return rewrap(fmt.Sprintf("tensor %q", t.name), err)
 		}
 		spans = append(spans, span{t.offset, t.offset + uint64(len(raw)), t.name})
 	}
@@ -359,7 +359,7 @@ func directionLayer(name string) (int, bool) {
 func parseGGUF(acc *accumulator, b []byte) error {
 	g, err := readGGUF(b)
 	if err != nil {
-		return fmt.Errorf("%w (%s)", err, acc.file)
+		return rewrap(acc.file, err)
 	}
 	if g.hasArch && g.arch != "controlvector" {
 		return fmt.Errorf("%w: %s: general.architecture is %q: a model, not a llama.cpp control vector (\"controlvector\")", ErrUnknownFormat, acc.file, g.arch)
@@ -370,7 +370,7 @@ func parseGGUF(acc *accumulator, b []byte) error {
 	}
 	want := "[" + strconv.Itoa(acc.cfg.Hidden) + "]"
 	if err := g.checkDisjoint(); err != nil {
-		return fmt.Errorf("%w (%s)", err, acc.file)
+		return rewrap(acc.file, err)
 	}
 	for i := range g.tensors {
 		t := &g.tensors[i]
@@ -380,7 +380,7 @@ func parseGGUF(acc *accumulator, b []byte) error {
 		}
 		raw, err := g.tensorBytes(t)
 		if err != nil {
-			return acc.errf(err, t.name, "want F32 %s", want)
+			return rewrap(fmt.Sprintf("%s: tensor %q (want F32 %s)", acc.file, t.name, want), err)
 		}
 		if t.typ != ggmlTypeF32 {
 			return acc.errf(ErrDtype, t.name, "ggml type F16, llama.cpp control vectors are F32 %s", want)

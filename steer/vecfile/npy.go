@@ -259,7 +259,7 @@ func addArray(acc *accumulator, tensor, hookName string, a *npyArray) error {
 func parseNpyFile(acc *accumulator, b []byte) error {
 	a, err := readNpy(b)
 	if err != nil {
-		return fmt.Errorf("%w (%s)", err, acc.file)
+		return rewrap(acc.file, err)
 	}
 	return addArray(acc, "array", acc.opts.hook(), a)
 }
@@ -300,7 +300,7 @@ func parseNpz(acc *accumulator, b []byte) error {
 		}
 		a, err := readNpy(data)
 		if err != nil {
-			return fmt.Errorf("%w (%s: array %q)", err, acc.file, f.Name)
+			return rewrap(fmt.Sprintf("%s: array %q", acc.file, f.Name), err)
 		}
 		if err := addArray(acc, name, hook, a); err != nil {
 			return err

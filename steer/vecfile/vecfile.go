@@ -368,7 +368,7 @@ func (a *accumulator) add(tensor string, hook steer.HookID, layer int, dt dtype,
 	dst, existed := a.slots[k]
 	tmp := make([]float32, a.cfg.Hidden)
 	if err := dt.decode(tmp, raw); err != nil {
-		return a.errf(err, tensor, "%v", err)
+		return rewrap(fmt.Sprintf("%s: tensor %q", a.file, tensor), err)
 	}
 	if i := firstNonFinite(tmp); i >= 0 {
 		return a.errf(steer.ErrNonFinite, tensor, "element %d is %v", i, tmp[i])
