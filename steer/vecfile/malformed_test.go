@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -184,7 +185,10 @@ func TestMalformed(t *testing.T) {
 			for _, w := range c.want {
 				require.ErrorIs(t, err, w)
 			}
-			require.Contains(t, err.Error(), "shmsteer:")
+			require.True(t, strings.HasPrefix(err.Error(), "shmsteer: "), err.Error())
+			if !strings.HasPrefix(c.name, "bad option") {
+				require.Contains(t, err.Error(), ": "+c.file+": ", "the message names the file")
+			}
 		})
 	}
 }

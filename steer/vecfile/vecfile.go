@@ -414,7 +414,7 @@ func (a *accumulator) finish(what string) ([]steer.Vector, error) {
 		out = append(out, steer.Vector{Hook: a.cfg.HookName(k.hook), Layer: k.layer, Scale: 1, Data: d})
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: %s (after the layer range, if any)", ErrNoVectors, what)
+		return nil, fmt.Errorf("%w: %s: no tensors, or only all-zero ones (after the layer range, if any)", ErrNoVectors, what)
 	}
 	return out, nil
 }
