@@ -3,8 +3,10 @@ package vecfile
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -293,4 +295,29 @@ func TestWritersMatchSpecBuilders(t *testing.T) {
 	buf.Reset()
 	require.NoError(t, Export(&buf, FormatNpy, testCfg, vecs, ExportOptions{}))
 	require.Equal(t, buildNpy("<f4", "(6, 8)", rows), buf.Bytes())
+}
+
+// TestImportFromPipe: a path that is not a regular file (a pipe, /dev/stdin) is read under the
+// cap instead of mapped.
+func TestImportFromPipe(t *testing.T) {
+	b := controlVector(8, map[int][]float32{2: ones(8)})
+	for _, c := range []struct {
+		capBytes int64
+		want     error
+	}{{0, nil}, {int64(len(b) - 1), ErrTooLarge}} {
+		r, w, err := os.Pipe()
+		require.NoError(t, err)
+		go func() {
+			_, _ = w.Write(b)
+			w.Close()
+		}()
+		vecs, err := Import(fmt.Sprintf("/proc/self/fd/%d", r.Fd()), testCfg, ImportOptions{Format: FormatGGUF, MaxBytes: c.capBytes})
+		r.Close()
+		if c.want != nil {
+			require.ErrorIs(t, err, c.want)
+			continue
+		}
+		require.NoError(t, err)
+		requireBitwise(t, []steer.Vector{{Hook: "post_block", Layer: 2, Scale: 1, Data: ones(8)}}, vecs)
+	}
 }
