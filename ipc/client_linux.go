@@ -21,10 +21,22 @@ const DefaultTimeout = 5 * time.Second
 
 // ClientOptions configures Attach.
 type ClientOptions struct {
-	// Secret proves this process to the owner and finds its handle; nil reads SHMSTEER_SECRET.
+	// Secret proves this process to the owner and finds its handle. Without it (and without
+	// SecretFile) the secret comes from SHMSTEER_SECRET_FILE or SHMSTEER_SECRET.
 	Secret *Secret
+	// SecretFile names a file holding the secret (see SecretFromFile). Setting both Secret and
+	// SecretFile is ErrSecretConflict; either wins over the environment.
+	SecretFile string
+	// NonDumpable makes this process non-dumpable (prctl PR_SET_DUMPABLE 0) before the secret
+	// is read; see OwnerOptions.NonDumpable.
+	NonDumpable bool
 	// Namespace must match the owner's.
 	Namespace string
+	// OwnerUIDs lists the uids, besides this process's own, whose listeners this client
+	// accepts as the owner. Before it sends a byte, a client reads the listener's uid
+	// (SO_PEERCRED) and skips a listener of any other uid: abstract socket names have no
+	// permissions, so anyone can bind one (see the package documentation, Squatting).
+	OwnerUIDs []int
 	// Timeout bounds the attach and each RPC; 0 means DefaultTimeout (5 s).
 	Timeout time.Duration
 	// DropEnv unsets SHMSTEER_SECRET once the secret is resolved.
@@ -44,6 +56,7 @@ type ClientOptions struct {
 // writes to the owner over the attach socket. Its methods are safe for concurrent use; RPCs
 // from several goroutines are sent one at a time.
 type Client struct {
+	ns       string
 	region   *shm.Region
 	keys     *Registry
 	timeout  time.Duration
@@ -67,7 +80,12 @@ type Client struct {
 // Errors: ErrAuthSecretNotDefined, ErrNotYetInitialized (no owner answers), ErrAuthFailed,
 // ErrIncompatible, ErrTimeout.
 func Attach(opts ClientOptions) (*Client, error) {
-	secret, err := resolveSecret(opts.Secret, opts.DropEnv)
+	if opts.NonDumpable {
+		if err := setNonDumpable(); err != nil {
+			return nil, err
+		}
+	}
+	secret, err := resolveSecret(opts.Secret, opts.SecretFile, opts.DropEnv)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +115,7 @@ func Attach(opts ClientOptions) (*Client, error) {
 		return nil, fmt.Errorf("shmsteer: connecting to the owner: %w", err)
 	}
 	conn := nc.(*net.UnixConn)
-	c := &Client{conn: conn, timeout: timeout}
+	c := &Client{conn: conn, timeout: timeout, ns: opts.Namespace}
 	conn.SetDeadline(time.Now().Add(timeout))
 	w, err := c.handshake(secret, opts.Namespace)
 	if err != nil {

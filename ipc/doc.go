@@ -89,7 +89,23 @@
 //
 // # Secret
 //
-// The secret comes from SHMSTEER_SECRET or is passed explicitly (Secret). It never appears in
-// logs, errors or panics: Secret formats as "[redacted]" with every verb, and DropEnv removes
-// the variable from the process environment once read.
+// The secret is passed explicitly (OwnerOptions.Secret or SecretFile, and the same in
+// ClientOptions) or comes from the environment: SHMSTEER_SECRET_FILE names a file holding it
+// (a mounted secret, a systemd credential), so it never sits in /proc/PID/environ, or
+// SHMSTEER_SECRET holds it. An explicit option wins over the environment; the same source
+// given twice (both options, or both variables) is ErrSecretConflict. A secret file loses one
+// trailing newline, may hold at most MaxSecretFileBytes (64 KiB), and an empty one is
+// ErrAuthSecretNotDefined; errors about it name the path, never the content.
+//
+// The secret never appears in logs, errors or panics: Secret formats as "[redacted]" with
+// every verb, in JSON and in slog, and keeps its bytes behind a pointer, so a Secret nested
+// in an unexported field, which fmt prints by reflection without calling its methods, shows
+// as an address. Owner and Client print their namespace and state only. DropEnv removes both
+// variables from the process environment once read.
+//
+// Processes of the same uid can read a process's memory (/proc/PID/mem, ptrace) and open its
+// descriptors (/proc/PID/fd, which hold the region's memfds): every key. NonDumpable
+// (OwnerOptions and ClientOptions) clears the process's dumpable flag
+// (prctl(PR_SET_DUMPABLE, 0)) before the secret is read, which closes both to other
+// processes of the uid (root keeps CAP_SYS_PTRACE) and suppresses core dumps.
 package ipc

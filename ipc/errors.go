@@ -12,10 +12,17 @@ import (
 // Sentinel errors. Every error this package returns wraps one of these (or one of shm's), so
 // callers test them with errors.Is. None of them ever carries the secret.
 var (
-	// ErrAuthSecretNotDefined means no secret was given and SHMSTEER_SECRET is unset or empty.
-	// Set SHMSTEER_SECRET to the same value in the owner and in every worker, or pass the
-	// secret explicitly.
-	ErrAuthSecretNotDefined = errors.New("shmsteer: auth secret not defined: set SHMSTEER_SECRET (the same value in the owner and every worker) or pass a Secret")
+	// ErrAuthSecretNotDefined means no secret was given: SHMSTEER_SECRET and
+	// SHMSTEER_SECRET_FILE are unset, or the value or file is empty. Set one of them (the same
+	// secret in the owner and in every worker), or pass the secret explicitly.
+	ErrAuthSecretNotDefined = errors.New("shmsteer: auth secret not defined: set SHMSTEER_SECRET_FILE or SHMSTEER_SECRET (the same secret in the owner and every worker) or pass a Secret")
+	// ErrSecretFile means the secret file (OwnerOptions.SecretFile, ClientOptions.SecretFile or
+	// SHMSTEER_SECRET_FILE) cannot be used: it cannot be read, is not a file, or holds more
+	// than MaxSecretFileBytes. The error names the path, never the content.
+	ErrSecretFile = errors.New("shmsteer: secret file unusable: check the path, its permissions for this process's user, and its size")
+	// ErrSecretConflict means the secret is given twice: both SHMSTEER_SECRET and
+	// SHMSTEER_SECRET_FILE, or both the Secret and the SecretFile option. Give exactly one.
+	ErrSecretConflict = errors.New("shmsteer: the secret is given twice: set exactly one of SHMSTEER_SECRET and SHMSTEER_SECRET_FILE (or of the Secret and SecretFile options)")
 	// ErrNotYetInitialized means no owner answers the handle derived from the secret and
 	// namespace: start the owner first, and check that the secret and namespace match it.
 	ErrNotYetInitialized = errors.New("shmsteer: not yet initialized: no owner answers for this secret and namespace; start the owner first and check SHMSTEER_SECRET and the namespace")

@@ -35,8 +35,17 @@ const (
 
 // OwnerOptions configures NewOwner.
 type OwnerOptions struct {
-	// Secret authenticates clients and derives the handle; nil reads SHMSTEER_SECRET.
+	// Secret authenticates clients and derives the handle. Without it (and without
+	// SecretFile) the secret comes from SHMSTEER_SECRET_FILE or SHMSTEER_SECRET.
 	Secret *Secret
+	// SecretFile names a file holding the secret (see SecretFromFile). Setting both Secret and
+	// SecretFile is ErrSecretConflict; either wins over the environment.
+	SecretFile string
+	// NonDumpable makes this process non-dumpable (prctl PR_SET_DUMPABLE 0) before the secret
+	// is read: processes of the same uid can then no longer read its memory through
+	// /proc/PID/mem or ptrace, nor its descriptors (the region's memfds) through /proc/PID/fd,
+	// and it leaves no core dump. It applies to the whole process and is not undone on Close.
+	NonDumpable bool
 	// Namespace distinguishes several owners that share a secret.
 	Namespace string
 	// Region sizes the shared region.
@@ -115,7 +124,12 @@ var (
 // namespace. ErrAuthSecretNotDefined without a secret; ErrPreviouslyInitialized if an owner
 // already serves the handle, in this process or another.
 func NewOwner(opts OwnerOptions) (*Owner, error) {
-	secret, err := resolveSecret(opts.Secret, opts.DropEnv)
+	if opts.NonDumpable {
+		if err := setNonDumpable(); err != nil {
+			return nil, err
+		}
+	}
+	secret, err := resolveSecret(opts.Secret, opts.SecretFile, opts.DropEnv)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,11 +23,13 @@ import (
 // SHMSTEER_TEST_ROLE set; the child answers line commands on stdin with one line on stdout.
 
 const (
-	roleEnv   = "SHMSTEER_TEST_ROLE"
-	nsEnv     = "SHMSTEER_TEST_NS"
-	handleEnv = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
-	graceEnv  = "SHMSTEER_TEST_GRACE_MS"
-	spinEnv   = "SHMSTEER_TEST_SPIN" // client: ClientOptions.SpinWait, a time.Duration string
+	roleEnv      = "SHMSTEER_TEST_ROLE"
+	nsEnv        = "SHMSTEER_TEST_NS"
+	handleEnv    = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
+	graceEnv     = "SHMSTEER_TEST_GRACE_MS"
+	spinEnv      = "SHMSTEER_TEST_SPIN"       // client: ClientOptions.SpinWait, a time.Duration string
+	nondumpEnv   = "SHMSTEER_TEST_NONDUMP"    // owner, client: NonDumpable
+	ownerUIDsEnv = "SHMSTEER_TEST_OWNER_UIDS" // client: ClientOptions.OwnerUIDs, comma-separated
 )
 
 var sentinelNames = []struct {
@@ -95,13 +98,21 @@ func TestHelperProcess(t *testing.T) {
 		switch role {
 		case "owner":
 			grace, _ := strconv.Atoi(os.Getenv(graceEnv))
-			o, err := NewOwner(OwnerOptions{Namespace: ns, Region: testRegion, Grace: time.Duration(grace) * time.Millisecond, Logger: quietLogger()})
+			o, err := NewOwner(OwnerOptions{Namespace: ns, Region: testRegion, Grace: time.Duration(grace) * time.Millisecond, Logger: quietLogger(),
+				NonDumpable: os.Getenv(nondumpEnv) == "1"})
 			if err != nil {
 				return err
 			}
 			owner, keys, region = o, o.Keys(), o.Region
+		case "probe":
+			return nil // answers "probe PID" without attaching
 		case "client":
-			opts := ClientOptions{Namespace: ns, handle: os.Getenv(handleEnv)}
+			opts := ClientOptions{Namespace: ns, handle: os.Getenv(handleEnv), NonDumpable: os.Getenv(nondumpEnv) == "1"}
+			for _, u := range strings.Split(os.Getenv(ownerUIDsEnv), ",") {
+				if n, err := strconv.Atoi(u); err == nil {
+					opts.OwnerUIDs = append(opts.OwnerUIDs, n)
+				}
+			}
 			if v := os.Getenv(spinEnv); v != "" {
 				d, err := time.ParseDuration(v)
 				if err != nil {
@@ -126,13 +137,15 @@ func TestHelperProcess(t *testing.T) {
 		if len(f) == 0 {
 			continue
 		}
-		if keys == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" {
+		if keys == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" && f[0] != "probe" {
 			say("err not-attached")
 			continue
 		}
 		switch f[0] {
 		case "attach":
 			say(reply(start(), ""))
+		case "probe": // can this process read another's memory and descriptors?
+			say(probeProc(f[1]))
 		case "get":
 			v, err := keys.Get(f[1], nil)
 			say(reply(err, hex.EncodeToString(v)))
@@ -196,7 +209,20 @@ type proc struct {
 
 func startProc(t testing.TB, role string, env ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	return startProcAs(t, os.Args[0], nil, role, env...)
+}
+
+// startProcAs starts exe (a copy of the test binary) as a helper process, as the user cred
+// if not nil (see nobodyExe).
+func startProcAs(t testing.TB, exe string, cred *syscall.Credential, role string, env ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(exe, "-test.run=^TestHelperProcess$", "-test.count=1")
+	if cred != nil {
+		dir := filepath.Dir(exe)
+		cmd.Dir = dir
+		env = append(env, "HOME="+dir, "TMPDIR="+dir)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, SecretEnv+"=") && !strings.HasPrefix(kv, "SHMSTEER_TEST_") {
 			cmd.Env = append(cmd.Env, kv)
@@ -472,4 +498,20 @@ func TestProcRevokePurge(t *testing.T) {
 	require.Equal(t, "ok "+hexOf("k3"), reader.do("get again"), "a key set again is not purged by the older timer")
 	require.Equal(t, "ok 1", reader.do("len"))
 	require.Equal(t, "err ErrKeyNotFound", writer.do("remove req"))
+}
+
+// probeProc reports whether this process can open /proc/PID/mem and list /proc/PID/fd.
+func probeProc(pid string) string {
+	res := func(err error) string {
+		if err != nil {
+			return "denied"
+		}
+		return "ok"
+	}
+	f, err := os.Open("/proc/" + pid + "/mem")
+	if err == nil {
+		f.Close()
+	}
+	_, ferr := os.ReadDir("/proc/" + pid + "/fd")
+	return "mem " + res(err) + " fd " + res(ferr)
 }
