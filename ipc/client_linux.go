@@ -174,6 +174,12 @@ func (c *Client) handshake(secret Secret, ns string) (welcome, error) {
 	clientNonce := make([]byte, nonceLen)
 	rand.Read(clientNonce)
 	if _, err := c.conn.Write(appendFrame(nil, opHello, 0, encodeHello(clientNonce))); err != nil {
+		// The owner may have answered with an error and closed before our hello went out:
+		// its error frame is still there to read, and says more than the write's EPIPE.
+		var re *RemoteError
+		if _, rerr := c.readHandshake(c.conn.Read, opChallenge); errors.As(rerr, &re) {
+			return welcome{}, rerr
+		}
 		return welcome{}, handshakeErr(err)
 	}
 	p, err := c.readHandshake(c.conn.Read, opChallenge)

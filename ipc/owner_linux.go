@@ -31,6 +31,8 @@ const (
 	// the process is gone). The socket closes a moment before the process is reaped; the
 	// bound is generous for loaded machines.
 	releaseWait = 5 * time.Second
+	// refuseWait bounds how long the owner waits for a refused client's hello.
+	refuseWait = time.Second
 )
 
 // OwnerOptions configures NewOwner.
@@ -341,7 +343,7 @@ func (o *Owner) serve(c *net.UnixConn) {
 	defer fr.wipe()
 	if !o.uidAllowed(cred.Uid) {
 		o.log.Warn("shmsteer: attach refused: uid not allowed", "pid", pid, "uid", cred.Uid)
-		o.sendError(c, codeAuthFailed, "shmsteer: authentication failed: uid not allowed by the owner (OwnerOptions.AllowUIDs)")
+		o.refuse(c, &fr, codeAuthFailed, msgUIDRefused)
 		return
 	}
 	c.SetDeadline(time.Now().Add(handshakeTimeout))
@@ -358,6 +360,18 @@ func (o *Owner) serve(c *net.UnixConn) {
 		o.wg.Add(1)
 		go o.releaseReaders(pid)
 	}
+}
+
+// msgUIDRefused is what a client of a uid the owner does not allow is told.
+const msgUIDRefused = "shmsteer: authentication failed: uid not allowed by the owner (OwnerOptions.AllowUIDs)"
+
+// refuse reads the client's hello, then answers with an error and returns (the caller
+// closes). Reading first makes the client's hello write succeed whatever the timing, so it
+// always reads this error rather than sometimes failing its write on a closed socket.
+func (o *Owner) refuse(c *net.UnixConn, fr *frameReader, code uint16, msg string) {
+	c.SetReadDeadline(time.Now().Add(refuseWait))
+	fr.next(c.Read, handshakeMaxFrame)
+	o.sendError(c, code, msg)
 }
 
 func (o *Owner) sendError(c *net.UnixConn, code uint16, msg string) {

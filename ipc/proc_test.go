@@ -137,7 +137,7 @@ func TestHelperProcess(t *testing.T) {
 		if len(f) == 0 {
 			continue
 		}
-		if keys == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" && f[0] != "probe" {
+		if keys == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" && f[0] != "probe" && f[0] != "attachn" {
 			say("err not-attached")
 			continue
 		}
@@ -146,6 +146,21 @@ func TestHelperProcess(t *testing.T) {
 			say(reply(start(), ""))
 		case "probe": // can this process read another's memory and descriptors?
 			say(probeProc(f[1]))
+		case "attachn": // attach N times; print how many distinct errors and the last
+			n, _ := strconv.Atoi(f[1])
+			seen := map[string]bool{}
+			var last string
+			for range n {
+				c, err := Attach(ClientOptions{Namespace: ns, OwnerUIDs: []int{0}})
+				if err == nil {
+					c.Close()
+					last = "ok"
+				} else {
+					last = errName(err) + ": " + err.Error()
+				}
+				seen[last] = true
+			}
+			say(fmt.Sprintf("ok %d %s", len(seen), last))
 		case "get":
 			v, err := keys.Get(f[1], nil)
 			say(reply(err, hex.EncodeToString(v)))

@@ -72,3 +72,15 @@ func TestPeerCredentials(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusedUIDOneMessage: a client of a uid the owner does not allow gets the same error,
+// sentinel and text, on every attach, whatever the timing of the owner's refusal.
+func TestRefusedUIDOneMessage(t *testing.T) {
+	exe := nobodyExe(t)
+	env := newTestEnv()
+	newTestOwner(t, env.ownerOpts())
+	p := startProcAs(t, exe, nobodyCred, "probe", env.childEnv()...)
+	require.Equal(t, "ok ready", p.line())
+	require.Equal(t, "ok 1 ErrAuthFailed: "+msgUIDRefused, p.do("attachn 50"))
+	p.exit()
+}
