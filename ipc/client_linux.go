@@ -94,29 +94,30 @@ func Attach(opts ClientOptions) (*Client, error) {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	name := opts.handle
-	if name == "" {
-		name = handleName(secret, opts.Namespace)
+	deadline := time.Now().Add(timeout)
+	allowed := func(uid int) bool { return uidIn(uid, opts.OwnerUIDs) }
+	names := []string{opts.handle}
+	if opts.handle == "" {
+		names = handleNames(secret, opts.Namespace)
 	}
-	d := net.Dialer{Timeout: timeout}
-	nc, err := d.Dial("unix", "@"+name)
-	if err != nil && opts.handle == "" && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)) {
+	conn, skipped, err := dialFirstAllowed(names, allowed, deadline)
+	if err == nil && conn == nil && opts.handle == "" {
 		// No owner at our handle. If one serves the namespace under another secret, its lobby
 		// answers and the handshake below fails with ErrAuthFailed, which says what is wrong.
-		nc, err = d.Dial("unix", "@"+lobbyName(opts.Namespace))
+		var more []listener
+		conn, more, err = dialFirstAllowed(lobbyNames(opts.Namespace), allowed, deadline)
+		skipped = append(skipped, more...)
 	}
-	if err != nil {
-		switch {
-		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT):
-			return nil, ErrNotYetInitialized
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			return nil, fmt.Errorf("%w: connecting to the owner", ErrTimeout)
-		}
-		return nil, fmt.Errorf("shmsteer: connecting to the owner: %w", err)
+	switch {
+	case err != nil:
+		return nil, err
+	case conn == nil && len(skipped) > 0:
+		return nil, fmt.Errorf("%w (skipped listeners of uids this client does not accept, ClientOptions.OwnerUIDs: %s)", ErrNotYetInitialized, describeListeners(skipped))
+	case conn == nil:
+		return nil, ErrNotYetInitialized
 	}
-	conn := nc.(*net.UnixConn)
 	c := &Client{conn: conn, timeout: timeout, ns: opts.Namespace}
-	conn.SetDeadline(time.Now().Add(timeout))
+	conn.SetDeadline(deadline)
 	w, err := c.handshake(secret, opts.Namespace)
 	if err != nil {
 		c.fr.wipe()

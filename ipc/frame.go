@@ -18,7 +18,7 @@ import (
 const (
 	frameHeader = 10
 	// protoVersion is the attach and RPC protocol version, carried by the handshake frames.
-	protoVersion = 1
+	protoVersion = 2
 
 	// DefaultMaxFrameBytes is the default bound on one RPC frame (request or reply), header
 	// included: room for a full set of steering vectors (4096 floats × dozens of layers).

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/shmsteer/shmsteer/shm"
@@ -88,7 +87,8 @@ type Owner struct {
 	log      *slog.Logger
 	secret   Secret
 	ns       string
-	handle   string
+	handle   string // the candidate name bound
+	ownerKey string // the first candidate: the key in ownerHandles
 	region   *shm.Region
 	keys     *Registry
 	ln       *net.UnixListener
@@ -118,8 +118,8 @@ type Owner struct {
 // handles in use by owners of this process: a second owner for one handle is refused before it
 // tries to bind.
 var (
-	handlesMu sync.Mutex
-	handles   = map[string]bool{}
+	handlesMu    sync.Mutex
+	ownerHandles = map[string]bool{}
 )
 
 // NewOwner creates the region and starts serving the handle derived from the secret and
@@ -173,15 +173,18 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 		o.secret.wipe()
 		return nil, err
 	}
-	o.handle = handleName(secret, opts.Namespace)
+	handles := handleNames(secret, opts.Namespace)
+	o.handle = handles[0] // the in-process registry's key; replaced by the name bound
 
+	ownerKey := o.handle
+	o.ownerKey = ownerKey
 	handlesMu.Lock()
-	if handles[o.handle] {
+	if ownerHandles[ownerKey] {
 		handlesMu.Unlock()
 		o.secret.wipe()
 		return nil, fmt.Errorf("%w (in this process)", ErrPreviouslyInitialized)
 	}
-	handles[o.handle] = true
+	ownerHandles[ownerKey] = true
 	handlesMu.Unlock()
 	fail := func(err error) (*Owner, error) {
 		if o.ln != nil {
@@ -192,26 +195,25 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 		}
 		o.secret.wipe()
 		handlesMu.Lock()
-		delete(handles, o.handle)
+		delete(ownerHandles, ownerKey)
 		handlesMu.Unlock()
 		return nil, err
 	}
 
-	// Bind before creating the region, so a second owner allocates nothing.
-	o.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: "@" + o.handle, Net: "unix"})
-	if err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return fail(fmt.Errorf("%w (another process serves the handle)", ErrPreviouslyInitialized))
-		}
-		return fail(fmt.Errorf("shmsteer: listening on the attach handle: %w", err))
+	// Bind before creating the region, so a second owner allocates nothing. Any live owner
+	// of the namespace, whatever its secret, listens on one of the lobby candidates: look for
+	// one of this uid on all of them first (it need not hold the first free one).
+	lobbies := lobbyNames(o.ns)
+	if l, ok := findLiveOwner(lobbies); ok {
+		return fail(fmt.Errorf("%w: pid %d (uid %d) serves the namespace", ErrPreviouslyInitialized, l.pid, l.uid))
 	}
-	o.lobby, err = net.ListenUnix("unix", &net.UnixAddr{Name: "@" + lobbyName(o.ns), Net: "unix"})
-	if err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return fail(fmt.Errorf("%w (another owner, with another secret, serves the namespace)", ErrPreviouslyInitialized))
-		}
-		return fail(fmt.Errorf("shmsteer: listening on the lobby: %w", err))
+	if o.lobby, err = o.bindFirstFree(lobbies, "lobby"); err != nil {
+		return fail(err)
 	}
+	if o.ln, err = o.bindFirstFree(handles, "attach handle"); err != nil {
+		return fail(err)
+	}
+	o.handle = o.ln.Addr().(*net.UnixAddr).Name[1:]
 	if o.region, err = shm.Create(opts.Region); err != nil {
 		return fail(err)
 	}
@@ -268,7 +270,7 @@ func (o *Owner) Close() error {
 	err = errors.Join(err, o.region.Close())
 	o.secret.wipe()
 	handlesMu.Lock()
-	delete(handles, o.handle)
+	delete(ownerHandles, o.ownerKey)
 	handlesMu.Unlock()
 	return err
 }
@@ -305,23 +307,8 @@ func (o *Owner) acceptLoop(ln *net.UnixListener) {
 	}
 }
 
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
-	}
-	return cred, cerr
-}
-
 func (o *Owner) uidAllowed(uid uint32) bool {
-	return int(uid) == os.Getuid() || slices.Contains(o.allow, int(uid))
+	return uidIn(int(uid), o.allow)
 }
 
 // serve runs one client connection: credentials, handshake, fds, then RPCs until it closes.
@@ -348,6 +335,12 @@ func (o *Owner) serve(c *net.UnixConn) {
 	}
 	c.SetDeadline(time.Now().Add(handshakeTimeout))
 	if err := o.handshake(c, &fr); err != nil {
+		if errors.Is(err, io.EOF) && fr.end == 0 {
+			// Closed before a byte: a client that skipped us, or another owner looking
+			// for a live owner of the namespace (see bindFirstFree).
+			o.log.Debug("shmsteer: connection closed before the handshake", "pid", pid, "uid", cred.Uid)
+			return
+		}
 		o.log.Warn("shmsteer: attach refused", "pid", pid, "uid", cred.Uid, "err", err)
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +31,7 @@ const (
 	spinEnv      = "SHMSTEER_TEST_SPIN"       // client: ClientOptions.SpinWait, a time.Duration string
 	nondumpEnv   = "SHMSTEER_TEST_NONDUMP"    // owner, client: NonDumpable
 	ownerUIDsEnv = "SHMSTEER_TEST_OWNER_UIDS" // client: ClientOptions.OwnerUIDs, comma-separated
+	squatEnv     = "SHMSTEER_TEST_SQUAT"      // squatter: abstract names to bind and listen on, comma-separated
 )
 
 var sentinelNames = []struct {
@@ -81,6 +83,9 @@ func mappedRegions() int {
 	return n
 }
 
+// squatted keeps a squatter's listeners open.
+var squatted []*net.UnixListener
+
 func TestHelperProcess(t *testing.T) {
 	role := os.Getenv(roleEnv)
 	if role == "" {
@@ -106,6 +111,15 @@ func TestHelperProcess(t *testing.T) {
 			owner, keys, region = o, o.Keys(), o.Region
 		case "probe":
 			return nil // answers "probe PID" without attaching
+		case "squatter":
+			for _, name := range strings.Split(os.Getenv(squatEnv), ",") {
+				ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
+				if err != nil {
+					return err
+				}
+				squatted = append(squatted, ln) // held until the process exits
+			}
+			return nil
 		case "client":
 			opts := ClientOptions{Namespace: ns, handle: os.Getenv(handleEnv), NonDumpable: os.Getenv(nondumpEnv) == "1"}
 			for _, u := range strings.Split(os.Getenv(ownerUIDsEnv), ",") {
@@ -404,7 +418,7 @@ func TestProcOwnerKilled(t *testing.T) {
 	owner := startProc(t, "owner", append(env.childEnv(), "TMPDIR="+ownerTmp)...)
 	require.Equal(t, "ok ready", owner.line())
 	require.Equal(t, "ok", owner.do("set req "+hexOf("last-state")))
-	handle := handleName(env.secret, env.ns)
+	handle := handleNames(env.secret, env.ns)[0]
 	unixTable, err := os.ReadFile("/proc/net/unix")
 	require.NoError(t, err)
 	require.Contains(t, string(unixTable), "@"+handle)
