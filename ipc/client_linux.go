@@ -326,6 +326,7 @@ func (c *Client) call(op uint16, build func([]byte) []byte, onReply func([]byte)
 	if c.gone != nil {
 		return c.gone
 	}
+	defer c.fr.release() // a large reply's memory goes back now
 	c.nextID++
 	if c.nextID == 0 {
 		c.nextID = 1
@@ -350,6 +351,14 @@ func (c *Client) call(op uint16, build func([]byte) []byte, onReply func([]byte)
 	if n, err := c.conn.Write(c.wbuf); err != nil {
 		if n > 0 { // a partial frame went out: the stream cannot be resynchronized
 			c.gone = fmt.Errorf("%w: connection unusable after a partial write (%v); re-attach", ErrOwnerGone, err)
+			// The owner may have dropped us with a reason (ErrBusy, ErrFrameTooLarge): it
+			// is still there to read.
+			c.conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			if f, rerr := c.fr.next(c.conn.Read, c.maxFrame); rerr == nil && f.op == opReplyErr && f.id == id {
+				if code, msg, derr := decodeError(f.payload); derr == nil {
+					c.gone = fmt.Errorf("%w: the owner dropped the connection: %w", ErrOwnerGone, remoteError(code, msg))
+				}
+			}
 			c.conn.Close()
 			return c.gone
 		}

@@ -64,6 +64,11 @@ var (
 	// ErrFrameTooLarge means an RPC request or reply exceeds the owner's maximum frame size;
 	// raise OwnerOptions.MaxFrameBytes or send less.
 	ErrFrameTooLarge = errors.New("shmsteer: RPC frame too large")
+	// ErrBusy means the owner dropped a connection whose frame found no room in the buffer
+	// all connections share (OwnerOptions.MaxBufferedBytes) within OwnerOptions.FrameTimeout,
+	// or whose frame did not arrive whole within FrameTimeout. Retry, send smaller frames, or
+	// raise those settings in the owner.
+	ErrBusy = errors.New("shmsteer: owner busy: no room to buffer the frame in time (OwnerOptions.MaxBufferedBytes, FrameTimeout); retry or send smaller frames")
 	// ErrUnknownOp means the owner has no handler for an RPC op (ops below 256 are reserved
 	// for this package): register it with Owner.Handle in the owner.
 	ErrUnknownOp = errors.New("shmsteer: no handler for RPC op in the owner")
@@ -104,6 +109,7 @@ const (
 	codeBadConfig
 	codeNoReaderSlot
 	codeTimeout
+	codeBusy
 
 	// MinUserErrorCode is the first code RegisterError accepts.
 	MinUserErrorCode = 256
@@ -136,6 +142,7 @@ var (
 		{codeBadConfig, shm.ErrBadConfig},
 		{codeNoReaderSlot, shm.ErrNoReaderSlot},
 		{codeTimeout, ErrTimeout},
+		{codeBusy, ErrBusy},
 	}
 )
 

@@ -1,6 +1,7 @@
 package ipc
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/shmsteer/shmsteer/shm"
@@ -23,6 +25,15 @@ const (
 	DefaultGrace = 60 * time.Second
 	// DefaultMaxKeyBytes is the default bound on one key.
 	DefaultMaxKeyBytes = 4096
+	// DefaultWriteTimeout bounds each of the owner's writes when OwnerOptions.WriteTimeout is 0.
+	DefaultWriteTimeout = 10 * time.Second
+	// DefaultFrameTimeout is OwnerOptions.FrameTimeout's default.
+	DefaultFrameTimeout = 10 * time.Second
+	// DefaultMaxPendingHandshakes is OwnerOptions.MaxPendingHandshakes's default.
+	DefaultMaxPendingHandshakes = 64
+	// maxRefusing bounds the connections of refused uids being told so at once; beyond it
+	// they are closed without a word.
+	maxRefusing = 16
 	// handshakeTimeout bounds an attach on the owner's side.
 	handshakeTimeout = 5 * time.Second
 	// releaseWait is how long the owner waits for a disconnected client's process to exit
@@ -59,6 +70,27 @@ type OwnerOptions struct {
 	// MaxFrameBytes bounds one RPC frame, header included; 0 means DefaultMaxFrameBytes
 	// (64 MiB). At most MaxFrameBytesLimit.
 	MaxFrameBytes int
+	// MaxBufferedBytes bounds the bytes all connections together buffer for incoming frames
+	// beyond a small per-connection buffer (64 KiB); 0 means 2 × MaxFrameBytes. At least
+	// MaxFrameBytes. A connection whose frame finds no room waits (it reads nothing
+	// meanwhile, so its sender blocks) for at most FrameTimeout, then is dropped with
+	// ErrBusy. Frame buffers above 1 MiB are anonymous mappings, unmapped once the frame is
+	// served, so the memory goes back to the system at once.
+	MaxBufferedBytes int
+	// FrameTimeout bounds the wait for room in MaxBufferedBytes and the time from a frame's
+	// first byte to its last: a client that starts a frame and stalls is dropped (ErrBusy)
+	// and its buffer freed. 0 means DefaultFrameTimeout (10 s).
+	FrameTimeout time.Duration
+	// WriteTimeout bounds each write of a reply: a client that sends requests but does not
+	// read the replies is dropped once one write stalls that long, rather than holding an
+	// owner goroutine forever. 0 means DefaultWriteTimeout (10 s).
+	WriteTimeout time.Duration
+	// MaxPendingHandshakes bounds connections accepted but not yet through the handshake;
+	// 0 means DefaultMaxPendingHandshakes (64). When the bound is reached, or accept fails
+	// because the process is out of descriptors (EMFILE, ENFILE), the oldest pending
+	// handshake is closed, so idle connections cannot keep a legitimate attach out.
+	// Connections of uids not allowed are refused before they count.
+	MaxPendingHandshakes int
 	// AllowUIDs lists uids allowed to attach besides the owner's own.
 	AllowUIDs []int
 	// SpinWait is how long the owner, having answered a request, polls that connection for
@@ -98,6 +130,16 @@ type Owner struct {
 	grace    time.Duration
 	spin     time.Duration
 	allow    []int
+
+	budget       *byteBudget
+	frameTimeout time.Duration
+	writeTimeout time.Duration
+	maxPending   int
+	refusing     chan struct{} // a token per refusal in progress (maxRefusing)
+
+	pmu       sync.Mutex
+	pending   []*net.UnixConn // accepted, handshake not done; oldest first
+	evictions int
 
 	hmu      sync.RWMutex
 	handlers map[uint16]Handler
@@ -161,6 +203,11 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 	if o.grace == 0 {
 		o.grace = DefaultGrace
 	}
+	o.frameTimeout = cmp.Or(opts.FrameTimeout, DefaultFrameTimeout)
+	o.writeTimeout = cmp.Or(opts.WriteTimeout, DefaultWriteTimeout)
+	o.maxPending = cmp.Or(opts.MaxPendingHandshakes, DefaultMaxPendingHandshakes)
+	o.refusing = make(chan struct{}, maxRefusing)
+	maxBuffered := cmp.Or(opts.MaxBufferedBytes, 2*o.maxFrame)
 	switch {
 	case o.maxFrame < minFrameBytes || o.maxFrame > MaxFrameBytesLimit:
 		err = fmt.Errorf("%w: MaxFrameBytes %d must be in [%d, %d]", shm.ErrBadConfig, o.maxFrame, minFrameBytes, MaxFrameBytesLimit)
@@ -168,7 +215,12 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 		err = fmt.Errorf("%w: MaxKeyBytes %d must be in [0, MaxFrameBytes-%d]", shm.ErrBadConfig, o.maxKey, frameHeader+2+MaxRequestIDLen)
 	case o.grace < 0:
 		err = fmt.Errorf("%w: Grace %v is negative", shm.ErrBadConfig, o.grace)
+	case maxBuffered < o.maxFrame:
+		err = fmt.Errorf("%w: MaxBufferedBytes %d must be at least MaxFrameBytes (%d)", shm.ErrBadConfig, maxBuffered, o.maxFrame)
+	case o.frameTimeout < 0 || o.writeTimeout < 0 || o.maxPending < 0:
+		err = fmt.Errorf("%w: FrameTimeout, WriteTimeout and MaxPendingHandshakes must not be negative", shm.ErrBadConfig)
 	}
+	o.budget = newByteBudget(maxBuffered)
 	if err != nil {
 		o.secret.wipe()
 		return nil, err
@@ -276,6 +328,7 @@ func (o *Owner) Close() error {
 }
 
 // acceptLoop serves one listener (the handle or the lobby): both run the same handshake.
+// Peers of uids not allowed are refused here, before they count as pending handshakes.
 func (o *Owner) acceptLoop(ln *net.UnixListener) {
 	defer o.wg.Done()
 	for {
@@ -286,6 +339,9 @@ func (o *Owner) acceptLoop(ln *net.UnixListener) {
 				return
 			default:
 			}
+			if (errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)) && o.evictOldestPending("out of file descriptors") {
+				continue // a descriptor is free again
+			}
 			o.log.Warn("shmsteer: accept failed", "err", err)
 			select {
 			case <-o.done:
@@ -294,51 +350,124 @@ func (o *Owner) acceptLoop(ln *net.UnixListener) {
 			}
 			continue
 		}
-		o.mu.Lock()
-		if o.closed {
-			o.mu.Unlock()
+		cred, err := peerCred(c)
+		if err != nil {
+			o.log.Warn("shmsteer: attach refused: no peer credentials", "err", err)
 			c.Close()
+			continue
+		}
+		if !o.uidAllowed(cred.Uid) {
+			o.log.Warn("shmsteer: attach refused: uid not allowed", "pid", cred.Pid, "uid", cred.Uid)
+			select {
+			case o.refusing <- struct{}{}:
+				if o.track(c) {
+					go func() {
+						defer func() { <-o.refusing }()
+						defer o.untrack(c)
+						var fr frameReader
+						defer fr.wipe()
+						o.refuse(c, &fr, codeAuthFailed, msgUIDRefused)
+					}()
+				}
+			default: // too many refusals at once: no word for this one
+				c.Close()
+			}
+			continue
+		}
+		if !o.track(c) {
 			return
 		}
-		o.conns[c] = struct{}{}
-		o.wg.Add(1)
-		o.mu.Unlock()
-		go o.serve(c)
+		o.addPending(c)
+		go o.serve(c, cred)
 	}
+}
+
+// track registers a connection (closed by Close) and counts it in wg; false, with c closed,
+// once the owner is closed.
+func (o *Owner) track(c *net.UnixConn) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		c.Close()
+		return false
+	}
+	o.conns[c] = struct{}{}
+	o.wg.Add(1)
+	return true
+}
+
+// untrack closes and forgets a tracked connection; its goroutine is done.
+func (o *Owner) untrack(c *net.UnixConn) {
+	o.mu.Lock()
+	delete(o.conns, c)
+	o.mu.Unlock()
+	c.Close()
+	o.wg.Done()
+}
+
+// addPending counts c as a pending handshake, first closing the oldest if at the bound.
+func (o *Owner) addPending(c *net.UnixConn) {
+	if o.pendingCount() >= o.maxPending {
+		o.evictOldestPending("MaxPendingHandshakes reached")
+	}
+	o.pmu.Lock()
+	o.pending = append(o.pending, c)
+	o.pmu.Unlock()
+}
+
+func (o *Owner) pendingCount() int {
+	o.pmu.Lock()
+	defer o.pmu.Unlock()
+	return len(o.pending)
+}
+
+// donePending forgets c as a pending handshake (it finished, failed, or was evicted).
+func (o *Owner) donePending(c *net.UnixConn) {
+	o.pmu.Lock()
+	defer o.pmu.Unlock()
+	if i := slices.Index(o.pending, c); i >= 0 {
+		o.pending = slices.Delete(o.pending, i, i+1)
+	}
+}
+
+// evictOldestPending closes the oldest pending handshake; false if there is none. Its serve
+// goroutine then fails its read and cleans up.
+func (o *Owner) evictOldestPending(why string) bool {
+	o.pmu.Lock()
+	if len(o.pending) == 0 {
+		o.pmu.Unlock()
+		return false
+	}
+	c := o.pending[0]
+	o.pending = slices.Delete(o.pending, 0, 1)
+	o.evictions++
+	n := o.evictions
+	o.pmu.Unlock()
+	c.Close()
+	if n&(n-1) == 0 { // 1, 2, 4, 8...: a flood of idle connections does not flood the log
+		o.log.Warn("shmsteer: closed the oldest pending attach handshake", "why", why, "evictions", n)
+	}
+	return true
 }
 
 func (o *Owner) uidAllowed(uid uint32) bool {
 	return uidIn(int(uid), o.allow)
 }
 
-// serve runs one client connection: credentials, handshake, fds, then RPCs until it closes.
-func (o *Owner) serve(c *net.UnixConn) {
-	defer o.wg.Done()
-	defer func() {
-		o.mu.Lock()
-		delete(o.conns, c)
-		o.mu.Unlock()
-		c.Close()
-	}()
-	cred, err := peerCred(c)
-	if err != nil {
-		o.log.Warn("shmsteer: attach refused: no peer credentials", "err", err)
-		return
-	}
+// serve runs one client connection: handshake, fds, then RPCs until it closes.
+func (o *Owner) serve(c *net.UnixConn, cred *unix.Ucred) {
+	defer o.untrack(c)
 	pid := int(cred.Pid)
-	var fr frameReader
+	fr := frameReader{budget: o.budget, budgetWait: o.frameTimeout, done: o.done}
 	defer fr.wipe()
-	if !o.uidAllowed(cred.Uid) {
-		o.log.Warn("shmsteer: attach refused: uid not allowed", "pid", pid, "uid", cred.Uid)
-		o.refuse(c, &fr, codeAuthFailed, msgUIDRefused)
-		return
-	}
 	c.SetDeadline(time.Now().Add(handshakeTimeout))
-	if err := o.handshake(c, &fr); err != nil {
-		if errors.Is(err, io.EOF) && fr.end == 0 {
-			// Closed before a byte: a client that skipped us, or another owner looking
-			// for a live owner of the namespace (see bindFirstFree).
-			o.log.Debug("shmsteer: connection closed before the handshake", "pid", pid, "uid", cred.Uid)
+	err := o.handshake(c, &fr)
+	o.donePending(c)
+	if err != nil {
+		if (errors.Is(err, io.EOF) && fr.end == 0) || errors.Is(err, net.ErrClosed) {
+			// Closed before a byte (a client that skipped us, or another owner looking for
+			// a live owner of the namespace), or evicted as the oldest pending handshake.
+			o.log.Debug("shmsteer: connection closed before the handshake", "pid", pid, "uid", cred.Uid, "err", err)
 			return
 		}
 		o.log.Warn("shmsteer: attach refused", "pid", pid, "uid", cred.Uid, "err", err)
@@ -446,7 +575,7 @@ func (o *Owner) handshake(c *net.UnixConn, fr *frameReader) error {
 // rpcLoop serves requests until the client leaves; it reports whether it said bye (and so
 // released its own reader slots).
 func (o *Owner) rpcLoop(c *net.UnixConn, fr *frameReader) (clean bool) {
-	read := c.Read
+	baseRead := c.Read
 	var sc *spinConn
 	if o.spin > 0 {
 		var err error
@@ -454,18 +583,37 @@ func (o *Owner) rpcLoop(c *net.UnixConn, fr *frameReader) (clean bool) {
 			o.log.Warn("shmsteer: dropping client: attach socket", "err", err)
 			return false
 		}
-		read = sc.read
+		baseRead = sc.read
+	}
+	// An idle connection may wait for ever, but once a frame has begun it must arrive
+	// whole within FrameTimeout: a sender that stalls midway cannot hold its buffer.
+	midFrame := false
+	read := func(b []byte) (int, error) {
+		if !midFrame && fr.buffered() > 0 {
+			c.SetReadDeadline(time.Now().Add(o.frameTimeout))
+			midFrame = true
+		}
+		return baseRead(b)
 	}
 	var wbuf []byte
 	defer func() { clear(wbuf) }()
 	for {
 		f, err := fr.next(read, o.maxFrame)
 		if err != nil {
-			if errors.Is(err, ErrProtocol) || errors.Is(err, ErrFrameTooLarge) {
-				o.log.Warn("shmsteer: dropping client after a bad frame", "err", err)
-				c.Write(appendFrame(nil, opReplyErr, 0, appendError(nil, codeOf(err), err.Error())))
+			if midFrame && errors.Is(err, os.ErrDeadlineExceeded) {
+				err = fmt.Errorf("%w: a frame did not arrive whole within FrameTimeout (%v)", ErrBusy, o.frameTimeout)
+			}
+			if errors.Is(err, ErrProtocol) || errors.Is(err, ErrFrameTooLarge) || errors.Is(err, ErrBusy) {
+				o.log.Warn("shmsteer: dropping client after a bad or stalled frame", "err", err)
+				id, _ := fr.pendingID()
+				c.SetWriteDeadline(time.Now().Add(time.Second))
+				c.Write(appendFrame(nil, opReplyErr, id, appendError(nil, codeOf(err), err.Error())))
 			}
 			return false
+		}
+		if midFrame {
+			c.SetReadDeadline(time.Time{})
+			midFrame = false
 		}
 		if f.op == opBye {
 			return true
@@ -474,6 +622,7 @@ func (o *Owner) rpcLoop(c *net.UnixConn, fr *frameReader) (clean bool) {
 		var herr error
 		wbuf, herr = o.dispatch(f, wbuf)
 		clear(f.payload) // it may hold a key
+		fr.release()     // a large frame's memory goes back now, not at the next frame
 		if herr != nil {
 			wbuf = beginFrame(wbuf[:0], opReplyErr, f.id)
 			wbuf = appendError(wbuf, codeOf(herr), herr.Error())
@@ -483,12 +632,16 @@ func (o *Owner) rpcLoop(c *net.UnixConn, fr *frameReader) (clean bool) {
 			wbuf = appendError(beginFrame(wbuf[:0], opReplyErr, f.id), codeFrameTooLarge, herr.Error())
 		}
 		finishFrame(wbuf, 0)
+		c.SetWriteDeadline(time.Now().Add(o.writeTimeout))
 		_, err = c.Write(wbuf)
 		clear(wbuf)
 		if cap(wbuf) > readerKeep {
 			wbuf = nil
 		}
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				o.log.Warn("shmsteer: dropping client: it does not read its replies", "writeTimeout", o.writeTimeout)
+			}
 			return false
 		}
 		if sc != nil {

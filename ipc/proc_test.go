@@ -18,20 +18,23 @@ import (
 
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // Multi-process tests. The test binary re-executes itself as TestHelperProcess with
 // SHMSTEER_TEST_ROLE set; the child answers line commands on stdin with one line on stdout.
 
 const (
-	roleEnv      = "SHMSTEER_TEST_ROLE"
-	nsEnv        = "SHMSTEER_TEST_NS"
-	handleEnv    = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
-	graceEnv     = "SHMSTEER_TEST_GRACE_MS"
-	spinEnv      = "SHMSTEER_TEST_SPIN"       // client: ClientOptions.SpinWait, a time.Duration string
-	nondumpEnv   = "SHMSTEER_TEST_NONDUMP"    // owner, client: NonDumpable
-	ownerUIDsEnv = "SHMSTEER_TEST_OWNER_UIDS" // client: ClientOptions.OwnerUIDs, comma-separated
-	squatEnv     = "SHMSTEER_TEST_SQUAT"      // squatter: abstract names to bind and listen on, comma-separated
+	roleEnv         = "SHMSTEER_TEST_ROLE"
+	nsEnv           = "SHMSTEER_TEST_NS"
+	handleEnv       = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
+	graceEnv        = "SHMSTEER_TEST_GRACE_MS"
+	spinEnv         = "SHMSTEER_TEST_SPIN"          // client: ClientOptions.SpinWait, a time.Duration string
+	nondumpEnv      = "SHMSTEER_TEST_NONDUMP"       // owner, client: NonDumpable
+	ownerUIDsEnv    = "SHMSTEER_TEST_OWNER_UIDS"    // client: ClientOptions.OwnerUIDs, comma-separated
+	squatEnv        = "SHMSTEER_TEST_SQUAT"         // squatter: abstract names to bind and listen on, comma-separated
+	frameTimeoutEnv = "SHMSTEER_TEST_FRAME_TIMEOUT" // owner: OwnerOptions.FrameTimeout
+	nofileEnv       = "SHMSTEER_TEST_NOFILE"        // owner: RLIMIT_NOFILE to set first
 )
 
 var sentinelNames = []struct {
@@ -103,8 +106,14 @@ func TestHelperProcess(t *testing.T) {
 		switch role {
 		case "owner":
 			grace, _ := strconv.Atoi(os.Getenv(graceEnv))
+			frameTimeout, _ := time.ParseDuration(os.Getenv(frameTimeoutEnv))
+			if n, err := strconv.ParseUint(os.Getenv(nofileEnv), 10, 64); err == nil {
+				if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+					return err
+				}
+			}
 			o, err := NewOwner(OwnerOptions{Namespace: ns, Region: testRegion, Grace: time.Duration(grace) * time.Millisecond, Logger: quietLogger(),
-				NonDumpable: os.Getenv(nondumpEnv) == "1"})
+				NonDumpable: os.Getenv(nondumpEnv) == "1", FrameTimeout: frameTimeout})
 			if err != nil {
 				return err
 			}
