@@ -74,11 +74,44 @@
 //
 // Frames are u32 length (of what follows), u16 op, u32 request id, payload; little-endian.
 // A length is checked against the maximum (MaxFrameBytes after the handshake, 512 bytes
-// before it) before anything is allocated, and buffers then grow only as bytes arrive. A
+// before it) before anything is allocated, and memory then follows the bytes that arrive
+// (see Bounded resources). A
 // client sends one request at a time and matches replies by id, so a reply that arrives after
 // its call timed out is skipped. Ops below MinUserOp are this package's; other packages
 // register theirs with Owner.Handle and call them with Client.Call. Handler errors travel as a
 // code and a message; RegisterError maps codes to sentinels so errors.Is works in the client.
+//
+// # Bounded resources
+//
+// What one client can make the owner hold is bounded, whatever it sends or fails to read:
+//
+//   - Memory for incoming frames: each connection keeps a buffer of up to 64 KiB; anything
+//     larger is charged to OwnerOptions.MaxBufferedBytes (default 2 × MaxFrameBytes), shared
+//     by all connections. A frame that finds no room waits, reading nothing, so its sender
+//     blocks (backpressure), for at most OwnerOptions.FrameTimeout (default 10 s), and its
+//     connection is then dropped with ErrBusy. Frames above 1 MiB are read into an anonymous
+//     mapping of their size, whose pages are discarded (MADV_DONTNEED) as soon as the frame
+//     is served, so the memory goes back to the system at once rather than waiting for the
+//     garbage collector. Measured (TestProcOwnerMemoryBound): three clients each sending
+//     48 MiB of a 64 MiB frame and stalling raised an owner's VmRSS from 8 to 104 MiB (it
+//     was 309 MB, kept after they closed, before this bound), and it fell back to 8 MiB once
+//     they closed.
+//   - Time for a frame: once a frame's first byte is in, the rest must come within
+//     FrameTimeout, or the connection is dropped (ErrBusy) and its buffer freed; an idle
+//     connection between frames may wait for ever.
+//   - Writes: every reply write has a deadline (OwnerOptions.WriteTimeout, default 10 s), so
+//     a client that pipelines requests and never reads the replies is dropped instead of
+//     holding an owner goroutine in Write for ever.
+//   - Pending handshakes: at most OwnerOptions.MaxPendingHandshakes (default 64) connections
+//     may be accepted and not yet through the handshake (which must end within 5 s). At the
+//     bound, or when accept fails for lack of descriptors (EMFILE, ENFILE), the owner closes
+//     the oldest pending handshake, so idle connections cannot keep a legitimate attach out;
+//     peers of uids not allowed are refused before they count (at most 16 at a time are told
+//     why, others are just closed). Measured (TestProcPendingFlood): with the owner's
+//     RLIMIT_NOFILE at 1,024 and 1,100 idle connections of its uid held open, an attach took
+//     about 6 ms. A flood of new connections faster than a handshake can still evict a
+//     legitimate one mid-handshake; it can retry, and only processes of allowed uids can do
+//     this.
 //
 // Both ends use Go's netpoller (net.UnixConn with deadlines). Switching the sockets to
 // blocking mode after the handshake was tried and measured between two processes on the
