@@ -44,8 +44,11 @@
 // the first free handle candidate. A candidate held by another uid (learnt from SO_PEERCRED of
 // a connection to it) is skipped with a warning in the owner's log naming the holder's uid and
 // pid; one held by the owner's uid is a live owner (ErrPreviouslyInitialized). If all K are
-// held, ErrRendezvousTaken names the holders (uid, pid). A socket bound without listening, or
-// with a full backlog, tells nothing about its holder and is skipped as "unknown".
+// held, ErrRendezvousTaken names the holders (uid, pid). A socket that takes no connection
+// (bound without listening, or its backlog full) is looked up in the kernel's socket
+// diagnostics (NETLINK_SOCK_DIAG, unix_diag: its uid) and /proc (a pid holding its inode,
+// where this process may see it); a lobby listener of the owner's uid with a full backlog is
+// so still found as a live owner.
 //
 // A client connects to the handle candidates in order and, right after connect and before it
 // sends a byte, reads SO_PEERCRED of the connected socket (the listener's uid and pid, as they

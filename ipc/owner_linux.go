@@ -257,7 +257,7 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 	// one of this uid on all of them first (it need not hold the first free one).
 	lobbies := lobbyNames(o.ns)
 	if l, ok := findLiveOwner(lobbies); ok {
-		return fail(fmt.Errorf("%w: pid %d (uid %d) serves the namespace", ErrPreviouslyInitialized, l.pid, l.uid))
+		return fail(fmt.Errorf("%w: %v serves the namespace", ErrPreviouslyInitialized, l))
 	}
 	if o.lobby, err = o.bindFirstFree(lobbies, "lobby"); err != nil {
 		return fail(err)

@@ -25,16 +25,17 @@ import (
 // SHMSTEER_TEST_ROLE set; the child answers line commands on stdin with one line on stdout.
 
 const (
-	roleEnv         = "SHMSTEER_TEST_ROLE"
-	nsEnv           = "SHMSTEER_TEST_NS"
-	handleEnv       = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
-	graceEnv        = "SHMSTEER_TEST_GRACE_MS"
-	spinEnv         = "SHMSTEER_TEST_SPIN"          // client: ClientOptions.SpinWait, a time.Duration string
-	nondumpEnv      = "SHMSTEER_TEST_NONDUMP"       // owner, client: NonDumpable
-	ownerUIDsEnv    = "SHMSTEER_TEST_OWNER_UIDS"    // client: ClientOptions.OwnerUIDs, comma-separated
-	squatEnv        = "SHMSTEER_TEST_SQUAT"         // squatter: abstract names to bind and listen on, comma-separated
-	frameTimeoutEnv = "SHMSTEER_TEST_FRAME_TIMEOUT" // owner: OwnerOptions.FrameTimeout
-	nofileEnv       = "SHMSTEER_TEST_NOFILE"        // owner: RLIMIT_NOFILE to set first
+	roleEnv          = "SHMSTEER_TEST_ROLE"
+	nsEnv            = "SHMSTEER_TEST_NS"
+	handleEnv        = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
+	graceEnv         = "SHMSTEER_TEST_GRACE_MS"
+	spinEnv          = "SHMSTEER_TEST_SPIN"            // client: ClientOptions.SpinWait, a time.Duration string
+	nondumpEnv       = "SHMSTEER_TEST_NONDUMP"         // owner, client: NonDumpable
+	ownerUIDsEnv     = "SHMSTEER_TEST_OWNER_UIDS"      // client: ClientOptions.OwnerUIDs, comma-separated
+	squatEnv         = "SHMSTEER_TEST_SQUAT"           // squatter: abstract names to bind and listen on, comma-separated
+	squatBindOnlyEnv = "SHMSTEER_TEST_SQUAT_BIND_ONLY" // squatter: bind without listening
+	frameTimeoutEnv  = "SHMSTEER_TEST_FRAME_TIMEOUT"   // owner: OwnerOptions.FrameTimeout
+	nofileEnv        = "SHMSTEER_TEST_NOFILE"          // owner: RLIMIT_NOFILE to set first
 )
 
 var sentinelNames = []struct {
@@ -121,6 +122,18 @@ func TestHelperProcess(t *testing.T) {
 		case "probe":
 			return nil // answers "probe PID" without attaching
 		case "squatter":
+			if os.Getenv(squatBindOnlyEnv) == "1" { // bind, never listen: connects are refused
+				for _, name := range strings.Split(os.Getenv(squatEnv), ",") {
+					fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+					if err != nil {
+						return err
+					}
+					if err := unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + name}); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
 			for _, name := range strings.Split(os.Getenv(squatEnv), ",") {
 				ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
 				if err != nil {

@@ -60,17 +60,22 @@ func lobbyNames(ns string) []string {
 	return names
 }
 
-// listener describes who listens on a name: SO_PEERCRED of a connection to it (the
-// credentials the listener had when it called listen). known is false when nothing could be
-// learnt (the name is bound but not listening, or its backlog is full).
+// listener describes who holds a name: SO_PEERCRED of a connection to it (the credentials
+// the listener had when it called listen), or, for a socket that takes no connection (bound
+// without listening, or its backlog full), the kernel's socket diagnostics (abstractHolder:
+// the uid, and the pid where /proc shows it; 0 otherwise). known is false when nothing could
+// be learnt.
 type listener struct {
 	uid, pid int
 	known    bool
 }
 
 func (l listener) String() string {
-	if !l.known {
-		return "a socket of unknown uid and pid (bound but not accepting)"
+	switch {
+	case !l.known:
+		return "a socket of unknown uid and pid"
+	case l.pid == 0:
+		return fmt.Sprintf("uid %d pid unknown", l.uid)
 	}
 	return fmt.Sprintf("uid %d pid %d", l.uid, l.pid)
 }
@@ -94,8 +99,12 @@ func describeListeners(ls []listener) string {
 }
 
 // errNoListener means nothing accepts connections on a name (absent, or bound and not
-// listening); the caller moves on to the next candidate.
-var errNoListener = errors.New("no listener")
+// listening), errBacklogFull that a listener's backlog is full; the caller moves on to the
+// next candidate.
+var (
+	errNoListener  = errors.New("no listener")
+	errBacklogFull = errors.New("listener's backlog full")
+)
 
 // dialName connects to an abstract name without sending anything and returns the connection
 // and the listener's credentials. Absent names, names bound without listening and listeners
@@ -104,8 +113,11 @@ func dialName(name string, deadline time.Time) (*net.UnixConn, listener, error) 
 	d := net.Dialer{Deadline: deadline}
 	nc, err := d.Dial("unix", "@"+name)
 	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EAGAIN) {
+		switch {
+		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT):
 			return nil, listener{}, errNoListener
+		case errors.Is(err, syscall.EAGAIN):
+			return nil, listener{}, errBacklogFull
 		}
 		return nil, listener{}, err
 	}
@@ -138,16 +150,16 @@ func dialFirstAllowed(names []string, allowed func(uid int) bool, deadline time.
 	return nil, skipped, nil
 }
 
-// probeName learns who holds a name that could not be bound. A listener with a full backlog
-// is retried briefly.
+// probeName learns who holds a name that could not be bound: from a connection if it takes
+// one, else from the kernel's socket diagnostics.
 func probeName(name string) listener {
-	for range 5 {
-		c, l, err := dialName(name, time.Now().Add(100*time.Millisecond))
-		if err == nil {
-			c.Close()
-			return l
-		}
-		time.Sleep(10 * time.Millisecond)
+	c, l, err := dialName(name, time.Now().Add(100*time.Millisecond))
+	if err == nil {
+		c.Close()
+		return l
+	}
+	if l, err := abstractHolder(name); err == nil {
+		return l
 	}
 	return listener{}
 }
@@ -168,7 +180,7 @@ func (o *Owner) bindFirstFree(names []string, what string) (*net.UnixListener, e
 		}
 		l := probeName(name)
 		if l.known && l.uid == os.Getuid() {
-			return nil, fmt.Errorf("%w: pid %d (uid %d) holds the %s", ErrPreviouslyInitialized, l.pid, l.uid, what)
+			return nil, fmt.Errorf("%w: %v holds the %s", ErrPreviouslyInitialized, l, what)
 		}
 		o.log.Warn("shmsteer: rendezvous name held by another user's process; skipping it",
 			"name", what, "candidate", i, "holder", l.String(), "uid", l.uid, "pid", l.pid)
@@ -183,10 +195,16 @@ func findLiveOwner(names []string) (listener, bool) {
 	deadline := time.Now().Add(time.Second)
 	for _, name := range names {
 		c, l, err := dialName(name, deadline)
-		if err != nil {
+		switch {
+		case err == nil:
+			c.Close()
+		case errors.Is(err, errBacklogFull): // an owner under a flood of connections?
+			if l, err = abstractHolder(name); err != nil {
+				continue
+			}
+		default:
 			continue
 		}
-		c.Close()
 		if l.uid == os.Getuid() {
 			return l, true
 		}

@@ -4,18 +4,27 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // squat starts a process of uid 65534 that binds and listens on names, and returns its pid.
-func squat(t *testing.T, exe string, names ...string) int {
+func squat(t *testing.T, exe string, names ...string) int { return squatAs(t, exe, false, names...) }
+
+// squatAs is squat; with bindOnly the squatter binds the names without listening.
+func squatAs(t *testing.T, exe string, bindOnly bool, names ...string) int {
 	t.Helper()
-	p := startProcAs(t, exe, nobodyCred, "squatter", squatEnv+"="+strings.Join(names, ","))
+	env := []string{squatEnv + "=" + strings.Join(names, ",")}
+	if bindOnly {
+		env = append(env, squatBindOnlyEnv+"=1")
+	}
+	p := startProcAs(t, exe, nobodyCred, "squatter", env...)
 	require.Equal(t, "ok ready", p.line())
 	return p.cmd.Process.Pid
 }
@@ -97,14 +106,18 @@ func TestSquattersOnly(t *testing.T) {
 // holds them.
 func TestSquattersEverywhere(t *testing.T) {
 	exe := nobodyExe(t)
-	for _, which := range []string{"lobby", "attach handle"} {
-		t.Run(which, func(t *testing.T) {
+	for _, tt := range []struct {
+		which    string
+		bindOnly bool
+	}{{"lobby", false}, {"attach handle", false}, {"lobby", true}, {"attach handle", true}} {
+		t.Run(fmt.Sprintf("%s bind only %v", tt.which, tt.bindOnly), func(t *testing.T) {
+			which := tt.which
 			env := newTestEnv()
 			names := lobbyNames(env.ns)
 			if which != "lobby" {
 				names = handleNames(env.secret, env.ns)
 			}
-			pid := squat(t, exe, names...)
+			pid := squatAs(t, exe, tt.bindOnly, names...)
 			_, err := NewOwner(env.ownerOpts())
 			require.ErrorIs(t, err, ErrRendezvousTaken)
 			require.Contains(t, err.Error(), fmt.Sprintf("%s candidates are held by uid %d pid %d (64 names)", which, nobody, pid))
@@ -130,4 +143,25 @@ func TestLiveOwnerOnLaterCandidate(t *testing.T) {
 	c := attach(t, env.clientOpts())
 	require.NoError(t, c.Ping())
 	_ = o
+}
+
+// TestHolderOfBoundName: a name bound without listening refuses connections, so its holder
+// is found through the kernel's socket diagnostics; one of the owner's own uid is taken for a
+// live owner (ErrPreviouslyInitialized naming its pid).
+func TestHolderOfBoundName(t *testing.T) {
+	env := newTestEnv()
+	name := lobbyNames(env.ns)[0]
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + name}))
+	l, err := abstractHolder(name)
+	require.NoError(t, err)
+	require.Equal(t, listener{uid: os.Getuid(), pid: os.Getpid(), known: true}, l)
+	_, err = abstractHolder(name + "-absent")
+	require.Error(t, err)
+
+	_, err = NewOwner(env.ownerOpts())
+	require.ErrorIs(t, err, ErrPreviouslyInitialized)
+	require.Contains(t, err.Error(), fmt.Sprintf("uid %d pid %d holds the lobby", os.Getuid(), os.Getpid()))
 }
