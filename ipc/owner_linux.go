@@ -74,12 +74,12 @@ type OwnerOptions struct {
 	// beyond a small per-connection buffer (64 KiB); 0 means 2 × MaxFrameBytes. At least
 	// MaxFrameBytes. A connection whose frame finds no room waits (it reads nothing
 	// meanwhile, so its sender blocks) for at most FrameTimeout, then is dropped with
-	// ErrBusy. Frame buffers above 1 MiB are anonymous mappings, unmapped once the frame is
-	// served, so the memory goes back to the system at once.
+	// ErrBusy. Frame buffers above 1 MiB are anonymous mappings whose pages are discarded
+	// once the frame is served, so the memory goes back to the system at once.
 	MaxBufferedBytes int
-	// FrameTimeout bounds the wait for room in MaxBufferedBytes and the time from a frame's
-	// first byte to its last: a client that starts a frame and stalls is dropped (ErrBusy)
-	// and its buffer freed. 0 means DefaultFrameTimeout (10 s).
+	// FrameTimeout bounds, each, the wait for room in MaxBufferedBytes and the time from a
+	// frame's first byte to its last: a client that starts a frame and stalls is dropped
+	// (ErrBusy) and its buffer freed. 0 means DefaultFrameTimeout (10 s).
 	FrameTimeout time.Duration
 	// WriteTimeout bounds each write of a reply: a client that sends requests but does not
 	// read the replies is dropped once one write stalls that long, rather than holding an
@@ -165,8 +165,10 @@ var (
 )
 
 // NewOwner creates the region and starts serving the handle derived from the secret and
-// namespace. ErrAuthSecretNotDefined without a secret; ErrPreviouslyInitialized if an owner
-// already serves the handle, in this process or another.
+// namespace (the first free of its candidate names; see the package documentation,
+// Squatting). ErrAuthSecretNotDefined without a secret; ErrPreviouslyInitialized if an owner
+// of this uid already serves the namespace, in this process or another (the error names its
+// pid); ErrRendezvousTaken if other users hold every candidate name (the error names them).
 func NewOwner(opts OwnerOptions) (*Owner, error) {
 	if opts.NonDumpable {
 		if err := setNonDumpable(); err != nil {
@@ -226,9 +228,7 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 		return nil, err
 	}
 	handles := handleNames(secret, opts.Namespace)
-	o.handle = handles[0] // the in-process registry's key; replaced by the name bound
-
-	ownerKey := o.handle
+	ownerKey := handles[0]
 	o.ownerKey = ownerKey
 	handlesMu.Lock()
 	if ownerHandles[ownerKey] {
@@ -360,15 +360,17 @@ func (o *Owner) acceptLoop(ln *net.UnixListener) {
 			o.log.Warn("shmsteer: attach refused: uid not allowed", "pid", cred.Pid, "uid", cred.Uid)
 			select {
 			case o.refusing <- struct{}{}:
-				if o.track(c) {
-					go func() {
-						defer func() { <-o.refusing }()
-						defer o.untrack(c)
-						var fr frameReader
-						defer fr.wipe()
-						o.refuse(c, &fr, codeAuthFailed, msgUIDRefused)
-					}()
+				if !o.track(c) {
+					<-o.refusing
+					return
 				}
+				go func() {
+					defer func() { <-o.refusing }()
+					defer o.untrack(c)
+					var fr frameReader
+					defer fr.wipe()
+					o.refuse(c, &fr, codeAuthFailed, msgUIDRefused)
+				}()
 			default: // too many refusals at once: no word for this one
 				c.Close()
 			}

@@ -196,11 +196,17 @@ func TestProcOwnerMemoryBound(t *testing.T) {
 
 // TestProcPendingFlood: with the owner's open-file limit at 1,024, 1,100 idle connections of
 // the owner's uid are held open; a legitimate attach still succeeds, because the owner closes
-// the oldest pending handshake when MaxPendingHandshakes (64) is reached or accept runs out
-// of descriptors.
+// the oldest pending handshake when MaxPendingHandshakes (64) is reached. With the limit at
+// 40, below the bound, accept runs out of descriptors (EMFILE) first: the same.
 func TestProcPendingFlood(t *testing.T) {
+	for _, nofile := range []int{1024, 40} {
+		t.Run(fmt.Sprint("RLIMIT_NOFILE ", nofile), func(t *testing.T) { pendingFlood(t, nofile) })
+	}
+}
+
+func pendingFlood(t *testing.T, nofile int) {
 	env := newTestEnv()
-	owner := startProc(t, "owner", append(env.childEnv(), nofileEnv+"=1024")...)
+	owner := startProc(t, "owner", append(env.childEnv(), fmt.Sprint(nofileEnv, "=", nofile))...)
 	require.Equal(t, "ok ready", owner.line())
 	handle := handleNames(env.secret, env.ns)[0]
 	var idle []*net.UnixConn
@@ -223,6 +229,6 @@ func TestProcPendingFlood(t *testing.T) {
 	defer c.Close()
 	require.NoError(t, c.Ping())
 	require.Equal(t, "ok 1", owner.do("clients"))
-	t.Logf("attach with 1,100 idle connections held open (owner RLIMIT_NOFILE 1024): %v", took.Round(time.Microsecond))
+	t.Logf("attach with 1,100 idle connections held open (owner RLIMIT_NOFILE %d): %v", nofile, took.Round(time.Microsecond))
 	require.Less(t, took, co.Timeout)
 }
