@@ -165,9 +165,11 @@
 // ErrAuthSecretNotDefined; errors about it name the path, never the content.
 //
 // The secret never appears in logs, errors or panics: Secret formats as "[redacted]" with
-// every verb, in JSON and in slog, and keeps its bytes behind a pointer, so a Secret nested
-// in an unexported field, which fmt prints by reflection without calling its methods, shows
-// as an address. Owner and Client print their namespace and state only. DropEnv removes both
+// every verb, in JSON and in slog. A Secret nested in an unexported field is printed by fmt
+// through reflection, without its methods (and, with a verb such as %s that does not fit a
+// pointer, fmt prints what pointers point to), so the bytes are in no field at all: closures
+// capture them, and reflection shows a closure only as an address. Owner, Client and
+// Registry print their namespace and state only. DropEnv removes both
 // variables from the process environment once read.
 //
 // Processes of the same uid can read a process's memory (/proc/PID/mem, ptrace) and open its

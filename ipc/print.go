@@ -81,10 +81,11 @@ func setNonDumpable() error {
 	return nil
 }
 
-func (k *Registry) String() string {
+// Registry's methods take a value, so a copied Registry prints the same (fmt would otherwise
+// follow its *shm.Region with %s and print the mapping).
+
+func (k Registry) String() string {
 	switch {
-	case k == nil:
-		return "ipc.Registry(nil)"
 	case k.owner != nil:
 		return "ipc.Registry{in " + k.owner.String() + "}"
 	case k.client != nil:
@@ -94,10 +95,10 @@ func (k *Registry) String() string {
 }
 
 // GoString is String: %#v shows the same.
-func (k *Registry) GoString() string { return k.String() }
+func (k Registry) GoString() string { return k.String() }
 
 // Format prints String for every verb.
-func (k *Registry) Format(f fmt.State, _ rune) { io.WriteString(f, k.String()) }
+func (k Registry) Format(f fmt.State, _ rune) { io.WriteString(f, k.String()) }
 
 // LogValue logs what the registry belongs to.
-func (k *Registry) LogValue() slog.Value { return slog.StringValue(k.String()) }
+func (k Registry) LogValue() slog.Value { return slog.StringValue(k.String()) }

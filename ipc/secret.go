@@ -24,19 +24,30 @@ const redacted = "[redacted]"
 
 // Secret is the shared secret every process of one deployment knows. It derives the attach
 // handle and authenticates both sides of every attach. It never prints: String, GoString,
-// Format (every verb), MarshalText and LogValue all give "[redacted]", and the bytes sit
-// behind a pointer, so a Secret nested in an unexported field (which fmt prints by reflection,
-// without calling its methods) shows as an address, never as bytes.
+// Format (every verb), MarshalText and LogValue all give "[redacted]". A Secret nested in an
+// unexported field is printed by fmt through reflection, without its methods, and with a verb
+// that does not fit a pointer (%s, %d, %x) fmt even prints what a pointer points to; so the
+// bytes are not in any field at all but captured by closures, which reflection shows only as
+// addresses.
 type Secret struct {
-	p *secretBytes
+	k *secretKey
 }
 
-// secretBytes holds the bytes; it has no exported fields and is only reached through Secret.
-type secretBytes struct{ b []byte }
+// secretKey reaches the bytes only through closures over them.
+type secretKey struct {
+	get  func() []byte
+	wipe func()
+}
 
 // NewSecret copies b into a Secret. An empty secret is refused later with
 // ErrAuthSecretNotDefined.
-func NewSecret(b []byte) Secret { return Secret{p: &secretBytes{b: append([]byte(nil), b...)}} }
+func NewSecret(b []byte) Secret {
+	buf := append([]byte(nil), b...)
+	return Secret{k: &secretKey{
+		get:  func() []byte { return buf },
+		wipe: func() { clear(buf); buf = nil },
+	}}
+}
 
 // SecretFromEnv reads SHMSTEER_SECRET, or the file SHMSTEER_SECRET_FILE names
 // (SecretFromFile); ErrSecretConflict if both are set, ErrAuthSecretNotDefined if neither is
@@ -51,7 +62,7 @@ func SecretFromEnv() (Secret, error) {
 	case v == "":
 		return Secret{}, ErrAuthSecretNotDefined
 	}
-	return Secret{p: &secretBytes{b: []byte(v)}}, nil
+	return NewSecret([]byte(v)), nil
 }
 
 // SecretFromFile reads the secret from a file: its whole content, less one trailing newline
@@ -100,17 +111,16 @@ func (Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
 func (Secret) LogValue() slog.Value         { return slog.StringValue(redacted) }
 
 func (s Secret) bytes() []byte {
-	if s.p == nil {
+	if s.k == nil {
 		return nil
 	}
-	return s.p.b
+	return s.k.get()
 }
 func (s Secret) empty() bool   { return len(s.bytes()) == 0 }
 func (s Secret) clone() Secret { return NewSecret(s.bytes()) }
 func (s *Secret) wipe() {
-	if s.p != nil {
-		clear(s.p.b)
-		s.p.b = nil
+	if s.k != nil {
+		s.k.wipe()
 	}
 }
 func (s Secret) mac(parts ...[]byte) [32]byte { return macOf(s.bytes(), parts...) }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -40,13 +41,16 @@ func TestSecretNeverPrints(t *testing.T) {
 	require.Equal(t, redacted, fmt.Sprintf("%v", s))
 }
 
-// requireNoSecret checks that no string contains the secret, raw or hex-encoded.
+// requireNoSecret checks that no string contains the secret: raw, hex-encoded, or as the
+// decimal byte list fmt prints for a []byte with %v.
 func requireNoSecret(t *testing.T, env testEnv, outs ...string) {
 	t.Helper()
 	hexed := hex.EncodeToString([]byte(env.secretStr))
+	decimal := strings.Trim(fmt.Sprint([]byte(env.secretStr)), "[]")
 	for _, o := range outs {
 		require.NotContains(t, o, env.secretStr)
 		require.NotContains(t, strings.ToLower(o), hexed)
+		require.NotContains(t, o, decimal)
 	}
 }
 
@@ -149,7 +153,16 @@ func TestNothingPrintsTheSecret(t *testing.T) {
 	// once closed, so that reflection does not race with the owner's goroutines.
 	require.NoError(t, c.Close())
 	require.NoError(t, o.Close())
-	print([]any{nested{o, c, env.secret, oo, o.Keys()}, &nested{o, c, env.secret, oo, c.Keys()}})
+	// Keep a live copy of the secret in the owner to find: Close wiped the owner's own.
+	o.secret = env.secret.clone()
+	print([]any{nested{o, c, env.secret, oo, o.Keys()}, &nested{o, c, env.secret, oo, c.Keys()},
+		*o.Keys(), reflect.ValueOf(env.secret), reflect.ValueOf(*o.Keys())})
+	// The Owner and Client structs themselves, as reflection sees them (say, through a copy):
+	// with %s fmt would also follow their *shm.Region to the (now unmapped) mapping, so only
+	// the verbs that print nested pointers as addresses.
+	for _, v := range []any{reflect.ValueOf(o).Elem(), reflect.ValueOf(c).Elem()} {
+		outs = append(outs, fmt.Sprintf("%v %+v %#v", v, v, v))
+	}
 	requireNoSecret(t, env, outs...)
 }
 
