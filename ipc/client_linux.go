@@ -77,8 +77,9 @@ type Client struct {
 
 // Attach finds the owner through the handle derived from the secret and namespace, runs the
 // mutual handshake, receives the region's file descriptors and maps the region (read-only).
-// Errors: ErrAuthSecretNotDefined, ErrNotYetInitialized (no owner answers), ErrAuthFailed,
-// ErrIncompatible, ErrTimeout.
+// Errors: ErrAuthSecretNotDefined, ErrSecretFile, ErrSecretConflict, ErrNotYetInitialized
+// (no owner of an accepted uid answers; see OwnerUIDs), ErrAuthFailed, ErrIncompatible,
+// ErrTimeout.
 func Attach(opts ClientOptions) (*Client, error) {
 	if opts.NonDumpable {
 		if err := setNonDumpable(); err != nil {

@@ -29,6 +29,18 @@
 // at all. Two owners of one namespace are refused (ErrPreviouslyInitialized) whatever their
 // secrets.
 //
+// Proofs are compared with hmac.Equal; each covers a fresh nonce from each side, so a
+// recorded handshake replayed in either direction fails, and the distinct labels keep one
+// side's proof from serving as the other's. The client checks the owner's proof before it
+// sends its own. A version byte in every handshake frame makes a protocol mismatch
+// ErrIncompatible rather than garbage; a region layout mismatch found by shm.Open is
+// ErrIncompatible too (and matches shm.ErrIncompatible).
+//
+// A client maps the data read-only (the memfd is sealed) and reads lock-free. When its socket
+// closes without a goodbye (crash, SIGKILL), the owner frees the process's reader slots as
+// soon as the process is gone (Region.ReleaseReaders with the SO_PEERCRED pid). When the owner
+// dies, clients keep the mapping and read the last state; RPCs return ErrOwnerGone.
+//
 // # Squatting
 //
 // Abstract socket names have no permissions: any local user can bind a name first, and the
@@ -59,19 +71,10 @@
 // close (BenchmarkSquatterSkip: 35–72 µs on the 2-core development machine, 3 runs), never
 // its timeout: in TestSquatters an attach past a squatter holding 2 handle candidates took
 // about 0.5 ms, and in TestSquattersOnly ErrNotYetInitialized came after about 1.6 ms, all
-// 128 candidates tried. ErrNotYetInitialized then names the listeners it skipped. Nothing stops a process of an allowed uid from squatting: those are trusted.
-//
-// Proofs are compared with hmac.Equal; each covers a fresh nonce from each side, so a
-// recorded handshake replayed in either direction fails, and the distinct labels keep one
-// side's proof from serving as the other's. The client checks the owner's proof before it
-// sends its own. A version byte in every handshake frame makes a protocol mismatch
-// ErrIncompatible rather than garbage; a region layout mismatch found by shm.Open is
-// ErrIncompatible too (and matches shm.ErrIncompatible).
-//
-// A client maps the data read-only (the memfd is sealed) and reads lock-free. When its socket
-// closes without a goodbye (crash, SIGKILL), the owner frees the process's reader slots as
-// soon as the process is gone (Region.ReleaseReaders with the SO_PEERCRED pid). When the owner
-// dies, clients keep the mapping and read the last state; RPCs return ErrOwnerGone.
+// 128 candidates tried. ErrNotYetInitialized then names the listeners it skipped. Nothing
+// stops a process of an allowed uid from squatting: those are trusted. These names came with
+// protocol version 2: a version-1 process looks for the version-1 names and finds no owner
+// (ErrNotYetInitialized), so run one shmsteer build everywhere.
 //
 // # RPC
 //
