@@ -137,6 +137,8 @@ type Owner struct {
 	maxPending   int
 	refusing     chan struct{} // a token per refusal in progress (maxRefusing)
 
+	uidRefusals atomic.Uint64
+
 	pmu       sync.Mutex
 	pending   []*net.UnixConn // accepted, handshake not done; oldest first
 	evictions int
@@ -357,7 +359,10 @@ func (o *Owner) acceptLoop(ln *net.UnixListener) {
 			continue
 		}
 		if !o.uidAllowed(cred.Uid) {
-			o.log.Warn("shmsteer: attach refused: uid not allowed", "pid", cred.Pid, "uid", cred.Uid)
+			// 1st, 2nd, 4th, 8th...: a flood of connections does not flood the log.
+			if n := o.uidRefusals.Add(1); n&(n-1) == 0 {
+				o.log.Warn("shmsteer: attach refused: uid not allowed", "pid", cred.Pid, "uid", cred.Uid, "refusals", n)
+			}
 			select {
 			case o.refusing <- struct{}{}:
 				if !o.track(c) {
