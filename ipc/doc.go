@@ -71,10 +71,10 @@
 // close (BenchmarkSquatterSkip: 15–72 µs on the shared 2-core development machine, 6 runs
 // under varying load), never its timeout: in TestSquatters an attach past a squatter holding
 // 2 handle candidates took 0.3–0.5 ms, and in TestSquattersOnly ErrNotYetInitialized came
-// after 1.6–4.8 ms, all 128 candidates tried. ErrNotYetInitialized then names the listeners it skipped. Nothing
-// stops a process of an allowed uid from squatting: those are trusted. These names came with
-// protocol version 2: a version-1 process looks for the version-1 names and finds no owner
-// (ErrNotYetInitialized), so run one shmsteer build everywhere.
+// after 1.6–4.8 ms, all 128 candidates tried. ErrNotYetInitialized then names the listeners
+// it skipped. Nothing stops a process of an allowed uid from squatting: those are trusted.
+// These names came with protocol version 2: a version-1 process looks for the version-1 names
+// and finds no owner (ErrNotYetInitialized), so run one shmsteer build everywhere.
 //
 // # RPC
 //
