@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -143,3 +144,30 @@ func BenchmarkChildSetRPCNoSpin(b *testing.B) { benchChild(b, "benchset", -1, -1
 
 // BenchmarkChildPingNoSpin: BenchmarkChildPing with spinning off on both sides.
 func BenchmarkChildPingNoSpin(b *testing.B) { benchChild(b, "benchping", -1, -1) }
+
+// BenchmarkSquatterSkip is what a squatter costs a client: connect to a listener, read its
+// credentials (SO_PEERCRED), find its uid not allowed, close, before a byte is sent. The
+// listener is this process's; refusing every uid makes it a squatter to the client.
+func BenchmarkSquatterSkip(b *testing.B) {
+	name := "shmsteer-bench-squat-" + randHex(8)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
+	require.NoError(b, err)
+	defer ln.Close()
+	go func() { // accept and close, as a squatter might (or not: the client never waits)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	names := []string{name}
+	refuse := func(int) bool { return false }
+	for b.Loop() {
+		c, skipped, err := dialFirstAllowed(names, refuse, time.Now().Add(time.Second))
+		if err != nil || c != nil || len(skipped) != 1 {
+			b.Fatalf("not skipped: %v %v %v", c, skipped, err)
+		}
+	}
+}

@@ -21,10 +21,22 @@ const DefaultTimeout = 5 * time.Second
 
 // ClientOptions configures Attach.
 type ClientOptions struct {
-	// Secret proves this process to the owner and finds its handle; nil reads SHMSTEER_SECRET.
+	// Secret proves this process to the owner and finds its handle. Without it (and without
+	// SecretFile) the secret comes from SHMSTEER_SECRET_FILE or SHMSTEER_SECRET.
 	Secret *Secret
+	// SecretFile names a file holding the secret (see SecretFromFile). Setting both Secret and
+	// SecretFile is ErrSecretConflict; either wins over the environment.
+	SecretFile string
+	// NonDumpable makes this process non-dumpable (prctl PR_SET_DUMPABLE 0) before the secret
+	// is read; see OwnerOptions.NonDumpable.
+	NonDumpable bool
 	// Namespace must match the owner's.
 	Namespace string
+	// OwnerUIDs lists the uids, besides this process's own, whose listeners this client
+	// accepts as the owner. Before it sends a byte, a client reads the listener's uid
+	// (SO_PEERCRED) and skips a listener of any other uid: abstract socket names have no
+	// permissions, so anyone can bind one (see the package documentation, Squatting).
+	OwnerUIDs []int
 	// Timeout bounds the attach and each RPC; 0 means DefaultTimeout (5 s).
 	Timeout time.Duration
 	// DropEnv unsets SHMSTEER_SECRET once the secret is resolved.
@@ -44,6 +56,7 @@ type ClientOptions struct {
 // writes to the owner over the attach socket. Its methods are safe for concurrent use; RPCs
 // from several goroutines are sent one at a time.
 type Client struct {
+	ns       string
 	region   *shm.Region
 	keys     *Registry
 	timeout  time.Duration
@@ -64,10 +77,16 @@ type Client struct {
 
 // Attach finds the owner through the handle derived from the secret and namespace, runs the
 // mutual handshake, receives the region's file descriptors and maps the region (read-only).
-// Errors: ErrAuthSecretNotDefined, ErrNotYetInitialized (no owner answers), ErrAuthFailed,
-// ErrIncompatible, ErrTimeout.
+// Errors: ErrAuthSecretNotDefined, ErrSecretFile, ErrSecretConflict, ErrNotYetInitialized
+// (no owner of an accepted uid answers; see OwnerUIDs), ErrAuthFailed, ErrIncompatible,
+// ErrTimeout.
 func Attach(opts ClientOptions) (*Client, error) {
-	secret, err := resolveSecret(opts.Secret, opts.DropEnv)
+	if opts.NonDumpable {
+		if err := setNonDumpable(); err != nil {
+			return nil, err
+		}
+	}
+	secret, err := resolveSecret(opts.Secret, opts.SecretFile, opts.DropEnv)
 	if err != nil {
 		return nil, err
 	}
@@ -76,29 +95,30 @@ func Attach(opts ClientOptions) (*Client, error) {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	name := opts.handle
-	if name == "" {
-		name = handleName(secret, opts.Namespace)
+	deadline := time.Now().Add(timeout)
+	allowed := func(uid int) bool { return uidIn(uid, opts.OwnerUIDs) }
+	names := []string{opts.handle}
+	if opts.handle == "" {
+		names = handleNames(secret, opts.Namespace)
 	}
-	d := net.Dialer{Timeout: timeout}
-	nc, err := d.Dial("unix", "@"+name)
-	if err != nil && opts.handle == "" && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)) {
+	conn, skipped, err := dialFirstAllowed(names, allowed, deadline)
+	if err == nil && conn == nil && opts.handle == "" {
 		// No owner at our handle. If one serves the namespace under another secret, its lobby
 		// answers and the handshake below fails with ErrAuthFailed, which says what is wrong.
-		nc, err = d.Dial("unix", "@"+lobbyName(opts.Namespace))
+		var more []listener
+		conn, more, err = dialFirstAllowed(lobbyNames(opts.Namespace), allowed, deadline)
+		skipped = append(skipped, more...)
 	}
-	if err != nil {
-		switch {
-		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT):
-			return nil, ErrNotYetInitialized
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			return nil, fmt.Errorf("%w: connecting to the owner", ErrTimeout)
-		}
-		return nil, fmt.Errorf("shmsteer: connecting to the owner: %w", err)
+	switch {
+	case err != nil:
+		return nil, err
+	case conn == nil && len(skipped) > 0:
+		return nil, fmt.Errorf("%w (skipped listeners of uids this client does not accept, ClientOptions.OwnerUIDs: %s)", ErrNotYetInitialized, describeListeners(skipped))
+	case conn == nil:
+		return nil, ErrNotYetInitialized
 	}
-	conn := nc.(*net.UnixConn)
-	c := &Client{conn: conn, timeout: timeout}
-	conn.SetDeadline(time.Now().Add(timeout))
+	c := &Client{conn: conn, timeout: timeout, ns: opts.Namespace}
+	conn.SetDeadline(deadline)
 	w, err := c.handshake(secret, opts.Namespace)
 	if err != nil {
 		c.fr.wipe()
@@ -156,6 +176,12 @@ func (c *Client) handshake(secret Secret, ns string) (welcome, error) {
 	clientNonce := make([]byte, nonceLen)
 	rand.Read(clientNonce)
 	if _, err := c.conn.Write(appendFrame(nil, opHello, 0, encodeHello(clientNonce))); err != nil {
+		// The owner may have answered with an error and closed before our hello went out:
+		// its error frame is still there to read, and says more than the write's EPIPE.
+		var re *RemoteError
+		if _, rerr := c.readHandshake(c.conn.Read, opChallenge); errors.As(rerr, &re) {
+			return welcome{}, rerr
+		}
 		return welcome{}, handshakeErr(err)
 	}
 	p, err := c.readHandshake(c.conn.Read, opChallenge)
@@ -301,6 +327,7 @@ func (c *Client) call(op uint16, build func([]byte) []byte, onReply func([]byte)
 	if c.gone != nil {
 		return c.gone
 	}
+	defer c.fr.release() // a large reply's memory goes back now
 	c.nextID++
 	if c.nextID == 0 {
 		c.nextID = 1
@@ -325,6 +352,14 @@ func (c *Client) call(op uint16, build func([]byte) []byte, onReply func([]byte)
 	if n, err := c.conn.Write(c.wbuf); err != nil {
 		if n > 0 { // a partial frame went out: the stream cannot be resynchronized
 			c.gone = fmt.Errorf("%w: connection unusable after a partial write (%v); re-attach", ErrOwnerGone, err)
+			// The owner may have dropped us with a reason (ErrBusy, ErrFrameTooLarge): it
+			// is still there to read.
+			c.conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			if f, rerr := c.fr.next(c.conn.Read, c.maxFrame); rerr == nil && f.op == opReplyErr && f.id == id {
+				if code, msg, derr := decodeError(f.payload); derr == nil {
+					c.gone = fmt.Errorf("%w: the owner dropped the connection: %w", ErrOwnerGone, remoteError(code, msg))
+				}
+			}
 			c.conn.Close()
 			return c.gone
 		}

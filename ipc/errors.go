@@ -12,16 +12,28 @@ import (
 // Sentinel errors. Every error this package returns wraps one of these (or one of shm's), so
 // callers test them with errors.Is. None of them ever carries the secret.
 var (
-	// ErrAuthSecretNotDefined means no secret was given and SHMSTEER_SECRET is unset or empty.
-	// Set SHMSTEER_SECRET to the same value in the owner and in every worker, or pass the
-	// secret explicitly.
-	ErrAuthSecretNotDefined = errors.New("shmsteer: auth secret not defined: set SHMSTEER_SECRET (the same value in the owner and every worker) or pass a Secret")
+	// ErrAuthSecretNotDefined means no secret was given: SHMSTEER_SECRET and
+	// SHMSTEER_SECRET_FILE are unset, or the value or file is empty. Set one of them (the same
+	// secret in the owner and in every worker), or pass the secret explicitly.
+	ErrAuthSecretNotDefined = errors.New("shmsteer: auth secret not defined: set SHMSTEER_SECRET_FILE or SHMSTEER_SECRET (the same secret in the owner and every worker) or pass a Secret")
+	// ErrSecretFile means the secret file (OwnerOptions.SecretFile, ClientOptions.SecretFile or
+	// SHMSTEER_SECRET_FILE) cannot be used: it cannot be read, is not a file, or holds more
+	// than MaxSecretFileBytes. The error names the path, never the content.
+	ErrSecretFile = errors.New("shmsteer: secret file unusable: check the path, its permissions for this process's user, and its size")
+	// ErrSecretConflict means the secret is given twice: both SHMSTEER_SECRET and
+	// SHMSTEER_SECRET_FILE, or both the Secret and the SecretFile option. Give exactly one.
+	ErrSecretConflict = errors.New("shmsteer: the secret is given twice: set exactly one of SHMSTEER_SECRET and SHMSTEER_SECRET_FILE (or of the Secret and SecretFile options)")
 	// ErrNotYetInitialized means no owner answers the handle derived from the secret and
 	// namespace: start the owner first, and check that the secret and namespace match it.
 	ErrNotYetInitialized = errors.New("shmsteer: not yet initialized: no owner answers for this secret and namespace; start the owner first and check SHMSTEER_SECRET and the namespace")
 	// ErrPreviouslyInitialized means an owner already runs for this secret and namespace, in
 	// this process or another. Use one owner per handle, or give this one another namespace.
 	ErrPreviouslyInitialized = errors.New("shmsteer: previously initialized: an owner already runs for this secret and namespace; attach as a client or use another namespace")
+	// ErrRendezvousTaken means every candidate name of the attach handle or of the lobby is
+	// held by processes of other uids (abstract socket names have no permissions), so the
+	// owner cannot start. The error names them (uid, pid): stop them, or use another
+	// namespace.
+	ErrRendezvousTaken = errors.New("shmsteer: every rendezvous name for this namespace is held by other users' processes: stop them (uid and pid follow) or use another namespace")
 	// ErrAuthFailed means the mutual handshake failed: the peer does not know the secret, it
 	// replayed an old handshake, or its uid is not allowed. Check that every process uses the
 	// same secret and runs as an allowed user.
@@ -52,6 +64,11 @@ var (
 	// ErrFrameTooLarge means an RPC request or reply exceeds the owner's maximum frame size;
 	// raise OwnerOptions.MaxFrameBytes or send less.
 	ErrFrameTooLarge = errors.New("shmsteer: RPC frame too large")
+	// ErrBusy means the owner dropped a connection whose frame found no room in the buffer
+	// all connections share (OwnerOptions.MaxBufferedBytes) within OwnerOptions.FrameTimeout,
+	// or whose frame did not arrive whole within FrameTimeout. Retry, send smaller frames, or
+	// raise those settings in the owner.
+	ErrBusy = errors.New("shmsteer: owner busy: no room to buffer the frame in time (OwnerOptions.MaxBufferedBytes, FrameTimeout); retry or send smaller frames")
 	// ErrUnknownOp means the owner has no handler for an RPC op (ops below 256 are reserved
 	// for this package): register it with Owner.Handle in the owner.
 	ErrUnknownOp = errors.New("shmsteer: no handler for RPC op in the owner")
@@ -92,6 +109,7 @@ const (
 	codeBadConfig
 	codeNoReaderSlot
 	codeTimeout
+	codeBusy
 
 	// MinUserErrorCode is the first code RegisterError accepts.
 	MinUserErrorCode = 256
@@ -124,6 +142,7 @@ var (
 		{codeBadConfig, shm.ErrBadConfig},
 		{codeNoReaderSlot, shm.ErrNoReaderSlot},
 		{codeTimeout, ErrTimeout},
+		{codeBusy, ErrBusy},
 	}
 )
 

@@ -3,6 +3,9 @@ package ipc
 import (
 	"encoding/binary"
 	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Wire format. Every message on an attach socket, in the handshake and after it, is a frame:
@@ -18,7 +21,7 @@ import (
 const (
 	frameHeader = 10
 	// protoVersion is the attach and RPC protocol version, carried by the handshake frames.
-	protoVersion = 1
+	protoVersion = 2
 
 	// DefaultMaxFrameBytes is the default bound on one RPC frame (request or reply), header
 	// included: room for a full set of steering vectors (4096 floats × dozens of layers).
@@ -239,22 +242,40 @@ func decodeKeySet(p []byte) (id []byte, key []byte, err error) {
 // frameReader accumulates bytes from a stream and cuts frames out of them. Bytes read past
 // a frame stay for the next call, so a read that timed out midway loses nothing. Consumed
 // bytes are zeroed (frames may carry keys).
+//
+// Memory: the buffer starts at readerInitial bytes and grows by doubling on the Go heap up to
+// readerKeep; a frame larger than that gets an anonymous mapping of exactly its size, whose
+// pages the kernel commits only as bytes arrive. Once the frame is consumed (release), the
+// mapping's pages are discarded (madvise MADV_DONTNEED), so its memory goes back to the kernel
+// at once instead of lingering in the Go heap, and the mapping is kept as a spare for the
+// connection's next large frame: a stale view of the consumed frame reads zeros, as for a
+// heap buffer, never memory mapped since. The spare is unmapped by wipe, when the connection
+// ends. A heap buffer grown past readerRetain is zeroed and dropped. Everything beyond readerRetain is charged to
+// budget, if set (the owner's MaxBufferedBytes, shared by all its connections), waiting at
+// most budgetWait for room.
 type frameReader struct {
 	buf                []byte
-	start, end         int // unparsed bytes
-	prevStart, prevEnd int // the frame returned last; zeroed on the next call
+	start, end         int    // unparsed bytes
+	prevStart, prevEnd int    // the frame returned last; zeroed on the next call
+	mapped             bool   // buf is an anonymous mapping: discard it into spare, never drop it
+	spare              []byte // a discarded mapping (no memory committed), for the next large frame
+	charged            int    // bytes of buf charged to budget
+
+	budget     *byteBudget   // nil: no shared bound (clients)
+	budgetWait time.Duration // how long to wait for room in budget
+	done       <-chan struct{}
 }
 
 const (
 	readerInitial = 4 << 10
-	readerKeep    = 1 << 20 // a buffer grown beyond this is dropped once empty
+	readerRetain  = 64 << 10 // a buffer up to this size is kept between frames, uncharged
+	readerKeep    = 1 << 20  // a heap buffer grows to at most this; larger frames are mapped
 )
 
 // next returns the next frame, reading with read as needed; the payload is valid until the
-// next call.
+// next call (or release).
 func (r *frameReader) next(read func([]byte) (int, error), max int) (frame, error) {
-	clear(r.buf[r.prevStart:r.prevEnd])
-	r.prevStart, r.prevEnd = 0, 0
+	r.release()
 	for {
 		f, n, err := decodeFrame(r.buf[r.start:r.end], max)
 		if err != nil {
@@ -265,7 +286,9 @@ func (r *frameReader) next(read func([]byte) (int, error), max int) (frame, erro
 			r.start += n
 			return f, nil
 		}
-		r.makeRoom(frameNeed(r.buf[r.start:r.end]))
+		if err := r.makeRoom(frameNeed(r.buf[r.start:r.end])); err != nil {
+			return frame{}, err
+		}
 		m, err := read(r.buf[r.end:])
 		r.end += m
 		if err != nil && m == 0 {
@@ -274,14 +297,57 @@ func (r *frameReader) next(read func([]byte) (int, error), max int) (frame, erro
 	}
 }
 
-// makeRoom compacts the buffer and grows it so that at least one more byte, and if known the
-// whole pending frame, fits; growth is at most doubling, so memory follows the bytes that
-// actually arrive, not a length field.
-func (r *frameReader) makeRoom(need int) {
-	pending := r.end - r.start
-	if pending == 0 && cap(r.buf) > readerKeep {
+// release zeroes the frame returned last and, if nothing else is buffered, gives back a
+// large buffer (unmapping a mapped one). Callers call it once done with a frame, so memory
+// does not wait for the next frame; the payload is invalid afterwards.
+func (r *frameReader) release() {
+	if r.prevEnd > r.prevStart {
+		if !r.mapped {
+			clear(r.buf[r.prevStart:r.prevEnd])
+		}
+		r.prevStart, r.prevEnd = 0, 0
+	}
+	if r.start == r.end && (r.mapped || cap(r.buf) > readerRetain) {
+		r.free()
+	}
+}
+
+// buffered is how many bytes of an incomplete frame are held.
+func (r *frameReader) buffered() int { return r.end - r.start }
+
+// pendingID is the request id of the incomplete frame, once its header is in.
+func (r *frameReader) pendingID() (uint32, bool) {
+	if r.end-r.start < frameHeader {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint32(r.buf[r.start+6:]), true
+}
+
+// free drops the buffer, zeroed (heap) or discarded into spare (mapped), and returns its
+// charge.
+func (r *frameReader) free() {
+	if r.mapped {
+		r.discard(r.buf)
+	} else {
 		clear(r.buf)
-		r.buf, r.start, r.end = nil, 0, 0
+	}
+	r.buf, r.mapped = nil, false
+	r.start, r.end, r.prevStart, r.prevEnd = 0, 0, 0, 0
+	if r.charged > 0 {
+		r.budget.release(r.charged)
+		r.charged = 0
+	}
+}
+
+// makeRoom compacts the buffer and grows it so that at least one more byte, and if known the
+// whole pending frame, fits. Heap growth is at most doubling, so memory follows the bytes
+// that actually arrive rather than a length field; a mapping's pages, too, are committed only
+// as bytes arrive. The charge to the budget is for the buffer's full size, so the bound holds
+// whatever the peer sends.
+func (r *frameReader) makeRoom(need int) error {
+	pending := r.end - r.start
+	if pending == 0 && (r.mapped || cap(r.buf) > readerRetain) {
+		r.free()
 	}
 	if r.buf == nil {
 		r.buf = make([]byte, readerInitial)
@@ -292,17 +358,71 @@ func (r *frameReader) makeRoom(need int) {
 		r.start, r.end = 0, pending
 	}
 	if r.end < len(r.buf) {
-		return
+		return nil
 	}
-	size := min(max(need, r.end+1), 2*len(r.buf))
-	nb := make([]byte, max(size, len(r.buf)+1))
+	size := max(min(max(need, r.end+1), 2*len(r.buf)), len(r.buf)+1)
+	mapIt := need > readerKeep
+	if mapIt {
+		size = need
+	}
+	if r.budget != nil {
+		if want := max(size-readerRetain, 0) - r.charged; want > 0 {
+			if err := r.budget.acquire(want, r.budgetWait, r.done); err != nil {
+				return err
+			}
+			r.charged += want
+		}
+	}
+	var nb []byte
+	switch {
+	case mapIt && cap(r.spare) >= size:
+		nb, r.spare = r.spare[:size], nil // cap kept: Munmap finds the mapping by it
+	case mapIt:
+		if r.spare != nil {
+			unix.Munmap(r.spare)
+			r.spare = nil
+		}
+		b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return fmt.Errorf("%w: mapping a %d-byte frame buffer: %w", ErrBusy, size, err)
+		}
+		nb = b
+	default:
+		nb = make([]byte, size)
+	}
 	copy(nb, r.buf[:r.end])
-	clear(r.buf)
-	r.buf = nb
+	if r.mapped {
+		r.discard(r.buf)
+	} else {
+		clear(r.buf)
+	}
+	r.buf, r.mapped = nb, mapIt
+	return nil
 }
 
-// wipe zeroes everything buffered.
+// discard gives a mapping's pages back to the kernel (they read as zeros from now on) and
+// keeps the mapping as the spare, unmapping the smaller of it and an existing spare.
+func (r *frameReader) discard(m []byte) {
+	unix.Madvise(m[:cap(m)], unix.MADV_DONTNEED)
+	switch {
+	case r.spare == nil:
+		r.spare = m
+	case cap(m) > cap(r.spare):
+		unix.Munmap(r.spare)
+		r.spare = m
+	default:
+		unix.Munmap(m)
+	}
+}
+
+// wipe zeroes everything buffered and frees the buffer and the spare mapping; nothing read
+// from this reader may be used afterwards.
 func (r *frameReader) wipe() {
-	clear(r.buf)
-	r.start, r.end, r.prevStart, r.prevEnd = 0, 0, 0, 0
+	if r.buf != nil {
+		r.free()
+	}
+	if r.spare != nil {
+		unix.Munmap(r.spare)
+		r.spare = nil
+	}
 }

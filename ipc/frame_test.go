@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -79,6 +80,7 @@ func TestFrameReader(t *testing.T) {
 			src.b = stream[:3*1024] // byte at a time is slow; the first frames suffice
 		}
 		var fr frameReader
+		defer fr.wipe()
 		for i, s := range sizes {
 			f, err := fr.next(src.Read, DefaultMaxFrameBytes)
 			if err == io.EOF && k == 1 {
@@ -174,4 +176,20 @@ func FuzzDecodeFrame(f *testing.F) {
 			t.Fatalf("frameReader disagrees: %v", err)
 		}
 	})
+}
+
+func TestByteBudget(t *testing.T) {
+	b := newByteBudget(10)
+	require.NoError(t, b.acquire(6, time.Second, nil))
+	require.ErrorIs(t, b.acquire(5, 20*time.Millisecond, nil), ErrBusy, "no room in time")
+	require.ErrorIs(t, b.acquire(11, time.Second, nil), ErrBusy, "never fits")
+	done := make(chan struct{})
+	close(done)
+	require.ErrorIs(t, b.acquire(5, time.Second, done), ErrClosed)
+	got := make(chan error, 1)
+	go func() { got <- b.acquire(5, 5*time.Second, nil) }()
+	time.Sleep(20 * time.Millisecond)
+	b.release(6)
+	require.NoError(t, <-got, "a release lets a waiter in")
+	require.Equal(t, 5, b.inUse())
 }

@@ -1,6 +1,7 @@
 package ipc
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"errors"
@@ -24,19 +25,37 @@ const (
 	DefaultGrace = 60 * time.Second
 	// DefaultMaxKeyBytes is the default bound on one key.
 	DefaultMaxKeyBytes = 4096
+	// DefaultWriteTimeout bounds each of the owner's writes when OwnerOptions.WriteTimeout is 0.
+	DefaultWriteTimeout = 10 * time.Second
+	// DefaultFrameTimeout is OwnerOptions.FrameTimeout's default.
+	DefaultFrameTimeout = 10 * time.Second
+	// DefaultMaxPendingHandshakes is OwnerOptions.MaxPendingHandshakes's default.
+	DefaultMaxPendingHandshakes = 64
+	// maxRefusing bounds the connections of refused uids being told so at once; beyond it
+	// they are closed without a word.
+	maxRefusing = 16
 	// handshakeTimeout bounds an attach on the owner's side.
 	handshakeTimeout = 5 * time.Second
-	// releaseWait is how long the owner waits for a disconnected client's process to exit
-	// before giving up on freeing its reader slots (shm's reclamation still frees them once
-	// the process is gone). The socket closes a moment before the process is reaped; the
-	// bound is generous for loaded machines.
+	// releaseWait is how long the owner sweeps for a disconnected client's reader slots
+	// (see releaseReaders); the periodic sweep covers anything later.
 	releaseWait = time.Second
+	// refuseWait bounds how long the owner waits for a refused client's hello.
+	refuseWait = time.Second
 )
 
 // OwnerOptions configures NewOwner.
 type OwnerOptions struct {
-	// Secret authenticates clients and derives the handle; nil reads SHMSTEER_SECRET.
+	// Secret authenticates clients and derives the handle. Without it (and without
+	// SecretFile) the secret comes from SHMSTEER_SECRET_FILE or SHMSTEER_SECRET.
 	Secret *Secret
+	// SecretFile names a file holding the secret (see SecretFromFile). Setting both Secret and
+	// SecretFile is ErrSecretConflict; either wins over the environment.
+	SecretFile string
+	// NonDumpable makes this process non-dumpable (prctl PR_SET_DUMPABLE 0) before the secret
+	// is read: processes of the same uid can then no longer read its memory through
+	// /proc/PID/mem or ptrace, nor its descriptors (the region's memfds) through /proc/PID/fd,
+	// and it leaves no core dump. It applies to the whole process and is not undone on Close.
+	NonDumpable bool
 	// Namespace distinguishes several owners that share a secret.
 	Namespace string
 	// Region sizes the shared region.
@@ -49,6 +68,27 @@ type OwnerOptions struct {
 	// MaxFrameBytes bounds one RPC frame, header included; 0 means DefaultMaxFrameBytes
 	// (64 MiB). At most MaxFrameBytesLimit.
 	MaxFrameBytes int
+	// MaxBufferedBytes bounds the bytes all connections together buffer for incoming frames
+	// beyond a small per-connection buffer (64 KiB); 0 means 2 × MaxFrameBytes. At least
+	// MaxFrameBytes. A connection whose frame finds no room waits (it reads nothing
+	// meanwhile, so its sender blocks) for at most FrameTimeout, then is dropped with
+	// ErrBusy. Frame buffers above 1 MiB are anonymous mappings whose pages are discarded
+	// once the frame is served, so the memory goes back to the system at once.
+	MaxBufferedBytes int
+	// FrameTimeout bounds, each, the wait for room in MaxBufferedBytes and the time from a
+	// frame's first byte to its last: a client that starts a frame and stalls is dropped
+	// (ErrBusy) and its buffer freed. 0 means DefaultFrameTimeout (10 s).
+	FrameTimeout time.Duration
+	// WriteTimeout bounds each write of a reply: a client that sends requests but does not
+	// read the replies is dropped once one write stalls that long, rather than holding an
+	// owner goroutine forever. 0 means DefaultWriteTimeout (10 s).
+	WriteTimeout time.Duration
+	// MaxPendingHandshakes bounds connections accepted but not yet through the handshake;
+	// 0 means DefaultMaxPendingHandshakes (64). When the bound is reached, or accept fails
+	// because the process is out of descriptors (EMFILE, ENFILE), the oldest pending
+	// handshake is closed, so idle connections cannot keep a legitimate attach out.
+	// Connections of uids not allowed are refused before they count.
+	MaxPendingHandshakes int
 	// AllowUIDs lists uids allowed to attach besides the owner's own.
 	AllowUIDs []int
 	// SpinWait is how long the owner, having answered a request, polls that connection for
@@ -77,7 +117,8 @@ type Owner struct {
 	log      *slog.Logger
 	secret   Secret
 	ns       string
-	handle   string
+	handle   string // the candidate name bound
+	ownerKey string // the first candidate: the key in ownerHandles
 	region   *shm.Region
 	keys     *Registry
 	ln       *net.UnixListener
@@ -87,6 +128,18 @@ type Owner struct {
 	grace    time.Duration
 	spin     time.Duration
 	allow    []int
+
+	budget       *byteBudget
+	frameTimeout time.Duration
+	writeTimeout time.Duration
+	maxPending   int
+	refusing     chan struct{} // a token per refusal in progress (maxRefusing)
+
+	uidRefusals atomic.Uint64
+
+	pmu       sync.Mutex
+	pending   []*net.UnixConn // accepted, handshake not done; oldest first
+	evictions int
 
 	hmu      sync.RWMutex
 	handlers map[uint16]Handler
@@ -108,15 +161,22 @@ type Owner struct {
 // handles in use by owners of this process: a second owner for one handle is refused before it
 // tries to bind.
 var (
-	handlesMu sync.Mutex
-	handles   = map[string]bool{}
+	handlesMu    sync.Mutex
+	ownerHandles = map[string]bool{}
 )
 
 // NewOwner creates the region and starts serving the handle derived from the secret and
-// namespace. ErrAuthSecretNotDefined without a secret; ErrPreviouslyInitialized if an owner
-// already serves the handle, in this process or another.
+// namespace (the first free of its candidate names; see the package documentation,
+// Squatting). ErrAuthSecretNotDefined without a secret; ErrPreviouslyInitialized if an owner
+// of this uid already serves the namespace, in this process or another (the error names its
+// pid); ErrRendezvousTaken if other users hold every candidate name (the error names them).
 func NewOwner(opts OwnerOptions) (*Owner, error) {
-	secret, err := resolveSecret(opts.Secret, opts.DropEnv)
+	if opts.NonDumpable {
+		if err := setNonDumpable(); err != nil {
+			return nil, err
+		}
+	}
+	secret, err := resolveSecret(opts.Secret, opts.SecretFile, opts.DropEnv)
 	if err != nil {
 		return nil, err
 	}
@@ -146,6 +206,11 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 	if o.grace == 0 {
 		o.grace = DefaultGrace
 	}
+	o.frameTimeout = cmp.Or(opts.FrameTimeout, DefaultFrameTimeout)
+	o.writeTimeout = cmp.Or(opts.WriteTimeout, DefaultWriteTimeout)
+	o.maxPending = cmp.Or(opts.MaxPendingHandshakes, DefaultMaxPendingHandshakes)
+	o.refusing = make(chan struct{}, maxRefusing)
+	maxBuffered := cmp.Or(opts.MaxBufferedBytes, 2*o.maxFrame)
 	switch {
 	case o.maxFrame < minFrameBytes || o.maxFrame > MaxFrameBytesLimit:
 		err = fmt.Errorf("%w: MaxFrameBytes %d must be in [%d, %d]", shm.ErrBadConfig, o.maxFrame, minFrameBytes, MaxFrameBytesLimit)
@@ -153,20 +218,26 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 		err = fmt.Errorf("%w: MaxKeyBytes %d must be in [0, MaxFrameBytes-%d]", shm.ErrBadConfig, o.maxKey, frameHeader+2+MaxRequestIDLen)
 	case o.grace < 0:
 		err = fmt.Errorf("%w: Grace %v is negative", shm.ErrBadConfig, o.grace)
+	case maxBuffered < o.maxFrame:
+		err = fmt.Errorf("%w: MaxBufferedBytes %d must be at least MaxFrameBytes (%d)", shm.ErrBadConfig, maxBuffered, o.maxFrame)
+	case o.frameTimeout < 0 || o.writeTimeout < 0 || o.maxPending < 0:
+		err = fmt.Errorf("%w: FrameTimeout, WriteTimeout and MaxPendingHandshakes must not be negative", shm.ErrBadConfig)
 	}
+	o.budget = newByteBudget(maxBuffered)
 	if err != nil {
 		o.secret.wipe()
 		return nil, err
 	}
-	o.handle = handleName(secret, opts.Namespace)
-
+	handles := handleNames(secret, opts.Namespace)
+	ownerKey := handles[0]
+	o.ownerKey = ownerKey
 	handlesMu.Lock()
-	if handles[o.handle] {
+	if ownerHandles[ownerKey] {
 		handlesMu.Unlock()
 		o.secret.wipe()
 		return nil, fmt.Errorf("%w (in this process)", ErrPreviouslyInitialized)
 	}
-	handles[o.handle] = true
+	ownerHandles[ownerKey] = true
 	handlesMu.Unlock()
 	fail := func(err error) (*Owner, error) {
 		if o.ln != nil {
@@ -177,26 +248,25 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 		}
 		o.secret.wipe()
 		handlesMu.Lock()
-		delete(handles, o.handle)
+		delete(ownerHandles, ownerKey)
 		handlesMu.Unlock()
 		return nil, err
 	}
 
-	// Bind before creating the region, so a second owner allocates nothing.
-	o.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: "@" + o.handle, Net: "unix"})
-	if err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return fail(fmt.Errorf("%w (another process serves the handle)", ErrPreviouslyInitialized))
-		}
-		return fail(fmt.Errorf("shmsteer: listening on the attach handle: %w", err))
+	// Bind before creating the region, so a second owner allocates nothing. Any live owner
+	// of the namespace, whatever its secret, listens on one of the lobby candidates: look for
+	// one of this uid on all of them first (it need not hold the first free one).
+	lobbies := lobbyNames(o.ns)
+	if l, ok := findLiveOwner(lobbies); ok {
+		return fail(fmt.Errorf("%w: %v serves the namespace", ErrPreviouslyInitialized, l))
 	}
-	o.lobby, err = net.ListenUnix("unix", &net.UnixAddr{Name: "@" + lobbyName(o.ns), Net: "unix"})
-	if err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return fail(fmt.Errorf("%w (another owner, with another secret, serves the namespace)", ErrPreviouslyInitialized))
-		}
-		return fail(fmt.Errorf("shmsteer: listening on the lobby: %w", err))
+	if o.lobby, err = o.bindFirstFree(lobbies, "lobby"); err != nil {
+		return fail(err)
 	}
+	if o.ln, err = o.bindFirstFree(handles, "attach handle"); err != nil {
+		return fail(err)
+	}
+	o.handle = o.ln.Addr().(*net.UnixAddr).Name[1:]
 	if o.region, err = shm.Create(opts.Region); err != nil {
 		return fail(err)
 	}
@@ -254,12 +324,13 @@ func (o *Owner) Close() error {
 	err = errors.Join(err, o.region.Close())
 	o.secret.wipe()
 	handlesMu.Lock()
-	delete(handles, o.handle)
+	delete(ownerHandles, o.ownerKey)
 	handlesMu.Unlock()
 	return err
 }
 
 // acceptLoop serves one listener (the handle or the lobby): both run the same handshake.
+// Peers of uids not allowed are refused here, before they count as pending handshakes.
 func (o *Owner) acceptLoop(ln *net.UnixListener) {
 	defer o.wg.Done()
 	for {
@@ -270,6 +341,9 @@ func (o *Owner) acceptLoop(ln *net.UnixListener) {
 				return
 			default:
 			}
+			if (errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)) && o.evictOldestPending("out of file descriptors") {
+				continue // a descriptor is free again
+			}
 			o.log.Warn("shmsteer: accept failed", "err", err)
 			select {
 			case <-o.done:
@@ -278,62 +352,131 @@ func (o *Owner) acceptLoop(ln *net.UnixListener) {
 			}
 			continue
 		}
-		o.mu.Lock()
-		if o.closed {
-			o.mu.Unlock()
+		cred, err := peerCred(c)
+		if err != nil {
+			o.log.Warn("shmsteer: attach refused: no peer credentials", "err", err)
 			c.Close()
+			continue
+		}
+		if !o.uidAllowed(cred.Uid) {
+			// 1st, 2nd, 4th, 8th...: a flood of connections does not flood the log.
+			if n := o.uidRefusals.Add(1); n&(n-1) == 0 {
+				o.log.Warn("shmsteer: attach refused: uid not allowed", "pid", cred.Pid, "uid", cred.Uid, "refusals", n)
+			}
+			select {
+			case o.refusing <- struct{}{}:
+				if !o.track(c) {
+					<-o.refusing
+					return
+				}
+				go func() {
+					defer func() { <-o.refusing }()
+					defer o.untrack(c)
+					var fr frameReader
+					defer fr.wipe()
+					o.refuse(c, &fr, codeAuthFailed, msgUIDRefused)
+				}()
+			default: // too many refusals at once: no word for this one
+				c.Close()
+			}
+			continue
+		}
+		if !o.track(c) {
 			return
 		}
-		o.conns[c] = struct{}{}
-		o.wg.Add(1)
-		o.mu.Unlock()
-		go o.serve(c)
+		o.addPending(c)
+		go o.serve(c, cred)
 	}
 }
 
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
+// track registers a connection (closed by Close) and counts it in wg; false, with c closed,
+// once the owner is closed.
+func (o *Owner) track(c *net.UnixConn) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		c.Close()
+		return false
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
+	o.conns[c] = struct{}{}
+	o.wg.Add(1)
+	return true
+}
+
+// untrack closes and forgets a tracked connection; its goroutine is done.
+func (o *Owner) untrack(c *net.UnixConn) {
+	o.mu.Lock()
+	delete(o.conns, c)
+	o.mu.Unlock()
+	c.Close()
+	o.wg.Done()
+}
+
+// addPending counts c as a pending handshake, first closing the oldest if at the bound.
+func (o *Owner) addPending(c *net.UnixConn) {
+	if o.pendingCount() >= o.maxPending {
+		o.evictOldestPending("MaxPendingHandshakes reached")
 	}
-	return cred, cerr
+	o.pmu.Lock()
+	o.pending = append(o.pending, c)
+	o.pmu.Unlock()
+}
+
+func (o *Owner) pendingCount() int {
+	o.pmu.Lock()
+	defer o.pmu.Unlock()
+	return len(o.pending)
+}
+
+// donePending forgets c as a pending handshake (it finished, failed, or was evicted).
+func (o *Owner) donePending(c *net.UnixConn) {
+	o.pmu.Lock()
+	defer o.pmu.Unlock()
+	if i := slices.Index(o.pending, c); i >= 0 {
+		o.pending = slices.Delete(o.pending, i, i+1)
+	}
+}
+
+// evictOldestPending closes the oldest pending handshake; false if there is none. Its serve
+// goroutine then fails its read and cleans up.
+func (o *Owner) evictOldestPending(why string) bool {
+	o.pmu.Lock()
+	if len(o.pending) == 0 {
+		o.pmu.Unlock()
+		return false
+	}
+	c := o.pending[0]
+	o.pending = slices.Delete(o.pending, 0, 1)
+	o.evictions++
+	n := o.evictions
+	o.pmu.Unlock()
+	c.Close()
+	if n&(n-1) == 0 { // 1, 2, 4, 8...: a flood of idle connections does not flood the log
+		o.log.Warn("shmsteer: closed the oldest pending attach handshake", "why", why, "evictions", n)
+	}
+	return true
 }
 
 func (o *Owner) uidAllowed(uid uint32) bool {
-	return int(uid) == os.Getuid() || slices.Contains(o.allow, int(uid))
+	return uidIn(int(uid), o.allow)
 }
 
-// serve runs one client connection: credentials, handshake, fds, then RPCs until it closes.
-func (o *Owner) serve(c *net.UnixConn) {
-	defer o.wg.Done()
-	defer func() {
-		o.mu.Lock()
-		delete(o.conns, c)
-		o.mu.Unlock()
-		c.Close()
-	}()
-	cred, err := peerCred(c)
-	if err != nil {
-		o.log.Warn("shmsteer: attach refused: no peer credentials", "err", err)
-		return
-	}
+// serve runs one client connection: handshake, fds, then RPCs until it closes.
+func (o *Owner) serve(c *net.UnixConn, cred *unix.Ucred) {
+	defer o.untrack(c)
 	pid := int(cred.Pid)
-	var fr frameReader
+	fr := frameReader{budget: o.budget, budgetWait: o.frameTimeout, done: o.done}
 	defer fr.wipe()
-	if !o.uidAllowed(cred.Uid) {
-		o.log.Warn("shmsteer: attach refused: uid not allowed", "pid", pid, "uid", cred.Uid)
-		o.sendError(c, codeAuthFailed, "shmsteer: authentication failed: uid not allowed by the owner (OwnerOptions.AllowUIDs)")
-		return
-	}
 	c.SetDeadline(time.Now().Add(handshakeTimeout))
-	if err := o.handshake(c, &fr); err != nil {
+	err := o.handshake(c, &fr)
+	o.donePending(c)
+	if err != nil {
+		if (errors.Is(err, io.EOF) && fr.end == 0) || errors.Is(err, net.ErrClosed) {
+			// Closed before a byte (a client that skipped us, or another owner looking for
+			// a live owner of the namespace), or evicted as the oldest pending handshake.
+			o.log.Debug("shmsteer: connection closed before the handshake", "pid", pid, "uid", cred.Uid, "err", err)
+			return
+		}
 		o.log.Warn("shmsteer: attach refused", "pid", pid, "uid", cred.Uid, "err", err)
 		return
 	}
@@ -346,6 +489,18 @@ func (o *Owner) serve(c *net.UnixConn) {
 		o.wg.Add(1)
 		go o.releaseReaders(pid)
 	}
+}
+
+// msgUIDRefused is what a client of a uid the owner does not allow is told.
+const msgUIDRefused = "shmsteer: authentication failed: uid not allowed by the owner (OwnerOptions.AllowUIDs)"
+
+// refuse reads the client's hello, then answers with an error and returns (the caller
+// closes). Reading first makes the client's hello write succeed whatever the timing, so it
+// always reads this error rather than sometimes failing its write on a closed socket.
+func (o *Owner) refuse(c *net.UnixConn, fr *frameReader, code uint16, msg string) {
+	c.SetReadDeadline(time.Now().Add(refuseWait))
+	fr.next(c.Read, handshakeMaxFrame)
+	o.sendError(c, code, msg)
 }
 
 func (o *Owner) sendError(c *net.UnixConn, code uint16, msg string) {
@@ -427,7 +582,7 @@ func (o *Owner) handshake(c *net.UnixConn, fr *frameReader) error {
 // rpcLoop serves requests until the client leaves; it reports whether it said bye (and so
 // released its own reader slots).
 func (o *Owner) rpcLoop(c *net.UnixConn, fr *frameReader) (clean bool) {
-	read := c.Read
+	baseRead := c.Read
 	var sc *spinConn
 	if o.spin > 0 {
 		var err error
@@ -435,18 +590,37 @@ func (o *Owner) rpcLoop(c *net.UnixConn, fr *frameReader) (clean bool) {
 			o.log.Warn("shmsteer: dropping client: attach socket", "err", err)
 			return false
 		}
-		read = sc.read
+		baseRead = sc.read
+	}
+	// An idle connection may wait for ever, but once a frame has begun it must arrive
+	// whole within FrameTimeout: a sender that stalls midway cannot hold its buffer.
+	midFrame := false
+	read := func(b []byte) (int, error) {
+		if !midFrame && fr.buffered() > 0 {
+			c.SetReadDeadline(time.Now().Add(o.frameTimeout))
+			midFrame = true
+		}
+		return baseRead(b)
 	}
 	var wbuf []byte
 	defer func() { clear(wbuf) }()
 	for {
 		f, err := fr.next(read, o.maxFrame)
 		if err != nil {
-			if errors.Is(err, ErrProtocol) || errors.Is(err, ErrFrameTooLarge) {
-				o.log.Warn("shmsteer: dropping client after a bad frame", "err", err)
-				c.Write(appendFrame(nil, opReplyErr, 0, appendError(nil, codeOf(err), err.Error())))
+			if midFrame && errors.Is(err, os.ErrDeadlineExceeded) {
+				err = fmt.Errorf("%w: a frame did not arrive whole within FrameTimeout (%v)", ErrBusy, o.frameTimeout)
+			}
+			if errors.Is(err, ErrProtocol) || errors.Is(err, ErrFrameTooLarge) || errors.Is(err, ErrBusy) {
+				o.log.Warn("shmsteer: dropping client after a bad or stalled frame", "err", err)
+				id, _ := fr.pendingID()
+				c.SetWriteDeadline(time.Now().Add(time.Second))
+				c.Write(appendFrame(nil, opReplyErr, id, appendError(nil, codeOf(err), err.Error())))
 			}
 			return false
+		}
+		if midFrame {
+			c.SetReadDeadline(time.Time{})
+			midFrame = false
 		}
 		if f.op == opBye {
 			return true
@@ -455,6 +629,7 @@ func (o *Owner) rpcLoop(c *net.UnixConn, fr *frameReader) (clean bool) {
 		var herr error
 		wbuf, herr = o.dispatch(f, wbuf)
 		clear(f.payload) // it may hold a key
+		fr.release()     // a large frame's memory goes back now, not at the next frame
 		if herr != nil {
 			wbuf = beginFrame(wbuf[:0], opReplyErr, f.id)
 			wbuf = appendError(wbuf, codeOf(herr), herr.Error())
@@ -464,12 +639,16 @@ func (o *Owner) rpcLoop(c *net.UnixConn, fr *frameReader) (clean bool) {
 			wbuf = appendError(beginFrame(wbuf[:0], opReplyErr, f.id), codeFrameTooLarge, herr.Error())
 		}
 		finishFrame(wbuf, 0)
+		c.SetWriteDeadline(time.Now().Add(o.writeTimeout))
 		_, err = c.Write(wbuf)
 		clear(wbuf)
 		if cap(wbuf) > readerKeep {
 			wbuf = nil
 		}
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				o.log.Warn("shmsteer: dropping client: it does not read its replies", "writeTimeout", o.writeTimeout)
+			}
 			return false
 		}
 		if sc != nil {

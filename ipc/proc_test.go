@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,17 +18,24 @@ import (
 
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // Multi-process tests. The test binary re-executes itself as TestHelperProcess with
 // SHMSTEER_TEST_ROLE set; the child answers line commands on stdin with one line on stdout.
 
 const (
-	roleEnv   = "SHMSTEER_TEST_ROLE"
-	nsEnv     = "SHMSTEER_TEST_NS"
-	handleEnv = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
-	graceEnv  = "SHMSTEER_TEST_GRACE_MS"
-	spinEnv   = "SHMSTEER_TEST_SPIN" // client: ClientOptions.SpinWait, a time.Duration string
+	roleEnv          = "SHMSTEER_TEST_ROLE"
+	nsEnv            = "SHMSTEER_TEST_NS"
+	handleEnv        = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
+	graceEnv         = "SHMSTEER_TEST_GRACE_MS"
+	spinEnv          = "SHMSTEER_TEST_SPIN"            // client: ClientOptions.SpinWait, a time.Duration string
+	nondumpEnv       = "SHMSTEER_TEST_NONDUMP"         // owner, client: NonDumpable
+	ownerUIDsEnv     = "SHMSTEER_TEST_OWNER_UIDS"      // client: ClientOptions.OwnerUIDs, comma-separated
+	squatEnv         = "SHMSTEER_TEST_SQUAT"           // squatter: abstract names to bind and listen on, comma-separated
+	squatBindOnlyEnv = "SHMSTEER_TEST_SQUAT_BIND_ONLY" // squatter: bind without listening
+	frameTimeoutEnv  = "SHMSTEER_TEST_FRAME_TIMEOUT"   // owner: OwnerOptions.FrameTimeout
+	nofileEnv        = "SHMSTEER_TEST_NOFILE"          // owner: RLIMIT_NOFILE to set first
 )
 
 var sentinelNames = []struct {
@@ -78,6 +87,9 @@ func mappedRegions() int {
 	return n
 }
 
+// squatted keeps a squatter's listeners open.
+var squatted []*net.UnixListener
+
 func TestHelperProcess(t *testing.T) {
 	role := os.Getenv(roleEnv)
 	if role == "" {
@@ -95,13 +107,48 @@ func TestHelperProcess(t *testing.T) {
 		switch role {
 		case "owner":
 			grace, _ := strconv.Atoi(os.Getenv(graceEnv))
-			o, err := NewOwner(OwnerOptions{Namespace: ns, Region: testRegion, Grace: time.Duration(grace) * time.Millisecond, Logger: quietLogger()})
+			frameTimeout, _ := time.ParseDuration(os.Getenv(frameTimeoutEnv))
+			if n, err := strconv.ParseUint(os.Getenv(nofileEnv), 10, 64); err == nil {
+				if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+					return err
+				}
+			}
+			o, err := NewOwner(OwnerOptions{Namespace: ns, Region: testRegion, Grace: time.Duration(grace) * time.Millisecond, Logger: quietLogger(),
+				NonDumpable: os.Getenv(nondumpEnv) == "1", FrameTimeout: frameTimeout})
 			if err != nil {
 				return err
 			}
 			owner, keys, region = o, o.Keys(), o.Region
+		case "probe":
+			return nil // answers "probe PID" without attaching
+		case "squatter":
+			if os.Getenv(squatBindOnlyEnv) == "1" { // bind, never listen: connects are refused
+				for _, name := range strings.Split(os.Getenv(squatEnv), ",") {
+					fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+					if err != nil {
+						return err
+					}
+					if err := unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + name}); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			for _, name := range strings.Split(os.Getenv(squatEnv), ",") {
+				ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
+				if err != nil {
+					return err
+				}
+				squatted = append(squatted, ln) // held until the process exits
+			}
+			return nil
 		case "client":
-			opts := ClientOptions{Namespace: ns, handle: os.Getenv(handleEnv)}
+			opts := ClientOptions{Namespace: ns, handle: os.Getenv(handleEnv), NonDumpable: os.Getenv(nondumpEnv) == "1"}
+			for _, u := range strings.Split(os.Getenv(ownerUIDsEnv), ",") {
+				if n, err := strconv.Atoi(u); err == nil {
+					opts.OwnerUIDs = append(opts.OwnerUIDs, n)
+				}
+			}
 			if v := os.Getenv(spinEnv); v != "" {
 				d, err := time.ParseDuration(v)
 				if err != nil {
@@ -126,13 +173,30 @@ func TestHelperProcess(t *testing.T) {
 		if len(f) == 0 {
 			continue
 		}
-		if keys == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" {
+		if keys == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" && f[0] != "probe" && f[0] != "attachn" {
 			say("err not-attached")
 			continue
 		}
 		switch f[0] {
 		case "attach":
 			say(reply(start(), ""))
+		case "probe": // can this process read another's memory and descriptors?
+			say(probeProc(f[1]))
+		case "attachn": // attach N times; print how many distinct errors and the last
+			n, _ := strconv.Atoi(f[1])
+			seen := map[string]bool{}
+			var last string
+			for range n {
+				c, err := Attach(ClientOptions{Namespace: ns, OwnerUIDs: []int{0}})
+				if err == nil {
+					c.Close()
+					last = "ok"
+				} else {
+					last = errName(err) + ": " + err.Error()
+				}
+				seen[last] = true
+			}
+			say(fmt.Sprintf("ok %d %s", len(seen), last))
 		case "get":
 			v, err := keys.Get(f[1], nil)
 			say(reply(err, hex.EncodeToString(v)))
@@ -196,7 +260,20 @@ type proc struct {
 
 func startProc(t testing.TB, role string, env ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	return startProcAs(t, os.Args[0], nil, role, env...)
+}
+
+// startProcAs starts exe (a copy of the test binary) as a helper process, as the user cred
+// if not nil (see nobodyExe).
+func startProcAs(t testing.TB, exe string, cred *syscall.Credential, role string, env ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(exe, "-test.run=^TestHelperProcess$", "-test.count=1")
+	if cred != nil {
+		dir := filepath.Dir(exe)
+		cmd.Dir = dir
+		env = append(env, "HOME="+dir, "TMPDIR="+dir)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, SecretEnv+"=") && !strings.HasPrefix(kv, "SHMSTEER_TEST_") {
 			cmd.Env = append(cmd.Env, kv)
@@ -363,7 +440,7 @@ func TestProcOwnerKilled(t *testing.T) {
 	owner := startProc(t, "owner", append(env.childEnv(), "TMPDIR="+ownerTmp)...)
 	require.Equal(t, "ok ready", owner.line())
 	require.Equal(t, "ok", owner.do("set req "+hexOf("last-state")))
-	handle := handleName(env.secret, env.ns)
+	handle := handleNames(env.secret, env.ns)[0]
 	unixTable, err := os.ReadFile("/proc/net/unix")
 	require.NoError(t, err)
 	require.Contains(t, string(unixTable), "@"+handle)
@@ -472,4 +549,20 @@ func TestProcRevokePurge(t *testing.T) {
 	require.Equal(t, "ok "+hexOf("k3"), reader.do("get again"), "a key set again is not purged by the older timer")
 	require.Equal(t, "ok 1", reader.do("len"))
 	require.Equal(t, "err ErrKeyNotFound", writer.do("remove req"))
+}
+
+// probeProc reports whether this process can open /proc/PID/mem and list /proc/PID/fd.
+func probeProc(pid string) string {
+	res := func(err error) string {
+		if err != nil {
+			return "denied"
+		}
+		return "ok"
+	}
+	f, err := os.Open("/proc/" + pid + "/mem")
+	if err == nil {
+		f.Close()
+	}
+	_, ferr := os.ReadDir("/proc/" + pid + "/fd")
+	return "mem " + res(err) + " fd " + res(ferr)
 }

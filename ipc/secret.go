@@ -3,7 +3,7 @@ package ipc
 import (
 	"crypto/hmac"
 	"crypto/sha256"
-	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,37 +13,117 @@ import (
 // SecretEnv is the environment variable SecretFromEnv reads.
 const SecretEnv = "SHMSTEER_SECRET"
 
+// SecretFileEnv names a file holding the secret (a mounted secret, a systemd credential in
+// $CREDENTIALS_DIRECTORY): the secret then never sits in /proc/PID/environ.
+const SecretFileEnv = "SHMSTEER_SECRET_FILE"
+
+// MaxSecretFileBytes bounds a secret file (after one trailing newline is stripped).
+const MaxSecretFileBytes = 64 << 10
+
 const redacted = "[redacted]"
 
 // Secret is the shared secret every process of one deployment knows. It derives the attach
 // handle and authenticates both sides of every attach. It never prints: String, GoString,
-// Format (every verb), MarshalText and LogValue all give "[redacted]".
+// Format (every verb), MarshalText and LogValue all give "[redacted]". A Secret nested in an
+// unexported field is printed by fmt through reflection, without its methods, and with a verb
+// that does not fit a pointer (%s, %d, %x) fmt even prints what a pointer points to; so the
+// bytes are not in any field at all but captured by closures, which reflection shows only as
+// addresses.
 type Secret struct {
-	b []byte
+	k *secretKey
+}
+
+// secretKey reaches the bytes only through closures over them.
+type secretKey struct {
+	get  func() []byte
+	wipe func()
 }
 
 // NewSecret copies b into a Secret. An empty secret is refused later with
 // ErrAuthSecretNotDefined.
-func NewSecret(b []byte) Secret { return Secret{b: append([]byte(nil), b...)} }
-
-// SecretFromEnv reads SHMSTEER_SECRET; ErrAuthSecretNotDefined if it is unset or empty.
-func SecretFromEnv() (Secret, error) {
-	v := os.Getenv(SecretEnv)
-	if v == "" {
-		return Secret{}, ErrAuthSecretNotDefined
-	}
-	return Secret{b: []byte(v)}, nil
+func NewSecret(b []byte) Secret {
+	buf := append([]byte(nil), b...)
+	return Secret{k: &secretKey{
+		get:  func() []byte { return buf },
+		wipe: func() { clear(buf); buf = nil },
+	}}
 }
 
-func (Secret) String() string                 { return redacted }
-func (Secret) GoString() string               { return redacted }
-func (Secret) Format(f fmt.State, _ rune)     { io.WriteString(f, redacted) }
-func (Secret) MarshalText() ([]byte, error)   { return []byte(redacted), nil }
-func (Secret) LogValue() slog.Value           { return slog.StringValue(redacted) }
-func (s Secret) empty() bool                  { return len(s.b) == 0 }
-func (s Secret) clone() Secret                { return NewSecret(s.b) }
-func (s *Secret) wipe()                       { clear(s.b); s.b = nil }
-func (s Secret) mac(parts ...[]byte) [32]byte { return macOf(s.b, parts...) }
+// SecretFromEnv reads SHMSTEER_SECRET, or the file SHMSTEER_SECRET_FILE names
+// (SecretFromFile); ErrSecretConflict if both are set, ErrAuthSecretNotDefined if neither is
+// (or the value is empty).
+func SecretFromEnv() (Secret, error) {
+	v, path := os.Getenv(SecretEnv), os.Getenv(SecretFileEnv)
+	switch {
+	case v != "" && path != "":
+		return Secret{}, fmt.Errorf("%w: both %s and %s are set", ErrSecretConflict, SecretEnv, SecretFileEnv)
+	case path != "":
+		return SecretFromFile(path)
+	case v == "":
+		return Secret{}, ErrAuthSecretNotDefined
+	}
+	return NewSecret([]byte(v)), nil
+}
+
+// SecretFromFile reads the secret from a file: its whole content, less one trailing newline
+// ("\n" or "\r\n"). An empty file gives ErrAuthSecretNotDefined; a file that cannot be read,
+// is not a regular file, or holds more than MaxSecretFileBytes gives ErrSecretFile naming the
+// path (never the content).
+func SecretFromFile(path string) (Secret, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Secret{}, fmt.Errorf("%w: %w", ErrSecretFile, err) // *PathError: op, path, errno
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil {
+		return Secret{}, fmt.Errorf("%w: %s: %w", ErrSecretFile, path, err)
+	} else if !st.Mode().IsRegular() && st.Mode()&os.ModeNamedPipe == 0 {
+		// Pipes are allowed (process substitution); directories and devices are not.
+		return Secret{}, fmt.Errorf("%w: %s is a %v, not a regular file", ErrSecretFile, path, st.Mode().Type())
+	}
+	b := make([]byte, MaxSecretFileBytes+3) // room for a trailing "\r\n" and one byte more
+	n, err := io.ReadFull(f, b)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		clear(b)
+		return Secret{}, fmt.Errorf("%w: reading %s: %w", ErrSecretFile, path, err)
+	}
+	v := b[:n]
+	switch {
+	case len(v) >= 2 && v[len(v)-2] == '\r' && v[len(v)-1] == '\n':
+		v = v[:len(v)-2]
+	case len(v) >= 1 && v[len(v)-1] == '\n':
+		v = v[:len(v)-1]
+	}
+	defer clear(b)
+	if len(v) > MaxSecretFileBytes {
+		return Secret{}, fmt.Errorf("%w: %s holds more than %d bytes", ErrSecretFile, path, MaxSecretFileBytes)
+	}
+	if len(v) == 0 {
+		return Secret{}, fmt.Errorf("%w: %s is empty", ErrAuthSecretNotDefined, path)
+	}
+	return NewSecret(v), nil
+}
+
+func (Secret) String() string               { return redacted }
+func (Secret) GoString() string             { return redacted }
+func (Secret) Format(f fmt.State, _ rune)   { io.WriteString(f, redacted) }
+func (Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
+func (Secret) LogValue() slog.Value         { return slog.StringValue(redacted) }
+
+func (s Secret) bytes() []byte {
+	if s.k == nil {
+		return nil
+	}
+	return s.k.get()
+}
+func (s Secret) empty() bool   { return len(s.bytes()) == 0 }
+func (s Secret) clone() Secret { return NewSecret(s.bytes()) }
+func (s *Secret) wipe() {
+	if s.k != nil {
+		s.k.wipe()
+	}
+}
+func (s Secret) mac(parts ...[]byte) [32]byte { return macOf(s.bytes(), parts...) }
 
 func macOf(key []byte, parts ...[]byte) [32]byte {
 	m := hmac.New(sha256.New, key)
@@ -55,43 +135,32 @@ func macOf(key []byte, parts ...[]byte) [32]byte {
 	return out
 }
 
-// resolveSecret picks the explicit secret or the environment's, copies it (so the Owner or
-// Client can wipe its copy on Close) and drops the variable if asked.
-func resolveSecret(explicit *Secret, dropEnv bool) (Secret, error) {
+// resolveSecret picks the secret, copies it (so the Owner or Client can wipe its copy on
+// Close) and drops the variables if asked. Precedence: an explicit option (Secret or
+// SecretFile; both set is ErrSecretConflict) wins over the environment; in the environment,
+// SHMSTEER_SECRET and SHMSTEER_SECRET_FILE both set is ErrSecretConflict.
+func resolveSecret(explicit *Secret, file string, dropEnv bool) (Secret, error) {
 	var s Secret
-	if explicit != nil {
+	var err error
+	switch {
+	case explicit != nil && file != "":
+		err = fmt.Errorf("%w: both the Secret and the SecretFile option are set", ErrSecretConflict)
+	case explicit != nil:
 		s = explicit.clone()
-	} else {
-		env, err := SecretFromEnv()
-		if err != nil {
-			return Secret{}, err
-		}
-		s = env
+	case file != "":
+		s, err = SecretFromFile(file)
+	default:
+		s, err = SecretFromEnv()
 	}
 	if dropEnv {
 		os.Unsetenv(SecretEnv)
+		os.Unsetenv(SecretFileEnv)
+	}
+	if err != nil {
+		return Secret{}, err
 	}
 	if s.empty() {
 		return Secret{}, ErrAuthSecretNotDefined
 	}
 	return s, nil
-}
-
-// handleName is the abstract unix socket name (without the leading NUL) for a secret and
-// namespace: "shmsteer-" and the hex of HMAC-SHA256(secret, "shmsteer/handle/v1" ||
-// namespace). Finding it needs the secret; being able to connect to it proves nothing (abstract
-// names are listed in /proc/net/unix), which is why the handshake follows.
-// lobbyName is the owner's second abstract socket, named from the namespace alone. A client
-// whose secret derives no live handle knocks there before it gives up, so a wrong secret is
-// reported as ErrAuthFailed (the handshake, the same as on the handle, fails) rather than as
-// "no owner". It reveals only that an owner serves the namespace, which /proc/net/unix shows
-// anyway.
-func lobbyName(namespace string) string {
-	h := sha256.Sum256(append([]byte("shmsteer/lobby/v1\x00"), namespace...))
-	return "shmsteer-lobby-" + hex.EncodeToString(h[:16])
-}
-
-func handleName(s Secret, namespace string) string {
-	m := s.mac([]byte("shmsteer/handle/v1"), []byte(namespace))
-	return "shmsteer-" + hex.EncodeToString(m[:])
 }

@@ -37,9 +37,9 @@ func TestPeerCredentials(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, errors.Join(src.Close(), dst.Close()))
 
-	attachAsNobody := func(env testEnv) string {
+	attachAsNobody := func(env testEnv, ownerUIDs string) string {
 		cmd := exec.Command(exe, "-test.run=^TestHelperProcess$", "-test.count=1")
-		cmd.Env = []string{roleEnv + "=client", nsEnv + "=" + env.ns, SecretEnv + "=" + env.secretStr, "HOME=" + dir, "TMPDIR=" + dir}
+		cmd.Env = []string{roleEnv + "=client", nsEnv + "=" + env.ns, SecretEnv + "=" + env.secretStr, ownerUIDsEnv + "=" + ownerUIDs, "HOME=" + dir, "TMPDIR=" + dir}
 		cmd.Dir = dir
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}, Pdeathsig: syscall.SIGKILL}
 		cmd.Stdin = strings.NewReader("exit\n")
@@ -53,22 +53,37 @@ func TestPeerCredentials(t *testing.T) {
 	}
 
 	for _, tt := range []struct {
-		name  string
-		allow []int
-		want  string
+		name      string
+		allow     []int
+		ownerUIDs string // the client's OwnerUIDs
+		want      string
 	}{
-		{"other uid refused", nil, "err ErrAuthFailed"},
-		{"other uid allowed", []int{nobody}, "ok ready"},
+		{"other uid refused", nil, "0", "err ErrAuthFailed"},
+		{"other uid allowed", []int{nobody}, "0", "ok ready"},
+		// The client does not accept the owner's uid (root): it skips its listener.
+		{"owner uid not accepted", []int{nobody}, "", "err ErrNotYetInitialized"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			env := newTestEnv()
 			opts := env.ownerOpts()
 			opts.AllowUIDs = tt.allow
 			o := newTestOwner(t, opts)
-			require.Equal(t, tt.want, attachAsNobody(env))
-			if tt.allow == nil {
+			require.Equal(t, tt.want, attachAsNobody(env, tt.ownerUIDs))
+			if tt.want != "ok ready" {
 				require.Zero(t, o.Clients(), "nothing attached")
 			}
 		})
 	}
+}
+
+// TestRefusedUIDOneMessage: a client of a uid the owner does not allow gets the same error,
+// sentinel and text, on every attach, whatever the timing of the owner's refusal.
+func TestRefusedUIDOneMessage(t *testing.T) {
+	exe := nobodyExe(t)
+	env := newTestEnv()
+	newTestOwner(t, env.ownerOpts())
+	p := startProcAs(t, exe, nobodyCred, "probe", env.childEnv()...)
+	require.Equal(t, "ok ready", p.line())
+	require.Equal(t, "ok 1 ErrAuthFailed: "+msgUIDRefused, p.do("attachn 50"))
+	p.exit()
 }

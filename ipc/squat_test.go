@@ -1,0 +1,167 @@
+package ipc
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// squat starts a process of uid 65534 that binds and listens on names, and returns its pid.
+func squat(t *testing.T, exe string, names ...string) int { return squatAs(t, exe, false, names...) }
+
+// squatAs is squat; with bindOnly the squatter binds the names without listening.
+func squatAs(t *testing.T, exe string, bindOnly bool, names ...string) int {
+	t.Helper()
+	env := []string{squatEnv + "=" + strings.Join(names, ",")}
+	if bindOnly {
+		env = append(env, squatBindOnlyEnv+"=1")
+	}
+	p := startProcAs(t, exe, nobodyCred, "squatter", env...)
+	require.Equal(t, "ok ready", p.line())
+	return p.cmd.Process.Pid
+}
+
+// syncBuffer is a log sink safe for the owner's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSquatters: another uid binds the names an owner would use. The owner starts on the
+// next free candidates and says who squats; clients skip the squatter before they send a
+// byte, at once rather than after their timeout.
+func TestSquatters(t *testing.T) {
+	exe := nobodyExe(t)
+	env := newTestEnv()
+	handles, lobbies := handleNames(env.secret, env.ns), lobbyNames(env.ns)
+	pid := squat(t, exe, handles[0], handles[1], lobbies[0])
+
+	var logs syncBuffer
+	opts := env.ownerOpts()
+	opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	o := newTestOwner(t, opts)
+	require.Equal(t, handles[2], o.handle, "the first free candidate")
+	require.Contains(t, logs.String(), fmt.Sprintf("uid=%d pid=%d", nobody, pid), "the owner names the squatter")
+	require.NoError(t, o.Keys().Set("req", []byte("k")))
+
+	co := env.clientOpts()
+	co.Timeout = 3 * time.Second
+	start := time.Now()
+	c, err := Attach(co)
+	took := time.Since(start)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	require.Less(t, took, time.Second, "a squatter costs a client no timeout")
+	t.Logf("attach past a squatter on 2 of 64 handle candidates: %v", took)
+	got, err := c.Keys().Get("req", nil)
+	require.NoError(t, err)
+	require.Equal(t, "k", string(got))
+
+	// A wrong secret still finds the owner's lobby past the squatter: ErrAuthFailed.
+	wrong := NewSecret([]byte("wrong-" + env.secretStr))
+	start = time.Now()
+	_, err = Attach(ClientOptions{Secret: &wrong, Namespace: env.ns, Timeout: 3 * time.Second})
+	require.ErrorIs(t, err, ErrAuthFailed)
+	require.Less(t, time.Since(start), time.Second)
+}
+
+// TestSquattersOnly: a client that finds only a squatter (no owner) gets ErrNotYetInitialized
+// at once, naming it.
+func TestSquattersOnly(t *testing.T) {
+	exe := nobodyExe(t)
+	env := newTestEnv()
+	pid := squat(t, exe, handleNames(env.secret, env.ns)[0], lobbyNames(env.ns)[0])
+	co := env.clientOpts()
+	co.Timeout = 3 * time.Second
+	start := time.Now()
+	_, err := Attach(co)
+	took := time.Since(start)
+	require.ErrorIs(t, err, ErrNotYetInitialized)
+	require.Contains(t, err.Error(), fmt.Sprintf("uid %d pid %d", nobody, pid))
+	require.Less(t, took, time.Second)
+	t.Logf("ErrNotYetInitialized past a squatter, 128 candidates tried: %v", took)
+}
+
+// TestSquattersEverywhere: with every candidate held, the owner cannot start and says who
+// holds them.
+func TestSquattersEverywhere(t *testing.T) {
+	exe := nobodyExe(t)
+	for _, tt := range []struct {
+		which    string
+		bindOnly bool
+	}{{"lobby", false}, {"attach handle", false}, {"lobby", true}, {"attach handle", true}} {
+		t.Run(fmt.Sprintf("%s bind only %v", tt.which, tt.bindOnly), func(t *testing.T) {
+			which := tt.which
+			env := newTestEnv()
+			names := lobbyNames(env.ns)
+			if which != "lobby" {
+				names = handleNames(env.secret, env.ns)
+			}
+			pid := squatAs(t, exe, tt.bindOnly, names...)
+			_, err := NewOwner(env.ownerOpts())
+			require.ErrorIs(t, err, ErrRendezvousTaken)
+			require.Contains(t, err.Error(), fmt.Sprintf("%s candidates are held by uid %d pid %d (64 names)", which, nobody, pid))
+		})
+	}
+}
+
+// TestLiveOwnerOnLaterCandidate: an owner that had to take a later candidate still keeps a
+// second owner of its namespace (any secret) from starting once the squatter is gone.
+func TestLiveOwnerOnLaterCandidate(t *testing.T) {
+	exe := nobodyExe(t)
+	env := newTestEnv()
+	p := startProcAs(t, exe, nobodyCred, "squatter", squatEnv+"="+lobbyNames(env.ns)[0])
+	require.Equal(t, "ok ready", p.line())
+	o := newTestOwner(t, env.ownerOpts())
+	p.kill()
+	for _, s := range []Secret{env.secret, NewSecret([]byte("another"))} {
+		opts := env.ownerOpts()
+		opts.Secret = &s
+		_, err := NewOwner(opts)
+		require.ErrorIs(t, err, ErrPreviouslyInitialized)
+	}
+	c := attach(t, env.clientOpts())
+	require.NoError(t, c.Ping())
+	_ = o
+}
+
+// TestHolderOfBoundName: a name bound without listening refuses connections, so its holder
+// is found through the kernel's socket diagnostics; one of the owner's own uid is taken for a
+// live owner (ErrPreviouslyInitialized naming its pid).
+func TestHolderOfBoundName(t *testing.T) {
+	env := newTestEnv()
+	name := lobbyNames(env.ns)[0]
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + name}))
+	l, err := abstractHolder(name)
+	require.NoError(t, err)
+	require.Equal(t, listener{uid: os.Getuid(), pid: os.Getpid(), known: true}, l)
+	_, err = abstractHolder(name + "-absent")
+	require.Error(t, err)
+
+	_, err = NewOwner(env.ownerOpts())
+	require.ErrorIs(t, err, ErrPreviouslyInitialized)
+	require.Contains(t, err.Error(), fmt.Sprintf("uid %d pid %d holds the lobby", os.Getuid(), os.Getpid()))
+}
