@@ -169,7 +169,10 @@ type Reader struct {
 	r       *Region
 	slot    uint64
 	pinWord *uint64 // the slot's pin word
-	busy    bool    // a Snapshot taken from this Reader is open
+	// The header words every Get loads, cached here so the hot path does not go through
+	// the Region's mapped pointer.
+	versionWord, horizonWord *uint64
+	busy                     bool // a Snapshot taken from this Reader is open
 }
 
 // NewReader claims a reader slot for a new Reader.
@@ -180,7 +183,7 @@ func (r *Region) NewReader() (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Reader{r: r, slot: s, pinWord: word64(r.readers, s+slotPin)}, nil
+	return &Reader{r: r, slot: s, pinWord: word64(r.readers, s+slotPin), versionWord: r.versionWord, horizonWord: r.horizonWord}, nil
 }
 
 func (rd *Reader) pin() (uint64, error) {
@@ -214,13 +217,13 @@ func (rd *Reader) Get(kind Kind, key string, dst []byte) ([]byte, error) {
 	if rd.busy {
 		return dst, ErrReaderBusy
 	}
-	v := atomic.LoadUint64(r.versionWord)
+	v := atomic.LoadUint64(rd.versionWord)
 	if r.relaxed {
 		storeRelaxed(rd.pinWord, v)
 	} else {
 		atomic.StoreUint64(rd.pinWord, v)
 	}
-	if atomic.LoadUint64(r.horizonWord) > v || r.closed.Load() {
+	if atomic.LoadUint64(rd.horizonWord) > v || r.closed.Load() {
 		storeRelaxed(rd.pinWord, 0)
 		if _, err := rd.pin(); err != nil { // the writer moved the horizon: take the loop
 			return dst, err

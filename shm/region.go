@@ -99,13 +99,9 @@ func (c Config) withDefaults() (Config, error) {
 // are safe for concurrent use by any number of goroutines.
 type Region struct {
 	l       layout
-	data    []byte // whole data mapping: read-write in the owner, read-only in readers
-	index   []byte
-	marks   []byte
-	arena   []byte
-	readers []byte // reader slots, read-write everywhere
-	maps    mappings
-	files   [2]*os.File // owner only: the memfds, for passing to readers
+	// *mapped holds every field that reaches the mapping (see mapped). Its fields are
+	// promoted: r.data, r.arena, ... read as if they were Region's own.
+	*mapped
 	// lease is this Region's own open file description of the reader file (readers only): it
 	// holds an OFD lock on every slot this Region claims, which the kernel drops when the
 	// process ends, in whatever PID namespace it runs. The owner tests the locks to tell live
@@ -118,12 +114,28 @@ type Region struct {
 	slotMu  sync.Mutex      // serializes claiming and releasing reader slots
 	claimed map[uint64]bool // every slot this process holds, for Close
 
-	versionWord, horizonWord *uint64  // header words every read loads
-	indexWords, arenaWords   []uint64 // the index and the arena as words, for the hot path
 	local                    [maxLocalSlots]atomic.Uint64
 	nlocal                   atomic.Int32
 
 	w *writer // nil in readers
+}
+
+// mapped is everything of a Region that reaches the mapping, which holds every value (the key
+// registry's keys among them). It sits behind a pointer so that no fmt verb prints a mapping's
+// bytes: fmt's reflection dereferences a pointer at the top level only (also when it reports a
+// bad verb for a pointer field, which it prints again from the top), so whatever struct holds a
+// *Region, printing it reaches Region's fields at most, and this pointer prints as an address.
+type mapped struct {
+	data    []byte // whole data mapping: read-write in the owner, read-only in readers
+	index   []byte
+	marks   []byte
+	arena   []byte
+	readers []byte // reader slots, read-write everywhere
+	maps    mappings
+	files   [2]*os.File // owner only: the memfds, for passing to readers
+
+	versionWord, horizonWord *uint64  // header words every read loads
+	indexWords, arenaWords   []uint64 // the index and the arena as words, for the hot path
 }
 
 // Create makes a new region backed by two sealed memfds, maps it read-write and returns it as
@@ -149,7 +161,7 @@ func Create(cfg Config) (*Region, error) {
 	if registerMembarrier() && globalBarrier() == nil {
 		l.flags |= flagMembarrier
 	}
-	r := &Region{l: l, me: me, relaxed: l.flags&flagMembarrier != 0, claimed: map[uint64]bool{}}
+	r := &Region{mapped: &mapped{}, l: l, me: me, relaxed: l.flags&flagMembarrier != 0, claimed: map[uint64]bool{}}
 	if err := r.createFiles(); err != nil {
 		return nil, err
 	}
@@ -180,7 +192,7 @@ func Open(data, readers *os.File) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Region{me: me, claimed: map[uint64]bool{}}
+	r := &Region{mapped: &mapped{}, me: me, claimed: map[uint64]bool{}}
 	if err := r.openFiles(data, readers); err != nil {
 		return nil, err
 	}
