@@ -98,7 +98,7 @@ func (c Config) withDefaults() (Config, error) {
 // Region is a mapped shmsteer region, in the owner (Create) or in a reader (Open). Its methods
 // are safe for concurrent use by any number of goroutines.
 type Region struct {
-	l       layout
+	l layout
 	// *mapped holds every field that reaches the mapping (see mapped). Its fields are
 	// promoted: r.data, r.arena, ... read as if they were Region's own.
 	*mapped
@@ -114,8 +114,8 @@ type Region struct {
 	slotMu  sync.Mutex      // serializes claiming and releasing reader slots
 	claimed map[uint64]bool // every slot this process holds, for Close
 
-	local                    [maxLocalSlots]atomic.Uint64
-	nlocal                   atomic.Int32
+	local  [maxLocalSlots]atomic.Uint64
+	nlocal atomic.Int32
 
 	w *writer // nil in readers
 }
