@@ -268,9 +268,6 @@ func TestPython(t *testing.T) {
 	if out, err := exec.Command(py, "-c", "import pytest, numpy").CombinedOutput(); err != nil {
 		t.Skipf("pytest or numpy missing for %s (apt-get install python3-pytest python3-numpy): %s", py, out)
 	}
-	if _, err := os.Stat(filepath.Join("..", "python", "tests")); err != nil {
-		t.Skip("python/tests not written yet")
-	}
 	buildLibrary(t)
 	self, err := filepath.Abs(os.Args[0])
 	require.NoError(t, err)

@@ -82,8 +82,8 @@ func badArg(what string) C.int { return failCode(ErrInvalidArgument, what) }
 
 func badHandle(what string) C.int { return failCode(ErrBadHandle, what) }
 
-// resolveSecret applies the header's order: explicit bytes, then a file, then the environment.
-// The returned wipe clears the bytes read from a file.
+// resolveSecret applies the header's order: explicit bytes (or SHMSTEER_SECRET, which the C
+// wrapper passes as explicit bytes), then a file.
 func resolveSecret(secret unsafe.Pointer, secretLen C.size_t, secretFile *C.char) (*ipc.Secret, error) {
 	if secret != nil {
 		b, ok := cbytes(secret, secretLen)
@@ -108,11 +108,9 @@ func resolveSecret(secret unsafe.Pointer, secretLen C.size_t, secretFile *C.char
 		clear(b)
 		return &s, nil
 	}
-	s, err := ipc.SecretFromEnv()
-	if err != nil {
-		return nil, err
-	}
-	return &s, nil
+	// The C wrapper already looked at SHMSTEER_SECRET in the live environment (Go's copy may
+	// be stale in a host process that changed it after loading the library).
+	return nil, ipc.ErrAuthSecretNotDefined
 }
 
 func goString(p *C.char) string {
