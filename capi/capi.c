@@ -14,22 +14,56 @@
 #define SHMSTEER_API __attribute__((visibility("default")))
 
 static atomic_int shmsteer_forked;
-static __thread char shmsteer_errmsg[SHMSTEER_ERRMSG_MAX];
+
+// Per-thread buffers live on the heap, found through a __thread pointer: the Go runtime makes
+// this library use the static TLS model, where a dlopen'ed library has only a few hundred bytes
+// to spare. A pthread key frees them when the thread exits.
+typedef struct {
+  char errmsg[SHMSTEER_ERRMSG_MAX];
+  unsigned char keybuf[SHMSTEER_KEY_BUFFER_BYTES];
+} shmsteer_tls;
+
+static __thread shmsteer_tls *shmsteer_tls_p;
+static pthread_key_t shmsteer_tls_key;
+static char shmsteer_no_memory[] = "shmsteer: out of memory for the thread's buffers";
+
+static shmsteer_tls *shmsteer_tls_get(void) {
+  shmsteer_tls *t = shmsteer_tls_p;
+  if (__builtin_expect(t == NULL, 0)) {
+    t = calloc(1, sizeof *t);
+    if (t == NULL) return NULL;
+    pthread_setspecific(shmsteer_tls_key, t);
+    shmsteer_tls_p = t;
+  }
+  return t;
+}
+
+// The thread's message buffer; NULL only when out of memory.
+static char *shmsteer_errmsg_buf(void) {
+  shmsteer_tls *t = shmsteer_tls_get();
+  return t ? t->errmsg : NULL;
+}
 
 static void shmsteer_on_fork_child(void) { atomic_store_explicit(&shmsteer_forked, 1, memory_order_relaxed); }
 
 __attribute__((constructor)) static void shmsteer_init(void) {
+  pthread_key_create(&shmsteer_tls_key, free);
   pthread_atfork(NULL, NULL, shmsteer_on_fork_child);
 }
 
-// The thread-local message buffer, for the Go side.
-char *shmsteer__errbuf(void) { return shmsteer_errmsg; }
+// The thread-local message buffer, for the Go side (a static scratch buffer when out of memory).
+char *shmsteer__errbuf(void) {
+  static char scratch[SHMSTEER_ERRMSG_MAX];
+  char *b = shmsteer_errmsg_buf();
+  return b ? b : scratch;
+}
 
 static int shmsteer_forked_error(void) {
   static const char msg[] =
       "shmsteer: called in a process forked after libshmsteer was loaded; the Go runtime does not "
       "survive fork: start workers with the spawn start method (fork+exec) and load the library there";
-  memcpy(shmsteer_errmsg, msg, sizeof msg);
+  char *b = shmsteer_errmsg_buf();
+  if (b) memcpy(b, msg, sizeof msg);
   return SHMSTEER_E_FORKED;
 }
 
@@ -37,7 +71,7 @@ static int shmsteer_forked_error(void) {
   do {                                                                               \
     if (__builtin_expect(atomic_load_explicit(&shmsteer_forked, memory_order_relaxed), 0)) \
       return shmsteer_forked_error();                                                \
-    shmsteer_errmsg[0] = 0;                                                          \
+    if (shmsteer_tls_p) shmsteer_tls_p->errmsg[0] = 0;                               \
   } while (0)
 
 #define H(p) ((uint64_t)(uintptr_t)(p))
@@ -53,7 +87,10 @@ static int shmsteer_forked_error(void) {
 
 SHMSTEER_API int shmsteer_abi_version(void) { return SHMSTEER_ABI_VERSION; }
 
-SHMSTEER_API const char *shmsteer_last_error(void) { return shmsteer_errmsg; }
+SHMSTEER_API const char *shmsteer_last_error(void) {
+  char *b = shmsteer_errmsg_buf();
+  return b ? b : shmsteer_no_memory;
+}
 
 static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_OK] = "ok",
@@ -179,6 +216,23 @@ SHMSTEER_API int shmsteer_key_get(shmsteer_t *h, const char *id, size_t id_len, 
                                   size_t *len) {
   ENTER();
   return shmsteerGo_key_get(H(h), (char *)id, id_len, buf, cap, len);
+}
+
+SHMSTEER_API void *shmsteer_key_buffer(void) {
+  shmsteer_tls *t = shmsteer_tls_get();
+  return t ? t->keybuf : NULL;
+}
+
+SHMSTEER_API int64_t shmsteer_key_get_tls(shmsteer_t *h, const char *id) {
+  if (__builtin_expect(atomic_load_explicit(&shmsteer_forked, memory_order_relaxed), 0))
+    return -(int64_t)shmsteer_forked_error();
+  shmsteer_tls *t = shmsteer_tls_get();
+  if (t == NULL) return -(int64_t)SHMSTEER_E_OTHER;
+  t->errmsg[0] = 0;
+  if (id == NULL) return -(int64_t)shmsteerGo_key_get(H(h), NULL, 1, NULL, 0, NULL);
+  size_t n = 0;
+  int rc = shmsteerGo_key_get(H(h), (char *)id, strlen(id), t->keybuf, sizeof t->keybuf, &n);
+  return rc ? -(int64_t)rc : (int64_t)n;
 }
 
 SHMSTEER_API int shmsteer_key_set(shmsteer_t *h, const char *id, size_t id_len, const void *key,

@@ -225,6 +225,16 @@ int shmsteer_key_remove(shmsteer_t *h, const char *id, size_t id_len);
  * buf/cap/len as for shmsteer_status_json. */
 int shmsteer_key_list_json(shmsteer_t *h, char *buf, size_t cap, size_t *len);
 
+/* The fast path for bindings whose per-argument call cost dominates (Python ctypes): one
+ * argument less in, none out. id is a C string (an id containing a NUL byte cannot use it). On
+ * success returns the key's length (>= 0) and the key is in the calling thread's key buffer,
+ * shmsteer_key_buffer() (SHMSTEER_KEY_BUFFER_BYTES; valid until the thread's next get there);
+ * on failure returns minus the error code (-SHMSTEER_E_KEY_REVOKED, ...;
+ * -SHMSTEER_E_BUFFER_TOO_SMALL for a key longer than the buffer: use shmsteer_key_get). */
+#define SHMSTEER_KEY_BUFFER_BYTES 8192
+int64_t shmsteer_key_get_tls(shmsteer_t *h, const char *id);
+void *shmsteer_key_buffer(void); /* never fails; the calling thread's buffer */
+
 /* A reader owns a reader slot: the fastest key path for one thread (no slot compare-and-swap).
  * Free it with shmsteer_reader_close. */
 int shmsteer_reader_open(shmsteer_t *h, shmsteer_reader_t **out);

@@ -244,30 +244,42 @@ class Keys(MutableMapping):
         self._parent = parent
         self._local = threading.local()
 
-    def _buf(self) -> ctypes.Array:
-        b = getattr(self._local, "buf", None)
-        if b is None:
-            b = self._local.buf = ctypes.create_string_buffer(4097)
-            self._local.n = c_size_t(0)
-        return b
+    def _state(self) -> Tuple[Any, ...]:
+        """This thread's pre-converted call arguments (the key get is the hot path): the handle,
+        the get function and a view of this thread's C key buffer."""
+        buf = (ctypes.c_char * _lib.KEY_BUFFER_BYTES).from_address(lib.shmsteer_key_buffer())
+        st = self._local.st = (c_void_p(self._parent.handle), _lib.fast.shmsteer_key_get_tls, buf)
+        return st
 
-    def get_bytes(self, request_id: Union[str, bytes]) -> bytes:
+    def __getitem__(self, request_id: Union[str, bytes]) -> bytes:
         """The key of ``request_id`` (raises KeyRevokedError / KeyNotFoundError)."""
-        rid = request_id if isinstance(request_id, bytes) else request_id.encode()
-        buf = self._buf()
-        n = self._local.n
-        rc = lib.shmsteer_key_get(self._parent.handle, rid, len(rid), buf, len(buf), byref(n))
-        if rc == 0:
-            return buf.raw[: n.value]
-        if rc == BufferTooSmallError.code:
-            big = ctypes.create_string_buffer(n.value + 1)
-            check(lib.shmsteer_key_get(self._parent.handle, rid, len(rid), big, len(big), byref(n)))
-            return big.raw[: n.value]
+        try:
+            h, get, buf = self._local.st
+        except AttributeError:
+            h, get, buf = self._state()
+        rid = request_id.encode() if request_id.__class__ is str else request_id
+        n = get(h, rid) if b"\0" not in rid else -BufferTooSmallError.code
+        if n >= 0:
+            return buf[:n]
+        return self._get_slow(-n, rid)
+
+    get_bytes = __getitem__
+
+    def _get_slow(self, rc: int, rid: bytes) -> bytes:
+        if self._parent._h is None:
+            self._parent.handle  # raises ClosedError
+        if rc == BufferTooSmallError.code:  # a long key, or an id with a NUL byte
+            n = c_size_t(0)
+            rc = lib.shmsteer_key_get(self._parent.handle, rid, len(rid), None, 0, byref(n))
+            if rc == BufferTooSmallError.code:
+                big = ctypes.create_string_buffer(n.value + 1)
+                rc = lib.shmsteer_key_get(self._parent.handle, rid, len(rid), big, len(big), byref(n))
+                check(rc)
+                return big.raw[: n.value]
+            check(rc)
+            return b""
         check(rc)
         raise AssertionError("unreachable")
-
-    def __getitem__(self, request_id: str) -> bytes:
-        return self.get_bytes(request_id)
 
     def __setitem__(self, request_id: str, key: bytes) -> None:
         rid, kb = _b(request_id), bytes(key)
