@@ -52,7 +52,7 @@ __attribute__((constructor)) static void shmsteer_init(void) {
 }
 
 // The thread-local message buffer, for the Go side (a static scratch buffer when out of memory).
-char *shmsteer__errbuf(void) {
+char *capi_errbuf(void) {
   static char scratch[SHMSTEER_ERRMSG_MAX];
   char *b = shmsteer_errmsg_buf();
   return b ? b : scratch;

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"debug/elf"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -188,6 +190,34 @@ func TestErrorCodesMapSentinels(t *testing.T) {
 	sort.Strings(want)
 	sort.Strings(got)
 	require.Equal(t, want, got)
+}
+
+// The library exports exactly the functions shmsteer.h declares: the Go functions behind them
+// stay internal, so no caller can bypass the fork check.
+func TestExportsMatchHeader(t *testing.T) {
+	lib := buildLibrary(t)
+	hdr, err := os.ReadFile("shmsteer.h")
+	require.NoError(t, err)
+	var declared []string
+	for _, m := range regexp.MustCompile(`(?m)^[a-z].*?\b(shmsteer_[a-z0-9_]+)\(`).FindAllSubmatch(hdr, -1) {
+		declared = append(declared, string(m[1]))
+	}
+	f, err := elf.Open(filepath.Join(lib, "libshmsteer.so"))
+	require.NoError(t, err)
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	require.NoError(t, err)
+	var exported []string
+	for _, s := range syms {
+		if s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+			exported = append(exported, s.Name)
+		}
+	}
+	sort.Strings(declared)
+	sort.Strings(exported)
+	require.Equal(t, declared, exported)
+	_, err = os.Stat(filepath.Join(lib, "libshmsteer.h"))
+	require.True(t, os.IsNotExist(err), "cgo's header declaring internal functions is removed")
 }
 
 func TestHandleTable(t *testing.T) {

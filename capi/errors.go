@@ -3,7 +3,7 @@ package main
 /*
 #include <string.h>
 #include "shmsteer.h"
-char *shmsteer__errbuf(void);
+char *capi_errbuf(void);
 */
 import "C"
 
@@ -134,7 +134,7 @@ func failCode(base error, context string) C.int {
 }
 
 func setMessage(msg string) {
-	buf := unsafe.Slice((*byte)(unsafe.Pointer(C.shmsteer__errbuf())), C.SHMSTEER_ERRMSG_MAX)
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(C.capi_errbuf())), C.SHMSTEER_ERRMSG_MAX)
 	n := copy(buf[:len(buf)-1], msg)
 	buf[n] = 0
 }

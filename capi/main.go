@@ -3,8 +3,9 @@
 // function, ownership rule and error code); C, C++ and Python (python/shmsteer, through ctypes)
 // read the region through it, so every language runs the one Go implementation of the protocol.
 //
-// `go generate ./capi` builds the library and copies its headers into python/shmsteer/, where
-// the Python package loads it.
+// `go generate ./capi` builds the library and copies its header into python/shmsteer/, where
+// the Python package loads it (cgo's own generated header, which declares the internal
+// functions, is removed).
 //
 // # Layers
 //
@@ -21,7 +22,10 @@
 // strings and buffers are viewed in place, never copied on the hot paths.
 package main
 
-//go:generate go build -buildmode=c-shared -o ../python/shmsteer/libshmsteer.so .
+// The linker runs in a temporary directory, hence the absolute path of the version script
+// (exports.map: only the shmsteer_* functions of shmsteer.h are exported).
+//go:generate sh -c "go build -buildmode=c-shared -ldflags=-extldflags=-Wl,--version-script=$DOLLAR(pwd)/exports.map -o ../python/shmsteer/libshmsteer.so ."
+//go:generate rm -f ../python/shmsteer/libshmsteer.h
 //go:generate cp shmsteer.h ../python/shmsteer/shmsteer.h
 
 func main() {}

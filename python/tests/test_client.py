@@ -177,3 +177,36 @@ def test_stepper_on_numpy_rows(owner, ns, secret):
         with pytest.raises(TypeError):
             st.apply("post_block", 1, np.ones((1, d)), [])
         st.end()
+
+
+def test_key_get_fast_path_edges(ns, secret):
+    with shmsteer.Owner(ns, secret=secret, max_key_bytes=20000) as o, shmsteer.Client(ns, secret=secret) as c:
+        big = bytes(range(256)) * 40  # longer than the thread's C key buffer (8 KiB)
+        o.keys["big"] = big
+        assert c.keys["big"] == big
+        o.keys["a\x00b"] = b"nul-id"  # an id the C-string fast path cannot carry
+        o.keys["a"] = b"not this one"
+        assert c.keys["a\x00b"] == b"nul-id"
+        o.keys["empty"] = b""
+        assert c.keys["empty"] == b""
+        assert c.keys[b"a"] == b"not this one"
+        with pytest.raises(errors.RequestIDTooLongError):
+            c.keys[""]
+
+
+def test_keys_from_many_threads(owner, ns, secret):
+    import threading
+    owner.keys.update({f"t{i}": f"v{i}".encode() for i in range(8)})
+    with shmsteer.Client(ns, secret=secret) as c:
+        bad = []
+
+        def run(i):
+            for _ in range(2000):
+                if c.keys[f"t{i}"] != f"v{i}".encode():
+                    bad.append(i)
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not bad
