@@ -115,3 +115,20 @@ def test_forked_child_gets_forked_error_not_a_hang(ns, secret):
             time.sleep(0.01)
         assert os.waitstatus_to_exitcode(status) == 0
         assert o.keys["k"] == b"v"  # the parent is unaffected
+
+
+def test_go_owner_sigkilled_and_wrong_secret(go_owner, ns, secret):
+    with pytest.raises(errors.AuthFailedError):
+        shmsteer.Client(ns, secret=b"not-the-secret")
+    with shmsteer.Client(ns, secret=secret) as c:
+        go_owner.kill()  # SIGKILL
+        go_owner.wait(10)
+        for _ in range(100):
+            assert c.keys["req-1"] == bytes(range(32))
+        with pytest.raises(errors.OwnerGoneError):
+            for _ in range(50):
+                c.keys["late"] = b"x"
+                time.sleep(0.05)
+        # A new attach finds no owner.
+        with pytest.raises(errors.NotYetInitializedError):
+            shmsteer.Client(ns, secret=secret)
