@@ -253,9 +253,16 @@ func TestCExample(t *testing.T) {
 	gcc := requireTool(t, "gcc")
 	lib := buildLibrary(t)
 	bin := filepath.Join(t.TempDir(), "example")
-	out, err := exec.Command(gcc, "-Wall", "-Werror", "-O2", "-I", ".", filepath.Join("example", "example.c"),
+	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I", ".", filepath.Join("example", "example.c"),
 		"-L", lib, "-lshmsteer", "-Wl,-rpath,"+lib, "-o", bin).CombinedOutput()
 	require.NoError(t, err, "%s", out)
+
+	if gxx, err := exec.LookPath("g++"); err == nil { // the header is valid C++ too
+		hdr := filepath.Join(t.TempDir(), "h.cpp")
+		require.NoError(t, os.WriteFile(hdr, []byte("#include \"shmsteer.h\"\n"), 0o600))
+		out, err := exec.Command(gxx, "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-I", ".", hdr).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
 
 	ns := fmt.Sprintf("capi-c-%d-%d", os.Getpid(), time.Now().UnixNano())
 	o, _, err := startGoOwner("c-example-secret", ns)
@@ -271,6 +278,8 @@ func TestCExample(t *testing.T) {
 	require.Contains(t, got, "key req-1 len=32 hex=000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n")
 	require.Contains(t, got, "small buffer: capi.ErrBufferTooSmall need=32\n")
 	require.Contains(t, got, "missing: ipc.ErrKeyNotFound\n")
+	require.Contains(t, got, "message: shmsteer: key not found for request id\n")
+	require.Contains(t, got, "message after a success: \"\"\n")
 	require.Contains(t, got, "revoked: ipc.ErrKeyRevoked\n")
 	var sum float64
 	for _, f := range fixtureVector() {

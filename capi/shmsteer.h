@@ -233,7 +233,7 @@ int shmsteer_key_list_json(shmsteer_t *h, char *buf, size_t cap, size_t *len);
  * -SHMSTEER_E_BUFFER_TOO_SMALL for a key longer than the buffer: use shmsteer_key_get). */
 #define SHMSTEER_KEY_BUFFER_BYTES 8192
 int64_t shmsteer_key_get_tls(shmsteer_t *h, const char *id);
-void *shmsteer_key_buffer(void); /* never fails; the calling thread's buffer */
+void *shmsteer_key_buffer(void); /* the calling thread's buffer; NULL only when out of memory */
 
 /* A reader owns a reader slot: the fastest key path for one thread (no slot compare-and-swap).
  * Free it with shmsteer_reader_close. */

@@ -52,6 +52,9 @@ int main(int argc, char **argv) {
   /* Missing and revoked are distinct. */
   rc = shmsteer_key_get(h, "no-such-request", 15, key, sizeof key, &n);
   printf("missing: %s\n", shmsteer_error_name(rc));
+  printf("message: %s\n", shmsteer_last_error());
+  check(shmsteer_key_get(h, id, strlen(id), key, sizeof key, &n), "key_get");
+  printf("message after a success: \"%s\"\n", shmsteer_last_error());
   char revoked[300];
   snprintf(revoked, sizeof revoked, "%s-revoked", id);
   rc = shmsteer_key_get(h, revoked, strlen(revoked), key, sizeof key, &n);
