@@ -686,6 +686,11 @@ func decodeJSON(p *C.char, n C.size_t, v any) error {
 	if !ok {
 		return fmt.Errorf("%w: json pointer or length", ErrInvalidArgument)
 	}
+	return decodeJSONString(s, v)
+}
+
+// decodeJSONString decodes exactly one JSON value into v, refusing unknown fields.
+func decodeJSONString(s string, v any) error {
 	dec := json.NewDecoder(strings.NewReader(s))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -717,6 +722,13 @@ func shmsteerGo_global_set_json(h C.uint64_t, js *C.char, jsLen C.size_t, versio
 	return C.SHMSTEER_OK
 }
 
+// admissionJSON is the admission JSON of shmsteer_request_admit_json.
+type admissionJSON struct {
+	Tenant       string          `json:"tenant"`
+	Conversation string          `json:"conversation"`
+	Override     *steer.Steering `json:"override"`
+}
+
 //export shmsteerGo_request_admit_json
 func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t, version *C.uint64_t) C.int {
 	inst, rc := engineOf(h)
@@ -727,11 +739,7 @@ func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js 
 	if !ok {
 		return badArg("id")
 	}
-	var a struct {
-		Tenant       string          `json:"tenant"`
-		Conversation string          `json:"conversation"`
-		Override     *steer.Steering `json:"override"`
-	}
+	var a admissionJSON
 	if jsLen > 0 {
 		if err := decodeJSON(js, jsLen, &a); err != nil {
 			return fail(err)
