@@ -258,7 +258,7 @@ class Keys(MutableMapping):
         except AttributeError:
             h, get, buf = self._state()
         rid = request_id.encode() if request_id.__class__ is str else request_id
-        n = get(h, rid) if b"\0" not in rid else -BufferTooSmallError.code
+        n = get(h, rid) if 0 not in rid else -BufferTooSmallError.code  # NUL byte: slow path
         if n >= 0:
             return buf[:n]
         return self._get_slow(-n, rid)
