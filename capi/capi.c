@@ -1,3 +1,5 @@
+//go:build cgo
+
 // The exported ABI of libshmsteer.so: thin wrappers that refuse, in C, every call made in a
 // child forked after the library was loaded (the Go runtime does not survive fork), then call
 // the Go implementation (exports.go). See shmsteer.h for the contract.
