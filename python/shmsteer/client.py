@@ -79,7 +79,11 @@ class _Handle:
         return self._is_owner
 
     def close(self) -> None:
-        """Detach (client) or stop serving (owner). Idempotent."""
+        """Detach (client) or stop serving (owner). Idempotent.
+
+        Close snapshots and drop their views first: while a view lives its version stays
+        pinned, so close waits up to 5 s for it and then raises BusyError, leaving the mapping
+        in place (the views stay valid; nothing dangles)."""
         if self._h is None:
             return
         h, self._h = self._h, None

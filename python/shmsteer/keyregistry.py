@@ -163,7 +163,10 @@ class _Manager(Generator):
         self._gen.close()
 
     def __del__(self) -> None:
-        self._gen.close()
+        try:
+            self._gen.close()
+        except Exception:  # interpreter shutdown: the owner's finalizer releases it
+            pass
 
     def __enter__(self) -> Owner:
         return next(self)
