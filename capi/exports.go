@@ -144,7 +144,11 @@ func shmsteerGo_attach(ns *C.char, secret unsafe.Pointer, secretLen C.size_t, se
 	if inst.eng != nil {
 		inst.cfg = inst.eng.Config()
 	}
-	return store(inst, out)
+	rc := store(inst, out)
+	if rc != C.SHMSTEER_OK {
+		c.Close()
+	}
+	return rc
 }
 
 func store(v any, out *C.uint64_t) C.int {
@@ -204,7 +208,11 @@ func shmsteerGo_owner_start(ns *C.char, secret unsafe.Pointer, secretLen C.size_
 	}
 	eng.Serve(func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) })
 	inst := &instance{owner: o, region: o.Region(), keys: o.Keys(), eng: eng, cfg: mc, ownerPD: os.Getpid()}
-	return store(inst, out)
+	if code := store(inst, out); code != C.SHMSTEER_OK {
+		o.Close()
+		return code
+	}
+	return C.SHMSTEER_OK
 }
 
 //export shmsteerGo_close
