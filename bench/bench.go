@@ -83,6 +83,8 @@ func Run(cfg Config, src Sources) *Report {
 		Contender{"keys.get.redis_ns", rd.setup("get")},
 		Contender{"keys.set.redis_ns", rd.setup("set")},
 		Contender{"keys.get.shmsteer_ns", src.KeysGet},
+		Contender{"keys.get.python_ns", pythonKeysSetup}, // capi.go
+		Contender{"keys.get.capi_ns", capiKeysSetup},
 		Contender{"keys.set.client_ns", src.KeysSetClient},
 		Contender{"keys.set.owner_ns", src.KeysSetOwner},
 	)

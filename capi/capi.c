@@ -1,0 +1,343 @@
+//go:build cgo
+
+// The exported ABI of libshmsteer.so: thin wrappers that refuse, in C, every call made in a
+// child forked after the library was loaded (the Go runtime does not survive fork), then call
+// the Go implementation (exports.go). See shmsteer.h for the contract.
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shmsteer.h"
+#include "_cgo_export.h"
+
+#define SHMSTEER_API __attribute__((visibility("default")))
+
+static atomic_int shmsteer_forked;
+
+// Per-thread buffers live on the heap, found through a __thread pointer: the Go runtime makes
+// this library use the static TLS model, where a dlopen'ed library has only a few hundred bytes
+// to spare. A pthread key frees them when the thread exits.
+typedef struct {
+  char errmsg[SHMSTEER_ERRMSG_MAX];
+  unsigned char keybuf[SHMSTEER_KEY_BUFFER_BYTES];
+} shmsteer_tls;
+
+static __thread shmsteer_tls *shmsteer_tls_p;
+static pthread_key_t shmsteer_tls_key;
+static char shmsteer_no_memory[] = "shmsteer: out of memory for the thread's buffers";
+
+static shmsteer_tls *shmsteer_tls_get(void) {
+  shmsteer_tls *t = shmsteer_tls_p;
+  if (__builtin_expect(t == NULL, 0)) {
+    t = calloc(1, sizeof *t);
+    if (t == NULL) return NULL;
+    pthread_setspecific(shmsteer_tls_key, t);
+    shmsteer_tls_p = t;
+  }
+  return t;
+}
+
+// The thread's message buffer; NULL only when out of memory.
+static char *shmsteer_errmsg_buf(void) {
+  shmsteer_tls *t = shmsteer_tls_get();
+  return t ? t->errmsg : NULL;
+}
+
+static void shmsteer_on_fork_child(void) { atomic_store_explicit(&shmsteer_forked, 1, memory_order_relaxed); }
+
+__attribute__((constructor)) static void shmsteer_init(void) {
+  pthread_key_create(&shmsteer_tls_key, free);
+  pthread_atfork(NULL, NULL, shmsteer_on_fork_child);
+}
+
+// The thread-local message buffer, for the Go side (a static scratch buffer when out of memory).
+char *capi_errbuf(void) {
+  static char scratch[SHMSTEER_ERRMSG_MAX];
+  char *b = shmsteer_errmsg_buf();
+  return b ? b : scratch;
+}
+
+static int shmsteer_forked_error(void) {
+  static const char msg[] =
+      "shmsteer: called in a process forked after libshmsteer was loaded; the Go runtime does not "
+      "survive fork: start workers with the spawn start method (fork+exec) and load the library there";
+  char *b = shmsteer_errmsg_buf();
+  if (b) memcpy(b, msg, sizeof msg);
+  return SHMSTEER_E_FORKED;
+}
+
+#define ENTER()                                                                      \
+  do {                                                                               \
+    if (__builtin_expect(atomic_load_explicit(&shmsteer_forked, memory_order_relaxed), 0)) \
+      return shmsteer_forked_error();                                                \
+    if (shmsteer_tls_p) shmsteer_tls_p->errmsg[0] = 0;                               \
+  } while (0)
+
+#define H(p) ((uint64_t)(uintptr_t)(p))
+
+// out handles: Go writes a uint64 handle, C hands out an opaque pointer of the same value.
+#define OUT_HANDLE(type, call, out)  \
+  do {                               \
+    uint64_t hv = 0;                 \
+    int rc = (call);                 \
+    if (rc == SHMSTEER_OK && (out)) *(out) = (type *)(uintptr_t)hv; \
+    return rc;                       \
+  } while (0)
+
+SHMSTEER_API int shmsteer_abi_version(void) { return SHMSTEER_ABI_VERSION; }
+
+SHMSTEER_API const char *shmsteer_last_error(void) {
+  char *b = shmsteer_errmsg_buf();
+  return b ? b : shmsteer_no_memory;
+}
+
+static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
+    [SHMSTEER_OK] = "ok",
+    [SHMSTEER_E_FORKED] = "capi.ErrForked",
+    [SHMSTEER_E_BUFFER_TOO_SMALL] = "capi.ErrBufferTooSmall",
+    [SHMSTEER_E_INVALID_ARGUMENT] = "capi.ErrInvalidArgument",
+    [SHMSTEER_E_BAD_HANDLE] = "capi.ErrBadHandle",
+    [SHMSTEER_E_OTHER] = "capi.ErrOther",
+    [SHMSTEER_E_NOT_FOUND] = "shm.ErrNotFound",
+    [SHMSTEER_E_REGION_FULL] = "shm.ErrRegionFull",
+    [SHMSTEER_E_SHM_KEY_TOO_LONG] = "shm.ErrKeyTooLong",
+    [SHMSTEER_E_BAD_KIND] = "shm.ErrBadKind",
+    [SHMSTEER_E_SHM_BAD_CONFIG] = "shm.ErrBadConfig",
+    [SHMSTEER_E_NOT_REGION] = "shm.ErrNotRegion",
+    [SHMSTEER_E_SHM_INCOMPATIBLE] = "shm.ErrIncompatible",
+    [SHMSTEER_E_CORRUPT] = "shm.ErrCorrupt",
+    [SHMSTEER_E_READ_ONLY] = "shm.ErrReadOnly",
+    [SHMSTEER_E_BUSY] = "shm.ErrBusy",
+    [SHMSTEER_E_READER_BUSY] = "shm.ErrReaderBusy",
+    [SHMSTEER_E_CLOSED] = "shm.ErrClosed",
+    [SHMSTEER_E_NO_READER_SLOT] = "shm.ErrNoReaderSlot",
+    [SHMSTEER_E_SNAPSHOT_TOO_OLD] = "shm.ErrSnapshotTooOld",
+    [SHMSTEER_E_SNAPSHOT_FUTURE] = "shm.ErrSnapshotFuture",
+    [SHMSTEER_E_VALUE_TOO_LARGE] = "shm.ErrValueTooLarge",
+    [SHMSTEER_E_UNSUPPORTED] = "shm.ErrUnsupported",
+    [SHMSTEER_E_AUTH_SECRET_NOT_DEFINED] = "ipc.ErrAuthSecretNotDefined",
+    [SHMSTEER_E_NOT_YET_INITIALIZED] = "ipc.ErrNotYetInitialized",
+    [SHMSTEER_E_PREVIOUSLY_INITIALIZED] = "ipc.ErrPreviouslyInitialized",
+    [SHMSTEER_E_AUTH_FAILED] = "ipc.ErrAuthFailed",
+    [SHMSTEER_E_OWNER_GONE] = "ipc.ErrOwnerGone",
+    [SHMSTEER_E_TIMEOUT] = "ipc.ErrTimeout",
+    [SHMSTEER_E_INCOMPATIBLE] = "ipc.ErrIncompatible",
+    [SHMSTEER_E_KEY_NOT_FOUND] = "ipc.ErrKeyNotFound",
+    [SHMSTEER_E_KEY_REVOKED] = "ipc.ErrKeyRevoked",
+    [SHMSTEER_E_REQUEST_ID_TOO_LONG] = "ipc.ErrRequestIDTooLong",
+    [SHMSTEER_E_KEY_TOO_LARGE] = "ipc.ErrKeyTooLarge",
+    [SHMSTEER_E_FRAME_TOO_LARGE] = "ipc.ErrFrameTooLarge",
+    [SHMSTEER_E_UNKNOWN_OP] = "ipc.ErrUnknownOp",
+    [SHMSTEER_E_PROTOCOL] = "ipc.ErrProtocol",
+    [SHMSTEER_E_STEER_INCOMPATIBLE] = "steer.ErrIncompatible",
+    [SHMSTEER_E_STEER_BAD_CONFIG] = "steer.ErrBadConfig",
+    [SHMSTEER_E_BAD_NAME] = "steer.ErrBadName",
+    [SHMSTEER_E_NON_FINITE] = "steer.ErrNonFinite",
+    [SHMSTEER_E_HIDDEN_SIZE] = "steer.ErrHiddenSize",
+    [SHMSTEER_E_UNKNOWN_HOOK] = "steer.ErrUnknownHook",
+    [SHMSTEER_E_LAYER_RANGE] = "steer.ErrLayerRange",
+    [SHMSTEER_E_DUPLICATE] = "steer.ErrDuplicate",
+    [SHMSTEER_E_EMPTY_SET] = "steer.ErrEmptySet",
+    [SHMSTEER_E_BAD_CLAMP] = "steer.ErrBadClamp",
+    [SHMSTEER_E_UNKNOWN_VECTOR] = "steer.ErrUnknownVector",
+    [SHMSTEER_E_BAD_REQUEST_ID] = "steer.ErrBadRequestID",
+    [SHMSTEER_E_BAD_ENCODING] = "steer.ErrBadEncoding",
+    [SHMSTEER_E_NOT_OWNER] = "steer.ErrNotOwner",
+    [SHMSTEER_E_NO_STEP] = "steer.ErrNoStep",
+    [SHMSTEER_E_BAD_BATCH] = "steer.ErrBadBatch",
+    [SHMSTEER_E_SHAPE] = "steer.ErrShape",
+    [SHMSTEER_E_DTYPE] = "steer.ErrDtype",
+    [SHMSTEER_E_NOT_CONTIGUOUS] = "steer.ErrNotContiguous",
+    [SHMSTEER_E_REMOTE] = "steer.ErrRemote",
+};
+
+SHMSTEER_API const char *shmsteer_error_name(int code) {
+  if (code < 0 || code >= SHMSTEER_E_LIMIT) return NULL;
+  return shmsteer_error_names[code];
+}
+
+// The environment as the process sees it now: Go's os.Getenv reads a copy taken when the
+// runtime started, which misses a later setenv (Python's os.environ, say).
+static void shmsteer_env_secret(const void **secret, size_t *secret_len, const char *secret_file) {
+  if (*secret == NULL && secret_file == NULL) {
+    const char *v = getenv("SHMSTEER_SECRET");
+    if (v != NULL && v[0] != 0) {
+      *secret = v;
+      *secret_len = strlen(v);
+    }
+  }
+}
+
+SHMSTEER_API int shmsteer_attach(const char *ns, const void *secret, size_t secret_len,
+                                 const char *secret_file, int64_t timeout_ms, shmsteer_t **out) {
+  ENTER();
+  shmsteer_env_secret(&secret, &secret_len, secret_file);
+  OUT_HANDLE(shmsteer_t,
+             shmsteerGo_attach((char *)ns, (void *)secret, secret_len, (char *)secret_file, timeout_ms, &hv),
+             out);
+}
+
+SHMSTEER_API int shmsteer_owner_start(const char *ns, const void *secret, size_t secret_len,
+                                      const char *secret_file, const shmsteer_owner_config *cfg,
+                                      shmsteer_t **out) {
+  ENTER();
+  shmsteer_env_secret(&secret, &secret_len, secret_file);
+  OUT_HANDLE(shmsteer_t,
+             shmsteerGo_owner_start((char *)ns, (void *)secret, secret_len, (char *)secret_file,
+                                    (shmsteer_owner_config *)cfg, &hv),
+             out);
+}
+
+SHMSTEER_API int shmsteer_close(shmsteer_t *h) { ENTER(); return shmsteerGo_close(H(h)); }
+SHMSTEER_API int shmsteer_ping(shmsteer_t *h) { ENTER(); return shmsteerGo_ping(H(h)); }
+
+SHMSTEER_API int shmsteer_model(shmsteer_t *h, int32_t *hidden, int32_t *layers, int32_t *num_hooks) {
+  ENTER();
+  return shmsteerGo_model(H(h), hidden, layers, num_hooks);
+}
+
+SHMSTEER_API int shmsteer_hook_id(shmsteer_t *h, const char *name, uint32_t *id) {
+  ENTER();
+  return shmsteerGo_hook_id(H(h), (char *)name, id);
+}
+
+SHMSTEER_API int shmsteer_version(shmsteer_t *h, uint64_t *version) {
+  ENTER();
+  return shmsteerGo_version(H(h), version);
+}
+
+SHMSTEER_API int shmsteer_status_json(shmsteer_t *h, char *buf, size_t cap, size_t *len) {
+  ENTER();
+  return shmsteerGo_status_json(H(h), buf, cap, len);
+}
+
+SHMSTEER_API int shmsteer_key_get(shmsteer_t *h, const char *id, size_t id_len, void *buf, size_t cap,
+                                  size_t *len) {
+  ENTER();
+  return shmsteerGo_key_get(H(h), (char *)id, id_len, buf, cap, len);
+}
+
+SHMSTEER_API void *shmsteer_key_buffer(void) {
+  shmsteer_tls *t = shmsteer_tls_get();
+  return t ? t->keybuf : NULL;
+}
+
+SHMSTEER_API int64_t shmsteer_key_get_tls(shmsteer_t *h, const char *id) {
+  if (__builtin_expect(atomic_load_explicit(&shmsteer_forked, memory_order_relaxed), 0))
+    return -(int64_t)shmsteer_forked_error();
+  shmsteer_tls *t = shmsteer_tls_get();
+  if (t == NULL) return -(int64_t)SHMSTEER_E_OTHER;
+  t->errmsg[0] = 0;
+  if (id == NULL) return -(int64_t)shmsteerGo_key_get(H(h), NULL, 1, NULL, 0, NULL);
+  size_t n = 0;
+  int rc = shmsteerGo_key_get(H(h), (char *)id, strlen(id), t->keybuf, sizeof t->keybuf, &n);
+  return rc ? -(int64_t)rc : (int64_t)n;
+}
+
+SHMSTEER_API int shmsteer_key_set(shmsteer_t *h, const char *id, size_t id_len, const void *key,
+                                  size_t key_len) {
+  ENTER();
+  return shmsteerGo_key_set(H(h), (char *)id, id_len, (void *)key, key_len);
+}
+
+SHMSTEER_API int shmsteer_key_remove(shmsteer_t *h, const char *id, size_t id_len) {
+  ENTER();
+  return shmsteerGo_key_remove(H(h), (char *)id, id_len);
+}
+
+SHMSTEER_API int shmsteer_key_list_json(shmsteer_t *h, char *buf, size_t cap, size_t *len) {
+  ENTER();
+  return shmsteerGo_key_list_json(H(h), buf, cap, len);
+}
+
+SHMSTEER_API int shmsteer_reader_open(shmsteer_t *h, shmsteer_reader_t **out) {
+  ENTER();
+  OUT_HANDLE(shmsteer_reader_t, shmsteerGo_reader_open(H(h), &hv), out);
+}
+
+SHMSTEER_API int shmsteer_reader_key_get(shmsteer_reader_t *r, const char *id, size_t id_len, void *buf,
+                                         size_t cap, size_t *len) {
+  ENTER();
+  return shmsteerGo_reader_key_get(H(r), (char *)id, id_len, buf, cap, len);
+}
+
+SHMSTEER_API int shmsteer_reader_close(shmsteer_reader_t *r) { ENTER(); return shmsteerGo_reader_close(H(r)); }
+
+SHMSTEER_API int shmsteer_snapshot_open(shmsteer_t *h, uint64_t version, shmsteer_snapshot_t **out,
+                                        uint64_t *pinned) {
+  ENTER();
+  OUT_HANDLE(shmsteer_snapshot_t, shmsteerGo_snapshot_open(H(h), version, &hv, pinned), out);
+}
+
+SHMSTEER_API int shmsteer_snapshot_close(shmsteer_snapshot_t *s) { ENTER(); return shmsteerGo_snapshot_close(H(s)); }
+
+SHMSTEER_API int shmsteer_vector_view(shmsteer_snapshot_t *s, const char *name, size_t name_len,
+                                      shmsteer_vector_info *info, shmsteer_vector_entry *entries, size_t cap) {
+  ENTER();
+  return shmsteerGo_vector_view(H(s), (char *)name, name_len, info, entries, cap);
+}
+
+SHMSTEER_API int shmsteer_vector_list_json(shmsteer_snapshot_t *s, char *buf, size_t cap, size_t *len) {
+  ENTER();
+  return shmsteerGo_vector_list_json(H(s), buf, cap, len);
+}
+
+SHMSTEER_API int shmsteer_vector_register(shmsteer_t *h, const char *name, size_t name_len,
+                                          const shmsteer_vector_entry *entries, size_t n, uint64_t *version) {
+  ENTER();
+  return shmsteerGo_vector_register(H(h), (char *)name, name_len, (shmsteer_vector_entry *)entries, n, version);
+}
+
+SHMSTEER_API int shmsteer_vector_unregister(shmsteer_t *h, const char *name, size_t name_len, uint64_t *version) {
+  ENTER();
+  return shmsteerGo_vector_unregister(H(h), (char *)name, name_len, version);
+}
+
+SHMSTEER_API int shmsteer_global_set_json(shmsteer_t *h, const char *json, size_t json_len, uint64_t *version) {
+  ENTER();
+  return shmsteerGo_global_set_json(H(h), (char *)json, json_len, version);
+}
+
+SHMSTEER_API int shmsteer_request_admit_json(shmsteer_t *h, const char *id, size_t id_len, const char *json,
+                                             size_t json_len, uint64_t *version) {
+  ENTER();
+  return shmsteerGo_request_admit_json(H(h), (char *)id, id_len, (char *)json, json_len, version);
+}
+
+SHMSTEER_API int shmsteer_request_end(shmsteer_t *h, const char *id, size_t id_len, uint64_t *version) {
+  ENTER();
+  return shmsteerGo_request_end(H(h), (char *)id, id_len, version);
+}
+
+SHMSTEER_API int shmsteer_stepper_new(shmsteer_t *h, shmsteer_stepper_t **out) {
+  ENTER();
+  OUT_HANDLE(shmsteer_stepper_t, shmsteerGo_stepper_new(H(h), &hv), out);
+}
+
+SHMSTEER_API int shmsteer_stepper_free(shmsteer_stepper_t *st) { ENTER(); return shmsteerGo_stepper_free(H(st)); }
+
+SHMSTEER_API int shmsteer_stepper_begin(shmsteer_stepper_t *st, uint64_t version, uint64_t *pinned) {
+  ENTER();
+  return shmsteerGo_stepper_begin(H(st), version, pinned);
+}
+
+SHMSTEER_API int shmsteer_stepper_apply(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, float *rows,
+                                        size_t n_floats, const shmsteer_span *spans, size_t n_spans) {
+  ENTER();
+  return shmsteerGo_stepper_apply(H(st), hook, layer, rows, n_floats, (shmsteer_span *)spans, n_spans);
+}
+
+SHMSTEER_API int shmsteer_stepper_effective(shmsteer_stepper_t *st, const char *id, size_t id_len,
+                                            uint32_t hook, int32_t layer, int32_t phase,
+                                            shmsteer_effective *out) {
+  ENTER();
+  return shmsteerGo_stepper_effective(H(st), (char *)id, id_len, hook, layer, phase, out);
+}
+
+SHMSTEER_API int shmsteer_stepper_end(shmsteer_stepper_t *st, uint64_t *checksum) {
+  ENTER();
+  return shmsteerGo_stepper_end(H(st), checksum);
+}

@@ -1,0 +1,336 @@
+//go:build cgo
+
+package main
+
+import (
+	"bufio"
+	"debug/elf"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/shm"
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// roleEnv selects a role when the test binary is re-executed as a child process (by this test
+// or by the Python tests, which find the binary in SHMSTEER_GO_OWNER_BIN).
+const roleEnv = "SHMSTEER_CAPI_ROLE"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(roleEnv) == "owner" {
+		os.Exit(runOwnerRole())
+	}
+	os.Exit(m.Run())
+}
+
+// The fixture every Go owner serves (the C example and the Python tests check it).
+var (
+	fixtureModel = steer.ModelConfig{Hidden: 64, Layers: 4}
+	fixtureKey   = func() []byte {
+		b := make([]byte, 32)
+		for i := range b {
+			b[i] = byte(i)
+		}
+		return b
+	}()
+)
+
+func fixtureVector() []float32 {
+	v := make([]float32, fixtureModel.Hidden)
+	for i := range v {
+		v[i] = float32(i) * 0.25
+	}
+	return v
+}
+
+// startGoOwner starts an owner and steering engine and writes the fixture: key "req-1",
+// "req-1-revoked" revoked, named vector "v1" (post_block, layer 1, scale 1, data i*0.25).
+func startGoOwner(secret, ns string) (*ipc.Owner, *steer.Engine, error) {
+	rc, err := steer.RegionConfig(fixtureModel, shm.Config{IndexSlots: 1 << 12, ArenaBytes: 16 << 20})
+	if err != nil {
+		return nil, nil, err
+	}
+	s := ipc.NewSecret([]byte(secret))
+	o, err := ipc.NewOwner(ipc.OwnerOptions{Secret: &s, Namespace: ns, Region: rc})
+	if err != nil {
+		return nil, nil, err
+	}
+	eng, err := steer.Open(o.Region(), &fixtureModel, steer.Options{Clients: o.Clients})
+	if err != nil {
+		o.Close()
+		return nil, nil, err
+	}
+	eng.Serve(func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) })
+	err = o.Keys().Set("req-1", fixtureKey)
+	if err == nil {
+		err = o.Keys().Set("req-1-revoked", []byte("gone"))
+	}
+	if err == nil {
+		err = o.Keys().Remove("req-1-revoked")
+	}
+	if err == nil {
+		_, err = eng.Register("v1", []steer.Vector{{Hook: "post_block", Layer: 1, Scale: 1, Data: fixtureVector()}})
+	}
+	if err != nil {
+		o.Close()
+		return nil, nil, err
+	}
+	return o, eng, nil
+}
+
+// runOwnerRole serves the fixture until stdin closes (the parent died or is done).
+func runOwnerRole() int {
+	o, _, err := startGoOwner(os.Getenv("SHMSTEER_SECRET"), os.Getenv("SHMSTEER_TEST_NS"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "owner:", err)
+		return 1
+	}
+	fmt.Println("ready")
+	io.Copy(io.Discard, os.Stdin)
+	o.Close()
+	return 0
+}
+
+var (
+	buildOnce sync.Once
+	buildErr  error
+	libDir    string
+)
+
+// buildLibrary runs what `go generate ./capi` runs: the c-shared build into python/shmsteer/.
+func buildLibrary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := filepath.Abs(filepath.Join("..", "python", "shmsteer"))
+		if err != nil {
+			buildErr = err
+			return
+		}
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			buildErr = fmt.Errorf("the go command is needed to build libshmsteer.so: %v", err)
+			return
+		}
+		cmd := exec.Command(goBin, "generate", ".")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go generate ./capi: %v\n%s", err, out)
+			return
+		}
+		libDir = dir
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return libDir
+}
+
+// Every code of shmsteer.h names one sentinel, the C and Go tables agree, and every sentinel
+// of shm, ipc and steer has a code.
+func TestErrorCodesMapSentinels(t *testing.T) {
+	var want []string
+	for _, pkg := range []string{"shm", "ipc", "steer"} {
+		fset := token.NewFileSet()
+		files, err := filepath.Glob(filepath.Join("..", pkg, "*.go"))
+		require.NoError(t, err)
+		for _, name := range files {
+			if strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, name, nil, 0)
+			require.NoError(t, err)
+			{
+				for _, d := range f.Decls {
+					gd, ok := d.(*ast.GenDecl)
+					if !ok || gd.Tok != token.VAR {
+						continue
+					}
+					for _, sp := range gd.Specs {
+						for _, n := range sp.(*ast.ValueSpec).Names {
+							if strings.HasPrefix(n.Name, "Err") && n.IsExported() {
+								want = append(want, pkg+"."+n.Name)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	// ipc.ErrClosed is shm.ErrClosed itself (one value, one code).
+	require.Equal(t, ipc.ErrClosed, shm.ErrClosed)
+	want = slices.DeleteFunc(want, func(s string) bool { return s == "ipc.ErrClosed" })
+	var got []string
+	seen := map[int]bool{}
+	for _, c := range errorCodes {
+		require.False(t, seen[int(c.code)], "code %d twice", c.code)
+		seen[int(c.code)] = true
+		require.Equal(t, c.name, cErrorName(int(c.code)), "C name of code %d", c.code)
+		require.Equal(t, int(c.code), int(codeOf(fmt.Errorf("context: %w", c.err))), "code of a wrapped %s", c.name)
+		if !strings.HasPrefix(c.name, "capi.") {
+			got = append(got, c.name)
+		}
+	}
+	for code := 1; code < 80; code++ {
+		require.Equal(t, errorNameOf(code), cErrorName(code), "code %d", code)
+	}
+	sort.Strings(want)
+	sort.Strings(got)
+	require.Equal(t, want, got)
+}
+
+// The library exports exactly the functions shmsteer.h declares: the Go functions behind them
+// stay internal, so no caller can bypass the fork check.
+func TestExportsMatchHeader(t *testing.T) {
+	lib := buildLibrary(t)
+	hdr, err := os.ReadFile("shmsteer.h")
+	require.NoError(t, err)
+	var declared []string
+	for _, m := range regexp.MustCompile(`(?m)^[a-z].*?\b(shmsteer_[a-z0-9_]+)\(`).FindAllSubmatch(hdr, -1) {
+		declared = append(declared, string(m[1]))
+	}
+	f, err := elf.Open(filepath.Join(lib, "libshmsteer.so"))
+	require.NoError(t, err)
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	require.NoError(t, err)
+	var exported []string
+	for _, s := range syms {
+		if s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+			exported = append(exported, s.Name)
+		}
+	}
+	sort.Strings(declared)
+	sort.Strings(exported)
+	require.Equal(t, declared, exported)
+	_, err = os.Stat(filepath.Join(lib, "libshmsteer.h"))
+	require.True(t, os.IsNotExist(err), "cgo's header declaring internal functions is removed")
+}
+
+func TestHandleTable(t *testing.T) {
+	h := handles.put("a")
+	require.NotZero(t, h)
+	v, ok := getAs[string](h)
+	require.True(t, ok)
+	require.Equal(t, "a", v)
+	_, ok = getAs[int](h)
+	require.False(t, ok, "wrong type")
+	require.True(t, handles.remove(h))
+	require.False(t, handles.remove(h), "twice")
+	h2 := handles.put("b")
+	require.Nil(t, handles.get(h), "a stale handle finds nothing, even when its slot is reused")
+	require.Equal(t, "b", handles.get(h2))
+	require.True(t, handles.remove(h2))
+	require.Nil(t, handles.get(0))
+	require.Nil(t, handles.get(1<<40|maxHandles+5))
+}
+
+func requireTool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Skipf("%s not found: %v", name, err)
+	}
+	return p
+}
+
+// The C example, compiled with gcc against libshmsteer.so, attaches to a Go owner and reads
+// keys and vectors; a child it forks gets SHMSTEER_E_FORKED.
+func TestCExample(t *testing.T) {
+	gcc := requireTool(t, "gcc")
+	lib := buildLibrary(t)
+	bin := filepath.Join(t.TempDir(), "example")
+	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I", ".", filepath.Join("example", "example.c"),
+		"-L", lib, "-lshmsteer", "-Wl,-rpath,"+lib, "-o", bin).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	if gxx, err := exec.LookPath("g++"); err == nil { // the header is valid C++ too
+		hdr := filepath.Join(t.TempDir(), "h.cpp")
+		require.NoError(t, os.WriteFile(hdr, []byte("#include \"shmsteer.h\"\n"), 0o600))
+		out, err := exec.Command(gxx, "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-I", ".", hdr).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+
+	ns := fmt.Sprintf("capi-c-%d-%d", os.Getpid(), time.Now().UnixNano())
+	o, _, err := startGoOwner("c-example-secret", ns)
+	require.NoError(t, err)
+	defer o.Close()
+
+	cmd := exec.Command(bin, ns, "req-1", "v1")
+	cmd.Env = append(os.Environ(), "SHMSTEER_SECRET=c-example-secret")
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	got := string(out)
+	t.Log(got)
+	require.Contains(t, got, "key req-1 len=32 hex=000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n")
+	require.Contains(t, got, "small buffer: capi.ErrBufferTooSmall need=32\n")
+	require.Contains(t, got, "missing: ipc.ErrKeyNotFound\n")
+	require.Contains(t, got, "message: shmsteer: key not found for request id\n")
+	require.Contains(t, got, "message after a success: \"\"\n")
+	require.Contains(t, got, "revoked: ipc.ErrKeyRevoked\n")
+	var sum float64
+	for _, f := range fixtureVector() {
+		sum += float64(f)
+	}
+	require.Contains(t, got, fmt.Sprintf("entry 0 hook=2 layer=1 scale=1 len=64 sum=%.4f first=0.0000\n", sum))
+	require.Contains(t, got, "forked child: SHMSTEER_E_FORKED\n")
+	require.Contains(t, got, "closed twice: capi.ErrBadHandle\n")
+
+	// A wrong secret is refused.
+	cmd = exec.Command(bin, ns, "req-1", "v1")
+	cmd.Env = append(os.Environ(), "SHMSTEER_SECRET=wrong")
+	out, err = cmd.CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "attach: ipc.ErrAuthFailed")
+}
+
+// TestPython runs the Python package's pytest suite (python/tests) against the library built
+// here, with this test binary as the Go owner the Python tests start (roleEnv).
+func TestPython(t *testing.T) {
+	py := "/usr/bin/python3"
+	if _, err := os.Stat(py); err != nil {
+		t.Skipf("%s missing (apt-get install python3 python3-pytest python3-numpy): %v", py, err)
+	}
+	if out, err := exec.Command(py, "-c", "import pytest, numpy").CombinedOutput(); err != nil {
+		t.Skipf("pytest or numpy missing for %s (apt-get install python3-pytest python3-numpy): %s", py, out)
+	}
+	buildLibrary(t)
+	self, err := filepath.Abs(os.Args[0])
+	require.NoError(t, err)
+	pyDir, err := filepath.Abs(filepath.Join("..", "python"))
+	require.NoError(t, err)
+	args := []string{"-m", "pytest", "-q", "-p", "no:cacheprovider", filepath.Join(pyDir, "tests")}
+	if testing.Verbose() {
+		args = append(args, "-v")
+	}
+	cmd := exec.Command(py, args...)
+	cmd.Dir = pyDir
+	cmd.Env = append(os.Environ(), "SHMSTEER_GO_OWNER_BIN="+self, "PYTHONPATH="+pyDir, "PYTHONDONTWRITEBYTECODE=1")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = cmd.Stdout
+	require.NoError(t, cmd.Start())
+	var log strings.Builder
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		log.WriteString(sc.Text() + "\n")
+	}
+	err = cmd.Wait()
+	t.Log(log.String())
+	require.NoError(t, err, "pytest failed")
+}

@@ -1,0 +1,159 @@
+package main
+
+/*
+#include <string.h>
+#include "shmsteer.h"
+char *capi_errbuf(void);
+*/
+import "C"
+
+import (
+	"errors"
+	"unsafe"
+
+	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/shm"
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// Errors of the C ABI itself (codes 1..9); every other code is a sentinel of shm, ipc or steer.
+var (
+	// ErrForked is returned by every call in a child process forked after the library was
+	// loaded (checked in C; this value only names the code). Start workers with spawn.
+	ErrForked = errors.New("shmsteer: called in a process forked after libshmsteer was loaded; the Go runtime does not survive fork: start workers with the spawn start method (fork+exec) and load the library there")
+	// ErrBufferTooSmall means an output buffer is too small; the call reports the size needed.
+	ErrBufferTooSmall = errors.New("shmsteer: buffer too small: retry with the size reported in *len")
+	// ErrInvalidArgument means a NULL pointer where one is required, a size out of range,
+	// malformed JSON or an unknown phase.
+	ErrInvalidArgument = errors.New("shmsteer: invalid argument")
+	// ErrBadHandle means a handle that is NULL, already closed, or of another type.
+	ErrBadHandle = errors.New("shmsteer: bad handle: NULL, already closed, or of another type")
+	// ErrOther means an error that wraps none of the sentinels (an I/O error reading a secret
+	// file, say); the message says what failed.
+	ErrOther = errors.New("shmsteer: error")
+)
+
+// errorCode is one row of the code table: a code of shmsteer.h, the Go name of its sentinel and
+// the sentinel.
+type errorCode struct {
+	code C.int
+	name string
+	err  error
+}
+
+// errorCodes lists every code. Matching walks it in order and the first sentinel errors.Is
+// finds wins, so sentinels that wrap or are wrapped by others come before them: ipc's and
+// steer's ErrIncompatible before shm's, and ipc.ErrClosed is shm.ErrClosed itself.
+var errorCodes = []errorCode{
+	{C.SHMSTEER_E_FORKED, "capi.ErrForked", ErrForked},
+	{C.SHMSTEER_E_BUFFER_TOO_SMALL, "capi.ErrBufferTooSmall", ErrBufferTooSmall},
+	{C.SHMSTEER_E_INVALID_ARGUMENT, "capi.ErrInvalidArgument", ErrInvalidArgument},
+	{C.SHMSTEER_E_BAD_HANDLE, "capi.ErrBadHandle", ErrBadHandle},
+	{C.SHMSTEER_E_OTHER, "capi.ErrOther", ErrOther},
+
+	{C.SHMSTEER_E_AUTH_SECRET_NOT_DEFINED, "ipc.ErrAuthSecretNotDefined", ipc.ErrAuthSecretNotDefined},
+	{C.SHMSTEER_E_NOT_YET_INITIALIZED, "ipc.ErrNotYetInitialized", ipc.ErrNotYetInitialized},
+	{C.SHMSTEER_E_PREVIOUSLY_INITIALIZED, "ipc.ErrPreviouslyInitialized", ipc.ErrPreviouslyInitialized},
+	{C.SHMSTEER_E_AUTH_FAILED, "ipc.ErrAuthFailed", ipc.ErrAuthFailed},
+	{C.SHMSTEER_E_OWNER_GONE, "ipc.ErrOwnerGone", ipc.ErrOwnerGone},
+	{C.SHMSTEER_E_TIMEOUT, "ipc.ErrTimeout", ipc.ErrTimeout},
+	{C.SHMSTEER_E_INCOMPATIBLE, "ipc.ErrIncompatible", ipc.ErrIncompatible},
+	{C.SHMSTEER_E_KEY_NOT_FOUND, "ipc.ErrKeyNotFound", ipc.ErrKeyNotFound},
+	{C.SHMSTEER_E_KEY_REVOKED, "ipc.ErrKeyRevoked", ipc.ErrKeyRevoked},
+	{C.SHMSTEER_E_REQUEST_ID_TOO_LONG, "ipc.ErrRequestIDTooLong", ipc.ErrRequestIDTooLong},
+	{C.SHMSTEER_E_KEY_TOO_LARGE, "ipc.ErrKeyTooLarge", ipc.ErrKeyTooLarge},
+	{C.SHMSTEER_E_FRAME_TOO_LARGE, "ipc.ErrFrameTooLarge", ipc.ErrFrameTooLarge},
+	{C.SHMSTEER_E_UNKNOWN_OP, "ipc.ErrUnknownOp", ipc.ErrUnknownOp},
+	{C.SHMSTEER_E_PROTOCOL, "ipc.ErrProtocol", ipc.ErrProtocol},
+
+	{C.SHMSTEER_E_STEER_INCOMPATIBLE, "steer.ErrIncompatible", steer.ErrIncompatible},
+	{C.SHMSTEER_E_STEER_BAD_CONFIG, "steer.ErrBadConfig", steer.ErrBadConfig},
+	{C.SHMSTEER_E_BAD_NAME, "steer.ErrBadName", steer.ErrBadName},
+	{C.SHMSTEER_E_NON_FINITE, "steer.ErrNonFinite", steer.ErrNonFinite},
+	{C.SHMSTEER_E_HIDDEN_SIZE, "steer.ErrHiddenSize", steer.ErrHiddenSize},
+	{C.SHMSTEER_E_UNKNOWN_HOOK, "steer.ErrUnknownHook", steer.ErrUnknownHook},
+	{C.SHMSTEER_E_LAYER_RANGE, "steer.ErrLayerRange", steer.ErrLayerRange},
+	{C.SHMSTEER_E_DUPLICATE, "steer.ErrDuplicate", steer.ErrDuplicate},
+	{C.SHMSTEER_E_EMPTY_SET, "steer.ErrEmptySet", steer.ErrEmptySet},
+	{C.SHMSTEER_E_BAD_CLAMP, "steer.ErrBadClamp", steer.ErrBadClamp},
+	{C.SHMSTEER_E_UNKNOWN_VECTOR, "steer.ErrUnknownVector", steer.ErrUnknownVector},
+	{C.SHMSTEER_E_BAD_REQUEST_ID, "steer.ErrBadRequestID", steer.ErrBadRequestID},
+	{C.SHMSTEER_E_BAD_ENCODING, "steer.ErrBadEncoding", steer.ErrBadEncoding},
+	{C.SHMSTEER_E_NOT_OWNER, "steer.ErrNotOwner", steer.ErrNotOwner},
+	{C.SHMSTEER_E_NO_STEP, "steer.ErrNoStep", steer.ErrNoStep},
+	{C.SHMSTEER_E_BAD_BATCH, "steer.ErrBadBatch", steer.ErrBadBatch},
+	{C.SHMSTEER_E_SHAPE, "steer.ErrShape", steer.ErrShape},
+	{C.SHMSTEER_E_DTYPE, "steer.ErrDtype", steer.ErrDtype},
+	{C.SHMSTEER_E_NOT_CONTIGUOUS, "steer.ErrNotContiguous", steer.ErrNotContiguous},
+	{C.SHMSTEER_E_REMOTE, "steer.ErrRemote", steer.ErrRemote},
+
+	{C.SHMSTEER_E_NOT_FOUND, "shm.ErrNotFound", shm.ErrNotFound},
+	{C.SHMSTEER_E_REGION_FULL, "shm.ErrRegionFull", shm.ErrRegionFull},
+	{C.SHMSTEER_E_SHM_KEY_TOO_LONG, "shm.ErrKeyTooLong", shm.ErrKeyTooLong},
+	{C.SHMSTEER_E_BAD_KIND, "shm.ErrBadKind", shm.ErrBadKind},
+	{C.SHMSTEER_E_SHM_BAD_CONFIG, "shm.ErrBadConfig", shm.ErrBadConfig},
+	{C.SHMSTEER_E_NOT_REGION, "shm.ErrNotRegion", shm.ErrNotRegion},
+	{C.SHMSTEER_E_SHM_INCOMPATIBLE, "shm.ErrIncompatible", shm.ErrIncompatible},
+	{C.SHMSTEER_E_CORRUPT, "shm.ErrCorrupt", shm.ErrCorrupt},
+	{C.SHMSTEER_E_READ_ONLY, "shm.ErrReadOnly", shm.ErrReadOnly},
+	{C.SHMSTEER_E_BUSY, "shm.ErrBusy", shm.ErrBusy},
+	{C.SHMSTEER_E_READER_BUSY, "shm.ErrReaderBusy", shm.ErrReaderBusy},
+	{C.SHMSTEER_E_CLOSED, "shm.ErrClosed", shm.ErrClosed},
+	{C.SHMSTEER_E_NO_READER_SLOT, "shm.ErrNoReaderSlot", shm.ErrNoReaderSlot},
+	{C.SHMSTEER_E_SNAPSHOT_TOO_OLD, "shm.ErrSnapshotTooOld", shm.ErrSnapshotTooOld},
+	{C.SHMSTEER_E_SNAPSHOT_FUTURE, "shm.ErrSnapshotFuture", shm.ErrSnapshotFuture},
+	{C.SHMSTEER_E_VALUE_TOO_LARGE, "shm.ErrValueTooLarge", shm.ErrValueTooLarge},
+	{C.SHMSTEER_E_UNSUPPORTED, "shm.ErrUnsupported", shm.ErrUnsupported},
+}
+
+// codeOf finds err's code; SHMSTEER_E_OTHER when it wraps no known sentinel.
+func codeOf(err error) C.int {
+	for _, c := range errorCodes {
+		if errors.Is(err, c.err) {
+			return c.code
+		}
+	}
+	return C.SHMSTEER_E_OTHER
+}
+
+// fail records err's message in the calling thread's error buffer (a cgo callback runs on the
+// thread that called it, so the C thread-local is the caller's) and returns its code.
+func fail(err error) C.int {
+	setMessage(err.Error())
+	return codeOf(err)
+}
+
+// failCode is fail for the ABI's own errors, with context.
+func failCode(base error, context string) C.int {
+	if context != "" {
+		setMessage(base.Error() + ": " + context)
+	} else {
+		setMessage(base.Error())
+	}
+	return codeOf(base)
+}
+
+func setMessage(msg string) {
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(C.capi_errbuf())), C.SHMSTEER_ERRMSG_MAX)
+	n := copy(buf[:len(buf)-1], msg)
+	buf[n] = 0
+}
+
+// errorNameOf is the Go name of code (tests compare it with the C table).
+func errorNameOf(code int) string {
+	for _, c := range errorCodes {
+		if int(c.code) == code {
+			return c.name
+		}
+	}
+	return ""
+}
+
+// cErrorName calls the C table shmsteer_error_name (for the tests, which cannot use cgo).
+func cErrorName(code int) string {
+	p := C.shmsteer_error_name(C.int(code))
+	if p == nil {
+		return ""
+	}
+	return C.GoString(p)
+}

@@ -1,0 +1,96 @@
+// example.c: a C worker that attaches to a shmsteer owner and reads keys and vectors.
+//
+//   cc example.c -I capi -L python/shmsteer -lshmsteer -Wl,-rpath,python/shmsteer -o example
+//   SHMSTEER_SECRET=... ./example NAMESPACE REQUEST_ID VECTOR_NAME
+//
+// It prints one line per fact it checked, and exits non-zero on the first surprise. The Go test
+// TestCExample compiles and runs it against a Go owner.
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shmsteer.h"
+
+static int check(int rc, const char *what) {
+  if (rc != SHMSTEER_OK) {
+    fprintf(stderr, "%s: %s (%s)\n", what, shmsteer_error_name(rc), shmsteer_last_error());
+    exit(1);
+  }
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: %s NAMESPACE REQUEST_ID VECTOR_NAME\n", argv[0]);
+    return 2;
+  }
+  const char *ns = argv[1], *id = argv[2], *vec = argv[3];
+  if (shmsteer_abi_version() != SHMSTEER_ABI_VERSION) {
+    fprintf(stderr, "ABI version mismatch\n");
+    return 1;
+  }
+  shmsteer_t *h = NULL;
+  check(shmsteer_attach(ns, NULL, 0, NULL, 0, &h), "attach"); /* secret from SHMSTEER_SECRET */
+
+  /* A key: into a caller buffer. */
+  unsigned char key[256];
+  size_t n = 0;
+  check(shmsteer_key_get(h, id, strlen(id), key, sizeof key, &n), "key_get");
+  printf("key %s len=%zu hex=", id, n);
+  for (size_t i = 0; i < n; i++) printf("%02x", key[i]);
+  printf("\n");
+
+  /* A buffer too small reports the size needed. */
+  unsigned char tiny[2];
+  size_t need = 0;
+  int rc = shmsteer_key_get(h, id, strlen(id), tiny, sizeof tiny, &need);
+  printf("small buffer: %s need=%zu\n", shmsteer_error_name(rc), need);
+
+  /* Missing and revoked are distinct. */
+  rc = shmsteer_key_get(h, "no-such-request", 15, key, sizeof key, &n);
+  printf("missing: %s\n", shmsteer_error_name(rc));
+  printf("message: %s\n", shmsteer_last_error());
+  check(shmsteer_key_get(h, id, strlen(id), key, sizeof key, &n), "key_get");
+  printf("message after a success: \"%s\"\n", shmsteer_last_error());
+  char revoked[300];
+  snprintf(revoked, sizeof revoked, "%s-revoked", id);
+  rc = shmsteer_key_get(h, revoked, strlen(revoked), key, sizeof key, &n);
+  printf("revoked: %s\n", shmsteer_error_name(rc));
+
+  /* A named vector, zero-copy, at a pinned snapshot. */
+  shmsteer_snapshot_t *snap = NULL;
+  uint64_t pinned = 0;
+  check(shmsteer_snapshot_open(h, 0, &snap, &pinned), "snapshot_open");
+  shmsteer_vector_info info;
+  shmsteer_vector_entry entries[8];
+  check(shmsteer_vector_view(snap, vec, strlen(vec), &info, entries, 8), "vector_view");
+  printf("vector %s version=%" PRIu64 " entries=%zu digest=", vec, info.version, info.n_entries);
+  for (int i = 0; i < 32; i++) printf("%02x", info.digest[i]);
+  printf("\n");
+  for (size_t e = 0; e < info.n_entries; e++) {
+    double sum = 0;
+    for (size_t i = 0; i < entries[e].len; i++) sum += entries[e].data[i];
+    printf("entry %zu hook=%u layer=%d scale=%g len=%zu sum=%.4f first=%.4f\n", e, entries[e].hook,
+           entries[e].layer, entries[e].scale, entries[e].len, sum, entries[e].data[0]);
+  }
+  check(shmsteer_snapshot_close(snap), "snapshot_close");
+
+  /* A child forked after loading gets FORKED at once, never a hang. */
+  pid_t pid = fork();
+  if (pid == 0) {
+    uint64_t v = 0;
+    int crc = shmsteer_version(h, &v);
+    _exit(crc == SHMSTEER_E_FORKED ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  printf("forked child: %s\n", WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "SHMSTEER_E_FORKED" : "WRONG");
+
+  check(shmsteer_close(h), "close");
+  rc = shmsteer_close(h);
+  printf("closed twice: %s\n", shmsteer_error_name(rc));
+  return 0;
+}

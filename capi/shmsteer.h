@@ -1,0 +1,353 @@
+/*
+ * shmsteer.h — the C ABI of shmsteer (libshmsteer.so), ABI version 1.
+ *
+ * shmsteer keeps per-request secret keys and activation-steering vectors in one shared-memory
+ * region: an owner process writes it, worker processes attach with a shared secret and read it
+ * lock-free. This library is the Go implementation itself (go build -buildmode=c-shared), so C,
+ * C++ and Python read the same bytes the same way as Go. Build it with `go generate ./capi`;
+ * the library and this header land in python/shmsteer/.
+ *
+ * CONVENTIONS
+ *  - Every function returns an int status: SHMSTEER_OK (0) or one of the SHMSTEER_E_* codes
+ *    below. Outputs go through pointer arguments and are written only on SHMSTEER_OK (except
+ *    the *len of SHMSTEER_E_BUFFER_TOO_SMALL, which reports the size needed).
+ *  - shmsteer_last_error() describes the last failure of the calling thread (thread-local). It
+ *    never contains the secret.
+ *  - Strings are (pointer, length) pairs and need not be NUL-terminated, except where a
+ *    parameter is documented as a C string. The library never keeps a pointer you pass in after
+ *    the call returns, and never frees memory you own.
+ *  - Handles (shmsteer_t, shmsteer_snapshot_t, shmsteer_stepper_t, shmsteer_reader_t) are opaque
+ *    and owned by the caller until the matching close/free call. A closed handle is never reused
+ *    for another object within the process's lifetime of 2^32 handle generations: using it
+ *    gives SHMSTEER_E_BAD_HANDLE, not another object.
+ *  - Thread safety: shmsteer_t and shmsteer_snapshot_t may be used from any number of threads at
+ *    once. A shmsteer_stepper_t and a shmsteer_reader_t belong to one thread at a time.
+ *
+ * FORK AND SPAWN
+ *  The Go runtime inside this library does not survive fork(): only the forking thread exists in
+ *  the child, and Go's own threads (scheduler, GC, network poller) are gone. A process that
+ *  forks after loading the library therefore gets SHMSTEER_E_FORKED from every call in the child,
+ *  checked in C before anything enters Go, so the child never hangs. Start worker processes
+ *  with fork+exec (posix_spawn, subprocess) or Python multiprocessing's "spawn" (or
+ *  "forkserver" started before the library is loaded) start method, and load the library in the
+ *  new process. A child forked BEFORE the library was loaded is unaffected.
+ *
+ * MEMORY RETURNED BY THE LIBRARY
+ *  - Vector views (shmsteer_vector_entry.data) point into the read-only shared mapping: zero
+ *    bytes are copied, writing through them faults (the pages are mapped PROT_READ). They are
+ *    valid until the snapshot they came from is closed.
+ *  - Effective views (shmsteer_effective.data) point into the stepper's PRIVATE memory: today
+ *    each process composes a request's effective steering itself (steer.Stepper); issue 13 moves
+ *    that composition into the shared region. Valid until the stepper's next begin/end/free.
+ */
+#ifndef SHMSTEER_H
+#define SHMSTEER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SHMSTEER_ABI_VERSION 1
+
+/* The longest message shmsteer_last_error returns, NUL included. */
+#define SHMSTEER_ERRMSG_MAX 1024
+
+/*
+ * ERROR CODES. Codes 1..9 belong to the C ABI; every other code is exactly one Go sentinel error
+ * of package shm (10..29), ipc (30..49) or steer (50..79): the error a call returned matches it
+ * with errors.Is. shmsteer_error_name gives the Go name ("ipc.ErrKeyRevoked").
+ */
+#define SHMSTEER_OK 0
+/* ABI errors */
+#define SHMSTEER_E_FORKED 1           /* called in a child forked after the library was loaded */
+#define SHMSTEER_E_BUFFER_TOO_SMALL 2 /* *len holds the bytes needed; nothing was written */
+#define SHMSTEER_E_INVALID_ARGUMENT 3 /* NULL pointer, negative size, bad JSON, bad phase */
+#define SHMSTEER_E_BAD_HANDLE 4       /* NULL, closed or foreign handle */
+#define SHMSTEER_E_OTHER 5            /* an error matching no sentinel (e.g. a file read) */
+/* package shm */
+#define SHMSTEER_E_NOT_FOUND 10          /* shm.ErrNotFound */
+#define SHMSTEER_E_REGION_FULL 11        /* shm.ErrRegionFull: nothing changed; enlarge */
+#define SHMSTEER_E_SHM_KEY_TOO_LONG 12   /* shm.ErrKeyTooLong */
+#define SHMSTEER_E_BAD_KIND 13           /* shm.ErrBadKind */
+#define SHMSTEER_E_SHM_BAD_CONFIG 14     /* shm.ErrBadConfig: a region size is out of range */
+#define SHMSTEER_E_NOT_REGION 15         /* shm.ErrNotRegion */
+#define SHMSTEER_E_SHM_INCOMPATIBLE 16   /* shm.ErrIncompatible: layout version mismatch */
+#define SHMSTEER_E_CORRUPT 17            /* shm.ErrCorrupt */
+#define SHMSTEER_E_READ_ONLY 18          /* shm.ErrReadOnly */
+#define SHMSTEER_E_BUSY 19               /* shm.ErrBusy: snapshots still open at close */
+#define SHMSTEER_E_READER_BUSY 20        /* shm.ErrReaderBusy */
+#define SHMSTEER_E_CLOSED 21             /* shm.ErrClosed (= ipc.ErrClosed) */
+#define SHMSTEER_E_NO_READER_SLOT 22     /* shm.ErrNoReaderSlot: close idle snapshots/readers */
+#define SHMSTEER_E_SNAPSHOT_TOO_OLD 23   /* shm.ErrSnapshotTooOld */
+#define SHMSTEER_E_SNAPSHOT_FUTURE 24    /* shm.ErrSnapshotFuture */
+#define SHMSTEER_E_VALUE_TOO_LARGE 25    /* shm.ErrValueTooLarge */
+#define SHMSTEER_E_UNSUPPORTED 26        /* shm.ErrUnsupported: needs Linux memfd */
+/* package ipc */
+#define SHMSTEER_E_AUTH_SECRET_NOT_DEFINED 30 /* ipc.ErrAuthSecretNotDefined: set SHMSTEER_SECRET */
+#define SHMSTEER_E_NOT_YET_INITIALIZED 31     /* ipc.ErrNotYetInitialized: no owner answers */
+#define SHMSTEER_E_PREVIOUSLY_INITIALIZED 32  /* ipc.ErrPreviouslyInitialized: owner exists */
+#define SHMSTEER_E_AUTH_FAILED 33             /* ipc.ErrAuthFailed: wrong secret or uid */
+#define SHMSTEER_E_OWNER_GONE 34              /* ipc.ErrOwnerGone: reads work, writes cannot */
+#define SHMSTEER_E_TIMEOUT 35                 /* ipc.ErrTimeout */
+#define SHMSTEER_E_INCOMPATIBLE 36            /* ipc.ErrIncompatible: protocol mismatch */
+#define SHMSTEER_E_KEY_NOT_FOUND 37           /* ipc.ErrKeyNotFound: never set, or purged */
+#define SHMSTEER_E_KEY_REVOKED 38             /* ipc.ErrKeyRevoked: removed, sentinel stands */
+#define SHMSTEER_E_REQUEST_ID_TOO_LONG 39     /* ipc.ErrRequestIDTooLong: empty or > 256 B */
+#define SHMSTEER_E_KEY_TOO_LARGE 40           /* ipc.ErrKeyTooLarge */
+#define SHMSTEER_E_FRAME_TOO_LARGE 41         /* ipc.ErrFrameTooLarge */
+#define SHMSTEER_E_UNKNOWN_OP 42              /* ipc.ErrUnknownOp */
+#define SHMSTEER_E_PROTOCOL 43                /* ipc.ErrProtocol */
+/* package steer */
+#define SHMSTEER_E_STEER_INCOMPATIBLE 50 /* steer.ErrIncompatible: model config mismatch */
+#define SHMSTEER_E_STEER_BAD_CONFIG 51   /* steer.ErrBadConfig */
+#define SHMSTEER_E_BAD_NAME 52           /* steer.ErrBadName */
+#define SHMSTEER_E_NON_FINITE 53         /* steer.ErrNonFinite */
+#define SHMSTEER_E_HIDDEN_SIZE 54        /* steer.ErrHiddenSize */
+#define SHMSTEER_E_UNKNOWN_HOOK 55       /* steer.ErrUnknownHook */
+#define SHMSTEER_E_LAYER_RANGE 56        /* steer.ErrLayerRange */
+#define SHMSTEER_E_DUPLICATE 57          /* steer.ErrDuplicate */
+#define SHMSTEER_E_EMPTY_SET 58          /* steer.ErrEmptySet */
+#define SHMSTEER_E_BAD_CLAMP 59          /* steer.ErrBadClamp */
+#define SHMSTEER_E_UNKNOWN_VECTOR 60     /* steer.ErrUnknownVector */
+#define SHMSTEER_E_BAD_REQUEST_ID 61     /* steer.ErrBadRequestID */
+#define SHMSTEER_E_BAD_ENCODING 62       /* steer.ErrBadEncoding */
+#define SHMSTEER_E_NOT_OWNER 63          /* steer.ErrNotOwner */
+#define SHMSTEER_E_NO_STEP 64            /* steer.ErrNoStep */
+#define SHMSTEER_E_BAD_BATCH 65          /* steer.ErrBadBatch */
+#define SHMSTEER_E_SHAPE 66              /* steer.ErrShape */
+#define SHMSTEER_E_DTYPE 67              /* steer.ErrDtype */
+#define SHMSTEER_E_NOT_CONTIGUOUS 68     /* steer.ErrNotContiguous */
+#define SHMSTEER_E_REMOTE 69             /* steer.ErrRemote */
+/* One past the largest code. */
+#define SHMSTEER_E_LIMIT 80
+
+/* Phases of a request's rows (steer.Phase). */
+#define SHMSTEER_PHASE_PREFILL 1
+#define SHMSTEER_PHASE_DECODE 2
+
+typedef struct shmsteer shmsteer_t;                   /* an attached client or an owner */
+typedef struct shmsteer_snapshot shmsteer_snapshot_t; /* a pinned region version */
+typedef struct shmsteer_stepper shmsteer_stepper_t;   /* per-thread step state */
+typedef struct shmsteer_reader shmsteer_reader_t;     /* per-thread key reader */
+
+/* ---- library ---------------------------------------------------------------------------- */
+
+/* SHMSTEER_ABI_VERSION of the loaded library; compare with the header's. Never fails. */
+int shmsteer_abi_version(void);
+
+/* The calling thread's last error message (empty after a success). The pointer stays valid
+ * for the thread's lifetime; its text until the thread's next shmsteer call. */
+const char *shmsteer_last_error(void);
+
+/* The Go name of a code ("ipc.ErrKeyRevoked", "capi.ErrForked"), or NULL for an unknown code.
+ * Static storage; never fails; usable in a forked child. */
+const char *shmsteer_error_name(int code);
+
+/* ---- attach and owner ------------------------------------------------------------------- */
+
+/* The secret is taken from, in order: (secret, secret_len) when secret != NULL; the file at
+ * C string secret_file when not NULL (its content, one trailing newline stripped); else the
+ * environment variable SHMSTEER_SECRET. Nothing set: SHMSTEER_E_AUTH_SECRET_NOT_DEFINED.
+ * ns is a C string (NULL = ""). The library keeps no copy of the secret after attaching. */
+
+/* Attach to the owner serving (secret, ns). timeout_ms bounds the attach and each later RPC
+ * (0 = 5 s). Errors: AUTH_SECRET_NOT_DEFINED, NOT_YET_INITIALIZED (no owner), AUTH_FAILED
+ * (wrong secret), INCOMPATIBLE, TIMEOUT. Release *out with shmsteer_close. */
+int shmsteer_attach(const char *ns, const void *secret, size_t secret_len, const char *secret_file,
+                    int64_t timeout_ms, shmsteer_t **out);
+
+/* Owner settings; zero fields take the defaults. */
+typedef struct {
+  int32_t hidden;        /* model hidden size (required, >= 1) */
+  int32_t layers;        /* number of layers (required, >= 1) */
+  const char *hooks;     /* C string, comma-separated hook names; NULL = pre_attn,post_attn,
+                            post_block,mlp_in,mlp_out */
+  int64_t index_slots;   /* power of two; 0 = 65536 */
+  int64_t arena_bytes;   /* multiple of 64; 0 = 256 MiB */
+  int64_t reader_slots;  /* 0 = the shm default */
+  int64_t grace_ms;      /* revoked-key sentinel lifetime before purge; 0 = 60 s */
+  int64_t max_key_bytes; /* 0 = 4096 */
+} shmsteer_owner_config;
+
+/* Start an owner in this process: create the region (with the model config recorded in it),
+ * serve attaches and worker RPCs (key writes, vector registration) on goroutines of this
+ * process, purge revoked keys after grace. Errors: PREVIOUSLY_INITIALIZED (an owner already
+ * serves this secret and namespace), AUTH_SECRET_NOT_DEFINED, STEER_BAD_CONFIG,
+ * SHM_BAD_CONFIG. Stop it with shmsteer_close (attached clients then get OWNER_GONE on writes
+ * and keep reading the last state). */
+int shmsteer_owner_start(const char *ns, const void *secret, size_t secret_len,
+                         const char *secret_file, const shmsteer_owner_config *cfg,
+                         shmsteer_t **out);
+
+/* Detach a client or stop an owner, and free h. Close snapshots, steppers and readers of h
+ * first: they fail with CLOSED afterwards. */
+int shmsteer_close(shmsteer_t *h);
+
+/* Round trip to the owner: OK while it serves, OWNER_GONE after it died (owner: always OK). */
+int shmsteer_ping(shmsteer_t *h);
+
+/* The model config recorded in the region. Any output may be NULL. */
+int shmsteer_model(shmsteer_t *h, int32_t *hidden, int32_t *layers, int32_t *num_hooks);
+
+/* The id of hook C string name (for stepper calls). UNKNOWN_HOOK if the model has none. */
+int shmsteer_hook_id(shmsteer_t *h, const char *name, uint32_t *id);
+
+/* The last published region version (what a scheduler hands to every rank). */
+int shmsteer_version(shmsteer_t *h, uint64_t *version);
+
+/* A JSON object: {"owner": bool, "owner_pid": n, "model": {...}, "steer": {steer.Status},
+ * "region": {shm.Stats}}, written to buf (not NUL-terminated; *len = its length). If cap is too
+ * small: BUFFER_TOO_SMALL and *len = the size needed. */
+int shmsteer_status_json(shmsteer_t *h, char *buf, size_t cap, size_t *len);
+
+/* ---- keys -------------------------------------------------------------------------------- */
+
+/* Copy request id's key into buf[0:cap] and set *len. KEY_NOT_FOUND (never set, or purged) and
+ * KEY_REVOKED (removed; its sentinel stands until the grace period ends) are distinct. If cap is
+ * too small: BUFFER_TOO_SMALL, *len = the key's length, nothing written. A cap of at least key
+ * length + 1 avoids any copy inside the library. Lock-free, reads the mapping; any thread. */
+int shmsteer_key_get(shmsteer_t *h, const char *id, size_t id_len, void *buf, size_t cap,
+                     size_t *len);
+
+/* Set request id's key (replacing a key or a revoked sentinel). In a client this is an RPC to
+ * the owner (OWNER_GONE if it died). Errors: REQUEST_ID_TOO_LONG, KEY_TOO_LARGE, REGION_FULL. */
+int shmsteer_key_set(shmsteer_t *h, const char *id, size_t id_len, const void *key,
+                     size_t key_len);
+
+/* Revoke request id's key: from now on gets return KEY_REVOKED, and the owner purges the entry
+ * after the grace period (then KEY_NOT_FOUND). KEY_NOT_FOUND if it had no key. */
+int shmsteer_key_remove(shmsteer_t *h, const char *id, size_t id_len);
+
+/* The request ids with a key or a standing sentinel, as JSON [{"id": s, "revoked": b}, ...];
+ * buf/cap/len as for shmsteer_status_json. */
+int shmsteer_key_list_json(shmsteer_t *h, char *buf, size_t cap, size_t *len);
+
+/* The fast path for bindings whose per-argument call cost dominates (Python ctypes): one
+ * argument less in, none out. id is a C string (an id containing a NUL byte cannot use it). On
+ * success returns the key's length (>= 0) and the key is in the calling thread's key buffer,
+ * shmsteer_key_buffer() (SHMSTEER_KEY_BUFFER_BYTES; valid until the thread's next get there);
+ * on failure returns minus the error code (-SHMSTEER_E_KEY_REVOKED, ...;
+ * -SHMSTEER_E_BUFFER_TOO_SMALL for a key longer than the buffer: use shmsteer_key_get). */
+#define SHMSTEER_KEY_BUFFER_BYTES 8192
+int64_t shmsteer_key_get_tls(shmsteer_t *h, const char *id);
+void *shmsteer_key_buffer(void); /* the calling thread's buffer; NULL only when out of memory */
+
+/* A reader owns a reader slot: the fastest key path for one thread (no slot compare-and-swap).
+ * Free it with shmsteer_reader_close. */
+int shmsteer_reader_open(shmsteer_t *h, shmsteer_reader_t **out);
+int shmsteer_reader_key_get(shmsteer_reader_t *r, const char *id, size_t id_len, void *buf,
+                            size_t cap, size_t *len); /* as shmsteer_key_get */
+int shmsteer_reader_close(shmsteer_reader_t *r);
+
+/* ---- snapshots and vector views --------------------------------------------------------- */
+
+/* Pin version (0 = the current one; else a version published earlier, e.g. the one the
+ * scheduler handed to every rank) and set *pinned to it. While pinned, nothing it references is
+ * reclaimed. SNAPSHOT_TOO_OLD / SNAPSHOT_FUTURE for a version that cannot be pinned;
+ * NO_READER_SLOT when every slot is in use. */
+int shmsteer_snapshot_open(shmsteer_t *h, uint64_t version, shmsteer_snapshot_t **out,
+                           uint64_t *pinned);
+
+/* Unpin and free s. Every view taken from s is invalid afterwards. */
+int shmsteer_snapshot_close(shmsteer_snapshot_t *s);
+
+/* One entry of a named vector: at (hook, layer) add scale * data[0:len]. */
+typedef struct {
+  uint32_t hook;     /* hook id (shmsteer_hook_id) */
+  int32_t layer;
+  float scale;
+  const float *data; /* views: into the read-only mapping; register: caller memory */
+  size_t len;        /* = the hidden size */
+} shmsteer_vector_entry;
+
+typedef struct {
+  uint64_t version;   /* region version that wrote it */
+  uint8_t digest[32]; /* sha256 of its encoding */
+  size_t n_entries;
+} shmsteer_vector_info;
+
+/* View named vector name at snapshot s: fill *info and entries[0:n_entries] (zero-copy: each
+ * data points into the mapping). If cap < n_entries: BUFFER_TOO_SMALL with info->n_entries
+ * set. UNKNOWN_VECTOR if no vector has that name at s. */
+int shmsteer_vector_view(shmsteer_snapshot_t *s, const char *name, size_t name_len,
+                         shmsteer_vector_info *info, shmsteer_vector_entry *entries, size_t cap);
+
+/* The named vectors at s, as JSON [{"name": s, "version": n, "digest": hex}, ...]. */
+int shmsteer_vector_list_json(shmsteer_snapshot_t *s, char *buf, size_t cap, size_t *len);
+
+/* Register (or replace: last writer wins) named vector name from entries[0:n] (copied). In a
+ * client this is an RPC to the owner. *version (may be NULL) = the region version that wrote it. */
+int shmsteer_vector_register(shmsteer_t *h, const char *name, size_t name_len,
+                             const shmsteer_vector_entry *entries, size_t n, uint64_t *version);
+int shmsteer_vector_unregister(shmsteer_t *h, const char *name, size_t name_len,
+                               uint64_t *version);
+
+/* ---- steering writes (owner) ----------------------------------------------------------- */
+
+/* Steering JSON (steer.Steering): {"base": T, "prefill": T, "decode": T, "compose": n} with
+ * T = {"vectors": [{"hook": s, "layer": n, "scale": f, "data": [f, ...]}],
+ *      "refs": [{"name": s, "strength": f}],
+ *      "clamps": [{"hook": s, "layer": n, "dir": [f, ...], "min": f, "max": f, "strength": f}]}.
+ * Unknown fields are refused (INVALID_ARGUMENT). */
+
+/* Replace the global steering (owner only: NOT_OWNER in a client). */
+int shmsteer_global_set_json(shmsteer_t *h, const char *json, size_t json_len, uint64_t *version);
+
+/* Admit request id: admission JSON {"tenant": s, "conversation": s, "override": Steering}, all
+ * optional (owner only). */
+int shmsteer_request_admit_json(shmsteer_t *h, const char *id, size_t id_len, const char *json,
+                                size_t json_len, uint64_t *version);
+
+/* End request id: its steering entry is removed (owner only). */
+int shmsteer_request_end(shmsteer_t *h, const char *id, size_t id_len, uint64_t *version);
+
+/* ---- step apply ------------------------------------------------------------------------- */
+
+/* Rows [start, end) of a block belong to request id, in phase SHMSTEER_PHASE_*. */
+typedef struct {
+  const char *id;
+  size_t id_len;
+  int64_t start, end;
+  int32_t phase;
+} shmsteer_span;
+
+/* A stepper (steer.Stepper) caches each request's composed steering in private memory. One
+ * thread at a time; free with shmsteer_stepper_free. */
+int shmsteer_stepper_new(shmsteer_t *h, shmsteer_stepper_t **out);
+int shmsteer_stepper_free(shmsteer_stepper_t *st);
+
+/* Begin a step at version (0 = current; ranks handed the same version apply the same steering)
+ * and set *pinned (may be NULL). */
+int shmsteer_stepper_begin(shmsteer_stepper_t *st, uint64_t version, uint64_t *pinned);
+
+/* Add each span's effective steering at (hook, layer) to its rows of rows[0:n_floats], a
+ * row-major T x hidden float32 block in the caller's memory, then apply clamps: in place, with
+ * the AVX-512/AVX2 kernels, no copy. Every argument is checked before rows is written
+ * (BAD_BATCH, SHAPE, UNKNOWN_HOOK, LAYER_RANGE, NO_STEP). */
+int shmsteer_stepper_apply(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, float *rows,
+                           size_t n_floats, const shmsteer_span *spans, size_t n_spans);
+
+/* A request's effective steering at (hook, layer, phase) in the current step. */
+typedef struct {
+  const float *data;  /* NULL: no vector applies there; else len floats of PRIVATE memory */
+  size_t len;
+  uint32_t clamps;    /* clamps applied after the add (a plain add is not the whole effect) */
+  uint64_t version;   /* newest region version among its inputs */
+  uint8_t digest[32]; /* identifies its inputs: equal digest, equal floats */
+} shmsteer_effective;
+
+int shmsteer_stepper_effective(shmsteer_stepper_t *st, const char *id, size_t id_len,
+                               uint32_t hook, int32_t layer, int32_t phase,
+                               shmsteer_effective *out);
+
+/* End the step (unpin) and set *checksum (may be NULL): the determinism checksum of the
+ * actions applied, equal across ranks that applied the same steering to the same layouts. */
+int shmsteer_stepper_end(shmsteer_stepper_t *st, uint64_t *checksum);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHMSTEER_H */

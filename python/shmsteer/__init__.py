@@ -1,0 +1,31 @@
+"""shmsteer for Python: per-request keys and activation-steering vectors in one shared-memory
+region, read lock-free by every worker process.
+
+This package loads libshmsteer.so (the Go engine built as a C library by ``go generate ./capi``,
+placed next to this file) with ctypes; it needs only the standard library and uses numpy and
+torch when they are importable.
+
+Start worker processes with the ``spawn`` start method: the Go runtime does not survive
+``fork``, and every call in a child forked after the library was loaded raises
+:class:`ForkedError`.
+
+A worker::
+
+    from shmsteer import Client
+    with Client(namespace="llm") as c:          # secret from $SHMSTEER_SECRET
+        key = c.keys["req-1"]                     # bytes; KeyRevokedError / KeyNotFoundError
+        with c.snapshot() as snap:
+            v = snap.vector("honesty")            # read-only numpy views of the mapping
+"""
+
+from . import errors
+from ._lib import PHASE_DECODE, PHASE_PREFILL
+from .client import (Client, Effective, Keys, NamedVector, Owner, Snapshot, Stepper, VectorEntry,
+                     mapping_of)
+from .errors import *  # noqa: F401,F403 - the exception classes mirror the Go sentinels
+from .errors import ShmsteerError
+
+__version__ = "0.1.0"
+__all__ = ["Client", "Owner", "Keys", "Snapshot", "NamedVector", "VectorEntry", "Stepper",
+           "Effective", "mapping_of", "errors", "ShmsteerError", "PHASE_PREFILL", "PHASE_DECODE"]
+__all__ += [n for n in errors.__all__ if n not in __all__]

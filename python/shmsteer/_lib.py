@@ -1,0 +1,156 @@
+"""ctypes bindings of libshmsteer.so (the C ABI in shmsteer.h, ABI version 1).
+
+The library is looked up in ``$SHMSTEER_LIB`` when set, else next to this file (where
+``go generate ./capi`` puts it). Every binding returns the C status; :func:`check` turns a
+non-zero status into the matching exception of :mod:`shmsteer.errors`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_float, c_int, c_int32, c_int64,
+                    c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
+
+from .errors import error_for
+
+ABI_VERSION = 1
+PHASE_PREFILL = 1
+PHASE_DECODE = 2
+
+
+class OwnerConfig(Structure):
+    _fields_ = [("hidden", c_int32), ("layers", c_int32), ("hooks", c_char_p),
+                ("index_slots", c_int64), ("arena_bytes", c_int64), ("reader_slots", c_int64),
+                ("grace_ms", c_int64), ("max_key_bytes", c_int64)]
+
+
+class VectorEntry(Structure):
+    _fields_ = [("hook", c_uint32), ("layer", c_int32), ("scale", c_float),
+                ("data", POINTER(c_float)), ("len", c_size_t)]
+
+
+class VectorInfo(Structure):
+    _fields_ = [("version", c_uint64), ("digest", c_uint8 * 32), ("n_entries", c_size_t)]
+
+
+class Span(Structure):
+    _fields_ = [("id", c_char_p), ("id_len", c_size_t), ("start", c_int64), ("end", c_int64),
+                ("phase", c_int32)]
+
+
+class EffectiveC(Structure):
+    _fields_ = [("data", POINTER(c_float)), ("len", c_size_t), ("clamps", c_uint32),
+                ("version", c_uint64), ("digest", c_uint8 * 32)]
+
+
+def _path() -> str:
+    env = os.environ.get("SHMSTEER_LIB")
+    if env:
+        return env
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libshmsteer.so")
+
+
+def _load() -> ctypes.CDLL:
+    path = _path()
+    if not os.path.exists(path):
+        raise ImportError(
+            f"libshmsteer.so not found at {path}: build it with `go generate ./capi` in the "
+            "shmsteer repository (or set SHMSTEER_LIB to its path)")
+    lib = ctypes.CDLL(path)
+    P = POINTER
+    h = c_void_p  # opaque handles
+    sigs = {
+        "shmsteer_abi_version": (c_int, []),
+        "shmsteer_last_error": (c_char_p, []),
+        "shmsteer_error_name": (c_char_p, [c_int]),
+        "shmsteer_attach": (c_int, [c_char_p, c_char_p, c_size_t, c_char_p, c_int64, P(h)]),
+        "shmsteer_owner_start": (c_int, [c_char_p, c_char_p, c_size_t, c_char_p, P(OwnerConfig), P(h)]),
+        "shmsteer_close": (c_int, [h]),
+        "shmsteer_ping": (c_int, [h]),
+        "shmsteer_model": (c_int, [h, P(c_int32), P(c_int32), P(c_int32)]),
+        "shmsteer_hook_id": (c_int, [h, c_char_p, P(c_uint32)]),
+        "shmsteer_version": (c_int, [h, P(c_uint64)]),
+        "shmsteer_status_json": (c_int, [h, c_void_p, c_size_t, P(c_size_t)]),
+        "shmsteer_key_get": (c_int, [h, c_char_p, c_size_t, c_void_p, c_size_t, P(c_size_t)]),
+        "shmsteer_key_set": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t]),
+        "shmsteer_key_remove": (c_int, [h, c_char_p, c_size_t]),
+        "shmsteer_key_list_json": (c_int, [h, c_void_p, c_size_t, P(c_size_t)]),
+        "shmsteer_reader_open": (c_int, [h, P(h)]),
+        "shmsteer_reader_key_get": (c_int, [h, c_char_p, c_size_t, c_void_p, c_size_t, P(c_size_t)]),
+        "shmsteer_reader_close": (c_int, [h]),
+        "shmsteer_snapshot_open": (c_int, [h, c_uint64, P(h), P(c_uint64)]),
+        "shmsteer_snapshot_close": (c_int, [h]),
+        "shmsteer_vector_view": (c_int, [h, c_char_p, c_size_t, P(VectorInfo), P(VectorEntry), c_size_t]),
+        "shmsteer_vector_list_json": (c_int, [h, c_void_p, c_size_t, P(c_size_t)]),
+        "shmsteer_vector_register": (c_int, [h, c_char_p, c_size_t, P(VectorEntry), c_size_t, P(c_uint64)]),
+        "shmsteer_vector_unregister": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
+        "shmsteer_global_set_json": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
+        "shmsteer_request_admit_json": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(c_uint64)]),
+        "shmsteer_request_end": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
+        "shmsteer_stepper_new": (c_int, [h, P(h)]),
+        "shmsteer_stepper_free": (c_int, [h]),
+        "shmsteer_stepper_begin": (c_int, [h, c_uint64, P(c_uint64)]),
+        "shmsteer_stepper_apply": (c_int, [h, c_uint32, c_int32, c_void_p, c_size_t, P(Span), c_size_t]),
+        "shmsteer_stepper_effective": (c_int, [h, c_char_p, c_size_t, c_uint32, c_int32, c_int32, P(EffectiveC)]),
+        "shmsteer_stepper_end": (c_int, [h, P(c_uint64)]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    got = lib.shmsteer_abi_version()
+    if got != ABI_VERSION:
+        raise ImportError(f"{path} has ABI version {got}, this package needs {ABI_VERSION}: rebuild it")
+    return lib
+
+
+lib = _load()
+
+#: The same library through ctypes.PyDLL: calls keep the GIL (saving its release and
+#: re-acquisition, about a third of a short call) and take pre-converted ctypes arguments (no
+#: argtypes). Only for calls that never block: key gets.
+fast = ctypes.PyDLL(lib._name)
+for _name in ("shmsteer_key_get", "shmsteer_reader_key_get"):
+    getattr(fast, _name).restype = c_int
+fast.shmsteer_key_get_tls.restype = c_int64
+lib.shmsteer_key_buffer.restype = c_void_p
+lib.shmsteer_key_buffer.argtypes = []
+KEY_BUFFER_BYTES = 8192
+
+
+def last_error() -> str:
+    """The calling thread's last error message from the library."""
+    msg = lib.shmsteer_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def check(rc: int) -> None:
+    """Raise the exception for a non-zero status."""
+    if rc:
+        raise error_for(rc, last_error())
+
+
+def error_name(code: int) -> str:
+    """The Go sentinel name of a code, per the library."""
+    n = lib.shmsteer_error_name(code)
+    return n.decode() if n else ""
+
+
+def read_json(fn, handle) -> bytes:
+    """Call a *_json function, growing the buffer when it reports the size needed."""
+    cap = 4096
+    while True:
+        buf = ctypes.create_string_buffer(cap)
+        n = c_size_t(0)
+        rc = fn(handle, buf, cap, ctypes.byref(n))
+        if rc == 2 and n.value > cap:  # SHMSTEER_E_BUFFER_TOO_SMALL
+            cap = n.value
+            continue
+        check(rc)
+        return buf.raw[: n.value]
+
+
+__all__ = ["lib", "fast", "check", "last_error", "error_name", "read_json", "OwnerConfig", "VectorEntry",
+           "VectorInfo", "Span", "EffectiveC", "PHASE_PREFILL", "PHASE_DECODE", "ABI_VERSION",
+           "c_char"]

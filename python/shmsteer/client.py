@@ -1,0 +1,582 @@
+"""Client and Owner: a Python process's handle on a shmsteer region.
+
+A :class:`Client` attaches to an owner (a Go program, or a Python main process running
+:class:`Owner`) and reads keys and vectors straight from the shared mapping; its few writes go
+to the owner as RPCs. An :class:`Owner` hosts the region in this process.
+
+Processes must be started with the ``spawn`` start method (or fork+exec): the Go runtime inside
+libshmsteer.so does not survive ``fork``, so every call in a child forked after the library was
+loaded raises :class:`~shmsteer.errors.ForkedError` (at once, never a hang).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+import weakref
+from collections.abc import MutableMapping
+from ctypes import byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from . import _lib
+from ._lib import check, lib
+from .errors import (BufferTooSmallError, ForkedError, KeyNotFoundError, ShmsteerError)
+
+try:  # numpy is optional: views are memoryviews without it
+    import numpy as _np
+except ImportError:  # pragma: no cover - exercised only where numpy is missing
+    _np = None
+
+Secret = Union[bytes, str, None]
+PHASES = {"prefill": _lib.PHASE_PREFILL, "decode": _lib.PHASE_DECODE,
+          _lib.PHASE_PREFILL: _lib.PHASE_PREFILL, _lib.PHASE_DECODE: _lib.PHASE_DECODE}
+
+
+def _b(s: Union[str, bytes]) -> bytes:
+    return s if isinstance(s, bytes) else s.encode()
+
+
+def _secret_args(secret: Secret, secret_file: Optional[str]) -> Tuple[Optional[bytes], int, Optional[bytes]]:
+    if secret is not None:
+        sb = _b(secret)
+        return sb, len(sb), None
+    return None, 0, (os.fsencode(secret_file) if secret_file is not None else None)
+
+
+def _quiet_close(fn, handle) -> None:
+    """Release a handle from a finalizer: errors (a forked child, a closed owner) are moot."""
+    try:
+        fn(handle)
+    except Exception:  # pragma: no cover - finalizers must not raise
+        pass
+
+
+class _Handle:
+    """What Client and Owner share: keys, snapshots, steppers, status."""
+
+    _h: Optional[int]
+
+    def __init__(self, handle: int, owner: bool) -> None:
+        self._h = handle
+        self._is_owner = owner
+        self._final = weakref.finalize(self, _quiet_close, lib.shmsteer_close, handle)
+        self._model: Optional[Tuple[int, int, List[str]]] = None
+        self.keys = Keys(self)
+
+    @property
+    def handle(self) -> int:
+        """The raw C handle (shmsteer_t*); raises ClosedError after close()."""
+        if self._h is None:
+            from .errors import ClosedError
+            raise ClosedError("shmsteer: closed")
+        return self._h
+
+    @property
+    def is_owner(self) -> bool:
+        return self._is_owner
+
+    def close(self) -> None:
+        """Detach (client) or stop serving (owner). Idempotent.
+
+        Close snapshots and drop their views first: while a view lives its version stays
+        pinned, so close waits up to 5 s for it and then raises BusyError, leaving the mapping
+        in place (the views stay valid; nothing dangles)."""
+        if self._h is None:
+            return
+        h, self._h = self._h, None
+        self._final.detach()
+        check(lib.shmsteer_close(h))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def ping(self) -> None:
+        """Raise OwnerGoneError if the owner is gone (no-op in the owner)."""
+        check(lib.shmsteer_ping(self.handle))
+
+    @property
+    def version(self) -> int:
+        """The last published region version (what a scheduler hands to every rank)."""
+        v = c_uint64()
+        check(lib.shmsteer_version(self.handle, byref(v)))
+        return v.value
+
+    def status(self) -> Dict[str, Any]:
+        """Owner, model, steering and region counters as a dict."""
+        return json.loads(_lib.read_json(lib.shmsteer_status_json, self.handle))
+
+    @property
+    def model(self) -> Tuple[int, int, List[str]]:
+        """(hidden size, layers, hook names) recorded in the region."""
+        if self._model is None:
+            m = self.status()["model"]
+            self._model = (m["hidden"], m["layers"], list(m["hooks"]))
+        return self._model
+
+    def hook_id(self, hook: Union[str, int]) -> int:
+        """The id of a hook name (ints pass through)."""
+        if isinstance(hook, int):
+            return hook
+        out = c_uint32()
+        check(lib.shmsteer_hook_id(self.handle, _b(hook), byref(out)))
+        return out.value
+
+    def snapshot(self, version: int = 0) -> "Snapshot":
+        """Pin ``version`` (0: the current one); use as a context manager."""
+        return Snapshot(self, version)
+
+    def stepper(self) -> "Stepper":
+        """A per-thread steering stepper (steer.Stepper)."""
+        return Stepper(self)
+
+    def register_vector(self, name: str, entries: Sequence[Tuple[Union[str, int], int, float, Any]]) -> int:
+        """Register (or replace) named vector ``name`` from (hook, layer, scale, float32 data)
+        entries; a client sends it to the owner. Returns the region version that wrote it."""
+        arr = (_lib.VectorEntry * len(entries))()
+        keep = []
+        for i, (hook, layer, scale, data) in enumerate(entries):
+            ptr, n, owner = _float_ptr(data)
+            keep.append(owner)
+            arr[i] = _lib.VectorEntry(self.hook_id(hook), layer, scale,
+                                      ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), n)
+        v = c_uint64()
+        nb = _b(name)
+        check(lib.shmsteer_vector_register(self.handle, nb, len(nb), arr, len(entries), byref(v)))
+        del keep
+        return v.value
+
+    def unregister_vector(self, name: str) -> int:
+        """Delete a named vector; returns the region version that deleted it."""
+        v = c_uint64()
+        nb = _b(name)
+        check(lib.shmsteer_vector_unregister(self.handle, nb, len(nb), byref(v)))
+        return v.value
+
+
+class Client(_Handle):
+    """A worker process attached to an owner.
+
+    Args:
+        namespace: must match the owner's.
+        secret: the shared secret; None reads ``secret_file``, then ``$SHMSTEER_SECRET``.
+        secret_file: a file holding the secret (one trailing newline ignored).
+        timeout: seconds bounding the attach and each RPC (None: 5 s).
+
+    Raises:
+        AuthSecretNotDefinedError, NotYetInitializedError, AuthFailedError, ForkedError.
+    """
+
+    def __init__(self, namespace: str = "", secret: Secret = None, secret_file: Optional[str] = None,
+                 timeout: Optional[float] = None) -> None:
+        sb, sl, sf = _secret_args(secret, secret_file)
+        out = c_void_p()
+        ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        check(lib.shmsteer_attach(_b(namespace), sb, sl, sf, ms, byref(out)))
+        super().__init__(out.value, owner=False)
+
+
+class Owner(_Handle):
+    """The region's owner, hosted in this (main) process: it serves workers' attaches and
+    writes on Go threads of its own, whatever Python does meanwhile.
+
+    Args:
+        namespace, secret, secret_file: as for :class:`Client`.
+        hidden, layers, hooks: the model steered (hooks None: the five default hooks).
+        grace: seconds a removed key's revoked sentinel stands before it is purged (60).
+        index_slots, arena_bytes, reader_slots, max_key_bytes: region sizes (0: defaults).
+
+    Raises:
+        PreviouslyInitializedError if an owner already serves this secret and namespace.
+    """
+
+    def __init__(self, namespace: str = "", secret: Secret = None, secret_file: Optional[str] = None, *,
+                 hidden: int = 1, layers: int = 1, hooks: Optional[Sequence[str]] = None,
+                 grace: float = 60.0, index_slots: int = 0, arena_bytes: int = 0,
+                 reader_slots: int = 0, max_key_bytes: int = 0) -> None:
+        sb, sl, sf = _secret_args(secret, secret_file)
+        cfg = _lib.OwnerConfig(hidden, layers, (",".join(hooks).encode() if hooks else None),
+                               index_slots, arena_bytes, reader_slots,
+                               max(1, int(grace * 1000)), max_key_bytes)
+        out = c_void_p()
+        check(lib.shmsteer_owner_start(_b(namespace), sb, sl, sf, byref(cfg), byref(out)))
+        super().__init__(out.value, owner=True)
+
+    def set_global(self, steering: Dict[str, Any]) -> int:
+        """Replace the global steering (steering JSON of shmsteer.h as a dict)."""
+        js = json.dumps(steering).encode()
+        v = c_uint64()
+        check(lib.shmsteer_global_set_json(self.handle, js, len(js), byref(v)))
+        return v.value
+
+    def admit(self, request_id: str, override: Optional[Dict[str, Any]] = None,
+              tenant: str = "", conversation: str = "") -> int:
+        """Admit a request with its own steering and/or its conversation's latch."""
+        a: Dict[str, Any] = {"tenant": tenant, "conversation": conversation}
+        if override is not None:
+            a["override"] = override
+        js = json.dumps(a).encode()
+        rid = _b(request_id)
+        v = c_uint64()
+        check(lib.shmsteer_request_admit_json(self.handle, rid, len(rid), js, len(js), byref(v)))
+        return v.value
+
+    def end(self, request_id: str) -> int:
+        """End a request: its steering entry is removed."""
+        rid = _b(request_id)
+        v = c_uint64()
+        check(lib.shmsteer_request_end(self.handle, rid, len(rid), byref(v)))
+        return v.value
+
+
+class Keys(MutableMapping):
+    """The key registry as a mapping ``request id -> key bytes``.
+
+    Reads come from the shared mapping (lock-free); writes go to the owner. ``keys[id]`` raises
+    :class:`~shmsteer.errors.KeyRevokedError` for a revoked key (its sentinel still stands) and
+    :class:`~shmsteer.errors.KeyNotFoundError` (a ``KeyError``) for a missing one; ``del keys[id]``
+    revokes it (the owner purges it after the grace period). Iteration lists ids with a key or a
+    standing sentinel.
+    """
+
+    def __init__(self, parent: _Handle) -> None:
+        self._parent = parent
+        self._local = threading.local()
+
+    def _state(self) -> Tuple[Any, ...]:
+        """This thread's pre-converted call arguments (the key get is the hot path): the handle,
+        the get function and a view of this thread's C key buffer."""
+        buf = (ctypes.c_char * _lib.KEY_BUFFER_BYTES).from_address(lib.shmsteer_key_buffer())
+        st = self._local.st = (c_void_p(self._parent.handle), _lib.fast.shmsteer_key_get_tls, buf)
+        return st
+
+    def __getitem__(self, request_id: Union[str, bytes]) -> bytes:
+        """The key of ``request_id`` (raises KeyRevokedError / KeyNotFoundError)."""
+        try:
+            h, get, buf = self._local.st
+        except AttributeError:
+            h, get, buf = self._state()
+        rid = request_id.encode() if request_id.__class__ is str else request_id
+        n = get(h, rid) if 0 not in rid else -BufferTooSmallError.code  # NUL byte: slow path
+        if n >= 0:
+            return buf[:n]
+        return self._get_slow(-n, rid)
+
+    get_bytes = __getitem__
+
+    def _get_slow(self, rc: int, rid: bytes) -> bytes:
+        if self._parent._h is None:
+            self._parent.handle  # raises ClosedError
+        if rc == BufferTooSmallError.code:  # a long key, or an id with a NUL byte
+            n = c_size_t(0)
+            rc = lib.shmsteer_key_get(self._parent.handle, rid, len(rid), None, 0, byref(n))
+            if rc == BufferTooSmallError.code:
+                big = ctypes.create_string_buffer(n.value + 1)
+                rc = lib.shmsteer_key_get(self._parent.handle, rid, len(rid), big, len(big), byref(n))
+                check(rc)
+                return big.raw[: n.value]
+            check(rc)
+            return b""
+        check(rc)
+        raise AssertionError("unreachable")
+
+    def __setitem__(self, request_id: str, key: bytes) -> None:
+        rid, kb = _b(request_id), bytes(key)
+        check(lib.shmsteer_key_set(self._parent.handle, rid, len(rid), kb, len(kb)))
+
+    def __delitem__(self, request_id: str) -> None:
+        self.revoke(request_id)
+
+    def revoke(self, request_id: str) -> None:
+        """Replace the key by the revoked sentinel (purged after the owner's grace period)."""
+        rid = _b(request_id)
+        check(lib.shmsteer_key_remove(self._parent.handle, rid, len(rid)))
+
+    def entries(self) -> List[Tuple[str, bool]]:
+        """(request id, revoked) for every id with a key or a standing sentinel."""
+        return [(e["id"], e["revoked"]) for e in json.loads(_lib.read_json(lib.shmsteer_key_list_json, self._parent.handle))]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([i for i, _ in self.entries()])
+
+    def __len__(self) -> int:
+        return len(self.entries())
+
+    def __contains__(self, request_id: object) -> bool:
+        if not isinstance(request_id, (str, bytes)):
+            return False
+        try:
+            self.get_bytes(request_id)
+            return True
+        except KeyNotFoundError:
+            return False
+        except ShmsteerError as e:
+            if e.go_name == "ipc.ErrKeyRevoked":
+                return True
+            raise
+
+
+def _float_ptr(data: Any) -> Tuple[int, int, Any]:
+    """(address, number of floats, object keeping the memory alive) of float32 data."""
+    if _np is not None:
+        a = _np.ascontiguousarray(data, dtype=_np.float32)
+        return a.ctypes.data, a.size, a
+    arr = (ctypes.c_float * len(data))(*data)
+    return ctypes.addressof(arr), len(data), arr
+
+
+class _Pin:
+    """Holds a pinned snapshot; unpins when the last reference (the Snapshot, or a view) dies."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+        self.final = weakref.finalize(self, _quiet_close, lib.shmsteer_snapshot_close, handle)
+
+
+@dataclass(frozen=True)
+class VectorEntry:
+    """One entry of a named vector: add ``scale * data`` at (hook, layer). ``data`` is a
+    read-only numpy array (a memoryview without numpy) aliasing the shared mapping."""
+
+    hook: str
+    layer: int
+    scale: float
+    data: Any
+
+
+@dataclass(frozen=True)
+class NamedVector:
+    name: str
+    version: int
+    digest: bytes
+    entries: List[VectorEntry]
+
+
+def _view(ptr: int, n: int, pin: Any) -> Any:
+    """A read-only float32 view of n floats at ptr that keeps ``pin`` alive."""
+    arr = (ctypes.c_float * n).from_address(ptr)
+    arr._shmsteer_pin = pin  # the view's memory stays pinned while the view lives
+    mv = memoryview(arr).toreadonly()
+    if _np is None:
+        return mv
+    return _np.frombuffer(mv, dtype=_np.float32)
+
+
+class Snapshot:
+    """A pinned region version; every read through it sees that one version.
+
+    Vector views alias the mapping (zero bytes copied) and keep the version pinned: if the
+    snapshot is closed while views are alive, the unpin is deferred until the last view is
+    garbage collected (:attr:`pinned` says whether the version is still pinned). So a view can
+    never read reclaimed memory, and never silently outlives its pin.
+    """
+
+    def __init__(self, parent: _Handle, version: int = 0) -> None:
+        out = c_void_p()
+        pinned = c_uint64()
+        check(lib.shmsteer_snapshot_open(parent.handle, version, byref(out), byref(pinned)))
+        self._parent = parent
+        self._pin: Optional[_Pin] = _Pin(out.value)
+        self._final = self._pin.final
+        self.version: int = pinned.value
+
+    def __enter__(self) -> "Snapshot":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._pin is None
+
+    @property
+    def pinned(self) -> bool:
+        """True while the version is pinned: before close(), or after it while views live."""
+        return self._final.alive
+
+    def close(self) -> None:
+        """Release the pin now, or when the last view taken from this snapshot dies."""
+        self._pin = None  # the finalizer runs once no view references the pin
+
+    def _handle(self) -> int:
+        if self._pin is None:
+            from .errors import ClosedError
+            raise ClosedError("shmsteer: snapshot closed")
+        return self._pin.handle
+
+    def vector(self, name: str) -> NamedVector:
+        """Named vector ``name`` at this version, its floats as read-only views of the mapping."""
+        h = self._handle()
+        nb = _b(name)
+        info = _lib.VectorInfo()
+        cap = 8
+        while True:
+            entries = (_lib.VectorEntry * cap)()
+            rc = lib.shmsteer_vector_view(h, nb, len(nb), byref(info), entries, cap)
+            if rc == BufferTooSmallError.code and info.n_entries > cap:
+                cap = info.n_entries
+                continue
+            check(rc)
+            break
+        hooks = self._parent.model[2]
+        out = []
+        for e in entries[: info.n_entries]:
+            ptr = ctypes.cast(e.data, c_void_p).value or 0
+            out.append(VectorEntry(hooks[e.hook], e.layer, e.scale, _view(ptr, e.len, self._pin)))
+        return NamedVector(name, info.version, bytes(info.digest), out)
+
+    def vectors(self) -> List[Dict[str, Any]]:
+        """[{name, version, digest}] of the named vectors at this version."""
+        return json.loads(_lib.read_json(lib.shmsteer_vector_list_json, self._handle()))
+
+
+@dataclass
+class Effective:
+    """A request's effective steering at one (hook, layer, phase) in the current step.
+
+    ``data_ptr`` points into the stepper's PRIVATE memory (each process composes it until issue
+    13 moves composition into the region) and is valid until the next begin()/end();
+    :meth:`array` copies it out. ``digest`` changes exactly when the floats do."""
+
+    data_ptr: int
+    length: int
+    clamps: int
+    version: int
+    digest: bytes
+
+    def array(self) -> Any:
+        """A float32 copy of the effective vector (None when no vector applies)."""
+        if not self.data_ptr:
+            return None
+        src = (ctypes.c_float * self.length).from_address(self.data_ptr)
+        if _np is None:
+            return list(src)
+        return _np.frombuffer(bytes(src), dtype=_np.float32).copy()
+
+
+SpanLike = Tuple[str, int, int, Union[int, str]]
+
+
+class Stepper:
+    """steer.Stepper over the caller's float32 rows: begin(), apply() per (hook, layer), end().
+    One thread at a time."""
+
+    def __init__(self, parent: _Handle) -> None:
+        out = c_void_p()
+        check(lib.shmsteer_stepper_new(parent.handle, byref(out)))
+        self._parent = parent
+        self._h: Optional[int] = out.value
+        self._final = weakref.finalize(self, _quiet_close, lib.shmsteer_stepper_free, out.value)
+        self._ids: Dict[str, bytes] = {}
+
+    def close(self) -> None:
+        if self._h is not None:
+            self._h = None
+            self._final()
+
+    def __enter__(self) -> "Stepper":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            from .errors import ClosedError
+            raise ClosedError("shmsteer: stepper closed")
+        return self._h
+
+    def begin(self, version: int = 0) -> int:
+        """Start a step at ``version`` (0: current); returns the pinned version."""
+        v = c_uint64()
+        check(lib.shmsteer_stepper_begin(self.handle, version, byref(v)))
+        return v.value
+
+    def end(self) -> int:
+        """End the step; returns its determinism checksum."""
+        s = c_uint64()
+        check(lib.shmsteer_stepper_end(self.handle, byref(s)))
+        return s.value
+
+    def _id(self, rid: str) -> bytes:
+        b = self._ids.get(rid)
+        if b is None:
+            if len(self._ids) > 4096:
+                self._ids.clear()
+            b = self._ids[rid] = rid.encode()
+        return b
+
+    def spans(self, spans: Sequence[SpanLike]) -> ctypes.Array:
+        """Pack (request id, start, end, phase) spans for :meth:`apply_ptr`."""
+        arr = (_lib.Span * len(spans))()
+        for i, (rid, start, end, phase) in enumerate(spans):
+            b = self._id(rid)
+            arr[i] = _lib.Span(b, len(b), start, end, PHASES[phase])
+        return arr
+
+    def apply_ptr(self, hook: int, layer: int, ptr: int, n_floats: int, spans: ctypes.Array) -> None:
+        """Apply over n_floats float32 at address ptr (in place, no copy)."""
+        check(lib.shmsteer_stepper_apply(self.handle, hook, layer, ptr, n_floats, spans, len(spans)))
+
+    def apply(self, hook: Union[str, int], layer: int, rows: Any, spans: Sequence[SpanLike]) -> None:
+        """Add each span's effective steering to its rows of ``rows`` in place.
+
+        ``rows``: a C-contiguous, writeable float32 numpy array or CPU torch tensor of shape
+        [tokens, hidden] (any shape whose size is tokens*hidden). The native kernels run on its
+        own memory: nothing is copied.
+        """
+        ptr, n = _rows_ptr(rows)
+        self.apply_ptr(self._parent.hook_id(hook), layer, ptr, n, self.spans(spans))
+
+    def effective(self, request_id: str, hook: Union[str, int], layer: int,
+                  phase: Union[int, str]) -> Effective:
+        """The request's effective steering at (hook, layer, phase) in this step."""
+        out = _lib.EffectiveC()
+        b = self._id(request_id)
+        check(lib.shmsteer_stepper_effective(self.handle, b, len(b), self._parent.hook_id(hook),
+                                             layer, PHASES[phase], byref(out)))
+        ptr = ctypes.cast(out.data, c_void_p).value or 0
+        return Effective(ptr, out.len, out.clamps, out.version, bytes(out.digest))
+
+
+def _rows_ptr(rows: Any) -> Tuple[int, int]:
+    """Address and float count of writeable, contiguous float32 rows."""
+    mod = type(rows).__module__
+    if mod.startswith("torch"):
+        if rows.dtype.__repr__() != "torch.float32":
+            raise TypeError(f"shmsteer: rows must be float32, not {rows.dtype}")
+        if rows.device.type != "cpu":
+            raise ValueError("shmsteer: apply() runs on CPU tensors; use the device path for CUDA")
+        if not rows.is_contiguous():
+            raise ValueError("shmsteer: rows tensor is not contiguous")
+        return rows.data_ptr(), rows.numel()
+    if _np is not None and isinstance(rows, _np.ndarray):
+        if rows.dtype != _np.float32:
+            raise TypeError(f"shmsteer: rows must be float32, not {rows.dtype}")
+        if not rows.flags.c_contiguous or not rows.flags.writeable:
+            raise ValueError("shmsteer: rows must be C-contiguous and writeable")
+        return rows.ctypes.data, rows.size
+    raise TypeError(f"shmsteer: rows must be a numpy array or torch tensor, not {type(rows).__name__}")
+
+
+def mapping_of(address: int) -> Optional[str]:
+    """The /proc/self/maps pathname of the mapping holding ``address`` (tests: a view's data
+    lies in the ``/memfd:shmsteer-data`` mapping)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= address < hi:
+                return parts[5].strip() if len(parts) > 5 else ""
+    return None
+
+
+__all__ = ["Client", "Owner", "Keys", "Snapshot", "NamedVector", "VectorEntry", "Stepper",
+           "Effective", "mapping_of", "ForkedError"]

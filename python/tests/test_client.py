@@ -1,0 +1,212 @@
+"""In-process tests of the package: an Owner and Clients in this process."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import shmsteer
+from shmsteer import _lib, errors
+
+
+def test_error_classes_mirror_library_codes():
+    # Every code the library names has exactly the class whose Go name it reports.
+    named = {c: _lib.error_name(c) for c in range(1, 80) if _lib.error_name(c)}
+    assert named == {c: cls.go_name for c, cls in errors.BY_CODE.items()}
+    assert issubclass(errors.KeyNotFoundError, KeyError)
+    assert issubclass(errors.OwnerGoneError, ConnectionError)
+    assert issubclass(errors.IncompatibleError, errors.LayoutIncompatibleError)
+
+
+@pytest.fixture
+def owner(ns, secret):
+    with shmsteer.Owner(ns, secret=secret, hidden=8, layers=2, grace=60) as o:
+        yield o
+
+
+def test_keys_mapping(owner, ns, secret):
+    with shmsteer.Client(ns, secret=secret) as c:
+        owner.keys["a"] = b"\x00key-a"
+        c.keys["b"] = b"key-b"  # an RPC to the owner
+        assert c.keys["a"] == b"\x00key-a"
+        assert owner.keys["b"] == b"key-b"
+        assert sorted(c.keys) == ["a", "b"] and len(c.keys) == 2
+        del c.keys["a"]
+        with pytest.raises(errors.KeyRevokedError):
+            c.keys["a"]
+        assert "a" in c.keys  # its sentinel stands until the purge
+        with pytest.raises(errors.KeyNotFoundError):
+            c.keys["never"]
+        assert c.keys.get("never") is None
+        assert dict(c.keys.entries()) == {"a": True, "b": False}
+        # A key larger than the default buffer comes back whole.
+        big = bytes(range(256)) * 15
+        owner.keys["big"] = big
+        assert c.keys["big"] == big
+        with pytest.raises(errors.KeyTooLargeError):
+            c.keys["huge"] = b"x" * 5000
+        with pytest.raises(errors.RequestIDTooLongError):
+            c.keys["x" * 300] = b"k"
+
+
+def test_snapshot_pins_a_version_and_views_alias_the_mapping(owner, ns, secret):
+    v1 = np.arange(8, dtype=np.float32)
+    owner.register_vector("dir", [("post_block", 1, 0.5, v1)])
+    with shmsteer.Client(ns, secret=secret) as c:
+        old = c.snapshot()
+        c.register_vector("dir", [("post_block", 1, 1.0, v1 * 2)])
+        with c.snapshot() as new:
+            nv = new.vector("dir")
+            e = nv.entries[0]
+            assert (e.hook, e.layer, e.scale) == ("post_block", 1, 1.0)
+            np.testing.assert_array_equal(e.data, v1 * 2)
+            # Zero bytes copied: the view's data lies in the shared data mapping.
+            assert shmsteer.mapping_of(e.data.ctypes.data).startswith("/memfd:shmsteer-data")
+            assert not e.data.flags.writeable
+            with pytest.raises(ValueError):
+                e.data[0] = 1
+            with pytest.raises(ValueError):
+                e.data.flags.writeable = True
+            assert [x["name"] for x in new.vectors()] == ["dir"]
+            assert len(nv.digest) == 32
+        # The older snapshot still sees the older vector.
+        o = old.vector("dir").entries[0]
+        np.testing.assert_array_equal(o.data, v1)
+        assert o.scale == 0.5
+        del o, e, nv  # views keep their snapshot pinned (and the client busy)
+        old.close()
+        with pytest.raises(errors.ClosedError):
+            old.vector("dir")
+        with c.snapshot() as s:
+            with pytest.raises(errors.UnknownVectorError):
+                s.vector("nope")
+
+
+def test_closing_a_snapshot_with_live_views_defers_the_unpin(owner, ns, secret):
+    owner.register_vector("dir", [("post_block", 0, 1.0, np.ones(8, np.float32))])
+    with shmsteer.Client(ns, secret=secret) as c:
+        def pinned_slots():
+            return c.status()["region"]["ReadersPinned"]
+        gc.collect()
+        base = pinned_slots()
+        snap = c.snapshot()
+        view = snap.vector("dir").entries[0].data
+        part = view[2:5]  # slices keep the pin too
+        del view
+        snap.close()
+        assert snap.closed and snap.pinned
+        assert pinned_slots() == base + 1
+        assert float(part.sum()) == 3.0  # still valid memory
+        del part
+        gc.collect()
+        assert not snap.pinned
+        assert pinned_slots() == base
+
+
+def test_pinning_a_version_the_scheduler_hands_out(owner, ns, secret):
+    owner.register_vector("dir", [("post_block", 0, 1.0, np.ones(8, np.float32))])
+    with owner.snapshot() as hold:  # some process holds the version, so others can pin it
+        v = hold.version
+        owner.register_vector("dir", [("post_block", 0, 1.0, np.zeros(8, np.float32))])
+        with shmsteer.Client(ns, secret=secret) as c:
+            with c.snapshot(v) as s:
+                assert s.version == v
+                assert float(s.vector("dir").entries[0].data.sum()) == 8.0
+            with pytest.raises(errors.SnapshotFutureError):
+                c.snapshot(owner.version + 10)
+
+
+def test_attach_errors(owner, ns, secret, monkeypatch, tmp_path):
+    with pytest.raises(errors.AuthFailedError):
+        shmsteer.Client(ns, secret=b"wrong")
+    monkeypatch.delenv("SHMSTEER_SECRET", raising=False)
+    with pytest.raises(errors.AuthSecretNotDefinedError):
+        shmsteer.Client(ns)
+    with pytest.raises(errors.NotYetInitializedError):
+        shmsteer.Client(ns + "-other", secret=secret)
+    with pytest.raises(errors.PreviouslyInitializedError):
+        shmsteer.Owner(ns, secret=secret)
+    f = tmp_path / "secret"
+    f.write_bytes(secret + b"\n")
+    with shmsteer.Client(ns, secret_file=str(f)) as c:
+        c.ping()
+    monkeypatch.setenv("SHMSTEER_SECRET", secret.decode())
+    with shmsteer.Client(ns) as c:
+        c.ping()
+
+
+def test_closed_handles(owner, ns, secret):
+    c = shmsteer.Client(ns, secret=secret)
+    c.close()
+    c.close()  # idempotent
+    with pytest.raises(errors.ClosedError):
+        c.keys["a"]
+    # A raw stale handle is refused, not reused.
+    with pytest.raises(errors.BadHandleError):
+        _lib.check(_lib.lib.shmsteer_ping(owner.handle + (1 << 40)))
+
+
+def test_stepper_on_numpy_rows(owner, ns, secret):
+    d = 8
+    vec = np.arange(d, dtype=np.float32)
+    owner.register_vector("n", [("post_block", 1, 1.0, vec)])
+    owner.admit("r1", override={"decode": {"refs": [{"name": "n", "strength": 2.0}]}})
+    with shmsteer.Client(ns, secret=secret) as c, c.stepper() as st:
+        rows = np.ones((3, d), np.float32)
+        before_ptr = rows.ctypes.data
+        st.begin()
+        st.apply("post_block", 1, rows, [("r1", 0, 2, "decode"), ("r2", 2, 3, "decode")])
+        eff = st.effective("r1", "post_block", 1, "decode")
+        checksum = st.end()
+        assert rows.ctypes.data == before_ptr
+        np.testing.assert_allclose(rows[:2], np.broadcast_to(1 + 2 * vec, (2, d)))
+        np.testing.assert_array_equal(rows[2], np.ones(d))
+        assert checksum != 0
+        assert eff.clamps == 0 and len(eff.digest) == 32
+        with pytest.raises(errors.NoStepError):
+            st.apply("post_block", 1, rows, [])
+        st.begin()
+        with pytest.raises(errors.BadBatchError):
+            st.apply("post_block", 1, rows, [("r1", 0, 9, "decode")])
+        with pytest.raises(errors.LayerRangeError):
+            st.apply("post_block", 7, rows, [])
+        with pytest.raises(errors.ShapeError):
+            st.apply("post_block", 1, np.ones(5, np.float32), [])
+        with pytest.raises(TypeError):
+            st.apply("post_block", 1, np.ones((1, d)), [])
+        st.end()
+
+
+def test_key_get_fast_path_edges(ns, secret):
+    with shmsteer.Owner(ns, secret=secret, max_key_bytes=20000) as o, shmsteer.Client(ns, secret=secret) as c:
+        big = bytes(range(256)) * 40  # longer than the thread's C key buffer (8 KiB)
+        o.keys["big"] = big
+        assert c.keys["big"] == big
+        o.keys["a\x00b"] = b"nul-id"  # an id the C-string fast path cannot carry
+        o.keys["a"] = b"not this one"
+        assert c.keys["a\x00b"] == b"nul-id"
+        o.keys["empty"] = b""
+        assert c.keys["empty"] == b""
+        assert c.keys[b"a"] == b"not this one"
+        with pytest.raises(errors.RequestIDTooLongError):
+            c.keys[""]
+
+
+def test_keys_from_many_threads(owner, ns, secret):
+    import threading
+    owner.keys.update({f"t{i}": f"v{i}".encode() for i in range(8)})
+    with shmsteer.Client(ns, secret=secret) as c:
+        bad = []
+
+        def run(i):
+            for _ in range(2000):
+                if c.keys[f"t{i}"] != f"v{i}".encode():
+                    bad.append(i)
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not bad

@@ -1,0 +1,91 @@
+"""Worker process bodies for the multi-process tests (importable by spawned children)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def read_go_fixture(ns: str, secret: bytes, q) -> None:
+    """Attach, check the Go owner's fixture, report what was read."""
+    import numpy as np
+
+    import shmsteer
+    out = {}
+    with shmsteer.Client(ns, secret=secret) as c:
+        out["key"] = c.keys["req-1"]
+        try:
+            c.keys["req-1-revoked"]
+        except shmsteer.KeyRevokedError:
+            out["revoked"] = True
+        with c.snapshot() as s:
+            v = s.vector("v1")
+            e = v.entries[0]
+            out["vec"] = (e.hook, e.layer, float(np.sum(e.data)), shmsteer.mapping_of(e.data.ctypes.data))
+            del e, v
+        c.keys["from-worker-%d" % os.getpid()] = b"w"
+    q.put(out)
+
+
+def python_owner(ns: str, secret: bytes, ready, stop) -> None:
+    """A Python main process hosting the owner until `stop` is set (or it is killed)."""
+    import shmsteer
+    o = shmsteer.Owner(ns, secret=secret, hidden=16, layers=2, grace=60)
+    o.keys["k1"] = b"value-1"
+    o.register_vector("v", [("post_block", 0, 1.0, [1.0] * 16)])
+    ready.set()
+    stop.wait(60)
+    o.close()
+
+
+def keep_reading(ns: str, secret: bytes, started) -> None:
+    """Read keys and vector views in a loop, holding snapshots, until killed."""
+    import shmsteer
+    c = shmsteer.Client(ns, secret=secret)
+    n = 0
+    while True:
+        with c.snapshot() as s:
+            v = s.vector("v")
+            float(v.entries[0].data.sum())
+            c.keys["k1"]
+            n += 1
+            if n == 100:
+                started.set()
+            del v
+
+
+def registry_child(request_id: str, q) -> None:
+    """Seed-style child: read a key set by the main process, write one of its own."""
+    from shmsteer.keyregistry import get_shared_registry
+    reg = get_shared_registry()
+    q.put(("read", request_id, reg[request_id]))
+    reg["child-" + request_id] = ("from-" + request_id).encode()
+    q.put(("wrote", request_id, None))
+
+
+def registry_child_missing(q) -> None:
+    """Seed-style child with no manager running."""
+    from shmsteer.keyregistry import KeyRegistryNotYetInitializedError, get_shared_registry
+    try:
+        get_shared_registry()
+        q.put("no error")
+    except KeyRegistryNotYetInitializedError:
+        q.put("not yet initialized")
+
+
+def timed_gets(ns: str, secret: bytes, n: int, q) -> None:
+    """Time n key gets through the package in this (spawned) process; reports ns per get."""
+    import shmsteer
+    with shmsteer.Client(ns, secret=secret) as c:
+        keys = c.keys
+        get = keys.get_bytes
+        for _ in range(1000):
+            get("bench-key")
+        best = None
+        for _ in range(5):
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                get("bench-key")
+            dt = (time.perf_counter_ns() - t0) / n
+            best = dt if best is None else min(best, dt)
+        q.put(best)
