@@ -118,6 +118,8 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_SNAPSHOT_FUTURE] = "shm.ErrSnapshotFuture",
     [SHMSTEER_E_VALUE_TOO_LARGE] = "shm.ErrValueTooLarge",
     [SHMSTEER_E_UNSUPPORTED] = "shm.ErrUnsupported",
+    [SHMSTEER_E_LEASE_UNAVAILABLE] = "shm.ErrLeaseUnavailable",
+    [SHMSTEER_E_MARKED] = "shm.ErrMarked",
     [SHMSTEER_E_AUTH_SECRET_NOT_DEFINED] = "ipc.ErrAuthSecretNotDefined",
     [SHMSTEER_E_NOT_YET_INITIALIZED] = "ipc.ErrNotYetInitialized",
     [SHMSTEER_E_PREVIOUSLY_INITIALIZED] = "ipc.ErrPreviouslyInitialized",
@@ -132,6 +134,10 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_FRAME_TOO_LARGE] = "ipc.ErrFrameTooLarge",
     [SHMSTEER_E_UNKNOWN_OP] = "ipc.ErrUnknownOp",
     [SHMSTEER_E_PROTOCOL] = "ipc.ErrProtocol",
+    [SHMSTEER_E_SECRET_FILE] = "ipc.ErrSecretFile",
+    [SHMSTEER_E_SECRET_CONFLICT] = "ipc.ErrSecretConflict",
+    [SHMSTEER_E_RENDEZVOUS_TAKEN] = "ipc.ErrRendezvousTaken",
+    [SHMSTEER_E_OWNER_BUSY] = "ipc.ErrBusy",
     [SHMSTEER_E_STEER_INCOMPATIBLE] = "steer.ErrIncompatible",
     [SHMSTEER_E_STEER_BAD_CONFIG] = "steer.ErrBadConfig",
     [SHMSTEER_E_BAD_NAME] = "steer.ErrBadName",
@@ -149,9 +155,10 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_NO_STEP] = "steer.ErrNoStep",
     [SHMSTEER_E_BAD_BATCH] = "steer.ErrBadBatch",
     [SHMSTEER_E_SHAPE] = "steer.ErrShape",
-    [SHMSTEER_E_DTYPE] = "steer.ErrDtype",
-    [SHMSTEER_E_NOT_CONTIGUOUS] = "steer.ErrNotContiguous",
     [SHMSTEER_E_REMOTE] = "steer.ErrRemote",
+    [SHMSTEER_E_OVERFLOW] = "steer.ErrOverflow",
+    [SHMSTEER_E_UNKNOWN_REQUEST] = "steer.ErrUnknownRequest",
+    [SHMSTEER_E_NOT_SERVED] = "steer.ErrNotServed",
 };
 
 SHMSTEER_API const char *shmsteer_error_name(int code) {

@@ -51,6 +51,9 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_BAD_HANDLE, "capi.ErrBadHandle", ErrBadHandle},
 	{C.SHMSTEER_E_OTHER, "capi.ErrOther", ErrOther},
 
+	// steer.ErrNotServed explains an ipc.ErrUnknownOp from the owner: the specific one first.
+	{C.SHMSTEER_E_NOT_SERVED, "steer.ErrNotServed", steer.ErrNotServed},
+
 	{C.SHMSTEER_E_AUTH_SECRET_NOT_DEFINED, "ipc.ErrAuthSecretNotDefined", ipc.ErrAuthSecretNotDefined},
 	{C.SHMSTEER_E_NOT_YET_INITIALIZED, "ipc.ErrNotYetInitialized", ipc.ErrNotYetInitialized},
 	{C.SHMSTEER_E_PREVIOUSLY_INITIALIZED, "ipc.ErrPreviouslyInitialized", ipc.ErrPreviouslyInitialized},
@@ -65,6 +68,10 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_FRAME_TOO_LARGE, "ipc.ErrFrameTooLarge", ipc.ErrFrameTooLarge},
 	{C.SHMSTEER_E_UNKNOWN_OP, "ipc.ErrUnknownOp", ipc.ErrUnknownOp},
 	{C.SHMSTEER_E_PROTOCOL, "ipc.ErrProtocol", ipc.ErrProtocol},
+	{C.SHMSTEER_E_SECRET_FILE, "ipc.ErrSecretFile", ipc.ErrSecretFile},
+	{C.SHMSTEER_E_SECRET_CONFLICT, "ipc.ErrSecretConflict", ipc.ErrSecretConflict},
+	{C.SHMSTEER_E_RENDEZVOUS_TAKEN, "ipc.ErrRendezvousTaken", ipc.ErrRendezvousTaken},
+	{C.SHMSTEER_E_OWNER_BUSY, "ipc.ErrBusy", ipc.ErrBusy},
 
 	{C.SHMSTEER_E_STEER_INCOMPATIBLE, "steer.ErrIncompatible", steer.ErrIncompatible},
 	{C.SHMSTEER_E_STEER_BAD_CONFIG, "steer.ErrBadConfig", steer.ErrBadConfig},
@@ -83,9 +90,9 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_NO_STEP, "steer.ErrNoStep", steer.ErrNoStep},
 	{C.SHMSTEER_E_BAD_BATCH, "steer.ErrBadBatch", steer.ErrBadBatch},
 	{C.SHMSTEER_E_SHAPE, "steer.ErrShape", steer.ErrShape},
-	{C.SHMSTEER_E_DTYPE, "steer.ErrDtype", steer.ErrDtype},
-	{C.SHMSTEER_E_NOT_CONTIGUOUS, "steer.ErrNotContiguous", steer.ErrNotContiguous},
 	{C.SHMSTEER_E_REMOTE, "steer.ErrRemote", steer.ErrRemote},
+	{C.SHMSTEER_E_OVERFLOW, "steer.ErrOverflow", steer.ErrOverflow},
+	{C.SHMSTEER_E_UNKNOWN_REQUEST, "steer.ErrUnknownRequest", steer.ErrUnknownRequest},
 
 	{C.SHMSTEER_E_NOT_FOUND, "shm.ErrNotFound", shm.ErrNotFound},
 	{C.SHMSTEER_E_REGION_FULL, "shm.ErrRegionFull", shm.ErrRegionFull},
@@ -104,6 +111,8 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_SNAPSHOT_FUTURE, "shm.ErrSnapshotFuture", shm.ErrSnapshotFuture},
 	{C.SHMSTEER_E_VALUE_TOO_LARGE, "shm.ErrValueTooLarge", shm.ErrValueTooLarge},
 	{C.SHMSTEER_E_UNSUPPORTED, "shm.ErrUnsupported", shm.ErrUnsupported},
+	{C.SHMSTEER_E_LEASE_UNAVAILABLE, "shm.ErrLeaseUnavailable", shm.ErrLeaseUnavailable},
+	{C.SHMSTEER_E_MARKED, "shm.ErrMarked", shm.ErrMarked},
 }
 
 // codeOf finds err's code; SHMSTEER_E_OTHER when it wraps no known sentinel.

@@ -906,12 +906,13 @@ func shmsteerGo_stepper_effective(h C.uint64_t, id *C.char, idLen C.size_t, hook
 	if err != nil {
 		return fail(err)
 	}
-	out.data, out.len = nil, 0
-	if len(eff.Vec) > 0 {
-		// Private Go memory the Stepper keeps until its next Begin or End: pinned until then,
-		// so C may hold the pointer.
-		st.pin.Pin(&eff.Vec[0])
-		out.data, out.len = (*C.float)(unsafe.Pointer(&eff.Vec[0])), C.size_t(len(eff.Vec))
+	// Both views alias the shared mapping (not Go memory): C may hold them until the step ends.
+	out.data, out.global_data, out.len = nil, nil, 0
+	if len(eff.Request) > 0 {
+		out.data, out.len = (*C.float)(unsafe.Pointer(&eff.Request[0])), C.size_t(len(eff.Request))
+	}
+	if len(eff.Global) > 0 {
+		out.global_data, out.len = (*C.float)(unsafe.Pointer(&eff.Global[0])), C.size_t(len(eff.Global))
 	}
 	out.clamps = C.uint32_t(eff.Clamps)
 	out.version = C.uint64_t(eff.Version)

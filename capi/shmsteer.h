@@ -36,9 +36,10 @@
  *  - Vector views (shmsteer_vector_entry.data) point into the read-only shared mapping: zero
  *    bytes are copied, writing through them faults (the pages are mapped PROT_READ). They are
  *    valid until the snapshot they came from is closed.
- *  - Effective views (shmsteer_effective.data) point into the stepper's PRIVATE memory: today
- *    each process composes a request's effective steering itself (steer.Stepper); issue 13 moves
- *    that composition into the shared region. Valid until the stepper's next begin/end/free.
+ *  - Effective views (shmsteer_effective.data and .global_data) point into the read-only shared
+ *    mapping too: the owner composes each request's steering, and the global steering, once,
+ *    and every process reads those floats in place (zero bytes copied). Valid until the
+ *    stepper's next begin/end/free.
  */
 #ifndef SHMSTEER_H
 #define SHMSTEER_H
@@ -50,7 +51,7 @@
 extern "C" {
 #endif
 
-#define SHMSTEER_ABI_VERSION 1
+#define SHMSTEER_ABI_VERSION 2
 
 /* The longest message shmsteer_last_error returns, NUL included. */
 #define SHMSTEER_ERRMSG_MAX 1024
@@ -85,6 +86,8 @@ extern "C" {
 #define SHMSTEER_E_SNAPSHOT_FUTURE 24    /* shm.ErrSnapshotFuture */
 #define SHMSTEER_E_VALUE_TOO_LARGE 25    /* shm.ErrValueTooLarge */
 #define SHMSTEER_E_UNSUPPORTED 26        /* shm.ErrUnsupported: needs Linux memfd */
+#define SHMSTEER_E_LEASE_UNAVAILABLE 27  /* shm.ErrLeaseUnavailable: mount /proc (reader lease) */
+#define SHMSTEER_E_MARKED 28             /* shm.ErrMarked (the registry reports KEY_REVOKED) */
 /* package ipc */
 #define SHMSTEER_E_AUTH_SECRET_NOT_DEFINED 30 /* ipc.ErrAuthSecretNotDefined: set SHMSTEER_SECRET */
 #define SHMSTEER_E_NOT_YET_INITIALIZED 31     /* ipc.ErrNotYetInitialized: no owner answers */
@@ -100,6 +103,10 @@ extern "C" {
 #define SHMSTEER_E_FRAME_TOO_LARGE 41         /* ipc.ErrFrameTooLarge */
 #define SHMSTEER_E_UNKNOWN_OP 42              /* ipc.ErrUnknownOp */
 #define SHMSTEER_E_PROTOCOL 43                /* ipc.ErrProtocol */
+#define SHMSTEER_E_SECRET_FILE 44             /* ipc.ErrSecretFile: unreadable, not a file, too large */
+#define SHMSTEER_E_SECRET_CONFLICT 45         /* ipc.ErrSecretConflict: secret given twice */
+#define SHMSTEER_E_RENDEZVOUS_TAKEN 46        /* ipc.ErrRendezvousTaken: squatted names (message names holders) */
+#define SHMSTEER_E_OWNER_BUSY 47              /* ipc.ErrBusy: frame buffer budget or FrameTimeout */
 /* package steer */
 #define SHMSTEER_E_STEER_INCOMPATIBLE 50 /* steer.ErrIncompatible: model config mismatch */
 #define SHMSTEER_E_STEER_BAD_CONFIG 51   /* steer.ErrBadConfig */
@@ -118,9 +125,11 @@ extern "C" {
 #define SHMSTEER_E_NO_STEP 64            /* steer.ErrNoStep */
 #define SHMSTEER_E_BAD_BATCH 65          /* steer.ErrBadBatch */
 #define SHMSTEER_E_SHAPE 66              /* steer.ErrShape */
-#define SHMSTEER_E_DTYPE 67              /* steer.ErrDtype */
-#define SHMSTEER_E_NOT_CONTIGUOUS 68     /* steer.ErrNotContiguous */
+/* 67, 68: retired (steer.ErrDtype, ErrNotContiguous moved to steer/dense; never returned here) */
 #define SHMSTEER_E_REMOTE 69             /* steer.ErrRemote */
+#define SHMSTEER_E_OVERFLOW 70           /* steer.ErrOverflow: magnitude beyond steer.MaxMagnitude */
+#define SHMSTEER_E_UNKNOWN_REQUEST 71    /* steer.ErrUnknownRequest (strict requests) */
+#define SHMSTEER_E_NOT_SERVED 72         /* steer.ErrNotServed: the owner never called Engine.Serve */
 /* One past the largest code. */
 #define SHMSTEER_E_LIMIT 80
 
@@ -330,13 +339,16 @@ int shmsteer_stepper_begin(shmsteer_stepper_t *st, uint64_t version, uint64_t *p
 int shmsteer_stepper_apply(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, float *rows,
                            size_t n_floats, const shmsteer_span *spans, size_t n_spans);
 
-/* A request's effective steering at (hook, layer, phase) in the current step. */
+/* A request's effective steering at (hook, layer, phase) in the current step: a row gets
+ * data[i] + global_data[i] added (each term only if not NULL), then the clamps. */
 typedef struct {
-  const float *data;  /* NULL: no vector applies there; else len floats of PRIVATE memory */
-  size_t len;
-  uint32_t clamps;    /* clamps applied after the add (a plain add is not the whole effect) */
-  uint64_t version;   /* newest region version among its inputs */
-  uint8_t digest[32]; /* identifies its inputs: equal digest, equal floats */
+  const float *data;        /* the request's own steering, composed: NULL or len floats of the
+                               shared mapping (read-only) */
+  size_t len;               /* the hidden size (0 when data and global_data are both NULL) */
+  const float *global_data; /* the global steering, composed: NULL or len floats of the mapping */
+  uint32_t clamps;          /* clamps applied after the add (a plain add is not the whole effect) */
+  uint64_t version;         /* newest region version among its inputs */
+  uint8_t digest[32];       /* identifies its inputs: equal digest, equal floats */
 } shmsteer_effective;
 
 int shmsteer_stepper_effective(shmsteer_stepper_t *st, const char *id, size_t id_len,

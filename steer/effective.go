@@ -7,25 +7,43 @@ import (
 )
 
 // Effective is a request's effective steering at one (hook, layer, phase), as the current step
-// of a Stepper applies it: Vec is global base + global phase + request base + request phase
-// composed (nil when no vector applies there), Clamps the number of clamps applied after the
-// add. Vec is the Stepper's process-private composition (not the shared region: issue 13 moves
-// composition into the region) and is valid until the Stepper's next Begin, End or Close.
+// of a Stepper applies it: Request (the request's own steering, composed) plus Global (the
+// global steering, composed), each nil when nothing of it applies there, then Clamps clamps.
+// Both are the owner's compositions read in place: they alias the shared region (read-only,
+// zero bytes copied) and are valid until the Stepper's next Begin, End or Close.
 //
-// Version is the newest region version among the entries it was composed from (the global
-// steering, the request's entry and every named vector they reference). Digest identifies
-// those inputs (each one's version and content digest, and which were missing), so two
-// Effective values with equal digests hold equal floats: a device cache keyed by Digest
-// re-uploads exactly when the composition changed.
+// Version is the newer of the two compositions' region versions. Digest identifies both (each
+// one's version and content digest), so two Effective values with equal digests hold equal
+// floats: a device cache keyed by Digest re-uploads exactly when the composition changed.
 type Effective struct {
-	Vec     []float32
+	Request []float32
+	Global  []float32
 	Clamps  int
 	Version uint64
 	Digest  Digest
 }
 
+// Sum returns Request + Global in a new slice (nil when neither applies): what a step adds to
+// a row before the clamps. It copies; the fields themselves do not.
+func (e Effective) Sum() []float32 {
+	switch {
+	case e.Request == nil && e.Global == nil:
+		return nil
+	case e.Global == nil:
+		return append([]float32(nil), e.Request...)
+	case e.Request == nil:
+		return append([]float32(nil), e.Global...)
+	}
+	out := make([]float32, len(e.Request))
+	for i := range out {
+		out[i] = e.Request[i] + e.Global[i]
+	}
+	return out
+}
+
 // Effective returns request id's effective steering at (hook, layer, phase) in the current
-// step, composing it first if needed (as Apply would). It does not change the step's checksum.
+// step, reading its composition if needed (as Apply would). It does not change the step's
+// checksum.
 func (s *Stepper) Effective(id string, hook HookID, layer int, phase Phase) (Effective, error) {
 	if !s.open {
 		return Effective{}, ErrNoStep
@@ -43,40 +61,20 @@ func (s *Stepper) Effective(id string, hook HookID, layer int, phase Phase) (Eff
 	if err != nil {
 		return Effective{}, err
 	}
-	g := &s.global
 	ix := (int(hook)*s.layers+layer)*2 + int(phase) - 1
-	d := s.d
 	var out Effective
-	if g.has {
-		if o := g.slot[ix]; o >= 0 {
-			out.Vec = g.vecs[o : int(o)+d]
-		}
-		out.Clamps += int(g.cl[2*ix+1] - g.cl[2*ix])
-	}
-	if st.has {
-		if o := st.slot[ix]; o >= 0 {
-			out.Vec = st.vecs[o : int(o)+d]
-		}
-		out.Clamps += int(st.cl[2*ix+1] - st.cl[2*ix])
-	}
+	var gcl, rcl []byte
+	out.Global, gcl, _ = s.global.at(ix)
+	out.Request, rcl, _ = st.view.at(ix)
+	out.Clamps = (len(gcl) + len(rcl)) / clampRec
 	h := sha256.New()
 	var w [8]byte
-	add := func(c *comp) {
-		out.Version = max(out.Version, c.ver)
-		binary.LittleEndian.PutUint64(w[:], c.ver)
+	for _, v := range []*composedView{&s.global, &st.view} {
+		out.Version = max(out.Version, v.version)
+		binary.LittleEndian.PutUint64(w[:], v.version)
 		h.Write(w[:])
-		h.Write(c.digest[:])
-		for _, dp := range c.deps {
-			out.Version = max(out.Version, dp.ver)
-			binary.LittleEndian.PutUint64(w[:], dp.ver)
-			h.Write(w[:])
-			binary.LittleEndian.PutUint64(w[:], uint64(len(dp.name)))
-			h.Write(w[:])
-			h.Write([]byte(dp.name))
-		}
+		h.Write(v.digest[:])
 	}
-	add(g)
-	add(&st.comp)
 	h.Sum(out.Digest[:0])
 	return out, nil
 }

@@ -35,22 +35,25 @@ func TestEffectiveMatchesApplyAndTracksChanges(t *testing.T) {
 		return eff, h
 	}
 	eff1, h := effAt()
-	require.Equal(t, h, eff1.Vec)
+	require.InDeltaSlice(t, h, eff1.Sum(), 1e-6)
+	require.NotNil(t, eff1.Request)
+	require.NotNil(t, eff1.Global)
 	require.Equal(t, e.Region().Version(), eff1.Version)
-	vec1 := append([]float32(nil), eff1.Vec...)
+	vec1 := eff1.Sum()
 	st.End()
 
 	// Unchanged state: same digest and floats.
 	eff2, _ := effAt()
 	require.Equal(t, eff1.Digest, eff2.Digest)
-	require.Equal(t, vec1, eff2.Vec)
+	require.Equal(t, vec1, eff2.Sum())
 	// Prefill has only the global vector; another layer has nothing.
 	pre, err := st.Effective("r", hook, 1, PhasePrefill)
 	require.NoError(t, err)
-	require.NotEqual(t, vec1, pre.Vec)
+	require.Nil(t, pre.Request)
+	require.NotEqual(t, vec1, pre.Sum())
 	none, err := st.Effective("r", hook, 0, PhaseDecode)
 	require.NoError(t, err)
-	require.Nil(t, none.Vec)
+	require.Nil(t, none.Sum())
 	st.End()
 
 	// Re-registering the referenced vector changes the digest and the floats.
@@ -58,8 +61,8 @@ func TestEffectiveMatchesApplyAndTracksChanges(t *testing.T) {
 	require.NoError(t, err)
 	eff3, h := effAt()
 	require.NotEqual(t, eff1.Digest, eff3.Digest)
-	require.Equal(t, h, eff3.Vec)
-	require.NotEqual(t, vec1, eff3.Vec)
+	require.InDeltaSlice(t, h, eff3.Sum(), 1e-6)
+	require.NotEqual(t, vec1, eff3.Sum())
 	st.End()
 
 	// Bad arguments are typed errors.

@@ -14,7 +14,7 @@ from ctypes import (POINTER, Structure, c_char, c_char_p, c_float, c_int, c_int3
 
 from .errors import error_for
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 PHASE_PREFILL = 1
 PHASE_DECODE = 2
 
@@ -40,8 +40,8 @@ class Span(Structure):
 
 
 class EffectiveC(Structure):
-    _fields_ = [("data", POINTER(c_float)), ("len", c_size_t), ("clamps", c_uint32),
-                ("version", c_uint64), ("digest", c_uint8 * 32)]
+    _fields_ = [("data", POINTER(c_float)), ("len", c_size_t), ("global_data", POINTER(c_float)),
+                ("clamps", c_uint32), ("version", c_uint64), ("digest", c_uint8 * 32)]
 
 
 def _path() -> str:

@@ -240,8 +240,8 @@ class Keys(MutableMapping):
     Reads come from the shared mapping (lock-free); writes go to the owner. ``keys[id]`` raises
     :class:`~shmsteer.errors.KeyRevokedError` for a revoked key (its sentinel still stands) and
     :class:`~shmsteer.errors.KeyNotFoundError` (a ``KeyError``) for a missing one; ``del keys[id]``
-    revokes it (the owner purges it after the grace period). Iteration lists ids with a key or a
-    standing sentinel.
+    revokes it (the owner purges it after the grace period). Iteration lists ids with a live key,
+    and in the owner also ids whose revoked sentinel stands (see :meth:`entries`).
     """
 
     def __init__(self, parent: _Handle) -> None:
@@ -298,7 +298,9 @@ class Keys(MutableMapping):
         check(lib.shmsteer_key_remove(self._parent.handle, rid, len(rid)))
 
     def entries(self) -> List[Tuple[str, bool]]:
-        """(request id, revoked) for every id with a key or a standing sentinel."""
+        """(request id, revoked) for every id with a live key, and, in the owner only, every id
+        whose revoked sentinel stands: sentinels are stored as hashes of the id, so only the
+        owner, which schedules their purge, knows the ids. ``len()`` and iteration follow it."""
         return [(e["id"], e["revoked"]) for e in json.loads(_lib.read_json(lib.shmsteer_key_list_json, self._parent.handle))]
 
     def __iter__(self) -> Iterator[str]:
@@ -440,24 +442,31 @@ class Snapshot:
 class Effective:
     """A request's effective steering at one (hook, layer, phase) in the current step.
 
-    ``data_ptr`` points into the stepper's PRIVATE memory (each process composes it until issue
-    13 moves composition into the region) and is valid until the next begin()/end();
-    :meth:`array` copies it out. ``digest`` changes exactly when the floats do."""
+    A row gets the request's composed vector (``data_ptr``) plus the global composed vector
+    (``global_ptr``) added, each only if not 0, then ``clamps`` clamps. Both point into the
+    shared read-only mapping (the owner composes once; zero bytes copied) and are valid until
+    the next begin()/end(); :meth:`array` returns their sum as a new array. ``digest`` changes
+    exactly when the floats do."""
 
     data_ptr: int
+    global_ptr: int
     length: int
     clamps: int
     version: int
     digest: bytes
 
     def array(self) -> Any:
-        """A float32 copy of the effective vector (None when no vector applies)."""
-        if not self.data_ptr:
+        """A float32 copy of what a row gets added (request + global), or None."""
+        parts = [p for p in (self.data_ptr, self.global_ptr) if p]
+        if not parts:
             return None
-        src = (ctypes.c_float * self.length).from_address(self.data_ptr)
+        views = [(ctypes.c_float * self.length).from_address(p) for p in parts]
         if _np is None:
-            return list(src)
-        return _np.frombuffer(bytes(src), dtype=_np.float32).copy()
+            return [sum(x) for x in zip(*views)]
+        out = _np.frombuffer(bytes(views[0]), dtype=_np.float32).copy()
+        for v in views[1:]:
+            out += _np.frombuffer(bytes(v), dtype=_np.float32)
+        return out
 
 
 SpanLike = Tuple[str, int, int, Union[int, str]]
@@ -543,7 +552,8 @@ class Stepper:
         check(lib.shmsteer_stepper_effective(self.handle, b, len(b), self._parent.hook_id(hook),
                                              layer, PHASES[phase], byref(out)))
         ptr = ctypes.cast(out.data, c_void_p).value or 0
-        return Effective(ptr, out.len, out.clamps, out.version, bytes(out.digest))
+        gptr = ctypes.cast(out.global_data, c_void_p).value or 0
+        return Effective(ptr, gptr, out.len, out.clamps, out.version, bytes(out.digest))
 
 
 def _rows_ptr(rows: Any) -> Tuple[int, int]:

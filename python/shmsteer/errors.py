@@ -5,8 +5,7 @@ Every error code of ``shmsteer.h`` has one class here, named after its Go sentin
 several also derive from the built-in exception a Python caller would expect (a missing key is
 a :class:`KeyError`, a bad argument a :class:`ValueError`, a dead owner a
 :class:`ConnectionError`). Sentinels that match one another with ``errors.Is`` in Go are
-subclasses here: :class:`IncompatibleError` (ipc) and :class:`SteeringIncompatibleError` (steer)
-are both :class:`LayoutIncompatibleError` (shm).
+subclasses here: :class:`IncompatibleError` (ipc) is a :class:`LayoutIncompatibleError` (shm).
 """
 
 from __future__ import annotations
@@ -54,6 +53,8 @@ _TABLE: Tuple[Tuple[int, str, str, Tuple[type, ...], str], ...] = (
     (24, "shm.ErrSnapshotFuture", "SnapshotFutureError", (), ""),
     (25, "shm.ErrValueTooLarge", "ValueTooLargeError", (ValueError,), ""),
     (26, "shm.ErrUnsupported", "UnsupportedError", (), ""),
+    (27, "shm.ErrLeaseUnavailable", "LeaseUnavailableError", (), ""),
+    (28, "shm.ErrMarked", "MarkedError", (LookupError,), ""),
     (30, "ipc.ErrAuthSecretNotDefined", "AuthSecretNotDefinedError", (), ""),
     (31, "ipc.ErrNotYetInitialized", "NotYetInitializedError", (), ""),
     (32, "ipc.ErrPreviouslyInitialized", "PreviouslyInitializedError", (), ""),
@@ -68,7 +69,11 @@ _TABLE: Tuple[Tuple[int, str, str, Tuple[type, ...], str], ...] = (
     (41, "ipc.ErrFrameTooLarge", "FrameTooLargeError", (ValueError,), ""),
     (42, "ipc.ErrUnknownOp", "UnknownOpError", (), ""),
     (43, "ipc.ErrProtocol", "ProtocolError", (), ""),
-    (50, "steer.ErrIncompatible", "SteeringIncompatibleError", (), "LayoutIncompatibleError"),
+    (44, "ipc.ErrSecretFile", "SecretFileError", (OSError,), ""),
+    (45, "ipc.ErrSecretConflict", "SecretConflictError", (ValueError,), ""),
+    (46, "ipc.ErrRendezvousTaken", "RendezvousTakenError", (), ""),
+    (47, "ipc.ErrBusy", "OwnerBusyError", (ConnectionError,), ""),
+    (50, "steer.ErrIncompatible", "SteeringIncompatibleError", (), ""),
     (51, "steer.ErrBadConfig", "SteeringConfigError", (ValueError,), ""),
     (52, "steer.ErrBadName", "BadNameError", (ValueError,), ""),
     (53, "steer.ErrNonFinite", "NonFiniteError", (ValueError,), ""),
@@ -85,9 +90,10 @@ _TABLE: Tuple[Tuple[int, str, str, Tuple[type, ...], str], ...] = (
     (64, "steer.ErrNoStep", "NoStepError", (), ""),
     (65, "steer.ErrBadBatch", "BadBatchError", (ValueError,), ""),
     (66, "steer.ErrShape", "ShapeError", (ValueError,), ""),
-    (67, "steer.ErrDtype", "DtypeError", (TypeError,), ""),
-    (68, "steer.ErrNotContiguous", "NotContiguousError", (ValueError,), ""),
     (69, "steer.ErrRemote", "RemoteError", (), ""),
+    (70, "steer.ErrOverflow", "OverflowSteeringError", (ValueError,), ""),
+    (71, "steer.ErrUnknownRequest", "UnknownRequestError", (LookupError,), ""),
+    (72, "steer.ErrNotServed", "NotServedError", (), ""),
 )
 
 BY_CODE: Dict[int, Type[ShmsteerError]] = {}

@@ -109,7 +109,7 @@ class SteeringHooks:
             if eff.clamps:
                 raise NotImplementedError(
                     "shmsteer: clamps are not supported on the device path; steer this model on CPU")
-            if not eff.data_ptr:
+            if not eff.data_ptr and not eff.global_ptr:
                 continue
             key = (rid, hook_id, layer, phase, dev)
             hit = self._cache.get(key)
