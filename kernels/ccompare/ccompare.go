@@ -23,6 +23,35 @@ import (
 // (no cgo).
 var ErrUnavailable = errors.New("shmsteer: C comparison kernels unavailable (built without cgo)")
 
+// ErrVariant reports an unknown variant name, or a compile-time-D variant asked for another
+// row length: pick one of Variants, and a "-d4096" one only for d = 4096.
+var ErrVariant = errors.New("shmsteer: no such C variant for this shape")
+
+// Variants are the gcc builds of the C loop, in the order the bench races them: "native" is
+// -O3 -march=native; "native512" adds prefer-vector-width=512 (a function attribute, as
+// -mprefer-vector-width=512 would); the "-d4096" ones have the row length a compile-time
+// constant and only take d = 4096.
+var Variants = []string{"native", "native512", "native-d4096", "native512-d4096"}
+
+// ConstD is the row length the "-d4096" variants are compiled for.
+const ConstD = 4096
+
+// AddRowsVariantRepeat runs variant (one of Variants) iters times over h inside one cgo call,
+// like AddRowsRepeat. ErrVariant for an unknown name or a "-d4096" variant with d != ConstD;
+// ErrUnavailable without cgo.
+func AddRowsVariantRepeat(variant string, h []float32, d int, s float32, v []float32, iters int) error {
+	if !cAvailable {
+		return ErrUnavailable
+	}
+	i := slices.Index(Variants, variant)
+	if i < 0 || (strings.HasSuffix(variant, "-d4096") && d != ConstD) {
+		return fmt.Errorf("%w: %q with d = %d", ErrVariant, variant, d)
+	}
+	checkShape(h, d, v)
+	cAddRowsRepeat(i, h, d, s, v, iters)
+	return nil
+}
+
 // Available reports whether the C implementation was compiled in.
 func Available() bool { return cAvailable }
 
@@ -34,7 +63,7 @@ func AddRows(h []float32, d int, s float32, v []float32) {
 		panic(ErrUnavailable)
 	}
 	checkShape(h, d, v)
-	cAddRowsRepeat(h, d, s, v, 1)
+	cAddRowsRepeat(0, h, d, s, v, 1)
 }
 
 // AddRowsRepeat runs the C add iters times over h inside one cgo call, so the ~50 ns cgo
@@ -45,7 +74,7 @@ func AddRowsRepeat(h []float32, d int, s float32, v []float32, iters int) error 
 		return ErrUnavailable
 	}
 	checkShape(h, d, v)
-	cAddRowsRepeat(h, d, s, v, iters)
+	cAddRowsRepeat(0, h, d, s, v, iters)
 	return nil
 }
 
@@ -127,7 +156,7 @@ func RunSizes(rounds int, minDur time.Duration, sizes []Size) ([]Result, error) 
 			s = -s
 		}
 		c := func(n int) {
-			cAddRowsRepeat(h, sz.D, s, v, n)
+			cAddRowsRepeat(0, h, sz.D, s, v, n)
 			s = -s
 		}
 		gol := func(n int) {
