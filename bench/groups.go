@@ -172,29 +172,52 @@ func alignedOp(ps []*Proc) Op {
 	}
 }
 
+// throughputFigures turns the contenders of throughputContenders, for each of names, into
+// throughputFigure; other figures pass through.
+func throughputFigures(names ...string) func([]Figure) []Figure {
+	return func(figs []Figure) []Figure {
+		var out []Figure
+		for _, name := range names {
+			var mine []Figure
+			for _, f := range figs {
+				if baseName(f.Name) == name {
+					mine = append(mine, f)
+				}
+			}
+			if len(mine) > 0 {
+				out = append(out, throughputFigure(name, mine))
+			}
+		}
+		for _, f := range figs {
+			if !slices.Contains(names, baseName(f.Name)) {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+}
+
 // throughputFigure is 2 × (one reader's time per read) / (two readers' window per read each):
 // the aggregate throughput of two readers in one window over one reader's. 2.0 is perfect
 // scaling, 1.0 none.
-func throughputFigure(name string) func([]Figure) []Figure {
-	return func(figs []Figure) []Figure {
-		f := Figure{Name: name, Unit: unitOf(name)}
-		switch {
-		case len(figs) < 2:
-			f.Skipped = "not run"
-		case figs[0].Skipped != "":
-			f.Skipped = "1 reader: " + figs[0].Skipped
-		case figs[1].Skipped != "":
-			f.Skipped = "2 readers: " + figs[1].Skipped
-		default:
-			one, two := figs[0], figs[1]
-			f.Value = 2 * one.Value / two.Value
-			f.Rounds, f.Batch = min(one.Rounds, two.Rounds), two.Batch
-			f.Spread = max(one.Spread, two.Spread)
-			f.Note = fmt.Sprintf("aggregate reads/s of 2 reader processes started at one wall-clock instant (window to the last one's end) over 1 reader's: %.1f vs %.1f M reads/s",
-				2e3/two.Value, 1e3/one.Value)
-		}
-		return []Figure{f}
+func throughputFigure(name string, figs []Figure) Figure {
+	f := Figure{Name: name, Unit: unitOf(name)}
+	switch {
+	case len(figs) < 2:
+		f.Skipped = "not run"
+	case figs[0].Skipped != "":
+		f.Skipped = "1 reader: " + figs[0].Skipped
+	case figs[1].Skipped != "":
+		f.Skipped = "2 readers: " + figs[1].Skipped
+	default:
+		one, two := figs[0], figs[1]
+		f.Value = 2 * one.Value / two.Value
+		f.Rounds, f.Batch = min(one.Rounds, two.Rounds), two.Batch
+		f.Spread = max(one.Spread, two.Spread)
+		f.Note = fmt.Sprintf("aggregate reads/s of 2 reader processes started at one wall-clock instant (window to the last one's end) over 1 reader's: %.1f vs %.1f M reads/s",
+			2e3/two.Value, 1e3/one.Value)
 	}
+	return f
 }
 
 // gomapProcs starts k children each reading a private Go map: the machine's control for the
