@@ -70,8 +70,8 @@ func bestVariant(name string, cs []Figure, k KernelSize) Figure {
 	}
 	if best < 0 {
 		f := Figure{Name: name, Unit: unitOf(name), Skipped: strings.Join(skips, "; ")}
-		if len(cs) == 1 {
-			f.Skipped = cs[0].Skipped
+		if !slices.ContainsFunc(cs, func(g Figure) bool { return g.Skipped != cs[0].Skipped }) {
+			f.Skipped = cs[0].Skipped // one reason for all, said once
 		}
 		return f
 	}
