@@ -147,11 +147,14 @@ func Run(cfg Config, src Sources) *Report {
 		if len(variants) == 0 {
 			variants = []string{""} // reported as not wired
 		}
+		if k == HugeKernelSize {
+			// Right after the add it is compared with, in every round.
+			cs = append(cs, Contender{pre + "bw_fraction" + variantSep + "copy", copySetup(bufs)})
+		}
 		for _, v := range variants {
 			cs = append(cs, Contender{pre + "c_ns" + variantSep + v, addRepeatSetup(bufs, v, src.AddRowsC)})
 		}
 		if k == HugeKernelSize {
-			cs = append(cs, Contender{pre + "bw_fraction" + variantSep + "copy", copySetup(bufs)})
 			for i := range cs {
 				cs[i].Setup = quickSkip(cs[i].Setup, "1 GiB buffers")
 			}

@@ -362,11 +362,11 @@ func TestBestVariantAndBandwidth(t *testing.T) {
 	k := HugeKernelSize
 	post := kernelFigures(k)
 	figs := post([]Figure{
-		{Name: "kernels.add.1g.shmsteer_ns", Value: 200e6, Rounds: 3},
+		{Name: "kernels.add.1g.shmsteer_ns", Value: 200e6, Rounds: 3, Samples: []float64{200e6, 100e6, 400e6}},
 		{Name: "kernels.add.1g.c_ns#a", Value: 300e6, Rounds: 3},
 		{Name: "kernels.add.1g.c_ns#b", Value: 250e6, Rounds: 3},
 		{Name: "kernels.add.1g.c_ns#c", Skipped: "no such shape"},
-		{Name: "kernels.add.1g.bw_fraction#copy", Value: 180e6, Rounds: 3},
+		{Name: "kernels.add.1g.bw_fraction#copy", Value: 180e6, Rounds: 3, Samples: []float64{180e6, 90e6, 360e6}},
 	})
 	byName := map[string]Figure{}
 	for _, f := range figs {

@@ -245,7 +245,7 @@ func alternate(cfg Config, prog *progress, cs []Contender) (figs []Figure, warni
 				f.Skipped = "no rounds run"
 			} else {
 				f.Value = median(l.nsPerOp)
-				f.Rounds, f.Batch = len(l.nsPerOp), l.n
+				f.Rounds, f.Batch, f.Samples = len(l.nsPerOp), l.n, l.nsPerOp
 				f.Spread = (quantile(l.nsPerOp, 0.75) - quantile(l.nsPerOp, 0.25)) / f.Value
 			}
 		}

@@ -89,7 +89,8 @@ func bestVariant(name string, cs []Figure, k KernelSize) Figure {
 // bandwidthFraction is the add's achieved bytes/s over the copy's, both measured in the same
 // alternation: the add reads and writes h (2 × len(h) × 4 bytes per call), copy() reads the
 // same h and writes a second buffer of its size (the same bytes moved, counted as STREAM
-// counts a copy), so the fraction is copy time / add time. A copy's stores may also read each
+// counts a copy), so the fraction is copy time / add time, taken round by round and the
+// median reported. A copy's stores may also read each
 // destination line first (a read-for-ownership the in-place add does not pay), so the
 // fraction can exceed 1.
 func bandwidthFraction(k KernelSize, figs []Figure, cp Figure) Figure {
@@ -104,11 +105,21 @@ func bandwidthFraction(k KernelSize, figs []Figure, cp Figure) Figure {
 	case figs[i].Skipped != "":
 		f.Skipped = "add: " + figs[i].Skipped
 	default:
+		// Paired round by round (the copy runs right after the add in each round, so both
+		// see the machine's load of the moment), then the median over rounds.
 		add := figs[i]
 		moved := 2 * float64(k.T) * KernelD * 4
-		f.Value = cp.Value / add.Value
-		f.Rounds, f.Batch, f.Spread = min(add.Rounds, cp.Rounds), add.Batch, max(add.Spread, cp.Spread)
-		f.Note = fmt.Sprintf("add moves %s per call (read + write h) at %.2f GB/s; Go copy() of h into a second %s buffer, alternated with the adds, at %.2f GB/s (bytes counted as STREAM does; the copy may also pay a read-for-ownership of its destination)",
+		var ratios []float64
+		for r := range min(len(add.Samples), len(cp.Samples)) {
+			ratios = append(ratios, cp.Samples[r]/add.Samples[r])
+		}
+		if len(ratios) == 0 {
+			ratios = []float64{cp.Value / add.Value}
+		}
+		f.Value = median(ratios)
+		f.Rounds, f.Batch = len(ratios), add.Batch
+		f.Spread = (quantile(ratios, 0.75) - quantile(ratios, 0.25)) / f.Value
+		f.Note = fmt.Sprintf("median of per-round ratios; add moves %s per call (read + write h) at %.2f GB/s (median); Go copy() of h into a second %s buffer, alternated with the adds, at %.2f GB/s (bytes counted as STREAM does; the copy may also pay a read-for-ownership of its destination)",
 			formatBytes(int64(moved)), moved/add.Value, formatBytes(int64(k.T)*KernelD*4), moved/cp.Value)
 	}
 	return f

@@ -26,6 +26,9 @@ type Figure struct {
 	Rounds int     `json:"-"`
 	Batch  int     `json:"-"`
 	Spread float64 `json:"-"`
+	// Samples are the per-round values, in round order, for figures derived
+	// round by round from two contenders (a paired ratio).
+	Samples []float64 `json:"-"`
 
 	// WorkingSet is the bytes one call of a kernel contender touches (h plus v; the contender
 	// owns them and reuses them every call), so a reader can tell a cache-resident figure from
