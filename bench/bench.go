@@ -148,8 +148,10 @@ func Run(cfg Config, src Sources) *Report {
 			variants = []string{""} // reported as not wired
 		}
 		if k == HugeKernelSize {
-			// Right after the add it is compared with, in every round.
-			cs = append(cs, Contender{pre + "bw_fraction" + variantSep + "copy", copySetup(bufs)})
+			// Right after the add they are compared with, in every round.
+			var dst []float32
+			cs = append(cs, Contender{pre + "bw_fraction" + variantSep + "copy", copySetup(bufs, &dst, 0)},
+				Contender{pre + "bw_fraction" + variantSep + "copy64k", copySetup(bufs, &dst, 16<<10)})
 		}
 		for _, v := range variants {
 			cs = append(cs, Contender{pre + "c_ns" + variantSep + v, addRepeatSetup(bufs, v, src.AddRowsC)})
