@@ -48,7 +48,9 @@ func TestRunSmoke(t *testing.T) {
 		require.Positive(t, r.OursNs)
 		require.Positive(t, r.CNs)
 		require.Positive(t, r.GoLoopNs)
+		require.Contains(t, ccompare.Variants, r.CVariant)
 	}
+	require.NotContains(t, rs[0].CVariant, "-d4096", "D = 257 cannot run a compile-time-D variant")
 }
 
 // BenchmarkCompare prints the ours-vs-C-vs-Go table. Run it once:
