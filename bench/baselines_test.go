@@ -55,7 +55,7 @@ func TestNumpyDriver(t *testing.T) {
 	if _, err := findPython("numpy"); err != nil {
 		t.Skipf("numpy not available: %v", err)
 	}
-	np := newNumpy()
+	np := newNumpy(sharedNumpySizes()...)
 	p, release, err := np.acquire()
 	require.NoError(t, err)
 	pid := p.cmd.Process.Pid

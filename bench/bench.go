@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/term"
@@ -21,37 +20,61 @@ import (
 // readers that must be separate processes use [StartChild].
 type Sources struct {
 	// KeysGet measures keys.get.shmsteer_ns: a client Get of a 36-char key
-	// from a child process attached to the owner's region. Typically: create
-	// the region here, StartChild(role, regionPath), return proc.Op("get")
-	// and a cleanup closing the child and the region. Compared with
-	// keys.get.syncmanager_ns.
+	// from a child process attached to the owner's region, round-robin over
+	// the NumKeys hot keys. Typically: create the region here,
+	// StartChild(role, regionPath), return proc.Op("get") and a cleanup
+	// closing the child and the region. Compared with keys.get.gomap_ns.
 	KeysGet Setup
+	// KeysGetCold measures keys.get.cold.shmsteer_ns: the same Get, uniform
+	// random (ColdIndex) over the ColdNumKeys keys of ColdKeys, compared with
+	// a Go map of the same keys (keys.get.cold.gomap_ns). Skipped in --quick.
+	KeysGetCold Setup
 	// KeysSetClient measures keys.set.client_ns (a Set from a client, child
-	// process as for KeysGet) and KeysSetOwner keys.set.owner_ns (a Set in
-	// the owner, in-process: wrap with GoOp). Compared with
-	// keys.set.syncmanager_ns.
+	// process as for KeysGet); compared with keys.set.syncmanager_ns.
 	KeysSetClient Setup
-	KeysSetOwner  Setup
-	// KeysReaders starts k reader children on one region and returns each
-	// one's get op; it yields keys.get.scaling_2readers with k = 2, defined
-	// as the per-op time of a reader while a second reader runs its batch at
-	// the same time, over the per-op time of a reader alone: 1.0 is perfect
-	// scaling, 2.0 fully serialized readers.
+	// KeysSetOwner times owner Sets one by one (in-process, membarrier passes
+	// included) for keys.set.owner_ns (p50) and keys.set.owner_p99_ns.
+	KeysSetOwner LatencySetup
+	// KeysReaders is unused since issue 13 replaced keys.get.scaling_2readers
+	// with the throughput figures of KeysReaderProcs; it stays until
+	// cmd/shmsteer's main stops setting it.
 	KeysReaders func(k int) (ops []Op, cleanup func() error, err error)
+	// KeysReaderProcs starts k reader children on one region; each serves op
+	// "get" (round-robin over the hot keys, as KeysGet). They yield
+	// keys.get.throughput_2readers_x: reads per second of two readers started
+	// at one wall-clock instant, over one reader's (see throughputContenders).
+	KeysReaderProcs func(k int) (procs []*Proc, cleanup func() error, err error)
 	// AddRows is the best add kernel (kernels.AddRows), measured against the
-	// Go loop and numpy on the same shapes as kernels.add.<size>.shmsteer_ns.
+	// Go loop, numpy and C on the same shapes as kernels.add.<size>.shmsteer_ns.
 	AddRows AddFunc
-	// AddRowsC runs the gcc -O3 -march=native add iters times in one call
-	// (kernels/ccompare.AddRowsRepeat), so C alternates with the other add
-	// contenders round by round without paying a cgo transition per add.
-	AddRowsC func(h []float32, d int, s float32, v []float32, iters int) error
-	// StepMixed and StepKernel measure one steering step, for
-	// steer.step.mixed_ns and steer.step.kernel_ns.
+	// AddRowsC runs C variant (one of CVariants) iters times in one call
+	// (kernels/ccompare.AddRowsVariantRepeat), so C alternates with the other
+	// add contenders round by round without paying a cgo transition per add.
+	// kernels.add.<size>.c_ns is the fastest variant at that size.
+	AddRowsC  func(variant string, h []float32, d int, s float32, v []float32, iters int) error
+	CVariants []string
+	// StepMixed and StepKernel measure one prefill step (T = 256 rows, one
+	// site): steer.step.prefill.mixed_ns and steer.step.prefill.kernel_ns.
 	StepMixed  Setup
 	StepKernel Setup
-	// Memory returns mem.overhead_ratio and mem.tp8_ratio (unit "x").
-	Memory func() (overhead, tp8 float64, err error)
+	// StepDecode* measure a whole decode step (64 requests × 1 row, every
+	// site of 32 layers × 5 hooks): steer.step.decode.{mixed,kernel}_ns with
+	// every request steered, steer.step.decode.{sparse,sparse_kernel}_ns with 4.
+	StepDecodeMixed, StepDecodeKernel  Setup
+	StepDecodeSparse, StepSparseKernel Setup
+	// Memory returns mem.overhead_ratio (unit "x").
+	Memory func() (overhead float64, err error)
+	// TP8 returns mem.tp8_ratio, measured with 8 real rank processes, and a
+	// note saying how.
+	TP8 func() (ratio float64, note string, err error)
 }
+
+// LatencySetup prepares an operation timed call by call: run performs
+// len(lat) operations and stores each one's duration in lat.
+type LatencySetup func() (run func(lat []time.Duration) error, cleanup func() error, err error)
+
+// ErrQuickSkip marks a figure --quick leaves out (1 GiB buffers, a 1M-key region).
+var ErrQuickSkip = errors.New("skipped in --quick")
 
 // Run measures every wanted figure, group by group (contenders alternate
 // within a group), and returns the finished report.
@@ -60,23 +83,35 @@ func Run(cfg Config, src Sources) *Report {
 	prog := &progress{w: cfg.Progress}
 	defer prog.done()
 	rep := &Report{}
-	var groups [][]Contender
-	keep := func(cs ...Contender) []Contender {
+	type group struct {
+		cs   []Contender
+		post func([]Figure) []Figure // turns the group's raw figures into the reported ones
+	}
+	var groups []group
+	keepWith := func(post func([]Figure) []Figure, cs ...Contender) []Contender {
 		var out []Contender
 		for _, c := range cs {
-			if cfg.wants(c.Name) {
+			if cfg.wants(baseName(c.Name)) {
 				out = append(out, c)
 			}
 		}
 		if len(out) > 0 {
-			groups = append(groups, out)
+			groups = append(groups, group{out, post})
 			prog.total += len(out)
 		}
 		return out
 	}
+	keep := func(cs ...Contender) []Contender { return keepWith(nil, cs...) }
+	quickSkip := func(s Setup, what string) Setup {
+		if !cfg.Quick {
+			return s
+		}
+		return func() (Op, func() error, error) { return nil, nil, fmt.Errorf("%w (%s)", ErrQuickSkip, what) }
+	}
 
 	sm, rd := newSyncManager(), &redisShared{}
-	keep(
+	owner := newLatency(cfg, "keys.set.owner_ns", "keys.set.owner_p99_ns", src.KeysSetOwner)
+	keepWith(owner.post,
 		Contender{"keys.get.gomap_ns", gomapSetup},
 		Contender{"keys.get.syncmanager_ns", sm.opOf("get")},
 		Contender{"keys.set.syncmanager_ns", sm.opOf("set")},
@@ -86,50 +121,87 @@ func Run(cfg Config, src Sources) *Report {
 		Contender{"keys.get.python_ns", pythonKeysSetup}, // capi.go
 		Contender{"keys.get.capi_ns", capiKeysSetup},
 		Contender{"keys.set.client_ns", src.KeysSetClient},
-		Contender{"keys.set.owner_ns", src.KeysSetOwner},
+		owner.contender(),
 	)
-	const scalingName = "keys.get.scaling_2readers"
-	scaling := keep(scalingContenders(scalingName, src.KeysReaders)...)
-	np := newNumpy()
+	keep(
+		Contender{"keys.get.cold.gomap_ns", quickSkip(gomapColdSetup, "a map of 1M keys")},
+		Contender{"keys.get.cold.shmsteer_ns", quickSkip(src.KeysGetCold, "a region of 1M keys")},
+	)
+	// The shmsteer readers and their Go-map control alternate in one group, so
+	// the machine's load at the time lands on both.
+	const tpReaders, tpGomaps = "keys.get.throughput_2readers_x", "keys.get.throughput_2gomaps_x"
+	keepWith(throughputFigures(tpReaders, tpGomaps), append(
+		throughputContenders(tpReaders, src.KeysReaderProcs),
+		throughputContenders(tpGomaps, gomapProcs)...)...)
+
+	np := newNumpy(sharedNumpySizes()...)
 	numpyWanted := false
 	for _, k := range KernelSizes {
 		pre := "kernels.add." + k.Tag + "."
-		if len(keep(
-			Contender{pre + "goloop_ns", addSetup(k, goLoopAdd)},
-			Contender{pre + "numpy_ns", np.opOf("add." + k.Tag)},
-			Contender{pre + "shmsteer_ns", addSetup(k, src.AddRows)},
-			Contender{pre + "c_ns", addRepeatSetup(k, src.AddRowsC)},
-		)) > 0 && cfg.wants(pre+"numpy_ns") {
+		bufs := &kernelBuffers{k: k}
+		npk := np
+		if k == HugeKernelSize {
+			npk = newNumpy(k) // its own process, alive only while the 1g group runs
+		}
+		cs := []Contender{
+			{pre + "goloop_ns", addSetup(bufs, goLoopAdd)},
+			{pre + "numpy_ns", npk.opOf("add." + k.Tag)},
+			{pre + "shmsteer_ns", addSetup(bufs, src.AddRows)},
+		}
+		variants := src.CVariants
+		if len(variants) == 0 {
+			variants = []string{""} // reported as not wired
+		}
+		if k == HugeKernelSize {
+			// Right after the add they are compared with, in every round.
+			var dst []float32
+			cs = append(cs, Contender{pre + "bw_fraction" + variantSep + "copy", copySetup(bufs, &dst, 0)},
+				Contender{pre + "bw_fraction" + variantSep + "copy64k", copySetup(bufs, &dst, 16<<10)})
+		}
+		for _, v := range variants {
+			cs = append(cs, Contender{pre + "c_ns" + variantSep + v, addRepeatSetup(bufs, v, src.AddRowsC)})
+		}
+		if k == HugeKernelSize {
+			for i := range cs {
+				cs[i].Setup = quickSkip(cs[i].Setup, "1 GiB buffers")
+			}
+		}
+		if len(keepWith(kernelFigures(k), cs...)) > 0 && cfg.wants(pre+"numpy_ns") && k != HugeKernelSize {
 			numpyWanted = true
 		}
 	}
 	keep(
-		Contender{"steer.step.mixed_ns", src.StepMixed},
-		Contender{"steer.step.kernel_ns", src.StepKernel},
+		Contender{"steer.step.prefill.mixed_ns", src.StepMixed},
+		Contender{"steer.step.prefill.kernel_ns", src.StepKernel},
+	)
+	keep(
+		Contender{"steer.step.decode.mixed_ns", src.StepDecodeMixed},
+		Contender{"steer.step.decode.kernel_ns", src.StepDecodeKernel},
+	)
+	keep(
+		Contender{"steer.step.decode.sparse_ns", src.StepDecodeSparse},
+		Contender{"steer.step.decode.sparse_kernel_ns", src.StepSparseKernel},
 	)
 	memNames := filter(cfg, "mem.overhead_ratio", "mem.tp8_ratio")
 	prog.total += len(memNames)
 
 	if numpyWanted {
-		// One numpy process serves all sizes: hold it across the size groups
-		// rather than restarting Python for each. A start failure is cached
-		// and becomes each numpy figure's skip reason.
+		// One numpy process serves the sizes up to 64m: hold it across the
+		// size groups rather than restarting Python for each. A start failure
+		// is cached and becomes each numpy figure's skip reason.
 		if _, release, err := np.acquire(); err == nil {
 			defer func() { _ = release() }()
 		}
 	}
 	for _, g := range groups {
-		if len(scaling) > 0 && g[0].Name == scaling[0].Name {
-			figs, warns := alternate(cfg, prog, g)
-			rep.Add(scalingFigure(scalingName, figs))
-			rep.Warnings = append(rep.Warnings, warns...)
-			continue
+		figs, warns := alternate(cfg, prog, g.cs)
+		if g.post != nil {
+			figs = g.post(figs)
 		}
-		figs, warns := alternate(cfg, prog, g)
 		rep.Add(figs...)
 		rep.Warnings = append(rep.Warnings, warns...)
 	}
-	rep.Add(memFigures(prog, src.Memory, memNames)...)
+	rep.Add(memFigures(prog, src, memNames)...)
 	rep.Finish()
 	return rep
 }
@@ -144,99 +216,23 @@ func filter(cfg Config, names ...string) []string {
 	return out
 }
 
-// scalingContenders measures one reader alone and two readers at once,
-// alternately; scalingFigure turns the two medians into the ratio.
-func scalingContenders(name string, readers func(k int) ([]Op, func() error, error)) []Contender {
-	var mu sync.Mutex
-	var ops []Op
-	one := func() (Op, func() error, error) {
-		if readers == nil {
-			return nil, nil, ErrNotWired
-		}
-		rs, cleanup, err := readers(2)
-		if err == nil && len(rs) != 2 {
-			err = fmt.Errorf("KeysReaders(2) returned %d ops", len(rs))
-		}
-		if err != nil {
-			return nil, cleanup, err
-		}
-		mu.Lock()
-		ops = rs
-		mu.Unlock()
-		return rs[0], cleanup, nil
-	}
-	two := func() (Op, func() error, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if ops == nil {
-			return nil, nil, errors.New("readers not started")
-		}
-		return concurrently(ops[0], ops[1]), nil, nil
-	}
-	// The cleanup of the first setup ends both readers, after both
-	// contenders are done: alternate runs cleanups last, in reverse order.
-	return []Contender{{name + "/1", one}, {name + "/2", two}}
-}
-
-// concurrently runs a and b at the same time with the same n and returns the
-// mean of the durations each measured for itself.
-func concurrently(a, b Op) Op {
-	return func(n int) (time.Duration, error) {
-		var db time.Duration
-		var errB error
-		var wg sync.WaitGroup
-		wg.Go(func() { db, errB = b(n) })
-		da, errA := a(n)
-		wg.Wait()
-		if err := errors.Join(errA, errB); err != nil {
-			return 0, err
-		}
-		return (da + db) / 2, nil
-	}
-}
-
-func scalingFigure(name string, figs []Figure) Figure {
-	f := Figure{Name: name, Unit: unitOf(name)}
-	if len(figs) < 2 {
-		f.Skipped = "not run"
-		return f
-	}
-	one, two := figs[0], figs[1]
-	switch {
-	case one.Skipped != "":
-		f.Skipped = "1 reader: " + one.Skipped
-	case two.Skipped != "":
-		f.Skipped = "2 readers: " + two.Skipped
-	default:
-		f.Value = two.Value / one.Value
-		f.Rounds, f.Batch = min(one.Rounds, two.Rounds), one.Batch
-		f.Spread = max(one.Spread, two.Spread)
-	}
-	return f
-}
-
-func memFigures(prog *progress, fn func() (float64, float64, error), names []string) []Figure {
-	if len(names) == 0 {
-		return nil
-	}
-	err := ErrNotWired
-	var vals [2]float64
-	if fn != nil {
-		prog.show("mem.*", "running")
-		vals[0], vals[1], err = fn()
-	}
+func memFigures(prog *progress, src Sources, names []string) []Figure {
 	var figs []Figure
 	for _, n := range names {
 		prog.i++
+		prog.show(n, "running")
 		f := Figure{Name: n, Unit: unitOf(n)}
-		v := vals[0]
-		if n == "mem.tp8_ratio" {
-			v = vals[1]
+		var err error
+		switch {
+		case n == "mem.overhead_ratio" && src.Memory != nil:
+			f.Value, err = src.Memory()
+		case n == "mem.tp8_ratio" && src.TP8 != nil:
+			f.Value, f.Note, err = src.TP8()
+		default:
+			err = ErrNotWired
 		}
 		if err != nil {
-			f.Skipped = err.Error()
-		} else {
-			f.Value = v
+			f.Skipped, f.Value, f.Note = err.Error(), 0, ""
 		}
 		figs = append(figs, f)
 	}

@@ -33,6 +33,8 @@ const ChildEnv = "SHMSTEER_BENCH_CHILD"
 //
 //	child  → parent  {"ready":true}              once, after its setup
 //	parent → child   "<op> <n>\n"                run op n times
+//	parent → child   "<op> <n> at=<unix ns>\n"   the same, starting at that wall-clock
+//	                                             instant, and timed from it (Go children)
 //	child  → parent  {"ns":<total elapsed ns>}   timed by the child itself
 //	                 {"error":"..."}             instead, on failure
 //
@@ -136,12 +138,17 @@ func (p *Proc) read() (reply, error) {
 
 // Run asks the child to run op n times and returns the duration it measured.
 func (p *Proc) Run(op string, n int) (time.Duration, error) {
+	return p.command(op + " " + strconv.Itoa(n))
+}
+
+// command sends one command line and waits for the child's duration.
+func (p *Proc) command(cmd string) (time.Duration, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return 0, fmt.Errorf("%w: %s: already closed", ErrChild, p.name)
 	}
-	if _, err := io.WriteString(p.stdin, op+" "+strconv.Itoa(n)+"\n"); err != nil {
+	if _, err := io.WriteString(p.stdin, cmd+"\n"); err != nil {
 		return 0, fmt.Errorf("%w: %s: %w: %s", ErrChild, p.name, err, p.stderr)
 	}
 	r, err := p.read()
@@ -150,6 +157,16 @@ func (p *Proc) Run(op string, n int) (time.Duration, error) {
 	}
 	return time.Duration(r.NS), nil
 }
+
+// RunAt is Run with an aligned start: the child waits until the wall-clock instant at, runs op
+// n times, and returns the time from at to its last op (so a child scheduled late pays for it).
+// Children started at one instant measure one shared window; Go children only.
+func (p *Proc) RunAt(op string, n int, at time.Time) (time.Duration, error) {
+	return p.command(op + " " + strconv.Itoa(n) + " at=" + strconv.FormatInt(at.UnixNano(), 10))
+}
+
+// Pid is the child's process id, e.g. to read its /proc files.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
 // Op returns the child's op as an [Op].
 func (p *Proc) Op(op string) Op {
@@ -288,16 +305,37 @@ func serveChild(role string, roles map[string]ChildFunc, args []string, in io.Re
 		}
 		var r reply
 		n, err := 0, error(nil)
-		if len(f) != 2 {
+		var at time.Time
+		if len(f) != 2 && len(f) != 3 {
 			err = fmt.Errorf("bad command %q", sc.Text())
 		} else if n, err = strconv.Atoi(f[1]); err == nil && n < 1 {
 			err = fmt.Errorf("bad count %d", n)
 		}
+		if err == nil && len(f) == 3 {
+			ns, ok := strings.CutPrefix(f[2], "at=")
+			var t int64
+			if t, err = strconv.ParseInt(ns, 10, 64); !ok || err != nil {
+				err = fmt.Errorf("bad start %q", f[2])
+			}
+			at = time.Unix(0, t) // wall clock only: comparable across processes
+		}
 		if op := ops[f[0]]; err == nil && op == nil {
 			err = fmt.Errorf("unknown op %q", f[0])
 		} else if err == nil {
+			if !at.IsZero() {
+				// Sleep to just short of the instant, then spin: a sleeper's wake-up
+				// is late by up to a scheduler tick, which would land in the window.
+				if d := time.Until(at); d > time.Millisecond {
+					time.Sleep(d - time.Millisecond)
+				}
+				for time.Now().Before(at) {
+				}
+			}
 			var d time.Duration
 			d, err = op(n)
+			if !at.IsZero() {
+				d = time.Since(at)
+			}
 			r.NS = d.Nanoseconds()
 		}
 		if err != nil {

@@ -59,6 +59,9 @@ type Config struct {
 	// Progress receives a one-line, carriage-return-rewritten progress
 	// display; nil means silent.
 	Progress io.Writer
+	// Quick leaves out the figures that need gigabytes or a 1M-key region
+	// (reported as skipped, with ErrQuickSkip).
+	Quick bool
 }
 
 // DefaultConfig is the full run: 11 rounds (odd, so the median is a sample)
@@ -67,7 +70,7 @@ func DefaultConfig() Config { return Config{Rounds: 11, Target: 20 * time.Millis
 
 // QuickConfig keeps the baselines' share of a run to a few seconds, for
 // `shmsteer bench --quick` and CI.
-func QuickConfig() Config { return Config{Rounds: 7, Target: 5 * time.Millisecond} }
+func QuickConfig() Config { return Config{Rounds: 7, Target: 5 * time.Millisecond, Quick: true} }
 
 func (c Config) wants(name string) bool {
 	if len(c.Only) == 0 {
@@ -242,7 +245,7 @@ func alternate(cfg Config, prog *progress, cs []Contender) (figs []Figure, warni
 				f.Skipped = "no rounds run"
 			} else {
 				f.Value = median(l.nsPerOp)
-				f.Rounds, f.Batch = len(l.nsPerOp), l.n
+				f.Rounds, f.Batch, f.Samples = len(l.nsPerOp), l.n, l.nsPerOp
 				f.Spread = (quantile(l.nsPerOp, 0.75) - quantile(l.nsPerOp, 0.25)) / f.Value
 			}
 		}

@@ -10,9 +10,11 @@
 // loop for the steering add.
 //
 // It must not touch the shmsteer engine packages, and imports only the ones
-// whose API is settled (kernels, kernels/ccompare, in wired.go); the others
-// (shm, ipc, steer) are plugged in by cmd/shmsteer through [Sources], so this
-// package builds and runs while they change. It never estimates a figure: a
+// whose API is settled (kernels, kernels/ccompare, in wired.go, and shm for
+// the memory overhead); the others (ipc, steer) are plugged in by
+// cmd/shmsteer through [Sources] (its main's benchSources and the hooks it
+// registers with [RegisterSources]), so this package builds and runs while
+// they change. It never estimates a figure: a
 // contender that cannot run is reported as skipped, with the reason, and is
 // absent from the JSON.
 package bench

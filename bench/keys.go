@@ -36,8 +36,8 @@ func Value(i int) []byte {
 }
 
 // sink keeps lookup results observable so the compiler cannot drop the
-// lookups as dead code. Atomic, once per batch, because the 2-reader
-// scaling contender may run two batches at once.
+// lookups as dead code. Atomic, once per batch, because contenders may run
+// batches at once.
 var sink atomic.Uint32
 
 // gomapOp is the in-process floor for a key read: one Go map lookup of a 36-byte string key
@@ -67,8 +67,72 @@ func gomapSetup() (Op, func() error, error) { return gomapOp(), nil, nil }
 
 // gomapChild is the built-in child role "bench.gomap": the Go map read from a
 // child process. It exercises the child driver and is the no-sharing
-// reference for the 2-reader scaling definition (two processes each with a
-// private map scale only as far as the machine's cores and caches allow).
+// control of the 2-reader throughput (two processes each with a private map
+// scale only as far as the machine's cores and caches allow).
 func gomapChild([]string) (map[string]Op, func() error, error) {
 	return map[string]Op{"get": gomapOp()}, nil, nil
+}
+
+// The cold key workload: ColdNumKeys keys, looked up uniform at random, so almost every read
+// misses the caches (the hot case's 1,024 keys fit in L2).
+const ColdNumKeys = 1 << 20
+
+// ColdKeys returns the deterministic cold key set: ColdNumKeys UUID-shaped strings, the same in
+// every process that asks (a different seed from Keys).
+func ColdKeys() []string {
+	r := rand.New(rand.NewPCG(13, 13))
+	keys := make([]string, ColdNumKeys)
+	const hexdigits = "0123456789abcdef"
+	var b [36]byte
+	for i := range keys {
+		hi, lo := r.Uint64(), r.Uint64()
+		for j, k := 0, 0; j < 36; j++ {
+			if j == 8 || j == 13 || j == 18 || j == 23 {
+				b[j] = '-'
+				continue
+			}
+			x := hi
+			if k >= 16 {
+				x = lo
+			}
+			b[j] = hexdigits[(x>>(4*(k%16)))&15]
+			k++
+		}
+		keys[i] = string(b[:])
+	}
+	return keys
+}
+
+// ColdIndex advances the xorshift state and returns the next uniform index in [0,
+// ColdNumKeys). Both cold contenders draw their keys with it, so they pay the same few
+// nanoseconds for the randomness. The state must start non-zero.
+func ColdIndex(state *uint64) int {
+	x := *state
+	x ^= x << 13
+	x ^= x >> 7
+	x ^= x << 17
+	*state = x
+	return int(x >> (64 - 20))
+}
+
+// gomapColdSetup is keys.get.cold.gomap_ns: a Go map of the ColdNumKeys keys, read uniform at
+// random with separately allocated ids, copying the value as a Get does.
+func gomapColdSetup() (Op, func() error, error) {
+	stored, lookup := ColdKeys(), ColdKeys()
+	m := make(map[string][]byte, len(stored))
+	for i, k := range stored {
+		m[k] = Value(i)
+	}
+	stored = nil
+	buf := make([]byte, 0, ValueSize)
+	state := uint64(0x9e3779b97f4a7c15)
+	return GoOp(func(n int) error {
+		var acc byte
+		for i := range n {
+			buf = append(buf[:0], m[lookup[ColdIndex(&state)]]...)
+			acc ^= buf[i&(ValueSize-1)]
+		}
+		sink.Store(uint32(acc))
+		return nil
+	}), nil, nil
 }

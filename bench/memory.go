@@ -16,12 +16,17 @@ const (
 	memKindSV = shm.Kind(16)
 )
 
-// memoryRatios measures what a region really holds: the pages resident in its two memfds
+// memoryOverhead measures what a region really holds: the pages resident in its two memfds
 // (st_blocks, so untouched index and arena pages count nothing) against the payload stored.
-// mem.overhead_ratio is resident bytes per payload byte; mem.tp8_ratio is the bytes held when
-// 8 tensor-parallel ranks share the one region, over 8 private copies of the payload (each
-// copy counted at exactly its payload size, which flatters the private copies).
-func memoryRatios() (overhead, tp8 float64, err error) {
+// mem.overhead_ratio is resident bytes per payload byte. (mem.tp8_ratio is measured with real
+// rank processes: Sources.TP8.)
+func memoryOverhead() (float64, error) {
+	overhead, _, err := memoryRatios()
+	return overhead, err
+}
+
+// memoryRatios returns the overhead ratio and the region's resident bytes.
+func memoryRatios() (overhead float64, held int64, err error) {
 	r, err := shm.Create(shm.Config{ArenaBytes: 64 << 20})
 	if err != nil {
 		return 0, 0, err
@@ -54,7 +59,6 @@ func memoryRatios() (overhead, tp8 float64, err error) {
 		return 0, 0, err
 	}
 	data, readers := r.Files()
-	var held int64
 	for _, f := range []interface{ Fd() uintptr }{data, readers} {
 		var st unix.Stat_t
 		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
@@ -62,5 +66,5 @@ func memoryRatios() (overhead, tp8 float64, err error) {
 		}
 		held += st.Blocks * 512
 	}
-	return float64(held) / float64(payload), float64(held) / float64(8*payload), nil
+	return float64(held) / float64(payload), held, nil
 }

@@ -154,10 +154,11 @@ func newSyncManager() *shared {
 	}}
 }
 
-func newNumpy() *shared {
+// newNumpy is a numpy process holding an h of each of sizes.
+func newNumpy(sizes ...KernelSize) *shared {
 	return &shared{start: func() (*Proc, func() error, error) {
 		args := []string{strconv.Itoa(KernelD)}
-		for _, k := range KernelSizes {
+		for _, k := range sizes {
 			args = append(args, k.Tag+":"+strconv.Itoa(k.T))
 		}
 		return startScript("numpy_bench.py", numpyScript, "numpy", args...)

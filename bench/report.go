@@ -26,39 +26,65 @@ type Figure struct {
 	Rounds int     `json:"-"`
 	Batch  int     `json:"-"`
 	Spread float64 `json:"-"`
+	// Samples are the per-round values, in round order, for figures derived
+	// round by round from two contenders (a paired ratio).
+	Samples []float64 `json:"-"`
+
+	// WorkingSet is the bytes one call of a kernel contender touches (h plus v; the contender
+	// owns them and reuses them every call), so a reader can tell a cache-resident figure from
+	// a DRAM-bound one. 0 where it does not apply.
+	WorkingSet int64 `json:"working_set_bytes,omitempty"`
+	// Note says how a derived figure was obtained (which gcc variant won, the copy bandwidth a
+	// fraction is of, the samples a percentile is over).
+	Note string `json:"note,omitempty"`
 }
 
 // FigureNames is the spec of the report (issue 6): every figure `shmsteer
 // bench` knows, in report order. <size> stands for each of [KernelSizes].
 var FigureNames = []string{
 	"keys.get.shmsteer_ns",
+	"keys.get.gomap_ns",
+	"keys.get.cold.shmsteer_ns",
+	"keys.get.cold.gomap_ns",
+	"keys.get.throughput_2readers_x",
+	"keys.get.throughput_2gomaps_x",
 	"keys.set.client_ns",
 	"keys.set.owner_ns",
-	"keys.get.gomap_ns",
+	"keys.set.owner_p99_ns",
 	"keys.get.syncmanager_ns",
 	"keys.set.syncmanager_ns",
 	"keys.get.redis_ns",
 	"keys.set.redis_ns",
-	"keys.get.scaling_2readers",
 	"kernels.add.<size>.shmsteer_ns",
 	"kernels.add.<size>.c_ns",
 	"kernels.add.<size>.goloop_ns",
 	"kernels.add.<size>.numpy_ns",
-	"steer.step.mixed_ns",
-	"steer.step.kernel_ns",
+	"kernels.add.1g.bw_fraction",
+	"steer.step.prefill.mixed_ns",
+	"steer.step.prefill.kernel_ns",
+	"steer.step.decode.mixed_ns",
+	"steer.step.decode.kernel_ns",
+	"steer.step.decode.sparse_ns",
+	"steer.step.decode.sparse_kernel_ns",
 	"mem.overhead_ratio",
 	"mem.tp8_ratio",
 }
 
 // Baselines maps each shmsteer figure to the figure it is compared with;
 // Ratio = ours / baseline, so below 1 means shmsteer is faster (or smaller).
-// The keys figures compare with the seed design (SyncManager) and the add
-// kernel with C, the bar for a hand-written kernel.
+// Key reads compare with the Go map (the goal of issue 13: at most 1.5x), key
+// writes with the seed design (SyncManager), the add kernel with the best gcc
+// variant (the bar for a hand-written kernel) and each step with the bare
+// gather-add of the same vectors.
 var Baselines = map[string]string{
-	"keys.get.shmsteer_ns": "keys.get.syncmanager_ns",
-	"keys.set.client_ns":   "keys.set.syncmanager_ns",
-	"keys.set.owner_ns":    "keys.set.syncmanager_ns",
-	"steer.step.mixed_ns":  "steer.step.kernel_ns",
+	"keys.get.shmsteer_ns":           "keys.get.gomap_ns",
+	"keys.get.cold.shmsteer_ns":      "keys.get.cold.gomap_ns",
+	"keys.get.throughput_2readers_x": "keys.get.throughput_2gomaps_x",
+	"keys.set.client_ns":             "keys.set.syncmanager_ns",
+	"keys.set.owner_ns":              "keys.set.syncmanager_ns",
+	"steer.step.prefill.mixed_ns":    "steer.step.prefill.kernel_ns",
+	"steer.step.decode.mixed_ns":     "steer.step.decode.kernel_ns",
+	"steer.step.decode.sparse_ns":    "steer.step.decode.sparse_kernel_ns",
 }
 
 func init() {
@@ -70,10 +96,11 @@ func init() {
 // unitOf derives the unit from the name's suffix, so names and units cannot
 // drift apart.
 func unitOf(name string) string {
+	name = baseName(name)
 	switch {
 	case strings.HasSuffix(name, "_ns"):
 		return "ns/op"
-	case strings.HasSuffix(name, "_ratio"), strings.Contains(name, "scaling"):
+	case strings.HasSuffix(name, "_ratio"), strings.HasSuffix(name, "_x"), strings.HasSuffix(name, "_fraction"):
 		return "x"
 	}
 	return ""
@@ -197,6 +224,18 @@ func (r *Report) WriteTable(w io.Writer) error {
 			}
 		}
 	}
+	for _, f := range r.Measured() {
+		if f.Note == "" && f.WorkingSet == 0 {
+			continue
+		}
+		note := f.Note
+		if f.WorkingSet > 0 {
+			note = strings.TrimSuffix(fmt.Sprintf("working set %s; %s", formatBytes(f.WorkingSet), note), "; ")
+		}
+		if _, err := fmt.Fprintf(w, "note %s: %s\n", f.Name, note); err != nil {
+			return err
+		}
+	}
 	for _, s := range r.Warnings {
 		if _, err := fmt.Fprintf(w, "warning: %s\n", s); err != nil {
 			return err
@@ -215,4 +254,17 @@ func formatValue(f Figure) string {
 		return fmt.Sprintf("%.1f", f.Value)
 	}
 	return fmt.Sprintf("%.0f", f.Value)
+}
+
+// formatBytes prints a byte count in binary units (16 KiB, 1 GiB).
+func formatBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.3g GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.3g MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.3g KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }

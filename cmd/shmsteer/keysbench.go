@@ -15,8 +15,11 @@ import (
 	"github.com/shmsteer/shmsteer/shm"
 )
 
-// keysChildRole is the bench child that attaches to the owner's region like a worker and
-// reads or writes keys; the parent times it round by round.
+// keysChildRole is the bench child that attaches to the owner's region like a worker; the
+// parent times it round by round. Its arguments are the namespace and a mode: none (the hot
+// keys: "get" and "set"), "cold" (uniform random Gets over the 1M cold keys) or "rank" (a
+// tensor-parallel rank of the mem.tp8_ratio figure, see tp8bench.go). One role for every
+// attached child keeps main's role table unchanged.
 const keysChildRole = "shmsteer.keys"
 
 // benchSecret makes sure the bench's owner and its children share a secret: the one in the
@@ -34,6 +37,11 @@ func benchSecret() error {
 
 // newKeysOwner starts an owner in a fresh namespace holding the bench's 1024 keys of 32 bytes.
 func newKeysOwner() (*ipc.Owner, string, error) {
+	return newOwnerWithKeys(shm.Config{IndexSlots: 4096, ArenaBytes: 8 << 20}, bench.Keys())
+}
+
+// newOwner starts an owner of a region of config rc in a fresh namespace.
+func newOwner(rc shm.Config) (*ipc.Owner, string, error) {
 	if err := benchSecret(); err != nil {
 		return nil, "", err
 	}
@@ -44,13 +52,23 @@ func newKeysOwner() (*ipc.Owner, string, error) {
 	ns := "bench-" + hex.EncodeToString(nb[:])
 	o, err := ipc.NewOwner(ipc.OwnerOptions{
 		Namespace: ns,
-		Region:    shm.Config{IndexSlots: 4096, ArenaBytes: 8 << 20},
+		Region:    rc,
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		return nil, "", err
 	}
-	for i, k := range bench.Keys() {
+	return o, ns, nil
+}
+
+// newOwnerWithKeys starts an owner of a region of config rc holding keys, key i with value
+// bench.Value(i).
+func newOwnerWithKeys(rc shm.Config, keys []string) (*ipc.Owner, string, error) {
+	o, ns, err := newOwner(rc)
+	if err != nil {
+		return nil, "", err
+	}
+	for i, k := range keys {
 		if err := o.Keys().Set(k, bench.Value(i)); err != nil {
 			o.Close()
 			return nil, "", err
@@ -61,10 +79,29 @@ func newKeysOwner() (*ipc.Owner, string, error) {
 
 // keysFromChildren starts an owner and k attached child processes and returns each child's op.
 func keysFromChildren(op string, k int) ([]bench.Op, func() error, error) {
+	procs, cleanup, err := keyReaderProcs(k)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ops []bench.Op
+	for _, p := range procs {
+		ops = append(ops, p.Op(op))
+	}
+	return ops, cleanup, nil
+}
+
+// keyReaderProcs starts an owner of the hot keys and k attached child processes.
+func keyReaderProcs(k int) ([]*bench.Proc, func() error, error) {
 	o, ns, err := newKeysOwner()
 	if err != nil {
 		return nil, nil, err
 	}
+	return startAttached(o, k, ns)
+}
+
+// startAttached starts k children attached to o's namespace with args, and a cleanup that
+// closes them and then o.
+func startAttached(o *ipc.Owner, k int, args ...string) ([]*bench.Proc, func() error, error) {
 	var procs []*bench.Proc
 	cleanup := func() error {
 		var errs []error
@@ -73,17 +110,15 @@ func keysFromChildren(op string, k int) ([]bench.Op, func() error, error) {
 		}
 		return errors.Join(append(errs, o.Close())...)
 	}
-	var ops []bench.Op
 	for range k {
-		p, err := bench.StartChild(keysChildRole, ns)
+		p, err := bench.StartChild(keysChildRole, args...)
 		if err != nil {
-			cleanup()
+			_ = cleanup()
 			return nil, nil, err
 		}
 		procs = append(procs, p)
-		ops = append(ops, p.Op(op))
 	}
-	return ops, cleanup, nil
+	return procs, cleanup, nil
 }
 
 func keysChildSetup(op string) bench.Setup {
@@ -96,34 +131,81 @@ func keysChildSetup(op string) bench.Setup {
 	}
 }
 
-// keysSetOwner is keys.set.owner_ns: the owner's own Set, in process.
-func keysSetOwner() (bench.Op, func() error, error) {
-	o, _, err := newKeysOwner()
+// ownerSetKeys is how many distinct keys the owner's Sets cycle through: far more than the
+// hot 1,024, so a Set rarely finds its entry's cache lines warm, and each one replaces a live
+// value (arena allocation, index update, retirement of the old value).
+const ownerSetKeys = 1 << 14
+
+// keysSetOwner is keys.set.owner_ns and keys.set.owner_p99_ns: the owner's own Set, in process,
+// each timed alone (so its membarrier passes are in its own sample), over ownerSetKeys distinct
+// keys, round-robin.
+func keysSetOwner() (func([]time.Duration) error, func() error, error) {
+	keys := make([]string, ownerSetKeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("owner-set-%08d-0000-0000-000000000000", i)[:36]
+	}
+	o, _, err := newOwnerWithKeys(shm.Config{IndexSlots: 4 * ownerSetKeys, ArenaBytes: 32 << 20}, keys)
 	if err != nil {
 		return nil, nil, err
 	}
-	keys := bench.Keys()
 	val := bench.Value(7)
-	op := bench.GoOp(func(n int) error {
-		for i := range n {
-			if err := o.Keys().Set(keys[i&(bench.NumKeys-1)], val); err != nil {
+	next := 0
+	run := func(lat []time.Duration) error {
+		for i := range lat {
+			k := keys[next]
+			next = (next + 1) % len(keys)
+			start := time.Now()
+			err := o.Keys().Set(k, val)
+			lat[i] = time.Since(start)
+			if err != nil {
 				return err
 			}
 		}
 		return nil
-	})
-	return op, o.Close, nil
+	}
+	return run, o.Close, nil
 }
+
+// keysGetCold is keys.get.cold.shmsteer_ns: a child's Get, uniform random over the 1M cold keys.
+// The default region's 65,536 index slots cannot hold them: this owner's region has
+// coldIndexSlots slots (2 per key) and an arena for 1M values of 32 bytes (each costs its
+// value, its 36-byte key and a 40-byte header, rounded up to 128 bytes).
+func keysGetCold() (bench.Op, func() error, error) {
+	o, ns, err := newOwnerWithKeys(shm.Config{IndexSlots: coldIndexSlots, ArenaBytes: coldArenaBytes}, bench.ColdKeys())
+	if err != nil {
+		return nil, nil, err
+	}
+	procs, cleanup, err := startAttached(o, 1, ns, "cold")
+	if err != nil {
+		return nil, nil, err
+	}
+	return procs[0].Op("get"), cleanup, nil
+}
+
+const (
+	coldIndexSlots = 1 << 21
+	coldArenaBytes = bench.ColdNumKeys * 128 * 3 / 2
+)
 
 // keysChild is the child side: attach with the inherited secret, then serve "get" (through a
 // KeyReader, a worker's per-goroutine read handle) and "set" (an RPC to the owner).
 func keysChild(args []string) (map[string]bench.Op, func() error, error) {
-	if len(args) != 1 {
-		return nil, nil, fmt.Errorf("%s: want the namespace as the only argument", keysChildRole)
+	if len(args) < 1 || len(args) > 2 {
+		return nil, nil, fmt.Errorf("%s: want the namespace and an optional mode as arguments", keysChildRole)
 	}
 	c, err := ipc.Attach(ipc.ClientOptions{Namespace: args[0], Timeout: 10 * time.Second})
 	if err != nil {
 		return nil, nil, err
+	}
+	if len(args) == 2 {
+		switch args[1] {
+		case "cold":
+			return coldChild(c)
+		case "rank":
+			return rankChild(c)
+		}
+		c.Close()
+		return nil, nil, fmt.Errorf("%s: unknown mode %q", keysChildRole, args[1])
 	}
 	kr, err := c.Keys().NewReader()
 	if err != nil {
@@ -146,6 +228,30 @@ func keysChild(args []string) (map[string]bench.Op, func() error, error) {
 		"set": bench.GoOp(func(n int) error {
 			for i := range n {
 				if err := c.Keys().Set(keys[i&(bench.NumKeys-1)], val); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
+	}
+	return ops, func() error { kr.Close(); return c.Close() }, nil
+}
+
+// coldChild serves "get": uniform random Gets over the cold keys through a KeyReader.
+func coldChild(c *ipc.Client) (map[string]bench.Op, func() error, error) {
+	kr, err := c.Keys().NewReader()
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	keys := bench.ColdKeys()
+	buf := make([]byte, 0, bench.ValueSize)
+	state := uint64(0x9e3779b97f4a7c15)
+	ops := map[string]bench.Op{
+		"get": bench.GoOp(func(n int) error {
+			for range n {
+				var err error
+				if buf, err = kr.Get(keys[bench.ColdIndex(&state)], buf[:0]); err != nil {
 					return err
 				}
 			}

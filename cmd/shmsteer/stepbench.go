@@ -11,9 +11,10 @@ import (
 	"github.com/shmsteer/shmsteer/steer"
 )
 
-// The step figures: one (hook, layer) of a batch of T=256 rows of D=4096 owned by 16 requests
-// with distinct steering (inline vectors, named references, phase tiers) on top of global
-// steering, against the bare gather-add kernel over the same rows.
+// The prefill step figures (steer.step.prefill.*): one (hook, layer) of a batch of T=256 rows
+// of D=4096 owned by 16 requests with distinct steering (inline vectors, named references, phase
+// tiers) on top of global steering, against the bare gather-add kernel over the same rows.
+// The decode figures are in decodebench.go.
 const stepT, stepD, stepRequests = 256, 4096, 16
 
 type stepFixture struct {
@@ -89,7 +90,7 @@ func (f *stepFixture) fill(cfg steer.ModelConfig) (err error) {
 	return nil
 }
 
-// stepMixed is steer.step.mixed_ns: pin a snapshot, check the 16 requests' cached
+// stepMixed is steer.step.prefill.mixed_ns: pin a snapshot, check the 16 requests' cached
 // compositions, one fused add per request's rows, unpin.
 func stepMixed() (bench.Op, func() error, error) {
 	f, err := newStepFixture()
@@ -119,7 +120,7 @@ func stepMixed() (bench.Op, func() error, error) {
 	return op, func() error { st.Close(); return f.region.Close() }, nil
 }
 
-// stepKernel is steer.step.kernel_ns: the bare gather-add of one vector per request over the
+// stepKernel is steer.step.prefill.kernel_ns: the bare gather-add of one vector per request over the
 // same rows.
 func stepKernel() (bench.Op, func() error, error) {
 	rng := rand.New(rand.NewPCG(3, 4))

@@ -1,6 +1,8 @@
 // Package ccompare benchmarks the kernels package against the same row add
 // written as a plain C loop compiled by the system C compiler with
-// -O3 -march=native, and against a plain Go loop. It exists only to measure
+// -O3 -march=native in four variants (with 512-bit vectors preferred, and
+// with D a compile-time constant: see Variants), racing the fastest, and
+// against a plain Go loop. It exists only to measure
 // (the bench/ package and the kernels acceptance check call Run); nothing in
 // the steering path may import it.
 //
@@ -23,6 +25,35 @@ import (
 // (no cgo).
 var ErrUnavailable = errors.New("shmsteer: C comparison kernels unavailable (built without cgo)")
 
+// ErrVariant reports an unknown variant name, or a compile-time-D variant asked for another
+// row length: pick one of Variants, and a "-d4096" one only for d = 4096.
+var ErrVariant = errors.New("shmsteer: no such C variant for this shape")
+
+// Variants are the gcc builds of the C loop, in the order the bench races them: "native" is
+// -O3 -march=native; "native512" adds prefer-vector-width=512 (a function attribute, as
+// -mprefer-vector-width=512 would); the "-d4096" ones have the row length a compile-time
+// constant and only take d = 4096.
+var Variants = []string{"native", "native512", "native-d4096", "native512-d4096"}
+
+// ConstD is the row length the "-d4096" variants are compiled for.
+const ConstD = 4096
+
+// AddRowsVariantRepeat runs variant (one of Variants) iters times over h inside one cgo call,
+// like AddRowsRepeat. ErrVariant for an unknown name or a "-d4096" variant with d != ConstD;
+// ErrUnavailable without cgo.
+func AddRowsVariantRepeat(variant string, h []float32, d int, s float32, v []float32, iters int) error {
+	if !cAvailable {
+		return ErrUnavailable
+	}
+	i := slices.Index(Variants, variant)
+	if i < 0 || (strings.HasSuffix(variant, "-d4096") && d != ConstD) {
+		return fmt.Errorf("%w: %q with d = %d", ErrVariant, variant, d)
+	}
+	checkShape(h, d, v)
+	cAddRowsRepeat(i, h, d, s, v, iters)
+	return nil
+}
+
 // Available reports whether the C implementation was compiled in.
 func Available() bool { return cAvailable }
 
@@ -34,7 +65,7 @@ func AddRows(h []float32, d int, s float32, v []float32) {
 		panic(ErrUnavailable)
 	}
 	checkShape(h, d, v)
-	cAddRowsRepeat(h, d, s, v, 1)
+	cAddRowsRepeat(0, h, d, s, v, 1)
 }
 
 // AddRowsRepeat runs the C add iters times over h inside one cgo call, so the ~50 ns cgo
@@ -45,7 +76,7 @@ func AddRowsRepeat(h []float32, d int, s float32, v []float32, iters int) error 
 		return ErrUnavailable
 	}
 	checkShape(h, d, v)
-	cAddRowsRepeat(h, d, s, v, iters)
+	cAddRowsRepeat(0, h, d, s, v, iters)
 	return nil
 }
 
@@ -76,8 +107,10 @@ type Result struct {
 	T, D     int
 	Path     string // kernels path measured as "ours"
 	OursNs   float64
-	CNs      float64
+	CNs      float64 // the fastest gcc variant each round
 	GoLoopNs float64
+	// CVariant is the variant (of Variants) with the lowest median.
+	CVariant string
 	// PairedRatio is the median over rounds of (C time / our time) within
 	// the same round. Adjacent measurements share the machine's load at
 	// that moment, so this is steadier than CNs/OursNs on a busy machine.
@@ -96,7 +129,8 @@ func Run(rounds int, minDur time.Duration) ([]Result, error) {
 }
 
 // RunSizes measures, for each size, the current kernels path ("ours"), the C
-// loop and a plain Go loop, interleaved A B C A B C … for rounds rounds on
+// loop (every variant of Variants that takes the size; C's time in a round is
+// its fastest variant's) and a plain Go loop, interleaved A B C A B C … for rounds rounds on
 // the same (warmed) buffers. Each round times enough back-to-back calls to
 // last at least minDur; C repeats its loop inside one cgo call so the ~50 ns
 // cgo transition is amortized, and ours runs the same iteration count in a Go
@@ -126,9 +160,29 @@ func RunSizes(rounds int, minDur time.Duration, sizes []Size) ([]Result, error) 
 			}
 			s = -s
 		}
-		c := func(n int) {
-			cAddRowsRepeat(h, sz.D, s, v, n)
-			s = -s
+		var cs []func(int)
+		var names []string
+		for i, name := range Variants {
+			if strings.HasSuffix(name, "-d4096") && sz.D != ConstD {
+				continue
+			}
+			cs = append(cs, func(n int) {
+				cAddRowsRepeat(i, h, sz.D, s, v, n)
+				s = -s
+			})
+			names = append(names, name)
+		}
+		perVariant := make([][]float64, len(cs))
+		c := func(n int) float64 {
+			best := 0.0
+			for i, f := range cs {
+				t := timeIt(f, n)
+				perVariant[i] = append(perVariant[i], t)
+				if i == 0 || t < best {
+					best = t
+				}
+			}
+			return best
 		}
 		gol := func(n int) {
 			for range n {
@@ -138,7 +192,10 @@ func RunSizes(rounds int, minDur time.Duration, sizes []Size) ([]Result, error) 
 		}
 		// Same iteration count for ours and C, as the issue asks; the Go
 		// loop (10-20x slower) gets its own so a round stays short.
-		n := max(calibrate(ours, minDur), calibrate(c, minDur))
+		n := calibrate(ours, minDur)
+		for _, f := range cs {
+			n = max(n, calibrate(f, minDur))
+		}
 		ng := calibrate(gol, minDur)
 		var to, tc, tg, pr []float64
 		for i := range rounds {
@@ -146,17 +203,23 @@ func RunSizes(rounds int, minDur time.Duration, sizes []Size) ([]Result, error) 
 			// right after the (cache-polluting, slower) Go loop.
 			var o, cc float64
 			if i%2 == 0 {
-				o, cc = timeIt(ours, n), timeIt(c, n)
+				o, cc = timeIt(ours, n), c(n)
 			} else {
-				cc, o = timeIt(c, n), timeIt(ours, n)
+				cc, o = c(n), timeIt(ours, n)
 			}
 			to, tc, pr = append(to, o), append(tc, cc), append(pr, cc/o)
 			tg = append(tg, timeIt(gol, ng))
 		}
+		bestV := 0
+		for i := range perVariant {
+			if median(perVariant[i]) < median(perVariant[bestV]) {
+				bestV = i
+			}
+		}
 		out = append(out, Result{
 			Size: sz.Name, T: sz.T, D: sz.D, Path: kernels.Path(),
 			OursNs: median(to), CNs: median(tc), GoLoopNs: median(tg),
-			PairedRatio: median(pr),
+			CVariant: names[bestV], PairedRatio: median(pr),
 		})
 	}
 	return out, nil
@@ -211,11 +274,11 @@ func goLoopAddRows(h []float32, d int, s float32, v []float32) {
 // Format renders results as a fixed-width table.
 func Format(rs []Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-6s %5s %5s %-7s %12s %12s %12s %8s %8s %8s\n",
-		"size", "T", "D", "path", "ours ns/op", "C ns/op", "goloop ns/op", "C/ours", "paired", "go/ours")
+	fmt.Fprintf(&b, "%-6s %5s %5s %-7s %12s %12s %-16s %12s %8s %8s %8s\n",
+		"size", "T", "D", "path", "ours ns/op", "C ns/op", "best C variant", "goloop ns/op", "C/ours", "paired", "go/ours")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "%-6s %5d %5d %-7s %12.1f %12.1f %12.1f %8.3f %8.3f %8.2f\n",
-			r.Size, r.T, r.D, r.Path, r.OursNs, r.CNs, r.GoLoopNs, r.Ratio(), r.PairedRatio, r.VsGoLoop())
+		fmt.Fprintf(&b, "%-6s %5d %5d %-7s %12.1f %12.1f %-16s %12.1f %8.3f %8.3f %8.2f\n",
+			r.Size, r.T, r.D, r.Path, r.OursNs, r.CNs, r.CVariant, r.GoLoopNs, r.Ratio(), r.PairedRatio, r.VsGoLoop())
 	}
 	return b.String()
 }

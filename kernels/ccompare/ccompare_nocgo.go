@@ -4,6 +4,6 @@ package ccompare
 
 const cAvailable = false
 
-func cAddRowsRepeat(h []float32, d int, s float32, v []float32, iters int) {
+func cAddRowsRepeat(variant int, h []float32, d int, s float32, v []float32, iters int) {
 	panic(ErrUnavailable)
 }

@@ -48,7 +48,9 @@ func TestRunSmoke(t *testing.T) {
 		require.Positive(t, r.OursNs)
 		require.Positive(t, r.CNs)
 		require.Positive(t, r.GoLoopNs)
+		require.Contains(t, ccompare.Variants, r.CVariant)
 	}
+	require.NotContains(t, rs[0].CVariant, "-d4096", "D = 257 cannot run a compile-time-D variant")
 }
 
 // BenchmarkCompare prints the ours-vs-C-vs-Go table. Run it once:
@@ -74,4 +76,35 @@ func BenchmarkCompare(b *testing.B) {
 		}
 		fmt.Print(ccompare.Format(rs))
 	}
+}
+
+func TestVariantsMatchKernels(t *testing.T) {
+	if !ccompare.Available() {
+		require.ErrorIs(t, ccompare.AddRowsVariantRepeat("native", make([]float32, 4), 4, 1, make([]float32, 4), 1), ccompare.ErrUnavailable)
+		t.Skip("built without cgo")
+	}
+	const d, rows = ccompare.ConstD, 3
+	for _, variant := range ccompare.Variants {
+		t.Run(variant, func(t *testing.T) {
+			h := make([]float32, rows*d)
+			v := make([]float32, d)
+			for i := range h {
+				h[i] = float32(math.Sin(float64(i)))
+			}
+			for i := range v {
+				v[i] = float32(math.Cos(float64(i)))
+			}
+			want := append([]float32(nil), h...)
+			kernels.AddRows(want, d, 0.37, v)
+			kernels.AddRows(want, d, 0.37, v)
+			require.NoError(t, ccompare.AddRowsVariantRepeat(variant, h, d, 0.37, v, 2))
+			for i := range h {
+				require.InDelta(t, float64(want[i]), float64(h[i]), 1e-6*(math.Abs(float64(want[i]))+1), "i=%d", i)
+			}
+		})
+	}
+	odd := make([]float32, 2*257)
+	require.ErrorIs(t, ccompare.AddRowsVariantRepeat("native-d4096", odd, 257, 1, make([]float32, 257), 1), ccompare.ErrVariant)
+	require.ErrorIs(t, ccompare.AddRowsVariantRepeat("clang", odd, 257, 1, make([]float32, 257), 1), ccompare.ErrVariant)
+	require.NoError(t, ccompare.AddRowsVariantRepeat("native512", odd, 257, 1, make([]float32, 257), 1))
 }

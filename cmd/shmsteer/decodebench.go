@@ -1,0 +1,175 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/shmsteer/shmsteer/bench"
+	"github.com/shmsteer/shmsteer/kernels"
+	"github.com/shmsteer/shmsteer/shm"
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// The decode step figures (steer.step.decode.*): a whole decode step of 64 requests × 1 row at
+// every site of 32 layers × 5 hooks, D = 4096, each steered request with its own vector at
+// every site (2.5 MiB per request, 160 MiB for 64): Begin, 160 Applies, End, against the bare
+// gather-add of the same vectors at the same 160 sites. The sparse pair steers 4 of the 64
+// requests (the other 60 are admitted without steering) and its kernel gather-adds only their 4
+// rows. Only the public steer API is used: Open, Admit, NewStepper, Begin, Apply, End.
+const (
+	decodeRequests = 64
+	decodeLayers   = 32
+	decodeSparse   = 4 // steered requests of the sparse figures
+)
+
+var decodeModel = steer.ModelConfig{Hidden: stepD, Layers: decodeLayers}
+
+// decodeFixture is one engine with the decode batch admitted, and the same vectors laid out
+// for the kernel: table[site] is 1+decodeRequests rows (row 0 the kernel's "no steering" row),
+// idx the row of each batch row (0 for an unsteered request).
+type decodeFixture struct {
+	region *shm.Region
+	engine *steer.Engine
+	batch  []steer.Span
+	h      []float32
+	table  [][]float32
+	idx    []int32
+	sites  int
+}
+
+// steered reports whether request i of the batch is steered: all of them, or every
+// decodeRequests/decodeSparse-th one when sparse.
+func steered(i int, sparse bool) bool {
+	return !sparse || i%(decodeRequests/decodeSparse) == 0
+}
+
+// newDecodeFixture builds the vectors (the same for every call: a fixed seed), the kernel's
+// tables and, withEngine, a region and engine with the batch's requests admitted.
+func newDecodeFixture(sparse, withEngine bool) (_ *decodeFixture, err error) {
+	cfg := decodeModel
+	hooks := cfg.NumHooks()
+	f := &decodeFixture{sites: hooks * decodeLayers}
+	if withEngine {
+		n := decodeRequests
+		if sparse {
+			n = decodeSparse
+		}
+		perRequest := int64(hooks*decodeLayers) * (stepD*4 + 256)
+		rc, err := steer.RegionConfig(cfg, shm.Config{IndexSlots: 1 << 12, ArenaBytes: (int64(n)*perRequest*3/2 + 32<<20) &^ 63})
+		if err != nil {
+			return nil, err
+		}
+		if f.region, err = shm.Create(rc); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				f.region.Close()
+			}
+		}()
+		if f.engine, err = steer.Open(f.region, &cfg, steer.Options{}); err != nil {
+			return nil, err
+		}
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	f.table = make([][]float32, f.sites)
+	for s := range f.table {
+		f.table[s] = make([]float32, (decodeRequests+1)*stepD)
+	}
+	f.idx = make([]int32, decodeRequests)
+	for i := range decodeRequests {
+		id := fmt.Sprintf("decode-%02d", i)
+		a := steer.Admission{RequestID: id}
+		if steered(i, sparse) {
+			var s steer.Steering
+			for hk := range hooks {
+				for l := range decodeLayers {
+					v := randVec(rng, stepD)
+					site := hk*decodeLayers + l
+					copy(f.table[site][(i+1)*stepD:], v)
+					s.Base.Vectors = append(s.Base.Vectors, steer.Vector{Hook: cfg.HookName(steer.HookID(hk)), Layer: l, Scale: 1, Data: v})
+				}
+			}
+			a.Override = &s
+			f.idx[i] = int32(i + 1)
+		}
+		if withEngine {
+			if _, err := f.engine.Admit(a); err != nil {
+				return nil, err
+			}
+		}
+		f.batch = append(f.batch, steer.Span{ID: id, Start: i, End: i + 1, Phase: steer.PhaseDecode})
+	}
+	f.h = randVec(rng, decodeRequests*stepD)
+	return f, nil
+}
+
+// step runs one whole decode step through st: Begin, Apply at every (hook, layer), End.
+func (f *decodeFixture) step(st *steer.Stepper) error {
+	if err := st.Begin(0); err != nil {
+		return err
+	}
+	defer st.End()
+	hooks := f.sites / decodeLayers
+	for hk := range hooks {
+		for l := range decodeLayers {
+			if err := st.Apply(steer.HookID(hk), l, f.h, f.batch); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// kernelStep is the bare gather-add of the same vectors at every site.
+func (f *decodeFixture) kernelStep(h []float32) {
+	for _, t := range f.table {
+		kernels.GatherAdd(h, stepD, t, f.idx)
+	}
+}
+
+// decodeMixed is steer.step.decode.mixed_ns (sparse: steer.step.decode.sparse_ns): a whole
+// step through the Stepper, after one warm-up step (the figure is the steady state).
+func decodeMixed(sparse bool) bench.Setup {
+	return func() (bench.Op, func() error, error) {
+		f, err := newDecodeFixture(sparse, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		st := f.engine.NewStepper()
+		cleanup := func() error { st.Close(); return f.region.Close() }
+		if err := f.step(st); err != nil {
+			return nil, nil, errors.Join(err, cleanup())
+		}
+		return func(n int) (time.Duration, error) {
+			start := time.Now()
+			for range n {
+				if err := f.step(st); err != nil {
+					return 0, err
+				}
+			}
+			return time.Since(start), nil
+		}, cleanup, nil
+	}
+}
+
+// decodeKernel is steer.step.decode.kernel_ns (sparse: steer.step.decode.sparse_kernel_ns):
+// 160 gather-adds over the same rows and the same vectors (its own copy of them: the fixture
+// is built from the same seed, without a region).
+func decodeKernel(sparse bool) bench.Setup {
+	return func() (bench.Op, func() error, error) {
+		f, err := newDecodeFixture(sparse, false)
+		if err != nil {
+			return nil, nil, err
+		}
+		f.kernelStep(f.h)
+		return bench.GoOp(func(n int) error {
+			for range n {
+				f.kernelStep(f.h)
+			}
+			return nil
+		}), nil, nil
+	}
+}
