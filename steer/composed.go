@@ -168,10 +168,31 @@ func compose(cfg ModelConfig, w *wire, lookup func(name string) ([]byte, bool), 
 
 func (c *composition) empty() bool { return len(c.vecs) == 0 && len(c.clamps) == 0 }
 
-// encode writes c in the composed layout (header only when it steers nothing).
+// encode writes c in the composed layout (header only when it steers nothing). A site whose
+// prefill and decode vectors are equal (the common case: base-tier terms only) stores one
+// vector for both phases.
 func (c *composition) encode() []byte {
 	stride := int(roundUp64(uint64(c.d) * 4))
-	nadd, ndir := len(c.vecs)/c.d, len(c.dirs)/c.d
+	// out[i] is the stored index of composed vector i; equal phase pairs share one.
+	out := make([]int32, len(c.vecs)/c.d)
+	for i := range out {
+		out[i] = -1
+	}
+	var keep []int32 // composed vectors stored, in stored order
+	for ix := 0; ix+1 < c.sites; ix += 2 {
+		p, q := c.slot[ix], c.slot[ix+1]
+		for _, v := range []int32{p, q} {
+			if v >= 0 && out[v] < 0 {
+				if v == q && p >= 0 && slices.Equal(c.vecs[int(p)*c.d:int(p+1)*c.d], c.vecs[int(q)*c.d:int(q+1)*c.d]) {
+					out[q] = out[p]
+					continue
+				}
+				out[v] = int32(len(keep))
+				keep = append(keep, v)
+			}
+		}
+	}
+	nadd, ndir := len(keep), len(c.dirs)/c.d
 	sites := c.sites
 	if c.empty() {
 		sites = 0
@@ -198,7 +219,7 @@ func (c *composition) encode() []byte {
 	for ix := 0; ix < sites; ix++ {
 		e := b[tableOff+ix*siteEntry:]
 		if o := c.slot[ix]; o >= 0 {
-			le.PutUint32(e, uint32(o)+1)
+			le.PutUint32(e, uint32(out[o])+1)
 		}
 		end := start
 		for end < len(c.clamps) && int(c.clamps[end].site) == ix {
@@ -222,8 +243,8 @@ func (c *composition) encode() []byte {
 			le.PutUint32(b[o+4*j:], math.Float32bits(f))
 		}
 	}
-	for i := 0; i < nadd; i++ {
-		put(i, c.vecs[i*c.d:(i+1)*c.d])
+	for i, v := range keep {
+		put(i, c.vecs[int(v)*c.d:int(v+1)*c.d])
 	}
 	for i := 0; i < ndir; i++ {
 		put(nadd+i, c.dirs[i*c.d:(i+1)*c.d])

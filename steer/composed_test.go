@@ -108,3 +108,37 @@ func TestStatusOldestPin(t *testing.T) {
 	require.Equal(t, snap.Version(), st.OldestPin.Version)
 	require.Greater(t, st.OldestPin.AgeSeconds, 0.015)
 }
+
+// TestComposedSharesPhases: base-tier vectors apply to both phases, and their composition
+// stores them once, not once per phase.
+func TestComposedSharesPhases(t *testing.T) {
+	d := smallCfg.Hidden
+	e := newOwner(t, smallCfg, Options{})
+	var s Steering
+	for l := 0; l < smallCfg.Layers; l++ {
+		s.Base.Vectors = append(s.Base.Vectors, Vector{Hook: "post_block", Layer: l, Scale: 1, Data: filled(d, float32(l+1))})
+	}
+	s.Decode.Vectors = []Vector{{Hook: "post_block", Layer: 0, Scale: 1, Data: filled(d, 10)}} // one phase differs
+	_, err := e.Admit(Admission{RequestID: "r", Override: &s})
+	require.NoError(t, err)
+	snap, err := e.Region().Snapshot()
+	require.NoError(t, err)
+	defer snap.Close()
+	b, ver, err := snap.View(KindComposed, "r")
+	require.NoError(t, err)
+	v, err := parseComposed(b, smallCfg, ver)
+	require.NoError(t, err)
+	require.Equal(t, smallCfg.Layers+1, v.nvec, "one vector per layer, plus layer 0's decode vector")
+	hook := 2 // post_block
+	for l := 0; l < smallCfg.Layers; l++ {
+		ix := (hook*smallCfg.Layers + l) * 2
+		pre, _, _ := v.at(ix)
+		dec, _, _ := v.at(ix + 1)
+		require.Equal(t, float32(l+1), pre[0])
+		if l == 0 {
+			require.Equal(t, float32(11), dec[0])
+		} else {
+			require.Equal(t, reflect.ValueOf(pre).Pointer(), reflect.ValueOf(dec).Pointer(), "layer %d: one vector for both phases", l)
+		}
+	}
+}

@@ -56,8 +56,10 @@ func newDecodeFixture(sparse, withEngine bool) (_ *decodeFixture, err error) {
 		if sparse {
 			n = decodeSparse
 		}
-		perRequest := int64(hooks*decodeLayers) * (stepD*4 + 256)
-		rc, err := steer.RegionConfig(cfg, shm.Config{IndexSlots: 1 << 12, ArenaBytes: (int64(n)*perRequest*3/2 + 32<<20) &^ 63})
+		// A request with inline vectors is stored twice: its admitted set and the owner's
+		// composition of it, which every rank reads in place.
+		perRequest := 2 * int64(hooks*decodeLayers) * (stepD*4 + 256)
+		rc, err := steer.RegionConfig(cfg, shm.Config{IndexSlots: 1 << 12, ArenaBytes: (int64(n)*perRequest*5/4 + 32<<20) &^ 63})
 		if err != nil {
 			return nil, err
 		}
