@@ -58,6 +58,8 @@ type Engine struct {
 	mu      sync.Mutex // owner: serializes steering writes (latch order is the call order)
 	latches *Latches   // owner only
 	deps    deps       // owner only: which sets reference which named vectors
+
+	observers observers // OnChange callbacks (observe.go)
 }
 
 // VectorInfo identifies one version of a named vector.
@@ -110,6 +112,10 @@ func (e *Engine) ownerOnly() error {
 // earlier version (last writer wins). On a worker it sends them to the owner. Nothing is
 // changed on failure.
 func (e *Engine) Register(name string, vecs []Vector) (VectorInfo, error) {
+	return e.RegisterAs("", name, vecs)
+}
+
+func (e *Engine) register(name string, vecs []Vector) (VectorInfo, error) {
 	if err := checkName(name); err != nil {
 		return VectorInfo{}, err
 	}
@@ -154,7 +160,9 @@ func (e *Engine) Register(name string, vecs []Vector) (VectorInfo, error) {
 // Unregister deletes a named vector (from a worker, through the owner). Requests that reference
 // it stop applying it at the next step; latches that reference it drop at their next bridge.
 // ErrUnknownVector if it is not registered.
-func (e *Engine) Unregister(name string) (uint64, error) {
+func (e *Engine) Unregister(name string) (uint64, error) { return e.UnregisterAs("", name) }
+
+func (e *Engine) unregister(name string) (uint64, error) {
 	if err := checkName(name); err != nil {
 		return 0, err
 	}
@@ -206,7 +214,9 @@ func (e *Engine) VectorInfos(s *shm.Snapshot) ([]VectorInfo, error) {
 
 // SetGlobal replaces the global steering tiers (owner only). Refs must name registered
 // vectors. An empty g clears global steering.
-func (e *Engine) SetGlobal(g Steering) (uint64, error) {
+func (e *Engine) SetGlobal(g Steering) (uint64, error) { return e.SetGlobalAs("", g) }
+
+func (e *Engine) setGlobal(g Steering) (uint64, error) {
 	if err := e.ownerOnly(); err != nil {
 		return 0, err
 	}

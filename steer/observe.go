@@ -1,0 +1,113 @@
+package steer
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/shmsteer/shmsteer/shm"
+)
+
+// ChangeKind says which piece of the owner's steering state a Change touched.
+type ChangeKind uint8
+
+const (
+	ChangeVector ChangeKind = 1 // a named vector (Change.Name) was registered or unregistered
+	ChangeGlobal ChangeKind = 2 // the global tiers were set or cleared
+)
+
+// Change describes one successful owner-side write of a named vector or the global tiers. It
+// carries no data: an observer that needs the value reads it from the region (Encoding), so a
+// burst of writes to one entry costs the observer one read of the newest value.
+type Change struct {
+	Kind    ChangeKind
+	Name    string // the vector's name (ChangeVector); empty for ChangeGlobal
+	Deleted bool   // unregistered, or global steering cleared
+	Version uint64 // region version of the write
+	// Origin is the tag the write was made with: empty for Register, Unregister and SetGlobal,
+	// the caller's tag for RegisterAs, UnregisterAs and SetGlobalAs. A mirror applying another
+	// host's change tags it, so that it does not publish it back.
+	Origin string
+}
+
+// observers holds an engine's OnChange callbacks.
+type observers struct {
+	mu sync.RWMutex
+	fs []*func(Change)
+}
+
+// OnChange registers fn to be called after every successful owner-side Register, Unregister or
+// SetGlobal (and their As variants) of e, in the goroutine that made the write, once the write
+// is visible in the region. fn must be quick and must not write steering (a mirror enqueues
+// the change and returns). The returned function removes fn. Workers' writes reach fn through
+// the owner's Serve handlers, which call Register and Unregister in the owner.
+func (e *Engine) OnChange(fn func(Change)) (remove func()) {
+	p := &fn
+	o := &e.observers
+	o.mu.Lock()
+	o.fs = append(o.fs[:len(o.fs):len(o.fs)], p)
+	o.mu.Unlock()
+	return func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		for i, q := range o.fs {
+			if q == p {
+				o.fs = append(o.fs[:i:i], o.fs[i+1:]...)
+				return
+			}
+		}
+	}
+}
+
+func (e *Engine) notify(c Change) {
+	e.observers.mu.RLock()
+	fs := e.observers.fs
+	e.observers.mu.RUnlock()
+	for _, f := range fs {
+		(*f)(c)
+	}
+}
+
+// RegisterAs is Register with the resulting Change tagged origin (owner only for the tag: on a
+// worker the owner's Serve handler makes the write, untagged).
+func (e *Engine) RegisterAs(origin, name string, vecs []Vector) (VectorInfo, error) {
+	info, err := e.register(name, vecs)
+	if err == nil && e.r.IsOwner() {
+		e.notify(Change{Kind: ChangeVector, Name: name, Version: info.Version, Origin: origin})
+	}
+	return info, err
+}
+
+// UnregisterAs is Unregister with the resulting Change tagged origin.
+func (e *Engine) UnregisterAs(origin, name string) (uint64, error) {
+	v, err := e.unregister(name)
+	if err == nil && e.r.IsOwner() {
+		e.notify(Change{Kind: ChangeVector, Name: name, Deleted: true, Version: v, Origin: origin})
+	}
+	return v, err
+}
+
+// SetGlobalAs is SetGlobal with the resulting Change tagged origin.
+func (e *Engine) SetGlobalAs(origin string, g Steering) (uint64, error) {
+	empty := g.Empty()
+	v, err := e.setGlobal(g)
+	if err == nil {
+		e.notify(Change{Kind: ChangeGlobal, Deleted: empty, Version: v, Origin: origin})
+	}
+	return v, err
+}
+
+// Encoding returns the stored encoding (the steering wire format, see DecodeSteering) of the
+// entry a Change names, as of snapshot s, and the region version that wrote it; found is false
+// if the entry does not exist (unregistered, or no global steering). The bytes alias the
+// region and are valid until s closes.
+func (e *Engine) Encoding(s *shm.Snapshot, kind ChangeKind, name string) (b []byte, version uint64, found bool, err error) {
+	k, key := KindVector, name
+	if kind == ChangeGlobal {
+		k, key = KindGlobal, globalKey
+	}
+	b, version, err = s.View(k, key)
+	if errors.Is(err, shm.ErrNotFound) {
+		return nil, 0, false, nil
+	}
+	return b, version, err == nil, err
+}
