@@ -25,6 +25,8 @@ func (m *Mirror) Keys() *Keys {
 // Set is ipc.Registry.Set, then queues the key for the other hosts. The local write never
 // waits for NATS; if the queue is full it stands, and the error wraps ErrQueueFull.
 func (k *Keys) Set(requestID string, key []byte) error {
+	k.m.keyMu.Lock()
+	defer k.m.keyMu.Unlock()
 	if err := k.m.opt.Keys.Set(requestID, key); err != nil {
 		return err
 	}
@@ -33,6 +35,8 @@ func (k *Keys) Set(requestID string, key []byte) error {
 
 // Remove is ipc.Registry.Remove, then queues the revocation for the other hosts.
 func (k *Keys) Remove(requestID string) error {
+	k.m.keyMu.Lock()
+	defer k.m.keyMu.Unlock()
 	if err := k.m.opt.Keys.Remove(requestID); err != nil {
 		return err
 	}

@@ -134,10 +134,14 @@ type Mirror struct {
 	kv   jetstream.KeyValue
 	obj  jetstream.ObjectStore
 
-	mu      sync.Mutex
+	keyMu sync.Mutex // serializes local key writes (Keys) with applying remote keys
+
+	mu      sync.Mutex // after the engine's write lock and keyMu, when held together
 	entries map[string]*entry
 	queue   []qitem
 	seq     uint64
+	sending int // items taken from the queue and being published (they count against the limit)
+	sendAt  time.Time
 	parked  *jetstream.KeyValueEntry // a global change waiting for a vector it references
 	lastErr string
 
@@ -293,8 +297,10 @@ func (m *Mirror) Status() Status {
 		st.LastApplied = time.Unix(0, t)
 	}
 	m.mu.Lock()
-	st.QueueDepth = len(m.queue)
-	if len(m.queue) > 0 {
+	st.QueueDepth = len(m.queue) + m.sending
+	if m.sending > 0 {
+		st.OldestQueued = time.Since(m.sendAt)
+	} else if len(m.queue) > 0 {
 		st.OldestQueued = time.Since(m.queue[0].at)
 	}
 	st.LastError = m.lastErr
@@ -319,6 +325,7 @@ func (m *Mirror) entryLocked(ek string) *entry {
 
 // onChange is the engine's change hook: queue local changes, ignore the mirror's own.
 func (m *Mirror) onChange(c steer.Change) {
+	m.log.Debug("change", "name", c.Name, "version", c.Version, "origin", c.Origin)
 	if c.Origin == originTag {
 		return
 	}
@@ -338,7 +345,7 @@ func (m *Mirror) enqueue(ek string, kind byte, name string) error {
 		m.mu.Unlock()
 		return nil
 	}
-	if len(m.queue) >= m.limit {
+	if len(m.queue)+m.sending >= m.limit {
 		m.mu.Unlock()
 		if n := m.queueFull.Add(1); n&(n-1) == 0 { // log the 1st, 2nd, 4th, 8th... drop
 			m.log.Error(ErrQueueFull.Error(), "dropped", n, "queue_limit", m.limit)
@@ -418,6 +425,8 @@ func (m *Mirror) publishLoop() {
 		}
 		it := m.queue[0]
 		m.queue = m.queue[1:]
+		m.sending++
+		m.sendAt = it.at
 		e := m.entryLocked(it.ek)
 		e.queued, e.inflight = false, true
 		m.seq++
@@ -426,6 +435,9 @@ func (m *Mirror) publishLoop() {
 		m.mu.Unlock()
 
 		err := m.publish(it, seq)
+		m.mu.Lock()
+		m.sending--
+		m.mu.Unlock()
 		if err == nil {
 			backoff = 50 * time.Millisecond
 			continue
@@ -522,6 +534,7 @@ func (m *Mirror) publish(it qitem, seq uint64) error {
 	var retry jetstream.KeyValueEntry
 	if w := e.waiting; w != nil && !e.queued && !e.inflight {
 		e.waiting = nil
+		m.log.Debug("waiting resolved", "entry", it.ek, "waiting", w.Revision(), "ours", rev, "have", e.rev)
 		if w.Revision() > e.rev {
 			retry = w // stored after ours: it wins
 		} else {
@@ -614,9 +627,16 @@ func (m *Mirror) watch() error {
 	}
 }
 
+// errGiveWay aborts an apply: the entry changed locally, or a newer value was applied.
+var errGiveWay = errors.New("shmsteer: mirror: superseded")
+
 // apply applies one bucket entry to the local region if it is newer than what the region
 // holds for that entry and no local change of it is waiting to be published (that change
-// gets a later revision, so it wins: last writer wins, decided by the bucket's order).
+// gets a later revision, so it wins: last writer wins, decided by the bucket's order). The
+// final decision is taken in the write's condition, with the engine's write lock held (or the
+// key lock for keys), so a local write and its change notification cannot slip in between.
+// Never called with m.mu held: the engine calls the change hook, which takes m.mu, under its
+// lock.
 func (m *Mirror) apply(u jetstream.KeyValueEntry) {
 	ek, rev := u.Key(), u.Revision()
 	kind, name, ok := entryName(ek)
@@ -660,11 +680,11 @@ func (m *Mirror) apply(u jetstream.KeyValueEntry) {
 		m.mu.Unlock()
 		return
 	}
-	if m.skipLocked(e, u, env.origin) {
-		m.mu.Unlock()
+	skip := m.skipLocked(e, u, env.origin)
+	m.mu.Unlock()
+	if skip {
 		return
 	}
-	m.mu.Unlock()
 
 	// Fetch and decode outside the lock (an object fetch is a network read).
 	var payload []byte
@@ -679,43 +699,54 @@ func (m *Mirror) apply(u jetstream.KeyValueEntry) {
 			return
 		}
 	}
-
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.skipLocked(e, u, env.origin) {
-		return
+	// take is the write's condition: the entry's revision becomes rev, unless it must give way.
+	take := func() error {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.skipLocked(e, u, env.origin) {
+			return errGiveWay
+		}
+		e.rev, e.origin = rev, env.origin
+		if old := e.object; old != "" {
+			e.object = ""
+			go m.deleteObject(old) // our value is superseded
+		}
+		return nil
 	}
 	var err error
 	switch kind {
 	case kindVector:
-		err = m.applyVector(name, env, payload)
+		err = m.applyVector(name, env, payload, take)
 	case kindGlobal:
-		err = m.applyGlobal(env, payload)
+		err = m.applyGlobal(env, payload, take)
 		if errors.Is(err, steer.ErrUnknownVector) {
-			m.parked = &u // retried after the next vector arrives (its revision is not taken yet)
+			m.mu.Lock()
+			m.parked = &u // retried after the next vector arrives (its revision is not taken)
+			m.mu.Unlock()
 			return
 		}
 	case kindKey:
-		err = m.applyKey(ek, u.Value()[:hdr], env)
+		err = m.applyKey(ek, u.Value()[:hdr], env, take)
 	}
-	// Even a rejected value is the entry's newest: a later valid one replaces it.
-	e.rev, e.origin = rev, env.origin
-	if old := e.object; old != "" {
-		e.object = ""
-		go m.deleteObject(old) // our value is superseded
-	}
-	if err != nil {
-		m.rejectLocked(ek, err)
+	switch {
+	case errors.Is(err, errGiveWay):
+		return
+	case err != nil:
+		// Still the entry's newest value (its revision is taken): a later valid one replaces it.
+		m.reject(ek, err)
 		return
 	}
 	m.applied.Add(1)
+	m.log.Debug("applied", "entry", ek, "rev", rev, "origin", env.origin)
 	m.lastApplied.Store(time.Now().UnixNano())
-	if kind == kindVector && m.parked != nil {
-		p := *m.parked
+	if kind == kindVector {
+		m.mu.Lock()
+		p := m.parked
 		m.parked = nil
 		m.mu.Unlock()
-		m.apply(p)
-		m.mu.Lock()
+		if p != nil {
+			m.apply(*p)
+		}
 	}
 }
 
@@ -765,39 +796,52 @@ func (m *Mirror) fetch(env envelope) ([]byte, error) {
 	return b, nil
 }
 
-func (m *Mirror) applyVector(name string, env envelope, payload []byte) error {
+func (m *Mirror) applyVector(name string, env envelope, payload []byte, take func() error) error {
 	if env.flags&flagDeleted != 0 {
-		_, err := m.opt.Engine.UnregisterAs(originTag, name)
+		_, err := m.opt.Engine.UnregisterAs(originTag, name, take)
 		if errors.Is(err, steer.ErrUnknownVector) {
 			return nil
 		}
 		return err
 	}
 	st, _, err := steer.DecodeSteering(payload, m.cfg)
-	if err != nil {
-		return err
-	}
 	extra := steer.Steering{Base: steer.Tier{Refs: st.Base.Refs, Clamps: st.Base.Clamps}, Prefill: st.Prefill, Decode: st.Decode}
 	if !extra.Empty() {
-		return fmt.Errorf("%w: a named vector holds only base vectors", ErrBadEnvelope)
+		err = fmt.Errorf("%w: a named vector holds only base vectors", ErrBadEnvelope)
 	}
-	_, err = m.opt.Engine.RegisterAs(originTag, name, st.Base.Vectors)
+	if err != nil {
+		return m.taken(take, err)
+	}
+	_, err = m.opt.Engine.RegisterAs(originTag, name, st.Base.Vectors, take)
 	return err
 }
 
-func (m *Mirror) applyGlobal(env envelope, payload []byte) error {
+func (m *Mirror) applyGlobal(env envelope, payload []byte, take func() error) error {
 	var g steer.Steering
 	if env.flags&flagDeleted == 0 {
 		var err error
 		if g, _, err = steer.DecodeSteering(payload, m.cfg); err != nil {
-			return err
+			return m.taken(take, err)
 		}
 	}
-	_, err := m.opt.Engine.SetGlobalAs(originTag, g)
+	_, err := m.opt.Engine.SetGlobalAs(originTag, g, take)
 	return err
 }
 
-func (m *Mirror) applyKey(ek string, hdr []byte, env envelope) error {
+// taken takes an invalid value's revision (so it counts as the entry's newest) and returns err,
+// or errGiveWay if the entry changed meanwhile.
+func (m *Mirror) taken(take func() error, err error) error {
+	if terr := take(); terr != nil {
+		return terr
+	}
+	return err
+}
+
+// applyKey opens a sealed key and writes it, holding the key lock so that no local key write
+// (Keys.Set, Keys.Remove) slips in between the decision and the write. A value that fails
+// authentication changes nothing, not even the entry's revision: a forged value must not make
+// a host ignore the entry's next valid value.
+func (m *Mirror) applyKey(ek string, hdr []byte, env envelope, take func() error) error {
 	if env.flags&flagSealed == 0 {
 		return fmt.Errorf("%w: key value not sealed", ErrTampered)
 	}
@@ -806,6 +850,11 @@ func (m *Mirror) applyKey(ek string, hdr []byte, env envelope) error {
 		return err
 	}
 	defer clear(key)
+	m.keyMu.Lock()
+	defer m.keyMu.Unlock()
+	if err := take(); err != nil {
+		return err
+	}
 	if state == stateRevoked {
 		if err := m.opt.Keys.Remove(id); err != nil && !errors.Is(err, ipc.ErrKeyNotFound) {
 			return err

@@ -37,9 +37,11 @@ type observers struct {
 
 // OnChange registers fn to be called after every successful owner-side Register, Unregister or
 // SetGlobal (and their As variants) of e, in the goroutine that made the write, once the write
-// is visible in the region. fn must be quick and must not write steering (a mirror enqueues
-// the change and returns). The returned function removes fn. Workers' writes reach fn through
-// the owner's Serve handlers, which call Register and Unregister in the owner.
+// is visible in the region and before the engine's write lock is released, so observers see
+// writes in their order and a conditional write (RegisterAs) can rely on what they saw. fn must
+// be quick and must not call the engine's writes (it would deadlock): a mirror enqueues the
+// change and returns. The returned function removes fn. Workers' writes reach fn through the
+// owner's Serve handlers, which call Register and Unregister in the owner.
 func (e *Engine) OnChange(fn func(Change)) (remove func()) {
 	p := &fn
 	o := &e.observers
@@ -67,33 +69,52 @@ func (e *Engine) notify(c Change) {
 	}
 }
 
-// RegisterAs is Register with the resulting Change tagged origin (owner only for the tag: on a
-// worker the owner's Serve handler makes the write, untagged).
-func (e *Engine) RegisterAs(origin, name string, vecs []Vector) (VectorInfo, error) {
-	info, err := e.register(name, vecs)
-	if err == nil && e.r.IsOwner() {
-		e.notify(Change{Kind: ChangeVector, Name: name, Version: info.Version, Origin: origin})
-	}
-	return info, err
+// writeOpts tag an owner-side write and make it conditional (observe.go's As variants).
+type writeOpts struct {
+	origin string
+	cond   func() error
 }
 
-// UnregisterAs is Unregister with the resulting Change tagged origin.
-func (e *Engine) UnregisterAs(origin, name string) (uint64, error) {
-	v, err := e.unregister(name)
-	if err == nil && e.r.IsOwner() {
-		e.notify(Change{Kind: ChangeVector, Name: name, Deleted: true, Version: v, Origin: origin})
+// check runs the write's condition, with the engine's write lock held.
+func (o writeOpts) check() error {
+	if o.cond == nil {
+		return nil
 	}
-	return v, err
+	return o.cond()
 }
 
-// SetGlobalAs is SetGlobal with the resulting Change tagged origin.
-func (e *Engine) SetGlobalAs(origin string, g Steering) (uint64, error) {
-	empty := g.Empty()
-	v, err := e.setGlobal(g)
-	if err == nil {
-		e.notify(Change{Kind: ChangeGlobal, Deleted: empty, Version: v, Origin: origin})
+// done notifies the observers of a successful write, with the write lock still held (deferred
+// after the unlock, so it runs before it).
+func (o writeOpts) done(e *Engine, err *error, c Change, v *uint64) {
+	if *err == nil {
+		c.Version, c.Origin = *v, o.origin
+		e.notify(c)
 	}
-	return v, err
+}
+
+// RegisterAs is Register in the owner with its Change tagged origin and, if cond is not nil,
+// conditional: cond runs with the engine's write lock held just before the write (after no
+// other write of this engine can slip in) and a non-nil error from it aborts the write and is
+// returned. A mirror applying another host's value uses cond to give way to a local write that
+// its observer has already seen. Owner only (ErrNotOwner in a worker).
+func (e *Engine) RegisterAs(origin, name string, vecs []Vector, cond func() error) (VectorInfo, error) {
+	if err := e.ownerOnly(); err != nil {
+		return VectorInfo{}, err
+	}
+	return e.register(name, vecs, writeOpts{origin: origin, cond: cond})
+}
+
+// UnregisterAs is Unregister with a tagged Change and a condition, as RegisterAs.
+func (e *Engine) UnregisterAs(origin, name string, cond func() error) (uint64, error) {
+	if err := e.ownerOnly(); err != nil {
+		return 0, err
+	}
+	return e.unregister(name, writeOpts{origin: origin, cond: cond})
+}
+
+// SetGlobalAs is SetGlobal with a tagged Change and a condition, as RegisterAs.
+func (e *Engine) SetGlobalAs(origin string, g Steering, cond func() error) (uint64, error) {
+	return e.setGlobal(g, writeOpts{origin: origin, cond: cond})
 }
 
 // Encoding returns the stored encoding (the steering wire format, see DecodeSteering) of the

@@ -1,6 +1,7 @@
 package steer
 
 import (
+	"errors"
 	"math/rand/v2"
 	"testing"
 
@@ -16,17 +17,24 @@ func TestOnChange(t *testing.T) {
 
 	info, err := e.Register("a", vec)
 	require.NoError(t, err)
-	_, err = e.RegisterAs("mirror", "b", vec)
+	_, err = e.RegisterAs("mirror", "b", vec, func() error { return nil })
 	require.NoError(t, err)
+	errNo := errors.New("no")
+	_, err = e.RegisterAs("mirror", "c", vec, func() error { return errNo })
+	require.ErrorIs(t, err, errNo, "a failed condition aborts the write")
 	_, err = e.Register("", vec)
 	require.ErrorIs(t, err, ErrBadName, "a failed write notifies nobody")
 	gv, err := e.SetGlobal(Steering{Base: Tier{Refs: []Ref{{Name: "a", Strength: 1}}}})
 	require.NoError(t, err)
-	uv, err := e.UnregisterAs("mirror", "b")
+	_, err = e.UnregisterAs("mirror", "b", func() error { return errNo })
+	require.ErrorIs(t, err, errNo)
+	_, err = e.SetGlobalAs("x", Steering{}, func() error { return errNo })
+	require.ErrorIs(t, err, errNo)
+	uv, err := e.UnregisterAs("mirror", "b", nil)
 	require.NoError(t, err)
 	_, err = e.Unregister("missing")
 	require.ErrorIs(t, err, ErrUnknownVector)
-	cv, err := e.SetGlobalAs("x", Steering{})
+	cv, err := e.SetGlobalAs("x", Steering{}, nil)
 	require.NoError(t, err)
 
 	require.Equal(t, []Change{
@@ -48,6 +56,9 @@ func TestOnChange(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, info.Digest, d)
 	require.Equal(t, vec[0].Data, st.Base.Vectors[0].Data)
+	_, _, found, err = e.Encoding(&s, ChangeVector, "c")
+	require.NoError(t, err)
+	require.False(t, found, "c was never written")
 	_, _, found, err = e.Encoding(&s, ChangeVector, "b")
 	require.NoError(t, err)
 	require.False(t, found)
