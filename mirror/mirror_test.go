@@ -74,12 +74,12 @@ func TestMirrorPropagates(t *testing.T) {
 // TestMirrorConcurrentConverge: three hosts write one name at once, round after round; every
 // host's worker ends with the same value, one of the three written.
 func TestMirrorConcurrentConverge(t *testing.T) {
-	rounds := 40
+	rounds := 200
 	if testing.Short() {
 		rounds = 5
 	}
 	n := startNATS(t)
-	hs := startHosts(t, n, newSecret(), []string{"a", "b", "c"}, hostOpts{})
+	hs := startHosts(t, n, newSecret(), []string{"a", "b", "c"}, hostOpts{keys: true})
 	winners := map[string]int{}
 	for r := range rounds {
 		var wg sync.WaitGroup
@@ -88,10 +88,12 @@ func TestMirrorConcurrentConverge(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				h.owner.send(fmt.Sprintf("reg x %d 1", 1000*r+i+1))
+				h.owner.send(fmt.Sprintf("setkey kx %x", fmt.Sprint(1000*r+i+1)))
 			}()
 		}
 		wg.Wait()
 		for _, h := range hs {
+			require.True(t, strings.HasPrefix(h.owner.line(), "ok"))
 			require.True(t, strings.HasPrefix(h.owner.line(), "ok"))
 		}
 		for _, h := range hs {
@@ -119,9 +121,29 @@ func TestMirrorConcurrentConverge(t *testing.T) {
 			ok = ok || final == fmt.Sprintf("%d/1", 1000*r+i+1)
 		}
 		require.True(t, ok, "round %d converged to %s, not a written value", r, final)
+		var finalKey string
+		for {
+			vals := map[string]bool{}
+			for _, h := range hs {
+				vals[h.worker.do("key kx")] = true
+			}
+			if len(vals) == 1 {
+				for v := range vals {
+					finalKey = v
+				}
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "round %d: keys do not converge: %v", r, vals)
+			time.Sleep(time.Millisecond)
+		}
+		ok = false
+		for i := range hs {
+			ok = ok || finalKey == fmt.Sprintf("ok %x", fmt.Sprint(1000*r+i+1))
+		}
+		require.True(t, ok, "round %d: key converged to %s, not a written value", r, finalKey)
 		winners[final[len(final)-3:len(final)-2]]++
 	}
-	t.Logf("%d rounds of 3 concurrent writers converged on all hosts; winner host index counts %v", rounds, winners)
+	t.Logf("%d rounds of 3 concurrent writers (a vector and a key each) converged on all hosts; vector winner host index counts %v", rounds, winners)
 }
 
 // TestMirrorFaults: host b is partitioned from NATS while host a writes and the server
@@ -143,6 +165,8 @@ func TestMirrorFaults(t *testing.T) {
 	}
 	require.Equal(t, "ok true", a.owner.do("drain"), "the server acknowledged every change")
 	require.Equal(t, "none", b.worker.do("vec p0"), "b is partitioned")
+	b.owner.ok("reg fromb 77 1") // b writes while partitioned: it queues
+	require.Equal(t, "77/1", b.worker.do("vec fromb"), "local reads and writes go on in a partition")
 
 	n.p.kill() // SIGKILL the server
 	for i := acked; i < acked+queued; i++ {
@@ -161,7 +185,9 @@ func TestMirrorFaults(t *testing.T) {
 	for i := range acked {
 		eventually(t, b.worker, fmt.Sprintf("key k%d", i), fmt.Sprintf("ok %x", fmt.Sprint("key-", i)), 10*time.Second, "keys after restart")
 	}
+	eventually(t, a.worker, "vec fromb", "77/1", 20*time.Second, "b's change made in the partition")
 	require.Equal(t, "ok true", a.owner.do("drain"))
+	require.Equal(t, "ok true", b.owner.do("drain"))
 	sa, sb := a.owner.status(), b.owner.status()
 	require.Zero(t, sa.QueueDepth)
 	require.Positive(t, sa.Reconnects)
