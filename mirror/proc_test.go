@@ -274,7 +274,9 @@ func runWorker() {
 			deadline := time.Now().Add(20 * time.Second)
 			got := seedOf(f[1])
 			for got != f[2] && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Microsecond) // leave the CPU to the others (2 cores here)
+				// Leave the CPU to the others (2 cores here) for ~10 µs: time.Sleep rounds this
+				// up to about a millisecond on this kernel, nanosleep(2) to ~80 µs.
+				syscall.Nanosleep(&syscall.Timespec{Nsec: 10_000}, nil)
 				got = seedOf(f[1])
 			}
 			t1 := time.Now().UnixNano()
