@@ -23,6 +23,17 @@
 //	                      neither the id nor the key. A value that fails to open is rejected
 //	                      and counted (Status.Rejected).
 //
+// # Large sets
+//
+// A steering set larger than the server's max payload (1 MiB by default; 80 entries of a
+// 4096-wide model already exceed it) is stored in the JetStream object store, and its bucket
+// entry holds a reference (object name, size, sha256). The object store is JetStream's own
+// chunking (128 KiB chunks, digest-checked on read), so no chunk protocol of ours exists; the
+// entry stays one small message, so ordering stays the bucket's revision order and an entry is
+// never seen half-written. The object is written before the reference, is named by entry and
+// content digest (never rewritten), and is deleted by its host once the entry has a newer value
+// (a host still fetching it then skips it: a newer value exists).
+//
 // Every value starts with an envelope (envelope.go): the writing host's id and incarnation,
 // a per-incarnation sequence number and flags (deleted, sealed, stored in the object store).
 // Deletions are values with the deleted flag, so they carry their origin too.
