@@ -36,7 +36,10 @@
 //
 // Every value starts with an envelope (envelope.go): the writing host's id and incarnation,
 // a per-incarnation sequence number and flags (deleted, sealed, stored in the object store).
-// Deletions are values with the deleted flag, so they carry their origin too.
+// Deletions are values with the deleted flag, so they carry their origin too. A revoked key's
+// tombstone is purged by its host after Options.KeyPurgeAfter (the purge marker removed after
+// as long again), so the bucket does not grow with every request served; a host that returns
+// after that finds the entry gone in its resync and revokes the key.
 //
 // # Local first
 //

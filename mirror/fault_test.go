@@ -140,3 +140,50 @@ func TestMirrorQueueFull(t *testing.T) {
 	_, err = Start(context.Background(), Options{Engine: eng})
 	require.ErrorIs(t, err, ErrBadOptions, "no URL")
 }
+
+// TestMirrorKeyPurge: a revoked key's tombstone is purged from the bucket after KeyPurgeAfter
+// and its marker removed, so the bucket does not keep every request ever served; a host that
+// was away meanwhile finds the entry gone on its resync and revokes the key.
+func TestMirrorKeyPurge(t *testing.T) {
+	n := startNATS(t)
+	hs := startHosts(t, n, newSecret(), []string{"a", "b"}, hostOpts{keys: true, proxy: true, purge: 300 * time.Millisecond})
+	a, b := hs[0], hs[1]
+	for _, id := range []string{"r1", "r2"} {
+		a.owner.ok(fmt.Sprintf("setkey %s %x", id, id))
+		eventually(t, b.worker, "key "+id, fmt.Sprintf("ok %x", id), 20*time.Second, "key "+id)
+	}
+	a.owner.ok("rmkey r1")
+	eventually(t, b.worker, "key r1", "err revoked", 20*time.Second, "a revocation")
+
+	b.proxy.setCut(true)
+	a.owner.ok("rmkey r2")
+	require.Equal(t, "ok true", a.owner.do("drain"))
+	nc, err := nats.Connect(n.url())
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, DefaultBucket)
+	require.NoError(t, err)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := kv.Status(ctx)
+		require.NoError(t, err)
+		if st.Values() == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the bucket still holds %d values", st.Values())
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Equal(t, fmt.Sprintf("ok %x", "r2"), b.worker.do("key r2"), "b was away: it still holds r2")
+	b.proxy.setCut(false)
+	eventually(t, b.worker, "key r2", "err revoked", 20*time.Second, "a revocation whose tombstone was purged while b was away")
+	st := b.owner.status()
+	require.Zero(t, st.Rejected+st.Tampered, "%+v", st)
+
+	// The id can be used again.
+	a.owner.ok(fmt.Sprintf("setkey r2 %x", "again"))
+	eventually(t, b.worker, "key r2", fmt.Sprintf("ok %x", "again"), 20*time.Second, "a key set again after its purge")
+}

@@ -30,7 +30,7 @@ func (k *Keys) Set(requestID string, key []byte) error {
 	if err := k.m.opt.Keys.Set(requestID, key); err != nil {
 		return err
 	}
-	return k.queue(requestID)
+	return k.queue(requestID, true)
 }
 
 // Remove is ipc.Registry.Remove, then queues the revocation for the other hosts.
@@ -40,7 +40,7 @@ func (k *Keys) Remove(requestID string) error {
 	if err := k.m.opt.Keys.Remove(requestID); err != nil {
 		return err
 	}
-	return k.queue(requestID)
+	return k.queue(requestID, false)
 }
 
 // Get is ipc.Registry.Get (local).
@@ -51,8 +51,16 @@ func (k *Keys) Get(requestID string, dst []byte) ([]byte, error) {
 // Registry is the local registry underneath.
 func (k *Keys) Registry() *ipc.Registry { return k.m.opt.Keys }
 
-func (k *Keys) queue(id string) error {
-	if err := k.m.enqueue(k.m.seal.keyEntry(id), kindKey, id); err != nil {
+func (k *Keys) queue(id string, live bool) error {
+	ek := k.m.seal.keyEntry(id)
+	k.m.mu.Lock()
+	if live {
+		k.m.keyIDs[ek] = id
+	} else {
+		delete(k.m.keyIDs, ek)
+	}
+	k.m.mu.Unlock()
+	if err := k.m.enqueue(ek, kindKey, id); err != nil {
 		return fmt.Errorf("key %q set locally, not mirrored: %w", id, err)
 	}
 	return nil

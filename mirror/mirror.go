@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,8 @@ const (
 	originTag = "mirror"
 	// putTimeout bounds one publish; a timed-out change stays queued and is sent again.
 	putTimeout = 5 * time.Second
+	// DefaultKeyPurgeAfter is how long a revoked key's sealed tombstone stays in the bucket.
+	DefaultKeyPurgeAfter = 5 * time.Minute
 )
 
 // Options configure Start.
@@ -61,6 +64,11 @@ type Options struct {
 	// InlineLimit is the largest value stored in the bucket itself; larger steering sets go to
 	// the object store. 0 means the server's max payload less 4 KiB.
 	InlineLimit int
+	// KeyPurgeAfter is how long a revoked key's sealed tombstone stays in the bucket before
+	// its host purges it (then the purge marker stays as long again); 0 means
+	// DefaultKeyPurgeAfter. A host that was away longer finds the entry gone on its resync and
+	// revokes the key then, so the bucket holds only live keys and recent revocations.
+	KeyPurgeAfter time.Duration
 	// Logger receives connection events and errors; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -111,6 +119,12 @@ func (e *entry) superseded(rev uint64, origin string) bool {
 	return rev < e.rev || (rev == e.rev && origin <= e.origin)
 }
 
+type purgeItem struct {
+	ek  string
+	rev uint64
+	due time.Time
+}
+
 type qitem struct {
 	ek   string
 	kind byte
@@ -144,6 +158,8 @@ type Mirror struct {
 	sendAt  time.Time
 	parked  *jetstream.KeyValueEntry // a global change waiting for a vector it references
 	lastErr string
+	keyIDs  map[string]string // key entry → request id, for the mirrored keys live here
+	purges  []purgeItem       // revoked keys' tombstones this host stored, oldest first
 
 	wake      chan struct{}
 	restart   chan struct{}
@@ -191,8 +207,8 @@ func Start(ctx context.Context, opt Options) (*Mirror, error) {
 	}
 	m := &Mirror{
 		opt: opt, log: opt.Logger, cfg: opt.Engine.Config(), limit: opt.QueueLimit,
-		entries: map[string]*entry{},
-		wake:    make(chan struct{}, 1), restart: make(chan struct{}, 1),
+		entries: map[string]*entry{}, keyIDs: map[string]string{},
+		wake: make(chan struct{}, 1), restart: make(chan struct{}, 1),
 	}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -200,6 +216,9 @@ func Start(ctx context.Context, opt Options) (*Mirror, error) {
 	m.log = m.log.With("component", "mirror", "host", opt.HostID)
 	if m.limit == 0 {
 		m.limit = DefaultQueueLimit
+	}
+	if m.opt.KeyPurgeAfter <= 0 {
+		m.opt.KeyPurgeAfter = DefaultKeyPurgeAfter
 	}
 	var inc [8]byte
 	rand.Read(inc[:])
@@ -251,9 +270,10 @@ func Start(ctx context.Context, opt Options) (*Mirror, error) {
 	}
 	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	m.unhook = opt.Engine.OnChange(m.onChange)
-	m.wg.Add(2)
+	m.wg.Add(3)
 	go m.watchLoop()
 	go m.publishLoop()
+	go m.purgeLoop()
 	if ctx.Done() != nil {
 		go func() {
 			select {
@@ -522,6 +542,11 @@ func (m *Mirror) publish(it qitem, seq uint64) error {
 		return fmt.Errorf("shmsteer: mirror: put %s: %w", it.ek, err)
 	}
 	m.published.Add(1)
+	if it.kind == kindKey && env.flags&flagDeleted != 0 {
+		m.mu.Lock()
+		m.purges = append(m.purges, purgeItem{ek: it.ek, rev: rev, due: time.Now().Add(m.opt.KeyPurgeAfter)})
+		m.mu.Unlock()
+	}
 	m.log.Debug("published", "entry", it.ek, "rev", rev, "seq", seq)
 	m.mu.Lock()
 	e := m.entryLocked(it.ek)
@@ -607,6 +632,7 @@ func (m *Mirror) watch() error {
 		return fmt.Errorf("shmsteer: mirror: watch bucket %q: %w", m.opt.Bucket, err)
 	}
 	defer w.Stop()
+	seen := map[string]bool{} // key entries in the bucket at the start of this watch
 	for {
 		select {
 		case <-m.ctx.Done():
@@ -618,8 +644,15 @@ func (m *Mirror) watch() error {
 				return fmt.Errorf("shmsteer: mirror: bucket watch ended")
 			}
 			if u == nil {
+				if seen != nil {
+					m.revokeVanished(seen)
+					seen = nil
+				}
 				m.initial.Store(true)
 				continue
+			}
+			if seen != nil && u.Operation() == jetstream.KeyValuePut {
+				seen[u.Key()] = true
 			}
 			m.pendingIn.Store(u.Delta())
 			m.apply(u)
@@ -649,6 +682,7 @@ func (m *Mirror) apply(u jetstream.KeyValueEntry) {
 	}
 	var env envelope
 	var hdr int
+	var markerID string // the request id a key entry's purge marker stands for
 	if u.Operation() == jetstream.KeyValuePut {
 		var err error
 		if env, hdr, err = decodeEnvelope(u.Value()); err != nil {
@@ -659,11 +693,17 @@ func (m *Mirror) apply(u jetstream.KeyValueEntry) {
 			m.reject(ek, fmt.Errorf("%w: kind %d under entry %s", ErrBadEnvelope, env.kind, ek))
 			return
 		}
-	} else { // deleted or purged with a NATS tool
-		if kind == kindKey {
-			return // the id is sealed in the value: nothing to revoke by
-		}
+	} else { // deleted or purged: a key's tombstone purged by its host, or a NATS tool
 		env = envelope{kind: kind, flags: flagDeleted, origin: "nats"}
+		if kind == kindKey {
+			m.mu.Lock()
+			id, live := m.keyIDs[ek]
+			m.mu.Unlock()
+			if !live {
+				return // not a key we hold (its tombstone was applied already)
+			}
+			markerID = id
+		}
 	}
 	own := env.origin == m.opt.HostID && env.incarnation == m.incarnation
 	m.log.Debug("bucket entry", "entry", ek, "rev", rev, "origin", env.origin, "own", own)
@@ -726,7 +766,14 @@ func (m *Mirror) apply(u jetstream.KeyValueEntry) {
 			return
 		}
 	case kindKey:
-		err = m.applyKey(ek, u.Value()[:hdr], env, take)
+		id, state, key := markerID, stateRevoked, []byte(nil)
+		if markerID == "" {
+			id, state, key, err = m.openKey(ek, u.Value()[:hdr], env)
+		}
+		if err == nil {
+			err = m.writeKey(ek, id, state, key, take)
+		}
+		clear(key)
 	}
 	switch {
 	case errors.Is(err, errGiveWay):
@@ -837,24 +884,31 @@ func (m *Mirror) taken(take func() error, err error) error {
 	return err
 }
 
-// applyKey opens a sealed key and writes it, holding the key lock so that no local key write
-// (Keys.Set, Keys.Remove) slips in between the decision and the write. A value that fails
-// authentication changes nothing, not even the entry's revision: a forged value must not make
-// a host ignore the entry's next valid value.
-func (m *Mirror) applyKey(ek string, hdr []byte, env envelope, take func() error) error {
+// openKey opens a sealed key value. A value that fails authentication changes nothing, not
+// even the entry's revision: a forged value must not make a host ignore the entry's next valid
+// value.
+func (m *Mirror) openKey(ek string, hdr []byte, env envelope) (id string, state byte, key []byte, err error) {
 	if env.flags&flagSealed == 0 {
-		return fmt.Errorf("%w: key value not sealed", ErrTampered)
+		return "", 0, nil, fmt.Errorf("%w: key value not sealed", ErrTampered)
 	}
-	id, state, key, err := m.seal.open(ek, hdr, env.payload)
-	if err != nil {
-		return err
-	}
-	defer clear(key)
+	return m.seal.open(ek, hdr, env.payload)
+}
+
+// writeKey writes an opened key to the local registry, holding the key lock so that no local
+// key write (Keys.Set, Keys.Remove) slips in between the decision (take) and the write.
+func (m *Mirror) writeKey(ek, id string, state byte, key []byte, take func() error) error {
 	m.keyMu.Lock()
 	defer m.keyMu.Unlock()
 	if err := take(); err != nil {
 		return err
 	}
+	m.mu.Lock()
+	if state == stateRevoked {
+		delete(m.keyIDs, ek)
+	} else {
+		m.keyIDs[ek] = id
+	}
+	m.mu.Unlock()
 	if state == stateRevoked {
 		if err := m.opt.Keys.Remove(id); err != nil && !errors.Is(err, ipc.ErrKeyNotFound) {
 			return err
@@ -862,6 +916,89 @@ func (m *Mirror) applyKey(ek string, hdr []byte, env envelope, take func() error
 		return nil
 	}
 	return m.opt.Keys.Set(id, key)
+}
+
+// revokeVanished revokes the mirrored keys whose entries are no longer in the bucket: their
+// tombstones were purged while this host was away (see Options.KeyPurgeAfter).
+func (m *Mirror) revokeVanished(seen map[string]bool) {
+	m.mu.Lock()
+	var gone []vanished
+	for ek := range m.keyIDs {
+		if e := m.entries[ek]; !seen[ek] && e != nil && !e.queued && !e.inflight {
+			// A purge marker just after the value held: the entry's tombstone and marker came
+			// later in the stream, so any future value of the entry has a higher revision.
+			gone = append(gone, vanished{ek: ek, rev: e.rev + 1})
+		}
+	}
+	m.mu.Unlock()
+	for _, v := range gone {
+		m.apply(v)
+	}
+}
+
+// vanished stands for a purge marker of a key entry that is no longer in the bucket.
+type vanished struct {
+	jetstream.KeyValueEntry
+	ek  string
+	rev uint64
+}
+
+func (v vanished) Key() string                     { return v.ek }
+func (v vanished) Revision() uint64                { return v.rev }
+func (v vanished) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePurge }
+func (v vanished) Value() []byte                   { return nil }
+
+// purgeLoop purges the tombstones of revoked keys this host stored once KeyPurgeAfter has
+// passed (unless the entry has a newer value), and removes old purge markers, so the bucket
+// does not grow with every request ever served.
+func (m *Mirror) purgeLoop() {
+	defer m.wg.Done()
+	every := min(m.opt.KeyPurgeAfter/4, time.Second)
+	lastMarkers := time.Now()
+	for m.sleep(every) {
+		m.mu.Lock()
+		var due []purgeItem
+		now := time.Now()
+		for len(m.purges) > 0 && !m.purges[0].due.After(now) {
+			due = append(due, m.purges[0])
+			m.purges = m.purges[1:]
+		}
+		m.mu.Unlock()
+		if len(due) == 0 && now.Sub(lastMarkers) < m.opt.KeyPurgeAfter {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(m.ctx, 4*putTimeout)
+		kv, err := m.bucket(ctx)
+		if err != nil {
+			cancel()
+			m.requeuePurges(due)
+			continue
+		}
+		for i, it := range due {
+			err := kv.Purge(ctx, it.ek, jetstream.LastRevision(it.rev))
+			if err != nil && !errors.Is(err, jetstream.ErrKeyExists) { // ErrKeyExists: a newer value
+				m.log.Warn("shmsteer: mirror: purge a revoked key's tombstone; will retry", "err", err)
+				m.requeuePurges(due[i:])
+				break
+			}
+		}
+		if now.Sub(lastMarkers) >= m.opt.KeyPurgeAfter {
+			lastMarkers = now
+			if err := kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(m.opt.KeyPurgeAfter)); err != nil {
+				m.log.Warn("shmsteer: mirror: remove old purge markers", "err", err)
+			}
+		}
+		cancel()
+	}
+}
+
+func (m *Mirror) requeuePurges(items []purgeItem) {
+	if len(items) == 0 {
+		return
+	}
+	m.mu.Lock()
+	m.purges = append(slices.Clone(items), m.purges...)
+	m.mu.Unlock()
 }
 
 func (m *Mirror) reject(ek string, err error) {

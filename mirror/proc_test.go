@@ -45,6 +45,7 @@ const (
 	portEnv  = "MIRROR_TEST_PORT"
 	keysEnv  = "MIRROR_TEST_KEYS"
 	limitEnv = "MIRROR_TEST_INLINE"
+	purgeEnv = "MIRROR_TEST_PURGE_MS"
 	// syncEnv "always" makes the server fsync every message before acknowledging it (NATS's
 	// sync_interval: always); by default it fsyncs every 2 minutes, but writes each message
 	// to its file before the acknowledgement (a stream of one replica flushes in place), so
@@ -131,9 +132,10 @@ func runHost() {
 		fail(err)
 	}
 	inline, _ := strconv.Atoi(os.Getenv(limitEnv))
+	purgeMS, _ := strconv.Atoi(os.Getenv(purgeEnv))
 	m, err := Start(context.Background(), Options{URL: os.Getenv(urlEnv), HostID: os.Getenv(hostEnv),
 		MirrorKeys: os.Getenv(keysEnv) == "1", Secret: &secret, Engine: eng, Keys: owner.Keys(),
-		InlineLimit: inline, Logger: quiet()})
+		InlineLimit: inline, KeyPurgeAfter: time.Duration(purgeMS) * time.Millisecond, Logger: quiet()})
 	if err != nil {
 		fail(err)
 	}
@@ -553,6 +555,7 @@ type hostOpts struct {
 	keys   bool
 	inline int
 	proxy  bool // connect through a proxy that can be cut
+	purge  time.Duration
 }
 
 func startHosts(t testing.TB, n *natsServer, secret string, ids []string, o hostOpts) []*host {
@@ -571,7 +574,7 @@ func startHosts(t testing.TB, n *natsServer, secret string, ids []string, o host
 			keys = "1"
 		}
 		env := []string{ipc.SecretEnv + "=" + secret, nsEnv + "=" + ns, hostEnv + "=" + id, urlEnv + "=" + url,
-			keysEnv + "=" + keys, limitEnv + "=" + strconv.Itoa(o.inline)}
+			keysEnv + "=" + keys, limitEnv + "=" + strconv.Itoa(o.inline), purgeEnv + "=" + strconv.Itoa(int(o.purge/time.Millisecond))}
 		h.owner = startProc(t, "host", env...)
 		require.Equal(t, "ok ready", h.owner.line(), "host %s", id)
 		h.worker = startProc(t, "worker", ipc.SecretEnv+"="+secret, nsEnv+"="+ns)
