@@ -386,10 +386,18 @@ func (m *Mirror) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if m.kv != nil {
 		return m.kv, nil
 	}
-	kv, err := m.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: m.opt.Bucket, History: 1, Storage: jetstream.FileStorage,
-		Description: "shmsteer mirror: steering state (and sealed keys) of every host",
-	})
+	// Bind to an existing bucket as it is (an operator may have set replicas or limits); create
+	// it only if it does not exist.
+	kv, err := m.js.KeyValue(ctx, m.opt.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = m.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: m.opt.Bucket, History: 1, Storage: jetstream.FileStorage,
+			Description: "shmsteer mirror: steering state (and sealed keys) of every host",
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = m.js.KeyValue(ctx, m.opt.Bucket) // another host created it meanwhile
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("shmsteer: mirror: open bucket %q: %w", m.opt.Bucket, err)
 	}
@@ -404,10 +412,16 @@ func (m *Mirror) objects(ctx context.Context) (jetstream.ObjectStore, error) {
 	if m.obj != nil {
 		return m.obj, nil
 	}
-	o, err := m.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket: m.opt.Bucket + "-blobs", Storage: jetstream.FileStorage,
-		Description: "shmsteer mirror: steering sets larger than one NATS message",
-	})
+	o, err := m.js.ObjectStore(ctx, m.opt.Bucket+"-blobs")
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		o, err = m.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket: m.opt.Bucket + "-blobs", Storage: jetstream.FileStorage,
+			Description: "shmsteer mirror: steering sets larger than one NATS message",
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			o, err = m.js.ObjectStore(ctx, m.opt.Bucket+"-blobs")
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("shmsteer: mirror: open object store %q: %w", m.opt.Bucket+"-blobs", err)
 	}
