@@ -48,6 +48,10 @@ func TestMirrorPropagates(t *testing.T) {
 	all("vec beta", "none", "an unregistered vector")
 	write(a, "global - 0")
 	all("global", "ok none", "cleared global tiers")
+	b.worker.ok("reg fromworker 16 2") // a worker's write reaches the owner over RPC, then the mirror
+	local[b]++
+	require.Equal(t, "ok true", b.owner.do("drain"))
+	all("vec fromworker", "16/2", "a worker's write")
 
 	write(b, "setkey req-1 "+fmt.Sprintf("%x", "key-one"))
 	all("key req-1", "ok "+fmt.Sprintf("%x", "key-one"), "a key")
@@ -194,4 +198,18 @@ func TestMirrorFaults(t *testing.T) {
 	require.Positive(t, sb.Reconnects)
 	t.Logf("a: %+v", sa)
 	t.Logf("b: %+v", sb)
+
+	// b's owner is SIGKILLed and comes back with the same host id (a new region: it catches up
+	// from the bucket, its own earlier changes included); host c joins late.
+	b.worker.kill()
+	b.owner.kill()
+	late := startHosts(t, n, b.secret, []string{"b", "c"}, hostOpts{keys: true})
+	for _, h := range late {
+		for i := range acked + queued {
+			eventually(t, h.worker, fmt.Sprintf("vec p%d", i), fmt.Sprintf("%d/1", 100+i), 20*time.Second, "catch-up of "+h.id)
+		}
+		eventually(t, h.worker, "vec fromb", "77/1", 20*time.Second, "catch-up of "+h.id)
+		eventually(t, h.worker, fmt.Sprintf("key k%d", acked-1), fmt.Sprintf("ok %x", fmt.Sprint("key-", acked-1)), 20*time.Second, "keys on "+h.id)
+		require.Zero(t, h.owner.status().Published, "catching up publishes nothing")
+	}
 }

@@ -270,6 +270,11 @@ func runWorker() {
 			continue
 		}
 		switch f[0] {
+		case "reg": // reg NAME SEED N: a worker's write, through the owner (RPC)
+			n, _ := strconv.Atoi(f[3])
+			seed, _ := strconv.ParseUint(f[2], 10, 64)
+			_, err := eng.Register(f[1], vecs(seed, n))
+			say(reply(err, ""))
 		case "vec":
 			say(seedOf(f[1]))
 		case "wait": // wait NAME WANT: poll until seedOf(NAME) == WANT; reply with the wall time
@@ -546,6 +551,7 @@ func (p *proxy) setCut(cut bool) {
 // host is one simulated host: an owner with a mirror and one attached worker.
 type host struct {
 	id     string
+	secret string
 	owner  *proc
 	worker *proc
 	proxy  *proxy
@@ -562,7 +568,7 @@ func startHosts(t testing.TB, n *natsServer, secret string, ids []string, o host
 	t.Helper()
 	var hs []*host
 	for _, id := range ids {
-		h := &host{id: id}
+		h := &host{id: id, secret: secret}
 		url := n.url()
 		if o.proxy {
 			h.proxy = startProxy(t, fmt.Sprintf("127.0.0.1:%d", n.port))
