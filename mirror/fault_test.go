@@ -183,6 +183,9 @@ func TestMirrorKeyPurge(t *testing.T) {
 	st := b.owner.status()
 	require.Zero(t, st.Rejected+st.Tampered, "%+v", st)
 
+	for _, h := range hs { // nothing is remembered of purged key entries
+		eventually(t, h.owner, "entries", "ok 0", 20*time.Second, "entries known on "+h.id)
+	}
 	// The id can be used again.
 	a.owner.ok(fmt.Sprintf("setkey r2 %x", "again"))
 	eventually(t, b.worker, "key r2", fmt.Sprintf("ok %x", "again"), 20*time.Second, "a key set again after its purge")

@@ -712,10 +712,12 @@ func (m *Mirror) apply(u jetstream.KeyValueEntry) {
 		if kind == kindKey {
 			m.mu.Lock()
 			id, live := m.keyIDs[ek]
-			m.mu.Unlock()
-			if !live {
-				return // not a key we hold (its tombstone was applied already)
+			if !live { // not a key we hold (its tombstone was applied already): forget the entry
+				m.forgetLocked(ek)
+				m.mu.Unlock()
+				return
 			}
+			m.mu.Unlock()
 			markerID = id
 		}
 	}
@@ -788,6 +790,11 @@ func (m *Mirror) apply(u jetstream.KeyValueEntry) {
 			err = m.writeKey(ek, id, state, key, take)
 		}
 		clear(key)
+		if err == nil && markerID != "" {
+			m.mu.Lock()
+			m.forgetLocked(ek)
+			m.mu.Unlock()
+		}
 	}
 	switch {
 	case errors.Is(err, errGiveWay):
@@ -932,17 +939,23 @@ func (m *Mirror) writeKey(ek, id string, state byte, key []byte, take func() err
 	return m.opt.Keys.Set(id, key)
 }
 
-// revokeVanished revokes the mirrored keys whose entries are no longer in the bucket: their
-// tombstones were purged while this host was away (see Options.KeyPurgeAfter).
+// revokeVanished revokes the mirrored keys whose entries are no longer in the bucket (their
+// tombstones were purged while this host was away, see Options.KeyPurgeAfter) and forgets
+// the key entries gone from the bucket.
 func (m *Mirror) revokeVanished(seen map[string]bool) {
 	m.mu.Lock()
 	var gone []vanished
-	for ek := range m.keyIDs {
-		if e := m.entries[ek]; !seen[ek] && e != nil && !e.queued && !e.inflight {
-			// A purge marker just after the value held: the entry's tombstone and marker came
-			// later in the stream, so any future value of the entry has a higher revision.
-			gone = append(gone, vanished{ek: ek, rev: e.rev + 1})
+	for ek, e := range m.entries {
+		if seen[ek] || len(ek) < 2 || ek[:2] != "k." || e.queued || e.inflight {
+			continue
 		}
+		if _, live := m.keyIDs[ek]; !live {
+			m.forgetLocked(ek) // revoked here already
+			continue
+		}
+		// A purge marker just after the value held: the entry's tombstone and marker came
+		// later in the stream, so any future value of the entry has a higher revision.
+		gone = append(gone, vanished{ek: ek, rev: e.rev + 1})
 	}
 	m.mu.Unlock()
 	for _, v := range gone {
@@ -1003,6 +1016,15 @@ func (m *Mirror) purgeLoop() {
 			}
 		}
 		cancel()
+	}
+}
+
+// forgetLocked drops what the mirror knows of a key entry that is gone from the bucket (its
+// tombstone purged), so memory does not grow with every request id ever mirrored. Safe: a
+// purged entry is never delivered again; a new value of it has a higher revision anyway.
+func (m *Mirror) forgetLocked(ek string) {
+	if e := m.entries[ek]; e != nil && !e.queued && !e.inflight && e.waiting == nil {
+		delete(m.entries, ek)
 	}
 }
 

@@ -201,6 +201,11 @@ func runHost() {
 				time.Sleep(2 * time.Millisecond)
 			}
 			say(reply(nil, strconv.FormatBool(m.idle())))
+		case "entries":
+			m.mu.Lock()
+			n := len(m.entries)
+			m.mu.Unlock()
+			say(reply(nil, strconv.Itoa(n)))
 		case "status":
 			b, _ := json.Marshal(m.Status())
 			say("ok " + string(b))
@@ -218,7 +223,7 @@ func runHost() {
 func (m *Mirror) idle() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.queue) > 0 {
+	if len(m.queue) > 0 || m.sending > 0 {
 		return false
 	}
 	for _, e := range m.entries {
