@@ -963,7 +963,8 @@ func (m *Mirror) revokeVanished(seen map[string]bool) {
 	}
 }
 
-// vanished stands for a purge marker of a key entry that is no longer in the bucket.
+// vanished stands for a purge marker of a key entry that is no longer in the bucket. apply
+// uses only Key, Revision, Operation and Value (the embedded interface is nil).
 type vanished struct {
 	jetstream.KeyValueEntry
 	ek  string
