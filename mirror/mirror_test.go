@@ -1,12 +1,15 @@
 package mirror
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 )
 
@@ -40,6 +43,7 @@ func TestMirrorPropagates(t *testing.T) {
 	all("vec big", "13/80", "a set through the object store")
 	write(c, "reg big 14 80") // replaces it (and deletes the superseded object)
 	all("vec big", "14/80", "a replaced large set")
+	requireObjects(t, n, vectorEntry("big")+"/")
 	write(a, "global alpha 2")
 	all("global", "ok alpha*2", "global tiers")
 	write(b, "reg beta 15 1")
@@ -211,5 +215,32 @@ func TestMirrorFaults(t *testing.T) {
 		eventually(t, h.worker, "vec fromb", "77/1", 20*time.Second, "catch-up of "+h.id)
 		eventually(t, h.worker, fmt.Sprintf("key k%d", acked-1), fmt.Sprintf("ok %x", fmt.Sprint("key-", acked-1)), 20*time.Second, "keys on "+h.id)
 		require.Zero(t, h.owner.status().Published, "catching up publishes nothing")
+	}
+}
+
+// requireObjects checks that the object store holds exactly one object, named with prefix:
+// the set went through it, and the superseded one was deleted.
+func requireObjects(t *testing.T, n *natsServer, prefix string) {
+	t.Helper()
+	nc, err := nats.Connect(n.url())
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	os, err := js.ObjectStore(ctx, DefaultBucket+"-blobs")
+	require.NoError(t, err)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		infos, err := os.List(ctx)
+		require.NoError(t, err)
+		if len(infos) == 1 {
+			require.True(t, strings.HasPrefix(infos[0].Name, prefix), infos[0].Name)
+			require.Greater(t, infos[0].Size, uint64(1<<20), "larger than the max payload")
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "%d objects", len(infos))
+		time.Sleep(20 * time.Millisecond)
 	}
 }
