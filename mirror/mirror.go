@@ -596,7 +596,11 @@ func (m *Mirror) inlineLimit() int {
 	if m.opt.InlineLimit > 0 {
 		return m.opt.InlineLimit
 	}
-	return int(m.nc.MaxPayload()) - 4096
+	mp := m.nc.MaxPayload() // 0 until the server's INFO arrived
+	if mp <= 0 {
+		mp = 1 << 20 // NATS's default
+	}
+	return int(mp) - 4096
 }
 
 // deleteObject removes an object this host stored once its entry has a newer value: a host
