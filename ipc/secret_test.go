@@ -310,3 +310,22 @@ func TestNonDumpable(t *testing.T) {
 		})
 	}
 }
+
+func TestDeriveKey(t *testing.T) {
+	a, b := NewSecret([]byte("secret-a")), NewSecret([]byte("secret-b"))
+	ka1, err := a.DeriveKey("p1", 32)
+	require.NoError(t, err)
+	require.Len(t, ka1, 32)
+	again, err := NewSecret([]byte("secret-a")).DeriveKey("p1", 32)
+	require.NoError(t, err)
+	require.Equal(t, ka1, again, "deterministic")
+	ka2, err := a.DeriveKey("p2", 32)
+	require.NoError(t, err)
+	require.NotEqual(t, ka1, ka2, "purposes are independent")
+	kb1, err := b.DeriveKey("p1", 32)
+	require.NoError(t, err)
+	require.NotEqual(t, ka1, kb1, "secrets are independent")
+	require.NotContains(t, string(ka1), "secret-a")
+	_, err = Secret{}.DeriveKey("p1", 32)
+	require.ErrorIs(t, err, ErrAuthSecretNotDefined)
+}

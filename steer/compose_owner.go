@@ -101,9 +101,13 @@ func (e *Engine) recomposeDependents(tx *shm.Tx, s *shm.Snapshot, name string, b
 
 // writeNamed stores (b != nil) or deletes a named vector and recomposes its dependents, in one
 // transaction: a step sees the old vector and old compositions, or the new ones.
-func (e *Engine) writeNamed(name string, b []byte) (uint64, error) {
+func (e *Engine) writeNamed(name string, b []byte, o writeOpts) (v uint64, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	defer o.done(e, &err, Change{Kind: ChangeVector, Name: name, Deleted: b == nil}, &v) // observers, under the lock
+	if err := o.check(); err != nil {
+		return 0, err
+	}
 	s, err := e.r.Snapshot()
 	if err != nil {
 		return 0, err

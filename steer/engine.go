@@ -58,6 +58,8 @@ type Engine struct {
 	mu      sync.Mutex // owner: serializes steering writes (latch order is the call order)
 	latches *Latches   // owner only
 	deps    deps       // owner only: which sets reference which named vectors
+
+	observers observers // OnChange callbacks (observe.go)
 }
 
 // VectorInfo identifies one version of a named vector.
@@ -110,6 +112,10 @@ func (e *Engine) ownerOnly() error {
 // earlier version (last writer wins). On a worker it sends them to the owner. Nothing is
 // changed on failure.
 func (e *Engine) Register(name string, vecs []Vector) (VectorInfo, error) {
+	return e.register(name, vecs, writeOpts{})
+}
+
+func (e *Engine) register(name string, vecs []Vector, o writeOpts) (VectorInfo, error) {
 	if err := checkName(name); err != nil {
 		return VectorInfo{}, err
 	}
@@ -128,7 +134,7 @@ func (e *Engine) Register(name string, vecs []Vector) (VectorInfo, error) {
 		return VectorInfo{}, err
 	}
 	if e.r.IsOwner() {
-		v, err := e.writeNamed(name, b)
+		v, err := e.writeNamed(name, b, o)
 		if err != nil {
 			return VectorInfo{}, fmt.Errorf("register %q: %w", name, err)
 		}
@@ -154,12 +160,14 @@ func (e *Engine) Register(name string, vecs []Vector) (VectorInfo, error) {
 // Unregister deletes a named vector (from a worker, through the owner). Requests that reference
 // it stop applying it at the next step; latches that reference it drop at their next bridge.
 // ErrUnknownVector if it is not registered.
-func (e *Engine) Unregister(name string) (uint64, error) {
+func (e *Engine) Unregister(name string) (uint64, error) { return e.unregister(name, writeOpts{}) }
+
+func (e *Engine) unregister(name string, o writeOpts) (uint64, error) {
 	if err := checkName(name); err != nil {
 		return 0, err
 	}
 	if e.r.IsOwner() {
-		return e.writeNamed(name, nil)
+		return e.writeNamed(name, nil, o)
 	}
 	if e.opt.Caller == nil {
 		return 0, ErrNotOwner
@@ -206,12 +214,15 @@ func (e *Engine) VectorInfos(s *shm.Snapshot) ([]VectorInfo, error) {
 
 // SetGlobal replaces the global steering tiers (owner only). Refs must name registered
 // vectors. An empty g clears global steering.
-func (e *Engine) SetGlobal(g Steering) (uint64, error) {
+func (e *Engine) SetGlobal(g Steering) (uint64, error) { return e.setGlobal(g, writeOpts{}) }
+
+func (e *Engine) setGlobal(g Steering, o writeOpts) (v uint64, err error) {
 	if err := e.ownerOnly(); err != nil {
 		return 0, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	defer o.done(e, &err, Change{Kind: ChangeGlobal, Deleted: g.Empty()}, &v) // observers, under the lock
 	s, err := e.r.Snapshot()
 	if err != nil {
 		return 0, err
@@ -223,6 +234,9 @@ func (e *Engine) SetGlobal(g Steering) (uint64, error) {
 		return 0, fmt.Errorf("global steering: %w", err)
 	}
 	if err := checkMagnitude(e.cfg, &w, namedAt(&s, e.cfg), "global steering"); err != nil {
+		return 0, err
+	}
+	if err := o.check(); err != nil {
 		return 0, err
 	}
 	if g.Empty() {
@@ -247,7 +261,7 @@ func (e *Engine) SetGlobal(g Steering) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	v, err := e.r.Update(func(tx *shm.Tx) error {
+	v, err = e.r.Update(func(tx *shm.Tx) error {
 		if err := tx.Put(KindGlobal, globalKey, b); err != nil {
 			return err
 		}

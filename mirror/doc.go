@@ -1,0 +1,59 @@
+// Package mirror mirrors one host's steering state (named vectors, the global tiers and,
+// when asked, the key registry) to the other hosts of a deployment through a NATS JetStream
+// key-value bucket, and applies theirs to the local region.
+//
+// # What it owns
+//
+// The bucket (default "shmsteer", history 1, file storage) and its entries, the object store
+// "<bucket>-blobs" that holds steering sets too large for one NATS message, the envelope and
+// sealing format of every value, and the outgoing queue. Replication itself is JetStream's:
+// every host Puts its changes into the bucket and watches the bucket (an ordered consumer);
+// the bucket's revision (its stream sequence) totally orders all writes of all hosts, so a
+// host applies an entry only if its revision is newer than what it holds for that entry
+// (ties, which one bucket cannot produce, go to the larger host id), and every host ends
+// with the value of each entry's last revision. There is no protocol of our own on the wire.
+//
+// # Entries
+//
+//	v.<base64url(name)>   a named vector: the steering wire format (steer.DecodeSteering)
+//	g                     the global tiers, same format
+//	k.<base64url(mac)>    a key: mac = HMAC-SHA256 of the request id under a key derived from
+//	                      the secret; the value is sealed (ChaCha20-Poly1305, key from
+//	                      ipc.Secret.DeriveKey, HKDF-SHA256): NATS and bucket readers see
+//	                      neither the id nor the key. A value that fails to open is rejected
+//	                      and counted (Status.Rejected).
+//
+// # Large sets
+//
+// A steering set larger than the server's max payload (1 MiB by default; 80 entries of a
+// 4096-wide model already exceed it) is stored in the JetStream object store, and its bucket
+// entry holds a reference (object name, size, sha256). The object store is JetStream's own
+// chunking (128 KiB chunks, digest-checked on read), so no chunk protocol of ours exists; the
+// entry stays one small message, so ordering stays the bucket's revision order and an entry is
+// never seen half-written. The object is written before the reference, is named by entry and
+// content digest (never rewritten), and is deleted by its host once the entry has a newer value
+// (a host still fetching it then skips it: a newer value exists).
+//
+// Every value starts with an envelope (envelope.go): the writing host's id and incarnation,
+// a per-incarnation sequence number and flags (deleted, sealed, stored in the object store).
+// Deletions are values with the deleted flag, so they carry their origin too. A revoked key's
+// tombstone is purged by its host after Options.KeyPurgeAfter (the purge marker removed after
+// as long again), so the bucket does not grow with every request served; a host that returns
+// after that finds the entry gone in its resync and revokes the key.
+//
+// # Local first
+//
+// Reads and writes of the local region never wait for NATS. The owner's writes reach the
+// mirror through steer.Engine.OnChange (key writes through Mirror.Keys); the mirror queues the
+// entry's name, coalescing repeats, and a publisher reads the newest value from the region when
+// it sends. The queue is bounded (Options.QueueLimit entries): when it is full a change is not
+// mirrored, ErrQueueFull is logged and counted (Status.QueueFull), and the local write stands.
+// Changes the mirror applies from the bucket are written with steer's origin tag
+// (RegisterAs, UnregisterAs, SetGlobalAs) and straight to the ipc.Registry, so they are
+// never published back.
+//
+// # What it must not touch
+//
+// The region only through package steer's and ipc's APIs; no region layout, no unsafe. It never
+// logs, returns or publishes the secret or a key in clear. It does not start NATS.
+package mirror
