@@ -1,0 +1,56 @@
+// Package serve is shmsteer's long-lived owner as operators run it (`shmsteer serve`): it owns
+// the region (through ipc.Owner and steer.Engine), a JSON control API over HTTP compatible with
+// the steering API of the seed's vLLM fork, Prometheus metrics, and the state that survives a
+// restart (named vectors, global tiers, steering modules and the latch map, in --state-dir).
+// It also holds the client side of the CLI's commands (status, keys, vectors, steer global),
+// which attach as ipc clients.
+//
+// It must not touch the region's layout (package shm), the attach protocol (package ipc) or
+// the steering model's encoding (package steer): it calls their exported API only.
+//
+// # Configuration
+//
+// Defaults, then the TOML file given by --config, then SHMSTEER_* environment variables (the
+// upper-cased TOML key: SHMSTEER_HIDDEN, SHMSTEER_STATE_DIR, ...), then flags (the TOML key with
+// '-' for '_': --hidden, --state-dir, ...). The secret comes from --secret-file or
+// SHMSTEER_SECRET (then removed from the environment); API keys only from --api-key-file (one
+// key per line, optionally "tenant:key"; '#' starts a comment), never from the command line.
+// SIGHUP re-reads the API key file, so keys rotate without a restart.
+//
+// # Control API
+//
+// Every /v1/ path needs "Authorization: Bearer KEY" (closed by default: with no key file every
+// /v1/ call is refused); /healthz, /readyz and /metrics need none. Keys are hashed with
+// SHA-256 and compared in constant time against every configured key. A key scoped to a
+// tenant may register, list and remove only named vectors called "tenant/..." and touch only
+// its own conversations; global steering and modules need an unscoped key. Bodies are capped
+// (max_body_bytes) and decoded strictly (unknown fields are refused). Errors are
+// {"error": message, "type": kind} with a 4xx status for bad input, and change nothing.
+//
+// Compatible with the fork: POST /v1/steering/set (vectors, prefill_vectors, decode_vectors in
+// the plain form {hook: {layer: [floats] | {vector, scale}}} or packed {hook: {dtype, shape,
+// layer_indices, data, scales?}}; clamps, prefill_clamps, decode_clamps as {hook: {layer:
+// [{vector, min?, max?, strength?} | {vector, value}]}}; replace; target "main" or absent,
+// "draft" is 501), POST /v1/steering/clear, GET /v1/steering, GET /v1/steering/layers,
+// POST /v1/steering/vectors/register|unregister and GET /v1/steering/vectors (kind "steer";
+// "probe" is 501), POST /v1/steering/modules/register|unregister and GET /v1/steering/modules
+// (kind "additive"; "sae_delta" is 501), GET /v1/steering/dynamic.
+//
+// Choices where the fork is unclear: /set with replace=false replaces, per tier, the vectors at
+// the (hook, layer) sites it names and the clamps at the sites it names, and keeps the rest;
+// open clamp bounds become ±MaxFloat32; GET /v1/steering reports per layer and hook the norm of
+// each tier's summed vector (base, prefill, decode) and the number of clamps. Additions:
+// *_vector_refs ({name: strength}) in /set, POST /v1/requests/admit and /v1/requests/end (for a
+// scheduler that is not an ipc client), DELETE /v1/conversations/{tenant}/{id}, GET /v1/status.
+//
+// # State
+//
+// With --state-dir, state.bin holds the named vectors and global tiers (their steer wire
+// encodings, checked against their digests on restore), the modules and the latch map with
+// its counters, after a header with a format version and a SHA-256 of the payload. It is
+// written to a temporary file, fsynced and renamed over the old one (and the directory
+// fsynced) after every mutating API call before its reply, and within persist_interval after a
+// latch change made by an admission; and at shutdown. A corrupt or incompatible file stops
+// the start with a clear error: the state is never half-loaded. Keys of the key registry are
+// per-request secrets and are never persisted.
+package serve
