@@ -769,6 +769,11 @@ func (s *Server) dropConversation(r *http.Request, p principal, _ []byte) (any, 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Look first: DropConversation republishes the counters even when there is no latch, and a
+	// 404 must change nothing.
+	if !slices.Contains(s.eng.Latches().Keys(), k) {
+		return nil, fmt.Errorf("%w: no latch for conversation %q/%q", ErrNotFound, k.Tenant, k.ID)
+	}
 	ok, err := s.eng.DropConversation(k)
 	if err != nil {
 		return nil, err

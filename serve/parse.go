@@ -174,7 +174,7 @@ func parseEntry(raw json.RawMessage) (steer.Vector, error) {
 	}
 	var e struct {
 		Vector []float32 `json:"vector"`
-		Scale  *float32  `json:"scale"`
+		Scale  *float64  `json:"scale"`
 	}
 	if err := decodeStrict(raw, &e); err != nil {
 		return steer.Vector{}, err
@@ -184,7 +184,7 @@ func parseEntry(raw json.RawMessage) (steer.Vector, error) {
 	}
 	v := steer.Vector{Scale: 1, Data: e.Vector}
 	if e.Scale != nil {
-		v.Scale = *e.Scale
+		v.Scale = float32(*e.Scale) // beyond float32: ±Inf, refused by steer as non-finite
 	}
 	return v, nil
 }

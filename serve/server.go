@@ -218,39 +218,42 @@ func listen(addr string) (net.Listener, string, error) {
 	return ln, ln.Addr().String(), nil
 }
 
-// capture reads the state to persist. Callers hold s.mu.
-func (s *Server) capture() (*persisted, error) {
+// capture reads the state to persist and saves it with the vector encodings read from the
+// same snapshot. Callers hold s.mu.
+func (s *Server) captureAndSave() error {
 	p := &persisted{Model: s.eng.Config()}
 	snap, err := s.eng.Region().Snapshot()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer snap.Close()
 	infos, err := s.eng.VectorInfos(&snap)
 	if err != nil {
-		return nil, err
+		return err
 	}
+	byDigest := map[steer.Digest]string{}
 	for _, in := range infos {
-		b, _, err := snap.View(steer.KindVector, in.Name)
-		if err != nil {
-			return nil, err
-		}
-		p.Vectors = append(p.Vectors, namedWire{Name: in.Name, Wire: append([]byte(nil), b...)})
+		p.Vectors = append(p.Vectors, namedDigest{Name: in.Name, Digest: in.Digest})
+		byDigest[in.Digest] = in.Name
+	}
+	wire := func(d steer.Digest) ([]byte, error) {
+		b, _, err := snap.View(steer.KindVector, byDigest[d])
+		return b, err
 	}
 	g, _, ok, err := s.eng.Global(&snap)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if ok {
 		if p.Global, _, err = steer.EncodeSteering(&g, s.eng.Config()); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for name, m := range s.modules {
 		p.Modules = append(p.Modules, namedWire{Name: name, Wire: m.wire})
 	}
 	p.Latches, p.LatchStats = s.eng.Latches().Export()
-	return p, nil
+	return s.store.save(p, wire)
 }
 
 // persist writes the state file now (no-op without a state dir).
@@ -268,11 +271,7 @@ func (s *Server) persistLocked() error {
 		return nil
 	}
 	s.dirty.Store(false)
-	p, err := s.capture()
-	if err == nil {
-		err = s.store.save(p)
-	}
-	if err != nil {
+	if err := s.captureAndSave(); err != nil {
 		s.dirty.Store(true)
 		msg := err.Error()
 		s.saveErr.Store(&msg)
@@ -307,7 +306,14 @@ func (s *Server) restore() error {
 		return fmt.Errorf("%w: %s: %w (nothing is served from this state)", ErrStateCorrupt, what, err)
 	}
 	for _, v := range p.Vectors {
-		st, d, err := steer.DecodeSteering(v.Wire, cfg)
+		b, err := s.store.readVector(v.Digest)
+		if err != nil {
+			return fail("named vector "+v.Name, err)
+		}
+		st, d, err := steer.DecodeSteering(b, cfg)
+		if err == nil && d != v.Digest {
+			err = errors.New("vector file holds another digest")
+		}
 		if err != nil {
 			return fail("named vector "+v.Name, err)
 		}

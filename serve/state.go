@@ -32,11 +32,16 @@ const (
 // persisted is everything that survives a restart. Keys are never part of it.
 type persisted struct {
 	Model      steer.ModelConfig
-	Vectors    []namedWire // steer wire encoding of each named vector, by name
+	Vectors    []namedDigest // each named vector's digest; its encoding is in vectors/<digest>
 	Global     []byte      // steer wire encoding of the global tiers; nil if none
 	Modules    []namedWire // steer wire encoding of each module
 	Latches    []steer.LatchEntry
 	LatchStats steer.LatchStats
+}
+
+type namedDigest struct {
+	Name   string
+	Digest steer.Digest
 }
 
 type namedWire struct {
@@ -82,10 +87,13 @@ func decodeState(b []byte) (*persisted, error) {
 	return &p, nil
 }
 
-// stateStore is the state directory: a lock file held while serving and the state file.
+// stateStore is the state directory: a lock file held while serving, the state file, and
+// vectors/ with one file per named vector encoding, named by its digest (written once, so a
+// save rewrites only the small state file and new vectors).
 type stateStore struct {
-	dir  string
-	lock *os.File
+	dir    string
+	lock   *os.File
+	onDisk map[steer.Digest]bool // vector files known durable
 }
 
 func openStateStore(dir string) (*stateStore, error) {
@@ -100,7 +108,11 @@ func openStateStore(dir string) (*stateStore, error) {
 		f.Close()
 		return nil, fmt.Errorf("%w: %s", ErrStateLocked, dir)
 	}
-	return &stateStore{dir: dir, lock: f}, nil
+	if err := os.MkdirAll(filepath.Join(dir, "vectors"), 0o700); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("shmsteer: state directory: %w", err)
+	}
+	return &stateStore{dir: dir, lock: f, onDisk: map[steer.Digest]bool{}}, nil
 }
 
 func (s *stateStore) close() error { return s.lock.Close() }
@@ -121,16 +133,26 @@ func (s *stateStore) load() (*persisted, error) {
 	return p, nil
 }
 
-// save writes p to a temporary file, fsyncs it, renames it over the state file and fsyncs the
-// directory: a crash at any point leaves the old file or the new one.
-func (s *stateStore) save(p *persisted) error {
-	b, err := encodeState(p)
+func (s *stateStore) vectorPath(d steer.Digest) string {
+	return filepath.Join(s.dir, "vectors", d.String())
+}
+
+// readVector reads a named vector's encoding; its digest is checked when it is decoded.
+func (s *stateStore) readVector(d steer.Digest) ([]byte, error) {
+	b, err := os.ReadFile(s.vectorPath(d))
+	if err != nil {
+		return nil, fmt.Errorf("%w: vector file: %w", ErrStateCorrupt, err)
+	}
+	s.onDisk[d] = true
+	return b, nil
+}
+
+// writeAtomic writes b to path through a temporary file, fsynced and renamed; the caller
+// fsyncs the directory.
+func writeAtomic(path string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
-	}
-	f, err := os.CreateTemp(s.dir, stateFile+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("shmsteer: writing state: %w", err)
 	}
 	tmp := f.Name()
 	_, err = f.Write(b)
@@ -141,19 +163,68 @@ func (s *stateStore) save(p *persisted) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(s.dir, stateFile))
+		err = os.Rename(tmp, path)
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("shmsteer: writing state: %w", err)
 	}
-	d, err := os.Open(s.dir)
+	return err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("shmsteer: syncing state directory: %w", err)
+		return err
 	}
 	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("shmsteer: syncing state directory: %w", err)
+	return d.Sync()
+}
+
+// save writes the vector files p needs that are not on disk yet (wire gives their
+// encodings), then the state file through a temporary file, fsync and rename, fsyncing the
+// directories in between: a crash at any point leaves the old state or the new one whole.
+// Vector files no state refers to any more are removed afterwards.
+func (s *stateStore) save(p *persisted, wire func(steer.Digest) ([]byte, error)) error {
+	fail := func(err error) error { return fmt.Errorf("shmsteer: writing state in %s: %w", s.dir, err) }
+	wrote := false
+	keep := map[steer.Digest]bool{}
+	for _, v := range p.Vectors {
+		keep[v.Digest] = true
+		if s.onDisk[v.Digest] {
+			continue
+		}
+		b, err := wire(v.Digest)
+		if err != nil {
+			return fail(err)
+		}
+		if err := writeAtomic(s.vectorPath(v.Digest), b); err != nil {
+			return fail(err)
+		}
+		wrote = true
+	}
+	if wrote {
+		if err := syncDir(filepath.Join(s.dir, "vectors")); err != nil {
+			return fail(err)
+		}
+		for d := range keep {
+			s.onDisk[d] = true
+		}
+	}
+	b, err := encodeState(p)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(filepath.Join(s.dir, stateFile), b); err != nil {
+		return fail(err)
+	}
+	if err := syncDir(s.dir); err != nil {
+		return fail(err)
+	}
+	for d := range s.onDisk {
+		if !keep[d] {
+			os.Remove(s.vectorPath(d))
+			delete(s.onDisk, d)
+		}
 	}
 	return nil
 }
