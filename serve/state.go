@@ -33,8 +33,8 @@ const (
 type persisted struct {
 	Model      steer.ModelConfig
 	Vectors    []namedDigest // each named vector's digest; its encoding is in vectors/<digest>
-	Global     []byte      // steer wire encoding of the global tiers; nil if none
-	Modules    []namedWire // steer wire encoding of each module
+	Global     []byte        // steer wire encoding of the global tiers; nil if none
+	Modules    []namedWire   // steer wire encoding of each module
 	Latches    []steer.LatchEntry
 	LatchStats steer.LatchStats
 }

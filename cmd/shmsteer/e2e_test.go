@@ -745,4 +745,3 @@ func TestServeUnixSocketAndKeyReload(t *testing.T) {
 	_, err = os.Stat(sock)
 	require.True(t, os.IsNotExist(err), "socket left behind")
 }
-
