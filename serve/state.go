@@ -72,6 +72,9 @@ func decodeState(b []byte) (*persisted, error) {
 	if v := binary.LittleEndian.Uint32(b[16:]); v != stateVersion {
 		return nil, fmt.Errorf("%w: format version %d, this build reads %d", ErrStateIncompatible, v, stateVersion)
 	}
+	if binary.LittleEndian.Uint32(b[20:]) != 0 {
+		return nil, fmt.Errorf("%w: reserved header bytes set", ErrStateCorrupt)
+	}
 	n := binary.LittleEndian.Uint64(b[24:])
 	if n != uint64(len(b)-stateHeader) {
 		return nil, fmt.Errorf("%w: payload is %d bytes, header says %d (truncated?)", ErrStateCorrupt, len(b)-stateHeader, n)
