@@ -45,12 +45,15 @@
 //
 // # State
 //
-// With --state-dir, state.bin holds the named vectors and global tiers (their steer wire
-// encodings, checked against their digests on restore), the modules and the latch map with
-// its counters, after a header with a format version and a SHA-256 of the payload. It is
-// written to a temporary file, fsynced and renamed over the old one (and the directory
-// fsynced) after every mutating API call before its reply, and within persist_interval after a
-// latch change made by an admission; and at shutdown. A corrupt or incompatible file stops
-// the start with a clear error: the state is never half-loaded. Keys of the key registry are
+// With --state-dir, state.bin holds the names and digests of the named vectors, the global
+// tiers and modules (steer wire encodings), and the latch map with its counters, after a
+// header with a format version and a SHA-256 of the payload; vectors/<digest> holds each named
+// vector's encoding once (its digest is checked on restore), so a save rewrites only the small
+// state file and new vectors. Every file is written to a temporary file, fsynced and renamed
+// (and the directory fsynced), vector files before the state file that names them, after every
+// mutating API call before its reply, within persist_interval after a latch change made by an
+// admission, and at shutdown. A corrupt or incompatible file, or a missing vector file, stops
+// the start with a clear error: the state is never half-loaded. A lock file keeps a second
+// serve out of the directory. Keys of the key registry are
 // per-request secrets and are never persisted.
 package serve

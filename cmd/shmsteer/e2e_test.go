@@ -43,7 +43,7 @@ const (
 
 // served is one `shmsteer serve` process.
 type served struct {
-	t        *testing.T
+	t        testing.TB
 	cmd      *exec.Cmd
 	addr     string
 	ns       string
@@ -52,18 +52,19 @@ type served struct {
 	done     chan error
 }
 
-func writeKeys(t *testing.T) string {
+func writeKeys(t testing.TB) string {
 	p := filepath.Join(t.TempDir(), "keys")
 	require.NoError(t, os.WriteFile(p, []byte("# keys\n"+adminKey+"\n"+adminKey2+"\nacme:"+acmeKey+"\nother:"+otherKey+"\n"), 0o600))
 	return p
 }
 
 // startServe starts serve and waits for its "listening on" line.
-func startServe(t *testing.T, ns, stateDir string, extra ...string) *served {
+func startServe(t testing.TB, ns, stateDir string, extra ...string) *served {
 	t.Helper()
 	args := []string{"serve", "--http", "127.0.0.1:0", "--namespace", ns, "--hidden", fmt.Sprint(e2eHidden),
 		"--layers", fmt.Sprint(e2eLayers), "--arena-bytes", fmt.Sprint(64 << 20), "--index-slots", "4096",
 		"--api-key-file", writeKeys(t), "--persist-interval", "100ms"}
+	// Later flags win: extra may override the model and sizes.
 	if stateDir != "" {
 		args = append(args, "--state-dir", stateDir)
 	}
@@ -198,13 +199,13 @@ func toHalf(f float32) uint16 {
 }
 
 // secretFile writes the serve processes' secret to a file for in-process clients.
-func secretFile(t *testing.T) string {
+func secretFile(t testing.TB) string {
 	p := filepath.Join(t.TempDir(), "secret")
 	require.NoError(t, os.WriteFile(p, []byte(e2eSecret+"\n"), 0o600))
 	return p
 }
 
-func ns(t *testing.T) string { return fmt.Sprintf("e2e-%s-%d", t.Name(), os.Getpid()) }
+func ns(t testing.TB) string { return fmt.Sprintf("e2e-%s-%d", t.Name(), os.Getpid()) }
 
 func TestCLIHelpAndExitCodes(t *testing.T) {
 	for _, tc := range []struct {
