@@ -659,7 +659,9 @@ func (s *Server) dynamic(*http.Request, principal, []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	workers, agree := s.checks.report()
 	return map[string]any{
+		"worker_checksums": workers, "checksums_agree": agree,
 		"latched_conversations": st.LatchedConversations, "latched_bytes": st.LatchedBytes,
 		"evictions": st.Evictions, "oversize_refusals": st.OversizeRefusals, "triggers": st.Triggers,
 		"bridges": st.Bridges, "bridge_drops": st.BridgeDrops,

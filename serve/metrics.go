@@ -112,7 +112,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 var opNames = map[uint16]string{steer.OpRegister: "register", steer.OpUnregister: "unregister",
-	steer.OpSetGlobal: "set_global", steer.OpClearGlobal: "clear_global"}
+	steer.OpSetGlobal: "set_global", steer.OpClearGlobal: "clear_global", OpReportChecksum: "report_checksum"}
 
 // timeRPC wraps an RPC handler to observe its latency.
 func (m *metrics) timeRPC(op uint16, h func([]byte) ([]byte, error)) func([]byte) ([]byte, error) {

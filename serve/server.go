@@ -33,6 +33,7 @@ type Server struct {
 
 	mu      sync.Mutex // serializes mutations through the API and state captures
 	modules map[string]module
+	checks  checksums
 
 	dirty     atomic.Bool   // latch changes not yet persisted
 	saves     atomic.Uint64 // state files written since start
@@ -124,6 +125,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	handle := func(op uint16, h func([]byte) ([]byte, error)) { s.owner.Handle(op, s.met.timeRPC(op, h)) }
 	s.eng.Serve(handle)
 	s.eng.ServeGlobal(handle)
+	handle(OpReportChecksum, s.checks.handle)
 
 	t0 := time.Now()
 	if err := s.restore(); err != nil {

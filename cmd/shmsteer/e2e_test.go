@@ -495,6 +495,24 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 	require.EqualValues(t, 1, value("shmsteer_keys_live"))
 	require.EqualValues(t, 1, value("shmsteer_keys_revoked"))
 	require.EqualValues(t, 1, value("shmsteer_attached_clients"))
+
+	// Workers' determinism checksums reach /v1/steering/dynamic.
+	dyn := s.ok("GET", "/v1/steering/dynamic", nil)
+	require.Empty(t, dyn["worker_checksums"])
+	require.Nil(t, dyn["checksums_agree"])
+	require.NoError(t, serve.ReportChecksum(cs.Client, "rank0", 7, 0xabc))
+	require.NoError(t, serve.ReportChecksum(cs.Client, "rank1", 7, 0xabc))
+	dyn = s.ok("GET", "/v1/steering/dynamic", nil)
+	require.Len(t, dyn["worker_checksums"], 2)
+	require.Equal(t, true, dyn["checksums_agree"])
+	require.NoError(t, serve.ReportChecksum(cs.Client, "rank1", 8, 0xdef))
+	require.NoError(t, serve.ReportChecksum(cs.Client, "rank0", 8, 0x123))
+	dyn = s.ok("GET", "/v1/steering/dynamic", nil)
+	require.Equal(t, false, dyn["checksums_agree"])
+	w0 := dyn["worker_checksums"].([]any)[0].(map[string]any)
+	require.Equal(t, "rank0", w0["worker"])
+	require.Equal(t, "0000000000000123", w0["checksum"])
+	require.Error(t, serve.ReportChecksum(cs.Client, "", 1, 1))
 	require.Contains(t, fams, "shmsteer_http_request_duration_seconds")
 	require.Contains(t, fams, "shmsteer_rpc_duration_seconds")
 }
@@ -506,7 +524,10 @@ func snapshotState(s *served) map[string]any {
 		delete(v.(map[string]any), "version") // region versions restart; digests must not change
 	}
 	dyn := s.ok("GET", "/v1/steering/dynamic", nil)
-	delete(dyn, "requests_with_steering") // admitted requests are per-run, like keys
+	// Admitted requests and workers' checksum reports are per run, like keys.
+	delete(dyn, "requests_with_steering")
+	delete(dyn, "worker_checksums")
+	delete(dyn, "checksums_agree")
 	return map[string]any{
 		"vectors": vecs,
 		"global":  s.ok("GET", "/v1/steering", nil)["active_layers"],
