@@ -16,7 +16,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +29,7 @@ import (
 
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/serve"
+	"github.com/shmsteer/shmsteer/steer"
 )
 
 // binPath is the shmsteer binary TestMain builds.
@@ -766,4 +770,94 @@ func TestServeUnixSocketAndKeyReload(t *testing.T) {
 	require.NoError(t, cmd.Wait())
 	_, err = os.Stat(sock)
 	require.True(t, os.IsNotExist(err), "socket left behind")
+}
+
+// TestWorkerFollowsServeRestart: a worker (this process) reads a named vector through an
+// ipc.Follower from several goroutines while serve is stopped with SIGTERM and started again
+// on its state dir; the worker keeps reading the dead region (flagged), re-attaches by itself,
+// and every read, before, during and after, is the whole registered vector.
+func TestWorkerFollowsServeRestart(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	name := ns(t)
+	s := startServe(t, name, dir)
+	want := [][]float32{vec(100), vec(101)}
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "v", "packed": map[string]any{"pre_attn": packed("float32", []int{0, 3}, want)}})
+	sec := ipc.NewSecret([]byte(e2eSecret))
+	f, err := ipc.Follow(ipc.FollowOptions{Client: ipc.ClientOptions{Secret: &sec, Namespace: name}, Poll: 10 * time.Millisecond,
+		MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Retire: time.Second})
+	require.NoError(t, err)
+	defer f.Close()
+	firstRegion := f.Client().Region().ID()
+
+	var (
+		mu      sync.Mutex
+		engines = map[*ipc.Client]*steer.Engine{}
+		stop    atomic.Bool
+		readErr atomic.Pointer[string]
+		reads   [3]atomic.Uint64 // by generation
+		dead    atomic.Uint64
+	)
+	engineOf := func(c *ipc.Client) (*steer.Engine, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if e := engines[c]; e != nil {
+			return e, nil
+		}
+		e, err := steer.Open(c.Region(), nil, steer.Options{Caller: c})
+		engines[c] = e
+		return e, err
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fail := func(err error) { msg := err.Error(); readErr.Store(&msg) }
+			for !stop.Load() {
+				gen, isDead := f.Generation(), f.Dead()
+				c := f.Client()
+				eng, err := engineOf(c)
+				if err != nil {
+					fail(err)
+					return
+				}
+				snap, err := c.Region().Snapshot()
+				if err != nil {
+					fail(err)
+					return
+				}
+				nv, err := eng.Vector(&snap, "v")
+				if err == nil && (len(nv.Vectors) != 2 || !slices.Equal(nv.Vectors[0].Data, want[0]) || !slices.Equal(nv.Vectors[1].Data, want[1])) {
+					err = fmt.Errorf("torn or wrong vector read: %d entries", len(nv.Vectors))
+				}
+				snap.Close()
+				if err != nil {
+					fail(err)
+					return
+				}
+				if gen < 3 {
+					reads[gen].Add(1)
+				}
+				if isDead {
+					dead.Add(1)
+				}
+				time.Sleep(50 * time.Microsecond)
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return reads[1].Load() > 50 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, s.stop(syscall.SIGTERM))
+	require.Eventually(t, f.Dead, 10*time.Second, time.Millisecond)
+	require.ErrorIs(t, f.Err(), ipc.ErrDeadRegion)
+	require.Eventually(t, func() bool { return dead.Load() > 20 }, 10*time.Second, time.Millisecond)
+	startServe(t, name, dir)
+	require.Eventually(t, func() bool { return f.Generation() == 2 && !f.Dead() }, 10*time.Second, time.Millisecond)
+	require.NotEqual(t, firstRegion, f.Client().Region().ID())
+	require.Eventually(t, func() bool { return reads[2].Load() > 50 }, 10*time.Second, time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	if e := readErr.Load(); e != nil {
+		t.Fatal(*e)
+	}
+	t.Logf("reads: %d before, %d from the dead region, %d after the restart", reads[1].Load(), dead.Load(), reads[2].Load())
 }
