@@ -223,6 +223,8 @@ func TestCLIHelpAndExitCodes(t *testing.T) {
 		{[]string{"help", "serve"}, 0, "--api-key-file", "", false},
 		{[]string{"serve", "--help"}, 0, "--state-dir", "", false},
 		{[]string{"help", "keys"}, 0, "ls", "", false},
+		{[]string{"help", "demo"}, 0, "-workers", "", false},
+		{[]string{"help", "bench"}, 0, "-json FILE", "", false},
 		{[]string{"vectors", "show", "--help"}, 0, "--secret-file", "", false},
 		{[]string{"steer", "global", "set", "--help"}, 0, "--ref", "", false},
 		{[]string{"version"}, 0, "shmsteer v", "", false},

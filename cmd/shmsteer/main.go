@@ -226,19 +226,25 @@ and/or --ref NAME[=STRENGTH] (a registered named vector in the base tier).`,
 	steerCmd.AddCommand(globalCmd)
 
 	// demo and bench keep their own flag sets: arguments pass through untouched.
-	passThrough := func(use, short string, main func([]string) int) *cobra.Command {
-		return &cobra.Command{Use: use + " [flags]", Short: short, DisableFlagParsing: true,
+	// `help demo` prints their own flags on stdout.
+	passThrough := func(use, short string, main func(a []string, stdout, stderr io.Writer) int) *cobra.Command {
+		c := &cobra.Command{Use: use + " [flags]", Short: short, DisableFlagParsing: true,
 			RunE: func(_ *cobra.Command, a []string) error {
-				if c := main(a); c != 0 {
+				if c := main(a, stdout, stderr); c != 0 {
 					return exitCode(c)
 				}
 				return nil
 			}}
+		c.SetHelpFunc(func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(stdout, "%s\n\n", cmd.Short)
+			main([]string{"-h"}, stdout, stdout)
+		})
+		return c
 	}
-	demoCmd := passThrough("demo", "Run the demo: an owner and worker processes steering through one region (-h lists its flags)",
-		func(a []string) int { return demo.Main(a, stdout, stderr) })
-	benchCmd := passThrough("bench", "Run the benchmarks against the alternatives (-h lists its flags)",
-		func(a []string) int { return bench.Main(a, benchSources(), stdout, stderr) })
+	demoCmd := passThrough("demo", "Run the demo: an owner and worker processes steering through one region",
+		func(a []string, o, e io.Writer) int { return demo.Main(a, o, e) })
+	benchCmd := passThrough("bench", "Run the benchmarks against the alternatives",
+		func(a []string, o, e io.Writer) int { return bench.Main(a, benchSources(), o, e) })
 
 	versionCmd := &cobra.Command{Use: "version", Short: "Print the version", Args: args(0),
 		Run: func(*cobra.Command, []string) { fmt.Fprintf(stdout, "shmsteer %s\n", version()) }}
