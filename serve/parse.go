@@ -125,8 +125,8 @@ func parseVectorSpec(spec VectorSpec, hidden int) ([]steer.Vector, error) {
 			return nil, badInput("hook %q: want an object of layers or a packed blob", hook)
 		}
 		if _, packed := probe["data"]; packed {
-			var p Packed
-			if err := decodeStrict(raw, &p); err != nil {
+			p, err := packedFrom(probe)
+			if err != nil {
 				return nil, fmt.Errorf("hook %q packed: %w", hook, err)
 			}
 			vs, err := p.Vectors(hook, hidden)
@@ -160,6 +160,38 @@ func parseVectorSpec(spec VectorSpec, hidden int) ([]steer.Vector, error) {
 		}
 	}
 	return out, nil
+}
+
+// packedFrom builds a Packed from an object already split into fields, refusing unknown ones.
+// The base64 data is taken straight from between its quotes when it holds no escape (base64
+// needs none), which saves decoding a multi-megabyte string twice.
+func packedFrom(fields map[string]json.RawMessage) (Packed, error) {
+	var p Packed
+	for k, v := range fields {
+		var dst any
+		switch k {
+		case "dtype":
+			dst = &p.Dtype
+		case "shape":
+			dst = &p.Shape
+		case "layer_indices":
+			dst = &p.LayerIndices
+		case "scales":
+			dst = &p.Scales
+		case "data":
+			if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' && bytes.IndexByte(v, '\\') < 0 {
+				p.Data = string(v[1 : len(v)-1])
+				continue
+			}
+			dst = &p.Data
+		default:
+			return p, badInput("unknown field %q", k)
+		}
+		if err := json.Unmarshal(v, dst); err != nil {
+			return p, badInput("field %q: %v", k, err)
+		}
+	}
+	return p, nil
 }
 
 // parseEntry reads [floats] or {"vector": [floats], "scale": s}.
