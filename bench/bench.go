@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/term"
 )
 
 // Sources are the shmsteer contenders, plugged in by cmd/shmsteer; bench
@@ -271,10 +274,25 @@ func Main(args []string, src Sources, stdout, stderr io.Writer) int {
 	if *rounds > 0 {
 		cfg.Rounds = *rounds
 	}
-	if *only != "" {
-		cfg.Only = strings.Split(*only, ",")
+	if *plotPath != "" {
+		// Checked before the run, not after it: the format follows the extension.
+		if ext := strings.ToLower(filepath.Ext(*plotPath)); ext != ".png" && ext != ".svg" {
+			fmt.Fprintf(stderr, "shmsteer bench: --plot %q: the file name must end in .png or .svg\n", *plotPath)
+			return 2
+		}
 	}
-	cfg.Progress = stderr
+	if *only != "" {
+		for _, p := range strings.Split(*only, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				cfg.Only = append(cfg.Only, p)
+			}
+		}
+		if len(cfg.Only) == 0 || len(filter(cfg, reportOrder()...)) == 0 {
+			fmt.Fprintf(stderr, "shmsteer bench: --only %q matches no figure; figure names: %s\n", *only, strings.Join(reportOrder(), ", "))
+			return 2
+		}
+	}
+	cfg.Progress = progressWriter(stderr)
 	start := time.Now()
 	rep := Run(cfg, src)
 	fmt.Fprintf(stdout, "# shmsteer bench: %d rounds per contender, batches >= %v, GOMAXPROCS=%d, %s; took %.1fs\n",
@@ -297,6 +315,35 @@ func Main(args []string, src Sources, stdout, stderr io.Writer) int {
 		}
 	}
 	return code
+}
+
+// progressWriter is where the progress line goes: w itself on a terminal,
+// where each update rewrites the line in place, and otherwise a writer that
+// drops the terminal escapes and puts each update on a line of its own (logs,
+// pipes, CI).
+func progressWriter(w io.Writer) io.Writer {
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		return w
+	}
+	return plainProgress{w}
+}
+
+// plainProgress turns the progress line's "\r\033[K" + text updates into
+// plain lines.
+type plainProgress struct{ w io.Writer }
+
+func (p plainProgress) Write(b []byte) (int, error) {
+	text := strings.ReplaceAll(strings.ReplaceAll(string(b), "\033[K", ""), "\r", "")
+	if text == "" {
+		return len(b), nil
+	}
+	if !strings.HasSuffix(text, "\n") {
+		text += "\n"
+	}
+	if _, err := io.WriteString(p.w, text); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }
 
 func writeFile(path string, write func(io.Writer) error) error {

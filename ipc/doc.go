@@ -36,7 +36,8 @@
 //
 // A client maps the data read-only (the memfd is sealed) and reads lock-free. When its socket
 // closes without a goodbye (crash, SIGKILL), the owner frees the process's reader slots as
-// soon as the process is gone (Region.ReleaseReaders with the SO_PEERCRED pid). When the owner
+// soon as the process is gone (Region.SweepReaders: a slot's lease is an OFD lock the kernel
+// drops with the process, in any PID namespace), and it sweeps every 250 ms. When the owner
 // dies, clients keep the mapping and read the last state; RPCs return ErrOwnerGone.
 //
 // # RPC
@@ -79,11 +80,13 @@
 //
 // # Key registry
 //
-// Registry stores request id → key under KindKey: value = one state byte (live or revoked) +
-// key bytes. Remove writes a revoked sentinel (Get then returns ErrKeyRevoked) and the owner
-// purges it after OwnerOptions.Grace (default 60 s) with a plain shm Delete; shm's epochs keep
-// the memory valid for readers still holding it, and zero every freed blob, so the key's bytes
-// vanish once no reader can see them. The purge schedule is a heap in the owner keyed by
+// Registry stores request id → key under KindKey: value = key bytes + one state byte (live).
+// Remove deletes the value and marks the id (shm's mark table: 32 bytes, no arena space, so a
+// revocation always fits) in one transaction; Get then returns ErrKeyRevoked, and the owner
+// lifts the mark after OwnerOptions.Grace (default 60 s). shm's epochs keep the memory valid
+// for readers still holding the key, and zero every freed blob, so the key's bytes vanish once
+// no reader can see them. An empty key is a valid key (the seed's values are bytes | None):
+// it is not a revocation. The purge schedule is a heap in the owner keyed by
 // request id and checked against the sentinel's version, so setting an id again cancels its
 // pending purge. Frames and buffers that held keys are zeroed after use.
 //

@@ -30,7 +30,7 @@ const (
 	// before giving up on freeing its reader slots (shm's reclamation still frees them once
 	// the process is gone). The socket closes a moment before the process is reaped; the
 	// bound is generous for loaded machines.
-	releaseWait = 5 * time.Second
+	releaseWait = time.Second
 )
 
 // OwnerOptions configures NewOwner.
@@ -99,9 +99,10 @@ type Owner struct {
 	done    chan struct{}
 
 	// kmu serializes the key registry's writes with the purge schedule.
-	kmu    sync.Mutex
-	purges purgeQueue
-	wake   chan struct{}
+	kmu            sync.Mutex
+	purges         purgeQueue
+	wake           chan struct{}
+	revokeUnmarked atomic.Uint64 // see RevokedWithoutSentinel
 }
 
 // handles in use by owners of this process: a second owner for one handle is refused before it
@@ -200,10 +201,11 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 		return fail(err)
 	}
 	o.keys = &Registry{region: o.region, maxKey: o.maxKey, owner: o}
-	o.wg.Add(3)
+	o.wg.Add(4)
 	go o.acceptLoop(o.ln)
 	go o.acceptLoop(o.lobby)
 	go o.purgeLoop()
+	go o.sweepLoop()
 	o.log.Debug("shmsteer: owner serving", "namespace", o.ns, "pid", os.Getpid())
 	return o, nil
 }
@@ -512,23 +514,24 @@ func (o *Owner) dispatch(f frame, dst []byte) (out []byte, err error) {
 	return append(dst, reply...), nil
 }
 
-// releaseReaders frees the reader slots of a client process whose socket closed without a bye
-// (it crashed or was killed), as soon as the process is gone: its socket closes a moment before
-// it is reaped. It polls region.ReleaseReaders so that Close need not wait for it.
+// releaseReaders frees the reader slots of a client whose socket closed without a bye (it
+// crashed or was killed). The socket closes as the process exits, a moment before the kernel
+// drops the leases on its slots (both happen as its descriptors close), so it sweeps a few
+// times over releaseWait; the owner's periodic sweep covers anything later.
 func (o *Owner) releaseReaders(pid int) {
 	defer o.wg.Done()
 	deadline := time.Now().Add(releaseWait)
 	pause := time.Millisecond
 	for {
-		n, err := o.region.ReleaseReaders(pid, 0)
-		if err == nil {
-			if n > 0 {
-				o.log.Debug("shmsteer: freed reader slots of a departed client", "pid", pid, "slots", n)
-			}
+		n, err := o.region.SweepReaders()
+		if err != nil {
+			return
+		}
+		if n > 0 {
+			o.log.Debug("shmsteer: freed reader slots of a departed client", "pid", pid, "slots", n)
 			return
 		}
 		if time.Now().After(deadline) {
-			o.log.Debug("shmsteer: departed client's process still runs; its reader slots stay", "pid", pid)
 			return
 		}
 		select {
@@ -536,6 +539,6 @@ func (o *Owner) releaseReaders(pid int) {
 			return
 		case <-time.After(pause):
 		}
-		pause = min(2*pause, 50*time.Millisecond)
+		pause = min(2*pause, 100*time.Millisecond)
 	}
 }

@@ -4,15 +4,17 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/shmsteer/shmsteer/shm"
 )
 
 // KindKey is the shm kind under which the key registry stores its entries: the key is the
-// request id, the value the key bytes (none when revoked) followed by one state byte
-// (stateLive or stateRevoked). The state byte goes last so a live Get only drops it: no shift
-// of the key bytes on the hot path.
+// request id, the value the key bytes followed by one state byte (stateLive). The state byte
+// goes last so a live Get only drops it: no shift of the key bytes on the hot path. A revoked
+// id has no value but a mark under KindKey (shm's Tx.Mark): 32 bytes in the mark table, no
+// arena space, so revocations never compete with live keys for room.
 const KindKey shm.Kind = 1
 
 // MaxRequestIDLen is the longest request id the registry accepts.
@@ -28,9 +30,11 @@ const (
 // mapping in every process. Writes (Set, Remove) are direct in the owner and RPCs to the owner
 // in a client. Its methods are safe for concurrent use.
 //
-// Remove first replaces the key by a revoked sentinel, so a generation step still in flight
+// Remove deletes the key and leaves a revoked sentinel, so a generation step still in flight
 // gets ErrKeyRevoked rather than ErrKeyNotFound; the owner purges the sentinel after the grace
-// period. Setting the id again before then cancels the purge.
+// period. Setting the id again before then cancels the purge. Remove always fits: the deletion
+// uses the arena's deletion reserve and the sentinel the mark table, so a region full of live
+// keys can still revoke every one of them.
 type Registry struct {
 	region *shm.Region
 	maxKey int
@@ -85,7 +89,10 @@ func decodeEntry(dst, out []byte, err error) ([]byte, error) {
 
 func decodeEntrySlow(dst, out []byte, err error) ([]byte, error) {
 	if err != nil {
-		if errors.Is(err, shm.ErrNotFound) {
+		switch {
+		case err == shm.ErrMarked:
+			return dst, ErrKeyRevoked
+		case errors.Is(err, shm.ErrNotFound):
 			return dst, ErrKeyNotFound
 		}
 		return dst, err
@@ -149,38 +156,65 @@ func (k *Registry) Remove(requestID string) error {
 	return k.owner.keyRemove(requestID)
 }
 
-// Len counts the request ids with a live key or a standing revoked sentinel.
+// Len counts the request ids with a live key or a standing revoked sentinel (the live keys at
+// one version plus the sentinels standing now: the registry is the only user of marks).
 func (k *Registry) Len() (int, error) {
-	s, err := k.region.Snapshot()
-	if err != nil {
-		return 0, err
-	}
-	defer s.Close()
-	return s.Len(KindKey)
+	n, _, err := k.Count()
+	return n, err
 }
 
-// Range calls fn for each request id with a live key or a standing sentinel (revoked true),
-// at one consistent version, until fn returns false. It never exposes keys.
+// Count returns Len split in two: ids with a live key and revoked sentinels standing.
+func (k *Registry) Count() (total, revoked int, err error) {
+	s, err := k.region.Snapshot()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer s.Close()
+	live, err := s.Len(KindKey)
+	revoked = int(k.region.Stats().Marks)
+	return live + revoked, revoked, err
+}
+
+// Range calls fn for each request id with a live key (revoked false), at one consistent
+// version, and then, in the owner only, for each id whose revoked sentinel stands (revoked
+// true), until fn returns false. A sentinel is stored as a hash of the id, so only the owner,
+// which schedules its purge, knows the ids; in a client Range lists live keys. It never
+// exposes keys.
 func (k *Registry) Range(fn func(requestID string, revoked bool) bool) error {
 	s, err := k.region.Snapshot()
 	if err != nil {
 		return err
 	}
-	defer s.Close()
-	return s.Range(KindKey, func(key, value []byte, _ uint64) bool {
-		return fn(string(key), len(value) > 0 && value[len(value)-1] == stateRevoked)
+	more := true
+	err = s.Range(KindKey, func(key, value []byte, _ uint64) bool {
+		more = fn(string(key), false)
+		return more
 	})
+	s.Close()
+	if err != nil || !more || k.owner == nil {
+		return err
+	}
+	for _, id := range k.owner.revokedIDs() {
+		if !fn(id, true) {
+			break
+		}
+	}
+	return nil
 }
 
-// keySet writes a live key in the owner and cancels a pending purge of the id.
+// keySet writes a live key in the owner, lifts a revoked sentinel of the id and cancels its
+// pending purge.
 func (o *Owner) keySet(id string, key []byte) error {
 	o.kmu.Lock()
 	defer o.kmu.Unlock()
 	_, err := o.region.Update(func(tx *shm.Tx) error {
-		return tx.PutFunc(KindKey, id, len(key)+1, func(dst []byte) {
+		if err := tx.PutFunc(KindKey, id, len(key)+1, func(dst []byte) {
 			copy(dst, key)
 			dst[len(key)] = stateLive
-		})
+		}); err != nil {
+			return err
+		}
+		return tx.Unmark(KindKey, id)
 	})
 	if err != nil {
 		return err
@@ -189,21 +223,42 @@ func (o *Owner) keySet(id string, key []byte) error {
 	return nil
 }
 
-// keyRemove replaces a live key by the revoked sentinel and schedules its purge. The old
-// blob (holding the key) is zeroed by shm when no reader can still see it.
+// keyRemove deletes a live key and marks the id revoked, in one transaction, and schedules
+// the purge of the mark. The deletion uses the arena's deletion reserve and the mark the mark
+// table, so it fits however full the arena is. Should even the mark table be full, the key is
+// still deleted (readers then get ErrKeyNotFound for it, not ErrKeyRevoked) and a warning is
+// logged: a revocation never fails for lack of room. The deleted blob (holding the key) is
+// zeroed by shm when no reader can still see it.
 func (o *Owner) keyRemove(id string) error {
 	o.kmu.Lock()
 	defer o.kmu.Unlock()
-	state, _, err := o.entry(id)
+	state, err := o.entry(id)
 	if err != nil {
 		return err
 	}
 	if state == stateRevoked {
 		return nil
 	}
-	v, err := o.region.Put(KindKey, id, []byte{stateRevoked})
+	unmarked := false
+	v, err := o.region.Update(func(tx *shm.Tx) error {
+		if err := tx.Delete(KindKey, id); err != nil {
+			return err
+		}
+		if err := tx.Mark(KindKey, id); err != nil {
+			if !errors.Is(err, shm.ErrRegionFull) {
+				return err
+			}
+			unmarked = true
+		}
+		return nil
+	})
 	if err != nil {
 		return err
+	}
+	if unmarked {
+		o.revokeUnmarked.Add(1)
+		o.log.Warn("shmsteer: key deleted without a revoked sentinel: the mark table is full; raise shm.Config.MarkSlots (readers see ErrKeyNotFound for this id)")
+		return nil
 	}
 	first := o.purges.schedule(id, v, time.Now().Add(o.grace))
 	if first {
@@ -215,24 +270,39 @@ func (o *Owner) keyRemove(id string) error {
 	return nil
 }
 
-// entry reads the state and version of id's entry without copying its key.
-func (o *Owner) entry(id string) (state byte, version uint64, err error) {
+// entry reads the state of id's entry without copying its key: stateLive, stateRevoked, or
+// ErrKeyNotFound.
+func (o *Owner) entry(id string) (state byte, err error) {
 	s, err := o.region.Snapshot()
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	defer s.Close()
-	v, ver, err := s.View(KindKey, id)
-	if errors.Is(err, shm.ErrNotFound) {
-		return 0, 0, ErrKeyNotFound
+	v, _, err := s.View(KindKey, id)
+	switch {
+	case err == shm.ErrMarked:
+		return stateRevoked, nil
+	case errors.Is(err, shm.ErrNotFound):
+		return 0, ErrKeyNotFound
+	case err != nil:
+		return 0, err
+	case len(v) == 0:
+		return 0, fmt.Errorf("%w: empty key registry entry", shm.ErrCorrupt)
 	}
-	if err != nil {
-		return 0, 0, err
+	return v[len(v)-1], nil
+}
+
+// revokedIDs lists the ids whose revoked sentinel waits for its purge, soonest first.
+func (o *Owner) revokedIDs() []string {
+	o.kmu.Lock()
+	defer o.kmu.Unlock()
+	items := slices.Clone(o.purges.items)
+	slices.SortFunc(items, func(a, b *purgeItem) int { return a.due.Compare(b.due) })
+	ids := make([]string, len(items))
+	for i, it := range items {
+		ids[i] = it.id
 	}
-	if len(v) == 0 {
-		return 0, 0, fmt.Errorf("%w: empty key registry entry", shm.ErrCorrupt)
-	}
-	return v[len(v)-1], ver, nil
+	return ids
 }
 
 // purgeLoop deletes revoked sentinels whose grace has passed.
@@ -263,14 +333,13 @@ func (o *Owner) purgeLoop() {
 	}
 }
 
-// purgeLocked deletes a sentinel if it is still the one the item was scheduled for: same
-// version, still revoked. A key set again since has another version and is left alone.
+// purgeLocked lifts a sentinel if the id is still revoked. A key set again since lifted the
+// sentinel itself and cancelled the purge.
 func (o *Owner) purgeLocked(it *purgeItem) {
-	state, ver, err := o.entry(it.id)
-	if err != nil || state != stateRevoked || ver != it.version {
+	if state, err := o.entry(it.id); err != nil || state != stateRevoked {
 		return
 	}
-	if _, err := o.region.Delete(KindKey, it.id); err != nil {
+	if _, err := o.region.Update(func(tx *shm.Tx) error { return tx.Unmark(KindKey, it.id) }); err != nil {
 		o.log.Warn("shmsteer: purging a revoked key failed", "err", err)
 	}
 }

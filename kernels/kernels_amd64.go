@@ -13,6 +13,10 @@ import "golang.org/x/sys/cpu"
 //go:noescape
 func addRowsSIMD(h, v []float32, s float32, path int) bool
 
+// addRowsAVX512 and addRowsAVX2 are reached only by addRowsSIMD's tail call in assembly;
+// their Go declarations give vet the frame layout.
+//
+//lint:ignore U1000 called from assembly (addRowsSIMD)
 //go:noescape
 func addRowsAVX512(h, v []float32, s float32)
 
@@ -22,6 +26,7 @@ func dotAVX512(a, b []float32) float32
 //go:noescape
 func sumSqAVX512(a []float32) float64
 
+//lint:ignore U1000 called from assembly (addRowsSIMD)
 //go:noescape
 func addRowsAVX2(h, v []float32, s float32)
 

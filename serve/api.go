@@ -52,6 +52,7 @@ var apiErrors = []struct {
 	{steer.ErrUnknownVector, http.StatusBadRequest, "unknown_vector"},
 	{steer.ErrBadRequestID, http.StatusBadRequest, "bad_request_id"},
 	{steer.ErrBadEncoding, http.StatusBadRequest, "bad_encoding"},
+	{steer.ErrOverflow, http.StatusBadRequest, "overflow"},
 	{shm.ErrValueTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
 	{shm.ErrKeyTooLong, http.StatusBadRequest, "bad_name"},
 	{shm.ErrRegionFull, http.StatusInsufficientStorage, "region_full"},
@@ -794,9 +795,8 @@ func (s *Server) dropConversation(r *http.Request, p principal, _ []byte) (any, 
 // Status is GET /v1/status: the steering Status and more.
 type Status struct {
 	steer.Status
-	KeysLive      int     `json:"keys_live"`
-	KeysRevoked   int     `json:"keys_revoked"`
-	IndexSlots    uint64  `json:"index_slots"`
+	KeysLive      int     `json:"keys_live"`    // = keys
+	KeysRevoked   int     `json:"keys_revoked"` // = revoked_keys
 	IndexUsed     uint64  `json:"index_used"`
 	IndexFree     uint64  `json:"index_free"`
 	ReadersPinned uint64  `json:"reader_slots_pinned"`
@@ -811,35 +811,21 @@ type Status struct {
 }
 
 // RegionStatus fills the region-level fields every process can read.
-func RegionStatus(eng *steer.Engine, keys interface {
-	Range(func(string, bool) bool) error
-}) (Status, error) {
+func RegionStatus(eng *steer.Engine) (Status, error) {
 	st, err := eng.Status()
 	if err != nil {
 		return Status{}, err
 	}
-	out := Status{Status: st}
-	if keys != nil {
-		if err := keys.Range(func(_ string, revoked bool) bool {
-			if revoked {
-				out.KeysRevoked++
-			} else {
-				out.KeysLive++
-			}
-			return true
-		}); err != nil {
-			return out, err
-		}
-	}
+	out := Status{Status: st, KeysLive: st.Keys, KeysRevoked: st.RevokedKeys}
 	rs := eng.Region().Stats()
-	out.IndexSlots, out.IndexUsed = rs.IndexSlots, rs.Entries
+	out.IndexUsed = rs.Entries
 	out.IndexFree = rs.IndexSlots - min(rs.Entries, rs.IndexSlots)
 	out.ReadersPinned = rs.ReadersPinned
 	return out, nil
 }
 
 func (s *Server) status() (Status, error) {
-	out, err := RegionStatus(s.eng, s.owner.Keys())
+	out, err := RegionStatus(s.eng)
 	if err != nil {
 		return out, err
 	}

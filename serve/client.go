@@ -54,7 +54,7 @@ func (cs *ClientSession) Close() error { return cs.Client.Close() }
 
 // PrintStatus writes the status as JSON or as aligned text.
 func (cs *ClientSession) PrintStatus(w io.Writer, asJSON bool) error {
-	st, err := RegionStatus(cs.Engine, cs.Client.Keys())
+	st, err := RegionStatus(cs.Engine)
 	if err != nil {
 		return err
 	}
@@ -87,31 +87,34 @@ func (cs *ClientSession) PrintStatus(w io.Writer, asJSON bool) error {
 	return tw.Flush()
 }
 
-// KeysList prints request ids and their state (live or revoked), never key bytes.
+// KeysList prints the request ids with a live key, never key bytes, and how many revoked
+// sentinels stand (their ids are stored hashed: only the owner knows them).
 func (cs *ClientSession) KeysList(w io.Writer) error {
-	type row struct {
-		id    string
-		state string
-	}
-	var rows []row
+	var ids []string
 	err := cs.Client.Keys().Range(func(id string, revoked bool) bool {
-		st := "live"
-		if revoked {
-			st = "revoked"
+		if !revoked {
+			ids = append(ids, id)
 		}
-		rows = append(rows, row{id, st})
 		return true
 	})
 	if err != nil {
 		return err
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].id < rows[j].id })
+	st, err := cs.Engine.Status()
+	if err != nil {
+		return err
+	}
+	sort.Strings(ids)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "REQUEST ID\tSTATE")
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\n", r.id, r.state)
+	for _, id := range ids {
+		fmt.Fprintf(tw, "%s\tlive\n", id)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%d live, %d revoked (revoked ids are stored hashed until their purge)\n", len(ids), st.RevokedKeys)
+	return err
 }
 
 // VectorsList prints the named vectors.

@@ -65,6 +65,7 @@ func newMetrics(s *Server) *metrics {
 	add("clients", "attached_clients", "Worker processes attached now.", g)
 	add("version", "region_version", "Last published region version.", g)
 	add("readers_pinned", "reader_slots_pinned", "Reader slots inside a read section now.", g)
+	add("pin_age", "oldest_reader_pin_age_seconds", "How long the reader slot pinned at the lowest version has held it (0: no pin); seconds mean a stuck worker or a snapshot left open.", g)
 	add("modules", "steering_modules", "Registered steering modules.", g)
 	add("state_saves", "state_saves_total", "State files written since start.", ct)
 	add("api_keys", "api_keys", "API keys configured.", g)
@@ -106,6 +107,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	emit("clients", float64(st.AttachedClients))
 	emit("version", float64(st.Version))
 	emit("readers_pinned", float64(st.ReadersPinned))
+	pinAge := 0.0
+	if st.OldestPin != nil {
+		pinAge = st.OldestPin.AgeSeconds
+	}
+	emit("pin_age", pinAge)
 	emit("modules", float64(st.Modules))
 	emit("state_saves", float64(st.StateSaves))
 	emit("api_keys", float64(st.APIKeys))

@@ -264,7 +264,8 @@ func parseClampSpec(spec ClampSpec) ([]steer.Clamp, error) {
 }
 
 // parseClamp reads {vector, min?, max?, strength?} or {vector, value, strength?}. An open
-// bound is ±MaxFloat32; strength defaults to 1 and must be in [0, 1].
+// bound is ±openBound, just below steer.MaxMagnitude (no projection reaches it); strength defaults to 1 and must be
+// in [0, 1].
 func parseClamp(raw json.RawMessage) (steer.Clamp, error) {
 	var e struct {
 		Vector   []float32 `json:"vector"`
@@ -279,7 +280,7 @@ func parseClamp(raw json.RawMessage) (steer.Clamp, error) {
 	if len(e.Vector) == 0 {
 		return steer.Clamp{}, badInput("clamp needs a non-empty \"vector\"")
 	}
-	c := steer.Clamp{Dir: e.Vector, Min: -math.MaxFloat32, Max: math.MaxFloat32, Strength: 1}
+	c := steer.Clamp{Dir: e.Vector, Min: -openBound, Max: openBound, Strength: 1}
 	switch {
 	case e.Value != nil && (e.Min != nil || e.Max != nil):
 		return c, badInput("clamp \"value\" excludes \"min\" and \"max\"")
@@ -302,6 +303,9 @@ func parseClamp(raw json.RawMessage) (steer.Clamp, error) {
 	}
 	return c, nil
 }
+
+// openBound is the largest float32 not above steer.MaxMagnitude (float32(1e30) rounds up).
+var openBound = math.Nextafter32(float32(steer.MaxMagnitude), 0)
 
 var dtypeSize = map[string]int{"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 

@@ -23,8 +23,22 @@
 // follows an index word to the newest blob whose version is not above its pin, and so sees
 // every write of a transaction or none of it. A replaced blob is retired at the version that
 // replaced it and reused only when every pinned slot is at or above that version; slots of dead
-// processes are found (pid gone or reused) and cleared, so a crashed reader never blocks
-// reclamation for long.
+// processes are found and cleared, so a crashed reader never blocks reclamation for long.
+//
+// # Reader liveness
+//
+// A slot is tied to its claimer by an OFD lock on the slot's bytes of the reader file, taken
+// through a file description the claimer opened privately; the kernel drops it when the
+// process ends, in whatever PID namespace it runs (containers), and the owner tests it with
+// F_OFD_GETLK (lease_linux.go). Pids are recorded for operators only. The owner also notes
+// when it first saw each pin, so Stats.OldestPin names a stuck reader (pid, version, age) and
+// an ErrRegionFull it causes says so.
+//
+// # Marks
+//
+// A mark is a key without a value, visible from one version to another, that costs a 32-byte
+// entry of a table apart from the index and arena (marks.go): the key registry's revoked
+// sentinels, which must always fit and may number hundreds of thousands.
 //
 // # Reading fast
 //

@@ -5,8 +5,9 @@ import "errors"
 var (
 	// ErrNotFound means no live value is stored under the kind and key at the version read.
 	ErrNotFound = errors.New("shmsteer: not found")
-	// ErrRegionFull means the arena or the index has no room for the write; nothing was
-	// changed. Delete values, or create the region with a larger Config.
+	// ErrRegionFull means the arena, the index or the mark table has no room for the write;
+	// nothing was changed. The message says which part is full, how full, and which Config
+	// field to raise; when reclamation is held back by a reader's pin it names that reader.
 	ErrRegionFull = errors.New("shmsteer: region full")
 	// ErrKeyTooLong means a key is empty or longer than MaxKeyLen bytes.
 	ErrKeyTooLong = errors.New("shmsteer: key empty or too long")
@@ -43,6 +44,12 @@ var (
 	ErrSnapshotFuture = errors.New("shmsteer: snapshot version not yet published")
 	// ErrValueTooLarge means a value exceeds MaxValueLen or the whole arena.
 	ErrValueTooLarge = errors.New("shmsteer: value too large")
+	// ErrLeaseUnavailable means a reader could not take the lock that ties its reader slots to
+	// its life: it needs /proc mounted (to reopen the reader file privately) and OFD locks.
+	ErrLeaseUnavailable = errors.New("shmsteer: cannot take a reader-slot lease")
+	// ErrMarked means a key has no value but carries a mark (Tx.Mark) at the version read: the
+	// key registry's revoked sentinel.
+	ErrMarked = errors.New("shmsteer: key is marked")
 	// ErrUnsupported means this operating system lacks memfd; shmsteer needs Linux.
 	ErrUnsupported = errors.New("shmsteer: shared regions need Linux memfd")
 )

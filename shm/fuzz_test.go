@@ -6,7 +6,7 @@ import (
 )
 
 func validHeader() []byte {
-	l := computeLayout(64, 64<<10, 4, 64)
+	l := computeLayout(64, 64, 64<<10, 4, 64)
 	l.hashK0, l.hashK1, l.regionID = 1, 2, 3
 	h := make([]byte, headerSize)
 	writeHeader(h, l, 42, 7, []byte("cfg"))
@@ -17,7 +17,7 @@ func validHeader() []byte {
 // panic, and whatever it accepts must describe sections inside the file.
 func FuzzParseHeader(f *testing.F) {
 	h := validHeader()
-	l := computeLayout(64, 64<<10, 4, 64)
+	l := computeLayout(64, 64, 64<<10, 4, 64)
 	f.Add(h, l.totalSize)
 	f.Add(h[:100], uint64(100))
 	f.Add(make([]byte, headerSize), uint64(headerSize))
@@ -26,7 +26,7 @@ func FuzzParseHeader(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if got.arenaOff+got.arenaSize != size || got.indexOff+8*got.indexSlots > got.arenaOff || got.totalSize != size {
+		if got.arenaOff+got.arenaSize != size || got.indexOff+8*got.indexSlots > got.markOff || got.markOff+markEntry*got.markSlots > got.arenaOff || got.totalSize != size {
 			t.Fatalf("accepted a layout outside the file: %+v size %d", got, size)
 		}
 	})

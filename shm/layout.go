@@ -8,7 +8,7 @@ import (
 )
 
 // LayoutVersion is the version of the binary layout this build reads and writes.
-const LayoutVersion = 1
+const LayoutVersion = 2
 
 const (
 	dataMagic    = 0x3130415441444d53 // "SMDATA01" little-endian
@@ -36,7 +36,9 @@ const (
 	hOwnerStart   = 104
 	hDeleteRes    = 112
 	hFlags        = 120
-	hChecksum     = 128 // crc32c of bytes [0, 128) and of the user config
+	hMarkOff      = 128
+	hMarkSlots    = 136
+	hChecksum     = 144 // crc32c of bytes [0, 144) and of the user config
 	hVersion      = 192 // global version, published last by every commit
 	hHorizon      = 256 // oldest version whose data is guaranteed intact
 	hReclaimSeq   = 320 // odd while a reclamation pass runs
@@ -47,6 +49,8 @@ const (
 	hCommits      = 416
 	hReclaimed    = 424 // bytes reclaimed over the region's life
 	hDeadCleared  = 432 // reader slots of dead processes cleared
+	hMarks        = 440 // marks present at the last version
+	hMarkEntries  = 448 // mark entries ever written and not yet empty (present, removed or tombstones)
 
 	// flagMembarrier: the owner fences every registered reader process with
 	// membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) before it scans reader slots, so readers that
@@ -63,8 +67,23 @@ const (
 	rSlots     = 8
 	rRegionID  = 16
 	rHighWater = 24 // one past the highest slot ever claimed
-	slotOwner  = 0  // pid<<32 | low 32 bits of the process start time; 0 = free
-	slotPin    = 8  // pinned version; 0 = not reading
+	// A slot's words. The claimer writes owner, pin and pid; the owner process writes seenPin
+	// and seenSince as it scans, so any process can tell how long a pin has been held.
+	slotOwner     = 0  // the claimer's lease word (random, top bit set); 0 = free; clearing = being cleared
+	slotPin       = 8  // pinned version; 0 = not reading
+	slotPID       = 16 // the claimer's pid as it sees itself (informational: it may be in another PID namespace)
+	slotSeenPin   = 24 // the pin the owner saw at its last scan
+	slotSeenSince = 32 // unix nanoseconds when the owner first saw that pin
+	clearingWord  = 1  // an owner word that no lease takes: the owner is clearing a dead claimer's slot
+
+	// Mark entries: 32 bytes each (markEntry): tag, added version, removed version (0 = still
+	// present), zero. A tag is never 0 (empty) or markTomb (a reclaimed entry, skipped by probes).
+	markEntry    = 32
+	markTag      = 0
+	markAdded    = 8
+	markRemoved  = 16
+	markTomb     = ^uint64(0)
+	maxMarkProbe = 128
 
 	// Index words: 0 = empty, tombstone = deleted and unlinked, else fingerprint<<32 | (unit+1)
 	// where unit is the blob's arena offset in 64-byte units.
@@ -107,6 +126,8 @@ type layout struct {
 	regionID    uint64
 	deleteRes   uint64
 	flags       uint64
+	markOff     uint64
+	markSlots   uint64
 }
 
 func (l *layout) mask() uint64 { return l.indexSlots - 1 }
@@ -115,10 +136,13 @@ func (l *layout) mask() uint64 { return l.indexSlots - 1 }
 func readersSize(n uint64) uint64 { return lineSize * (n + 1) }
 
 // computeLayout places the sections for a validated config.
-func computeLayout(indexSlots, arenaBytes, readerSlots, maxProbe uint64) layout {
+func computeLayout(indexSlots, markSlots, arenaBytes, readerSlots, maxProbe uint64) layout {
 	indexOff := uint64(headerSize)
-	arenaOff := alignUp(indexOff+8*indexSlots, 4096)
+	markOff := alignUp(indexOff+8*indexSlots, 4096)
+	arenaOff := alignUp(markOff+markEntry*markSlots, 4096)
 	return layout{
+		markOff:     markOff,
+		markSlots:   markSlots,
 		totalSize:   arenaOff + arenaBytes,
 		indexOff:    indexOff,
 		indexSlots:  indexSlots,
@@ -159,6 +183,8 @@ func writeHeader(h []byte, l layout, ownerPID, ownerStart uint64, userConfig []b
 	le.PutUint64(h[hOwnerStart:], ownerStart)
 	le.PutUint64(h[hDeleteRes:], l.deleteRes)
 	le.PutUint64(h[hFlags:], l.flags)
+	le.PutUint64(h[hMarkOff:], l.markOff)
+	le.PutUint64(h[hMarkSlots:], l.markSlots)
 	copy(h[hUserConfig:hUserConfig+UserConfigSize], userConfig)
 	le.PutUint64(h[hChecksum:], uint64(headerChecksum(h)))
 }
@@ -202,6 +228,8 @@ func parseHeader(h []byte, fileSize uint64) (layout, error) {
 		regionID:    le.Uint64(h[hRegionID:]),
 		deleteRes:   le.Uint64(h[hDeleteRes:]),
 		flags:       le.Uint64(h[hFlags:]),
+		markOff:     le.Uint64(h[hMarkOff:]),
+		markSlots:   le.Uint64(h[hMarkSlots:]),
 	}
 	if err := l.check(fileSize); err != nil {
 		return layout{}, err
@@ -221,7 +249,11 @@ func (l *layout) check(fileSize uint64) error {
 		return bad("index offset %d", l.indexOff)
 	case l.indexSlots < minIndexSlots || l.indexSlots > maxIndexSlots || bits.OnesCount64(l.indexSlots) != 1:
 		return bad("index slots %d", l.indexSlots)
-	case l.arenaOff != alignUp(l.indexOff+8*l.indexSlots, 4096):
+	case l.markOff != alignUp(l.indexOff+8*l.indexSlots, 4096):
+		return bad("mark offset %d", l.markOff)
+	case l.markSlots < minMarkSlots || l.markSlots > maxMarkSlots || bits.OnesCount64(l.markSlots) != 1:
+		return bad("mark slots %d", l.markSlots)
+	case l.arenaOff != alignUp(l.markOff+markEntry*l.markSlots, 4096):
 		return bad("arena offset %d", l.arenaOff)
 	case l.arenaSize < minArenaBytes || l.arenaSize > maxArenaBytes || l.arenaSize%blobAlign != 0:
 		return bad("arena size %d", l.arenaSize)

@@ -143,6 +143,12 @@ func openChildRegion() (*Region, error) {
 }
 
 func runChild(role string) int {
+	if os.Getenv(mountProcEnv) == "1" {
+		if err := mountOwnProc(); err != nil {
+			fmt.Println("ERR mount /proc:", err)
+			return 2
+		}
+	}
 	if role == "writer" { // creates its own region
 		return childWriter()
 	}
@@ -157,6 +163,10 @@ func runChild(role string) int {
 		return childVerify(r)
 	case "hold":
 		return childHold(r)
+	case "hold-lease":
+		return childHoldLease(r)
+	case "pin-stop":
+		return childPinStop(r)
 	case "bench-get":
 		n, _ := strconv.Atoi(os.Getenv("SHMSTEER_SHM_N"))
 		return childGetLoop(r, max(n, 1))

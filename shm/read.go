@@ -2,6 +2,7 @@ package shm
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"sync/atomic"
 )
@@ -110,17 +111,34 @@ func (r *Region) claimSlot(have int32) error {
 }
 
 // claimFreeSlotLocked marks a free reader slot as this process's and returns its offset. The
-// caller holds slotMu.
+// caller holds slotMu. A reader takes its lease (an OFD lock on the slot) before it writes the
+// slot's owner word, so the owner never sees a claimed slot without a lease behind it.
 func (r *Region) claimFreeSlotLocked() (uint64, error) {
 	if r.closed.Load() {
 		return 0, ErrClosed
 	}
 	for i := uint64(0); i < r.l.readerSlots; i++ {
 		s := slotOff(i)
+		if load64(r.readers, s+slotOwner) != 0 {
+			continue
+		}
+		if r.lease != nil {
+			ok, err := lockSlot(r.lease, s)
+			if err != nil {
+				return 0, err
+			}
+			if !ok {
+				continue // another process is claiming or releasing it
+			}
+		}
 		if !cas64(r.readers, s+slotOwner, 0, r.me) {
+			if r.lease != nil {
+				unlockSlot(r.lease, s)
+			}
 			continue
 		}
 		store64(r.readers, s+slotPin, 0)
+		store64(r.readers, s+slotPID, uint64(os.Getpid()))
 		for {
 			hw := load64(r.readers, rHighWater)
 			if hw > i || cas64(r.readers, rHighWater, hw, i+1) {
@@ -130,13 +148,17 @@ func (r *Region) claimFreeSlotLocked() (uint64, error) {
 		r.claimed[s] = true
 		return s, nil
 	}
-	return 0, fmt.Errorf("%w: all %d claimed", ErrNoReaderSlot, r.l.readerSlots)
+	return 0, fmt.Errorf("%w: all %d claimed; create the region with more ReaderSlots or close idle readers", ErrNoReaderSlot, r.l.readerSlots)
 }
 
-// releaseSlot gives a slot back; the caller holds slotMu.
+// releaseSlot gives a slot back; the caller holds slotMu. The lease goes last, so the owner
+// never finds this slot claimed and unleased while we still use it.
 func (r *Region) releaseSlot(s uint64) {
 	store64(r.readers, s+slotPin, 0)
 	cas64(r.readers, s+slotOwner, r.me, 0)
+	if r.lease != nil {
+		unlockSlot(r.lease, s)
+	}
 	delete(r.claimed, s)
 }
 
@@ -206,6 +228,9 @@ func (rd *Reader) Get(kind Kind, key string, dst []byte) ([]byte, error) {
 		v = atomic.LoadUint64(rd.pinWord)
 	}
 	dst, err := r.getFast(kind, stringBytes(key), v, dst)
+	if err == ErrNotFound {
+		err = r.notFound(kind, stringBytes(key), v)
+	}
 	storeRelaxed(rd.pinWord, 0)
 	return dst, err
 }
@@ -365,6 +390,9 @@ func (r *Region) Get(kind Kind, key string, dst []byte) ([]byte, error) {
 		return dst, err
 	}
 	dst, err = r.getFast(kind, stringBytes(key), v, dst)
+	if err == ErrNotFound {
+		err = r.notFound(kind, stringBytes(key), v)
+	}
 	r.unpin(slot)
 	return dst, err
 }
@@ -418,7 +446,19 @@ func (s *Snapshot) find(kind Kind, key string) (blob, error) {
 	if s.r == nil {
 		return blob{}, ErrClosed
 	}
-	return s.r.lookup(kind, stringBytes(key), s.version)
+	b, err := s.r.lookup(kind, stringBytes(key), s.version)
+	if err == ErrNotFound {
+		err = s.r.notFound(kind, stringBytes(key), s.version)
+	}
+	return b, err
+}
+
+// Marked reports whether (kind, key) carries a mark at the snapshot's version (Tx.Mark).
+func (s *Snapshot) Marked(kind Kind, key string) (bool, error) {
+	if s.r == nil {
+		return false, ErrClosed
+	}
+	return s.r.marked(kind, stringBytes(key), s.version), nil
 }
 
 // Get appends the value of (kind, key) at the snapshot's version to dst.

@@ -22,13 +22,21 @@ const (
 	maxArenaBytes  = 64 << 30
 	maxReaderSlots = 4096
 	maxLocalSlots  = 64
+	minMarkSlots   = 64
+	maxMarkSlots   = 1 << 26
 
 	// DefaultIndexSlots, DefaultArenaBytes, DefaultReaderSlots and DefaultMaxProbe are the
-	// Config values used for zero fields.
-	DefaultIndexSlots  = 1 << 16
+	// Config values used for zero fields. 32 Ki index words hold some 20 k live values (keys,
+	// named vectors, requests' steering) and cost 256 KiB resident once used: revoked keys,
+	// the one thing that piles up by the hundred thousand, live in the mark table instead.
+	DefaultIndexSlots  = 1 << 15
 	DefaultArenaBytes  = 64 << 20
 	DefaultReaderSlots = 256
 	DefaultMaxProbe    = 64
+	// DefaultMarkSlots sizes the mark table: 512 Ki entries of 32 bytes (16 MiB of address
+	// space, resident only as entries are written), room for the 300 k revoked keys that 5,000
+	// revocations a second leave pending over a 60 s grace, at a load that keeps probes short.
+	DefaultMarkSlots = 1 << 19
 )
 
 // Config sizes a region. Zero fields take the defaults.
@@ -45,6 +53,10 @@ type Config struct {
 	ReaderSlots int
 	// MaxProbe bounds the index probe length, and so the cost of a miss.
 	MaxProbe int
+	// MarkSlots is the number of entries of the mark table (Tx.Mark), a power of two: a mark
+	// costs one 32-byte entry and no arena space. Keep it at least twice the marks that are
+	// ever present at once.
+	MarkSlots int
 	// UserConfig is up to UserConfigSize bytes stored in the immutable header, where every
 	// process that opens the region can read it (Region.UserConfig).
 	UserConfig []byte
@@ -63,6 +75,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxProbe == 0 {
 		c.MaxProbe = min(DefaultMaxProbe, c.IndexSlots)
 	}
+	if c.MarkSlots == 0 {
+		c.MarkSlots = DefaultMarkSlots
+	}
 	switch {
 	case c.IndexSlots < minIndexSlots || c.IndexSlots > maxIndexSlots || bits.OnesCount(uint(c.IndexSlots)) != 1:
 		return c, fmt.Errorf("%w: IndexSlots %d must be a power of two in [%d, %d]", ErrBadConfig, c.IndexSlots, minIndexSlots, maxIndexSlots)
@@ -70,6 +85,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: ArenaBytes %d must be a multiple of 64 in [%d, %d]", ErrBadConfig, c.ArenaBytes, minArenaBytes, int64(maxArenaBytes))
 	case c.ReaderSlots < 1 || c.ReaderSlots > maxReaderSlots:
 		return c, fmt.Errorf("%w: ReaderSlots %d must be in [1, %d]", ErrBadConfig, c.ReaderSlots, maxReaderSlots)
+	case c.MarkSlots < minMarkSlots || c.MarkSlots > maxMarkSlots || bits.OnesCount(uint(c.MarkSlots)) != 1:
+		return c, fmt.Errorf("%w: MarkSlots %d must be a power of two in [%d, %d]", ErrBadConfig, c.MarkSlots, minMarkSlots, maxMarkSlots)
 	case c.MaxProbe < 1 || c.MaxProbe > c.IndexSlots:
 		return c, fmt.Errorf("%w: MaxProbe %d must be in [1, IndexSlots]", ErrBadConfig, c.MaxProbe)
 	case len(c.UserConfig) > UserConfigSize:
@@ -84,12 +101,18 @@ type Region struct {
 	l       layout
 	data    []byte // whole data mapping: read-write in the owner, read-only in readers
 	index   []byte
+	marks   []byte
 	arena   []byte
 	readers []byte // reader slots, read-write everywhere
 	maps    mappings
 	files   [2]*os.File // owner only: the memfds, for passing to readers
-	me      uint64      // this process's slot owner word
-	relaxed bool        // pins may use plain stores (see flagMembarrier)
+	// lease is this Region's own open file description of the reader file (readers only): it
+	// holds an OFD lock on every slot this Region claims, which the kernel drops when the
+	// process ends, in whatever PID namespace it runs. The owner tests the locks to tell live
+	// claimers from dead ones (see lease_linux.go).
+	lease   *os.File
+	me      uint64 // this Region's lease word, written in the slots it claims
+	relaxed bool   // pins may use plain stores (see flagMembarrier)
 	closed  atomic.Bool
 
 	slotMu  sync.Mutex      // serializes claiming and releasing reader slots
@@ -110,7 +133,7 @@ func Create(cfg Config) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := computeLayout(uint64(cfg.IndexSlots), uint64(cfg.ArenaBytes), uint64(cfg.ReaderSlots), uint64(cfg.MaxProbe))
+	l := computeLayout(uint64(cfg.IndexSlots), uint64(cfg.MarkSlots), uint64(cfg.ArenaBytes), uint64(cfg.ReaderSlots), uint64(cfg.MaxProbe))
 	var salt [24]byte
 	if _, err := rand.Read(salt[:]); err != nil {
 		return nil, fmt.Errorf("shmsteer: reading random salt: %w", err)
@@ -119,7 +142,7 @@ func Create(cfg Config) (*Region, error) {
 	l.hashK1 = binary.LittleEndian.Uint64(salt[8:])
 	l.regionID = binary.LittleEndian.Uint64(salt[16:]) | 1
 
-	me, err := selfOwnerWord()
+	me, err := newLeaseWord()
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +153,7 @@ func Create(cfg Config) (*Region, error) {
 	if err := r.createFiles(); err != nil {
 		return nil, err
 	}
-	writeHeader(r.data, l, me>>32, uint64(uint32(me)), cfg.UserConfig)
+	writeHeader(r.data, l, uint64(os.Getpid()), uint64(time.Now().UnixNano()), cfg.UserConfig)
 	le := binary.LittleEndian
 	le.PutUint64(r.readers[rMagic:], readersMagic)
 	le.PutUint64(r.readers[rSlots:], l.readerSlots)
@@ -153,7 +176,7 @@ func Open(data, readers *os.File) (*Region, error) {
 	if data == nil || readers == nil {
 		return nil, fmt.Errorf("%w: nil file", ErrNotRegion)
 	}
-	me, err := selfOwnerWord()
+	me, err := newLeaseWord()
 	if err != nil {
 		return nil, err
 	}
@@ -170,6 +193,8 @@ func (r *Region) slice() {
 	r.versionWord, r.horizonWord = word64(r.data, hVersion), word64(r.data, hHorizon)
 	defer func() { r.indexWords, r.arenaWords = words(r.index), words(r.arena) }()
 	r.index = r.data[r.l.indexOff : r.l.indexOff+8*r.l.indexSlots : r.l.indexOff+8*r.l.indexSlots]
+	mEnd := r.l.markOff + markEntry*r.l.markSlots
+	r.marks = r.data[r.l.markOff:mEnd:mEnd]
 	r.arena = r.data[r.l.arenaOff : r.l.arenaOff+r.l.arenaSize : r.l.arenaOff+r.l.arenaSize]
 }
 
@@ -252,6 +277,29 @@ type Stats struct {
 	ReadersClaimed uint64 // reader slots claimed by some process
 	ReadersPinned  uint64 // reader slots inside a read section right now
 	DeadCleared    uint64 // reader slots of dead processes cleared
+	Marks          uint64 // marks present (Tx.Mark)
+	MarkSlots      uint64 // mark table capacity
+	MarkEntries    uint64 // mark entries in use: present, removed but still visible to a pin, or reclaimed
+	// OldestPin is the reader slot pinned at the lowest version now, the one that holds
+	// reclamation back; zero if no slot is pinned.
+	OldestPin PinInfo
+}
+
+// PinInfo describes a pinned reader slot. A pin that stays for seconds belongs to a stuck
+// process or a snapshot left open: ending that process frees its slots (the owner finds them
+// within a second), closing the snapshot unpins it.
+type PinInfo struct {
+	Slot    int           // slot number
+	PID     int           // the holder's pid as it sees itself (0: unknown); in a container this is a pid of the container's PID namespace
+	Version uint64        // the pinned version
+	Age     time.Duration // how long the owner has seen this pin held (0: not yet observed)
+}
+
+func (p PinInfo) String() string {
+	if p.Version == 0 {
+		return "no pin"
+	}
+	return fmt.Sprintf("reader slot %d (pid %d as the holder sees itself) pinned at version %d for %v", p.Slot, p.PID, p.Version, p.Age.Round(time.Millisecond))
 }
 
 // Stats reads the region's counters; any process may call it.
@@ -269,18 +317,36 @@ func (r *Region) Stats() Stats {
 		Commits:        load64(r.data, hCommits),
 		ReaderSlots:    r.l.readerSlots,
 		DeadCleared:    load64(r.data, hDeadCleared),
+		Marks:          load64(r.data, hMarks),
+		MarkSlots:      r.l.markSlots,
+		MarkEntries:    load64(r.data, hMarkEntries),
 	}
 	hw := min(load64(r.readers, rHighWater), r.l.readerSlots)
 	for i := uint64(0); i < hw; i++ {
 		o := slotOff(i)
 		if load64(r.readers, o+slotOwner) != 0 {
 			s.ReadersClaimed++
-			if load64(r.readers, o+slotPin) != 0 {
+			if pin := load64(r.readers, o+slotPin); pin != 0 {
 				s.ReadersPinned++
+				if s.OldestPin.Version == 0 || pin < s.OldestPin.Version {
+					s.OldestPin = r.pinInfo(i, pin, time.Now())
+				}
 			}
 		}
 	}
 	return s
+}
+
+// pinInfo describes slot i holding pin, with the age the owner's scans recorded.
+func (r *Region) pinInfo(i, pin uint64, now time.Time) PinInfo {
+	o := slotOff(i)
+	p := PinInfo{Slot: int(i), PID: int(int32(load64(r.readers, o+slotPID))), Version: pin}
+	if load64(r.readers, o+slotSeenPin) == pin {
+		if since := int64(load64(r.readers, o+slotSeenSince)); since > 0 {
+			p.Age = max(now.Sub(time.Unix(0, since)), 0)
+		}
+	}
+	return p
 }
 
 func slotOff(i uint64) uint64 { return lineSize * (i + 1) }

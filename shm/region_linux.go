@@ -1,11 +1,9 @@
 package shm
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 
 	"github.com/edsrzf/mmap-go"
 	"golang.org/x/sys/unix"
@@ -120,6 +118,9 @@ func (r *Region) openFiles(data, readers *os.File) (err error) {
 	if err := parseReaders(r.maps.readers, rsize, &r.l); err != nil {
 		return err
 	}
+	if r.lease, err = openPrivate(readers); err != nil {
+		return err
+	}
 	r.data, r.readers = r.maps.data, r.maps.readers
 	return nil
 }
@@ -132,48 +133,10 @@ func (r *Region) unmap() error {
 	if r.maps.readers != nil {
 		errs = append(errs, r.maps.readers.Unmap())
 	}
-	for _, f := range r.files {
+	for _, f := range append(r.files[:], r.lease) {
 		if f != nil {
 			errs = append(errs, f.Close())
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// selfOwnerWord identifies this process in reader slots: pid and start time, so a reused pid
-// is not mistaken for a live reader.
-func selfOwnerWord() (uint64, error) {
-	pid := os.Getpid()
-	start, err := processStart(pid)
-	if err != nil {
-		return 0, fmt.Errorf("shmsteer: reading own start time: %w", err)
-	}
-	return uint64(pid)<<32 | uint64(uint32(start)), nil
-}
-
-// processStart reads a process's start time (clock ticks since boot) from /proc. It fails for a
-// process that does not exist or is a zombie.
-func processStart(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, errors.New("unparsable /proc stat")
-	}
-	f := bytes.Fields(b[i+1:])
-	if len(f) < 20 {
-		return 0, errors.New("short /proc stat")
-	}
-	if f[0][0] == 'Z' || f[0][0] == 'X' {
-		return 0, errors.New("process is dead")
-	}
-	return strconv.ParseUint(string(f[19]), 10, 64)
-}
-
-// ownerAlive reports whether the process named by a slot owner word still runs.
-func ownerAlive(word uint64) bool {
-	start, err := processStart(int(word >> 32))
-	return err == nil && uint32(start) == uint32(word)
 }

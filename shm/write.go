@@ -2,7 +2,6 @@ package shm
 
 import (
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -14,10 +13,17 @@ type writer struct {
 	alloc   *allocator
 	retired []retiredBlob // in retire-version order
 	markers []marker      // deletion markers still linked, in version order
-	// liveness caches process checks by slot owner word, so a long-held snapshot costs one
-	// /proc read per livenessEvery, not one per pass.
+	// liveness caches lease checks by slot owner word, so a pass with many readers costs one
+	// fcntl per reader per livenessEvery, not one per pass.
 	liveness map[uint64]time.Time
 	pending  int // commits since the last reclamation pass
+	// lastBound describes the pin that limited the last pass, for ErrRegionFull messages.
+	lastBound PinInfo
+
+	// The mark table's private bookkeeping (marks.go).
+	markFree    map[uint64]bool // reclaimed entries that may take new marks
+	markRemoved []markRef       // entries unmarked at a version, in version order
+	markRetired []markRef       // tombstones waiting for every pin to pass their version
 }
 
 type retiredBlob struct{ off, size, version uint64 }
@@ -25,14 +31,14 @@ type retiredBlob struct{ off, size, version uint64 }
 type marker struct{ slot, word, version, off, size uint64 }
 
 const (
-	livenessEvery = 200 * time.Millisecond
+	livenessEvery = 50 * time.Millisecond
 	// reclaimEvery bounds how many commits may pass between reclamation passes; a pass also
 	// runs whenever an allocation fails.
 	reclaimEvery = 32
 )
 
 func newWriter(l layout) *writer {
-	return &writer{alloc: newAllocator(l.arenaSize), liveness: map[uint64]time.Time{}}
+	return &writer{alloc: newAllocator(l.arenaSize), liveness: map[uint64]time.Time{}, markFree: map[uint64]bool{}}
 }
 
 // Tx is one atomic write: every Put and Delete in it is published with one version, so readers
@@ -41,6 +47,7 @@ type Tx struct {
 	r       *Region
 	version uint64
 	ops     []txOp
+	marks   []markOp
 }
 
 type txOp struct {
@@ -177,8 +184,7 @@ func (tx *Tx) plan(kind Kind, key string, valueLen int, isDelete bool) (*txOp, e
 		if fresh {
 			tx.dropOp(op)
 		}
-		return nil, fmt.Errorf("%w: no %d free bytes in the arena (%d of %d in use, %d retired)",
-			ErrRegionFull, size, r.w.alloc.used, r.l.arenaSize, load64(r.data, hRetiredBytes))
+		return nil, r.arenaFull(size, isDelete)
 	}
 	if !fresh { // replace what this Tx planned earlier for the key
 		tx.release(op.off, op.size)
@@ -204,6 +210,7 @@ func (tx *Tx) abort() {
 		tx.release(op.off, op.size)
 	}
 	tx.ops = nil
+	tx.abortMarks()
 }
 
 // dropOp forgets an op that planned nothing.
@@ -261,7 +268,9 @@ probe:
 		}
 	}
 	if free < 0 {
-		return nil, false, fmt.Errorf("%w: no free index word within %d probes (IndexSlots %d)", ErrRegionFull, r.l.maxProbe, r.l.indexSlots)
+		used, tombs := r.indexUse()
+		return nil, false, fmt.Errorf("%w: index: no free word within %d probes of the key's hash (%d of %d words in use, %d of them reclaimed deletions); raise Config.IndexSlots",
+			ErrRegionFull, r.l.maxProbe, used, r.l.indexSlots, tombs)
 	}
 	s := uint64(free)
 	tx.ops = append(tx.ops, txOp{kind: kind, key: key, hash: h, slot: s, old: load64(r.index, s*8)})
@@ -292,6 +301,7 @@ func (r *Region) commit(tx *Tx) {
 		}
 	}
 	retired += r.unlinkMarkers(v)
+	tx.commitMarks()
 	add64(r.data, hEntries, uint64(dEntries))
 	add64(r.data, hLiveBytes, uint64(dLive))
 	add64(r.data, hRetiredBytes, retired)
@@ -360,6 +370,7 @@ func (r *Region) reclaimLocked() {
 		return
 	}
 	now := time.Now()
+	w.lastBound = PinInfo{}
 	hw := min(load64(r.readers, rHighWater), r.l.readerSlots)
 	for i := uint64(0); i < hw; i++ {
 		s := slotOff(i)
@@ -367,16 +378,14 @@ func (r *Region) reclaimLocked() {
 		if owner == 0 {
 			continue
 		}
-		if owner != r.me && now.Sub(w.liveness[owner]) > livenessEvery {
-			if !ownerAlive(owner) {
-				r.clearSlot(s, owner)
-				delete(w.liveness, owner)
-				continue
-			}
-			w.liveness[owner] = now
+		if !r.slotAlive(s, owner, now, false) {
+			continue
 		}
-		if pin := load64(r.readers, s+slotPin); pin != 0 && pin < bound {
+		pin := load64(r.readers, s+slotPin)
+		r.observePin(s, pin, now)
+		if pin != 0 && pin < bound {
 			bound = pin
+			w.lastBound = r.pinInfo(i, pin, now)
 		}
 	}
 	var freed uint64
@@ -396,15 +405,55 @@ func (r *Region) reclaimLocked() {
 		add64(r.data, hReclaimed, freed)
 		store64(r.data, hAllocBytes, w.alloc.used)
 	}
+	r.reclaimMarks(bound)
 	store64(r.data, hHorizon, bound)
 	add64(r.data, hReclaimSeq, 1) // even: pass done
 }
 
-func (r *Region) clearSlot(s, owner uint64) {
-	store64(r.readers, s+slotPin, 0)
-	if cas64(r.readers, s+slotOwner, owner, 0) {
-		add64(r.data, hDeadCleared, 1)
+// slotAlive checks the claimer of slot s (owner word owner) and clears the slot if its
+// claimer is gone; fresh skips the liveness cache. Slots of this Region and slots being
+// cleared count as alive.
+func (r *Region) slotAlive(s, owner uint64, now time.Time, fresh bool) bool {
+	w := r.w
+	if owner == r.me || owner == clearingWord {
+		return true
 	}
+	if !fresh && now.Sub(w.liveness[owner]) <= livenessEvery {
+		return true
+	}
+	if slotHeld(r.files[1], s) {
+		w.liveness[owner] = now
+		return true
+	}
+	r.clearSlot(s, owner)
+	delete(w.liveness, owner)
+	return false
+}
+
+// observePin records in the slot when the owner first saw its current pin, so every process
+// can tell a pin's age (Stats.OldestPin).
+func (r *Region) observePin(s, pin uint64, now time.Time) {
+	if pin == 0 {
+		return
+	}
+	if load64(r.readers, s+slotSeenPin) != pin || load64(r.readers, s+slotSeenSince) == 0 {
+		store64(r.readers, s+slotSeenSince, uint64(now.UnixNano()))
+		store64(r.readers, s+slotSeenPin, pin)
+	}
+}
+
+// clearSlot frees the slot of a claimer that is gone. The owner word goes to clearingWord
+// first, so no new claimer can take the slot (and pin) before its pin is cleared.
+func (r *Region) clearSlot(s, owner uint64) {
+	if !cas64(r.readers, s+slotOwner, owner, clearingWord) {
+		return
+	}
+	store64(r.readers, s+slotPin, 0)
+	store64(r.readers, s+slotSeenPin, 0)
+	store64(r.readers, s+slotSeenSince, 0)
+	store64(r.readers, s+slotPID, 0)
+	store64(r.readers, s+slotOwner, 0)
+	add64(r.data, hDeadCleared, 1)
 }
 
 // Reclaim runs a reclamation pass now, and unlinks deletion markers every reader has seen (which
@@ -421,48 +470,76 @@ func (r *Region) Reclaim() error {
 		return ErrClosed
 	}
 	r.reclaimLocked()
-	if len(w.markers) > 0 && w.markers[0].version <= load64(r.data, hHorizon) {
+	if (len(w.markers) > 0 && w.markers[0].version <= load64(r.data, hHorizon)) || len(w.markRetired) > 0 {
+		// A commit unlinks markers, and lets reclaimed mark entries be reused once every pin
+		// passes it.
 		r.commit(&Tx{r: r, version: load64(r.data, hVersion) + 1})
 		r.reclaimLocked()
 	}
 	return nil
 }
 
-// ReleaseReaders clears the reader slots of process pid once it has exited, waiting up to wait
-// for it to do so (a client's socket closes a moment before its process is reaped). It returns
-// how many slots it cleared; the slots of a process still alive are never touched. Owner only.
-func (r *Region) ReleaseReaders(pid int, wait time.Duration) (int, error) {
+// SweepReaders clears the reader slots of every process that has ended (its lease is gone),
+// checking each claimed slot now, and returns how many it cleared. The owner calls it when a
+// client disconnects and periodically, so a killed worker's slots are freed within a second
+// whether or not anything is written. Owner only.
+func (r *Region) SweepReaders() (int, error) {
 	w := r.w
 	if w == nil {
 		return 0, ErrReadOnly
 	}
-	deadline := time.Now().Add(wait)
-	for {
-		cleared, alive := 0, false
-		w.mu.Lock()
-		for i := uint64(0); i < min(load64(r.readers, rHighWater), r.l.readerSlots); i++ {
-			s := slotOff(i)
-			owner := load64(r.readers, s+slotOwner)
-			if owner == 0 || int(owner>>32) != pid || owner == r.me {
-				continue
-			}
-			if ownerAlive(owner) {
-				alive = true
-				continue
-			}
-			r.clearSlot(s, owner)
-			delete(w.liveness, owner)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.closed.Load() {
+		return 0, ErrClosed
+	}
+	now := time.Now()
+	cleared := 0
+	for i := uint64(0); i < min(load64(r.readers, rHighWater), r.l.readerSlots); i++ {
+		s := slotOff(i)
+		owner := load64(r.readers, s+slotOwner)
+		if owner == 0 {
+			continue
+		}
+		if r.slotAlive(s, owner, now, true) {
+			r.observePin(s, load64(r.readers, s+slotPin), now)
+		} else {
 			cleared++
 		}
-		w.mu.Unlock()
-		if !alive || time.Now().After(deadline) {
-			if alive {
-				return cleared, fmt.Errorf("shmsteer: process %s still alive after %v; its reader slots are kept", strconv.Itoa(pid), wait)
-			}
-			return cleared, nil
-		}
-		time.Sleep(time.Millisecond)
 	}
+	return cleared, nil
+}
+
+// arenaFull is the ErrRegionFull of an allocation that failed after a reclamation pass: how
+// full the arena is, what holds it, and what to do.
+func (r *Region) arenaFull(size uint64, isDelete bool) error {
+	w := r.w
+	retired := load64(r.data, hRetiredBytes)
+	msg := fmt.Sprintf("arena: no %d free bytes (%d of %d in use: %d live, %d retired, %d reserved for deletions)",
+		size, w.alloc.used, r.l.arenaSize, load64(r.data, hLiveBytes), retired, r.l.deleteRes)
+	if isDelete {
+		msg += "; even the deletion reserve is used up"
+	}
+	if retired > 0 && w.lastBound.Version != 0 {
+		return fmt.Errorf("%w: %s; the retired bytes wait for %v: that process is stuck or holds a snapshot open; end it (its slots are freed within a second) or close its snapshot",
+			ErrRegionFull, msg, w.lastBound)
+	}
+	return fmt.Errorf("%w: %s; delete values or raise Config.ArenaBytes", ErrRegionFull, msg)
+}
+
+// indexUse counts the index words in use and the tombstones among them (error path only).
+func (r *Region) indexUse() (used, tombs uint64) {
+	for i := uint64(0); i < r.l.indexSlots; i++ {
+		switch load64(r.index, i*8) {
+		case 0:
+		case tombstone:
+			used++
+			tombs++
+		default:
+			used++
+		}
+	}
+	return used, tombs
 }
 
 func zero(b []byte) { clear(b) }

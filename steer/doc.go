@@ -1,6 +1,37 @@
 // Package steer owns the activation-steering model of shmsteer: the model config recorded in a
 // region, named steering vectors, global and per-request steering, conversation latches, the
-// per-step apply over hidden states and the gorgonia tensor adapter.
+// per-step apply over hidden states. The gorgonia tensor adapter is package steer/dense, kept
+// apart so that a worker steering plain []float32 blocks does not compile gorgonia.
+//
+// # Vocabulary
+//
+// Hooks are the points of a transformer layer whose hidden states a Stepper steers: Apply(hook,
+// layer, h, …) adds to the T×hidden block h the model hands over at that point. DefaultHooks
+// are those of the reference vLLM fork, for layer L:
+//
+//   - pre_attn: the residual stream entering attention;
+//   - post_attn: the residual stream after attention's output is added;
+//   - post_block: the block's output, the hidden state entering layer L+1 (where llama.cpp adds
+//     a control vector's direction.L: the common choice for control vectors);
+//   - mlp_in: the normalised MLP input;
+//   - mlp_out: the MLP branch's output, after the down-projection (and its all-reduce under
+//     tensor parallelism), before the residual add.
+//
+// A ModelConfig may name other hooks; the names only have to match between the code that
+// registers steering and the code that calls Apply.
+//
+// A steering set maps (hook, layer) to vectors added with a scale (inline, or by reference to
+// a named vector with a strength) and clamps, in three tiers: base (every row) and prefill and
+// decode (only rows in that phase). The effective steering of a row is global base + global
+// phase + request base + request phase. MaxMagnitude bounds what may be added.
+//
+// A conversation (ConvKey: tenant and id; an empty id means none) carries steering from turn to
+// turn: a request admitted with an override triggers a latch, recording the override as its
+// conversation's steering (replacing the older one); a later request of the conversation
+// admitted without an override bridges: it inherits the latched steering. A latch ends when
+// replaced, dropped (DropConversation, or a named vector it references changed or was
+// unregistered, detected at the next bridge) or evicted to fit the caps (LatchConfig; LatchOff
+// turns latching off).
 //
 // # Where the state lives
 //
@@ -11,10 +42,12 @@
 //     carrying its sha256 content digest; the region version that wrote it is its version.
 //   - KindGlobal (17), key "global": the global base, prefill and decode tiers.
 //   - KindRequest (18), key = request id: the steering admitted for a request (its own
-//     override and/or the latched steering of its conversation), written by the owner when the
-//     request is admitted and deleted when it ends.
+//     override and/or the latched steering of its conversation; an empty set if neither),
+//     written by the owner when the request is admitted and deleted when it ends.
 //   - KindStatus (19), key "latches": the latch counters, so Status reads the same numbers in
 //     every process.
+//   - KindComposed (20), key = request id, and KindComposedGlobal (21), key "global": the
+//     request's and the global steering composed per (hook, layer, phase) by the owner.
 //
 // The conversation latch map (Latches) is deterministic owner-side state in private memory:
 // only the scheduler decides admissions, and it publishes the result per request. Workers never
@@ -24,13 +57,17 @@
 // # Step apply
 //
 // A Stepper (one per goroutine) pins one snapshot per step (optionally a version the scheduler
-// handed to every rank), and for each (hook, layer) adds every request's effective vector
+// handed to every rank), and for each (hook, layer) adds every request's effective steering
 // (global base + global phase + request base + request phase) to its rows and then applies its
-// clamps. Effective vectors are composed once into process-private memory and reused while the
-// versions of every region entry they were built from are unchanged, so the steady-state cost is
-// one read-modify-write pass over the steered rows (kernels.AddRows) plus one version check per
-// request per step, with no allocation. A 64-bit checksum over the actions applied (not over
-// floats) lets ranks compare what they did.
+// clamps. The owner composes each steering set once, when it is written, into the region
+// (KindComposed per request, KindComposedGlobal for the global tiers; composed.go): workers
+// read those floats in place, so no rank keeps a copy and no rank composes. A row gets the
+// request's composed vector and the global one (shared by every row, so read from cache); a
+// global change rewrites one entry, and a named vector's change recomposes the sets that
+// reference it in the same transaction. The batch layout is validated and resolved once per
+// step (later Applies compare it), unsteered requests are skipped, and nothing is allocated.
+// A 64-bit checksum over the actions applied (not over floats) lets ranks compare what they
+// did.
 //
 // # Boundaries
 //

@@ -50,7 +50,12 @@ func TestOpenIncompatible(t *testing.T) {
 	other := ModelConfig{Hidden: 41, Layers: 3}
 	_, err := Open(e.Region(), &other, Options{})
 	require.ErrorIs(t, err, ErrIncompatible)
-	require.ErrorIs(t, err, shm.ErrIncompatible)
+	// A model mismatch is not a region layout problem, and the message says what differs.
+	require.NotErrorIs(t, err, shm.ErrIncompatible)
+	require.NotContains(t, err.Error(), "layout")
+	for _, w := range []string{"model config mismatch", "hidden 40", "hidden 41", "same model config"} {
+		require.Contains(t, err.Error(), w)
+	}
 	hooks := ModelConfig{Hidden: 40, Layers: 3, Hooks: []string{"pre_attn"}}
 	_, err = Open(e.Region(), &hooks, Options{})
 	require.ErrorIs(t, err, ErrIncompatible)

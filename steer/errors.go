@@ -4,8 +4,8 @@ import "errors"
 
 var (
 	// ErrIncompatible means the region's recorded model config differs from the one this
-	// process expects, or was not written by this steer version. It also matches
-	// shm.ErrIncompatible with errors.Is.
+	// process expects (start every process with the same model config), or was not written by
+	// this steer version (then it also matches shm.ErrIncompatible with errors.Is).
 	ErrIncompatible = errors.New("shmsteer: incompatible steering config")
 	// ErrBadConfig means a ModelConfig field is out of range; the message names it.
 	ErrBadConfig = errors.New("shmsteer: bad steering config")
@@ -13,6 +13,10 @@ var (
 	ErrBadName = errors.New("shmsteer: vector name empty or longer than 256 bytes")
 	// ErrNonFinite means a vector, scale, strength or clamp bound is NaN or infinite.
 	ErrNonFinite = errors.New("shmsteer: non-finite value")
+	// ErrOverflow means a coefficient, a term or a composed sum of steering exceeds MaxMagnitude,
+	// so applying it could write ±Inf into hidden states; the message names the steering set,
+	// tier, hook, layer and the offending value. Scale the vectors down.
+	ErrOverflow = errors.New("shmsteer: steering magnitude out of range")
 	// ErrHiddenSize means a vector's length is not the model's hidden size.
 	ErrHiddenSize = errors.New("shmsteer: vector length is not the hidden size")
 	// ErrUnknownHook means a hook name is not one of the model's hooks.
@@ -38,14 +42,16 @@ var (
 	// ErrNoStep means Apply was called on a Stepper outside Begin/End.
 	ErrNoStep = errors.New("shmsteer: no step begun")
 	// ErrBadBatch means a batch span is out of the block's rows, reversed, has an empty id or
-	// an unknown phase.
+	// a phase other than PhasePrefill or PhaseDecode.
 	ErrBadBatch = errors.New("shmsteer: bad batch layout")
+	// ErrUnknownRequest means a span names a request with no admitted entry (never admitted,
+	// already ended, or a mistyped id) while Options.StrictRequests is set.
+	ErrUnknownRequest = errors.New("shmsteer: span names a request that was not admitted")
+	// ErrNotServed means the owner has no handler for steering writes: call Engine.Serve in the
+	// owner (with its ipc.Owner's Handle) before workers register vectors.
+	ErrNotServed = errors.New("shmsteer: the owner does not serve steering writes: call Engine.Serve(func(op uint16, h func([]byte) ([]byte, error)) { owner.Handle(op, h) }) in the owner")
 	// ErrShape means a hidden-state block's length or shape does not fit the model.
 	ErrShape = errors.New("shmsteer: bad hidden-state shape")
-	// ErrDtype means a tensor is not float32.
-	ErrDtype = errors.New("shmsteer: tensor is not float32")
-	// ErrNotContiguous means a tensor is a non-contiguous (strided, transposed or masked) view.
-	ErrNotContiguous = errors.New("shmsteer: tensor is not contiguous row-major")
 	// ErrRemote means the owner answered an RPC with an error this build does not know.
 	ErrRemote = errors.New("shmsteer: owner reported an error")
 )

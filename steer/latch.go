@@ -18,6 +18,12 @@ const (
 	DefaultWarnEvery              = 10 * time.Second
 )
 
+// LatchOff, as LatchConfig.MaxConversations or MaxLatchedBytes (any negative value does),
+// turns latching off: no override is latched, no request is bridged, LatchStats.Off (and
+// Status.LatchingOff) says so and Triggers still counts the overrides offered. Zero means the
+// default, not off.
+const LatchOff = -1
+
 // LatchPolicy chooses which latch is evicted first when a cap is exceeded.
 type LatchPolicy uint8
 
@@ -28,10 +34,11 @@ const (
 	LRU
 )
 
-// LatchConfig bounds the conversation latch map. Zero fields take the defaults.
+// LatchConfig bounds the conversation latch map. Zero fields take the defaults; a negative cap
+// (LatchOff) turns latching off.
 type LatchConfig struct {
-	MaxConversations int   // count cap (default 1024)
-	MaxLatchedBytes  int64 // byte cap over by-value latches (default 256 MiB)
+	MaxConversations int   // count cap (0: default 1024; LatchOff: no latching)
+	MaxLatchedBytes  int64 // byte cap over by-value latches (0: default 256 MiB; LatchOff: no latching)
 	Policy           LatchPolicy
 	// WarnEvery rate-limits the warnings for refused oversize overrides and dropped bridges
 	// (per kind of warning); the counters count every event.
@@ -41,13 +48,14 @@ type LatchConfig struct {
 }
 
 // ConvKey names a conversation within a tenant: two tenants using the same conversation id
-// never share a latch.
+// never share a latch. An empty ID means "no conversation", whatever the tenant: such a
+// request neither latches nor bridges.
 type ConvKey struct {
 	Tenant string
 	ID     string
 }
 
-func (k ConvKey) zero() bool { return k.Tenant == "" && k.ID == "" }
+func (k ConvKey) zero() bool { return k.ID == "" }
 
 // Pin records the digest of a named vector a by-reference latch relies on.
 type Pin struct {
@@ -64,6 +72,7 @@ type LatchStats struct {
 	Triggers         uint64 // overrides offered for latching
 	Bridges          uint64 // requests that inherited their conversation's latch
 	BridgeDrops      uint64 // latches dropped at bridge: a named vector gone or changed
+	Off              bool   // latching is turned off (LatchOff)
 }
 
 // Latches is the conversation latch map: the steering override of a conversation's last
@@ -94,10 +103,11 @@ type warnState struct {
 
 // NewLatches makes an empty latch map.
 func NewLatches(cfg LatchConfig) *Latches {
-	if cfg.MaxConversations <= 0 {
+	off := cfg.MaxConversations < 0 || cfg.MaxLatchedBytes < 0
+	if cfg.MaxConversations == 0 {
 		cfg.MaxConversations = DefaultMaxConversations
 	}
-	if cfg.MaxLatchedBytes <= 0 {
+	if cfg.MaxLatchedBytes == 0 {
 		cfg.MaxLatchedBytes = DefaultMaxLatchedBytes
 	}
 	if cfg.WarnEvery <= 0 {
@@ -106,7 +116,7 @@ func NewLatches(cfg LatchConfig) *Latches {
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
-	return &Latches{cfg: cfg, order: list.New(), byKey: map[ConvKey]*list.Element{}}
+	return &Latches{cfg: cfg, order: list.New(), byKey: map[ConvKey]*list.Element{}, st: LatchStats{Off: off}}
 }
 
 // LatchBytes is what latching s costs against the byte cap: the float data it holds by value
@@ -129,21 +139,28 @@ func LatchBytes(s *Steering) int64 {
 // oldest-first until both caps fit. pins are the digests of the named vectors s references,
 // checked at each bridge. An s larger than the byte cap alone is refused (counted, warned):
 // the older latch of k is still dropped, and the caller still applies s to the triggering
-// request. An empty s just drops k's latch. It reports whether s was latched.
+// request. An empty s just drops k's latch. With latching off (LatchOff) nothing is latched.
+// It reports whether s was latched.
 func (l *Latches) Trigger(k ConvKey, s *Steering, pins []Pin) bool {
+	latched, _ := l.trigger(k, s, pins)
+	return latched
+}
+
+// trigger is Trigger, also reporting whether s was refused for its size.
+func (l *Latches) trigger(k ConvKey, s *Steering, pins []Pin) (latched, oversize bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.st.Triggers++
 	l.dropLocked(k)
-	if s.Empty() {
-		return false
+	if s.Empty() || l.st.Off {
+		return false, false
 	}
 	n := LatchBytes(s)
 	if n > l.cfg.MaxLatchedBytes {
 		l.st.OversizeRefusals++
 		l.warnf(0, "shmsteer: steering override of %d bytes for conversation %q/%q exceeds max_latched_bytes %d; not latched (it still steers its own request)",
 			n, k.Tenant, k.ID, l.cfg.MaxLatchedBytes)
-		return false
+		return false, true
 	}
 	e := &latch{key: k, s: cloneSteering(s), pins: append([]Pin(nil), pins...), bytes: n}
 	l.byKey[k] = l.order.PushBack(e)
@@ -155,7 +172,7 @@ func (l *Latches) Trigger(k ConvKey, s *Steering, pins []Pin) bool {
 		l.dropLocked(old.key)
 		l.st.Evictions++
 	}
-	return true
+	return true, false
 }
 
 // Bridge returns the steering latched on k for a request that brings no override. current
@@ -185,6 +202,24 @@ func (l *Latches) Bridge(k ConvKey, current func(name string) (Digest, bool)) (S
 	l.st.Bridges++
 	if l.cfg.Policy == LRU {
 		l.order.MoveToBack(el)
+	}
+	return e.s, true
+}
+
+// peek returns what Bridge would return for k, without any of its effects (no drop, no count,
+// no LRU move), so Admit can check a composition before it changes the latch map.
+func (l *Latches) peek(k ConvKey, current func(name string) (Digest, bool)) (Steering, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	el, ok := l.byKey[k]
+	if !ok {
+		return Steering{}, false
+	}
+	e := el.Value.(*latch)
+	for _, p := range e.pins {
+		if d, ok := current(p.Name); !ok || d != p.Digest {
+			return Steering{}, false
+		}
 	}
 	return e.s, true
 }
@@ -271,7 +306,7 @@ func (l *Latches) StateHash() uint64 {
 		}
 	}
 	st := l.st
-	for _, x := range []uint64{uint64(st.Conversations), uint64(st.Bytes), st.Evictions, st.OversizeRefusals, st.Triggers, st.Bridges, st.BridgeDrops} {
+	for _, x := range []uint64{uint64(st.Conversations), uint64(st.Bytes), st.Evictions, st.OversizeRefusals, st.Triggers, st.Bridges, st.BridgeDrops, latchFlags(st)} {
 		u(x)
 	}
 	return h.Sum64()
@@ -320,4 +355,13 @@ func mergeSteering(a, b *Steering) Steering {
 		t.Clamps = append(append([]Clamp(nil), ta.Clamps...), tb.Clamps...)
 	}
 	return out
+}
+
+// latchFlags packs LatchStats' booleans (bit 0: Off) for the region's status entry and
+// StateHash.
+func latchFlags(st LatchStats) uint64 {
+	if st.Off {
+		return 1
+	}
+	return 0
 }

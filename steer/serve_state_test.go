@@ -107,7 +107,7 @@ func TestLatchExportRestore(t *testing.T) {
 		sa, _ := a.Status()
 		sb, _ := b.Status()
 		sa.Version, sb.Version, sa.ArenaUsed, sb.ArenaUsed, sa.ArenaFree, sb.ArenaFree = 0, 0, 0, 0, 0, 0
-		sa.RequestsWithSteering, sb.RequestsWithSteering = 0, 0
+		sa.RequestsWithSteering, sb.RequestsWithSteering, sa.AdmittedRequests, sb.AdmittedRequests = 0, 0, 0, 0
 		require.Equal(t, sa, sb)
 		for i := range 100 {
 			seed := rng.Uint64()

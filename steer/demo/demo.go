@@ -90,9 +90,19 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if p.Workers < 1 || p.Steps < 1 || p.Hidden < 1 || p.Layers < 1 || p.Tokens < 1 || p.Requests < 1 || p.MaxConv < 1 || p.MaxBytes < 1 || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "shmsteer demo: sizes must be positive; no positional arguments")
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "shmsteer demo: takes no positional arguments (got %q); see -h\n", fs.Args())
 		return 2
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"workers", int64(p.Workers)}, {"steps", int64(p.Steps)}, {"hidden", int64(p.Hidden)}, {"layers", int64(p.Layers)},
+		{"tokens", int64(p.Tokens)}, {"requests", int64(p.Requests)}, {"max-conversations", int64(p.MaxConv)}, {"max-latched-bytes", p.MaxBytes}} {
+		if f.v < 1 {
+			fmt.Fprintf(stderr, "shmsteer demo: -%s must be at least 1 (got %d)\n", f.name, f.v)
+			return 2
+		}
 	}
 	if err := run(p, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "shmsteer demo:", err)
@@ -163,8 +173,12 @@ func run(p params, stdout, stderr io.Writer) error {
 	var logged int
 	eng, err := steer.Open(owner.Region(), &cfg, steer.Options{Clients: owner.Clients,
 		Latch: steer.LatchConfig{MaxConversations: p.MaxConv, MaxLatchedBytes: p.MaxBytes}, Logf: func(f string, a ...any) {
+			if logged == 0 {
+				fmt.Fprintf(stderr, "shmsteer demo: the latch warnings below are behaviours this run demonstrates, not faults: its latch caps are small (-max-conversations %d, -max-latched-bytes %d) so large overrides are not latched, and it re-registers named vectors so latches that reference them are dropped\n",
+					p.MaxConv, p.MaxBytes)
+			}
 			if logged < 5 {
-				fmt.Fprintf(stderr, f+"\n", a...)
+				fmt.Fprintf(stderr, "  demonstrated: "+f+"\n", a...)
 			}
 			logged++
 		}})
@@ -219,8 +233,8 @@ func run(p params, stdout, stderr io.Writer) error {
 		}
 		names = append(names, r.Registered)
 	}
-	fmt.Fprintf(stderr, "shmsteer demo: owner pid %d, %d workers attached (%d clients), %d steps of ≤%d rows over %d layers × %d hooks, hidden %d\n",
-		os.Getpid(), p.Workers, owner.Clients(), p.Steps, p.Tokens, p.Layers, cfg.NumHooks(), p.Hidden)
+	fmt.Fprintf(stderr, "shmsteer demo: owner pid %d, %s attached (%s), %d steps of ≤%d rows over %d layers × %d hooks, hidden %d\n",
+		os.Getpid(), plural(p.Workers, "worker"), plural(owner.Clients(), "client"), p.Steps, p.Tokens, p.Layers, cfg.NumHooks(), p.Hidden)
 
 	drv := newDriver(eng, owner.Keys(), cfg, names, p, rng)
 	var (
@@ -290,8 +304,8 @@ func run(p params, stdout, stderr io.Writer) error {
 	}
 
 	blocks := p.Steps * p.Layers * cfg.NumHooks()
-	fmt.Fprintf(stdout, "shmsteer demo: %d workers, %d steps × %d layers × %d hooks, hidden %d, %d rows in all, %.1fs\n",
-		p.Workers, p.Steps, p.Layers, cfg.NumHooks(), p.Hidden, rows, time.Since(start).Seconds())
+	fmt.Fprintf(stdout, "shmsteer demo: %s, %d steps × %d layers × %d hooks, hidden %d, %d rows in all, %.1fs\n",
+		plural(p.Workers, "worker"), p.Steps, p.Layers, cfg.NumHooks(), p.Hidden, rows, time.Since(start).Seconds())
 	for i := range workers {
 		apply := float64(applyNs[i]) / float64(p.Steps)
 		bare := float64(bareNs[i]) / float64(p.Steps)
@@ -305,8 +319,20 @@ func run(p params, stdout, stderr io.Writer) error {
 	if mismatches > 0 || disagree > 0 {
 		return fmt.Errorf("FAILED: %d reference mismatches (first: %s), %d steps where worker checksums differ", mismatches, firstBad, disagree)
 	}
-	fmt.Fprintf(stdout, "OK: every worker matched the reference on every step, and all %d workers' checksums agree\n", p.Workers)
+	if p.Workers == 1 {
+		fmt.Fprintln(stdout, "OK: the worker matched the reference on every step")
+	} else {
+		fmt.Fprintf(stdout, "OK: every worker matched the reference on every step, and all %d workers' checksums agree\n", p.Workers)
+	}
 	return nil
+}
+
+// plural is "1 worker", "2 workers".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // randomSet makes a named steering set of n entries at distinct (hook, layer) sites.

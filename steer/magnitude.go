@@ -1,0 +1,131 @@
+package steer
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/shmsteer/shmsteer/shm"
+)
+
+// MaxMagnitude bounds every number steering adds to a hidden state, so that nothing finite the
+// user hands in can turn into ±Inf or NaN in a hidden state:
+//
+//   - every coefficient: a vector's Scale, and Strength×Scale for each entry of a referenced
+//     named vector;
+//   - every term: coefficient × data component;
+//   - every composed component: for each (hook, layer, phase), the sum of a steering set's terms
+//     that apply there (its base tier plus its prefill or decode tier), computed separately for
+//     the global steering and for a request's own steering;
+//   - a clamp's Min, Max and Strength, and Strength × max(|Min|, |Max|).
+//
+// Register, SetGlobal and Admit check this in float64 and refuse input beyond the bound with
+// ErrOverflow, changing nothing. A composition that would only exceed it later (a named vector
+// re-registered with larger values under a reference) is refused where it happens: the owner
+// recomposes every set that references the vector in the same transaction, so Register fails
+// with ErrOverflow naming the set and changes nothing. The owner composes in float32, so it
+// allows stepperMargin×MaxMagnitude to keep float32 rounding from refusing what was admitted.
+// The vectors a step adds to a row (global plus request composition) thus stay within
+// 2×stepperMargin×MaxMagnitude, far below the float32 maximum of 3.4e38: every sum is finite.
+const MaxMagnitude = 1e30
+
+// stepperMargin is the Stepper's allowance over MaxMagnitude for float32 rounding in its
+// composition (it sums a site's terms in float32; the write-time check sums in float64).
+const stepperMargin = 2
+
+// magnitudeError builds the ErrOverflow message: where (tier and site), what and the value.
+func magnitudeError(set string, phase Phase, cfg ModelConfig, hook HookID, layer int, what string, value float64) error {
+	return fmt.Errorf("%w: %s, %s tier at (%s, layer %d): %s = %.4g exceeds MaxMagnitude %g",
+		ErrOverflow, set, phase, cfg.HookName(hook), layer, what, value, MaxMagnitude)
+}
+
+// overBound reports whether x is outside [-MaxMagnitude, MaxMagnitude] (NaN included).
+func overBound(x float64) bool { return !(math.Abs(x) <= MaxMagnitude) }
+
+// checkMagnitude checks w (as resolved: refs by name) against MaxMagnitude, composing in float64
+// the way the Stepper composes in float32. named returns the named vector a ref uses (ok false:
+// not registered, contributes nothing). set names the steering set in messages ("global
+// steering", "request \"r1\"", "named vector \"x\"").
+func checkMagnitude(cfg ModelConfig, w *wire, named func(string) (wire, bool), set string) error {
+	d := cfg.Hidden
+	// sums holds the composition of each site-phase touched, ix = ((hook*layers)+layer)*2 + phase-1.
+	sums := map[int][]float64{}
+	add := func(p Phase, hook HookID, layer int, coef float64, data []float32) {
+		for _, q := range []Phase{PhasePrefill, PhaseDecode} {
+			if p != PhaseBase && p != q {
+				continue
+			}
+			ix := (int(hook)*cfg.Layers+layer)*2 + int(q) - 1
+			acc := sums[ix]
+			if acc == nil {
+				acc = make([]float64, d)
+				sums[ix] = acc
+			}
+			for i, f := range data {
+				acc[i] += coef * float64(f)
+			}
+		}
+	}
+	term := func(p Phase, hook HookID, layer int, coef float64, what string, data []float32) error {
+		if overBound(coef) {
+			return magnitudeError(set, p, cfg, hook, layer, what+" coefficient", coef)
+		}
+		for i, f := range data {
+			if x := coef * float64(f); overBound(x) {
+				return magnitudeError(set, p, cfg, hook, layer, fmt.Sprintf("%s × data[%d]", what, i), x)
+			}
+		}
+		add(p, hook, layer, coef, data)
+		return nil
+	}
+	for i, v := range w.vecs {
+		if err := term(v.phase, v.hook, v.layer, float64(v.scale), fmt.Sprintf("vector %d scale", i), v.data); err != nil {
+			return err
+		}
+	}
+	for i, r := range w.refs {
+		nw, ok := named(r.name)
+		if !ok {
+			continue
+		}
+		for j, v := range nw.vecs {
+			what := fmt.Sprintf("ref %d (%q entry %d) strength × scale", i, r.name, j)
+			if err := term(r.phase, v.hook, v.layer, float64(r.strength)*float64(v.scale), what, v.data); err != nil {
+				return err
+			}
+		}
+	}
+	for ix, acc := range sums {
+		for i, x := range acc {
+			if overBound(x) {
+				site := ix / 2
+				return magnitudeError(set, Phase(ix%2+1), cfg, HookID(site/cfg.Layers), site%cfg.Layers,
+					fmt.Sprintf("composed component %d (base + phase tiers)", i), x)
+			}
+		}
+	}
+	for i, c := range w.clamps {
+		bound := math.Max(math.Abs(float64(c.lo)), math.Abs(float64(c.hi)))
+		if overBound(bound) {
+			return magnitudeError(set, c.phase, cfg, c.hook, c.layer, fmt.Sprintf("clamp %d bound", i), bound)
+		}
+		if overBound(float64(c.str)) {
+			return magnitudeError(set, c.phase, cfg, c.hook, c.layer, fmt.Sprintf("clamp %d strength", i), float64(c.str))
+		}
+		if x := float64(c.str) * bound; overBound(x) {
+			return magnitudeError(set, c.phase, cfg, c.hook, c.layer, fmt.Sprintf("clamp %d strength × bound", i), x)
+		}
+	}
+	return nil
+}
+
+// namedAt decodes named vectors from snapshot s, for checkMagnitude.
+func namedAt(s *shm.Snapshot, cfg ModelConfig) func(string) (wire, bool) {
+	return func(name string) (wire, bool) {
+		b, _, err := s.View(KindVector, name)
+		if err != nil {
+			return wire{}, false
+		}
+		w, err := decode(b, cfg, false)
+		return w, err == nil
+	}
+}
