@@ -30,6 +30,11 @@ type FollowOptions struct {
 	// Retire is how long a replaced client stays mapped before it is closed, so that readers
 	// still holding it finish their reads; 0 means 10 s.
 	Retire time.Duration
+	// Ready, if set, says whether a newly attached owner's region is ready to serve (for
+	// example, its persisted state restored). A Follower switches to a new owner only once
+	// Ready returns true, retrying with backoff and reading the old region meanwhile; Follow
+	// itself waits for it up to Client.Timeout. nil: ready as soon as attached.
+	Ready func(c *Client) bool
 	// OnChange, if set, is called (from the follower's goroutine) after each re-attach with
 	// the new client and the generation (1 for the first attach).
 	OnChange func(c *Client, generation uint64)
@@ -76,10 +81,27 @@ func Follow(opts FollowOptions) (*Follower, error) {
 		opts.Retire = 10 * time.Second
 	}
 	f := &Follower{opts: opts, secret: secret, done: make(chan struct{})}
-	c, err := f.attach()
-	if err != nil {
-		f.secret.wipe()
-		return nil, err
+	timeout := opts.Client.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	var c *Client
+	for backoff := opts.MinBackoff; ; backoff = min(2*backoff, opts.MaxBackoff) {
+		c, err = f.attach()
+		if err != nil {
+			f.secret.wipe()
+			return nil, err
+		}
+		if f.ready(c) {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			f.secret.wipe()
+			return nil, fmt.Errorf("%w: the owner's region did not become ready in %v", ErrTimeout, timeout)
+		}
+		time.Sleep(backoff)
 	}
 	f.cur.Store(c)
 	f.gen.Store(1)
@@ -87,6 +109,8 @@ func Follow(opts FollowOptions) (*Follower, error) {
 	go f.run()
 	return f, nil
 }
+
+func (f *Follower) ready(c *Client) bool { return f.opts.Ready == nil || f.opts.Ready(c) }
 
 func (f *Follower) attach() (*Client, error) {
 	o := f.opts.Client
@@ -171,6 +195,10 @@ func (f *Follower) run() {
 		backoff := f.opts.MinBackoff
 		for {
 			c, err := f.attach()
+			if err == nil && !f.ready(c) {
+				c.Close()
+				err = ErrNotYetInitialized
+			}
 			if err == nil {
 				old := f.cur.Swap(c)
 				f.mu.Lock()

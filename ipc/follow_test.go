@@ -230,3 +230,39 @@ func BenchmarkFollowReattach(b *testing.B) {
 	b.ReportMetric(float64(reattach.Nanoseconds())/float64(b.N), "reattach-ns")
 	b.ReportMetric(float64(detect.Nanoseconds())/float64(b.N), "detect-ns")
 }
+
+// TestFollowerWaitsForReady: with Ready set, the Follower keeps reading the dead region until
+// the new owner says its region is ready, then switches.
+func TestFollowerWaitsForReady(t *testing.T) {
+	env := newTestEnv()
+	const kindReady = 40
+	ready := func(c *Client) bool {
+		_, err := c.Region().Get(kindReady, "ready", nil)
+		return err == nil
+	}
+	o1 := newTestOwner(t, env.ownerOpts())
+	_, err := o1.Region().Put(kindReady, "ready", []byte{1})
+	require.NoError(t, err)
+	f, err := Follow(FollowOptions{Client: env.clientOpts(), Poll: 2 * time.Millisecond, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Ready: ready})
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, o1.Close())
+	require.Eventually(t, f.Dead, 5*time.Second, time.Millisecond)
+
+	o2 := newTestOwner(t, env.ownerOpts())
+	time.Sleep(100 * time.Millisecond)
+	require.True(t, f.Dead(), "switched to an owner that is not ready")
+	require.Equal(t, uint64(1), f.Generation())
+	_, err = o2.Region().Put(kindReady, "ready", []byte{1})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return f.Generation() == 2 && !f.Dead() }, 5*time.Second, time.Millisecond)
+	require.Equal(t, o2.Region().ID(), f.Client().Region().ID())
+
+	// Follow itself waits for Ready, up to the client timeout.
+	o3env := newTestEnv()
+	newTestOwner(t, o3env.ownerOpts())
+	opts := o3env.clientOpts()
+	opts.Timeout = 50 * time.Millisecond
+	_, err = Follow(FollowOptions{Client: opts, Ready: ready})
+	require.ErrorIs(t, err, ErrTimeout)
+}

@@ -43,6 +43,15 @@
 // *_vector_refs ({name: strength}) in /set, POST /v1/requests/admit and /v1/requests/end (for a
 // scheduler that is not an ipc client), DELETE /v1/conversations/{tenant}/{id}, GET /v1/status.
 //
+// # Workers
+//
+// Workers attach as ipc clients with the same secret and namespace. Serve accepts attaches as
+// soon as the region exists, restores the persisted state, then writes KindServe/"ready";
+// "listening on ADDR" follows. A worker that must survive owner restarts holds an
+// ipc.Follower with Ready: IsReady, so it keeps reading the old region (flagged dead) until
+// the restarted serve has restored its state, and then switches. Workers report their step
+// checksums with ReportChecksum (RPC OpReportChecksum); GET /v1/steering/dynamic shows them.
+//
 // # State
 //
 // With --state-dir, state.bin holds the names and digests of the named vectors, the global

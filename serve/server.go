@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,19 @@ import (
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
+
+// KindServe is the region kind of serve's own entries: key "ready" is written once the
+// persisted state is restored, so that workers following an owner restart switch only to a
+// region that holds that state (ipc.FollowOptions.Ready = IsReady).
+const KindServe shm.Kind = 48
+
+const readyKey = "ready"
+
+// IsReady reports whether the region c is attached to was published as ready by serve.
+func IsReady(c *ipc.Client) bool {
+	_, err := c.Region().Get(KindServe, readyKey, nil)
+	return err == nil
+}
 
 // Server is a running `shmsteer serve`: the region's owner, its control API and its state.
 type Server struct {
@@ -130,6 +144,11 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	t0 := time.Now()
 	if err := s.restore(); err != nil {
 		return err
+	}
+	// Workers may attach from NewOwner on; the marker tells a Follower (IsReady) that the
+	// restored state is in.
+	if _, err := s.owner.Region().Put(KindServe, readyKey, binary.LittleEndian.AppendUint64(nil, uint64(time.Now().UnixNano()))); err != nil {
+		return fmt.Errorf("shmsteer: publishing readiness: %w", err)
 	}
 	if s.store != nil {
 		log.Info("state restored", "dir", cfg.StateDir, "took", time.Since(t0).String())

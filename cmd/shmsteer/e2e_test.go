@@ -790,7 +790,7 @@ func TestWorkerFollowsServeRestart(t *testing.T) {
 	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "v", "packed": map[string]any{"pre_attn": packed("float32", []int{0, 3}, want)}})
 	sec := ipc.NewSecret([]byte(e2eSecret))
 	f, err := ipc.Follow(ipc.FollowOptions{Client: ipc.ClientOptions{Secret: &sec, Namespace: name}, Poll: 10 * time.Millisecond,
-		MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Retire: time.Second})
+		MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Retire: time.Second, Ready: serve.IsReady})
 	require.NoError(t, err)
 	defer f.Close()
 	firstRegion := f.Client().Region().ID()
@@ -859,7 +859,7 @@ func TestWorkerFollowsServeRestart(t *testing.T) {
 	startServe(t, name, dir)
 	require.Eventually(t, func() bool { return f.Generation() == 2 && !f.Dead() }, 10*time.Second, time.Millisecond)
 	require.NotEqual(t, firstRegion, f.Client().Region().ID())
-	require.Eventually(t, func() bool { return reads[2].Load() > 50 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return reads[2].Load() > 50 || readErr.Load() != nil }, 10*time.Second, time.Millisecond)
 	stop.Store(true)
 	wg.Wait()
 	if e := readErr.Load(); e != nil {
