@@ -154,6 +154,10 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 		log.Info("state restored", "dir", cfg.StateDir, "took", time.Since(t0).String())
 	}
 
+	// SIGHUP is caught before the address is announced: its default action would end serve.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	ln, addr, err := listen(cfg.HTTP)
 	if err != nil {
 		return err
@@ -165,9 +169,6 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	fmt.Fprintf(stdout, "listening on %s\n", addr)
 	log.Info("serving", "http", addr, "namespace", cfg.Namespace, "hidden", model.Hidden, "layers", model.Layers, "api_keys", n)
 
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	tick := time.NewTicker(cfg.PersistInterval)
 	defer tick.Stop()
 	var runErr error

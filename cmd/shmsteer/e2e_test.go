@@ -743,8 +743,10 @@ func TestServeUnixSocketAndKeyReload(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "api.sock")
 	keys := writeKeys(t)
 	cmd := exec.Command(binPath, "serve", "--http", "unix:"+sock, "--namespace", ns(t), "--hidden", "8", "--layers", "2",
-		"--arena-bytes", fmt.Sprint(16<<20), "--api-key-file", keys)
+		"--arena-bytes", fmt.Sprint(16<<20), "--api-key-file", keys, "--log-format", "json")
 	cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -776,6 +778,18 @@ func TestServeUnixSocketAndKeyReload(t *testing.T) {
 	require.NoError(t, cmd.Wait())
 	_, err = os.Stat(sock)
 	require.True(t, os.IsNotExist(err), "socket left behind")
+	// JSON logs: every line an object with a message; the reload is logged, no key or secret.
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	require.NotEmpty(t, lines)
+	for _, l := range lines {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &rec), l)
+		require.NotEmpty(t, rec["msg"])
+	}
+	require.Contains(t, logs.String(), `"msg":"API keys reloaded"`)
+	for _, k := range []string{adminKey, adminKey2, e2eSecret} {
+		require.NotContains(t, logs.String(), k)
+	}
 }
 
 // TestWorkerFollowsServeRestart: a worker (this process) reads a named vector through an
