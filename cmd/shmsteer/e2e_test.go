@@ -881,3 +881,52 @@ func TestWorkerFollowsServeRestart(t *testing.T) {
 	}
 	t.Logf("reads: %d before, %d from the dead region, %d after the restart", reads[1].Load(), dead.Load(), reads[2].Load())
 }
+
+// TestWorkerStepsWithAPISteering is the README's quick start: serve runs, a worker attaches,
+// and steering changed through the control API changes what the worker's next step adds.
+func TestWorkerStepsWithAPISteering(t *testing.T) {
+	s := startServe(t, ns(t), "")
+	g, r := vec(200), vec(201)
+	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"post_block": map[string]any{"1": g}}})
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "polite", "packed": map[string]any{"post_block": packed("float32", []int{1}, [][]float32{r})}})
+	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r1", "override": map[string]any{"decode_vector_refs": map[string]float32{"polite": 0.5}}})
+
+	sec := ipc.NewSecret([]byte(e2eSecret))
+	f, err := ipc.Follow(ipc.FollowOptions{Client: ipc.ClientOptions{Secret: &sec, Namespace: s.ns}, Ready: serve.IsReady})
+	require.NoError(t, err)
+	defer f.Close()
+	eng, err := steer.Open(f.Client().Region(), nil, steer.Options{Caller: f.Client()})
+	require.NoError(t, err)
+	st := eng.NewStepper()
+	defer st.Close()
+	hook, err := eng.Config().Hook("post_block")
+	require.NoError(t, err)
+	step := func(n uint64) []float32 {
+		h := make([]float32, 2*e2eHidden)
+		require.NoError(t, st.Begin(0))
+		require.NoError(t, st.Apply(hook, 1, h, []steer.Span{{ID: "r1", Start: 0, End: 2, Phase: steer.PhaseDecode}}))
+		require.NoError(t, serve.ReportChecksum(f.Client(), "rank0", n, st.End()))
+		return h
+	}
+	h := step(1)
+	for i := range e2eHidden {
+		want := g[i] + 0.5*r[i]
+		require.InDelta(t, want, h[i], 1e-5)
+		require.InDelta(t, want, h[e2eHidden+i], 1e-5)
+	}
+	// Steering changed through the API: the next step adds the new global vector.
+	g2 := vec(202)
+	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"post_block": map[string]any{"1": map[string]any{"vector": g2, "scale": 2}}}})
+	h = step(2)
+	for i := range e2eHidden {
+		require.InDelta(t, 2*g2[i]+0.5*r[i], h[i], 1e-5)
+	}
+	s.ok("POST", "/v1/steering/clear", nil)
+	h = step(3)
+	for i := range e2eHidden {
+		require.InDelta(t, 0.5*r[i], h[i], 1e-5)
+	}
+	w := s.ok("GET", "/v1/steering/dynamic", nil)["worker_checksums"].([]any)
+	require.Len(t, w, 1)
+	require.EqualValues(t, 3, w[0].(map[string]any)["step"])
+}
