@@ -142,7 +142,8 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	handle(OpReportChecksum, s.checks.handle)
 
 	t0 := time.Now()
-	if err := s.restore(); err != nil {
+	restored, err := s.restore()
+	if err != nil {
 		return err
 	}
 	// Workers may attach from NewOwner on; the marker tells a Follower (IsReady) that the
@@ -150,8 +151,11 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	if _, err := s.owner.Region().Put(KindServe, readyKey, binary.LittleEndian.AppendUint64(nil, uint64(time.Now().UnixNano()))); err != nil {
 		return fmt.Errorf("shmsteer: publishing readiness: %w", err)
 	}
-	if s.store != nil {
+	switch {
+	case restored:
 		log.Info("state restored", "dir", cfg.StateDir, "took", time.Since(t0).String())
+	case s.store != nil:
+		log.Info("no saved state yet; starting empty", "dir", cfg.StateDir)
 	}
 
 	// SIGHUP is caught before the address is announced: its default action would end serve.
@@ -311,17 +315,17 @@ func (s *Server) persistLogged() {
 }
 
 // restore loads the state file into the fresh region; any failure stops the start.
-func (s *Server) restore() error {
+func (s *Server) restore() (bool, error) {
 	if s.store == nil {
-		return nil
+		return false, nil
 	}
 	p, err := s.store.load()
 	if err != nil || p == nil {
-		return err
+		return false, err
 	}
 	cfg := s.eng.Config()
 	if !p.Model.Equal(cfg) {
-		return fmt.Errorf("%w: written for hidden %d, %d layers, hooks %v; serving hidden %d, %d layers, hooks %v",
+		return false, fmt.Errorf("%w: written for hidden %d, %d layers, hooks %v; serving hidden %d, %d layers, hooks %v",
 			ErrStateIncompatible, p.Model.Hidden, p.Model.Layers, p.Model.Hooks, cfg.Hidden, cfg.Layers, cfg.Hooks)
 	}
 	fail := func(what string, err error) error {
@@ -330,41 +334,41 @@ func (s *Server) restore() error {
 	for _, v := range p.Vectors {
 		b, err := s.store.readVector(v.Digest)
 		if err != nil {
-			return fail("named vector "+v.Name, err)
+			return false, fail("named vector "+v.Name, err)
 		}
 		st, d, err := steer.DecodeSteering(b, cfg)
 		if err == nil && d != v.Digest {
 			err = errors.New("vector file holds another digest")
 		}
 		if err != nil {
-			return fail("named vector "+v.Name, err)
+			return false, fail("named vector "+v.Name, err)
 		}
 		info, err := s.eng.Register(v.Name, st.Base.Vectors)
 		if err != nil {
-			return fail("named vector "+v.Name, err)
+			return false, fail("named vector "+v.Name, err)
 		}
 		if info.Digest != d {
-			return fail("named vector "+v.Name, errors.New("digest differs after restore"))
+			return false, fail("named vector "+v.Name, errors.New("digest differs after restore"))
 		}
 	}
 	if p.Global != nil {
 		g, _, err := steer.DecodeSteering(p.Global, cfg)
 		if err != nil {
-			return fail("global steering", err)
+			return false, fail("global steering", err)
 		}
 		if _, err := s.eng.SetGlobal(g); err != nil {
-			return fail("global steering", err)
+			return false, fail("global steering", err)
 		}
 	}
 	for _, m := range p.Modules {
 		_, d, err := steer.DecodeSteering(m.Wire, cfg)
 		if err != nil {
-			return fail("module "+m.Name, err)
+			return false, fail("module "+m.Name, err)
 		}
 		s.modules[m.Name] = module{wire: m.Wire, digest: d}
 	}
 	if err := s.eng.RestoreLatches(p.Latches, p.LatchStats); err != nil {
-		return fail("latches", err)
+		return false, fail("latches", err)
 	}
-	return nil
+	return true, nil
 }
