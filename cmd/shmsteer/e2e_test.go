@@ -930,3 +930,83 @@ func TestWorkerStepsWithAPISteering(t *testing.T) {
 	require.Len(t, w, 1)
 	require.EqualValues(t, 3, w[0].(map[string]any)["step"])
 }
+
+// TestServeSIGTERMAnswersInFlight: a request whose body is still arriving when SIGTERM comes is
+// answered, and what it registered is in the persisted state.
+func TestServeSIGTERMAnswersInFlight(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s := startServe(t, ns(t), dir)
+	body, _ := json.Marshal(map[string]any{"name": "late", "packed": map[string]any{"pre_attn": packed("float32", []int{1}, [][]float32{vec(300)})}})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.addr, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/steering/vectors/register HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", adminKey, len(body))
+	_, err = conn.Write(body[:len(body)/2])
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	time.Sleep(100 * time.Millisecond)
+	_, err = conn.Write(body[len(body)/2:])
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	resp.Body.Close()
+	select {
+	case err := <-s.done:
+		require.NoError(t, err, "serve must exit 0:\n%s", s.stderr)
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not exit after SIGTERM")
+	}
+	s2 := startServe(t, ns(t), dir)
+	require.EqualValues(t, 1, s2.ok("GET", "/v1/steering/vectors", nil)["count"])
+}
+
+// TestServeKilledAtRandomPoints SIGKILLs serve at random moments while it registers vectors
+// one after another; each restart must load a whole state holding every acknowledged
+// registration and at most the one in flight.
+func TestServeKilledAtRandomPoints(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
+	acked := 0
+	for round := range 6 {
+		s := startServe(t, ns(t), dir)
+		n := s.ok("GET", "/v1/steering/vectors", nil)["count"].(float64)
+		require.True(t, int(n) == acked || int(n) == acked+1, "round %d: %v vectors after a kill, %d acknowledged", round, n, acked)
+		acked = int(n)
+		stop := make(chan struct{})
+		done := make(chan int)
+		go func() {
+			got := acked
+			defer func() { done <- got }()
+			for i := acked; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				b, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("v%04d", i), "packed": map[string]any{"pre_attn": packed("float32", []int{0, 1, 2}, [][]float32{vec(uint64(i)), vec(uint64(i + 1)), vec(uint64(i + 2))})}})
+				req, _ := http.NewRequest("POST", s.addr+"/v1/steering/vectors/register", bytes.NewReader(b))
+				req.Header.Set("Authorization", "Bearer "+adminKey)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return // killed mid-request: not acknowledged
+				}
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					return
+				}
+				got = i + 1
+			}
+		}()
+		time.Sleep(time.Duration(20+r.IntN(200)) * time.Millisecond)
+		s.cmd.Process.Kill()
+		<-s.done
+		close(stop)
+		acked = <-done
+	}
+	s := startServe(t, ns(t), dir)
+	n := s.ok("GET", "/v1/steering/vectors", nil)["count"].(float64)
+	require.True(t, int(n) == acked || int(n) == acked+1, "%v vectors, %d acknowledged", n, acked)
+	require.Greater(t, acked, 6)
+}
