@@ -693,8 +693,8 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 		if req.Tenant == "" {
 			req.Tenant = p.tenant
 		}
-		if req.Tenant != p.tenant {
-			return nil, fmt.Errorf("%w: tenant %q may admit only its own requests", ErrForbidden, p.tenant)
+		if req.Tenant != p.tenant || !p.owns(req.RequestID) {
+			return nil, fmt.Errorf("%w: tenant %q may admit only its own conversations, with request ids starting with %q", ErrForbidden, p.tenant, p.tenant+"/")
 		}
 	}
 	a := steer.Admission{RequestID: req.RequestID, Conversation: steer.ConvKey{Tenant: req.Tenant, ID: req.Conversation}}
@@ -751,12 +751,15 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 		"refused": out.Refused, "digest": hex.EncodeToString(out.Digest[:])}, nil
 }
 
-func (s *Server) end(_ *http.Request, _ principal, body []byte) (any, error) {
+func (s *Server) end(_ *http.Request, p principal, body []byte) (any, error) {
 	var req struct {
 		RequestID string `json:"request_id"`
 	}
 	if err := decodeStrict(body, &req); err != nil {
 		return nil, err
+	}
+	if !p.owns(req.RequestID) {
+		return nil, fmt.Errorf("%w: tenant %q may end only request ids starting with %q", ErrForbidden, p.tenant, p.tenant+"/")
 	}
 	v, err := s.eng.End(req.RequestID)
 	if err != nil {

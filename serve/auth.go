@@ -76,6 +76,13 @@ func (k *apiKeys) load(path string) (int, error) {
 		k.mu.Unlock()
 		return 0, nil
 	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrAPIKeyFile, err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return 0, fmt.Errorf("%w: %s is readable by group or others (mode %v): chmod 600 it", ErrAPIKeyFile, path, st.Mode().Perm())
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrAPIKeyFile, err)

@@ -22,8 +22,10 @@
 // Every /v1/ path needs "Authorization: Bearer KEY" (closed by default: with no key file every
 // /v1/ call is refused); /healthz, /readyz and /metrics need none. Keys are hashed with
 // SHA-256 and compared in constant time against every configured key. A key scoped to a
-// tenant may register, list and remove only named vectors called "tenant/..." and touch only
-// its own conversations; global steering and modules need an unscoped key. Bodies are capped
+// tenant may register, list and remove only named vectors and modules called "tenant/...",
+// admit and end only request ids "tenant/..." in its own conversations, and drop only its own
+// conversations; global steering needs an unscoped key. The key file must not be readable by
+// group or others. Bodies are capped
 // (max_body_bytes) and decoded strictly (unknown fields are refused). Errors are
 // {"error": message, "type": kind} with a 4xx status for bad input, and change nothing.
 //

@@ -257,6 +257,18 @@ func TestConfigLayers(t *testing.T) {
 	}
 }
 
+func TestAPIKeyFileMode(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "keys")
+	require.NoError(t, os.WriteFile(p, []byte("admin-0123456789abcdef\n"), 0o644))
+	var k apiKeys
+	_, err := k.load(p)
+	require.ErrorIs(t, err, ErrAPIKeyFile)
+	require.NoError(t, os.Chmod(p, 0o600))
+	n, err := k.load(p)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
 func TestSecretFile(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "s")

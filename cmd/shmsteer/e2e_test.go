@@ -295,7 +295,13 @@ func TestServeAuth(t *testing.T) {
 		{"other tenant drops its conversation", "DELETE", "/v1/conversations/acme/c1", otherKey, nil, 403},
 		{"other tenant admits as acme", "POST", "/v1/requests/admit", otherKey, map[string]any{"request_id": "r", "tenant": "acme", "conversation": "c1"}, 403},
 		{"other tenant refs acme's vector", "POST", "/v1/requests/admit", otherKey,
-			map[string]any{"request_id": "r", "conversation": "c1", "override": map[string]any{"vector_refs": map[string]float32{"acme/v": 1}}}, 403},
+			map[string]any{"request_id": "other/r", "conversation": "c1", "override": map[string]any{"vector_refs": map[string]float32{"acme/v": 1}}}, 403},
+		{"tenant admits an unscoped request id", "POST", "/v1/requests/admit", acmeKey, map[string]any{"request_id": "r", "conversation": "c1"}, 403},
+		{"tenant admits its own", "POST", "/v1/requests/admit", acmeKey,
+			map[string]any{"request_id": "acme/r", "conversation": "c1", "override": map[string]any{"vector_refs": map[string]float32{"acme/v": 1}}}, 200},
+		{"other tenant ends it", "POST", "/v1/requests/end", otherKey, map[string]any{"request_id": "acme/r"}, 403},
+		{"tenant drops its conversation", "DELETE", "/v1/conversations/acme/c1", acmeKey, nil, 200},
+		{"tenant ends its request", "POST", "/v1/requests/end", acmeKey, map[string]any{"request_id": "acme/r"}, 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest(tc.method, s.addr+tc.path, nil)
