@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -137,8 +138,20 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	}
 	s.met = newMetrics(s)
 	handle := func(op uint16, h func([]byte) ([]byte, error)) { s.owner.Handle(op, s.met.timeRPC(op, h)) }
-	s.eng.Serve(handle)
-	s.eng.ServeGlobal(handle)
+	// Steering writes from workers and the CLI (register, unregister, global) are persisted
+	// before their reply, like the API's.
+	persisting := func(op uint16, h func([]byte) ([]byte, error)) {
+		handle(op, func(req []byte) ([]byte, error) {
+			out, err := h(req)
+			if err == nil && len(out) > 0 && out[0] == 0 { // steer's success reply
+				s.dirty.Store(true)
+				s.persistLogged()
+			}
+			return out, err
+		})
+	}
+	s.eng.Serve(persisting)
+	s.eng.ServeGlobal(persisting)
 	handle(OpReportChecksum, s.checks.handle)
 
 	t0 := time.Now()
@@ -351,10 +364,25 @@ func (s *Server) restore() (bool, error) {
 			return false, fail("named vector "+v.Name, errors.New("digest differs after restore"))
 		}
 	}
+	names := map[string]bool{}
+	for _, v := range p.Vectors {
+		names[v.Name] = true
+	}
 	if p.Global != nil {
 		g, _, err := steer.DecodeSteering(p.Global, cfg)
 		if err != nil {
 			return false, fail("global steering", err)
+		}
+		// A reference to a vector unregistered since applied nothing; SetGlobal refuses it.
+		for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+			t := g.Tier(ph)
+			t.Refs = slices.DeleteFunc(t.Refs, func(r steer.Ref) bool {
+				if !names[r.Name] {
+					s.log.Warn("global steering referenced an unregistered vector; dropped on restore", "vector", r.Name, "tier", ph.String())
+					return true
+				}
+				return false
+			})
 		}
 		if _, err := s.eng.SetGlobal(g); err != nil {
 			return false, fail("global steering", err)

@@ -608,9 +608,20 @@ func TestServeKill9KeepsLastPersisted(t *testing.T) {
 
 	s2 := startServe(t, ns(t), dir)
 	require.Equal(t, before, snapshotState(s2))
-	// A synchronous mutation is on disk before its reply, whatever follows.
+	// A synchronous mutation is on disk before its reply, whatever follows: through the API,
+	// and through the owner's RPCs from the CLI.
 	s2.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "v0"})
+	cli := exec.Command(binPath, "steer", "global", "set", "--namespace", s2.ns, "--ref", "v2=0.75")
+	cli.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	out, err := cli.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	cli = exec.Command(binPath, "vectors", "rm", "v1", "--namespace", s2.ns)
+	cli.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	out, err = cli.CombinedOutput()
+	require.NoError(t, err, "%s", out)
 	after := snapshotState(s2)
+	require.Contains(t, fmt.Sprint(after["global"]), "pre_attn")
+	require.Len(t, after["vectors"], 1)
 	require.NoError(t, s2.cmd.Process.Kill())
 	<-s2.done
 	s3 := startServe(t, ns(t), dir)
