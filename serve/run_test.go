@@ -17,6 +17,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/steer"
 )
 
 // lineWriter hands the first "listening on" line to a channel.
@@ -129,4 +131,43 @@ func TestRunConcurrent(t *testing.T) {
 	require.Equal(t, dyn["latch_state_hash"], dyn2["latch_state_hash"])
 	require.Equal(t, glob["active_layers"], glob2["active_layers"])
 	require.NoError(t, stop())
+}
+
+// TestRunStateTooLargeForRegion: a saved state that does not fit a smaller region stops the
+// start with an error that says what to raise.
+func TestRunStateTooLargeForRegion(t *testing.T) {
+	dir := t.TempDir()
+	keyFile, secretFile := filepath.Join(dir, "keys"), filepath.Join(dir, "secret")
+	require.NoError(t, os.WriteFile(keyFile, []byte("admin-0123456789abcdef\n"), 0o600))
+	require.NoError(t, os.WriteFile(secretFile, []byte("run-test-secret"), 0o600))
+	cfg := DefaultConfig()
+	cfg.Namespace = fmt.Sprintf("run-full-%d", os.Getpid())
+	cfg.Hidden, cfg.Layers, cfg.ArenaBytes, cfg.IndexSlots = 512, 2, 16<<20, 1024
+	cfg.HTTP, cfg.APIKeyFile, cfg.SecretFile, cfg.StateDir = "127.0.0.1:0", keyFile, secretFile, filepath.Join(dir, "state")
+	addr, stop := runInProcess(t, cfg)
+	row := "[" + strings.TrimSuffix(strings.Repeat("0.5,", 512), ",") + "]"
+	for i := range 40 {
+		body := fmt.Sprintf(`{"name":"v%d","packed":{"pre_attn":%s}}`, i, packedJSON(t, row))
+		req, _ := http.NewRequest("POST", addr+"/v1/steering/vectors/register", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer admin-0123456789abcdef")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode)
+	}
+	require.NoError(t, stop())
+	cfg.ArenaBytes = 64 << 10
+	err := Run(context.Background(), cfg, io.Discard, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.ErrorIs(t, err, ErrStateIncompatible)
+	require.Contains(t, err.Error(), "raise --arena-bytes")
+}
+
+// packedJSON packs one float32 row given as a JSON array for layer 0.
+func packedJSON(t *testing.T, row string) string {
+	var v []float32
+	require.NoError(t, json.Unmarshal([]byte(row), &v))
+	p := PackVectors([]steer.Vector{{Layer: 0, Scale: 1, Data: v}})
+	b, err := json.Marshal(p)
+	require.NoError(t, err)
+	return string(b)
 }

@@ -342,6 +342,9 @@ func (s *Server) restore() (bool, error) {
 			ErrStateIncompatible, p.Model.Hidden, p.Model.Layers, p.Model.Hooks, cfg.Hidden, cfg.Layers, cfg.Hooks)
 	}
 	fail := func(what string, err error) error {
+		if errors.Is(err, shm.ErrRegionFull) {
+			return fmt.Errorf("%w: %s: %w: the saved state does not fit this region; raise --arena-bytes or --index-slots", ErrStateIncompatible, what, err)
+		}
 		return fmt.Errorf("%w: %s: %w (nothing is served from this state)", ErrStateCorrupt, what, err)
 	}
 	for _, v := range p.Vectors {
