@@ -138,6 +138,7 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_SECRET_CONFLICT] = "ipc.ErrSecretConflict",
     [SHMSTEER_E_RENDEZVOUS_TAKEN] = "ipc.ErrRendezvousTaken",
     [SHMSTEER_E_OWNER_BUSY] = "ipc.ErrBusy",
+    [SHMSTEER_E_DEAD_REGION] = "ipc.ErrDeadRegion",
     [SHMSTEER_E_STEER_INCOMPATIBLE] = "steer.ErrIncompatible",
     [SHMSTEER_E_STEER_BAD_CONFIG] = "steer.ErrBadConfig",
     [SHMSTEER_E_BAD_NAME] = "steer.ErrBadName",
@@ -159,6 +160,7 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_OVERFLOW] = "steer.ErrOverflow",
     [SHMSTEER_E_UNKNOWN_REQUEST] = "steer.ErrUnknownRequest",
     [SHMSTEER_E_NOT_SERVED] = "steer.ErrNotServed",
+    [SHMSTEER_E_LATCH_STATE] = "steer.ErrLatchState",
 };
 
 SHMSTEER_API const char *shmsteer_error_name(int code) {

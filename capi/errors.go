@@ -72,6 +72,7 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_SECRET_CONFLICT, "ipc.ErrSecretConflict", ipc.ErrSecretConflict},
 	{C.SHMSTEER_E_RENDEZVOUS_TAKEN, "ipc.ErrRendezvousTaken", ipc.ErrRendezvousTaken},
 	{C.SHMSTEER_E_OWNER_BUSY, "ipc.ErrBusy", ipc.ErrBusy},
+	{C.SHMSTEER_E_DEAD_REGION, "ipc.ErrDeadRegion", ipc.ErrDeadRegion},
 
 	{C.SHMSTEER_E_STEER_INCOMPATIBLE, "steer.ErrIncompatible", steer.ErrIncompatible},
 	{C.SHMSTEER_E_STEER_BAD_CONFIG, "steer.ErrBadConfig", steer.ErrBadConfig},
@@ -93,6 +94,7 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_REMOTE, "steer.ErrRemote", steer.ErrRemote},
 	{C.SHMSTEER_E_OVERFLOW, "steer.ErrOverflow", steer.ErrOverflow},
 	{C.SHMSTEER_E_UNKNOWN_REQUEST, "steer.ErrUnknownRequest", steer.ErrUnknownRequest},
+	{C.SHMSTEER_E_LATCH_STATE, "steer.ErrLatchState", steer.ErrLatchState},
 
 	{C.SHMSTEER_E_NOT_FOUND, "shm.ErrNotFound", shm.ErrNotFound},
 	{C.SHMSTEER_E_REGION_FULL, "shm.ErrRegionFull", shm.ErrRegionFull},

@@ -107,6 +107,7 @@ extern "C" {
 #define SHMSTEER_E_SECRET_CONFLICT 45         /* ipc.ErrSecretConflict: secret given twice */
 #define SHMSTEER_E_RENDEZVOUS_TAKEN 46        /* ipc.ErrRendezvousTaken: squatted names (message names holders) */
 #define SHMSTEER_E_OWNER_BUSY 47              /* ipc.ErrBusy: frame buffer budget or FrameTimeout */
+#define SHMSTEER_E_DEAD_REGION 48             /* ipc.ErrDeadRegion: a Follower reads a dead owner's region */
 /* package steer */
 #define SHMSTEER_E_STEER_INCOMPATIBLE 50 /* steer.ErrIncompatible: model config mismatch */
 #define SHMSTEER_E_STEER_BAD_CONFIG 51   /* steer.ErrBadConfig */
@@ -130,6 +131,7 @@ extern "C" {
 #define SHMSTEER_E_OVERFLOW 70           /* steer.ErrOverflow: magnitude beyond steer.MaxMagnitude */
 #define SHMSTEER_E_UNKNOWN_REQUEST 71    /* steer.ErrUnknownRequest (strict requests) */
 #define SHMSTEER_E_NOT_SERVED 72         /* steer.ErrNotServed: the owner never called Engine.Serve */
+#define SHMSTEER_E_LATCH_STATE 73        /* steer.ErrLatchState: restored latch state does not fit */
 /* One past the largest code. */
 #define SHMSTEER_E_LIMIT 80
 

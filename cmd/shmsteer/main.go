@@ -1,41 +1,259 @@
-// Command shmsteer runs the shmsteer demo and benchmarks:
+// Command shmsteer runs shmsteer's owner service, its client commands, the demo and the
+// benchmarks:
 //
-//	shmsteer demo [flags]    owner + worker processes steering through one shared region
-//	shmsteer bench [flags]   comparisons with the alternatives users would otherwise pick
+//	shmsteer serve [flags]             the owner as a service: control API, metrics, state
+//	shmsteer status                    steering and region status (attaches as a client)
+//	shmsteer keys ls|rm                the key registry: ids and states, never key bytes
+//	shmsteer vectors ls|show|rm        named steering vectors
+//	shmsteer steer global set|clear    global steering
+//	shmsteer demo [flags]              owner + worker processes steering through one region
+//	shmsteer bench [flags]             comparisons with the alternatives users would pick
+//	shmsteer version | completion
+//
+// Exit codes: 0 ok, 1 runtime error, 2 usage error.
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/shmsteer/shmsteer/bench"
+	"github.com/shmsteer/shmsteer/serve"
 	"github.com/shmsteer/shmsteer/steer/demo"
 )
+
+// defaultVersion is reported when the binary carries no module version (a plain go build).
+const defaultVersion = "v0.0.0-dev"
 
 func main() {
 	// Re-executed children take their role from the environment before any flag parsing.
 	demo.RunWorkerIfRequested()
 	bench.RunChildIfRequested(map[string]bench.ChildFunc{keysChildRole: keysChild})
-	if len(os.Args) < 2 {
-		usage()
-		os.Exit(2)
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// usageError marks errors that exit with 2.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// exitCode is set by commands that run their own main (demo, bench).
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout, stderr)
+	root.SetArgs(args)
+	err := root.Execute()
+	if err == nil {
+		return 0
 	}
-	switch os.Args[1] {
-	case "demo":
-		os.Exit(demo.Main(os.Args[2:], os.Stdout, os.Stderr))
-	case "bench":
-		os.Exit(bench.Main(os.Args[2:], benchSources(), os.Stdout, os.Stderr))
-	case "help", "-h", "--help":
-		usage()
-	default:
-		fmt.Fprintf(os.Stderr, "shmsteer: unknown command %q\n", os.Args[1])
-		usage()
-		os.Exit(2)
+	var ec exitCode
+	if errors.As(err, &ec) {
+		return int(ec)
+	}
+	fmt.Fprintf(stderr, "shmsteer: %v\n", err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintln(stderr, "Run 'shmsteer help' or 'shmsteer COMMAND --help' for usage.")
+		return 2
+	}
+	return 1
+}
+
+// group makes a command that only holds subcommands print its help and exit 2 when called
+// without one, and refuse an unknown one as a usage error.
+func group(c *cobra.Command) {
+	c.Args = cobra.ArbitraryArgs
+	c.RunE = func(cmd *cobra.Command, a []string) error {
+		if len(a) > 0 {
+			return usageError{fmt.Errorf("unknown command %q for %q", a[0], cmd.CommandPath())}
+		}
+		cmd.Help()
+		return exitCode(2)
 	}
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: shmsteer demo [flags] | shmsteer bench [flags]   (-h after a command lists its flags)")
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return defaultVersion
+}
+
+func args(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error {
+		if len(a) != n {
+			return usageError{fmt.Errorf("%s takes %d argument(s), got %d", cmd.CommandPath(), n, len(a))}
+		}
+		return nil
+	}
+}
+
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "shmsteer",
+		Short:         "Shared-memory keys and activation steering for LLM serving on one host",
+		Version:       version(),
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	group(root)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetVersionTemplate("shmsteer {{.Version}}\n")
+
+	// Client commands share --namespace and --secret-file.
+	var ns, secretFile string
+	clientFlags := func(fs *pflag.FlagSet) {
+		fs.StringVar(&ns, "namespace", "default", "namespace of the owner to attach to")
+		fs.StringVar(&secretFile, "secret-file", "", "file holding the shared secret (default: SHMSTEER_SECRET)")
+	}
+	withClient := func(f func(cs *serve.ClientSession, cmd *cobra.Command, a []string) error) func(*cobra.Command, []string) error {
+		return func(cmd *cobra.Command, a []string) error {
+			cs, err := serve.AttachClient(ns, secretFile)
+			if err != nil {
+				return err
+			}
+			defer cs.Close()
+			return f(cs, cmd, a)
+		}
+	}
+
+	serveCmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the owner as a service: region, control API, metrics, persisted state",
+		Long: `Run the owner as a service. Configuration: defaults, then --config FILE (TOML, keys as the
+flag names with '_'), then SHMSTEER_* environment variables, then flags. Prints
+"listening on ADDR" once the control API accepts requests and workers can attach.
+SIGTERM/SIGINT: stop accepting, answer calls in flight, persist state, exit 0. SIGHUP
+re-reads --api-key-file.`,
+		Args: args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := serve.Load(cmd.Flags(), os.Getenv)
+			if err != nil {
+				if errors.Is(err, serve.ErrConfig) {
+					return usageError{err}
+				}
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return serve.Run(ctx, cfg, stdout, serve.NewLogger(cfg, stderr))
+		},
+	}
+	serve.BindFlags(serveCmd.Flags())
+
+	var asJSON bool
+	statusCmd := &cobra.Command{
+		Use: "status", Short: "Print steering and region status (attaches as a client)", Args: args(0),
+		RunE: withClient(func(cs *serve.ClientSession, cmd *cobra.Command, _ []string) error {
+			return cs.PrintStatus(stdout, asJSON)
+		}),
+	}
+	statusCmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	clientFlags(statusCmd.Flags())
+
+	keysCmd := &cobra.Command{Use: "keys", Short: "The per-request key registry (ids and states, never key bytes)"}
+	keysLs := &cobra.Command{Use: "ls", Short: "List request ids and their state (live, revoked)", Args: args(0),
+		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error { return cs.KeysList(stdout) })}
+	keysRm := &cobra.Command{Use: "rm REQUEST_ID", Short: "Revoke a request's key (purged after the owner's grace)", Args: args(1),
+		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
+			return cs.Client.Keys().Remove(a[0])
+		})}
+	clientFlags(keysLs.Flags())
+	clientFlags(keysRm.Flags())
+	keysCmd.AddCommand(keysLs, keysRm)
+
+	vecCmd := &cobra.Command{Use: "vectors", Short: "Named steering vectors"}
+	vecLs := &cobra.Command{Use: "ls", Short: "List named vectors", Args: args(0),
+		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error { return cs.VectorsList(stdout) })}
+	vecShow := &cobra.Command{Use: "show NAME", Short: "Show a named vector's entries", Args: args(1),
+		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error { return cs.VectorShow(stdout, a[0]) })}
+	vecRm := &cobra.Command{Use: "rm NAME", Short: "Unregister a named vector", Args: args(1),
+		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
+			_, err := cs.Engine.Unregister(a[0])
+			return err
+		})}
+	for _, c := range []*cobra.Command{vecLs, vecShow, vecRm} {
+		clientFlags(c.Flags())
+	}
+	vecCmd.AddCommand(vecLs, vecShow, vecRm)
+
+	steerCmd := &cobra.Command{Use: "steer", Short: "Steering state"}
+	globalCmd := &cobra.Command{Use: "global", Short: "Global steering tiers"}
+	var file string
+	var refs []string
+	var replace bool
+	globalSet := &cobra.Command{Use: "set", Short: "Set global steering (merged per site unless --replace)", Args: args(0),
+		Long: `Set global steering from --file (JSON in the POST /v1/steering/set format, "-" for stdin)
+and/or --ref NAME[=STRENGTH] (a registered named vector in the base tier).`,
+		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error {
+			if file == "" && len(refs) == 0 {
+				return usageError{errors.New("steer global set needs --file or --ref")}
+			}
+			v, err := cs.GlobalSet(file, refs, replace)
+			if err == nil {
+				fmt.Fprintf(stdout, "global steering set at version %d\n", v)
+			}
+			return err
+		})}
+	globalSet.Flags().StringVar(&file, "file", "", "JSON file in the /v1/steering/set format (- for stdin)")
+	globalSet.Flags().StringArrayVar(&refs, "ref", nil, "named vector to apply in the base tier, NAME[=STRENGTH] (repeatable)")
+	globalSet.Flags().BoolVar(&replace, "replace", false, "replace all global steering instead of merging")
+	globalClear := &cobra.Command{Use: "clear", Short: "Clear global steering", Args: args(0),
+		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error {
+			v, err := cs.Engine.SetGlobalAny(steerEmpty())
+			if err == nil {
+				fmt.Fprintf(stdout, "global steering cleared at version %d\n", v)
+			}
+			return err
+		})}
+	clientFlags(globalSet.Flags())
+	clientFlags(globalClear.Flags())
+	globalCmd.AddCommand(globalSet, globalClear)
+	steerCmd.AddCommand(globalCmd)
+
+	// demo and bench keep their own flag sets: arguments pass through untouched.
+	// `help demo` prints their own flags on stdout.
+	passThrough := func(use, short string, main func(a []string, stdout, stderr io.Writer) int) *cobra.Command {
+		c := &cobra.Command{Use: use + " [flags]", Short: short, DisableFlagParsing: true,
+			RunE: func(_ *cobra.Command, a []string) error {
+				if c := main(a, stdout, stderr); c != 0 {
+					return exitCode(c)
+				}
+				return nil
+			}}
+		c.SetHelpFunc(func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(stdout, "%s\n\n", cmd.Short)
+			main([]string{"-h"}, stdout, stdout)
+		})
+		return c
+	}
+	demoCmd := passThrough("demo", "Run the demo: an owner and worker processes steering through one region",
+		func(a []string, o, e io.Writer) int { return demo.Main(a, o, e) })
+	benchCmd := passThrough("bench", "Run the benchmarks against the alternatives",
+		func(a []string, o, e io.Writer) int { return bench.Main(a, benchSources(), o, e) })
+
+	versionCmd := &cobra.Command{Use: "version", Short: "Print the version", Args: args(0),
+		Run: func(*cobra.Command, []string) { fmt.Fprintf(stdout, "shmsteer %s\n", version()) }}
+
+	for _, g := range []*cobra.Command{keysCmd, vecCmd, steerCmd, globalCmd} {
+		group(g)
+	}
+	root.AddCommand(serveCmd, statusCmd, keysCmd, vecCmd, steerCmd, demoCmd, benchCmd, versionCmd)
+	return root
 }
 
 // benchSources fills the bench hooks that need the steering engine or attached processes.

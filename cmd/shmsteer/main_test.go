@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -13,9 +14,21 @@ import (
 
 // The bench re-executes this binary for its children, so the test binary must serve the child
 // roles as main does.
+// It also builds the shmsteer binary once into a temporary directory for the end-to-end tests.
 func TestMain(m *testing.M) {
 	bench.RunChildIfRequested(map[string]bench.ChildFunc{keysChildRole: keysChild})
-	os.Exit(m.Run())
+	dir, err := os.MkdirTemp("", "shmsteer-e2e-")
+	if err != nil {
+		panic(err)
+	}
+	binPath = filepath.Join(dir, "shmsteer")
+	if out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		panic("building shmsteer: " + err.Error() + "\n" + string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // TestBenchSmoke runs a tiny pass of `shmsteer bench` with the real engine sources: keys read

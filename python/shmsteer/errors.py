@@ -73,6 +73,7 @@ _TABLE: Tuple[Tuple[int, str, str, Tuple[type, ...], str], ...] = (
     (45, "ipc.ErrSecretConflict", "SecretConflictError", (ValueError,), ""),
     (46, "ipc.ErrRendezvousTaken", "RendezvousTakenError", (), ""),
     (47, "ipc.ErrBusy", "OwnerBusyError", (ConnectionError,), ""),
+    (48, "ipc.ErrDeadRegion", "DeadRegionError", (ConnectionError,), ""),
     (50, "steer.ErrIncompatible", "SteeringIncompatibleError", (), ""),
     (51, "steer.ErrBadConfig", "SteeringConfigError", (ValueError,), ""),
     (52, "steer.ErrBadName", "BadNameError", (ValueError,), ""),
@@ -94,6 +95,7 @@ _TABLE: Tuple[Tuple[int, str, str, Tuple[type, ...], str], ...] = (
     (70, "steer.ErrOverflow", "OverflowSteeringError", (ValueError,), ""),
     (71, "steer.ErrUnknownRequest", "UnknownRequestError", (LookupError,), ""),
     (72, "steer.ErrNotServed", "NotServedError", (), ""),
+    (73, "steer.ErrLatchState", "LatchStateError", (ValueError,), ""),
 )
 
 BY_CODE: Dict[int, Type[ShmsteerError]] = {}

@@ -1,0 +1,1029 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/serve"
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// binPath is the shmsteer binary TestMain builds.
+var binPath string
+
+const (
+	adminKey  = "admin-key-0123456789abcdef"
+	adminKey2 = "admin-key-rotated-0123456789"
+	acmeKey   = "acme-key-0123456789abcdef"
+	otherKey  = "other-key-0123456789abcdef"
+	e2eSecret = "e2e-secret-value-not-in-logs"
+	e2eHidden = 16
+	e2eLayers = 4
+)
+
+// served is one `shmsteer serve` process.
+type served struct {
+	t        testing.TB
+	cmd      *exec.Cmd
+	addr     string
+	ns       string
+	stateDir string
+	stderr   *bytes.Buffer
+	done     chan error
+}
+
+func writeKeys(t testing.TB) string {
+	p := filepath.Join(t.TempDir(), "keys")
+	require.NoError(t, os.WriteFile(p, []byte("# keys\n"+adminKey+"\n"+adminKey2+"\nacme:"+acmeKey+"\nother:"+otherKey+"\n"), 0o600))
+	return p
+}
+
+// startServe starts serve and waits for its "listening on" line.
+func startServe(t testing.TB, ns, stateDir string, extra ...string) *served {
+	t.Helper()
+	args := []string{"serve", "--http", "127.0.0.1:0", "--namespace", ns, "--hidden", fmt.Sprint(e2eHidden),
+		"--layers", fmt.Sprint(e2eLayers), "--arena-bytes", fmt.Sprint(64 << 20), "--index-slots", "4096",
+		"--api-key-file", writeKeys(t), "--persist-interval", "100ms"}
+	// Later flags win: extra may override the model and sizes.
+	if stateDir != "" {
+		args = append(args, "--state-dir", stateDir)
+	}
+	args = append(args, extra...)
+	cmd := exec.Command(binPath, args...)
+	cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	s := &served{t: t, cmd: cmd, ns: ns, stateDir: stateDir, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	cmd.Stderr = s.stderr
+	require.NoError(t, cmd.Start())
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "listening on "); ok {
+				line <- a
+			}
+		}
+		close(line)
+	}()
+	go func() { s.done <- cmd.Wait() }()
+	select {
+	case a, ok := <-line:
+		require.True(t, ok, "serve exited before listening:\n%s", s.stderr)
+		s.addr = "http://" + a
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("serve did not listen in 30 s:\n%s", s.stderr)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-s.done
+		}
+		require.NotContains(t, s.stderr.String(), e2eSecret, "the secret leaked into the log")
+		for _, k := range []string{adminKey, acmeKey, otherKey} {
+			require.NotContains(t, s.stderr.String(), k, "an API key leaked into the log")
+		}
+	})
+	return s
+}
+
+// stop sends sig and waits for the exit.
+func (s *served) stop(sig syscall.Signal) error {
+	s.cmd.Process.Signal(sig)
+	select {
+	case err := <-s.done:
+		return err
+	case <-time.After(30 * time.Second):
+		s.cmd.Process.Kill()
+		return fmt.Errorf("serve did not exit on %v", sig)
+	}
+}
+
+// call does an HTTP request and decodes a JSON reply into a map.
+func (s *served) call(method, path, key string, body any) (int, map[string]any) {
+	s.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		require.NoError(s.t, err)
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, s.addr+path, rd)
+	require.NoError(s.t, err)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(s.t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(s.t, err)
+	var m map[string]any
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		require.NoError(s.t, json.Unmarshal(raw, &m), "%s", raw)
+	}
+	return resp.StatusCode, m
+}
+
+func (s *served) ok(method, path string, body any) map[string]any {
+	s.t.Helper()
+	code, m := s.call(method, path, adminKey, body)
+	require.Equal(s.t, http.StatusOK, code, "%s %s: %v", method, path, m)
+	return m
+}
+
+func vec(seed uint64) []float32 {
+	r := rand.New(rand.NewPCG(seed, 1))
+	v := make([]float32, e2eHidden)
+	for i := range v {
+		v[i] = float32(r.NormFloat64())
+	}
+	return v
+}
+
+// packed encodes rows for layers in dtype.
+func packed(dtype string, layers []int, rows [][]float32) map[string]any {
+	var raw []byte
+	for _, r := range rows {
+		for _, f := range r {
+			switch dtype {
+			case "float32":
+				raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(f))
+			case "float64":
+				raw = binary.LittleEndian.AppendUint64(raw, math.Float64bits(float64(f)))
+			case "bfloat16":
+				raw = binary.LittleEndian.AppendUint16(raw, uint16(math.Float32bits(f)>>16))
+			case "float16":
+				raw = binary.LittleEndian.AppendUint16(raw, toHalf(f))
+			}
+		}
+	}
+	return map[string]any{"dtype": dtype, "shape": []int{len(rows), e2eHidden}, "layer_indices": layers,
+		"data": base64.StdEncoding.EncodeToString(raw)}
+}
+
+// toHalf rounds toward zero to binary16 (normal range only: test data stays in it).
+func toHalf(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int((b>>23)&0xff) - 127 + 15
+	if exp <= 0 {
+		return sign
+	}
+	return sign | uint16(exp)<<10 | uint16((b>>13)&0x3ff)
+}
+
+// secretFile writes the serve processes' secret to a file for in-process clients.
+func secretFile(t testing.TB) string {
+	p := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(p, []byte(e2eSecret+"\n"), 0o600))
+	return p
+}
+
+func ns(t testing.TB) string { return fmt.Sprintf("e2e-%s-%d", t.Name(), os.Getpid()) }
+
+func TestCLIHelpAndExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		code     int
+		stdout   string
+		stderr   string
+		noStdout bool
+	}{
+		{[]string{"--help"}, 0, "Available Commands", "", false},
+		{[]string{"help", "serve"}, 0, "--api-key-file", "", false},
+		{[]string{"serve", "--help"}, 0, "--state-dir", "", false},
+		{[]string{"help", "keys"}, 0, "ls", "", false},
+		{[]string{"help", "demo"}, 0, "-workers", "", false},
+		{[]string{"help", "bench"}, 0, "-json FILE", "", false},
+		{[]string{"vectors", "show", "--help"}, 0, "--secret-file", "", false},
+		{[]string{"steer", "global", "set", "--help"}, 0, "--ref", "", false},
+		{[]string{"version"}, 0, "shmsteer v", "", false},
+		{[]string{"--version"}, 0, "shmsteer v", "", false},
+		{[]string{"completion", "bash"}, 0, "bash completion", "", false},
+		{[]string{}, 2, "Available Commands", "", false},
+		{[]string{"bogus"}, 2, "", "unknown command \"bogus\"", true},
+		{[]string{"keys", "bogus"}, 2, "", "unknown command", true},
+		{[]string{"serve", "--nope"}, 2, "", "unknown flag: --nope", true},
+		{[]string{"serve", "--hidden", "x"}, 2, "", "invalid argument", true},
+		{[]string{"serve", "--hidden", "0"}, 2, "", "hidden size 0", true},
+		{[]string{"serve", "--latch-policy", "random"}, 2, "", "latch_policy", true},
+		{[]string{"vectors", "show"}, 2, "", "takes 1 argument", true},
+		{[]string{"status", "--namespace", "e2e-nobody-here"}, 1, "", "no owner answers", true},
+		{[]string{"demo", "-nope"}, 2, "", "flag provided but not defined", true},
+	} {
+		t.Run(strings.Join(tc.args, "_"), func(t *testing.T) {
+			cmd := exec.Command(binPath, tc.args...)
+			cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			} else {
+				require.NoError(t, err)
+			}
+			require.Equal(t, tc.code, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+			require.Contains(t, stdout.String(), tc.stdout)
+			require.Contains(t, stderr.String(), tc.stderr)
+			if tc.noStdout {
+				require.Empty(t, stdout.String())
+			}
+		})
+	}
+}
+
+func TestServeAuth(t *testing.T) {
+	s := startServe(t, ns(t), "")
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		code, _ := s.call("GET", path, "", nil)
+		require.Equal(t, http.StatusOK, code, path)
+	}
+	for _, tc := range []struct {
+		name, method, path, key string
+		body                    any
+		code                    int
+	}{
+		{"no key", "GET", "/v1/status", "", nil, 401},
+		{"no key vectors", "GET", "/v1/steering/vectors", "", nil, 401},
+		{"no key unknown path", "GET", "/v1/nothing", "", nil, 401},
+		{"wrong key", "GET", "/v1/status", "not-a-key-0123456789abcdef", nil, 401},
+		{"key prefix", "GET", "/v1/status", adminKey[:10], nil, 401},
+		{"basic scheme", "GET", "/v1/status", "", nil, 401},
+		{"admin", "GET", "/v1/status", adminKey, nil, 200},
+		{"rotated admin", "GET", "/v1/status", adminKey2, nil, 200},
+		{"tenant reads", "GET", "/v1/steering", acmeKey, nil, 200},
+		{"tenant sets global", "POST", "/v1/steering/set", acmeKey, map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"0": vec(1)}}}, 403},
+		{"tenant clears global", "POST", "/v1/steering/clear", acmeKey, nil, 403},
+		{"tenant registers another's name", "POST", "/v1/steering/vectors/register", acmeKey,
+			map[string]any{"name": "other/v", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 403},
+		{"tenant registers unscoped name", "POST", "/v1/steering/vectors/register", acmeKey,
+			map[string]any{"name": "v", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 403},
+		{"tenant registers own", "POST", "/v1/steering/vectors/register", acmeKey,
+			map[string]any{"name": "acme/v", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 200},
+		{"other tenant removes it", "POST", "/v1/steering/vectors/unregister", otherKey, map[string]any{"name": "acme/v"}, 403},
+		{"other tenant drops its conversation", "DELETE", "/v1/conversations/acme/c1", otherKey, nil, 403},
+		{"other tenant admits as acme", "POST", "/v1/requests/admit", otherKey, map[string]any{"request_id": "r", "tenant": "acme", "conversation": "c1"}, 403},
+		{"other tenant refs acme's vector", "POST", "/v1/requests/admit", otherKey,
+			map[string]any{"request_id": "other/r", "conversation": "c1", "override": map[string]any{"vector_refs": map[string]float32{"acme/v": 1}}}, 403},
+		{"tenant admits an unscoped request id", "POST", "/v1/requests/admit", acmeKey, map[string]any{"request_id": "r", "conversation": "c1"}, 403},
+		{"tenant admits its own", "POST", "/v1/requests/admit", acmeKey,
+			map[string]any{"request_id": "acme/r", "conversation": "c1", "override": map[string]any{"vector_refs": map[string]float32{"acme/v": 1}}}, 200},
+		{"other tenant ends it", "POST", "/v1/requests/end", otherKey, map[string]any{"request_id": "acme/r"}, 403},
+		{"tenant drops its conversation", "DELETE", "/v1/conversations/acme/c1", acmeKey, nil, 200},
+		{"tenant ends its request", "POST", "/v1/requests/end", acmeKey, map[string]any{"request_id": "acme/r"}, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, s.addr+tc.path, nil)
+			if tc.body != nil {
+				b, _ := json.Marshal(tc.body)
+				req, _ = http.NewRequest(tc.method, s.addr+tc.path, bytes.NewReader(b))
+			}
+			if tc.key != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.key)
+			} else if tc.name == "basic scheme" {
+				req.SetBasicAuth("admin", adminKey)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			var m map[string]any
+			json.NewDecoder(resp.Body).Decode(&m)
+			resp.Body.Close()
+			require.Equal(t, tc.code, resp.StatusCode, "%v", m)
+			if tc.code >= 400 {
+				require.NotEmpty(t, m["error"])
+				require.NotEmpty(t, m["type"])
+			}
+		})
+	}
+	// Tenants see only their own vectors; the admin sees all.
+	_, m := s.call("GET", "/v1/steering/vectors", otherKey, nil)
+	require.EqualValues(t, 0, m["count"])
+	_, m = s.call("GET", "/v1/steering/vectors", acmeKey, nil)
+	require.EqualValues(t, 1, m["count"])
+	require.EqualValues(t, 1, s.ok("GET", "/v1/steering/vectors", nil)["count"])
+}
+
+// TestServeEndpoints drives every endpoint's happy path and bad paths; a bad request changes
+// nothing (the region version and the global steering stay the same).
+func TestServeEndpoints(t *testing.T) {
+	s := startServe(t, ns(t), "", "--max-body-bytes", "65536")
+	state := func() (float64, map[string]any) {
+		st := s.ok("GET", "/v1/status", nil)
+		g := s.ok("GET", "/v1/steering", nil)
+		return st["version"].(float64), g["active_layers"].(map[string]any)
+	}
+	bad := func(name, method, path string, body any, code int, typ string) {
+		t.Run("bad/"+name, func(t *testing.T) {
+			v0, g0 := state()
+			c, m := s.call(method, path, adminKey, body)
+			require.Equal(t, code, c, "%v", m)
+			require.Equal(t, typ, m["type"], "%v", m)
+			v1, g1 := state()
+			require.Equal(t, v0, v1, "a refused request changed the region")
+			require.Equal(t, g0, g1)
+		})
+	}
+
+	// Global steering in the plain form, every packed dtype and clamps.
+	m := s.ok("POST", "/v1/steering/set", map[string]any{
+		"vectors":         map[string]any{"pre_attn": map[string]any{"0": vec(1), "1": map[string]any{"vector": vec(2), "scale": 2}}},
+		"prefill_vectors": map[string]any{"post_attn": packed("float16", []int{2, 3}, [][]float32{vec(3), vec(4)})},
+		"decode_vectors":  map[string]any{"mlp_out": packed("bfloat16", []int{1}, [][]float32{vec(5)})},
+		"clamps":          map[string]any{"mlp_in": map[string]any{"2": []any{map[string]any{"vector": vec(6), "value": 0}}}},
+		"decode_clamps":   map[string]any{"mlp_in": map[string]any{"3": map[string]any{"vector": vec(7), "min": -1, "max": 1, "strength": 0.5}}},
+	})
+	require.Equal(t, []any{"mlp_in", "mlp_out", "post_attn", "pre_attn"}, m["hook_points"])
+	require.Equal(t, []any{0.0, 1.0, 2.0, 3.0}, m["layers_updated"])
+	g := s.ok("GET", "/v1/steering", nil)["active_layers"].(map[string]any)
+	l1 := g["1"].(map[string]any)["pre_attn"].(map[string]any)
+	var ss float64
+	for _, f := range vec(2) {
+		ss += 4 * float64(f) * float64(f)
+	}
+	require.InDelta(t, math.Sqrt(ss), l1["base"], 1e-4)
+	require.EqualValues(t, 1, g["2"].(map[string]any)["mlp_in"].(map[string]any)["clamps"])
+	require.Contains(t, g, "3")
+
+	// replace=false keeps other sites; float32/float64 packed land the same values.
+	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": packed("float64", []int{0}, [][]float32{vec(9)})}})
+	g = s.ok("GET", "/v1/steering", nil)["active_layers"].(map[string]any)
+	require.Contains(t, g, "3", "replace=false dropped other sites")
+	s.ok("POST", "/v1/steering/set", map[string]any{"replace": true, "vectors": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(9)})}})
+	g = s.ok("GET", "/v1/steering", nil)["active_layers"].(map[string]any)
+	require.Len(t, g, 1, "replace=true kept other sites")
+
+	bad("unknown hook", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"nope": map[string]any{"0": vec(1)}}}, 400, "unknown_hook")
+	bad("layer range", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"9": vec(1)}}}, 400, "layer_range")
+	bad("negative layer key", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"-1": vec(1)}}}, 400, "bad_request")
+	bad("hidden size", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"0": []float32{1, 2}}}}, 400, "hidden_size")
+	bad("non-finite", "POST", "/v1/steering/set", `{"vectors":{"pre_attn":{"0":{"vector":[`+strings.Repeat("1,", e2eHidden-1)+`1],"scale":1e39}}}}`, 400, "non_finite")
+	bad("overflow", "POST", "/v1/steering/set", `{"vectors":{"pre_attn":{"0":{"vector":[`+strings.Repeat("1,", e2eHidden-1)+`1],"scale":1e31}}}}`, 400, "overflow")
+	bad("unknown field", "POST", "/v1/steering/set", map[string]any{"vectorz": 1}, 400, "bad_request")
+	bad("not json", "POST", "/v1/steering/set", "{", 400, "bad_request")
+	bad("empty", "POST", "/v1/steering/set", map[string]any{}, 400, "bad_request")
+	bad("draft", "POST", "/v1/steering/set", map[string]any{"target": "draft", "vectors": map[string]any{"pre_attn": map[string]any{"0": vec(1)}}}, 501, "not_implemented")
+	bad("packed shape", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"dtype": "float32", "shape": []int{1, 3}, "layer_indices": []int{0}, "data": "AAAA"}}}, 400, "bad_request")
+	bad("packed dtype", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"dtype": "int8", "shape": []int{1, e2eHidden}, "layer_indices": []int{0}, "data": ""}}}, 400, "bad_request")
+	bad("packed short data", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"dtype": "float32", "shape": []int{1, e2eHidden}, "layer_indices": []int{0}, "data": "AAAA"}}}, 400, "bad_request")
+	bad("packed duplicate layer", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": packed("float32", []int{1, 1}, [][]float32{vec(1), vec(2)})}}, 400, "duplicate")
+	bad("clamp value and min", "POST", "/v1/steering/set", map[string]any{"clamps": map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": vec(1), "value": 0, "min": 1}}}}, 400, "bad_request")
+	bad("clamp zero vector", "POST", "/v1/steering/set", map[string]any{"clamps": map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": make([]float32, e2eHidden), "value": 0}}}}, 400, "bad_clamp")
+	bad("clamp min above max", "POST", "/v1/steering/set", map[string]any{"clamps": map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": vec(1), "min": 2, "max": 1}}}}, 400, "bad_clamp")
+	bad("unknown ref", "POST", "/v1/steering/set", map[string]any{"vector_refs": map[string]float32{"nope": 1}}, 400, "unknown_vector")
+	bad("body too large", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"0": make([]float32, 40000)}}}, 413, "too_large")
+	bad("clear draft", "POST", "/v1/steering/clear", map[string]any{"target": "draft"}, 501, "not_implemented")
+	bad("clear unknown field", "POST", "/v1/steering/clear", map[string]any{"x": 1}, 400, "bad_request")
+
+	// Layers: nested by role without a target, flat with target=main.
+	lay := s.ok("GET", "/v1/steering/layers", nil)["layers"].(map[string]any)["main"].(map[string]any)
+	require.Len(t, lay, e2eLayers)
+	require.Len(t, s.ok("GET", "/v1/steering/layers?target=main", nil)["layers"], e2eLayers)
+	bad("layers target", "GET", "/v1/steering/layers?target=x", nil, 400, "bad_request")
+
+	// Named vectors.
+	m = s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "happy", "kind": "steer",
+		"packed": map[string]any{"pre_attn": packed("float32", []int{0, 1}, [][]float32{vec(10), vec(11)}), "mlp_out": packed("float16", []int{3}, [][]float32{vec(12)})}})
+	require.Equal(t, "happy", m["name"])
+	list := s.ok("GET", "/v1/steering/vectors", nil)
+	require.EqualValues(t, 1, list["count"])
+	require.EqualValues(t, 3, list["vectors"].([]any)[0].(map[string]any)["entries"])
+	bad("register probe", "POST", "/v1/steering/vectors/register", map[string]any{"name": "p", "kind": "probe", "packed": map[string]any{}}, 501, "not_implemented")
+	bad("register empty", "POST", "/v1/steering/vectors/register", map[string]any{"name": "e", "packed": map[string]any{}}, 400, "bad_request")
+	bad("register bad name", "POST", "/v1/steering/vectors/register", map[string]any{"name": "", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(1)})}}, 400, "bad_name")
+	bad("unregister unknown", "POST", "/v1/steering/vectors/unregister", map[string]any{"name": "nope"}, 404, "not_found")
+	s.ok("POST", "/v1/steering/set", map[string]any{"vector_refs": map[string]float32{"happy": 0.5}})
+
+	// Modules.
+	m = s.ok("POST", "/v1/steering/modules/register", map[string]any{"name": "mod", "vectors": map[string]any{"pre_attn": map[string]any{"2": vec(13)}},
+		"decode_clamps": map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": vec(14), "value": 0}}}})
+	require.Equal(t, []any{"mod"}, m["modules"])
+	require.EqualValues(t, 1, s.ok("GET", "/v1/steering/modules", nil)["count"])
+	bad("module sae", "POST", "/v1/steering/modules/register", map[string]any{"name": "sae", "kind": "sae_delta"}, 501, "not_implemented")
+	bad("module empty", "POST", "/v1/steering/modules/register", map[string]any{"name": "e"}, 400, "bad_request")
+	bad("module unknown", "POST", "/v1/steering/modules/unregister", map[string]any{"name": "nope"}, 404, "not_found")
+
+	// Admissions latch conversations; DELETE drops them.
+	m = s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r1", "tenant": "acme", "conversation": "c1", "module": "mod"})
+	require.Equal(t, "override", m["source"])
+	require.Equal(t, true, m["latched"])
+	m = s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r2", "tenant": "acme", "conversation": "c1"})
+	require.Equal(t, "latch", m["source"])
+	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r3", "tenant": "acme", "conversation": "c2",
+		"override": map[string]any{"vector_refs": map[string]float32{"happy": 1}}, "compose": "add"})
+	dyn := s.ok("GET", "/v1/steering/dynamic", nil)
+	require.EqualValues(t, 2, dyn["latched_conversations"])
+	require.EqualValues(t, 2, dyn["triggers"])
+	require.EqualValues(t, 1, dyn["bridges"])
+	require.EqualValues(t, 3, s.ok("GET", "/v1/status", nil)["requests_with_steering"])
+	s.ok("POST", "/v1/requests/end", map[string]any{"request_id": "r1"})
+	require.EqualValues(t, 2, s.ok("GET", "/v1/status", nil)["requests_with_steering"])
+	bad("admit bad id", "POST", "/v1/requests/admit", map[string]any{"request_id": ""}, 400, "bad_request_id")
+	bad("admit unknown module", "POST", "/v1/requests/admit", map[string]any{"request_id": "x", "module": "nope"}, 404, "not_found")
+	bad("admit compose", "POST", "/v1/requests/admit", map[string]any{"request_id": "x", "compose": "mul"}, 400, "bad_request")
+	s.ok("DELETE", "/v1/conversations/acme/c1", nil)
+	require.EqualValues(t, 1, s.ok("GET", "/v1/steering/dynamic", nil)["latched_conversations"])
+	bad("drop unknown conversation", "DELETE", "/v1/conversations/acme/c1", nil, 404, "not_found")
+	bad("wrong method", "GET", "/v1/steering/set", nil, 404, "not_found")
+
+	s.ok("POST", "/v1/steering/modules/unregister", map[string]any{"name": "mod"})
+	s.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "happy"})
+	s.ok("POST", "/v1/steering/clear", nil)
+	require.Empty(t, s.ok("GET", "/v1/steering", nil)["active_layers"])
+	require.NoError(t, s.stop(syscall.SIGTERM))
+}
+
+// TestServeMetricsMatchStatus parses /metrics and checks it against /v1/status.
+func TestServeMetricsMatchStatus(t *testing.T) {
+	s := startServe(t, ns(t), "")
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "a", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(1)})}})
+	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r1", "conversation": "c", "override": map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"1": vec(2)}}}})
+	cs, err := serve.AttachClient(s.ns, secretFile(t))
+	require.NoError(t, err)
+	defer cs.Close()
+	require.NoError(t, cs.Client.Keys().Set("req-1", []byte("k1")))
+	require.NoError(t, cs.Client.Keys().Set("req-2", []byte("k2")))
+	require.NoError(t, cs.Client.Keys().Remove("req-2"))
+
+	st := s.ok("GET", "/v1/status", nil)
+	resp, err := http.Get(s.addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var p expfmt.TextParser
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	for name, f := range fams {
+		require.NotEmpty(t, f.GetHelp(), "%s has no HELP", name)
+	}
+	value := func(name string) float64 {
+		f, ok := fams[name]
+		require.True(t, ok, "missing %s", name)
+		m := f.GetMetric()[0]
+		if m.Gauge != nil {
+			return m.Gauge.GetValue()
+		}
+		return m.Counter.GetValue()
+	}
+	for metric, field := range map[string]string{
+		"shmsteer_latched_conversations": "latched_conversations", "shmsteer_latched_bytes": "latched_bytes",
+		"shmsteer_latch_triggers_total": "triggers", "shmsteer_latch_bridges_total": "bridges",
+		"shmsteer_latch_evictions_total": "evictions", "shmsteer_latch_oversize_refusals_total": "oversize_refusals",
+		"shmsteer_named_vectors": "named_vectors", "shmsteer_keys_live": "keys_live", "shmsteer_keys_revoked": "keys_revoked",
+		"shmsteer_arena_used_bytes": "arena_bytes_used", "shmsteer_arena_free_bytes": "arena_bytes_free",
+		"shmsteer_index_used_slots": "index_used", "shmsteer_index_free_slots": "index_free",
+		"shmsteer_attached_clients": "attached_clients", "shmsteer_region_version": "version",
+	} {
+		require.Equal(t, st[field], value(metric), "%s vs status %s", metric, field)
+	}
+	require.EqualValues(t, 1, value("shmsteer_keys_live"))
+	require.EqualValues(t, 1, value("shmsteer_keys_revoked"))
+	require.EqualValues(t, 1, value("shmsteer_attached_clients"))
+
+	// Workers' determinism checksums reach /v1/steering/dynamic.
+	dyn := s.ok("GET", "/v1/steering/dynamic", nil)
+	require.Empty(t, dyn["worker_checksums"])
+	require.Nil(t, dyn["checksums_agree"])
+	require.NoError(t, serve.ReportChecksum(cs.Client, "rank0", 7, 0xabc))
+	require.NoError(t, serve.ReportChecksum(cs.Client, "rank1", 7, 0xabc))
+	dyn = s.ok("GET", "/v1/steering/dynamic", nil)
+	require.Len(t, dyn["worker_checksums"], 2)
+	require.Equal(t, true, dyn["checksums_agree"])
+	require.NoError(t, serve.ReportChecksum(cs.Client, "rank1", 8, 0xdef))
+	require.NoError(t, serve.ReportChecksum(cs.Client, "rank0", 8, 0x123))
+	dyn = s.ok("GET", "/v1/steering/dynamic", nil)
+	require.Equal(t, false, dyn["checksums_agree"])
+	w0 := dyn["worker_checksums"].([]any)[0].(map[string]any)
+	require.Equal(t, "rank0", w0["worker"])
+	require.Equal(t, "0000000000000123", w0["checksum"])
+	require.Error(t, serve.ReportChecksum(cs.Client, "", 1, 1))
+	require.Contains(t, fams, "shmsteer_http_request_duration_seconds")
+	require.Contains(t, fams, "shmsteer_rpc_duration_seconds")
+	require.Contains(t, fams, "shmsteer_oldest_reader_pin_age_seconds")
+}
+
+// snapshotState reads what must survive a restart.
+func snapshotState(s *served) map[string]any {
+	vecs := s.ok("GET", "/v1/steering/vectors", nil)["vectors"].([]any)
+	for _, v := range vecs {
+		delete(v.(map[string]any), "version") // region versions restart; digests must not change
+	}
+	dyn := s.ok("GET", "/v1/steering/dynamic", nil)
+	// Admitted requests and workers' checksum reports are per run, like keys.
+	delete(dyn, "requests_with_steering")
+	delete(dyn, "worker_checksums")
+	delete(dyn, "checksums_agree")
+	return map[string]any{
+		"vectors": vecs,
+		"global":  s.ok("GET", "/v1/steering", nil)["active_layers"],
+		"modules": s.ok("GET", "/v1/steering/modules", nil)["modules"],
+		"latches": dyn,
+	}
+}
+
+func populate(t *testing.T, s *served) {
+	for i := range 3 {
+		s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": fmt.Sprintf("v%d", i),
+			"packed": map[string]any{"pre_attn": packed("float32", []int{0, 2}, [][]float32{vec(uint64(10 * i)), vec(uint64(10*i + 1))})}})
+	}
+	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"mlp_out": map[string]any{"1": vec(50)}},
+		"decode_clamps":       map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": vec(51), "max": 0.5}}},
+		"prefill_vector_refs": map[string]float32{"v1": 0.25}})
+	s.ok("POST", "/v1/steering/modules/register", map[string]any{"name": "m", "vectors": map[string]any{"pre_attn": map[string]any{"3": vec(52)}}})
+	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "a", "tenant": "acme", "conversation": "c1", "module": "m"})
+	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "b", "tenant": "acme", "conversation": "c2",
+		"override": map[string]any{"vector_refs": map[string]float32{"v2": 1}, "vectors": map[string]any{"post_attn": map[string]any{"0": vec(53)}}}})
+	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "c", "tenant": "acme", "conversation": "c1"})
+}
+
+// waitPersisted waits until the latch changes of admissions are on disk.
+func waitPersisted(t *testing.T, s *served) {
+	require.Eventually(t, func() bool { return s.ok("GET", "/v1/status", nil)["state_dirty"] == false }, 10*time.Second, 20*time.Millisecond)
+}
+
+func TestServeRestartKeepsState(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s := startServe(t, ns(t), dir)
+	populate(t, s)
+	cs, err := serve.AttachClient(s.ns, secretFile(t))
+	require.NoError(t, err)
+	require.NoError(t, cs.Client.Keys().Set("req-1", []byte("secret-key-bytes")))
+	cs.Close()
+	require.EqualValues(t, 1, s.ok("GET", "/v1/status", nil)["keys"])
+	before := snapshotState(s)
+	require.NotEmpty(t, before["global"])
+	require.EqualValues(t, 2, before["latches"].(map[string]any)["latched_conversations"])
+	require.NoError(t, s.stop(syscall.SIGTERM), "serve must exit 0 on SIGTERM:\n%s", s.stderr)
+
+	raw, err := os.ReadFile(filepath.Join(dir, "state.bin"))
+	require.NoError(t, err)
+	require.NotContains(t, string(raw), "secret-key-bytes", "keys must never be persisted")
+
+	s2 := startServe(t, ns(t), dir)
+	require.Equal(t, before, snapshotState(s2))
+	require.EqualValues(t, 0, s2.ok("GET", "/v1/status", nil)["keys"], "keys must not survive a restart")
+	// The restored latch still bridges, and its named vector's digest still matches.
+	m := s2.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "d", "tenant": "acme", "conversation": "c2"})
+	require.Equal(t, "latch", m["source"])
+	require.NoError(t, s2.stop(syscall.SIGINT))
+}
+
+func TestServeKill9KeepsLastPersisted(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s := startServe(t, ns(t), dir)
+	populate(t, s)
+	waitPersisted(t, s)
+	before := snapshotState(s)
+	require.NoError(t, s.cmd.Process.Kill())
+	<-s.done
+
+	s2 := startServe(t, ns(t), dir)
+	require.Equal(t, before, snapshotState(s2))
+	// A synchronous mutation is on disk before its reply, whatever follows: through the API,
+	// and through the owner's RPCs from the CLI.
+	s2.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "v0"})
+	cli := exec.Command(binPath, "steer", "global", "set", "--namespace", s2.ns, "--ref", "v2=0.75")
+	cli.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	out, err := cli.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	cli = exec.Command(binPath, "vectors", "rm", "v1", "--namespace", s2.ns)
+	cli.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	out, err = cli.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	after := snapshotState(s2)
+	require.Contains(t, fmt.Sprint(after["global"]), "pre_attn")
+	require.Len(t, after["vectors"], 1)
+	require.NoError(t, s2.cmd.Process.Kill())
+	<-s2.done
+	s3 := startServe(t, ns(t), dir)
+	require.Equal(t, after, snapshotState(s3))
+}
+
+func TestServeRefusesBadState(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s := startServe(t, ns(t), dir)
+	populate(t, s)
+	require.NoError(t, s.stop(syscall.SIGTERM))
+	path := filepath.Join(dir, "state.bin")
+	good, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	run := func(extra ...string) (int, string) {
+		args := append([]string{"serve", "--http", "127.0.0.1:0", "--namespace", ns(t), "--hidden", fmt.Sprint(e2eHidden),
+			"--layers", fmt.Sprint(e2eLayers), "--arena-bytes", fmt.Sprint(64 << 20), "--state-dir", dir}, extra...)
+		cmd := exec.Command(binPath, args...)
+		cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		require.NotContains(t, stdout.String(), "listening on")
+		ee, ok := err.(*exec.ExitError)
+		require.True(t, ok, "serve started on bad state: %v", err)
+		return ee.ExitCode(), stderr.String()
+	}
+	flipped := append([]byte(nil), good...)
+	flipped[len(flipped)/2] ^= 1
+	require.NoError(t, os.WriteFile(path, flipped, 0o600))
+	code, msg := run()
+	require.Equal(t, 1, code)
+	require.Contains(t, msg, "state file corrupt")
+	require.NoError(t, os.WriteFile(path, good[:len(good)-7], 0o600))
+	_, msg = run()
+	require.Contains(t, msg, "state file corrupt")
+	require.NoError(t, os.WriteFile(path, good, 0o600))
+	code, msg = run("--layers", fmt.Sprint(e2eLayers+1))
+	require.Equal(t, 1, code)
+	require.Contains(t, msg, "state file incompatible")
+	// A vector file that went missing is an error too, not a partial state.
+	ents, err := os.ReadDir(filepath.Join(dir, "vectors"))
+	require.NoError(t, err)
+	require.NotEmpty(t, ents)
+	require.NoError(t, os.Remove(filepath.Join(dir, "vectors", ents[0].Name())))
+	_, msg = run()
+	require.Contains(t, msg, "state file corrupt")
+}
+
+// TestCLIClientCommands runs the client commands against a live serve.
+func TestCLIClientCommands(t *testing.T) {
+	s := startServe(t, ns(t), "")
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "calm", "packed": map[string]any{"pre_attn": packed("float32", []int{1}, [][]float32{vec(1)})}})
+	cs, err := serve.AttachClient(s.ns, secretFile(t))
+	require.NoError(t, err)
+	require.NoError(t, cs.Client.Keys().Set("req-live", []byte("KEYBYTES-live")))
+	require.NoError(t, cs.Client.Keys().Set("req-gone", []byte("KEYBYTES-gone")))
+	require.NoError(t, cs.Client.Keys().Remove("req-gone"))
+	cs.Close()
+	sf := secretFile(t)
+	cli := func(env bool, args ...string) (int, string, string) {
+		cmd := exec.Command(binPath, append(args, "--namespace", s.ns)...)
+		cmd.Env = os.Environ()
+		if env {
+			cmd.Env = append(cmd.Env, ipc.SecretEnv+"="+e2eSecret)
+		} else {
+			cmd.Args = append(cmd.Args, "--secret-file", sf)
+		}
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		return code, stdout.String(), stderr.String()
+	}
+	code, out, _ := cli(true, "status")
+	require.Zero(t, code)
+	require.Regexp(t, `named_vectors\s+1`, out)
+	code, out, _ = cli(false, "status", "--json")
+	require.Zero(t, code)
+	require.Contains(t, out, `"keys_live": 1`)
+	code, out, _ = cli(true, "keys", "ls")
+	require.Zero(t, code)
+	require.Regexp(t, `req-live\s+live`, out)
+	require.NotContains(t, out, "req-gone")
+	require.Contains(t, out, "1 live, 1 revoked")
+	require.NotContains(t, out, "KEYBYTES")
+	code, _, _ = cli(true, "keys", "rm", "req-live")
+	require.Zero(t, code)
+	_, out, _ = cli(true, "keys", "ls")
+	require.NotContains(t, out, "req-live")
+	require.Contains(t, out, "0 live, 2 revoked")
+	code, out, _ = cli(true, "vectors", "ls")
+	require.Zero(t, code)
+	require.Contains(t, out, "calm")
+	code, out, _ = cli(false, "vectors", "show", "calm")
+	require.Zero(t, code)
+	require.Regexp(t, `pre_attn\s+1\s+1\s+`, out)
+	code, _, errOut := cli(true, "vectors", "show", "nope")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "unknown named vector")
+
+	// steer global set/clear go through the owner's OpSetGlobal/OpClearGlobal RPCs.
+	code, out, errOut = cli(true, "steer", "global", "set", "--ref", "calm=0.5")
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, "global steering set")
+	g := s.ok("GET", "/v1/steering", nil)["active_layers"].(map[string]any)
+	require.Contains(t, g, "1")
+	f := filepath.Join(t.TempDir(), "set.json")
+	body, _ := json.Marshal(map[string]any{"decode_vectors": map[string]any{"mlp_out": map[string]any{"3": vec(2)}}})
+	require.NoError(t, os.WriteFile(f, body, 0o600))
+	code, _, errOut = cli(true, "steer", "global", "set", "--file", f)
+	require.Zero(t, code, errOut)
+	g = s.ok("GET", "/v1/steering", nil)["active_layers"].(map[string]any)
+	require.Contains(t, g, "1", "merge dropped the ref")
+	require.Contains(t, g, "3")
+	code, _, errOut = cli(true, "steer", "global", "set", "--ref", "nope")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "unknown named vector")
+	code, _, _ = cli(true, "steer", "global", "set")
+	require.Equal(t, 2, code)
+	code, _, _ = cli(true, "steer", "global", "clear")
+	require.Zero(t, code)
+	require.Empty(t, s.ok("GET", "/v1/steering", nil)["active_layers"])
+	code, _, _ = cli(true, "vectors", "rm", "calm")
+	require.Zero(t, code)
+	require.EqualValues(t, 0, s.ok("GET", "/v1/steering/vectors", nil)["count"])
+	code, _, errOut = cli(true, "status", "--secret-file", filepath.Join(t.TempDir(), "none"))
+	require.Equal(t, 1, code, errOut)
+}
+
+func TestServeUnixSocketAndKeyReload(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	keys := writeKeys(t)
+	cmd := exec.Command(binPath, "serve", "--http", "unix:"+sock, "--namespace", ns(t), "--hidden", "8", "--layers", "2",
+		"--arena-bytes", fmt.Sprint(16<<20), "--api-key-file", keys, "--log-format", "json")
+	cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "listening on unix:"+sock+"\n", line)
+	st, err := os.Stat(sock)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	get := func(key string) int {
+		req, _ := http.NewRequest("GET", "http://unix/v1/status", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, 200, get(adminKey))
+	// Rotation: replace the key file and send SIGHUP.
+	require.NoError(t, os.WriteFile(keys, []byte(adminKey2+"\n"), 0o600))
+	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
+	require.Eventually(t, func() bool { return get(adminKey) == 401 }, 5*time.Second, 20*time.Millisecond)
+	require.Equal(t, 200, get(adminKey2))
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait())
+	_, err = os.Stat(sock)
+	require.True(t, os.IsNotExist(err), "socket left behind")
+	// JSON logs: every line an object with a message; the reload is logged, no key or secret.
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	require.NotEmpty(t, lines)
+	for _, l := range lines {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &rec), l)
+		require.NotEmpty(t, rec["msg"])
+	}
+	require.Contains(t, logs.String(), `"msg":"API keys reloaded"`)
+	for _, k := range []string{adminKey, adminKey2, e2eSecret} {
+		require.NotContains(t, logs.String(), k)
+	}
+}
+
+// TestWorkerFollowsServeRestart: a worker (this process) reads a named vector through an
+// ipc.Follower from several goroutines while serve is stopped with SIGTERM and started again
+// on its state dir; the worker keeps reading the dead region (flagged), re-attaches by itself,
+// and every read, before, during and after, is the whole registered vector.
+func TestWorkerFollowsServeRestart(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	name := ns(t)
+	s := startServe(t, name, dir)
+	want := [][]float32{vec(100), vec(101)}
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "v", "packed": map[string]any{"pre_attn": packed("float32", []int{0, 3}, want)}})
+	sec := ipc.NewSecret([]byte(e2eSecret))
+	f, err := ipc.Follow(ipc.FollowOptions{Client: ipc.ClientOptions{Secret: &sec, Namespace: name}, Poll: 10 * time.Millisecond,
+		MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Retire: time.Second, Ready: serve.IsReady})
+	require.NoError(t, err)
+	defer f.Close()
+	firstRegion := f.Client().Region().ID()
+
+	var (
+		mu      sync.Mutex
+		engines = map[*ipc.Client]*steer.Engine{}
+		stop    atomic.Bool
+		readErr atomic.Pointer[string]
+		reads   [3]atomic.Uint64 // by generation
+		dead    atomic.Uint64
+	)
+	engineOf := func(c *ipc.Client) (*steer.Engine, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if e := engines[c]; e != nil {
+			return e, nil
+		}
+		e, err := steer.Open(c.Region(), nil, steer.Options{Caller: c})
+		engines[c] = e
+		return e, err
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fail := func(err error) { msg := err.Error(); readErr.Store(&msg) }
+			for !stop.Load() {
+				gen, isDead := f.Generation(), f.Dead()
+				c := f.Client()
+				eng, err := engineOf(c)
+				if err != nil {
+					fail(err)
+					return
+				}
+				snap, err := c.Region().Snapshot()
+				if err != nil {
+					fail(err)
+					return
+				}
+				nv, err := eng.Vector(&snap, "v")
+				if err == nil && (len(nv.Vectors) != 2 || !slices.Equal(nv.Vectors[0].Data, want[0]) || !slices.Equal(nv.Vectors[1].Data, want[1])) {
+					err = fmt.Errorf("torn or wrong vector read: %d entries", len(nv.Vectors))
+				}
+				snap.Close()
+				if err != nil {
+					fail(err)
+					return
+				}
+				if gen < 3 {
+					reads[gen].Add(1)
+				}
+				if isDead {
+					dead.Add(1)
+				}
+				time.Sleep(50 * time.Microsecond)
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return reads[1].Load() > 50 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, s.stop(syscall.SIGTERM))
+	require.Eventually(t, f.Dead, 10*time.Second, time.Millisecond)
+	require.ErrorIs(t, f.Err(), ipc.ErrDeadRegion)
+	require.Eventually(t, func() bool { return dead.Load() > 20 }, 10*time.Second, time.Millisecond)
+	startServe(t, name, dir)
+	require.Eventually(t, func() bool { return f.Generation() == 2 && !f.Dead() }, 10*time.Second, time.Millisecond)
+	require.NotEqual(t, firstRegion, f.Client().Region().ID())
+	require.Eventually(t, func() bool { return reads[2].Load() > 50 || readErr.Load() != nil }, 10*time.Second, time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	if e := readErr.Load(); e != nil {
+		t.Fatal(*e)
+	}
+	t.Logf("reads: %d before, %d from the dead region, %d after the restart", reads[1].Load(), dead.Load(), reads[2].Load())
+}
+
+// TestWorkerStepsWithAPISteering is the README's quick start: serve runs, a worker attaches,
+// and steering changed through the control API changes what the worker's next step adds.
+func TestWorkerStepsWithAPISteering(t *testing.T) {
+	s := startServe(t, ns(t), "")
+	g, r := vec(200), vec(201)
+	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"post_block": map[string]any{"1": g}}})
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "polite", "packed": map[string]any{"post_block": packed("float32", []int{1}, [][]float32{r})}})
+	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r1", "override": map[string]any{"decode_vector_refs": map[string]float32{"polite": 0.5}}})
+
+	sec := ipc.NewSecret([]byte(e2eSecret))
+	f, err := ipc.Follow(ipc.FollowOptions{Client: ipc.ClientOptions{Secret: &sec, Namespace: s.ns}, Ready: serve.IsReady})
+	require.NoError(t, err)
+	defer f.Close()
+	eng, err := steer.Open(f.Client().Region(), nil, steer.Options{Caller: f.Client()})
+	require.NoError(t, err)
+	st := eng.NewStepper()
+	defer st.Close()
+	hook, err := eng.Config().Hook("post_block")
+	require.NoError(t, err)
+	step := func(n uint64) []float32 {
+		h := make([]float32, 2*e2eHidden)
+		require.NoError(t, st.Begin(0))
+		require.NoError(t, st.Apply(hook, 1, h, []steer.Span{{ID: "r1", Start: 0, End: 2, Phase: steer.PhaseDecode}}))
+		require.NoError(t, serve.ReportChecksum(f.Client(), "rank0", n, st.End()))
+		return h
+	}
+	h := step(1)
+	for i := range e2eHidden {
+		want := g[i] + 0.5*r[i]
+		require.InDelta(t, want, h[i], 1e-5)
+		require.InDelta(t, want, h[e2eHidden+i], 1e-5)
+	}
+	// Steering changed through the API: the next step adds the new global vector.
+	g2 := vec(202)
+	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"post_block": map[string]any{"1": map[string]any{"vector": g2, "scale": 2}}}})
+	h = step(2)
+	for i := range e2eHidden {
+		require.InDelta(t, 2*g2[i]+0.5*r[i], h[i], 1e-5)
+	}
+	s.ok("POST", "/v1/steering/clear", nil)
+	h = step(3)
+	for i := range e2eHidden {
+		require.InDelta(t, 0.5*r[i], h[i], 1e-5)
+	}
+	w := s.ok("GET", "/v1/steering/dynamic", nil)["worker_checksums"].([]any)
+	require.Len(t, w, 1)
+	require.EqualValues(t, 3, w[0].(map[string]any)["step"])
+}
+
+// TestServeSIGTERMAnswersInFlight: a request whose body is still arriving when SIGTERM comes is
+// answered, and what it registered is in the persisted state.
+func TestServeSIGTERMAnswersInFlight(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s := startServe(t, ns(t), dir)
+	body, _ := json.Marshal(map[string]any{"name": "late", "packed": map[string]any{"pre_attn": packed("float32", []int{1}, [][]float32{vec(300)})}})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.addr, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/steering/vectors/register HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", adminKey, len(body))
+	_, err = conn.Write(body[:len(body)/2])
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	time.Sleep(100 * time.Millisecond)
+	_, err = conn.Write(body[len(body)/2:])
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	resp.Body.Close()
+	select {
+	case err := <-s.done:
+		require.NoError(t, err, "serve must exit 0:\n%s", s.stderr)
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not exit after SIGTERM")
+	}
+	s2 := startServe(t, ns(t), dir)
+	require.EqualValues(t, 1, s2.ok("GET", "/v1/steering/vectors", nil)["count"])
+}
+
+// TestServeKilledAtRandomPoints SIGKILLs serve at random moments while it registers vectors
+// one after another; each restart must load a whole state holding every acknowledged
+// registration and at most the one in flight.
+func TestServeKilledAtRandomPoints(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
+	acked := 0
+	for round := range 6 {
+		s := startServe(t, ns(t), dir)
+		n := s.ok("GET", "/v1/steering/vectors", nil)["count"].(float64)
+		require.True(t, int(n) == acked || int(n) == acked+1, "round %d: %v vectors after a kill, %d acknowledged", round, n, acked)
+		acked = int(n)
+		stop := make(chan struct{})
+		done := make(chan int)
+		go func() {
+			got := acked
+			defer func() { done <- got }()
+			for i := acked; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				b, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("v%04d", i), "packed": map[string]any{"pre_attn": packed("float32", []int{0, 1, 2}, [][]float32{vec(uint64(i)), vec(uint64(i + 1)), vec(uint64(i + 2))})}})
+				req, _ := http.NewRequest("POST", s.addr+"/v1/steering/vectors/register", bytes.NewReader(b))
+				req.Header.Set("Authorization", "Bearer "+adminKey)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return // killed mid-request: not acknowledged
+				}
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					return
+				}
+				got = i + 1
+			}
+		}()
+		time.Sleep(time.Duration(20+r.IntN(200)) * time.Millisecond)
+		s.cmd.Process.Kill()
+		<-s.done
+		close(stop)
+		acked = <-done
+	}
+	s := startServe(t, ns(t), dir)
+	n := s.ok("GET", "/v1/steering/vectors", nil)["count"].(float64)
+	require.True(t, int(n) == acked || int(n) == acked+1, "%v vectors, %d acknowledged", n, acked)
+	require.Greater(t, acked, 6)
+}

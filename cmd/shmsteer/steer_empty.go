@@ -1,0 +1,5 @@
+package main
+
+import "github.com/shmsteer/shmsteer/steer"
+
+func steerEmpty() steer.Steering { return steer.Steering{} }

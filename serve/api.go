@@ -1,0 +1,850 @@
+package serve
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shmsteer/shmsteer/shm"
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+var (
+	// ErrNotImplemented means a fork feature serve does not have (draft targets, probe
+	// vectors, SAE modules).
+	ErrNotImplemented = errors.New("shmsteer: not implemented by shmsteer serve")
+	// ErrNotFound means the named vector, module or conversation does not exist.
+	ErrNotFound = errors.New("shmsteer: not found")
+	// ErrNotPersisted means a change is live but could not be written to the state directory;
+	// serve retries in the background: check the disk and the logs.
+	ErrNotPersisted = errors.New("shmsteer: change applied but not persisted")
+)
+
+// apiErrors maps sentinels to an HTTP status and the error "type" in replies; first match wins.
+var apiErrors = []struct {
+	err    error
+	status int
+	typ    string
+}{
+	{ErrUnauthorized, http.StatusUnauthorized, "unauthorized"},
+	{ErrForbidden, http.StatusForbidden, "forbidden"},
+	{ErrNotFound, http.StatusNotFound, "not_found"},
+	{ErrNotImplemented, http.StatusNotImplemented, "not_implemented"},
+	{ErrNotPersisted, http.StatusInternalServerError, "not_persisted"},
+	{ErrBadInput, http.StatusBadRequest, "bad_request"},
+	{steer.ErrBadName, http.StatusBadRequest, "bad_name"},
+	{steer.ErrNonFinite, http.StatusBadRequest, "non_finite"},
+	{steer.ErrHiddenSize, http.StatusBadRequest, "hidden_size"},
+	{steer.ErrUnknownHook, http.StatusBadRequest, "unknown_hook"},
+	{steer.ErrLayerRange, http.StatusBadRequest, "layer_range"},
+	{steer.ErrDuplicate, http.StatusBadRequest, "duplicate"},
+	{steer.ErrEmptySet, http.StatusBadRequest, "empty_set"},
+	{steer.ErrBadClamp, http.StatusBadRequest, "bad_clamp"},
+	{steer.ErrUnknownVector, http.StatusBadRequest, "unknown_vector"},
+	{steer.ErrBadRequestID, http.StatusBadRequest, "bad_request_id"},
+	{steer.ErrBadEncoding, http.StatusBadRequest, "bad_encoding"},
+	{steer.ErrOverflow, http.StatusBadRequest, "overflow"},
+	{shm.ErrValueTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
+	{shm.ErrKeyTooLong, http.StatusBadRequest, "bad_name"},
+	{shm.ErrRegionFull, http.StatusInsufficientStorage, "region_full"},
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+	Type  string `json:"type"`
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code, typ := http.StatusInternalServerError, "internal"
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		code, typ = http.StatusRequestEntityTooLarge, "too_large"
+	} else {
+		for _, e := range apiErrors {
+			if errors.Is(err, e.err) {
+				code, typ = e.status, e.typ
+				break
+			}
+		}
+	}
+	writeJSON(w, code, errorBody{Error: err.Error(), Type: typ})
+}
+
+type apiFunc func(r *http.Request, p principal, body []byte) (any, error)
+
+// api wraps a /v1/ handler: authentication, the body cap, timing, JSON replies.
+func (s *Server) api(route string, h apiFunc) http.HandlerFunc {
+	return s.met.timeHTTP(route, func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.keys.authenticate(r)
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="shmsteer"`)
+			writeError(w, err)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		out, err := h(r, p, body)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.met.timeHTTP("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	}))
+	mux.HandleFunc("GET /readyz", s.met.timeHTTP("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.ready.Load() {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}))
+	mux.Handle("GET /metrics", s.met.handler())
+	for _, rt := range []struct {
+		pattern string
+		h       apiFunc
+	}{
+		{"POST /v1/steering/set", s.setGlobal},
+		{"POST /v1/steering/clear", s.clearGlobal},
+		{"GET /v1/steering", s.getSteering},
+		{"GET /v1/steering/layers", s.getLayers},
+		{"POST /v1/steering/vectors/register", s.registerVector},
+		{"POST /v1/steering/vectors/unregister", s.unregisterVector},
+		{"GET /v1/steering/vectors", s.listVectors},
+		{"POST /v1/steering/modules/register", s.registerModule},
+		{"POST /v1/steering/modules/unregister", s.unregisterModule},
+		{"GET /v1/steering/modules", s.listModules},
+		{"GET /v1/steering/dynamic", s.dynamic},
+		{"POST /v1/requests/admit", s.admit},
+		{"POST /v1/requests/end", s.end},
+		{"DELETE /v1/conversations/{tenant}/{id}", s.dropConversation},
+		{"GET /v1/status", func(*http.Request, principal, []byte) (any, error) { return s.status() }},
+	} {
+		route := rt.pattern[strings.IndexByte(rt.pattern, ' ')+1:]
+		mux.HandleFunc(rt.pattern, s.api(route, rt.h))
+	}
+	mux.HandleFunc("/v1/", s.api("other", func(*http.Request, principal, []byte) (any, error) {
+		return nil, fmt.Errorf("%w: no such endpoint or method", ErrNotFound)
+	}))
+	return mux
+}
+
+func needAdmin(p principal, what string) error {
+	if !p.admin() {
+		return fmt.Errorf("%w: %s needs an unscoped API key (this key belongs to tenant %q)", ErrForbidden, what, p.tenant)
+	}
+	return nil
+}
+
+func checkTarget(t *string) error {
+	if t == nil || *t == "main" {
+		return nil
+	}
+	if *t == "draft" {
+		return fmt.Errorf("%w: target \"draft\" (no speculative-decoding draft model here)", ErrNotImplemented)
+	}
+	return badInput("target %q: want \"main\" or \"draft\"", *t)
+}
+
+// persistAfterChange persists after a mutation (callers hold s.mu).
+func (s *Server) persistAfterChange() error {
+	if err := s.persistLocked(); err != nil {
+		s.log.Error("persisting state failed; will retry", "err", err)
+		return fmt.Errorf("%w: %w", ErrNotPersisted, err)
+	}
+	return nil
+}
+
+// --- global steering ---
+
+func (s *Server) setGlobal(_ *http.Request, p principal, body []byte) (any, error) {
+	if err := needAdmin(p, "global steering"); err != nil {
+		return nil, err
+	}
+	var req SetRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return nil, err
+	}
+	if err := checkTarget(req.Target); err != nil {
+		return nil, err
+	}
+	st, err := req.Steering(s.eng.Config())
+	if err != nil {
+		return nil, err
+	}
+	if st.Empty() {
+		return nil, badInput("no vectors provided: include at least one of vectors, prefill_vectors, decode_vectors, the clamps or the vector refs")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := SetGlobal(s.eng, st, req.Replace)
+	if err != nil {
+		return nil, err
+	}
+	hooks, layers := sites(&st)
+	if err := s.persistAfterChange(); err != nil {
+		return nil, err
+	}
+	return map[string]any{"status": "ok", "hook_points": hooks, "layers_updated": layers, "version": v}, nil
+}
+
+// SetGlobal sets global steering st on eng (owner or worker), merged into the current global
+// tiers unless replace: per tier, st's vectors replace those at the same (hook, layer), st's
+// clamps replace those at the sites it names, st's refs replace refs of the same name.
+func SetGlobal(eng *steer.Engine, st steer.Steering, replace bool) (uint64, error) {
+	if !replace {
+		snap, err := eng.Region().Snapshot()
+		if err != nil {
+			return 0, err
+		}
+		cur, _, ok, err := eng.Global(&snap)
+		if err == nil && ok {
+			st = mergeGlobal(copySteering(&cur), st)
+		}
+		snap.Close()
+		if err != nil {
+			return 0, err
+		}
+	}
+	return eng.SetGlobalAny(st)
+}
+
+type site struct {
+	hook  string
+	layer int
+}
+
+func mergeGlobal(cur, add steer.Steering) steer.Steering {
+	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+		c, a := cur.Tier(ph), add.Tier(ph)
+		vs := map[site]bool{}
+		for _, v := range a.Vectors {
+			vs[site{v.Hook, v.Layer}] = true
+		}
+		cs := map[site]bool{}
+		for _, x := range a.Clamps {
+			cs[site{x.Hook, x.Layer}] = true
+		}
+		rs := map[string]bool{}
+		for _, r := range a.Refs {
+			rs[r.Name] = true
+		}
+		c.Vectors = append(slices.DeleteFunc(c.Vectors, func(v steer.Vector) bool { return vs[site{v.Hook, v.Layer}] }), a.Vectors...)
+		c.Clamps = append(slices.DeleteFunc(c.Clamps, func(x steer.Clamp) bool { return cs[site{x.Hook, x.Layer}] }), a.Clamps...)
+		c.Refs = append(slices.DeleteFunc(c.Refs, func(r steer.Ref) bool { return rs[r.Name] }), a.Refs...)
+	}
+	return cur
+}
+
+// copySteering deep-copies s (whose data may alias a snapshot).
+func copySteering(s *steer.Steering) steer.Steering {
+	out := steer.Steering{Compose: s.Compose}
+	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+		src, dst := s.Tier(ph), out.Tier(ph)
+		for _, v := range src.Vectors {
+			v.Data = slices.Clone(v.Data)
+			dst.Vectors = append(dst.Vectors, v)
+		}
+		dst.Refs = slices.Clone(src.Refs)
+		for _, c := range src.Clamps {
+			c.Dir = slices.Clone(c.Dir)
+			dst.Clamps = append(dst.Clamps, c)
+		}
+	}
+	return out
+}
+
+func sites(st *steer.Steering) (hooks []string, layers []int) {
+	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+		t := st.Tier(ph)
+		for _, v := range t.Vectors {
+			hooks, layers = append(hooks, v.Hook), append(layers, v.Layer)
+		}
+		for _, c := range t.Clamps {
+			hooks, layers = append(hooks, c.Hook), append(layers, c.Layer)
+		}
+	}
+	slices.Sort(hooks)
+	slices.Sort(layers)
+	return slices.Compact(hooks), slices.Compact(layers)
+}
+
+func (s *Server) clearGlobal(_ *http.Request, p principal, body []byte) (any, error) {
+	if err := needAdmin(p, "global steering"); err != nil {
+		return nil, err
+	}
+	if len(strings.TrimSpace(string(body))) > 0 {
+		var req struct {
+			Target *string `json:"target"`
+		}
+		if err := decodeStrict(body, &req); err != nil {
+			return nil, err
+		}
+		if err := checkTarget(req.Target); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := s.eng.SetGlobal(steer.Steering{})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.persistAfterChange(); err != nil {
+		return nil, err
+	}
+	return map[string]any{"status": "ok", "version": v}, nil
+}
+
+// TierNorms is what GET /v1/steering reports per (layer, hook): the L2 norm of each tier's
+// summed vector (named references resolved) and the number of clamps.
+type TierNorms struct {
+	Base    float64 `json:"base"`
+	Prefill float64 `json:"prefill"`
+	Decode  float64 `json:"decode"`
+	Clamps  int     `json:"clamps"`
+}
+
+func (s *Server) getSteering(r *http.Request, _ principal, _ []byte) (any, error) {
+	if t := r.URL.Query().Get("target"); t != "" {
+		if err := checkTarget(&t); err != nil {
+			return nil, err
+		}
+	}
+	active, v, err := ActiveLayers(s.eng)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"active_layers": active, "version": v}, nil
+}
+
+// ActiveLayers summarizes the global steering: layer → hook → norms.
+func ActiveLayers(eng *steer.Engine) (map[string]map[string]*TierNorms, uint64, error) {
+	snap, err := eng.Region().Snapshot()
+	if err != nil {
+		return nil, 0, err
+	}
+	defer snap.Close()
+	out := map[string]map[string]*TierNorms{}
+	g, _, ok, err := eng.Global(&snap)
+	if err != nil || !ok {
+		return out, snap.Version(), err
+	}
+	hidden := eng.Config().Hidden
+	type key struct {
+		ph steer.Phase
+		site
+	}
+	sums := map[key][]float64{}
+	add := func(k key, scale float32, d []float32) {
+		acc := sums[k]
+		if acc == nil {
+			acc = make([]float64, hidden)
+			sums[k] = acc
+		}
+		for i, f := range d {
+			acc[i] += float64(scale) * float64(f)
+		}
+	}
+	entry := func(s site) *TierNorms {
+		l := strconv.Itoa(s.layer)
+		if out[l] == nil {
+			out[l] = map[string]*TierNorms{}
+		}
+		if out[l][s.hook] == nil {
+			out[l][s.hook] = &TierNorms{}
+		}
+		return out[l][s.hook]
+	}
+	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+		t := g.Tier(ph)
+		for _, v := range t.Vectors {
+			add(key{ph, site{v.Hook, v.Layer}}, v.Scale, v.Data)
+		}
+		for _, ref := range t.Refs {
+			nv, err := eng.Vector(&snap, ref.Name)
+			if err != nil {
+				continue // unregistered since: it no longer applies
+			}
+			for _, v := range nv.Vectors {
+				add(key{ph, site{v.Hook, v.Layer}}, ref.Strength*v.Scale, v.Data)
+			}
+		}
+		for _, c := range t.Clamps {
+			entry(site{c.Hook, c.Layer}).Clamps++
+		}
+	}
+	for k, acc := range sums {
+		var ss float64
+		for _, f := range acc {
+			ss += f * f
+		}
+		e := entry(k.site)
+		switch k.ph {
+		case steer.PhaseBase:
+			e.Base = math.Sqrt(ss)
+		case steer.PhasePrefill:
+			e.Prefill = math.Sqrt(ss)
+		case steer.PhaseDecode:
+			e.Decode = math.Sqrt(ss)
+		}
+	}
+	return out, snap.Version(), nil
+}
+
+func (s *Server) getLayers(r *http.Request, _ principal, _ []byte) (any, error) {
+	cfg := s.eng.Config()
+	hooks := make([]string, cfg.NumHooks())
+	for i := range hooks {
+		hooks[i] = cfg.HookName(steer.HookID(i))
+	}
+	sort.Strings(hooks)
+	flat := map[string]any{}
+	for l := range cfg.Layers {
+		flat[strconv.Itoa(l)] = map[string]any{"hook_points": hooks}
+	}
+	t := r.URL.Query().Get("target")
+	if t == "" {
+		return map[string]any{"layers": map[string]any{"main": flat}}, nil
+	}
+	if err := checkTarget(&t); err != nil {
+		return nil, err
+	}
+	return map[string]any{"layers": flat}, nil
+}
+
+// --- named vectors ---
+
+// VectorSummary is one named vector in listings.
+type VectorSummary struct {
+	Name    string `json:"name"`
+	Kind    string `json:"kind"`
+	Version uint64 `json:"version"`
+	Digest  string `json:"digest"`
+	Entries int    `json:"entries"`
+}
+
+// ListVectors lists the named vectors a principal may see.
+func ListVectors(eng *steer.Engine, visible func(string) bool) ([]VectorSummary, error) {
+	snap, err := eng.Region().Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	defer snap.Close()
+	infos, err := eng.VectorInfos(&snap)
+	if err != nil {
+		return nil, err
+	}
+	out := []VectorSummary{}
+	for _, in := range infos {
+		if !visible(in.Name) {
+			continue
+		}
+		vs := VectorSummary{Name: in.Name, Kind: "steer", Version: in.Version, Digest: hex.EncodeToString(in.Digest[:])}
+		if nv, err := eng.Vector(&snap, in.Name); err == nil {
+			vs.Entries = len(nv.Vectors)
+		}
+		out = append(out, vs)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func checkKind(kind *string, want, other string) error {
+	if kind == nil || *kind == want {
+		return nil
+	}
+	if *kind == other {
+		return fmt.Errorf("%w: kind %q", ErrNotImplemented, other)
+	}
+	return badInput("kind %q: want %q", *kind, want)
+}
+
+func (s *Server) registerVector(_ *http.Request, p principal, body []byte) (any, error) {
+	var req struct {
+		Name   string            `json:"name"`
+		Kind   *string           `json:"kind"`
+		Packed map[string]Packed `json:"packed"`
+	}
+	if err := decodeStrict(body, &req); err != nil {
+		return nil, err
+	}
+	if err := checkKind(req.Kind, "steer", "probe"); err != nil {
+		return nil, err
+	}
+	if !p.owns(req.Name) {
+		return nil, fmt.Errorf("%w: tenant %q may register only names starting with %q", ErrForbidden, p.tenant, p.tenant+"/")
+	}
+	if len(req.Packed) == 0 {
+		return nil, badInput("\"packed\" holds no hooks")
+	}
+	hooks := make([]string, 0, len(req.Packed))
+	for h := range req.Packed {
+		hooks = append(hooks, h)
+	}
+	sort.Strings(hooks)
+	var vecs []steer.Vector
+	for _, h := range hooks {
+		pk := req.Packed[h]
+		vs, err := pk.Vectors(h, s.eng.Config().Hidden)
+		if err != nil {
+			return nil, err
+		}
+		vecs = append(vecs, vs...)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info, err := s.eng.Register(req.Name, vecs)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.persistAfterChange(); err != nil {
+		return nil, err
+	}
+	list, err := ListVectors(s.eng, p.owns)
+	return map[string]any{"status": "ok", "name": req.Name, "kind": "steer", "version": info.Version,
+		"digest": hex.EncodeToString(info.Digest[:]), "vectors": list}, err
+}
+
+func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (any, error) {
+	var req struct {
+		Name string  `json:"name"`
+		Kind *string `json:"kind"`
+	}
+	if err := decodeStrict(body, &req); err != nil {
+		return nil, err
+	}
+	if err := checkKind(req.Kind, "steer", "probe"); err != nil {
+		return nil, err
+	}
+	if !p.owns(req.Name) {
+		return nil, fmt.Errorf("%w: tenant %q may remove only names starting with %q", ErrForbidden, p.tenant, p.tenant+"/")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := s.eng.Unregister(req.Name)
+	if errors.Is(err, steer.ErrUnknownVector) {
+		return nil, fmt.Errorf("%w: steer vector %q", ErrNotFound, req.Name)
+	} else if err != nil {
+		return nil, err
+	}
+	if err := s.persistAfterChange(); err != nil {
+		return nil, err
+	}
+	list, err := ListVectors(s.eng, p.owns)
+	return map[string]any{"status": "ok", "name": req.Name, "kind": "steer", "version": v, "vectors": list}, err
+}
+
+func (s *Server) listVectors(_ *http.Request, p principal, _ []byte) (any, error) {
+	list, err := ListVectors(s.eng, p.owns)
+	return map[string]any{"vectors": list, "count": len(list)}, err
+}
+
+// --- modules ---
+
+type moduleRequest struct {
+	Name           string     `json:"name"`
+	Kind           *string    `json:"kind"`
+	Vectors        VectorSpec `json:"vectors,omitempty"`
+	PrefillVectors VectorSpec `json:"prefill_vectors,omitempty"`
+	DecodeVectors  VectorSpec `json:"decode_vectors,omitempty"`
+	Clamps         ClampSpec  `json:"clamps,omitempty"`
+	PrefillClamps  ClampSpec  `json:"prefill_clamps,omitempty"`
+	DecodeClamps   ClampSpec  `json:"decode_clamps,omitempty"`
+	SAEManifest    any        `json:"sae_manifest,omitempty"`
+}
+
+func (s *Server) moduleNames(p principal) []string {
+	out := []string{}
+	for n := range s.modules {
+		if p.owns(n) {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (s *Server) registerModule(_ *http.Request, p principal, body []byte) (any, error) {
+	var req moduleRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return nil, err
+	}
+	if err := checkKind(req.Kind, "additive", "sae_delta"); err != nil {
+		return nil, err
+	}
+	if req.SAEManifest != nil {
+		return nil, badInput("sae_manifest is for kind \"sae_delta\"")
+	}
+	if len(req.Name) == 0 || len(req.Name) > steer.MaxNameLen {
+		return nil, fmt.Errorf("%w (%d bytes)", steer.ErrBadName, len(req.Name))
+	}
+	if !p.owns(req.Name) {
+		return nil, fmt.Errorf("%w: tenant %q may register only modules named %q+NAME", ErrForbidden, p.tenant, p.tenant+"/")
+	}
+	sr := SetRequest{Vectors: req.Vectors, PrefillVectors: req.PrefillVectors, DecodeVectors: req.DecodeVectors,
+		Clamps: req.Clamps, PrefillClamps: req.PrefillClamps, DecodeClamps: req.DecodeClamps}
+	st, err := sr.Steering(s.eng.Config())
+	if err != nil {
+		return nil, err
+	}
+	if st.Empty() {
+		return nil, badInput("module %q has no vectors or clamps", req.Name)
+	}
+	wire, d, err := steer.EncodeSteering(&st, s.eng.Config())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.modules[req.Name] = module{wire: wire, digest: d}
+	if err := s.persistAfterChange(); err != nil {
+		return nil, err
+	}
+	return map[string]any{"status": "ok", "name": req.Name, "digest": hex.EncodeToString(d[:]), "modules": s.moduleNames(p)}, nil
+}
+
+func (s *Server) unregisterModule(_ *http.Request, p principal, body []byte) (any, error) {
+	var req struct {
+		Name string `json:"name"`
+	}
+	if err := decodeStrict(body, &req); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.modules[req.Name]; !ok || !p.owns(req.Name) {
+		return nil, fmt.Errorf("%w: steering module %q", ErrNotFound, req.Name)
+	}
+	delete(s.modules, req.Name)
+	if err := s.persistAfterChange(); err != nil {
+		return nil, err
+	}
+	return map[string]any{"status": "ok", "name": req.Name, "modules": s.moduleNames(p)}, nil
+}
+
+func (s *Server) listModules(_ *http.Request, p principal, _ []byte) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := s.moduleNames(p)
+	return map[string]any{"modules": names, "count": len(names)}, nil
+}
+
+// --- latches, admissions ---
+
+func (s *Server) dynamic(*http.Request, principal, []byte) (any, error) {
+	st, err := s.eng.Status()
+	if err != nil {
+		return nil, err
+	}
+	workers, agree := s.checks.report()
+	return map[string]any{
+		"worker_checksums": workers, "checksums_agree": agree,
+		"latched_conversations": st.LatchedConversations, "latched_bytes": st.LatchedBytes,
+		"evictions": st.Evictions, "oversize_refusals": st.OversizeRefusals, "triggers": st.Triggers,
+		"bridges": st.Bridges, "bridge_drops": st.BridgeDrops,
+		"max_conversations": s.cfg.MaxConversations, "max_latched_bytes": s.cfg.MaxLatchedBytes,
+		"policy": strings.ToLower(s.cfg.LatchPolicy), "requests_with_steering": st.RequestsWithSteering,
+		"latch_state_hash": fmt.Sprintf("%016x", s.eng.Latches().StateHash()),
+	}, nil
+}
+
+// AdmitRequest is the body of POST /v1/requests/admit.
+type AdmitRequest struct {
+	RequestID    string      `json:"request_id"`
+	Tenant       string      `json:"tenant,omitempty"`
+	Conversation string      `json:"conversation,omitempty"`
+	Module       string      `json:"module,omitempty"`
+	Override     *SetRequest `json:"override,omitempty"`
+	Compose      string      `json:"compose,omitempty"` // "replace" (default) or "add"
+}
+
+var sourceNames = []string{"none", "override", "latch", "composed"}
+
+func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
+	var req AdmitRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return nil, err
+	}
+	if !p.admin() {
+		if req.Tenant == "" {
+			req.Tenant = p.tenant
+		}
+		if req.Tenant != p.tenant || !p.owns(req.RequestID) {
+			return nil, fmt.Errorf("%w: tenant %q may admit only its own conversations, with request ids starting with %q", ErrForbidden, p.tenant, p.tenant+"/")
+		}
+	}
+	a := steer.Admission{RequestID: req.RequestID, Conversation: steer.ConvKey{Tenant: req.Tenant, ID: req.Conversation}}
+	var ov steer.Steering
+	if req.Module != "" {
+		if !p.owns(req.Module) {
+			return nil, fmt.Errorf("%w: module %q", ErrForbidden, req.Module)
+		}
+		s.mu.Lock()
+		m, ok := s.modules[req.Module]
+		s.mu.Unlock()
+		if !ok {
+			return nil, fmt.Errorf("%w: steering module %q", ErrNotFound, req.Module)
+		}
+		st, _, err := steer.DecodeSteering(m.wire, s.eng.Config())
+		if err != nil {
+			return nil, err
+		}
+		ov = copySteering(&st)
+	}
+	if req.Override != nil {
+		if req.Override.Replace || req.Override.Target != nil {
+			return nil, badInput("override takes no replace or target")
+		}
+		st, err := req.Override.Steering(s.eng.Config())
+		if err != nil {
+			return nil, err
+		}
+		for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+			for _, r := range st.Tier(ph).Refs {
+				if !p.owns(r.Name) {
+					return nil, fmt.Errorf("%w: named vector %q", ErrForbidden, r.Name)
+				}
+			}
+		}
+		ov = mergeGlobal(ov, st)
+	}
+	switch req.Compose {
+	case "", "replace":
+	case "add":
+		ov.Compose = steer.ComposeAdd
+	default:
+		return nil, badInput("compose %q: want replace or add", req.Compose)
+	}
+	if !ov.Empty() {
+		a.Override = &ov
+	}
+	out, err := s.eng.Admit(a)
+	if err != nil {
+		return nil, err
+	}
+	s.dirty.Store(true)
+	return map[string]any{"version": out.Version, "source": sourceNames[out.Source], "latched": out.Latched,
+		"refused": out.Refused, "digest": hex.EncodeToString(out.Digest[:])}, nil
+}
+
+func (s *Server) end(_ *http.Request, p principal, body []byte) (any, error) {
+	var req struct {
+		RequestID string `json:"request_id"`
+	}
+	if err := decodeStrict(body, &req); err != nil {
+		return nil, err
+	}
+	if !p.owns(req.RequestID) {
+		return nil, fmt.Errorf("%w: tenant %q may end only request ids starting with %q", ErrForbidden, p.tenant, p.tenant+"/")
+	}
+	v, err := s.eng.End(req.RequestID)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"status": "ok", "version": v}, nil
+}
+
+func (s *Server) dropConversation(r *http.Request, p principal, _ []byte) (any, error) {
+	k := steer.ConvKey{Tenant: r.PathValue("tenant"), ID: r.PathValue("id")}
+	if !p.admin() && k.Tenant != p.tenant {
+		return nil, fmt.Errorf("%w: tenant %q may drop only its own conversations", ErrForbidden, p.tenant)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Look first: DropConversation republishes the counters even when there is no latch, and a
+	// 404 must change nothing.
+	if !slices.Contains(s.eng.Latches().Keys(), k) {
+		return nil, fmt.Errorf("%w: no latch for conversation %q/%q", ErrNotFound, k.Tenant, k.ID)
+	}
+	ok, err := s.eng.DropConversation(k)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: no latch for conversation %q/%q", ErrNotFound, k.Tenant, k.ID)
+	}
+	if err := s.persistAfterChange(); err != nil {
+		return nil, err
+	}
+	return map[string]any{"status": "ok"}, nil
+}
+
+// --- status ---
+
+// Status is GET /v1/status: the steering Status and more.
+type Status struct {
+	steer.Status
+	KeysLive      int     `json:"keys_live"`    // = keys
+	KeysRevoked   int     `json:"keys_revoked"` // = revoked_keys
+	IndexUsed     uint64  `json:"index_used"`
+	IndexFree     uint64  `json:"index_free"`
+	ReadersPinned uint64  `json:"reader_slots_pinned"`
+	Modules       int     `json:"modules"`
+	APIKeys       int     `json:"api_keys"`
+	Namespace     string  `json:"namespace"`
+	StateDir      string  `json:"state_dir,omitempty"`
+	StateSaves    uint64  `json:"state_saves"`
+	StateDirty    bool    `json:"state_dirty"`
+	StateError    string  `json:"state_error,omitempty"`
+	UptimeSeconds float64 `json:"uptime_seconds"`
+}
+
+// RegionStatus fills the region-level fields every process can read.
+func RegionStatus(eng *steer.Engine) (Status, error) {
+	st, err := eng.Status()
+	if err != nil {
+		return Status{}, err
+	}
+	out := Status{Status: st, KeysLive: st.Keys, KeysRevoked: st.RevokedKeys}
+	rs := eng.Region().Stats()
+	out.IndexUsed = rs.Entries
+	out.IndexFree = rs.IndexSlots - min(rs.Entries, rs.IndexSlots)
+	out.ReadersPinned = rs.ReadersPinned
+	return out, nil
+}
+
+func (s *Server) status() (Status, error) {
+	out, err := RegionStatus(s.eng)
+	if err != nil {
+		return out, err
+	}
+	s.mu.Lock()
+	out.Modules = len(s.modules)
+	s.mu.Unlock()
+	out.APIKeys = s.keys.count()
+	out.Namespace = s.cfg.Namespace
+	out.StateDir = s.cfg.StateDir
+	out.StateSaves = s.saves.Load()
+	out.StateDirty = s.dirty.Load()
+	if e := s.saveErr.Load(); e != nil {
+		out.StateError = *e
+	}
+	out.UptimeSeconds = time.Since(s.startedAt).Seconds()
+	return out, nil
+}
+
+func sqrt(x float64) float64 { return math.Sqrt(x) }

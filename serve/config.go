@@ -1,0 +1,249 @@
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/spf13/pflag"
+
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+var (
+	// ErrConfig means a configuration value (file, environment or flag) is missing or out of
+	// range; the message names it.
+	ErrConfig = errors.New("shmsteer: bad serve configuration")
+	// ErrStateCorrupt means the state file fails its checksum or cannot be decoded; move it
+	// away to start empty, or restore a backup.
+	ErrStateCorrupt = errors.New("shmsteer: state file corrupt")
+	// ErrStateIncompatible means the state file was written by another format version or for
+	// another model config; start with the config it was written for, or another --state-dir.
+	ErrStateIncompatible = errors.New("shmsteer: state file incompatible")
+	// ErrStateLocked means another serve process uses the state directory.
+	ErrStateLocked = errors.New("shmsteer: state directory in use by another process")
+)
+
+// Config is the configuration of `shmsteer serve`. The toml tag names the TOML key, the
+// SHMSTEER_ variable (upper-cased) and the flag ('-' for '_').
+type Config struct {
+	Namespace string   `toml:"namespace" help:"namespace of the region (workers attach with the same)"`
+	Hidden    int      `toml:"hidden" help:"model hidden size (length of every steering vector)"`
+	Layers    int      `toml:"layers" help:"number of model layers"`
+	Hooks     []string `toml:"hooks" help:"hook names, in order (default pre_attn,post_attn,post_block,mlp_in,mlp_out)"`
+
+	IndexSlots  int   `toml:"index_slots" help:"region index slots (power of two)"`
+	ArenaBytes  int64 `toml:"arena_bytes" help:"region arena size in bytes"`
+	ReaderSlots int   `toml:"reader_slots" help:"region reader slots shared by all processes"`
+
+	MaxConversations int           `toml:"max_conversations" help:"latch cap: conversations"`
+	MaxLatchedBytes  int64         `toml:"max_latched_bytes" help:"latch cap: bytes held by value"`
+	LatchPolicy      string        `toml:"latch_policy" help:"latch eviction policy: fifo or lru"`
+	Grace            time.Duration `toml:"grace" help:"how long a removed key's revoked sentinel stands"`
+	Spin             time.Duration `toml:"spin" help:"owner RPC spin wait (negative: off)"`
+
+	HTTP            string        `toml:"http" help:"control API address: host:port or unix:PATH"`
+	APIKeyFile      string        `toml:"api_key_file" help:"file of API keys, one per line, optionally tenant:key"`
+	StateDir        string        `toml:"state_dir" help:"directory where state survives restarts (empty: none)"`
+	SecretFile      string        `toml:"secret_file" help:"file holding the shared secret (default: SHMSTEER_SECRET)"`
+	MaxBodyBytes    int64         `toml:"max_body_bytes" help:"largest request body accepted"`
+	PersistInterval time.Duration `toml:"persist_interval" help:"how soon latch changes from admissions are persisted"`
+	LogFormat       string        `toml:"log_format" help:"log format: text or json"`
+	LogLevel        string        `toml:"log_level" help:"log level: debug, info, warn or error"`
+}
+
+// DefaultConfig is the configuration before the file, environment and flags.
+func DefaultConfig() Config {
+	return Config{
+		Namespace: "default", Hidden: 4096, Layers: 32,
+		IndexSlots: 1 << 16, ArenaBytes: 1 << 30, ReaderSlots: 256,
+		MaxConversations: steer.DefaultMaxConversations, MaxLatchedBytes: steer.DefaultMaxLatchedBytes,
+		LatchPolicy: "fifo", Grace: 60 * time.Second,
+		HTTP: "127.0.0.1:8677", MaxBodyBytes: 64 << 20, PersistInterval: time.Second,
+		LogFormat: "text", LogLevel: "info",
+	}
+}
+
+type field struct {
+	key, help string
+	v         reflect.Value
+}
+
+func (c *Config) fields() []field {
+	rv := reflect.ValueOf(c).Elem()
+	var out []field
+	for i := range rv.NumField() {
+		f := rv.Type().Field(i)
+		out = append(out, field{key: f.Tag.Get("toml"), help: f.Tag.Get("help"), v: rv.Field(i)})
+	}
+	return out
+}
+
+func flagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
+
+// BindFlags defines serve's flags (and --config) on fs; Load reads them back.
+func BindFlags(fs *pflag.FlagSet) {
+	def := DefaultConfig()
+	fs.String("config", "", "TOML configuration file")
+	for _, f := range def.fields() {
+		name := flagName(f.key)
+		switch p := f.v.Addr().Interface().(type) {
+		case *string:
+			fs.String(name, *p, f.help)
+		case *int:
+			fs.Int(name, *p, f.help)
+		case *int64:
+			fs.Int64(name, *p, f.help)
+		case *time.Duration:
+			fs.Duration(name, *p, f.help)
+		case *[]string:
+			fs.StringSlice(name, *p, f.help)
+		}
+	}
+}
+
+// Load builds the configuration: defaults, the --config file, SHMSTEER_* variables (getenv),
+// then the flags set on fs. It validates the result.
+func Load(fs *pflag.FlagSet, getenv func(string) string) (Config, error) {
+	c := DefaultConfig()
+	if fs != nil {
+		if path, _ := fs.GetString("config"); path != "" {
+			md, err := toml.DecodeFile(path, &c)
+			if err != nil {
+				return c, fmt.Errorf("%w: reading %s: %w", ErrConfig, path, err)
+			}
+			if und := md.Undecoded(); len(und) > 0 {
+				return c, fmt.Errorf("%w: %s: unknown key %q", ErrConfig, path, und[0].String())
+			}
+		}
+	}
+	for _, f := range c.fields() {
+		env := "SHMSTEER_" + strings.ToUpper(f.key)
+		if s := getenv(env); s != "" {
+			if err := setField(f.v, s); err != nil {
+				return c, fmt.Errorf("%w: %s=%q: %w", ErrConfig, env, s, err)
+			}
+		}
+		if fs == nil {
+			continue
+		}
+		if fl := fs.Lookup(flagName(f.key)); fl != nil && fl.Changed {
+			s := fl.Value.String()
+			if sv, ok := fl.Value.(pflag.SliceValue); ok {
+				s = strings.Join(sv.GetSlice(), ",")
+			}
+			if err := setField(f.v, s); err != nil {
+				return c, fmt.Errorf("%w: --%s: %w", ErrConfig, fl.Name, err)
+			}
+		}
+	}
+	return c, c.Validate()
+}
+
+func setField(v reflect.Value, s string) error {
+	switch p := v.Addr().Interface().(type) {
+	case *string:
+		*p = s
+	case *int:
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return err
+		}
+		*p = n
+	case *int64:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return err
+		}
+		*p = n
+	case *time.Duration:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		*p = d
+	case *[]string:
+		*p = nil
+		for _, x := range strings.Split(s, ",") {
+			if x = strings.TrimSpace(x); x != "" {
+				*p = append(*p, x)
+			}
+		}
+	}
+	return nil
+}
+
+// Model is the model config.
+func (c Config) Model() steer.ModelConfig {
+	return steer.ModelConfig{Hidden: c.Hidden, Layers: c.Layers, Hooks: c.Hooks}
+}
+
+// Policy is the latch policy.
+func (c Config) Policy() steer.LatchPolicy {
+	if strings.EqualFold(c.LatchPolicy, "lru") {
+		return steer.LRU
+	}
+	return steer.FIFO
+}
+
+// Validate checks the fields serve interprets itself (shm and steer check the rest).
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
+	}
+	if err := c.Model().Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	switch {
+	case c.Namespace == "":
+		return bad("namespace is empty")
+	case !strings.EqualFold(c.LatchPolicy, "fifo") && !strings.EqualFold(c.LatchPolicy, "lru"):
+		return bad("latch_policy %q: want fifo or lru", c.LatchPolicy)
+	case c.MaxConversations < 1 || c.MaxLatchedBytes < 1:
+		return bad("max_conversations and max_latched_bytes must be positive")
+	case c.HTTP == "":
+		return bad("http address is empty: give host:port or unix:PATH")
+	case c.MaxBodyBytes < 1024:
+		return bad("max_body_bytes %d: at least 1024", c.MaxBodyBytes)
+	case c.PersistInterval <= 0:
+		return bad("persist_interval must be positive")
+	case c.LogFormat != "text" && c.LogFormat != "json":
+		return bad("log_format %q: want text or json", c.LogFormat)
+	case c.Grace < 0:
+		return bad("grace is negative")
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
+
+// ReadSecretFile reads a secret file (trailing newline trimmed); it refuses a file others can
+// read, since anyone holding the secret can attach.
+func ReadSecretFile(path string) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: secret file: %w", ErrConfig, err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%w: secret file %s is readable by group or others (mode %v): chmod 600 it", ErrConfig, path, st.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: secret file: %w", ErrConfig, err)
+	}
+	n := len(b)
+	for n > 0 && (b[n-1] == '\n' || b[n-1] == '\r') {
+		n--
+	}
+	if n == 0 {
+		clear(b)
+		return nil, fmt.Errorf("%w: secret file %s is empty", ErrConfig, path)
+	}
+	return b[:n], nil
+}

@@ -1,0 +1,160 @@
+package serve
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// metrics is serve's Prometheus registry: a collector that reads Status and the region's
+// counters at each scrape, and latency histograms for HTTP and RPC calls.
+type metrics struct {
+	reg  *prometheus.Registry
+	http *prometheus.HistogramVec
+	rpc  *prometheus.HistogramVec
+}
+
+type desc struct {
+	d   *prometheus.Desc
+	typ prometheus.ValueType
+}
+
+func newDesc(name, help string, typ prometheus.ValueType) desc {
+	return desc{prometheus.NewDesc("shmsteer_"+name, help, nil, nil), typ}
+}
+
+// stateCollector reads the state once per scrape.
+type stateCollector struct {
+	s     *Server
+	descs map[string]desc
+}
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.http = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "shmsteer_http_request_duration_seconds",
+		Help: "Control API request latency, by route and status code.", Buckets: prometheus.ExponentialBuckets(50e-6, 4, 10)},
+		[]string{"route", "code"})
+	m.rpc = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "shmsteer_rpc_duration_seconds",
+		Help: "Owner-side latency of steering RPCs from attached workers, by op.", Buckets: prometheus.ExponentialBuckets(5e-6, 4, 10)},
+		[]string{"op"})
+	c := &stateCollector{s: s, descs: map[string]desc{}}
+	add := func(key, name, help string, typ prometheus.ValueType) { c.descs[key] = newDesc(name, help, typ) }
+	g, ct := prometheus.GaugeValue, prometheus.CounterValue
+	add("latched", "latched_conversations", "Conversations with a latched steering override now.", g)
+	add("latched_bytes", "latched_bytes", "Bytes of steering data held by value in latches now.", g)
+	add("evictions", "latch_evictions_total", "Latches evicted to fit the conversation or byte cap.", ct)
+	add("oversize", "latch_oversize_refusals_total", "Overrides larger than the latch byte cap, not latched.", ct)
+	add("triggers", "latch_triggers_total", "Overrides offered for latching.", ct)
+	add("bridges", "latch_bridges_total", "Requests that inherited their conversation's latch.", ct)
+	add("bridge_drops", "latch_bridge_drops_total", "Latches dropped at a bridge because a named vector changed or went.", ct)
+	add("named", "named_vectors", "Registered named steering vectors.", g)
+	add("requests", "requests_with_steering", "Admitted requests carrying steering now.", g)
+	add("keys_live", "keys_live", "Live per-request keys in the key registry.", g)
+	add("keys_revoked", "keys_revoked", "Revoked key sentinels waiting for their purge.", g)
+	add("arena_used", "arena_used_bytes", "Region arena bytes in use (live, retired, markers).", g)
+	add("arena_free", "arena_free_bytes", "Region arena bytes free.", g)
+	add("index_used", "index_used_slots", "Region index slots holding a live value.", g)
+	add("index_free", "index_free_slots", "Region index slots not holding a live value.", g)
+	add("clients", "attached_clients", "Worker processes attached now.", g)
+	add("version", "region_version", "Last published region version.", g)
+	add("readers_pinned", "reader_slots_pinned", "Reader slots inside a read section now.", g)
+	add("pin_age", "oldest_reader_pin_age_seconds", "How long the reader slot pinned at the lowest version has held it (0: no pin); seconds mean a stuck worker or a snapshot left open.", g)
+	add("modules", "steering_modules", "Registered steering modules.", g)
+	add("state_saves", "state_saves_total", "State files written since start.", ct)
+	add("api_keys", "api_keys", "API keys configured.", g)
+	m.reg.MustRegister(c, m.http, m.rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d.d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	st, err := c.s.status()
+	if err != nil {
+		c.s.log.Warn("metrics: reading status", "err", err)
+		return
+	}
+	emit := func(key string, v float64) {
+		d := c.descs[key]
+		ch <- prometheus.MustNewConstMetric(d.d, d.typ, v)
+	}
+	emit("latched", float64(st.LatchedConversations))
+	emit("latched_bytes", float64(st.LatchedBytes))
+	emit("evictions", float64(st.Evictions))
+	emit("oversize", float64(st.OversizeRefusals))
+	emit("triggers", float64(st.Triggers))
+	emit("bridges", float64(st.Bridges))
+	emit("bridge_drops", float64(st.BridgeDrops))
+	emit("named", float64(st.NamedVectors))
+	emit("requests", float64(st.RequestsWithSteering))
+	emit("keys_live", float64(st.KeysLive))
+	emit("keys_revoked", float64(st.KeysRevoked))
+	emit("arena_used", float64(st.ArenaUsed))
+	emit("arena_free", float64(st.ArenaFree))
+	emit("index_used", float64(st.IndexUsed))
+	emit("index_free", float64(st.IndexFree))
+	emit("clients", float64(st.AttachedClients))
+	emit("version", float64(st.Version))
+	emit("readers_pinned", float64(st.ReadersPinned))
+	pinAge := 0.0
+	if st.OldestPin != nil {
+		pinAge = st.OldestPin.AgeSeconds
+	}
+	emit("pin_age", pinAge)
+	emit("modules", float64(st.Modules))
+	emit("state_saves", float64(st.StateSaves))
+	emit("api_keys", float64(st.APIKeys))
+}
+
+var opNames = map[uint16]string{steer.OpRegister: "register", steer.OpUnregister: "unregister",
+	steer.OpSetGlobal: "set_global", steer.OpClearGlobal: "clear_global", OpReportChecksum: "report_checksum"}
+
+// timeRPC wraps an RPC handler to observe its latency.
+func (m *metrics) timeRPC(op uint16, h func([]byte) ([]byte, error)) func([]byte) ([]byte, error) {
+	name := opNames[op]
+	if name == "" {
+		name = fmt.Sprint(op)
+	}
+	obs := m.rpc.WithLabelValues(name)
+	return func(req []byte) ([]byte, error) {
+		t := time.Now()
+		out, err := h(req)
+		obs.Observe(time.Since(t).Seconds())
+		return out, err
+	}
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// timeHTTP wraps a handler to observe its latency under route.
+func (m *metrics) timeHTTP(route string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		t := time.Now()
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		h(sw, r)
+		m.http.WithLabelValues(route, strconv.Itoa(sw.code)).Observe(time.Since(t).Seconds())
+	}
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}

@@ -1,0 +1,405 @@
+package serve
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/shm"
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// KindServe is the region kind of serve's own entries: key "ready" is written once the
+// persisted state is restored, so that workers following an owner restart switch only to a
+// region that holds that state (ipc.FollowOptions.Ready = IsReady).
+const KindServe shm.Kind = 48
+
+const readyKey = "ready"
+
+// IsReady reports whether the region c is attached to was published as ready by serve.
+func IsReady(c *ipc.Client) bool {
+	_, err := c.Region().Get(KindServe, readyKey, nil)
+	return err == nil
+}
+
+// Server is a running `shmsteer serve`: the region's owner, its control API and its state.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	owner *ipc.Owner
+	eng   *steer.Engine
+	keys  apiKeys
+	store *stateStore // nil without --state-dir
+	met   *metrics
+
+	mu      sync.Mutex // serializes mutations through the API and state captures
+	modules map[string]module
+	checks  checksums
+
+	dirty     atomic.Bool   // latch changes not yet persisted
+	saves     atomic.Uint64 // state files written since start
+	saveErr   atomic.Pointer[string]
+	ready     atomic.Bool
+	startedAt time.Time
+}
+
+// module is a registered steering module: a full steering set kept by name.
+type module struct {
+	wire   []byte
+	digest steer.Digest
+}
+
+// NewLogger makes the slog logger serve uses (text or JSON on w).
+func NewLogger(cfg Config, w io.Writer) *slog.Logger {
+	lvl, _ := parseLevel(cfg.LogLevel)
+	opts := &slog.HandlerOptions{Level: lvl}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("log_level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+// Run serves until ctx is done: it creates the region, restores the state, listens on the
+// control address, prints "listening on ADDR" to stdout, and at the end stops accepting,
+// answers calls in flight, persists the state and closes the region.
+func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	s := &Server{cfg: cfg, log: log, modules: map[string]module{}, startedAt: time.Now()}
+	n, err := s.keys.load(cfg.APIKeyFile)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		log.Warn("no API keys configured: every /v1/ call is refused; give --api-key-file")
+	}
+	var secret *ipc.Secret
+	if cfg.SecretFile != "" {
+		b, err := ReadSecretFile(cfg.SecretFile)
+		if err != nil {
+			return err
+		}
+		sec := ipc.NewSecret(b)
+		clear(b)
+		secret = &sec
+	}
+	if cfg.StateDir != "" {
+		if s.store, err = openStateStore(cfg.StateDir); err != nil {
+			return err
+		}
+		defer s.store.close()
+	}
+	model := cfg.Model()
+	rc, err := steer.RegionConfig(model, shm.Config{IndexSlots: cfg.IndexSlots, ArenaBytes: cfg.ArenaBytes, ReaderSlots: cfg.ReaderSlots})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	s.owner, err = ipc.NewOwner(ipc.OwnerOptions{Secret: secret, Namespace: cfg.Namespace, Region: rc,
+		Grace: cfg.Grace, SpinWait: cfg.Spin, DropEnv: true, Logger: log})
+	if err != nil {
+		return err
+	}
+	ownerOpen := true
+	defer func() {
+		if ownerOpen {
+			s.owner.Close()
+		}
+	}()
+	s.eng, err = steer.Open(s.owner.Region(), &model, steer.Options{
+		Latch:   steer.LatchConfig{MaxConversations: cfg.MaxConversations, MaxLatchedBytes: cfg.MaxLatchedBytes, Policy: cfg.Policy()},
+		Clients: s.owner.Clients,
+		Logf:    func(format string, args ...any) { log.Warn(fmt.Sprintf(format, args...)) },
+	})
+	if err != nil {
+		return err
+	}
+	s.met = newMetrics(s)
+	handle := func(op uint16, h func([]byte) ([]byte, error)) { s.owner.Handle(op, s.met.timeRPC(op, h)) }
+	// Steering writes from workers and the CLI (register, unregister, global) are persisted
+	// before their reply, like the API's.
+	persisting := func(op uint16, h func([]byte) ([]byte, error)) {
+		handle(op, func(req []byte) ([]byte, error) {
+			out, err := h(req)
+			if err == nil && len(out) > 0 && out[0] == 0 { // steer's success reply
+				s.dirty.Store(true)
+				s.persistLogged()
+			}
+			return out, err
+		})
+	}
+	s.eng.Serve(persisting)
+	s.eng.ServeGlobal(persisting)
+	handle(OpReportChecksum, s.checks.handle)
+
+	t0 := time.Now()
+	restored, err := s.restore()
+	if err != nil {
+		return err
+	}
+	// Workers may attach from NewOwner on; the marker tells a Follower (IsReady) that the
+	// restored state is in.
+	if _, err := s.owner.Region().Put(KindServe, readyKey, binary.LittleEndian.AppendUint64(nil, uint64(time.Now().UnixNano()))); err != nil {
+		return fmt.Errorf("shmsteer: publishing readiness: %w", err)
+	}
+	switch {
+	case restored:
+		log.Info("state restored", "dir", cfg.StateDir, "took", time.Since(t0).String())
+	case s.store != nil:
+		log.Info("no saved state yet; starting empty", "dir", cfg.StateDir)
+	}
+
+	// SIGHUP is caught before the address is announced: its default action would end serve.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	ln, addr, err := listen(cfg.HTTP)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	s.ready.Store(true)
+	fmt.Fprintf(stdout, "listening on %s\n", addr)
+	log.Info("serving", "http", addr, "namespace", cfg.Namespace, "hidden", model.Hidden, "layers", model.Layers, "api_keys", n)
+
+	tick := time.NewTicker(cfg.PersistInterval)
+	defer tick.Stop()
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-serveErr:
+			runErr = fmt.Errorf("shmsteer: control API: %w", err)
+			break loop
+		case <-hup:
+			if n, err := s.keys.load(cfg.APIKeyFile); err != nil {
+				log.Error("API keys not reloaded; the old keys stay", "err", err)
+			} else {
+				log.Info("API keys reloaded", "keys", n)
+			}
+		case <-tick.C:
+			if s.dirty.Load() {
+				s.persistLogged()
+			}
+		}
+	}
+	log.Info("shutting down")
+	s.ready.Store(false)
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		runErr = errors.Join(runErr, fmt.Errorf("shmsteer: control API shutdown: %w", err))
+	}
+	if s.store != nil {
+		if err := s.persist(); err != nil {
+			runErr = errors.Join(runErr, err)
+		}
+	}
+	ownerOpen = false
+	if err := s.owner.Close(); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
+	if strings.HasPrefix(cfg.HTTP, "unix:") {
+		os.Remove(strings.TrimPrefix(cfg.HTTP, "unix:"))
+	}
+	return runErr
+}
+
+func listen(addr string) (net.Listener, string, error) {
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		if st, err := os.Lstat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
+			if c, err := net.Dial("unix", path); err == nil {
+				c.Close()
+				return nil, "", fmt.Errorf("%w: %s: another process listens there", ErrConfig, addr)
+			}
+			os.Remove(path) // stale socket of a dead server
+		}
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			return nil, "", fmt.Errorf("shmsteer: listening on %s: %w", addr, err)
+		}
+		if err := os.Chmod(path, 0o600); err != nil {
+			ln.Close()
+			return nil, "", err
+		}
+		return ln, "unix:" + path, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("shmsteer: listening on %s: %w (give --http host:port or unix:PATH)", addr, err)
+	}
+	return ln, ln.Addr().String(), nil
+}
+
+// capture reads the state to persist and saves it with the vector encodings read from the
+// same snapshot. Callers hold s.mu.
+func (s *Server) captureAndSave() error {
+	p := &persisted{Model: s.eng.Config()}
+	snap, err := s.eng.Region().Snapshot()
+	if err != nil {
+		return err
+	}
+	defer snap.Close()
+	infos, err := s.eng.VectorInfos(&snap)
+	if err != nil {
+		return err
+	}
+	byDigest := map[steer.Digest]string{}
+	for _, in := range infos {
+		p.Vectors = append(p.Vectors, namedDigest{Name: in.Name, Digest: in.Digest})
+		byDigest[in.Digest] = in.Name
+	}
+	wire := func(d steer.Digest) ([]byte, error) {
+		b, _, err := snap.View(steer.KindVector, byDigest[d])
+		return b, err
+	}
+	g, _, ok, err := s.eng.Global(&snap)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if p.Global, _, err = steer.EncodeSteering(&g, s.eng.Config()); err != nil {
+			return err
+		}
+	}
+	for name, m := range s.modules {
+		p.Modules = append(p.Modules, namedWire{Name: name, Wire: m.wire})
+	}
+	p.Latches, p.LatchStats = s.eng.Latches().Export()
+	return s.store.save(p, wire)
+}
+
+// persist writes the state file now (no-op without a state dir).
+func (s *Server) persist() error {
+	if s.store == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.persistLocked()
+}
+
+func (s *Server) persistLocked() error {
+	if s.store == nil {
+		return nil
+	}
+	s.dirty.Store(false)
+	if err := s.captureAndSave(); err != nil {
+		s.dirty.Store(true)
+		msg := err.Error()
+		s.saveErr.Store(&msg)
+		return err
+	}
+	s.saveErr.Store(nil)
+	s.saves.Add(1)
+	return nil
+}
+
+func (s *Server) persistLogged() {
+	if err := s.persist(); err != nil {
+		s.log.Error("persisting state failed; will retry", "err", err)
+	}
+}
+
+// restore loads the state file into the fresh region; any failure stops the start.
+func (s *Server) restore() (bool, error) {
+	if s.store == nil {
+		return false, nil
+	}
+	p, err := s.store.load()
+	if err != nil || p == nil {
+		return false, err
+	}
+	cfg := s.eng.Config()
+	if !p.Model.Equal(cfg) {
+		return false, fmt.Errorf("%w: written for hidden %d, %d layers, hooks %v; serving hidden %d, %d layers, hooks %v",
+			ErrStateIncompatible, p.Model.Hidden, p.Model.Layers, p.Model.Hooks, cfg.Hidden, cfg.Layers, cfg.Hooks)
+	}
+	fail := func(what string, err error) error {
+		if errors.Is(err, shm.ErrRegionFull) {
+			return fmt.Errorf("%w: %s: %w: the saved state does not fit this region; raise --arena-bytes or --index-slots", ErrStateIncompatible, what, err)
+		}
+		return fmt.Errorf("%w: %s: %w (nothing is served from this state)", ErrStateCorrupt, what, err)
+	}
+	for _, v := range p.Vectors {
+		b, err := s.store.readVector(v.Digest)
+		if err != nil {
+			return false, fail("named vector "+v.Name, err)
+		}
+		st, d, err := steer.DecodeSteering(b, cfg)
+		if err == nil && d != v.Digest {
+			err = errors.New("vector file holds another digest")
+		}
+		if err != nil {
+			return false, fail("named vector "+v.Name, err)
+		}
+		info, err := s.eng.Register(v.Name, st.Base.Vectors)
+		if err != nil {
+			return false, fail("named vector "+v.Name, err)
+		}
+		if info.Digest != d {
+			return false, fail("named vector "+v.Name, errors.New("digest differs after restore"))
+		}
+	}
+	names := map[string]bool{}
+	for _, v := range p.Vectors {
+		names[v.Name] = true
+	}
+	if p.Global != nil {
+		g, _, err := steer.DecodeSteering(p.Global, cfg)
+		if err != nil {
+			return false, fail("global steering", err)
+		}
+		// A reference to a vector unregistered since applied nothing; SetGlobal refuses it.
+		for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+			t := g.Tier(ph)
+			t.Refs = slices.DeleteFunc(t.Refs, func(r steer.Ref) bool {
+				if !names[r.Name] {
+					s.log.Warn("global steering referenced an unregistered vector; dropped on restore", "vector", r.Name, "tier", ph.String())
+					return true
+				}
+				return false
+			})
+		}
+		if _, err := s.eng.SetGlobal(g); err != nil {
+			return false, fail("global steering", err)
+		}
+	}
+	for _, m := range p.Modules {
+		_, d, err := steer.DecodeSteering(m.Wire, cfg)
+		if err != nil {
+			return false, fail("module "+m.Name, err)
+		}
+		s.modules[m.Name] = module{wire: m.Wire, digest: d}
+	}
+	if err := s.eng.RestoreLatches(p.Latches, p.LatchStats); err != nil {
+		return false, fail("latches", err)
+	}
+	return true, nil
+}

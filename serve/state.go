@@ -1,0 +1,233 @@
+package serve
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/gob"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// The state file: a 64-byte header, then a gob payload.
+//
+//	0  magic "SHMSTEER-STATE\n\x00" (16 bytes)
+//	16 u32 format version, 20 u32 0
+//	24 u64 payload length
+//	32 [32]byte sha256 of the payload
+const (
+	stateMagic   = "SHMSTEER-STATE\n\x00"
+	stateVersion = 1
+	stateHeader  = 64
+	stateFile    = "state.bin"
+)
+
+// persisted is everything that survives a restart. Keys are never part of it.
+type persisted struct {
+	Model      steer.ModelConfig
+	Vectors    []namedDigest // each named vector's digest; its encoding is in vectors/<digest>
+	Global     []byte        // steer wire encoding of the global tiers; nil if none
+	Modules    []namedWire   // steer wire encoding of each module
+	Latches    []steer.LatchEntry
+	LatchStats steer.LatchStats
+}
+
+type namedDigest struct {
+	Name   string
+	Digest steer.Digest
+}
+
+type namedWire struct {
+	Name string
+	Wire []byte
+}
+
+func encodeState(p *persisted) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.Write(make([]byte, stateHeader))
+	if err := gob.NewEncoder(&buf).Encode(p); err != nil {
+		return nil, fmt.Errorf("shmsteer: encoding state: %w", err)
+	}
+	b := buf.Bytes()
+	payload := b[stateHeader:]
+	copy(b, stateMagic)
+	binary.LittleEndian.PutUint32(b[16:], stateVersion)
+	binary.LittleEndian.PutUint64(b[24:], uint64(len(payload)))
+	sum := sha256.Sum256(payload)
+	copy(b[32:], sum[:])
+	return b, nil
+}
+
+func decodeState(b []byte) (*persisted, error) {
+	if len(b) < stateHeader || string(b[:16]) != stateMagic {
+		return nil, fmt.Errorf("%w: no state header", ErrStateCorrupt)
+	}
+	if v := binary.LittleEndian.Uint32(b[16:]); v != stateVersion {
+		return nil, fmt.Errorf("%w: format version %d, this build reads %d", ErrStateIncompatible, v, stateVersion)
+	}
+	if binary.LittleEndian.Uint32(b[20:]) != 0 {
+		return nil, fmt.Errorf("%w: reserved header bytes set", ErrStateCorrupt)
+	}
+	n := binary.LittleEndian.Uint64(b[24:])
+	if n != uint64(len(b)-stateHeader) {
+		return nil, fmt.Errorf("%w: payload is %d bytes, header says %d (truncated?)", ErrStateCorrupt, len(b)-stateHeader, n)
+	}
+	payload := b[stateHeader:]
+	if sum := sha256.Sum256(payload); !bytes.Equal(sum[:], b[32:64]) {
+		return nil, fmt.Errorf("%w: checksum mismatch", ErrStateCorrupt)
+	}
+	var p persisted
+	if err := gob.NewDecoder(bytes.NewReader(payload)).Decode(&p); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrStateCorrupt, err)
+	}
+	return &p, nil
+}
+
+// stateStore is the state directory: a lock file held while serving, the state file, and
+// vectors/ with one file per named vector encoding, named by its digest (written once, so a
+// save rewrites only the small state file and new vectors).
+type stateStore struct {
+	dir    string
+	lock   *os.File
+	onDisk map[steer.Digest]bool // vector files known durable
+}
+
+func openStateStore(dir string) (*stateStore, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("shmsteer: state directory: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("shmsteer: state directory lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%w: %s", ErrStateLocked, dir)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "vectors"), 0o700); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("shmsteer: state directory: %w", err)
+	}
+	return &stateStore{dir: dir, lock: f, onDisk: map[steer.Digest]bool{}}, nil
+}
+
+func (s *stateStore) close() error { return s.lock.Close() }
+
+// load reads the state file; nil, nil if there is none yet.
+func (s *stateStore) load() (*persisted, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, stateFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shmsteer: reading state: %w", err)
+	}
+	p, err := decodeState(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(s.dir, stateFile), err)
+	}
+	return p, nil
+}
+
+func (s *stateStore) vectorPath(d steer.Digest) string {
+	return filepath.Join(s.dir, "vectors", d.String())
+}
+
+// readVector reads a named vector's encoding; its digest is checked when it is decoded.
+func (s *stateStore) readVector(d steer.Digest) ([]byte, error) {
+	b, err := os.ReadFile(s.vectorPath(d))
+	if err != nil {
+		return nil, fmt.Errorf("%w: vector file: %w", ErrStateCorrupt, err)
+	}
+	s.onDisk[d] = true
+	return b, nil
+}
+
+// writeAtomic writes b to path through a temporary file, fsynced and renamed; the caller
+// fsyncs the directory.
+func writeAtomic(path string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// save writes the vector files p needs that are not on disk yet (wire gives their
+// encodings), then the state file through a temporary file, fsync and rename, fsyncing the
+// directories in between: a crash at any point leaves the old state or the new one whole.
+// Vector files no state refers to any more are removed afterwards.
+func (s *stateStore) save(p *persisted, wire func(steer.Digest) ([]byte, error)) error {
+	fail := func(err error) error { return fmt.Errorf("shmsteer: writing state in %s: %w", s.dir, err) }
+	wrote := false
+	keep := map[steer.Digest]bool{}
+	for _, v := range p.Vectors {
+		keep[v.Digest] = true
+		if s.onDisk[v.Digest] {
+			continue
+		}
+		b, err := wire(v.Digest)
+		if err != nil {
+			return fail(err)
+		}
+		if err := writeAtomic(s.vectorPath(v.Digest), b); err != nil {
+			return fail(err)
+		}
+		wrote = true
+	}
+	if wrote {
+		if err := syncDir(filepath.Join(s.dir, "vectors")); err != nil {
+			return fail(err)
+		}
+		for d := range keep {
+			s.onDisk[d] = true
+		}
+	}
+	b, err := encodeState(p)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(filepath.Join(s.dir, stateFile), b); err != nil {
+		return fail(err)
+	}
+	if err := syncDir(s.dir); err != nil {
+		return fail(err)
+	}
+	for d := range s.onDisk {
+		if !keep[d] {
+			os.Remove(s.vectorPath(d))
+			delete(s.onDisk, d)
+		}
+	}
+	return nil
+}
