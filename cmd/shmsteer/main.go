@@ -186,10 +186,39 @@ re-reads --api-key-file.`,
 			_, err := cs.Engine.Unregister(a[0])
 			return err
 		})}
-	for _, c := range []*cobra.Command{vecLs, vecShow, vecRm} {
+	var imp serve.ImportFlags
+	var impName string
+	vecImport := &cobra.Command{Use: "import FILE... --name NAME", Short: "Register a named vector from GGUF control vectors, .npy/.npz or safetensors files", Args: cobra.MinimumNArgs(1),
+		Long: `Import steering vectors from files and register them as one named vector.
+
+Formats: llama.cpp GGUF control vectors (direction.N is added to layer N's output: hook
+post_block), .npy ([layers, hidden] or [hidden]), .npz (one array per hook) and safetensors
+(tensors "<hook>.<layer>" or "layers.N"). Several files are summed, as llama.cpp sums repeated
+--control-vector flags. --scale and --layers work as llama.cpp's --control-vector-scaled and
+--control-vector-layer-range.`,
+		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
+			if impName == "" {
+				return usageError{fmt.Errorf("--name is required")}
+			}
+			return cs.VectorImport(stdout, impName, a, imp)
+		})}
+	vecImport.Flags().StringVar(&impName, "name", "", "name to register the vector under (required)")
+	vecImport.Flags().Float32Var(&imp.Scale, "scale", 1, "multiply every value (llama.cpp --control-vector-scaled)")
+	vecImport.Flags().StringVar(&imp.Layers, "layers", "", "keep layers A-B only, inclusive (llama.cpp --control-vector-layer-range)")
+	vecImport.Flags().StringVar(&imp.Hook, "hook", "", "hook that GGUF directions and plain arrays steer (default post_block)")
+	vecImport.Flags().StringVar(&imp.Format, "format", "", "gguf, npy, npz or safetensors (default: detect)")
+	vecImport.Flags().Int64Var(&imp.MaxSize, "max-bytes", 0, "refuse files larger than this (default 4 GiB)")
+	var expFormat, expHook string
+	vecExport := &cobra.Command{Use: "export NAME FILE", Short: "Write a named vector to a GGUF, .npy, .npz or safetensors file", Args: args(2),
+		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
+			return cs.VectorExport(stdout, a[0], a[1], expFormat, expHook)
+		})}
+	vecExport.Flags().StringVar(&expFormat, "format", "", "gguf, npy, npz or safetensors (default: from the extension)")
+	vecExport.Flags().StringVar(&expHook, "hook", "", "the hook a GGUF file's directions are taken from (default post_block)")
+	for _, c := range []*cobra.Command{vecLs, vecShow, vecRm, vecImport, vecExport} {
 		clientFlags(c.Flags())
 	}
-	vecCmd.AddCommand(vecLs, vecShow, vecRm)
+	vecCmd.AddCommand(vecLs, vecShow, vecRm, vecImport, vecExport)
 
 	steerCmd := &cobra.Command{Use: "steer", Short: "Steering state"}
 	globalCmd := &cobra.Command{Use: "global", Short: "Global steering tiers"}
