@@ -67,4 +67,3 @@ func (cs *ClientSession) VectorExport(w io.Writer, name, path, format, hook stri
 	fmt.Fprintf(w, "exported %s (version %d) to %s\n", name, nv.Version, path)
 	return nil
 }
-
