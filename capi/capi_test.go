@@ -142,12 +142,13 @@ func buildLibrary(t *testing.T) string {
 }
 
 // Every code of shmsteer.h names one sentinel, the C and Go tables agree, and every sentinel
-// of shm, ipc and steer has a code.
+// of shm, ipc, steer and steer/vecfile has a code.
 func TestErrorCodesMapSentinels(t *testing.T) {
 	var want []string
-	for _, pkg := range []string{"shm", "ipc", "steer"} {
+	for _, dir := range []string{"shm", "ipc", "steer", "steer/vecfile"} {
+		pkg := filepath.Base(dir)
 		fset := token.NewFileSet()
-		files, err := filepath.Glob(filepath.Join("..", pkg, "*.go"))
+		files, err := filepath.Glob(filepath.Join("..", dir, "*.go"))
 		require.NoError(t, err)
 		for _, name := range files {
 			if strings.HasSuffix(name, "_test.go") {
@@ -186,7 +187,7 @@ func TestErrorCodesMapSentinels(t *testing.T) {
 			got = append(got, c.name)
 		}
 	}
-	for code := 1; code < 80; code++ {
+	for code := 1; code < errorCodeLimit; code++ {
 		require.Equal(t, errorNameOf(code), cErrorName(code), "code %d", code)
 	}
 	sort.Strings(want)
