@@ -1,5 +1,5 @@
 /*
- * shmsteer.h — the C ABI of shmsteer (libshmsteer.so), ABI version 1.
+ * shmsteer.h — the C ABI of shmsteer (libshmsteer.so), ABI version 3 (SHMSTEER_ABI_VERSION).
  *
  * shmsteer keeps per-request secret keys and activation-steering vectors in one shared-memory
  * region: an owner process writes it, worker processes attach with a shared secret and read it

@@ -260,3 +260,54 @@ def test_import_export_errors_through_the_c_abi(owner, tmp_path):
     owner.export_vector("two-hooks", tmp_path / "t.npz")
     with np.load(tmp_path / "t.npz") as z:
         assert sorted(z.files) == ["mlp_out", "post_block"]
+
+
+def test_go_owner_export_and_import_from_a_python_worker(go_owner, ns, secret, tmp_path):
+    # The Go owner's fixture vector "v1": post_block, layer 1, data i*0.25, hidden 64, 4 layers.
+    fixture = np.arange(64, dtype=np.float32) * np.float32(0.25)
+    with shmsteer.Client(ns, secret=secret) as c:
+        c.export_vector("v1", tmp_path / "v1.npy")
+        a = np.load(tmp_path / "v1.npy")
+        want = np.zeros((4, 64), np.float32)
+        want[1] = fixture
+        np.testing.assert_array_equal(bits(a), bits(want))
+        # A worker imports a file: it reads it and the owner registers the vectors.
+        c.export_vector("v1", tmp_path / "v1.gguf")
+        imp = c.import_vector("v1-again", tmp_path / "v1.gguf", scale=2.0)
+        with c.snapshot(imp.version) as snap:
+            e = snap.vector("v1-again").entries
+            assert [(x.hook, x.layer) for x in e] == [("post_block", 1)]
+            np.testing.assert_array_equal(bits(e[0].data), bits(fixture * np.float32(2)))
+            del e
+
+
+def test_forked_child_gets_forked_error_from_vector_files(owner, tmp_path):
+    import signal
+    import time
+    np.save(tmp_path / "a.npy", np.ones((LAYERS, HIDDEN), np.float32))
+    owner.import_vector("a", tmp_path / "a.npy")
+    pid = os.fork()
+    if pid == 0:  # the child: the C wrappers refuse before anything enters Go
+        code = 0
+        for call in (lambda: owner.import_vector("b", tmp_path / "a.npy"),
+                     lambda: owner.export_vector("a", tmp_path / "child.npy")):
+            try:
+                call()
+                code |= 1
+            except errors.ForkedError:
+                pass
+            except BaseException:
+                code |= 2
+        os._exit(code)
+    deadline = time.time() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.time() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("forked child hung")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not (tmp_path / "child.npy").exists()
+    owner.export_vector("a", tmp_path / "parent.npy")  # the parent is unaffected
