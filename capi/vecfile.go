@@ -42,10 +42,11 @@ func parseImportOptions(js string) (vecfile.ImportOptions, error) {
 		if math.Abs(*o.Scale) > math.MaxFloat32 && !math.IsInf(*o.Scale, 0) {
 			return opts, fmt.Errorf("%w: scale %v does not fit float32", vecfile.ErrBadOptions, *o.Scale)
 		}
-		if *o.Scale == 0 {
-			return opts, fmt.Errorf("%w: scale 0 would steer nothing (omit scale for 1)", vecfile.ErrBadOptions)
-		}
 		opts.Scale = float32(*o.Scale)
+		// vecfile reads Scale 0 as 1: a 0 (or a scale that rounds to 0 in float32) is refused.
+		if opts.Scale == 0 {
+			return opts, fmt.Errorf("%w: scale %v is 0 in float32 and would steer nothing (omit scale for 1)", vecfile.ErrBadOptions, *o.Scale)
+		}
 	}
 	if o.Layers != "" {
 		r, err := vecfile.ParseLayerRange(o.Layers)

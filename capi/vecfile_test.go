@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -27,6 +28,7 @@ func TestParseImportOptions(t *testing.T) {
 		{"reversed range", `{"layers": "5-2"}`, vecfile.ImportOptions{}, vecfile.ErrBadOptions},
 		{"bad range", `{"layers": "a-b"}`, vecfile.ImportOptions{}, vecfile.ErrBadOptions},
 		{"zero scale", `{"scale": 0}`, vecfile.ImportOptions{}, vecfile.ErrBadOptions},
+		{"scale rounds to 0", `{"scale": 1e-50}`, vecfile.ImportOptions{}, vecfile.ErrBadOptions},
 		{"scale beyond float32", `{"scale": 1e300}`, vecfile.ImportOptions{}, vecfile.ErrBadOptions},
 		{"negative cap", `{"max_bytes": -1}`, vecfile.ImportOptions{}, vecfile.ErrBadOptions},
 		{"unknown field", `{"scael": 2}`, vecfile.ImportOptions{}, ErrInvalidArgument},
@@ -43,4 +45,28 @@ func TestParseImportOptions(t *testing.T) {
 			require.Equal(t, tc.want, got)
 		})
 	}
+}
+
+// The options JSON of shmsteer_vector_import: any bytes either parse into options vecfile
+// accepts, or fail with ErrInvalidArgument or vecfile.ErrBadOptions; never a panic.
+func FuzzImportOptions(f *testing.F) {
+	for _, s := range []string{
+		``, `{}`, `{"scale": 0.5, "layers": "2-5", "hook": "mlp_out", "format": "gguf", "max_bytes": 4096}`,
+		`{"layers": "3"}`, `{"layers": "5-2"}`, `{"scale": 1e300}`, `{"scale": 0}`, `{"max_bytes": -1}`,
+		`{"layers": "-1"}`, `{"layers": " 1 - 2 "}`, `{"x": 1}`, `{} []`, `null`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		o, err := parseImportOptions(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, vecfile.ErrBadOptions) {
+				t.Fatalf("options %q: error %v is neither ErrInvalidArgument nor vecfile.ErrBadOptions", s, err)
+			}
+			return
+		}
+		if o.Scale-o.Scale != 0 || o.MaxBytes < 0 || (o.Layers != nil && (o.Layers.First < 0 || o.Layers.First > o.Layers.Last)) {
+			t.Fatalf("options %q parsed into invalid %+v", s, o)
+		}
+	})
 }

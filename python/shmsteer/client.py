@@ -217,9 +217,18 @@ class _Handle:
 
     def export_vector(self, name: str, path: Union[str, "os.PathLike[str]"], format: Optional[str] = None) -> None:
         """Write named vector ``name`` (read at the current version, pinned while it is written)
-        to ``path`` as "gguf", "npy", "npz" or "safetensors" (None: by the extension). Importing
-        the file gives back the same floats bitwise. GGUF holds only post_block at layers >= 1,
-        npy one hook: :class:`~shmsteer.errors.UnrepresentableError` otherwise."""
+        to ``path`` as "gguf", "npy", "npz", "safetensors" (by the Go exporter) or "pt" (a
+        ``torch.save`` dict ``{"<hook>.<layer>": tensor}``, :func:`shmsteer.vectors.save_pt`);
+        None: by the extension. Importing the file gives back the same floats bitwise. GGUF
+        holds only post_block at layers >= 1, npy one hook:
+        :class:`~shmsteer.errors.UnrepresentableError` otherwise."""
+        from . import vectors
+        if vectors.is_pt(path, format):
+            with self.snapshot() as snap:
+                nv = snap.vector(name)
+                vectors.save_pt(path, [(e.hook, e.layer, e.scale, e.data) for e in nv.entries])
+                del nv  # drop the views so the pin ends with the snapshot
+            return
         nb = _b(name)
         check(lib.shmsteer_vector_export(self.handle, nb, len(nb), os.fsencode(path),
                                          format.encode() if format else None))

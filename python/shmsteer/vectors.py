@@ -2,7 +2,8 @@
 
 GGUF control vectors, ``.npy``/``.npz`` and safetensors are read by the Go importer
 (``steer/vecfile``) through the C ABI: :meth:`shmsteer.Client.import_vector`. This module
-reads the one format the Go side cannot, ``torch.save`` files, and only with
+reads (and :func:`save_pt` writes) the one format the Go side cannot, ``torch.save`` files,
+and reads them only with
 ``torch.load(path, map_location="cpu", weights_only=True)``: the restricted unpickler builds
 tensors, dicts, lists and numbers and refuses every other global, so no arbitrary object is
 ever unpickled and nothing in the file is executed. A file it refuses (a pickled object, not a
@@ -254,8 +255,9 @@ def load_pt(path: Union[str, os.PathLike], hidden: int, layers: int, hook: str =
     path = os.fspath(path)
     if hidden < 1 or layers < 1:
         raise VectorFileOptionsError(f"shmsteer: bad vector file options: hidden {hidden}, layers {layers}: want >= 1")
-    if not np.isfinite(scale) or abs(scale) > _FLOAT32_MAX:
-        raise VectorFileOptionsError(f"shmsteer: bad vector file options: scale {scale}: want a finite float32")
+    if not np.isfinite(scale) or abs(scale) > _FLOAT32_MAX or np.float32(scale) == 0:
+        raise VectorFileOptionsError(f"shmsteer: bad vector file options: scale {scale}: want a finite, "
+                                     "non-zero float32")
     if hook not in hooks:
         raise UnknownHookError(f"shmsteer: unknown hook: {hook!r}, the model has {', '.join(hooks)}")
     rng = parse_layer_range(layer_range)
@@ -286,6 +288,27 @@ def load_pt(path: Union[str, os.PathLike], hidden: int, layers: int, hook: str =
     return ld.result()
 
 
+def save_pt(path: Union[str, os.PathLike], entries: Sequence[Tuple[str, int, float, Any]]) -> None:
+    """Write (hook, layer, scale, float32 data) entries with ``torch.save`` as a dict
+    ``{"<hook>.<layer>": float32 tensor [hidden]}`` (scale multiplied in, in float32, as
+    steer/vecfile's export does; nothing is multiplied at scale 1, so :func:`load_pt` gives back
+    the same floats bitwise). On error the partial file is removed."""
+    torch = _torch()
+    out: Dict[str, Any] = {}
+    for hook, layer, scale, data in entries:
+        a = np.array(data, dtype=np.float32)  # a copy: data may be a view of the mapping
+        if scale != 1:
+            a = a * np.float32(scale)
+        out[f"{hook}.{layer}"] = torch.from_numpy(a)
+    path = os.fspath(path)
+    try:
+        torch.save(out, path)
+    except BaseException:
+        if os.path.exists(path):
+            os.remove(path)
+        raise
+
+
 def is_pt(path: Union[str, os.PathLike], format: Optional[str] = None) -> bool:
     """Whether :meth:`shmsteer.Client.import_vector` reads ``path`` with :func:`load_pt`: format
     ``"pt"``, or no format and a ``.pt``/``.pth`` extension (a torch.save file is a zip
@@ -295,5 +318,5 @@ def is_pt(path: Union[str, os.PathLike], format: Optional[str] = None) -> bool:
     return os.fspath(path).lower().endswith(PT_EXTENSIONS)
 
 
-__all__ = ["load_pt", "is_pt", "parse_layer_range", "NotWeightsOnlyError", "DEFAULT_HOOKS",
+__all__ = ["load_pt", "save_pt", "is_pt", "parse_layer_range", "NotWeightsOnlyError", "DEFAULT_HOOKS",
            "DEFAULT_HOOK", "DEFAULT_MAX_BYTES", "PT_EXTENSIONS"]

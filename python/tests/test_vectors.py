@@ -138,6 +138,7 @@ def _save(tmp_path, obj, name="v.pt"):
     ({"layers.1": torch.zeros(HIDDEN)}, {}, errors.NoVectorsError, ["steers nothing"]),
     ({"layers.1": torch.ones(HIDDEN)}, {"layer_range": "2-3"}, errors.NoVectorsError, ["layer range 2-3"]),
     ({"layers.1": torch.ones(HIDDEN)}, {"layer_range": "3-1"}, errors.VectorFileOptionsError, ["3-1"]),
+    ({"layers.1": torch.ones(HIDDEN)}, {"scale": 1e-50}, errors.VectorFileOptionsError, ["scale 1e-50"]),
     ({"layers.1": torch.ones(HIDDEN)}, {"max_bytes": 16}, errors.VectorFileTooLargeError, ["the cap is 16"]),
 ])
 def test_load_pt_errors_name_file_tensor_and_shape(tmp_path, obj, kwargs, exc, needles):
@@ -197,6 +198,11 @@ def test_import_pt_then_round_trip_every_format(owner, ns, secret, tmp_path):
             owner.export_vector("pt", tmp_path / fname, format=fmt)
             back = owner.import_vector("back-" + fname, tmp_path / fname, format=fmt)
             assert back.digest == digest, fname
+        # .pt export (torch.save, Python side) round-trips too, and torch reads it weights-only.
+        c.export_vector("pt", tmp_path / "out.pt")
+        saved = torch.load(tmp_path / "out.pt", weights_only=True)
+        assert sorted(saved) == [f"post_block.{i}" for i in (1, 2, 3)]
+        assert c.import_vector("back-pt", tmp_path / "out.pt").digest == digest
         # The same floats from .npy and from .pt encode the same.
         assert c.import_vector("npy", tmp_path / "out.npy").digest == digest
 
@@ -239,6 +245,7 @@ def test_import_export_errors_through_the_c_abi(owner, tmp_path):
         (lambda: owner.import_vector("x", tmp_path / "ok.npy", layers="2-1"), errors.VectorFileOptionsError, "2-1"),
         (lambda: owner.import_vector("x", tmp_path / "ok.npy", layers=7), errors.NoVectorsError, "ok.npy"),
         (lambda: owner.import_vector("x", tmp_path / "ok.npy", scale=float("nan")), errors.VectorFileOptionsError, "nan"),
+        (lambda: owner.import_vector("x", tmp_path / "ok.npy", scale=1e-50), errors.VectorFileOptionsError, "1e-50"),
         (lambda: owner.import_vector("x", tmp_path / "missing.npy"), FileNotFoundError, "missing.npy"),
         (lambda: owner.export_vector("x", tmp_path / "x.npy"), errors.UnknownVectorError, "x"),
     ]
@@ -311,3 +318,16 @@ def test_forked_child_gets_forked_error_from_vector_files(owner, tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0
     assert not (tmp_path / "child.npy").exists()
     owner.export_vector("a", tmp_path / "parent.npy")  # the parent is unaffected
+
+
+def test_export_multiplies_the_scale_in_every_format(owner, tmp_path):
+    d = rows(5)[2].to(torch.float32).numpy()
+    owner.register_vector("half", [("post_block", 2, 0.5, d)])
+    want = d * np.float32(0.5)
+    owner.export_vector("half", tmp_path / "h.npy")
+    np.testing.assert_array_equal(bits(np.load(tmp_path / "h.npy")[2]), bits(want))
+    owner.export_vector("half", tmp_path / "h.pt")
+    (hook, layer, got), = load_pt(tmp_path / "h.pt", HIDDEN, LAYERS)
+    assert (hook, layer) == ("post_block", 2)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    assert owner.import_vector("a", tmp_path / "h.npy").digest == owner.import_vector("b", tmp_path / "h.pt").digest
