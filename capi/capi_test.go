@@ -289,6 +289,9 @@ func TestCExample(t *testing.T) {
 		sum += float64(f)
 	}
 	require.Contains(t, got, fmt.Sprintf("entry 0 hook=2 layer=1 scale=1 len=64 sum=%.4f first=0.0000\n", sum))
+	require.Contains(t, got, "file round trip: digest equal\n")
+	require.Contains(t, got, "scale 0: vecfile.ErrBadOptions\n")
+	require.Contains(t, got, "export unknown: steer.ErrUnknownVector\n")
 	require.Contains(t, got, "forked child: SHMSTEER_E_FORKED\n")
 	require.Contains(t, got, "closed twice: capi.ErrBadHandle\n")
 
