@@ -161,6 +161,17 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_UNKNOWN_REQUEST] = "steer.ErrUnknownRequest",
     [SHMSTEER_E_NOT_SERVED] = "steer.ErrNotServed",
     [SHMSTEER_E_LATCH_STATE] = "steer.ErrLatchState",
+    [SHMSTEER_E_FILE_TOO_LARGE] = "vecfile.ErrTooLarge",
+    [SHMSTEER_E_UNKNOWN_FORMAT] = "vecfile.ErrUnknownFormat",
+    [SHMSTEER_E_FILE_CORRUPT] = "vecfile.ErrCorrupt",
+    [SHMSTEER_E_FILE_DTYPE] = "vecfile.ErrDtype",
+    [SHMSTEER_E_FILE_SHAPE] = "vecfile.ErrShape",
+    [SHMSTEER_E_VALUE_RANGE] = "vecfile.ErrValueRange",
+    [SHMSTEER_E_TENSOR_NAME] = "vecfile.ErrTensorName",
+    [SHMSTEER_E_NEED_LAYERS] = "vecfile.ErrNeedLayers",
+    [SHMSTEER_E_NO_VECTORS] = "vecfile.ErrNoVectors",
+    [SHMSTEER_E_UNREPRESENTABLE] = "vecfile.ErrUnrepresentable",
+    [SHMSTEER_E_FILE_OPTIONS] = "vecfile.ErrBadOptions",
 };
 
 SHMSTEER_API const char *shmsteer_error_name(int code) {
@@ -349,4 +360,18 @@ SHMSTEER_API int shmsteer_stepper_effective(shmsteer_stepper_t *st, const char *
 SHMSTEER_API int shmsteer_stepper_end(shmsteer_stepper_t *st, uint64_t *checksum) {
   ENTER();
   return shmsteerGo_stepper_end(H(st), checksum);
+}
+
+SHMSTEER_API int shmsteer_vector_import(shmsteer_t *h, const char *name, size_t name_len, const char *path,
+                                        const char *options_json, size_t options_len, uint64_t *version,
+                                        uint8_t *digest) {
+  ENTER();
+  return shmsteerGo_vector_import(H(h), (char *)name, name_len, (char *)path, (char *)options_json, options_len,
+                                  version, digest);
+}
+
+SHMSTEER_API int shmsteer_vector_export(shmsteer_t *h, const char *name, size_t name_len, const char *path,
+                                        const char *format) {
+  ENTER();
+  return shmsteerGo_vector_export(H(h), (char *)name, name_len, (char *)path, (char *)format);
 }

@@ -142,12 +142,13 @@ func buildLibrary(t *testing.T) string {
 }
 
 // Every code of shmsteer.h names one sentinel, the C and Go tables agree, and every sentinel
-// of shm, ipc and steer has a code.
+// of shm, ipc, steer and steer/vecfile has a code.
 func TestErrorCodesMapSentinels(t *testing.T) {
 	var want []string
-	for _, pkg := range []string{"shm", "ipc", "steer"} {
+	for _, dir := range []string{"shm", "ipc", "steer", "steer/vecfile"} {
+		pkg := filepath.Base(dir)
 		fset := token.NewFileSet()
-		files, err := filepath.Glob(filepath.Join("..", pkg, "*.go"))
+		files, err := filepath.Glob(filepath.Join("..", dir, "*.go"))
 		require.NoError(t, err)
 		for _, name := range files {
 			if strings.HasSuffix(name, "_test.go") {
@@ -186,7 +187,7 @@ func TestErrorCodesMapSentinels(t *testing.T) {
 			got = append(got, c.name)
 		}
 	}
-	for code := 1; code < 80; code++ {
+	for code := 1; code < errorCodeLimit; code++ {
 		require.Equal(t, errorNameOf(code), cErrorName(code), "code %d", code)
 	}
 	sort.Strings(want)
@@ -288,6 +289,9 @@ func TestCExample(t *testing.T) {
 		sum += float64(f)
 	}
 	require.Contains(t, got, fmt.Sprintf("entry 0 hook=2 layer=1 scale=1 len=64 sum=%.4f first=0.0000\n", sum))
+	require.Contains(t, got, "file round trip: digest equal\n")
+	require.Contains(t, got, "scale 0: vecfile.ErrBadOptions\n")
+	require.Contains(t, got, "export unknown: steer.ErrUnknownVector\n")
 	require.Contains(t, got, "forked child: SHMSTEER_E_FORKED\n")
 	require.Contains(t, got, "closed twice: capi.ErrBadHandle\n")
 

@@ -14,9 +14,11 @@ import (
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
+	"github.com/shmsteer/shmsteer/steer/vecfile"
 )
 
-// Errors of the C ABI itself (codes 1..9); every other code is a sentinel of shm, ipc or steer.
+// Errors of the C ABI itself (codes 1..9); every other code is a sentinel of shm, ipc, steer or
+// steer/vecfile.
 var (
 	// ErrForked is returned by every call in a child process forked after the library was
 	// loaded (checked in C; this value only names the code). Start workers with spawn.
@@ -96,6 +98,20 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_UNKNOWN_REQUEST, "steer.ErrUnknownRequest", steer.ErrUnknownRequest},
 	{C.SHMSTEER_E_LATCH_STATE, "steer.ErrLatchState", steer.ErrLatchState},
 
+	// vecfile's errors also wrap steer's where one fits (ErrShape with ErrHiddenSize): steer's
+	// code wins, so callers that handle steer's codes keep working.
+	{C.SHMSTEER_E_FILE_TOO_LARGE, "vecfile.ErrTooLarge", vecfile.ErrTooLarge},
+	{C.SHMSTEER_E_UNKNOWN_FORMAT, "vecfile.ErrUnknownFormat", vecfile.ErrUnknownFormat},
+	{C.SHMSTEER_E_FILE_CORRUPT, "vecfile.ErrCorrupt", vecfile.ErrCorrupt},
+	{C.SHMSTEER_E_FILE_DTYPE, "vecfile.ErrDtype", vecfile.ErrDtype},
+	{C.SHMSTEER_E_FILE_SHAPE, "vecfile.ErrShape", vecfile.ErrShape},
+	{C.SHMSTEER_E_VALUE_RANGE, "vecfile.ErrValueRange", vecfile.ErrValueRange},
+	{C.SHMSTEER_E_TENSOR_NAME, "vecfile.ErrTensorName", vecfile.ErrTensorName},
+	{C.SHMSTEER_E_NEED_LAYERS, "vecfile.ErrNeedLayers", vecfile.ErrNeedLayers},
+	{C.SHMSTEER_E_NO_VECTORS, "vecfile.ErrNoVectors", vecfile.ErrNoVectors},
+	{C.SHMSTEER_E_UNREPRESENTABLE, "vecfile.ErrUnrepresentable", vecfile.ErrUnrepresentable},
+	{C.SHMSTEER_E_FILE_OPTIONS, "vecfile.ErrBadOptions", vecfile.ErrBadOptions},
+
 	{C.SHMSTEER_E_NOT_FOUND, "shm.ErrNotFound", shm.ErrNotFound},
 	{C.SHMSTEER_E_REGION_FULL, "shm.ErrRegionFull", shm.ErrRegionFull},
 	{C.SHMSTEER_E_SHM_KEY_TOO_LONG, "shm.ErrKeyTooLong", shm.ErrKeyTooLong},
@@ -149,6 +165,9 @@ func setMessage(msg string) {
 	n := copy(buf[:len(buf)-1], msg)
 	buf[n] = 0
 }
+
+// errorCodeLimit is SHMSTEER_E_LIMIT, one past the largest code (for the tests).
+const errorCodeLimit = int(C.SHMSTEER_E_LIMIT)
 
 // errorNameOf is the Go name of code (tests compare it with the C table).
 func errorNameOf(code int) string {

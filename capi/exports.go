@@ -702,10 +702,10 @@ func decodeJSONString(s string, v any) error {
 	dec := json.NewDecoder(strings.NewReader(s))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: steering JSON: %v", ErrInvalidArgument, err)
+		return fmt.Errorf("%w: JSON: %v", ErrInvalidArgument, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%w: steering JSON: trailing data", ErrInvalidArgument)
+		return fmt.Errorf("%w: JSON: trailing data", ErrInvalidArgument)
 	}
 	return nil
 }

@@ -15,10 +15,10 @@
 // gets SHMSTEER_E_FORKED, never a hang. The Go functions they call (shmsteerGo_*) are exported
 // for the wrappers only. Objects cross the boundary as generation-checked handles (handles.go),
 // so a stale or foreign handle is SHMSTEER_E_BAD_HANDLE, never a crash. Errors are the codes of
-// shmsteer.h, one per Go sentinel of shm, ipc and steer (errors.go).
+// shmsteer.h, one per Go sentinel of shm, ipc, steer and steer/vecfile (errors.go).
 //
-// This package must not reach into the engine's internals: it calls the exported API of shm, ipc
-// and steer only. unsafe is allowed here (and in shm/unsafe.go) because the C ABI needs it: C
+// This package must not reach into the engine's internals: it calls the exported API of shm, ipc,
+// steer and steer/vecfile only. unsafe is allowed here (and in shm/unsafe.go) because the C ABI needs it: C
 // strings and buffers are viewed in place, never copied on the hot paths.
 package main
 

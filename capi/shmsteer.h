@@ -1,5 +1,5 @@
 /*
- * shmsteer.h — the C ABI of shmsteer (libshmsteer.so), ABI version 1.
+ * shmsteer.h — the C ABI of shmsteer (libshmsteer.so), ABI version 3 (SHMSTEER_ABI_VERSION).
  *
  * shmsteer keeps per-request secret keys and activation-steering vectors in one shared-memory
  * region: an owner process writes it, worker processes attach with a shared secret and read it
@@ -51,15 +51,18 @@
 extern "C" {
 #endif
 
-#define SHMSTEER_ABI_VERSION 2
+#define SHMSTEER_ABI_VERSION 3
 
 /* The longest message shmsteer_last_error returns, NUL included. */
 #define SHMSTEER_ERRMSG_MAX 1024
 
 /*
  * ERROR CODES. Codes 1..9 belong to the C ABI; every other code is exactly one Go sentinel error
- * of package shm (10..29), ipc (30..49) or steer (50..79): the error a call returned matches it
- * with errors.Is. shmsteer_error_name gives the Go name ("ipc.ErrKeyRevoked").
+ * of package shm (10..29), ipc (30..49), steer (50..79) or steer/vecfile (80..99): the error a
+ * call returned matches it with errors.Is. shmsteer_error_name gives the Go name
+ * ("ipc.ErrKeyRevoked"). An error matching several sentinels gets the first code of this order:
+ * steer before vecfile (a vector file whose tensor has the wrong hidden size is HIDDEN_SIZE,
+ * though it is also vecfile.ErrShape), then shm.
  */
 #define SHMSTEER_OK 0
 /* ABI errors */
@@ -132,8 +135,20 @@ extern "C" {
 #define SHMSTEER_E_UNKNOWN_REQUEST 71    /* steer.ErrUnknownRequest (strict requests) */
 #define SHMSTEER_E_NOT_SERVED 72         /* steer.ErrNotServed: the owner never called Engine.Serve */
 #define SHMSTEER_E_LATCH_STATE 73        /* steer.ErrLatchState: restored latch state does not fit */
+/* package steer/vecfile (vector files: shmsteer_vector_import / _export) */
+#define SHMSTEER_E_FILE_TOO_LARGE 80     /* vecfile.ErrTooLarge: above max_bytes; nothing was read */
+#define SHMSTEER_E_UNKNOWN_FORMAT 81     /* vecfile.ErrUnknownFormat: not gguf, npy, npz, safetensors */
+#define SHMSTEER_E_FILE_CORRUPT 82       /* vecfile.ErrCorrupt: truncated or malformed file */
+#define SHMSTEER_E_FILE_DTYPE 83         /* vecfile.ErrDtype: element type not converted */
+#define SHMSTEER_E_FILE_SHAPE 84         /* vecfile.ErrShape: not [hidden] or [layers, hidden] */
+#define SHMSTEER_E_VALUE_RANGE 85        /* vecfile.ErrValueRange: a float64 beyond float32 */
+#define SHMSTEER_E_TENSOR_NAME 86        /* vecfile.ErrTensorName: names no hook and layer */
+#define SHMSTEER_E_NEED_LAYERS 87        /* vecfile.ErrNeedLayers: a [hidden] array needs "layers" */
+#define SHMSTEER_E_NO_VECTORS 88         /* vecfile.ErrNoVectors: the file steers nothing */
+#define SHMSTEER_E_UNREPRESENTABLE 89    /* vecfile.ErrUnrepresentable: pick another format */
+#define SHMSTEER_E_FILE_OPTIONS 90       /* vecfile.ErrBadOptions: bad scale, layers or max_bytes */
 /* One past the largest code. */
-#define SHMSTEER_E_LIMIT 80
+#define SHMSTEER_E_LIMIT 100
 
 /* Phases of a request's rows (steer.Phase). */
 #define SHMSTEER_PHASE_PREFILL 1
@@ -295,6 +310,42 @@ int shmsteer_vector_register(shmsteer_t *h, const char *name, size_t name_len,
                              const shmsteer_vector_entry *entries, size_t n, uint64_t *version);
 int shmsteer_vector_unregister(shmsteer_t *h, const char *name, size_t name_len,
                                uint64_t *version);
+
+/* ---- vector files ----------------------------------------------------------------------- */
+
+/* Register (or replace) named vector name from the vector file at C string path: a llama.cpp
+ * GGUF control vector, .npy, .npz or safetensors, read by steer/vecfile.Import for the model
+ * recorded in the region (see the vecfile package doc for layouts, tensor names and the
+ * hook each steers). The file is read by this process (a client sends the vectors to the owner
+ * as shmsteer_vector_register does). (options_json, options_len) is a JSON object, every field
+ * optional (options_len 0 = all defaults; unknown fields are INVALID_ARGUMENT):
+ *   {"scale": f,        multiplies every value, as llama.cpp's --control-vector-scaled
+ *                       (default 1; 0 and non-finite are FILE_OPTIONS)
+ *    "layers": "A-B",   keep layers A..B inclusive (or "A"), as --control-vector-layer-range
+ *    "hook": s,         the hook GGUF directions, plain arrays and "layers.N" tensors steer
+ *                       (default "post_block": llama.cpp adds a direction to the block output)
+ *    "format": s,       "gguf", "npy", "npz" or "safetensors" (default: magic bytes, then
+ *                       the extension)
+ *    "max_bytes": n}    size cap, checked before anything is read (default 4 GiB)
+ * *version (may be NULL) = the region version that wrote it; digest (may be NULL, else 32
+ * bytes of caller memory) = the sha256 of its encoding, as shmsteer_vector_view reports.
+ * Nothing is registered on error. Errors: the vecfile codes (FILE_TOO_LARGE, UNKNOWN_FORMAT,
+ * FILE_CORRUPT, FILE_DTYPE, FILE_SHAPE, VALUE_RANGE, TENSOR_NAME, NEED_LAYERS, NO_VECTORS,
+ * FILE_OPTIONS), the model mismatches HIDDEN_SIZE, LAYER_RANGE, UNKNOWN_HOOK, NON_FINITE,
+ * DUPLICATE, then those of shmsteer_vector_register; OTHER when the file cannot be opened.
+ * The message names the file, the tensor and the expected shape. */
+int shmsteer_vector_import(shmsteer_t *h, const char *name, size_t name_len, const char *path,
+                           const char *options_json, size_t options_len, uint64_t *version,
+                           uint8_t *digest);
+
+/* Write named vector name, read at a snapshot of the current version that stays pinned until
+ * the file is written, to C string path (created or truncated, mode 0644; removed again on
+ * error) in C string format "gguf", "npy", "npz" or "safetensors" (NULL or "" = by path's
+ * extension). Import of the file gives back the same floats bitwise. GGUF holds only
+ * post_block at layers >= 1 and npy one hook: UNREPRESENTABLE otherwise (use npz or
+ * safetensors). Errors: UNKNOWN_VECTOR, UNKNOWN_FORMAT, UNREPRESENTABLE, OTHER (I/O). */
+int shmsteer_vector_export(shmsteer_t *h, const char *name, size_t name_len, const char *path,
+                           const char *format);
 
 /* ---- steering writes (owner) ----------------------------------------------------------- */
 

@@ -1,4 +1,5 @@
-// example.c: a C worker that attaches to a shmsteer owner and reads keys and vectors.
+// example.c: a C worker that attaches to a shmsteer owner, reads keys and vectors, and round-trips
+// a vector through a GGUF file.
 //
 //   cc example.c -I capi -L python/shmsteer -lshmsteer -Wl,-rpath,python/shmsteer -o example
 //   SHMSTEER_SECRET=... ./example NAMESPACE REQUEST_ID VECTOR_NAME
@@ -77,6 +78,26 @@ int main(int argc, char **argv) {
            entries[e].layer, entries[e].scale, entries[e].len, sum, entries[e].data[0]);
   }
   check(shmsteer_snapshot_close(snap), "snapshot_close");
+
+  /* Vector files: export the vector to a llama.cpp GGUF control vector and import it back under
+   * another name: the same floats, so the same digest. */
+  char path[512], name2[256];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(path, sizeof path, "%s/shmsteer-example-%d.gguf", tmp && tmp[0] ? tmp : "/tmp", (int)getpid());
+  snprintf(name2, sizeof name2, "%s-from-file", vec);
+  check(shmsteer_vector_export(h, vec, strlen(vec), path, NULL), "vector_export");
+  uint64_t fver = 0;
+  uint8_t fdigest[32];
+  check(shmsteer_vector_import(h, name2, strlen(name2), path, NULL, 0, &fver, fdigest), "vector_import");
+  printf("file round trip: digest %s\n", memcmp(fdigest, info.digest, 32) == 0 ? "equal" : "DIFFERENT");
+  const char *opts = "{\"scale\": 0.5, \"layers\": \"1-2\"}";
+  check(shmsteer_vector_import(h, name2, strlen(name2), path, opts, strlen(opts), NULL, NULL), "vector_import scaled");
+  opts = "{\"scale\": 0}";
+  rc = shmsteer_vector_import(h, name2, strlen(name2), path, opts, strlen(opts), NULL, NULL);
+  printf("scale 0: %s\n", shmsteer_error_name(rc));
+  rc = shmsteer_vector_export(h, "no-such-vector", 14, path, "gguf");
+  printf("export unknown: %s\n", shmsteer_error_name(rc));
+  unlink(path);
 
   /* A child forked after loading gets FORKED at once, never a hang. */
   pid_t pid = fork();

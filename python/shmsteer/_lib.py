@@ -14,7 +14,7 @@ from ctypes import (POINTER, Structure, c_char, c_char_p, c_float, c_int, c_int3
 
 from .errors import error_for
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 PHASE_PREFILL = 1
 PHASE_DECODE = 2
 
@@ -85,6 +85,9 @@ def _load() -> ctypes.CDLL:
         "shmsteer_vector_list_json": (c_int, [h, c_void_p, c_size_t, P(c_size_t)]),
         "shmsteer_vector_register": (c_int, [h, c_char_p, c_size_t, P(VectorEntry), c_size_t, P(c_uint64)]),
         "shmsteer_vector_unregister": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
+        "shmsteer_vector_import": (c_int, [h, c_char_p, c_size_t, c_char_p, c_char_p, c_size_t, P(c_uint64),
+                                           P(c_uint8)]),
+        "shmsteer_vector_export": (c_int, [h, c_char_p, c_size_t, c_char_p, c_char_p]),
         "shmsteer_global_set_json": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_request_admit_json": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_request_end": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import threading
 import weakref
@@ -150,6 +151,87 @@ class _Handle:
         check(lib.shmsteer_vector_register(self.handle, nb, len(nb), arr, len(entries), byref(v)))
         del keep
         return v.value
+
+    def import_vector(self, name: str, path: Union[str, "os.PathLike[str]"], scale: float = 1.0,
+                      layers: Union[None, str, int, Tuple[int, int]] = None, hook: Optional[str] = None,
+                      format: Optional[str] = None, max_bytes: int = 0) -> "ImportedVector":
+        """Register (or replace) named vector ``name`` from a vector file.
+
+        A llama.cpp GGUF control vector, .npy, .npz or safetensors file is read by the Go
+        importer (steer/vecfile, through ``shmsteer_vector_import``); a PyTorch ``.pt``/``.pth``
+        file (or ``format="pt"``) by :func:`shmsteer.vectors.load_pt`, with
+        ``torch.load(weights_only=True)``, then registered as :meth:`register_vector` does. In
+        a client the file is read here and the vectors are sent to the owner.
+
+        Args:
+            scale: multiplies every value, as llama.cpp's ``--control-vector-scaled``.
+            layers: keep layers A..B inclusive (``"A-B"``, ``(A, B)`` or ``A``), as
+                ``--control-vector-layer-range``; required for a single ``[hidden]`` array.
+            hook: the hook GGUF directions, plain arrays and ``layers.N`` tensors steer
+                (None: post_block, the block output llama.cpp steers).
+            format: "gguf", "npy", "npz", "safetensors" or "pt" (None: magic bytes, then the
+                extension).
+            max_bytes: size cap checked before the file is read (0: 4 GiB).
+
+        Returns:
+            the region version that wrote it and the digest of its encoding.
+
+        Raises:
+            the ValueError subclasses of :class:`~shmsteer.errors.VectorFileError` and steer's
+            (HiddenSizeError, LayerRangeError, NonFiniteError, ...), naming the file, the tensor
+            and the expected shape; OSError when the file cannot be read.
+        """
+        from . import vectors
+        if scale == 0 or not math.isfinite(scale):
+            from .errors import VectorFileOptionsError
+            raise VectorFileOptionsError(f"shmsteer: bad vector file options: scale {scale}: want a finite "
+                                         "non-zero number")
+        rng = vectors.parse_layer_range(layers)
+        os.stat(path)  # a missing file is FileNotFoundError, not the library's generic OtherError
+        if vectors.is_pt(path, format):
+            hidden, n_layers, hooks = self.model
+            entries = vectors.load_pt(path, hidden, n_layers, hook or vectors.DEFAULT_HOOK, scale, rng,
+                                      hooks=hooks, max_bytes=max_bytes)
+            version = self.register_vector(name, [(h, layer, 1.0, data) for h, layer, data in entries])
+            with self.snapshot(version) as snap:  # the version that wrote it holds exactly ours
+                digest = snap.vector(name).digest
+            return ImportedVector(name, version, digest)
+        opts: Dict[str, Any] = {}
+        if scale != 1:
+            opts["scale"] = scale
+        if rng is not None:
+            opts["layers"] = f"{rng[0]}-{rng[1]}"
+        if hook is not None:
+            opts["hook"] = hook
+        if format is not None:
+            opts["format"] = format
+        if max_bytes:
+            opts["max_bytes"] = max_bytes
+        js = json.dumps(opts).encode() if opts else b""
+        v = c_uint64()
+        digest_buf = (ctypes.c_uint8 * 32)()
+        nb = _b(name)
+        check(lib.shmsteer_vector_import(self.handle, nb, len(nb), os.fsencode(path), js, len(js), byref(v),
+                                         digest_buf))
+        return ImportedVector(name, v.value, bytes(digest_buf))
+
+    def export_vector(self, name: str, path: Union[str, "os.PathLike[str]"], format: Optional[str] = None) -> None:
+        """Write named vector ``name`` (read at the current version, pinned while it is written)
+        to ``path`` as "gguf", "npy", "npz", "safetensors" (by the Go exporter) or "pt" (a
+        ``torch.save`` dict ``{"<hook>.<layer>": tensor}``, :func:`shmsteer.vectors.save_pt`);
+        None: by the extension. Importing the file gives back the same floats bitwise. GGUF
+        holds only post_block at layers >= 1, npy one hook:
+        :class:`~shmsteer.errors.UnrepresentableError` otherwise."""
+        from . import vectors
+        if vectors.is_pt(path, format):
+            with self.snapshot() as snap:
+                nv = snap.vector(name)
+                vectors.save_pt(path, [(e.hook, e.layer, e.scale, e.data) for e in nv.entries])
+                del nv  # drop the views so the pin ends with the snapshot
+            return
+        nb = _b(name)
+        check(lib.shmsteer_vector_export(self.handle, nb, len(nb), os.fsencode(path),
+                                         format.encode() if format else None))
 
     def unregister_vector(self, name: str) -> int:
         """Delete a named vector; returns the region version that deleted it."""
@@ -349,6 +431,16 @@ class VectorEntry:
     layer: int
     scale: float
     data: Any
+
+
+@dataclass(frozen=True)
+class ImportedVector:
+    """A named vector registered from a file: the region version that wrote it and the sha256
+    of its encoding (as :attr:`NamedVector.digest` reports)."""
+
+    name: str
+    version: int
+    digest: bytes
 
 
 @dataclass(frozen=True)
@@ -588,5 +680,5 @@ def mapping_of(address: int) -> Optional[str]:
     return None
 
 
-__all__ = ["Client", "Owner", "Keys", "Snapshot", "NamedVector", "VectorEntry", "Stepper",
+__all__ = ["Client", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry", "Stepper",
            "Effective", "mapping_of", "ForkedError"]

@@ -96,10 +96,28 @@ _TABLE: Tuple[Tuple[int, str, str, Tuple[type, ...], str], ...] = (
     (71, "steer.ErrUnknownRequest", "UnknownRequestError", (LookupError,), ""),
     (72, "steer.ErrNotServed", "NotServedError", (), ""),
     (73, "steer.ErrLatchState", "LatchStateError", (ValueError,), ""),
+    (80, "vecfile.ErrTooLarge", "VectorFileTooLargeError", (), "VectorFileError"),
+    (81, "vecfile.ErrUnknownFormat", "UnknownFormatError", (), "VectorFileError"),
+    (82, "vecfile.ErrCorrupt", "VectorFileCorruptError", (), "VectorFileError"),
+    (83, "vecfile.ErrDtype", "DtypeError", (), "VectorFileError"),
+    (84, "vecfile.ErrShape", "VectorFileShapeError", (), "VectorFileError"),
+    (85, "vecfile.ErrValueRange", "ValueRangeError", (), "VectorFileError"),
+    (86, "vecfile.ErrTensorName", "TensorNameError", (), "VectorFileError"),
+    (87, "vecfile.ErrNeedLayers", "NeedLayersError", (), "VectorFileError"),
+    (88, "vecfile.ErrNoVectors", "NoVectorsError", (), "VectorFileError"),
+    (89, "vecfile.ErrUnrepresentable", "UnrepresentableError", (), "VectorFileError"),
+    (90, "vecfile.ErrBadOptions", "VectorFileOptionsError", (), "VectorFileError"),
 )
 
+
+class VectorFileError(ShmsteerError, ValueError):
+    """Base of the errors of package steer/vecfile (codes 80..99): a vector file that cannot be
+    imported or exported. A ``ValueError``; the message names the file, the tensor and the
+    expected shape. (A file whose tensor does not fit the model raises steer's class instead,
+    e.g. :class:`HiddenSizeError`, as the C ABI reports steer's code first.)"""
+
 BY_CODE: Dict[int, Type[ShmsteerError]] = {}
-__all__ = ["ShmsteerError", "BY_CODE", "error_for"]
+__all__ = ["ShmsteerError", "VectorFileError", "BY_CODE", "error_for"]
 
 for _code, _go, _name, _extra, _parent in _TABLE:
     _base = globals()[_parent] if _parent else ShmsteerError

@@ -1,0 +1,125 @@
+package main
+
+/*
+#include <stdint.h>
+#include "shmsteer.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"unsafe"
+
+	"github.com/shmsteer/shmsteer/shm"
+	"github.com/shmsteer/shmsteer/steer/vecfile"
+)
+
+// importOptionsJSON is the options JSON of shmsteer_vector_import (vecfile.ImportOptions).
+type importOptionsJSON struct {
+	Scale    *float64 `json:"scale"`
+	Layers   string   `json:"layers"`
+	Hook     string   `json:"hook"`
+	Format   string   `json:"format"`
+	MaxBytes int64    `json:"max_bytes"`
+}
+
+// parseImportOptions turns the options JSON (empty: defaults) into vecfile.ImportOptions.
+func parseImportOptions(js string) (vecfile.ImportOptions, error) {
+	var o importOptionsJSON
+	if strings.TrimSpace(js) != "" {
+		if err := decodeJSONString(js, &o); err != nil {
+			return vecfile.ImportOptions{}, err
+		}
+	}
+	opts := vecfile.ImportOptions{Format: vecfile.Format(o.Format), Hook: o.Hook, MaxBytes: o.MaxBytes}
+	if o.MaxBytes < 0 {
+		return opts, fmt.Errorf("%w: max_bytes %d is negative (0 means the default cap)", vecfile.ErrBadOptions, o.MaxBytes)
+	}
+	if o.Scale != nil {
+		// A scale beyond float32 would become Inf: vecfile refuses a non-finite scale.
+		if math.Abs(*o.Scale) > math.MaxFloat32 && !math.IsInf(*o.Scale, 0) {
+			return opts, fmt.Errorf("%w: scale %v does not fit float32", vecfile.ErrBadOptions, *o.Scale)
+		}
+		opts.Scale = float32(*o.Scale)
+		// vecfile reads Scale 0 as 1: a 0 (or a scale that rounds to 0 in float32) is refused.
+		if opts.Scale == 0 {
+			return opts, fmt.Errorf("%w: scale %v is 0 in float32 and would steer nothing (omit scale for 1)", vecfile.ErrBadOptions, *o.Scale)
+		}
+	}
+	if o.Layers != "" {
+		r, err := vecfile.ParseLayerRange(o.Layers)
+		if err != nil {
+			return opts, err
+		}
+		opts.Layers = &r
+	}
+	return opts, nil
+}
+
+//export shmsteerGo_vector_import
+func shmsteerGo_vector_import(h C.uint64_t, name *C.char, nameLen C.size_t, path *C.char, opts *C.char, optsLen C.size_t, version *C.uint64_t, digest *C.uint8_t) C.int {
+	inst, rc := engineOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	sname, ok := cstr(name, nameLen)
+	sopts, ok2 := cstr(opts, optsLen)
+	if !ok || !ok2 || path == nil {
+		return badArg("name, path or options")
+	}
+	o, err := parseImportOptions(sopts)
+	if err != nil {
+		return fail(err)
+	}
+	vecs, err := vecfile.Import(C.GoString(path), inst.cfg, o)
+	if err != nil {
+		return fail(err)
+	}
+	vi, err := inst.eng.Register(strings.Clone(sname), vecs)
+	if err != nil {
+		return fail(err)
+	}
+	if version != nil {
+		*version = C.uint64_t(vi.Version)
+	}
+	if digest != nil {
+		d := unsafe.Slice(digest, len(vi.Digest))
+		for i, b := range vi.Digest {
+			d[i] = C.uint8_t(b)
+		}
+	}
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_vector_export
+func shmsteerGo_vector_export(h C.uint64_t, name *C.char, nameLen C.size_t, path *C.char, format *C.char) C.int {
+	inst, rc := engineOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	sname, ok := cstr(name, nameLen)
+	if !ok || path == nil {
+		return badArg("name or path")
+	}
+	f := vecfile.Format(goString(format))
+	snap, err := inst.region.Snapshot()
+	if err != nil {
+		return fail(err)
+	}
+	// The vectors' data alias the mapping: the snapshot stays pinned until the file is written.
+	defer snap.Close()
+	if err := exportAt(inst, &snap, sname, C.GoString(path), f); err != nil {
+		return fail(err)
+	}
+	return C.SHMSTEER_OK
+}
+
+func exportAt(inst *instance, snap *shm.Snapshot, name, path string, f vecfile.Format) error {
+	nv, err := inst.eng.Vector(snap, name)
+	if err != nil {
+		return err
+	}
+	return vecfile.ExportFile(path, f, inst.cfg, nv.Vectors, vecfile.ExportOptions{})
+}
