@@ -318,7 +318,17 @@ func TestMultiProcessReaders(t *testing.T) {
 		require.NoError(t, c.Start())
 	}
 	for gen := uint64(2); gen <= stop+50; gen++ {
-		require.NoError(t, writeGeneration(r, gen))
+		// A reader descheduled inside a snapshot (a loaded machine) holds reclamation back
+		// and can fill the small arena: back off until it moves on, as an owner would.
+		require.Eventually(t, func() bool {
+			err := writeGeneration(r, gen)
+			if errors.Is(err, ErrRegionFull) {
+				time.Sleep(100 * time.Microsecond)
+				return false
+			}
+			require.NoError(t, err)
+			return true
+		}, 20*time.Second, time.Microsecond)
 		if gen%16 == 0 {
 			time.Sleep(time.Millisecond)
 		}
@@ -513,6 +523,13 @@ func TestKillOwnerMidWrite(t *testing.T) {
 		data.Close()
 		readers.Close()
 
+		// Let the writer get past its first generations (a loaded machine may be slow to
+		// schedule it), then kill it at a random point of its writing.
+		require.Eventually(t, func() bool {
+			gen, err := verifyGeneration(r)
+			require.NoError(t, err)
+			return gen > 2
+		}, 20*time.Second, time.Millisecond, "the writer child writes")
 		deadline := time.Now().Add(time.Duration(2+rng.IntN(40)) * time.Millisecond)
 		for time.Now().Before(deadline) {
 			_, err := verifyGeneration(r)
