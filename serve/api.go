@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shmsteer/shmsteer/mirror"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -811,6 +812,8 @@ type Status struct {
 	StateDirty    bool    `json:"state_dirty"`
 	StateError    string  `json:"state_error,omitempty"`
 	UptimeSeconds float64 `json:"uptime_seconds"`
+	// Mirror is the NATS mirror's state (absent without --mirror).
+	Mirror *mirror.Status `json:"mirror,omitempty"`
 }
 
 // RegionStatus fills the region-level fields every process can read.
@@ -844,6 +847,10 @@ func (s *Server) status() (Status, error) {
 		out.StateError = *e
 	}
 	out.UptimeSeconds = time.Since(s.startedAt).Seconds()
+	if s.mirror != nil {
+		ms := s.mirror.Status()
+		out.Mirror = &ms
+	}
 	return out, nil
 }
 

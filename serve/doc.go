@@ -54,6 +54,19 @@
 // the restarted serve has restored its state, and then switches. Workers report their step
 // checksums with ReportChecksum (RPC OpReportChecksum); GET /v1/steering/dynamic shows them.
 //
+// # Several hosts
+//
+// With --mirror nats://HOST:PORT serve starts package mirror once the state is restored (so the
+// bucket's newer values are applied over it, not overwritten by it) and closes it at shutdown:
+// named vectors and global tiers written on this host (API, CLI, workers' RPCs) are published
+// to the JetStream bucket (--mirror-bucket, --mirror-creds), and other hosts' changes are
+// applied here and persisted like local ones. --host-id (default the hostname) names this host;
+// with --mirror-keys, keys written through serve's OpKeySet and OpKeyRemove (SetKey,
+// RemoveKey; `shmsteer keys rm`) are mirrored sealed; keys written with ipc's own
+// Client.Keys() stay on this host. GET /v1/status holds a "mirror" object and /metrics the
+// shmsteer_mirror_* series (both absent without --mirror); /readyz and local serving never
+// depend on NATS. Mirror options without --mirror are a configuration error.
+//
 // # State
 //
 // With --state-dir, state.bin holds the names and digests of the named vectors, the global
