@@ -54,6 +54,7 @@ type Config struct {
 	StateDir        string        `toml:"state_dir" help:"directory where state survives restarts (empty: none)"`
 	SecretFile      string        `toml:"secret_file" help:"file holding the shared secret (default: SHMSTEER_SECRET)"`
 	MaxBodyBytes    int64         `toml:"max_body_bytes" help:"largest request body accepted"`
+	MaxUploadBytes  int64         `toml:"max_upload_bytes" help:"largest vector file accepted by POST /v1/steering/vectors/import"`
 	PersistInterval time.Duration `toml:"persist_interval" help:"how soon latch changes from admissions are persisted"`
 	LogFormat       string        `toml:"log_format" help:"log format: text or json"`
 	LogLevel        string        `toml:"log_level" help:"log level: debug, info, warn or error"`
@@ -72,7 +73,7 @@ func DefaultConfig() Config {
 		IndexSlots: 1 << 16, ArenaBytes: 1 << 30, ReaderSlots: 256,
 		MaxConversations: steer.DefaultMaxConversations, MaxLatchedBytes: steer.DefaultMaxLatchedBytes,
 		LatchPolicy: "fifo", Grace: 60 * time.Second,
-		HTTP: "127.0.0.1:8677", MaxBodyBytes: 64 << 20, PersistInterval: time.Second,
+		HTTP: "127.0.0.1:8677", MaxBodyBytes: 64 << 20, MaxUploadBytes: 256 << 20, PersistInterval: time.Second,
 		LogFormat: "text", LogLevel: "info",
 	}
 }
@@ -226,6 +227,8 @@ func (c Config) Validate() error {
 		return bad("http address is empty: give host:port or unix:PATH")
 	case c.MaxBodyBytes < 1024:
 		return bad("max_body_bytes %d: at least 1024", c.MaxBodyBytes)
+	case c.MaxUploadBytes < 1024:
+		return bad("max_upload_bytes %d: at least 1024", c.MaxUploadBytes)
 	case c.PersistInterval <= 0:
 		return bad("persist_interval must be positive")
 	case c.LogFormat != "text" && c.LogFormat != "json":

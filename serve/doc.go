@@ -45,6 +45,23 @@
 // *_vector_refs ({name: strength}) in /set, POST /v1/requests/admit and /v1/requests/end (for a
 // scheduler that is not an ipc client), DELETE /v1/conversations/{tenant}/{id}, GET /v1/status.
 //
+// Vector files (package steer/vecfile): POST /v1/steering/vectors/import?name=N[&scale=S]
+// [&layers=A-B][&hook=H][&format=gguf|npy|npz|safetensors][&filename=F] takes the file as the
+// raw request body (not multipart; any content type, e.g. curl --data-binary @happy.gguf) and
+// registers it as named vector N like /v1/steering/vectors/register (same scoping: a tenant key
+// creates only "tenant/..."; persisted before the reply). scale, layers and hook are llama.cpp's
+// --control-vector-scaled, --control-vector-layer-range and the hook a GGUF direction steers
+// (default post_block); the format is detected unless given; filename only names the upload in
+// errors and helps detection. The body is capped at max_upload_bytes (a declared
+// Content-Length above it is refused before reading): 413 "too_large". A bad file is 422 with
+// type corrupt_file, dtype, shape, value_range, tensor_name or no_vectors; bad options are 400
+// (bad_options, need_layers, unknown_format, unknown_hook, ...); the message names the file,
+// the tensor and the expected shape, and nothing is registered. GET
+// /v1/steering/vectors/{name}/export[?format=gguf|npy|npz|safetensors] (default safetensors,
+// which holds any named vector; a '/' in name as is or %2F) returns the file as an attachment;
+// a format that cannot hold the vector (GGUF: post_block at layers >= 1; npy: one hook) is 422
+// "unrepresentable". Import → export → import is bitwise.
+//
 // # Workers
 //
 // Workers attach as ipc clients with the same secret and namespace. Serve accepts attaches as
