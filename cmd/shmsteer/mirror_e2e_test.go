@@ -143,7 +143,8 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 	url := startNATS(t)
 	bucket := fmt.Sprintf("e2e-%d", os.Getpid())
 	a := startServe(t, ns(t)+"-a", "", "--mirror", url, "--mirror-bucket", bucket, "--host-id", "host-a", "--mirror-keys")
-	b := startServe(t, ns(t)+"-b", "", "--mirror", url, "--mirror-bucket", bucket, "--host-id", "host-b", "--mirror-keys")
+	bState := filepath.Join(t.TempDir(), "state-b")
+	b := startServe(t, ns(t)+"-b", bState, "--mirror", url, "--mirror-bucket", bucket, "--host-id", "host-b", "--mirror-keys")
 
 	// A named vector registered on A is listed by B's API with the same digest.
 	reg := a.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "calm",
@@ -231,8 +232,27 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 		code, _ := h.s.call("GET", "/readyz", "", nil)
 		require.Equal(t, http.StatusOK, code)
 	}
+
+	// Changes applied from another host are persisted like local ones (within
+	// persist_interval, with no local write to trigger it): after a SIGKILL, B restarted
+	// without the mirror still has A's later vector.
+	saves := b.ok("GET", "/v1/status", nil)["state_saves"].(float64)
+	a.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "later",
+		"packed": map[string]any{"mlp_out": packed("float32", []int{2}, [][]float32{vec(2)})}})
+	waitFor(t, 10*time.Second, "A's later vector persisted on B", func() bool {
+		st := b.ok("GET", "/v1/status", nil)
+		return st["named_vectors"].(float64) == 2 && st["state_saves"].(float64) > saves && st["state_dirty"] == false
+	})
+	b.cmd.Process.Signal(syscall.SIGKILL)
+	<-b.done
+	b2 := startServe(t, b.ns, bState)
+	names := []string{}
+	for _, v := range b2.ok("GET", "/v1/steering/vectors", nil)["vectors"].([]any) {
+		names = append(names, v.(map[string]any)["name"].(string))
+	}
+	require.Equal(t, []string{"calm", "later"}, names)
 	require.NoError(t, a.stop(syscall.SIGTERM))
-	require.NoError(t, b.stop(syscall.SIGTERM))
+	require.NoError(t, b2.stop(syscall.SIGTERM))
 }
 
 // TestServeMirrorOff: without --mirror, status has no mirror object and /metrics no mirror
