@@ -65,3 +65,24 @@ func TestKeyRPCs(t *testing.T) {
 		require.Equal(t, tc.writes, rk.writes, name)
 	}
 }
+
+// FuzzKeySetRequest: any request bytes either decode to one write of the id and key they hold
+// or are refused with ErrBadInput and write nothing; never a panic.
+func FuzzKeySetRequest(f *testing.F) {
+	f.Add([]byte{5, 0, 'r', 'e', 'q', '-', '1', 1, 2, 3})
+	f.Add([]byte{0, 0})
+	f.Add([]byte{0xff, 0xff, 'a'})
+	f.Add([]byte{1})
+	f.Fuzz(func(t *testing.T, req []byte) {
+		rk := &recordingKeys{}
+		s := &Server{keyw: rk, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		_, err := s.handleKeySet(req)
+		if err != nil {
+			require.ErrorIs(t, err, ErrBadInput)
+			require.Empty(t, rk.writes)
+			return
+		}
+		n := int(binary.LittleEndian.Uint16(req))
+		require.Equal(t, []string{fmt.Sprintf("set %s %x", req[2:2+n], req[2+n:])}, rk.writes)
+	})
+}
