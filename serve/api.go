@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shmsteer/shmsteer/mirror"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -29,12 +30,15 @@ var (
 	ErrNotPersisted = errors.New("shmsteer: change applied but not persisted")
 )
 
-// apiErrors maps sentinels to an HTTP status and the error "type" in replies; first match wins.
-var apiErrors = []struct {
+type apiError struct {
 	err    error
 	status int
 	typ    string
-}{
+}
+
+// apiErrors maps sentinels to an HTTP status and the error "type" in replies; first match wins
+// (vecfileErrors are tried first).
+var apiErrors = []apiError{
 	{ErrUnauthorized, http.StatusUnauthorized, "unauthorized"},
 	{ErrForbidden, http.StatusForbidden, "forbidden"},
 	{ErrNotFound, http.StatusNotFound, "not_found"},
@@ -75,7 +79,7 @@ func writeError(w http.ResponseWriter, err error) {
 	if errors.As(err, &mbe) {
 		code, typ = http.StatusRequestEntityTooLarge, "too_large"
 	} else {
-		for _, e := range apiErrors {
+		for _, e := range slices.Concat(vecfileErrors, apiErrors) {
 			if errors.Is(err, e.err) {
 				code, typ = e.status, e.typ
 				break
@@ -89,6 +93,21 @@ type apiFunc func(r *http.Request, p principal, body []byte) (any, error)
 
 // api wraps a /v1/ handler: authentication, the body cap, timing, JSON replies.
 func (s *Server) api(route string, h apiFunc) http.HandlerFunc {
+	return s.apiStream(route, func(w http.ResponseWriter, r *http.Request, p principal) (any, error) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+		if err != nil {
+			return nil, err
+		}
+		return h(r, p, body)
+	})
+}
+
+// streamFunc handles a /v1/ call that reads the body itself or writes a reply other than
+// JSON; it returns (nil, nil) when it has written the reply.
+type streamFunc func(w http.ResponseWriter, r *http.Request, p principal) (any, error)
+
+// apiStream wraps a /v1/ handler: authentication, timing, JSON replies and errors.
+func (s *Server) apiStream(route string, h streamFunc) http.HandlerFunc {
 	return s.met.timeHTTP(route, func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.keys.authenticate(r)
 		if err != nil {
@@ -96,17 +115,14 @@ func (s *Server) api(route string, h apiFunc) http.HandlerFunc {
 			writeError(w, err)
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+		out, err := h(w, r, p)
 		if err != nil {
 			writeError(w, err)
 			return
 		}
-		out, err := h(r, p, body)
-		if err != nil {
-			writeError(w, err)
-			return
+		if out != nil {
+			writeJSON(w, http.StatusOK, out)
 		}
-		writeJSON(w, http.StatusOK, out)
 	})
 }
 
@@ -146,6 +162,8 @@ func (s *Server) routes() http.Handler {
 		route := rt.pattern[strings.IndexByte(rt.pattern, ' ')+1:]
 		mux.HandleFunc(rt.pattern, s.api(route, rt.h))
 	}
+	mux.HandleFunc("POST /v1/steering/vectors/import", s.apiStream("/v1/steering/vectors/import", s.importVector))
+	mux.HandleFunc("GET /v1/steering/vectors/{rest...}", s.apiStream("/v1/steering/vectors/{name}/export", s.exportVector))
 	mux.HandleFunc("/v1/", s.api("other", func(*http.Request, principal, []byte) (any, error) {
 		return nil, fmt.Errorf("%w: no such endpoint or method", ErrNotFound)
 	}))
@@ -811,6 +829,8 @@ type Status struct {
 	StateDirty    bool    `json:"state_dirty"`
 	StateError    string  `json:"state_error,omitempty"`
 	UptimeSeconds float64 `json:"uptime_seconds"`
+	// Mirror is the NATS mirror's state (absent without --mirror).
+	Mirror *mirror.Status `json:"mirror,omitempty"`
 }
 
 // RegionStatus fills the region-level fields every process can read.
@@ -844,6 +864,10 @@ func (s *Server) status() (Status, error) {
 		out.StateError = *e
 	}
 	out.UptimeSeconds = time.Since(s.startedAt).Seconds()
+	if s.mirror != nil {
+		ms := s.mirror.Status()
+		out.Mirror = &ms
+	}
 	return out, nil
 }
 

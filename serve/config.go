@@ -3,8 +3,10 @@ package serve
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,9 +54,16 @@ type Config struct {
 	StateDir        string        `toml:"state_dir" help:"directory where state survives restarts (empty: none)"`
 	SecretFile      string        `toml:"secret_file" help:"file holding the shared secret (default: SHMSTEER_SECRET)"`
 	MaxBodyBytes    int64         `toml:"max_body_bytes" help:"largest request body accepted"`
+	MaxUploadBytes  int64         `toml:"max_upload_bytes" help:"largest vector file accepted by POST /v1/steering/vectors/import"`
 	PersistInterval time.Duration `toml:"persist_interval" help:"how soon latch changes from admissions are persisted"`
 	LogFormat       string        `toml:"log_format" help:"log format: text or json"`
 	LogLevel        string        `toml:"log_level" help:"log level: debug, info, warn or error"`
+
+	Mirror       string `toml:"mirror" help:"NATS server(s) to mirror steering state through with other hosts, nats://HOST:PORT[,...] (empty: no mirror)"`
+	MirrorBucket string `toml:"mirror_bucket" help:"JetStream key-value bucket of the mirror, the same on every host (empty: shmsteer)"`
+	MirrorCreds  string `toml:"mirror_creds" help:"NATS credentials file (JWT and nkey seed) for the mirror"`
+	MirrorKeys   bool   `toml:"mirror_keys" help:"mirror the per-request keys too (sealed with a key derived from the secret)"`
+	HostID       string `toml:"host_id" help:"this host's id in the mirror, distinct per host (empty: the hostname)"`
 }
 
 // DefaultConfig is the configuration before the file, environment and flags.
@@ -64,7 +73,7 @@ func DefaultConfig() Config {
 		IndexSlots: 1 << 16, ArenaBytes: 1 << 30, ReaderSlots: 256,
 		MaxConversations: steer.DefaultMaxConversations, MaxLatchedBytes: steer.DefaultMaxLatchedBytes,
 		LatchPolicy: "fifo", Grace: 60 * time.Second,
-		HTTP: "127.0.0.1:8677", MaxBodyBytes: 64 << 20, PersistInterval: time.Second,
+		HTTP: "127.0.0.1:8677", MaxBodyBytes: 64 << 20, MaxUploadBytes: 256 << 20, PersistInterval: time.Second,
 		LogFormat: "text", LogLevel: "info",
 	}
 }
@@ -103,6 +112,8 @@ func BindFlags(fs *pflag.FlagSet) {
 			fs.Duration(name, *p, f.help)
 		case *[]string:
 			fs.StringSlice(name, *p, f.help)
+		case *bool:
+			fs.Bool(name, *p, f.help)
 		}
 	}
 }
@@ -167,6 +178,12 @@ func setField(v reflect.Value, s string) error {
 			return err
 		}
 		*p = d
+	case *bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return err
+		}
+		*p = b
 	case *[]string:
 		*p = nil
 		for _, x := range strings.Split(s, ",") {
@@ -210,6 +227,8 @@ func (c Config) Validate() error {
 		return bad("http address is empty: give host:port or unix:PATH")
 	case c.MaxBodyBytes < 1024:
 		return bad("max_body_bytes %d: at least 1024", c.MaxBodyBytes)
+	case c.MaxUploadBytes < 1024:
+		return bad("max_upload_bytes %d: at least 1024", c.MaxUploadBytes)
 	case c.PersistInterval <= 0:
 		return bad("persist_interval must be positive")
 	case c.LogFormat != "text" && c.LogFormat != "json":
@@ -219,6 +238,29 @@ func (c Config) Validate() error {
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return bad("%v", err)
+	}
+	return c.validateMirror()
+}
+
+// validateMirror checks the mirror settings: the other mirror_* settings and host_id mean
+// nothing without mirror, so giving them alone is a mistake worth saying.
+func (c Config) validateMirror() error {
+	if c.Mirror == "" {
+		if c.MirrorBucket != "" || c.MirrorCreds != "" || c.MirrorKeys || c.HostID != "" {
+			return fmt.Errorf("%w: mirror_bucket, mirror_creds, mirror_keys and host_id need mirror (--mirror nats://HOST:PORT)", ErrConfig)
+		}
+		return nil
+	}
+	for _, u := range strings.Split(c.Mirror, ",") {
+		pu, err := url.Parse(strings.TrimSpace(u))
+		if err != nil || pu.Host == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, pu.Scheme) {
+			return fmt.Errorf("%w: mirror %q: want nats://HOST:PORT (or tls://, ws://, wss://), comma-separated for a cluster", ErrConfig, u)
+		}
+	}
+	if c.MirrorCreds != "" {
+		if _, err := os.Stat(c.MirrorCreds); err != nil {
+			return fmt.Errorf("%w: mirror_creds: %w", ErrConfig, err)
+		}
 	}
 	return nil
 }

@@ -45,6 +45,23 @@
 // *_vector_refs ({name: strength}) in /set, POST /v1/requests/admit and /v1/requests/end (for a
 // scheduler that is not an ipc client), DELETE /v1/conversations/{tenant}/{id}, GET /v1/status.
 //
+// Vector files (package steer/vecfile): POST /v1/steering/vectors/import?name=N[&scale=S]
+// [&layers=A-B][&hook=H][&format=gguf|npy|npz|safetensors][&filename=F] takes the file as the
+// raw request body (not multipart; any content type, e.g. curl --data-binary @happy.gguf) and
+// registers it as named vector N like /v1/steering/vectors/register (same scoping: a tenant key
+// creates only "tenant/..."; persisted before the reply). scale, layers and hook are llama.cpp's
+// --control-vector-scaled, --control-vector-layer-range and the hook a GGUF direction steers
+// (default post_block); the format is detected unless given; filename only names the upload in
+// errors and helps detection. The body is capped at max_upload_bytes (a declared
+// Content-Length above it is refused before reading): 413 "too_large". A bad file is 422 with
+// type corrupt_file, dtype, shape, value_range, tensor_name or no_vectors; bad options are 400
+// (bad_options, need_layers, unknown_format, unknown_hook, ...); the message names the file,
+// the tensor and the expected shape, and nothing is registered. GET
+// /v1/steering/vectors/{name}/export[?format=gguf|npy|npz|safetensors] (default safetensors,
+// which holds any named vector; a '/' in name as is or %2F) returns the file as an attachment;
+// a format that cannot hold the vector (GGUF: post_block at layers >= 1; npy: one hook) is 422
+// "unrepresentable". Import → export → import is bitwise.
+//
 // # Workers
 //
 // Workers attach as ipc clients with the same secret and namespace. Serve accepts attaches as
@@ -53,6 +70,19 @@
 // ipc.Follower with Ready: IsReady, so it keeps reading the old region (flagged dead) until
 // the restarted serve has restored its state, and then switches. Workers report their step
 // checksums with ReportChecksum (RPC OpReportChecksum); GET /v1/steering/dynamic shows them.
+//
+// # Several hosts
+//
+// With --mirror nats://HOST:PORT serve starts package mirror once the state is restored (so the
+// bucket's newer values are applied over it, not overwritten by it) and closes it at shutdown:
+// named vectors and global tiers written on this host (API, CLI, workers' RPCs) are published
+// to the JetStream bucket (--mirror-bucket, --mirror-creds), and other hosts' changes are
+// applied here and persisted like local ones. --host-id (default the hostname) names this host;
+// with --mirror-keys, keys written through serve's OpKeySet and OpKeyRemove (SetKey,
+// RemoveKey; `shmsteer keys rm`) are mirrored sealed; keys written with ipc's own
+// Client.Keys() stay on this host. GET /v1/status holds a "mirror" object and /metrics the
+// shmsteer_mirror_* series (both absent without --mirror); /readyz and local serving never
+// depend on NATS. Mirror options without --mirror are a configuration error.
 //
 // # State
 //

@@ -69,6 +69,22 @@ func newMetrics(s *Server) *metrics {
 	add("modules", "steering_modules", "Registered steering modules.", g)
 	add("state_saves", "state_saves_total", "State files written since start.", ct)
 	add("api_keys", "api_keys", "API keys configured.", g)
+	// The mirror's series exist only with --mirror.
+	add("m_connected", "mirror_connected", "1 while the mirror's NATS connection is up, else 0 (local serving goes on either way).", g)
+	add("m_ready", "mirror_ready", "1 once the mirror's bucket is open, else 0.", g)
+	add("m_synced", "mirror_initial_sync_done", "1 once the bucket's content at start has been applied to this host, else 0.", g)
+	add("m_queue", "mirror_queue_depth", "Local changes waiting to be published to NATS (outgoing lag, in changes).", g)
+	add("m_queue_limit", "mirror_queue_limit", "Most distinct local changes the mirror queues before refusing (queue full).", g)
+	add("m_oldest", "mirror_oldest_queued_seconds", "Age of the oldest local change not yet published (outgoing lag; 0: none).", g)
+	add("m_pending_in", "mirror_pending_in", "Bucket changes not yet delivered to this host as of the last delivery (incoming lag).", g)
+	add("m_last_applied", "mirror_last_applied_timestamp_seconds", "Unix time of the last change applied from another host (0: none yet).", g)
+	add("m_published", "mirror_published_total", "Local changes stored in the bucket.", ct)
+	add("m_applied", "mirror_applied_total", "Changes of other hosts applied to the local region.", ct)
+	add("m_stale", "mirror_stale_total", "Changes of other hosts superseded by a newer value here (last writer wins).", ct)
+	add("m_rejected", "mirror_rejected_total", "Bucket values rejected as not decodable or invalid (keys failing authentication count in mirror_tampered_total).", ct)
+	add("m_tampered", "mirror_tampered_total", "Sealed key values that failed authentication (tampered, or another secret).", ct)
+	add("m_queue_full", "mirror_queue_full_total", "Local changes not mirrored because the queue was full (the local write stands).", ct)
+	add("m_reconnects", "mirror_reconnects_total", "Reconnections of the mirror to NATS.", ct)
 	m.reg.MustRegister(c, m.http, m.rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -115,6 +131,33 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	emit("modules", float64(st.Modules))
 	emit("state_saves", float64(st.StateSaves))
 	emit("api_keys", float64(st.APIKeys))
+	if ms := st.Mirror; ms != nil {
+		b := func(v bool) float64 {
+			if v {
+				return 1
+			}
+			return 0
+		}
+		emit("m_connected", b(ms.Connected))
+		emit("m_ready", b(ms.Ready))
+		emit("m_synced", b(ms.InitialSync))
+		emit("m_queue", float64(ms.QueueDepth))
+		emit("m_queue_limit", float64(ms.QueueLimit))
+		emit("m_oldest", ms.OldestQueued.Seconds())
+		emit("m_pending_in", float64(ms.PendingIn))
+		lastApplied := 0.0
+		if !ms.LastApplied.IsZero() {
+			lastApplied = float64(ms.LastApplied.UnixNano()) / 1e9
+		}
+		emit("m_last_applied", lastApplied)
+		emit("m_published", float64(ms.Published))
+		emit("m_applied", float64(ms.Applied))
+		emit("m_stale", float64(ms.Stale))
+		emit("m_rejected", float64(ms.Rejected))
+		emit("m_tampered", float64(ms.Tampered))
+		emit("m_queue_full", float64(ms.QueueFull))
+		emit("m_reconnects", float64(ms.Reconnects))
+	}
 }
 
 var opNames = map[uint16]string{steer.OpRegister: "register", steer.OpUnregister: "unregister",

@@ -232,16 +232,22 @@ func TestConfigLayers(t *testing.T) {
 		env  map[string]string
 		args []string
 	}{
-		"unknown key":  {toml: "nope = 1\n"},
-		"bad toml":     {toml: "hidden = \n"},
-		"bad env":      {env: map[string]string{"SHMSTEER_HIDDEN": "x"}},
-		"bad policy":   {args: []string{"--latch-policy", "x"}},
-		"bad hidden":   {args: []string{"--hidden", "0"}},
-		"bad format":   {args: []string{"--log-format", "xml"}},
-		"dup hooks":    {args: []string{"--hooks", "a,a"}},
-		"empty ns":     {env: map[string]string{"SHMSTEER_NAMESPACE": ""}, args: []string{"--namespace", ""}},
-		"tiny body":    {args: []string{"--max-body-bytes", "10"}},
-		"persist zero": {args: []string{"--persist-interval", "0s"}},
+		"unknown key":   {toml: "nope = 1\n"},
+		"bad toml":      {toml: "hidden = \n"},
+		"bad env":       {env: map[string]string{"SHMSTEER_HIDDEN": "x"}},
+		"bad policy":    {args: []string{"--latch-policy", "x"}},
+		"bad hidden":    {args: []string{"--hidden", "0"}},
+		"bad format":    {args: []string{"--log-format", "xml"}},
+		"dup hooks":     {args: []string{"--hooks", "a,a"}},
+		"empty ns":      {env: map[string]string{"SHMSTEER_NAMESPACE": ""}, args: []string{"--namespace", ""}},
+		"tiny body":     {args: []string{"--max-body-bytes", "10"}},
+		"persist zero":  {args: []string{"--persist-interval", "0s"}},
+		"host id alone": {args: []string{"--host-id", "h1"}},
+		"keys alone":    {env: map[string]string{"SHMSTEER_MIRROR_KEYS": "true"}},
+		"mirror scheme": {args: []string{"--mirror", "http://127.0.0.1:4222"}},
+		"mirror host":   {args: []string{"--mirror", "nats://"}},
+		"mirror creds":  {args: []string{"--mirror", "nats://n:4222", "--mirror-creds", "/nonexistent/creds"}},
+		"bad bool":      {args: []string{"--mirror", "nats://n:4222"}, env: map[string]string{"SHMSTEER_MIRROR_KEYS": "maybe"}},
 	} {
 		fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
 		BindFlags(fs)
@@ -255,6 +261,31 @@ func TestConfigLayers(t *testing.T) {
 		_, err := Load(fs, func(k string) string { return tc.env[k] })
 		require.ErrorIs(t, err, ErrConfig, name)
 	}
+}
+
+// TestConfigMirror: the mirror settings come from the file, the environment and the flags
+// like the others (mirror_keys is a boolean).
+func TestConfigMirror(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.toml")
+	require.NoError(t, os.WriteFile(file, []byte("mirror = \"nats://10.0.0.1:4222,nats://10.0.0.2:4222\"\nmirror_bucket = \"prod\"\nhost_id = \"file-host\"\n"), 0o600))
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	BindFlags(fs)
+	require.NoError(t, fs.Parse([]string{"--config", file, "--host-id", "gpu-07"}))
+	c, err := Load(fs, func(k string) string { return map[string]string{"SHMSTEER_MIRROR_KEYS": "true"}[k] })
+	require.NoError(t, err)
+	require.Equal(t, "nats://10.0.0.1:4222,nats://10.0.0.2:4222", c.Mirror)
+	require.Equal(t, "prod", c.MirrorBucket)
+	require.Equal(t, "gpu-07", c.HostID) // flag over file
+	require.True(t, c.MirrorKeys)        // env
+	require.Empty(t, c.MirrorCreds)
+
+	fs = pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	BindFlags(fs)
+	require.NoError(t, fs.Parse([]string{"--mirror", "nats://n:4222", "--mirror-keys"}))
+	c, err = Load(fs, func(string) string { return "" })
+	require.NoError(t, err)
+	require.True(t, c.MirrorKeys)
+	require.Empty(t, c.HostID, "empty: the mirror takes the hostname")
 }
 
 func TestAPIKeyFileMode(t *testing.T) {

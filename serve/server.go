@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/mirror"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -45,6 +46,9 @@ type Server struct {
 	keys  apiKeys
 	store *stateStore // nil without --state-dir
 	met   *metrics
+
+	mirror *mirror.Mirror // nil without --mirror; set before the control API serves
+	keyw   keyWriter      // the owner's key registry, through the mirror with --mirror-keys
 
 	mu      sync.Mutex // serializes mutations through the API and state captures
 	modules map[string]module
@@ -105,6 +109,13 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 		sec := ipc.NewSecret(b)
 		clear(b)
 		secret = &sec
+	} else if cfg.MirrorKeys {
+		// The mirror seals keys with a key derived from the secret, and the owner drops
+		// SHMSTEER_SECRET from the environment once read: resolve it here for both. A failure
+		// is left to NewOwner, which says what is missing.
+		if sec, err := ipc.SecretFromEnv(); err == nil {
+			secret = &sec
+		}
 	}
 	if cfg.StateDir != "" {
 		if s.store, err = openStateStore(cfg.StateDir); err != nil {
@@ -153,6 +164,9 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	s.eng.Serve(persisting)
 	s.eng.ServeGlobal(persisting)
 	handle(OpReportChecksum, s.checks.handle)
+	s.keyw = s.owner.Keys()
+	handle(OpKeySet, s.handleKeySet)
+	handle(OpKeyRemove, s.handleKeyRemove)
 
 	t0 := time.Now()
 	restored, err := s.restore()
@@ -169,6 +183,12 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 		log.Info("state restored", "dir", cfg.StateDir, "took", time.Since(t0).String())
 	case s.store != nil:
 		log.Info("no saved state yet; starting empty", "dir", cfg.StateDir)
+	}
+	if cfg.Mirror != "" {
+		if err := s.startMirror(ctx, secret); err != nil {
+			return err
+		}
+		defer s.mirror.Close()
 	}
 
 	// SIGHUP is caught before the address is announced: its default action would end serve.
@@ -216,6 +236,12 @@ loop:
 	if err := srv.Shutdown(sctx); err != nil {
 		runErr = errors.Join(runErr, fmt.Errorf("shmsteer: control API shutdown: %w", err))
 	}
+	if s.mirror != nil {
+		if q := s.mirror.Status().QueueDepth; q > 0 {
+			log.Warn("mirror stopped with changes not yet published", "queued", q)
+		}
+		s.mirror.Close()
+	}
 	if s.store != nil {
 		if err := s.persist(); err != nil {
 			runErr = errors.Join(runErr, err)
@@ -229,6 +255,33 @@ loop:
 		os.Remove(strings.TrimPrefix(cfg.HTTP, "unix:"))
 	}
 	return runErr
+}
+
+// startMirror starts mirroring through NATS after the restore, so the restored state does not
+// count as new writes that would win over newer values in the bucket: the bucket's values are
+// applied over it instead. It does not wait for NATS (local serving never depends on it).
+// Changes applied from other hosts mark the state dirty, so they are persisted like the rest.
+func (s *Server) startMirror(ctx context.Context, secret *ipc.Secret) error {
+	m, err := mirror.Start(ctx, mirror.Options{URL: s.cfg.Mirror, Bucket: s.cfg.MirrorBucket, CredsFile: s.cfg.MirrorCreds,
+		HostID: s.cfg.HostID, MirrorKeys: s.cfg.MirrorKeys, Secret: secret, Engine: s.eng, Keys: s.owner.Keys(), Logger: s.log})
+	if errors.Is(err, mirror.ErrBadOptions) {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	} else if err != nil {
+		return err
+	}
+	s.mirror = m
+	if k := m.Keys(); k != nil {
+		s.keyw = k
+	}
+	unhook := s.eng.OnChange(func(c steer.Change) {
+		if c.Origin != "" {
+			s.dirty.Store(true)
+		}
+	})
+	go func() { <-ctx.Done(); unhook() }()
+	st := m.Status()
+	s.log.Info("mirroring steering state", "nats", s.cfg.Mirror, "bucket", st.Bucket, "host_id", st.HostID, "keys", s.cfg.MirrorKeys)
+	return nil
 }
 
 func listen(addr string) (net.Listener, string, error) {

@@ -170,7 +170,7 @@ re-reads --api-key-file.`,
 		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error { return cs.KeysList(stdout) })}
 	keysRm := &cobra.Command{Use: "rm REQUEST_ID", Short: "Revoke a request's key (purged after the owner's grace)", Args: args(1),
 		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
-			return cs.Client.Keys().Remove(a[0])
+			return serve.RemoveKey(cs.Client, a[0]) // through serve: mirrored with --mirror-keys
 		})}
 	clientFlags(keysLs.Flags())
 	clientFlags(keysRm.Flags())

@@ -16,6 +16,7 @@ import (
 // roles as main does.
 // It also builds the shmsteer binary once into a temporary directory for the end-to-end tests.
 func TestMain(m *testing.M) {
+	runNATSIfRequested()
 	bench.RunChildIfRequested(map[string]bench.ChildFunc{keysChildRole: keysChild})
 	dir, err := os.MkdirTemp("", "shmsteer-e2e-")
 	if err != nil {
