@@ -680,13 +680,7 @@ func shmsteerGo_vector_unregister(h C.uint64_t, name *C.char, nameLen C.size_t, 
 		return badArg("name")
 	}
 	v, err := inst.eng.Unregister(strings.Clone(sname))
-	if err != nil {
-		return fail(err)
-	}
-	if version != nil {
-		*version = C.uint64_t(v)
-	}
-	return C.SHMSTEER_OK
+	return versionOut(version, v, err)
 }
 
 func decodeJSON(p *C.char, n C.size_t, v any) error {
@@ -721,13 +715,7 @@ func shmsteerGo_global_set_json(h C.uint64_t, js *C.char, jsLen C.size_t, versio
 		return fail(err)
 	}
 	v, err := inst.eng.SetGlobal(s)
-	if err != nil {
-		return fail(err)
-	}
-	if version != nil {
-		*version = C.uint64_t(v)
-	}
-	return C.SHMSTEER_OK
+	return versionOut(version, v, err)
 }
 
 // admissionJSON is the admission JSON of shmsteer_request_admit_json.
@@ -774,13 +762,7 @@ func shmsteerGo_request_end(h C.uint64_t, id *C.char, idLen C.size_t, version *C
 		return badArg("id")
 	}
 	v, err := inst.eng.End(strings.Clone(sid))
-	if err != nil {
-		return fail(err)
-	}
-	if version != nil {
-		*version = C.uint64_t(v)
-	}
-	return C.SHMSTEER_OK
+	return versionOut(version, v, err)
 }
 
 //export shmsteerGo_stepper_new
@@ -918,6 +900,18 @@ func shmsteerGo_stepper_effective(h C.uint64_t, id *C.char, idLen C.size_t, hook
 	out.version = C.uint64_t(eff.Version)
 	for i, b := range eff.Digest {
 		out.digest[i] = C.uint8_t(b)
+	}
+	return C.SHMSTEER_OK
+}
+
+// versionOut ends a call that returns a region version: the error's code, or OK with *version
+// set (when version is not NULL).
+func versionOut(version *C.uint64_t, v uint64, err error) C.int {
+	if err != nil {
+		return fail(err)
+	}
+	if version != nil {
+		*version = C.uint64_t(v)
 	}
 	return C.SHMSTEER_OK
 }

@@ -1,10 +1,8 @@
 package ipc
 
 import (
-	"bufio"
 	"os"
 	"os/exec"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -42,31 +40,9 @@ func startProcNS(t *testing.T, ownProc bool, role string, env ...string) *proc {
 	if err := probe.Run(); err != nil {
 		t.Skipf("cannot start a process in a new PID namespace here (%v): needs root or user namespaces", err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, SecretEnv+"=") && !strings.HasPrefix(kv, "SHMSTEER_TEST_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, roleEnv+"="+role)
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stderr = os.Stderr
+	cmd := helperCmd(os.Args[0], role, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}
-	in, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	outp, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &proc{t: t, cmd: cmd, in: in, lines: make(chan string, 16)}
-	go func() {
-		sc := bufio.NewScanner(outp)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	t.Cleanup(p.kill)
-	return p
+	return runProc(t, cmd)
 }
 
 // TestProcClientKilledPIDNamespace is TestProcClientKilled with the clients in PID namespaces

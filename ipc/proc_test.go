@@ -267,13 +267,22 @@ func startProc(t testing.TB, role string, env ...string) *proc {
 // if not nil (see nobodyExe).
 func startProcAs(t testing.TB, exe string, cred *syscall.Credential, role string, env ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(exe, "-test.run=^TestHelperProcess$", "-test.count=1")
 	if cred != nil {
 		dir := filepath.Dir(exe)
-		cmd.Dir = dir
 		env = append(env, "HOME="+dir, "TMPDIR="+dir)
+	}
+	cmd := helperCmd(exe, role, env...)
+	if cred != nil {
+		cmd.Dir = filepath.Dir(exe)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
 	}
+	return runProc(t, cmd)
+}
+
+// helperCmd is the command of a helper process in role: exe (the test binary or a copy) with
+// this process's environment, less the secret and other tests' variables, plus env.
+func helperCmd(exe, role string, env ...string) *exec.Cmd {
+	cmd := exec.Command(exe, "-test.run=^TestHelperProcess$", "-test.count=1")
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, SecretEnv+"=") && !strings.HasPrefix(kv, "SHMSTEER_TEST_") {
 			cmd.Env = append(cmd.Env, kv)
@@ -282,6 +291,12 @@ func startProcAs(t testing.TB, exe string, cred *syscall.Credential, role string
 	cmd.Env = append(cmd.Env, roleEnv+"="+role)
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+// runProc starts cmd and reads its answers line by line; the test kills it at the end.
+func runProc(t testing.TB, cmd *exec.Cmd) *proc {
+	t.Helper()
 	in, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	outp, err := cmd.StdoutPipe()
