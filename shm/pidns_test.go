@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
@@ -83,6 +84,18 @@ func childPinStop(r *Region) int {
 	select {}
 }
 
+// slotDump describes every claimed slot, for failure messages.
+func slotDump(r *Region) string {
+	var b strings.Builder
+	for i := uint64(0); i < r.l.readerSlots; i++ {
+		o := slotOff(i)
+		if w := load64(r.readers, o+slotOwner); w != 0 {
+			fmt.Fprintf(&b, "[slot %d owner %#x pin %d pid %d held %v] ", i, w, load64(r.readers, o+slotPin), load64(r.readers, o+slotPID), slotHeld(r.files[1], o))
+		}
+	}
+	return b.String()
+}
+
 func slotsOf(r *Region, lease uint64) int {
 	n := 0
 	for i := uint64(0); i < r.l.readerSlots; i++ {
@@ -126,10 +139,15 @@ func TestKillReadersPIDNamespace(t *testing.T) {
 				require.GreaterOrEqual(t, slotsOf(r, leases[i]), 1)
 			}
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
-			killAt := map[uint64]int{}
+			killAt := map[uint64]int{} // generation → holder, one holder per generation
 			for i := range holders {
-				killAt[uint64(10+rng.IntN(stop-40))] = i
+				g := uint64(10 + rng.IntN(stop-40))
+				for _, taken := killAt[g]; taken; _, taken = killAt[g] {
+					g++
+				}
+				killAt[g] = i
 			}
+			require.Len(t, killAt, len(holders), "every holder is killed")
 			var worst time.Duration
 			for gen := uint64(2); gen <= stop+20; gen++ {
 				require.Eventually(t, func() bool {
@@ -162,12 +180,15 @@ func TestKillReadersPIDNamespace(t *testing.T) {
 				require.Contains(t, outs[i].String(), "OK", "no torn read: %s", outs[i].String())
 			}
 			t.Logf("%s: slots of killed readers freed within %v (sweeping every 5 ms)", mode.name, worst)
-			require.Eventually(t, func() bool {
+			ok := assert.Eventually(t, func() bool {
 				r.SweepReaders()
 				require.NoError(t, r.Reclaim())
 				st := r.Stats()
 				return st.ReadersClaimed == 0 && st.RetiredBytes == 0
-			}, 5*time.Second, 10*time.Millisecond)
+			}, 10*time.Second, 10*time.Millisecond)
+			if !ok {
+				t.Fatalf("not everything reclaimed: %+v; slots: %s", r.Stats(), slotDump(r))
+			}
 		})
 	}
 }
