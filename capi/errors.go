@@ -112,6 +112,7 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_UNREPRESENTABLE, "vecfile.ErrUnrepresentable", vecfile.ErrUnrepresentable},
 	{C.SHMSTEER_E_FILE_OPTIONS, "vecfile.ErrBadOptions", vecfile.ErrBadOptions},
 
+	{C.SHMSTEER_E_MARKED, "shm.ErrMarked", shm.ErrMarked}, // before ErrNotFound, which it wraps
 	{C.SHMSTEER_E_NOT_FOUND, "shm.ErrNotFound", shm.ErrNotFound},
 	{C.SHMSTEER_E_REGION_FULL, "shm.ErrRegionFull", shm.ErrRegionFull},
 	{C.SHMSTEER_E_SHM_KEY_TOO_LONG, "shm.ErrKeyTooLong", shm.ErrKeyTooLong},
@@ -130,7 +131,6 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_VALUE_TOO_LARGE, "shm.ErrValueTooLarge", shm.ErrValueTooLarge},
 	{C.SHMSTEER_E_UNSUPPORTED, "shm.ErrUnsupported", shm.ErrUnsupported},
 	{C.SHMSTEER_E_LEASE_UNAVAILABLE, "shm.ErrLeaseUnavailable", shm.ErrLeaseUnavailable},
-	{C.SHMSTEER_E_MARKED, "shm.ErrMarked", shm.ErrMarked},
 }
 
 // codeOf finds err's code; SHMSTEER_E_OTHER when it wraps no known sentinel.

@@ -48,8 +48,15 @@ var (
 	// its life: it needs /proc mounted (to reopen the reader file privately) and OFD locks.
 	ErrLeaseUnavailable = errors.New("shmsteer: cannot take a reader-slot lease")
 	// ErrMarked means a key has no value but carries a mark (Tx.Mark) at the version read: the
-	// key registry's revoked sentinel.
-	ErrMarked = errors.New("shmsteer: key is marked")
+	// key registry's revoked sentinel. It matches ErrNotFound too (there is no value); test
+	// for ErrMarked first where the difference matters.
+	ErrMarked error = &markedError{}
 	// ErrUnsupported means this operating system lacks memfd; shmsteer needs Linux.
 	ErrUnsupported = errors.New("shmsteer: shared regions need Linux memfd")
 )
+
+// markedError is ErrMarked: a sentinel that also matches ErrNotFound.
+type markedError struct{}
+
+func (*markedError) Error() string { return "shmsteer: key is marked (it has no value)" }
+func (*markedError) Unwrap() error { return ErrNotFound }

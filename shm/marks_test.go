@@ -156,3 +156,9 @@ func TestRegionFullSaysWhich(t *testing.T) {
 	require.Contains(t, err.Error(), "arena")
 	require.Contains(t, err.Error(), "ArenaBytes")
 }
+
+// TestErrMarkedIsNotFound: a marked key has no value, so ErrMarked matches ErrNotFound too.
+func TestErrMarkedIsNotFound(t *testing.T) {
+	require.ErrorIs(t, ErrMarked, ErrNotFound)
+	require.NotErrorIs(t, ErrNotFound, ErrMarked)
+}

@@ -5,7 +5,8 @@ Every error code of ``shmsteer.h`` has one class here, named after its Go sentin
 several also derive from the built-in exception a Python caller would expect (a missing key is
 a :class:`KeyError`, a bad argument a :class:`ValueError`, a dead owner a
 :class:`ConnectionError`). Sentinels that match one another with ``errors.Is`` in Go are
-subclasses here: :class:`IncompatibleError` (ipc) is a :class:`LayoutIncompatibleError` (shm).
+subclasses here: :class:`IncompatibleError` (ipc) is a :class:`LayoutIncompatibleError` (shm), and
+:class:`MarkedError` a :class:`NotFoundError`.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ _TABLE: Tuple[Tuple[int, str, str, Tuple[type, ...], str], ...] = (
     (25, "shm.ErrValueTooLarge", "ValueTooLargeError", (ValueError,), ""),
     (26, "shm.ErrUnsupported", "UnsupportedError", (), ""),
     (27, "shm.ErrLeaseUnavailable", "LeaseUnavailableError", (), ""),
-    (28, "shm.ErrMarked", "MarkedError", (LookupError,), ""),
+    (28, "shm.ErrMarked", "MarkedError", (), "NotFoundError"),
     (30, "ipc.ErrAuthSecretNotDefined", "AuthSecretNotDefinedError", (), ""),
     (31, "ipc.ErrNotYetInitialized", "NotYetInitializedError", (), ""),
     (32, "ipc.ErrPreviouslyInitialized", "PreviouslyInitializedError", (), ""),
