@@ -19,13 +19,24 @@ package steer
 //
 // Layout (little-endian, 64-byte header, vector data 64-byte aligned in the value):
 //
-//	 0 magic "SCMP", 4 u16 version (1), 6 u16 0, 8 u32 hidden, 12 u32 sites (0: steers nothing),
+//	 0 magic "SCMP", 4 u16 version (2), 6 u16 0, 8 u32 hidden, 12 u32 sites (0: steers nothing),
 //	16 u32 vectors (adds and clamp directions), 20 u32 clamps, 24 u32 refs missing when composed,
-//	28 u32 0, 32 [32]byte digest of the steering set it was composed from
-//	table:  sites × 24 bytes: u32 vector+1 (0: none), u32 clamp start, u32 clamp end, u32 0,
-//	        u64 action hash (0: nothing at this site); site = (hook*layers + layer)*2 + phase-1
+//	28 u32 in-place terms, 32 [32]byte digest of the steering set it was composed from
+//	table:  sites × 24 bytes: u32 vector+1 (0: none), u32 clamp start, u32 clamp end,
+//	        u32 in-place term+1 (0: none), u64 action hash (0: nothing at this site);
+//	        site = (hook*layers + layer)*2 + phase-1
 //	clamps: 16 bytes each: f32 lo, f32 hi, f32 strength, u32 direction vector
+//	terms:  16 bytes each: u8 source (1: inline vector i of the set, 2: entry j of the set's
+//	        named reference i), 3 bytes 0, u32 i, u32 j, u32 0
 //	data:   vectors × roundUp64(hidden*4) bytes, after padding to 64
+//
+// A site whose composition is a single term with coefficient 1 (one inline vector at scale 1,
+// or one reference at strength 1 to an entry at scale 1: the common case) stores no vector: it
+// names the term, and readers use the term's floats in place (in the set's own entry or in the
+// named vector's). That is safe under the region's versions: the set's entry is written with its
+// composition, and every change of a named vector recomposes the sets that reference it in the
+// same transaction, so a composition read at a version always names data live at that version.
+// A request referencing a large named vector thus costs a few bytes per site, not a copy.
 
 import (
 	"errors"
@@ -45,9 +56,12 @@ const (
 
 const (
 	composedMagic   = "SCMP"
-	composedVersion = 1
+	composedVersion = 2
 	siteEntry       = 24
 	clampRec        = 16
+	termRec         = 16
+	termInline      = 1 // an inline vector of the set
+	termNamed       = 2 // an entry of a named vector the set references
 )
 
 // composition is a steering set's terms summed per site, as the owner builds it.
@@ -61,6 +75,20 @@ type composition struct {
 	dirs    []float32 // clamp directions, d floats each
 	missing int
 	digest  Digest
+	// Per site: how many terms were added, the last one and its coefficient; inPlace is the
+	// index in terms of the site's single coefficient-1 term (-1: the site stores its vector).
+	nterms  []int32
+	last    []termRef
+	coef    []float32
+	inPlace []int32
+	terms   []termRef
+}
+
+// termRef names one term of a steering set: source termInline (index i of the set's vectors)
+// or termNamed (entry j of the named vector of the set's reference i).
+type termRef struct {
+	source uint8
+	i, j   uint32
 }
 
 type clampAct struct {
@@ -76,9 +104,14 @@ type clampAct struct {
 func compose(cfg ModelConfig, w *wire, lookup func(name string) ([]byte, bool), set string) (*composition, error) {
 	sites := cfg.NumHooks() * cfg.Layers * 2
 	d := cfg.Hidden
-	c := &composition{sites: sites, d: d, slot: make([]int32, sites), act: make([]uint64, sites), digest: w.digest}
+	c := &composition{sites: sites, d: d, slot: make([]int32, sites), act: make([]uint64, sites), digest: w.digest,
+		nterms: make([]int32, sites), last: make([]termRef, sites), coef: make([]float32, sites), inPlace: make([]int32, sites)}
 	for i := range c.slot {
-		c.slot[i] = -1
+		c.slot[i], c.inPlace[i] = -1, -1
+	}
+	note := func(ix int, t termRef, coef float32) {
+		c.nterms[ix]++
+		c.last[ix], c.coef[ix] = t, coef
 	}
 	target := func(ix int) []float32 {
 		if c.slot[ix] < 0 {
@@ -104,10 +137,11 @@ func compose(cfg ModelConfig, w *wire, lookup func(name string) ([]byte, bool), 
 		for _, p := range phases(v.phase) {
 			ix := siteOf(v.hook, v.layer, p)
 			kernels.Axpy(target(ix), v.scale, v.data)
+			note(ix, termRef{termInline, uint32(ti), 0}, v.scale)
 			c.act[ix] = mix64(mix64(c.act[ix], digest64(c.digest)), uint64(ti)<<32|uint64(p))
 		}
 	}
-	for _, r := range w.refs {
+	for ri, r := range w.refs {
 		nb, ok := lookup(r.name)
 		if !ok { // unregistered since admission: the term no longer applies (last writer wins)
 			c.missing++
@@ -117,10 +151,11 @@ func compose(cfg ModelConfig, w *wire, lookup func(name string) ([]byte, bool), 
 		if err != nil {
 			return nil, fmt.Errorf("named vector %q: %w", r.name, err)
 		}
-		for _, v := range nw.vecs {
+		for j, v := range nw.vecs {
 			for _, p := range phases(r.phase) {
 				ix := siteOf(v.hook, v.layer, p)
 				kernels.Axpy(target(ix), r.strength*v.scale, v.data)
+				note(ix, termRef{termNamed, uint32(ri), uint32(j)}, r.strength*v.scale)
 				c.act[ix] = mix64(mix64(c.act[ix], digest64(nw.digest)), uint64(math.Float32bits(r.strength))<<32|uint64(p))
 			}
 		}
@@ -138,6 +173,21 @@ func compose(cfg ModelConfig, w *wire, lookup func(name string) ([]byte, bool), 
 					fmt.Sprintf("composed component %d", i), float64(f))
 			}
 		}
+	}
+	// Sites whose composition is one term at coefficient 1 read that term in place.
+	idx := map[termRef]int32{}
+	for ix, o := range c.slot {
+		if o < 0 || c.nterms[ix] != 1 || c.coef[ix] != 1 {
+			continue
+		}
+		t := c.last[ix]
+		k, ok := idx[t]
+		if !ok {
+			k = int32(len(c.terms))
+			idx[t] = k
+			c.terms = append(c.terms, t)
+		}
+		c.inPlace[ix] = k
 	}
 	for _, cl := range w.clamps {
 		for _, p := range phases(cl.phase) {
@@ -181,6 +231,12 @@ func (c *composition) encode() []byte {
 	var keep []int32 // composed vectors stored, in stored order
 	for ix := 0; ix+1 < c.sites; ix += 2 {
 		p, q := c.slot[ix], c.slot[ix+1]
+		if c.inPlace[ix] >= 0 {
+			p = -1 // read in place: nothing stored
+		}
+		if c.inPlace[ix+1] >= 0 {
+			q = -1
+		}
 		for _, v := range []int32{p, q} {
 			if v >= 0 && out[v] < 0 {
 				if v == q && p >= 0 && slices.Equal(c.vecs[int(p)*c.d:int(p+1)*c.d], c.vecs[int(q)*c.d:int(q+1)*c.d]) {
@@ -199,7 +255,8 @@ func (c *composition) encode() []byte {
 	}
 	tableOff := hdrSize
 	clampOff := tableOff + sites*siteEntry
-	dataOff := int(roundUp64(uint64(clampOff + len(c.clamps)*clampRec)))
+	termOff := clampOff + len(c.clamps)*clampRec
+	dataOff := int(roundUp64(uint64(termOff + len(c.terms)*termRec)))
 	if sites == 0 {
 		dataOff = hdrSize
 	}
@@ -211,6 +268,7 @@ func (c *composition) encode() []byte {
 	le.PutUint32(b[16:], uint32(nadd+ndir))
 	le.PutUint32(b[20:], uint32(len(c.clamps)))
 	le.PutUint32(b[24:], uint32(c.missing))
+	le.PutUint32(b[28:], uint32(len(c.terms)))
 	copy(b[32:64], c.digest[:])
 	if sites == 0 {
 		return b
@@ -218,7 +276,9 @@ func (c *composition) encode() []byte {
 	start := 0
 	for ix := 0; ix < sites; ix++ {
 		e := b[tableOff+ix*siteEntry:]
-		if o := c.slot[ix]; o >= 0 {
+		if k := c.inPlace[ix]; k >= 0 {
+			le.PutUint32(e[12:], uint32(k)+1)
+		} else if o := c.slot[ix]; o >= 0 {
 			le.PutUint32(e, uint32(out[o])+1)
 		}
 		end := start
@@ -237,6 +297,12 @@ func (c *composition) encode() []byte {
 		le.PutUint32(e[8:], math.Float32bits(k.str))
 		le.PutUint32(e[12:], uint32(nadd)+uint32(k.dir))
 	}
+	for i, t := range c.terms {
+		e := b[termOff+i*termRec:]
+		e[0] = t.source
+		le.PutUint32(e[4:], t.i)
+		le.PutUint32(e[8:], t.j)
+	}
 	put := func(i int, v []float32) {
 		o := dataOff + i*stride
 		for j, f := range v {
@@ -252,7 +318,8 @@ func (c *composition) encode() []byte {
 	return b
 }
 
-// composedView reads a composition in place (zero-copy): its vectors alias the region.
+// composedView reads a composition in place (zero-copy): its vectors alias the region, those
+// of its in-place terms included (in the set's entry or a named vector's).
 type composedView struct {
 	version uint64 // region version that wrote it (0: none)
 	digest  Digest
@@ -260,6 +327,8 @@ type composedView struct {
 	sites   int
 	table   []byte
 	clamps  []byte
+	terms   []byte
+	inPlace [][]float32 // the floats of each in-place term (resolveTerms)
 	data    []float32
 	nvec    int
 	stride  int // floats per vector slot
@@ -270,7 +339,8 @@ type composedView struct {
 var errBadComposed = errors.New("bad composed steering entry")
 
 // parseComposed validates a composed entry against cfg: every count, offset and index in
-// range, so the step's hot path needs no check beyond its own site index.
+// range, so the step's hot path needs no check beyond its own site index. The view's in-place
+// terms are resolved by resolveTerms before it is used.
 func parseComposed(b []byte, cfg ModelConfig, version uint64) (composedView, error) {
 	bad := func(format string, args ...any) (composedView, error) {
 		return composedView{}, fmt.Errorf("%w: %w: "+format, append([]any{ErrBadEncoding, errBadComposed}, args...)...)
@@ -284,12 +354,12 @@ func parseComposed(b []byte, cfg ModelConfig, version uint64) (composedView, err
 	if int(le.Uint32(b[8:])) != cfg.Hidden {
 		return bad("hidden size %d, model has %d", le.Uint32(b[8:]), cfg.Hidden)
 	}
-	sites, nvec, ncl := uint64(le.Uint32(b[12:])), uint64(le.Uint32(b[16:])), uint64(le.Uint32(b[20:]))
+	sites, nvec, ncl, nterm := uint64(le.Uint32(b[12:])), uint64(le.Uint32(b[16:])), uint64(le.Uint32(b[20:])), uint64(le.Uint32(b[28:]))
 	v := composedView{version: version, missing: int(le.Uint32(b[24:])), d: cfg.Hidden}
 	copy(v.digest[:], b[32:64])
 	if sites == 0 {
-		if nvec != 0 || ncl != 0 || len(b) != hdrSize {
-			return bad("empty set with %d vectors, %d clamps, %d bytes", nvec, ncl, len(b))
+		if nvec != 0 || ncl != 0 || nterm != 0 || len(b) != hdrSize {
+			return bad("empty set with %d vectors, %d clamps, %d terms, %d bytes", nvec, ncl, nterm, len(b))
 		}
 		return v, nil
 	}
@@ -298,13 +368,15 @@ func parseComposed(b []byte, cfg ModelConfig, version uint64) (composedView, err
 	}
 	stride := roundUp64(uint64(cfg.Hidden) * 4)
 	clampOff := hdrSize + sites*siteEntry
-	dataOff := roundUp64(clampOff + ncl*clampRec)
-	if total := dataOff + nvec*stride; total != uint64(len(b)) {
-		return bad("length %d, header implies %d", len(b), total)
+	termOff := clampOff + ncl*clampRec
+	dataOff := roundUp64(termOff + nterm*termRec)
+	if nvec > uint64(len(b)) || nterm > uint64(len(b)) || dataOff+nvec*stride != uint64(len(b)) {
+		return bad("length %d, header implies %d", len(b), dataOff+nvec*stride)
 	}
 	v.sites, v.nvec, v.stride = int(sites), int(nvec), int(stride/4)
 	v.table = b[hdrSize:clampOff:clampOff]
-	v.clamps = b[clampOff : clampOff+ncl*clampRec : clampOff+ncl*clampRec]
+	v.clamps = b[clampOff:termOff:termOff]
+	v.terms = b[termOff : termOff+nterm*termRec : termOff+nterm*termRec]
 	if nvec > 0 {
 		if v.data = shm.AsFloat32(b[dataOff:]); v.data == nil {
 			return bad("misaligned vector data")
@@ -312,7 +384,8 @@ func parseComposed(b []byte, cfg ModelConfig, version uint64) (composedView, err
 	}
 	for ix := 0; ix < v.sites; ix++ {
 		e := v.table[ix*siteEntry:]
-		if vi, cs, ce := le.Uint32(e), le.Uint32(e[4:]), le.Uint32(e[8:]); uint64(vi) > nvec || cs > ce || uint64(ce) > ncl || le.Uint32(e[12:]) != 0 {
+		vi, cs, ce, ti := le.Uint32(e), le.Uint32(e[4:]), le.Uint32(e[8:]), le.Uint32(e[12:])
+		if uint64(vi) > nvec || cs > ce || uint64(ce) > ncl || uint64(ti) > nterm || (vi != 0 && ti != 0) {
 			return bad("site %d out of range", ix)
 		}
 	}
@@ -321,7 +394,88 @@ func parseComposed(b []byte, cfg ModelConfig, version uint64) (composedView, err
 			return bad("clamp %d direction out of range", i)
 		}
 	}
+	for i := 0; i < int(nterm); i++ {
+		e := v.terms[i*termRec:]
+		if (e[0] != termInline && e[0] != termNamed) || e[1]|e[2]|e[3] != 0 || le.Uint32(e[12:]) != 0 {
+			return bad("term %d: bad source", i)
+		}
+	}
 	return v, nil
+}
+
+// resolveTerms finds the floats of v's in-place terms at snapshot s: in raw, the encoding of
+// the steering set v was composed from, and in the named vectors it references. The set's
+// entry and v are written in one transaction, and a named vector's change rewrites v in its
+// own, so what s shows is what v was composed from.
+func (v *composedView) resolveTerms(s *shm.Snapshot, cfg ModelConfig, raw []byte) error {
+	v.inPlace = v.inPlace[:0]
+	if len(v.terms) == 0 {
+		return nil
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %w: "+format, append([]any{ErrBadEncoding, errBadComposed}, args...)...)
+	}
+	w, err := decode(raw, cfg, false)
+	if err != nil {
+		return fmt.Errorf("the set a composition was made from: %w", err)
+	}
+	named := map[uint32]*wire{}
+	for i := 0; i < len(v.terms)/termRec; i++ {
+		e := v.terms[i*termRec:]
+		ti, tj := le.Uint32(e[4:]), le.Uint32(e[8:])
+		var data []float32
+		switch e[0] {
+		case termInline:
+			if uint64(ti) >= uint64(len(w.vecs)) {
+				return bad("term %d: inline vector %d of %d", i, ti, len(w.vecs))
+			}
+			data = w.vecs[ti].data
+		case termNamed:
+			if uint64(ti) >= uint64(len(w.refs)) {
+				return bad("term %d: reference %d of %d", i, ti, len(w.refs))
+			}
+			nw := named[ti]
+			if nw == nil {
+				nb, _, err := s.View(KindVector, w.refs[ti].name)
+				if err != nil {
+					return fmt.Errorf("named vector %q of a composition: %w", w.refs[ti].name, err)
+				}
+				dw, err := decode(nb, cfg, false)
+				if err != nil {
+					return fmt.Errorf("named vector %q: %w", w.refs[ti].name, err)
+				}
+				nw = &dw
+				named[ti] = nw
+			}
+			if uint64(tj) >= uint64(len(nw.vecs)) {
+				return bad("term %d: entry %d of named vector %q (%d entries)", i, tj, w.refs[ti].name, len(nw.vecs))
+			}
+			data = nw.vecs[tj].data
+		}
+		if len(data) != cfg.Hidden {
+			return bad("term %d: %d floats", i, len(data))
+		}
+		v.inPlace = append(v.inPlace, data[:len(data):len(data)])
+	}
+	return nil
+}
+
+// openComposed reads the composition under (kind, key) at s, with its in-place terms resolved
+// from the set under (rawKind, key).
+func openComposed(s *shm.Snapshot, cfg ModelConfig, kind shm.Kind, key string, rawKind shm.Kind) (composedView, error) {
+	b, ver, err := s.View(kind, key)
+	if err != nil {
+		return composedView{}, err
+	}
+	v, err := parseComposed(b, cfg, ver)
+	if err != nil || len(v.terms) == 0 {
+		return v, err
+	}
+	raw, _, err := s.View(rawKind, key)
+	if err != nil {
+		return composedView{}, fmt.Errorf("the set a composition was made from: %w", err)
+	}
+	return v, v.resolveTerms(s, cfg, raw)
 }
 
 // at returns what site ix holds: the vector to add (nil: none), the clamp records and the
@@ -338,6 +492,8 @@ func (v *composedView) at(ix int) (vec []float32, clamps []byte, act uint64) {
 	if vi := int(le.Uint32(e)); vi > 0 {
 		o := (vi - 1) * v.stride
 		vec = v.data[o : o+v.d : o+v.d]
+	} else if ti := int(le.Uint32(e[12:])); ti > 0 && ti <= len(v.inPlace) {
+		vec = v.inPlace[ti-1] // resolveTerms made one per term (parseComposed checked ti)
 	}
 	return vec, v.clamps[int(le.Uint32(e[4:]))*clampRec : int(le.Uint32(e[8:]))*clampRec], act
 }

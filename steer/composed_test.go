@@ -40,12 +40,18 @@ func TestComposedInPlace(t *testing.T) {
 	require.NoError(t, st.Begin(0))
 	require.NoError(t, st.Apply(3, 2, h, batch))
 	mlpIn := (3*smallCfg.Layers+2)*2 + int(PhaseDecode) - 1
+	named, _, err := st.snap.View(KindVector, "n")
+	require.NoError(t, err)
 	for i, sp := range batch {
 		raw, _, err := st.snap.View(KindComposed, sp.ID)
 		require.NoError(t, err)
 		v, _, act := st.cur[i].view.at(mlpIn)
 		require.NotZero(t, act)
-		require.True(t, inside(v, raw), "request %s's vector aliases its entry in the region", sp.ID)
+		if i == 0 { // strength 1: the named vector's own floats, in place
+			require.True(t, inside(v, named), "request %s reads the named vector in place", sp.ID)
+		} else {
+			require.True(t, inside(v, raw), "request %s's vector aliases its entry in the region", sp.ID)
+		}
 		require.Equal(t, float32(i+1), h[i*d])
 	}
 	st.End()
@@ -115,8 +121,8 @@ func TestComposedSharesPhases(t *testing.T) {
 	d := smallCfg.Hidden
 	e := newOwner(t, smallCfg, Options{})
 	var s Steering
-	for l := 0; l < smallCfg.Layers; l++ {
-		s.Base.Vectors = append(s.Base.Vectors, Vector{Hook: "post_block", Layer: l, Scale: 1, Data: filled(d, float32(l+1))})
+	for l := 0; l < smallCfg.Layers; l++ { // scale 2: composed (scaled), so stored
+		s.Base.Vectors = append(s.Base.Vectors, Vector{Hook: "post_block", Layer: l, Scale: 2, Data: filled(d, float32(l+1))})
 	}
 	s.Decode.Vectors = []Vector{{Hook: "post_block", Layer: 0, Scale: 1, Data: filled(d, 10)}} // one phase differs
 	_, err := e.Admit(Admission{RequestID: "r", Override: &s})
@@ -124,9 +130,7 @@ func TestComposedSharesPhases(t *testing.T) {
 	snap, err := e.Region().Snapshot()
 	require.NoError(t, err)
 	defer snap.Close()
-	b, ver, err := snap.View(KindComposed, "r")
-	require.NoError(t, err)
-	v, err := parseComposed(b, smallCfg, ver)
+	v, err := openComposed(&snap, smallCfg, KindComposed, "r", KindRequest)
 	require.NoError(t, err)
 	require.Equal(t, smallCfg.Layers+1, v.nvec, "one vector per layer, plus layer 0's decode vector")
 	hook := 2 // post_block
@@ -134,11 +138,85 @@ func TestComposedSharesPhases(t *testing.T) {
 		ix := (hook*smallCfg.Layers + l) * 2
 		pre, _, _ := v.at(ix)
 		dec, _, _ := v.at(ix + 1)
-		require.Equal(t, float32(l+1), pre[0])
+		require.Equal(t, float32(2*(l+1)), pre[0])
 		if l == 0 {
-			require.Equal(t, float32(11), dec[0])
+			require.Equal(t, float32(12), dec[0])
 		} else {
 			require.Equal(t, reflect.ValueOf(pre).Pointer(), reflect.ValueOf(dec).Pointer(), "layer %d: one vector for both phases", l)
 		}
 	}
+}
+
+// TestComposedInPlaceTerms: a site whose composition is one term at coefficient 1 (a reference
+// at strength 1, an inline vector at scale 1) stores nothing: steps read the named vector's
+// floats, or the request's own, in place. A request referencing a named vector then costs a
+// few bytes per site instead of a copy, and still follows the vector when it is re-registered.
+func TestComposedInPlaceTerms(t *testing.T) {
+	d := smallCfg.Hidden
+	e := newOwner(t, smallCfg, Options{})
+	var big []Vector
+	for l := 0; l < smallCfg.Layers; l++ {
+		for _, hk := range []string{"pre_attn", "mlp_out"} {
+			big = append(big, Vector{Hook: hk, Layer: l, Scale: 1, Data: filled(d, float32(10*l+1))})
+		}
+	}
+	_, err := e.Register("big", big)
+	require.NoError(t, err)
+	s := Steering{Base: Tier{Refs: []Ref{{Name: "big", Strength: 1}}},
+		Decode: Tier{Vectors: []Vector{{Hook: "post_block", Layer: 1, Scale: 1, Data: filled(d, 7)}}}}
+	var batch []Span
+	for i := 0; i < 4; i++ {
+		id := fmt.Sprintf("r%d", i)
+		_, err := e.Admit(Admission{RequestID: id, Override: &s})
+		require.NoError(t, err)
+		batch = append(batch, Span{ID: id, Start: i, End: i + 1, Phase: PhaseDecode})
+	}
+	snap, err := e.Region().Snapshot()
+	require.NoError(t, err)
+	comp, _, err := snap.View(KindComposed, "r0")
+	require.NoError(t, err)
+	named, _, err := snap.View(KindVector, "big")
+	require.NoError(t, err)
+	raw, _, err := snap.View(KindRequest, "r0")
+	require.NoError(t, err)
+	v, err := openComposed(&snap, smallCfg, KindComposed, "r0", KindRequest)
+	require.NoError(t, err)
+	require.Zero(t, v.nvec, "no vector stored: every site reads a term in place")
+	sites := smallCfg.NumHooks() * smallCfg.Layers * 2
+	require.Equal(t, int(roundUp64(uint64(hdrSize+sites*siteEntry+len(v.terms)))), len(comp), "header, site table and term records only")
+	pre, _, _ := v.at((0*smallCfg.Layers+2)*2 + 1) // pre_attn, layer 2, decode
+	require.True(t, inside(pre, named), "read in place in the named vector")
+	own, _, _ := v.at((2*smallCfg.Layers+1)*2 + 1) // post_block, layer 1, decode
+	require.True(t, inside(own, raw), "read in place in the request's own entry")
+	snap.Close()
+
+	st := e.NewStepper()
+	defer st.Close()
+	h := make([]float32, 4*d)
+	require.NoError(t, st.Begin(0))
+	require.NoError(t, st.Apply(0, 2, h, batch))
+	st.End()
+	require.Equal(t, float32(21), h[0])
+	// Re-registering the vector recomposes its dependents in the same version: the next step
+	// reads the new floats, through a view that names them.
+	for i := range big {
+		big[i].Data = filled(d, 100)
+	}
+	_, err = e.Register("big", big)
+	require.NoError(t, err)
+	clear(h)
+	require.NoError(t, st.Begin(0))
+	require.NoError(t, st.Apply(0, 2, h, batch))
+	st.End()
+	for i := range batch {
+		require.Equal(t, float32(100), h[i*d], "request %d follows the re-registered vector", i)
+	}
+	_, err = e.Unregister("big")
+	require.NoError(t, err)
+	clear(h)
+	require.NoError(t, st.Begin(0))
+	require.NoError(t, st.Apply(0, 2, h, batch))
+	require.NoError(t, st.Apply(2, 1, h, batch))
+	st.End()
+	require.Equal(t, float32(7), h[0], "the inline term still applies; the unregistered one no more")
 }

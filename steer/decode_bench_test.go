@@ -96,11 +96,7 @@ func benchDecode(b *testing.B, steered int, global bool, mode string) {
 	for ix := 0; ix < hooks*layers*2; ix += 2 {
 		var site []add
 		for i := range batch {
-			cb, ver, err := snap.View(KindComposed, batch[i].ID)
-			if err != nil {
-				b.Fatal(err)
-			}
-			cv, err := parseComposed(cb, cfg, ver)
+			cv, err := openComposed(&snap, cfg, KindComposed, batch[i].ID, KindRequest)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -266,7 +266,7 @@ func (s *Stepper) request(id string) (*reqState, error) {
 	if st.seen == s.step {
 		return st, nil
 	}
-	b, ver, err := s.snap.View(KindComposed, id)
+	_, ver, err := s.snap.View(KindComposed, id)
 	switch {
 	case errors.Is(err, shm.ErrNotFound):
 		s.stats.UnknownRequests++
@@ -277,7 +277,7 @@ func (s *Stepper) request(id string) (*reqState, error) {
 	case err != nil:
 		return nil, fmt.Errorf("request %q: %w", id, err)
 	case !st.known || ver != st.view.version:
-		v, err := parseComposed(b, s.e.cfg, ver)
+		v, err := openComposed(&s.snap, s.e.cfg, KindComposed, id, KindRequest)
 		if err != nil {
 			return nil, fmt.Errorf("request %q: %w", id, err)
 		}
@@ -285,8 +285,8 @@ func (s *Stepper) request(id string) (*reqState, error) {
 		s.stats.MissingRefs += uint64(v.missing)
 		st.view, st.known = v, true
 	default:
-		// Same version: same bytes, but the view's slices must point into this step's pin,
-		// which they do (a version's bytes never move while any snapshot can see them).
+		// Same version: the same bytes at the same place, and the same in-place terms (any
+		// change of what they read rewrites this entry), all kept by this step's pin.
 	}
 	st.seen = s.step
 	return st, nil
@@ -294,7 +294,7 @@ func (s *Stepper) request(id string) (*reqState, error) {
 
 // readGlobal reads the global composition at the step's version.
 func (s *Stepper) readGlobal() error {
-	b, ver, err := s.snap.View(KindComposedGlobal, globalKey)
+	_, ver, err := s.snap.View(KindComposedGlobal, globalKey)
 	switch {
 	case errors.Is(err, shm.ErrNotFound):
 		s.global = composedView{}
@@ -304,7 +304,7 @@ func (s *Stepper) readGlobal() error {
 	case ver == s.global.version && ver != 0:
 		return nil
 	}
-	v, err := parseComposed(b, s.e.cfg, ver)
+	v, err := openComposed(&s.snap, s.e.cfg, KindComposedGlobal, globalKey, KindGlobal)
 	if err != nil {
 		return fmt.Errorf("global steering: %w", err)
 	}
