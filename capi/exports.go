@@ -660,13 +660,7 @@ func shmsteerGo_vector_register(h C.uint64_t, name *C.char, nameLen C.size_t, en
 		vecs[i] = steer.Vector{Hook: hookName, Layer: int(e.layer), Scale: float32(e.scale), Data: data}
 	}
 	vi, err := inst.eng.Register(strings.Clone(sname), vecs)
-	if err != nil {
-		return fail(err)
-	}
-	if version != nil {
-		*version = C.uint64_t(vi.Version)
-	}
-	return C.SHMSTEER_OK
+	return versionOut(version, vi.Version, err)
 }
 
 //export shmsteerGo_vector_unregister
@@ -742,13 +736,7 @@ func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js 
 		}
 	}
 	ad, err := inst.eng.Admit(steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override})
-	if err != nil {
-		return fail(err)
-	}
-	if version != nil {
-		*version = C.uint64_t(ad.Version)
-	}
-	return C.SHMSTEER_OK
+	return versionOut(version, ad.Version, err)
 }
 
 //export shmsteerGo_request_end
