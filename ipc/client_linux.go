@@ -78,8 +78,9 @@ type Client struct {
 // Attach finds the owner through the handle derived from the secret and namespace, runs the
 // mutual handshake, receives the region's file descriptors and maps the region (read-only).
 // Errors: ErrAuthSecretNotDefined, ErrSecretFile, ErrSecretConflict, ErrNotYetInitialized
-// (no owner of an accepted uid answers; see OwnerUIDs), ErrAuthFailed, ErrIncompatible,
-// ErrTimeout.
+// (no owner of an accepted uid answers; see OwnerUIDs), ErrAuthFailed (a proof does not
+// match, or the owner refuses this uid), ErrOwnerGone (the owner closed or reset the
+// connection mid-handshake without a reason: it exited; retry), ErrIncompatible, ErrTimeout.
 func Attach(opts ClientOptions) (*Client, error) {
 	if opts.NonDumpable {
 		if err := setNonDumpable(); err != nil {
@@ -146,7 +147,10 @@ func handshakeErr(err error) error {
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return fmt.Errorf("%w: during the attach handshake", ErrTimeout)
 	case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
-		return fmt.Errorf("%w: the owner closed the connection during the attach handshake", ErrAuthFailed)
+		// An owner that refuses a client says why (an error frame) before it closes: a
+		// connection closed or reset without one means the owner exited, or dropped this attach
+		// (for example as the oldest pending handshake). Retrying is the remedy, not the secret.
+		return fmt.Errorf("%w: the owner closed the connection during the attach handshake (it exited or dropped this attach); retry the attach", ErrOwnerGone)
 	case errors.Is(err, ErrFrameTooLarge):
 		return fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
@@ -224,6 +228,9 @@ func (c *Client) handshake(secret Secret, ns string) (welcome, error) {
 		}
 		if flags&unix.MSG_CTRUNC != 0 && oobErr == nil {
 			oobErr = fmt.Errorf("%w: descriptors truncated", ErrProtocol)
+		}
+		if n < 0 { // a reset: recvmsg's -1, not a count
+			n = 0
 		}
 		return n, err
 	}

@@ -38,8 +38,9 @@ var (
 	// replayed an old handshake, or its uid is not allowed. Check that every process uses the
 	// same secret and runs as an allowed user.
 	ErrAuthFailed = errors.New("shmsteer: authentication failed: the peer does not prove the same secret or its uid is not allowed")
-	// ErrOwnerGone means the owner process exited or closed after this client attached. Reads
-	// still see the last state; writes cannot be served. Restart the owner and re-attach.
+	// ErrOwnerGone means the owner process exited or closed after this client attached (reads
+	// still see the last state; writes cannot be served), or closed the connection during the
+	// attach handshake without saying why. Restart the owner and re-attach.
 	ErrOwnerGone = errors.New("shmsteer: owner gone: the owner process exited; reads see the last state, writes need a new owner and a new attach")
 	// ErrTimeout means the owner did not answer an RPC (or the attach) within the timeout; it
 	// may be overloaded or stopped. The request may still have been applied.

@@ -290,6 +290,14 @@ func (r *frameReader) next(read func([]byte) (int, error), max int) (frame, erro
 			return frame{}, err
 		}
 		m, err := read(r.buf[r.end:])
+		if m < 0 || m > len(r.buf)-r.end {
+			// recvmsg reports a reset as n = -1 (net.UnixConn.ReadMsgUnix passes it on): a
+			// count outside the buffer is no bytes, never an offset.
+			m = 0
+			if err == nil {
+				err = fmt.Errorf("%w: read returned an impossible byte count", ErrProtocol)
+			}
+		}
 		r.end += m
 		if err != nil && m == 0 {
 			return frame{}, err

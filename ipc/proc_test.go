@@ -121,6 +121,8 @@ func TestHelperProcess(t *testing.T) {
 			owner, keys, region = o, o.Keys(), o.Region
 		case "probe":
 			return nil // answers "probe PID" without attaching
+		case "attachloop":
+			attachLoop(ns, say) // answers "stats"; never returns
 		case "squatter":
 			if os.Getenv(squatBindOnlyEnv) == "1" { // bind, never listen: connects are refused
 				for _, name := range strings.Split(os.Getenv(squatEnv), ",") {
