@@ -97,6 +97,7 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_OVERFLOW, "steer.ErrOverflow", steer.ErrOverflow},
 	{C.SHMSTEER_E_UNKNOWN_REQUEST, "steer.ErrUnknownRequest", steer.ErrUnknownRequest},
 	{C.SHMSTEER_E_LATCH_STATE, "steer.ErrLatchState", steer.ErrLatchState},
+	{C.SHMSTEER_E_PROBE_SITE, "steer.ErrProbeSite", steer.ErrProbeSite},
 
 	// vecfile's errors also wrap steer's where one fits (ErrShape with ErrHiddenSize): steer's
 	// code wins, so callers that handle steer's codes keep working.

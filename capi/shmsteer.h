@@ -135,6 +135,7 @@ extern "C" {
 #define SHMSTEER_E_UNKNOWN_REQUEST 71    /* steer.ErrUnknownRequest (strict requests) */
 #define SHMSTEER_E_NOT_SERVED 72         /* steer.ErrNotServed: the owner never called Engine.Serve */
 #define SHMSTEER_E_LATCH_STATE 73        /* steer.ErrLatchState: restored latch state does not fit */
+#define SHMSTEER_E_PROBE_SITE 74         /* steer.ErrProbeSite: a probe names exactly one (hook, layer) */
 /* package steer/vecfile (vector files: shmsteer_vector_import / _export) */
 #define SHMSTEER_E_FILE_TOO_LARGE 80     /* vecfile.ErrTooLarge: above max_bytes; nothing was read */
 #define SHMSTEER_E_UNKNOWN_FORMAT 81     /* vecfile.ErrUnknownFormat: not gguf, npy, npz, safetensors */

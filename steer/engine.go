@@ -116,20 +116,7 @@ func (e *Engine) Register(name string, vecs []Vector) (VectorInfo, error) {
 }
 
 func (e *Engine) register(name string, vecs []Vector, o writeOpts) (VectorInfo, error) {
-	if err := checkName(name); err != nil {
-		return VectorInfo{}, err
-	}
-	if len(vecs) == 0 {
-		return VectorInfo{}, fmt.Errorf("%w: named vector %q", ErrEmptySet, name)
-	}
-	w, err := resolveSteering(e.cfg, &Steering{Base: Tier{Vectors: vecs}}, nil, false)
-	if err != nil {
-		return VectorInfo{}, err
-	}
-	if err := checkMagnitude(e.cfg, &w, nil, fmt.Sprintf("named vector %q", name)); err != nil {
-		return VectorInfo{}, err
-	}
-	b, err := w.encode(e.cfg.Hidden)
+	w, b, err := e.encodeNamed(name, vecs)
 	if err != nil {
 		return VectorInfo{}, err
 	}
@@ -143,18 +130,7 @@ func (e *Engine) register(name string, vecs []Vector, o writeOpts) (VectorInfo, 
 	if e.opt.Caller == nil {
 		return VectorInfo{}, ErrNotOwner
 	}
-	req := binary.LittleEndian.AppendUint16(nil, uint16(len(name)))
-	req = append(append(req, name...), b...)
-	resp, err := e.call(OpRegister, req)
-	if err != nil {
-		return VectorInfo{}, err
-	}
-	if len(resp) != 8+32 {
-		return VectorInfo{}, fmt.Errorf("%w: register reply of %d bytes", ErrBadEncoding, len(resp))
-	}
-	info := VectorInfo{Name: name, Version: binary.LittleEndian.Uint64(resp)}
-	copy(info.Digest[:], resp[8:])
-	return info, nil
+	return e.callRegister(OpRegister, name, b)
 }
 
 // Unregister deletes a named vector (from a worker, through the owner). Requests that reference
@@ -184,32 +160,12 @@ func (e *Engine) unregister(name string, o writeOpts) (uint64, error) {
 
 // Vector reads a named vector at snapshot s without copying its floats.
 func (e *Engine) Vector(s *shm.Snapshot, name string) (NamedVector, error) {
-	if err := checkName(name); err != nil {
-		return NamedVector{}, err
-	}
-	b, ver, err := s.View(KindVector, name)
-	if errors.Is(err, shm.ErrNotFound) {
-		return NamedVector{}, fmt.Errorf("%w: %q", ErrUnknownVector, name)
-	} else if err != nil {
-		return NamedVector{}, err
-	}
-	w, err := decode(b, e.cfg, false)
-	if err != nil {
-		return NamedVector{}, fmt.Errorf("named vector %q: %w", name, err)
-	}
-	st := w.steering(e.cfg)
-	return NamedVector{Name: name, Version: ver, Digest: w.digest, Vectors: st.Base.Vectors}, nil
+	return e.readNamed(s, KindVector, name)
 }
 
 // VectorInfos lists the named vectors at snapshot s (index order).
 func (e *Engine) VectorInfos(s *shm.Snapshot) ([]VectorInfo, error) {
-	var out []VectorInfo
-	err := s.Range(KindVector, func(key, value []byte, version uint64) bool {
-		d, _ := wireDigest(value)
-		out = append(out, VectorInfo{Name: string(key), Version: version, Digest: d})
-		return true
-	})
-	return out, err
+	return namedInfos(s, KindVector)
 }
 
 // SetGlobal replaces the global steering tiers (owner only). Refs must name registered
@@ -590,43 +546,20 @@ func decodeLatchStats(b []byte) LatchStats {
 	return LatchStats{Conversations: int(x[0]), Bytes: int64(x[1]), Evictions: x[2], OversizeRefusals: x[3], Triggers: x[4], Bridges: x[5], BridgeDrops: x[6], Off: x[7]&1 != 0}
 }
 
-// Serve registers the owner's handlers for worker writes (OpRegister, OpUnregister). The owner
+// Serve registers the owner's handlers for worker writes (OpRegister, OpUnregister and the
+// probe ops). The owner
 // re-validates everything it receives: a worker's bytes are not trusted.
 func (e *Engine) Serve(handle HandleFunc) {
-	handle(OpRegister, func(req []byte) ([]byte, error) {
-		if len(req) < 2 || len(req) < 2+int(binary.LittleEndian.Uint16(req)) {
-			return errReply(fmt.Errorf("%w: short register request", ErrBadEncoding)), nil
-		}
-		n := int(binary.LittleEndian.Uint16(req))
-		name := string(req[2 : 2+n])
-		// Copy so the floats are aligned whatever the transport's buffer offset.
-		enc := append(make([]byte, 0, len(req)-2-n), req[2+n:]...)
-		w, err := decode(enc, e.cfg, true)
-		if err != nil {
-			return errReply(err), nil
-		}
-		if len(w.refs) != 0 || len(w.clamps) != 0 {
-			return errReply(fmt.Errorf("%w: a named vector holds only base vectors", ErrBadEncoding)), nil
-		}
-		info, err := e.Register(name, w.steering(e.cfg).Base.Vectors)
-		if err != nil {
-			return errReply(err), nil
-		}
-		return append(binary.LittleEndian.AppendUint64([]byte{0}, info.Version), info.Digest[:]...), nil
-	})
-	handle(OpUnregister, func(req []byte) ([]byte, error) {
-		v, err := e.Unregister(string(req))
-		if err != nil {
-			return errReply(err), nil
-		}
-		return binary.LittleEndian.AppendUint64([]byte{0}, v), nil
-	})
+	handle(OpRegister, e.serveRegister(e.Register))
+	handle(OpUnregister, serveUnregister(e.Unregister))
+	handle(OpRegisterProbe, e.serveRegister(e.RegisterProbe))
+	handle(OpUnregisterProbe, serveUnregister(e.UnregisterProbe))
 }
 
 // remoteErrs are the errors a reply can carry by code (index+1), so a worker gets the same
 // typed error the owner saw.
 var remoteErrs = []error{ErrBadName, ErrNonFinite, ErrHiddenSize, ErrUnknownHook, ErrLayerRange,
-	ErrDuplicate, ErrBadClamp, ErrUnknownVector, ErrBadEncoding, ErrEmptySet, shm.ErrRegionFull, shm.ErrValueTooLarge, ErrOverflow}
+	ErrDuplicate, ErrBadClamp, ErrUnknownVector, ErrBadEncoding, ErrEmptySet, shm.ErrRegionFull, shm.ErrValueTooLarge, ErrOverflow, ErrProbeSite}
 
 func errReply(err error) []byte {
 	code := byte(255)

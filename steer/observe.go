@@ -13,6 +13,7 @@ type ChangeKind uint8
 const (
 	ChangeVector ChangeKind = 1 // a named vector (Change.Name) was registered or unregistered
 	ChangeGlobal ChangeKind = 2 // the global tiers were set or cleared
+	// ChangeProbe (probe.go) is a probe vector (Change.Name) registered or unregistered.
 )
 
 // Change describes one successful owner-side write of a named vector or the global tiers. It
@@ -123,8 +124,11 @@ func (e *Engine) SetGlobalAs(origin string, g Steering, cond func() error) (uint
 // region and are valid until s closes.
 func (e *Engine) Encoding(s *shm.Snapshot, kind ChangeKind, name string) (b []byte, version uint64, found bool, err error) {
 	k, key := KindVector, name
-	if kind == ChangeGlobal {
+	switch kind {
+	case ChangeGlobal:
 		k, key = KindGlobal, globalKey
+	case ChangeProbe:
+		k = KindProbe
 	}
 	b, version, err = s.View(k, key)
 	if errors.Is(err, shm.ErrNotFound) {

@@ -97,6 +97,7 @@ _TABLE: Tuple[Tuple[int, str, str, Tuple[type, ...], str], ...] = (
     (71, "steer.ErrUnknownRequest", "UnknownRequestError", (LookupError,), ""),
     (72, "steer.ErrNotServed", "NotServedError", (), ""),
     (73, "steer.ErrLatchState", "LatchStateError", (ValueError,), ""),
+    (74, "steer.ErrProbeSite", "ProbeSiteError", (ValueError,), ""),
     (80, "vecfile.ErrTooLarge", "VectorFileTooLargeError", (), "VectorFileError"),
     (81, "vecfile.ErrUnknownFormat", "UnknownFormatError", (), "VectorFileError"),
     (82, "vecfile.ErrCorrupt", "VectorFileCorruptError", (), "VectorFileError"),
