@@ -1,0 +1,190 @@
+package mirror
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// Publishing: the queue's entries, read from the region when sent, stored in the bucket.
+
+func (m *Mirror) publishLoop() {
+	defer m.wg.Done()
+	backoff := 50 * time.Millisecond
+	for {
+		m.mu.Lock()
+		if len(m.queue) == 0 {
+			m.mu.Unlock()
+			select {
+			case <-m.ctx.Done():
+				return
+			case <-m.wake:
+			}
+			continue
+		}
+		it := m.queue[0]
+		m.queue = m.queue[1:]
+		m.sending++
+		m.sendAt = it.at
+		e := m.entryLocked(it.ek)
+		e.queued, e.inflight = false, true
+		m.seq++
+		seq := m.seq
+		e.sentSeq = seq
+		m.mu.Unlock()
+
+		err := m.publish(it, seq)
+		m.mu.Lock()
+		m.sending--
+		m.mu.Unlock()
+		if err == nil {
+			backoff = 50 * time.Millisecond
+			continue
+		}
+		m.setErr(err)
+		if m.ctx.Err() != nil {
+			return
+		}
+		m.log.Warn("shmsteer: mirror publish failed; will retry", "entry", it.ek, "err", err)
+		m.mu.Lock()
+		if !e.queued { // put it back in front; a newer change of it may have queued it again
+			e.queued = true
+			m.queue = append([]qitem{it}, m.queue...)
+		}
+		m.mu.Unlock()
+		if !m.sleep(backoff) {
+			return
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// publish reads the newest local value of it and stores it in the bucket.
+func (m *Mirror) publish(it qitem, seq uint64) error {
+	ctx, cancel := context.WithTimeout(m.ctx, putTimeout)
+	defer cancel()
+	kv, err := m.bucket(ctx)
+	if err != nil {
+		return err
+	}
+	env := envelope{kind: it.kind, origin: m.opt.HostID, incarnation: m.incarnation, seq: seq}
+	var object string
+	switch it.kind {
+	case kindVector, kindGlobal:
+		ck := steer.ChangeVector
+		if it.kind == kindGlobal {
+			ck = steer.ChangeGlobal
+		}
+		s, err := m.opt.Engine.Region().Snapshot()
+		if err != nil {
+			return err
+		}
+		b, _, found, err := m.opt.Engine.Encoding(&s, ck, it.name)
+		if err == nil && found {
+			env.payload = bytes.Clone(b)
+		}
+		s.Close()
+		if err != nil {
+			return err
+		}
+		if !found {
+			env.flags |= flagDeleted
+		} else if len(env.payload) > m.inlineLimit() {
+			sum := sha256.Sum256(env.payload)
+			ref := objectRef{name: it.ek + "/" + hex.EncodeToString(sum[:]), sum: sum, size: uint64(len(env.payload))}
+			os, err := m.objects(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := os.PutBytes(ctx, ref.name, env.payload); err != nil {
+				return fmt.Errorf("shmsteer: mirror: store %d-byte set in the object store: %w", len(env.payload), err)
+			}
+			env.flags |= flagExternal
+			env.payload, object = ref.encode(), ref.name
+		}
+	case kindKey:
+		key, err := m.opt.Keys.Get(it.name, nil)
+		state := stateLive
+		if errors.Is(err, ipc.ErrKeyRevoked) || errors.Is(err, ipc.ErrKeyNotFound) {
+			state, err = stateRevoked, nil
+			env.flags |= flagDeleted
+		}
+		if err != nil {
+			return err
+		}
+		env.flags |= flagSealed
+		env.payload = m.seal.seal(it.ek, env.header(), it.name, state, key)
+		clear(key)
+	}
+	rev, err := kv.Put(ctx, it.ek, env.encode())
+	if err != nil {
+		return fmt.Errorf("shmsteer: mirror: put %s: %w", it.ek, err)
+	}
+	m.published.Add(1)
+	if it.kind == kindKey && env.flags&flagDeleted != 0 {
+		m.mu.Lock()
+		m.purges = append(m.purges, purgeItem{ek: it.ek, rev: rev, due: time.Now().Add(m.opt.KeyPurgeAfter)})
+		m.mu.Unlock()
+	}
+	m.log.Debug("published", "entry", it.ek, "rev", rev, "seq", seq)
+	m.mu.Lock()
+	e := m.entryLocked(it.ek)
+	if rev > e.rev {
+		e.rev, e.origin = rev, m.opt.HostID
+	}
+	if e.sentSeq == seq {
+		e.inflight = false
+	}
+	var retry jetstream.KeyValueEntry
+	if w := e.waiting; w != nil && !e.queued && !e.inflight {
+		e.waiting = nil
+		m.log.Debug("waiting resolved", "entry", it.ek, "waiting", w.Revision(), "ours", rev, "have", e.rev)
+		if w.Revision() > e.rev {
+			retry = w // stored after ours: it wins
+		} else {
+			m.stale.Add(1)
+		}
+	}
+	old := e.object
+	e.object = object
+	m.mu.Unlock()
+	if old != "" && old != object {
+		m.deleteObject(old)
+	}
+	if retry != nil {
+		m.apply(retry)
+	}
+	return nil
+}
+
+func (m *Mirror) inlineLimit() int {
+	if m.opt.InlineLimit > 0 {
+		return m.opt.InlineLimit
+	}
+	mp := m.nc.MaxPayload() // 0 until the server's INFO arrived
+	if mp <= 0 {
+		mp = 1 << 20 // NATS's default
+	}
+	return int(mp) - 4096
+}
+
+// deleteObject removes an object this host stored once its entry has a newer value: a host
+// still fetching it finds it gone and skips it, since a newer value of the entry exists.
+func (m *Mirror) deleteObject(name string) {
+	ctx, cancel := context.WithTimeout(m.ctx, putTimeout)
+	defer cancel()
+	if o, err := m.objects(ctx); err == nil {
+		if err := o.Delete(ctx, name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+			m.log.Warn("shmsteer: mirror: delete superseded object", "object", name, "err", err)
+		}
+	}
+}
