@@ -98,7 +98,11 @@ func (r *Region) claimSlot(have int32) error {
 		return nil
 	}
 	if n == maxLocalSlots {
-		runtime.Gosched() // every local slot busy: wait for one rather than hoard more
+		if r.snapPins.Load() >= maxLocalSlots {
+			// Every local slot is held by an open Snapshot: none comes free by waiting.
+			return fmt.Errorf("%w: this process holds %d open snapshots, the most it pins at once; close snapshots (in Python, release views) before reading more", ErrNoReaderSlot, maxLocalSlots)
+		}
+		runtime.Gosched() // every local slot busy with a short read: wait for one rather than hoard more
 		return nil
 	}
 	s, err := r.claimFreeSlotLocked()
@@ -417,6 +421,7 @@ func (r *Region) Snapshot() (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, err
 	}
+	r.snapPins.Add(1)
 	return Snapshot{r: r, slot: slot, version: v}, nil
 }
 
@@ -428,6 +433,7 @@ func (r *Region) SnapshotAt(version uint64) (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, err
 	}
+	r.snapPins.Add(1)
 	return Snapshot{r: r, slot: slot, version: version}, nil
 }
 
@@ -438,10 +444,12 @@ func (s *Snapshot) Version() uint64 { return s.version }
 func (s *Snapshot) Close() {
 	if s.r != nil {
 		s.r.unpin(s.slot)
-		s.r = nil
 		if s.owner != nil {
 			s.owner.busy = false
+		} else {
+			s.r.snapPins.Add(-1)
 		}
+		s.r = nil
 	}
 }
 

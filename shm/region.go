@@ -116,6 +116,9 @@ type Region struct {
 
 	local  [maxLocalSlots]atomic.Uint64
 	nlocal atomic.Int32
+	// snapPins counts the open Snapshots pinning one of the local slots (not a Reader's): with
+	// every local slot held by one, no slot frees up by waiting (see claimSlot).
+	snapPins atomic.Int32
 
 	w *writer // nil in readers
 }

@@ -212,3 +212,43 @@ def test_keys_from_many_threads(owner, ns, secret):
         for t in ts:
             t.join()
         assert not bad
+
+
+def _within(seconds: float, fn):
+    """Run fn in a thread; fail if it has not returned after seconds (it used to spin for ever)."""
+    import threading
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the test
+            out["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"did not return within {seconds} s (spinning?)"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def test_views_holding_every_snapshot_slot_raise_no_reader_slot(owner, ns, secret):
+    # Views keep their snapshot pinned: 64 live views use every slot a process pins at once, and
+    # the next read fails with NoReaderSlotError at once instead of spinning.
+    owner.register_vector("dir", [("post_block", 0, 1.0, np.ones(8, np.float32))])
+    owner.keys["req"] = b"k"
+    with shmsteer.Client(ns, secret=secret) as c:
+        views = []
+        for _ in range(64):
+            with c.snapshot() as s:
+                views.append(s.vector("dir").entries[0].data)
+        with pytest.raises(errors.NoReaderSlotError, match="open snapshots"):
+            _within(10, c.snapshot)
+        with pytest.raises(errors.NoReaderSlotError):
+            _within(10, lambda: c.keys["req"])
+        views.pop()
+        gc.collect()
+        assert _within(10, lambda: c.keys["req"]) == b"k"
+        del views
+        gc.collect()
