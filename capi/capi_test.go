@@ -6,15 +6,11 @@ import (
 	"bufio"
 	"debug/elf"
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -139,60 +135,6 @@ func buildLibrary(t *testing.T) string {
 		t.Fatal(buildErr)
 	}
 	return libDir
-}
-
-// Every code of shmsteer.h names one sentinel, the C and Go tables agree, and every sentinel
-// of shm, ipc, steer and steer/vecfile has a code.
-func TestErrorCodesMapSentinels(t *testing.T) {
-	var want []string
-	for _, dir := range []string{"shm", "ipc", "steer", "steer/vecfile"} {
-		pkg := filepath.Base(dir)
-		fset := token.NewFileSet()
-		files, err := filepath.Glob(filepath.Join("..", dir, "*.go"))
-		require.NoError(t, err)
-		for _, name := range files {
-			if strings.HasSuffix(name, "_test.go") {
-				continue
-			}
-			f, err := parser.ParseFile(fset, name, nil, 0)
-			require.NoError(t, err)
-			{
-				for _, d := range f.Decls {
-					gd, ok := d.(*ast.GenDecl)
-					if !ok || gd.Tok != token.VAR {
-						continue
-					}
-					for _, sp := range gd.Specs {
-						for _, n := range sp.(*ast.ValueSpec).Names {
-							if strings.HasPrefix(n.Name, "Err") && n.IsExported() {
-								want = append(want, pkg+"."+n.Name)
-							}
-						}
-					}
-				}
-			}
-		}
-	}
-	// ipc.ErrClosed is shm.ErrClosed itself (one value, one code).
-	require.Equal(t, ipc.ErrClosed, shm.ErrClosed)
-	want = slices.DeleteFunc(want, func(s string) bool { return s == "ipc.ErrClosed" })
-	var got []string
-	seen := map[int]bool{}
-	for _, c := range errorCodes {
-		require.False(t, seen[int(c.code)], "code %d twice", c.code)
-		seen[int(c.code)] = true
-		require.Equal(t, c.name, cErrorName(int(c.code)), "C name of code %d", c.code)
-		require.Equal(t, int(c.code), int(codeOf(fmt.Errorf("context: %w", c.err))), "code of a wrapped %s", c.name)
-		if !strings.HasPrefix(c.name, "capi.") {
-			got = append(got, c.name)
-		}
-	}
-	for code := 1; code < errorCodeLimit; code++ {
-		require.Equal(t, errorNameOf(code), cErrorName(code), "code %d", code)
-	}
-	sort.Strings(want)
-	sort.Strings(got)
-	require.Equal(t, want, got)
 }
 
 // The library exports exactly the functions shmsteer.h declares: the Go functions behind them

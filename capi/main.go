@@ -15,13 +15,28 @@
 // gets SHMSTEER_E_FORKED, never a hang. The Go functions they call (shmsteerGo_*) are exported
 // for the wrappers only. Objects cross the boundary as generation-checked handles (handles.go),
 // so a stale or foreign handle is SHMSTEER_E_BAD_HANDLE, never a crash. Errors are the codes of
-// shmsteer.h, one per Go sentinel of shm, ipc, steer and steer/vecfile (errors.go).
+// shmsteer.h, one per Go sentinel of shm, ipc, steer and steer/vecfile.
+//
+// # Error codes
+//
+// errors.tab is the one source of the codes: `go generate ./capi` (errgen.go, with
+// internal/errtable) renders it into the SHMSTEER_E_* block of shmsteer.h, the Go table of
+// sentinels (errors_gen.go), the names behind shmsteer_error_name (errnames_gen.c) and the
+// Python exception classes (python/shmsteer/errors.py). To add a sentinel to shm, ipc, steer or
+// steer/vecfile, add one row to its package's block of errors.tab (the next free code of the
+// package's range, its SHMSTEER_E_ name, the Go name, the Python class and its bases, one line
+// of meaning) and run `go generate ./capi`. TestErrorTableCoversSentinels fails while a
+// sentinel has no row, TestErrorTablesGenerated while a generated file is stale, and
+// TestErrorTableOrderAndHierarchy when a row is shadowed by an earlier one or the Python classes
+// do not follow errors.Is. A new package of sentinels gets a package line (its range) first.
 //
 // This package must not reach into the engine's internals: it calls the exported API of shm, ipc,
 // steer and steer/vecfile only. unsafe is allowed here (and in shm/unsafe.go) because the C ABI needs it: C
 // strings and buffers are viewed in place, never copied on the hot paths.
 package main
 
+// The error tables first (errors.tab is their one source), then the library.
+//go:generate go run errgen.go
 // The linker runs in a temporary directory, hence the absolute path of the version script
 // (exports.map: only the shmsteer_* functions of shmsteer.h are exported).
 //go:generate sh -c "go build -buildmode=c-shared -ldflags=-extldflags=-Wl,--version-script=$DOLLAR(pwd)/exports.map -o ../python/shmsteer/libshmsteer.so ."

@@ -60,38 +60,40 @@ extern "C" {
  * ERROR CODES. Codes 1..9 belong to the C ABI; every other code is exactly one Go sentinel error
  * of package shm (10..29), ipc (30..49), steer (50..79) or steer/vecfile (80..99): the error a
  * call returned matches it with errors.Is. shmsteer_error_name gives the Go name
- * ("ipc.ErrKeyRevoked"). An error matching several sentinels gets the first code of this order:
- * steer before vecfile (a vector file whose tensor has the wrong hidden size is HIDDEN_SIZE,
- * though it is also vecfile.ErrShape), then shm.
+ * ("ipc.ErrKeyRevoked"). An error matching several sentinels gets the code of the first in
+ * capi/errors.tab's order: ipc, then steer, then vecfile (a vector file whose tensor has the
+ * wrong hidden size is HIDDEN_SIZE, though it is also vecfile.ErrShape), then shm; a sentinel
+ * that wraps another comes before it (MARKED before NOT_FOUND).
  */
+/* BEGIN ERROR CODES: generated from capi/errors.tab by `go generate ./capi`; do not edit */
 #define SHMSTEER_OK 0
-/* ABI errors */
-#define SHMSTEER_E_FORKED 1           /* called in a child forked after the library was loaded */
-#define SHMSTEER_E_BUFFER_TOO_SMALL 2 /* *len holds the bytes needed; nothing was written */
-#define SHMSTEER_E_INVALID_ARGUMENT 3 /* NULL pointer, negative size, bad JSON, bad phase */
-#define SHMSTEER_E_BAD_HANDLE 4       /* NULL, closed or foreign handle */
-#define SHMSTEER_E_OTHER 5            /* an error matching no sentinel (e.g. a file read) */
-/* package shm */
-#define SHMSTEER_E_NOT_FOUND 10          /* shm.ErrNotFound */
-#define SHMSTEER_E_REGION_FULL 11        /* shm.ErrRegionFull: nothing changed; enlarge */
-#define SHMSTEER_E_SHM_KEY_TOO_LONG 12   /* shm.ErrKeyTooLong */
-#define SHMSTEER_E_BAD_KIND 13           /* shm.ErrBadKind */
-#define SHMSTEER_E_SHM_BAD_CONFIG 14     /* shm.ErrBadConfig: a region size is out of range */
-#define SHMSTEER_E_NOT_REGION 15         /* shm.ErrNotRegion */
-#define SHMSTEER_E_SHM_INCOMPATIBLE 16   /* shm.ErrIncompatible: layout version mismatch */
-#define SHMSTEER_E_CORRUPT 17            /* shm.ErrCorrupt */
-#define SHMSTEER_E_READ_ONLY 18          /* shm.ErrReadOnly */
-#define SHMSTEER_E_BUSY 19               /* shm.ErrBusy: snapshots still open at close */
-#define SHMSTEER_E_READER_BUSY 20        /* shm.ErrReaderBusy */
-#define SHMSTEER_E_CLOSED 21             /* shm.ErrClosed (= ipc.ErrClosed) */
-#define SHMSTEER_E_NO_READER_SLOT 22     /* shm.ErrNoReaderSlot: close idle snapshots/readers */
-#define SHMSTEER_E_SNAPSHOT_TOO_OLD 23   /* shm.ErrSnapshotTooOld */
-#define SHMSTEER_E_SNAPSHOT_FUTURE 24    /* shm.ErrSnapshotFuture */
-#define SHMSTEER_E_VALUE_TOO_LARGE 25    /* shm.ErrValueTooLarge */
-#define SHMSTEER_E_UNSUPPORTED 26        /* shm.ErrUnsupported: needs Linux memfd */
-#define SHMSTEER_E_LEASE_UNAVAILABLE 27  /* shm.ErrLeaseUnavailable: mount /proc (reader lease) */
-#define SHMSTEER_E_MARKED 28             /* shm.ErrMarked (the registry reports KEY_REVOKED) */
-/* package ipc */
+/* package capi (codes 1..9) */
+#define SHMSTEER_E_FORKED 1           /* capi.ErrForked: called in a child forked after the library was loaded */
+#define SHMSTEER_E_BUFFER_TOO_SMALL 2 /* capi.ErrBufferTooSmall: *len holds the bytes needed; nothing was written */
+#define SHMSTEER_E_INVALID_ARGUMENT 3 /* capi.ErrInvalidArgument: NULL pointer, negative size, bad JSON, bad phase */
+#define SHMSTEER_E_BAD_HANDLE 4       /* capi.ErrBadHandle: NULL, closed or foreign handle */
+#define SHMSTEER_E_OTHER 5            /* capi.ErrOther: an error matching no sentinel (e.g. a file read) */
+/* package shm (codes 10..29) */
+#define SHMSTEER_E_NOT_FOUND 10         /* shm.ErrNotFound */
+#define SHMSTEER_E_REGION_FULL 11       /* shm.ErrRegionFull: nothing changed; enlarge */
+#define SHMSTEER_E_SHM_KEY_TOO_LONG 12  /* shm.ErrKeyTooLong */
+#define SHMSTEER_E_BAD_KIND 13          /* shm.ErrBadKind */
+#define SHMSTEER_E_SHM_BAD_CONFIG 14    /* shm.ErrBadConfig: a region size is out of range */
+#define SHMSTEER_E_NOT_REGION 15        /* shm.ErrNotRegion */
+#define SHMSTEER_E_SHM_INCOMPATIBLE 16  /* shm.ErrIncompatible: layout version mismatch */
+#define SHMSTEER_E_CORRUPT 17           /* shm.ErrCorrupt */
+#define SHMSTEER_E_READ_ONLY 18         /* shm.ErrReadOnly */
+#define SHMSTEER_E_BUSY 19              /* shm.ErrBusy: snapshots still open at close */
+#define SHMSTEER_E_READER_BUSY 20       /* shm.ErrReaderBusy */
+#define SHMSTEER_E_CLOSED 21            /* shm.ErrClosed: the same value as ipc.ErrClosed */
+#define SHMSTEER_E_NO_READER_SLOT 22    /* shm.ErrNoReaderSlot: close idle snapshots/readers */
+#define SHMSTEER_E_SNAPSHOT_TOO_OLD 23  /* shm.ErrSnapshotTooOld */
+#define SHMSTEER_E_SNAPSHOT_FUTURE 24   /* shm.ErrSnapshotFuture */
+#define SHMSTEER_E_VALUE_TOO_LARGE 25   /* shm.ErrValueTooLarge */
+#define SHMSTEER_E_UNSUPPORTED 26       /* shm.ErrUnsupported: needs Linux memfd */
+#define SHMSTEER_E_LEASE_UNAVAILABLE 27 /* shm.ErrLeaseUnavailable: mount /proc (reader lease) */
+#define SHMSTEER_E_MARKED 28            /* shm.ErrMarked: a marked key has no value; the key registry reports KEY_REVOKED */
+/* package ipc (codes 30..49) */
 #define SHMSTEER_E_AUTH_SECRET_NOT_DEFINED 30 /* ipc.ErrAuthSecretNotDefined: set SHMSTEER_SECRET */
 #define SHMSTEER_E_NOT_YET_INITIALIZED 31     /* ipc.ErrNotYetInitialized: no owner answers */
 #define SHMSTEER_E_PREVIOUSLY_INITIALIZED 32  /* ipc.ErrPreviouslyInitialized: owner exists */
@@ -111,7 +113,7 @@ extern "C" {
 #define SHMSTEER_E_RENDEZVOUS_TAKEN 46        /* ipc.ErrRendezvousTaken: squatted names (message names holders) */
 #define SHMSTEER_E_OWNER_BUSY 47              /* ipc.ErrBusy: frame buffer budget or FrameTimeout */
 #define SHMSTEER_E_DEAD_REGION 48             /* ipc.ErrDeadRegion: a Follower reads a dead owner's region */
-/* package steer */
+/* package steer (codes 50..79) */
 #define SHMSTEER_E_STEER_INCOMPATIBLE 50 /* steer.ErrIncompatible: model config mismatch */
 #define SHMSTEER_E_STEER_BAD_CONFIG 51   /* steer.ErrBadConfig */
 #define SHMSTEER_E_BAD_NAME 52           /* steer.ErrBadName */
@@ -129,27 +131,29 @@ extern "C" {
 #define SHMSTEER_E_NO_STEP 64            /* steer.ErrNoStep */
 #define SHMSTEER_E_BAD_BATCH 65          /* steer.ErrBadBatch */
 #define SHMSTEER_E_SHAPE 66              /* steer.ErrShape */
-/* 67, 68: retired (steer.ErrDtype, ErrNotContiguous moved to steer/dense; never returned here) */
+/* 67: retired (steer.ErrDtype, moved to steer/dense; never returned here) */
+/* 68: retired (steer.ErrNotContiguous, moved to steer/dense; never returned here) */
 #define SHMSTEER_E_REMOTE 69             /* steer.ErrRemote */
 #define SHMSTEER_E_OVERFLOW 70           /* steer.ErrOverflow: magnitude beyond steer.MaxMagnitude */
-#define SHMSTEER_E_UNKNOWN_REQUEST 71    /* steer.ErrUnknownRequest (strict requests) */
+#define SHMSTEER_E_UNKNOWN_REQUEST 71    /* steer.ErrUnknownRequest: a strict request the owner does not know */
 #define SHMSTEER_E_NOT_SERVED 72         /* steer.ErrNotServed: the owner never called Engine.Serve */
 #define SHMSTEER_E_LATCH_STATE 73        /* steer.ErrLatchState: restored latch state does not fit */
 #define SHMSTEER_E_PROBE_SITE 74         /* steer.ErrProbeSite: a probe names exactly one (hook, layer) */
-/* package steer/vecfile (vector files: shmsteer_vector_import / _export) */
-#define SHMSTEER_E_FILE_TOO_LARGE 80     /* vecfile.ErrTooLarge: above max_bytes; nothing was read */
-#define SHMSTEER_E_UNKNOWN_FORMAT 81     /* vecfile.ErrUnknownFormat: not gguf, npy, npz, safetensors */
-#define SHMSTEER_E_FILE_CORRUPT 82       /* vecfile.ErrCorrupt: truncated or malformed file */
-#define SHMSTEER_E_FILE_DTYPE 83         /* vecfile.ErrDtype: element type not converted */
-#define SHMSTEER_E_FILE_SHAPE 84         /* vecfile.ErrShape: not [hidden] or [layers, hidden] */
-#define SHMSTEER_E_VALUE_RANGE 85        /* vecfile.ErrValueRange: a float64 beyond float32 */
-#define SHMSTEER_E_TENSOR_NAME 86        /* vecfile.ErrTensorName: names no hook and layer */
-#define SHMSTEER_E_NEED_LAYERS 87        /* vecfile.ErrNeedLayers: a [hidden] array needs "layers" */
-#define SHMSTEER_E_NO_VECTORS 88         /* vecfile.ErrNoVectors: the file steers nothing */
-#define SHMSTEER_E_UNREPRESENTABLE 89    /* vecfile.ErrUnrepresentable: pick another format */
-#define SHMSTEER_E_FILE_OPTIONS 90       /* vecfile.ErrBadOptions: bad scale, layers or max_bytes */
+/* package vecfile (codes 80..99) */
+#define SHMSTEER_E_FILE_TOO_LARGE 80  /* vecfile.ErrTooLarge: above max_bytes; nothing was read */
+#define SHMSTEER_E_UNKNOWN_FORMAT 81  /* vecfile.ErrUnknownFormat: not gguf, npy, npz, safetensors */
+#define SHMSTEER_E_FILE_CORRUPT 82    /* vecfile.ErrCorrupt: truncated or malformed file */
+#define SHMSTEER_E_FILE_DTYPE 83      /* vecfile.ErrDtype: element type not converted */
+#define SHMSTEER_E_FILE_SHAPE 84      /* vecfile.ErrShape: not [hidden] or [layers, hidden] */
+#define SHMSTEER_E_VALUE_RANGE 85     /* vecfile.ErrValueRange: a float64 beyond float32 */
+#define SHMSTEER_E_TENSOR_NAME 86     /* vecfile.ErrTensorName: names no hook and layer */
+#define SHMSTEER_E_NEED_LAYERS 87     /* vecfile.ErrNeedLayers: a [hidden] array needs "layers" */
+#define SHMSTEER_E_NO_VECTORS 88      /* vecfile.ErrNoVectors: the file steers nothing */
+#define SHMSTEER_E_UNREPRESENTABLE 89 /* vecfile.ErrUnrepresentable: pick another format */
+#define SHMSTEER_E_FILE_OPTIONS 90    /* vecfile.ErrBadOptions: bad scale, layers or max_bytes */
 /* One past the largest code. */
 #define SHMSTEER_E_LIMIT 100
+/* END ERROR CODES */
 
 /* Phases of a request's rows (steer.Phase). */
 #define SHMSTEER_PHASE_PREFILL 1

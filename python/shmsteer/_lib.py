@@ -12,7 +12,7 @@ import os
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_float, c_int, c_int32, c_int64,
                     c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
-from .errors import error_for
+from .errors import BufferTooSmallError, error_for
 
 ABI_VERSION = 3
 PHASE_PREFILL = 1
@@ -147,7 +147,7 @@ def read_json(fn, handle) -> bytes:
         buf = ctypes.create_string_buffer(cap)
         n = c_size_t(0)
         rc = fn(handle, buf, cap, ctypes.byref(n))
-        if rc == 2 and n.value > cap:  # SHMSTEER_E_BUFFER_TOO_SMALL
+        if rc == BufferTooSmallError.code and n.value > cap:
             cap = n.value
             continue
         check(rc)
