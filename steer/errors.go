@@ -27,7 +27,7 @@ var (
 	ErrDuplicate = errors.New("shmsteer: duplicate (hook, layer) in a steering set")
 	// ErrEmptySet means a named vector was registered with no entries.
 	ErrEmptySet = errors.New("shmsteer: named vector has no entries")
-	// ErrBadClamp means a clamp has a zero direction or min > max.
+	// ErrBadClamp means a clamp has a zero direction, min > max, or a strength outside [0, 1].
 	ErrBadClamp = errors.New("shmsteer: bad clamp")
 	// ErrUnknownVector means a reference names a vector that is not registered.
 	ErrUnknownVector = errors.New("shmsteer: unknown named vector")

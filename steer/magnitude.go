@@ -16,7 +16,15 @@ import (
 //   - every composed component: for each (hook, layer, phase), the sum of a steering set's terms
 //     that apply there (its base tier plus its prefill or decode tier), computed separately for
 //     the global steering and for a request's own steering;
-//   - a clamp's Min, Max and Strength, and Strength × max(|Min|, |Max|).
+//   - a clamp's Min and Max; its Strength must be in [0, 1] (else ErrBadClamp).
+//
+// The clamp rule is what keeps the composed result (a row after every vector and every clamp,
+// global ones first) within the bound: a clamp of direction u (unit), bounds [lo, hi] and
+// strength s moves the row's projection p = row·u to p + s·(min(max(p, lo), hi) − p), which
+// for s in [0, 1] lies between p and [lo, hi], so |p'| ≤ max(|p|, |lo|, |hi|) and no component
+// orthogonal to u changes. A strength above 1 overshoots (9e29 against a projection of 9e29
+// wrote −Inf); a negative one pushes away. The same rule holds on every path (Go, RPC, C,
+// HTTP) because the owner checks it here, on the set as resolved, for every write.
 //
 // Register, SetGlobal and Admit check this in float64 and refuse input beyond the bound with
 // ErrOverflow, changing nothing. A composition that would only exceed it later (a named vector
@@ -108,11 +116,9 @@ func checkMagnitude(cfg ModelConfig, w *wire, named func(string) (wire, bool), s
 		if overBound(bound) {
 			return magnitudeError(set, c.phase, cfg, c.hook, c.layer, fmt.Sprintf("clamp %d bound", i), bound)
 		}
-		if overBound(float64(c.str)) {
-			return magnitudeError(set, c.phase, cfg, c.hook, c.layer, fmt.Sprintf("clamp %d strength", i), float64(c.str))
-		}
-		if x := float64(c.str) * bound; overBound(x) {
-			return magnitudeError(set, c.phase, cfg, c.hook, c.layer, fmt.Sprintf("clamp %d strength × bound", i), x)
+		if !(c.str >= 0 && c.str <= 1) {
+			return fmt.Errorf("%w: %s, %s tier at (%s, layer %d): clamp %d strength %g not in [0, 1] (a clamp moves a projection toward [min, max], never past it)",
+				ErrBadClamp, set, c.phase, cfg.HookName(c.hook), c.layer, i, c.str)
 		}
 	}
 	return nil

@@ -56,7 +56,8 @@ type Ref struct {
 
 // Clamp projects each row h on the direction Dir at (Hook, Layer), p = h·u with u = Dir/|Dir|,
 // and moves it by Strength*(clamp(p, Min, Max) - p) along u, after the adds. Min = Max = 0 with
-// Strength 1 ablates the direction.
+// Strength 1 ablates the direction. Strength must be in [0, 1] (ErrBadClamp otherwise: see
+// MaxMagnitude for why), on every path.
 type Clamp struct {
 	Hook     string
 	Layer    int

@@ -252,3 +252,17 @@ def test_views_holding_every_snapshot_slot_raise_no_reader_slot(owner, ns, secre
         assert _within(10, lambda: c.keys["req"]) == b"k"
         del views
         gc.collect()
+
+
+def test_clamp_strength_outside_unit_interval_is_refused(owner):
+    # The one clamp rule (strength in [0, 1]) holds through the C ABI too: a 9e29 vector plus
+    # a clamp of strength 9e29 would write -inf into the row.
+    clamp = {"hook": "post_block", "layer": 1, "dir": [1.0] + [0.0] * 7, "min": 1.0, "max": 1.0}
+    base = {"vectors": [{"hook": "post_block", "layer": 1, "scale": 1.0, "data": [9e29] * 8}]}
+    for strength in (9e29, 1.5, -0.5):
+        bad = {"base": dict(base, clamps=[dict(clamp, strength=strength)])}
+        with pytest.raises(errors.BadClampError, match=r"not in \[0, 1\]"):
+            owner.set_global(bad)
+        with pytest.raises(errors.BadClampError):
+            owner.admit("rc", override=bad)
+    owner.set_global({"base": dict(base, clamps=[dict(clamp, strength=1.0)])})
