@@ -563,7 +563,7 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, err := s.eng.Unregister(req.Name)
+	v, dropped, err := s.unregisterNamed(req.Name)
 	if errors.Is(err, steer.ErrUnknownVector) {
 		return nil, fmt.Errorf("%w: steer vector %q", ErrNotFound, req.Name)
 	} else if err != nil {
@@ -573,7 +573,8 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 		return nil, err
 	}
 	list, err := ListVectors(s.eng, p.owns)
-	return map[string]any{"status": "ok", "name": req.Name, "kind": "steer", "version": v, "vectors": list}, err
+	return map[string]any{"status": "ok", "name": req.Name, "kind": "steer", "version": v, "vectors": list,
+		"dropped_references": dropped}, err
 }
 
 func (s *Server) listVectors(_ *http.Request, p principal, _ []byte) (any, error) {

@@ -41,7 +41,10 @@
 // Choices where the fork is unclear: /set with replace=false replaces, per tier, the vectors at
 // the (hook, layer) sites it names and the clamps at the sites it names, and keeps the rest;
 // open clamp bounds become ±steer.MaxMagnitude; GET /v1/steering reports per layer and hook the norm of
-// each tier's summed vector (base, prefill, decode) and the number of clamps. Additions:
+// each tier's summed vector (base, prefill, decode) and the number of clamps; unregistering a
+// named vector the global steering references drops those references (recomposing the global
+// steering in the same write) and the reply lists the sets affected, "dropped_references":
+// ["global"], so no later merging /set fails on the missing name. Additions:
 // *_vector_refs ({name: strength}) in /set, POST /v1/requests/admit and /v1/requests/end (for a
 // scheduler that is not an ipc client), DELETE /v1/conversations/{tenant}/{id}, GET /v1/status.
 //

@@ -456,3 +456,46 @@ func (s *Server) restore() (bool, error) {
 	}
 	return true, nil
 }
+
+// unregisterNamed unregisters a named vector and says which steering sets had their
+// references to it dropped in the same write: ["global"] if the global steering referenced it
+// (steer.Engine.Unregister drops them and recomposes), else empty. Callers hold s.mu.
+func (s *Server) unregisterNamed(name string) (uint64, []string, error) {
+	referenced := func() (bool, uint64, error) {
+		snap, err := s.eng.Region().Snapshot()
+		if err != nil {
+			return false, 0, err
+		}
+		defer snap.Close()
+		g, _, ok, err := s.eng.Global(&snap)
+		if err != nil || !ok {
+			return false, 0, err
+		}
+		_, ver, _, err := s.eng.Encoding(&snap, steer.ChangeGlobal, "")
+		for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+			for _, r := range g.Tier(ph).Refs {
+				if r.Name == name {
+					return true, ver, err
+				}
+			}
+		}
+		return false, ver, err
+	}
+	before, _, err := referenced()
+	if err != nil {
+		return 0, nil, err
+	}
+	v, err := s.eng.Unregister(name)
+	if err != nil {
+		return 0, nil, err
+	}
+	dropped := []string{}
+	if before {
+		// The global steering was rewritten (its version is v) or deleted in the unregister's
+		// write; a worker's global write in between would carry another version.
+		if _, ver, err := referenced(); err == nil && (ver == v || ver == 0) {
+			dropped = append(dropped, "global")
+		}
+	}
+	return v, dropped, nil
+}

@@ -3,6 +3,7 @@ package steer
 import (
 	"errors"
 	"fmt"
+	"log"
 
 	"github.com/shmsteer/shmsteer/shm"
 )
@@ -74,12 +75,16 @@ func (e *Engine) putComposed(tx *shm.Tx, kind shm.Kind, key string, w *wire, loo
 }
 
 // recomposeDependents rewrites, in tx, the compositions of every set that references name,
-// whose encoding becomes b (nil: unregistered). s is a snapshot taken before tx.
-func (e *Engine) recomposeDependents(tx *shm.Tx, s *shm.Snapshot, name string, b []byte) error {
+// whose encoding becomes b (nil: unregistered), except the global steering when skipGlobal.
+// s is a snapshot taken before tx.
+func (e *Engine) recomposeDependents(tx *shm.Tx, s *shm.Snapshot, name string, b []byte, skipGlobal bool) error {
 	lookup := lookupAt(s, name, b)
 	for id := range e.deps.byName[name] {
 		kind, key, src, set := KindComposed, id, KindRequest, fmt.Sprintf("request %q", id)
 		if id == globalDep {
+			if skipGlobal {
+				continue
+			}
 			kind, key, src, set = KindComposedGlobal, globalKey, KindGlobal, "global steering"
 		}
 		raw, _, err := s.View(src, key)
@@ -99,11 +104,67 @@ func (e *Engine) recomposeDependents(tx *shm.Tx, s *shm.Snapshot, name string, b
 	return nil
 }
 
+// dropGlobalRefs rewrites, in tx, the global steering without its references to name (being
+// unregistered) and recomposes it, or deletes it if nothing else is left. It returns the names
+// the global steering still references and whether it was deleted. s is a snapshot taken
+// before tx.
+func (e *Engine) dropGlobalRefs(tx *shm.Tx, s *shm.Snapshot, name string) (refs []string, deleted bool, err error) {
+	raw, _, err := s.View(KindGlobal, globalKey)
+	if err != nil {
+		return nil, false, err
+	}
+	w, err := decode(raw, e.cfg, false)
+	if err != nil {
+		return nil, false, fmt.Errorf("global steering: %w", err)
+	}
+	kept := make([]wireRef, 0, len(w.refs))
+	for _, r := range w.refs {
+		if r.name != name {
+			kept = append(kept, r)
+		}
+	}
+	w.refs = kept
+	if len(w.vecs) == 0 && len(w.refs) == 0 && len(w.clamps) == 0 {
+		if err := tx.Delete(KindGlobal, globalKey); err != nil {
+			return nil, false, err
+		}
+		if err := tx.Delete(KindComposedGlobal, globalKey); err != nil && !errors.Is(err, shm.ErrNotFound) {
+			return nil, false, err
+		}
+		return nil, true, nil
+	}
+	enc, err := w.encode(e.cfg.Hidden)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := tx.Put(KindGlobal, globalKey, enc); err != nil {
+		return nil, false, err
+	}
+	set := fmt.Sprintf("global steering (references to named vector %q dropped)", name)
+	if err := e.putComposed(tx, KindComposedGlobal, globalKey, &w, lookupAt(s, name, nil), set); err != nil {
+		return nil, false, err
+	}
+	return refNames(&w), false, nil
+}
+
 // writeNamed stores (b != nil) or deletes a named vector and recomposes its dependents, in one
-// transaction: a step sees the old vector and old compositions, or the new ones.
+// transaction: a step sees the old vector and old compositions, or the new ones. Deleting a
+// vector the global steering references also drops those references from the global steering
+// in the same transaction (see Unregister), and the observers then get a ChangeGlobal too.
 func (e *Engine) writeNamed(name string, b []byte, o writeOpts) (v uint64, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	_, dropGlobal := e.deps.byName[name][globalDep]
+	dropGlobal = dropGlobal && b == nil
+	var globalRefs []string
+	var globalDeleted bool
+	defer func() {
+		if err == nil && dropGlobal {
+			e.deps.set(globalDep, globalRefs)
+			e.logf("shmsteer: named vector %q was unregistered: its references were dropped from the global steering (recomposed in the same write)", name)
+			o.done(e, &err, Change{Kind: ChangeGlobal, Deleted: globalDeleted}, &v)
+		}
+	}()
 	defer o.done(e, &err, Change{Kind: ChangeVector, Name: name, Deleted: b == nil}, &v) // observers, under the lock
 	if err := o.check(); err != nil {
 		return 0, err
@@ -124,6 +185,21 @@ func (e *Engine) writeNamed(name string, b []byte, o writeOpts) (v uint64, err e
 			}
 			return err
 		}
-		return e.recomposeDependents(tx, &s, name, b)
+		if dropGlobal {
+			var err error
+			if globalRefs, globalDeleted, err = e.dropGlobalRefs(tx, &s, name); err != nil {
+				return err
+			}
+		}
+		return e.recomposeDependents(tx, &s, name, b, dropGlobal)
 	})
+}
+
+// logf writes a warning through Options.Logf (default log.Printf).
+func (e *Engine) logf(format string, args ...any) {
+	if e.opt.Logf != nil {
+		e.opt.Logf(format, args...)
+		return
+	}
+	log.Printf(format, args...)
 }

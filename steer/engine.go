@@ -135,7 +135,10 @@ func (e *Engine) register(name string, vecs []Vector, o writeOpts) (VectorInfo, 
 
 // Unregister deletes a named vector (from a worker, through the owner). Requests that reference
 // it stop applying it at the next step; latches that reference it drop at their next bridge.
-// ErrUnknownVector if it is not registered.
+// References to it in the global steering are dropped and the global steering recomposed in
+// the same transaction (deleted if nothing else is left), so later global merges keep
+// working: the rewritten global entry carries the version Unregister returns, observers get a
+// ChangeGlobal and Logf says so. ErrUnknownVector if it is not registered.
 func (e *Engine) Unregister(name string) (uint64, error) { return e.unregister(name, writeOpts{}) }
 
 func (e *Engine) unregister(name string, o writeOpts) (uint64, error) {
