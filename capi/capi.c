@@ -279,6 +279,22 @@ SHMSTEER_API int shmsteer_stepper_end(shmsteer_stepper_t *st, uint64_t *checksum
   return shmsteerGo_stepper_end(H(st), checksum);
 }
 
+SHMSTEER_API int shmsteer_batch_new(shmsteer_stepper_t *st, const shmsteer_batch_options *opt,
+                                    shmsteer_batch_t **out) {
+  ENTER();
+  OUT_HANDLE(shmsteer_batch_t, shmsteerGo_batch_new(H(st), (shmsteer_batch_options *)opt, &hv), out);
+}
+
+SHMSTEER_API int shmsteer_batch_free(shmsteer_batch_t *b) { ENTER(); return shmsteerGo_batch_free(H(b)); }
+
+SHMSTEER_API int shmsteer_batch_reset(shmsteer_batch_t *b) { ENTER(); return shmsteerGo_batch_reset(H(b)); }
+
+SHMSTEER_API int shmsteer_batch_resolve(shmsteer_batch_t *b, uint64_t version, const shmsteer_span *spans,
+                                        size_t n_spans, int64_t rows, uint32_t flags, shmsteer_batch_info *out) {
+  ENTER();
+  return shmsteerGo_batch_resolve(H(b), version, (shmsteer_span *)spans, n_spans, rows, flags, out);
+}
+
 SHMSTEER_API int shmsteer_vector_import(shmsteer_t *h, const char *name, size_t name_len, const char *path,
                                         const char *options_json, size_t options_len, uint64_t *version,
                                         uint8_t *digest) {

@@ -75,6 +75,7 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_NOT_SERVED] = "steer.ErrNotServed",
     [SHMSTEER_E_LATCH_STATE] = "steer.ErrLatchState",
     [SHMSTEER_E_PROBE_SITE] = "steer.ErrProbeSite",
+    [SHMSTEER_E_BATCH_CAPACITY] = "steer.ErrBatchCapacity",
     [SHMSTEER_E_FILE_TOO_LARGE] = "vecfile.ErrTooLarge",
     [SHMSTEER_E_UNKNOWN_FORMAT] = "vecfile.ErrUnknownFormat",
     [SHMSTEER_E_FILE_CORRUPT] = "vecfile.ErrCorrupt",

@@ -139,6 +139,7 @@ extern "C" {
 #define SHMSTEER_E_NOT_SERVED 72         /* steer.ErrNotServed: the owner never called Engine.Serve */
 #define SHMSTEER_E_LATCH_STATE 73        /* steer.ErrLatchState: restored latch state does not fit */
 #define SHMSTEER_E_PROBE_SITE 74         /* steer.ErrProbeSite: a probe names exactly one (hook, layer) */
+#define SHMSTEER_E_BATCH_CAPACITY 75     /* steer.ErrBatchCapacity: a batch does not fit the tables: raise max_slots / max_clamps */
 /* package vecfile (codes 80..99) */
 #define SHMSTEER_E_FILE_TOO_LARGE 80  /* vecfile.ErrTooLarge: above max_bytes; nothing was read */
 #define SHMSTEER_E_UNKNOWN_FORMAT 81  /* vecfile.ErrUnknownFormat: not gguf, npy, npz, safetensors */
@@ -162,6 +163,7 @@ extern "C" {
 typedef struct shmsteer shmsteer_t;                   /* an attached client or an owner */
 typedef struct shmsteer_snapshot shmsteer_snapshot_t; /* a pinned region version */
 typedef struct shmsteer_stepper shmsteer_stepper_t;   /* per-thread step state */
+typedef struct shmsteer_batch shmsteer_batch_t;       /* a stepper's per-step batch tables */
 typedef struct shmsteer_reader shmsteer_reader_t;     /* per-thread key reader */
 
 /* ---- library ---------------------------------------------------------------------------- */
@@ -416,6 +418,53 @@ int shmsteer_stepper_effective(shmsteer_stepper_t *st, const char *id, size_t id
 /* End the step (unpin) and set *checksum (may be NULL): the determinism checksum of the
  * actions applied, equal across ranks that applied the same steering to the same layouts. */
 int shmsteer_stepper_end(shmsteer_stepper_t *st, uint64_t *checksum);
+
+/* ---- per-step batch (device workers) ---------------------------------------------------- */
+
+/* A batch resolves a whole step in one call (steer.Batch): every distinct (request, phase)
+ * composition of the step gets a slot, row `slot` of a per-site table [slots + 1, hidden] the
+ * worker keeps on its device (row 0 zeros, global + request composed into one row), and the
+ * call reports the slot of every row, the sites anything steers, and exactly the table rows to
+ * (re)write. A hooked site then does one gather-add, table[index], with no call here. */
+typedef struct {
+  uint32_t max_slots;  /* compositions a table holds besides row 0; 0 = 256 */
+  uint32_t max_clamps; /* clamp directions per (slot, site); 0 = 4 */
+} shmsteer_batch_options;
+
+/* opt may be NULL (defaults). The batch belongs to st's thread; free it before st. */
+int shmsteer_batch_new(shmsteer_stepper_t *st, const shmsteer_batch_options *opt, shmsteer_batch_t **out);
+int shmsteer_batch_free(shmsteer_batch_t *b);
+/* Forget what the worker's tables hold: the next resolve reports every steered row. */
+int shmsteer_batch_reset(shmsteer_batch_t *b);
+
+#define SHMSTEER_BATCH_END 1u /* end the step after resolving (no CPU apply follows) */
+
+/* What a resolve produced. Every pointer is valid until the next resolve, reset or free of the
+ * batch, and NULL when its count is 0. */
+typedef struct {
+  uint64_t version;            /* region version the step pinned */
+  uint64_t checksum;           /* determinism checksum of the resolved batch (not of floats) */
+  const int32_t *index;        /* rows entries: the slot of each row (0: nothing steers it) */
+  size_t rows;
+  uint32_t slots;              /* highest slot of this step + 1: table rows needed */
+  const int32_t *sites;        /* n_sites steered sites (hook * layers + layer), ascending */
+  const int32_t *site_clamps;  /* clamp directions at each of sites (0: a plain add) */
+  size_t n_sites;
+  const int32_t *updates;      /* n_updates x 4 int32: site, slot, clamps, clamp_start */
+  size_t n_updates;
+  const float *stage;          /* n_updates x hidden: the composed row each update writes */
+  const float *clamp_dirs;     /* n_clamps x hidden unit directions; an update's clamps are
+                                  records [clamp_start, clamp_start + clamps), applied in order */
+  const float *clamp_params;   /* n_clamps x 3: lo, hi, strength */
+  size_t n_clamps;
+} shmsteer_batch_info;
+
+/* Begin a step at version (0 = current), as shmsteer_stepper_begin, and resolve spans over a
+ * block of rows rows into *out: the one call per step a device worker makes. The step stays
+ * open for shmsteer_stepper_apply on CPU sites unless flags has SHMSTEER_BATCH_END. On error
+ * (BAD_BATCH, BATCH_CAPACITY, ...) the step is ended and the batch's slots are unchanged. */
+int shmsteer_batch_resolve(shmsteer_batch_t *b, uint64_t version, const shmsteer_span *spans, size_t n_spans,
+                           int64_t rows, uint32_t flags, shmsteer_batch_info *out);
 
 #ifdef __cplusplus
 }

@@ -55,3 +55,8 @@ var (
 	// ErrRemote means the owner answered an RPC with an error this build does not know.
 	ErrRemote = errors.New("shmsteer: owner reported an error")
 )
+
+// ErrBatchCapacity means a step's batch does not fit a Batch's tables: more distinct (request,
+// phase) compositions than BatchOptions.MaxSlots, or more clamp directions at one site than
+// MaxClamps. Raise the limit (and the device tables with it) or split the batch.
+var ErrBatchCapacity = errors.New("shmsteer: batch does not fit the steering tables")

@@ -525,6 +525,14 @@ class ProbeSiteError(ShmsteerError, ValueError):
     go_name = "steer.ErrProbeSite"
 
 
+class BatchCapacityError(ShmsteerError, ValueError):
+    """Mirrors Go's steer.ErrBatchCapacity (code 75, SHMSTEER_E_BATCH_CAPACITY): a batch does not
+    fit the tables: raise max_slots / max_clamps."""
+
+    code = 75
+    go_name = "steer.ErrBatchCapacity"
+
+
 class VectorFileTooLargeError(VectorFileError):
     """Mirrors Go's vecfile.ErrTooLarge (code 80, SHMSTEER_E_FILE_TOO_LARGE): above max_bytes;
     nothing was read."""
@@ -679,6 +687,7 @@ BY_CODE: Dict[int, Type[ShmsteerError]] = {
     72: NotServedError,
     73: LatchStateError,
     74: ProbeSiteError,
+    75: BatchCapacityError,
     80: VectorFileTooLargeError,
     81: UnknownFormatError,
     82: VectorFileCorruptError,
@@ -763,6 +772,7 @@ __all__ = [
     "NotServedError",
     "LatchStateError",
     "ProbeSiteError",
+    "BatchCapacityError",
     "VectorFileTooLargeError",
     "UnknownFormatError",
     "VectorFileCorruptError",

@@ -1,0 +1,144 @@
+package main
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+#include "shmsteer.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"unsafe"
+
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// batch is a shmsteer_batch_t: a steer.Batch over a stepper's steps. Resolve's outputs are Go
+// slices handed to C in place, kept pinned until the next resolve or free.
+type batch struct {
+	sth   uint64 // the stepper's handle: looked up at every call, so a freed stepper is refused
+	b     *steer.Batch
+	spans []steer.Span
+	pin   runtime.Pinner
+}
+
+//export shmsteerGo_batch_new
+func shmsteerGo_batch_new(h C.uint64_t, opt *C.shmsteer_batch_options, out *C.uint64_t) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if out == nil {
+		return badArg("out must not be NULL")
+	}
+	var o steer.BatchOptions
+	if opt != nil {
+		if opt.max_slots > steer.MaxBatchSlots || opt.max_clamps > 64 {
+			return badArg(fmt.Sprintf("max_slots %d (at most %d) or max_clamps %d (at most 64)", opt.max_slots, steer.MaxBatchSlots, opt.max_clamps))
+		}
+		o = steer.BatchOptions{MaxSlots: int(opt.max_slots), MaxClamps: int(opt.max_clamps)}
+	}
+	b, err := st.st.NewBatch(o)
+	if err != nil {
+		return fail(err)
+	}
+	return store(&batch{sth: uint64(h), b: b}, out)
+}
+
+//export shmsteerGo_batch_free
+func shmsteerGo_batch_free(h C.uint64_t) C.int {
+	b, ok := getAs[*batch](uint64(h))
+	if !ok || !handles.remove(uint64(h)) {
+		return badHandle("shmsteer_batch_free")
+	}
+	b.pin.Unpin()
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_batch_reset
+func shmsteerGo_batch_reset(h C.uint64_t) C.int {
+	b, ok := getAs[*batch](uint64(h))
+	if !ok {
+		return badHandle("not a live shmsteer_batch_t")
+	}
+	b.b.Reset()
+	return C.SHMSTEER_OK
+}
+
+// goSpans converts C spans to the stepper's reusable slice, interning ids.
+func goSpans(st *stepper, dst []steer.Span, spans *C.shmsteer_span, nSpans C.size_t) ([]steer.Span, C.int) {
+	dst = dst[:0]
+	if spans == nil && nSpans > 0 || uint64(nSpans) > math.MaxInt32 {
+		return dst, badArg("spans")
+	}
+	var cs []C.shmsteer_span
+	if nSpans > 0 {
+		cs = unsafe.Slice(spans, int(nSpans))
+	}
+	for i := range cs {
+		c := &cs[i]
+		idb, ok := cbytes(unsafe.Pointer(c.id), c.id_len)
+		if !ok || c.start < 0 || c.end < 0 || c.start > math.MaxInt32 || c.end > math.MaxInt32 {
+			return dst, badArg(fmt.Sprintf("span %d", i))
+		}
+		dst = append(dst, steer.Span{ID: st.intern(idb), Start: int(c.start), End: int(c.end), Phase: steer.Phase(c.phase)})
+	}
+	return dst, C.SHMSTEER_OK
+}
+
+//export shmsteerGo_batch_resolve
+func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmsteer_span, nSpans C.size_t, rows C.int64_t, flags C.uint32_t, out *C.shmsteer_batch_info) C.int {
+	b, ok := getAs[*batch](uint64(h))
+	if !ok {
+		return badHandle("not a live shmsteer_batch_t")
+	}
+	st, rc := stepperOf(C.uint64_t(b.sth))
+	if rc != C.SHMSTEER_OK {
+		return badHandle("the batch's stepper was freed")
+	}
+	if out == nil || rows < 0 || rows > math.MaxInt32 || flags&^C.SHMSTEER_BATCH_END != 0 {
+		return badArg("out, rows or flags")
+	}
+	var rc2 C.int
+	b.spans, rc2 = goSpans(st, b.spans, spans, nSpans)
+	if rc2 != C.SHMSTEER_OK {
+		return rc2
+	}
+	st.pin.Unpin() // Resolve begins a new step: the last step's effective views end here
+	err := b.b.Resolve(uint64(version), b.spans, int(rows))
+	if err != nil {
+		return fail(err)
+	}
+	r := b.b
+	b.pin.Unpin()
+	*out = C.shmsteer_batch_info{}
+	out.version = C.uint64_t(r.Version)
+	out.checksum = C.uint64_t(r.Checksum)
+	out.slots = C.uint32_t(r.NumSlots)
+	out.index, out.rows = (*C.int32_t)(b.pinned(unsafe.Pointer(unsafe.SliceData(r.Index)), len(r.Index))), C.size_t(len(r.Index))
+	out.sites = (*C.int32_t)(b.pinned(unsafe.Pointer(unsafe.SliceData(r.Sites)), len(r.Sites)))
+	out.site_clamps = (*C.int32_t)(b.pinned(unsafe.Pointer(unsafe.SliceData(r.SiteClamps)), len(r.SiteClamps)))
+	out.n_sites = C.size_t(len(r.Sites))
+	out.updates = (*C.int32_t)(b.pinned(unsafe.Pointer(unsafe.SliceData(r.Updates)), len(r.Updates)))
+	out.n_updates = C.size_t(len(r.Updates))
+	out.stage = (*C.float)(b.pinned(unsafe.Pointer(unsafe.SliceData(r.Stage)), len(r.Stage)))
+	out.clamp_dirs = (*C.float)(b.pinned(unsafe.Pointer(unsafe.SliceData(r.ClampDirs)), len(r.ClampDirs)))
+	out.clamp_params = (*C.float)(b.pinned(unsafe.Pointer(unsafe.SliceData(r.ClampParams)), len(r.ClampParams)))
+	out.n_clamps = C.size_t(len(r.ClampParams) / 3)
+	if flags&C.SHMSTEER_BATCH_END != 0 {
+		st.st.End()
+	}
+	return C.SHMSTEER_OK
+}
+
+// pinned pins p (the first element of an n-element slice) for C and returns it; NULL for n = 0.
+func (b *batch) pinned(p unsafe.Pointer, n int) unsafe.Pointer {
+	if n == 0 || p == nil {
+		return nil
+	}
+	b.pin.Pin(p)
+	return p
+}
