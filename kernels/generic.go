@@ -15,6 +15,21 @@ func addRowsGeneric(h, v []float32, s float32) {
 	}
 }
 
+// addRows2Generic computes each element as (h + a*x) + b*y, the order of two addRowsGeneric
+// passes, so the fused add and the two passes agree bit for bit.
+func addRows2Generic(h, x, y []float32, a, b float32) {
+	d := len(x)
+	y = y[:d]
+	for len(h) >= d {
+		row := h[:d]
+		for i, xv := range x {
+			t := row[i] + a*xv
+			row[i] = t + b*y[i]
+		}
+		h = h[d:]
+	}
+}
+
 func dotGeneric(a, b []float32) float32 {
 	b = b[:len(a)]
 	// Four partial sums break the add dependency chain (~4x faster than one

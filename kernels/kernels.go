@@ -25,10 +25,12 @@
 // use fused multiply-add (one rounding for dst + s*v); the generic path may
 // or may not be fused depending on GOAMD64/GOARCH. Results therefore differ
 // between paths by at most a couple of ulps of |s*v|+|dst| per element; the
-// tests assert the bound derived in kernels_test.go. Dot sums in float32 with
-// several accumulators (the order differs from a sequential loop); Norm
-// accumulates squares in float64 so that values up to the float32 maximum do
-// not overflow the intermediate sum.
+// tests assert the bound derived in kernels_test.go. The two-source kernels
+// (Axpy2, AddRows2, GatherAdd2) round twice per element, in the order of two
+// one-source passes, so on one path they equal those passes bit for bit.
+// Clamp's projection sums in float32 with several accumulators (the order
+// differs from a sequential loop); Norm accumulates squares in float64 so
+// that values up to the float32 maximum do not overflow the intermediate sum.
 package kernels
 
 import (
@@ -70,9 +72,11 @@ const (
 
 // Primitive kernels, per path, assume the exported wrappers validated shapes:
 //
-//	addRows: len(v) > 0 and len(h) % len(v) == 0; h[t] += s*v for every row.
-//	dot:     len(a) == len(b).
-//	sumSq:   Σ a[i]² accumulated in float64.
+//	addRows:  len(v) > 0 and len(h) % len(v) == 0; h[t] += s*v for every row.
+//	addRows2: len(x) == len(y) > 0 and len(h) % len(x) == 0;
+//	          h[t] = (h[t] + a*x) + b*y for every row.
+//	dot:      len(a) == len(b).
+//	sumSq:    Σ a[i]² accumulated in float64.
 
 var (
 	// supported lists usable paths, best first; generic is always last.
@@ -172,8 +176,36 @@ func AddRows(h []float32, d int, s float32, v []float32) {
 	}
 }
 
-// checkGather validates the shapes for GatherAdd/GatherAxpy and every index
-// before any row is modified, so a panic leaves h untouched.
+// Axpy2 computes dst[i] = (dst[i] + a*x[i]) + b*y[i]: one read and one write
+// of dst for two sources, bit for bit what Axpy(dst, a, x) followed by
+// Axpy(dst, b, y) computes on the same path. It panics unless
+// len(x) == len(y) == len(dst).
+func Axpy2(dst []float32, a float32, x []float32, b float32, y []float32) {
+	if len(x) != len(dst) || len(y) != len(dst) {
+		panic(msgLen)
+	}
+	if len(x) == 0 {
+		return
+	}
+	addRows2Impl(dst, x, y, a, b)
+}
+
+// AddRows2 is AddRows with two sources in one pass: h[t] = (h[t] + a*x) + b*y
+// for every row t of the T×d matrix h (d == len(x) == len(y)), bit for bit
+// AddRows(h, d, a, x) then AddRows(h, d, b, y) on the same path, but reading
+// and writing h once. It panics on a bad shape.
+func AddRows2(h []float32, d int, a float32, x []float32, b float32, y []float32) {
+	checkRows(h, d, x)
+	if len(y) != d {
+		panic(msgShape)
+	}
+	if !addRows2SIMD(h, x, y, a, b, cur.id) {
+		addRows2Generic(h, x, y, a, b)
+	}
+}
+
+// checkGather validates the shapes for GatherAdd and GatherAdd2 and every
+// index before any row is modified, so a panic leaves h untouched.
 func checkGather(h []float32, d int, table []float32, idx []int32) {
 	if d <= 0 {
 		panic(msgDim)
@@ -209,17 +241,27 @@ func GatherAdd(h []float32, d int, table []float32, idx []int32) {
 	}
 }
 
-// GatherAxpy is GatherAdd with a per-row scale: for each row t with
-// idx[t] != 0 it computes h[t] += scale[t]*table[idx[t]]. len(scale) must be
-// T. Same panics as GatherAdd.
-func GatherAxpy(h []float32, d int, table []float32, idx []int32, scale []float32) {
-	checkGather(h, d, table, idx)
-	if len(scale) != len(idx) {
-		panic(msgIdxLen)
-	}
-	for t, k := range idx {
-		if k != 0 {
-			addRowsImpl(h[t*d:(t+1)*d], table[int(k)*d:(int(k)+1)*d], scale[t])
+// GatherAdd2 is GatherAdd from two tables in one pass: x is Rx×d, y is Ry×d,
+// and for each row t of the T×d matrix h it computes
+// h[t] = (h[t] + x[xi[t]]) + y[yi[t]], where row 0 of either table is "none"
+// and is skipped without being read (both 0: h[t] stays bit-identical; one 0:
+// the plain add of the other). A row with both reads and writes h[t] once. A
+// shared vector g (global steering, say) for some rows is a two-row y = [0, g]
+// with yi[t] = 1 on those rows. It panics, before modifying h, on the
+// conditions of GatherAdd for either table.
+func GatherAdd2(h []float32, d int, x []float32, xi []int32, y []float32, yi []int32) {
+	checkGather(h, d, x, xi)
+	checkGather(h, d, y, yi)
+	for t := range xi {
+		kx, ky := int(xi[t]), int(yi[t])
+		row := h[t*d : (t+1)*d]
+		switch {
+		case kx != 0 && ky != 0:
+			addRows2Impl(row, x[kx*d:(kx+1)*d], y[ky*d:(ky+1)*d], 1, 1)
+		case kx != 0:
+			addRowsImpl(row, x[kx*d:(kx+1)*d], 1)
+		case ky != 0:
+			addRowsImpl(row, y[ky*d:(ky+1)*d], 1)
 		}
 	}
 }
@@ -231,8 +273,7 @@ func GatherAxpy(h []float32, d int, table []float32, idx []int32, scale []float3
 // directional ablation. A NaN in p, lo or hi makes the whole row NaN (the
 // coefficient is NaN and NaN*0 is NaN). Panics on a bad shape.
 //
-// To act on a subset of rows either call Clamp on the sub-slice
-// h[r0*d:r1*d] or use ClampRows; they are equivalent.
+// To act on rows [r0, r1) call Clamp on the sub-slice h[r0*d:r1*d].
 func Clamp(h []float32, d int, u []float32, lo, hi, strength float32) {
 	rows := checkRows(h, d, u)
 	for t := range rows {
@@ -244,27 +285,9 @@ func Clamp(h []float32, d int, u []float32, lo, hi, strength float32) {
 	}
 }
 
-// ClampRows is Clamp restricted to rows [r0, r1) of the T×d matrix h. It
-// panics unless 0 <= r0 <= r1 <= T.
-func ClampRows(h []float32, d int, r0, r1 int, u []float32, lo, hi, strength float32) {
-	rows := checkRows(h, d, u)
-	if r0 < 0 || r1 < r0 || r1 > rows {
-		panic(msgRows)
-	}
-	Clamp(h[r0*d:r1*d], d, u, lo, hi, strength)
-}
-
-// Dot returns Σ a[i]*b[i], accumulated in float32. It panics if
-// len(a) != len(b).
-func Dot(a, b []float32) float32 {
-	if len(a) != len(b) {
-		panic(msgLen)
-	}
-	return dotImpl(a, b)
-}
-
-// Norm returns the L2 norm of a. Squares are accumulated in float64, so the
-// result overflows to +Inf only if the norm itself exceeds the float32 range.
-func Norm(a []float32) float32 {
-	return float32(math.Sqrt(sumSqImpl(a)))
+// Norm returns the L2 norm of a, in float64: squares are accumulated in
+// float64, so no float32 input overflows the sum, and a caller normalizing a
+// direction divides by the unrounded norm.
+func Norm(a []float32) float64 {
+	return math.Sqrt(sumSqImpl(a))
 }

@@ -36,6 +36,19 @@ func dotAVX2(a, b []float32) float32
 //go:noescape
 func sumSqAVX2(a []float32) float64
 
+// addRows2SIMD is addRowsSIMD for the fused two-source add (addRows2 in kernels.go).
+//
+//go:noescape
+func addRows2SIMD(h, x, y []float32, a, b float32, path int) bool
+
+//lint:ignore U1000 called from assembly (addRows2SIMD)
+//go:noescape
+func addRows2AVX512(h, x, y []float32, a, b float32)
+
+//lint:ignore U1000 called from assembly (addRows2SIMD)
+//go:noescape
+func addRows2AVX2(h, x, y []float32, a, b float32)
+
 // archImpls returns the SIMD paths this CPU supports, best first.
 // x/sys/cpu also checks that the OS saves the wider register state (XCR0).
 func archImpls() []impl {
@@ -57,6 +70,12 @@ func archImpls() []impl {
 func addRowsImpl(h, v []float32, s float32) {
 	if !addRowsSIMD(h, v, s, cur.id) {
 		addRowsGeneric(h, v, s)
+	}
+}
+
+func addRows2Impl(h, x, y []float32, a, b float32) {
+	if !addRows2SIMD(h, x, y, a, b, cur.id) {
+		addRows2Generic(h, x, y, a, b)
 	}
 }
 

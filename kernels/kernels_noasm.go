@@ -7,8 +7,12 @@ func archImpls() []impl { return nil }
 
 func addRowsImpl(h, v []float32, s float32) { addRowsGeneric(h, v, s) }
 
+func addRows2Impl(h, x, y []float32, a, b float32) { addRows2Generic(h, x, y, a, b) }
+
 func dotImpl(a, b []float32) float32 { return dotGeneric(a, b) }
 
 func sumSqImpl(a []float32) float64 { return sumSqGeneric(a) }
 
 func addRowsSIMD(h, v []float32, s float32, path int) bool { return false }
+
+func addRows2SIMD(h, x, y []float32, a, b float32, path int) bool { return false }

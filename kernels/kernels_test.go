@@ -235,31 +235,17 @@ func TestGatherAdd(t *testing.T) {
 			}
 			idx := []int32{0, 2, 3, 2, 0, 1, 1, 3}
 			h0 := randVals(r, len(idx)*d, 1e30)
-			for _, scaled := range []bool{false, true} {
-				h, bh := offsetCopy(h0, 5)
-				scale := make([]float32, len(idx))
-				for i := range scale {
-					scale[i] = scales[r.IntN(len(scales))]
+			h, bh := offsetCopy(h0, 5)
+			kernels.GatherAdd(h, d, table, idx)
+			requireGuards(t, bh, 5, len(h0))
+			for tt, k := range idx {
+				got, want := h[tt*d:(tt+1)*d], h0[tt*d:(tt+1)*d]
+				if k == 0 {
+					require.Equal(t, bits(want), bits(got), "row %d with idx 0 must be untouched", tt)
+					continue
 				}
-				if scaled {
-					kernels.GatherAxpy(h, d, table, idx, scale)
-				} else {
-					kernels.GatherAdd(h, d, table, idx)
-				}
-				requireGuards(t, bh, 5, len(h0))
-				for tt, k := range idx {
-					got, want := h[tt*d:(tt+1)*d], h0[tt*d:(tt+1)*d]
-					if k == 0 {
-						require.Equal(t, bits(want), bits(got), "row %d with idx 0 must be untouched", tt)
-						continue
-					}
-					s := float32(1)
-					if scaled {
-						s = scale[tt]
-					}
-					row := table[int(k)*d : (int(k)+1)*d]
-					checkUpdate(t, got, want, s, func(i int) float32 { return row[i] })
-				}
+				row := table[int(k)*d : (int(k)+1)*d]
+				checkUpdate(t, got, want, 1, func(i int) float32 { return row[i] })
 			}
 		}
 	})
@@ -337,7 +323,7 @@ func TestNorm(t *testing.T) {
 			for _, off := range []int{0, 2, 13} {
 				a0 := randVals(r, n, 1e30)
 				a, _ := offsetCopy(a0, off)
-				got := float64(kernels.Norm(a))
+				got := kernels.Norm(a)
 				_, ss := dotRef(a0, a0)
 				want := math.Sqrt(ss)
 				tol := (u+float64(n)*u64)*1.01*want + eta
@@ -346,7 +332,7 @@ func TestNorm(t *testing.T) {
 		}
 		// Values near MaxFloat32 must not overflow the accumulation.
 		big := []float32{math.MaxFloat32 / 4, math.MaxFloat32 / 4, math.MaxFloat32 / 4}
-		require.InEpsilon(t, math.Sqrt(3)*math.MaxFloat32/4, float64(kernels.Norm(big)), 2*u)
+		require.InEpsilon(t, math.Sqrt(3)*math.MaxFloat32/4, kernels.Norm(big), 2*u)
 	})
 }
 
@@ -427,25 +413,8 @@ func TestClampAblates(t *testing.T) {
 		for tt := range rows {
 			row := h[tt*d : (tt+1)*d]
 			// Residual projection is rounding noise relative to |row|.
-			require.Less(t, math.Abs(float64(kernels.Dot(row, uv))), 1e-4*float64(kernels.Norm(row)))
+			require.Less(t, math.Abs(float64(kernels.Dot(row, uv))), 1e-4*kernels.Norm(row))
 		}
-	})
-}
-
-func TestClampRows(t *testing.T) {
-	forEachPath(t, func(t *testing.T) {
-		r := rand.New(rand.NewPCG(15, 16))
-		const d = 67
-		uv := unitVec(r, d)
-		h0 := randVals(r, 6*d, 10)
-		a := append([]float32(nil), h0...)
-		b := append([]float32(nil), h0...)
-		kernels.ClampRows(a, d, 2, 5, uv, -0.5, 0.5, 1)
-		kernels.Clamp(b[2*d:5*d], d, uv, -0.5, 0.5, 1)
-		require.Equal(t, bits(b), bits(a))
-		require.Equal(t, bits(h0[:2*d]), bits(a[:2*d]), "rows before r0 untouched")
-		require.Equal(t, bits(h0[5*d:]), bits(a[5*d:]), "rows from r1 untouched")
-		kernels.ClampRows(a, d, 3, 3, uv, 0, 0, 1) // empty range is a no-op
 	})
 }
 
@@ -504,7 +473,7 @@ func TestSpecialValues(t *testing.T) {
 				require.True(t, math.IsNaN(float64(kernels.Norm(a))))
 				a[pos] = inf
 				require.Equal(t, inf, kernels.Dot(a, b))
-				require.Equal(t, inf, kernels.Norm(a))
+				require.Equal(t, math.Inf(1), kernels.Norm(a))
 				a[pos], b[pos] = inf, -1
 				require.Equal(t, -inf, kernels.Dot(a, b))
 				if n > 1 {
@@ -551,12 +520,17 @@ func TestPanics(t *testing.T) {
 		{"GatherAdd idx range", func() { kernels.GatherAdd(f, 4, table, []int32{0, 1, 2}) }},
 		{"GatherAdd idx negative", func() { kernels.GatherAdd(f, 4, table, []int32{0, -1, 1}) }},
 		{"GatherAdd table shape", func() { kernels.GatherAdd(f, 4, table[:7], []int32{0, 0, 0}) }},
-		{"GatherAxpy scale len", func() { kernels.GatherAxpy(f, 4, table, []int32{0, 1, 1}, []float32{1}) }},
 		{"Clamp shape", func() { kernels.Clamp(f, 4, f[:5], 0, 0, 1) }},
-		{"ClampRows r1>T", func() { kernels.ClampRows(f, 4, 0, 4, f[:4], 0, 0, 1) }},
-		{"ClampRows r0>r1", func() { kernels.ClampRows(f, 4, 2, 1, f[:4], 0, 0, 1) }},
-		{"ClampRows r0<0", func() { kernels.ClampRows(f, 4, -1, 1, f[:4], 0, 0, 1) }},
-		{"Dot len", func() { kernels.Dot(f[:3], f[:4]) }},
+		{"Axpy2 len x", func() { kernels.Axpy2(f[:4], 1, f[:3], 1, f[:4]) }},
+		{"Axpy2 len y", func() { kernels.Axpy2(f[:4], 1, f[:4], 1, f[:5]) }},
+		{"AddRows2 d=0", func() { kernels.AddRows2(f[:0], 0, 1, f[:0], 1, f[:0]) }},
+		{"AddRows2 not multiple", func() { kernels.AddRows2(f[:10], 4, 1, f[:4], 1, f[:4]) }},
+		{"AddRows2 d!=len(x)", func() { kernels.AddRows2(f, 4, 1, f[:3], 1, f[:4]) }},
+		{"AddRows2 d!=len(y)", func() { kernels.AddRows2(f, 4, 1, f[:4], 1, f[:3]) }},
+		{"GatherAdd2 xi len", func() { kernels.GatherAdd2(f, 4, table, []int32{0, 1}, table, []int32{0, 0, 0}) }},
+		{"GatherAdd2 yi len", func() { kernels.GatherAdd2(f, 4, table, []int32{0, 0, 0}, table, []int32{1}) }},
+		{"GatherAdd2 yi range", func() { kernels.GatherAdd2(f, 4, table, []int32{0, 0, 0}, table, []int32{0, 2, 0}) }},
+		{"GatherAdd2 y shape", func() { kernels.GatherAdd2(f, 4, table, []int32{0, 0, 0}, table[:6], []int32{0, 0, 0}) }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { require.Panics(t, c.fn) })
@@ -566,13 +540,17 @@ func TestPanics(t *testing.T) {
 	tbl := []float32{0, 0, 0, 0, 5, 5, 5, 5}
 	require.Panics(t, func() { kernels.GatherAdd(h, 4, tbl, []int32{1, 7}) })
 	require.Equal(t, []float32{1, 1, 1, 1, 2, 2, 2, 2}, h)
+	require.Panics(t, func() { kernels.GatherAdd2(h, 4, tbl, []int32{1, 1}, tbl, []int32{1, 2}) })
+	require.Equal(t, []float32{1, 1, 1, 1, 2, 2, 2, 2}, h, "a bad index of the second table panics before any row is modified")
 	// Empty inputs are fine.
 	require.NotPanics(t, func() {
 		kernels.Axpy(nil, 1, nil)
 		kernels.AddRows(nil, 3, 1, []float32{1, 2, 3})
 		kernels.GatherAdd(nil, 3, nil, nil)
-		require.Equal(t, float32(0), kernels.Dot(nil, nil))
-		require.Equal(t, float32(0), kernels.Norm(nil))
+		kernels.Axpy2(nil, 1, nil, 1, nil)
+		kernels.AddRows2(nil, 3, 1, []float32{1, 2, 3}, 1, []float32{4, 5, 6})
+		kernels.GatherAdd2(nil, 3, nil, nil, nil, nil)
+		require.Equal(t, float64(0), kernels.Norm(nil))
 	})
 }
 

@@ -13,8 +13,8 @@ package steer
 //
 // The global and request compositions stay apart, and a row gets both added: a global change
 // then rewrites one entry, not every active request's, and no rank recomposes anything. The
-// cost is a second add per steered row of the global vector, which every row of the batch shares
-// and so reads from cache. A named vector's change recomposes the sets that reference it, in
+// Stepper fuses the two at apply time: one pass over each row adds both (kernels.AddRows2), the
+// global vector shared by every row of the batch and so read from cache. A named vector's change recomposes the sets that reference it, in
 // the same transaction as the change (Engine.Register, Unregister).
 //
 // Layout (little-endian, 64-byte header, vector data 64-byte aligned in the value):

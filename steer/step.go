@@ -180,14 +180,9 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		blk := h[sp.Start*d : sp.End*d]
 		switch {
 		case rv != nil && gv != nil:
-			// Both, row by row: each row is read and written once from memory and stays in
-			// L1 for the second add (two block-wide passes would stream a prefill block
-			// twice); the global vector is shared by every row, so it is read from cache.
-			for o := 0; o < len(blk); o += d {
-				row := blk[o : o+d : o+d]
-				kernels.Axpy(row, 1, rv)
-				kernels.Axpy(row, 1, gv)
-			}
+			// Both in one pass: each row is read and written once, the request's and the
+			// global vector (shared by every row, so read from cache) added in one kernel.
+			kernels.AddRows2(blk, d, 1, rv, 1, gv)
 		case rv != nil:
 			kernels.AddRows(blk, d, 1, rv)
 		case gv != nil:

@@ -1,0 +1,245 @@
+package kernels_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/kernels"
+)
+
+// The two-source kernels (Axpy2, AddRows2, GatherAdd2) against the one-source passes they fuse
+// and against the generic path.
+//
+// Element update r = (h + a·x) + b·y with exact value e = h + a·x + b·y and S = |h|+|a·x|+|b·y|:
+// the fused paths round twice (two FMAs), an unfused generic build four times (two products,
+// two sums), each rounding at most u times an intermediate ≤ S(1+u)^k, so
+// |r - e| ≤ 4.001·u·S + 4·eta covers every path (eta: the subnormal range, as axpyTol).
+
+func fusedTol(h, a, x, b, y float64) float64 {
+	return 4.001*u*(math.Abs(h)+math.Abs(a*x)+math.Abs(b*y)) + 4*eta
+}
+
+// checkFused asserts got ≈ (h0 + a·x + b·y) elementwise, x and y indexed by xv, yv.
+func checkFused(t *testing.T, got, h0 []float32, a float32, xv func(int) float32, b float32, yv func(int) float32) {
+	t.Helper()
+	for i := range got {
+		h, x, y := float64(h0[i]), float64(xv(i)), float64(yv(i))
+		want := h + float64(a)*x + float64(b)*y
+		if tol := fusedTol(h, float64(a), x, float64(b), y); math.Abs(float64(got[i])-want) > tol {
+			require.Failf(t, "mismatch", "i=%d h=%g a=%g x=%g b=%g y=%g got=%g want=%g tol=%g",
+				i, h0[i], a, xv(i), b, yv(i), got[i], want, tol)
+		}
+	}
+}
+
+// twoPasses is what the fused kernels replace: AddRows with x, then with y.
+func twoPasses(h []float32, d int, a float32, x []float32, b float32, y []float32) []float32 {
+	out := append([]float32(nil), h...)
+	kernels.AddRows(out, d, a, x)
+	kernels.AddRows(out, d, b, y)
+	return out
+}
+
+func TestAddRows2(t *testing.T) {
+	forEachPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(21, 22))
+		var ds []int
+		for d := 1; d <= 130; d++ {
+			ds = append(ds, d)
+		}
+		ds = append(ds, dims...)
+		for _, d := range ds {
+			for _, rows := range []int{0, 1, 3} {
+				offH, offX, offY := r.IntN(16), r.IntN(16), r.IntN(16)
+				a, b := scales[r.IntN(len(scales))], scales[r.IntN(len(scales))]
+				h0 := randVals(r, rows*d, 1e30)
+				x0, y0 := randVals(r, d, 1e30), randVals(r, d, 1e30)
+				h, bh := offsetCopy(h0, offH)
+				x, _ := offsetCopy(x0, offX)
+				y, _ := offsetCopy(y0, offY)
+				want := twoPasses(h, d, a, x, b, y)
+				kernels.AddRows2(h, d, a, x, b, y)
+				require.Equal(t, bits(want), bits(h), "d=%d rows=%d: not the two passes bit for bit", d, rows)
+				checkFused(t, h, h0, a, func(i int) float32 { return x0[i%d] }, b, func(i int) float32 { return y0[i%d] })
+				requireGuards(t, bh, offH, len(h0))
+				require.Equal(t, x0, x, "x must not be modified")
+				require.Equal(t, y0, y, "y must not be modified")
+				if rows == 1 {
+					h1, _ := offsetCopy(h0, offH)
+					kernels.Axpy2(h1, a, x, b, y)
+					require.Equal(t, bits(h), bits(h1), "Axpy2 is AddRows2 on one row")
+				}
+			}
+		}
+	})
+}
+
+// TestFusedEveryLength runs every length 0–4096, each at an unaligned start of each stream,
+// on every path against the generic path.
+func TestFusedEveryLength(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	orig := kernels.Path()
+	t.Cleanup(func() { require.NoError(t, kernels.SetPath(orig)) })
+	for n := 0; n <= 4096; n++ {
+		a, b := scales[r.IntN(len(scales))], scales[r.IntN(len(scales))]
+		h0, x0, y0 := randVals(r, n, 1e30), randVals(r, n, 1e30), randVals(r, n, 1e30)
+		compareFused(t, h0, x0, y0, a, b, n%16, (n/16)%16, (n*7)%16)
+	}
+}
+
+// compareFused runs Axpy2 on every path from the given start offsets and checks each result
+// against the generic path's (within fusedTol of the exact value for both), the two-pass
+// result on its own path (bit for bit) and the guards around h.
+func compareFused(t *testing.T, h0, x0, y0 []float32, a, b float32, offH, offX, offY int) {
+	t.Helper()
+	n := len(h0)
+	x, _ := offsetCopy(x0, offX)
+	y, _ := offsetCopy(y0, offY)
+	var generic []float32
+	for _, p := range append([]string{kernels.PathGeneric}, kernels.Paths()...) {
+		require.NoError(t, kernels.SetPath(p))
+		h, bh := offsetCopy(h0, offH)
+		var want []float32
+		if n > 0 {
+			want = twoPasses(h, n, a, x, b, y)
+		}
+		kernels.Axpy2(h, a, x, b, y)
+		requireGuards(t, bh, offH, n)
+		if n > 0 {
+			require.Equal(t, bits(want), bits(h), "%s n=%d: not the two passes bit for bit", p, n)
+		}
+		if p == kernels.PathGeneric && generic == nil {
+			generic = append([]float32{}, h...)
+			checkFused(t, h, h0, a, func(i int) float32 { return x0[i] }, b, func(i int) float32 { return y0[i] })
+			continue
+		}
+		for i := range h {
+			tol := 2 * fusedTol(float64(h0[i]), float64(a), float64(x0[i]), float64(b), float64(y0[i]))
+			if math.Abs(float64(h[i])-float64(generic[i])) > tol {
+				require.Failf(t, "path differs from generic", "%s n=%d i=%d got=%g generic=%g tol=%g", p, n, i, h[i], generic[i], tol)
+			}
+		}
+	}
+}
+
+func TestGatherAdd2(t *testing.T) {
+	forEachPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(25, 26))
+		for _, d := range dims {
+			x := randVals(r, 4*d, 1e30)
+			y := randVals(r, 3*d, 1e30)
+			for i := range d {
+				x[i], y[i] = float32(math.NaN()), float32(math.NaN()) // row 0 is never read
+			}
+			xi := []int32{0, 2, 3, 0, 1, 1, 3, 0}
+			yi := []int32{0, 0, 1, 2, 2, 0, 1, 1}
+			h0 := randVals(r, len(xi)*d, 1e30)
+			h, bh := offsetCopy(h0, 7)
+			want := append([]float32(nil), h...)
+			kernels.GatherAdd(want, d, x, xi)
+			kernels.GatherAdd(want, d, y, yi)
+			kernels.GatherAdd2(h, d, x, xi, y, yi)
+			requireGuards(t, bh, 7, len(h0))
+			require.Equal(t, bits(want), bits(h), "d=%d: GatherAdd2 is two GatherAdds bit for bit", d)
+			require.Equal(t, bits(h0[:d]), bits(h[:d]), "a row with both indices 0 is untouched")
+			for tt := range xi {
+				kx, ky := int(xi[tt]), int(yi[tt])
+				xv := func(i int) float32 {
+					if kx == 0 {
+						return 0
+					}
+					return x[kx*d+i]
+				}
+				yv := func(i int) float32 {
+					if ky == 0 {
+						return 0
+					}
+					return y[ky*d+i]
+				}
+				checkFused(t, h[tt*d:(tt+1)*d], h0[tt*d:(tt+1)*d], 1, xv, 1, yv)
+			}
+		}
+	})
+}
+
+func TestAddRows2SpecialValues(t *testing.T) {
+	inf, nan := float32(math.Inf(1)), float32(math.NaN())
+	forEachPath(t, func(t *testing.T) {
+		for _, n := range []int{1, 5, 16, 37, 64, 100} {
+			for pos := 0; pos < n; pos += 1 + n/7 {
+				for _, c := range []struct {
+					h, x, y, want float32
+				}{{1, nan, 1, nan}, {1, 1, nan, nan}, {1, inf, 1, inf}, {1, inf, -inf, nan}, {inf, 1, 1, inf}} {
+					h, x, y := make([]float32, n), make([]float32, n), make([]float32, n)
+					for i := range h {
+						h[i], x[i], y[i] = 1, 2, 3
+					}
+					h[pos], x[pos], y[pos] = c.h, c.x, c.y
+					kernels.AddRows2(h, n, 1, x, 1, y)
+					for i := range h {
+						want := float32(6)
+						if i == pos {
+							want = c.want
+						}
+						if math.IsNaN(float64(want)) {
+							require.True(t, math.IsNaN(float64(h[i])), "n=%d pos=%d i=%d: want NaN, got %g", n, pos, i, h[i])
+						} else {
+							require.Equal(t, want, h[i], "n=%d pos=%d i=%d", n, pos, i)
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+// FuzzFused compares the fused kernels on every path with the generic path and with the two
+// one-source passes, for lengths 0–4096, several rows and independent unaligned starts.
+func FuzzFused(f *testing.F) {
+	f.Add(uint16(4096), uint8(1), uint8(0), uint8(0), uint8(0), float32(1), float32(1), uint64(1))
+	f.Add(uint16(4099), uint8(3), uint8(1), uint8(5), uint8(15), float32(-0.37), float32(7.5), uint64(2))
+	f.Add(uint16(17), uint8(9), uint8(3), uint8(2), uint8(1), float32(0), float32(-1), uint64(3))
+	f.Fuzz(func(t *testing.T, n uint16, rows, offH, offX, offY uint8, a, b float32, seed uint64) {
+		d := int(n) % 4097
+		nr := int(rows) % 5
+		if !finite32(a) || !finite32(b) || math.Abs(float64(a)) > 1e4 || math.Abs(float64(b)) > 1e4 {
+			return // keeps a·x and b·y (|x| ≤ 1.5e30) inside float32: overflow is TestAddRows2SpecialValues'
+		}
+		r := rand.New(rand.NewPCG(seed, uint64(d)))
+		x0, y0 := randVals(r, d, 1e30), randVals(r, d, 1e30)
+		if nr <= 1 {
+			compareFused(t, randVals(r, d, 1e30), x0, y0, a, b, int(offH%16), int(offX%16), int(offY%16))
+			return
+		}
+		if d == 0 {
+			return
+		}
+		orig := kernels.Path()
+		t.Cleanup(func() { require.NoError(t, kernels.SetPath(orig)) })
+		h0 := randVals(r, nr*d, 1e30)
+		x, _ := offsetCopy(x0, int(offX%16))
+		y, _ := offsetCopy(y0, int(offY%16))
+		require.NoError(t, kernels.SetPath(kernels.PathGeneric))
+		generic, _ := offsetCopy(h0, 0)
+		kernels.AddRows2(generic, d, a, x, b, y)
+		for _, p := range kernels.Paths() {
+			require.NoError(t, kernels.SetPath(p))
+			h, bh := offsetCopy(h0, int(offH%16))
+			want := twoPasses(h, d, a, x, b, y)
+			kernels.AddRows2(h, d, a, x, b, y)
+			requireGuards(t, bh, int(offH%16), len(h0))
+			require.Equal(t, bits(want), bits(h), "%s d=%d rows=%d: not the two passes bit for bit", p, d, nr)
+			for i := range h {
+				tol := 2 * fusedTol(float64(h0[i]), float64(a), float64(x0[i%d]), float64(b), float64(y0[i%d]))
+				if math.Abs(float64(h[i])-float64(generic[i])) > tol {
+					require.Failf(t, "path differs from generic", "%s d=%d i=%d got=%g generic=%g", p, d, i, h[i], generic[i])
+				}
+			}
+		}
+	})
+}
+
+func finite32(f float32) bool { return !math.IsNaN(float64(f)) && !math.IsInf(float64(f), 0) }
