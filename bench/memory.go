@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 	"golang.org/x/sys/unix"
 )
@@ -12,8 +13,8 @@ import (
 const (
 	memSets   = 16
 	memVecs   = 16
-	memKindKV = shm.Kind(1)
-	memKindSV = shm.Kind(16)
+	memKindKV = proto.KindKey    // as the key registry stores keys
+	memKindSV = proto.KindVector // as steer stores named vectors
 )
 
 // memoryOverhead measures what a region really holds: the pages resident in its two memfds

@@ -3,9 +3,8 @@ package ipc
 import (
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
@@ -72,7 +71,7 @@ var (
 	ErrBusy = errors.New("shmsteer: owner busy: no room to buffer the frame in time (OwnerOptions.MaxBufferedBytes, FrameTimeout); retry or send smaller frames")
 	// ErrUnknownOp means the owner has no handler for an RPC op (ops below 256 are reserved
 	// for this package): register it with Owner.Handle in the owner.
-	ErrUnknownOp = errors.New("shmsteer: no handler for RPC op in the owner")
+	ErrUnknownOp = proto.ErrUnknownOp
 	// ErrProtocol means a peer sent a malformed frame; the connection is dropped.
 	ErrProtocol = errors.New("shmsteer: malformed RPC frame")
 	// ErrClosed means the Owner or Client was closed.
@@ -88,124 +87,67 @@ type wrapped struct {
 func (w *wrapped) Error() string { return w.msg }
 func (w *wrapped) Unwrap() error { return w.base }
 
-// Error codes on the wire. Codes below 256 belong to this package; RegisterError gives other
-// packages codes from 256 up.
+// Error codes on the wire: proto's table (internal/proto), which this package binds for its own
+// and shm's sentinels; RegisterError gives other programs' packages codes from 256 up.
 const (
-	codeOther uint16 = iota
-	codeAuthFailed
-	codeIncompatible
-	codeKeyNotFound
-	codeKeyRevoked
-	codeRequestIDTooLong
-	codeKeyTooLarge
-	codeFrameTooLarge
-	codeUnknownOp
-	codeProtocol
-	codeClosed
-	codeRegionFull
-	codeValueTooLarge
-	codeShmKeyTooLong
-	codeNotFound
-	codeCorrupt
-	codeBadConfig
-	codeNoReaderSlot
-	codeTimeout
-	codeBusy
+	codeOther         = proto.CodeOther
+	codeAuthFailed    = proto.CodeAuthFailed
+	codeIncompatible  = proto.CodeIncompatible
+	codeKeyRevoked    = proto.CodeKeyRevoked
+	codeFrameTooLarge = proto.CodeFrameTooLarge
+	codeUnknownOp     = proto.CodeUnknownOp
 
 	// MinUserErrorCode is the first code RegisterError accepts.
-	MinUserErrorCode = 256
+	MinUserErrorCode = proto.MinUserCode
 )
 
-type errCode struct {
-	code uint16
-	err  error
+func init() {
+	// Most specific first: the first sentinel that errors.Is matches gives the code. shm's
+	// sentinels are bound here too (shm itself knows nothing of replies).
+	proto.Bind(
+		proto.Pair{Code: proto.CodeAuthFailed, Err: ErrAuthFailed},
+		proto.Pair{Code: proto.CodeIncompatible, Err: ErrIncompatible},
+		proto.Pair{Code: proto.CodeKeyNotFound, Err: ErrKeyNotFound},
+		proto.Pair{Code: proto.CodeKeyRevoked, Err: ErrKeyRevoked},
+		proto.Pair{Code: proto.CodeRequestIDTooLong, Err: ErrRequestIDTooLong},
+		proto.Pair{Code: proto.CodeKeyTooLarge, Err: ErrKeyTooLarge},
+		proto.Pair{Code: proto.CodeFrameTooLarge, Err: ErrFrameTooLarge},
+		proto.Pair{Code: proto.CodeUnknownOp, Err: ErrUnknownOp},
+		proto.Pair{Code: proto.CodeProtocol, Err: ErrProtocol},
+		proto.Pair{Code: proto.CodeClosed, Err: ErrClosed},
+		proto.Pair{Code: proto.CodeRegionFull, Err: shm.ErrRegionFull},
+		proto.Pair{Code: proto.CodeValueTooLarge, Err: shm.ErrValueTooLarge},
+		proto.Pair{Code: proto.CodeShmKeyTooLong, Err: shm.ErrKeyTooLong},
+		proto.Pair{Code: proto.CodeNotFound, Err: shm.ErrNotFound},
+		proto.Pair{Code: proto.CodeCorrupt, Err: shm.ErrCorrupt},
+		proto.Pair{Code: proto.CodeBadConfig, Err: shm.ErrBadConfig},
+		proto.Pair{Code: proto.CodeNoReaderSlot, Err: shm.ErrNoReaderSlot},
+		proto.Pair{Code: proto.CodeTimeout, Err: ErrTimeout},
+		proto.Pair{Code: proto.CodeBusy, Err: ErrBusy},
+	)
 }
-
-var (
-	errMu    sync.RWMutex
-	errCodes = []errCode{
-		// Most specific first: the first sentinel that errors.Is matches gives the code.
-		{codeAuthFailed, ErrAuthFailed},
-		{codeIncompatible, ErrIncompatible},
-		{codeKeyNotFound, ErrKeyNotFound},
-		{codeKeyRevoked, ErrKeyRevoked},
-		{codeRequestIDTooLong, ErrRequestIDTooLong},
-		{codeKeyTooLarge, ErrKeyTooLarge},
-		{codeFrameTooLarge, ErrFrameTooLarge},
-		{codeUnknownOp, ErrUnknownOp},
-		{codeProtocol, ErrProtocol},
-		{codeClosed, ErrClosed},
-		{codeRegionFull, shm.ErrRegionFull},
-		{codeValueTooLarge, shm.ErrValueTooLarge},
-		{codeShmKeyTooLong, shm.ErrKeyTooLong},
-		{codeNotFound, shm.ErrNotFound},
-		{codeCorrupt, shm.ErrCorrupt},
-		{codeBadConfig, shm.ErrBadConfig},
-		{codeNoReaderSlot, shm.ErrNoReaderSlot},
-		{codeTimeout, ErrTimeout},
-		{codeBusy, ErrBusy},
-	}
-)
 
 // RegisterError gives err a wire code, so that an Owner.Handle handler returning an error that
 // wraps err reaches the client as an error that errors.Is(err) still matches (its message is
 // the handler's). Register the same code and sentinel in the owner and in every client (a
 // package init does both). code must be at least MinUserErrorCode and not yet taken; it panics
-// otherwise, as for a duplicate registration.
+// otherwise, as for a duplicate registration. Codes registered later are tried first, so a
+// package's own sentinels win over the generic ones they may wrap. The module's own rooms bind
+// their codes in internal/proto's table.
 func RegisterError(code uint16, err error) {
 	if code < MinUserErrorCode || err == nil {
 		panic(fmt.Sprintf("ipc.RegisterError: code %d must be >= %d and err non-nil", code, MinUserErrorCode))
 	}
-	errMu.Lock()
-	defer errMu.Unlock()
-	for _, c := range errCodes {
-		if c.code == code {
-			panic(fmt.Sprintf("ipc.RegisterError: code %d already registered", code))
-		}
-	}
-	errCodes = append(errCodes, errCode{code, err})
+	proto.Bind(proto.Pair{Code: code, Err: err})
 }
 
-// codeOf finds the wire code of err; user codes are checked before this package's, so a
-// package's own sentinels win over the generic ones they may wrap.
-func codeOf(err error) uint16 {
-	errMu.RLock()
-	defer errMu.RUnlock()
-	for _, c := range slices.Backward(errCodes) {
-		if c.code >= MinUserErrorCode && errors.Is(err, c.err) {
-			return c.code
-		}
-	}
-	for _, c := range errCodes {
-		if c.code < MinUserErrorCode && errors.Is(err, c.err) {
-			return c.code
-		}
-	}
-	return codeOther
-}
+// codeOf finds the wire code of err.
+func codeOf(err error) uint16 { return proto.CodeOf(err) }
 
-func sentinelOf(code uint16) error {
-	errMu.RLock()
-	defer errMu.RUnlock()
-	for _, c := range errCodes {
-		if c.code == code {
-			return c.err
-		}
-	}
-	return nil
-}
+func sentinelOf(code uint16) error { return proto.Sentinel(code) }
 
 // RemoteError is an error the owner returned for an RPC. Its message is the owner's; errors.Is
 // matches the sentinel registered for its code, if this process knows it.
-type RemoteError struct {
-	Code uint16
-	Msg  string
-	base error
-}
+type RemoteError = proto.RemoteError
 
-func (e *RemoteError) Error() string { return e.Msg }
-func (e *RemoteError) Unwrap() error { return e.base }
-
-func remoteError(code uint16, msg string) error {
-	return &RemoteError{Code: code, Msg: msg, base: sentinelOf(code)}
-}
+func remoteError(code uint16, msg string) error { return proto.Decode(code, msg) }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shmsteer/shmsteer/internal/proto"
 )
 
 // Wire format. Every message on an attach socket, in the handshake and after it, is a frame:
@@ -40,24 +42,24 @@ const (
 // Ops. Ops below MinUserOp belong to this package; Owner.Handle takes ops from MinUserOp up to
 // MaxUserOp.
 const (
-	opHello     uint16 = 1 // client → owner: version, client nonce
-	opChallenge uint16 = 2 // owner → client: version, owner nonce, owner proof
-	opProof     uint16 = 3 // client → owner: client proof
-	opWelcome   uint16 = 4 // owner → client: region facts; the region's fds ride along (SCM_RIGHTS)
-	opError     uint16 = 5 // either way in the handshake: code, message
+	opHello     = proto.OpHello
+	opChallenge = proto.OpChallenge
+	opProof     = proto.OpProof
+	opWelcome   = proto.OpWelcome
+	opError     = proto.OpError
 
-	opKeySet    uint16 = 16 // u16 id length, id, key
-	opKeyRemove uint16 = 17 // id
-	opBye       uint16 = 18 // client closes cleanly (it released its own reader slots)
-	opPing      uint16 = 19
+	opKeySet    = proto.OpKeySet
+	opKeyRemove = proto.OpKeyRemove
+	opBye       = proto.OpBye
+	opPing      = proto.OpPing
 
-	opReplyOK  uint16 = 0xfffe // reply payload
-	opReplyErr uint16 = 0xffff // u16 code, message
+	opReplyOK  = proto.OpReplyOK
+	opReplyErr = proto.OpReplyErr
 
 	// MinUserOp is the first op Owner.Handle accepts; ops below it are reserved for ipc.
-	MinUserOp = 256
+	MinUserOp = proto.MinUserOp
 	// MaxUserOp is the last op Owner.Handle accepts; ops above it are replies.
-	MaxUserOp = 0xfff0
+	MaxUserOp = proto.MaxUserOp
 )
 
 type frame struct {

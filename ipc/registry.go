@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
@@ -15,7 +16,7 @@ import (
 // goes last so a live Get only drops it: no shift of the key bytes on the hot path. A revoked
 // id has no value but a mark under KindKey (shm's Tx.Mark): 32 bytes in the mark table, no
 // arena space, so revocations never compete with live keys for room.
-const KindKey shm.Kind = 1
+const KindKey shm.Kind = proto.KindKey
 
 // MaxRequestIDLen is the longest request id the registry accepts.
 const MaxRequestIDLen = 256

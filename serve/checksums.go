@@ -7,12 +7,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
 // OpReportChecksum is the RPC op by which a worker reports its step apply checksum to serve,
 // which shows every worker's last report in GET /v1/steering/dynamic.
-const OpReportChecksum uint16 = 320
+const OpReportChecksum uint16 = proto.OpReportChecksum
 
 // maxChecksumWorkers bounds how many workers' reports serve keeps.
 const maxChecksumWorkers = 4096

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/mirror"
 )
@@ -14,9 +15,9 @@ import (
 // Client.Keys().Set/Remove go straight to the owner's registry and stay on this host.
 const (
 	// OpKeySet sets a key: u16 little-endian id length, id, key bytes.
-	OpKeySet uint16 = 321
+	OpKeySet uint16 = proto.OpServeKeySet
 	// OpKeyRemove revokes a key: the request id.
-	OpKeyRemove uint16 = 322
+	OpKeyRemove uint16 = proto.OpServeKeyRemove
 )
 
 // keyWriter is where serve writes keys: the owner's registry, or the mirror's Keys around it.

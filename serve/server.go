@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/mirror"
 	"github.com/shmsteer/shmsteer/shm"
@@ -27,7 +28,7 @@ import (
 // KindServe is the region kind of serve's own entries: key "ready" is written once the
 // persisted state is restored, so that workers following an owner restart switch only to a
 // region that holds that state (ipc.FollowOptions.Ready = IsReady).
-const KindServe shm.Kind = 48
+const KindServe shm.Kind = proto.KindServe
 
 const readyKey = "ready"
 
@@ -154,7 +155,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	persisting := func(op uint16, h func([]byte) ([]byte, error)) {
 		handle(op, func(req []byte) ([]byte, error) {
 			out, err := h(req)
-			if err == nil && len(out) > 0 && out[0] == 0 { // steer's success reply
+			if err == nil {
 				s.dirty.Store(true)
 				s.persistLogged()
 			}

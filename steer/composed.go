@@ -44,14 +44,15 @@ import (
 	"math"
 	"slices"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
 // Region kinds of compositions (see the package doc).
 const (
-	KindComposed       shm.Kind = 20 // key = request id
-	KindComposedGlobal shm.Kind = 21 // key = globalKey
+	KindComposed       shm.Kind = proto.KindComposed       // key = request id
+	KindComposedGlobal shm.Kind = proto.KindComposedGlobal // key = globalKey
 )
 
 const (

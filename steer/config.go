@@ -6,15 +6,16 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
-// Region kinds owned by steer (16..31).
+// Region kinds owned by steer (internal/proto's table).
 const (
-	KindVector  shm.Kind = 16 // named steering sets, key = name
-	KindGlobal  shm.Kind = 17 // global tiers, key = globalKey
-	KindRequest shm.Kind = 18 // admitted steering per request, key = request id
-	KindStatus  shm.Kind = 19 // latch counters, key = statusKey
+	KindVector  shm.Kind = proto.KindVector  // named steering sets, key = name
+	KindGlobal  shm.Kind = proto.KindGlobal  // global tiers, key = globalKey
+	KindRequest shm.Kind = proto.KindRequest // admitted steering per request, key = request id
+	KindStatus  shm.Kind = proto.KindStatus  // latch counters, key = statusKey
 )
 
 const (

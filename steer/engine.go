@@ -4,9 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
@@ -20,13 +20,10 @@ type Caller interface {
 //	func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) }
 type HandleFunc func(op uint16, h func(req []byte) ([]byte, error))
 
-// unknownOpText is in ipc.ErrUnknownOp's message: the owner has no handler for an op.
-const unknownOpText = "no handler for RPC op"
-
-// RPC ops served by Engine.Serve (ipc extension ops are ≥ 256).
+// RPC ops served by Engine.Serve (internal/proto's table).
 const (
-	OpRegister   uint16 = 256
-	OpUnregister uint16 = 257
+	OpRegister   uint16 = proto.OpRegister
+	OpUnregister uint16 = proto.OpUnregister
 )
 
 // Options configure an Engine.
@@ -481,9 +478,6 @@ type PinStatus struct {
 	AgeSeconds float64 `json:"age_seconds"`
 }
 
-// KindKeys is the key registry's kind (owned by ipc), counted by Status.
-const KindKeys shm.Kind = 1
-
 // Status reads the current state.
 func (e *Engine) Status() (Status, error) {
 	rs := e.r.Stats() // before our own snapshot pins: it must not report itself as the oldest pin
@@ -508,7 +502,7 @@ func (e *Engine) Status() (Status, error) {
 	for _, c := range []struct {
 		k shm.Kind
 		n *int
-	}{{KindVector, &st.NamedVectors}, {KindRequest, &st.AdmittedRequests}, {KindKeys, &st.Keys}} {
+	}{{KindVector, &st.NamedVectors}, {KindRequest, &st.AdmittedRequests}, {proto.KindKey, &st.Keys}} {
 		if *c.n, err = s.Len(c.k); err != nil {
 			return st, err
 		}
@@ -550,8 +544,9 @@ func decodeLatchStats(b []byte) LatchStats {
 }
 
 // Serve registers the owner's handlers for worker writes (OpRegister, OpUnregister and the
-// probe ops). The owner
-// re-validates everything it receives: a worker's bytes are not trusted.
+// probe ops). The owner re-validates everything it receives: a worker's bytes are not trusted.
+// A handler's error reaches the worker as the same sentinel (internal/proto's codes, bound in
+// this package).
 func (e *Engine) Serve(handle HandleFunc) {
 	handle(OpRegister, e.serveRegister(e.Register))
 	handle(OpUnregister, serveUnregister(e.Unregister))
@@ -559,41 +554,37 @@ func (e *Engine) Serve(handle HandleFunc) {
 	handle(OpUnregisterProbe, serveUnregister(e.UnregisterProbe))
 }
 
-// remoteErrs are the errors a reply can carry by code (index+1), so a worker gets the same
-// typed error the owner saw.
-var remoteErrs = []error{ErrBadName, ErrNonFinite, ErrHiddenSize, ErrUnknownHook, ErrLayerRange,
-	ErrDuplicate, ErrBadClamp, ErrUnknownVector, ErrBadEncoding, ErrEmptySet, shm.ErrRegionFull, shm.ErrValueTooLarge, ErrOverflow, ErrProbeSite}
-
-func errReply(err error) []byte {
-	code := byte(255)
-	for i, s := range remoteErrs {
-		if errors.Is(err, s) {
-			code = byte(i + 1)
-			break
-		}
-	}
-	return append([]byte{code}, err.Error()...)
+func init() {
+	// The order is the precedence for an error that wraps several: the specific first.
+	proto.Bind(
+		proto.Pair{Code: proto.CodeBadName, Err: ErrBadName},
+		proto.Pair{Code: proto.CodeNonFinite, Err: ErrNonFinite},
+		proto.Pair{Code: proto.CodeHiddenSize, Err: ErrHiddenSize},
+		proto.Pair{Code: proto.CodeUnknownHook, Err: ErrUnknownHook},
+		proto.Pair{Code: proto.CodeLayerRange, Err: ErrLayerRange},
+		proto.Pair{Code: proto.CodeDuplicate, Err: ErrDuplicate},
+		proto.Pair{Code: proto.CodeBadClamp, Err: ErrBadClamp},
+		proto.Pair{Code: proto.CodeUnknownVector, Err: ErrUnknownVector},
+		proto.Pair{Code: proto.CodeBadEncoding, Err: ErrBadEncoding},
+		proto.Pair{Code: proto.CodeEmptySet, Err: ErrEmptySet},
+		proto.Pair{Code: proto.CodeOverflow, Err: ErrOverflow},
+		proto.Pair{Code: proto.CodeBadRequestID, Err: ErrBadRequestID},
+		proto.Pair{Code: proto.CodeNotOwner, Err: ErrNotOwner},
+		proto.Pair{Code: proto.CodeSteerConfig, Err: ErrIncompatible},
+		proto.Pair{Code: proto.CodeProbeSite, Err: ErrProbeSite},
+	)
 }
 
+// call sends one RPC to the owner. An owner without the op's handler gives ErrNotServed (with
+// proto.ErrUnknownOp); an error code this build does not know gives ErrRemote.
 func (e *Engine) call(op uint16, req []byte) ([]byte, error) {
 	resp, err := e.opt.Caller.Call(op, req)
-	if err != nil {
-		// ipc reports an op nobody registered as ErrUnknownOp; steer does not import ipc, so it
-		// recognizes the text (TestUnknownOpTextMatchesIPC pins it).
-		if strings.Contains(err.Error(), unknownOpText) {
-			return nil, fmt.Errorf("%w (%w)", ErrNotServed, err)
-		}
-		return nil, err
+	if errors.Is(err, proto.ErrUnknownOp) {
+		return nil, fmt.Errorf("%w (%w)", ErrNotServed, err)
 	}
-	if len(resp) == 0 {
-		return nil, fmt.Errorf("%w: empty reply", ErrBadEncoding)
+	var re *proto.RemoteError
+	if errors.As(err, &re) && !re.Known() {
+		return nil, fmt.Errorf("%w: %w", ErrRemote, err)
 	}
-	if resp[0] == 0 {
-		return resp[1:], nil
-	}
-	base := ErrRemote
-	if c := int(resp[0]); c <= len(remoteErrs) {
-		base = remoteErrs[c-1]
-	}
-	return nil, fmt.Errorf("%w (from owner: %s)", base, resp[1:])
+	return resp, err
 }

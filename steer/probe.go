@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
@@ -16,12 +17,12 @@ import (
 
 // KindProbe holds named probe vectors, key = name; the value is the steering wire encoding of
 // one base vector.
-const KindProbe shm.Kind = 22
+const KindProbe shm.Kind = proto.KindProbe
 
 // RPC ops for a worker's probe writes, served by Engine.Serve.
 const (
-	OpRegisterProbe   uint16 = 260
-	OpUnregisterProbe uint16 = 261
+	OpRegisterProbe   uint16 = proto.OpRegisterProbe
+	OpUnregisterProbe uint16 = proto.OpUnregisterProbe
 )
 
 // ChangeProbe is a Change of a named probe vector (Change.Name).
@@ -233,7 +234,7 @@ func namedInfos(s *shm.Snapshot, kind shm.Kind) ([]VectorInfo, error) {
 func (e *Engine) serveRegister(reg func(name string, vecs []Vector) (VectorInfo, error)) func([]byte) ([]byte, error) {
 	return func(req []byte) ([]byte, error) {
 		if len(req) < 2 || len(req) < 2+int(binary.LittleEndian.Uint16(req)) {
-			return errReply(fmt.Errorf("%w: short register request", ErrBadEncoding)), nil
+			return nil, fmt.Errorf("%w: short register request", ErrBadEncoding)
 		}
 		n := int(binary.LittleEndian.Uint16(req))
 		name := string(req[2 : 2+n])
@@ -241,16 +242,16 @@ func (e *Engine) serveRegister(reg func(name string, vecs []Vector) (VectorInfo,
 		enc := append(make([]byte, 0, len(req)-2-n), req[2+n:]...)
 		w, err := decode(enc, e.cfg, true)
 		if err != nil {
-			return errReply(err), nil
+			return nil, err
 		}
 		if len(w.refs) != 0 || len(w.clamps) != 0 {
-			return errReply(fmt.Errorf("%w: a named vector holds only base vectors", ErrBadEncoding)), nil
+			return nil, fmt.Errorf("%w: a named vector holds only base vectors", ErrBadEncoding)
 		}
 		info, err := reg(name, w.steering(e.cfg).Base.Vectors)
 		if err != nil {
-			return errReply(err), nil
+			return nil, err
 		}
-		return append(binary.LittleEndian.AppendUint64([]byte{0}, info.Version), info.Digest[:]...), nil
+		return append(binary.LittleEndian.AppendUint64(nil, info.Version), info.Digest[:]...), nil
 	}
 }
 
@@ -259,8 +260,8 @@ func serveUnregister(unreg func(name string) (uint64, error)) func([]byte) ([]by
 	return func(req []byte) ([]byte, error) {
 		v, err := unreg(string(req))
 		if err != nil {
-			return errReply(err), nil
+			return nil, err
 		}
-		return binary.LittleEndian.AppendUint64([]byte{0}, v), nil
+		return binary.LittleEndian.AppendUint64(nil, v), nil
 	}
 }

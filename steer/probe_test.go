@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/internal/proto"
 )
 
 // Probe vectors: their own namespace (the fork's registry keeps probe and steer names apart),
@@ -51,9 +53,9 @@ func TestProbeVectors(t *testing.T) {
 	req := []byte{1, 0, 'p'}
 	enc, _, err := EncodeSteering(&Steering{Base: Tier{Vectors: two}}, smallCfg)
 	require.NoError(t, err)
-	resp, err := lb[OpRegisterProbe](append(req, enc...))
-	require.NoError(t, err)
-	require.Equal(t, byte(1+indexOf(ErrProbeSite)), resp[0])
+	_, err = lb[OpRegisterProbe](append(req, enc...))
+	require.ErrorIs(t, err, ErrProbeSite)
+	require.Equal(t, proto.CodeProbeSite, proto.CodeOf(err))
 	_, err = w.RegisterProbe("p", nil)
 	require.ErrorIs(t, err, ErrEmptySet)
 	for name, tc := range badInputs(rng) {

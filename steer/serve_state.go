@@ -9,13 +9,14 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
 // RPC ops for global steering from a worker (served by Engine.ServeGlobal).
 const (
-	OpSetGlobal   uint16 = 258
-	OpClearGlobal uint16 = 259
+	OpSetGlobal   uint16 = proto.OpSetGlobal
+	OpClearGlobal uint16 = proto.OpClearGlobal
 )
 
 // ErrLatchState means a latch map given to RestoreLatches is inconsistent with itself or with
@@ -75,20 +76,20 @@ func (e *Engine) ServeGlobal(handle HandleFunc) {
 		enc := append([]byte(nil), req...)
 		w, err := decode(enc, e.cfg, true)
 		if err != nil {
-			return errReply(err), nil
+			return nil, err
 		}
 		v, err := e.SetGlobal(w.steering(e.cfg))
 		if err != nil {
-			return errReply(err), nil
+			return nil, err
 		}
-		return binary.LittleEndian.AppendUint64([]byte{0}, v), nil
+		return binary.LittleEndian.AppendUint64(nil, v), nil
 	})
 	handle(OpClearGlobal, func([]byte) ([]byte, error) {
 		v, err := e.SetGlobal(Steering{})
 		if err != nil {
-			return errReply(err), nil
+			return nil, err
 		}
-		return binary.LittleEndian.AppendUint64([]byte{0}, v), nil
+		return binary.LittleEndian.AppendUint64(nil, v), nil
 	})
 }
 

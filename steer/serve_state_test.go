@@ -54,9 +54,8 @@ func TestSetGlobalFromWorker(t *testing.T) {
 		})
 	}
 	// A worker's bytes are not trusted: a corrupted encoding is refused by the owner.
-	resp, err := lb[OpSetGlobal]([]byte("SSTR garbage"))
-	require.NoError(t, err)
-	require.NotZero(t, resp[0])
+	_, err = lb[OpSetGlobal]([]byte("SSTR garbage"))
+	require.ErrorIs(t, err, ErrBadEncoding)
 
 	_, err = w.SetGlobalAny(Steering{})
 	require.NoError(t, err)

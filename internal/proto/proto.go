@@ -1,0 +1,71 @@
+// Package proto owns the numbers every room of shmsteer agrees on, in one place: the shm kinds
+// under which each room stores its entries in the region, the RPC ops a worker sends to its
+// owner, and the codes of the errors an owner's reply carries, with the codec that turns a code
+// back into the sentinel (errors.Is) in the worker.
+//
+// It is a leaf: it imports only the standard library, so every room (shm's users, ipc, keys,
+// steer, serve, mirror, capi, bench) can import it without a cycle. It must not hold behaviour:
+// no encoding of payloads (each op's payload belongs to the room that serves it) and no
+// sentinel of its own except ErrUnknownOp, which both the transport (ipc) and its users
+// (steer) must recognise.
+//
+// To add an entry: pick the next free number in the room's block below, add it to the table
+// (TestTables checks that numbers are distinct and in their blocks), and for an error code bind
+// the sentinel in the package that declares it (Bind, from a package init).
+package proto
+
+// Kinds of entries in the region (shm.Kind values). Each room owns a block; a kind is never
+// reused for another meaning (a region written by an older build must not be misread).
+const (
+	// KindKey: the key registry (package keys). Key: request id; value: key bytes followed by
+	// one state byte. A revoked id has no value but a mark under this kind.
+	KindKey = 1
+
+	// KindVector .. KindComposedGlobal: steering (package steer), block 16–31.
+	KindVector         = 16 // named steering sets, key = name
+	KindGlobal         = 17 // global tiers, key = steer's global key
+	KindRequest        = 18 // admitted steering per request, key = request id
+	KindStatus         = 19 // latch counters, key = steer's status key
+	KindComposed       = 20 // a request's composition, key = request id
+	KindComposedGlobal = 21 // the global composition
+	KindProbe          = 22 // named probe vectors (read by gates), key = name
+
+	// KindServe: the service's own entries (package serve), block 48–63.
+	KindServe = 48
+)
+
+// Op is an RPC op number.
+type Op = uint16
+
+// RPC ops. Ops below MinUserOp are the transport's (package ipc: handshake, replies, ping);
+// each room above it owns a block of user ops.
+const (
+	OpHello     Op = 1  // client → owner: version, client nonce
+	OpChallenge Op = 2  // owner → client: version, owner nonce, owner proof
+	OpProof     Op = 3  // client → owner: client proof
+	OpWelcome   Op = 4  // owner → client: region facts; the region's fds ride along (SCM_RIGHTS)
+	OpError     Op = 5  // either way in the handshake: code, message
+	OpKeySet    Op = 16 // u16 id length, id, key
+	OpKeyRemove Op = 17 // id
+	OpBye       Op = 18 // client closes cleanly (it released its own reader slots)
+	OpPing      Op = 19
+	OpReplyOK   Op = 0xfffe // reply payload
+	OpReplyErr  Op = 0xffff // u16 code, message
+
+	// MinUserOp is the first op the owner's Handle accepts; MaxUserOp the last.
+	MinUserOp Op = 256
+	MaxUserOp Op = 0xfff0
+
+	// Steering writes (package steer), block 256–287.
+	OpRegister        Op = 256 // u16 name length, name, steering wire encoding
+	OpUnregister      Op = 257 // name
+	OpSetGlobal       Op = 258 // the steering wire encoding of the global tiers
+	OpClearGlobal     Op = 259 // none
+	OpRegisterProbe   Op = 260 // as OpRegister, for a probe vector
+	OpUnregisterProbe Op = 261 // as OpUnregister
+
+	// The service (package serve), block 320–351.
+	OpReportChecksum Op = 320 // u64 step, u64 checksum, worker name
+	OpServeKeySet    Op = 321 // serve's mirrored key set: u16 id length, id, key
+	OpServeKeyRemove Op = 322 // serve's mirrored key revocation: id
+)
