@@ -103,13 +103,21 @@ func Attach(opts ClientOptions) (*Client, error) {
 		names = handleNames(secret, opts.Namespace)
 	}
 	conn, skipped, err := dialFirstAllowed(names, allowed, deadline)
-	if err == nil && conn == nil && opts.handle == "" {
-		// No owner at our handle. If one serves the namespace under another secret, its lobby
-		// answers and the handshake below fails with ErrAuthFailed, which says what is wrong.
-		var more []listener
-		conn, more, err = dialFirstAllowed(lobbyNames(opts.Namespace), allowed, deadline)
-		skipped = append(skipped, more...)
+	// next tries more names while no allowed listener answered.
+	next := func(more func() []string) {
+		if err == nil && conn == nil && opts.handle == "" {
+			var s []listener
+			conn, s, err = dialFirstAllowed(more(), allowed, deadline)
+			skipped = append(skipped, s...)
+		}
 	}
+	// An owner whose candidates other users hold serves on a fresh name (see the package
+	// documentation, Squatting).
+	next(func() []string { return freshHandles(secret, opts.Namespace) })
+	// No owner at our handle. If one serves the namespace under another secret, its lobby
+	// answers and the handshake below fails with ErrAuthFailed, which says what is wrong.
+	next(func() []string { return lobbyNames(opts.Namespace) })
+	next(func() []string { return freshLobbies(opts.Namespace) })
 	switch {
 	case err != nil:
 		return nil, err

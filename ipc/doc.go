@@ -57,7 +57,11 @@
 // the first free handle candidate. A candidate held by another uid (learnt from SO_PEERCRED of
 // a connection to it) is skipped with a warning in the owner's log naming the holder's uid and
 // pid; one held by the owner's uid is a live owner (ErrPreviouslyInitialized). If all K are
-// held, ErrRendezvousTaken names the holders (uid, pid). A socket that takes no connection
+// held, the owner binds a fresh name drawn at random at this start (see freshHandleName in
+// rendezvous.go: a handle's is tagged under the secret), which clients that find no
+// candidate look for among the bound names the kernel's socket diagnostics list; so other
+// uids cannot keep an owner from starting, nor exhaust names by taking each one a dead owner
+// frees. A socket that takes no connection
 // (bound without listening, or its backlog full) is looked up in the kernel's socket
 // diagnostics (NETLINK_SOCK_DIAG, unix_diag: its uid) and /proc (a pid holding its inode,
 // where this process may see it); a lobby listener of the owner's uid with a full backlog is

@@ -29,9 +29,9 @@ var (
 	// this process or another. Use one owner per handle, or give this one another namespace.
 	ErrPreviouslyInitialized = errors.New("shmsteer: previously initialized: an owner already runs for this secret and namespace; attach as a client or use another namespace")
 	// ErrRendezvousTaken means every candidate name of the attach handle or of the lobby is
-	// held by processes of other uids (abstract socket names have no permissions), so the
-	// owner cannot start. The error names them (uid, pid): stop them, or use another
-	// namespace.
+	// held by processes of other uids (abstract socket names have no permissions) and not even
+	// a fresh name could be bound, so the owner cannot start. The error names the holders
+	// (uid, pid): stop them, or use another namespace.
 	ErrRendezvousTaken = errors.New("shmsteer: every rendezvous name for this namespace is held by other users' processes: stop them (uid and pid follow) or use another namespace")
 	// ErrAuthFailed means the mutual handshake failed: the peer does not know the secret, it
 	// replayed an old handshake, or its uid is not allowed. Check that every process uses the

@@ -166,10 +166,11 @@ var (
 )
 
 // NewOwner creates the region and starts serving the handle derived from the secret and
-// namespace (the first free of its candidate names; see the package documentation,
-// Squatting). ErrAuthSecretNotDefined without a secret; ErrPreviouslyInitialized if an owner
-// of this uid already serves the namespace, in this process or another (the error names its
-// pid); ErrRendezvousTaken if other users hold every candidate name (the error names them).
+// namespace (the first free of its candidate names, or a fresh name if other users hold
+// them all; see the package documentation, Squatting). ErrAuthSecretNotDefined without a
+// secret; ErrPreviouslyInitialized if an owner of this uid already serves the namespace, in
+// this process or another (the error names its pid); ErrRendezvousTaken only if not even a
+// fresh name can be bound.
 func NewOwner(opts OwnerOptions) (*Owner, error) {
 	if opts.NonDumpable {
 		if err := setNonDumpable(); err != nil {
@@ -257,13 +258,13 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 	// of the namespace, whatever its secret, listens on one of the lobby candidates: look for
 	// one of this uid on all of them first (it need not hold the first free one).
 	lobbies := lobbyNames(o.ns)
-	if l, ok := findLiveOwner(lobbies); ok {
+	if l, ok := findLiveOwner(append(lobbies, freshLobbies(o.ns)...)); ok {
 		return fail(fmt.Errorf("%w: %v serves the namespace", ErrPreviouslyInitialized, l))
 	}
-	if o.lobby, err = o.bindFirstFree(lobbies, "lobby"); err != nil {
+	if o.lobby, err = o.bindFirstFree(lobbies, "lobby", func() string { return freshLobbyName(o.ns) }); err != nil {
 		return fail(err)
 	}
-	if o.ln, err = o.bindFirstFree(handles, "attach handle"); err != nil {
+	if o.ln, err = o.bindFirstFree(handles, "attach handle", func() string { return freshHandleName(o.secret, o.ns) }); err != nil {
 		return fail(err)
 	}
 	o.handle = o.ln.Addr().(*net.UnixAddr).Name[1:]

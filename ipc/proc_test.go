@@ -175,13 +175,23 @@ func TestHelperProcess(t *testing.T) {
 		if len(f) == 0 {
 			continue
 		}
-		if keys == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" && f[0] != "probe" && f[0] != "attachn" {
+		if keys == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" && f[0] != "probe" && f[0] != "attachn" && f[0] != "squat" {
 			say("err not-attached")
 			continue
 		}
 		switch f[0] {
 		case "attach":
 			say(reply(start(), ""))
+		case "squat": // squatter: bind and listen on more names
+			var err error
+			for _, name := range f[1:] {
+				var ln *net.UnixListener
+				if ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"}); err != nil {
+					break
+				}
+				squatted = append(squatted, ln)
+			}
+			say(reply(err, ""))
 		case "probe": // can this process read another's memory and descriptors?
 			say(probeProc(f[1]))
 		case "attachn": // attach N times; print how many distinct errors and the last

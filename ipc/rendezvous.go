@@ -1,6 +1,8 @@
 package ipc
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -57,6 +59,73 @@ func lobbyNames(ns string) []string {
 		h := sha256.Sum256(candidateSeed("shmsteer/lobby/v2", ns, i))
 		names[i] = "shmsteer-lobby-" + hex.EncodeToString(h[:16])
 	}
+	return names
+}
+
+// Fresh names. Every candidate above can be held by another uid: the lobby's are predictable
+// from the namespace, and a handle's, though they need the secret, are listed in
+// /proc/net/unix once an owner has bound them, so a squatter can take each as a restarted
+// owner's predecessor frees it. An owner that finds every candidate held therefore binds a
+// fresh name, drawn at random at each start, that no other uid can predict, and clients find
+// it among the bound names the kernel lists (eachUnixSocket):
+//
+//	fresh handle = "shmsteer-h-" + hex(n) + "-" + hex(HMAC-SHA256(secret, "shmsteer/handle-fresh/v1" 0 u32(len ns) ns u32(0), n)[:16])
+//	fresh lobby  = "shmsteer-lobby-" + hex(SHA-256("shmsteer/lobby-fresh/v1" 0 u32(len ns) ns u32(0))[:16]) + "-" + hex(n)
+//
+// with n 16 random bytes. A client accepts a fresh handle only if its tag verifies under its
+// secret; a fresh lobby only tells the namespace, as a lobby does. Copies of a dead owner's
+// fresh names held by a squatter are skipped by uid like any other.
+const (
+	freshHandlePrefix = "shmsteer-h-"
+	freshNonceLen     = 16
+)
+
+func freshHandleTag(s Secret, ns string, nonce []byte) []byte {
+	m := s.mac(candidateSeed("shmsteer/handle-fresh/v1", ns, 0), nonce)
+	return m[:16]
+}
+
+// freshHandleName draws a fresh handle name for this secret and namespace.
+func freshHandleName(s Secret, ns string) string {
+	n := make([]byte, freshNonceLen)
+	rand.Read(n)
+	return freshHandlePrefix + hex.EncodeToString(n) + "-" + hex.EncodeToString(freshHandleTag(s, ns, n))
+}
+
+// isFreshHandle reports whether name is a fresh handle name of this secret and namespace.
+func isFreshHandle(s Secret, ns, name string) bool {
+	rest, ok := strings.CutPrefix(name, freshHandlePrefix)
+	if !ok {
+		return false
+	}
+	nh, th, ok := strings.Cut(rest, "-")
+	n, err1 := hex.DecodeString(nh)
+	tag, err2 := hex.DecodeString(th)
+	return ok && err1 == nil && err2 == nil && len(n) == freshNonceLen && hmac.Equal(tag, freshHandleTag(s, ns, n))
+}
+
+// freshLobbyPrefix starts every fresh lobby name of the namespace.
+func freshLobbyPrefix(ns string) string {
+	h := sha256.Sum256(candidateSeed("shmsteer/lobby-fresh/v1", ns, 0))
+	return "shmsteer-lobby-" + hex.EncodeToString(h[:16]) + "-"
+}
+
+func freshLobbyName(ns string) string {
+	n := make([]byte, freshNonceLen)
+	rand.Read(n)
+	return freshLobbyPrefix(ns) + hex.EncodeToString(n)
+}
+
+// freshHandles and freshLobbies list the fresh names bound now (none if the kernel's socket
+// diagnostics are unavailable).
+func freshHandles(s Secret, ns string) []string {
+	names, _ := abstractNames(func(name string) bool { return isFreshHandle(s, ns, name) })
+	return names
+}
+
+func freshLobbies(ns string) []string {
+	prefix := freshLobbyPrefix(ns)
+	names, _ := abstractNames(func(name string) bool { return strings.HasPrefix(name, prefix) })
 	return names
 }
 
@@ -167,8 +236,10 @@ func probeName(name string) listener {
 // bindFirstFree binds the first candidate name that is free and returns its listener.
 // A candidate held by a process of this uid means an owner runs: ErrPreviouslyInitialized
 // naming its pid. One held by another uid (or by a socket that tells nothing) is skipped with
-// a warning. If every candidate is held, ErrRendezvousTaken names the holders.
-func (o *Owner) bindFirstFree(names []string, what string) (*net.UnixListener, error) {
+// a warning. If every candidate is held, it binds a fresh name (see freshHandleName), so
+// whatever other uids hold, the owner starts; ErrRendezvousTaken, naming the holders, only if
+// not even a fresh name can be bound.
+func (o *Owner) bindFirstFree(names []string, what string, fresh func() string) (*net.UnixListener, error) {
 	var held []listener
 	for i, name := range names {
 		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
@@ -186,7 +257,16 @@ func (o *Owner) bindFirstFree(names []string, what string) (*net.UnixListener, e
 			"name", what, "candidate", i, "holder", l.String(), "uid", l.uid, "pid", l.pid)
 		held = append(held, l)
 	}
-	return nil, fmt.Errorf("%w: all %d %s candidates are held by %s", ErrRendezvousTaken, len(names), what, describeListeners(held))
+	var err error
+	for range 3 { // a fresh name is taken only by a collision of random draws
+		var ln *net.UnixListener
+		if ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: "@" + fresh(), Net: "unix"}); err == nil {
+			o.log.Warn("shmsteer: every rendezvous candidate is held by other users' processes; serving on a fresh name instead (clients find it; stop the holders to silence this)",
+				"name", what, "candidates", len(names), "holders", describeListeners(held))
+			return ln, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: all %d %s candidates are held by %s, and a fresh name could not be bound: %w", ErrRendezvousTaken, len(names), what, describeListeners(held), err)
 }
 
 // findLiveOwner looks for a process of this uid listening on any of names (another owner of
@@ -194,22 +274,27 @@ func (o *Owner) bindFirstFree(names []string, what string) (*net.UnixListener, e
 func findLiveOwner(names []string) (listener, bool) {
 	deadline := time.Now().Add(time.Second)
 	for _, name := range names {
-		c, l, err := dialName(name, deadline)
-		switch {
-		case err == nil:
-			c.Close()
-		case errors.Is(err, errBacklogFull): // an owner under a flood of connections?
-			if l, err = abstractHolder(name); err != nil {
-				continue
-			}
-		default:
-			continue
-		}
-		if l.uid == os.Getuid() {
+		if l, ok := liveOwnerAt(name, deadline); ok {
 			return l, true
 		}
 	}
 	return listener{}, false
+}
+
+// liveOwnerAt reports whether a process of this uid listens on name.
+func liveOwnerAt(name string, deadline time.Time) (listener, bool) {
+	c, l, err := dialName(name, deadline)
+	switch {
+	case err == nil:
+		c.Close()
+	case errors.Is(err, errBacklogFull): // an owner under a flood of connections?
+		if l, err = abstractHolder(name); err != nil {
+			return listener{}, false
+		}
+	default:
+		return listener{}, false
+	}
+	return l, l.uid == os.Getuid()
 }
 
 func peerCred(c *net.UnixConn) (*unix.Ucred, error) {

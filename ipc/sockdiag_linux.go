@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -28,9 +29,49 @@ const (
 // abstractHolder finds the socket bound to the abstract name (without its leading NUL): its
 // uid from the kernel, and a pid that holds it if one can be seen in /proc (pid 0 if not).
 func abstractHolder(name string) (l listener, err error) {
+	var ino uint32
+	found := false
+	err = eachUnixSocket(func(sockName string, uid int, hasUID bool, inode uint32) bool {
+		if sockName == "\x00"+name && hasUID {
+			found, ino = true, inode
+			l = listener{uid: uid, known: true}
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		return listener{}, err
+	}
+	if !found {
+		return listener{}, fmt.Errorf("no socket bound to the name")
+	}
+	l.pid = pidOfSocket(ino)
+	return l, nil
+}
+
+// abstractNames lists the abstract names (without the leading NUL) bound in this network
+// namespace for which match is true, each once (a listener's accepted connections share its
+// name).
+func abstractNames(match func(name string) bool) ([]string, error) {
+	seen := map[string]bool{}
+	var names []string
+	err := eachUnixSocket(func(sockName string, _ int, _ bool, _ uint32) bool {
+		if name, ok := strings.CutPrefix(sockName, "\x00"); ok && !seen[name] && match(name) {
+			seen[name] = true
+			names = append(names, name)
+		}
+		return true
+	})
+	return names, err
+}
+
+// eachUnixSocket dumps every unix socket of the network namespace through the kernel's socket
+// diagnostics and calls fn with its name (abstract names start with NUL; "" if unbound), its
+// owner's uid, if the kernel told it, and its inode, until fn returns false.
+func eachUnixSocket(fn func(name string, uid int, hasUID bool, ino uint32) bool) error {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
 	if err != nil {
-		return listener{}, fmt.Errorf("sock_diag socket: %w", err)
+		return fmt.Errorf("sock_diag socket: %w", err)
 	}
 	defer unix.Close(fd)
 	req := make([]byte, unix.NLMSG_HDRLEN+unixDiagReqSz)
@@ -43,34 +84,28 @@ func abstractHolder(name string) (l listener, err error) {
 	binary.NativeEndian.PutUint32(r[4:], 0xffffffff) // every state
 	binary.NativeEndian.PutUint32(r[12:], udiagShowName|udiagShowUID)
 	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return listener{}, fmt.Errorf("sock_diag request: %w", err)
+		return fmt.Errorf("sock_diag request: %w", err)
 	}
-	want := "\x00" + name
 	buf := make([]byte, 64<<10)
-	var ino uint32
-	found := false
+	more := true
 	for {
 		n, _, err := unix.Recvfrom(fd, buf, 0)
 		if err != nil {
-			return listener{}, fmt.Errorf("sock_diag reply: %w", err)
+			return fmt.Errorf("sock_diag reply: %w", err)
 		}
 		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
 		if err != nil {
-			return listener{}, fmt.Errorf("sock_diag reply: %w", err)
+			return fmt.Errorf("sock_diag reply: %w", err)
 		}
 		for _, m := range msgs {
 			switch m.Header.Type {
 			case unix.NLMSG_DONE:
-				if !found {
-					return listener{}, fmt.Errorf("no socket bound to the name")
-				}
-				l.pid = pidOfSocket(ino)
-				return l, nil
+				return nil
 			case unix.NLMSG_ERROR:
-				return listener{}, fmt.Errorf("sock_diag: the kernel refused the request")
+				return fmt.Errorf("sock_diag: the kernel refused the request")
 			}
-			if found || len(m.Data) < unixDiagMsgSz {
-				continue
+			if !more || len(m.Data) < unixDiagMsgSz {
+				continue // drain the dump, so the reply ends with its NLMSG_DONE
 			}
 			var sockName string
 			uid, hasUID := 0, false
@@ -90,10 +125,7 @@ func abstractHolder(name string) (l listener, err error) {
 				}
 				a = a[min((alen+unix.RTA_ALIGNTO-1)&^(unix.RTA_ALIGNTO-1), len(a)):]
 			}
-			if sockName == want && hasUID {
-				found, ino = true, binary.NativeEndian.Uint32(m.Data[4:])
-				l = listener{uid: uid, known: true}
-			}
+			more = fn(sockName, uid, hasUID, binary.NativeEndian.Uint32(m.Data[4:]))
 		}
 	}
 }

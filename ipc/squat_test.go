@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -102,8 +103,10 @@ func TestSquattersOnly(t *testing.T) {
 	t.Logf("ErrNotYetInitialized past a squatter, 128 candidates tried: %v", took)
 }
 
-// TestSquattersEverywhere: with every candidate held, the owner cannot start and says who
-// holds them.
+// TestSquattersEverywhere: with every candidate of the handle or of the lobby held by another
+// uid (listening, or bound without listening), the owner still starts, on a fresh name, and
+// says who holds the candidates; a client in another process attaches, a wrong secret still
+// gets ErrAuthFailed, and a second owner of the namespace is still refused.
 func TestSquattersEverywhere(t *testing.T) {
 	exe := nobodyExe(t)
 	for _, tt := range []struct {
@@ -111,18 +114,74 @@ func TestSquattersEverywhere(t *testing.T) {
 		bindOnly bool
 	}{{"lobby", false}, {"attach handle", false}, {"lobby", true}, {"attach handle", true}} {
 		t.Run(fmt.Sprintf("%s bind only %v", tt.which, tt.bindOnly), func(t *testing.T) {
-			which := tt.which
 			env := newTestEnv()
 			names := lobbyNames(env.ns)
-			if which != "lobby" {
+			if tt.which != "lobby" {
 				names = handleNames(env.secret, env.ns)
 			}
 			pid := squatAs(t, exe, tt.bindOnly, names...)
-			_, err := NewOwner(env.ownerOpts())
-			require.ErrorIs(t, err, ErrRendezvousTaken)
-			require.Contains(t, err.Error(), fmt.Sprintf("%s candidates are held by uid %d pid %d (64 names)", which, nobody, pid))
+			var logs syncBuffer
+			opts := env.ownerOpts()
+			opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			o := newTestOwner(t, opts)
+			require.Contains(t, logs.String(), "serving on a fresh name")
+			require.Contains(t, logs.String(), fmt.Sprintf("uid %d pid %d (64 names)", nobody, pid))
+			if tt.which != "lobby" {
+				require.True(t, isFreshHandle(env.secret, env.ns, o.handle), "fresh handle %q", o.handle)
+			}
+			require.NoError(t, o.Keys().Set("req", []byte("k")))
+			kid := startProc(t, "client", env.childEnv()...)
+			require.Equal(t, "ok ready", kid.line())
+			require.Equal(t, "ok "+hexOf("k"), kid.do("get req"))
+			kid.exit()
+
+			wrong := NewSecret([]byte("wrong-" + env.secretStr))
+			_, err := Attach(ClientOptions{Secret: &wrong, Namespace: env.ns, Timeout: 3 * time.Second})
+			require.ErrorIs(t, err, ErrAuthFailed, "a wrong secret is told so past the squatter")
+			_, err = NewOwner(OwnerOptions{Secret: &wrong, Namespace: env.ns, Region: testRegion, Logger: quietLogger()})
+			require.ErrorIs(t, err, ErrPreviouslyInitialized, "the owner on a fresh lobby is still found")
 		})
 	}
+}
+
+// TestSquatterFollowsRestarts: after each owner's life a squatter binds the names that owner
+// used (they are listed in /proc/net/unix), 70 times: past the 64 candidates each restarted
+// owner still starts, on names never used before, and clients attach to it (the last round's
+// from another process).
+func TestSquatterFollowsRestarts(t *testing.T) {
+	exe := nobodyExe(t)
+	env := newTestEnv()
+	sq := startProcAs(t, exe, nobodyCred, "squatter", squatEnv+"=shmsteer-test-"+randHex(8))
+	require.Equal(t, "ok ready", sq.line())
+	used := map[string]bool{}
+	const rounds = rendezvousCandidates + 6
+	for round := range rounds {
+		o, err := NewOwner(env.ownerOpts())
+		require.NoError(t, err, "round %d", round)
+		lobby := o.lobby.Addr().(*net.UnixAddr).Name[1:]
+		require.False(t, used[o.handle] || used[lobby], "round %d reuses a name", round)
+		used[o.handle], used[lobby] = true, true
+		require.NoError(t, o.Keys().Set("req", []byte(fmt.Sprint("k", round))))
+		c, err := Attach(env.clientOpts())
+		require.NoError(t, err, "round %d", round)
+		got, err := c.Keys().Get("req", nil)
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint("k", round), string(got))
+		c.Close()
+		if round == rounds-1 {
+			kid := startProc(t, "client", env.childEnv()...)
+			require.Equal(t, "ok ready", kid.line(), "round %d", round)
+			require.Equal(t, "ok "+hexOf(fmt.Sprint("k", round)), kid.do("get req"))
+			kid.exit()
+		}
+		require.NoError(t, o.Close())
+		// The squatter takes what the dead owner freed.
+		require.Equal(t, "ok", sq.do("squat "+o.handle+" "+lobby), "round %d", round)
+	}
+	require.True(t, isFreshHandle(env.secret, env.ns, func() string {
+		o := newTestOwner(t, env.ownerOpts())
+		return o.handle
+	}()), "past the candidates, handles are fresh")
 }
 
 // TestLiveOwnerOnLaterCandidate: an owner that had to take a later candidate still keeps a
