@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -20,8 +21,7 @@ import (
 )
 
 var (
-	// ErrNotImplemented means a fork feature serve does not have (draft targets, probe
-	// vectors, SAE modules).
+	// ErrNotImplemented means a fork feature serve does not have (SAE modules).
 	ErrNotImplemented = errors.New("shmsteer: not implemented by shmsteer serve")
 	// ErrNotFound means the named vector, module or conversation does not exist.
 	ErrNotFound = errors.New("shmsteer: not found")
@@ -57,6 +57,7 @@ var apiErrors = []apiError{
 	{steer.ErrBadRequestID, http.StatusBadRequest, "bad_request_id"},
 	{steer.ErrBadEncoding, http.StatusBadRequest, "bad_encoding"},
 	{steer.ErrOverflow, http.StatusBadRequest, "overflow"},
+	{steer.ErrProbeSite, http.StatusBadRequest, "probe_site"},
 	{shm.ErrValueTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
 	{shm.ErrKeyTooLong, http.StatusBadRequest, "bad_name"},
 	{shm.ErrRegionFull, http.StatusInsufficientStorage, "region_full"},
@@ -85,6 +86,15 @@ func writeError(w http.ResponseWriter, err error) {
 				break
 			}
 		}
+	}
+	var wf withFields
+	if errors.As(err, &wf) {
+		out := map[string]any{"error": err.Error(), "type": typ}
+		for k, v := range wf.fields {
+			out[k] = v
+		}
+		writeJSON(w, code, out)
+		return
 	}
 	writeJSON(w, code, errorBody{Error: err.Error(), Type: typ})
 }
@@ -177,16 +187,6 @@ func needAdmin(p principal, what string) error {
 	return nil
 }
 
-func checkTarget(t *string) error {
-	if t == nil || *t == "main" {
-		return nil
-	}
-	if *t == "draft" {
-		return fmt.Errorf("%w: target \"draft\" (no speculative-decoding draft model here)", ErrNotImplemented)
-	}
-	return badInput("target %q: want \"main\" or \"draft\"", *t)
-}
-
 // persistAfterChange persists after a mutation (callers hold s.mu).
 func (s *Server) persistAfterChange() error {
 	if err := s.persistLocked(); err != nil {
@@ -198,15 +198,16 @@ func (s *Server) persistAfterChange() error {
 
 // --- global steering ---
 
+// noVectorsText is the fork's refusal of a /set with nothing in it. Its router says "No vectors
+// or clamps provided"; its older tests look for "No vectors provided": the message holds both.
+const noVectorsText = "No vectors or clamps provided (No vectors provided): include at least one of vectors, prefill_vectors, decode_vectors, clamps, prefill_clamps, decode_clamps (or the *_vector_refs) with hook point/layer data"
+
 func (s *Server) setGlobal(_ *http.Request, p principal, body []byte) (any, error) {
 	if err := needAdmin(p, "global steering"); err != nil {
 		return nil, err
 	}
 	var req SetRequest
-	if err := decodeStrict(body, &req); err != nil {
-		return nil, err
-	}
-	if err := checkTarget(req.Target); err != nil {
+	if err := decodePayload(body, &req); err != nil {
 		return nil, err
 	}
 	st, err := req.Steering(s.eng.Config())
@@ -214,7 +215,10 @@ func (s *Server) setGlobal(_ *http.Request, p principal, body []byte) (any, erro
 		return nil, err
 	}
 	if st.Empty() {
-		return nil, badInput("no vectors provided: include at least one of vectors, prefill_vectors, decode_vectors, the clamps or the vector refs")
+		return nil, badInput("%s", noVectorsText)
+	}
+	if err := checkSites(&st, s.eng.Config(), styleSet, ""); err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -314,14 +318,9 @@ func (s *Server) clearGlobal(_ *http.Request, p principal, body []byte) (any, er
 	if err := needAdmin(p, "global steering"); err != nil {
 		return nil, err
 	}
-	if len(strings.TrimSpace(string(body))) > 0 {
-		var req struct {
-			Target *string `json:"target"`
-		}
+	if len(bytes.TrimSpace(body)) > 0 {
+		var req struct{} // the fork's /clear takes no body; an empty object is accepted
 		if err := decodeStrict(body, &req); err != nil {
-			return nil, err
-		}
-		if err := checkTarget(req.Target); err != nil {
 			return nil, err
 		}
 	}
@@ -337,39 +336,32 @@ func (s *Server) clearGlobal(_ *http.Request, p principal, body []byte) (any, er
 	return map[string]any{"status": "ok", "version": v}, nil
 }
 
-// TierNorms is what GET /v1/steering reports per (layer, hook): the L2 norm of each tier's
-// summed vector (named references resolved) and the number of clamps.
-type TierNorms struct {
-	Base    float64 `json:"base"`
-	Prefill float64 `json:"prefill"`
-	Decode  float64 `json:"decode"`
-	Clamps  int     `json:"clamps"`
-}
+// HookNorms is what GET /v1/steering reports per (layer, hook), as the fork's workers do: the
+// L2 norm of each tier's summed vector (named references resolved), rounded to 6 decimals,
+// under "norm" (base), "prefill_norm" and "decode_norm"; zero norms are left out.
+type HookNorms map[string]float64
 
-func (s *Server) getSteering(r *http.Request, _ principal, _ []byte) (any, error) {
-	if t := r.URL.Query().Get("target"); t != "" {
-		if err := checkTarget(&t); err != nil {
-			return nil, err
-		}
-	}
-	active, v, err := ActiveLayers(s.eng)
+func (s *Server) getSteering(*http.Request, principal, []byte) (any, error) {
+	active, clamps, v, err := ActiveLayers(s.eng)
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"active_layers": active, "version": v}, nil
+	return map[string]any{"active_layers": active, "clamps": clamps, "version": v}, nil
 }
 
-// ActiveLayers summarizes the global steering: layer → hook → norms.
-func ActiveLayers(eng *steer.Engine) (map[string]map[string]*TierNorms, uint64, error) {
+// ActiveLayers summarizes the global steering: layer → hook → norms (non-zero only), and
+// layer → hook → number of clamps (sites with clamps only).
+func ActiveLayers(eng *steer.Engine) (map[string]map[string]HookNorms, map[string]map[string]int, uint64, error) {
 	snap, err := eng.Region().Snapshot()
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	defer snap.Close()
-	out := map[string]map[string]*TierNorms{}
+	out := map[string]map[string]HookNorms{}
+	clamps := map[string]map[string]int{}
 	g, _, ok, err := eng.Global(&snap)
 	if err != nil || !ok {
-		return out, snap.Version(), err
+		return out, clamps, snap.Version(), err
 	}
 	hidden := eng.Config().Hidden
 	type key struct {
@@ -387,16 +379,6 @@ func ActiveLayers(eng *steer.Engine) (map[string]map[string]*TierNorms, uint64, 
 			acc[i] += float64(scale) * float64(f)
 		}
 	}
-	entry := func(s site) *TierNorms {
-		l := strconv.Itoa(s.layer)
-		if out[l] == nil {
-			out[l] = map[string]*TierNorms{}
-		}
-		if out[l][s.hook] == nil {
-			out[l][s.hook] = &TierNorms{}
-		}
-		return out[l][s.hook]
-	}
 	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
 		t := g.Tier(ph)
 		for _, v := range t.Vectors {
@@ -412,28 +394,38 @@ func ActiveLayers(eng *steer.Engine) (map[string]map[string]*TierNorms, uint64, 
 			}
 		}
 		for _, c := range t.Clamps {
-			entry(site{c.Hook, c.Layer}).Clamps++
+			l := strconv.Itoa(c.Layer)
+			if clamps[l] == nil {
+				clamps[l] = map[string]int{}
+			}
+			clamps[l][c.Hook]++
 		}
 	}
+	normKey := map[steer.Phase]string{steer.PhaseBase: "norm", steer.PhasePrefill: "prefill_norm", steer.PhaseDecode: "decode_norm"}
 	for k, acc := range sums {
 		var ss float64
 		for _, f := range acc {
 			ss += f * f
 		}
-		e := entry(k.site)
-		switch k.ph {
-		case steer.PhaseBase:
-			e.Base = math.Sqrt(ss)
-		case steer.PhasePrefill:
-			e.Prefill = math.Sqrt(ss)
-		case steer.PhaseDecode:
-			e.Decode = math.Sqrt(ss)
+		n := math.Round(math.Sqrt(ss)*1e6) / 1e6
+		if !(n > 0) {
+			continue
 		}
+		l := strconv.Itoa(k.layer)
+		if out[l] == nil {
+			out[l] = map[string]HookNorms{}
+		}
+		if out[l][k.hook] == nil {
+			out[l][k.hook] = HookNorms{}
+		}
+		out[l][k.hook][normKey[k.ph]] = n
 	}
-	return out, snap.Version(), nil
+	return out, clamps, snap.Version(), nil
 }
 
-func (s *Server) getLayers(r *http.Request, _ principal, _ []byte) (any, error) {
+// getLayers answers the fork's flat {"layers": {layer: {"hook_points": [sorted hooks]}}}:
+// every layer of the model has every hook.
+func (s *Server) getLayers(*http.Request, principal, []byte) (any, error) {
 	cfg := s.eng.Config()
 	hooks := make([]string, cfg.NumHooks())
 	for i := range hooks {
@@ -444,19 +436,12 @@ func (s *Server) getLayers(r *http.Request, _ principal, _ []byte) (any, error) 
 	for l := range cfg.Layers {
 		flat[strconv.Itoa(l)] = map[string]any{"hook_points": hooks}
 	}
-	t := r.URL.Query().Get("target")
-	if t == "" {
-		return map[string]any{"layers": map[string]any{"main": flat}}, nil
-	}
-	if err := checkTarget(&t); err != nil {
-		return nil, err
-	}
 	return map[string]any{"layers": flat}, nil
 }
 
 // --- named vectors ---
 
-// VectorSummary is one named vector in listings.
+// VectorSummary is one named vector in listings ("details" of GET /v1/steering/vectors).
 type VectorSummary struct {
 	Name    string `json:"name"`
 	Kind    string `json:"kind"`
@@ -465,77 +450,119 @@ type VectorSummary struct {
 	Entries int    `json:"entries"`
 }
 
-// ListVectors lists the named vectors a principal may see.
+// ListVectors lists the named vectors (steer, then probe, each by name) a principal may see.
 func ListVectors(eng *steer.Engine, visible func(string) bool) ([]VectorSummary, error) {
 	snap, err := eng.Region().Snapshot()
 	if err != nil {
 		return nil, err
 	}
 	defer snap.Close()
-	infos, err := eng.VectorInfos(&snap)
-	if err != nil {
-		return nil, err
-	}
 	out := []VectorSummary{}
-	for _, in := range infos {
-		if !visible(in.Name) {
-			continue
+	for _, kind := range []steer.VectorKind{steer.VectorSteer, steer.VectorProbe} {
+		infos, read := eng.VectorInfos, eng.Vector
+		if kind == steer.VectorProbe {
+			infos, read = eng.ProbeInfos, eng.Probe
 		}
-		vs := VectorSummary{Name: in.Name, Kind: "steer", Version: in.Version, Digest: hex.EncodeToString(in.Digest[:])}
-		if nv, err := eng.Vector(&snap, in.Name); err == nil {
-			vs.Entries = len(nv.Vectors)
+		list, err := infos(&snap)
+		if err != nil {
+			return nil, err
 		}
-		out = append(out, vs)
+		var part []VectorSummary
+		for _, in := range list {
+			if !visible(in.Name) {
+				continue
+			}
+			vs := VectorSummary{Name: in.Name, Kind: kind.String(), Version: in.Version, Digest: hex.EncodeToString(in.Digest[:])}
+			if nv, err := read(&snap, in.Name); err == nil {
+				vs.Entries = len(nv.Vectors)
+			}
+			part = append(part, vs)
+		}
+		sort.Slice(part, func(i, j int) bool { return part[i].Name < part[j].Name })
+		out = append(out, part...)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
-func checkKind(kind *string, want, other string) error {
-	if kind == nil || *kind == want {
-		return nil
+// vectorsByKind is the fork's listing: {"probe": [names], "steer": [names]}, sorted.
+func vectorsByKind(list []VectorSummary) map[string][]string {
+	out := map[string][]string{"probe": {}, "steer": {}}
+	for _, v := range list {
+		out[v.Kind] = append(out[v.Kind], v.Name)
 	}
-	if *kind == other {
-		return fmt.Errorf("%w: kind %q", ErrNotImplemented, other)
-	}
-	return badInput("kind %q: want %q", *kind, want)
+	return out
 }
+
+// vectorKind reads the required kind of a vectors/register or /unregister body.
+func vectorKind(kind *string) (steer.VectorKind, error) {
+	if kind == nil {
+		return 0, badInput("kind is required: \"steer\" or \"probe\"")
+	}
+	k, ok := steer.ParseVectorKind(*kind)
+	if !ok {
+		return 0, badInput("kind must be one of ('probe', 'steer'), got %s", pyStr(*kind))
+	}
+	return k, nil
+}
+
+// withFields adds fields to the JSON error reply of err (the fork's 404 carries "vectors").
+type withFields struct {
+	error
+	fields map[string]any
+}
+
+func (e withFields) Unwrap() error { return e.error }
 
 func (s *Server) registerVector(_ *http.Request, p principal, body []byte) (any, error) {
 	var req struct {
-		Name   string            `json:"name"`
-		Kind   *string           `json:"kind"`
-		Packed map[string]Packed `json:"packed"`
+		Name   string                     `json:"name"`
+		Kind   *string                    `json:"kind"`
+		Packed map[string]json.RawMessage `json:"packed"`
 	}
 	if err := decodeStrict(body, &req); err != nil {
 		return nil, err
 	}
-	if err := checkKind(req.Kind, "steer", "probe"); err != nil {
+	kind, err := vectorKind(req.Kind)
+	if err != nil {
 		return nil, err
+	}
+	if req.Name == "" {
+		return nil, fmt.Errorf("%w: vector name must be non-empty", steer.ErrBadName)
 	}
 	if !p.owns(req.Name) {
 		return nil, fmt.Errorf("%w: tenant %q may register only names starting with %q", ErrForbidden, p.tenant, p.tenant+"/")
 	}
 	if len(req.Packed) == 0 {
-		return nil, badInput("\"packed\" holds no hooks")
+		return nil, badInput("%s vector %s must be a non-empty packed dict", kind, pyStr(req.Name))
 	}
-	hooks := make([]string, 0, len(req.Packed))
-	for h := range req.Packed {
-		hooks = append(hooks, h)
-	}
-	sort.Strings(hooks)
 	var vecs []steer.Vector
-	for _, h := range hooks {
-		pk := req.Packed[h]
-		vs, err := pk.Vectors(h, s.eng.Config().Hidden)
+	for _, h := range sortedKeys(req.Packed) {
+		var pk Packed
+		d := json.NewDecoder(bytes.NewReader(req.Packed[h]))
+		d.DisallowUnknownFields()
+		if err := d.Decode(&pk); err != nil {
+			return nil, malformed("packed["+pyStr(h)+"]", "%s", describeJSONError(err))
+		}
+		vs, err := pk.Vectors(h)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("packed[%s]: %w", pyStr(h), err)
 		}
 		vecs = append(vecs, vs...)
 	}
+	st := steer.Steering{Base: steer.Tier{Vectors: vecs}}
+	if err := checkSites(&st, s.eng.Config(), styleVector, req.Name); err != nil {
+		return nil, err
+	}
+	if kind == steer.VectorProbe && len(vecs) != 1 {
+		return nil, fmt.Errorf("%w: probe vector %s must name exactly one (hook, layer); got %d rows", steer.ErrProbeSite, pyStr(req.Name), len(vecs))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	info, err := s.eng.Register(req.Name, vecs)
+	reg := s.eng.Register
+	if kind == steer.VectorProbe {
+		reg = s.eng.RegisterProbe
+	}
+	info, err := reg(req.Name, vecs)
 	if err != nil {
 		return nil, err
 	}
@@ -543,8 +570,8 @@ func (s *Server) registerVector(_ *http.Request, p principal, body []byte) (any,
 		return nil, err
 	}
 	list, err := ListVectors(s.eng, p.owns)
-	return map[string]any{"status": "ok", "name": req.Name, "kind": "steer", "version": info.Version,
-		"digest": hex.EncodeToString(info.Digest[:]), "vectors": list}, err
+	return map[string]any{"status": "ok", "name": req.Name, "kind": kind.String(), "version": info.Version,
+		"digest": hex.EncodeToString(info.Digest[:]), "vectors": vectorsByKind(list)}, err
 }
 
 func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (any, error) {
@@ -555,7 +582,8 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 	if err := decodeStrict(body, &req); err != nil {
 		return nil, err
 	}
-	if err := checkKind(req.Kind, "steer", "probe"); err != nil {
+	kind, err := vectorKind(req.Kind)
+	if err != nil {
 		return nil, err
 	}
 	if !p.owns(req.Name) {
@@ -563,9 +591,19 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, dropped, err := s.unregisterNamed(req.Name)
-	if errors.Is(err, steer.ErrUnknownVector) {
-		return nil, fmt.Errorf("%w: steer vector %q", ErrNotFound, req.Name)
+	var v uint64
+	var dropped []string
+	if kind == steer.VectorProbe {
+		v, err = s.eng.UnregisterProbe(req.Name) // no steering set can reference a probe
+	} else {
+		v, dropped, err = s.unregisterNamed(req.Name)
+	}
+	if errors.Is(err, steer.ErrUnknownVector) || errors.Is(err, steer.ErrBadName) {
+		list, lerr := ListVectors(s.eng, p.owns)
+		if lerr != nil {
+			return nil, lerr
+		}
+		return nil, withFields{fmt.Errorf("%w: %s vector %s not found", ErrNotFound, kind, pyStr(req.Name)), map[string]any{"vectors": vectorsByKind(list)}}
 	} else if err != nil {
 		return nil, err
 	}
@@ -573,13 +611,16 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 		return nil, err
 	}
 	list, err := ListVectors(s.eng, p.owns)
-	return map[string]any{"status": "ok", "name": req.Name, "kind": "steer", "version": v, "vectors": list,
+	if dropped == nil {
+		dropped = []string{}
+	}
+	return map[string]any{"status": "ok", "name": req.Name, "kind": kind.String(), "version": v, "vectors": vectorsByKind(list),
 		"dropped_references": dropped}, err
 }
 
 func (s *Server) listVectors(_ *http.Request, p principal, _ []byte) (any, error) {
 	list, err := ListVectors(s.eng, p.owns)
-	return map[string]any{"vectors": list, "count": len(list)}, err
+	return map[string]any{"vectors": vectorsByKind(list), "count": len(list), "details": list}, err
 }
 
 // --- modules ---
@@ -607,12 +648,22 @@ func (s *Server) moduleNames(p principal) []string {
 	return out
 }
 
+func checkModuleKind(kind *string) error {
+	if kind == nil || *kind == "additive" {
+		return nil
+	}
+	if *kind == "sae_delta" {
+		return fmt.Errorf("%w: kind \"sae_delta\"", ErrNotImplemented)
+	}
+	return badInput("kind %q: want \"additive\"", *kind)
+}
+
 func (s *Server) registerModule(_ *http.Request, p principal, body []byte) (any, error) {
 	var req moduleRequest
-	if err := decodeStrict(body, &req); err != nil {
+	if err := decodePayload(body, &req); err != nil {
 		return nil, err
 	}
-	if err := checkKind(req.Kind, "additive", "sae_delta"); err != nil {
+	if err := checkModuleKind(req.Kind); err != nil {
 		return nil, err
 	}
 	if req.SAEManifest != nil {
@@ -631,7 +682,10 @@ func (s *Server) registerModule(_ *http.Request, p principal, body []byte) (any,
 		return nil, err
 	}
 	if st.Empty() {
-		return nil, badInput("module %q has no vectors or clamps", req.Name)
+		return nil, badInput("Steering module %s has no vectors in any tier (and no clamps)", pyStr(req.Name))
+	}
+	if err := checkSites(&st, s.eng.Config(), styleModule, req.Name); err != nil {
+		return nil, err
 	}
 	wire, d, err := steer.EncodeSteering(&st, s.eng.Config())
 	if err != nil {
@@ -656,7 +710,11 @@ func (s *Server) unregisterModule(_ *http.Request, p principal, body []byte) (an
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.modules[req.Name]; !ok || !p.owns(req.Name) {
-		return nil, fmt.Errorf("%w: steering module %q", ErrNotFound, req.Name)
+		avail := "none"
+		if names := s.moduleNames(p); len(names) > 0 {
+			avail = pyList(names)
+		}
+		return nil, fmt.Errorf("%w: Steering module %s not found. Available: %s", ErrNotFound, pyStr(req.Name), avail)
 	}
 	delete(s.modules, req.Name)
 	if err := s.persistAfterChange(); err != nil {
@@ -674,20 +732,40 @@ func (s *Server) listModules(_ *http.Request, p principal, _ []byte) (any, error
 
 // --- latches, admissions ---
 
+// dynamic answers the fork's {workers, determinism}: one entry per worker that reports its
+// step checksum (ReportChecksum), with the fork's action_checksum/action_count keys
+// (action_count is the worker's step), and determinism {"consistent": true, "action_count":
+// N} or {"consistent": false, "checksums": {worker: checksum}} over the workers at the newest
+// step. serve's latch counters are under "latches".
 func (s *Server) dynamic(*http.Request, principal, []byte) (any, error) {
 	st, err := s.eng.Status()
 	if err != nil {
 		return nil, err
 	}
-	workers, agree := s.checks.report()
+	reports, agree := s.checks.report()
+	workers := make([]map[string]any, len(reports))
+	sums := map[string]string{}
+	var top uint64
+	for i, r := range reports {
+		workers[i] = map[string]any{"worker": r.Worker, "step": r.Step, "checksum": r.Checksum, "age_seconds": r.AgeSeconds,
+			"action_checksum": r.Checksum, "action_count": r.Step, "steering_initialized": true}
+		sums[r.Worker] = r.Checksum
+		top = max(top, r.Step)
+	}
+	determinism := map[string]any{"consistent": true, "action_count": top}
+	if agree != nil && !*agree {
+		determinism = map[string]any{"consistent": false, "checksums": sums}
+	}
 	return map[string]any{
-		"worker_checksums": workers, "checksums_agree": agree,
-		"latched_conversations": st.LatchedConversations, "latched_bytes": st.LatchedBytes,
-		"evictions": st.Evictions, "oversize_refusals": st.OversizeRefusals, "triggers": st.Triggers,
-		"bridges": st.Bridges, "bridge_drops": st.BridgeDrops,
-		"max_conversations": s.cfg.MaxConversations, "max_latched_bytes": s.cfg.MaxLatchedBytes,
-		"policy": strings.ToLower(s.cfg.LatchPolicy), "requests_with_steering": st.RequestsWithSteering,
-		"latch_state_hash": fmt.Sprintf("%016x", s.eng.Latches().StateHash()),
+		"workers": workers, "determinism": determinism,
+		"latches": map[string]any{
+			"latched_conversations": st.LatchedConversations, "latched_bytes": st.LatchedBytes,
+			"evictions": st.Evictions, "oversize_refusals": st.OversizeRefusals, "triggers": st.Triggers,
+			"bridges": st.Bridges, "bridge_drops": st.BridgeDrops,
+			"max_conversations": s.cfg.MaxConversations, "max_latched_bytes": s.cfg.MaxLatchedBytes,
+			"policy": strings.ToLower(s.cfg.LatchPolicy), "requests_with_steering": st.RequestsWithSteering,
+			"latch_state_hash": fmt.Sprintf("%016x", s.eng.Latches().StateHash()),
+		},
 	}, nil
 }
 
@@ -735,8 +813,8 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 		ov = copySteering(&st)
 	}
 	if req.Override != nil {
-		if req.Override.Replace || req.Override.Target != nil {
-			return nil, badInput("override takes no replace or target")
+		if req.Override.Replace {
+			return nil, badInput("override takes no replace")
 		}
 		st, err := req.Override.Steering(s.eng.Config())
 		if err != nil {

@@ -173,9 +173,6 @@ func (cs *ClientSession) GlobalSet(file string, refs []string, replace bool) (ui
 		if err := decodeStrict(b, &req); err != nil {
 			return 0, fmt.Errorf("%s: %w", file, err)
 		}
-		if err := checkTarget(req.Target); err != nil {
-			return 0, err
-		}
 		replace = replace || req.Replace
 	}
 	st, err := req.Steering(cs.Engine.Config())

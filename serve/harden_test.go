@@ -71,7 +71,7 @@ func (ts *testServer) do(key, method, path, body string) (int, map[string]any) {
 
 func (ts *testServer) register(key, name string) {
 	row := "[1,0,0,0,0,0,0,1]"
-	code, m := ts.do(key, "POST", "/v1/steering/vectors/register", fmt.Sprintf(`{"name":%q,"packed":{"pre_attn":%s}}`, name, packedJSON(ts.t, row)))
+	code, m := ts.do(key, "POST", "/v1/steering/vectors/register", fmt.Sprintf(`{"name":%q,"kind":"steer","packed":{"pre_attn":%s}}`, name, packedJSON(ts.t, row)))
 	require.Equal(ts.t, 200, code, "%v", m)
 }
 
@@ -85,16 +85,16 @@ func TestUnregisterReferencedByGlobal(t *testing.T) {
 	ts.register(adminKey, "b")
 	code, m := ts.do(adminKey, "POST", "/v1/steering/set", `{"vector_refs":{"a":1,"b":2}}`)
 	require.Equal(t, 200, code, "%v", m)
-	code, m = ts.do(adminKey, "POST", "/v1/steering/vectors/unregister", `{"name":"a"}`)
+	code, m = ts.do(adminKey, "POST", "/v1/steering/vectors/unregister", `{"name":"a","kind":"steer"}`)
 	require.Equal(t, 200, code, "%v", m)
 	require.Equal(t, []any{"global"}, m["dropped_references"])
 	code, m = ts.do(adminKey, "POST", "/v1/steering/set", `{"vectors":{"pre_attn":{"1":[1,1,1,1,1,1,1,1]}}}`)
 	require.Equal(t, 200, code, "a merging set after the unregister: %v", m)
-	code, m = ts.do(adminKey, "POST", "/v1/steering/vectors/unregister", `{"name":"b"}`)
+	code, m = ts.do(adminKey, "POST", "/v1/steering/vectors/unregister", `{"name":"b","kind":"steer"}`)
 	require.Equal(t, 200, code, "%v", m)
 	require.Equal(t, []any{"global"}, m["dropped_references"])
 	ts.register(adminKey, "c")
-	code, m = ts.do(adminKey, "POST", "/v1/steering/vectors/unregister", `{"name":"c"}`)
+	code, m = ts.do(adminKey, "POST", "/v1/steering/vectors/unregister", `{"name":"c","kind":"steer"}`)
 	require.Equal(t, 200, code, "%v", m)
 	require.Equal(t, []any{}, m["dropped_references"], "nothing referenced c")
 	code, m = ts.do(adminKey, "POST", "/v1/steering/set", `{"vector_refs":{"a":1}}`)

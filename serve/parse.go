@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -23,13 +25,129 @@ func badInput(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrBadInput}, args...)...)
 }
 
+// malformedText starts the message of every structural error in a steering payload, as the
+// fork's routers word it (its tests look for it).
+const malformedText = "Malformed steering payload: "
+
+// malformed is a structural error in a steering payload at path (the fork's
+// field['hook'][layer] notation).
+func malformed(path, format string, args ...any) error {
+	return malformedAs(ErrBadInput, path, format, args...)
+}
+
+// malformedAs is malformed with another sentinel (steer.ErrBadClamp, steer.ErrNonFinite, ...).
+func malformedAs(sentinel error, path, format string, args ...any) error {
+	if path != "" {
+		path += ": "
+	}
+	return fmt.Errorf("%w: %s%s"+format, append([]any{sentinel, malformedText, path}, args...)...)
+}
+
+// pyStr quotes s as Python's repr does, since the fork's messages (and its tests) use it.
+func pyStr(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`, "\n", `\n`).Replace(s) + "'"
+}
+
+// pyList formats names as a Python list of strings: ['a', 'b'].
+func pyList(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = pyStr(n)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// intList formats xs as a Python list: [0, 3].
+func intList(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return "[" + strings.Join(s, ", ") + "]"
+}
+
+// jsonKind names the JSON type of a raw value as Python does (the fork reports type(x).__name__).
+func jsonKind(raw []byte) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '{':
+		return "dict"
+	case '[':
+		return "list"
+	case '"':
+		return "str"
+	case 't', 'f':
+		return "bool"
+	case 'n':
+		return "NoneType"
+	}
+	return "float"
+}
+
+// goKindJSON names a Go decoding target in JSON terms, for messages that never show Go types.
+func goKindJSON(t string) string {
+	switch {
+	case strings.HasPrefix(t, "map["), strings.HasPrefix(t, "struct"), strings.HasPrefix(t, "serve."):
+		return "an object"
+	case strings.HasPrefix(t, "[]"):
+		return "an array"
+	case t == "string":
+		return "a string"
+	case t == "bool":
+		return "true or false"
+	case strings.HasPrefix(t, "int"), strings.HasPrefix(t, "uint"):
+		return "an integer"
+	case strings.HasPrefix(t, "float"):
+		return "a number"
+	}
+	return "another type"
+}
+
+// describeJSONError words a decoding error for the client without Go's decoder internals (type
+// and struct names): what is wrong and where.
+func describeJSONError(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("body is not valid JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))
+	case errors.As(err, &te):
+		where := te.Field
+		if where == "" {
+			where = "the body"
+		}
+		got := te.Value
+		if got == "number" || strings.HasPrefix(got, "number ") {
+			got = "a " + got
+		} else {
+			got = "an " + got
+			if strings.HasPrefix(te.Value, "s") || strings.HasPrefix(te.Value, "b") {
+				got = "a " + te.Value
+			}
+		}
+		return fmt.Sprintf("%s: want %s, got %s", where, goKindJSON(te.Type.String()), got)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "body is empty or ends early: want one JSON object"
+	}
+	msg := strings.TrimPrefix(err.Error(), "json: ")
+	if f, ok := strings.CutPrefix(msg, "unknown field "); ok {
+		return "unknown field " + f
+	}
+	return msg
+}
+
 // VectorSpec is one tier of vectors: hook → either a packed blob or {layer: entry}.
 type VectorSpec map[string]json.RawMessage
 
-// ClampSpec is one tier of clamps: hook → {layer: [clamp entry] | clamp entry}.
-type ClampSpec map[string]map[string]json.RawMessage
+// ClampSpec is one tier of clamps: hook → {layer: [clamp entry]} or a packed clamp blob
+// (ClampHookPacked), or the fork's wire map {"hooks": {hook: table}}.
+type ClampSpec map[string]json.RawMessage
 
-// Packed is the fork's binary-wire hook blob: rows of layer vectors, base64 little-endian.
+// Packed is the fork's binary-wire hook blob (SteeringHookPacked): rows of layer vectors,
+// base64 little-endian.
 type Packed struct {
 	Dtype        string    `json:"dtype"`
 	Shape        []int     `json:"shape"`
@@ -50,44 +168,69 @@ type SetRequest struct {
 	PrefillVectorRefs map[string]float32 `json:"prefill_vector_refs,omitempty"`
 	DecodeVectorRefs  map[string]float32 `json:"decode_vector_refs,omitempty"`
 	Replace           bool               `json:"replace,omitempty"`
-	Target            *string            `json:"target,omitempty"`
 }
 
-// decodeStrict decodes one JSON value, refusing unknown fields and trailing data.
+// decodeStrict decodes one JSON value, refusing unknown fields and trailing data; the error
+// says what is wrong in the client's terms.
 func decodeStrict(b []byte, v any) error {
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
 	if err := d.Decode(v); err != nil {
-		return badInput("%v", err)
+		return badInput("malformed request body: %s", describeJSONError(err))
 	}
 	if d.More() {
-		return badInput("trailing data after the JSON body")
+		return badInput("malformed request body: trailing data after the JSON body")
 	}
 	return nil
 }
 
-// Steering converts the request to steering tiers (validated against cfg by steer later;
-// shape, dtype and layer-key errors are found here).
+// decodePayload is decodeStrict for a steering payload (/set, modules): the fork words its
+// errors "Malformed steering payload".
+func decodePayload(b []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return malformed("", "%s", describeJSONError(err))
+	}
+	if d.More() {
+		return malformed("", "trailing data after the JSON body")
+	}
+	return nil
+}
+
+// tierSpec is one tier of a request body with its field names (the fork's, for messages).
+type tierSpec struct {
+	phase     steer.Phase
+	vecs      VectorSpec
+	cl        ClampSpec
+	refs      map[string]float32
+	vecField  string
+	clampName string
+}
+
+func (r *SetRequest) tiers() []tierSpec {
+	return []tierSpec{
+		{steer.PhaseBase, r.Vectors, r.Clamps, r.VectorRefs, "vectors", "clamps"},
+		{steer.PhasePrefill, r.PrefillVectors, r.PrefillClamps, r.PrefillVectorRefs, "prefill_vectors", "prefill_clamps"},
+		{steer.PhaseDecode, r.DecodeVectors, r.DecodeClamps, r.DecodeVectorRefs, "decode_vectors", "decode_clamps"},
+	}
+}
+
+// Steering converts the request to steering tiers. It checks the structure only (the fork's
+// "Malformed steering payload" errors); CheckSites checks hooks, layers and widths against the
+// model, and steer validates the rest.
 func (r *SetRequest) Steering(cfg steer.ModelConfig) (steer.Steering, error) {
 	var s steer.Steering
-	for _, t := range []struct {
-		phase steer.Phase
-		vecs  VectorSpec
-		cl    ClampSpec
-		refs  map[string]float32
-		name  string
-	}{{steer.PhaseBase, r.Vectors, r.Clamps, r.VectorRefs, "vectors"},
-		{steer.PhasePrefill, r.PrefillVectors, r.PrefillClamps, r.PrefillVectorRefs, "prefill_vectors"},
-		{steer.PhaseDecode, r.DecodeVectors, r.DecodeClamps, r.DecodeVectorRefs, "decode_vectors"}} {
+	for _, t := range r.tiers() {
 		tier := s.Tier(t.phase)
-		vs, err := parseVectorSpec(t.vecs, cfg.Hidden)
+		vs, err := parseVectorSpec(t.vecs, t.vecField)
 		if err != nil {
-			return s, fmt.Errorf("%s: %w", t.name, err)
+			return s, err
 		}
 		tier.Vectors = vs
-		cs, err := parseClampSpec(t.cl)
+		cs, err := parseClampSpec(t.cl, t.clampName)
 		if err != nil {
-			return s, fmt.Errorf("%s clamps: %w", t.name, err)
+			return s, err
 		}
 		tier.Clamps = cs
 		names := make([]string, 0, len(t.refs))
@@ -102,58 +245,72 @@ func (r *SetRequest) Steering(cfg steer.ModelConfig) (steer.Steering, error) {
 	return s, nil
 }
 
-func parseLayer(k string) (int, error) {
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// parseLayerKey reads a JSON layer key: a non-negative integer.
+func parseLayerKey(field, hook, k string) (int, error) {
 	n, err := strconv.Atoi(k)
 	if err != nil || n < 0 {
-		return 0, badInput("layer key %q is not a non-negative integer", k)
+		return 0, malformed("", "Steering tier %s has invalid layer index %s in %s; expected a non-negative integer", pyStr(hook), pyStr(k), field)
 	}
 	return n, nil
 }
 
+// isPacked reports whether a hook's value is a packed blob (it has "data" and "dtype", as
+// the fork's _looks_packed decides), and for clamps also "bounds".
+func isPacked(fields map[string]json.RawMessage, clamp bool) bool {
+	_, d := fields["data"]
+	_, t := fields["dtype"]
+	_, b := fields["bounds"]
+	return d && t && (!clamp || b)
+}
+
 // parseVectorSpec reads one tier; vectors come out sorted by hook then layer.
-func parseVectorSpec(spec VectorSpec, hidden int) ([]steer.Vector, error) {
-	hooks := make([]string, 0, len(spec))
-	for h := range spec {
-		hooks = append(hooks, h)
-	}
-	sort.Strings(hooks)
+func parseVectorSpec(spec VectorSpec, field string) ([]steer.Vector, error) {
 	var out []steer.Vector
-	for _, hook := range hooks {
+	for _, hook := range sortedKeys(spec) {
 		raw := spec[hook]
-		var probe map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &probe); err != nil {
-			return nil, badInput("hook %q: want an object of layers or a packed blob", hook)
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+			return nil, malformed("", "Steering tier %s in %s must map layer indices to entries, got %s", pyStr(hook), field, jsonKind(raw))
 		}
-		if _, packed := probe["data"]; packed {
-			p, err := packedFrom(probe)
-			if err != nil {
-				return nil, fmt.Errorf("hook %q packed: %w", hook, err)
-			}
-			vs, err := p.Vectors(hook, hidden)
+		if isPacked(fields, false) {
+			p, err := packedFrom(fields, fmt.Sprintf("%s[%s]", field, pyStr(hook)))
 			if err != nil {
 				return nil, err
+			}
+			vs, err := p.Vectors(hook)
+			if err != nil {
+				return nil, fmt.Errorf("%s[%s]: %w", field, pyStr(hook), err)
 			}
 			out = append(out, vs...)
 			continue
 		}
-		layers := make([]int, 0, len(probe))
+		layers := make([]int, 0, len(fields))
 		byLayer := map[int]json.RawMessage{}
-		for k, v := range probe {
-			l, err := parseLayer(k)
+		for k, v := range fields {
+			l, err := parseLayerKey(field, hook, k)
 			if err != nil {
-				return nil, fmt.Errorf("hook %q: %w", hook, err)
+				return nil, err
 			}
 			if _, dup := byLayer[l]; dup {
-				return nil, badInput("hook %q: layer %d given twice", hook, l)
+				return nil, malformed("", "Steering tier %s in %s gives layer %d twice", pyStr(hook), field, l)
 			}
 			byLayer[l] = v
 			layers = append(layers, l)
 		}
 		slices.Sort(layers)
 		for _, l := range layers {
-			v, err := parseEntry(byLayer[l])
+			v, err := parseEntry(byLayer[l], fmt.Sprintf("%s[%s][%d]", field, pyStr(hook), l))
 			if err != nil {
-				return nil, fmt.Errorf("hook %q layer %d: %w", hook, l, err)
+				return nil, err
 			}
 			v.Hook, v.Layer = hook, l
 			out = append(out, v)
@@ -165,7 +322,7 @@ func parseVectorSpec(spec VectorSpec, hidden int) ([]steer.Vector, error) {
 // packedFrom builds a Packed from an object already split into fields, refusing unknown ones.
 // The base64 data is taken straight from between its quotes when it holds no escape (base64
 // needs none), which saves decoding a multi-megabyte string twice.
-func packedFrom(fields map[string]json.RawMessage) (Packed, error) {
+func packedFrom(fields map[string]json.RawMessage, path string) (Packed, error) {
 	var p Packed
 	for k, v := range fields {
 		var dst any
@@ -185,76 +342,145 @@ func packedFrom(fields map[string]json.RawMessage) (Packed, error) {
 			}
 			dst = &p.Data
 		default:
-			return p, badInput("unknown field %q", k)
+			return p, malformed(path, "SteeringHookPacked has unexpected key %s; allowed keys: ['data', 'dtype', 'layer_indices', 'scales', 'shape']", pyStr(k))
 		}
 		if err := json.Unmarshal(v, dst); err != nil {
-			return p, badInput("field %q: %v", k, err)
+			return p, malformed(path, "SteeringHookPacked.%s: %s", k, describeJSONError(err))
 		}
 	}
 	return p, nil
 }
 
-// parseEntry reads [floats] or {"vector": [floats], "scale": s}.
-func parseEntry(raw json.RawMessage) (steer.Vector, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) > 0 && raw[0] == '[' {
-		var d []float32
-		if err := json.Unmarshal(raw, &d); err != nil {
-			return steer.Vector{}, badInput("vector: %v", err)
+// parseFloats reads a JSON array of numbers, with the fork's messages for anything else.
+func parseFloats(raw json.RawMessage, path string) ([]float32, error) {
+	var d []float32
+	if err := json.Unmarshal(raw, &d); err == nil {
+		return d, nil
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, malformed(path, "must be a list of floats, got %s", jsonKind(raw))
+	}
+	d = make([]float32, len(elems))
+	for i, e := range elems {
+		if jsonKind(e) != "float" {
+			return nil, malformed(path, "[%d] must be a finite float, got %s", i, jsonKind(e))
 		}
-		return steer.Vector{Scale: 1, Data: d}, nil
+		f, err := strconv.ParseFloat(string(bytes.TrimSpace(e)), 64)
+		if err != nil || math.IsInf(float64(float32(f)), 0) {
+			return nil, malformedAs(steer.ErrNonFinite, path, "[%d] must be finite, got %s (beyond float32)", i, bytes.TrimSpace(e))
+		}
+		d[i] = float32(f)
 	}
-	var e struct {
-		Vector []float32 `json:"vector"`
-		Scale  *float64  `json:"scale"`
-	}
-	if err := decodeStrict(raw, &e); err != nil {
-		return steer.Vector{}, err
-	}
-	if e.Vector == nil {
-		return steer.Vector{}, badInput("entry needs \"vector\"")
-	}
-	v := steer.Vector{Scale: 1, Data: e.Vector}
-	if e.Scale != nil {
-		v.Scale = float32(*e.Scale) // beyond float32: ±Inf, refused by steer as non-finite
-	}
-	return v, nil
+	return d, nil
 }
 
-func parseClampSpec(spec ClampSpec) ([]steer.Clamp, error) {
-	hooks := make([]string, 0, len(spec))
-	for h := range spec {
-		hooks = append(hooks, h)
+// parseEntry reads [floats] or {"vector": [floats], "scale": s} (both keys required, as the
+// fork's normalize_layer_entry has them).
+func parseEntry(raw json.RawMessage, path string) (steer.Vector, error) {
+	switch jsonKind(raw) {
+	case "list":
+		d, err := parseFloats(raw, path)
+		return steer.Vector{Scale: 1, Data: d}, err
+	case "dict":
+	default:
+		return steer.Vector{}, malformed(path, "SteeringLayerEntry must be a list or dict, got %s", jsonKind(raw))
 	}
-	sort.Strings(hooks)
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return steer.Vector{}, malformed(path, "%s", describeJSONError(err))
+	}
+	var extra []string
+	for k := range fields {
+		if k != "vector" && k != "scale" {
+			extra = append(extra, k)
+		}
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		return steer.Vector{}, malformed(path, "Scaled steering entry has unexpected keys: %s; allowed keys: ['scale', 'vector']", pyList(extra))
+	}
+	var missing []string
+	for _, k := range []string{"scale", "vector"} {
+		if _, ok := fields[k]; !ok {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		return steer.Vector{}, malformed(path, "Scaled steering entry missing required key(s): %s; got keys: %s", pyList(missing), pyList(sortedKeys(fields)))
+	}
+	d, err := parseFloats(fields["vector"], path+"['vector']")
+	if err != nil {
+		return steer.Vector{}, err
+	}
+	if jsonKind(fields["scale"]) != "float" {
+		return steer.Vector{}, malformed(path, "['scale'] must be a finite float, got %s.", jsonKind(fields["scale"]))
+	}
+	sc, err := strconv.ParseFloat(string(bytes.TrimSpace(fields["scale"])), 64)
+	if err != nil || math.IsInf(float64(float32(sc)), 0) {
+		// beyond float32: ±Inf, refused as non-finite
+		return steer.Vector{}, malformedAs(steer.ErrNonFinite, path, "['scale'] must be finite, got %s.", bytes.TrimSpace(fields["scale"]))
+	}
+	return steer.Vector{Scale: float32(sc), Data: d}, nil
+}
+
+// parseClampSpec reads one clamp tier: entry lists, packed blobs (ClampHookPacked) or the
+// fork's wire map {"hooks": {hook: {shape, layer_indices, data, lo, hi, strength}}}.
+func parseClampSpec(spec ClampSpec, field string) ([]steer.Clamp, error) {
+	if raw, ok := spec["hooks"]; ok && len(spec) == 1 {
+		return parseClampWireMap(raw, field)
+	}
 	var out []steer.Clamp
-	for _, hook := range hooks {
+	for _, hook := range sortedKeys(spec) {
+		raw := spec[hook]
+		path := fmt.Sprintf("%s[%s]", field, pyStr(hook))
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+			return nil, malformed("", "%s must map layer indices to entry lists, got %s", path, jsonKind(raw))
+		}
+		if isPacked(fields, true) {
+			cs, err := parsePackedClamps(hook, fields, field)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, cs...)
+			continue
+		}
 		var layers []int
 		byLayer := map[int]json.RawMessage{}
-		for k, v := range spec[hook] {
-			l, err := parseLayer(k)
-			if err != nil {
-				return nil, fmt.Errorf("hook %q: %w", hook, err)
+		for k, v := range fields {
+			l, err := strconv.Atoi(k)
+			if err != nil || l < 0 {
+				return nil, malformed("", "%s has invalid layer index %s; expected a non-negative integer", path, pyStr(k))
 			}
 			byLayer[l] = v
 			layers = append(layers, l)
 		}
 		slices.Sort(layers)
+		width := -1
 		for _, l := range layers {
-			raw := bytes.TrimSpace(byLayer[l])
+			lpath := fmt.Sprintf("%s[%d]", path, l)
+			raw := byLayer[l]
 			var entries []json.RawMessage
-			if len(raw) > 0 && raw[0] == '[' {
+			switch jsonKind(raw) {
+			case "list":
 				if err := json.Unmarshal(raw, &entries); err != nil {
-					return nil, badInput("hook %q layer %d: %v", hook, l, err)
+					return nil, malformed(lpath, "%s", describeJSONError(err))
 				}
-			} else {
-				entries = []json.RawMessage{raw}
+			case "dict":
+				entries = []json.RawMessage{raw} // one entry without its list: taken as a list of one
+			default:
+				return nil, malformed("", "%s must be a list of clamp entries, got %s", lpath, jsonKind(raw))
 			}
-			for i, e := range entries {
-				c, err := parseClamp(e)
+			for _, e := range entries {
+				c, err := parseClamp(e, lpath)
 				if err != nil {
-					return nil, fmt.Errorf("hook %q layer %d clamp %d: %w", hook, l, i, err)
+					return nil, err
 				}
+				if width >= 0 && len(c.Dir) != width {
+					return nil, malformed(lpath, "direction width %d != %d of earlier entries in the same hook", len(c.Dir), width)
+				}
+				width = len(c.Dir)
 				c.Hook, c.Layer = hook, l
 				out = append(out, c)
 			}
@@ -263,45 +489,224 @@ func parseClampSpec(spec ClampSpec) ([]steer.Clamp, error) {
 	return out, nil
 }
 
-// parseClamp reads {vector, min?, max?, strength?} or {vector, value, strength?}. An open
-// bound is ±openBound, just below steer.MaxMagnitude (no projection reaches it); strength defaults to 1 and must be
-// in [0, 1].
-func parseClamp(raw json.RawMessage) (steer.Clamp, error) {
-	var e struct {
-		Vector   []float32 `json:"vector"`
-		Min      *float32  `json:"min"`
-		Max      *float32  `json:"max"`
-		Value    *float32  `json:"value"`
-		Strength *float32  `json:"strength"`
+// parseClamp reads {vector, min?, max?, strength?} or {vector, value, strength?}, with the
+// fork's checks and messages. An open bound is ±openBound, just below steer.MaxMagnitude (no
+// projection reaches it); strength defaults to 1 and must be in [0, 1].
+func parseClamp(raw json.RawMessage, path string) (steer.Clamp, error) {
+	if jsonKind(raw) != "dict" {
+		return steer.Clamp{}, malformed(path, "Clamp entry must be a dict, got %s", jsonKind(raw))
 	}
-	if err := decodeStrict(raw, &e); err != nil {
-		return steer.Clamp{}, err
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return steer.Clamp{}, malformed(path, "%s", describeJSONError(err))
 	}
-	if len(e.Vector) == 0 {
-		return steer.Clamp{}, badInput("clamp needs a non-empty \"vector\"")
+	var extra []string
+	for k := range fields {
+		if !slices.Contains([]string{"vector", "value", "min", "max", "strength"}, k) {
+			extra = append(extra, k)
+		}
 	}
-	c := steer.Clamp{Dir: e.Vector, Min: -openBound, Max: openBound, Strength: 1}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		return steer.Clamp{}, malformed(path, "Clamp entry has unexpected keys: %s; allowed keys: ['max', 'min', 'strength', 'value', 'vector']", pyList(extra))
+	}
+	vraw, ok := fields["vector"]
+	if !ok {
+		return steer.Clamp{}, malformed(path, "Clamp entry missing required key 'vector'")
+	}
+	num := func(k string) (*float64, error) {
+		r, ok := fields[k]
+		if !ok || jsonKind(r) == "NoneType" {
+			return nil, nil
+		}
+		if jsonKind(r) != "float" {
+			return nil, malformed(path, "Clamp entry %s must be a number, got %s", pyStr(k), jsonKind(r))
+		}
+		f, err := strconv.ParseFloat(string(bytes.TrimSpace(r)), 64)
+		if err != nil || math.IsInf(float64(float32(f)), 0) {
+			return nil, malformedAs(steer.ErrNonFinite, path, "Clamp entry %s must be finite, got %s", pyStr(k), bytes.TrimSpace(r))
+		}
+		return &f, nil
+	}
+	var vals [4]*float64
+	for i, k := range []string{"value", "min", "max", "strength"} {
+		f, err := num(k)
+		if err != nil {
+			return steer.Clamp{}, err
+		}
+		vals[i] = f
+	}
+	value, lo, hi, strength := vals[0], vals[1], vals[2], vals[3]
+	c := steer.Clamp{Min: -openBound, Max: openBound, Strength: 1}
 	switch {
-	case e.Value != nil && (e.Min != nil || e.Max != nil):
-		return c, badInput("clamp \"value\" excludes \"min\" and \"max\"")
-	case e.Value != nil:
-		c.Min, c.Max = *e.Value, *e.Value
-	case e.Min == nil && e.Max == nil:
-		return c, badInput("clamp needs \"value\", \"min\" or \"max\"")
+	case value != nil && (lo != nil || hi != nil):
+		return c, malformedAs(steer.ErrBadClamp, path, "Clamp entry 'value' is mutually exclusive with 'min'/'max'")
+	case value != nil:
+		c.Min, c.Max = float32(*value), float32(*value)
+	case lo == nil && hi == nil:
+		return c, malformedAs(steer.ErrBadClamp, path, "Clamp entry must set at least one of 'value', 'min', 'max'")
 	}
-	if e.Min != nil {
-		c.Min = *e.Min
+	if lo != nil {
+		c.Min = float32(*lo)
 	}
-	if e.Max != nil {
-		c.Max = *e.Max
+	if hi != nil {
+		c.Max = float32(*hi)
 	}
-	if e.Strength != nil {
-		c.Strength = *e.Strength
+	if c.Min > c.Max {
+		return c, malformedAs(steer.ErrBadClamp, path, "Clamp entry min (%g) must be <= max (%g)", c.Min, c.Max)
+	}
+	if strength != nil {
+		c.Strength = float32(*strength)
 	}
 	if !(c.Strength >= 0 && c.Strength <= 1) {
-		return c, badInput("clamp strength %g not in [0, 1]", c.Strength)
+		return c, malformedAs(steer.ErrBadClamp, path, "Clamp entry strength must be in [0, 1], got %g", c.Strength)
 	}
-	return c, nil
+	if jsonKind(vraw) != "list" {
+		return c, malformed(path, "Clamp entry vector must be a non-empty 1-D float list, got %s", jsonKind(vraw))
+	}
+	d, err := parseFloats(vraw, path+"['vector']")
+	if err != nil {
+		return c, err
+	}
+	if len(d) == 0 {
+		return c, malformedAs(steer.ErrBadClamp, path, "Clamp entry vector must be a non-empty 1-D float list, got shape (0,)")
+	}
+	c.Dir = d
+	return c, checkClampDir(d, path)
+}
+
+// checkClampDir refuses a zero direction with the fork's words.
+func checkClampDir(d []float32, path string) error {
+	for _, f := range d {
+		if f != 0 {
+			return nil
+		}
+	}
+	return malformedAs(steer.ErrBadClamp, path, "Clamp entry vector must be non-zero (a zero vector cannot be normalized to a direction)")
+}
+
+// parsePackedClamps reads a ClampHookPacked blob: {dtype, shape [n, hidden], layer_indices,
+// data, bounds [[lo|null, hi|null]], strengths}; rows may share a layer (order kept).
+func parsePackedClamps(hook string, fields map[string]json.RawMessage, field string) ([]steer.Clamp, error) {
+	path := fmt.Sprintf("%s: ClampHookPacked[%s]", field, pyStr(hook))
+	var p struct {
+		Dtype        string          `json:"dtype"`
+		Shape        []int           `json:"shape"`
+		LayerIndices []int           `json:"layer_indices"`
+		Data         string          `json:"data"`
+		Bounds       [][]*float64    `json:"bounds"`
+		Strengths    []float64       `json:"strengths"`
+		Scales       json.RawMessage `json:"scales"`
+	}
+	raw, _ := json.Marshal(fields)
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&p); err != nil {
+		return nil, malformed("", "%s: %s", path, describeJSONError(err))
+	}
+	if p.Scales != nil {
+		return nil, malformed("", "%s: a packed clamp takes bounds and strengths, not scales", path)
+	}
+	rows, err := decodeRows(p.Dtype, p.Shape, p.Data, path, "ClampHookPacked")
+	if err != nil {
+		return nil, err
+	}
+	n := len(rows)
+	for name, l := range map[string]int{"layer_indices": len(p.LayerIndices), "bounds": len(p.Bounds), "strengths": len(p.Strengths)} {
+		if l != n {
+			return nil, malformed("", "%s.%s length (%d) must equal shape[0] (%d)", path, name, l, n)
+		}
+	}
+	out := make([]steer.Clamp, n)
+	for i := range rows {
+		if len(p.Bounds[i]) != 2 {
+			return nil, malformed("", "%s.bounds[%d] must be a [lo, hi] pair", path, i)
+		}
+		c := steer.Clamp{Hook: hook, Layer: p.LayerIndices[i], Dir: rows[i], Min: -openBound, Max: openBound, Strength: float32(p.Strengths[i])}
+		if c.Layer < 0 {
+			return nil, malformed("", "%s.layer_indices entries must be non-negative ints; got %d", path, c.Layer)
+		}
+		if b := p.Bounds[i][0]; b != nil {
+			c.Min = float32(*b)
+		}
+		if b := p.Bounds[i][1]; b != nil {
+			c.Max = float32(*b)
+		}
+		if math.IsInf(float64(c.Min), 0) || math.IsInf(float64(c.Max), 0) {
+			return nil, malformedAs(steer.ErrNonFinite, "", "%s.bounds[%d]: present bounds must be finite (null is an open bound)", path, i)
+		}
+		if c.Min > c.Max {
+			return nil, malformedAs(steer.ErrBadClamp, "", "%s: Clamp entry min (%g) must be <= max (%g)", path, c.Min, c.Max)
+		}
+		if !(c.Strength >= 0 && c.Strength <= 1) {
+			return nil, malformedAs(steer.ErrBadClamp, "", "%s: Clamp entry strength must be in [0, 1], got %g", path, c.Strength)
+		}
+		if !allFinite(c.Dir) {
+			return nil, malformedAs(steer.ErrNonFinite, "", "%s: clamp direction rows must contain only finite floats", field+"["+pyStr(hook)+"]")
+		}
+		if err := checkClampDir(c.Dir, field+"["+pyStr(hook)+"]"); err != nil {
+			return nil, err
+		}
+		out[i] = c
+	}
+	return out, nil
+}
+
+// parseClampWireMap reads the fork's canonical clamp form {"hooks": {hook: {shape,
+// layer_indices, data (base64 float64 rows), lo, hi, strength}}} (null bounds are open).
+func parseClampWireMap(raw json.RawMessage, field string) ([]steer.Clamp, error) {
+	var hooks map[string]struct {
+		Shape        []int      `json:"shape"`
+		LayerIndices []int      `json:"layer_indices"`
+		Data         string     `json:"data"`
+		Lo           []*float64 `json:"lo"`
+		Hi           []*float64 `json:"hi"`
+		Strength     []float64  `json:"strength"`
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&hooks); err != nil {
+		return nil, malformed(field+".hooks", "%s", describeJSONError(err))
+	}
+	var out []steer.Clamp
+	for _, hook := range sortedKeys(hooks) {
+		t := hooks[hook]
+		path := fmt.Sprintf("%s[%s]", field, pyStr(hook))
+		rows, err := decodeRows("float64", t.Shape, t.Data, path, "ClampHookTable")
+		if err != nil {
+			return nil, err
+		}
+		n := len(rows)
+		if len(t.LayerIndices) != n || len(t.Lo) != n || len(t.Hi) != n || len(t.Strength) != n {
+			return nil, malformed(path, "ClampHookTable layer_indices, lo, hi and strength must each have shape[0] (%d) entries", n)
+		}
+		for i := range rows {
+			c := steer.Clamp{Hook: hook, Layer: t.LayerIndices[i], Dir: rows[i], Min: -openBound, Max: openBound, Strength: float32(t.Strength[i])}
+			if t.Lo[i] != nil {
+				c.Min = float32(*t.Lo[i])
+			}
+			if t.Hi[i] != nil {
+				c.Max = float32(*t.Hi[i])
+			}
+			if c.Layer < 0 || c.Min > c.Max || !(c.Strength >= 0 && c.Strength <= 1) {
+				return nil, malformedAs(steer.ErrBadClamp, path, "row %d: layer %d, bounds [%g, %g], strength %g: want a layer >= 0, min <= max and strength in [0, 1]", i, c.Layer, c.Min, c.Max, c.Strength)
+			}
+			if err := checkClampDir(c.Dir, path); err != nil {
+				return nil, err
+			}
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+func allFinite(d []float32) bool {
+	for _, f := range d {
+		if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // openBound is the largest float32 not above steer.MaxMagnitude (float32(1e30) rounds up).
@@ -309,42 +714,36 @@ var openBound = math.Nextafter32(float32(steer.MaxMagnitude), 0)
 
 var dtypeSize = map[string]int{"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
-// Vectors decodes a packed blob into one vector per row (float32; values that overflow
-// float32 become ±Inf and are refused by steer as non-finite).
-func (p *Packed) Vectors(hook string, hidden int) ([]steer.Vector, error) {
-	size, ok := dtypeSize[p.Dtype]
+// decodeRows decodes base64 little-endian rows of shape [n, width] in dtype to float32
+// (values beyond float32 become ±Inf, refused later as non-finite). what names the blob type
+// in messages (the fork's: SteeringHookPacked, ClampHookPacked).
+func decodeRows(dtype string, shape []int, data, path, what string) ([][]float32, error) {
+	size, ok := dtypeSize[dtype]
 	if !ok {
-		return nil, badInput("hook %q: dtype %q: want float16, bfloat16, float32 or float64", hook, p.Dtype)
+		return nil, malformed(path, "%s.dtype %s: want float16, bfloat16, float32 or float64", what, pyStr(dtype))
 	}
-	if len(p.Shape) != 2 || p.Shape[0] < 1 || p.Shape[1] < 1 {
-		return nil, badInput("hook %q: shape %v: want [rows, hidden]", hook, p.Shape)
+	if len(shape) != 2 {
+		return nil, malformed(path, "%s.shape must be 2-D [num_layers, hidden_size]; got %s", what, intList(shape))
 	}
-	rows, h := p.Shape[0], p.Shape[1]
-	if h != hidden {
-		return nil, badInput("hook %q: shape %v: hidden size is %d", hook, p.Shape, hidden)
-	}
-	if len(p.LayerIndices) != rows {
-		return nil, badInput("hook %q: %d layer_indices for %d rows", hook, len(p.LayerIndices), rows)
-	}
-	if p.Scales != nil && len(p.Scales) != rows {
-		return nil, badInput("hook %q: %d scales for %d rows", hook, len(p.Scales), rows)
+	rows, h := shape[0], shape[1]
+	if rows < 1 || h < 1 || rows > 1<<20 || h > 1<<24 {
+		return nil, malformed(path, "%s.shape entries must be >= 1; got %s", what, intList(shape))
 	}
 	want := rows * h * size
-	if base64.StdEncoding.DecodedLen(len(p.Data)) < want || rows > 1<<20 {
-		return nil, badInput("hook %q: data too short for shape %v %s", hook, p.Shape, p.Dtype)
+	if n := base64.StdEncoding.DecodedLen(len(data)); n < want || n > want+3 {
+		return nil, malformed(path, "%s.data length %d != expected %d (shape=%s, dtype=%s)", what, base64.StdEncoding.DecodedLen(len(data)), want, intList(shape), dtype)
 	}
-	raw, err := base64.StdEncoding.DecodeString(p.Data)
+	raw, err := base64.StdEncoding.DecodeString(data)
 	if err != nil {
-		return nil, badInput("hook %q: data is not base64: %v", hook, err)
+		return nil, malformed(path, "%s.data is not base64: %v", what, err)
 	}
 	if len(raw) != want {
-		return nil, badInput("hook %q: data is %d bytes, shape %v of %s needs %d", hook, len(raw), p.Shape, p.Dtype, want)
+		return nil, malformed(path, "%s.data length %d != expected %d (shape=%s, dtype=%s)", what, len(raw), want, intList(shape), dtype)
 	}
-	out := make([]steer.Vector, rows)
 	flat := make([]float32, rows*h)
 	for i := range flat {
 		b := raw[i*size:]
-		switch p.Dtype {
+		switch dtype {
 		case "float16":
 			flat[i] = halfToFloat32(binary.LittleEndian.Uint16(b))
 		case "bfloat16":
@@ -355,8 +754,32 @@ func (p *Packed) Vectors(hook string, hidden int) ([]steer.Vector, error) {
 			flat[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(b)))
 		}
 	}
+	out := make([][]float32, rows)
 	for r := range rows {
-		out[r] = steer.Vector{Hook: hook, Layer: p.LayerIndices[r], Scale: 1, Data: flat[r*h : (r+1)*h : (r+1)*h]}
+		out[r] = flat[r*h : (r+1)*h : (r+1)*h]
+	}
+	return out, nil
+}
+
+// Vectors decodes a packed blob into one vector per row, float32 (the width is checked
+// against the model by CheckSites).
+func (p *Packed) Vectors(hook string) ([]steer.Vector, error) {
+	rows, err := decodeRows(p.Dtype, p.Shape, p.Data, "", "SteeringHookPacked")
+	if err != nil {
+		return nil, err
+	}
+	if len(p.LayerIndices) != len(rows) {
+		return nil, malformed("", "SteeringHookPacked.layer_indices length (%d) must equal shape[0] (%d)", len(p.LayerIndices), len(rows))
+	}
+	if p.Scales != nil && len(p.Scales) != len(rows) {
+		return nil, malformed("", "SteeringHookPacked.scales length (%d) must equal layer_indices length (%d)", len(p.Scales), len(rows))
+	}
+	out := make([]steer.Vector, len(rows))
+	for r := range rows {
+		if p.LayerIndices[r] < 0 {
+			return nil, malformed("", "SteeringHookPacked.layer_indices entries must be non-negative; got %d", p.LayerIndices[r])
+		}
+		out[r] = steer.Vector{Hook: hook, Layer: p.LayerIndices[r], Scale: 1, Data: rows[r]}
 		if p.Scales != nil {
 			out[r].Scale = float32(p.Scales[r])
 		}
@@ -399,4 +822,113 @@ func PackVectors(vs []steer.Vector) Packed {
 	}
 	p.Data = base64.StdEncoding.EncodeToString(raw)
 	return p
+}
+
+// siteStyle words CheckSites' errors for one endpoint, as the fork's router or registry does.
+type siteStyle int
+
+const (
+	styleSet    siteStyle = iota // /v1/steering/set (the fork's worker validation texts)
+	styleModule                  // modules/register (the fork's SteeringModuleRegistry texts)
+	styleVector                  // vectors/register (the fork's SteeringVectorRegistry texts)
+)
+
+// CheckSites checks st's hooks, layers and widths against the model with the fork's messages
+// (wrapping steer's sentinels, so the reply's type is unknown_hook, layer_range or
+// hidden_size). name is the module's or vector's name (styleModule, styleVector).
+func checkSites(st *steer.Steering, cfg steer.ModelConfig, style siteStyle, name string) error {
+	valid := make([]string, cfg.NumHooks())
+	for i := range valid {
+		valid[i] = cfg.HookName(steer.HookID(i))
+	}
+	sort.Strings(valid)
+	var bad []string
+	var missing []int
+	matched := map[int]bool{}
+	type tierNames struct{ vec, clamp string }
+	names := map[steer.Phase]tierNames{steer.PhaseBase: {"vectors", "clamps"}, steer.PhasePrefill: {"prefill_vectors", "prefill_clamps"}, steer.PhaseDecode: {"decode_vectors", "decode_clamps"}}
+	var widthErr error
+	layer := func(l int) {
+		if l < cfg.Layers {
+			matched[l] = true
+		} else if !slices.Contains(missing, l) {
+			missing = append(missing, l)
+		}
+	}
+	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+		t := st.Tier(ph)
+		for _, v := range t.Vectors {
+			if !slices.Contains(valid, v.Hook) {
+				bad = append(bad, v.Hook)
+				continue
+			}
+			layer(v.Layer)
+			if widthErr != nil || len(v.Data) == cfg.Hidden || v.Layer >= cfg.Layers {
+				continue
+			}
+			switch style {
+			case styleSet:
+				widthErr = fmt.Errorf("%w: Layer %d (%s): expected vector of size %d, got %d", steer.ErrHiddenSize, v.Layer, v.Hook, cfg.Hidden, len(v.Data))
+			case styleModule:
+				widthErr = fmt.Errorf("%w: module %s %s[%s][%d]: vector width %d != expected steering row width %d (model hidden size)", steer.ErrHiddenSize, pyStr(name), names[ph].vec, pyStr(v.Hook), v.Layer, len(v.Data), cfg.Hidden)
+			default:
+				widthErr = fmt.Errorf("%w: vector %s [%s][%d]: vector width %d != expected steering row width %d (model hidden size)", steer.ErrHiddenSize, pyStr(name), pyStr(v.Hook), v.Layer, len(v.Data), cfg.Hidden)
+			}
+		}
+		for _, c := range t.Clamps {
+			if !slices.Contains(valid, c.Hook) {
+				bad = append(bad, c.Hook)
+				continue
+			}
+			layer(c.Layer)
+			if widthErr != nil || len(c.Dir) == cfg.Hidden || c.Layer >= cfg.Layers {
+				continue
+			}
+			if style == styleSet {
+				widthErr = fmt.Errorf("%w: Layer %d (%s): expected clamp directions of size %d, got %d", steer.ErrHiddenSize, c.Layer, c.Hook, cfg.Hidden, len(c.Dir))
+			} else {
+				widthErr = fmt.Errorf("%w: module %s %s[%s]: clamp direction width %d does not match the model hidden size (%d)", steer.ErrHiddenSize, pyStr(name), names[ph].clamp, pyStr(c.Hook), len(c.Dir), cfg.Hidden)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		bad = slices.Compact(bad)
+		switch style {
+		case styleSet:
+			return fmt.Errorf("%w: Invalid hook point name(s): %s. Valid values: %s", steer.ErrUnknownHook, pyList(bad), pyList(valid))
+		case styleModule:
+			return fmt.Errorf("%w: Invalid hook point name(s) in module %s: %s. Valid: %s", steer.ErrUnknownHook, pyStr(name), pyList(bad), pyList(valid))
+		default:
+			return fmt.Errorf("%w: vector %s has invalid hook(s) %s; valid: %s", steer.ErrUnknownHook, pyStr(name), pyList(bad), pyList(valid))
+		}
+	}
+	if widthErr != nil {
+		return widthErr
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		all := make([]int, cfg.Layers)
+		for i := range all {
+			all[i] = i
+		}
+		switch style {
+		case styleSet:
+			var ok []int
+			for l := range matched {
+				ok = append(ok, l)
+			}
+			slices.Sort(ok)
+			got := "none"
+			if len(ok) > 0 {
+				got = intList(ok)
+			}
+			return fmt.Errorf("%w: Layer(s) %s not found in model. Steerable layers that matched: %s", steer.ErrLayerRange, intList(missing), got)
+		case styleModule:
+			return fmt.Errorf("%w: Steering module %s references unknown layer index %d. Valid steerable layers: %s", steer.ErrLayerRange, pyStr(name), missing[0], intList(all))
+		default:
+			return fmt.Errorf("%w: vector %s references layer %d which is not a valid model layer (valid: %s)", steer.ErrLayerRange, pyStr(name), missing[0], intList(all))
+		}
+	}
+	return nil
 }

@@ -128,7 +128,8 @@ func TestRunConcurrent(t *testing.T) {
 	_, dyn2 := do("GET", "/v1/steering/dynamic", "")
 	_, glob2 := do("GET", "/v1/steering", "")
 	require.Equal(t, st["modules"], st2["modules"])
-	require.Equal(t, dyn["latch_state_hash"], dyn2["latch_state_hash"])
+	require.NotEmpty(t, dyn["latches"].(map[string]any)["latch_state_hash"])
+	require.Equal(t, dyn["latches"].(map[string]any)["latch_state_hash"], dyn2["latches"].(map[string]any)["latch_state_hash"])
 	require.Equal(t, glob["active_layers"], glob2["active_layers"])
 	require.NoError(t, stop())
 }
@@ -147,7 +148,7 @@ func TestRunStateTooLargeForRegion(t *testing.T) {
 	addr, stop := runInProcess(t, cfg)
 	row := "[" + strings.TrimSuffix(strings.Repeat("0.5,", 512), ",") + "]"
 	for i := range 40 {
-		body := fmt.Sprintf(`{"name":"v%d","packed":{"pre_attn":%s}}`, i, packedJSON(t, row))
+		body := fmt.Sprintf(`{"name":"v%d","kind":"steer","packed":{"pre_attn":%s}}`, i, packedJSON(t, row))
 		req, _ := http.NewRequest("POST", addr+"/v1/steering/vectors/register", strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer admin-0123456789abcdef")
 		resp, err := http.DefaultClient.Do(req)

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"math"
 	"net/http"
 	"os"
@@ -55,7 +56,7 @@ func TestPackedDtypes(t *testing.T) {
 	vals := []float64{1, -2, 0.5, 4, 8, -16, 0.25, 2}
 	for _, dt := range []string{"float16", "bfloat16", "float32", "float64"} {
 		p := Packed{Dtype: dt, Shape: []int{2, 4}, LayerIndices: []int{2, 0}, Data: packBytes(dt, vals), Scales: []float64{1, 3}}
-		vs, err := p.Vectors("pre_attn", 4)
+		vs, err := p.Vectors("pre_attn")
 		require.NoError(t, err, dt)
 		require.Equal(t, []float32{1, -2, 0.5, 4}, vs[0].Data, dt)
 		require.Equal(t, []float32{8, -16, 0.25, 2}, vs[1].Data, dt)
@@ -65,7 +66,6 @@ func TestPackedDtypes(t *testing.T) {
 	for name, p := range map[string]Packed{
 		"dtype":  {Dtype: "int8", Shape: []int{1, 4}, LayerIndices: []int{0}},
 		"shape":  {Dtype: "float32", Shape: []int{4}, LayerIndices: []int{0}},
-		"hidden": {Dtype: "float32", Shape: []int{1, 5}, LayerIndices: []int{0}, Data: packBytes("float32", make([]float64, 5))},
 		"layers": {Dtype: "float32", Shape: []int{1, 4}, LayerIndices: []int{0, 1}, Data: packBytes("float32", make([]float64, 4))},
 		"scales": {Dtype: "float32", Shape: []int{1, 4}, LayerIndices: []int{0}, Scales: []float64{1, 2}, Data: packBytes("float32", make([]float64, 4))},
 		"short":  {Dtype: "float32", Shape: []int{1, 4}, LayerIndices: []int{0}, Data: packBytes("float32", make([]float64, 3))},
@@ -74,7 +74,7 @@ func TestPackedDtypes(t *testing.T) {
 		"rows<1": {Dtype: "float32", Shape: []int{0, 4}},
 		"huge":   {Dtype: "float32", Shape: []int{1 << 30, 4}, LayerIndices: []int{0}},
 	} {
-		_, err := p.Vectors("pre_attn", 4)
+		_, err := p.Vectors("pre_attn")
 		require.ErrorIs(t, err, ErrBadInput, name)
 	}
 }
@@ -86,7 +86,7 @@ func TestSetRequestSteering(t *testing.T) {
 		"prefill_clamps":{"mlp_in":{"2":{"vector":[1,1,0,0],"max":3,"strength":0.5}}},
 		"vector_refs":{"b":1,"a":0.5},"replace":true}`
 	var req SetRequest
-	require.NoError(t, decodeStrict([]byte(body), &req))
+	require.NoError(t, decodePayload([]byte(body), &req))
 	st, err := req.Steering(cfg8)
 	require.NoError(t, err)
 	require.Equal(t, []steer.Vector{{Hook: "pre_attn", Layer: 0, Scale: 2, Data: []float32{0, 0, 0, 1}}, {Hook: "pre_attn", Layer: 1, Scale: 1, Data: []float32{1, 2, 3, 4}}}, st.Base.Vectors)
@@ -107,19 +107,47 @@ func TestSetRequestSteering(t *testing.T) {
 		"layer key":       `{"vectors":{"pre_attn":{"x":[1,2,3,4]}}}`,
 		"entry type":      `{"vectors":{"pre_attn":{"0":"abc"}}}`,
 		"entry no vector": `{"vectors":{"pre_attn":{"0":{"scale":1}}}}`,
+		"entry no scale":  `{"vectors":{"pre_attn":{"0":{"vector":[1,2,3,4]}}}}`,
 		"clamp no bound":  `{"clamps":{"mlp_in":{"0":{"vector":[1,0,0,0]}}}}`,
 		"clamp both":      `{"clamps":{"mlp_in":{"0":{"vector":[1,0,0,0],"value":1,"max":2}}}}`,
 		"clamp strength":  `{"clamps":{"mlp_in":{"0":{"vector":[1,0,0,0],"value":1,"strength":2}}}}`,
 		"clamp empty":     `{"clamps":{"mlp_in":{"0":{"vector":[],"value":1}}}}`,
+		"clamp zero":      `{"clamps":{"mlp_in":{"0":[{"vector":[0,0,0,0],"value":1}]}}}`,
+		"clamp min>max":   `{"clamps":{"mlp_in":{"0":[{"vector":[1,0,0,0],"min":2,"max":1}]}}}`,
+		"clamps array":    `{"clamps":[{"vector":[1,0,0,0],"value":1}]}`,
+		"clamps hook arr": `{"clamps":{"mlp_in":[{"vector":[1,0,0,0],"value":1}]}}`,
 		"hook not object": `{"vectors":{"pre_attn":[1,2]}}`,
+		"packed clamp n":  `{"clamps":{"mlp_in":{"dtype":"float32","shape":[1,4],"layer_indices":[0,1],"data":"` + packBytes("float32", []float64{1, 0, 0, 0}) + `","bounds":[[0,1]],"strengths":[1]}}}`,
 	} {
 		var req SetRequest
-		err := decodeStrict([]byte(b), &req)
+		err := decodePayload([]byte(b), &req)
 		if err == nil {
 			_, err = req.Steering(cfg8)
 		}
-		require.ErrorIs(t, err, ErrBadInput, name)
+		require.Error(t, err, name)
+		if !errors.Is(err, steer.ErrBadClamp) {
+			require.ErrorIs(t, err, ErrBadInput, name)
+		}
+		require.Contains(t, err.Error(), "Malformed steering payload", name)
+		require.NotContains(t, err.Error(), "Go ", name)
+		require.NotContains(t, err.Error(), "json:", name)
+		require.NotContains(t, err.Error(), "SetRequest", name)
 	}
+
+	// Packed clamps (the fork's ClampHookPacked): rows may share a layer, null bounds are open.
+	body = `{"decode_clamps":{"mlp_in":{"dtype":"float64","shape":[3,4],"layer_indices":[1,0,1],"data":"` +
+		packBytes("float64", []float64{1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 2, 0}) + `","bounds":[[null,2],[-1,null],[0.5,0.5]],"strengths":[1,0.5,0]}}}`
+	req = SetRequest{}
+	require.NoError(t, decodePayload([]byte(body), &req))
+	st, err = req.Steering(cfg8)
+	require.NoError(t, err)
+	require.Equal(t, []steer.Clamp{
+		{Hook: "mlp_in", Layer: 1, Dir: []float32{1, 0, 0, 0}, Min: -openBound, Max: 2, Strength: 1},
+		{Hook: "mlp_in", Layer: 0, Dir: []float32{0, 1, 0, 0}, Min: -1, Max: openBound, Strength: 0.5},
+		{Hook: "mlp_in", Layer: 1, Dir: []float32{0, 0, 2, 0}, Min: 0.5, Max: 0.5, Strength: 0},
+	}, st.Decode.Clamps)
+	_, _, err = steer.EncodeSteering(&st, cfg8)
+	require.NoError(t, err)
 }
 
 // FuzzSetRequest feeds arbitrary bodies through the /set parser and steer's validation: no

@@ -63,7 +63,7 @@ func post(b *testing.B, s *served, path string, body []byte) {
 // fsynced state files): registering a 5 hooks × 32 layers × 4096 named vector set, and setting
 // global steering to such a set inline (packed) or by reference.
 func BenchmarkControlAPI(b *testing.B) {
-	reg, _ := json.Marshal(map[string]any{"name": "big", "packed": benchSet(1, benchHooks)})
+	reg, _ := json.Marshal(map[string]any{"name": "big", "kind": "steer", "packed": benchSet(1, benchHooks)})
 	setPacked, _ := json.Marshal(map[string]any{"replace": true, "vectors": benchSet(2, benchHooks)})
 	setRef, _ := json.Marshal(map[string]any{"replace": true, "vector_refs": map[string]float32{"big": 0.5}})
 	for _, mode := range []string{"memory", "statedir"} {
@@ -110,7 +110,7 @@ func BenchmarkRestart(b *testing.B) {
 			dir := filepath.Join(b.TempDir(), "state")
 			s := benchServe(b, dir)
 			for i := range 100 {
-				body, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("v%03d", i), "packed": benchSet(uint64(i), benchHooks[:hooks])})
+				body, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("v%03d", i), "kind": "steer", "packed": benchSet(uint64(i), benchHooks[:hooks])})
 				post(b, s, "/v1/steering/vectors/register", body)
 			}
 			if err := s.stop(syscall.SIGTERM); err != nil {

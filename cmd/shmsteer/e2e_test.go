@@ -286,12 +286,12 @@ func TestServeAuth(t *testing.T) {
 		{"tenant sets global", "POST", "/v1/steering/set", acmeKey, map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"0": vec(1)}}}, 403},
 		{"tenant clears global", "POST", "/v1/steering/clear", acmeKey, nil, 403},
 		{"tenant registers another's name", "POST", "/v1/steering/vectors/register", acmeKey,
-			map[string]any{"name": "other/v", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 403},
+			map[string]any{"name": "other/v", "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 403},
 		{"tenant registers unscoped name", "POST", "/v1/steering/vectors/register", acmeKey,
-			map[string]any{"name": "v", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 403},
+			map[string]any{"name": "v", "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 403},
 		{"tenant registers own", "POST", "/v1/steering/vectors/register", acmeKey,
-			map[string]any{"name": "acme/v", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 200},
-		{"other tenant removes it", "POST", "/v1/steering/vectors/unregister", otherKey, map[string]any{"name": "acme/v"}, 403},
+			map[string]any{"name": "acme/v", "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 200},
+		{"other tenant removes it", "POST", "/v1/steering/vectors/unregister", otherKey, map[string]any{"name": "acme/v", "kind": "steer"}, 403},
 		{"other tenant drops its conversation", "DELETE", "/v1/conversations/acme/c1", otherKey, nil, 403},
 		{"other tenant admits as acme", "POST", "/v1/requests/admit", otherKey, map[string]any{"request_id": "r", "tenant": "acme", "conversation": "c1"}, 403},
 		{"other tenant refs acme's vector", "POST", "/v1/requests/admit", otherKey,
@@ -371,8 +371,10 @@ func TestServeEndpoints(t *testing.T) {
 	for _, f := range vec(2) {
 		ss += 4 * float64(f) * float64(f)
 	}
-	require.InDelta(t, math.Sqrt(ss), l1["base"], 1e-4)
-	require.EqualValues(t, 1, g["2"].(map[string]any)["mlp_in"].(map[string]any)["clamps"])
+	require.InDelta(t, math.Sqrt(ss), l1["norm"], 1e-4)
+	require.NotContains(t, l1, "prefill_norm", "zero norms are left out")
+	clamps := s.ok("GET", "/v1/steering", nil)["clamps"].(map[string]any)
+	require.EqualValues(t, 1, clamps["2"].(map[string]any)["mlp_in"])
 	require.Contains(t, g, "3")
 
 	// replace=false keeps other sites; float32/float64 packed land the same values.
@@ -392,24 +394,22 @@ func TestServeEndpoints(t *testing.T) {
 	bad("unknown field", "POST", "/v1/steering/set", map[string]any{"vectorz": 1}, 400, "bad_request")
 	bad("not json", "POST", "/v1/steering/set", "{", 400, "bad_request")
 	bad("empty", "POST", "/v1/steering/set", map[string]any{}, 400, "bad_request")
-	bad("draft", "POST", "/v1/steering/set", map[string]any{"target": "draft", "vectors": map[string]any{"pre_attn": map[string]any{"0": vec(1)}}}, 501, "not_implemented")
+	bad("target", "POST", "/v1/steering/set", map[string]any{"target": "draft", "vectors": map[string]any{"pre_attn": map[string]any{"0": vec(1)}}}, 400, "bad_request")
 	bad("packed shape", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"dtype": "float32", "shape": []int{1, 3}, "layer_indices": []int{0}, "data": "AAAA"}}}, 400, "bad_request")
 	bad("packed dtype", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"dtype": "int8", "shape": []int{1, e2eHidden}, "layer_indices": []int{0}, "data": ""}}}, 400, "bad_request")
 	bad("packed short data", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"dtype": "float32", "shape": []int{1, e2eHidden}, "layer_indices": []int{0}, "data": "AAAA"}}}, 400, "bad_request")
 	bad("packed duplicate layer", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": packed("float32", []int{1, 1}, [][]float32{vec(1), vec(2)})}}, 400, "duplicate")
-	bad("clamp value and min", "POST", "/v1/steering/set", map[string]any{"clamps": map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": vec(1), "value": 0, "min": 1}}}}, 400, "bad_request")
+	bad("clamp value and min", "POST", "/v1/steering/set", map[string]any{"clamps": map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": vec(1), "value": 0, "min": 1}}}}, 400, "bad_clamp")
 	bad("clamp zero vector", "POST", "/v1/steering/set", map[string]any{"clamps": map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": make([]float32, e2eHidden), "value": 0}}}}, 400, "bad_clamp")
 	bad("clamp min above max", "POST", "/v1/steering/set", map[string]any{"clamps": map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": vec(1), "min": 2, "max": 1}}}}, 400, "bad_clamp")
 	bad("unknown ref", "POST", "/v1/steering/set", map[string]any{"vector_refs": map[string]float32{"nope": 1}}, 400, "unknown_vector")
 	bad("body too large", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"0": make([]float32, 40000)}}}, 413, "too_large")
-	bad("clear draft", "POST", "/v1/steering/clear", map[string]any{"target": "draft"}, 501, "not_implemented")
 	bad("clear unknown field", "POST", "/v1/steering/clear", map[string]any{"x": 1}, 400, "bad_request")
 
-	// Layers: nested by role without a target, flat with target=main.
-	lay := s.ok("GET", "/v1/steering/layers", nil)["layers"].(map[string]any)["main"].(map[string]any)
+	// Layers: the fork's flat map.
+	lay := s.ok("GET", "/v1/steering/layers", nil)["layers"].(map[string]any)
 	require.Len(t, lay, e2eLayers)
-	require.Len(t, s.ok("GET", "/v1/steering/layers?target=main", nil)["layers"], e2eLayers)
-	bad("layers target", "GET", "/v1/steering/layers?target=x", nil, 400, "bad_request")
+	require.Equal(t, []any{"mlp_in", "mlp_out", "post_attn", "post_block", "pre_attn"}, lay["0"].(map[string]any)["hook_points"])
 
 	// Named vectors.
 	m = s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "happy", "kind": "steer",
@@ -417,11 +417,19 @@ func TestServeEndpoints(t *testing.T) {
 	require.Equal(t, "happy", m["name"])
 	list := s.ok("GET", "/v1/steering/vectors", nil)
 	require.EqualValues(t, 1, list["count"])
-	require.EqualValues(t, 3, list["vectors"].([]any)[0].(map[string]any)["entries"])
-	bad("register probe", "POST", "/v1/steering/vectors/register", map[string]any{"name": "p", "kind": "probe", "packed": map[string]any{}}, 501, "not_implemented")
-	bad("register empty", "POST", "/v1/steering/vectors/register", map[string]any{"name": "e", "packed": map[string]any{}}, 400, "bad_request")
-	bad("register bad name", "POST", "/v1/steering/vectors/register", map[string]any{"name": "", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(1)})}}, 400, "bad_name")
-	bad("unregister unknown", "POST", "/v1/steering/vectors/unregister", map[string]any{"name": "nope"}, 404, "not_found")
+	require.Equal(t, map[string]any{"probe": []any{}, "steer": []any{"happy"}}, list["vectors"])
+	require.EqualValues(t, 3, list["details"].([]any)[0].(map[string]any)["entries"])
+	bad("register probe of two sites", "POST", "/v1/steering/vectors/register", map[string]any{"name": "p", "kind": "probe",
+		"packed": map[string]any{"pre_attn": packed("float32", []int{0, 1}, [][]float32{vec(1), vec(2)})}}, 400, "probe_site")
+	bad("register empty", "POST", "/v1/steering/vectors/register", map[string]any{"name": "e", "kind": "steer", "packed": map[string]any{}}, 400, "bad_request")
+	bad("register no kind", "POST", "/v1/steering/vectors/register", map[string]any{"name": "e", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(1)})}}, 400, "bad_request")
+	bad("register bad name", "POST", "/v1/steering/vectors/register", map[string]any{"name": "", "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(1)})}}, 400, "bad_name")
+	bad("unregister unknown", "POST", "/v1/steering/vectors/unregister", map[string]any{"name": "nope", "kind": "steer"}, 404, "not_found")
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "happy", "kind": "probe",
+		"packed": map[string]any{"post_block": packed("float32", []int{2}, [][]float32{vec(15)})}})
+	list = s.ok("GET", "/v1/steering/vectors", nil)
+	require.Equal(t, map[string]any{"probe": []any{"happy"}, "steer": []any{"happy"}}, list["vectors"])
+	s.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "happy", "kind": "probe"})
 	s.ok("POST", "/v1/steering/set", map[string]any{"vector_refs": map[string]float32{"happy": 0.5}})
 
 	// Modules.
@@ -441,7 +449,7 @@ func TestServeEndpoints(t *testing.T) {
 	require.Equal(t, "latch", m["source"])
 	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r3", "tenant": "acme", "conversation": "c2",
 		"override": map[string]any{"vector_refs": map[string]float32{"happy": 1}}, "compose": "add"})
-	dyn := s.ok("GET", "/v1/steering/dynamic", nil)
+	dyn := s.ok("GET", "/v1/steering/dynamic", nil)["latches"].(map[string]any)
 	require.EqualValues(t, 2, dyn["latched_conversations"])
 	require.EqualValues(t, 2, dyn["triggers"])
 	require.EqualValues(t, 1, dyn["bridges"])
@@ -452,12 +460,12 @@ func TestServeEndpoints(t *testing.T) {
 	bad("admit unknown module", "POST", "/v1/requests/admit", map[string]any{"request_id": "x", "module": "nope"}, 404, "not_found")
 	bad("admit compose", "POST", "/v1/requests/admit", map[string]any{"request_id": "x", "compose": "mul"}, 400, "bad_request")
 	s.ok("DELETE", "/v1/conversations/acme/c1", nil)
-	require.EqualValues(t, 1, s.ok("GET", "/v1/steering/dynamic", nil)["latched_conversations"])
+	require.EqualValues(t, 1, s.ok("GET", "/v1/steering/dynamic", nil)["latches"].(map[string]any)["latched_conversations"])
 	bad("drop unknown conversation", "DELETE", "/v1/conversations/acme/c1", nil, 404, "not_found")
 	bad("wrong method", "GET", "/v1/steering/set", nil, 404, "not_found")
 
 	s.ok("POST", "/v1/steering/modules/unregister", map[string]any{"name": "mod"})
-	s.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "happy"})
+	s.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "happy", "kind": "steer"})
 	s.ok("POST", "/v1/steering/clear", nil)
 	require.Empty(t, s.ok("GET", "/v1/steering", nil)["active_layers"])
 	require.NoError(t, s.stop(syscall.SIGTERM))
@@ -466,7 +474,7 @@ func TestServeEndpoints(t *testing.T) {
 // TestServeMetricsMatchStatus parses /metrics and checks it against /v1/status.
 func TestServeMetricsMatchStatus(t *testing.T) {
 	s := startServe(t, ns(t), "")
-	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "a", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(1)})}})
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": "a", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(1)})}})
 	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r1", "conversation": "c", "override": map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"1": vec(2)}}}})
 	cs, err := serve.AttachClient(s.ns, secretFile(t))
 	require.NoError(t, err)
@@ -511,20 +519,21 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 
 	// Workers' determinism checksums reach /v1/steering/dynamic.
 	dyn := s.ok("GET", "/v1/steering/dynamic", nil)
-	require.Empty(t, dyn["worker_checksums"])
-	require.Nil(t, dyn["checksums_agree"])
+	require.Empty(t, dyn["workers"])
+	require.Equal(t, map[string]any{"consistent": true, "action_count": 0.0}, dyn["determinism"])
 	require.NoError(t, serve.ReportChecksum(cs.Client, "rank0", 7, 0xabc))
 	require.NoError(t, serve.ReportChecksum(cs.Client, "rank1", 7, 0xabc))
 	dyn = s.ok("GET", "/v1/steering/dynamic", nil)
-	require.Len(t, dyn["worker_checksums"], 2)
-	require.Equal(t, true, dyn["checksums_agree"])
+	require.Len(t, dyn["workers"], 2)
+	require.Equal(t, map[string]any{"consistent": true, "action_count": 7.0}, dyn["determinism"])
 	require.NoError(t, serve.ReportChecksum(cs.Client, "rank1", 8, 0xdef))
 	require.NoError(t, serve.ReportChecksum(cs.Client, "rank0", 8, 0x123))
 	dyn = s.ok("GET", "/v1/steering/dynamic", nil)
-	require.Equal(t, false, dyn["checksums_agree"])
-	w0 := dyn["worker_checksums"].([]any)[0].(map[string]any)
+	require.Equal(t, map[string]any{"consistent": false, "checksums": map[string]any{"rank0": "0000000000000123", "rank1": "0000000000000def"}}, dyn["determinism"])
+	w0 := dyn["workers"].([]any)[0].(map[string]any)
 	require.Equal(t, "rank0", w0["worker"])
 	require.Equal(t, "0000000000000123", w0["checksum"])
+	require.Equal(t, "0000000000000123", w0["action_checksum"])
 	require.Error(t, serve.ReportChecksum(cs.Client, "", 1, 1))
 	require.Contains(t, fams, "shmsteer_http_request_duration_seconds")
 	require.Contains(t, fams, "shmsteer_rpc_duration_seconds")
@@ -533,15 +542,13 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 
 // snapshotState reads what must survive a restart.
 func snapshotState(s *served) map[string]any {
-	vecs := s.ok("GET", "/v1/steering/vectors", nil)["vectors"].([]any)
+	vecs := s.ok("GET", "/v1/steering/vectors", nil)["details"].([]any)
 	for _, v := range vecs {
 		delete(v.(map[string]any), "version") // region versions restart; digests must not change
 	}
-	dyn := s.ok("GET", "/v1/steering/dynamic", nil)
 	// Admitted requests and workers' checksum reports are per run, like keys.
+	dyn := s.ok("GET", "/v1/steering/dynamic", nil)["latches"].(map[string]any)
 	delete(dyn, "requests_with_steering")
-	delete(dyn, "worker_checksums")
-	delete(dyn, "checksums_agree")
 	return map[string]any{
 		"vectors": vecs,
 		"global":  s.ok("GET", "/v1/steering", nil)["active_layers"],
@@ -552,7 +559,7 @@ func snapshotState(s *served) map[string]any {
 
 func populate(t *testing.T, s *served) {
 	for i := range 3 {
-		s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": fmt.Sprintf("v%d", i),
+		s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": fmt.Sprintf("v%d", i),
 			"packed": map[string]any{"pre_attn": packed("float32", []int{0, 2}, [][]float32{vec(uint64(10 * i)), vec(uint64(10*i + 1))})}})
 	}
 	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"mlp_out": map[string]any{"1": vec(50)}},
@@ -610,7 +617,7 @@ func TestServeKill9KeepsLastPersisted(t *testing.T) {
 	require.Equal(t, before, snapshotState(s2))
 	// A synchronous mutation is on disk before its reply, whatever follows: through the API,
 	// and through the owner's RPCs from the CLI.
-	s2.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "v0"})
+	s2.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"kind": "steer", "name": "v0"})
 	cli := exec.Command(binPath, "steer", "global", "set", "--namespace", s2.ns, "--ref", "v2=0.75")
 	cli.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
 	out, err := cli.CombinedOutput()
@@ -675,7 +682,7 @@ func TestServeRefusesBadState(t *testing.T) {
 // TestCLIClientCommands runs the client commands against a live serve.
 func TestCLIClientCommands(t *testing.T) {
 	s := startServe(t, ns(t), "")
-	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "calm", "packed": map[string]any{"pre_attn": packed("float32", []int{1}, [][]float32{vec(1)})}})
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": "calm", "packed": map[string]any{"pre_attn": packed("float32", []int{1}, [][]float32{vec(1)})}})
 	cs, err := serve.AttachClient(s.ns, secretFile(t))
 	require.NoError(t, err)
 	require.NoError(t, cs.Client.Keys().Set("req-live", []byte("KEYBYTES-live")))
@@ -818,7 +825,7 @@ func TestWorkerFollowsServeRestart(t *testing.T) {
 	name := ns(t)
 	s := startServe(t, name, dir)
 	want := [][]float32{vec(100), vec(101)}
-	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "v", "packed": map[string]any{"pre_attn": packed("float32", []int{0, 3}, want)}})
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "v", "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0, 3}, want)}})
 	sec := ipc.NewSecret([]byte(e2eSecret))
 	f, err := ipc.Follow(ipc.FollowOptions{Client: ipc.ClientOptions{Secret: &sec, Namespace: name}, Poll: 10 * time.Millisecond,
 		MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Retire: time.Second, Ready: serve.IsReady})
@@ -905,7 +912,7 @@ func TestWorkerStepsWithAPISteering(t *testing.T) {
 	s := startServe(t, ns(t), "")
 	g, r := vec(200), vec(201)
 	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"post_block": map[string]any{"1": g}}})
-	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "polite", "packed": map[string]any{"post_block": packed("float32", []int{1}, [][]float32{r})}})
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": "polite", "packed": map[string]any{"post_block": packed("float32", []int{1}, [][]float32{r})}})
 	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r1", "override": map[string]any{"decode_vector_refs": map[string]float32{"polite": 0.5}}})
 
 	sec := ipc.NewSecret([]byte(e2eSecret))
@@ -943,7 +950,7 @@ func TestWorkerStepsWithAPISteering(t *testing.T) {
 	for i := range e2eHidden {
 		require.InDelta(t, 0.5*r[i], h[i], 1e-5)
 	}
-	w := s.ok("GET", "/v1/steering/dynamic", nil)["worker_checksums"].([]any)
+	w := s.ok("GET", "/v1/steering/dynamic", nil)["workers"].([]any)
 	require.Len(t, w, 1)
 	require.EqualValues(t, 3, w[0].(map[string]any)["step"])
 }
@@ -953,7 +960,7 @@ func TestWorkerStepsWithAPISteering(t *testing.T) {
 func TestServeSIGTERMAnswersInFlight(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	s := startServe(t, ns(t), dir)
-	body, _ := json.Marshal(map[string]any{"name": "late", "packed": map[string]any{"pre_attn": packed("float32", []int{1}, [][]float32{vec(300)})}})
+	body, _ := json.Marshal(map[string]any{"name": "late", "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{1}, [][]float32{vec(300)})}})
 	conn, err := net.Dial("tcp", strings.TrimPrefix(s.addr, "http://"))
 	require.NoError(t, err)
 	defer conn.Close()
@@ -1002,7 +1009,7 @@ func TestServeKilledAtRandomPoints(t *testing.T) {
 					return
 				default:
 				}
-				b, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("v%04d", i), "packed": map[string]any{"pre_attn": packed("float32", []int{0, 1, 2}, [][]float32{vec(uint64(i)), vec(uint64(i + 1)), vec(uint64(i + 2))})}})
+				b, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("v%04d", i), "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0, 1, 2}, [][]float32{vec(uint64(i)), vec(uint64(i + 1)), vec(uint64(i + 2))})}})
 				req, _ := http.NewRequest("POST", s.addr+"/v1/steering/vectors/register", bytes.NewReader(b))
 				req.Header.Set("Authorization", "Bearer "+adminKey)
 				resp, err := http.DefaultClient.Do(req)

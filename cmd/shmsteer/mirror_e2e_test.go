@@ -147,11 +147,11 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 	b := startServe(t, ns(t)+"-b", bState, "--mirror", url, "--mirror-bucket", bucket, "--host-id", "host-b", "--mirror-keys")
 
 	// A named vector registered on A is listed by B's API with the same digest.
-	reg := a.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "calm",
+	reg := a.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": "calm",
 		"packed": map[string]any{"pre_attn": packed("float32", []int{1}, [][]float32{vec(1)})}})
 	digest := reg["digest"].(string)
 	waitFor(t, 10*time.Second, "calm on host B's API", func() bool {
-		for _, v := range b.ok("GET", "/v1/steering/vectors", nil)["vectors"].([]any) {
+		for _, v := range b.ok("GET", "/v1/steering/vectors", nil)["details"].([]any) {
 			if m := v.(map[string]any); m["name"] == "calm" && m["digest"] == digest {
 				return true
 			}
@@ -180,7 +180,7 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 	b.ok("POST", "/v1/steering/set", map[string]any{"vector_refs": map[string]any{"calm": 0.5}})
 	waitFor(t, 10*time.Second, "B's global steering on host A", func() bool {
 		l, ok := a.ok("GET", "/v1/steering", nil)["active_layers"].(map[string]any)["1"].(map[string]any)
-		return ok && l["pre_attn"] != nil && l["pre_attn"].(map[string]any)["base"].(float64) > 0
+		return ok && l["pre_attn"] != nil && l["pre_attn"].(map[string]any)["norm"].(float64) > 0
 	})
 
 	// A key set through A's serve (serve.SetKey: the owner writes it through the mirror)
@@ -237,7 +237,7 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 	// persist_interval, with no local write to trigger it): after a SIGKILL, B restarted
 	// without the mirror still has A's later vector.
 	saves := b.ok("GET", "/v1/status", nil)["state_saves"].(float64)
-	a.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "later",
+	a.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": "later",
 		"packed": map[string]any{"mlp_out": packed("float32", []int{2}, [][]float32{vec(2)})}})
 	waitFor(t, 10*time.Second, "A's later vector persisted on B", func() bool {
 		st := b.ok("GET", "/v1/status", nil)
@@ -247,7 +247,7 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 	<-b.done
 	b2 := startServe(t, b.ns, bState)
 	names := []string{}
-	for _, v := range b2.ok("GET", "/v1/steering/vectors", nil)["vectors"].([]any) {
+	for _, v := range b2.ok("GET", "/v1/steering/vectors", nil)["details"].([]any) {
 		names = append(names, v.(map[string]any)["name"].(string))
 	}
 	require.Equal(t, []string{"calm", "later"}, names)

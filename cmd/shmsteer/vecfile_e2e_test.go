@@ -228,7 +228,7 @@ func TestServeVectorFileUpload(t *testing.T) {
 	require.NoError(t, s.stop(syscall.SIGTERM))
 	s2 := startServe(t, ns(t), dir)
 	found := false
-	for _, v := range s2.ok("GET", "/v1/steering/vectors", nil)["vectors"].([]any) {
+	for _, v := range s2.ok("GET", "/v1/steering/vectors", nil)["details"].([]any) {
 		if v := v.(map[string]any); v["name"] == "happy" {
 			found = v["digest"] == digest
 		}
