@@ -98,20 +98,24 @@ SHMSTEER_API const char *shmsteer_last_error(void) {
 
 // The environment as the process sees it now: Go's os.Getenv reads a copy taken when the
 // runtime started, which misses a later setenv (Python's os.environ, say).
-static void shmsteer_env_secret(const void **secret, size_t *secret_len, const char *secret_file) {
-  if (*secret == NULL && secret_file == NULL) {
+// Neither argument given: SHMSTEER_SECRET as the bytes, SHMSTEER_SECRET_FILE as the file (both
+// set reaches Go as both given: SHMSTEER_E_SECRET_CONFLICT, as in a Go process).
+static void shmsteer_env_secret(const void **secret, size_t *secret_len, const char **secret_file) {
+  if (*secret == NULL && *secret_file == NULL) {
     const char *v = getenv("SHMSTEER_SECRET");
+    const char *f = getenv("SHMSTEER_SECRET_FILE");
     if (v != NULL && v[0] != 0) {
       *secret = v;
       *secret_len = strlen(v);
     }
+    if (f != NULL && f[0] != 0) *secret_file = f;
   }
 }
 
 SHMSTEER_API int shmsteer_attach(const char *ns, const void *secret, size_t secret_len,
                                  const char *secret_file, int64_t timeout_ms, shmsteer_t **out) {
   ENTER();
-  shmsteer_env_secret(&secret, &secret_len, secret_file);
+  shmsteer_env_secret(&secret, &secret_len, &secret_file);
   OUT_HANDLE(shmsteer_t,
              shmsteerGo_attach((char *)ns, (void *)secret, secret_len, (char *)secret_file, timeout_ms, &hv),
              out);
@@ -121,7 +125,7 @@ SHMSTEER_API int shmsteer_owner_start(const char *ns, const void *secret, size_t
                                       const char *secret_file, const shmsteer_owner_config *cfg,
                                       shmsteer_t **out) {
   ENTER();
-  shmsteer_env_secret(&secret, &secret_len, secret_file);
+  shmsteer_env_secret(&secret, &secret_len, &secret_file);
   OUT_HANDLE(shmsteer_t,
              shmsteerGo_owner_start((char *)ns, (void *)secret, secret_len, (char *)secret_file,
                                     (shmsteer_owner_config *)cfg, &hv),

@@ -8,7 +8,6 @@ package main
 import "C"
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -82,34 +81,31 @@ func badArg(what string) C.int { return failCode(ErrInvalidArgument, what) }
 
 func badHandle(what string) C.int { return failCode(ErrBadHandle, what) }
 
-// resolveSecret applies the header's order: explicit bytes (or SHMSTEER_SECRET, which the C
-// wrapper passes as explicit bytes), then a file.
+// resolveSecret applies the header's rule, ipc's: the bytes or the file, never both
+// (ErrSecretConflict); the C wrapper passes SHMSTEER_SECRET as the bytes and
+// SHMSTEER_SECRET_FILE as the file when the caller gives neither. The file is read by ipc's
+// one reader (one trailing newline stripped), as in every Go process.
 func resolveSecret(secret unsafe.Pointer, secretLen C.size_t, secretFile *C.char) (*ipc.Secret, error) {
-	if secret != nil {
+	switch {
+	case secret != nil && secretFile != nil:
+		return nil, fmt.Errorf("%w: both a secret and a secret file (as arguments, or SHMSTEER_SECRET and SHMSTEER_SECRET_FILE)", ipc.ErrSecretConflict)
+	case secret != nil:
 		b, ok := cbytes(secret, secretLen)
 		if !ok {
 			return nil, fmt.Errorf("%w: secret length", ErrInvalidArgument)
 		}
 		s := ipc.NewSecret(b) // copies
 		return &s, nil
-	}
-	if secretFile != nil {
-		path := C.GoString(secretFile)
-		b, err := os.ReadFile(path)
+	case secretFile != nil:
+		s, err := ipc.SecretFromFile(C.GoString(secretFile), ipc.SecretFileOptions{})
 		if err != nil {
-			return nil, fmt.Errorf("%w: reading the secret file %q: %v", ErrOther, path, err)
+			return nil, err
 		}
-		v := bytes.TrimSuffix(b, []byte("\n"))
-		if len(v) == 0 {
-			clear(b)
-			return nil, fmt.Errorf("%w: secret file %q is empty", ipc.ErrAuthSecretNotDefined, path)
-		}
-		s := ipc.NewSecret(v)
-		clear(b)
 		return &s, nil
 	}
-	// The C wrapper already looked at SHMSTEER_SECRET in the live environment (Go's copy may
-	// be stale in a host process that changed it after loading the library).
+	// The C wrapper already looked at SHMSTEER_SECRET and SHMSTEER_SECRET_FILE in the live
+	// environment (Go's copy may be stale in a host process that changed it after loading the
+	// library).
 	return nil, ipc.ErrAuthSecretNotDefined
 }
 

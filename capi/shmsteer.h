@@ -181,9 +181,12 @@ const char *shmsteer_error_name(int code);
 
 /* ---- attach and owner ------------------------------------------------------------------- */
 
-/* The secret is taken from, in order: (secret, secret_len) when secret != NULL; the file at
- * C string secret_file when not NULL (its content, one trailing newline stripped); else the
- * environment variable SHMSTEER_SECRET. Nothing set: SHMSTEER_E_AUTH_SECRET_NOT_DEFINED.
+/* The secret is (secret, secret_len) when secret != NULL, or the file at C string secret_file
+ * when not NULL (its content, one trailing newline "\n" or "\r\n" stripped: Go's
+ * ipc.SecretFromFile, the one reader every process uses); both given: SECRET_CONFLICT. With
+ * neither, the environment: SHMSTEER_SECRET or the file SHMSTEER_SECRET_FILE names (both set:
+ * SECRET_CONFLICT). Nothing set: SHMSTEER_E_AUTH_SECRET_NOT_DEFINED; a file that cannot be
+ * used: SECRET_FILE.
  * ns is a C string (NULL = ""). The library keeps no copy of the secret after attaching. */
 
 /* Attach to the owner serving (secret, ns). timeout_ms bounds the attach and each later RPC

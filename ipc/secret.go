@@ -58,18 +58,28 @@ func SecretFromEnv() (Secret, error) {
 	case v != "" && path != "":
 		return Secret{}, fmt.Errorf("%w: both %s and %s are set", ErrSecretConflict, SecretEnv, SecretFileEnv)
 	case path != "":
-		return SecretFromFile(path)
+		return SecretFromFile(path, SecretFileOptions{})
 	case v == "":
 		return Secret{}, ErrAuthSecretNotDefined
 	}
 	return NewSecret([]byte(v)), nil
 }
 
+// SecretFileOptions are the checks SecretFromFile makes beyond its one rule for the content.
+type SecretFileOptions struct {
+	// Private refuses (ErrSecretFile) a file whose mode lets group or others read or write it
+	// (mode & 077): whoever reads the secret can attach. serve's --secret-file sets it.
+	Private bool
+}
+
 // SecretFromFile reads the secret from a file: its whole content, less one trailing newline
-// ("\n" or "\r\n"). An empty file gives ErrAuthSecretNotDefined; a file that cannot be read,
-// is not a regular file, or holds more than MaxSecretFileBytes gives ErrSecretFile naming the
-// path (never the content).
-func SecretFromFile(path string) (Secret, error) {
+// ("\n" or "\r\n"). It is the one secret-file reader: SHMSTEER_SECRET_FILE, the SecretFile
+// options, serve's --secret-file, the CLI and the C ABI (so Python) all read through it, so a
+// file gives the same secret everywhere. An empty file gives ErrAuthSecretNotDefined; a file
+// that cannot be read, is not a regular file (or a pipe), holds more than MaxSecretFileBytes,
+// or, with opt.Private, is open to group or others gives ErrSecretFile naming the path (never
+// the content).
+func SecretFromFile(path string, opt SecretFileOptions) (Secret, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return Secret{}, fmt.Errorf("%w: %w", ErrSecretFile, err) // *PathError: op, path, errno
@@ -80,6 +90,8 @@ func SecretFromFile(path string) (Secret, error) {
 	} else if !st.Mode().IsRegular() && st.Mode()&os.ModeNamedPipe == 0 {
 		// Pipes are allowed (process substitution); directories and devices are not.
 		return Secret{}, fmt.Errorf("%w: %s is a %v, not a regular file", ErrSecretFile, path, st.Mode().Type())
+	} else if opt.Private && st.Mode().Perm()&0o077 != 0 {
+		return Secret{}, fmt.Errorf("%w: %s is open to group or others (mode %v): chmod 600 it", ErrSecretFile, path, st.Mode().Perm())
 	}
 	b := make([]byte, MaxSecretFileBytes+3) // room for a trailing "\r\n" and one byte more
 	n, err := io.ReadFull(f, b)
@@ -148,7 +160,7 @@ func resolveSecret(explicit *Secret, file string, dropEnv bool) (Secret, error) 
 	case explicit != nil:
 		s = explicit.clone()
 	case file != "":
-		s, err = SecretFromFile(file)
+		s, err = SecretFromFile(file, SecretFileOptions{})
 	default:
 		s, err = SecretFromEnv()
 	}

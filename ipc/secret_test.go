@@ -193,7 +193,7 @@ func TestSecretFromFile(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := SecretFromFile(tt.path)
+			s, err := SecretFromFile(tt.path, SecretFileOptions{})
 			if tt.wantErr != nil {
 				require.ErrorIs(t, err, tt.wantErr)
 				require.Contains(t, err.Error(), tt.path, "the error names the path")
@@ -204,10 +204,23 @@ func TestSecretFromFile(t *testing.T) {
 			require.Equal(t, NewSecret([]byte(tt.want)).mac(), s.mac())
 		})
 	}
+	// Private refuses a file open to group or others, and takes a private one.
+	for _, mode := range []os.FileMode{0o640, 0o604, 0o620} {
+		p := write(fmt.Sprintf("mode-%o", mode), []byte("abc\n"))
+		require.NoError(t, os.Chmod(p, mode))
+		_, err := SecretFromFile(p, SecretFileOptions{Private: true})
+		require.ErrorIs(t, err, ErrSecretFile, "mode %o", mode)
+		require.Contains(t, err.Error(), "chmod 600")
+		_, err = SecretFromFile(p, SecretFileOptions{})
+		require.NoError(t, err, "without Private the mode is not checked")
+	}
+	s, err := SecretFromFile(write("private", []byte("abc\n")), SecretFileOptions{Private: true})
+	require.NoError(t, err)
+	require.Equal(t, NewSecret([]byte("abc")).mac(), s.mac())
 	if os.Getuid() != 0 { // root reads any file
 		p := write("unreadable", []byte("abc"))
 		require.NoError(t, os.Chmod(p, 0))
-		_, err := SecretFromFile(p)
+		_, err := SecretFromFile(p, SecretFileOptions{})
 		require.ErrorIs(t, err, ErrSecretFile)
 		require.Contains(t, err.Error(), p)
 	}

@@ -29,12 +29,10 @@ type ClientSession struct {
 func AttachClient(namespace, secretFile string) (*ClientSession, error) {
 	opts := ipc.ClientOptions{Namespace: namespace, DropEnv: true}
 	if secretFile != "" {
-		b, err := ReadSecretFile(secretFile)
+		sec, err := ipc.SecretFromFile(secretFile, ipc.SecretFileOptions{Private: true})
 		if err != nil {
 			return nil, err
 		}
-		sec := ipc.NewSecret(b)
-		clear(b)
 		opts.Secret = &sec
 	}
 	c, err := ipc.Attach(opts)

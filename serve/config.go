@@ -264,28 +264,3 @@ func (c Config) validateMirror() error {
 	}
 	return nil
 }
-
-// ReadSecretFile reads a secret file (trailing newline trimmed); it refuses a file others can
-// read, since anyone holding the secret can attach.
-func ReadSecretFile(path string) ([]byte, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: secret file: %w", ErrConfig, err)
-	}
-	if st.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("%w: secret file %s is readable by group or others (mode %v): chmod 600 it", ErrConfig, path, st.Mode().Perm())
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: secret file: %w", ErrConfig, err)
-	}
-	n := len(b)
-	for n > 0 && (b[n-1] == '\n' || b[n-1] == '\r') {
-		n--
-	}
-	if n == 0 {
-		clear(b)
-		return nil, fmt.Errorf("%w: secret file %s is empty", ErrConfig, path)
-	}
-	return b[:n], nil
-}

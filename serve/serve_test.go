@@ -328,21 +328,6 @@ func TestAPIKeyFileMode(t *testing.T) {
 	require.Equal(t, 1, n)
 }
 
-func TestSecretFile(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "s")
-	require.NoError(t, os.WriteFile(p, []byte("abc\n"), 0o600))
-	b, err := ReadSecretFile(p)
-	require.NoError(t, err)
-	require.Equal(t, "abc", string(b))
-	require.NoError(t, os.Chmod(p, 0o644))
-	_, err = ReadSecretFile(p)
-	require.ErrorIs(t, err, ErrConfig)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "e"), []byte("\n"), 0o600))
-	_, err = ReadSecretFile(filepath.Join(dir, "e"))
-	require.ErrorIs(t, err, ErrConfig)
-}
-
 func TestAPIKeys(t *testing.T) {
 	keys, err := parseAPIKeys([]byte("# c\n\nadmin-0123456789abcdef\nacme:acme-0123456789abcdef\n"))
 	require.NoError(t, err)

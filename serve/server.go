@@ -103,12 +103,10 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	}
 	var secret *ipc.Secret
 	if cfg.SecretFile != "" {
-		b, err := ReadSecretFile(cfg.SecretFile)
+		sec, err := ipc.SecretFromFile(cfg.SecretFile, ipc.SecretFileOptions{Private: true})
 		if err != nil {
 			return err
 		}
-		sec := ipc.NewSecret(b)
-		clear(b)
 		secret = &sec
 	} else if cfg.MirrorKeys {
 		// The mirror seals keys with a key derived from the secret, and the owner drops

@@ -1034,3 +1034,28 @@ func TestServeKilledAtRandomPoints(t *testing.T) {
 	require.True(t, int(n) == acked || int(n) == acked+1, "%v vectors, %d acknowledged", n, acked)
 	require.Greater(t, acked, 6)
 }
+
+// TestServeSecretFileOneRule: serve's --secret-file and a worker's SHMSTEER_SECRET_FILE read one
+// file through ipc's one reader, so they agree on its secret whatever its trailing newlines (serve
+// used to strip them all, ipc one); a file open to group or others is still refused.
+func TestServeSecretFileOneRule(t *testing.T) {
+	sf := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(sf, []byte(e2eSecret+"\n\n"), 0o600))
+	s := startServe(t, ns(t), "", "--secret-file", sf)
+	c, err := ipc.Attach(ipc.ClientOptions{Namespace: s.ns, SecretFile: sf})
+	require.NoError(t, err, "a worker reading the same file attaches")
+	require.NoError(t, c.Ping())
+	c.Close()
+	cs, err := serve.AttachClient(s.ns, sf) // the CLI's reader
+	require.NoError(t, err)
+	cs.Close()
+
+	open := filepath.Join(t.TempDir(), "open")
+	require.NoError(t, os.WriteFile(open, []byte(e2eSecret), 0o644))
+	cmd := exec.Command(binPath, "serve", "--http", "127.0.0.1:0", "--namespace", ns(t)+"-open", "--hidden", "8", "--layers", "2",
+		"--api-key-file", writeKeys(t), "--secret-file", open)
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "chmod 600")
+	require.NotContains(t, string(out), e2eSecret)
+}

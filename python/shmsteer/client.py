@@ -41,10 +41,9 @@ def _b(s: Union[str, bytes]) -> bytes:
 
 
 def _secret_args(secret: Secret, secret_file: Optional[str]) -> Tuple[Optional[bytes], int, Optional[bytes]]:
-    if secret is not None:
-        sb = _b(secret)
-        return sb, len(sb), None
-    return None, 0, (os.fsencode(secret_file) if secret_file is not None else None)
+    # Both given reach the library as both: SecretConflictError, as in Go.
+    sb = _b(secret) if secret is not None else None
+    return sb, (len(sb) if sb is not None else 0), (os.fsencode(secret_file) if secret_file is not None else None)
 
 
 def _quiet_close(fn, handle) -> None:
@@ -246,8 +245,10 @@ class Client(_Handle):
 
     Args:
         namespace: must match the owner's.
-        secret: the shared secret; None reads ``secret_file``, then ``$SHMSTEER_SECRET``.
-        secret_file: a file holding the secret (one trailing newline ignored).
+        secret: the shared secret; with neither it nor ``secret_file``, ``$SHMSTEER_SECRET`` or
+            the file ``$SHMSTEER_SECRET_FILE`` names (both set: SecretConflictError).
+        secret_file: a file holding the secret (one trailing ``\\n`` or ``\\r\\n`` ignored, as Go's
+            ``ipc.SecretFromFile`` reads it); giving both is SecretConflictError.
         timeout: seconds bounding the attach and each RPC (None: 5 s).
 
     Raises:

@@ -266,3 +266,29 @@ def test_clamp_strength_outside_unit_interval_is_refused(owner):
         with pytest.raises(errors.BadClampError):
             owner.admit("rc", override=bad)
     owner.set_global({"base": dict(base, clamps=[dict(clamp, strength=1.0)])})
+
+
+def test_secret_file_one_rule(owner, ns, secret, monkeypatch, tmp_path):
+    # The library reads secret files with Go's one reader: one trailing "\n" or "\r\n" stripped,
+    # SHMSTEER_SECRET_FILE honoured, a secret given twice refused.
+    crlf = tmp_path / "crlf"
+    crlf.write_bytes(secret + b"\r\n")
+    with shmsteer.Client(ns, secret_file=str(crlf)) as c:
+        c.ping()
+    two = tmp_path / "two"
+    two.write_bytes(secret + b"\n\n")  # the secret is secret + "\n": not the owner's
+    with pytest.raises(errors.AuthFailedError):
+        shmsteer.Client(ns, secret_file=str(two))
+    monkeypatch.delenv("SHMSTEER_SECRET", raising=False)
+    monkeypatch.setenv("SHMSTEER_SECRET_FILE", str(crlf))
+    with shmsteer.Client(ns) as c:
+        c.ping()
+    monkeypatch.setenv("SHMSTEER_SECRET", secret.decode())
+    with pytest.raises(errors.SecretConflictError):
+        shmsteer.Client(ns)
+    monkeypatch.delenv("SHMSTEER_SECRET")
+    with pytest.raises(errors.SecretConflictError):
+        shmsteer.Client(ns, secret=secret, secret_file=str(crlf))
+    monkeypatch.setenv("SHMSTEER_SECRET_FILE", str(tmp_path / "missing"))
+    with pytest.raises(errors.SecretFileError):
+        shmsteer.Client(ns)
