@@ -101,7 +101,7 @@ func TestSkippedWithoutTools(t *testing.T) {
 	t.Cleanup(func() { Interpreters = old })
 	cfg := tiny()
 	cfg.Only = []string{"keys.get.syncmanager", "keys.get.redis", "kernels.add.16k.numpy"}
-	rep := Run(cfg, Sources{})
+	rep := Run(cfg, sources{})
 	require.Len(t, rep.Figures, 3)
 	require.Empty(t, rep.Measured())
 	for _, f := range rep.Figures {

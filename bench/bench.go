@@ -2,7 +2,6 @@ package bench
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,14 +10,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 )
 
-// Sources are the shmsteer contenders, plugged in by cmd/shmsteer; bench
-// itself does not import the engine. A nil field is reported as skipped
-// ("not wired"), never estimated. Setups run in this (owner) process;
-// readers that must be separate processes use [StartChild].
-type Sources struct {
+// sources are the shmsteer contenders of a run: engineSources in a real one,
+// fakes in the tests. A nil field is reported as skipped ("not wired"),
+// never estimated. Setups run in this (owner) process; readers that must be
+// separate processes use [StartChild].
+type sources struct {
 	// KeysGet measures keys.get.shmsteer_ns: a client Get of a 36-char key
 	// from a child process attached to the owner's region, round-robin over
 	// the NumKeys hot keys. Typically: create the region here,
@@ -35,10 +35,6 @@ type Sources struct {
 	// KeysSetOwner times owner Sets one by one (in-process, membarrier passes
 	// included) for keys.set.owner_ns (p50) and keys.set.owner_p99_ns.
 	KeysSetOwner LatencySetup
-	// KeysReaders is unused since issue 13 replaced keys.get.scaling_2readers
-	// with the throughput figures of KeysReaderProcs; it stays until
-	// cmd/shmsteer's main stops setting it.
-	KeysReaders func(k int) (ops []Op, cleanup func() error, err error)
 	// KeysReaderProcs starts k reader children on one region; each serves op
 	// "get" (round-robin over the hot keys, as KeysGet). They yield
 	// keys.get.throughput_2readers_x: reads per second of two readers started
@@ -48,7 +44,7 @@ type Sources struct {
 	// Go loop, numpy and C on the same shapes as kernels.add.<size>.shmsteer_ns.
 	AddRows AddFunc
 	// AddRowsC runs C variant (one of CVariants) iters times in one call
-	// (kernels/ccompare.AddRowsVariantRepeat), so C alternates with the other
+	// (internal/ccompare.AddRowsVariantRepeat), so C alternates with the other
 	// add contenders round by round without paying a cgo transition per add.
 	// kernels.add.<size>.c_ns is the fastest variant at that size.
 	AddRowsC  func(variant string, h []float32, d int, s float32, v []float32, iters int) error
@@ -78,7 +74,7 @@ var ErrQuickSkip = errors.New("skipped in --quick")
 
 // Run measures every wanted figure, group by group (contenders alternate
 // within a group), and returns the finished report.
-func Run(cfg Config, src Sources) *Report {
+func Run(cfg Config, src sources) *Report {
 	cfg.Rounds = max(cfg.Rounds, 1)
 	prog := &progress{w: cfg.Progress}
 	defer prog.done()
@@ -216,7 +212,7 @@ func filter(cfg Config, names ...string) []string {
 	return out
 }
 
-func memFigures(prog *progress, src Sources, names []string) []Figure {
+func memFigures(prog *progress, src sources, names []string) []Figure {
 	var figs []Figure
 	for _, n := range names {
 		prog.i++
@@ -239,80 +235,92 @@ func memFigures(prog *progress, src Sources, names []string) []Figure {
 	return figs
 }
 
-// Main is `shmsteer bench`: it parses args (without the subcommand), runs
-// the suite and prints the table to stdout, progress to stderr. It returns
-// the exit code: 0, 1 when an output file cannot be written, 2 on bad usage.
-// Skipped figures do not fail the run.
-func Main(args []string, src Sources, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("shmsteer bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	quick := fs.Bool("quick", false, "short batches and few rounds (a few seconds for the baselines)")
-	jsonPath := fs.String("json", "", "write the measured figures as a JSON array to `FILE`")
-	plotPath := fs.String("plot", "", "write a bar chart to `FILE` (.png or .svg)")
-	rounds := fs.Int("rounds", 0, "alternation rounds per contender (default 11, 7 with --quick)")
-	only := fs.String("only", "", "comma-separated figure-name `PREFIXES` to run (e.g. keys.,kernels.add.16k)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: shmsteer bench [--quick] [--rounds N] [--json FILE] [--plot FILE] [--only PREFIXES]")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 || *rounds < 0 {
-		fs.Usage()
-		return 2
-	}
-	cfg := DefaultConfig()
-	if *quick {
-		cfg = QuickConfig()
-	}
-	if *rounds > 0 {
-		cfg.Rounds = *rounds
-	}
-	if *plotPath != "" {
-		// Checked before the run, not after it: the format follows the extension.
-		if ext := strings.ToLower(filepath.Ext(*plotPath)); ext != ".png" && ext != ".svg" {
-			fmt.Fprintf(stderr, "shmsteer bench: --plot %q: the file name must end in .png or .svg\n", *plotPath)
-			return 2
-		}
-	}
-	if *only != "" {
-		for _, p := range strings.Split(*only, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				cfg.Only = append(cfg.Only, p)
-			}
-		}
-		if len(cfg.Only) == 0 || len(filter(cfg, reportOrder()...)) == 0 {
-			fmt.Fprintf(stderr, "shmsteer bench: --only %q matches no figure; figure names: %s\n", *only, strings.Join(reportOrder(), ", "))
-			return 2
-		}
+// Options are the flags of `shmsteer bench` ([BindFlags] defines them).
+type Options struct {
+	Quick  bool   // short batches and few rounds
+	JSON   string // write the measured figures as a JSON array here
+	Plot   string // write a bar chart here (.png or .svg)
+	Rounds int    // alternation rounds per contender; 0 for the default
+	Only   string // comma-separated figure-name prefixes to run
+}
+
+// BindFlags defines the flags of `shmsteer bench` on fs and returns where they land.
+func BindFlags(fs *pflag.FlagSet) *Options {
+	o := &Options{}
+	fs.BoolVar(&o.Quick, "quick", false, "short batches and few rounds (a few seconds for the baselines)")
+	fs.StringVar(&o.JSON, "json", "", "write the measured figures as a JSON array to `FILE`")
+	fs.StringVar(&o.Plot, "plot", "", "write a bar chart to `FILE` (.png or .svg)")
+	fs.IntVar(&o.Rounds, "rounds", 0, "alternation rounds per contender (default 11, 7 with --quick)")
+	fs.StringVar(&o.Only, "only", "", "comma-separated figure-name `PREFIXES` to run (e.g. keys.,kernels.add.16k)")
+	return o
+}
+
+// ErrUsage reports flag values that cannot run (found before anything runs).
+var ErrUsage = errors.New("shmsteer: bench: bad flags")
+
+// Main is `shmsteer bench`: it runs the suite per o and prints the table to stdout, progress to
+// stderr. It returns an error wrapping [ErrUsage] for bad flags, before anything runs, or the
+// error writing the table or an output file. Skipped figures do not fail the run.
+func Main(o Options, stdout, stderr io.Writer) error {
+	return runMain(o, engineSources(), stdout, stderr)
+}
+
+func runMain(o Options, src sources, stdout, stderr io.Writer) error {
+	cfg, err := o.config()
+	if err != nil {
+		return err
 	}
 	cfg.Progress = progressWriter(stderr)
 	start := time.Now()
 	rep := Run(cfg, src)
 	fmt.Fprintf(stdout, "# shmsteer bench: %d rounds per contender, batches >= %v, GOMAXPROCS=%d, %s; took %.1fs\n",
 		cfg.Rounds, cfg.Target, runtime.GOMAXPROCS(0), runtime.Version(), time.Since(start).Seconds())
-	code := 0
+	var errs []error
 	if err := rep.WriteTable(stdout); err != nil {
-		fmt.Fprintln(stderr, "shmsteer bench:", err)
-		code = 1
+		errs = append(errs, err)
 	}
-	if *jsonPath != "" {
-		if err := writeFile(*jsonPath, rep.WriteJSON); err != nil {
-			fmt.Fprintln(stderr, "shmsteer bench: --json:", err)
-			code = 1
+	if o.JSON != "" {
+		if err := writeFile(o.JSON, rep.WriteJSON); err != nil {
+			errs = append(errs, fmt.Errorf("--json: %w", err))
 		}
 	}
-	if *plotPath != "" {
-		if err := rep.Plot(*plotPath); err != nil {
-			fmt.Fprintln(stderr, "shmsteer bench: --plot:", err)
-			code = 1
+	if o.Plot != "" {
+		if err := rep.Plot(o.Plot); err != nil {
+			errs = append(errs, fmt.Errorf("--plot: %w", err))
 		}
 	}
-	return code
+	return errors.Join(errs...)
+}
+
+// config checks o and turns it into a Config.
+func (o Options) config() (Config, error) {
+	if o.Rounds < 0 {
+		return Config{}, fmt.Errorf("%w: --rounds %d is negative", ErrUsage, o.Rounds)
+	}
+	cfg := DefaultConfig()
+	if o.Quick {
+		cfg = QuickConfig()
+	}
+	if o.Rounds > 0 {
+		cfg.Rounds = o.Rounds
+	}
+	if o.Plot != "" {
+		// Checked before the run, not after it: the format follows the extension.
+		if ext := strings.ToLower(filepath.Ext(o.Plot)); ext != ".png" && ext != ".svg" {
+			return Config{}, fmt.Errorf("%w: --plot %q: the file name must end in .png or .svg", ErrUsage, o.Plot)
+		}
+	}
+	if o.Only != "" {
+		for _, p := range strings.Split(o.Only, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				cfg.Only = append(cfg.Only, p)
+			}
+		}
+		if len(cfg.Only) == 0 || len(filter(cfg, reportOrder()...)) == 0 {
+			return Config{}, fmt.Errorf("%w: --only %q matches no figure; figure names: %s", ErrUsage, o.Only, strings.Join(reportOrder(), ", "))
+		}
+	}
+	return cfg, nil
 }
 
 // progressWriter is where the progress line goes: w itself on a terminal,

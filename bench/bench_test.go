@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 )
 
@@ -129,9 +130,9 @@ func TestAlternateOrderAndSkips(t *testing.T) {
 
 // fakeSources wires every hook with something cheap, so the smoke run walks
 // every path of Run without the engine.
-func fakeSources() Sources {
+func fakeSources() sources {
 	owner := func() (Op, func() error, error) { return gomapOp(), nil, nil }
-	return Sources{
+	return sources{
 		KeysGet: owner,
 		KeysSetOwner: func() (func([]time.Duration) error, func() error, error) {
 			return func(lat []time.Duration) error {
@@ -252,17 +253,15 @@ func TestSmokeReport(t *testing.T) {
 }
 
 func TestMainFlags(t *testing.T) {
+	// Parsing (unknown flags, arguments, -h) is the cobra command's: cmd/shmsteer's tests.
 	var out, errb bytes.Buffer
-	require.Equal(t, 2, Main([]string{"--bogus"}, Sources{}, &out, &errb))
-	require.Equal(t, 2, Main([]string{"extra"}, Sources{}, &out, &errb))
-	require.Equal(t, 0, Main([]string{"-h"}, Sources{}, &out, &errb))
-	require.Contains(t, errb.String(), "--quick")
-
+	fs := pflag.NewFlagSet("bench", pflag.ContinueOnError)
+	o := BindFlags(fs)
 	dir := t.TempDir()
 	js, png := filepath.Join(dir, "b.json"), filepath.Join(dir, "b.png")
-	out.Reset()
-	code := Main([]string{"--quick", "--rounds", "2", "--only", "keys.get.gomap,mem.", "--json", js, "--plot", png}, Sources{}, &out, &errb)
-	require.Equal(t, 0, code, errb.String())
+	require.NoError(t, fs.Parse([]string{"--quick", "--rounds", "2", "--only", "keys.get.gomap,mem.", "--json", js, "--plot", png}))
+	require.Equal(t, Options{Quick: true, Rounds: 2, Only: "keys.get.gomap,mem.", JSON: js, Plot: png}, *o)
+	require.NoError(t, runMain(*o, sources{}, &out, &errb), errb.String())
 	require.Contains(t, out.String(), "keys.get.gomap_ns")
 	require.Contains(t, out.String(), "skipped mem.tp8_ratio")
 	b, err := os.ReadFile(js)
@@ -275,7 +274,9 @@ func TestMainFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, st.Size())
 
-	require.Equal(t, 1, Main([]string{"--only", "mem.", "--json", filepath.Join(dir, "no", "such", "dir.json")}, Sources{}, &out, &errb))
+	err = runMain(Options{Only: "mem.", JSON: filepath.Join(dir, "no", "such", "dir.json")}, sources{}, &out, &errb)
+	require.ErrorContains(t, err, "--json")
+	require.NotErrorIs(t, err, ErrUsage)
 }
 
 func TestChildDriver(t *testing.T) {
@@ -318,7 +319,7 @@ func TestThroughputWithGoChildren(t *testing.T) {
 	// microseconds on a loaded machine) is the whole window.
 	cfg := Config{Rounds: 3, Target: 5 * time.Millisecond}
 	cfg.Only = []string{"keys.get.throughput_2readers"}
-	rep := Run(cfg, Sources{KeysReaderProcs: gomapProcs})
+	rep := Run(cfg, sources{KeysReaderProcs: gomapProcs})
 	require.Len(t, rep.Figures, 1)
 	f := rep.Figures[0]
 	require.Empty(t, f.Skipped)

@@ -256,6 +256,7 @@ const childTimeout = 60 * time.Second
 // builtinRoles are always available to [RunChildIfRequested].
 var builtinRoles = map[string]ChildFunc{
 	"bench.gomap": gomapChild,
+	keysChildRole: keysChild,
 }
 
 // RunChildIfRequested returns at once unless ChildEnv is set. If it is, this

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// ErrNotWired reports a shmsteer contender whose hook in [Sources] is nil.
+// ErrNotWired reports a shmsteer contender whose hook in sources is nil.
 var ErrNotWired = errors.New("shmsteer: bench: not wired")
 
 // ErrBadOp reports an Op that returned a non-positive duration, which would

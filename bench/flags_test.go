@@ -14,22 +14,25 @@ import (
 func TestMainRejectsBeforeRunning(t *testing.T) {
 	dir := t.TempDir()
 	cases := map[string]struct {
-		args []string
+		opts Options
 		want []string
 	}{
-		"plot txt":    {[]string{"--only", "keys.get.gomap", "--plot", filepath.Join(dir, "x.txt")}, []string{"--plot", "x.txt", ".png or .svg"}},
-		"plot no ext": {[]string{"--plot", filepath.Join(dir, "chart")}, []string{".png or .svg"}},
-		"only nosuch": {[]string{"--only", "nosuch"}, []string{`--only "nosuch" matches no figure`, "keys.get.gomap_ns"}},
-		"only near":   {[]string{"--only", "keys.get.x,kernels.mul"}, []string{"matches no figure"}},
-		"only empty":  {[]string{"--only", " , "}, []string{"matches no figure"}},
+		"plot txt":    {Options{Only: "keys.get.gomap", Plot: filepath.Join(dir, "x.txt")}, []string{"--plot", "x.txt", ".png or .svg"}},
+		"plot no ext": {Options{Plot: filepath.Join(dir, "chart")}, []string{".png or .svg"}},
+		"only nosuch": {Options{Only: "nosuch"}, []string{`--only "nosuch" matches no figure`, "keys.get.gomap_ns"}},
+		"only near":   {Options{Only: "keys.get.x,kernels.mul"}, []string{"matches no figure"}},
+		"only empty":  {Options{Only: " , "}, []string{"matches no figure"}},
+		"rounds -1":   {Options{Rounds: -1}, []string{"--rounds -1"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			var out, errb bytes.Buffer
-			require.Equal(t, 2, Main(tc.args, Sources{}, &out, &errb))
+			err := runMain(tc.opts, sources{}, &out, &errb)
+			require.ErrorIs(t, err, ErrUsage)
 			require.Empty(t, out.String(), "nothing ran")
+			require.Empty(t, errb.String(), "nothing ran")
 			for _, w := range tc.want {
-				require.Contains(t, errb.String(), w)
+				require.ErrorContains(t, err, w)
 			}
 		})
 	}
@@ -39,7 +42,7 @@ func TestMainRejectsBeforeRunning(t *testing.T) {
 // update.
 func TestProgressWithoutTerminal(t *testing.T) {
 	var out, errb bytes.Buffer
-	require.Equal(t, 0, Main([]string{"--quick", "--rounds", "1", "--only", "keys.get.gomap"}, Sources{}, &out, &errb), errb.String())
+	require.NoError(t, runMain(Options{Quick: true, Rounds: 1, Only: "keys.get.gomap"}, sources{}, &out, &errb), errb.String())
 	require.NotContains(t, errb.String(), "\033")
 	require.NotContains(t, errb.String(), "\r")
 	require.Contains(t, errb.String(), "[1/1] keys.get.gomap_ns setup\n")

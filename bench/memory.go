@@ -20,7 +20,7 @@ const (
 // memoryOverhead measures what a region really holds: the pages resident in its two memfds
 // (st_blocks, so untouched index and arena pages count nothing) against the payload stored.
 // mem.overhead_ratio is resident bytes per payload byte. (mem.tp8_ratio is measured with real
-// rank processes: Sources.TP8.)
+// rank processes: sources.TP8.)
 func memoryOverhead() (float64, error) {
 	overhead, _, err := memoryRatios()
 	return overhead, err

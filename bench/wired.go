@@ -1,37 +1,32 @@
 package bench
 
 import (
-	"sync"
-
+	"github.com/shmsteer/shmsteer/internal/ccompare"
 	"github.com/shmsteer/shmsteer/kernels"
-	"github.com/shmsteer/shmsteer/kernels/ccompare"
 )
 
-var (
-	wiringMu sync.Mutex
-	wirings  []func(*Sources)
-)
-
-// RegisterSources adds fill to the hooks EngineSources applies, in registration order. A
-// package that provides contenders (cmd/shmsteer's *bench*.go files) registers them from init,
-// so a new figure needs no edit of the command's main.
-func RegisterSources(fill func(*Sources)) {
-	wiringMu.Lock()
-	defer wiringMu.Unlock()
-	wirings = append(wirings, fill)
-}
-
-// EngineSources returns the Sources whose engine side lives below cmd/shmsteer: the add kernel
-// (kernels.AddRows, whichever path kernels selected), the gcc variants of the C comparison
-// (kernels/ccompare, skipped with its reason when built without cgo) and the memory overhead,
-// then applies every RegisterSources hook (the contenders that need processes or the steering
-// engine).
-func EngineSources() Sources {
-	src := Sources{AddRows: kernels.AddRows, AddRowsC: ccompare.AddRowsVariantRepeat, CVariants: ccompare.Variants, Memory: memoryOverhead}
-	wiringMu.Lock()
-	defer wiringMu.Unlock()
-	for _, fill := range wirings {
-		fill(&src)
+// engineSources are the shmsteer contenders: the add kernel (kernels.AddRows, whichever path
+// kernels selected), the gcc variants of the C comparison (internal/ccompare, skipped with its
+// reason when built without cgo), keys read and written by attached child processes
+// (keysbench.go), the owner's Set, the steering steps (stepbench.go, decodebench.go) and the
+// memory figures (memory.go, tp8bench.go).
+func engineSources() sources {
+	return sources{
+		KeysGet:          keysChildSetup("get"),
+		KeysGetCold:      keysGetCold,
+		KeysSetClient:    keysChildSetup("set"),
+		KeysSetOwner:     keysSetOwner,
+		KeysReaderProcs:  keyReaderProcs,
+		AddRows:          kernels.AddRows,
+		AddRowsC:         ccompare.AddRowsVariantRepeat,
+		CVariants:        ccompare.Variants,
+		StepMixed:        stepMixed,
+		StepKernel:       stepKernel,
+		StepDecodeMixed:  decodeMixed(false),
+		StepDecodeKernel: decodeKernel(false),
+		StepDecodeSparse: decodeMixed(true),
+		StepSparseKernel: decodeKernel(true),
+		Memory:           memoryOverhead,
+		TP8:              tp8Ratio,
 	}
-	return src
 }

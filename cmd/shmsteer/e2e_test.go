@@ -239,7 +239,14 @@ func TestCLIHelpAndExitCodes(t *testing.T) {
 		{[]string{"serve", "--latch-policy", "random"}, 2, "", "latch_policy", true},
 		{[]string{"vectors", "show"}, 2, "", "takes 1 argument", true},
 		{[]string{"status", "--namespace", "e2e-nobody-here"}, 1, "", "no owner answers", true},
-		{[]string{"demo", "-nope"}, 2, "", "flag provided but not defined", true},
+		{[]string{"demo", "--nope"}, 2, "", "unknown flag: --nope", true},
+		{[]string{"demo", "extra"}, 2, "", "takes 0 argument(s)", true},
+		{[]string{"demo", "--workers", "0"}, 2, "", "--workers must be at least 1 (got 0)", true},
+		{[]string{"bench", "--help"}, 0, "--only PREFIXES", "", false},
+		{[]string{"bench", "--bogus"}, 2, "", "unknown flag: --bogus", true},
+		{[]string{"bench", "extra"}, 2, "", "takes 0 argument(s)", true},
+		{[]string{"bench", "--rounds", "-1"}, 2, "", "--rounds -1 is negative", true},
+		{[]string{"bench", "--plot", "chart.txt"}, 2, "", ".png or .svg", true},
 	} {
 		t.Run(strings.Join(tc.args, "_"), func(t *testing.T) {
 			cmd := exec.Command(binPath, tc.args...)

@@ -21,14 +21,16 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/shmsteer/shmsteer/bench"
+	"github.com/shmsteer/shmsteer/internal/demo"
 	"github.com/shmsteer/shmsteer/serve"
-	"github.com/shmsteer/shmsteer/steer/demo"
+	"github.com/shmsteer/shmsteer/steer"
 )
 
 // defaultVersion is reported when the binary carries no module version (a plain go build).
@@ -37,7 +39,7 @@ const defaultVersion = "v0.0.0-dev"
 func main() {
 	// Re-executed children take their role from the environment before any flag parsing.
 	demo.RunWorkerIfRequested()
-	bench.RunChildIfRequested(map[string]bench.ChildFunc{keysChildRole: keysChild})
+	bench.RunChildIfRequested(nil)
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -46,7 +48,7 @@ type usageError struct{ error }
 
 func (e usageError) Unwrap() error { return e.error }
 
-// exitCode is set by commands that run their own main (demo, bench).
+// exitCode is returned by a command group called without a subcommand (help printed, exit 2).
 type exitCode int
 
 func (e exitCode) Error() string { return fmt.Sprintf("exit %d", int(e)) }
@@ -62,7 +64,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ec) {
 		return int(ec)
 	}
-	fmt.Fprintf(stderr, "shmsteer: %v\n", err)
+	// One "shmsteer:" prefix: the library's errors carry it already.
+	fmt.Fprintf(stderr, "shmsteer: %s\n", strings.TrimPrefix(err.Error(), "shmsteer: "))
 	var ue usageError
 	if errors.As(err, &ue) {
 		fmt.Fprintln(stderr, "Run 'shmsteer help' or 'shmsteer COMMAND --help' for usage.")
@@ -243,7 +246,7 @@ and/or --ref NAME[=STRENGTH] (a registered named vector in the base tier).`,
 	globalSet.Flags().BoolVar(&replace, "replace", false, "replace all global steering instead of merging")
 	globalClear := &cobra.Command{Use: "clear", Short: "Clear global steering", Args: args(0),
 		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error {
-			v, err := cs.Engine.SetGlobalAny(steerEmpty())
+			v, err := cs.Engine.SetGlobalAny(steer.Steering{})
 			if err == nil {
 				fmt.Fprintf(stdout, "global steering cleared at version %d\n", v)
 			}
@@ -254,26 +257,21 @@ and/or --ref NAME[=STRENGTH] (a registered named vector in the base tier).`,
 	globalCmd.AddCommand(globalSet, globalClear)
 	steerCmd.AddCommand(globalCmd)
 
-	// demo and bench keep their own flag sets: arguments pass through untouched.
-	// `help demo` prints their own flags on stdout.
-	passThrough := func(use, short string, main func(a []string, stdout, stderr io.Writer) int) *cobra.Command {
-		c := &cobra.Command{Use: use + " [flags]", Short: short, DisableFlagParsing: true,
-			RunE: func(_ *cobra.Command, a []string) error {
-				if c := main(a, stdout, stderr); c != 0 {
-					return exitCode(c)
-				}
-				return nil
-			}}
-		c.SetHelpFunc(func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintf(stdout, "%s\n\n", cmd.Short)
-			main([]string{"-h"}, stdout, stdout)
-		})
-		return c
-	}
-	demoCmd := passThrough("demo", "Run the demo: an owner and worker processes steering through one region",
-		func(a []string, o, e io.Writer) int { return demo.Main(a, o, e) })
-	benchCmd := passThrough("bench", "Run the benchmarks against the alternatives",
-		func(a []string, o, e io.Writer) int { return bench.Main(a, benchSources(), o, e) })
+	var demoOpts *demo.Options
+	demoCmd := &cobra.Command{Use: "demo", Short: "Run the demo: an owner and worker processes steering through one region", Args: args(0),
+		RunE: func(*cobra.Command, []string) error {
+			return usageIf(demo.Main(*demoOpts, stdout, stderr), demo.ErrUsage)
+		}}
+	demoOpts = demo.BindFlags(demoCmd.Flags())
+	var benchOpts *bench.Options
+	benchCmd := &cobra.Command{Use: "bench", Short: "Run the benchmarks against the alternatives", Args: args(0),
+		Long: `Run the benchmarks: shmsteer against what users would pick instead, contenders alternating
+round by round, medians reported. The table goes to stdout, progress to stderr; a figure
+that cannot run here is reported as skipped with the reason.`,
+		RunE: func(*cobra.Command, []string) error {
+			return usageIf(bench.Main(*benchOpts, stdout, stderr), bench.ErrUsage)
+		}}
+	benchOpts = bench.BindFlags(benchCmd.Flags())
 
 	versionCmd := &cobra.Command{Use: "version", Short: "Print the version", Args: args(0),
 		Run: func(*cobra.Command, []string) { fmt.Fprintf(stdout, "shmsteer %s\n", version()) }}
@@ -285,11 +283,10 @@ and/or --ref NAME[=STRENGTH] (a registered named vector in the base tier).`,
 	return root
 }
 
-// benchSources fills the bench hooks that need the steering engine or attached processes.
-func benchSources() bench.Sources {
-	src := bench.EngineSources()
-	src.StepMixed, src.StepKernel = stepMixed, stepKernel
-	src.KeysGet, src.KeysSetClient, src.KeysSetOwner = keysChildSetup("get"), keysChildSetup("set"), keysSetOwner
-	src.KeysReaders = func(k int) ([]bench.Op, func() error, error) { return keysFromChildren("get", k) }
-	return src
+// usageIf makes err a usage error (exit 2) when it wraps sentinel.
+func usageIf(err, sentinel error) error {
+	if errors.Is(err, sentinel) {
+		return usageError{err}
+	}
+	return err
 }

@@ -1,23 +1,15 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
-
-	"github.com/shmsteer/shmsteer/bench"
-	"github.com/stretchr/testify/require"
 )
 
-// The bench re-executes this binary for its children, so the test binary must serve the child
-// roles as main does.
-// It also builds the shmsteer binary once into a temporary directory for the end-to-end tests.
+// TestMain builds the shmsteer binary once into a temporary directory for the end-to-end tests.
 func TestMain(m *testing.M) {
 	runNATSIfRequested()
-	bench.RunChildIfRequested(map[string]bench.ChildFunc{keysChildRole: keysChild})
 	dir, err := os.MkdirTemp("", "shmsteer-e2e-")
 	if err != nil {
 		panic(err)
@@ -30,41 +22,4 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// TestBenchSmoke runs a tiny pass of `shmsteer bench` with the real engine sources: keys read
-// and written by attached child processes, the owner's Set, the 2-reader scaling, the step
-// figures and the memory figures, and checks the JSON records.
-func TestBenchSmoke(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "out.json")
-	var stdout, stderr bytes.Buffer
-	code := bench.Main([]string{"--quick", "--rounds", "1", "--json", out,
-		"--only", "keys.get.shmsteer,keys.set.client,keys.set.owner,keys.get.gomap,keys.get.throughput,keys.get.cold,steer.,mem.,kernels.add.16k"},
-		benchSources(), &stdout, &stderr)
-	require.Zero(t, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
-	raw, err := os.ReadFile(out)
-	require.NoError(t, err)
-	var recs []bench.Figure
-	require.NoError(t, json.Unmarshal(raw, &recs))
-	got := map[string]bench.Figure{}
-	for _, r := range recs {
-		got[r.Name] = r
-	}
-	for _, name := range []string{"keys.get.shmsteer_ns", "keys.set.client_ns", "keys.set.owner_ns", "keys.set.owner_p99_ns",
-		"keys.get.gomap_ns", "keys.get.throughput_2readers_x", "keys.get.throughput_2gomaps_x",
-		"steer.step.prefill.mixed_ns", "steer.step.prefill.kernel_ns", "steer.step.decode.mixed_ns", "steer.step.decode.kernel_ns",
-		"steer.step.decode.sparse_ns", "steer.step.decode.sparse_kernel_ns",
-		"mem.overhead_ratio", "mem.tp8_ratio", "kernels.add.16k.shmsteer_ns", "kernels.add.16k.goloop_ns"} {
-		require.Contains(t, got, name, stdout.String())
-		require.Greater(t, got[name].Value, 0.0, name)
-	}
-	for _, pair := range [][2]string{{"steer.step.prefill.mixed_ns", "steer.step.prefill.kernel_ns"},
-		{"steer.step.decode.mixed_ns", "steer.step.decode.kernel_ns"}, {"steer.step.decode.sparse_ns", "steer.step.decode.sparse_kernel_ns"}} {
-		require.Equal(t, pair[1], got[pair[0]].Baseline)
-		require.InDelta(t, got[pair[0]].Value/got[pair[1]].Value, got[pair[0]].Ratio, 1e-9)
-	}
-	require.NotContains(t, got, "keys.get.scaling_2readers", "removed by issue 13")
-	// --quick leaves out the 1M-key region and says so.
-	require.Contains(t, stdout.String(), "skipped keys.get.cold.shmsteer_ns: skipped in --quick")
-	require.Contains(t, got["mem.tp8_ratio"].Note, "rank processes attached")
 }

@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -22,6 +21,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
@@ -30,17 +31,22 @@ import (
 // RoleEnv marks a re-executed worker; its value is the worker number.
 const RoleEnv = "SHMSTEER_DEMO_WORKER"
 
-// params are the demo's sizes, sent to every worker.
+// Options are the demo's sizes, the flags of `shmsteer demo` ([BindFlags] defines them).
+type Options struct {
+	Workers  int    `json:"workers"`           // worker processes
+	Steps    int    `json:"steps"`             // generation steps
+	Hidden   int    `json:"hidden"`            // hidden size
+	Layers   int    `json:"layers"`            // layers, each with the 5 default hooks
+	Tokens   int    `json:"tokens"`            // at most this many rows per step
+	Requests int    `json:"requests"`          // requests in flight
+	Seed     uint64 `json:"seed"`              // seed of the synthetic workload
+	MaxConv  int    `json:"max_conversations"` // latch count cap
+	MaxBytes int64  `json:"max_latched_bytes"` // latch byte cap
+}
+
+// params are what every worker is sent: the options and the owner's namespace.
 type params struct {
-	Workers   int    `json:"workers"`
-	Steps     int    `json:"steps"`
-	Hidden    int    `json:"hidden"`
-	Layers    int    `json:"layers"`
-	Tokens    int    `json:"tokens"`
-	Requests  int    `json:"requests"`
-	Seed      uint64 `json:"seed"`
-	MaxConv   int    `json:"max_conversations"`
-	MaxBytes  int64  `json:"max_latched_bytes"`
+	Options
 	Namespace string `json:"namespace"`
 }
 
@@ -68,47 +74,41 @@ type reply struct {
 	Err        string `json:"err,omitempty"`
 }
 
-// Main runs `shmsteer demo` with args (without the subcommand) and returns the exit code.
-func Main(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("shmsteer demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	p := params{}
-	fs.IntVar(&p.Workers, "workers", 2, "worker processes")
-	fs.IntVar(&p.Steps, "steps", 160, "generation steps")
-	fs.IntVar(&p.Hidden, "hidden", 2048, "hidden size")
-	fs.IntVar(&p.Layers, "layers", 8, "layers (each with the 5 default hooks)")
-	fs.IntVar(&p.Tokens, "tokens", 128, "at most this many rows per step")
-	fs.IntVar(&p.Requests, "requests", 48, "requests in flight")
+// BindFlags defines the flags of `shmsteer demo` on fs, with their defaults, and returns where
+// they land.
+func BindFlags(fs *pflag.FlagSet) *Options {
+	o := &Options{}
+	fs.IntVar(&o.Workers, "workers", 2, "worker processes")
+	fs.IntVar(&o.Steps, "steps", 160, "generation steps")
+	fs.IntVar(&o.Hidden, "hidden", 2048, "hidden size")
+	fs.IntVar(&o.Layers, "layers", 8, "layers (each with the 5 default hooks)")
+	fs.IntVar(&o.Tokens, "tokens", 128, "at most this many rows per step")
+	fs.IntVar(&o.Requests, "requests", 48, "requests in flight")
 	// Small latch caps by default so a short run shows evictions and oversize refusals; the
 	// library defaults are 1024 conversations and 256 MiB.
-	fs.IntVar(&p.MaxConv, "max-conversations", 16, "latch count cap")
-	fs.Int64Var(&p.MaxBytes, "max-latched-bytes", 256<<10, "latch byte cap")
-	fs.Uint64Var(&p.Seed, "seed", 1, "seed of the synthetic workload")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "shmsteer demo: takes no positional arguments (got %q); see -h\n", fs.Args())
-		return 2
-	}
+	fs.IntVar(&o.MaxConv, "max-conversations", 16, "latch count cap")
+	fs.Int64Var(&o.MaxBytes, "max-latched-bytes", 256<<10, "latch byte cap")
+	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the synthetic workload")
+	return o
+}
+
+// ErrUsage reports option values the demo cannot run with (found before anything starts).
+var ErrUsage = errors.New("shmsteer: demo: bad flags")
+
+// Main runs `shmsteer demo` with o: the summary on stdout, progress and the workers' logs on
+// stderr. It returns an error wrapping [ErrUsage] for a size below 1, before anything starts,
+// or what made the run fail (a reference mismatch, checksums that differ, a worker gone).
+func Main(o Options, stdout, stderr io.Writer) error {
 	for _, f := range []struct {
 		name string
 		v    int64
-	}{{"workers", int64(p.Workers)}, {"steps", int64(p.Steps)}, {"hidden", int64(p.Hidden)}, {"layers", int64(p.Layers)},
-		{"tokens", int64(p.Tokens)}, {"requests", int64(p.Requests)}, {"max-conversations", int64(p.MaxConv)}, {"max-latched-bytes", p.MaxBytes}} {
+	}{{"workers", int64(o.Workers)}, {"steps", int64(o.Steps)}, {"hidden", int64(o.Hidden)}, {"layers", int64(o.Layers)},
+		{"tokens", int64(o.Tokens)}, {"requests", int64(o.Requests)}, {"max-conversations", int64(o.MaxConv)}, {"max-latched-bytes", o.MaxBytes}} {
 		if f.v < 1 {
-			fmt.Fprintf(stderr, "shmsteer demo: -%s must be at least 1 (got %d)\n", f.name, f.v)
-			return 2
+			return fmt.Errorf("%w: --%s must be at least 1 (got %d)", ErrUsage, f.name, f.v)
 		}
 	}
-	if err := run(p, stdout, stderr); err != nil {
-		fmt.Fprintln(stderr, "shmsteer demo:", err)
-		return 1
-	}
-	return 0
+	return run(params{Options: o}, stdout, stderr)
 }
 
 type worker struct {
@@ -146,35 +146,88 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	return l.w.Write(b)
 }
 
+// cluster is the demo's owner side: the region's owner and engine, the worker processes and
+// the named vectors they all know.
+type cluster struct {
+	p       params
+	cfg     steer.ModelConfig
+	secret  string // hex, handed to the workers in their environment
+	owner   *ipc.Owner
+	eng     *steer.Engine
+	workers []*worker
+	names   []string
+	stderr  io.Writer
+}
+
+// tally sums the workers' replies over the run.
+type tally struct {
+	sums                       []uint64
+	applyNs, bareNs, lookupNs  []int64
+	lookups                    []int
+	mismatches, disagree, rows int
+	firstBad                   string
+}
+
 func run(p params, stdout, stderr io.Writer) error {
 	start := time.Now()
 	stderr = &lockedWriter{w: stderr}
-	secretHex := make([]byte, 32)
-	if _, err := rand.Read(secretHex); err != nil {
+	c, err := startOwner(p, stderr)
+	if err != nil {
 		return err
 	}
-	secretStr := hex.EncodeToString(secretHex)
-	secret := ipc.NewSecret([]byte(secretStr))
-	p.Namespace = fmt.Sprintf("demo-%d", os.Getpid())
-	cfg := steer.ModelConfig{Hidden: p.Hidden, Layers: p.Layers}
+	defer c.owner.Close()
+	rng := mrand.New(mrand.NewPCG(p.Seed, 7))
+	if err := c.registerVectors(rng); err != nil {
+		return err
+	}
+	stop, err := c.startWorkers()
+	defer stop()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "shmsteer demo: owner pid %d, %s attached (%s), %d steps of ≤%d rows over %d layers × %d hooks, hidden %d\n",
+		os.Getpid(), plural(p.Workers, "worker"), plural(c.owner.Clients(), "client"), p.Steps, p.Tokens, p.Layers, c.cfg.NumHooks(), p.Hidden)
+	t, err := c.steps(newDriver(c.eng, c.owner.Keys(), c.cfg, c.names, p, rng))
+	if err != nil {
+		return err
+	}
+	for _, w := range c.workers {
+		w.in.Encode(stepMsg{Quit: true})
+	}
+	status, err := c.eng.Status()
+	if err != nil {
+		return err
+	}
+	return c.report(stdout, t, status, time.Since(start))
+}
+
+// startOwner creates the region for p's model under a fresh secret and namespace, and the
+// steering engine over it, serving the workers' writes.
+func startOwner(p params, stderr io.Writer) (*cluster, error) {
+	secretHex := make([]byte, 32)
+	if _, err := rand.Read(secretHex); err != nil {
+		return nil, err
+	}
+	c := &cluster{p: p, cfg: steer.ModelConfig{Hidden: p.Hidden, Layers: p.Layers}, secret: hex.EncodeToString(secretHex), stderr: stderr}
+	secret := ipc.NewSecret([]byte(c.secret))
+	c.p.Namespace = fmt.Sprintf("demo-%d", os.Getpid())
 	arena := int64(64 << 20)
 	if need := int64(p.Requests*8+64) * int64(p.Hidden) * 4 * 4; need > arena {
 		arena = (need + 63) &^ 63
 	}
-	rc, err := steer.RegionConfig(cfg, shm.Config{IndexSlots: 1 << 14, ArenaBytes: arena})
+	rc, err := steer.RegionConfig(c.cfg, shm.Config{IndexSlots: 1 << 14, ArenaBytes: arena})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	owner, err := ipc.NewOwner(ipc.OwnerOptions{Secret: &secret, Namespace: p.Namespace, Region: rc, Grace: time.Second})
+	c.owner, err = ipc.NewOwner(ipc.OwnerOptions{Secret: &secret, Namespace: c.p.Namespace, Region: rc, Grace: time.Second})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer owner.Close()
 	var logged int
-	eng, err := steer.Open(owner.Region(), &cfg, steer.Options{Clients: owner.Clients,
+	c.eng, err = steer.Open(c.owner.Region(), &c.cfg, steer.Options{Clients: c.owner.Clients,
 		Latch: steer.LatchConfig{MaxConversations: p.MaxConv, MaxLatchedBytes: p.MaxBytes}, Logf: func(f string, a ...any) {
 			if logged == 0 {
-				fmt.Fprintf(stderr, "shmsteer demo: the latch warnings below are behaviours this run demonstrates, not faults: its latch caps are small (-max-conversations %d, -max-latched-bytes %d) so large overrides are not latched, and it re-registers named vectors so latches that reference them are dropped\n",
+				fmt.Fprintf(stderr, "shmsteer demo: the latch warnings below are behaviours this run demonstrates, not faults: its latch caps are small (--max-conversations %d, --max-latched-bytes %d) so large overrides are not latched, and it re-registers named vectors so latches that reference them are dropped\n",
 					p.MaxConv, p.MaxBytes)
 			}
 			if logged < 5 {
@@ -183,146 +236,155 @@ func run(p params, stdout, stderr io.Writer) error {
 			logged++
 		}})
 	if err != nil {
-		return err
+		c.owner.Close()
+		return nil, err
 	}
-	eng.Serve(func(op uint16, h func([]byte) ([]byte, error)) { owner.Handle(op, h) })
+	c.eng.Serve(func(op uint16, h func([]byte) ([]byte, error)) { c.owner.Handle(op, h) })
+	return c, nil
+}
 
-	// Named vectors registered by the owner; each worker registers one more over RPC.
-	rng := mrand.New(mrand.NewPCG(p.Seed, 7))
-	var names []string
+// registerVectors registers the owner's four named vectors; each worker registers one more
+// over RPC when it starts.
+func (c *cluster) registerVectors(rng *mrand.Rand) error {
 	for i := range 4 {
 		name := fmt.Sprint("owner-vec-", i)
-		if _, err := eng.Register(name, randomSet(rng, cfg, 1+rng.IntN(6))); err != nil {
+		if _, err := c.eng.Register(name, randomSet(rng, c.cfg, 1+rng.IntN(6))); err != nil {
 			return err
 		}
-		names = append(names, name)
+		c.names = append(c.names, name)
+	}
+	return nil
+}
+
+// startWorkers re-executes this binary as p.Workers workers and reads each one's hello. The
+// returned stop closes their stdin and waits for them (call it even on error).
+func (c *cluster) startWorkers() (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, f := range stops {
+			f()
+		}
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return err
+		return stop, err
 	}
-	pj, _ := json.Marshal(p)
-	workers := make([]*worker, p.Workers)
-	for i := range workers {
+	pj, _ := json.Marshal(c.p)
+	c.workers = make([]*worker, c.p.Workers)
+	for i := range c.workers {
 		cmd := exec.Command(self)
-		cmd.Env = append(os.Environ(), RoleEnv+"="+fmt.Sprint(i+1), ipc.SecretEnv+"="+secretStr, "SHMSTEER_DEMO_PARAMS="+string(pj))
-		cmd.Stderr = stderr
+		cmd.Env = append(os.Environ(), RoleEnv+"="+fmt.Sprint(i+1), ipc.SecretEnv+"="+c.secret, "SHMSTEER_DEMO_PARAMS="+string(pj))
+		cmd.Stderr = c.stderr
 		in, err := cmd.StdinPipe()
 		if err != nil {
-			return err
+			return stop, err
 		}
 		outp, err := cmd.StdoutPipe()
 		if err != nil {
-			return err
+			return stop, err
 		}
 		if err := cmd.Start(); err != nil {
-			return err
+			return stop, err
 		}
 		sc := bufio.NewScanner(outp)
 		sc.Buffer(make([]byte, 1<<16), 1<<24)
-		workers[i] = &worker{cmd: cmd, in: json.NewEncoder(in), out: sc}
-		defer func() {
-			in.Close()
-			cmd.Wait()
-		}()
+		c.workers[i] = &worker{cmd: cmd, in: json.NewEncoder(in), out: sc}
+		stops = append([]func(){func() { in.Close(); cmd.Wait() }}, stops...)
 	}
-	for _, w := range workers {
+	for _, w := range c.workers {
 		r, err := w.read()
 		if err != nil {
-			return fmt.Errorf("worker start: %w", err)
+			return stop, fmt.Errorf("worker start: %w", err)
 		}
-		names = append(names, r.Registered)
+		c.names = append(c.names, r.Registered)
 	}
-	fmt.Fprintf(stderr, "shmsteer demo: owner pid %d, %s attached (%s), %d steps of ≤%d rows over %d layers × %d hooks, hidden %d\n",
-		os.Getpid(), plural(p.Workers, "worker"), plural(owner.Clients(), "client"), p.Steps, p.Tokens, p.Layers, cfg.NumHooks(), p.Hidden)
+	return stop, nil
+}
 
-	drv := newDriver(eng, owner.Keys(), cfg, names, p, rng)
-	var (
-		sums       = make([]uint64, p.Workers)
-		applyNs    = make([]int64, p.Workers)
-		bareNs     = make([]int64, p.Workers)
-		lookups    = make([]int, p.Workers)
-		lookupNs   = make([]int64, p.Workers)
-		mismatches int
-		disagree   int
-		rows       int
-		firstBad   string
-	)
-	for step := range p.Steps {
+// steps runs the p.Steps steps: the driver lays out each batch, every worker applies it at one
+// pinned version and answers with its checksum, and the replies are summed.
+func (c *cluster) steps(drv *driver) (*tally, error) {
+	n := c.p.Workers
+	t := &tally{sums: make([]uint64, n), applyNs: make([]int64, n), bareNs: make([]int64, n), lookupNs: make([]int64, n), lookups: make([]int, n)}
+	for step := range c.p.Steps {
 		batch, err := drv.step(step)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		// Pin the version for every rank: whatever the owner writes next, they apply this state.
-		snap, err := owner.Region().Snapshot()
+		first, err := c.step(step, batch, t)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		msg := stepMsg{Step: step, Version: snap.Version(), Batch: batch}
-		for _, w := range workers {
-			if err := w.in.Encode(msg); err != nil {
-				snap.Close()
-				return fmt.Errorf("worker gone: %w", err)
-			}
-		}
-		var first uint64
-		for i, w := range workers {
-			r, err := w.read()
-			if err != nil {
-				snap.Close()
-				return fmt.Errorf("worker %d step %d: %w", i+1, step, err)
-			}
-			if i == 0 {
-				first = r.Sum
-			} else if r.Sum != first {
-				disagree++
-			}
-			sums[i] = sums[i]*0x100000001b3 ^ r.Sum
-			applyNs[i] += r.ApplyNs
-			bareNs[i] += r.BareNs
-			lookups[i] += r.Lookups
-			lookupNs[i] += r.LookupNs
-			mismatches += r.Mismatches
-			if firstBad == "" && r.FirstBad != "" {
-				firstBad = fmt.Sprintf("worker %d step %d: %s", i+1, step, r.FirstBad)
-			}
-			if i == 0 {
-				rows += r.Rows
-			}
-		}
-		snap.Close()
-		if (step+1)%max(1, p.Steps/10) == 0 || step+1 == p.Steps {
-			fmt.Fprintf(stderr, "  step %4d/%d  requests %3d  rows %3d  checksum %016x\n", step+1, p.Steps, drv.live(), len(batch), first)
+		if (step+1)%max(1, c.p.Steps/10) == 0 || step+1 == c.p.Steps {
+			fmt.Fprintf(c.stderr, "  step %4d/%d  requests %3d  rows %3d  checksum %016x\n", step+1, c.p.Steps, drv.live(), len(batch), first)
 		}
 	}
-	for _, w := range workers {
-		w.in.Encode(stepMsg{Quit: true})
-	}
-	status, err := eng.Status()
-	if err != nil {
-		return err
-	}
+	return t, nil
+}
 
+// step sends one batch to every worker at a pinned version and adds their replies to t; it
+// returns the first worker's checksum.
+func (c *cluster) step(step int, batch []steer.Span, t *tally) (uint64, error) {
+	// Pin the version for every rank: whatever the owner writes next, they apply this state.
+	snap, err := c.owner.Region().Snapshot()
+	if err != nil {
+		return 0, err
+	}
+	defer snap.Close()
+	msg := stepMsg{Step: step, Version: snap.Version(), Batch: batch}
+	for _, w := range c.workers {
+		if err := w.in.Encode(msg); err != nil {
+			return 0, fmt.Errorf("worker gone: %w", err)
+		}
+	}
+	var first uint64
+	for i, w := range c.workers {
+		r, err := w.read()
+		if err != nil {
+			return 0, fmt.Errorf("worker %d step %d: %w", i+1, step, err)
+		}
+		if i == 0 {
+			first = r.Sum
+			t.rows += r.Rows
+		} else if r.Sum != first {
+			t.disagree++
+		}
+		t.sums[i] = t.sums[i]*0x100000001b3 ^ r.Sum
+		t.applyNs[i] += r.ApplyNs
+		t.bareNs[i] += r.BareNs
+		t.lookups[i] += r.Lookups
+		t.lookupNs[i] += r.LookupNs
+		t.mismatches += r.Mismatches
+		if t.firstBad == "" && r.FirstBad != "" {
+			t.firstBad = fmt.Sprintf("worker %d step %d: %s", i+1, step, r.FirstBad)
+		}
+	}
+	return first, nil
+}
+
+// report prints the run's summary and fails it on any mismatch or disagreement.
+func (c *cluster) report(stdout io.Writer, t *tally, status steer.Status, took time.Duration) error {
+	p, cfg := c.p, c.cfg
 	blocks := p.Steps * p.Layers * cfg.NumHooks()
 	fmt.Fprintf(stdout, "shmsteer demo: %s, %d steps × %d layers × %d hooks, hidden %d, %d rows in all, %.1fs\n",
-		plural(p.Workers, "worker"), p.Steps, p.Layers, cfg.NumHooks(), p.Hidden, rows, time.Since(start).Seconds())
-	for i := range workers {
-		apply := float64(applyNs[i]) / float64(p.Steps)
-		bare := float64(bareNs[i]) / float64(p.Steps)
+		plural(p.Workers, "worker"), p.Steps, p.Layers, cfg.NumHooks(), p.Hidden, t.rows, took.Seconds())
+	for i := range c.workers {
+		apply := float64(t.applyNs[i]) / float64(p.Steps)
+		bare := float64(t.bareNs[i]) / float64(p.Steps)
 		// Not a like-for-like overhead: Apply runs on a block just copied in, composes whatever
 		// the demo's churn changed, and adds each request's own vectors and clamps; the reference
 		// adds one shared vector to the same rows right after, cache-warm. The steady-state cost
 		// of a step against the kernel over the same vectors is `shmsteer bench`'s
 		// steer.step.{prefill,decode}.* figures.
 		fmt.Fprintf(stdout, "worker %d: per-step Apply %.1f µs (%.2f µs per hook×layer; includes recomposition after churn and clamps); one shared vector added to the same rows %.1f µs (ratio %.2f×, not like for like: see `shmsteer bench` steer.step.*); key lookups %.2f M/s; checksum %016x\n",
-			i+1, apply/1e3, apply/1e3*float64(p.Steps)/float64(blocks), bare/1e3, apply/math.Max(bare, 1), float64(lookups[i])/math.Max(float64(lookupNs[i]), 1)*1e3, sums[i])
+			i+1, apply/1e3, apply/1e3*float64(p.Steps)/float64(blocks), bare/1e3, apply/math.Max(bare, 1), float64(t.lookups[i])/math.Max(float64(t.lookupNs[i]), 1)*1e3, t.sums[i])
 	}
 	sj, _ := json.MarshalIndent(status, "", "  ")
 	fmt.Fprintf(stdout, "status: %s\n", sj)
 	fmt.Fprintf(stdout, "latches: %d triggers, %d bridges, %d bridge drops, %d evictions, %d oversize refusals\n",
 		status.Triggers, status.Bridges, status.BridgeDrops, status.Evictions, status.OversizeRefusals)
-	if mismatches > 0 || disagree > 0 {
-		return fmt.Errorf("FAILED: %d reference mismatches (first: %s), %d steps where worker checksums differ", mismatches, firstBad, disagree)
+	if t.mismatches > 0 || t.disagree > 0 {
+		return fmt.Errorf("FAILED: %d reference mismatches (first: %s), %d steps where worker checksums differ", t.mismatches, t.firstBad, t.disagree)
 	}
 	if p.Workers == 1 {
 		fmt.Fprintln(stdout, "OK: the worker matched the reference on every step")

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"crypto/rand"
@@ -10,7 +10,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/shmsteer/shmsteer/bench"
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/shm"
 )
@@ -37,7 +36,7 @@ func benchSecret() error {
 
 // newKeysOwner starts an owner in a fresh namespace holding the bench's 1024 keys of 32 bytes.
 func newKeysOwner() (*ipc.Owner, string, error) {
-	return newOwnerWithKeys(shm.Config{IndexSlots: 4096, ArenaBytes: 8 << 20}, bench.Keys())
+	return newOwnerWithKeys(shm.Config{IndexSlots: 4096, ArenaBytes: 8 << 20}, Keys())
 }
 
 // newOwner starts an owner of a region of config rc in a fresh namespace.
@@ -62,14 +61,14 @@ func newOwner(rc shm.Config) (*ipc.Owner, string, error) {
 }
 
 // newOwnerWithKeys starts an owner of a region of config rc holding keys, key i with value
-// bench.Value(i).
+// Value(i).
 func newOwnerWithKeys(rc shm.Config, keys []string) (*ipc.Owner, string, error) {
 	o, ns, err := newOwner(rc)
 	if err != nil {
 		return nil, "", err
 	}
 	for i, k := range keys {
-		if err := o.Keys().Set(k, bench.Value(i)); err != nil {
+		if err := o.Keys().Set(k, Value(i)); err != nil {
 			o.Close()
 			return nil, "", err
 		}
@@ -78,12 +77,12 @@ func newOwnerWithKeys(rc shm.Config, keys []string) (*ipc.Owner, string, error) 
 }
 
 // keysFromChildren starts an owner and k attached child processes and returns each child's op.
-func keysFromChildren(op string, k int) ([]bench.Op, func() error, error) {
+func keysFromChildren(op string, k int) ([]Op, func() error, error) {
 	procs, cleanup, err := keyReaderProcs(k)
 	if err != nil {
 		return nil, nil, err
 	}
-	var ops []bench.Op
+	var ops []Op
 	for _, p := range procs {
 		ops = append(ops, p.Op(op))
 	}
@@ -91,7 +90,7 @@ func keysFromChildren(op string, k int) ([]bench.Op, func() error, error) {
 }
 
 // keyReaderProcs starts an owner of the hot keys and k attached child processes.
-func keyReaderProcs(k int) ([]*bench.Proc, func() error, error) {
+func keyReaderProcs(k int) ([]*Proc, func() error, error) {
 	o, ns, err := newKeysOwner()
 	if err != nil {
 		return nil, nil, err
@@ -101,8 +100,8 @@ func keyReaderProcs(k int) ([]*bench.Proc, func() error, error) {
 
 // startAttached starts k children attached to o's namespace with args, and a cleanup that
 // closes them and then o.
-func startAttached(o *ipc.Owner, k int, args ...string) ([]*bench.Proc, func() error, error) {
-	var procs []*bench.Proc
+func startAttached(o *ipc.Owner, k int, args ...string) ([]*Proc, func() error, error) {
+	var procs []*Proc
 	cleanup := func() error {
 		var errs []error
 		for _, p := range procs {
@@ -111,7 +110,7 @@ func startAttached(o *ipc.Owner, k int, args ...string) ([]*bench.Proc, func() e
 		return errors.Join(append(errs, o.Close())...)
 	}
 	for range k {
-		p, err := bench.StartChild(keysChildRole, args...)
+		p, err := StartChild(keysChildRole, args...)
 		if err != nil {
 			_ = cleanup()
 			return nil, nil, err
@@ -121,8 +120,8 @@ func startAttached(o *ipc.Owner, k int, args ...string) ([]*bench.Proc, func() e
 	return procs, cleanup, nil
 }
 
-func keysChildSetup(op string) bench.Setup {
-	return func() (bench.Op, func() error, error) {
+func keysChildSetup(op string) Setup {
+	return func() (Op, func() error, error) {
 		ops, cleanup, err := keysFromChildren(op, 1)
 		if err != nil {
 			return nil, nil, err
@@ -148,7 +147,7 @@ func keysSetOwner() (func([]time.Duration) error, func() error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	val := bench.Value(7)
+	val := Value(7)
 	next := 0
 	run := func(lat []time.Duration) error {
 		for i := range lat {
@@ -170,8 +169,8 @@ func keysSetOwner() (func([]time.Duration) error, func() error, error) {
 // The default region's 65,536 index slots cannot hold them: this owner's region has
 // coldIndexSlots slots (2 per key) and an arena for 1M values of 32 bytes (each costs its
 // value, its 36-byte key and a 40-byte header, rounded up to 128 bytes).
-func keysGetCold() (bench.Op, func() error, error) {
-	o, ns, err := newOwnerWithKeys(shm.Config{IndexSlots: coldIndexSlots, ArenaBytes: coldArenaBytes}, bench.ColdKeys())
+func keysGetCold() (Op, func() error, error) {
+	o, ns, err := newOwnerWithKeys(shm.Config{IndexSlots: coldIndexSlots, ArenaBytes: coldArenaBytes}, ColdKeys())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -184,12 +183,12 @@ func keysGetCold() (bench.Op, func() error, error) {
 
 const (
 	coldIndexSlots = 1 << 21
-	coldArenaBytes = bench.ColdNumKeys * 128 * 3 / 2
+	coldArenaBytes = ColdNumKeys * 128 * 3 / 2
 )
 
 // keysChild is the child side: attach with the inherited secret, then serve "get" (through a
 // KeyReader, a worker's per-goroutine read handle) and "set" (an RPC to the owner).
-func keysChild(args []string) (map[string]bench.Op, func() error, error) {
+func keysChild(args []string) (map[string]Op, func() error, error) {
 	if len(args) < 1 || len(args) > 2 {
 		return nil, nil, fmt.Errorf("%s: want the namespace and an optional mode as arguments", keysChildRole)
 	}
@@ -212,22 +211,22 @@ func keysChild(args []string) (map[string]bench.Op, func() error, error) {
 		c.Close()
 		return nil, nil, err
 	}
-	keys := bench.Keys() // allocated here: separate from anything the owner stored
-	buf := make([]byte, 0, bench.ValueSize)
-	val := bench.Value(3)
-	ops := map[string]bench.Op{
-		"get": bench.GoOp(func(n int) error {
+	keys := Keys() // allocated here: separate from anything the owner stored
+	buf := make([]byte, 0, ValueSize)
+	val := Value(3)
+	ops := map[string]Op{
+		"get": GoOp(func(n int) error {
 			for i := range n {
 				var err error
-				if buf, err = kr.Get(keys[i&(bench.NumKeys-1)], buf[:0]); err != nil {
+				if buf, err = kr.Get(keys[i&(NumKeys-1)], buf[:0]); err != nil {
 					return err
 				}
 			}
 			return nil
 		}),
-		"set": bench.GoOp(func(n int) error {
+		"set": GoOp(func(n int) error {
 			for i := range n {
-				if err := c.Keys().Set(keys[i&(bench.NumKeys-1)], val); err != nil {
+				if err := c.Keys().Set(keys[i&(NumKeys-1)], val); err != nil {
 					return err
 				}
 			}
@@ -238,20 +237,20 @@ func keysChild(args []string) (map[string]bench.Op, func() error, error) {
 }
 
 // coldChild serves "get": uniform random Gets over the cold keys through a KeyReader.
-func coldChild(c *ipc.Client) (map[string]bench.Op, func() error, error) {
+func coldChild(c *ipc.Client) (map[string]Op, func() error, error) {
 	kr, err := c.Keys().NewReader()
 	if err != nil {
 		c.Close()
 		return nil, nil, err
 	}
-	keys := bench.ColdKeys()
-	buf := make([]byte, 0, bench.ValueSize)
+	keys := ColdKeys()
+	buf := make([]byte, 0, ValueSize)
 	state := uint64(0x9e3779b97f4a7c15)
-	ops := map[string]bench.Op{
-		"get": bench.GoOp(func(n int) error {
+	ops := map[string]Op{
+		"get": GoOp(func(n int) error {
 			for range n {
 				var err error
-				if buf, err = kr.Get(keys[bench.ColdIndex(&state)], buf[:0]); err != nil {
+				if buf, err = kr.Get(keys[ColdIndex(&state)], buf[:0]); err != nil {
 					return err
 				}
 			}

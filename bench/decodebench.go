@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"errors"
@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/shmsteer/shmsteer/bench"
 	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
@@ -134,8 +133,8 @@ func (f *decodeFixture) kernelStep(h []float32) {
 
 // decodeMixed is steer.step.decode.mixed_ns (sparse: steer.step.decode.sparse_ns): a whole
 // step through the Stepper, after one warm-up step (the figure is the steady state).
-func decodeMixed(sparse bool) bench.Setup {
-	return func() (bench.Op, func() error, error) {
+func decodeMixed(sparse bool) Setup {
+	return func() (Op, func() error, error) {
 		f, err := newDecodeFixture(sparse, true)
 		if err != nil {
 			return nil, nil, err
@@ -160,14 +159,14 @@ func decodeMixed(sparse bool) bench.Setup {
 // decodeKernel is steer.step.decode.kernel_ns (sparse: steer.step.decode.sparse_kernel_ns):
 // 160 gather-adds over the same rows and the same vectors (its own copy of them: the fixture
 // is built from the same seed, without a region).
-func decodeKernel(sparse bool) bench.Setup {
-	return func() (bench.Op, func() error, error) {
+func decodeKernel(sparse bool) Setup {
+	return func() (Op, func() error, error) {
 		f, err := newDecodeFixture(sparse, false)
 		if err != nil {
 			return nil, nil, err
 		}
 		f.kernelStep(f.h)
-		return bench.GoOp(func(n int) error {
+		return GoOp(func(n int) error {
 			for range n {
 				f.kernelStep(f.h)
 			}

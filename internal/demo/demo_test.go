@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 )
 
@@ -14,13 +15,23 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// mainArgs runs Main with the options args sets on BindFlags' defaults, as `shmsteer demo`
+// does (its cobra command parses the same flag set; positional arguments are refused there).
+func mainArgs(t *testing.T, args []string, stdout, stderr *bytes.Buffer) error {
+	t.Helper()
+	fs := pflag.NewFlagSet("demo", pflag.ContinueOnError)
+	o := BindFlags(fs)
+	require.NoError(t, fs.Parse(args))
+	return Main(*o, stdout, stderr)
+}
+
 func TestDemoSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns processes")
 	}
 	var out, errb bytes.Buffer
-	code := Main([]string{"-workers", "2", "-steps", "40", "-hidden", "64", "-layers", "2", "-tokens", "16", "-requests", "6", "-max-latched-bytes", "300"}, &out, &errb)
-	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
+	err := mainArgs(t, []string{"--workers", "2", "--steps", "40", "--hidden", "64", "--layers", "2", "--tokens", "16", "--requests", "6", "--max-latched-bytes", "300"}, &out, &errb)
+	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
 	require.Contains(t, out.String(), "checksums agree")
 	require.Contains(t, out.String(), `"attached_clients": 2`)
 	require.Contains(t, out.String(), "2 workers,")
@@ -43,8 +54,8 @@ func TestDemoOneWorkerGrammar(t *testing.T) {
 		t.Skip("spawns processes")
 	}
 	var out, errb bytes.Buffer
-	code := Main([]string{"-workers", "1", "-steps", "3", "-hidden", "16", "-layers", "1", "-tokens", "4", "-requests", "2"}, &out, &errb)
-	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
+	err := mainArgs(t, []string{"--workers", "1", "--steps", "3", "--hidden", "16", "--layers", "1", "--tokens", "4", "--requests", "2"}, &out, &errb)
+	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
 	require.Contains(t, out.String(), "1 worker,")
 	require.Contains(t, errb.String(), "1 worker attached (1 client)")
 	require.NotContains(t, out.String()+errb.String(), "1 workers")
@@ -56,18 +67,19 @@ func TestDemoBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		"workers 0":   {[]string{"-workers", "0"}, "-workers must be at least 1 (got 0)"},
-		"tokens 0":    {[]string{"-tokens", "0"}, "-tokens must be at least 1 (got 0)"},
-		"steps -1":    {[]string{"-steps", "-1"}, "-steps must be at least 1 (got -1)"},
-		"latch bytes": {[]string{"-max-latched-bytes", "0"}, "-max-latched-bytes must be at least 1"},
-		"positional":  {[]string{"extra"}, "no positional arguments"},
+		"workers 0":   {[]string{"--workers", "0"}, "--workers must be at least 1 (got 0)"},
+		"tokens 0":    {[]string{"--tokens", "0"}, "--tokens must be at least 1 (got 0)"},
+		"steps -1":    {[]string{"--steps", "-1"}, "--steps must be at least 1 (got -1)"},
+		"latch bytes": {[]string{"--max-latched-bytes", "0"}, "--max-latched-bytes must be at least 1"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			var out, errb bytes.Buffer
-			require.Equal(t, 2, Main(tc.args, &out, &errb))
-			require.Contains(t, errb.String(), tc.want)
+			err := mainArgs(t, tc.args, &out, &errb)
+			require.ErrorIs(t, err, ErrUsage)
+			require.ErrorContains(t, err, tc.want)
 			require.Empty(t, out.String())
+			require.Empty(t, errb.String())
 		})
 	}
 }

@@ -1,11 +1,10 @@
-package main
+package bench
 
 import (
 	"fmt"
 	"math/rand/v2"
 	"time"
 
-	"github.com/shmsteer/shmsteer/bench"
 	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
@@ -92,7 +91,7 @@ func (f *stepFixture) fill(cfg steer.ModelConfig) (err error) {
 
 // stepMixed is steer.step.prefill.mixed_ns: pin a snapshot, check the 16 requests' cached
 // compositions, one fused add per request's rows, unpin.
-func stepMixed() (bench.Op, func() error, error) {
+func stepMixed() (Op, func() error, error) {
 	f, err := newStepFixture()
 	if err != nil {
 		return nil, nil, err
@@ -122,14 +121,14 @@ func stepMixed() (bench.Op, func() error, error) {
 
 // stepKernel is steer.step.prefill.kernel_ns: the bare gather-add of one vector per request over the
 // same rows.
-func stepKernel() (bench.Op, func() error, error) {
+func stepKernel() (Op, func() error, error) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	h, table := randVec(rng, stepT*stepD), randVec(rng, (stepRequests+1)*stepD)
 	idx := make([]int32, stepT)
 	for t := range idx {
 		idx[t] = int32(1 + t*stepRequests/stepT)
 	}
-	return bench.GoOp(func(n int) error {
+	return GoOp(func(n int) error {
 		for range n {
 			kernels.GatherAdd(h, stepD, table, idx)
 		}

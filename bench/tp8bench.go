@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/shmsteer/shmsteer/bench"
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
@@ -43,11 +42,11 @@ func tp8Ratio() (float64, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	o, ns, err := newOwnerWithKeys(rc, bench.Keys())
+	o, ns, err := newOwnerWithKeys(rc, Keys())
 	if err != nil {
 		return 0, "", err
 	}
-	payload := int64(bench.NumKeys * bench.ValueSize)
+	payload := int64(NumKeys * ValueSize)
 	eng, err := steer.Open(o.Region(), &cfg, steer.Options{Clients: o.Clients})
 	if err != nil {
 		o.Close()
@@ -81,7 +80,7 @@ func tp8Ratio() (float64, string, error) {
 	return ratio, note, errors.Join(err, cleanup())
 }
 
-func measureRanks(o *ipc.Owner, procs []*bench.Proc, payload int64) (float64, string, error) {
+func measureRanks(o *ipc.Owner, procs []*Proc, payload int64) (float64, string, error) {
 	before := make([]pss, len(procs))
 	for i, p := range procs {
 		var err error
@@ -177,7 +176,7 @@ func parseSmaps(b []byte) (pss, error) {
 // rankChild serves "read": read every key and every vector entry of the region and apply the
 // steering of every request at every (hook, layer) to one row each, then return the freed heap
 // to the OS so that only what the rank keeps counts in its Pss.
-func rankChild(c *ipc.Client) (map[string]bench.Op, func() error, error) {
+func rankChild(c *ipc.Client) (map[string]Op, func() error, error) {
 	cfg, err := steer.ConfigOf(c.Region())
 	if err != nil {
 		c.Close()
@@ -194,8 +193,8 @@ func rankChild(c *ipc.Client) (map[string]bench.Op, func() error, error) {
 		batch = append(batch, steer.Span{ID: fmt.Sprintf("tp8-%02d", s), Start: s, End: s + 1, Phase: steer.PhaseDecode})
 	}
 	h := make([]float32, len(batch)*cfg.Hidden)
-	keys := bench.Keys()
-	buf := make([]byte, 0, bench.ValueSize)
+	keys := Keys()
+	buf := make([]byte, 0, ValueSize)
 	debug.FreeOSMemory()
 	read := func() error {
 		for _, k := range keys {
@@ -235,7 +234,7 @@ func rankChild(c *ipc.Client) (map[string]bench.Op, func() error, error) {
 		debug.FreeOSMemory()
 		return nil
 	}
-	ops := map[string]bench.Op{"read": bench.GoOp(func(n int) error {
+	ops := map[string]Op{"read": GoOp(func(n int) error {
 		for range n {
 			if err := read(); err != nil {
 				return err

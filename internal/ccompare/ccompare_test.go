@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/shmsteer/shmsteer/internal/ccompare"
 	"github.com/shmsteer/shmsteer/kernels"
-	"github.com/shmsteer/shmsteer/kernels/ccompare"
 )
 
 func TestCMatchesKernels(t *testing.T) {

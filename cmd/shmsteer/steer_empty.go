@@ -1,5 +1,0 @@
-package main
-
-import "github.com/shmsteer/shmsteer/steer"
-
-func steerEmpty() steer.Steering { return steer.Steering{} }
