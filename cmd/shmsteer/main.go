@@ -6,8 +6,8 @@
 //	shmsteer keys ls|rm                the key registry: ids and states, never key bytes
 //	shmsteer vectors ls|show|rm        named steering vectors
 //	shmsteer steer global set|clear    global steering
-//	shmsteer demo [flags]              owner + worker processes steering through one region
-//	shmsteer bench [flags]             comparisons with the alternatives users would pick
+//	shmsteer demo [flags]              owner + worker processes steering through one region (internal/demo)
+//	shmsteer bench [flags]             comparisons with the alternatives users would pick (package bench)
 //	shmsteer version | completion
 //
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
@@ -103,6 +103,13 @@ func args(n int) cobra.PositionalArgs {
 	}
 }
 
+// cli holds what the commands share: the output streams and the client flags
+// (--namespace, --secret-file) every client command binds.
+type cli struct {
+	stdout, stderr io.Writer
+	ns, secretFile string
+}
+
 func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "shmsteer",
@@ -116,24 +123,33 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.SetVersionTemplate("shmsteer {{.Version}}\n")
+	c := &cli{stdout: stdout, stderr: stderr}
+	versionCmd := &cobra.Command{Use: "version", Short: "Print the version", Args: args(0),
+		Run: func(*cobra.Command, []string) { fmt.Fprintf(stdout, "shmsteer %s\n", version()) }}
+	root.AddCommand(c.serveCmd(), c.statusCmd(), c.keysCmd(), c.vectorsCmd(), c.steerCmd(), c.demoCmd(), c.benchCmd(), versionCmd)
+	return root
+}
 
-	// Client commands share --namespace and --secret-file.
-	var ns, secretFile string
-	clientFlags := func(fs *pflag.FlagSet) {
-		fs.StringVar(&ns, "namespace", "default", "namespace of the owner to attach to")
-		fs.StringVar(&secretFile, "secret-file", "", "file holding the shared secret (default: SHMSTEER_SECRET)")
-	}
-	withClient := func(f func(cs *serve.ClientSession, cmd *cobra.Command, a []string) error) func(*cobra.Command, []string) error {
-		return func(cmd *cobra.Command, a []string) error {
-			cs, err := serve.AttachClient(ns, secretFile)
-			if err != nil {
-				return err
-			}
-			defer cs.Close()
-			return f(cs, cmd, a)
+// clientFlags binds the flags of a client command.
+func (c *cli) clientFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.ns, "namespace", "default", "namespace of the owner to attach to")
+	fs.StringVar(&c.secretFile, "secret-file", "", "file holding the shared secret (default: SHMSTEER_SECRET)")
+}
+
+// withClient runs f with a session attached to the owner the client flags name.
+func (c *cli) withClient(f func(cs *serve.ClientSession, cmd *cobra.Command, a []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, a []string) error {
+		cs, err := serve.AttachClient(c.ns, c.secretFile)
+		if err != nil {
+			return err
 		}
+		defer cs.Close()
+		return f(cs, cmd, a)
 	}
+}
 
+// serveCmd is `shmsteer serve`.
+func (c *cli) serveCmd() *cobra.Command {
 	serveCmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the owner as a service: region, control API, metrics, persisted state",
@@ -153,39 +169,54 @@ re-reads --api-key-file.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return serve.Run(ctx, cfg, stdout, serve.NewLogger(cfg, stderr))
+			return serve.Run(ctx, cfg, c.stdout, serve.NewLogger(cfg, c.stderr))
 		},
 	}
 	serve.BindFlags(serveCmd.Flags())
+	return serveCmd
+}
 
+// statusCmd is `shmsteer status`.
+func (c *cli) statusCmd() *cobra.Command {
 	var asJSON bool
 	statusCmd := &cobra.Command{
 		Use: "status", Short: "Print steering and region status (attaches as a client)", Args: args(0),
-		RunE: withClient(func(cs *serve.ClientSession, cmd *cobra.Command, _ []string) error {
-			return cs.PrintStatus(stdout, asJSON)
+		RunE: c.withClient(func(cs *serve.ClientSession, cmd *cobra.Command, _ []string) error {
+			return cs.PrintStatus(c.stdout, asJSON)
 		}),
 	}
 	statusCmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	clientFlags(statusCmd.Flags())
+	c.clientFlags(statusCmd.Flags())
+	return statusCmd
+}
 
+// keysCmd is `shmsteer keys ls|rm`.
+func (c *cli) keysCmd() *cobra.Command {
 	keysCmd := &cobra.Command{Use: "keys", Short: "The per-request key registry (ids and states, never key bytes)"}
 	keysLs := &cobra.Command{Use: "ls", Short: "List request ids and their state (live, revoked)", Args: args(0),
-		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error { return cs.KeysList(stdout) })}
+		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error { return cs.KeysList(c.stdout) })}
 	keysRm := &cobra.Command{Use: "rm REQUEST_ID", Short: "Revoke a request's key (purged after the owner's grace)", Args: args(1),
-		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
+		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
 			return serve.RemoveKey(cs.Client, a[0]) // through serve: mirrored with --mirror-keys
 		})}
-	clientFlags(keysLs.Flags())
-	clientFlags(keysRm.Flags())
+	c.clientFlags(keysLs.Flags())
+	c.clientFlags(keysRm.Flags())
 	keysCmd.AddCommand(keysLs, keysRm)
+	group(keysCmd)
+	return keysCmd
+}
 
+// vectorsCmd is `shmsteer vectors ls|show|rm|import|export`.
+func (c *cli) vectorsCmd() *cobra.Command {
 	vecCmd := &cobra.Command{Use: "vectors", Short: "Named steering vectors"}
 	vecLs := &cobra.Command{Use: "ls", Short: "List named vectors", Args: args(0),
-		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error { return cs.VectorsList(stdout) })}
+		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error { return cs.VectorsList(c.stdout) })}
 	vecShow := &cobra.Command{Use: "show NAME", Short: "Show a named vector's entries", Args: args(1),
-		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error { return cs.VectorShow(stdout, a[0]) })}
+		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
+			return cs.VectorShow(c.stdout, a[0])
+		})}
 	vecRm := &cobra.Command{Use: "rm NAME", Short: "Unregister a named vector", Args: args(1),
-		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
+		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
 			_, err := cs.Engine.Unregister(a[0])
 			return err
 		})}
@@ -199,11 +230,11 @@ post_block), .npy ([layers, hidden] or [hidden]), .npz (one array per hook) and 
 (tensors "<hook>.<layer>" or "layers.N"). Several files are summed, as llama.cpp sums repeated
 --control-vector flags. --scale and --layers work as llama.cpp's --control-vector-scaled and
 --control-vector-layer-range.`,
-		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
+		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
 			if impName == "" {
 				return usageError{fmt.Errorf("--name is required")}
 			}
-			return cs.VectorImport(stdout, impName, a, imp)
+			return cs.VectorImport(c.stdout, impName, a, imp)
 		})}
 	vecImport.Flags().StringVar(&impName, "name", "", "name to register the vector under (required)")
 	vecImport.Flags().Float32Var(&imp.Scale, "scale", 1, "multiply every value (llama.cpp --control-vector-scaled)")
@@ -213,16 +244,21 @@ post_block), .npy ([layers, hidden] or [hidden]), .npz (one array per hook) and 
 	vecImport.Flags().Int64Var(&imp.MaxSize, "max-bytes", 0, "refuse files larger than this (default 4 GiB)")
 	var expFormat, expHook string
 	vecExport := &cobra.Command{Use: "export NAME FILE", Short: "Write a named vector to a GGUF, .npy, .npz or safetensors file", Args: args(2),
-		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
-			return cs.VectorExport(stdout, a[0], a[1], expFormat, expHook)
+		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
+			return cs.VectorExport(c.stdout, a[0], a[1], expFormat, expHook)
 		})}
 	vecExport.Flags().StringVar(&expFormat, "format", "", "gguf, npy, npz or safetensors (default: from the extension)")
 	vecExport.Flags().StringVar(&expHook, "hook", "", "the hook a GGUF file's directions are taken from (default post_block)")
-	for _, c := range []*cobra.Command{vecLs, vecShow, vecRm, vecImport, vecExport} {
-		clientFlags(c.Flags())
+	for _, sub := range []*cobra.Command{vecLs, vecShow, vecRm, vecImport, vecExport} {
+		c.clientFlags(sub.Flags())
 	}
 	vecCmd.AddCommand(vecLs, vecShow, vecRm, vecImport, vecExport)
+	group(vecCmd)
+	return vecCmd
+}
 
+// steerCmd is `shmsteer steer global set|clear`.
+func (c *cli) steerCmd() *cobra.Command {
 	steerCmd := &cobra.Command{Use: "steer", Short: "Steering state"}
 	globalCmd := &cobra.Command{Use: "global", Short: "Global steering tiers"}
 	var file string
@@ -231,13 +267,13 @@ post_block), .npy ([layers, hidden] or [hidden]), .npz (one array per hook) and 
 	globalSet := &cobra.Command{Use: "set", Short: "Set global steering (merged per site unless --replace)", Args: args(0),
 		Long: `Set global steering from --file (JSON in the POST /v1/steering/set format, "-" for stdin)
 and/or --ref NAME[=STRENGTH] (a registered named vector in the base tier).`,
-		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error {
+		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error {
 			if file == "" && len(refs) == 0 {
 				return usageError{errors.New("steer global set needs --file or --ref")}
 			}
 			v, err := cs.GlobalSet(file, refs, replace)
 			if err == nil {
-				fmt.Fprintf(stdout, "global steering set at version %d\n", v)
+				fmt.Fprintf(c.stdout, "global steering set at version %d\n", v)
 			}
 			return err
 		})}
@@ -245,42 +281,45 @@ and/or --ref NAME[=STRENGTH] (a registered named vector in the base tier).`,
 	globalSet.Flags().StringArrayVar(&refs, "ref", nil, "named vector to apply in the base tier, NAME[=STRENGTH] (repeatable)")
 	globalSet.Flags().BoolVar(&replace, "replace", false, "replace all global steering instead of merging")
 	globalClear := &cobra.Command{Use: "clear", Short: "Clear global steering", Args: args(0),
-		RunE: withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error {
+		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error {
 			v, err := cs.Engine.SetGlobalAny(steer.Steering{})
 			if err == nil {
-				fmt.Fprintf(stdout, "global steering cleared at version %d\n", v)
+				fmt.Fprintf(c.stdout, "global steering cleared at version %d\n", v)
 			}
 			return err
 		})}
-	clientFlags(globalSet.Flags())
-	clientFlags(globalClear.Flags())
+	c.clientFlags(globalSet.Flags())
+	c.clientFlags(globalClear.Flags())
 	globalCmd.AddCommand(globalSet, globalClear)
 	steerCmd.AddCommand(globalCmd)
+	group(globalCmd)
+	group(steerCmd)
+	return steerCmd
+}
 
+// demoCmd is `shmsteer demo`: internal/demo with its flags.
+func (c *cli) demoCmd() *cobra.Command {
 	var demoOpts *demo.Options
 	demoCmd := &cobra.Command{Use: "demo", Short: "Run the demo: an owner and worker processes steering through one region", Args: args(0),
 		RunE: func(*cobra.Command, []string) error {
-			return usageIf(demo.Main(*demoOpts, stdout, stderr), demo.ErrUsage)
+			return usageIf(demo.Main(*demoOpts, c.stdout, c.stderr), demo.ErrUsage)
 		}}
 	demoOpts = demo.BindFlags(demoCmd.Flags())
+	return demoCmd
+}
+
+// benchCmd is `shmsteer bench`: package bench with its flags.
+func (c *cli) benchCmd() *cobra.Command {
 	var benchOpts *bench.Options
 	benchCmd := &cobra.Command{Use: "bench", Short: "Run the benchmarks against the alternatives", Args: args(0),
 		Long: `Run the benchmarks: shmsteer against what users would pick instead, contenders alternating
-round by round, medians reported. The table goes to stdout, progress to stderr; a figure
+round by round, medians reported. The table goes to c.stdout, progress to c.stderr; a figure
 that cannot run here is reported as skipped with the reason.`,
 		RunE: func(*cobra.Command, []string) error {
-			return usageIf(bench.Main(*benchOpts, stdout, stderr), bench.ErrUsage)
+			return usageIf(bench.Main(*benchOpts, c.stdout, c.stderr), bench.ErrUsage)
 		}}
 	benchOpts = bench.BindFlags(benchCmd.Flags())
-
-	versionCmd := &cobra.Command{Use: "version", Short: "Print the version", Args: args(0),
-		Run: func(*cobra.Command, []string) { fmt.Fprintf(stdout, "shmsteer %s\n", version()) }}
-
-	for _, g := range []*cobra.Command{keysCmd, vecCmd, steerCmd, globalCmd} {
-		group(g)
-	}
-	root.AddCommand(serveCmd, statusCmd, keysCmd, vecCmd, steerCmd, demoCmd, benchCmd, versionCmd)
-	return root
+	return benchCmd
 }
 
 // usageIf makes err a usage error (exit 2) when it wraps sentinel.
