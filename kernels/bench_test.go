@@ -99,3 +99,32 @@ func BenchmarkClamp(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAddRows2 compares, on spans of 1–256 rows of 4096, the fused two-source add, Sum2
+// into a scratch row then one AddRows with it, and one AddRows pass (the floor).
+func BenchmarkAddRows2(b *testing.B) {
+	for _, rows := range []int{1, 2, 4, 16, 256} {
+		h, x := benchData(rows)
+		y := append([]float32(nil), x...)
+		tmp := make([]float32, benchD)
+		b.Run(fmt.Sprintf("fused/%dx4096", rows), func(b *testing.B) {
+			b.SetBytes(int64(8 * len(h)))
+			for b.Loop() {
+				kernels.AddRows2(h, benchD, 1e-3, x, 1e-3, y)
+			}
+		})
+		b.Run(fmt.Sprintf("sum2/%dx4096", rows), func(b *testing.B) {
+			b.SetBytes(int64(8 * len(h)))
+			for b.Loop() {
+				kernels.Sum2(tmp, 1e-3, x, 1e-3, y)
+				kernels.AddRows(h, benchD, 1, tmp)
+			}
+		})
+		b.Run(fmt.Sprintf("one/%dx4096", rows), func(b *testing.B) {
+			b.SetBytes(int64(8 * len(h)))
+			for b.Loop() {
+				kernels.AddRows(h, benchD, 1e-3, x)
+			}
+		})
+	}
+}

@@ -10,13 +10,14 @@ import (
 	"github.com/shmsteer/shmsteer/kernels"
 )
 
-// The two-source kernels (Axpy2, AddRows2, GatherAdd2) against the one-source passes they fuse
-// and against the generic path.
+// The two-source kernels (Axpy2, AddRows2, Sum2, GatherAdd2) against exact float32 references
+// (unit coefficients), against Sum2 followed by a one-source pass (any coefficients) and against
+// the generic path.
 //
-// Element update r = (h + a·x) + b·y with exact value e = h + a·x + b·y and S = |h|+|a·x|+|b·y|:
-// the fused paths round twice (two FMAs), an unfused generic build four times (two products,
-// two sums), each rounding at most u times an intermediate ≤ S(1+u)^k, so
-// |r - e| ≤ 4.001·u·S + 4·eta covers every path (eta: the subnormal range, as axpyTol).
+// Element update r = h + (a·x + b·y) with exact value e and S = |h|+|a·x|+|b·y|: the SIMD paths
+// round three times (a product, an FMA, a sum), an unfused generic build four times, each
+// rounding at most u times an intermediate ≤ S(1+u)^k, so |r - e| ≤ 4.001·u·S + 4·eta covers
+// every path (eta: the subnormal range, as axpyTol).
 
 func fusedTol(h, a, x, b, y float64) float64 {
 	return 4.001*u*(math.Abs(h)+math.Abs(a*x)+math.Abs(b*y)) + 4*eta
@@ -35,11 +36,26 @@ func checkFused(t *testing.T, got, h0 []float32, a float32, xv func(int) float32
 	}
 }
 
-// twoPasses is what the fused kernels replace: AddRows with x, then with y.
-func twoPasses(h []float32, d int, a float32, x []float32, b float32, y []float32) []float32 {
+// viaSum2 is the two-step form of the fused add on the current path: Sum2 of the sources into
+// a scratch row, then AddRows with it at scale 1 (what the Stepper does for long spans).
+func viaSum2(h []float32, d int, a float32, x []float32, b float32, y []float32) []float32 {
 	out := append([]float32(nil), h...)
-	kernels.AddRows(out, d, a, x)
-	kernels.AddRows(out, d, b, y)
+	if d == 0 {
+		return out
+	}
+	tmp := make([]float32, d)
+	kernels.Sum2(tmp, a, x, b, y)
+	kernels.AddRows(out, d, 1, tmp)
+	return out
+}
+
+// unitRef is h + (x + y) in float32 (no products, so no compiler may fuse anything): the
+// exact result of the fused add with a = b = 1 on every path.
+func unitRef(h []float32, d int, x, y []float32) []float32 {
+	out := make([]float32, len(h))
+	for i := range h {
+		out[i] = h[i] + (x[i%d] + y[i%d])
+	}
 	return out
 }
 
@@ -60,9 +76,15 @@ func TestAddRows2(t *testing.T) {
 				h, bh := offsetCopy(h0, offH)
 				x, _ := offsetCopy(x0, offX)
 				y, _ := offsetCopy(y0, offY)
-				want := twoPasses(h, d, a, x, b, y)
+				want := viaSum2(h, d, a, x, b, y)
+				unit := h
+				if rows > 0 {
+					unit = append([]float32(nil), h...)
+					kernels.AddRows2(unit, d, 1, x, 1, y)
+					require.Equal(t, bits(unitRef(h0, d, x0, y0)), bits(unit), "d=%d rows=%d: a = b = 1 is not h + (x + y)", d, rows)
+				}
 				kernels.AddRows2(h, d, a, x, b, y)
-				require.Equal(t, bits(want), bits(h), "d=%d rows=%d: not the two passes bit for bit", d, rows)
+				require.Equal(t, bits(want), bits(h), "d=%d rows=%d: not Sum2 then AddRows bit for bit", d, rows)
 				checkFused(t, h, h0, a, func(i int) float32 { return x0[i%d] }, b, func(i int) float32 { return y0[i%d] })
 				requireGuards(t, bh, offH, len(h0))
 				require.Equal(t, x0, x, "x must not be modified")
@@ -91,8 +113,8 @@ func TestFusedEveryLength(t *testing.T) {
 }
 
 // compareFused runs Axpy2 on every path from the given start offsets and checks each result
-// against the generic path's (within fusedTol of the exact value for both), the two-pass
-// result on its own path (bit for bit) and the guards around h.
+// against the generic path's (within fusedTol of the exact value for both), Sum2 then Axpy on
+// its own path and, with unit coefficients, h + (x + y) (bit for bit), and the guards around h.
 func compareFused(t *testing.T, h0, x0, y0 []float32, a, b float32, offH, offX, offY int) {
 	t.Helper()
 	n := len(h0)
@@ -102,15 +124,15 @@ func compareFused(t *testing.T, h0, x0, y0 []float32, a, b float32, offH, offX, 
 	for _, p := range append([]string{kernels.PathGeneric}, kernels.Paths()...) {
 		require.NoError(t, kernels.SetPath(p))
 		h, bh := offsetCopy(h0, offH)
-		var want []float32
+		want := viaSum2(h, n, a, x, b, y)
 		if n > 0 {
-			want = twoPasses(h, n, a, x, b, y)
+			unit := append([]float32(nil), h...)
+			kernels.Axpy2(unit, 1, x, 1, y)
+			require.Equal(t, bits(unitRef(h0, n, x0, y0)), bits(unit), "%s n=%d: a = b = 1 is not h + (x + y)", p, n)
 		}
 		kernels.Axpy2(h, a, x, b, y)
 		requireGuards(t, bh, offH, n)
-		if n > 0 {
-			require.Equal(t, bits(want), bits(h), "%s n=%d: not the two passes bit for bit", p, n)
-		}
+		require.Equal(t, bits(want), bits(h), "%s n=%d: not Sum2 then Axpy bit for bit", p, n)
 		if p == kernels.PathGeneric && generic == nil {
 			generic = append([]float32{}, h...)
 			checkFused(t, h, h0, a, func(i int) float32 { return x0[i] }, b, func(i int) float32 { return y0[i] })
@@ -138,12 +160,22 @@ func TestGatherAdd2(t *testing.T) {
 			yi := []int32{0, 0, 1, 2, 2, 0, 1, 1}
 			h0 := randVals(r, len(xi)*d, 1e30)
 			h, bh := offsetCopy(h0, 7)
-			want := append([]float32(nil), h...)
-			kernels.GatherAdd(want, d, x, xi)
-			kernels.GatherAdd(want, d, y, yi)
 			kernels.GatherAdd2(h, d, x, xi, y, yi)
 			requireGuards(t, bh, 7, len(h0))
-			require.Equal(t, bits(want), bits(h), "d=%d: GatherAdd2 is two GatherAdds bit for bit", d)
+			for tt := range xi {
+				kx, ky := int(xi[tt]), int(yi[tt])
+				got, was := h[tt*d:(tt+1)*d], h0[tt*d:(tt+1)*d]
+				want := append([]float32(nil), was...)
+				switch {
+				case kx != 0 && ky != 0:
+					want = unitRef(was, d, x[kx*d:(kx+1)*d], y[ky*d:(ky+1)*d])
+				case kx != 0:
+					kernels.Axpy(want, 1, x[kx*d:(kx+1)*d])
+				case ky != 0:
+					kernels.Axpy(want, 1, y[ky*d:(ky+1)*d])
+				}
+				require.Equal(t, bits(want), bits(got), "d=%d row %d (%d, %d)", d, tt, kx, ky)
+			}
 			require.Equal(t, bits(h0[:d]), bits(h[:d]), "a row with both indices 0 is untouched")
 			for tt := range xi {
 				kx, ky := int(xi[tt]), int(yi[tt])
@@ -196,8 +228,8 @@ func TestAddRows2SpecialValues(t *testing.T) {
 	})
 }
 
-// FuzzFused compares the fused kernels on every path with the generic path and with the two
-// one-source passes, for lengths 0–4096, several rows and independent unaligned starts.
+// FuzzFused compares the fused kernels on every path with the generic path and with Sum2
+// followed by a one-source pass, for lengths 0–4096, several rows and independent unaligned starts.
 func FuzzFused(f *testing.F) {
 	f.Add(uint16(4096), uint8(1), uint8(0), uint8(0), uint8(0), float32(1), float32(1), uint64(1))
 	f.Add(uint16(4099), uint8(3), uint8(1), uint8(5), uint8(15), float32(-0.37), float32(7.5), uint64(2))
@@ -228,16 +260,37 @@ func FuzzFused(f *testing.F) {
 		for _, p := range kernels.Paths() {
 			require.NoError(t, kernels.SetPath(p))
 			h, bh := offsetCopy(h0, int(offH%16))
-			want := twoPasses(h, d, a, x, b, y)
+			want := viaSum2(h, d, a, x, b, y)
 			kernels.AddRows2(h, d, a, x, b, y)
 			requireGuards(t, bh, int(offH%16), len(h0))
-			require.Equal(t, bits(want), bits(h), "%s d=%d rows=%d: not the two passes bit for bit", p, d, nr)
+			require.Equal(t, bits(want), bits(h), "%s d=%d rows=%d: not Sum2 then AddRows bit for bit", p, d, nr)
 			for i := range h {
 				tol := 2 * fusedTol(float64(h0[i]), float64(a), float64(x0[i%d]), float64(b), float64(y0[i%d]))
 				if math.Abs(float64(h[i])-float64(generic[i])) > tol {
 					require.Failf(t, "path differs from generic", "%s d=%d i=%d got=%g generic=%g", p, d, i, h[i], generic[i])
 				}
 			}
+		}
+	})
+}
+
+func TestSum2(t *testing.T) {
+	forEachPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(27, 28))
+		for n := 0; n <= 130; n++ {
+			x0, y0 := randVals(r, n, 1e30), randVals(r, n, 1e30)
+			a, b := scales[r.IntN(len(scales))], scales[r.IntN(len(scales))]
+			dst, bd := offsetCopy(randVals(r, n, 1e30), n%16)
+			x, _ := offsetCopy(x0, (n+5)%16)
+			y, _ := offsetCopy(y0, (n+9)%16)
+			kernels.Sum2(dst, 1, x, 1, y)
+			requireGuards(t, bd, n%16, n)
+			for i := range dst {
+				require.Equal(t, math.Float32bits(x0[i]+y0[i]), math.Float32bits(dst[i]), "n=%d i=%d", n, i)
+			}
+			kernels.Sum2(dst, a, x, b, y)
+			zero := make([]float32, n)
+			checkFused(t, dst, zero, a, func(i int) float32 { return x0[i] }, b, func(i int) float32 { return y0[i] })
 		}
 	})
 }

@@ -15,18 +15,28 @@ func addRowsGeneric(h, v []float32, s float32) {
 	}
 }
 
-// addRows2Generic computes each element as (h + a*x) + b*y, the order of two addRowsGeneric
-// passes, so the fused add and the two passes agree bit for bit.
+// addRows2Generic adds to each element the sum a*x + b*y, computed as sum2Generic computes
+// it (the same expression, so whatever the compiler fuses it fuses in both).
 func addRows2Generic(h, x, y []float32, a, b float32) {
 	d := len(x)
 	y = y[:d]
 	for len(h) >= d {
 		row := h[:d]
 		for i, xv := range x {
-			t := row[i] + a*xv
-			row[i] = t + b*y[i]
+			t := a * xv
+			t = t + b*y[i]
+			row[i] = row[i] + t
 		}
 		h = h[d:]
+	}
+}
+
+func sum2Generic(dst, x, y []float32, a, b float32) {
+	dst = dst[:len(x)]
+	y = y[:len(x)]
+	for i, xv := range x {
+		t := a * xv
+		dst[i] = t + b*y[i]
 	}
 }
 

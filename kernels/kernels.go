@@ -26,8 +26,10 @@
 // or may not be fused depending on GOAMD64/GOARCH. Results therefore differ
 // between paths by at most a couple of ulps of |s*v|+|dst| per element; the
 // tests assert the bound derived in kernels_test.go. The two-source kernels
-// (Axpy2, AddRows2, GatherAdd2) round twice per element, in the order of two
-// one-source passes, so on one path they equal those passes bit for bit.
+// (Axpy2, AddRows2, GatherAdd2) sum the sources first and add the sum to h,
+// as a table of composed rows (source sum per row) gather-added would: with
+// unit coefficients they compute h + (x + y) in float32 bit for bit on every
+// path.
 // Clamp's projection sums in float32 with several accumulators (the order
 // differs from a sequential loop); Norm accumulates squares in float64 so
 // that values up to the float32 maximum do not overflow the intermediate sum.
@@ -74,7 +76,8 @@ const (
 //
 //	addRows:  len(v) > 0 and len(h) % len(v) == 0; h[t] += s*v for every row.
 //	addRows2: len(x) == len(y) > 0 and len(h) % len(x) == 0;
-//	          h[t] = (h[t] + a*x) + b*y for every row.
+//	          h[t] += a*x + b*y for every row (the sum rounded first).
+//	sum2:     len(dst) == len(x) == len(y) > 0; dst = a*x + b*y.
 //	dot:      len(a) == len(b).
 //	sumSq:    Σ a[i]² accumulated in float64.
 
@@ -176,10 +179,12 @@ func AddRows(h []float32, d int, s float32, v []float32) {
 	}
 }
 
-// Axpy2 computes dst[i] = (dst[i] + a*x[i]) + b*y[i]: one read and one write
-// of dst for two sources, bit for bit what Axpy(dst, a, x) followed by
-// Axpy(dst, b, y) computes on the same path. It panics unless
-// len(x) == len(y) == len(dst).
+// Axpy2 computes dst[i] += a*x[i] + b*y[i] in one pass over dst: the sum of
+// the two sources is rounded first (the product a*x, then a fused b*y added
+// to it), then added to dst, so the result is bit for bit what Sum2 into a
+// scratch vector followed by Axpy(dst, 1, scratch) computes on the same path,
+// and with a = b = 1 it is dst[i] + (x[i] + y[i]) in float32 on every path. It
+// panics unless len(x) == len(y) == len(dst).
 func Axpy2(dst []float32, a float32, x []float32, b float32, y []float32) {
 	if len(x) != len(dst) || len(y) != len(dst) {
 		panic(msgLen)
@@ -190,10 +195,11 @@ func Axpy2(dst []float32, a float32, x []float32, b float32, y []float32) {
 	addRows2Impl(dst, x, y, a, b)
 }
 
-// AddRows2 is AddRows with two sources in one pass: h[t] = (h[t] + a*x) + b*y
-// for every row t of the T×d matrix h (d == len(x) == len(y)), bit for bit
-// AddRows(h, d, a, x) then AddRows(h, d, b, y) on the same path, but reading
-// and writing h once. It panics on a bad shape.
+// AddRows2 is AddRows with two sources: h[t] += a*x + b*y for every row t of
+// the T×d matrix h (d == len(x) == len(y)), each element rounded as Axpy2
+// rounds it, reading and writing h once. For many rows, Sum2 into a scratch
+// row and one AddRows with it computes the same bits and reads one source
+// stream instead of two. It panics on a bad shape.
 func AddRows2(h []float32, d int, a float32, x []float32, b float32, y []float32) {
 	checkRows(h, d, x)
 	if len(y) != d {
@@ -202,6 +208,18 @@ func AddRows2(h []float32, d int, a float32, x []float32, b float32, y []float32
 	if !addRows2SIMD(h, x, y, a, b, cur.id) {
 		addRows2Generic(h, x, y, a, b)
 	}
+}
+
+// Sum2 writes dst[i] = a*x[i] + b*y[i], rounded as Axpy2 rounds the sum it
+// adds (dst is only written). It panics unless len(x) == len(y) == len(dst).
+func Sum2(dst []float32, a float32, x []float32, b float32, y []float32) {
+	if len(x) != len(dst) || len(y) != len(dst) {
+		panic(msgLen)
+	}
+	if len(x) == 0 {
+		return
+	}
+	sum2Impl(dst, x, y, a, b)
 }
 
 // checkGather validates the shapes for GatherAdd and GatherAdd2 and every
@@ -243,7 +261,7 @@ func GatherAdd(h []float32, d int, table []float32, idx []int32) {
 
 // GatherAdd2 is GatherAdd from two tables in one pass: x is Rx×d, y is Ry×d,
 // and for each row t of the T×d matrix h it computes
-// h[t] = (h[t] + x[xi[t]]) + y[yi[t]], where row 0 of either table is "none"
+// h[t] += x[xi[t]] + y[yi[t]] (rounded as Axpy2 with a = b = 1), where row 0 of either table is "none"
 // and is skipped without being read (both 0: h[t] stays bit-identical; one 0:
 // the plain add of the other). A row with both reads and writes h[t] once. A
 // shared vector g (global steering, say) for some rows is a two-row y = [0, g]

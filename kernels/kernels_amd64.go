@@ -49,6 +49,14 @@ func addRows2AVX512(h, x, y []float32, a, b float32)
 //go:noescape
 func addRows2AVX2(h, x, y []float32, a, b float32)
 
+// sum2AVX512 and sum2AVX2 write h = a*x + b*y (h is not read).
+//
+//go:noescape
+func sum2AVX512(h, x, y []float32, a, b float32)
+
+//go:noescape
+func sum2AVX2(h, x, y []float32, a, b float32)
+
 // archImpls returns the SIMD paths this CPU supports, best first.
 // x/sys/cpu also checks that the OS saves the wider register state (XCR0).
 func archImpls() []impl {
@@ -76,6 +84,17 @@ func addRowsImpl(h, v []float32, s float32) {
 func addRows2Impl(h, x, y []float32, a, b float32) {
 	if !addRows2SIMD(h, x, y, a, b, cur.id) {
 		addRows2Generic(h, x, y, a, b)
+	}
+}
+
+func sum2Impl(dst, x, y []float32, a, b float32) {
+	switch cur.id {
+	case idAVX512:
+		sum2AVX512(dst, x, y, a, b)
+	case idAVX2:
+		sum2AVX2(dst, x, y, a, b)
+	default:
+		sum2Generic(dst, x, y, a, b)
 	}
 }
 

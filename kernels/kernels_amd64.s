@@ -492,9 +492,10 @@ simd2_avx2:
 	JMP  ·addRows2AVX2(SB)
 
 // func addRows2AVX512(h, x, y []float32, a, b float32)
-// h[t] = (h[t] + a*x) + b*y for each row t, two FMAs per element in that order (bitwise the
-// same as addRowsAVX512 with x and then with y); d = len(x) = len(y) > 0, len(h) % d == 0.
-// Registers: DI h, SI x, DX y (row cursors), R10 x base, R12 y base, R9 d, AX floats of h left.
+// h[t] = h[t] + (a*x + b*y) for each row t: the sum of the sources rounded once (a product,
+// then an FMA), then added to h; d = len(x) = len(y) > 0, len(h) % d == 0.
+// Registers: DI h, SI x, DX y (cursors; the unrolled loop indexes back from their ends with
+// the negative CX, as addRowsAVX512), R10 x base, R12 y base, R9 d, AX floats of h left.
 TEXT ·addRows2AVX512(SB), NOSPLIT, $0-80
 	MOVQ         h_base+0(FP), DI
 	MOVQ         h_len+8(FP), AX
@@ -511,7 +512,6 @@ b512_row:
 	JB   b512_done
 	SUBQ R9, AX
 
-	// Unrolled part: 64 floats per iteration, negative index (see addRowsAVX512).
 	MOVQ R9, CX
 	SHRQ $6, CX
 	SHLQ $8, CX
@@ -521,86 +521,165 @@ b512_row:
 	NEGQ CX
 	JZ   b512_rest
 	TESTQ R11, R11
-	JNZ  b512_loop64pf
+	JNZ  b512_loop_pf
 
-b512_loop64:
-	VMOVUPS     (SI)(CX*1), Z1
-	VFMADD213PS (DI)(CX*1), Z0, Z1
+b512_loop:
+	VMULPS      (SI)(CX*1), Z0, Z1
 	VFMADD231PS (DX)(CX*1), Z5, Z1
+	VADDPS      (DI)(CX*1), Z1, Z1
 	VMOVUPS     Z1, (DI)(CX*1)
-	VMOVUPS     64(SI)(CX*1), Z2
-	VFMADD213PS 64(DI)(CX*1), Z0, Z2
+	VMULPS      64(SI)(CX*1), Z0, Z2
 	VFMADD231PS 64(DX)(CX*1), Z5, Z2
+	VADDPS      64(DI)(CX*1), Z2, Z2
 	VMOVUPS     Z2, 64(DI)(CX*1)
-	VMOVUPS     128(SI)(CX*1), Z3
-	VFMADD213PS 128(DI)(CX*1), Z0, Z3
+	VMULPS      128(SI)(CX*1), Z0, Z3
 	VFMADD231PS 128(DX)(CX*1), Z5, Z3
+	VADDPS      128(DI)(CX*1), Z3, Z3
 	VMOVUPS     Z3, 128(DI)(CX*1)
-	VMOVUPS     192(SI)(CX*1), Z4
-	VFMADD213PS 192(DI)(CX*1), Z0, Z4
+	VMULPS      192(SI)(CX*1), Z0, Z4
 	VFMADD231PS 192(DX)(CX*1), Z5, Z4
+	VADDPS      192(DI)(CX*1), Z4, Z4
 	VMOVUPS     Z4, 192(DI)(CX*1)
 	ADDQ        $256, CX
-	JNZ         b512_loop64
+	JNZ         b512_loop
 	JMP         b512_rest
 
-b512_loop64pf:
+b512_loop_pf:
 	PREFETCHT0  4096(DI)(CX*1)
 	PREFETCHT0  4224(DI)(CX*1)
-	VMOVUPS     (SI)(CX*1), Z1
-	VFMADD213PS (DI)(CX*1), Z0, Z1
+	VMULPS      (SI)(CX*1), Z0, Z1
 	VFMADD231PS (DX)(CX*1), Z5, Z1
+	VADDPS      (DI)(CX*1), Z1, Z1
 	VMOVUPS     Z1, (DI)(CX*1)
-	VMOVUPS     64(SI)(CX*1), Z2
-	VFMADD213PS 64(DI)(CX*1), Z0, Z2
+	VMULPS      64(SI)(CX*1), Z0, Z2
 	VFMADD231PS 64(DX)(CX*1), Z5, Z2
+	VADDPS      64(DI)(CX*1), Z2, Z2
 	VMOVUPS     Z2, 64(DI)(CX*1)
-	VMOVUPS     128(SI)(CX*1), Z3
-	VFMADD213PS 128(DI)(CX*1), Z0, Z3
+	VMULPS      128(SI)(CX*1), Z0, Z3
 	VFMADD231PS 128(DX)(CX*1), Z5, Z3
+	VADDPS      128(DI)(CX*1), Z3, Z3
 	VMOVUPS     Z3, 128(DI)(CX*1)
-	VMOVUPS     192(SI)(CX*1), Z4
-	VFMADD213PS 192(DI)(CX*1), Z0, Z4
+	VMULPS      192(SI)(CX*1), Z0, Z4
 	VFMADD231PS 192(DX)(CX*1), Z5, Z4
+	VADDPS      192(DI)(CX*1), Z4, Z4
 	VMOVUPS     Z4, 192(DI)(CX*1)
 	ADDQ        $256, CX
-	JNZ         b512_loop64pf
+	JNZ         b512_loop_pf
 
 b512_rest:
-	// SI and DX point just past the unrolled part of x and y, DI of h's row.
 	MOVQ R9, CX
 	ANDQ $63, CX
 
-b512_loop16:
+b512_loop1:
 	CMPQ        CX, $16
 	JB          b512_tail
-	VMOVUPS     (SI), Z1
-	VFMADD213PS (DI), Z0, Z1
+	VMULPS      (SI), Z0, Z1
 	VFMADD231PS (DX), Z5, Z1
+	VADDPS      (DI), Z1, Z1
 	VMOVUPS     Z1, (DI)
 	ADDQ        $64, SI
 	ADDQ        $64, DX
 	ADDQ        $64, DI
 	SUBQ        $16, CX
-	JMP         b512_loop16
+	JMP         b512_loop1
 
 b512_tail:
+	// 0 < CX < 16 elements under the mask K1 = (1<<CX)-1, as addRowsAVX512.
 	TESTQ       CX, CX
 	JZ          b512_row
 	MOVL        $1, BX
 	SHLL        CX, BX
 	DECL        BX
 	KMOVW       BX, K1
-	VMOVUPS.Z   (DI), K1, Z1
-	VMOVUPS.Z   (SI), K1, Z2
-	VMOVUPS.Z   (DX), K1, Z3
-	VFMADD231PS Z2, Z0, Z1
-	VFMADD231PS Z3, Z5, Z1
+	VMOVUPS.Z   (SI), K1, Z1
+	VMOVUPS.Z   (DX), K1, Z2
+	VMULPS      Z1, Z0, Z1
+	VFMADD231PS Z2, Z5, Z1
+	VMOVUPS.Z   (DI), K1, Z3
+	VADDPS      Z3, Z1, Z1
 	VMOVUPS     Z1, K1, (DI)
 	LEAQ        (DI)(CX*4), DI
 	JMP         b512_row
 
 b512_done:
+	VZEROUPPER
+	RET
+
+// func sum2AVX512(h, x, y []float32, a, b float32)
+// h = a*x + b*y, rounded as addRows2AVX512 rounds the sum it adds (h is written, not read);
+// len(h) = len(x) = len(y) > 0.
+TEXT ·sum2AVX512(SB), NOSPLIT, $0-80
+	MOVQ         h_base+0(FP), DI
+	MOVQ         h_len+8(FP), AX
+	MOVQ         x_base+24(FP), R10
+	MOVQ         x_len+32(FP), R9
+	MOVQ         y_base+48(FP), R12
+	VBROADCASTSS a+72(FP), Z0
+	VBROADCASTSS b+76(FP), Z5
+
+c512_row:
+	CMPQ AX, R9
+	JB   c512_done
+	SUBQ R9, AX
+
+	MOVQ R9, CX
+	SHRQ $6, CX
+	SHLQ $8, CX
+	ADDQ CX, DI
+	LEAQ (R10)(CX*1), SI
+	LEAQ (R12)(CX*1), DX
+	NEGQ CX
+	JZ   c512_rest
+
+c512_loop:
+	VMULPS      (SI)(CX*1), Z0, Z1
+	VFMADD231PS (DX)(CX*1), Z5, Z1
+	VMOVUPS     Z1, (DI)(CX*1)
+	VMULPS      64(SI)(CX*1), Z0, Z2
+	VFMADD231PS 64(DX)(CX*1), Z5, Z2
+	VMOVUPS     Z2, 64(DI)(CX*1)
+	VMULPS      128(SI)(CX*1), Z0, Z3
+	VFMADD231PS 128(DX)(CX*1), Z5, Z3
+	VMOVUPS     Z3, 128(DI)(CX*1)
+	VMULPS      192(SI)(CX*1), Z0, Z4
+	VFMADD231PS 192(DX)(CX*1), Z5, Z4
+	VMOVUPS     Z4, 192(DI)(CX*1)
+	ADDQ        $256, CX
+	JNZ         c512_loop
+
+c512_rest:
+	MOVQ R9, CX
+	ANDQ $63, CX
+
+c512_loop1:
+	CMPQ        CX, $16
+	JB          c512_tail
+	VMULPS      (SI), Z0, Z1
+	VFMADD231PS (DX), Z5, Z1
+	VMOVUPS     Z1, (DI)
+	ADDQ        $64, SI
+	ADDQ        $64, DX
+	ADDQ        $64, DI
+	SUBQ        $16, CX
+	JMP         c512_loop1
+
+c512_tail:
+	// 0 < CX < 16 elements under the mask K1 = (1<<CX)-1, as addRowsAVX512.
+	TESTQ       CX, CX
+	JZ          c512_row
+	MOVL        $1, BX
+	SHLL        CX, BX
+	DECL        BX
+	KMOVW       BX, K1
+	VMOVUPS.Z   (SI), K1, Z1
+	VMOVUPS.Z   (DX), K1, Z2
+	VMULPS      Z1, Z0, Z1
+	VFMADD231PS Z2, Z5, Z1
+	VMOVUPS     Z1, K1, (DI)
+	LEAQ        (DI)(CX*4), DI
+	JMP         c512_row
+
+c512_done:
 	VZEROUPPER
 	RET
 
@@ -614,7 +693,7 @@ TEXT ·addRows2AVX2(SB), NOSPLIT, $0-80
 	MOVQ         y_base+48(FP), R12
 	VBROADCASTSS a+72(FP), Y0
 	VBROADCASTSS b+76(FP), Y5
-	MOVQ         AX, R11
+	MOVQ         AX, R11 // prefetch h ahead from 64 KiB up, as in addRowsAVX512
 	SHRQ         $14, R11
 
 b256_row:
@@ -631,75 +710,75 @@ b256_row:
 	NEGQ CX
 	JZ   b256_rest
 	TESTQ R11, R11
-	JNZ  b256_loop32pf
+	JNZ  b256_loop_pf
 
-b256_loop32:
-	VMOVUPS     (SI)(CX*1), Y1
-	VMOVUPS     32(SI)(CX*1), Y2
-	VMOVUPS     64(SI)(CX*1), Y3
-	VMOVUPS     96(SI)(CX*1), Y4
-	VFMADD213PS (DI)(CX*1), Y0, Y1
-	VFMADD213PS 32(DI)(CX*1), Y0, Y2
-	VFMADD213PS 64(DI)(CX*1), Y0, Y3
-	VFMADD213PS 96(DI)(CX*1), Y0, Y4
+b256_loop:
+	VMULPS      (SI)(CX*1), Y0, Y1
 	VFMADD231PS (DX)(CX*1), Y5, Y1
-	VFMADD231PS 32(DX)(CX*1), Y5, Y2
-	VFMADD231PS 64(DX)(CX*1), Y5, Y3
-	VFMADD231PS 96(DX)(CX*1), Y5, Y4
+	VADDPS      (DI)(CX*1), Y1, Y1
 	VMOVUPS     Y1, (DI)(CX*1)
+	VMULPS      32(SI)(CX*1), Y0, Y2
+	VFMADD231PS 32(DX)(CX*1), Y5, Y2
+	VADDPS      32(DI)(CX*1), Y2, Y2
 	VMOVUPS     Y2, 32(DI)(CX*1)
+	VMULPS      64(SI)(CX*1), Y0, Y3
+	VFMADD231PS 64(DX)(CX*1), Y5, Y3
+	VADDPS      64(DI)(CX*1), Y3, Y3
 	VMOVUPS     Y3, 64(DI)(CX*1)
+	VMULPS      96(SI)(CX*1), Y0, Y4
+	VFMADD231PS 96(DX)(CX*1), Y5, Y4
+	VADDPS      96(DI)(CX*1), Y4, Y4
 	VMOVUPS     Y4, 96(DI)(CX*1)
 	ADDQ        $128, CX
-	JNZ         b256_loop32
+	JNZ         b256_loop
 	JMP         b256_rest
 
-b256_loop32pf:
+b256_loop_pf:
 	PREFETCHT0  4096(DI)(CX*1)
 	PREFETCHT0  4160(DI)(CX*1)
-	VMOVUPS     (SI)(CX*1), Y1
-	VMOVUPS     32(SI)(CX*1), Y2
-	VMOVUPS     64(SI)(CX*1), Y3
-	VMOVUPS     96(SI)(CX*1), Y4
-	VFMADD213PS (DI)(CX*1), Y0, Y1
-	VFMADD213PS 32(DI)(CX*1), Y0, Y2
-	VFMADD213PS 64(DI)(CX*1), Y0, Y3
-	VFMADD213PS 96(DI)(CX*1), Y0, Y4
+	VMULPS      (SI)(CX*1), Y0, Y1
 	VFMADD231PS (DX)(CX*1), Y5, Y1
-	VFMADD231PS 32(DX)(CX*1), Y5, Y2
-	VFMADD231PS 64(DX)(CX*1), Y5, Y3
-	VFMADD231PS 96(DX)(CX*1), Y5, Y4
+	VADDPS      (DI)(CX*1), Y1, Y1
 	VMOVUPS     Y1, (DI)(CX*1)
+	VMULPS      32(SI)(CX*1), Y0, Y2
+	VFMADD231PS 32(DX)(CX*1), Y5, Y2
+	VADDPS      32(DI)(CX*1), Y2, Y2
 	VMOVUPS     Y2, 32(DI)(CX*1)
+	VMULPS      64(SI)(CX*1), Y0, Y3
+	VFMADD231PS 64(DX)(CX*1), Y5, Y3
+	VADDPS      64(DI)(CX*1), Y3, Y3
 	VMOVUPS     Y3, 64(DI)(CX*1)
+	VMULPS      96(SI)(CX*1), Y0, Y4
+	VFMADD231PS 96(DX)(CX*1), Y5, Y4
+	VADDPS      96(DI)(CX*1), Y4, Y4
 	VMOVUPS     Y4, 96(DI)(CX*1)
 	ADDQ        $128, CX
-	JNZ         b256_loop32pf
+	JNZ         b256_loop_pf
 
 b256_rest:
 	MOVQ R9, CX
 	ANDQ $31, CX
 
-b256_loop8:
+b256_loop1:
 	CMPQ        CX, $8
 	JB          b256_tail
-	VMOVUPS     (SI), Y1
-	VFMADD213PS (DI), Y0, Y1
+	VMULPS      (SI), Y0, Y1
 	VFMADD231PS (DX), Y5, Y1
+	VADDPS      (DI), Y1, Y1
 	VMOVUPS     Y1, (DI)
 	ADDQ        $32, SI
 	ADDQ        $32, DX
 	ADDQ        $32, DI
 	SUBQ        $8, CX
-	JMP         b256_loop8
+	JMP         b256_loop1
 
 b256_tail:
 	// Scalar tail (< 8 elements); X0[0] is a, X5[0] is b.
 	TESTQ       CX, CX
 	JZ          b256_row
-	VMOVSS      (DI), X1
-	VFMADD231SS (SI), X0, X1
+	VMULSS      (SI), X0, X1
 	VFMADD231SS (DX), X5, X1
+	VADDSS      (DI), X1, X1
 	VMOVSS      X1, (DI)
 	ADDQ        $4, SI
 	ADDQ        $4, DX
@@ -708,5 +787,79 @@ b256_tail:
 	JMP         b256_tail
 
 b256_done:
+	VZEROUPPER
+	RET
+
+// func sum2AVX2(h, x, y []float32, a, b float32)
+// As sum2AVX512 with 256-bit vectors.
+TEXT ·sum2AVX2(SB), NOSPLIT, $0-80
+	MOVQ         h_base+0(FP), DI
+	MOVQ         h_len+8(FP), AX
+	MOVQ         x_base+24(FP), R10
+	MOVQ         x_len+32(FP), R9
+	MOVQ         y_base+48(FP), R12
+	VBROADCASTSS a+72(FP), Y0
+	VBROADCASTSS b+76(FP), Y5
+
+c256_row:
+	CMPQ AX, R9
+	JB   c256_done
+	SUBQ R9, AX
+
+	MOVQ R9, CX
+	SHRQ $5, CX
+	SHLQ $7, CX
+	ADDQ CX, DI
+	LEAQ (R10)(CX*1), SI
+	LEAQ (R12)(CX*1), DX
+	NEGQ CX
+	JZ   c256_rest
+
+c256_loop:
+	VMULPS      (SI)(CX*1), Y0, Y1
+	VFMADD231PS (DX)(CX*1), Y5, Y1
+	VMOVUPS     Y1, (DI)(CX*1)
+	VMULPS      32(SI)(CX*1), Y0, Y2
+	VFMADD231PS 32(DX)(CX*1), Y5, Y2
+	VMOVUPS     Y2, 32(DI)(CX*1)
+	VMULPS      64(SI)(CX*1), Y0, Y3
+	VFMADD231PS 64(DX)(CX*1), Y5, Y3
+	VMOVUPS     Y3, 64(DI)(CX*1)
+	VMULPS      96(SI)(CX*1), Y0, Y4
+	VFMADD231PS 96(DX)(CX*1), Y5, Y4
+	VMOVUPS     Y4, 96(DI)(CX*1)
+	ADDQ        $128, CX
+	JNZ         c256_loop
+
+c256_rest:
+	MOVQ R9, CX
+	ANDQ $31, CX
+
+c256_loop1:
+	CMPQ        CX, $8
+	JB          c256_tail
+	VMULPS      (SI), Y0, Y1
+	VFMADD231PS (DX), Y5, Y1
+	VMOVUPS     Y1, (DI)
+	ADDQ        $32, SI
+	ADDQ        $32, DX
+	ADDQ        $32, DI
+	SUBQ        $8, CX
+	JMP         c256_loop1
+
+c256_tail:
+	// Scalar tail (< 8 elements); X0[0] is a, X5[0] is b.
+	TESTQ       CX, CX
+	JZ          c256_row
+	VMULSS      (SI), X0, X1
+	VFMADD231SS (DX), X5, X1
+	VMOVSS      X1, (DI)
+	ADDQ        $4, SI
+	ADDQ        $4, DX
+	ADDQ        $4, DI
+	DECQ        CX
+	JMP         c256_tail
+
+c256_done:
 	VZEROUPPER
 	RET

@@ -523,6 +523,7 @@ func TestPanics(t *testing.T) {
 		{"Clamp shape", func() { kernels.Clamp(f, 4, f[:5], 0, 0, 1) }},
 		{"Axpy2 len x", func() { kernels.Axpy2(f[:4], 1, f[:3], 1, f[:4]) }},
 		{"Axpy2 len y", func() { kernels.Axpy2(f[:4], 1, f[:4], 1, f[:5]) }},
+		{"Sum2 len", func() { kernels.Sum2(f[:4], 1, f[:4], 1, f[:3]) }},
 		{"AddRows2 d=0", func() { kernels.AddRows2(f[:0], 0, 1, f[:0], 1, f[:0]) }},
 		{"AddRows2 not multiple", func() { kernels.AddRows2(f[:10], 4, 1, f[:4], 1, f[:4]) }},
 		{"AddRows2 d!=len(x)", func() { kernels.AddRows2(f, 4, 1, f[:3], 1, f[:4]) }},
@@ -550,6 +551,7 @@ func TestPanics(t *testing.T) {
 		kernels.Axpy2(nil, 1, nil, 1, nil)
 		kernels.AddRows2(nil, 3, 1, []float32{1, 2, 3}, 1, []float32{4, 5, 6})
 		kernels.GatherAdd2(nil, 3, nil, nil, nil, nil)
+		kernels.Sum2(nil, 1, nil, 1, nil)
 		require.Equal(t, float64(0), kernels.Norm(nil))
 	})
 }

@@ -60,6 +60,8 @@ type Stepper struct {
 	// active lists the spans of that batch that anything steers (a request composition, or
 	// the global one for non-empty spans): unsteered requests cost nothing per site.
 	active []int32
+	// pair is one row of scratch: a request's and the global vector summed for a span.
+	pair []float32
 }
 
 type reqState struct {
@@ -73,7 +75,7 @@ type reqState struct {
 // NewStepper makes a Stepper for this engine's region.
 func (e *Engine) NewStepper() *Stepper {
 	c := e.cfg
-	return &Stepper{e: e, d: c.Hidden, layers: c.Layers, sites: c.NumHooks() * c.Layers * 2, reqs: map[string]*reqState{}}
+	return &Stepper{e: e, d: c.Hidden, layers: c.Layers, sites: c.NumHooks() * c.Layers * 2, reqs: map[string]*reqState{}, pair: make([]float32, c.Hidden)}
 }
 
 // Begin starts a step at region version (0: the current one). Ranks handed the same version
@@ -180,9 +182,15 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		blk := h[sp.Start*d : sp.End*d]
 		switch {
 		case rv != nil && gv != nil:
-			// Both in one pass: each row is read and written once, the request's and the
-			// global vector (shared by every row, so read from cache) added in one kernel.
-			kernels.AddRows2(blk, d, 1, rv, 1, gv)
+			// Both in one pass over the rows: a span of one row adds the two sources in one
+			// kernel; a longer span sums them once into a row of scratch and adds that,
+			// which reads one source stream per row instead of two. Both round as h + (r + g).
+			if sp.End-sp.Start == 1 {
+				kernels.AddRows2(blk, d, 1, rv, 1, gv)
+			} else {
+				kernels.Sum2(s.pair, 1, rv, 1, gv)
+				kernels.AddRows(blk, d, 1, s.pair)
+			}
 		case rv != nil:
 			kernels.AddRows(blk, d, 1, rv)
 		case gv != nil:

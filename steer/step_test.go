@@ -301,3 +301,45 @@ func TestStepZeroAllocSteadyState(t *testing.T) {
 	step()
 	require.Zero(t, testing.AllocsPerRun(100, step))
 }
+
+// TestStepRequestAndGlobalOnePass checks the rounding of a row steered by both its request and
+// the global steering: h + (r + g) in float32, bit for bit, whether its span has one row (one
+// fused kernel) or several (the sum once, then one add per row), and on rows outside every
+// span nothing changes.
+func TestStepRequestAndGlobalOnePass(t *testing.T) {
+	cfg := ModelConfig{Hidden: 4099, Layers: 1}
+	e := newOwner(t, cfg, Options{})
+	rng := rand.New(rand.NewPCG(41, 42))
+	r, g := randVec(rng, cfg.Hidden), randVec(rng, cfg.Hidden)
+	_, err := e.SetGlobal(Steering{Base: Tier{Vectors: []Vector{{Hook: "post_block", Layer: 0, Scale: 1, Data: g}}}})
+	require.NoError(t, err)
+	s := Steering{Base: Tier{Vectors: []Vector{{Hook: "post_block", Layer: 0, Scale: 1, Data: r}}}}
+	for _, id := range []string{"one", "many"} {
+		_, err := e.Admit(Admission{RequestID: id, Override: &s})
+		require.NoError(t, err)
+	}
+	const rows = 8
+	h0 := randVec(rng, rows*cfg.Hidden)
+	h := append([]float32(nil), h0...)
+	batch := []Span{{ID: "one", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "many", Start: 2, End: 7, Phase: PhasePrefill}}
+	st := e.NewStepper()
+	defer st.Close()
+	require.NoError(t, st.Begin(0))
+	hook, err := cfg.Hook("post_block")
+	require.NoError(t, err)
+	require.NoError(t, st.Apply(hook, 0, h, batch))
+	st.End()
+	d := cfg.Hidden
+	for row := range rows {
+		steered := row == 0 || (row >= 2 && row < 7)
+		for i := range d {
+			want := h0[row*d+i]
+			if steered {
+				want += r[i] + g[i]
+			}
+			if math.Float32bits(want) != math.Float32bits(h[row*d+i]) {
+				require.Failf(t, "wrong rounding", "row %d i %d: got %g, want h + (r + g) = %g (steered %v)", row, i, h[row*d+i], want, steered)
+			}
+		}
+	}
+}
