@@ -176,8 +176,8 @@ func (m *Mirror) apply(u jetstream.KeyValueEntry) {
 	}
 	var err error
 	switch kind {
-	case kindVector:
-		err = m.applyVector(name, env, payload, take)
+	case kindVector, kindProbe:
+		err = m.applyVector(kind, name, env, payload, take)
 	case kindGlobal:
 		err = m.applyGlobal(env, payload, take)
 		if errors.Is(err, steer.ErrUnknownVector) {
@@ -269,9 +269,13 @@ func (m *Mirror) fetch(env envelope) ([]byte, error) {
 	return b, nil
 }
 
-func (m *Mirror) applyVector(name string, env envelope, payload []byte, take func() error) error {
+func (m *Mirror) applyVector(kind byte, name string, env envelope, payload []byte, take func() error) error {
+	unreg, reg := m.opt.Engine.UnregisterAs, m.opt.Engine.RegisterAs
+	if kind == kindProbe {
+		unreg, reg = m.opt.Engine.UnregisterProbeAs, m.opt.Engine.RegisterProbeAs
+	}
 	if env.flags&flagDeleted != 0 {
-		_, err := m.opt.Engine.UnregisterAs(originTag, name, take)
+		_, err := unreg(originTag, name, take)
 		if errors.Is(err, steer.ErrUnknownVector) {
 			return nil
 		}
@@ -285,7 +289,7 @@ func (m *Mirror) applyVector(name string, env envelope, payload []byte, take fun
 	if err != nil {
 		return m.taken(take, err)
 	}
-	_, err = m.opt.Engine.RegisterAs(originTag, name, st.Base.Vectors, take)
+	_, err = reg(originTag, name, st.Base.Vectors, take)
 	return err
 }
 

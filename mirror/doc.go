@@ -16,6 +16,7 @@
 // # Entries
 //
 //	v.<base64url(name)>   a named vector: the steering wire format (steer.DecodeSteering)
+//	p.<base64url(name)>   a probe vector (steer.KindProbe, kind "probe"), same format
 //	g                     the global tiers, same format
 //	k.<base64url(mac)>    a key: mac = HMAC-SHA256 of the request id under a key derived from
 //	                      the secret; the value is sealed (ChaCha20-Poly1305, key from

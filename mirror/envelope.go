@@ -17,6 +17,7 @@ const (
 	kindVector byte = 1
 	kindGlobal byte = 2
 	kindKey    byte = 3
+	kindProbe  byte = 4 // a probe vector (steer.KindProbe): a named vector of kind "probe"
 )
 
 // Envelope flags.
@@ -68,7 +69,7 @@ func decodeEnvelope(b []byte) (envelope, int, error) {
 	if e.flags&^knownFlags != 0 {
 		return bad(fmt.Sprintf("unknown flags %#x", e.flags))
 	}
-	if e.kind < kindVector || e.kind > kindKey {
+	if e.kind < kindVector || e.kind > kindProbe {
 		return bad(fmt.Sprintf("unknown kind %d", e.kind))
 	}
 	n := int(b[6])
@@ -116,14 +117,24 @@ func vectorEntry(name string) string {
 	return "v." + base64.RawURLEncoding.EncodeToString([]byte(name))
 }
 
+// probeEntry names a probe vector's entry: probes and steering vectors are apart, as in the
+// region.
+func probeEntry(name string) string {
+	return "p." + base64.RawURLEncoding.EncodeToString([]byte(name))
+}
+
 // entryName returns the kind and, for vectors, the name an entry key stands for.
 func entryName(ek string) (kind byte, name string, ok bool) {
 	switch {
 	case ek == globalEntry:
 		return kindGlobal, "", true
-	case len(ek) > 2 && ek[:2] == "v.":
+	case len(ek) > 2 && (ek[:2] == "v." || ek[:2] == "p."):
 		b, err := base64.RawURLEncoding.DecodeString(ek[2:])
-		return kindVector, string(b), err == nil && len(b) > 0
+		kind = kindVector
+		if ek[0] == 'p' {
+			kind = kindProbe
+		}
+		return kind, string(b), err == nil && len(b) > 0
 	case len(ek) > 2 && ek[:2] == "k.":
 		return kindKey, "", true
 	}

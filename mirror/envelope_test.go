@@ -59,6 +59,8 @@ func TestEntryNames(t *testing.T) {
 	}{
 		{vectorEntry("héllo/wörld .*>"), kindVector, "héllo/wörld .*>", true},
 		{globalEntry, kindGlobal, "", true},
+		{probeEntry("héllo/wörld .*>"), kindProbe, "héllo/wörld .*>", true},
+		{"p.", 0, "", false},
 		{testSealerKeyEntry, kindKey, "", true},
 		{"v.", 0, "", false},
 		{"v.!!", kindVector, "", false},

@@ -348,6 +348,8 @@ func (m *Mirror) onChange(c steer.Change) {
 	switch c.Kind {
 	case steer.ChangeVector:
 		m.enqueue(vectorEntry(c.Name), kindVector, c.Name)
+	case steer.ChangeProbe:
+		m.enqueue(probeEntry(c.Name), kindProbe, c.Name)
 	case steer.ChangeGlobal:
 		m.enqueue(globalEntry, kindGlobal, "")
 	}

@@ -52,6 +52,12 @@ func TestMirrorPropagates(t *testing.T) {
 	all("vec beta", "none", "an unregistered vector")
 	write(a, "global - 0")
 	all("global", "ok none", "cleared global tiers")
+	write(c, "regprobe alpha 17") // a probe named like a steering vector is another entry
+	all("probe alpha", "17/1", "a probe vector")
+	all("vec alpha", "12/2", "the steering vector of the probe's name")
+	write(a, "unregprobe alpha")
+	all("probe alpha", "none", "an unregistered probe")
+	all("vec alpha", "12/2", "the steering vector, after its namesake probe went")
 	b.worker.ok("reg fromworker 16 2") // a worker's write reaches the owner over RPC, then the mirror
 	local[b]++
 	require.Equal(t, "ok true", b.owner.do("drain"))

@@ -156,6 +156,12 @@ func runHost() {
 		case "unreg":
 			_, err := eng.Unregister(f[1])
 			say(reply(err, ""))
+		case "regprobe": // regprobe NAME SEED: a probe vector (one site)
+			_, err := eng.RegisterProbe(f[1], vecs(arg(2), 1))
+			say(reply(err, ""))
+		case "unregprobe":
+			_, err := eng.UnregisterProbe(f[1])
+			say(reply(err, ""))
 		case "global": // global NAME STRENGTH (NAME "-" clears)
 			g := steer.Steering{}
 			if f[1] != "-" {
@@ -254,13 +260,13 @@ func runWorker() {
 	}
 	say("ok ready")
 	// seedOf reads the first float of a named vector (its seed; "none" if not registered).
-	seedOf := func(name string) string {
+	seedOfKind := func(name string, read func(*shm.Snapshot, string) (steer.NamedVector, error)) string {
 		s, err := c.Region().Snapshot()
 		if err != nil {
 			return "err " + err.Error()
 		}
 		defer s.Close()
-		nv, err := eng.Vector(&s, name)
+		nv, err := read(&s, name)
 		if errors.Is(err, steer.ErrUnknownVector) {
 			return "none"
 		} else if err != nil {
@@ -268,6 +274,7 @@ func runWorker() {
 		}
 		return fmt.Sprintf("%d/%d", int64(nv.Vectors[0].Data[0]), len(nv.Vectors))
 	}
+	seedOf := func(name string) string { return seedOfKind(name, eng.Vector) }
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		f := strings.Fields(in.Text())
@@ -282,6 +289,8 @@ func runWorker() {
 			say(reply(err, ""))
 		case "vec":
 			say(seedOf(f[1]))
+		case "probe":
+			say(seedOfKind(f[1], eng.Probe))
 		case "wait": // wait NAME WANT: poll until seedOf(NAME) == WANT; reply with the wall time
 			deadline := time.Now().Add(20 * time.Second)
 			got := seedOf(f[1])

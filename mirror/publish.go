@@ -79,11 +79,8 @@ func (m *Mirror) publish(it qitem, seq uint64) error {
 	env := envelope{kind: it.kind, origin: m.opt.HostID, incarnation: m.incarnation, seq: seq}
 	var object string
 	switch it.kind {
-	case kindVector, kindGlobal:
-		ck := steer.ChangeVector
-		if it.kind == kindGlobal {
-			ck = steer.ChangeGlobal
-		}
+	case kindVector, kindGlobal, kindProbe:
+		ck := map[byte]steer.ChangeKind{kindVector: steer.ChangeVector, kindGlobal: steer.ChangeGlobal, kindProbe: steer.ChangeProbe}[it.kind]
 		s, err := m.opt.Engine.Region().Snapshot()
 		if err != nil {
 			return err

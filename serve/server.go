@@ -322,13 +322,28 @@ func (s *Server) captureAndSave() error {
 	if err != nil {
 		return err
 	}
-	byDigest := map[steer.Digest]string{}
+	type entry struct {
+		kind shm.Kind
+		name string
+	}
+	byDigest := map[steer.Digest]entry{}
 	for _, in := range infos {
 		p.Vectors = append(p.Vectors, namedDigest{Name: in.Name, Digest: in.Digest})
-		byDigest[in.Digest] = in.Name
+		byDigest[in.Digest] = entry{steer.KindVector, in.Name}
+	}
+	probes, err := s.eng.ProbeInfos(&snap)
+	if err != nil {
+		return err
+	}
+	for _, in := range probes {
+		p.Probes = append(p.Probes, namedDigest{Name: in.Name, Digest: in.Digest})
+		if _, ok := byDigest[in.Digest]; !ok { // the same digest is the same encoding
+			byDigest[in.Digest] = entry{steer.KindProbe, in.Name}
+		}
 	}
 	wire := func(d steer.Digest) ([]byte, error) {
-		b, _, err := snap.View(steer.KindVector, byDigest[d])
+		e := byDigest[d]
+		b, _, err := snap.View(e.kind, e.name)
 		return b, err
 	}
 	g, _, ok, err := s.eng.Global(&snap)
@@ -399,24 +414,28 @@ func (s *Server) restore() (bool, error) {
 		}
 		return fmt.Errorf("%w: %s: %w (nothing is served from this state)", ErrStateCorrupt, what, err)
 	}
-	for _, v := range p.Vectors {
+	for i, v := range slices.Concat(p.Vectors, p.Probes) {
+		what, reg := "named vector "+v.Name, s.eng.Register
+		if i >= len(p.Vectors) {
+			what, reg = "probe vector "+v.Name, s.eng.RegisterProbe
+		}
 		b, err := s.store.readVector(v.Digest)
 		if err != nil {
-			return false, fail("named vector "+v.Name, err)
+			return false, fail(what, err)
 		}
 		st, d, err := steer.DecodeSteering(b, cfg)
 		if err == nil && d != v.Digest {
 			err = errors.New("vector file holds another digest")
 		}
 		if err != nil {
-			return false, fail("named vector "+v.Name, err)
+			return false, fail(what, err)
 		}
-		info, err := s.eng.Register(v.Name, st.Base.Vectors)
+		info, err := reg(v.Name, st.Base.Vectors)
 		if err != nil {
-			return false, fail("named vector "+v.Name, err)
+			return false, fail(what, err)
 		}
 		if info.Digest != d {
-			return false, fail("named vector "+v.Name, errors.New("digest differs after restore"))
+			return false, fail(what, errors.New("digest differs after restore"))
 		}
 	}
 	names := map[string]bool{}

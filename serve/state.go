@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -33,6 +34,7 @@ const (
 type persisted struct {
 	Model      steer.ModelConfig
 	Vectors    []namedDigest // each named vector's digest; its encoding is in vectors/<digest>
+	Probes     []namedDigest // each probe vector's digest, stored like Vectors' (absent before probes: none)
 	Global     []byte        // steer wire encoding of the global tiers; nil if none
 	Modules    []namedWire   // steer wire encoding of each module
 	Latches    []steer.LatchEntry
@@ -191,7 +193,7 @@ func (s *stateStore) save(p *persisted, wire func(steer.Digest) ([]byte, error))
 	fail := func(err error) error { return fmt.Errorf("shmsteer: writing state in %s: %w", s.dir, err) }
 	wrote := false
 	keep := map[steer.Digest]bool{}
-	for _, v := range p.Vectors {
+	for _, v := range slices.Concat(p.Vectors, p.Probes) {
 		keep[v.Digest] = true
 		if s.onDisk[v.Digest] {
 			continue

@@ -569,6 +569,14 @@ func populate(t *testing.T, s *served) {
 		s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": fmt.Sprintf("v%d", i),
 			"packed": map[string]any{"pre_attn": packed("float32", []int{0, 2}, [][]float32{vec(uint64(10 * i)), vec(uint64(10*i + 1))})}})
 	}
+	// Probes persist like steering vectors: one with its own name, one that shares a steering
+	// vector's name and content (one vector file).
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "probe", "name": "p",
+		"packed": map[string]any{"post_block": packed("float32", []int{3}, [][]float32{vec(60)})}})
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "probe", "name": "v9",
+		"packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(61)})}})
+	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": "v9",
+		"packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(61)})}})
 	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"mlp_out": map[string]any{"1": vec(50)}},
 		"decode_clamps":       map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": vec(51), "max": 0.5}}},
 		"prefill_vector_refs": map[string]float32{"v1": 0.25}})
@@ -596,6 +604,7 @@ func TestServeRestartKeepsState(t *testing.T) {
 	before := snapshotState(s)
 	require.NotEmpty(t, before["global"])
 	require.EqualValues(t, 2, before["latches"].(map[string]any)["latched_conversations"])
+	require.Equal(t, map[string]any{"probe": []any{"p", "v9"}, "steer": []any{"v0", "v1", "v2", "v9"}}, s.ok("GET", "/v1/steering/vectors", nil)["vectors"])
 	require.NoError(t, s.stop(syscall.SIGTERM), "serve must exit 0 on SIGTERM:\n%s", s.stderr)
 
 	raw, err := os.ReadFile(filepath.Join(dir, "state.bin"))
@@ -635,7 +644,7 @@ func TestServeKill9KeepsLastPersisted(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	after := snapshotState(s2)
 	require.Contains(t, fmt.Sprint(after["global"]), "pre_attn")
-	require.Len(t, after["vectors"], 1)
+	require.Len(t, after["vectors"], 4, "v2 and v9, and the probes p and v9")
 	require.NoError(t, s2.cmd.Process.Kill())
 	<-s2.done
 	s3 := startServe(t, ns(t), dir)
