@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import numbers
 import os
 import threading
 import weakref
@@ -24,7 +25,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._lib import check, lib
-from .errors import (BufferTooSmallError, ForkedError, KeyNotFoundError, ShmsteerError)
+from .errors import (BufferTooSmallError, ForkedError, InvalidArgumentError, KeyNotFoundError,
+                     ShmsteerError)
 
 try:  # numpy is optional: views are memoryviews without it
     import numpy as _np
@@ -38,6 +40,49 @@ PHASES = {"prefill": _lib.PHASE_PREFILL, "decode": _lib.PHASE_DECODE,
 
 def _b(s: Union[str, bytes]) -> bytes:
     return s if isinstance(s, bytes) else s.encode()
+
+
+# The ranges of the C ABI's integer arguments: ctypes would silently keep only the low bits.
+I32 = (-(1 << 31), (1 << 31) - 1)
+U32 = (0, (1 << 32) - 1)
+I64 = (-(1 << 63), (1 << 63) - 1)
+U64 = (0, (1 << 64) - 1)
+
+
+def _int(what: str, v: Any, bounds: Tuple[int, int]) -> int:
+    """``v`` as an int within ``bounds`` (inclusive), or InvalidArgumentError naming ``what``.
+
+    Integers of any kind (numpy's too) are accepted; bool, floats and other types are not."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise InvalidArgumentError(f"shmsteer: invalid argument: {what} must be an integer, not "
+                                   f"{type(v).__name__}")
+    i = int(v)
+    lo, hi = bounds
+    if not lo <= i <= hi:
+        raise InvalidArgumentError(f"shmsteer: invalid argument: {what} {i} is outside [{lo}, {hi}]")
+    return i
+
+
+def _ms(what: str, seconds: float) -> int:
+    """Seconds as whole milliseconds (at least 1) for an int64 field."""
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not math.isfinite(seconds) \
+            or seconds <= 0 or seconds * 1000 > I64[1]:
+        raise InvalidArgumentError(f"shmsteer: invalid argument: {what} {seconds!r} must be a positive "
+                                   "finite number of seconds")
+    return max(1, int(seconds * 1000))
+
+
+def _key_bytes(key: Any) -> bytes:
+    """A key value as bytes: only bytes-like objects (bytes, bytearray, memoryview, any buffer).
+
+    ``bytes(12)`` would be 12 zero bytes and ``bytes([1, 2])`` a list's values: both refused."""
+    if isinstance(key, bytes):
+        return key
+    try:
+        return memoryview(key).tobytes()
+    except TypeError:
+        raise TypeError(f"shmsteer: a key must be bytes-like (bytes, bytearray, memoryview), "
+                        f"not {type(key).__name__}") from None
 
 
 def _secret_args(secret: Secret, secret_file: Optional[str]) -> Tuple[Optional[bytes], int, Optional[bytes]]:
@@ -121,8 +166,8 @@ class _Handle:
 
     def hook_id(self, hook: Union[str, int]) -> int:
         """The id of a hook name (ints pass through)."""
-        if isinstance(hook, int):
-            return hook
+        if not isinstance(hook, (str, bytes)):
+            return _int("hook id", hook, U32)
         out = c_uint32()
         check(lib.shmsteer_hook_id(self.handle, _b(hook), byref(out)))
         return out.value
@@ -143,7 +188,7 @@ class _Handle:
         for i, (hook, layer, scale, data) in enumerate(entries):
             ptr, n, owner = _float_ptr(data)
             keep.append(owner)
-            arr[i] = _lib.VectorEntry(self.hook_id(hook), layer, scale,
+            arr[i] = _lib.VectorEntry(self.hook_id(hook), _int(f"entry {i} layer", layer, I32), scale,
                                       ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), n)
         v = c_uint64()
         nb = _b(name)
@@ -259,7 +304,7 @@ class Client(_Handle):
                  timeout: Optional[float] = None) -> None:
         sb, sl, sf = _secret_args(secret, secret_file)
         out = c_void_p()
-        ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        ms = 0 if timeout is None else _ms("timeout", timeout)
         check(lib.shmsteer_attach(_b(namespace), sb, sl, sf, ms, byref(out)))
         super().__init__(out.value, owner=False)
 
@@ -283,9 +328,11 @@ class Owner(_Handle):
                  grace: float = 60.0, index_slots: int = 0, arena_bytes: int = 0,
                  reader_slots: int = 0, max_key_bytes: int = 0) -> None:
         sb, sl, sf = _secret_args(secret, secret_file)
-        cfg = _lib.OwnerConfig(hidden, layers, (",".join(hooks).encode() if hooks else None),
-                               index_slots, arena_bytes, reader_slots,
-                               max(1, int(grace * 1000)), max_key_bytes)
+        cfg = _lib.OwnerConfig(_int("hidden", hidden, I32), _int("layers", layers, I32),
+                               (",".join(hooks).encode() if hooks else None),
+                               _int("index_slots", index_slots, I64), _int("arena_bytes", arena_bytes, I64),
+                               _int("reader_slots", reader_slots, I64), _ms("grace", grace),
+                               _int("max_key_bytes", max_key_bytes, I64))
         out = c_void_p()
         check(lib.shmsteer_owner_start(_b(namespace), sb, sl, sf, byref(cfg), byref(out)))
         super().__init__(out.value, owner=True)
@@ -369,7 +416,7 @@ class Keys(MutableMapping):
         raise AssertionError("unreachable")
 
     def __setitem__(self, request_id: str, key: bytes) -> None:
-        rid, kb = _b(request_id), bytes(key)
+        rid, kb = _b(request_id), _key_bytes(key)
         check(lib.shmsteer_key_set(self._parent.handle, rid, len(rid), kb, len(kb)))
 
     def __delitem__(self, request_id: str) -> None:
@@ -474,7 +521,7 @@ class Snapshot:
     def __init__(self, parent: _Handle, version: int = 0) -> None:
         out = c_void_p()
         pinned = c_uint64()
-        check(lib.shmsteer_snapshot_open(parent.handle, version, byref(out), byref(pinned)))
+        check(lib.shmsteer_snapshot_open(parent.handle, _int("version", version, U64), byref(out), byref(pinned)))
         self._parent = parent
         self._pin: Optional[_Pin] = _Pin(out.value)
         self._final = self._pin.final
@@ -565,9 +612,19 @@ class Effective:
 SpanLike = Tuple[str, int, int, Union[int, str]]
 
 
+class StepperBusyError(ShmsteerError, RuntimeError):
+    """A :class:`Stepper` was called while another thread was inside one of its calls. A
+    Stepper (its step state, its pinned version) is for one thread at a time: make one per
+    thread with ``handle.stepper()``. Raised before anything is done; the other call is
+    unaffected."""
+
+
 class Stepper:
     """steer.Stepper over the caller's float32 rows: begin(), apply() per (hook, layer), end().
-    One thread at a time."""
+
+    One thread at a time: a call made while another thread is inside one, or while another
+    thread's step is open (from its begin() to its end()), raises :class:`StepperBusyError` (the
+    engine's step state is not shared safely between threads)."""
 
     def __init__(self, parent: _Handle) -> None:
         out = c_void_p()
@@ -576,11 +633,34 @@ class Stepper:
         self._h: Optional[int] = out.value
         self._final = weakref.finalize(self, _quiet_close, lib.shmsteer_stepper_free, out.value)
         self._ids: Dict[str, bytes] = {}
+        self._busy = threading.Lock()  # held during each call
+        self._step_thread: Optional[int] = None  # the thread whose step is open (begin to end)
+
+    def _enter(self, what: str) -> int:
+        """Take the stepper for this call (StepperBusyError if another thread holds it) and
+        return its handle; the caller releases ``self._busy``."""
+        if not self._busy.acquire(blocking=False):
+            raise StepperBusyError(f"shmsteer: stepper busy: {what} called while another thread is inside a "
+                                   "call of this Stepper; use one Stepper per thread (handle.stepper())")
+        if self._step_thread is not None and self._step_thread != threading.get_ident():
+            self._busy.release()
+            raise StepperBusyError(f"shmsteer: stepper busy: {what} called while another thread's step is "
+                                   "open (begin() to end()); use one Stepper per thread (handle.stepper())")
+        if self._h is None:
+            self._busy.release()
+            from .errors import ClosedError
+            raise ClosedError("shmsteer: stepper closed")
+        return self._h
 
     def close(self) -> None:
-        if self._h is not None:
+        if self._h is None:
+            return
+        self._enter("close()")
+        try:
             self._h = None
             self._final()
+        finally:
+            self._busy.release()
 
     def __enter__(self) -> "Stepper":
         return self
@@ -598,13 +678,24 @@ class Stepper:
     def begin(self, version: int = 0) -> int:
         """Start a step at ``version`` (0: current); returns the pinned version."""
         v = c_uint64()
-        check(lib.shmsteer_stepper_begin(self.handle, version, byref(v)))
+        version = _int("version", version, U64)
+        h = self._enter("begin()")
+        try:
+            check(lib.shmsteer_stepper_begin(h, version, byref(v)))
+            self._step_thread = threading.get_ident()
+        finally:
+            self._busy.release()
         return v.value
 
     def end(self) -> int:
         """End the step; returns its determinism checksum."""
         s = c_uint64()
-        check(lib.shmsteer_stepper_end(self.handle, byref(s)))
+        h = self._enter("end()")
+        try:
+            self._step_thread = None
+            check(lib.shmsteer_stepper_end(h, byref(s)))
+        finally:
+            self._busy.release()
         return s.value
 
     def _id(self, rid: str) -> bytes:
@@ -620,12 +711,19 @@ class Stepper:
         arr = (_lib.Span * len(spans))()
         for i, (rid, start, end, phase) in enumerate(spans):
             b = self._id(rid)
-            arr[i] = _lib.Span(b, len(b), start, end, PHASES[phase])
+            arr[i] = _lib.Span(b, len(b), _int(f"span {i} start", start, I64), _int(f"span {i} end", end, I64),
+                               PHASES[phase])
         return arr
 
     def apply_ptr(self, hook: int, layer: int, ptr: int, n_floats: int, spans: ctypes.Array) -> None:
         """Apply over n_floats float32 at address ptr (in place, no copy)."""
-        check(lib.shmsteer_stepper_apply(self.handle, hook, layer, ptr, n_floats, spans, len(spans)))
+        hook, layer = _int("hook id", hook, U32), _int("layer", layer, I32)
+        n_floats = _int("n_floats", n_floats, U64)
+        h = self._enter("apply()")
+        try:
+            check(lib.shmsteer_stepper_apply(h, hook, layer, ptr, n_floats, spans, len(spans)))
+        finally:
+            self._busy.release()
 
     def apply(self, hook: Union[str, int], layer: int, rows: Any, spans: Sequence[SpanLike]) -> None:
         """Add each span's effective steering to its rows of ``rows`` in place.
@@ -642,8 +740,12 @@ class Stepper:
         """The request's effective steering at (hook, layer, phase) in this step."""
         out = _lib.EffectiveC()
         b = self._id(request_id)
-        check(lib.shmsteer_stepper_effective(self.handle, b, len(b), self._parent.hook_id(hook),
-                                             layer, PHASES[phase], byref(out)))
+        hid, layer = self._parent.hook_id(hook), _int("layer", layer, I32)
+        h = self._enter("effective()")
+        try:
+            check(lib.shmsteer_stepper_effective(h, b, len(b), hid, layer, PHASES[phase], byref(out)))
+        finally:
+            self._busy.release()
         ptr = ctypes.cast(out.data, c_void_p).value or 0
         gptr = ctypes.cast(out.global_data, c_void_p).value or 0
         return Effective(ptr, gptr, out.len, out.clamps, out.version, bytes(out.digest))
@@ -682,4 +784,4 @@ def mapping_of(address: int) -> Optional[str]:
 
 
 __all__ = ["Client", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry", "Stepper",
-           "Effective", "mapping_of", "ForkedError"]
+           "StepperBusyError", "Effective", "mapping_of", "ForkedError"]

@@ -100,7 +100,7 @@ class SharedKeyRegistry(MutableMapping):
                 self._keys[request_id] = b""
                 self._keys.revoke(request_id)
             return
-        self._keys[request_id] = bytes(value)
+        self._keys[request_id] = value  # bytes-like only: Keys refuses an int or a str (TypeError)
 
     def __delitem__(self, request_id: str) -> None:
         try:
@@ -110,6 +110,31 @@ class SharedKeyRegistry(MutableMapping):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
+
+    def clear(self) -> None:
+        """Revoke every live key at once (each reads None until the owner purges it).
+
+        MutableMapping's clear() pops until the mapping is empty, but a revoked id stays listed
+        in the owner until its purge: it would spin for the whole purge delay."""
+        for rid, revoked in self._keys.entries():
+            if not revoked:
+                try:
+                    self._keys.revoke(rid)
+                except errors.KeyNotFoundError:
+                    pass  # revoked or purged meanwhile
+
+    def popitem(self) -> tuple:
+        """Revoke a live key and return ``(request id, key)``; KeyError if no key is live."""
+        for rid, revoked in self._keys.entries():
+            if revoked:
+                continue
+            try:
+                key = self._keys.get_bytes(rid)
+                self._keys.revoke(rid)
+            except (errors.KeyRevokedError, errors.KeyNotFoundError):
+                continue
+            return rid, key
+        raise KeyError("popitem(): no live key")
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -292,3 +292,85 @@ def test_secret_file_one_rule(owner, ns, secret, monkeypatch, tmp_path):
     monkeypatch.setenv("SHMSTEER_SECRET_FILE", str(tmp_path / "missing"))
     with pytest.raises(errors.SecretFileError):
         shmsteer.Client(ns)
+
+
+def test_integers_are_range_checked(owner, ns, secret):
+    # ctypes keeps only an integer's low bits: layer 2**32+3 was registered at layer 3 and
+    # hidden=2**32+8 became 8. Every integer is checked against its C type's range first.
+    v = np.ones(8, np.float32)
+    for bad in (2**32 + 3, 2**31, -(2**31) - 1, True, 1.0, "1"):
+        with pytest.raises(errors.InvalidArgumentError):
+            owner.register_vector("v", [("post_block", bad, 1.0, v)])
+    with pytest.raises(errors.UnknownVectorError):
+        with owner.snapshot() as s:
+            s.vector("v")  # nothing was registered
+    owner.register_vector("v", [("post_block", np.int64(1), 1.0, v)])  # numpy integers are integers
+    with pytest.raises(errors.InvalidArgumentError, match="hidden"):
+        shmsteer.Owner(ns + "-h", secret=secret, hidden=2**32 + 8)
+    with pytest.raises(errors.InvalidArgumentError, match="grace"):
+        shmsteer.Owner(ns + "-g", secret=secret, hidden=8, grace=float("nan"))
+    with pytest.raises(errors.InvalidArgumentError):
+        owner.hook_id(2**32)
+    with pytest.raises(errors.InvalidArgumentError):
+        owner.snapshot(2**64)  # was pinned as version 0, the current one
+    with pytest.raises(errors.InvalidArgumentError):
+        owner.snapshot(-1)
+    with pytest.raises(errors.InvalidArgumentError, match="timeout"):
+        shmsteer.Client(ns, secret=secret, timeout=float("inf"))
+    rows = np.zeros((2, 8), np.float32)
+    with owner.stepper() as st:
+        with pytest.raises(errors.InvalidArgumentError):
+            st.begin(-1)
+        st.begin()
+        with pytest.raises(errors.InvalidArgumentError):
+            st.apply("post_block", 2**32, rows, [])
+        with pytest.raises(errors.InvalidArgumentError, match="span 0 end"):
+            st.apply("post_block", 0, rows, [("r", 0, 2**63, "decode")])
+        st.end()
+
+
+def test_key_values_must_be_bytes_like(owner):
+    # bytes(12) is 12 zero bytes, bytes([1, 2]) a list's values: refused, nothing stored.
+    for bad in (12, "text", [1, 2], None, 1.5):
+        with pytest.raises(TypeError, match="bytes-like"):
+            owner.keys["k"] = bad
+    assert "k" not in owner.keys
+    owner.keys["a"] = bytearray(b"ab")
+    owner.keys["b"] = memoryview(b"xyz")[1:]
+    owner.keys["c"] = np.frombuffer(b"\x01\x02", np.uint8)
+    assert (owner.keys["a"], owner.keys["b"], owner.keys["c"]) == (b"ab", b"yz", b"\x01\x02")
+
+
+def test_stepper_used_from_threads_raises_busy(owner):
+    # A Stepper used from 4 threads at once used to abort the interpreter; now a call that finds
+    # another thread inside raises StepperBusyError and changes nothing.
+    import threading
+    st = owner.stepper()
+    rows = np.zeros((4096, 8), np.float32)
+    busy, other, done = [0], [], [0]
+    lock = threading.Lock()
+
+    def run():
+        for _ in range(300):
+            try:
+                st.begin()
+                st.apply("post_block", 0, rows, [])
+                st.end()
+                with lock:
+                    done[0] += 1
+            except shmsteer.StepperBusyError:
+                with lock:
+                    busy[0] += 1
+            except Exception as e:  # noqa: BLE001 - reported below
+                with lock:
+                    other.append(repr(e))
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not other, other[:3]
+    assert busy[0] > 0 and done[0] > 0, (busy[0], done[0])
+    st.close()
+    with pytest.raises(errors.ClosedError):
+        st.begin()

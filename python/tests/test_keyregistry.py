@@ -107,3 +107,33 @@ def test_missing_secret_and_missing_manager(registry_env, monkeypatch, spawn):
         get_shared_registry()
     with pytest.raises(KeyRegistryAuthSecretNotDefinedError):
         next(registry_manager_main_process())
+
+
+def test_clear_in_the_owner_returns_at_once(registry_env, monkeypatch):
+    # MutableMapping.clear() pops until empty, but the owner lists a revoked id until its purge:
+    # clear() spun for the whole purge delay (60 s). It revokes every live key and returns.
+    import threading
+    monkeypatch.setattr(keyregistry, "PURGE_DELAY_SECONDS", 60.0)
+    manager = registry_manager_main_process()
+    next(manager)
+    try:
+        reg = get_shared_registry()
+        for i in range(5):
+            reg[f"k{i}"] = b"v%d" % i
+        reg["k0"] = None  # already revoked
+        t = threading.Thread(target=reg.clear, daemon=True)
+        start = time.monotonic()
+        t.start()
+        t.join(10)
+        assert not t.is_alive(), "clear() did not return within 10 s"
+        assert time.monotonic() - start < 10
+        assert all(reg[f"k{i}"] is None for i in range(5))
+        with pytest.raises(KeyError):
+            reg.popitem()
+        reg["p"] = b"pv"
+        assert reg.popitem() == ("p", b"pv")
+        assert reg["p"] is None
+        with pytest.raises(TypeError):
+            reg["n"] = 12
+    finally:
+        manager.close()
