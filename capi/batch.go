@@ -36,8 +36,8 @@ func shmsteerGo_batch_new(h C.uint64_t, opt *C.shmsteer_batch_options, out *C.ui
 	}
 	var o steer.BatchOptions
 	if opt != nil {
-		if opt.max_slots > steer.MaxBatchSlots || opt.max_clamps > 64 {
-			return badArg(fmt.Sprintf("max_slots %d (at most %d) or max_clamps %d (at most 64)", opt.max_slots, steer.MaxBatchSlots, opt.max_clamps))
+		if opt.max_slots > steer.MaxBatchSlots || opt.max_clamps > 64 || opt.max_clamps < -1 {
+			return badArg(fmt.Sprintf("max_slots %d (at most %d) or max_clamps %d (-1..64)", opt.max_slots, steer.MaxBatchSlots, opt.max_clamps))
 		}
 		o = steer.BatchOptions{MaxSlots: int(opt.max_slots), MaxClamps: int(opt.max_clamps)}
 	}
@@ -65,6 +65,25 @@ func shmsteerGo_batch_reset(h C.uint64_t) C.int {
 		return badHandle("not a live shmsteer_batch_t")
 	}
 	b.b.Reset()
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_batch_sites
+func shmsteerGo_batch_sites(h C.uint64_t, sites *C.int32_t, n C.size_t) C.int {
+	b, ok := getAs[*batch](uint64(h))
+	if !ok {
+		return badHandle("not a live shmsteer_batch_t")
+	}
+	if sites == nil && n > 0 || n > 1<<24 {
+		return badArg("sites")
+	}
+	var ss []int32
+	if n > 0 {
+		ss = append(ss, unsafe.Slice((*int32)(unsafe.Pointer(sites)), int(n))...)
+	}
+	if err := b.b.SetSites(ss); err != nil {
+		return fail(err)
+	}
 	return C.SHMSTEER_OK
 }
 
@@ -99,7 +118,7 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 	if rc != C.SHMSTEER_OK {
 		return badHandle("the batch's stepper was freed")
 	}
-	if out == nil || rows < 0 || rows > math.MaxInt32 || flags&^C.SHMSTEER_BATCH_END != 0 {
+	if out == nil || rows < 0 || rows > math.MaxInt32 || flags&^(C.SHMSTEER_BATCH_END|C.SHMSTEER_BATCH_RESET) != 0 {
 		return badArg("out, rows or flags")
 	}
 	var rc2 C.int
@@ -108,6 +127,9 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 		return rc2
 	}
 	st.pin.Unpin() // Resolve begins a new step: the last step's effective views end here
+	if flags&C.SHMSTEER_BATCH_RESET != 0 {
+		b.b.Reset()
+	}
 	err := b.b.Resolve(uint64(version), b.spans, int(rows))
 	if err != nil {
 		return fail(err)

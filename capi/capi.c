@@ -293,6 +293,11 @@ SHMSTEER_API int shmsteer_batch_free(shmsteer_batch_t *b) { ENTER(); return shms
 
 SHMSTEER_API int shmsteer_batch_reset(shmsteer_batch_t *b) { ENTER(); return shmsteerGo_batch_reset(H(b)); }
 
+SHMSTEER_API int shmsteer_batch_sites(shmsteer_batch_t *b, const int32_t *sites, size_t n) {
+  ENTER();
+  return shmsteerGo_batch_sites(H(b), (int32_t *)sites, n);
+}
+
 SHMSTEER_API int shmsteer_batch_resolve(shmsteer_batch_t *b, uint64_t version, const shmsteer_span *spans,
                                         size_t n_spans, int64_t rows, uint32_t flags, shmsteer_batch_info *out) {
   ENTER();

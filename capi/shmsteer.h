@@ -431,7 +431,7 @@ int shmsteer_stepper_end(shmsteer_stepper_t *st, uint64_t *checksum);
  * (re)write. A hooked site then does one gather-add, table[index], with no call here. */
 typedef struct {
   uint32_t max_slots;  /* compositions a table holds besides row 0; 0 = 256 */
-  uint32_t max_clamps; /* clamp directions per (slot, site); 0 = 4 */
+  int32_t max_clamps;  /* clamp directions per (slot, site); 0 = 4, -1 = none */
 } shmsteer_batch_options;
 
 /* opt may be NULL (defaults). The batch belongs to st's thread; free it before st. */
@@ -439,8 +439,13 @@ int shmsteer_batch_new(shmsteer_stepper_t *st, const shmsteer_batch_options *opt
 int shmsteer_batch_free(shmsteer_batch_t *b);
 /* Forget what the worker's tables hold: the next resolve reports every steered row. */
 int shmsteer_batch_reset(shmsteer_batch_t *b);
+/* Restrict the batch to the n sites (hook * layers + layer) the worker applies (n = 0: all):
+ * nothing is staged or reported for the others. A site added later starts as zeros (a new
+ * table); drop the table of a site removed. LAYER_RANGE for a site out of range. */
+int shmsteer_batch_sites(shmsteer_batch_t *b, const int32_t *sites, size_t n);
 
-#define SHMSTEER_BATCH_END 1u /* end the step after resolving (no CPU apply follows) */
+#define SHMSTEER_BATCH_END 1u   /* end the step after resolving (no CPU apply follows) */
+#define SHMSTEER_BATCH_RESET 2u /* shmsteer_batch_reset first (the worker's tables are new) */
 
 /* What a resolve produced. Every pointer is valid until the next resolve, reset or free of the
  * batch, and NULL when its count is 0. */

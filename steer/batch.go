@@ -43,8 +43,9 @@ type BatchOptions struct {
 	// MaxSlots is the number of compositions a device table holds besides row 0 (default 256):
 	// the distinct (request, phase) pairs of one step's batch must fit.
 	MaxSlots int
-	// MaxClamps is the number of clamp directions a (slot, site) may carry (default 4, as the
-	// reference fork's max_clamp_directions).
+	// MaxClamps is the number of clamp directions a (slot, site) may carry: 0 means the
+	// default, 4 (the reference fork's max_clamp_directions), and a negative value none (tables
+	// without clamp rows: a clamp in the batch is ErrBatchCapacity).
 	MaxClamps int
 }
 
@@ -97,6 +98,7 @@ type Batch struct {
 	free   []int32 // unassigned slots, highest first (lowest popped first)
 	tick   uint64
 	stats  BatchStats
+	mask   []bool // sites the worker applies (nil: all)
 
 	// Results of the last Resolve.
 	Index       []int32 // slot of every row
@@ -137,11 +139,14 @@ func (s *Stepper) NewBatch(opt BatchOptions) (*Batch, error) {
 	if opt.MaxSlots == 0 {
 		opt.MaxSlots = 256
 	}
-	if opt.MaxClamps == 0 {
+	switch {
+	case opt.MaxClamps == 0:
 		opt.MaxClamps = 4
+	case opt.MaxClamps < 0:
+		opt.MaxClamps = 0
 	}
-	if opt.MaxSlots < 1 || opt.MaxSlots > MaxBatchSlots || opt.MaxClamps < 0 || opt.MaxClamps > 64 {
-		return nil, fmt.Errorf("%w: batch MaxSlots %d (1..%d) or MaxClamps %d (0..64)", ErrBadConfig, opt.MaxSlots, MaxBatchSlots, opt.MaxClamps)
+	if opt.MaxSlots < 1 || opt.MaxSlots > MaxBatchSlots || opt.MaxClamps > 64 {
+		return nil, fmt.Errorf("%w: batch MaxSlots %d (1..%d) or MaxClamps %d (at most 64)", ErrBadConfig, opt.MaxSlots, MaxBatchSlots, opt.MaxClamps)
 	}
 	b := &Batch{s: s, opt: opt, nsites: s.e.cfg.NumHooks() * s.layers, byKey: map[slotKey]int32{},
 		local: map[slotKey]int32{}, taken: map[int32]bool{}}
@@ -159,6 +164,40 @@ func (b *Batch) Options() BatchOptions { return b.opt }
 
 // Stats returns the counters.
 func (b *Batch) Stats() BatchStats { return b.stats }
+
+// SetSites restricts the batch to the sites (hook*layers + layer) the worker applies steering
+// at (nil or empty: every site): other sites are never staged, reported in Sites or counted in
+// the checksum, so a worker hooking 32 of 160 sites uploads and tracks only those. A site added
+// later starts as zeros (a new table) and its rows are reported at the next Resolve.
+func (b *Batch) SetSites(sites []int32) error {
+	for _, s := range sites {
+		if s < 0 || int(s) >= b.nsites {
+			return fmt.Errorf("%w: site %d, the model has %d (hooks × layers)", ErrLayerRange, s, b.nsites)
+		}
+	}
+	var mask []bool
+	if len(sites) > 0 {
+		mask = make([]bool, b.nsites)
+		for _, s := range sites {
+			mask[s] = true
+		}
+	}
+	for i := range b.slots {
+		sl := &b.slots[i]
+		sl.synced = false
+		if sl.g == nil {
+			continue
+		}
+		for site := range b.nsites {
+			if mask != nil && !mask[site] || b.mask != nil && !b.mask[site] {
+				// Dropped sites are forgotten; added ones hold zeros (a new table).
+				sl.g[site], sl.r[site] = 0, 0
+			}
+		}
+	}
+	b.mask = mask
+	return nil
+}
 
 // Reset forgets what the worker's tables hold: the next Resolve reports every steered row of
 // its batch for upload (after the worker reallocated its tables, say).
@@ -299,6 +338,10 @@ func (b *Batch) diff(j int, k slotKey) error {
 	d := s.d
 	var sum uint64
 	for site := 0; site < b.nsites; site++ {
+		if b.mask != nil && !b.mask[site] {
+			p.g[site], p.r[site] = 0, 0
+			continue
+		}
 		ix := site*2 + int(k.phase) - 1
 		gv, gcl, ga := s.global.at(ix)
 		var rvec []float32

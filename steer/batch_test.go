@@ -261,9 +261,43 @@ func TestBatchTooManyClamps(t *testing.T) {
 	err = b.Resolve(0, []Span{{ID: "c", Start: 0, End: 1, Phase: PhaseDecode}}, 1)
 	require.ErrorIs(t, err, ErrBatchCapacity)
 	require.Contains(t, err.Error(), "post_block")
+	none, err := st.NewBatch(BatchOptions{MaxClamps: -1})
+	require.NoError(t, err)
+	require.Zero(t, none.Options().MaxClamps)
+	require.ErrorIs(t, none.Resolve(0, []Span{{ID: "c", Start: 0, End: 1, Phase: PhaseDecode}}, 1), ErrBatchCapacity)
 	b3, err := st.NewBatch(BatchOptions{MaxClamps: 3})
 	require.NoError(t, err)
 	require.NoError(t, b3.Resolve(0, []Span{{ID: "c", Start: 0, End: 1, Phase: PhaseDecode}}, 1))
 	require.Equal(t, []int32{3}, b3.SiteClamps)
 	st.End()
+}
+
+func TestBatchSites(t *testing.T) {
+	e := newOwner(t, smallCfg, Options{})
+	_, ids, err := scenario(e, 8)
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(3, 4))
+	st := e.NewStepper()
+	defer st.Close()
+	b, err := st.NewBatch(BatchOptions{})
+	require.NoError(t, err)
+	require.ErrorIs(t, b.SetSites([]int32{-1}), ErrLayerRange)
+	require.ErrorIs(t, b.SetSites([]int32{int32(smallCfg.NumHooks() * smallCfg.Layers)}), ErrLayerRange)
+	hooked := []int32{1, 4, 9, 14}
+	require.NoError(t, b.SetSites(hooked))
+	dev := newDevTables(smallCfg.Hidden, 4)
+	batch := batchFor(rng, ids, 24)
+	require.NoError(t, b.Resolve(0, batch, 24))
+	dev.update(b)
+	for _, u := range b.Updates {
+		require.Contains(t, hooked, u.Site)
+	}
+	for _, s := range b.Sites {
+		require.Contains(t, hooked, s)
+	}
+	st.End()
+	// Adding sites: their rows arrive at the next Resolve, and every hooked site applies as
+	// Apply does.
+	require.NoError(t, b.SetSites(nil))
+	checkBatchStep(t, e, st, b, dev, rng, batch, 24, "all sites")
 }

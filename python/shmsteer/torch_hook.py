@@ -10,16 +10,46 @@ batch layout (which request owns which rows)::
     with torch.inference_mode(), hooks.step([("req-1", 0, 7, "prefill"), ("req-2", 7, 8, "decode")]):
         model(x)
 
-The hooked output must be a float32 tensor whose last dimension is the hidden size, its rows
-(all leading dimensions flattened) matching the spans; a tuple output is steered in its first
-element. The add happens in place, outside autograd: use it for inference.
+The hooked output must be a contiguous float32, bfloat16 or float16 tensor whose last dimension is
+the hidden size, its rows (all leading dimensions flattened) covering the spans; a tuple output is
+steered in its first element. The add happens in place, outside autograd: use it for inference.
+Anything else (int8 or float64, a wrong width, a non-contiguous tensor, spans past its rows) raises
+a typed error before anything is changed.
 
-* CPU tensors: the native kernels (AVX-512/AVX2) run on the tensor's own memory, no copy, and the
-  step's determinism checksum covers them.
-* CUDA tensors: each request's composed vector is kept on the device and re-uploaded only when its
-  digest changes (a new version of any input); the add is one ``index_add_`` over the steered
-  rows. Clamps are not supported there (NotImplementedError), and the checksum does not cover
-  device applies.
+Each step makes one call into the engine to resolve the whole batch (``shmsteer_batch_resolve``:
+every span's slot, the steered sites, the table rows that changed) and one to end it; a hooked site
+never calls into the engine and never loops over requests.
+
+* CPU float32 tensors (unless ``force_device_path``): the native kernels (AVX-512/AVX2) run on the
+  tensor's own memory, no copy, one library call per site; bfloat16 and float16 CPU tensors go
+  through a float32 copy. The step's determinism checksum (:attr:`SteeringHooks.checksum`)
+  covers these applies, as before.
+* The device path (CUDA tensors, or any tensor with ``force_device_path``): per site a persistent
+  table ``[slots + 1, hidden]`` in the hidden state's dtype (row 0 zeros, row ``s`` the composed
+  global + request vector of slot ``s``) is updated only for the rows whose content changed (one
+  host-to-device copy of the changed rows per step, none in a steady batch); the per-row slot index
+  is uploaded once per step; the apply is one gather-add over the steered rows, then the clamps
+  (projection clamp and directional ablation, in float32, global clamps first, as the CPU path).
+  Unsteered sites cost nothing. The checksum of the CPU applies does not cover the device's
+  arithmetic; :attr:`SteeringHooks.batch_checksum` is the determinism checksum of what the step
+  resolved (span layout and the action hashes of every steered site's content), equal across ranks
+  that resolve the same batch at the same version, whatever the device.
+
+CUDA-graph (static) mode: ``SteeringHooks(handle, static=True, max_tokens=T, device=..., dtype=...)``
+preallocates, for every attached site, a table ``[max_slots + 1, hidden]`` (and clamp rows when
+``max_clamps`` > 0), one index buffer ``[max_tokens]`` and the gather buffers. :meth:`prepare` runs
+outside the graph, once per step: one engine call, then copies into those static buffers only
+(changed table rows, the index; rows past the batch get slot 0). The hooked forward does only
+fixed-shape device work on them — no allocation, no host sync, no branch on data: every attached
+site does its gather-add (an unsteered row gathers row 0, zeros) and, with ``max_clamps`` > 0, its
+``max_clamps`` clamp passes. A vLLM-style runner therefore:
+
+1. builds the hooks in static mode with its largest captured batch as ``max_tokens``;
+2. calls ``prepare(spans)`` for a warm-up batch, then captures the forward of each padded batch
+   size in a ``torch.cuda.CUDAGraph`` as usual (the hooks are captured with it);
+3. per step: ``prepare(spans)`` (spans over the padded batch's rows), copy the inputs into the
+   graph's static inputs, ``graph.replay()``. prepare's copies are ordered before the replay on the
+   same stream, and never reallocate, so the captured graph keeps reading the right buffers.
 """
 
 from __future__ import annotations
@@ -27,38 +57,104 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from .client import PHASES, SpanLike, Stepper, _Handle
+from .device import DeviceTables, Resolved, StepBatch, UnsupportedDtypeError, apply_clamps, check_hidden
+from .errors import ShapeError
 
 
 class SteeringHooks:
-    """Steering forward hooks sharing one stepper and one batch layout.
+    """Steering forward hooks sharing one stepper, one per-step batch and one batch layout.
 
     Args:
         handle: a :class:`~shmsteer.Client` or :class:`~shmsteer.Owner`.
-        force_device_path: use the device path (cached vectors, one index_add_) even for CPU
-            tensors; for tests of that path on machines without a GPU.
+        force_device_path: use the device path (tables, one gather-add) even for CPU tensors; for
+            tests of that path, and what a GPU worker's host work costs, on machines without a GPU.
+        max_slots: distinct (request, phase) compositions one step may hold (table rows - 1).
+        max_clamps: clamp directions per (slot, site); 0 refuses clamps (BatchCapacityError) and,
+            in static mode, leaves the clamp passes out of the graph.
+        static: CUDA-graph mode (see the module doc): needs ``max_tokens``, ``device``, ``dtype``.
     """
 
-    def __init__(self, handle: _Handle, force_device_path: bool = False) -> None:
+    def __init__(self, handle: _Handle, force_device_path: bool = False, *, max_slots: int = 256,
+                 max_clamps: int = 4, static: bool = False, max_tokens: int = 0, device: Any = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
         self._handle = handle
+        self.hidden, self.layers, _ = handle.model
         self.stepper: Stepper = handle.stepper()
-        self.force_device_path = force_device_path
-        self._spans: Optional[List[Tuple[str, int, int, int]]] = None
-        self._packed: Any = None
-        self._cache: Dict[Tuple[str, int, int, int, str], Tuple[bytes, torch.Tensor]] = {}
+        self.batch = StepBatch(self.stepper, self.hidden, max_slots, max_clamps)
+        self.force_device_path = force_device_path or static
+        self.max_clamps = max_clamps
+        self.static = static
         self._removables: List[Any] = []
-        self.uploads = 0  #: device uploads of composed vectors (a cache miss or a new digest)
-        self.checksum = 0  #: determinism checksum of the last step
+        self._sites: List[int] = []  # attached sites: the batch stages only these
+        self._spans: Optional[Sequence[SpanLike]] = None
+        self._packed: Any = None
+        self._rows = 0
+        self._version = 0
+        self._res: Optional[Resolved] = None
+        self._pending = False  # the last resolve's updates are not in the tables yet
+        self._stale = False  # a resolve's updates were dropped: the next one resets the batch
+        self._mode: Optional[str] = None  # "native" or "device" once a step has shown it
+        self._tables: Optional[DeviceTables] = None
+        self._live: Dict[int, int] = {}  # steered site -> clamp directions, this step
+        self._idx: Optional[torch.Tensor] = None
+        self._rowsel: Optional[torch.Tensor] = None
+        self._native = self._device = 0
+        self.checksum = 0  #: determinism checksum of the last step's CPU applies
+        self.batch_checksum = 0  #: determinism checksum of what the last step resolved
+        self.engine_calls = 0  #: calls that resolve or end steps (resolve, begin, end)
+        if static:
+            if max_tokens <= 0 or device is None or dtype is None:
+                raise ValueError("shmsteer: static mode needs max_tokens > 0, device and dtype")
+            if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise UnsupportedDtypeError(f"shmsteer: static tables in {dtype}; use float32, bfloat16 or float16")
+            dev = torch.device(device)
+            self.max_tokens = max_tokens
+            self._tables = DeviceTables(self.hidden, dev, dtype, max_clamps, capacity=max_slots + 1, static=True)
+            self._sidx = torch.zeros(max_tokens, dtype=torch.int64, device=dev)
+            self._sidx_host = torch.zeros(max_tokens, dtype=torch.int64, pin_memory=dev.type == "cuda")
+            self._gbuf = torch.zeros(max_tokens, self.hidden, dtype=dtype, device=dev)
+            if max_clamps > 0:
+                self._dbuf = torch.zeros(max_tokens, max_clamps, self.hidden, dtype=torch.float32, device=dev)
+                self._pbuf = torch.zeros(max_tokens, max_clamps, 3, dtype=torch.float32, device=dev)
+                self._hbuf = torch.zeros(max_tokens, self.hidden, dtype=torch.float32, device=dev)
+                self._tbuf = torch.zeros(max_tokens, self.hidden, dtype=torch.float32, device=dev)
+                self._cbuf = torch.zeros(2, max_tokens, dtype=torch.float32, device=dev)
+
+    @property
+    def uploads(self) -> int:
+        """Table rows written to the device so far (a new slot or a changed composition)."""
+        return self._tables.uploads if self._tables is not None else 0
+
+    # ---- wiring ---------------------------------------------------------------------------
 
     def attach(self, module: torch.nn.Module, hook: str, layer: int) -> Any:
         """Register a forward hook applying (hook, layer) to module's output."""
         hook_id = self._handle.hook_id(hook)
+        if not 0 <= layer < self.layers:
+            from .errors import LayerRangeError
+            raise LayerRangeError(f"shmsteer: layer {layer}, model has {self.layers}")
+        site = hook_id * self.layers + layer
+        if site not in self._sites:
+            self._sites.append(site)
+            self.batch.set_sites(self._sites)
+        if self.static and self._tables is not None:
+            st = self._tables._site(site)
+            if self.max_clamps > 0 and st.dirs is None:
+                self._tables._clamp_rows(st)
+            fn_apply = self._static_apply
+        else:
+            fn_apply = None
 
         def fn(_mod: torch.nn.Module, _inputs: Any, output: Any) -> None:
             t = output[0] if isinstance(output, (tuple, list)) else output
-            self.apply(t, hook_id, layer)
+            if fn_apply is not None:
+                fn_apply(t, site)
+            else:
+                self.apply(t, hook_id, layer)
 
         r = module.register_forward_hook(fn)
         self._removables.append(r)
@@ -70,64 +166,177 @@ class SteeringHooks:
             r.remove()
         self._removables.clear()
 
+    # ---- eager steps ----------------------------------------------------------------------
+
     @contextlib.contextmanager
-    def step(self, spans: Sequence[SpanLike], version: int = 0) -> Iterator["SteeringHooks"]:
+    def step(self, spans: Sequence[SpanLike], version: int = 0, rows: Optional[int] = None) -> Iterator["SteeringHooks"]:
         """Run one forward pass's hooks with this batch layout, pinned at ``version`` (0: the
-        current one; ranks handed the same version apply the same steering)."""
-        self._spans = [(rid, int(s), int(e), PHASES[p]) for rid, s, e, p in spans]
-        self._packed = self.stepper.spans(spans)
-        self.stepper.begin(version)
+        current one; ranks handed the same version apply the same steering). ``rows``: rows of
+        the hooked tensors (default: the end of the last span)."""
+        if self.static:
+            raise RuntimeError("shmsteer: static hooks step with prepare(spans), outside the graph")
+        packed = self.stepper.spans(spans)
+        n = rows if rows is not None else max((int(e) for _, _, e, _ in spans), default=0)
+        self._native = self._device = 0
+        if self._mode == "native":
+            self._version = self.stepper.begin(version)
+            self.engine_calls += 1
+            self._res = None
+        else:
+            self._resolve(packed, n, version)
+        self._spans, self._packed, self._rows = spans, packed, n
         try:
             yield self
         finally:
             self.checksum = self.stepper.end()
-            self._spans, self._packed = None, None
+            self.engine_calls += 1
+            if self._pending:
+                self._stale, self._pending = True, False
+            if self._device:
+                self._mode = "device"
+            elif self._native and self._mode is None:
+                self._mode = "native"
+            self._spans, self._packed, self._res = None, None, None
+
+    def _resolve(self, packed: Any, rows: int, version: int, end: bool = False) -> Resolved:
+        self.engine_calls += 1
+        res = self.batch.resolve(packed, rows, version, end, reset=self._stale)
+        self._stale = False
+        self._res, self._version = res, res.version
+        self.batch_checksum = res.checksum
+        self._pending = True
+        if self._tables is not None:
+            self._load(res)
+        return res
+
+    def _load(self, res: Resolved) -> None:
+        """Bring the tables up to date with res and upload the step's index (eager)."""
+        assert self._tables is not None
+        self._tables.update(res)
+        self._pending = False
+        self._live = dict(zip(res.sites.tolist(), res.site_clamps.tolist()))
+        idx = res.index
+        dev = self._tables.device
+        if not self._live:
+            self._idx = self._rowsel = None
+            return
+        nz = np.flatnonzero(idx)
+        if len(nz) == len(idx):
+            self._rowsel = None
+            self._idx = torch.from_numpy(idx.astype(np.int64)).to(dev)
+        else:
+            both = torch.from_numpy(np.stack((nz, idx[nz])).astype(np.int64)).to(dev)  # one upload
+            self._rowsel, self._idx = both[0], both[1]
 
     def apply(self, t: torch.Tensor, hook_id: int, layer: int) -> None:
         """Apply (hook, layer) to t in place for the current step's batch."""
-        if self._spans is None:
+        if self._packed is None:
             raise RuntimeError("shmsteer: steering hook ran outside SteeringHooks.step()")
-        if t.dtype != torch.float32:
-            raise TypeError(f"shmsteer: hooked output must be float32, not {t.dtype}")
-        if not t.is_contiguous():
-            raise ValueError("shmsteer: hooked output is not contiguous")
+        check_hidden(t, self.hidden)
+        if t.numel() // self.hidden < self._rows:
+            raise ShapeError(f"shmsteer: the spans cover {self._rows} rows, the hooked output has {t.numel() // self.hidden}")
         if t.device.type == "cpu" and not self.force_device_path:
-            self.stepper.apply_ptr(hook_id, layer, t.data_ptr(), t.numel(), self._packed)
+            self._native += 1
+            if self._res is None and self._mode != "native":
+                raise RuntimeError("shmsteer: no step resolved")
+            if t.dtype == torch.float32:
+                self.stepper.apply_ptr(hook_id, layer, t.data_ptr(), t.numel(), self._packed)
+            else:
+                t32 = t.float()
+                self.stepper.apply_ptr(hook_id, layer, t32.data_ptr(), t32.numel(), self._packed)
+                t.copy_(t32)
             return
-        self._device_apply(t, hook_id, layer)
+        self._device += 1
+        self._device_apply(t, hook_id * self.layers + layer)
 
-    def _device_apply(self, t: torch.Tensor, hook_id: int, layer: int) -> None:
-        rows = t.view(-1, t.shape[-1])
-        vecs: List[torch.Tensor] = []
-        row_idx: List[int] = []
-        vec_idx: List[int] = []
-        dev = str(t.device)
-        for rid, start, end, phase in self._spans or ():
-            if start >= end:
-                continue
-            eff = self.stepper.effective(rid, hook_id, layer, phase)
-            if eff.clamps:
-                raise NotImplementedError(
-                    "shmsteer: clamps are not supported on the device path; steer this model on CPU")
-            if not eff.data_ptr and not eff.global_ptr:
-                continue
-            key = (rid, hook_id, layer, phase, dev)
-            hit = self._cache.get(key)
-            if hit is None or hit[0] != eff.digest:
-                if len(self._cache) > 65536:
-                    self._cache.clear()
-                hit = (eff.digest, torch.from_numpy(eff.array()).to(t.device))
-                self._cache[key] = hit
-                self.uploads += 1
-            vec_idx.extend([len(vecs)] * (end - start))
-            vecs.append(hit[1])
-            row_idx.extend(range(start, end))
-        if not vecs:
+    def _device_apply(self, t: torch.Tensor, site: int) -> None:
+        if self._res is None:
+            # The hooks ran natively until now: resolve this step once more, at its version,
+            # into fresh tables (only where a model's tensors moved to a device).
+            self._stale = True
+            self._resolve(self._packed, self._rows, self._version)
+        tb = self._tables
+        if tb is None:
+            tb = self._tables = DeviceTables(self.hidden, t.device, t.dtype, self.max_clamps)
+            assert self._res is not None
+            self._load(self._res)
+        elif tb.dtype != t.dtype or tb.device != t.device:
+            raise UnsupportedDtypeError(
+                f"shmsteer: the device tables are {tb.dtype} on {tb.device}, this site's output is {t.dtype} on {t.device}: "
+                "steer one dtype on one device per SteeringHooks")
+        k = self._live.get(site)
+        if k is None or self._idx is None:
+            return  # unsteered site
+        st = tb.sites[site]
+        rows = t.view(-1, self.hidden)
+        g = st.vec.index_select(0, self._idx)
+        sel = self._rowsel
+        n = self._rows
+        if sel is None:
+            rows[:n].add_(g)
+        else:
+            rows.index_add_(0, sel, g)
+        if k == 0 or st.dirs is None or st.params is None:
             return
-        table = torch.stack(vecs)
-        ri = torch.tensor(row_idx, device=t.device)
-        vi = torch.tensor(vec_idx, device=t.device)
-        rows.index_add_(0, ri, table.index_select(0, vi))
+        dirs = st.dirs.index_select(0, self._idx)
+        params = st.params.index_select(0, self._idx)
+        if sel is None and t.dtype == torch.float32:
+            apply_clamps(rows[:n], dirs, params, k)
+            return
+        h = (rows[:n] if sel is None else rows.index_select(0, sel)).float()
+        apply_clamps(h, dirs, params, k)
+        if sel is None:
+            rows[:n].copy_(h)
+        else:
+            rows.index_copy_(0, sel, h.to(t.dtype))
+
+    # ---- static (CUDA-graph) mode ---------------------------------------------------------
+
+    def prepare(self, spans: Sequence[SpanLike], version: int = 0) -> int:
+        """Static mode, outside the graph: resolve the step (one engine call, the step ended at
+        once) and copy what changed into the static buffers. Returns the pinned version."""
+        if not self.static or self._tables is None:
+            raise RuntimeError("shmsteer: prepare() is for static hooks (SteeringHooks(..., static=True))")
+        packed = self.stepper.spans(spans)
+        res = self._resolve(packed, self.max_tokens, version, end=True)
+        self._res = None
+        self._sidx_host.numpy()[:] = res.index
+        self._sidx.copy_(self._sidx_host, non_blocking=True)
+        return res.version
+
+    def _static_apply(self, t: torch.Tensor, site: int) -> None:
+        tb = self._tables
+        assert tb is not None
+        if t.dtype != tb.dtype or t.device != tb.device:
+            raise UnsupportedDtypeError(f"shmsteer: static tables are {tb.dtype} on {tb.device}, the hooked output is {t.dtype} on {t.device}")
+        check_hidden(t, self.hidden)
+        rows = t.view(-1, self.hidden)
+        n = rows.shape[0]
+        if n > self.max_tokens:
+            raise ShapeError(f"shmsteer: the hooked output has {n} rows, static mode holds max_tokens={self.max_tokens}")
+        st = tb.sites[site]
+        idx = self._sidx[:n]
+        g = self._gbuf[:n]
+        torch.index_select(st.vec, 0, idx, out=g)
+        rows.add_(g)
+        if self.max_clamps <= 0 or st.dirs is None or st.params is None:
+            return
+        dirs, params = self._dbuf[:n], self._pbuf[:n]
+        torch.index_select(st.dirs, 0, idx, out=dirs)
+        torch.index_select(st.params, 0, idx, out=params)
+        if t.dtype == torch.float32:
+            apply_clamps(rows, dirs, params, self.max_clamps, self._tbuf[:n], self._cbuf[:, :n])
+        else:
+            h = self._hbuf[:n]
+            h.copy_(rows)
+            apply_clamps(h, dirs, params, self.max_clamps, self._tbuf[:n], self._cbuf[:, :n])
+            rows.copy_(h)
+
+    def close(self) -> None:
+        """Remove the hooks and free the batch and the stepper."""
+        self.remove()
+        self.batch.close()
+        self.stepper.close()
 
 
 __all__ = ["SteeringHooks"]

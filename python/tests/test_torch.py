@@ -120,25 +120,23 @@ def test_device_path_uploads_only_on_change(steered):
     assert not torch.equal(first, second)
 
 
-def test_device_path_refuses_clamps(steered):
+def test_device_path_applies_clamps_as_the_cpu_path(steered):
     o, c = steered
     o.admit("rc", override={"base": {"clamps": [{"hook": "post_block", "layer": 1,
                                                   "dir": [1.0] + [0.0] * (HIDDEN - 1),
                                                   "min": 0.0, "max": 0.0, "strength": 1.0}]}})
-    hooks = SteeringHooks(c, force_device_path=True)
-    lin = torch.nn.Identity()
-    hooks.attach(lin, "post_block", 1)
-    with pytest.raises(NotImplementedError):
+    outs = []
+    for device_path in (True, False):
+        hooks = SteeringHooks(c, force_device_path=device_path)
+        lin = torch.nn.Identity()
+        hooks.attach(lin, "post_block", 1)
+        x = torch.ones(1, HIDDEN)
         with torch.no_grad(), hooks.step([("rc", 0, 1, "decode")]):
-            lin(torch.ones(1, HIDDEN))
-    hooks.remove()
-    # The CPU path applies it (an ablation of the first coordinate).
-    cpu = SteeringHooks(c)
-    cpu.attach(lin, "post_block", 1)
-    x = torch.ones(1, HIDDEN)
-    with torch.no_grad(), cpu.step([("rc", 0, 1, "decode")]):
-        lin(x)
-    assert x[0, 0].item() == pytest.approx(0.0, abs=1e-6)
+            lin(x)
+        hooks.close()
+        assert x[0, 0].item() == pytest.approx(0.0, abs=1e-6)  # an ablation of the first coordinate
+        outs.append(x)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

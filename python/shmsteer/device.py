@@ -1,0 +1,301 @@
+"""The per-step batch and the device tables it keeps current.
+
+:class:`StepBatch` is ``shmsteer_batch_resolve``: one call into the engine per step resolves the
+whole batch (every span's slot, the sites anything steers, the table rows whose content changed).
+:class:`DeviceTables` holds, per (hook, layer) site, a table ``[slots + 1, hidden]`` in the hidden
+state's dtype on its device (row 0 zeros; row ``s`` the composed global + request vector of slot
+``s``) and the clamp rows beside it, written only from a batch's updates: a steady batch writes
+nothing, and a hooked site does one gather-add ``table[index]`` plus its clamps, with no call into
+the engine. :mod:`shmsteer.torch_hook` builds its device path and its static (CUDA-graph) mode on
+these two.
+
+The composed rows are summed in float32 by the engine and converted once, when uploaded; the
+clamp directions and bounds stay in float32 and the clamps are computed in float32 (as the
+engine's CPU kernels do) whatever the hidden state's dtype.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, Structure, byref, c_float, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from . import _lib
+from ._lib import check, lib
+from .errors import ShapeError, ShmsteerError
+
+#: Hidden-state dtypes both paths take.
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+BATCH_END = 1
+BATCH_RESET = 2
+
+
+class UnsupportedDtypeError(ShmsteerError, TypeError):
+    """A hooked hidden state whose dtype is not float32, bfloat16 or float16 (int8, float64, ...).
+    Nothing was changed."""
+
+
+class BatchOptionsC(Structure):
+    _fields_ = [("max_slots", c_uint32), ("max_clamps", c_int32)]
+
+
+class BatchInfoC(Structure):
+    _fields_ = [("version", c_uint64), ("checksum", c_uint64),
+                ("index", POINTER(c_int32)), ("rows", c_size_t), ("slots", c_uint32),
+                ("sites", POINTER(c_int32)), ("site_clamps", POINTER(c_int32)), ("n_sites", c_size_t),
+                ("updates", POINTER(c_int32)), ("n_updates", c_size_t),
+                ("stage", POINTER(c_float)), ("clamp_dirs", POINTER(c_float)), ("clamp_params", POINTER(c_float)),
+                ("n_clamps", c_size_t)]
+
+
+_h = c_void_p
+for _name, (_res, _args) in {
+    "shmsteer_batch_new": (ctypes.c_int, [_h, POINTER(BatchOptionsC), POINTER(_h)]),
+    "shmsteer_batch_free": (ctypes.c_int, [_h]),
+    "shmsteer_batch_reset": (ctypes.c_int, [_h]),
+    "shmsteer_batch_sites": (ctypes.c_int, [_h, POINTER(c_int32), c_size_t]),
+    "shmsteer_batch_resolve": (ctypes.c_int, [_h, c_uint64, POINTER(_lib.Span), c_size_t, c_int64, c_uint32,
+                                              POINTER(BatchInfoC)]),
+}.items():
+    _fn = getattr(lib, _name)
+    _fn.restype, _fn.argtypes = _res, _args
+
+
+def _np_view(ptr: Any, n: int, dtype: Any, shape: Tuple[int, ...]) -> np.ndarray:
+    """A numpy view of n elements at ptr (empty when n is 0). Valid until the next resolve."""
+    if n == 0:
+        return np.zeros(shape, dtype=dtype)
+    addr = ctypes.cast(ptr, c_void_p).value
+    buf = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(addr)
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+class Resolved:
+    """What one :meth:`StepBatch.resolve` produced (numpy views of the engine's buffers, valid until
+    the next resolve of the same batch).
+
+    Attributes:
+        version: the region version the step pinned.
+        checksum: determinism checksum of what the batch resolved (spans, slots' content hashes).
+        index: int32 [rows], the slot of every row (0: unsteered).
+        slots: rows a table needs (highest slot of the step + 1).
+        sites: int32, the steered sites (hook_id * layers + layer), ascending.
+        site_clamps: int32, clamp directions at each of ``sites``.
+        updates: int32 [n, 4]: site, slot, clamps, clamp_start of each row to write.
+        stage: float32 [n, hidden]: the composed row of each update.
+        clamp_dirs: float32 [m, hidden]; clamp_params: float32 [m, 3] (lo, hi, strength).
+    """
+
+    __slots__ = ("version", "checksum", "index", "slots", "sites", "site_clamps", "updates", "stage",
+                 "clamp_dirs", "clamp_params")
+
+    def __init__(self, info: BatchInfoC, hidden: int) -> None:
+        self.version = info.version
+        self.checksum = info.checksum
+        self.index = _np_view(info.index, info.rows, np.int32, (info.rows,))
+        self.slots = int(info.slots)
+        self.sites = _np_view(info.sites, info.n_sites, np.int32, (info.n_sites,))
+        self.site_clamps = _np_view(info.site_clamps, info.n_sites, np.int32, (info.n_sites,))
+        self.updates = _np_view(info.updates, info.n_updates * 4, np.int32, (info.n_updates, 4))
+        self.stage = _np_view(info.stage, info.n_updates * hidden, np.float32, (info.n_updates, hidden))
+        self.clamp_dirs = _np_view(info.clamp_dirs, info.n_clamps * hidden, np.float32, (info.n_clamps, hidden))
+        self.clamp_params = _np_view(info.clamp_params, info.n_clamps * 3, np.float32, (info.n_clamps, 3))
+
+
+class StepBatch:
+    """``shmsteer_batch_t`` over a :class:`~shmsteer.Stepper`: the one engine call of a step.
+
+    Args:
+        stepper: the stepper whose steps it resolves (same thread).
+        hidden: the model's hidden size.
+        max_slots: compositions a table holds besides row 0.
+        max_clamps: clamp directions per (slot, site); 0: none (a clamp is BatchCapacityError).
+    """
+
+    def __init__(self, stepper: Any, hidden: int, max_slots: int = 256, max_clamps: int = 4) -> None:
+        if not 1 <= max_slots <= 1 << 16 or not 0 <= max_clamps <= 64:
+            raise ValueError(f"shmsteer: max_slots {max_slots} (1..65536) or max_clamps {max_clamps} (0..64)")
+        out = c_void_p()
+        opt = BatchOptionsC(max_slots, max_clamps if max_clamps > 0 else -1)
+        check(lib.shmsteer_batch_new(stepper.handle, byref(opt), byref(out)))
+        self._h: Optional[int] = out.value
+        self._stepper = stepper
+        self.hidden = hidden
+        self.max_slots, self.max_clamps = max_slots, max_clamps
+        self._info = BatchInfoC()
+        self.resolves = 0  #: engine calls made by resolve()
+
+    def close(self) -> None:
+        if self._h is not None:
+            lib.shmsteer_batch_free(self._h)
+            self._h = None
+
+    def __del__(self) -> None:  # the stepper frees its own handle; free ours first when we can
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def reset(self) -> None:
+        """Forget what the tables hold: the next resolve reports every steered row."""
+        check(lib.shmsteer_batch_reset(self._h))
+
+    def set_sites(self, sites: Sequence[int]) -> None:
+        """Restrict the batch to these sites (hook_id * layers + layer; empty: all)."""
+        arr = (c_int32 * len(sites))(*sites)
+        check(lib.shmsteer_batch_sites(self._h, arr, len(sites)))
+
+    def resolve(self, spans: ctypes.Array, rows: int, version: int = 0, end: bool = False,
+                reset: bool = False) -> Resolved:
+        """Begin a step at ``version`` and resolve ``spans`` (packed by Stepper.spans) over ``rows``
+        rows. The step stays open for CPU applies unless ``end``; ``reset`` first forgets what the
+        tables hold (in the same call)."""
+        if self._h is None:
+            from .errors import ClosedError
+            raise ClosedError("shmsteer: batch closed")
+        self.resolves += 1
+        flags = (BATCH_END if end else 0) | (BATCH_RESET if reset else 0)
+        check(lib.shmsteer_batch_resolve(self._h, version, spans, len(spans), rows, flags, byref(self._info)))
+        return Resolved(self._info, self.hidden)
+
+
+def check_hidden(t: torch.Tensor, hidden: int) -> None:
+    """Refuse, before anything is changed, a hooked output the paths cannot steer."""
+    if t.dtype not in DTYPES:
+        raise UnsupportedDtypeError(f"shmsteer: hooked output has dtype {t.dtype}; steer float32, bfloat16 or float16")
+    if t.dim() == 0 or t.shape[-1] != hidden:
+        raise ShapeError(f"shmsteer: hooked output has shape {tuple(t.shape)}, its last dimension must be the hidden size {hidden}")
+    if not t.is_contiguous():
+        raise ShapeError("shmsteer: hooked output is not contiguous; steer a contiguous tensor (.contiguous() before the hook point)")
+
+
+class _Site:
+    """One site's tables: vectors [cap, hidden] (dtype), clamp dirs [cap, K, hidden] and params
+    [cap, K, 3] (float32; None until a clamp arrives, or preallocated in static mode)."""
+
+    __slots__ = ("vec", "dirs", "params")
+
+    def __init__(self, vec: torch.Tensor) -> None:
+        self.vec = vec
+        self.dirs: Optional[torch.Tensor] = None
+        self.params: Optional[torch.Tensor] = None
+
+
+class DeviceTables:
+    """Per-site steering tables on one device in one dtype, kept current from resolves.
+
+    Args:
+        hidden: the hidden size.
+        device, dtype: where the tables live and the hidden state's dtype.
+        max_clamps: K, clamp rows per (slot, site).
+        capacity: table rows to start with (grown as slots are used); ``static`` tables are
+            allocated at ``capacity`` for every site in ``sites`` up front and never grow.
+    """
+
+    def __init__(self, hidden: int, device: Any, dtype: torch.dtype, max_clamps: int, capacity: int = 16,
+                 static: bool = False, sites: Sequence[int] = ()) -> None:
+        self.hidden, self.device, self.dtype, self.k = hidden, torch.device(device), dtype, max_clamps
+        self.capacity, self.static = capacity, static
+        self.sites: Dict[int, _Site] = {}
+        self.uploads = 0  #: table rows written
+        for s in sites:
+            st = self._site(s)
+            if static and max_clamps > 0:
+                self._clamp_rows(st)
+
+    def _site(self, s: int) -> _Site:
+        st = self.sites.get(s)
+        if st is None:
+            st = self.sites[s] = _Site(torch.zeros(self.capacity, self.hidden, dtype=self.dtype, device=self.device))
+        return st
+
+    def _clamp_rows(self, st: _Site) -> None:
+        n = st.vec.shape[0]
+        st.dirs = torch.zeros(n, self.k, self.hidden, dtype=torch.float32, device=self.device)
+        st.params = torch.zeros(n, self.k, 3, dtype=torch.float32, device=self.device)
+
+    def _grow(self, need: int) -> None:
+        if need <= self.capacity:
+            return
+        if self.static:
+            raise ShapeError(f"shmsteer: static tables hold {self.capacity - 1} slots, the batch uses {need - 1}")
+        cap = self.capacity
+        while cap < need:
+            cap *= 2
+        for st in self.sites.values():
+            n = st.vec.shape[0]
+            vec = torch.zeros(cap, self.hidden, dtype=self.dtype, device=self.device)
+            vec[:n] = st.vec
+            st.vec = vec
+            if st.dirs is not None and st.params is not None:
+                dirs = torch.zeros(cap, self.k, self.hidden, dtype=torch.float32, device=self.device)
+                params = torch.zeros(cap, self.k, 3, dtype=torch.float32, device=self.device)
+                dirs[:n], params[:n] = st.dirs, st.params
+                st.dirs, st.params = dirs, params
+        self.capacity = cap
+
+    def update(self, r: Resolved) -> None:
+        """Write the rows a resolve reported: one host-to-device copy of the staged rows, then one
+        index_copy_ per site that changed (converting to the table's dtype)."""
+        self._grow(r.slots)
+        u = r.updates
+        if len(u) == 0:
+            return
+        stage = torch.from_numpy(r.stage).to(self.device, non_blocking=False)
+        if self.device.type == "cpu":
+            stage = stage.clone()  # the engine's buffer is reused by the next resolve
+        slots_all = torch.from_numpy(u[:, 1].astype(np.int64)).to(self.device)
+        sites = u[:, 0]
+        # Updates come grouped by slot; group them by site with one stable sort.
+        order = np.argsort(sites, kind="stable")
+        bounds = np.flatnonzero(np.diff(sites[order])) + 1
+        starts = np.concatenate(([0], bounds))
+        ends = np.concatenate((bounds, [len(order)]))
+        order_t = torch.from_numpy(order.astype(np.int64)).to(self.device)
+        cl = u[:, 2]
+        has_clamps = bool(cl.any())
+        if has_clamps:
+            dirs_all = torch.from_numpy(r.clamp_dirs).to(self.device)
+            params_all = torch.from_numpy(r.clamp_params).to(self.device)
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            sel = order_t[a:b]
+            site = int(sites[order[a]])
+            st = self._site(site)
+            rows = slots_all.index_select(0, sel)
+            st.vec.index_copy_(0, rows, stage.index_select(0, sel).to(self.dtype))
+            idx = order[a:b]
+            if st.dirs is None and cl[idx].any():
+                if self.k == 0:
+                    raise ShapeError("shmsteer: a clamp reached tables built without clamp rows (max_clamps=0)")
+                self._clamp_rows(st)
+            if st.dirs is not None and st.params is not None:
+                st.dirs.index_fill_(0, rows, 0.0)
+                st.params.index_fill_(0, rows, 0.0)
+                for i in idx[cl[idx] > 0].tolist():
+                    slot, n, c0 = int(u[i, 1]), int(u[i, 2]), int(u[i, 3])
+                    st.dirs[slot, :n] = dirs_all[c0:c0 + n]
+                    st.params[slot, :n] = params_all[c0:c0 + n]
+        self.uploads += len(u)
+
+
+def apply_clamps(h: torch.Tensor, dirs: torch.Tensor, params: torch.Tensor, k: int,
+                 tmp: Optional[torch.Tensor] = None, pc: Optional[torch.Tensor] = None) -> None:
+    """Clamp rows h (float32, [n, hidden]) in place with the first k clamp records of each row
+    (dirs [n, K, hidden], params [n, K, 3], gathered by slot), in order: p = h·u,
+    h += strength * (clip(p, lo, hi) - p) * u, as the engine's kernels.Clamp. A record of zeros is
+    a no-op. With tmp ([n, hidden]) and pc ([2, n]) float32 buffers it allocates nothing."""
+    for j in range(k):
+        u = dirs[:, j]
+        p = torch.sum(torch.mul(h, u, out=tmp), dim=1, out=None if pc is None else pc[0])
+        c = torch.maximum(p, params[:, j, 0], out=None if pc is None else pc[1])
+        torch.minimum(c, params[:, j, 1], out=c)
+        c.sub_(p).mul_(params[:, j, 2])
+        h.addcmul_(c.unsqueeze(1), u)
+
+
+__all__ = ["StepBatch", "Resolved", "DeviceTables", "UnsupportedDtypeError", "DTYPES", "check_hidden",
+           "apply_clamps"]
