@@ -378,7 +378,8 @@ int shmsteer_request_end(shmsteer_t *h, const char *id, size_t id_len, uint64_t 
 
 /* ---- step apply ------------------------------------------------------------------------- */
 
-/* Rows [start, end) of a block belong to request id, in phase SHMSTEER_PHASE_*. */
+/* Rows [start, end) of a block belong to request id, in phase SHMSTEER_PHASE_*. Spans of one
+ * call must not share a row (BAD_BATCH); an empty span (start == end) holds none. */
 typedef struct {
   const char *id;
   size_t id_len;

@@ -41,8 +41,8 @@ var (
 	ErrNotOwner = errors.New("shmsteer: steering writes need the owner or a client connection")
 	// ErrNoStep means Apply was called on a Stepper outside Begin/End.
 	ErrNoStep = errors.New("shmsteer: no step begun")
-	// ErrBadBatch means a batch span is out of the block's rows, reversed, has an empty id or
-	// a phase other than PhasePrefill or PhaseDecode.
+	// ErrBadBatch means a batch span is out of the block's rows, reversed, overlaps another
+	// span's rows, has an empty id or a phase other than PhasePrefill or PhaseDecode.
 	ErrBadBatch = errors.New("shmsteer: bad batch layout")
 	// ErrUnknownRequest means a span names a request with no admitted entry (never admitted,
 	// already ended, or a mistyped id) while Options.StrictRequests is set.

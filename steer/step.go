@@ -11,7 +11,8 @@ import (
 )
 
 // Span is one request's rows in a hidden-state block: rows [Start, End) belong to request ID,
-// in phase Phase (PhasePrefill or PhaseDecode). Spans of one batch must not overlap.
+// in phase Phase (PhasePrefill or PhaseDecode). Spans of one batch must not overlap
+// (ErrBadBatch); empty spans hold no rows.
 type Span struct {
 	ID         string
 	Start, End int
@@ -228,6 +229,7 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 	s.last = s.last[:0]
 	s.cur = s.cur[:0]
 	s.active = s.active[:0]
+	maxEnd := 0
 	for i := range batch {
 		sp := &batch[i]
 		if sp.Phase != PhasePrefill && sp.Phase != PhaseDecode {
@@ -235,6 +237,14 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 		}
 		if sp.ID == "" || len(sp.ID) > MaxIDLen || sp.Start < 0 || sp.Start > sp.End || sp.End > rows {
 			return fmt.Errorf("%w: span %d (%q rows [%d, %d)) in a block of %d rows", ErrBadBatch, i, sp.ID, sp.Start, sp.End, rows)
+		}
+		if j := overlaps(batch, i, maxEnd); j >= 0 {
+			s.cur = s.cur[:0]
+			q := &batch[j]
+			return fmt.Errorf("%w: span %d (%q rows [%d, %d)) overlaps span %d (%q rows [%d, %d)): each row belongs to one request", ErrBadBatch, i, sp.ID, sp.Start, sp.End, j, q.ID, q.Start, q.End)
+		}
+		if sp.Start < sp.End {
+			maxEnd = max(maxEnd, sp.End)
 		}
 		st, err := s.request(sp.ID)
 		if err != nil {
@@ -248,6 +258,23 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 	}
 	s.last = append(s.last, batch...)
 	return nil
+}
+
+// overlaps reports the earlier span whose rows span i's overlap, or -1. maxEnd is the largest
+// End among the earlier non-empty spans: a span starting at or after it overlaps none (one
+// comparison per span in row order, the usual layout); one starting before it is checked
+// against each earlier span. Empty spans hold no rows and overlap nothing.
+func overlaps(batch []Span, i, maxEnd int) int {
+	sp := &batch[i]
+	if sp.Start == sp.End || sp.Start >= maxEnd {
+		return -1
+	}
+	for j := range i {
+		if q := &batch[j]; q.Start < q.End && q.Start < sp.End && sp.Start < q.End {
+			return j
+		}
+	}
+	return -1
 }
 
 // request returns request id's composition at this step's version, reading its entry once per

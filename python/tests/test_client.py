@@ -374,3 +374,18 @@ def test_stepper_used_from_threads_raises_busy(owner):
     st.close()
     with pytest.raises(errors.ClosedError):
         st.begin()
+
+
+def test_overlapping_spans_are_bad_batch(owner):
+    # A row belongs to one request: spans sharing a row are refused (the row used to get both
+    # requests' steering) and the rows are unchanged.
+    owner.set_global({"base": {"vectors": [{"hook": "post_block", "layer": 0, "scale": 1.0, "data": [1.0] * 8}]}})
+    rows = np.zeros((4, 8), np.float32)
+    with owner.stepper() as st:
+        st.begin()
+        with pytest.raises(errors.BadBatchError, match="overlaps"):
+            st.apply("post_block", 0, rows, [("a", 0, 2, "decode"), ("b", 1, 3, "decode")])
+        assert not rows.any()
+        st.apply("post_block", 0, rows, [("a", 2, 4, "decode"), ("b", 0, 2, "decode")])
+        assert (rows == 1).all()
+        st.end()
