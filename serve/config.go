@@ -29,6 +29,10 @@ var (
 	ErrStateIncompatible = errors.New("shmsteer: state file incompatible")
 	// ErrStateLocked means another serve process uses the state directory.
 	ErrStateLocked = errors.New("shmsteer: state directory in use by another process")
+	// ErrStateUnsafe means the state directory, or something in it, belongs to another uid, is
+	// writable by group or others, or is not a plain file or directory: serve restores what is
+	// there, so it refuses it; the message names the path and the fix.
+	ErrStateUnsafe = errors.New("shmsteer: state directory not private to serve's uid")
 )
 
 // Config is the configuration of `shmsteer serve`. The toml tag names the TOML key, the

@@ -97,7 +97,10 @@
 // (and the directory fsynced), vector files before the state file that names them, after every
 // mutating API call before its reply, within persist_interval after a latch change made by an
 // admission, and at shutdown. A corrupt or incompatible file, or a missing vector file, stops
-// the start with a clear error: the state is never half-loaded. A lock file keeps a second
-// serve out of the directory. Keys of the key registry are
-// per-request secrets and are never persisted.
+// the start with a clear error: the state is never half-loaded. serve flocks the directory
+// itself while it runs (no file in it can be deleted out from under the lock), so a second
+// serve is refused with ErrStateLocked; it refuses (ErrStateUnsafe) a directory or file in it
+// that another uid owns, that group or others can write, or that is a symlink, since whoever
+// writes there steers every request; and it removes the temporary files of saves a crash
+// interrupted. Keys of the key registry are per-request secrets and are never persisted.
 package serve

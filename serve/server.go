@@ -121,6 +121,9 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 			return err
 		}
 		defer s.store.close()
+		if n := s.store.tmpGone; n > 0 {
+			log.Info("removed temporary files of interrupted saves", "dir", cfg.StateDir, "files", n)
+		}
 	}
 	model := cfg.Model()
 	rc, err := steer.RegionConfig(model, shm.Config{IndexSlots: cfg.IndexSlots, ArenaBytes: cfg.ArenaBytes, ReaderSlots: cfg.ReaderSlots})

@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -28,6 +30,7 @@ const (
 	stateVersion = 1
 	stateHeader  = 64
 	stateFile    = "state.bin"
+	tmpInfix     = ".tmp-" // in the names of writeAtomic's temporary files
 )
 
 // persisted is everything that survives a restart. Keys are never part of it.
@@ -92,20 +95,51 @@ func decodeState(b []byte) (*persisted, error) {
 	return &p, nil
 }
 
-// stateStore is the state directory: a lock file held while serving, the state file, and
-// vectors/ with one file per named vector encoding, named by its digest (written once, so a
-// save rewrites only the small state file and new vectors).
+// stateStore is the state directory: locked while serving (flock on the directory itself, so
+// no file inside can be deleted out from under the lock), the state file, and vectors/ with one
+// file per named vector encoding, named by its digest (written once, so a save rewrites only
+// the small state file and new vectors). Everything in it must belong to serve's uid and be
+// writable by no one else.
 type stateStore struct {
-	dir    string
-	lock   *os.File
-	onDisk map[steer.Digest]bool // vector files known durable
+	dir     string
+	lock    *os.File              // the directory, flocked
+	onDisk  map[steer.Digest]bool // vector files known durable
+	tmpGone int                   // temporary files of interrupted saves removed at open
+}
+
+// checkPrivate refuses path (described by fi, from Lstat) unless it is a directory or regular
+// file (want) of this process's uid that group and others cannot write: serve restores whatever
+// the state directory holds, so anyone who can write there could steer every request.
+func checkPrivate(path string, fi fs.FileInfo, dir bool) error {
+	switch {
+	case dir && !fi.IsDir(), !dir && !fi.Mode().IsRegular():
+		return fmt.Errorf("%w: %s is a %v, not a %s", ErrStateUnsafe, path, fi.Mode().Type(), map[bool]string{true: "directory", false: "regular file"}[dir])
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%w: %s belongs to uid %d, serve runs as uid %d: chown it or use another --state-dir", ErrStateUnsafe, path, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%w: %s is writable by group or others (mode %v): chmod go-w it", ErrStateUnsafe, path, fi.Mode().Perm())
+	}
+	return nil
+}
+
+func lstatPrivate(path string, dir bool) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fmt.Errorf("shmsteer: state directory: %w", err)
+	}
+	return checkPrivate(path, fi, dir)
 }
 
 func openStateStore(dir string) (*stateStore, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("shmsteer: state directory: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err := lstatPrivate(dir, true); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, fmt.Errorf("shmsteer: state directory lock: %w", err)
 	}
@@ -113,11 +147,54 @@ func openStateStore(dir string) (*stateStore, error) {
 		f.Close()
 		return nil, fmt.Errorf("%w: %s", ErrStateLocked, dir)
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "vectors"), 0o700); err != nil {
+	s := &stateStore{dir: dir, lock: f, onDisk: map[steer.Digest]bool{}}
+	if err := s.prepare(); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("shmsteer: state directory: %w", err)
+		return nil, err
 	}
-	return &stateStore{dir: dir, lock: f, onDisk: map[steer.Digest]bool{}}, nil
+	return s, nil
+}
+
+// prepare, with the lock held, makes vectors/, checks every entry is private and removes the
+// temporary files interrupted saves left (a save never leaves one unless it was killed).
+func (s *stateStore) prepare() error {
+	vdir := filepath.Join(s.dir, "vectors")
+	if err := os.Mkdir(vdir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("shmsteer: state directory: %w", err)
+	}
+	if err := lstatPrivate(vdir, true); err != nil {
+		return err
+	}
+	for _, d := range []string{s.dir, vdir} {
+		ents, err := os.ReadDir(d)
+		if err != nil {
+			return fmt.Errorf("shmsteer: state directory: %w", err)
+		}
+		for _, e := range ents {
+			path := filepath.Join(d, e.Name())
+			if strings.Contains(e.Name(), tmpInfix) {
+				if err := os.Remove(path); err != nil {
+					return fmt.Errorf("shmsteer: removing a temporary file of an interrupted save: %w", err)
+				}
+				s.tmpGone++
+				continue
+			}
+			if d == s.dir && (e.Name() == "vectors" || e.Name() == "lock") {
+				continue // vectors/ is checked above; lock is the lock file of older versions
+			}
+			fi, err := e.Info()
+			if err != nil {
+				return fmt.Errorf("shmsteer: state directory: %w", err)
+			}
+			if err := checkPrivate(path, fi, false); err != nil {
+				return err
+			}
+		}
+	}
+	if s.tmpGone > 0 {
+		return syncDir(s.dir)
+	}
+	return nil
 }
 
 func (s *stateStore) close() error { return s.lock.Close() }
@@ -155,7 +232,7 @@ func (s *stateStore) readVector(d steer.Digest) ([]byte, error) {
 // writeAtomic writes b to path through a temporary file, fsynced and renamed; the caller
 // fsyncs the directory.
 func writeAtomic(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+tmpInfix+"*")
 	if err != nil {
 		return err
 	}
