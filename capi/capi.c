@@ -312,6 +312,14 @@ SHMSTEER_API int shmsteer_vector_import(shmsteer_t *h, const char *name, size_t 
                                   version, digest);
 }
 
+SHMSTEER_API int shmsteer_vector_import_bytes(shmsteer_t *h, const char *name, size_t name_len, const void *data,
+                                              size_t data_len, const char *file_name, const char *options_json,
+                                              size_t options_len, uint64_t *version, uint8_t *digest) {
+  ENTER();
+  return shmsteerGo_vector_import_bytes(H(h), (char *)name, name_len, (void *)data, data_len, (char *)file_name,
+                                        (char *)options_json, options_len, version, digest);
+}
+
 SHMSTEER_API int shmsteer_vector_export(shmsteer_t *h, const char *name, size_t name_len, const char *path,
                                         const char *format) {
   ENTER();

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"archive/zip"
 	"bufio"
 	"debug/elf"
 	"fmt"
@@ -279,4 +280,43 @@ func TestPython(t *testing.T) {
 	err = cmd.Wait()
 	t.Log(log.String())
 	require.NoError(t, err, "pytest failed")
+}
+
+// The Python package builds, with Debian's setuptools and wheel and no package index, into a
+// wheel tagged for this platform (it carries libshmsteer.so) whose version is the package's
+// one version string, and ships the library, its header and py.typed.
+func TestPythonWheel(t *testing.T) {
+	py := "/usr/bin/python3"
+	if out, err := exec.Command(py, "-c", "import setuptools, wheel, pip").CombinedOutput(); err != nil {
+		t.Skipf("pip, setuptools or wheel missing for %s (apt-get install python3-pip python3-setuptools python3-wheel): %s", py, out)
+	}
+	buildLibrary(t)
+	// Build from a copy: pip builds in the source tree (build/, *.egg-info).
+	src := filepath.Join(t.TempDir(), "python")
+	require.NoError(t, os.MkdirAll(src, 0o755))
+	for _, p := range []string{"pyproject.toml", "setup.py", "README.md", "shmsteer"} {
+		out, err := exec.Command("cp", "-r", filepath.Join("..", "python", p), filepath.Join(src, p)).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+	dist := t.TempDir()
+	out, err := exec.Command(py, "-m", "pip", "wheel", "-q", "--no-index", "--no-build-isolation", "--no-deps", "-w", dist, src).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	ver, err := os.ReadFile(filepath.Join("..", "python", "shmsteer", "_version.py"))
+	require.NoError(t, err)
+	m := regexp.MustCompile(`__version__ = "([^"]+)"`).FindSubmatch(ver)
+	require.NotNil(t, m, "_version.py holds the version")
+	wheels, err := filepath.Glob(filepath.Join(dist, "*.whl"))
+	require.NoError(t, err)
+	require.Len(t, wheels, 1)
+	require.Regexp(t, `^shmsteer-`+regexp.QuoteMeta(string(m[1]))+`-py3-none-linux_[a-z0-9_]+\.whl$`, filepath.Base(wheels[0]))
+	z, err := zip.OpenReader(wheels[0])
+	require.NoError(t, err)
+	defer z.Close()
+	var names []string
+	for _, f := range z.File {
+		names = append(names, f.Name)
+	}
+	for _, want := range []string{"shmsteer/libshmsteer.so", "shmsteer/shmsteer.h", "shmsteer/py.typed", "shmsteer/errors.py"} {
+		require.Contains(t, names, want)
+	}
 }

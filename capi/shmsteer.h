@@ -348,6 +348,16 @@ int shmsteer_vector_import(shmsteer_t *h, const char *name, size_t name_len, con
                            const char *options_json, size_t options_len, uint64_t *version,
                            uint8_t *digest);
 
+/* shmsteer_vector_import for a file held in memory: data[0:data_len] (read during the call,
+ * never retained) holds the file's bytes and C string file_name names it in messages and for
+ * detection by extension ("format" in the options overrides both). max_bytes caps data_len.
+ * Bindings that read a format the Go importer cannot (Python's .pt through torch.load) pass
+ * its tensors here as safetensors or .npy bytes, so every rule (names, shapes, layer ranges,
+ * dtypes, scale, caps) is the importer's. Errors as shmsteer_vector_import's. */
+int shmsteer_vector_import_bytes(shmsteer_t *h, const char *name, size_t name_len, const void *data,
+                                 size_t data_len, const char *file_name, const char *options_json,
+                                 size_t options_len, uint64_t *version, uint8_t *digest);
+
 /* Write named vector name, read at a snapshot of the current version that stays pinned until
  * the file is written, to C string path (created or truncated, mode 0644; removed again on
  * error) in C string format "gguf", "npy", "npz" or "safetensors" (NULL or "" = by path's

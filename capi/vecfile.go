@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/shmsteer/shmsteer/shm"
+	"github.com/shmsteer/shmsteer/steer"
 	"github.com/shmsteer/shmsteer/steer/vecfile"
 )
 
@@ -60,20 +61,44 @@ func parseImportOptions(js string) (vecfile.ImportOptions, error) {
 
 //export shmsteerGo_vector_import
 func shmsteerGo_vector_import(h C.uint64_t, name *C.char, nameLen C.size_t, path *C.char, opts *C.char, optsLen C.size_t, version *C.uint64_t, digest *C.uint8_t) C.int {
+	if path == nil {
+		return badArg("path")
+	}
+	return importVectors(h, name, nameLen, opts, optsLen, version, digest, func(cfg steer.ModelConfig, o vecfile.ImportOptions) ([]steer.Vector, error) {
+		return vecfile.Import(C.GoString(path), cfg, o)
+	})
+}
+
+//export shmsteerGo_vector_import_bytes
+func shmsteerGo_vector_import_bytes(h C.uint64_t, name *C.char, nameLen C.size_t, data unsafe.Pointer, dataLen C.size_t, fileName *C.char, opts *C.char, optsLen C.size_t, version *C.uint64_t, digest *C.uint8_t) C.int {
+	if (data == nil && dataLen != 0) || dataLen > C.size_t(math.MaxInt) || fileName == nil {
+		return badArg("data or file_name")
+	}
+	return importVectors(h, name, nameLen, opts, optsLen, version, digest, func(cfg steer.ModelConfig, o vecfile.ImportOptions) ([]steer.Vector, error) {
+		// Viewed in place: ImportBytes does not retain b, and the vectors it returns are copies.
+		b := unsafe.Slice((*byte)(data), int(dataLen))
+		return vecfile.ImportBytes(b, C.GoString(fileName), cfg, o)
+	})
+}
+
+// importVectors is shmsteer_vector_import and _import_bytes after their source: parse the
+// options, read the vectors for the region's model, register them under name.
+func importVectors(h C.uint64_t, name *C.char, nameLen C.size_t, opts *C.char, optsLen C.size_t, version *C.uint64_t, digest *C.uint8_t,
+	read func(steer.ModelConfig, vecfile.ImportOptions) ([]steer.Vector, error)) C.int {
 	inst, rc := engineOf(h)
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
 	sname, ok := cstr(name, nameLen)
 	sopts, ok2 := cstr(opts, optsLen)
-	if !ok || !ok2 || path == nil {
-		return badArg("name, path or options")
+	if !ok || !ok2 {
+		return badArg("name or options")
 	}
 	o, err := parseImportOptions(sopts)
 	if err != nil {
 		return fail(err)
 	}
-	vecs, err := vecfile.Import(C.GoString(path), inst.cfg, o)
+	vecs, err := read(inst.cfg, o)
 	if err != nil {
 		return fail(err)
 	}

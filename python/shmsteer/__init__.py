@@ -19,13 +19,13 @@ A worker::
 """
 
 from . import errors
+from ._version import __version__
 from ._lib import PHASE_DECODE, PHASE_PREFILL
 from .client import (Client, Effective, ImportedVector, Keys, NamedVector, Owner, Snapshot, Stepper,
-                     StepperBusyError, VectorEntry, mapping_of)
+                     StepperBusyError, VectorEntry)
 from .errors import *  # noqa: F401,F403 - the exception classes mirror the Go sentinels
 from .errors import ShmsteerError
 
-__version__ = "0.1.0"
-__all__ = ["Client", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry", "Stepper",
-           "StepperBusyError", "Effective", "mapping_of", "errors", "ShmsteerError", "PHASE_PREFILL", "PHASE_DECODE"]
+__all__ = ["__version__", "Client", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry",
+           "Stepper", "StepperBusyError", "Effective", "errors", "ShmsteerError", "PHASE_PREFILL", "PHASE_DECODE"]
 __all__ += [n for n in errors.__all__ if n not in __all__]

@@ -1,4 +1,4 @@
-"""ctypes bindings of libshmsteer.so (the C ABI in shmsteer.h, ABI version 1).
+"""ctypes bindings of libshmsteer.so (the C ABI in shmsteer.h, ABI version ABI_VERSION).
 
 The library is looked up in ``$SHMSTEER_LIB`` when set, else next to this file (where
 ``go generate ./capi`` puts it). Every binding returns the C status; :func:`check` turns a
@@ -87,6 +87,8 @@ def _load() -> ctypes.CDLL:
         "shmsteer_vector_unregister": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_vector_import": (c_int, [h, c_char_p, c_size_t, c_char_p, c_char_p, c_size_t, P(c_uint64),
                                            P(c_uint8)]),
+        "shmsteer_vector_import_bytes": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, c_char_p, c_char_p,
+                                                 c_size_t, P(c_uint64), P(c_uint8)]),
         "shmsteer_vector_export": (c_int, [h, c_char_p, c_size_t, c_char_p, c_char_p]),
         "shmsteer_global_set_json": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_request_admit_json": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(c_uint64)]),

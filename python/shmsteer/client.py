@@ -16,6 +16,7 @@ import json
 import math
 import numbers
 import os
+import sys
 import threading
 import weakref
 from collections.abc import MutableMapping
@@ -25,7 +26,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._lib import check, lib
-from .errors import (BufferTooSmallError, ForkedError, InvalidArgumentError, KeyNotFoundError,
+from .errors import (BufferTooSmallError, ForkedError, InvalidArgumentError, KeyNotFoundError, KeyRevokedError,
                      ShmsteerError)
 
 try:  # numpy is optional: views are memoryviews without it
@@ -202,10 +203,11 @@ class _Handle:
         """Register (or replace) named vector ``name`` from a vector file.
 
         A llama.cpp GGUF control vector, .npy, .npz or safetensors file is read by the Go
-        importer (steer/vecfile, through ``shmsteer_vector_import``); a PyTorch ``.pt``/``.pth``
-        file (or ``format="pt"``) by :func:`shmsteer.vectors.load_pt`, with
-        ``torch.load(weights_only=True)``, then registered as :meth:`register_vector` does. In
-        a client the file is read here and the vectors are sent to the owner.
+        importer (steer/vecfile, through ``shmsteer_vector_import``). A PyTorch ``.pt``/``.pth``
+        file (or ``format="pt"``) is unpickled here with ``torch.load(weights_only=True)`` only
+        and its tensors go to the same importer as bytes (:func:`shmsteer.vectors.pt_to_bytes`,
+        ``shmsteer_vector_import_bytes``). Either way every rule is the importer's. In a client
+        the file is read here and the vectors are sent to the owner.
 
         Args:
             scale: multiplies every value, as llama.cpp's ``--control-vector-scaled``.
@@ -215,7 +217,8 @@ class _Handle:
                 (None: post_block, the block output llama.cpp steers).
             format: "gguf", "npy", "npz", "safetensors" or "pt" (None: magic bytes, then the
                 extension).
-            max_bytes: size cap checked before the file is read (0: 4 GiB).
+            max_bytes: size cap, checked before the file is read (0: the importer's default);
+                for a .pt file it caps the tensors' bytes, after torch.load.
 
         Returns:
             the region version that wrote it and the digest of its encoding.
@@ -226,35 +229,34 @@ class _Handle:
             and the expected shape; OSError when the file cannot be read.
         """
         from . import vectors
-        if scale == 0 or not math.isfinite(scale):
+        if not math.isfinite(scale):  # JSON cannot carry it
             from .errors import VectorFileOptionsError
             raise VectorFileOptionsError(f"shmsteer: bad vector file options: scale {scale}: want a finite "
                                          "non-zero number")
-        rng = vectors.parse_layer_range(layers)
-        os.stat(path)  # a missing file is FileNotFoundError, not the library's generic OtherError
-        if vectors.is_pt(path, format):
-            hidden, n_layers, hooks = self.model
-            entries = vectors.load_pt(path, hidden, n_layers, hook or vectors.DEFAULT_HOOK, scale, rng,
-                                      hooks=hooks, max_bytes=max_bytes)
-            version = self.register_vector(name, [(h, layer, 1.0, data) for h, layer, data in entries])
-            with self.snapshot(version) as snap:  # the version that wrote it holds exactly ours
-                digest = snap.vector(name).digest
-            return ImportedVector(name, version, digest)
         opts: Dict[str, Any] = {}
         if scale != 1:
             opts["scale"] = scale
-        if rng is not None:
-            opts["layers"] = f"{rng[0]}-{rng[1]}"
+        if layers is not None:
+            # The importer parses and checks the range; a pair or an int is only spelled out.
+            opts["layers"] = layers if isinstance(layers, str) else (
+                str(layers) if isinstance(layers, int) else "-".join(str(x) for x in layers))
         if hook is not None:
             opts["hook"] = hook
-        if format is not None:
-            opts["format"] = format
         if max_bytes:
             opts["max_bytes"] = max_bytes
-        js = json.dumps(opts).encode() if opts else b""
+        os.stat(path)  # a missing file is FileNotFoundError, not the library's generic OtherError
         v = c_uint64()
         digest_buf = (ctypes.c_uint8 * 32)()
         nb = _b(name)
+        if vectors.is_pt(path, format):
+            data, opts["format"] = vectors.pt_to_bytes(path)
+            js = json.dumps(opts).encode()
+            check(lib.shmsteer_vector_import_bytes(self.handle, nb, len(nb), data, len(data), os.fsencode(path),
+                                                   js, len(js), byref(v), digest_buf))
+            return ImportedVector(name, v.value, bytes(digest_buf))
+        if format is not None:
+            opts["format"] = format
+        js = json.dumps(opts).encode() if opts else b""
         check(lib.shmsteer_vector_import(self.handle, nb, len(nb), os.fsencode(path), js, len(js), byref(v),
                                          digest_buf))
         return ImportedVector(name, v.value, bytes(digest_buf))
@@ -447,10 +449,8 @@ class Keys(MutableMapping):
             return True
         except KeyNotFoundError:
             return False
-        except ShmsteerError as e:
-            if e.go_name == "ipc.ErrKeyRevoked":
-                return True
-            raise
+        except KeyRevokedError:
+            return True
 
 
 def _float_ptr(data: Any) -> Tuple[int, int, Any]:
@@ -753,9 +753,9 @@ class Stepper:
 
 def _rows_ptr(rows: Any) -> Tuple[int, int]:
     """Address and float count of writeable, contiguous float32 rows."""
-    mod = type(rows).__module__
-    if mod.startswith("torch"):
-        if rows.dtype.__repr__() != "torch.float32":
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(rows, torch.Tensor):
+        if rows.dtype != torch.float32:
             raise TypeError(f"shmsteer: rows must be float32, not {rows.dtype}")
         if rows.device.type != "cpu":
             raise ValueError("shmsteer: apply() runs on CPU tensors; use the device path for CUDA")
@@ -771,17 +771,5 @@ def _rows_ptr(rows: Any) -> Tuple[int, int]:
     raise TypeError(f"shmsteer: rows must be a numpy array or torch tensor, not {type(rows).__name__}")
 
 
-def mapping_of(address: int) -> Optional[str]:
-    """The /proc/self/maps pathname of the mapping holding ``address`` (tests: a view's data
-    lies in the ``/memfd:shmsteer-data`` mapping)."""
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            if lo <= address < hi:
-                return parts[5].strip() if len(parts) > 5 else ""
-    return None
-
-
 __all__ = ["Client", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry", "Stepper",
-           "StepperBusyError", "Effective", "mapping_of", "ForkedError"]
+           "StepperBusyError", "Effective", "ForkedError"]

@@ -9,6 +9,7 @@ import pytest
 
 import shmsteer
 from shmsteer import _lib, errors
+from workers import mapping_of
 
 
 def test_error_classes_mirror_library_codes():
@@ -65,7 +66,7 @@ def test_snapshot_pins_a_version_and_views_alias_the_mapping(owner, ns, secret):
             assert (e.hook, e.layer, e.scale) == ("post_block", 1, 1.0)
             np.testing.assert_array_equal(e.data, v1 * 2)
             # Zero bytes copied: the view's data lies in the shared data mapping.
-            assert shmsteer.mapping_of(e.data.ctypes.data).startswith("/memfd:shmsteer-data")
+            assert mapping_of(e.data.ctypes.data).startswith("/memfd:shmsteer-data")
             assert not e.data.flags.writeable
             with pytest.raises(ValueError):
                 e.data[0] = 1

@@ -1,6 +1,7 @@
-"""Vector files from Python: PyTorch .pt files through shmsteer.vectors.load_pt (weights-only
-torch.load), and GGUF / .npy / .npz / safetensors through the Go importer and exporter of the C
-ABI (shmsteer_vector_import / shmsteer_vector_export)."""
+"""Vector files from Python: PyTorch .pt files unpickled weights-only (shmsteer.vectors) and
+their tensors handed to the Go importer as bytes (shmsteer_vector_import_bytes), and GGUF /
+.npy / .npz / safetensors through the Go importer and exporter of the C ABI
+(shmsteer_vector_import / shmsteer_vector_export)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ torch = pytest.importorskip("torch", reason="torch not importable (apt-get insta
 
 import shmsteer  # noqa: E402
 from shmsteer import errors  # noqa: E402
-from shmsteer.vectors import NotWeightsOnlyError, load_pt  # noqa: E402
+from shmsteer.vectors import NotWeightsOnlyError, pt_to_bytes  # noqa: E402
 
 HIDDEN, LAYERS = 8, 4
 
@@ -31,6 +32,17 @@ def rows(seed: int, n: int = LAYERS) -> torch.Tensor:
 
 def as_f32(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float32).numpy()
+
+
+def load_pt(owner, path, **kwargs):
+    """Import the .pt file at path into owner (import_vector's kwargs; layer_range for layers)
+    and return the entries as (hook, layer, data): the scale is multiplied into the data."""
+    if "layer_range" in kwargs:
+        kwargs["layers"] = kwargs.pop("layer_range")
+    owner.import_vector("pt", path, **kwargs)
+    _, ents = entries_of(owner, "pt")
+    assert all(s == 1.0 for _, _, s, _ in ents)
+    return [(h, layer, d) for h, layer, _, d in ents]
 
 
 # Each accepted layout, saved with torch.save: (object to save, load_pt kwargs, expected entries).
@@ -57,21 +69,21 @@ def _layouts():
 
 
 @pytest.mark.parametrize("layout", list(_layouts()))
-def test_load_pt_layouts(tmp_path, layout):
+def test_load_pt_layouts(owner, tmp_path, layout):
     obj, kwargs, want = _layouts()[layout]
     path = tmp_path / "v.pt"
     torch.save(obj, path)
-    got = load_pt(path, HIDDEN, LAYERS, **kwargs)
+    got = load_pt(owner, path, **kwargs)
     assert [(h, layer) for h, layer, _ in got] == [(h, layer) for h, layer, _ in want]
     for (_, _, g), (_, _, w) in zip(got, want):
         assert g.dtype == np.float32 and g.shape == (HIDDEN,)
         np.testing.assert_array_equal(bits(g), bits(w))
 
 
-def test_load_pt_scale_is_a_float32_product(tmp_path):
+def test_load_pt_scale_is_a_float32_product(owner, tmp_path):
     r = rows(2).to(torch.float32)
     torch.save(r, tmp_path / "v.pt")
-    got = load_pt(tmp_path / "v.pt", HIDDEN, LAYERS, scale=0.3)
+    got = load_pt(owner, tmp_path / "v.pt", scale=0.3)
     for layer, (_, _, g) in enumerate(got):
         np.testing.assert_array_equal(bits(g), bits(r[layer].numpy() * np.float32(0.3)))
 
@@ -96,7 +108,7 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path, how, ns, secret):
     else:
         torch.save({"layers.1": Payload(marker)}, path)
     with pytest.raises(NotWeightsOnlyError) as ei:
-        load_pt(path, HIDDEN, LAYERS)
+        pt_to_bytes(path)
     assert not os.path.exists(marker), "the payload ran"
     assert isinstance(ei.value, errors.VectorFileCorruptError) and isinstance(ei.value, ValueError)
     assert str(path) in str(ei.value) and "weights-only" in str(ei.value)
@@ -119,32 +131,32 @@ def _save(tmp_path, obj, name="v.pt"):
 
 
 @pytest.mark.parametrize("obj,kwargs,exc,needles", [
-    ({"layers.1": torch.tensor([0.0] * 7 + [float("nan")])}, {}, errors.NonFiniteError, ["'layers.1'", "element 7"]),
-    ({"layers.1": torch.tensor([float("inf")] * HIDDEN)}, {}, errors.NonFiniteError, ["'layers.1'", "element 0"]),
-    ({"layers.1": torch.ones(HIDDEN + 1)}, {}, errors.HiddenSizeError, ["'layers.1'", f"want [{HIDDEN}]", "[9]"]),
-    (torch.ones(LAYERS, HIDDEN * 2), {}, errors.HiddenSizeError, ["'<tensor>'", f"want [{LAYERS}, {HIDDEN}]"]),
+    ({"layers.1": torch.tensor([0.0] * 7 + [float("nan")])}, {}, errors.NonFiniteError, ['"layers.1"', "element 7"]),
+    ({"layers.1": torch.tensor([float("inf")] * HIDDEN)}, {}, errors.NonFiniteError, ['"layers.1"', "element 0"]),
+    ({"layers.1": torch.ones(HIDDEN + 1)}, {}, errors.HiddenSizeError, ['"layers.1"', f"want [{HIDDEN}]", "[9]"]),
+    (torch.ones(LAYERS, HIDDEN * 2), {}, errors.HiddenSizeError, ['"array"', f"want [{LAYERS}, {HIDDEN}]"]),
     (torch.ones(LAYERS + 1, HIDDEN), {}, errors.VectorFileShapeError, [f"want [{LAYERS}, {HIDDEN}]", "[5, 8]"]),
-    ({"layers.2": torch.ones(2, HIDDEN)}, {}, errors.VectorFileShapeError, ["'layers.2'", f"want [{HIDDEN}]"]),
-    ({"layers.9": torch.ones(HIDDEN)}, {}, errors.LayerRangeError, ["'layers.9'", "layers 0..3"]),
-    ({"layers.1": torch.ones(HIDDEN, dtype=torch.int32)}, {}, errors.DtypeError, ["'layers.1'", "torch.int32"]),
-    ({"layers.1": torch.tensor([1e300] * HIDDEN, dtype=torch.float64)}, {}, errors.ValueRangeError, ["'layers.1'"]),
+    ({"layers.2": torch.ones(2, HIDDEN)}, {}, errors.HiddenSizeError, ['"layers.2"', f"want [{HIDDEN}]"]),
+    ({"layers.9": torch.ones(HIDDEN)}, {}, errors.LayerRangeError, ['"layers.9"', "layers 0..3"]),
+    ({"layers.1": torch.ones(HIDDEN, dtype=torch.int32)}, {}, errors.DtypeError, ['"layers.1"', "I32"]),
+    ({"layers.1": torch.tensor([1e300] * HIDDEN, dtype=torch.float64)}, {}, errors.ValueRangeError, ['"layers.1"']),
     ({"layers.1": torch.full((HIDDEN,), 1e3)}, {"scale": 1e38}, errors.NonFiniteError, ["overflows float32"]),
-    (torch.ones(HIDDEN), {}, errors.NeedLayersError, ["'<tensor>'", "layer_range"]),
-    ({"weird": torch.ones(HIDDEN)}, {}, errors.TensorNameError, ["'weird'", "layers.N"]),
-    ({"layers.01": torch.ones(HIDDEN)}, {}, errors.TensorNameError, ["'layers.01'"]),
-    ({"layers.1.attn": torch.ones(HIDDEN)}, {}, errors.UnknownHookError, ["'layers.1.attn'", "post_block"]),
-    ({"layers.1": "text"}, {}, errors.VectorFileCorruptError, ["'layers.1'", "a str", "want a tensor"]),
+    (torch.ones(HIDDEN), {}, errors.NeedLayersError, ['"array"', "layer range"]),
+    ({"weird": torch.ones(HIDDEN)}, {}, errors.UnknownHookError, ['"weird"', "post_block"]),
+    ({"layers.01": torch.ones(HIDDEN)}, {}, errors.TensorNameError, ['"layers.01"']),
+    ({"layers.1.attn": torch.ones(HIDDEN)}, {}, errors.UnknownHookError, ['"layers.1.attn"', "post_block"]),
+    ({"layers.1": "text"}, {}, errors.VectorFileCorruptError, ['"layers.1"', "a str", "want a tensor"]),
     ({"layers.1": torch.ones(HIDDEN), "post_block.1": torch.ones(HIDDEN)}, {}, errors.DuplicateError, ["layer 1 given twice"]),
     ({"layers.1": torch.zeros(HIDDEN)}, {}, errors.NoVectorsError, ["steers nothing"]),
-    ({"layers.1": torch.ones(HIDDEN)}, {"layer_range": "2-3"}, errors.NoVectorsError, ["layer range 2-3"]),
+    ({"layers.1": torch.ones(HIDDEN)}, {"layer_range": "2-3"}, errors.NoVectorsError, ["after the layer range"]),
     ({"layers.1": torch.ones(HIDDEN)}, {"layer_range": "3-1"}, errors.VectorFileOptionsError, ["3-1"]),
     ({"layers.1": torch.ones(HIDDEN)}, {"scale": 1e-50}, errors.VectorFileOptionsError, ["scale 1e-50"]),
     ({"layers.1": torch.ones(HIDDEN)}, {"max_bytes": 16}, errors.VectorFileTooLargeError, ["the cap is 16"]),
 ])
-def test_load_pt_errors_name_file_tensor_and_shape(tmp_path, obj, kwargs, exc, needles):
+def test_load_pt_errors_name_file_tensor_and_shape(owner, tmp_path, obj, kwargs, exc, needles):
     path = _save(tmp_path, obj)
     with pytest.raises(exc) as ei:
-        load_pt(path, HIDDEN, LAYERS, **kwargs)
+        load_pt(owner, path, **kwargs)
     assert isinstance(ei.value, ValueError)
     msg = str(ei.value)
     if exc not in (errors.VectorFileOptionsError,):
@@ -158,7 +170,7 @@ def test_load_pt_corrupt_file(tmp_path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(NotWeightsOnlyError, match="v.pt"):
-        load_pt(path, HIDDEN, LAYERS)
+        pt_to_bytes(path)
 
 
 @pytest.fixture
@@ -327,7 +339,7 @@ def test_export_multiplies_the_scale_in_every_format(owner, tmp_path):
     owner.export_vector("half", tmp_path / "h.npy")
     np.testing.assert_array_equal(bits(np.load(tmp_path / "h.npy")[2]), bits(want))
     owner.export_vector("half", tmp_path / "h.pt")
-    (hook, layer, got), = load_pt(tmp_path / "h.pt", HIDDEN, LAYERS)
+    (hook, layer, got), = load_pt(owner, tmp_path / "h.pt")
     assert (hook, layer) == ("post_block", 2)
     np.testing.assert_array_equal(bits(got), bits(want))
     assert owner.import_vector("a", tmp_path / "h.npy").digest == owner.import_vector("b", tmp_path / "h.pt").digest

@@ -4,6 +4,19 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Optional
+
+
+def mapping_of(address: int) -> Optional[str]:
+    """The /proc/self/maps pathname of the mapping holding ``address`` (a view's data
+    lies in the ``/memfd:shmsteer-data`` mapping)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= address < hi:
+                return parts[5].strip() if len(parts) > 5 else ""
+    return None
 
 
 def read_go_fixture(ns: str, secret: bytes, q) -> None:
@@ -21,7 +34,7 @@ def read_go_fixture(ns: str, secret: bytes, q) -> None:
         with c.snapshot() as s:
             v = s.vector("v1")
             e = v.entries[0]
-            out["vec"] = (e.hook, e.layer, float(np.sum(e.data)), shmsteer.mapping_of(e.data.ctypes.data))
+            out["vec"] = (e.hook, e.layer, float(np.sum(e.data)), mapping_of(e.data.ctypes.data))
             del e, v
         c.keys["from-worker-%d" % os.getpid()] = b"w"
     q.put(out)
