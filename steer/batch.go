@@ -8,8 +8,9 @@ package steer
 // hooked site. A Batch instead resolves the whole step once, in Resolve, into tables in the
 // shape of the reference vLLM fork's gather-add (its steering table layout):
 //
-//   - slots: every distinct (request, phase) composition in the batch gets a slot, stable from
-//     step to step while the request keeps steering; a request with no steering of its own gets
+//   - slots: every distinct (steering set, phase) composition in the batch gets a slot, stable
+//     from step to step while a request with it is in the batch (requests admitted with the
+//     same steering share one, as the fork's config rows do); a request with no steering of its own gets
 //     the global slot of its phase, and a row that nothing steers gets slot 0. Slot s is row s of
 //     every site's device table [slots + 1, hidden], and row 0 is zeros.
 //   - Index: the slot of every row of the step's block, the one per-token index a worker
@@ -68,8 +69,11 @@ type BatchStats struct {
 	Evictions uint64 // slots reassigned from a composition no longer in the batch
 }
 
+// slotKey names a slot's content: the digest of the request's steering set (requests admitted
+// with the same steering share a slot, as the fork's config rows are shared by config hash; a
+// zero digest is the global slot) and the phase.
 type slotKey struct {
-	id    string // "" for the global slot of the phase
+	set   Digest
 	phase Phase
 }
 
@@ -81,6 +85,7 @@ type slotState struct {
 	// global and request action hashes, and the compositions' versions they were read at.
 	g, r       []uint64
 	gver, rver uint64
+	rep        string // the request whose composition (at version rver) the slot was synced from
 	synced     bool
 	steered    []int32 // sites with content
 	nclamps    []int32 // clamps at each of steered
@@ -118,6 +123,7 @@ type Batch struct {
 	clampAt  []int32
 	spanSlot []int32
 	keys     []slotKey
+	rep      []int32 // per key: the span whose request's composition it is read from
 	plan     []planned
 	mark     []uint64
 	nextG    []uint64
@@ -242,6 +248,7 @@ func (b *Batch) plan1(batch []Span) error {
 	b.tick++
 	b.spanSlot = b.spanSlot[:0]
 	b.keys = b.keys[:0]
+	b.rep = b.rep[:0]
 	b.plan = b.plan[:0]
 	b.Updates = b.Updates[:0]
 	b.Stage = b.Stage[:0]
@@ -258,9 +265,9 @@ func (b *Batch) plan1(batch []Span) error {
 			b.spanSlot = append(b.spanSlot, -1)
 			continue
 		case st.view.sites != 0:
-			k = slotKey{sp.ID, sp.Phase}
+			k = slotKey{st.view.digest, sp.Phase}
 		case s.global.sites != 0:
-			k = slotKey{"", sp.Phase}
+			k = slotKey{Digest{}, sp.Phase}
 		default:
 			b.spanSlot = append(b.spanSlot, -1)
 			continue
@@ -270,6 +277,9 @@ func (b *Batch) plan1(batch []Span) error {
 			j = int32(len(b.keys))
 			local[k] = j
 			b.keys = append(b.keys, k)
+			b.rep = append(b.rep, int32(i))
+		} else if sl, ok := b.byKey[k]; ok && b.slots[sl].rep == sp.ID {
+			b.rep[j] = int32(i) // the request the slot was synced from: no diff needed
 		}
 		b.spanSlot = append(b.spanSlot, j)
 	}
@@ -321,14 +331,16 @@ func (b *Batch) diff(j int, k slotKey) error {
 	p := &b.plan[j]
 	sl := &b.slots[p.slot]
 	var rv *composedView
-	if k.id != "" {
-		rv = &s.reqs[k.id].view
+	var repID string
+	if k.set != (Digest{}) {
+		st := s.cur[b.rep[j]]
+		rv, repID = &st.view, st.id
 	}
 	gver, rver := s.global.version, uint64(0)
 	if rv != nil {
 		rver = rv.version
 	}
-	if sl.live && sl.key == k && sl.synced && sl.gver == gver && sl.rver == rver {
+	if sl.live && sl.key == k && sl.synced && sl.gver == gver && sl.rep == repID && sl.rver == rver {
 		return nil
 	}
 	p.diff = true
@@ -355,7 +367,7 @@ func (b *Batch) diff(j int, k slotKey) error {
 		if ga != 0 || ra != 0 {
 			if n > b.opt.MaxClamps {
 				hook := site / s.layers
-				return fmt.Errorf("%w: %d clamp directions at (%s, layer %d, %s) for %q, the tables hold %d: raise max_clamps", ErrBatchCapacity, n, s.e.cfg.HookName(HookID(hook)), site%s.layers, k.phase, k.id, b.opt.MaxClamps)
+				return fmt.Errorf("%w: %d clamp directions at (%s, layer %d, %s) for %q, the tables hold %d: raise max_clamps", ErrBatchCapacity, n, s.e.cfg.HookName(HookID(hook)), site%s.layers, k.phase, repID, b.opt.MaxClamps)
 			}
 			p.steered = append(p.steered, int32(site))
 			p.nclamps = append(p.nclamps, int32(n))
@@ -437,9 +449,10 @@ func (b *Batch) commit(batch []Span, rows int) {
 			sl.nclamps = append(sl.nclamps[:0], p.nclamps...)
 			sl.sum = p.sum
 			sl.gver = s.global.version
-			sl.rver = 0
-			if k.id != "" {
-				sl.rver = s.reqs[k.id].view.version
+			sl.rver, sl.rep = 0, ""
+			if k.set != (Digest{}) {
+				st := s.cur[b.rep[j]]
+				sl.rver, sl.rep = st.view.version, st.id
 			}
 			sl.synced = true
 		}

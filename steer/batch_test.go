@@ -301,3 +301,40 @@ func TestBatchSites(t *testing.T) {
 	require.NoError(t, b.SetSites(nil))
 	checkBatchStep(t, e, st, b, dev, rng, batch, 24, "all sites")
 }
+
+func TestBatchSharesSlotsBySteering(t *testing.T) {
+	e := newOwner(t, smallCfg, Options{})
+	rng := rand.New(rand.NewPCG(11, 12))
+	d := smallCfg.Hidden
+	_, err := e.Register("n", []Vector{{Hook: "post_block", Layer: 1, Scale: 1, Data: randVec(rng, d)}})
+	require.NoError(t, err)
+	same := &Steering{Base: Tier{Refs: []Ref{{Name: "n", Strength: 1}}}}
+	for _, id := range []string{"x", "y", "z"} {
+		_, err := e.Admit(Admission{RequestID: id, Override: same})
+		require.NoError(t, err)
+	}
+	_, err = e.Admit(Admission{RequestID: "other", Override: &Steering{Base: Tier{Refs: []Ref{{Name: "n", Strength: 2}}}}})
+	require.NoError(t, err)
+	st := e.NewStepper()
+	defer st.Close()
+	b, err := st.NewBatch(BatchOptions{})
+	require.NoError(t, err)
+	dev := newDevTables(d, 4)
+	batch := []Span{{ID: "x", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "y", Start: 1, End: 2, Phase: PhaseDecode},
+		{ID: "z", Start: 2, End: 3, Phase: PhaseDecode}, {ID: "other", Start: 3, End: 4, Phase: PhaseDecode}}
+	checkBatchStep(t, e, st, b, dev, rng, batch, 4, "shared")
+	require.Equal(t, b.Index[0], b.Index[1])
+	require.Equal(t, b.Index[0], b.Index[2])
+	require.NotEqual(t, b.Index[0], b.Index[3])
+	require.Equal(t, 2, dev.uploads, "one row per distinct steering at the one steered site")
+	// The request the shared slot was synced from ends: the others keep the slot, no upload.
+	_, err = e.End("x")
+	require.NoError(t, err)
+	checkBatchStep(t, e, st, b, dev, rng, batch[1:], 4, "after end")
+	require.Equal(t, 2, dev.uploads)
+	// A re-registration changes the shared row once.
+	_, err = e.Register("n", []Vector{{Hook: "post_block", Layer: 1, Scale: 1, Data: randVec(rng, d)}})
+	require.NoError(t, err)
+	checkBatchStep(t, e, st, b, dev, rng, batch[1:], 4, "after register")
+	require.Equal(t, 4, dev.uploads)
+}

@@ -17,6 +17,8 @@ engine's CPU kernels do) whatever the hidden state's dtype.
 from __future__ import annotations
 
 import ctypes
+import operator
+import threading
 from ctypes import POINTER, Structure, byref, c_float, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -25,6 +27,7 @@ import torch
 
 from . import _lib
 from ._lib import check, lib
+from .client import PHASES
 from .errors import ShapeError, ShmsteerError
 
 #: Hidden-state dtypes both paths take.
@@ -63,6 +66,57 @@ for _name, (_res, _args) in {
 }.items():
     _fn = getattr(lib, _name)
     _fn.restype, _fn.argtypes = _res, _args
+
+
+_SPAN = np.dtype([("id", np.uint64), ("id_len", np.uint64), ("start", np.int64), ("end", np.int64),
+                  ("phase", np.int32), ("pad", np.int32)])
+assert _SPAN.itemsize == ctypes.sizeof(_lib.Span), "shmsteer_span layout"
+
+
+class PackedSpans:
+    """Spans in ``shmsteer_span`` layout (a numpy record array the C calls read in place)."""
+
+    __slots__ = ("arr", "ptr", "n", "rows")
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.arr = arr
+        self.n = len(arr)
+        self.ptr = arr.ctypes.data_as(POINTER(_lib.Span)) if self.n else None
+        self.rows = int(arr["end"].max()) if self.n else 0
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class SpanPacker:
+    """Packs (request id, start, end, phase) spans once per distinct layout: a step whose spans
+    equal the previous step's reuses its packing (decode batches often do)."""
+
+    def __init__(self) -> None:
+        self._ids: Dict[str, Tuple[bytes, int]] = {}
+        self._last: Optional[List[Any]] = None
+        self._packed: Optional[PackedSpans] = None
+
+    def _id(self, rid: str) -> Tuple[bytes, int]:
+        ent = self._ids.get(rid)
+        if ent is None:
+            if len(self._ids) > 1 << 14:
+                self._ids.clear()
+            b = rid.encode() if isinstance(rid, str) else bytes(rid)
+            addr = ctypes.cast(ctypes.c_char_p(b), c_void_p).value or 0
+            ent = self._ids[rid] = (b, addr)  # the bytes object keeps addr valid
+        return ent
+
+    def pack(self, spans: Sequence[Any]) -> PackedSpans:
+        if self._packed is not None and self._last == spans:
+            return self._packed
+        recs = []
+        for rid, start, end, phase in spans:
+            b, addr = self._id(rid)
+            recs.append((addr, len(b), operator.index(start), operator.index(end), PHASES[phase], 0))
+        self._packed = PackedSpans(np.array(recs, dtype=_SPAN))
+        self._last = list(spans)
+        return self._packed
 
 
 def _np_view(ptr: Any, n: int, dtype: Any, shape: Tuple[int, ...]) -> np.ndarray:
@@ -149,17 +203,23 @@ class StepBatch:
         arr = (c_int32 * len(sites))(*sites)
         check(lib.shmsteer_batch_sites(self._h, arr, len(sites)))
 
-    def resolve(self, spans: ctypes.Array, rows: int, version: int = 0, end: bool = False,
+    def resolve(self, spans: PackedSpans, rows: int, version: int = 0, end: bool = False,
                 reset: bool = False) -> Resolved:
-        """Begin a step at ``version`` and resolve ``spans`` (packed by Stepper.spans) over ``rows``
-        rows. The step stays open for CPU applies unless ``end``; ``reset`` first forgets what the
-        tables hold (in the same call)."""
+        """Begin a step of the stepper at ``version`` and resolve ``spans`` (SpanPacker.pack) over
+        ``rows`` rows. The step stays open for CPU applies (end it with the stepper's end())
+        unless ``end``; ``reset`` first forgets what the tables hold (in the same call)."""
         if self._h is None:
             from .errors import ClosedError
             raise ClosedError("shmsteer: batch closed")
         self.resolves += 1
         flags = (BATCH_END if end else 0) | (BATCH_RESET if reset else 0)
-        check(lib.shmsteer_batch_resolve(self._h, version, spans, len(spans), rows, flags, byref(self._info)))
+        st = self._stepper
+        st._enter("batch resolve")  # the stepper's one-thread guard
+        try:
+            check(lib.shmsteer_batch_resolve(self._h, version, spans.ptr, spans.n, rows, flags, byref(self._info)))
+            st._step_thread = None if end else threading.get_ident()
+        finally:
+            st._busy.release()
         return Resolved(self._info, self.hidden)
 
 
@@ -297,5 +357,5 @@ def apply_clamps(h: torch.Tensor, dirs: torch.Tensor, params: torch.Tensor, k: i
         h.addcmul_(c.unsqueeze(1), u)
 
 
-__all__ = ["StepBatch", "Resolved", "DeviceTables", "UnsupportedDtypeError", "DTYPES", "check_hidden",
+__all__ = ["StepBatch", "SpanPacker", "PackedSpans", "Resolved", "DeviceTables", "UnsupportedDtypeError", "DTYPES", "check_hidden",
            "apply_clamps"]

@@ -61,7 +61,9 @@ import numpy as np
 import torch
 
 from .client import PHASES, SpanLike, Stepper, _Handle
-from .device import DeviceTables, Resolved, StepBatch, UnsupportedDtypeError, apply_clamps, check_hidden
+from ._lib import check, lib
+from .device import (DeviceTables, Resolved, SpanPacker, StepBatch, UnsupportedDtypeError, apply_clamps,
+                     check_hidden)
 from .errors import ShapeError
 
 
@@ -85,6 +87,7 @@ class SteeringHooks:
         self.hidden, self.layers, _ = handle.model
         self.stepper: Stepper = handle.stepper()
         self.batch = StepBatch(self.stepper, self.hidden, max_slots, max_clamps)
+        self._packer = SpanPacker()
         self.force_device_path = force_device_path or static
         self.max_clamps = max_clamps
         self.static = static
@@ -175,8 +178,8 @@ class SteeringHooks:
         the hooked tensors (default: the end of the last span)."""
         if self.static:
             raise RuntimeError("shmsteer: static hooks step with prepare(spans), outside the graph")
-        packed = self.stepper.spans(spans)
-        n = rows if rows is not None else max((int(e) for _, _, e, _ in spans), default=0)
+        packed = self._packer.pack(spans)
+        n = rows if rows is not None else packed.rows
         self._native = self._device = 0
         if self._mode == "native":
             self._version = self.stepper.begin(version)
@@ -239,11 +242,12 @@ class SteeringHooks:
             self._native += 1
             if self._res is None and self._mode != "native":
                 raise RuntimeError("shmsteer: no step resolved")
-            if t.dtype == torch.float32:
-                self.stepper.apply_ptr(hook_id, layer, t.data_ptr(), t.numel(), self._packed)
-            else:
-                t32 = t.float()
-                self.stepper.apply_ptr(hook_id, layer, t32.data_ptr(), t32.numel(), self._packed)
+            p = self._packed
+            # The stepper is this object's own (one thread at a time, as the hooks are): the
+            # kernels run on the tensor's memory, or on a float32 copy for bf16/f16.
+            t32 = t if t.dtype == torch.float32 else t.float()
+            check(lib.shmsteer_stepper_apply(self.stepper.handle, hook_id, layer, t32.data_ptr(), t32.numel(), p.ptr, p.n))
+            if t32 is not t:
                 t.copy_(t32)
             return
         self._device += 1
@@ -297,7 +301,7 @@ class SteeringHooks:
         once) and copy what changed into the static buffers. Returns the pinned version."""
         if not self.static or self._tables is None:
             raise RuntimeError("shmsteer: prepare() is for static hooks (SteeringHooks(..., static=True))")
-        packed = self.stepper.spans(spans)
+        packed = self._packer.pack(spans)
         res = self._resolve(packed, self.max_tokens, version, end=True)
         self._res = None
         self._sidx_host.numpy()[:] = res.index
