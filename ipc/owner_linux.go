@@ -156,6 +156,7 @@ type Owner struct {
 	purges         purgeQueue
 	wake           chan struct{}
 	revokeUnmarked atomic.Uint64 // see RevokedWithoutSentinel
+	revokeInArena  atomic.Uint64 // revocations whose sentinel went in the arena (mark table full)
 }
 
 // handles in use by owners of this process: a second owner for one handle is refused before it

@@ -164,7 +164,8 @@ func (k *Registry) Len() (int, error) {
 	return n, err
 }
 
-// Count returns Len split in two: ids with a live key and revoked sentinels standing.
+// Count returns Len split in two: ids with a live key and revoked sentinels standing. (While
+// the mark table is full, sentinels kept in the arena instead count as live here.)
 func (k *Registry) Count() (total, revoked int, err error) {
 	s, err := k.region.Snapshot()
 	if err != nil {
@@ -188,6 +189,9 @@ func (k *Registry) Range(fn func(requestID string, revoked bool) bool) error {
 	}
 	more := true
 	err = s.Range(KindKey, func(key, value []byte, _ uint64) bool {
+		if len(value) > 0 && value[len(value)-1] == stateRevoked {
+			return true // a sentinel in the arena: listed with the revoked ids below
+		}
 		more = fn(string(key), false)
 		return more
 	})
@@ -226,10 +230,13 @@ func (o *Owner) keySet(id string, key []byte) error {
 
 // keyRemove deletes a live key and marks the id revoked, in one transaction, and schedules
 // the purge of the mark. The deletion uses the arena's deletion reserve and the mark the mark
-// table, so it fits however full the arena is. Should even the mark table be full, the key is
-// still deleted (readers then get ErrKeyNotFound for it, not ErrKeyRevoked) and a warning is
-// logged: a revocation never fails for lack of room. The deleted blob (holding the key) is
-// zeroed by shm when no reader can still see it.
+// table, so it fits however full the arena is. Should the mark table be full, the key is
+// replaced by a revoked entry in the arena (its state byte alone), so readers still get
+// ErrKeyRevoked; only if the arena has no room for that either is the key deleted without a
+// sentinel (readers then get ErrKeyNotFound for it; RevokedWithoutSentinel counts it): a
+// revocation never fails for lack of room. Each case is logged, rate-limited (the 1st, 2nd,
+// 4th, 8th... occurrence), since a full table turns every revocation into one. The key's old
+// blob is zeroed by shm when no reader can still see it.
 func (o *Owner) keyRemove(id string) error {
 	o.kmu.Lock()
 	defer o.kmu.Unlock()
@@ -240,26 +247,31 @@ func (o *Owner) keyRemove(id string) error {
 	if state == stateRevoked {
 		return nil
 	}
-	unmarked := false
 	v, err := o.region.Update(func(tx *shm.Tx) error {
 		if err := tx.Delete(KindKey, id); err != nil {
 			return err
 		}
-		if err := tx.Mark(KindKey, id); err != nil {
-			if !errors.Is(err, shm.ErrRegionFull) {
-				return err
-			}
-			unmarked = true
+		return tx.Mark(KindKey, id)
+	})
+	if errors.Is(err, shm.ErrRegionFull) { // the mark table is full: a sentinel in the arena
+		v, err = o.region.Update(func(tx *shm.Tx) error { return tx.Put(KindKey, id, []byte{stateRevoked}) })
+		if n := o.revokeInArena.Add(1); err == nil && n&(n-1) == 0 {
+			o.log.Warn("shmsteer: the mark table is full: revoked sentinels go in the arena instead (readers still see ErrKeyRevoked); raise shm.Config.MarkSlots",
+				"revocations", n, "markSlots", o.region.Stats().MarkSlots)
+		}
+	}
+	if errors.Is(err, shm.ErrRegionFull) { // and the arena too: delete without a sentinel
+		if _, err = o.region.Update(func(tx *shm.Tx) error { return tx.Delete(KindKey, id) }); err != nil {
+			return err
+		}
+		if n := o.revokeUnmarked.Add(1); n&(n-1) == 0 {
+			o.log.Warn("shmsteer: key deleted without a revoked sentinel: the mark table and the arena are full; raise shm.Config.MarkSlots and ArenaBytes (readers see ErrKeyNotFound for these ids)",
+				"revocations", n)
 		}
 		return nil
-	})
+	}
 	if err != nil {
 		return err
-	}
-	if unmarked {
-		o.revokeUnmarked.Add(1)
-		o.log.Warn("shmsteer: key deleted without a revoked sentinel: the mark table is full; raise shm.Config.MarkSlots (readers see ErrKeyNotFound for this id)")
-		return nil
 	}
 	first := o.purges.schedule(id, v, time.Now().Add(o.grace))
 	if first {
@@ -340,7 +352,18 @@ func (o *Owner) purgeLocked(it *purgeItem) {
 	if state, err := o.entry(it.id); err != nil || state != stateRevoked {
 		return
 	}
-	if _, err := o.region.Update(func(tx *shm.Tx) error { return tx.Unmark(KindKey, it.id) }); err != nil {
+	inArena := false // a sentinel in the arena (the mark table was full), not a mark
+	if s, err := o.region.Snapshot(); err == nil {
+		_, _, verr := s.View(KindKey, it.id)
+		s.Close()
+		inArena = verr == nil
+	}
+	if _, err := o.region.Update(func(tx *shm.Tx) error {
+		if inArena {
+			return tx.Delete(KindKey, it.id)
+		}
+		return tx.Unmark(KindKey, it.id)
+	}); err != nil {
 		o.log.Warn("shmsteer: purging a revoked key failed", "err", err)
 	}
 }

@@ -2,6 +2,8 @@ package ipc
 
 import (
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,4 +103,52 @@ func BenchmarkRevoke(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestRevokeWithMarkTableFull: past a full mark table, revocations keep their sentinel in the
+// arena, so readers in another process still get ErrKeyRevoked (they used to get
+// ErrKeyNotFound: the revocation silently looked like an unknown id), the sentinels are purged
+// after the grace, and the warning is rate-limited (it was logged once per revocation).
+func TestRevokeWithMarkTableFull(t *testing.T) {
+	env := newTestEnv()
+	opts := env.ownerOpts()
+	opts.Grace = 2 * time.Second
+	opts.Region = shm.Config{IndexSlots: 4096, ArenaBytes: 4 << 20, ReaderSlots: 16, MarkSlots: 64}
+	var logs syncBuffer
+	opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	o := newTestOwner(t, opts)
+	const n = 500
+	for i := range n {
+		require.NoError(t, o.Keys().Set(fmt.Sprintf("req-%d", i), []byte("key")))
+	}
+	kid := startProc(t, "client", env.childEnv()...)
+	require.Equal(t, "ok ready", kid.line())
+	for i := range n {
+		require.NoError(t, o.Keys().Remove(fmt.Sprintf("req-%d", i)))
+	}
+	require.Positive(t, o.RevokedInArena(), "the mark table (64 entries) filled")
+	require.Zero(t, o.RevokedWithoutSentinel())
+	for i := range n {
+		require.Equal(t, "err ErrKeyRevoked", kid.do(fmt.Sprintf("get req-%d", i)), "req-%d", i)
+	}
+	var revoked int
+	require.NoError(t, o.Keys().Range(func(_ string, r bool) bool {
+		if r {
+			revoked++
+		}
+		return true
+	}))
+	require.Equal(t, n, revoked, "the owner lists every revoked id, marked or in the arena")
+	warnings := strings.Count(logs.String(), "mark table is full")
+	require.Positive(t, warnings)
+	require.LessOrEqual(t, warnings, 10, "rate-limited: not one warning per revocation")
+	require.NoError(t, o.Keys().Set("req-0", []byte("again")), "an arena sentinel is lifted by a set")
+	require.Equal(t, "ok "+hexOf("again"), kid.do("get req-0"))
+
+	require.Eventually(t, func() bool { return kid.do("get req-1") == "err ErrKeyNotFound" },
+		20*time.Second, 20*time.Millisecond, "sentinels are purged after the grace")
+	require.Eventually(t, func() bool { return kid.do(fmt.Sprintf("get req-%d", n-1)) == "err ErrKeyNotFound" },
+		20*time.Second, 20*time.Millisecond)
+	require.Equal(t, "ok "+hexOf("again"), kid.do("get req-0"), "the purge spares a key set again")
+	kid.exit()
 }

@@ -122,8 +122,16 @@ func (tx *Tx) Mark(kind Kind, key string) error {
 	}
 	if free < 0 {
 		w := r.w
-		return fmt.Errorf("%w: mark table: no free entry within %d probes (%d of %d entries in use, %d marks present); raise Config.MarkSlots",
-			ErrRegionFull, maxMarkProbe, load64(r.data, hMarkEntries), r.l.markSlots, load64(r.data, hMarks)+uint64(w.pendingMarks(tx)))
+		msg := fmt.Sprintf("mark table: no free entry within %d probes (%d of %d entries in use, %d marks present)",
+			maxMarkProbe, load64(r.data, hMarkEntries), r.l.markSlots, load64(r.data, hMarks)+uint64(w.pendingMarks(tx)))
+		if waiting := len(w.markRemoved) + len(w.markRetired); waiting > 0 {
+			r.reclaimLocked() // see who holds the horizon now
+			if w.lastBound.Version != 0 {
+				return fmt.Errorf("%w: %s; %d removed marks keep their entries until %v moves on: that process is stuck or holds a snapshot open; end it or close its snapshot",
+					ErrRegionFull, msg, waiting, w.lastBound)
+			}
+		}
+		return fmt.Errorf("%w: %s; raise Config.MarkSlots", ErrRegionFull, msg)
 	}
 	pos := uint64(free)
 	o := r.markOff(pos)

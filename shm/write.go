@@ -268,9 +268,7 @@ probe:
 		}
 	}
 	if free < 0 {
-		used, tombs := r.indexUse()
-		return nil, false, fmt.Errorf("%w: index: no free word within %d probes of the key's hash (%d of %d words in use, %d of them reclaimed deletions); raise Config.IndexSlots",
-			ErrRegionFull, r.l.maxProbe, used, r.l.indexSlots, tombs)
+		return nil, false, r.indexFull()
 	}
 	s := uint64(free)
 	tx.ops = append(tx.ops, txOp{kind: kind, key: key, hash: h, slot: s, old: load64(r.index, s*8)})
@@ -525,6 +523,22 @@ func (r *Region) arenaFull(size uint64, isDelete bool) error {
 			ErrRegionFull, msg, w.lastBound)
 	}
 	return fmt.Errorf("%w: %s; delete values or raise Config.ArenaBytes", ErrRegionFull, msg)
+}
+
+// indexFull is the ErrRegionFull of a key whose probe path has no free word: how full the
+// index is and, if deletions still hold words because a reader's pin keeps them, which reader.
+func (r *Region) indexFull() error {
+	used, tombs := r.indexUse()
+	msg := fmt.Sprintf("index: no free word within %d probes of the key's hash (%d of %d words in use, %d of them reclaimed deletions)",
+		r.l.maxProbe, used, r.l.indexSlots, tombs)
+	if w := r.w; len(w.markers) > 0 {
+		r.reclaimLocked() // see who holds the horizon now
+		if w.lastBound.Version != 0 {
+			return fmt.Errorf("%w: %s; %d deleted keys keep their words until %v moves on: that process is stuck or holds a snapshot open; end it (its slots are freed within a second) or close its snapshot",
+				ErrRegionFull, msg, len(w.markers), w.lastBound)
+		}
+	}
+	return fmt.Errorf("%w: %s; raise Config.IndexSlots", ErrRegionFull, msg)
 }
 
 // indexUse counts the index words in use and the tombstones among them (error path only).
