@@ -119,7 +119,7 @@ type streamFunc func(w http.ResponseWriter, r *http.Request, p principal) (any, 
 // apiStream wraps a /v1/ handler: authentication, timing, JSON replies and errors.
 func (s *Server) apiStream(route string, h streamFunc) http.HandlerFunc {
 	return s.met.timeHTTP(route, func(w http.ResponseWriter, r *http.Request) {
-		p, err := s.keys.authenticate(r)
+		p, err := s.authorize(r, route)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="shmsteer"`)
 			writeError(w, err)
@@ -804,7 +804,13 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 		m, ok := s.modules[req.Module]
 		s.mu.Unlock()
 		if !ok {
-			return nil, fmt.Errorf("%w: steering module %q", ErrNotFound, req.Module)
+			avail := "none"
+			s.mu.Lock()
+			if names := s.moduleNames(p); len(names) > 0 {
+				avail = pyList(names)
+			}
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%w: Unknown steering module %s. Available: %s", ErrNotFound, pyStr(req.Module), avail)
 		}
 		st, _, err := steer.DecodeSteering(m.wire, s.eng.Config())
 		if err != nil {
@@ -820,6 +826,9 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := checkSites(&st, s.eng.Config(), styleSet, ""); err != nil {
+			return nil, err
+		}
 		for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
 			for _, r := range st.Tier(ph).Refs {
 				if !p.owns(r.Name) {
@@ -827,7 +836,7 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 				}
 			}
 		}
-		ov = mergeGlobal(ov, st)
+		ov = addSteering(ov, st)
 	}
 	switch req.Compose {
 	case "", "replace":
@@ -888,6 +897,37 @@ func (s *Server) dropConversation(r *http.Request, p principal, _ []byte) (any, 
 		return nil, err
 	}
 	return map[string]any{"status": "ok"}, nil
+}
+
+// addSteering composes a module's steering cur with a request's inline steering add as the
+// fork's merge_steering_specs does: vectors at the same (hook, layer) are added (scales
+// applied), other sites are kept from both; references add their strengths by name; clamps
+// are concatenated (module first).
+func addSteering(cur, add steer.Steering) steer.Steering {
+	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+		c, a := cur.Tier(ph), add.Tier(ph)
+		for _, v := range a.Vectors {
+			i := slices.IndexFunc(c.Vectors, func(x steer.Vector) bool { return x.Hook == v.Hook && x.Layer == v.Layer })
+			if i < 0 || len(c.Vectors[i].Data) != len(v.Data) {
+				c.Vectors = append(c.Vectors, v) // a width mismatch is refused by steer, as a duplicate
+				continue
+			}
+			sum := make([]float32, len(v.Data))
+			for j := range sum {
+				sum[j] = c.Vectors[i].Scale*c.Vectors[i].Data[j] + v.Scale*v.Data[j]
+			}
+			c.Vectors[i] = steer.Vector{Hook: v.Hook, Layer: v.Layer, Scale: 1, Data: sum}
+		}
+		for _, r := range a.Refs {
+			if i := slices.IndexFunc(c.Refs, func(x steer.Ref) bool { return x.Name == r.Name }); i >= 0 {
+				c.Refs[i].Strength += r.Strength
+			} else {
+				c.Refs = append(c.Refs, r)
+			}
+		}
+		c.Clamps = append(c.Clamps, a.Clamps...)
+	}
+	return cur
 }
 
 // --- status ---

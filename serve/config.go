@@ -55,6 +55,7 @@ type Config struct {
 
 	HTTP            string        `toml:"http" help:"control API address: host:port or unix:PATH"`
 	APIKeyFile      string        `toml:"api_key_file" help:"file of API keys, one per line, optionally tenant:key"`
+	Auth            string        `toml:"auth" help:"control API auth: keys (every /v1/ call needs a key) or fork (as the vLLM fork: open without keys; with keys, set, clear, modules and admissions need one, reads and the vector registry do not)"`
 	StateDir        string        `toml:"state_dir" help:"directory where state survives restarts (empty: none)"`
 	SecretFile      string        `toml:"secret_file" help:"file holding the shared secret (default: SHMSTEER_SECRET)"`
 	MaxBodyBytes    int64         `toml:"max_body_bytes" help:"largest request body accepted"`
@@ -77,7 +78,7 @@ func DefaultConfig() Config {
 		IndexSlots: 1 << 16, ArenaBytes: 1 << 30, ReaderSlots: 256,
 		MaxConversations: steer.DefaultMaxConversations, MaxLatchedBytes: steer.DefaultMaxLatchedBytes,
 		LatchPolicy: "fifo", Grace: 60 * time.Second,
-		HTTP: "127.0.0.1:8677", MaxBodyBytes: 64 << 20, MaxUploadBytes: 256 << 20, PersistInterval: time.Second,
+		HTTP: "127.0.0.1:8677", Auth: AuthKeys, MaxBodyBytes: 64 << 20, MaxUploadBytes: 256 << 20, PersistInterval: time.Second,
 		LogFormat: "text", LogLevel: "info",
 	}
 }
@@ -229,6 +230,8 @@ func (c Config) Validate() error {
 		return bad("max_conversations and max_latched_bytes must be positive")
 	case c.HTTP == "":
 		return bad("http address is empty: give host:port or unix:PATH")
+	case c.Auth != AuthKeys && c.Auth != AuthFork:
+		return bad("auth %q: want keys or fork", c.Auth)
 	case c.MaxBodyBytes < 1024:
 		return bad("max_body_bytes %d: at least 1024", c.MaxBodyBytes)
 	case c.MaxUploadBytes < 1024:

@@ -40,8 +40,19 @@ func malformedAs(sentinel error, path, format string, args ...any) error {
 	if path != "" {
 		path += ": "
 	}
-	return fmt.Errorf("%w: %s%s"+format, append([]any{sentinel, malformedText, path}, args...)...)
+	return &payloadError{sentinel: sentinel, msg: path + fmt.Sprintf(format, args...)}
 }
+
+// payloadError is a structural error in a steering payload: the fork's routers prefix its
+// message with "Malformed steering payload: "; its per-request validation (OpenAI bodies)
+// does not, so AdmissionFromRequest takes msg alone.
+type payloadError struct {
+	sentinel error
+	msg      string
+}
+
+func (e *payloadError) Error() string { return e.sentinel.Error() + ": " + malformedText + e.msg }
+func (e *payloadError) Unwrap() error { return e.sentinel }
 
 // pyStr quotes s as Python's repr does, since the fork's messages (and its tests) use it.
 func pyStr(s string) string {
@@ -55,6 +66,18 @@ func pyList(names []string) string {
 		q[i] = pyStr(n)
 	}
 	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// pyTuple formats a shape as Python prints a tuple: (1, 4), (4,).
+func pyTuple(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	if len(xs) == 1 {
+		return "(" + s[0] + ",)"
+	}
+	return "(" + strings.Join(s, ", ") + ")"
 }
 
 // intList formats xs as a Python list: [0, 3].
@@ -723,22 +746,27 @@ func decodeRows(dtype string, shape []int, data, path, what string) ([][]float32
 		return nil, malformed(path, "%s.dtype %s: want float16, bfloat16, float32 or float64", what, pyStr(dtype))
 	}
 	if len(shape) != 2 {
-		return nil, malformed(path, "%s.shape must be 2-D [num_layers, hidden_size]; got %s", what, intList(shape))
+		return nil, malformed(path, "%s.shape must be 2-D [num_layers, hidden_size]; got %s", what, pyTuple(shape))
 	}
 	rows, h := shape[0], shape[1]
 	if rows < 1 || h < 1 || rows > 1<<20 || h > 1<<24 {
-		return nil, malformed(path, "%s.shape entries must be >= 1; got %s", what, intList(shape))
+		return nil, malformed(path, "%s.shape entries must be >= 1; got %s", what, pyTuple(shape))
 	}
 	want := rows * h * size
 	if n := base64.StdEncoding.DecodedLen(len(data)); n < want || n > want+3 {
-		return nil, malformed(path, "%s.data length %d != expected %d (shape=%s, dtype=%s)", what, base64.StdEncoding.DecodedLen(len(data)), want, intList(shape), dtype)
+		// the decoded length, from the encoded one (a valid encoding: 4 characters per 3 bytes)
+		got := len(data) / 4 * 3
+		if len(data)%4 == 0 {
+			got -= len(data) - len(strings.TrimRight(data, "="))
+		}
+		return nil, malformed(path, "%s.data length %d != expected %d (shape=%s, dtype=%s)", what, got, want, pyTuple(shape), dtype)
 	}
 	raw, err := base64.StdEncoding.DecodeString(data)
 	if err != nil {
 		return nil, malformed(path, "%s.data is not base64: %v", what, err)
 	}
 	if len(raw) != want {
-		return nil, malformed(path, "%s.data length %d != expected %d (shape=%s, dtype=%s)", what, len(raw), want, intList(shape), dtype)
+		return nil, malformed(path, "%s.data length %d != expected %d (shape=%s, dtype=%s)", what, len(raw), want, pyTuple(shape), dtype)
 	}
 	flat := make([]float32, rows*h)
 	for i := range flat {

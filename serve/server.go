@@ -98,7 +98,13 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	if err != nil {
 		return err
 	}
-	if n == 0 {
+	if err := checkForkAuth(cfg, n); err != nil {
+		return err
+	}
+	switch {
+	case n == 0 && cfg.Auth == AuthFork:
+		log.Warn("--auth fork and no API keys: the control API is open to every local caller")
+	case n == 0:
 		log.Warn("no API keys configured: every /v1/ call is refused; give --api-key-file")
 	}
 	var secret *ipc.Secret
@@ -220,7 +226,7 @@ loop:
 			runErr = fmt.Errorf("shmsteer: control API: %w", err)
 			break loop
 		case <-hup:
-			if n, err := s.keys.load(cfg.APIKeyFile); err != nil {
+			if n, err := s.reloadKeys(); err != nil {
 				log.Error("API keys not reloaded; the old keys stay", "err", err)
 			} else {
 				log.Info("API keys reloaded", "keys", n)
