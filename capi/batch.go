@@ -126,7 +126,6 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 	if rc2 != C.SHMSTEER_OK {
 		return rc2
 	}
-	st.pin.Unpin() // Resolve begins a new step: the last step's effective views end here
 	if flags&C.SHMSTEER_BATCH_RESET != 0 {
 		b.b.Reset()
 	}

@@ -46,9 +46,6 @@ type stepper struct {
 	st    *steer.Stepper
 	spans []steer.Span
 	ids   map[string]string // interned request ids: Stepper keeps the strings it is given
-	// pin keeps the effective vectors handed to C pinned (cgo's rule for Go memory that C
-	// holds after a call) until the next begin, end or free.
-	pin runtime.Pinner
 }
 
 type reader struct {
@@ -767,7 +764,6 @@ func shmsteerGo_stepper_free(h C.uint64_t) C.int {
 	if !ok || !handles.remove(uint64(h)) {
 		return badHandle("shmsteer_stepper_free")
 	}
-	st.pin.Unpin()
 	st.st.Close()
 	return C.SHMSTEER_OK
 }
@@ -786,7 +782,6 @@ func shmsteerGo_stepper_begin(h C.uint64_t, version C.uint64_t, pinned *C.uint64
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
-	st.pin.Unpin()
 	if err := st.st.Begin(uint64(version)); err != nil {
 		return fail(err)
 	}
@@ -802,7 +797,6 @@ func shmsteerGo_stepper_end(h C.uint64_t, checksum *C.uint64_t) C.int {
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
-	st.pin.Unpin()
 	sum := st.st.End()
 	if checksum != nil {
 		*checksum = C.uint64_t(sum)

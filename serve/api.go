@@ -989,5 +989,3 @@ func (s *Server) status() (Status, error) {
 	}
 	return out, nil
 }
-
-func sqrt(x float64) float64 { return math.Sqrt(x) }

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -144,11 +145,7 @@ func (cs *ClientSession) VectorShow(w io.Writer, name string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOOK\tLAYER\tSCALE\tNORM")
 	for _, v := range nv.Vectors {
-		var ss float64
-		for _, f := range v.Data {
-			ss += float64(f) * float64(f)
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%g\t%.6g\n", v.Hook, v.Layer, v.Scale, sqrt(ss))
+		fmt.Fprintf(tw, "%s\t%d\t%g\t%.6g\n", v.Hook, v.Layer, v.Scale, kernels.Norm(v.Data))
 	}
 	return tw.Flush()
 }

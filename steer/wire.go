@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
@@ -140,11 +141,7 @@ func resolveSteering(cfg ModelConfig, s *Steering, digestOf func(string) (Digest
 			if c.Min > c.Max {
 				return w, fmt.Errorf("%w: %s clamp %d min %g > max %g", ErrBadClamp, p, i, c.Min, c.Max)
 			}
-			var ss float64
-			for _, f := range c.Dir {
-				ss += float64(f) * float64(f)
-			}
-			norm := math.Sqrt(ss)
+			norm := kernels.Norm(c.Dir)
 			if norm == 0 || math.IsInf(norm, 0) || float32(1/norm) == 0 {
 				return w, fmt.Errorf("%w: %s clamp %d direction has zero or unusable norm", ErrBadClamp, p, i)
 			}

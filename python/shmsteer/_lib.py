@@ -76,9 +76,6 @@ def _load() -> ctypes.CDLL:
         "shmsteer_key_set": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t]),
         "shmsteer_key_remove": (c_int, [h, c_char_p, c_size_t]),
         "shmsteer_key_list_json": (c_int, [h, c_void_p, c_size_t, P(c_size_t)]),
-        "shmsteer_reader_open": (c_int, [h, P(h)]),
-        "shmsteer_reader_key_get": (c_int, [h, c_char_p, c_size_t, c_void_p, c_size_t, P(c_size_t)]),
-        "shmsteer_reader_close": (c_int, [h]),
         "shmsteer_snapshot_open": (c_int, [h, c_uint64, P(h), P(c_uint64)]),
         "shmsteer_snapshot_close": (c_int, [h]),
         "shmsteer_vector_view": (c_int, [h, c_char_p, c_size_t, P(VectorInfo), P(VectorEntry), c_size_t]),
@@ -116,8 +113,7 @@ lib = _load()
 #: re-acquisition, about a third of a short call) and take pre-converted ctypes arguments (no
 #: argtypes). Only for calls that never block: key gets.
 fast = ctypes.PyDLL(lib._name)
-for _name in ("shmsteer_key_get", "shmsteer_reader_key_get"):
-    getattr(fast, _name).restype = c_int
+fast.shmsteer_key_get.restype = c_int
 fast.shmsteer_key_get_tls.restype = c_int64
 lib.shmsteer_key_buffer.restype = c_void_p
 lib.shmsteer_key_buffer.argtypes = []
