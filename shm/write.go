@@ -3,6 +3,7 @@ package shm
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,6 +18,18 @@ type writer struct {
 	// fcntl per reader per livenessEvery, not one per pass.
 	liveness map[uint64]time.Time
 	pending  int // commits since the last reclamation pass
+	// dirty tells the background loop (reclaimLoop, started by the first commit: looping says
+	// so) that commits happened since its last pass. passing is set between a background
+	// pass's first step (horizon raised) and its last; pass counts passes, so a background pass
+	// that an inline one overtook knows to stop. safe is the horizon the last completed pass
+	// confirmed: every pin is at or above it (hHorizon may be raised above it while a pass
+	// waits for its barrier, which unlinkMarkers must not trust).
+	dirty            atomic.Bool
+	looping, passing bool
+	pass             uint64
+	safe             uint64
+	// barrier is a pass's barrier: globalBarrier (a field so tests can hold a pass in it).
+	barrier func() error
 	// lastBound describes the pin that limited the last pass, for ErrRegionFull messages.
 	lastBound PinInfo
 
@@ -32,13 +45,17 @@ type marker struct{ slot, word, version, off, size uint64 }
 
 const (
 	livenessEvery = 50 * time.Millisecond
-	// reclaimEvery bounds how many commits may pass between reclamation passes; a pass also
-	// runs whenever an allocation fails.
-	reclaimEvery = 32
+	// The background loop runs a reclamation pass every reclaimTick while commits come, and
+	// backs off to reclaimIdle when they stop. A pass runs inline when an allocation fails,
+	// when space runs low (see commit), and after reclaimInline commits without a pass (the
+	// loop starved of CPU).
+	reclaimTick   = time.Millisecond
+	reclaimIdle   = 128 * time.Millisecond
+	reclaimInline = 1024
 )
 
 func newWriter(l layout) *writer {
-	return &writer{alloc: newAllocator(l.arenaSize), liveness: map[uint64]time.Time{}, markFree: map[uint64]bool{}}
+	return &writer{alloc: newAllocator(l.arenaSize), liveness: map[uint64]time.Time{}, markFree: map[uint64]bool{}, safe: 1, barrier: globalBarrier}
 }
 
 // Tx is one atomic write: every Put and Delete in it is published with one version, so readers
@@ -308,9 +325,20 @@ func (r *Region) commit(tx *Tx) {
 	store64(r.data, hVersion, v)
 	tx.ops = nil
 	w.pending++
-	if w.pending >= reclaimEvery || load64(r.data, hRetiredBytes) > r.l.arenaSize/8 {
+	// Space running low (an eighth of the arena retired, three quarters of the mark table taken) or a
+	// background pass not keeping up: the pass runs inline, as it does when an allocation fails.
+	// Otherwise it runs off the write path: its barrier (a system call that interrupts every
+	// CPU) and slot scan would land in this write's latency.
+	// Writes never wake the loop (a wake-up is a system call): it polls on a timer.
+	switch {
+	case load64(r.data, hRetiredBytes) > r.l.arenaSize/8 || load64(r.data, hMarkEntries) > r.l.markSlots/4*3 ||
+		w.pending >= reclaimInline:
 		r.reclaimLocked()
+	case !w.looping:
+		w.looping = true
+		go r.reclaimLoop()
 	}
+	w.dirty.Store(true)
 }
 
 func (w *writer) retire(off, size, version uint64) {
@@ -322,7 +350,7 @@ func (w *writer) retire(off, size, version uint64) {
 // still hold a marker pinned a version below v, so it is freed only after they move on.
 func (r *Region) unlinkMarkers(v uint64) (retired uint64) {
 	w := r.w
-	h := load64(r.data, hHorizon)
+	h := w.safe
 	n := 0
 	for _, m := range w.markers {
 		if m.version > h {
@@ -345,7 +373,9 @@ func (r *Region) unlinkMarkers(v uint64) (retired uint64) {
 }
 
 // reclaimLocked frees retired blobs that no pinned reader can reach, clearing the slots of dead
-// processes on the way. It runs with the writer lock held.
+// processes on the way. It runs with the writer lock held, all three steps at once (the inline
+// pass: when an allocation fails, and Reclaim); reclaimBackground runs the same steps with the
+// barrier outside the lock.
 //
 // The horizon protocol: the pass first raises the horizon to the current version G, then reads
 // every slot. A reader pins by storing its version and then loading the horizon; with
@@ -354,19 +384,50 @@ func (r *Region) unlinkMarkers(v uint64) (retired uint64) {
 // (or above G) can be in use, and the pass then lowers the horizon to that bound, below which
 // snapshots can no longer be pinned.
 func (r *Region) reclaimLocked() {
-	w := r.w
-	w.pending = 0
-	add64(r.data, hReclaimSeq, 1) // odd: pass in flight
-	g := load64(r.data, hVersion)
-	prevHorizon := load64(r.data, hHorizon)
-	store64(r.data, hHorizon, g)
-	bound := g
-	if r.l.flags&flagMembarrier != 0 && globalBarrier() != nil {
-		// Without the barrier a relaxed pin may be invisible to the scan: free nothing.
-		store64(r.data, hHorizon, prevHorizon)
-		add64(r.data, hReclaimSeq, 1)
+	prev, _ := r.reclaimBegin()
+	if !r.reclaimBarrier(prev) {
 		return
 	}
+	r.reclaimFinish()
+}
+
+// reclaimBegin is a pass's first step, under the writer lock: mark the pass in flight and raise
+// the horizon to the current version. It returns the horizon to restore if the barrier fails,
+// and whether it took over a background pass waiting for its barrier.
+func (r *Region) reclaimBegin() (prevHorizon uint64, tookOver bool) {
+	w := r.w
+	w.pending = 0
+	w.pass++
+	if w.passing {
+		// A background pass raised the horizon and waits for its barrier: this pass takes it
+		// over (the barrier below orders its raise as well), and that one stops.
+		w.passing = false
+		store64(r.data, hHorizon, load64(r.data, hVersion))
+		return w.safe, true
+	}
+	add64(r.data, hReclaimSeq, 1) // odd: pass in flight
+	prevHorizon = load64(r.data, hHorizon)
+	store64(r.data, hHorizon, load64(r.data, hVersion))
+	return prevHorizon, false
+}
+
+// reclaimBarrier orders the readers' relaxed pin stores before the scan (regions created for
+// membarrier); if the barrier fails it restores prevHorizon, ends the pass and reports false:
+// without it a relaxed pin may be invisible to the scan, so nothing is freed.
+func (r *Region) reclaimBarrier(prevHorizon uint64) bool {
+	if r.l.flags&flagMembarrier != 0 && r.w.barrier() != nil {
+		store64(r.data, hHorizon, prevHorizon)
+		add64(r.data, hReclaimSeq, 1)
+		return false
+	}
+	return true
+}
+
+// reclaimFinish is a pass's last step, under the writer lock: scan the slots, free what no pin
+// can reach, lower the horizon to the bound and end the pass.
+func (r *Region) reclaimFinish() {
+	w := r.w
+	bound := load64(r.data, hHorizon)
 	now := time.Now()
 	w.lastBound = PinInfo{}
 	hw := min(load64(r.readers, rHighWater), r.l.readerSlots)
@@ -405,7 +466,54 @@ func (r *Region) reclaimLocked() {
 	}
 	r.reclaimMarks(bound)
 	store64(r.data, hHorizon, bound)
+	w.safe = bound
 	add64(r.data, hReclaimSeq, 1) // even: pass done
+}
+
+// reclaimLoop runs background passes while the region is open: every reclaimTick while
+// commits come, backing off to reclaimIdle while none do.
+func (r *Region) reclaimLoop() {
+	for d := reclaimTick; !r.closed.Load(); {
+		time.Sleep(d)
+		if r.w.dirty.Swap(false) {
+			r.reclaimBackground()
+			d = reclaimTick
+		} else {
+			d = min(2*d, reclaimIdle)
+		}
+	}
+}
+
+// reclaimBackground is the loop's pass: its first and last steps under the writer lock, the
+// barrier between them outside it, so writes go on meanwhile (they publish versions above the
+// raised horizon, whose retired blobs this pass leaves alone). An inline pass that runs
+// meanwhile takes it over; Close ends it.
+func (r *Region) reclaimBackground() {
+	w := r.w
+	w.mu.Lock()
+	if r.closed.Load() {
+		w.mu.Unlock()
+		return
+	}
+	prev, _ := r.reclaimBegin()
+	w.passing = true
+	pass, barrier := w.pass, w.barrier
+	w.mu.Unlock()
+
+	barrierOK := r.l.flags&flagMembarrier == 0 || barrier() == nil
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.closed.Load() || w.pass != pass || !w.passing {
+		return // closed (nothing to touch), or an inline pass took it over and finished it
+	}
+	w.passing = false
+	if !barrierOK {
+		store64(r.data, hHorizon, prev)
+		add64(r.data, hReclaimSeq, 1)
+		return
+	}
+	r.reclaimFinish()
 }
 
 // slotAlive checks the claimer of slot s (owner word owner) and clears the slot if its
@@ -468,7 +576,7 @@ func (r *Region) Reclaim() error {
 		return ErrClosed
 	}
 	r.reclaimLocked()
-	if (len(w.markers) > 0 && w.markers[0].version <= load64(r.data, hHorizon)) || len(w.markRetired) > 0 {
+	if (len(w.markers) > 0 && w.markers[0].version <= w.safe) || len(w.markRetired) > 0 {
 		// A commit unlinks markers, and lets reclaimed mark entries be reused once every pin
 		// passes it.
 		r.commit(&Tx{r: r, version: load64(r.data, hVersion) + 1})
