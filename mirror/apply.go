@@ -3,10 +3,8 @@ package mirror
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -64,13 +62,14 @@ func (m *Mirror) watch() error {
 			}
 			if u == nil {
 				if seen != nil {
-					m.revokeVanished(seen)
+					m.resynced(seen)
 					seen = nil
 				}
 				m.initial.Store(true)
+				m.signal(m.wake) // publishing waits for the first resync
 				continue
 			}
-			if seen != nil && u.Operation() == jetstream.KeyValuePut {
+			if seen != nil {
 				seen[u.Key()] = true
 			}
 			m.pendingIn.Store(u.Delta())
@@ -79,164 +78,266 @@ func (m *Mirror) watch() error {
 	}
 }
 
-// errGiveWay aborts an apply: the entry changed locally, or a newer value was applied.
+// errGiveWay aborts an apply: the entry changed locally, a newer value was applied, or the
+// value was parked.
 var errGiveWay = errors.New("shmsteer: mirror: superseded")
 
-// apply applies one bucket entry to the local region if it is newer than what the region
-// holds for that entry and no local change of it is waiting to be published (that change
-// gets a later revision, so it wins: last writer wins, decided by the bucket's order). The
-// final decision is taken in the write's condition, with the engine's write lock held (or the
-// key lock for keys), so a local write and its change notification cannot slip in between.
-// Never called with m.mu held: the engine calls the change hook, which takes m.mu, under its
-// lock.
+// value is one bucket value admitted for applying: authenticated, fresh, of an entry this host
+// mirrors. A key's sealed content is opened when it is applied (id, state, key).
+type value struct {
+	ek     string
+	rev    uint64
+	kind   byte
+	name   string // a vector's name
+	env    envelope
+	hdr    []byte // the envelope header (a key's seal authenticates it)
+	marker string // a key purge marker or a vanished key entry: the request id it revokes
+	id     string
+	state  byte
+	key    []byte
+}
+
+// apply applies one value delivered by the watch: admit authenticates it and checks its
+// freshness, applyValue writes it.
 func (m *Mirror) apply(u jetstream.KeyValueEntry) {
+	v, err := m.admit(u)
+	switch {
+	case err != nil:
+		m.reject(u.Key(), err)
+		if errors.Is(err, ErrReplayed) {
+			m.repair(v)
+		}
+	case v != nil:
+		m.applyValue(v)
+	}
+}
+
+// repair stores again what this host holds of an entry whose old value was stored again (a
+// replay), if this host wrote the value it holds (or, for a key entry forgotten since its
+// purge, the replayed value): a host that joins later cannot tell a replay from the newest
+// value, so the bucket must hold the newest again. A live key or a steering entry is published
+// again; a revoked or forgotten key's replayed value is purged (with an authenticated marker).
+func (m *Mirror) repair(v *value) {
+	m.mu.Lock()
+	e := m.entries[v.ek]
+	mine := e != nil && e.origin == m.opt.HostID || e == nil && v.env.origin == m.opt.HostID
+	id, live := m.keyIDs[v.ek]
+	m.mu.Unlock()
+	switch {
+	case !mine:
+	case v.kind != kindKey:
+		m.enqueue(v.ek, v.kind, v.name)
+	case live:
+		m.enqueue(v.ek, kindKey, id)
+	default:
+		m.requeuePurges([]purgeItem{{ek: v.ek, rev: v.rev, due: time.Now()}})
+	}
+}
+
+// admit decodes and authenticates u (ErrTampered, ErrOldFormat, ErrBadEnvelope) and refuses a
+// value of an origin that is not newer than the newest of that origin's this host has taken
+// (ErrReplayed, with the value, for repair), unless it is a value delivered again (a resync).
+// nil, nil: nothing to apply
+// (this host's own value, a key entry without MirrorKeys, a purge marker of a revoked key).
+func (m *Mirror) admit(u jetstream.KeyValueEntry) (*value, error) {
 	ek, rev := u.Key(), u.Revision()
 	kind, name, ok := entryName(ek)
 	if !ok {
-		m.reject(ek, fmt.Errorf("%w: unknown entry name", ErrBadEnvelope))
-		return
+		return nil, fmt.Errorf("%w: unknown entry name %q", ErrBadEnvelope, ek)
 	}
 	if kind == kindKey && m.seal == nil {
-		return // keys are not mirrored on this host
+		return nil, nil // keys are not mirrored on this host
 	}
-	var env envelope
-	var hdr int
-	var markerID string // the request id a key entry's purge marker stands for
-	if u.Operation() == jetstream.KeyValuePut {
-		var err error
-		if env, hdr, err = decodeEnvelope(u.Value()); err != nil {
-			m.reject(ek, err)
-			return
-		}
-		if env.kind != kind {
-			m.reject(ek, fmt.Errorf("%w: kind %d under entry %s", ErrBadEnvelope, env.kind, ek))
-			return
-		}
-	} else { // deleted or purged: a key's tombstone purged by its host, or a NATS tool
-		env = envelope{kind: kind, flags: flagDeleted, origin: "nats"}
-		if kind == kindKey {
-			m.mu.Lock()
-			id, live := m.keyIDs[ek]
-			if !live { // not a key we hold (its tombstone was applied already): forget the entry
-				m.forgetLocked(ek)
-				m.mu.Unlock()
-				return
-			}
-			m.mu.Unlock()
-			markerID = id
-		}
+	env, hdr, err := m.sign.open(ek, u.Value())
+	if err != nil {
+		return nil, err
 	}
-	own := env.origin == m.opt.HostID && env.incarnation == m.incarnation
-	m.log.Debug("bucket entry", "entry", ek, "rev", rev, "origin", env.origin, "own", own)
-
+	purge := env.flags&flagPurge != 0
+	if env.kind != kind || purge != (u.Operation() == jetstream.KeyValuePurge) || purge && kind != kindKey {
+		// The operation is not authenticated, the value is: a value stored under another
+		// operation was moved there.
+		return nil, fmt.Errorf("%w: a value of kind %d, flags %#x as a %s of entry %s", ErrTampered, env.kind, env.flags, u.Operation(), ek)
+	}
+	v := &value{ek: ek, rev: rev, kind: kind, name: name, env: env, hdr: u.Value()[:hdr]}
+	m.log.Debug("bucket entry", "entry", ek, "rev", rev, "origin", env.origin, "seq", env.seq)
 	m.mu.Lock()
-	e := m.entryLocked(ek)
-	if own {
-		if rev > e.rev {
-			e.rev, e.origin = rev, env.origin
+	defer m.mu.Unlock()
+	if env.origin == m.opt.HostID && env.incarnation == m.incarnation {
+		if err := m.ownLocked(v); err != nil {
+			return v, err
 		}
-		if e.sentSeq == env.seq {
+		return nil, nil
+	}
+	if env.seq <= m.newest[env.origin] {
+		if m.deliveredLocked(ek, rev) {
+			m.stale.Add(1)
+			return nil, nil
+		}
+		return v, fmt.Errorf("%w: entry %s of host %s, seq %d (newest taken %d)", ErrReplayed, ek, env.origin, env.seq, m.newest[env.origin])
+	}
+	m.newest[env.origin] = env.seq
+	if purge {
+		id, live := m.keyIDs[ek]
+		if !live { // revoked here already: forget the entry
+			m.forgetLocked(ek)
+			return nil, nil
+		}
+		v.marker = id
+	}
+	return v, nil
+}
+
+// ownLocked handles a value this process stored: its echo acknowledges the publish; an older
+// value of ours stored again is a replay.
+func (m *Mirror) ownLocked(v *value) error {
+	if v.env.flags&flagPurge != 0 {
+		if _, live := m.keyIDs[v.ek]; !live {
+			m.forgetLocked(v.ek)
+		}
+		return nil
+	}
+	e := m.entryLocked(v.ek)
+	switch {
+	case v.env.seq == e.sentSeq || e.inflight:
+		if v.rev > e.rev {
+			e.rev, e.origin = v.rev, v.env.origin
+		}
+		if v.env.seq == e.sentSeq {
 			e.inflight = false
 		}
-		m.mu.Unlock()
-		return
+	case v.rev > e.rev:
+		return fmt.Errorf("%w: an earlier value of this host's own entry %s", ErrReplayed, v.ek)
 	}
-	skip := m.skipLocked(e, u, env.origin)
+	return nil
+}
+
+// deliveredLocked reports whether revision rev of ek is one this host has had already: held,
+// waiting or parked (a resync delivers the bucket's values again).
+func (m *Mirror) deliveredLocked(ek string, rev uint64) bool {
+	e := m.entries[ek]
+	if e != nil && (rev <= e.rev || e.waiting != nil && rev <= e.waiting.rev) {
+		return true
+	}
+	return m.parked != nil && m.parked.ek == ek && rev <= m.parked.rev
+}
+
+// applyValue applies an admitted value to the local region if it is newer than what the
+// region holds for that entry and no local change of it is waiting to be published (that
+// change gets a later revision, so it wins: last writer wins, decided by the bucket's order).
+// The final decision is taken in the write's condition (take), with the engine's write lock
+// held (or the key lock for keys), so a local write and its change notification cannot slip
+// in between. Never called with m.mu held: the engine calls the change hook, which takes m.mu,
+// under its lock.
+func (m *Mirror) applyValue(v *value) {
+	m.mu.Lock()
+	e := m.entryLocked(v.ek)
+	skip := m.skipLocked(e, v)
 	m.mu.Unlock()
 	if skip {
 		return
 	}
-
-	// Fetch and decode outside the lock (an object fetch is a network read).
-	var payload []byte
-	if env.flags&flagDeleted == 0 && kind != kindKey {
-		var err error
-		if payload, err = m.fetch(env); err != nil {
-			if errors.Is(err, jetstream.ErrObjectNotFound) {
-				m.stale.Add(1) // deleted by its host: a newer value of the entry exists
-				return
-			}
-			m.reject(ek, err)
-			return
-		}
+	payload, err := m.content(v) // outside the lock: an object fetch is a network read
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		m.stale.Add(1) // deleted by its host: a newer value of the entry exists
+		return
+	} else if err != nil {
+		m.reject(v.ek, err) // changes nothing, not even the entry's revision
+		return
 	}
-	// take is the write's condition: the entry's revision becomes rev, unless it must give way.
-	take := func() error {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if m.skipLocked(e, u, env.origin) {
-			return errGiveWay
-		}
-		e.rev, e.origin = rev, env.origin
-		if old := e.object; old != "" {
-			e.object = ""
-			go m.deleteObject(old) // our value is superseded
-		}
-		return nil
-	}
-	var err error
-	switch kind {
+	take := func(size int64) error { return m.take(e, v, size) }
+	switch v.kind {
 	case kindVector, kindProbe:
-		err = m.applyVector(kind, name, env, payload, take)
+		err = m.applyVector(v, payload, take)
 	case kindGlobal:
-		err = m.applyGlobal(env, payload, take)
-		if errors.Is(err, steer.ErrUnknownVector) {
-			m.mu.Lock()
-			m.parked = &u // retried after the next vector arrives (its revision is not taken)
-			m.mu.Unlock()
-			return
-		}
+		err = m.applyGlobal(v, payload, take)
 	case kindKey:
-		id, state, key := markerID, stateRevoked, []byte(nil)
-		if markerID == "" {
-			id, state, key, err = m.openKey(ek, u.Value()[:hdr], env)
-		}
-		if err == nil {
-			err = m.writeKey(ek, id, state, key, take)
-		}
-		clear(key)
-		if err == nil && markerID != "" {
-			m.mu.Lock()
-			m.forgetLocked(ek)
-			m.mu.Unlock()
-		}
+		err = m.applyKey(v, take)
 	}
 	switch {
 	case errors.Is(err, errGiveWay):
 		return
 	case err != nil:
 		// Still the entry's newest value (its revision is taken): a later valid one replaces it.
-		m.reject(ek, err)
+		m.reject(v.ek, err)
 		return
 	}
 	m.applied.Add(1)
-	m.log.Debug("applied", "entry", ek, "rev", rev, "origin", env.origin)
+	m.log.Debug("applied", "entry", v.ek, "rev", v.rev, "origin", v.env.origin)
 	m.lastApplied.Store(time.Now().UnixNano())
-	if kind == kindVector {
+	if v.kind == kindVector {
 		m.mu.Lock()
 		p := m.parked
 		m.parked = nil
 		m.mu.Unlock()
 		if p != nil {
-			m.apply(*p)
+			m.applyValue(p)
 		}
 	}
 }
 
-// skipLocked reports whether remote value u must not be applied now: it is not newer than
+// take is the write's condition: the entry's revision becomes v's unless it must give way, and
+// a remote value of size bytes is charged against the remote bound (size < 0: an invalid value
+// whose revision is taken, nothing written).
+func (m *Mirror) take(e *entry, v *value, size int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.skipLocked(e, v) {
+		return errGiveWay
+	}
+	e.rev, e.origin = v.rev, v.env.origin
+	if old := e.object; old != "" {
+		e.object = ""
+		go m.deleteObject(old) // our value is superseded
+	}
+	if size < 0 {
+		return nil
+	}
+	if v.env.flags&flagDeleted != 0 {
+		size = 0
+	}
+	return m.chargeLocked(e, size)
+}
+
+// chargeLocked makes e hold a remote value of size bytes, unless that would make remote values
+// exceed RemoteBytes or RemoteEntries.
+func (m *Mirror) chargeLocked(e *entry, size int64) error {
+	n, b := m.remoteN, m.remoteBytes-e.size+size
+	if e.size == 0 && size > 0 {
+		n++
+	} else if e.size > 0 && size == 0 {
+		n--
+	}
+	if size > 0 && (b > m.remoteMax || n > m.remoteNMax) {
+		return fmt.Errorf("%w: %d bytes in %d remote entries with this one (limits %d bytes, %d entries)", ErrRemoteLimit, b, n, m.remoteMax, m.remoteNMax)
+	}
+	m.remoteN, m.remoteBytes, e.size = n, b, size
+	return nil
+}
+
+// dropRemoteLocked releases what a remote value of e held (a local write replaced it, or the
+// entry is forgotten).
+func (m *Mirror) dropRemoteLocked(e *entry) {
+	if e.size > 0 {
+		m.remoteBytes -= e.size
+		m.remoteN--
+		e.size = 0
+	}
+}
+
+// skipLocked reports whether remote value v must not be applied now: it is not newer than
 // what the entry holds (counted stale), or a local change of the entry is queued or in flight
-// (u waits for that change's acknowledgement, see entry.waiting).
-func (m *Mirror) skipLocked(e *entry, u jetstream.KeyValueEntry, origin string) bool {
-	if e.superseded(u.Revision(), origin) {
+// (v waits for that change's acknowledgement, see entry.waiting).
+func (m *Mirror) skipLocked(e *entry, v *value) bool {
+	if e.superseded(v.rev, v.env.origin) {
 		m.stale.Add(1)
 		return true
 	}
 	if e.queued || e.inflight {
-		if e.waiting == nil || u.Revision() > e.waiting.Revision() {
+		if e.waiting == nil || v.rev > e.waiting.rev {
 			if e.waiting != nil {
 				m.stale.Add(1)
 			}
-			e.waiting = u
+			e.waiting = v
 		} else {
 			m.stale.Add(1)
 		}
@@ -245,37 +346,34 @@ func (m *Mirror) skipLocked(e *entry, u jetstream.KeyValueEntry, origin string) 
 	return false
 }
 
-func (m *Mirror) fetch(env envelope) ([]byte, error) {
-	if env.flags&flagExternal == 0 {
-		return bytes.Clone(env.payload), nil // a fresh, aligned copy for the steering decoder
-	}
-	ref, err := decodeObjectRef(env.payload)
-	if err != nil {
+// content returns a vector's or the global tiers' steering set (inline, or fetched from the
+// object store) and opens a key's sealed value into v.
+func (m *Mirror) content(v *value) ([]byte, error) {
+	switch {
+	case v.marker != "":
+		return nil, nil
+	case v.kind == kindKey: // a revocation too: the sealed payload holds the id
+		if v.env.flags&flagSealed == 0 {
+			return nil, fmt.Errorf("%w: key value not sealed", ErrTampered)
+		}
+		var err error
+		v.id, v.state, v.key, err = m.seal.open(v.ek, v.hdr, v.env.payload)
 		return nil, err
+	case v.env.flags&flagDeleted != 0:
+		return nil, nil
+	case v.env.flags&flagExternal != 0:
+		return m.fetchObject(v.env.payload)
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, 4*putTimeout)
-	defer cancel()
-	o, err := m.objects(ctx)
-	if err != nil {
-		return nil, err
-	}
-	b, err := o.GetBytes(ctx, ref.name)
-	if err != nil {
-		return nil, err
-	}
-	if uint64(len(b)) != ref.size || sha256.Sum256(b) != ref.sum {
-		return nil, fmt.Errorf("%w: object %s does not match its reference", ErrBadEnvelope, ref.name)
-	}
-	return b, nil
+	return bytes.Clone(v.env.payload), nil // a fresh, aligned copy for the steering decoder
 }
 
-func (m *Mirror) applyVector(kind byte, name string, env envelope, payload []byte, take func() error) error {
+func (m *Mirror) applyVector(v *value, payload []byte, take func(int64) error) error {
 	unreg, reg := m.opt.Engine.UnregisterAs, m.opt.Engine.RegisterAs
-	if kind == kindProbe {
+	if v.kind == kindProbe {
 		unreg, reg = m.opt.Engine.UnregisterProbeAs, m.opt.Engine.RegisterProbeAs
 	}
-	if env.flags&flagDeleted != 0 {
-		_, err := unreg(originTag, name, take)
+	if v.env.flags&flagDeleted != 0 {
+		_, err := unreg(originTag, v.name, func() error { return take(0) })
 		if errors.Is(err, steer.ErrUnknownVector) {
 			return nil
 		}
@@ -283,60 +381,71 @@ func (m *Mirror) applyVector(kind byte, name string, env envelope, payload []byt
 	}
 	st, _, err := steer.DecodeSteering(payload, m.cfg)
 	extra := steer.Steering{Base: steer.Tier{Refs: st.Base.Refs, Clamps: st.Base.Clamps}, Prefill: st.Prefill, Decode: st.Decode}
-	if !extra.Empty() {
+	if err == nil && !extra.Empty() {
 		err = fmt.Errorf("%w: a named vector holds only base vectors", ErrBadEnvelope)
 	}
 	if err != nil {
-		return m.taken(take, err)
+		return taken(take, err)
 	}
-	_, err = reg(originTag, name, st.Base.Vectors, take)
+	_, err = reg(originTag, v.name, st.Base.Vectors, func() error { return take(int64(len(payload))) })
 	return err
 }
 
-func (m *Mirror) applyGlobal(env envelope, payload []byte, take func() error) error {
+// applyGlobal sets the global tiers; a set that references a vector not here yet is parked
+// and retried once the next vector is applied (its revision is not taken).
+func (m *Mirror) applyGlobal(v *value, payload []byte, take func(int64) error) error {
 	var g steer.Steering
-	if env.flags&flagDeleted == 0 {
+	if v.env.flags&flagDeleted == 0 {
 		var err error
 		if g, _, err = steer.DecodeSteering(payload, m.cfg); err != nil {
-			return m.taken(take, err)
+			return taken(take, err)
 		}
 	}
-	_, err := m.opt.Engine.SetGlobalAs(originTag, g, take)
+	_, err := m.opt.Engine.SetGlobalAs(originTag, g, func() error { return take(int64(len(payload))) })
+	if errors.Is(err, steer.ErrUnknownVector) {
+		m.mu.Lock()
+		m.parked = v
+		m.mu.Unlock()
+		return errGiveWay
+	}
 	return err
 }
 
 // taken takes an invalid value's revision (so it counts as the entry's newest) and returns err,
 // or errGiveWay if the entry changed meanwhile.
-func (m *Mirror) taken(take func() error, err error) error {
-	if terr := take(); terr != nil {
+func taken(take func(int64) error, err error) error {
+	if terr := take(-1); terr != nil {
 		return terr
 	}
 	return err
 }
 
-// openKey opens a sealed key value. A value that fails authentication changes nothing, not
-// even the entry's revision: a forged value must not make a host ignore the entry's next valid
-// value.
-func (m *Mirror) openKey(ek string, hdr []byte, env envelope) (id string, state byte, key []byte, err error) {
-	if env.flags&flagSealed == 0 {
-		return "", 0, nil, fmt.Errorf("%w: key value not sealed", ErrTampered)
+// applyKey writes an opened key, a revocation or a purge marker's revocation to the local
+// registry, holding the key lock so that no local key write (Keys.Set, Keys.Remove) slips in
+// between the decision (take) and the write.
+func (m *Mirror) applyKey(v *value, take func(int64) error) error {
+	id, state, key := v.id, v.state, v.key
+	if v.marker != "" {
+		id, state = v.marker, stateRevoked
 	}
-	return m.seal.open(ek, hdr, env.payload)
-}
-
-// writeKey writes an opened key to the local registry, holding the key lock so that no local
-// key write (Keys.Set, Keys.Remove) slips in between the decision (take) and the write.
-func (m *Mirror) writeKey(ek, id string, state byte, key []byte, take func() error) error {
+	defer clear(key)
 	m.keyMu.Lock()
 	defer m.keyMu.Unlock()
-	if err := take(); err != nil {
+	size := int64(len(id) + len(key))
+	if state == stateRevoked {
+		size = 0
+	}
+	if err := take(size); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	if state == stateRevoked {
-		delete(m.keyIDs, ek)
+		delete(m.keyIDs, v.ek)
 	} else {
-		m.keyIDs[ek] = id
+		m.keyIDs[v.ek] = id
+	}
+	if v.marker != "" {
+		m.forgetLocked(v.ek)
 	}
 	m.mu.Unlock()
 	if state == stateRevoked {
@@ -348,117 +457,28 @@ func (m *Mirror) writeKey(ek, id string, state byte, key []byte, take func() err
 	return m.opt.Keys.Set(id, key)
 }
 
-// revokeVanished revokes the mirrored keys whose entries are no longer in the bucket (their
-// tombstones were purged while this host was away, see Options.KeyPurgeAfter) and forgets
-// the key entries gone from the bucket.
-func (m *Mirror) revokeVanished(seen map[string]bool) {
-	m.mu.Lock()
-	var gone []vanished
-	for ek, e := range m.entries {
-		if seen[ek] || len(ek) < 2 || ek[:2] != "k." || e.queued || e.inflight {
-			continue
-		}
-		if _, live := m.keyIDs[ek]; !live {
-			m.forgetLocked(ek) // revoked here already
-			continue
-		}
-		// A purge marker just after the value held: the entry's tombstone and marker came
-		// later in the stream, so any future value of the entry has a higher revision.
-		gone = append(gone, vanished{ek: ek, rev: e.rev + 1})
-	}
-	m.mu.Unlock()
-	for _, v := range gone {
-		m.apply(v)
-	}
-}
-
-// vanished stands for a purge marker of a key entry that is no longer in the bucket. apply
-// uses only Key, Revision, Operation and Value (the embedded interface is nil).
-type vanished struct {
-	jetstream.KeyValueEntry
-	ek  string
-	rev uint64
-}
-
-func (v vanished) Key() string                     { return v.ek }
-func (v vanished) Revision() uint64                { return v.rev }
-func (v vanished) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePurge }
-func (v vanished) Value() []byte                   { return nil }
-
-// purgeLoop purges the tombstones of revoked keys this host stored once KeyPurgeAfter has
-// passed (unless the entry has a newer value), and removes old purge markers, so the bucket
-// does not grow with every request ever served.
-func (m *Mirror) purgeLoop() {
-	defer m.wg.Done()
-	every := min(m.opt.KeyPurgeAfter/4, time.Second)
-	lastMarkers := time.Now()
-	for m.sleep(every) {
-		m.mu.Lock()
-		var due []purgeItem
-		now := time.Now()
-		for len(m.purges) > 0 && !m.purges[0].due.After(now) {
-			due = append(due, m.purges[0])
-			m.purges = m.purges[1:]
-		}
-		m.mu.Unlock()
-		if len(due) == 0 && now.Sub(lastMarkers) < m.opt.KeyPurgeAfter {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(m.ctx, 4*putTimeout)
-		kv, err := m.bucket(ctx)
-		if err != nil {
-			cancel()
-			m.requeuePurges(due)
-			continue
-		}
-		for i, it := range due {
-			err := kv.Purge(ctx, it.ek, jetstream.LastRevision(it.rev))
-			if err != nil && !errors.Is(err, jetstream.ErrKeyExists) { // ErrKeyExists: a newer value
-				m.log.Warn("shmsteer: mirror: purge a revoked key's tombstone; will retry", "err", err)
-				m.requeuePurges(due[i:])
-				break
-			}
-		}
-		if now.Sub(lastMarkers) >= m.opt.KeyPurgeAfter {
-			lastMarkers = now
-			if err := kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(m.opt.KeyPurgeAfter)); err != nil {
-				m.log.Warn("shmsteer: mirror: remove old purge markers", "err", err)
-			}
-		}
-		cancel()
-	}
-}
-
-// forgetLocked drops what the mirror knows of a key entry that is gone from the bucket (its
-// tombstone purged), so memory does not grow with every request id ever mirrored. Safe: a
-// purged entry is never delivered again; a new value of it has a higher revision anyway.
-func (m *Mirror) forgetLocked(ek string) {
-	if e := m.entries[ek]; e != nil && !e.queued && !e.inflight && e.waiting == nil {
-		delete(m.entries, ek)
-	}
-}
-
-func (m *Mirror) requeuePurges(items []purgeItem) {
-	if len(items) == 0 {
-		return
-	}
-	m.mu.Lock()
-	m.purges = append(slices.Clone(items), m.purges...)
-	m.mu.Unlock()
-}
-
 func (m *Mirror) reject(ek string, err error) {
 	m.mu.Lock()
 	m.rejectLocked(ek, err)
 	m.mu.Unlock()
 }
 
+// rejectLocked counts a refused value and logs it, at most once a second (a flood of forged
+// values must not flood the log): the line says how many went unlogged since.
 func (m *Mirror) rejectLocked(ek string, err error) {
-	if errors.Is(err, ErrTampered) {
+	switch {
+	case errors.Is(err, ErrTampered):
 		m.tampered.Add(1)
-	} else {
+	case errors.Is(err, ErrReplayed):
+		m.replayed.Add(1)
+	default:
 		m.rejected.Add(1)
 	}
 	m.lastErr = err.Error()
-	m.log.Warn("shmsteer: mirror rejected a bucket value", "entry", ek, "err", err)
+	if now := time.Now(); now.Sub(m.lastLog) >= time.Second {
+		m.log.Warn("shmsteer: mirror rejected a bucket value", "entry", ek, "err", err, "unlogged_before", m.unlogged)
+		m.lastLog, m.unlogged = now, 0
+	} else {
+		m.unlogged++
+	}
 }

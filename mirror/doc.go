@@ -5,13 +5,48 @@
 // # What it owns
 //
 // The bucket (default "shmsteer", history 1, file storage) and its entries, the object store
-// "<bucket>-blobs" that holds steering sets too large for one NATS message, the envelope and
-// sealing format of every value, and the outgoing queue. Replication itself is JetStream's:
+// "<bucket>-blobs" that holds steering sets too large for one NATS message, the envelope,
+// authentication and sealing format of every value, and the outgoing queue. Files: mirror.go
+// (options, start, status, the queue), publish.go, apply.go (admitting and applying remote
+// values), fetch.go (the object store), purge.go (revoked keys' tombstones), envelope.go and
+// keys.go. Replication itself is JetStream's:
 // every host Puts its changes into the bucket and watches the bucket (an ordered consumer);
 // the bucket's revision (its stream sequence) totally orders all writes of all hosts, so a
 // host applies an entry only if its revision is newer than what it holds for that entry
 // (ties, which one bucket cannot produce, go to the larger host id), and every host ends
 // with the value of each entry's last revision. There is no protocol of our own on the wire.
+//
+// # Trust
+//
+// Anyone who can write the bucket is assumed hostile unless they hold the deployment's
+// secret (Options.Secret, required). Every value ends with an HMAC-SHA256 tag under a key
+// derived from the secret over the entry name, the envelope (its origin host included) and the
+// payload; a value or delete without a valid tag (a bucket writer, a host with another secret,
+// a plain KV delete or purge, a value moved to another entry) is refused, counted
+// (Status.Tampered, ErrTampered) and changes nothing, and no memory is kept of it. Values of
+// the old, unauthenticated format 1 (shmsteer before this format) are refused and counted too
+// (Status.Rejected, ErrOldFormat): every host of a deployment must run this format.
+//
+// Freshness: each value carries its origin's seq, a clock that increases over every value the
+// host publishes and across its restarts (at least the wall clock in nanoseconds; publishing
+// waits for the first resync, which also shows the host its own earlier values). A host
+// refuses a value whose seq is not above the newest of that origin's it has taken, unless it
+// is a value it had already (a resync delivers those again): an old value stored again (a
+// replayed sealed key after its revocation, an old vector) is refused and counted
+// (Status.Replayed, ErrReplayed), also after the entry was purged and forgotten. The host that
+// wrote the entry's newest value then stores it again (a purge marker for a revoked key), so a
+// host that joins later, which has no memory to tell a replay by, finds the newest value. A
+// host whose clock steps back across a restart by more than the restart takes has its values
+// refused as replays until its clock passes its old values.
+//
+// What other hosts may occupy is bounded: remote values may hold at most Options.RemoteBytes
+// (default half the arena) in at most Options.RemoteEntries entries (default half the index);
+// beyond, they are refused and counted (ErrRemoteLimit), and local writes are not affected. An
+// object reference is checked before anything is fetched (declared size within the bound, the
+// object store's record of the same size, not a link), read at most Options.FetchRate bytes a
+// second, never past its declared size, and compared with the reference's sha256. Refusals are
+// logged at most once a second. A bucket writer can still destroy what the bucket holds
+// (delete it): hosts keep what they applied, and hosts that join then find nothing.
 //
 // # Entries
 //
@@ -22,7 +57,7 @@
 //	                      the secret; the value is sealed (ChaCha20-Poly1305, key from
 //	                      ipc.Secret.DeriveKey, HKDF-SHA256): NATS and bucket readers see
 //	                      neither the id nor the key. A value that fails to open is rejected
-//	                      and counted (Status.Rejected).
+//	                      and counted (Status.Tampered).
 //
 // # Large sets
 //
@@ -36,11 +71,14 @@
 // (a host still fetching it then skips it: a newer value exists).
 //
 // Every value starts with an envelope (envelope.go): the writing host's id and incarnation,
-// a per-incarnation sequence number and flags (deleted, sealed, stored in the object store).
-// Deletions are values with the deleted flag, so they carry their origin too. A revoked key's
-// tombstone is purged by its host after Options.KeyPurgeAfter (the purge marker removed after
-// as long again), so the bucket does not grow with every request served; a host that returns
-// after that finds the entry gone in its resync and revokes the key.
+// its seq (see Trust) and flags (deleted, sealed, stored in the object store, purge marker),
+// and ends with its tag. Deletions are values with the deleted flag, so they carry their
+// origin too. A revoked key's tombstone is purged by its host after Options.KeyPurgeAfter with
+// a KV purge whose marker carries an authenticated envelope (the marker removed after as long
+// again), so the bucket does not grow with every request served; a host that was away from
+// NATS for at least KeyPurgeAfter finds the entry gone in its resync and revokes the key. An
+// entry gone from the bucket while a host was away for less was removed by someone without
+// the secret: counted (Status.Tampered), the key stays.
 //
 // # Local first
 //

@@ -25,23 +25,36 @@ const (
 	flagDeleted  byte = 1 // the entry was deleted (vector unregistered, global cleared, key revoked)
 	flagSealed   byte = 2 // payload is nonce || AEAD ciphertext
 	flagExternal byte = 4 // payload names an object in the object store (objectRef)
-	knownFlags        = flagDeleted | flagSealed | flagExternal
+	flagPurge    byte = 8 // a key's purge marker: its host removed the revoked key's tombstone
+	knownFlags        = flagDeleted | flagSealed | flagExternal | flagPurge
 )
 
-var magic = [4]byte{'S', 'M', 'R', '1'}
+// magic names the format: "SMR2" values are authenticated (tagSize bytes of HMAC at the end);
+// "SMR1" values (shmsteer before the hardening of the mirror) carry no tag and are refused.
+var (
+	magic    = [4]byte{'S', 'M', 'R', '2'}
+	magicOld = [4]byte{'S', 'M', 'R', '1'}
+)
 
-// maxOrigin bounds a host id.
-const maxOrigin = 128
+const (
+	maxOrigin = 128 // bounds a host id
+	tagSize   = sha256.Size
+)
 
-// envelope is the header every bucket value starts with:
+// envelope is the header every bucket value starts with, followed by the payload and the tag:
 //
-//	magic "SMR1" | flags u8 | kind u8 | origin len u8 | origin | incarnation u64 | seq u64 | payload
+//	magic "SMR2" | flags u8 | kind u8 | origin len u8 | origin | incarnation u64 | seq u64 | payload | tag [32]
+//
+// tag = HMAC-SHA256(key derived from the secret, entry name || 0 || everything before the tag):
+// the value is bound to its entry and its origin. seq is the origin's clock (see Mirror.nextSeq):
+// it increases with every value a host publishes, across its restarts, so a host refuses a value
+// of an origin not newer than the newest of that origin's it has taken (a replay).
 type envelope struct {
 	flags       byte
 	kind        byte
 	origin      string // host id
 	incarnation uint64 // random per Start: tells this process's own echoes from its earlier life's
-	seq         uint64 // per incarnation, increasing
+	seq         uint64 // the origin's clock, increasing over all its values
 	payload     []byte
 }
 
@@ -54,16 +67,18 @@ func (e *envelope) header() []byte {
 	return binary.LittleEndian.AppendUint64(b, e.seq)
 }
 
-func (e *envelope) encode() []byte { return append(e.header(), e.payload...) }
-
-// decodeEnvelope parses a bucket value; the payload aliases b.
+// decodeEnvelope parses a bucket value without authenticating it (signer.open does both); the
+// payload aliases b and excludes the tag.
 func decodeEnvelope(b []byte) (envelope, int, error) {
 	var e envelope
 	bad := func(what string) (envelope, int, error) {
 		return envelope{}, 0, fmt.Errorf("%w: %s", ErrBadEnvelope, what)
 	}
+	if len(b) >= 4 && [4]byte(b[:4]) == magicOld {
+		return envelope{}, 0, ErrOldFormat
+	}
 	if len(b) < 7 || [4]byte(b[:4]) != magic {
-		return bad("no mirror header (written by another tool or version)")
+		return bad("no mirror header (written by another tool)")
 	}
 	e.flags, e.kind = b[4], b[5]
 	if e.flags&^knownFlags != 0 {
@@ -73,14 +88,49 @@ func decodeEnvelope(b []byte) (envelope, int, error) {
 		return bad(fmt.Sprintf("unknown kind %d", e.kind))
 	}
 	n := int(b[6])
-	if n == 0 || n > maxOrigin || len(b) < 7+n+16 {
+	if n == 0 || n > maxOrigin || len(b) < 7+n+16+tagSize {
 		return bad("truncated header")
 	}
 	e.origin = string(b[7 : 7+n])
 	e.incarnation = binary.LittleEndian.Uint64(b[7+n:])
 	e.seq = binary.LittleEndian.Uint64(b[15+n:])
 	hdr := 23 + n
-	e.payload = b[hdr:]
+	e.payload = b[hdr : len(b)-tagSize]
+	return e, hdr, nil
+}
+
+// signer authenticates every bucket value under a key derived from the deployment's secret.
+type signer struct{ key []byte }
+
+func (s *signer) tag(ek string, msg []byte) []byte {
+	m := hmac.New(sha256.New, s.key)
+	m.Write([]byte(ek))
+	m.Write([]byte{0})
+	m.Write(msg)
+	return m.Sum(nil)
+}
+
+// sign encodes e as the value of entry ek: header, payload, tag.
+func (s *signer) sign(ek string, e *envelope) []byte {
+	b := append(e.header(), e.payload...)
+	return append(b, s.tag(ek, b)...)
+}
+
+// open decodes and authenticates the value b of entry ek: ErrOldFormat, ErrBadEnvelope, or
+// ErrTampered for a value without this deployment's tag (no secret, another secret, modified,
+// moved from another entry). Nothing of an unauthenticated value is returned.
+func (s *signer) open(ek string, b []byte) (envelope, int, error) {
+	if len(b) == 0 {
+		return envelope{}, 0, fmt.Errorf("%w: an empty value or a plain delete", ErrTampered)
+	}
+	e, hdr, err := decodeEnvelope(b)
+	if err != nil {
+		return envelope{}, 0, err
+	}
+	body := b[:len(b)-tagSize]
+	if !hmac.Equal(s.tag(ek, body), b[len(body):]) {
+		return envelope{}, 0, fmt.Errorf("%w: entry %s", ErrTampered, ek)
+	}
 	return e, hdr, nil
 }
 
@@ -151,6 +201,7 @@ type sealer struct {
 const (
 	purposeSeal = "shmsteer/mirror/seal/v1"
 	purposeID   = "shmsteer/mirror/id/v1"
+	purposeMAC  = "shmsteer/mirror/mac/v2"
 )
 
 func newSealer(sealKey, idKey []byte) (*sealer, error) {

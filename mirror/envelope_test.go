@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,10 +14,13 @@ func testSealer(t testing.TB, seed byte) *sealer {
 	return s
 }
 
+func testSigner(seed byte) *signer { return &signer{key: bytes.Repeat([]byte{seed}, 32)} }
+
 func TestEnvelopeRoundTrip(t *testing.T) {
 	e := envelope{flags: flagDeleted | flagExternal, kind: kindVector, origin: "host-1", incarnation: 42, seq: 7, payload: []byte("payload")}
-	b := e.encode()
-	got, hdr, err := decodeEnvelope(b)
+	s := testSigner(1)
+	b := s.sign("v.eA", &e)
+	got, hdr, err := s.open("v.eA", b)
 	require.NoError(t, err)
 	require.Equal(t, e, got)
 	require.Equal(t, e.header(), b[:hdr])
@@ -28,8 +32,40 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 	require.Equal(t, ref, r2)
 }
 
+// TestOpenRejects: a value without this deployment's tag is refused whatever else it holds.
+func TestOpenRejects(t *testing.T) {
+	s := testSigner(1)
+	e := envelope{kind: kindVector, origin: "a", incarnation: 3, seq: 9, payload: []byte("steering")}
+	good := s.sign("v.eA", &e)
+	flipped := bytes.Clone(good)
+	flipped[len(flipped)-tagSize-1] ^= 1
+	reorigin := bytes.Clone(good)
+	reorigin[7] = 'b'
+	old := append([]byte("SMR1"), good[4:len(good)-tagSize]...)
+	tests := []struct {
+		name string
+		ek   string
+		b    []byte
+		want error
+	}{
+		{"another key", "v.eA", testSigner(2).sign("v.eA", &e), ErrTampered},
+		{"moved to another entry", "v.eQ", good, ErrTampered},
+		{"payload bit flipped", "v.eA", flipped, ErrTampered},
+		{"origin changed", "v.eA", reorigin, ErrTampered},
+		{"tag cut", "v.eA", good[:len(good)-tagSize], ErrBadEnvelope},
+		{"empty (a plain delete)", "v.eA", nil, ErrTampered},
+		{"format 1", "v.eA", old, ErrOldFormat},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := s.open(tt.ek, tt.b)
+			require.ErrorIs(t, err, tt.want)
+		})
+	}
+}
+
 func TestDecodeEnvelopeRejects(t *testing.T) {
-	good := (&envelope{kind: kindKey, origin: "h", seq: 1}).encode()
+	good := testSigner(1).sign("k.AAAA", &envelope{kind: kindKey, origin: "h", seq: 1})
 	tests := []struct {
 		name string
 		b    []byte
@@ -84,6 +120,7 @@ func TestSealOpen(t *testing.T) {
 	env := envelope{flags: flagSealed, kind: kindKey, origin: "a", incarnation: 1, seq: 2}
 	hdr := env.header()
 	sealed := s.seal(ek, hdr, "req-1", stateLive, []byte("the-key"))
+	require.Equal(t, magic[:], hdr[:4])
 	require.NotContains(t, string(sealed), "the-key")
 	require.NotContains(t, string(sealed), "req-1")
 
@@ -117,21 +154,45 @@ func TestSealOpen(t *testing.T) {
 }
 
 func FuzzDecodeEnvelope(f *testing.F) {
-	f.Add((&envelope{kind: kindVector, origin: "a", seq: 1, payload: []byte("x")}).encode())
-	f.Add((&envelope{flags: flagExternal, kind: kindGlobal, origin: "host", payload: objectRef{name: "g/1"}.encode()}).encode())
+	s := testSigner(1)
+	f.Add(s.sign("v.eA", &envelope{kind: kindVector, origin: "a", seq: 1, payload: []byte("x")}))
+	f.Add(s.sign("g", &envelope{flags: flagExternal, kind: kindGlobal, origin: "host", payload: objectRef{name: "g/1"}.encode()}))
 	f.Add([]byte("SMR1"))
+	f.Add([]byte("SMR2"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, hdr, err := decodeEnvelope(b)
 		if err != nil {
-			require.ErrorIs(t, err, ErrBadEnvelope)
+			if !errors.Is(err, ErrOldFormat) {
+				require.ErrorIs(t, err, ErrBadEnvelope)
+			}
 			return
 		}
 		require.Equal(t, b[:hdr], e.header(), "the header re-encodes to the same bytes")
+		require.Equal(t, b[hdr:len(b)-tagSize], e.payload)
 		if e.flags&flagExternal != 0 {
 			if r, err := decodeObjectRef(e.payload); err == nil {
 				require.Equal(t, e.payload, r.encode())
 			}
 		}
+	})
+}
+
+// FuzzOpenEnvelope: signer.open (decode and authenticate) accepts only what the key signed, and
+// a value it accepts signs again to the same bytes.
+func FuzzOpenEnvelope(f *testing.F) {
+	s := testSigner(4)
+	f.Add("v.eA", s.sign("v.eA", &envelope{kind: kindVector, origin: "a", seq: 1, payload: []byte("x")}))
+	f.Add("k.AAAA", s.sign("k.AAAA", &envelope{flags: flagDeleted | flagPurge, kind: kindKey, origin: "b", seq: 2}))
+	f.Add("g", []byte("SMR2\x00\x02\x01a"))
+	f.Fuzz(func(t *testing.T, ek string, b []byte) {
+		e, _, err := s.open(ek, b)
+		if err != nil {
+			if !errors.Is(err, ErrOldFormat) && !errors.Is(err, ErrTampered) {
+				require.ErrorIs(t, err, ErrBadEnvelope)
+			}
+			return
+		}
+		require.Equal(t, b, s.sign(ek, &e), "only a value the key signed opens")
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
 
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/steer"
@@ -30,6 +31,8 @@ const (
 	putTimeout = 5 * time.Second
 	// DefaultKeyPurgeAfter is how long a revoked key's sealed tombstone stays in the bucket.
 	DefaultKeyPurgeAfter = 5 * time.Minute
+	// DefaultFetchRate is the object store read rate, in bytes per second.
+	DefaultFetchRate = 64 << 20
 )
 
 // Options configure Start.
@@ -44,10 +47,11 @@ type Options struct {
 	// HostID names this host in the bucket (at most 128 bytes); empty means os.Hostname().
 	// Two hosts must not share one.
 	HostID string
-	// MirrorKeys mirrors the key registry as well (both ways). Needs Secret and Keys.
+	// MirrorKeys mirrors the key registry as well (both ways). Needs Keys.
 	MirrorKeys bool
-	// Secret is the deployment's shared secret: the key that seals mirrored keys is derived
-	// from it (HKDF), so every host must use the same one. Needed with MirrorKeys.
+	// Secret is the deployment's shared secret (required): every bucket value is authenticated
+	// under a key derived from it (HKDF), and keys are sealed under another, so every host must
+	// use the same one. Values of hosts with another secret are refused.
 	Secret *ipc.Secret
 	// Engine is the owner's steering engine (required): its changes are published, and the
 	// other hosts' changes applied to it.
@@ -65,6 +69,15 @@ type Options struct {
 	// DefaultKeyPurgeAfter. A host that was away longer finds the entry gone on its resync and
 	// revokes the key then, so the bucket holds only live keys and recent revocations.
 	KeyPurgeAfter time.Duration
+	// RemoteBytes bounds the bytes of the values other hosts' entries hold in this host's
+	// region (steering sets and keys); 0 means half the region's arena. RemoteEntries bounds
+	// their number; 0 means half the region's index slots. A remote value beyond either is
+	// refused (ErrRemoteLimit, counted), so other hosts can never fill this host's region.
+	RemoteBytes   int64
+	RemoteEntries int
+	// FetchRate bounds the bytes per second read from the object store; 0 means
+	// DefaultFetchRate.
+	FetchRate int
 	// Logger receives connection events and errors; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -89,8 +102,9 @@ type Status struct {
 	Published   uint64    `json:"published"`  // local changes stored in the bucket
 	Applied     uint64    `json:"applied"`    // remote changes written to the local region
 	Stale       uint64    `json:"stale"`      // remote changes superseded locally (last writer wins)
-	Rejected    uint64    `json:"rejected"`   // remote values that failed to decode or validate
-	Tampered    uint64    `json:"tampered"`   // sealed key values that failed authentication
+	Rejected    uint64    `json:"rejected"`   // remote values that failed to decode or validate, or exceed the remote bound
+	Tampered    uint64    `json:"tampered"`   // remote values and deletes that failed authentication
+	Replayed    uint64    `json:"replayed"`   // authenticated values older than their origin's newest taken here
 	QueueFull   uint64    `json:"queue_full"` // local changes not mirrored: the queue was full
 	Reconnects  uint64    `json:"reconnects"`
 	LastError   string    `json:"last_error,omitempty"`
@@ -104,10 +118,11 @@ type entry struct {
 	inflight bool   // a local change is being published (not yet acked or echoed)
 	sentSeq  uint64 // envelope seq of the last publish
 	object   string // object this host stored for the entry (to delete once superseded)
+	size     int64  // bytes of a remote value held in the region (counted against RemoteBytes)
 	// waiting is the newest remote value that arrived while a local change was queued or in
 	// flight. Its revision can only be compared with ours once our Put is acknowledged (our
 	// own echo may never come: history 1 drops a value superseded before delivery).
-	waiting jetstream.KeyValueEntry
+	waiting *value
 }
 
 // superseded reports whether a remote value (rev, origin) is not newer than what e holds.
@@ -133,9 +148,13 @@ type Mirror struct {
 	opt         Options
 	log         *slog.Logger
 	cfg         steer.ModelConfig
+	sign        *signer
 	seal        *sealer
 	incarnation uint64
 	limit       int
+	fetchLim    *rate.Limiter
+	remoteMax   int64 // RemoteBytes
+	remoteNMax  int   // RemoteEntries
 
 	nc *nats.Conn
 	js jetstream.JetStream
@@ -145,6 +164,7 @@ type Mirror struct {
 	obj  jetstream.ObjectStore
 
 	keyMu sync.Mutex // serializes local key writes (Keys) with applying remote keys
+	pubMu sync.Mutex // one write to the bucket at a time, in seq order (put)
 
 	mu      sync.Mutex // after the engine's write lock and keyMu, when held together
 	entries map[string]*entry
@@ -152,10 +172,18 @@ type Mirror struct {
 	seq     uint64
 	sending int // items taken from the queue and being published (they count against the limit)
 	sendAt  time.Time
-	parked  *jetstream.KeyValueEntry // a global change waiting for a vector it references
+	parked  *value // a global change waiting for a vector it references
 	lastErr string
 	keyIDs  map[string]string // key entry → request id, for the mirrored keys live here
 	purges  []purgeItem       // revoked keys' tombstones this host stored, oldest first
+	// newest is, per origin, the highest seq of its values this host has taken (freshness).
+	newest map[string]uint64
+	// remoteBytes and remoteN are what remote values occupy in the region (entry.size).
+	remoteBytes int64
+	remoteN     int
+	downSince   time.Time // when the NATS connection was lost (zero: up, or never connected)
+	lastLog     time.Time // rejections are logged at most once a second
+	unlogged    int       // rejections since the last one logged
 
 	wake      chan struct{}
 	restart   chan struct{}
@@ -169,7 +197,7 @@ type Mirror struct {
 	pendingIn                                     atomic.Uint64
 	lastApplied                                   atomic.Int64
 	published, applied, stale, rejected, tampered atomic.Uint64
-	queueFull, reconnects                         atomic.Uint64
+	replayed, queueFull, reconnects               atomic.Uint64
 }
 
 // Start connects to NATS and starts mirroring. It does not wait for NATS: if the server is
@@ -198,14 +226,33 @@ func Start(ctx context.Context, opt Options) (*Mirror, error) {
 	if len(opt.HostID) > maxOrigin {
 		return nil, fmt.Errorf("%w: HostID longer than %d bytes", ErrBadOptions, maxOrigin)
 	}
-	if opt.QueueLimit < 0 || opt.InlineLimit < 0 {
-		return nil, fmt.Errorf("%w: negative QueueLimit or InlineLimit", ErrBadOptions)
+	if opt.QueueLimit < 0 || opt.InlineLimit < 0 || opt.RemoteBytes < 0 || opt.RemoteEntries < 0 || opt.FetchRate < 0 {
+		return nil, fmt.Errorf("%w: negative QueueLimit, InlineLimit, RemoteBytes, RemoteEntries or FetchRate", ErrBadOptions)
 	}
+	if opt.Secret == nil {
+		return nil, fmt.Errorf("%w: Secret is nil: every mirrored value is authenticated with a key derived from the deployment's secret", ErrBadOptions)
+	}
+	if opt.MirrorKeys && opt.Keys == nil {
+		return nil, fmt.Errorf("%w: MirrorKeys needs Keys (the owner's key registry)", ErrBadOptions)
+	}
+	st := opt.Engine.Region().Stats()
 	m := &Mirror{
 		opt: opt, log: opt.Logger, cfg: opt.Engine.Config(), limit: opt.QueueLimit,
-		entries: map[string]*entry{}, keyIDs: map[string]string{},
+		entries: map[string]*entry{}, keyIDs: map[string]string{}, newest: map[string]uint64{},
 		wake: make(chan struct{}, 1), restart: make(chan struct{}, 1),
+		remoteMax: opt.RemoteBytes, remoteNMax: opt.RemoteEntries,
 	}
+	if m.remoteMax == 0 {
+		m.remoteMax = int64(st.ArenaBytes / 2)
+	}
+	if m.remoteNMax == 0 {
+		m.remoteNMax = int(st.IndexSlots / 2)
+	}
+	fr := opt.FetchRate
+	if fr == 0 {
+		fr = DefaultFetchRate
+	}
+	m.fetchLim = rate.NewLimiter(rate.Limit(fr), fetchChunk)
 	if m.log == nil {
 		m.log = slog.Default()
 	}
@@ -219,10 +266,12 @@ func Start(ctx context.Context, opt Options) (*Mirror, error) {
 	var inc [8]byte
 	rand.Read(inc[:])
 	m.incarnation = binary.LittleEndian.Uint64(inc[:])
+	mk, err := opt.Secret.DeriveKey(purposeMAC, 32)
+	if err != nil {
+		return nil, err
+	}
+	m.sign = &signer{key: mk}
 	if opt.MirrorKeys {
-		if opt.Secret == nil || opt.Keys == nil {
-			return nil, fmt.Errorf("%w: MirrorKeys needs Secret (keys are sealed with a key derived from it) and Keys", ErrBadOptions)
-		}
 		sk, err := opt.Secret.DeriveKey(purposeSeal, 32)
 		if err != nil {
 			return nil, err
@@ -243,6 +292,11 @@ func Start(ctx context.Context, opt Options) (*Mirror, error) {
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(50*time.Millisecond, 250*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			m.mu.Lock()
+			if m.downSince.IsZero() {
+				m.downSince = time.Now()
+			}
+			m.mu.Unlock()
 			m.log.Warn("shmsteer: mirror disconnected from NATS; local work goes on, changes queue", "err", err)
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) {
@@ -307,7 +361,7 @@ func (m *Mirror) Status() Status {
 		HostID: m.opt.HostID, Bucket: m.opt.Bucket, Connected: m.nc.IsConnected(), State: m.nc.Status().String(),
 		Ready: m.ready.Load(), InitialSync: m.initial.Load(), QueueLimit: m.limit, PendingIn: m.pendingIn.Load(),
 		Published: m.published.Load(), Applied: m.applied.Load(), Stale: m.stale.Load(), Rejected: m.rejected.Load(),
-		Tampered: m.tampered.Load(), QueueFull: m.queueFull.Load(), Reconnects: m.reconnects.Load(),
+		Tampered: m.tampered.Load(), Replayed: m.replayed.Load(), QueueFull: m.queueFull.Load(), Reconnects: m.reconnects.Load(),
 	}
 	if t := m.lastApplied.Load(); t != 0 {
 		st.LastApplied = time.Unix(0, t)
@@ -359,6 +413,7 @@ func (m *Mirror) onChange(c steer.Change) {
 func (m *Mirror) enqueue(ek string, kind byte, name string) error {
 	m.mu.Lock()
 	e := m.entryLocked(ek)
+	m.dropRemoteLocked(e) // a local write replaced the remote value
 	if e.queued {
 		m.mu.Unlock()
 		return nil

@@ -46,6 +46,8 @@ const (
 	keysEnv  = "MIRROR_TEST_KEYS"
 	limitEnv = "MIRROR_TEST_INLINE"
 	purgeEnv = "MIRROR_TEST_PURGE_MS"
+	// remoteEnv is Options.RemoteEntries.
+	remoteEnv = "MIRROR_TEST_REMOTE_N"
 	// syncEnv "always" makes the server fsync every message before acknowledging it (NATS's
 	// sync_interval: always); by default it fsyncs every 2 minutes, but writes each message
 	// to its file before the acknowledgement (a stream of one replica flushes in place), so
@@ -133,9 +135,10 @@ func runHost() {
 	}
 	inline, _ := strconv.Atoi(os.Getenv(limitEnv))
 	purgeMS, _ := strconv.Atoi(os.Getenv(purgeEnv))
+	remoteN, _ := strconv.Atoi(os.Getenv(remoteEnv))
 	m, err := Start(context.Background(), Options{URL: os.Getenv(urlEnv), HostID: os.Getenv(hostEnv),
 		MirrorKeys: os.Getenv(keysEnv) == "1", Secret: &secret, Engine: eng, Keys: owner.Keys(),
-		InlineLimit: inline, KeyPurgeAfter: time.Duration(purgeMS) * time.Millisecond, Logger: quiet()})
+		InlineLimit: inline, RemoteEntries: remoteN, KeyPurgeAfter: time.Duration(purgeMS) * time.Millisecond, Logger: quiet()})
 	if err != nil {
 		fail(err)
 	}
@@ -576,6 +579,7 @@ type hostOpts struct {
 	inline int
 	proxy  bool // connect through a proxy that can be cut
 	purge  time.Duration
+	remote int // Options.RemoteEntries
 }
 
 func startHosts(t testing.TB, n *natsServer, secret string, ids []string, o hostOpts) []*host {
@@ -594,7 +598,7 @@ func startHosts(t testing.TB, n *natsServer, secret string, ids []string, o host
 			keys = "1"
 		}
 		env := []string{ipc.SecretEnv + "=" + secret, nsEnv + "=" + ns, hostEnv + "=" + id, urlEnv + "=" + url,
-			keysEnv + "=" + keys, limitEnv + "=" + strconv.Itoa(o.inline), purgeEnv + "=" + strconv.Itoa(int(o.purge/time.Millisecond))}
+			keysEnv + "=" + keys, limitEnv + "=" + strconv.Itoa(o.inline), remoteEnv + "=" + strconv.Itoa(o.remote), purgeEnv + "=" + strconv.Itoa(int(o.purge/time.Millisecond))}
 		h.owner = startProc(t, "host", env...)
 		require.Equal(t, "ok ready", h.owner.line(), "host %s", id)
 		h.worker = startProc(t, "worker", ipc.SecretEnv+"="+secret, nsEnv+"="+ns)

@@ -22,7 +22,7 @@ func (m *Mirror) publishLoop() {
 	backoff := 50 * time.Millisecond
 	for {
 		m.mu.Lock()
-		if len(m.queue) == 0 {
+		if len(m.queue) == 0 || !m.initial.Load() { // publish once the bucket's content is applied
 			m.mu.Unlock()
 			select {
 			case <-m.ctx.Done():
@@ -37,12 +37,9 @@ func (m *Mirror) publishLoop() {
 		m.sendAt = it.at
 		e := m.entryLocked(it.ek)
 		e.queued, e.inflight = false, true
-		m.seq++
-		seq := m.seq
-		e.sentSeq = seq
 		m.mu.Unlock()
 
-		err := m.publish(it, seq)
+		err := m.publish(it)
 		m.mu.Lock()
 		m.sending--
 		m.mu.Unlock()
@@ -68,15 +65,45 @@ func (m *Mirror) publishLoop() {
 	}
 }
 
+// nextSeqLocked returns the next value of this host's clock: above every seq it published in
+// this process and every one of its own it has seen in the bucket (an earlier life's), and at
+// least the wall clock in nanoseconds, so it keeps increasing across restarts (unless the
+// clock steps back across one by more than the restart takes).
+func (m *Mirror) nextSeqLocked() uint64 {
+	seq := max(uint64(time.Now().UnixNano()), m.seq+1, m.newest[m.opt.HostID]+1)
+	m.seq, m.newest[m.opt.HostID] = seq, seq
+	return seq
+}
+
+// put stores a signed value of entry ek: it takes the next seq and writes it in one step
+// (pubMu), so this host's values reach the bucket in the order of their seqs. sent is called
+// with the seq under m.mu, seal (if not nil) then fills the payload of a header that is
+// final, and write does the write.
+func (m *Mirror) put(ek string, env *envelope, sent func(seq uint64), seal func(*envelope), write func(val []byte) (uint64, error)) (uint64, error) {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	m.mu.Lock()
+	env.seq = m.nextSeqLocked()
+	if sent != nil {
+		sent(env.seq)
+	}
+	m.mu.Unlock()
+	if seal != nil {
+		seal(env)
+	}
+	return write(m.sign.sign(ek, env))
+}
+
 // publish reads the newest local value of it and stores it in the bucket.
-func (m *Mirror) publish(it qitem, seq uint64) error {
+func (m *Mirror) publish(it qitem) error {
 	ctx, cancel := context.WithTimeout(m.ctx, putTimeout)
 	defer cancel()
 	kv, err := m.bucket(ctx)
 	if err != nil {
 		return err
 	}
-	env := envelope{kind: it.kind, origin: m.opt.HostID, incarnation: m.incarnation, seq: seq}
+	env := envelope{kind: it.kind, origin: m.opt.HostID, incarnation: m.incarnation}
+	var seal func(*envelope)
 	var object string
 	switch it.kind {
 	case kindVector, kindGlobal, kindProbe:
@@ -119,10 +146,16 @@ func (m *Mirror) publish(it qitem, seq uint64) error {
 			return err
 		}
 		env.flags |= flagSealed
-		env.payload = m.seal.seal(it.ek, env.header(), it.name, state, key)
-		clear(key)
+		defer clear(key)
+		seal = func(env *envelope) { env.payload = m.seal.seal(it.ek, env.header(), it.name, state, key) }
 	}
-	rev, err := kv.Put(ctx, it.ek, env.encode())
+	var seq uint64
+	rev, err := m.put(it.ek, &env, func(s uint64) {
+		seq = s
+		m.entryLocked(it.ek).sentSeq = s
+	}, seal, func(val []byte) (uint64, error) {
+		return kv.Put(ctx, it.ek, val)
+	})
 	if err != nil {
 		return fmt.Errorf("shmsteer: mirror: put %s: %w", it.ek, err)
 	}
@@ -141,11 +174,11 @@ func (m *Mirror) publish(it qitem, seq uint64) error {
 	if e.sentSeq == seq {
 		e.inflight = false
 	}
-	var retry jetstream.KeyValueEntry
+	var retry *value
 	if w := e.waiting; w != nil && !e.queued && !e.inflight {
 		e.waiting = nil
-		m.log.Debug("waiting resolved", "entry", it.ek, "waiting", w.Revision(), "ours", rev, "have", e.rev)
-		if w.Revision() > e.rev {
+		m.log.Debug("waiting resolved", "entry", it.ek, "waiting", w.rev, "ours", rev, "have", e.rev)
+		if w.rev > e.rev {
 			retry = w // stored after ours: it wins
 		} else {
 			m.stale.Add(1)
@@ -158,7 +191,7 @@ func (m *Mirror) publish(it qitem, seq uint64) error {
 		m.deleteObject(old)
 	}
 	if retry != nil {
-		m.apply(retry)
+		m.applyValue(retry)
 	}
 	return nil
 }

@@ -114,9 +114,10 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 			return err
 		}
 		secret = &sec
-	} else if cfg.MirrorKeys {
-		// The mirror seals keys with a key derived from the secret, and the owner drops
-		// SHMSTEER_SECRET from the environment once read: resolve it here for both. A failure
+	} else if cfg.Mirror != "" {
+		// The mirror authenticates every value (and seals keys) with keys derived from the
+		// secret, and the owner drops SHMSTEER_SECRET from the environment once read: resolve
+		// it here for both. A failure
 		// is left to NewOwner, which says what is missing.
 		if sec, err := ipc.SecretFromEnv(); err == nil {
 			secret = &sec
