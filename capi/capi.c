@@ -325,3 +325,24 @@ SHMSTEER_API int shmsteer_vector_export(shmsteer_t *h, const char *name, size_t 
   ENTER();
   return shmsteerGo_vector_export(H(h), (char *)name, name_len, (char *)path, (char *)format);
 }
+
+SHMSTEER_API int shmsteer_follow(const char *ns, const void *secret, size_t secret_len, const char *secret_file,
+                                 int64_t timeout_ms, int64_t poll_ms, uint32_t flags, shmsteer_follower_t **out) {
+  ENTER();
+  shmsteer_env_secret(&secret, &secret_len, &secret_file);
+  OUT_HANDLE(shmsteer_follower_t,
+             shmsteerGo_follow((char *)ns, (void *)secret, secret_len, (char *)secret_file, timeout_ms, poll_ms, flags,
+                               &hv),
+             out);
+}
+
+SHMSTEER_API int shmsteer_follower_client(shmsteer_follower_t *f, shmsteer_t **client, uint64_t *generation,
+                                          int *dead) {
+  ENTER();
+  uint64_t hv = 0;
+  int rc = shmsteerGo_follower_client(H(f), client ? &hv : NULL, generation, dead);
+  if (rc == SHMSTEER_OK && client) *client = (shmsteer_t *)(uintptr_t)hv;
+  return rc;
+}
+
+SHMSTEER_API int shmsteer_follower_close(shmsteer_follower_t *f) { ENTER(); return shmsteerGo_follower_close(H(f)); }

@@ -265,9 +265,14 @@ func TestPython(t *testing.T) {
 	if testing.Verbose() {
 		args = append(args, "-v")
 	}
+	// The follower tests restart a real `shmsteer serve`.
+	serveBin := filepath.Join(t.TempDir(), "shmsteer")
+	if out, err := exec.Command("go", "build", "-o", serveBin, "../cmd/shmsteer").CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/shmsteer: %v\n%s", err, out)
+	}
 	cmd := exec.Command(py, args...)
 	cmd.Dir = pyDir
-	cmd.Env = append(os.Environ(), "SHMSTEER_GO_OWNER_BIN="+self, "PYTHONPATH="+pyDir, "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Env = append(os.Environ(), "SHMSTEER_GO_OWNER_BIN="+self, "SHMSTEER_SERVE_BIN="+serveBin, "PYTHONPATH="+pyDir, "PYTHONDONTWRITEBYTECODE=1")
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = cmd.Stdout

@@ -132,12 +132,7 @@ func shmsteerGo_attach(ns *C.char, secret unsafe.Pointer, secretLen C.size_t, se
 	if err != nil {
 		return fail(err)
 	}
-	inst := &instance{client: c, region: c.Region(), keys: c.Keys(), ownerPD: c.OwnerPID()}
-	inst.eng, inst.engErr = steer.Open(c.Region(), nil, steer.Options{Caller: c, Logf: func(string, ...any) {}})
-	if inst.eng != nil {
-		inst.cfg = inst.eng.Config()
-	}
-	rc := store(inst, out)
+	rc := store(clientInstance(c), out)
 	if rc != C.SHMSTEER_OK {
 		c.Close()
 	}

@@ -165,6 +165,7 @@ typedef struct shmsteer_snapshot shmsteer_snapshot_t; /* a pinned region version
 typedef struct shmsteer_stepper shmsteer_stepper_t;   /* per-thread step state */
 typedef struct shmsteer_batch shmsteer_batch_t;       /* a stepper's per-step batch tables */
 typedef struct shmsteer_reader shmsteer_reader_t;     /* per-thread key reader */
+typedef struct shmsteer_follower shmsteer_follower_t; /* a client following owner restarts */
 
 /* ---- library ---------------------------------------------------------------------------- */
 
@@ -224,6 +225,31 @@ int shmsteer_close(shmsteer_t *h);
 
 /* Round trip to the owner: OK while it serves, OWNER_GONE after it died (owner: always OK). */
 int shmsteer_ping(shmsteer_t *h);
+
+/* ---- follower --------------------------------------------------------------------------- */
+
+/* shmsteer_follow's flags. READY_SERVE: switch to a restarted owner only once its region is
+ * ready, that is once `shmsteer serve` has restored its persisted state (the check Go workers
+ * make with ipc.FollowOptions.Ready = serve.IsReady); meanwhile the old region stays readable. */
+#define SHMSTEER_FOLLOW_READY_SERVE 1u
+
+/* Attach as shmsteer_attach and follow the owner of (secret, ns) across its restarts: when the
+ * owner dies the current client keeps reading its last region (flagged dead) while the
+ * follower re-attaches with backoff, checking every poll_ms (0 = 100 ms). The secret as for
+ * shmsteer_attach. With READY_SERVE the first attach too waits, up to timeout_ms, for a ready
+ * region (TIMEOUT). Errors as shmsteer_attach's. Release with shmsteer_follower_close. */
+int shmsteer_follow(const char *ns, const void *secret, size_t secret_len, const char *secret_file,
+                    int64_t timeout_ms, int64_t poll_ms, uint32_t flags, shmsteer_follower_t **out);
+
+/* The current client (*client, a shmsteer_t for every read and step call), its generation (1 for
+ * the first attach, +1 at each re-attach; may be NULL) and whether its owner is known to be gone
+ * (*dead = 1: reads see the last state; may be NULL). Take it once per unit of work (a step)
+ * and use it throughout: a replaced client stays usable for 10 s. The follower owns the
+ * shmsteer_t it returns: do not close it. */
+int shmsteer_follower_client(shmsteer_follower_t *f, shmsteer_t **client, uint64_t *generation, int *dead);
+
+/* Stop following and close every client the follower handed out. */
+int shmsteer_follower_close(shmsteer_follower_t *f);
 
 /* The model config recorded in the region. Any output may be NULL. */
 int shmsteer_model(shmsteer_t *h, int32_t *hidden, int32_t *layers, int32_t *num_hooks);

@@ -21,7 +21,7 @@ A worker::
 from . import errors
 from ._version import __version__
 from ._lib import PHASE_DECODE, PHASE_PREFILL
-from .client import (Client, Effective, ImportedVector, Keys, NamedVector, Owner, Snapshot, Stepper,
+from .client import (Client, Effective, Follower, ImportedVector, Keys, NamedVector, Owner, Snapshot, Stepper,
                      StepperBusyError, VectorEntry)
 from .errors import *  # noqa: F401,F403 - the exception classes mirror the Go sentinels
 from .errors import ShmsteerError

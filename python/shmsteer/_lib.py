@@ -17,6 +17,8 @@ from .errors import BufferTooSmallError, error_for
 ABI_VERSION = 3
 PHASE_PREFILL = 1
 PHASE_DECODE = 2
+#: shmsteer_follow flag: switch to a restarted owner once `shmsteer serve` restored its state.
+FOLLOW_READY_SERVE = 1
 
 
 class OwnerConfig(Structure):
@@ -68,6 +70,9 @@ def _load() -> ctypes.CDLL:
         "shmsteer_owner_start": (c_int, [c_char_p, c_char_p, c_size_t, c_char_p, P(OwnerConfig), P(h)]),
         "shmsteer_close": (c_int, [h]),
         "shmsteer_ping": (c_int, [h]),
+        "shmsteer_follow": (c_int, [c_char_p, c_char_p, c_size_t, c_char_p, c_int64, c_int64, c_uint32, P(h)]),
+        "shmsteer_follower_client": (c_int, [h, P(h), P(c_uint64), P(c_int)]),
+        "shmsteer_follower_close": (c_int, [h]),
         "shmsteer_model": (c_int, [h, P(c_int32), P(c_int32), P(c_int32)]),
         "shmsteer_hook_id": (c_int, [h, c_char_p, P(c_uint32)]),
         "shmsteer_version": (c_int, [h, P(c_uint64)]),

@@ -20,7 +20,7 @@ import sys
 import threading
 import weakref
 from collections.abc import MutableMapping
-from ctypes import byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -309,6 +309,99 @@ class Client(_Handle):
         ms = 0 if timeout is None else _ms("timeout", timeout)
         check(lib.shmsteer_attach(_b(namespace), sb, sl, sf, ms, byref(out)))
         super().__init__(out.value, owner=False)
+
+
+class Follower:
+    """A worker that follows the owner of its namespace across owner restarts (Go's
+    ``ipc.Follower``, through ``shmsteer_follow``).
+
+    When the owner dies, :attr:`client` keeps reading its last region (:attr:`dead` is True)
+    while the follower re-attaches with backoff; with ``ready="serve"`` it switches to a
+    restarted ``shmsteer serve`` only once that has restored its persisted state, so a worker
+    never steps with an empty region. Take :meth:`current` (or :attr:`client`) once per unit of
+    work (a step) and use that client throughout; a replaced client stays usable for 10 s.
+
+    Args:
+        namespace, secret, secret_file, timeout: as for :class:`Client`; with ``ready="serve"``
+            the first attach too waits up to ``timeout`` for a ready region.
+        ready: None (switch as soon as attached: any owner) or ``"serve"`` (the owner is
+            ``shmsteer serve``: wait for its state).
+        poll: seconds between checks of the owner (0.1).
+
+    Raises:
+        as :class:`Client`; OwnerTimeoutError if no ready region came within ``timeout``.
+    """
+
+    def __init__(self, namespace: str = "", secret: Secret = None, secret_file: Optional[str] = None, *,
+                 timeout: Optional[float] = None, ready: Optional[str] = None, poll: float = 0.1) -> None:
+        if ready not in (None, "serve"):
+            raise InvalidArgumentError(f"shmsteer: invalid argument: ready {ready!r}: want None or \"serve\"")
+        sb, sl, sf = _secret_args(secret, secret_file)
+        ms = 0 if timeout is None else _ms("timeout", timeout)
+        out = c_void_p()
+        check(lib.shmsteer_follow(_b(namespace), sb, sl, sf, ms, _ms("poll", poll),
+                                  _lib.FOLLOW_READY_SERVE if ready == "serve" else 0, byref(out)))
+        self._h: Optional[int] = out.value
+        self._final = weakref.finalize(self, _quiet_close, lib.shmsteer_follower_close, out.value)
+        self._clients: Dict[int, _FollowedClient] = {}
+        self._lock = threading.Lock()
+
+    def current(self) -> Tuple["Client", int, bool]:
+        """(client, generation, dead): the current client, its generation (1 for the first
+        attach, +1 at each re-attach) and whether its owner is known to be gone."""
+        if self._h is None:
+            from .errors import ClosedError
+            raise ClosedError("shmsteer: follower closed")
+        c, g, d = c_void_p(), c_uint64(), c_int()
+        check(lib.shmsteer_follower_client(self._h, byref(c), byref(g), byref(d)))
+        with self._lock:
+            cl = self._clients.get(c.value)
+            if cl is None:
+                cl = self._clients[c.value] = _FollowedClient(c.value, self)
+        return cl, g.value, bool(d.value)
+
+    @property
+    def client(self) -> "Client":
+        """The current client (see :meth:`current`)."""
+        return self.current()[0]
+
+    @property
+    def generation(self) -> int:
+        return self.current()[1]
+
+    @property
+    def dead(self) -> bool:
+        """True while reads come from a dead owner's region."""
+        return self.current()[2]
+
+    def close(self) -> None:
+        """Stop following and close every client handed out. Idempotent."""
+        if self._h is None:
+            return
+        h, self._h = self._h, None
+        for cl in self._clients.values():
+            cl._h = None
+        self._clients.clear()
+        self._final.detach()
+        check(lib.shmsteer_follower_close(h))
+
+    def __enter__(self) -> "Follower":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _FollowedClient(Client):
+    """A client a :class:`Follower` handed out: the follower owns and closes its handle."""
+
+    def __init__(self, handle: int, follower: Follower) -> None:  # noqa: D107 - no attach here
+        _Handle.__init__(self, handle, owner=False)
+        self._final.detach()
+        self._follower = follower
+
+    def close(self) -> None:
+        """A no-op: the follower closes its clients (Follower.close)."""
 
 
 class Owner(_Handle):
@@ -771,5 +864,5 @@ def _rows_ptr(rows: Any) -> Tuple[int, int]:
     raise TypeError(f"shmsteer: rows must be a numpy array or torch tensor, not {type(rows).__name__}")
 
 
-__all__ = ["Client", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry", "Stepper",
-           "StepperBusyError", "Effective", "ForkedError"]
+__all__ = ["Client", "Follower", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry",
+           "Stepper", "StepperBusyError", "Effective", "ForkedError"]
