@@ -204,14 +204,45 @@ type Mirror struct {
 // down, Start still succeeds, local work goes on, changes queue, and the mirror catches up
 // once the server is reachable (Status tells). Close stops it.
 func Start(ctx context.Context, opt Options) (*Mirror, error) {
+	if err := checkOptions(&opt); err != nil {
+		return nil, err
+	}
+	m, err := newMirror(opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.connect(); err != nil {
+		return nil, err
+	}
+	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	m.unhook = opt.Engine.OnChange(m.onChange)
+	m.wg.Add(3)
+	go m.watchLoop()
+	go m.publishLoop()
+	go m.purgeLoop()
+	if ctx.Done() != nil {
+		go func() {
+			select {
+			case <-ctx.Done():
+				m.Close()
+			case <-m.ctx.Done():
+			}
+		}()
+	}
+	return m, nil
+}
+
+// checkOptions refuses missing or out-of-range options (ErrBadOptions) and fills in the
+// bucket and the host id.
+func checkOptions(opt *Options) error {
 	if opt.URL == "" {
-		return nil, fmt.Errorf("%w: URL is empty (nats://HOST:PORT)", ErrBadOptions)
+		return fmt.Errorf("%w: URL is empty (nats://HOST:PORT)", ErrBadOptions)
 	}
 	if opt.Engine == nil {
-		return nil, fmt.Errorf("%w: Engine is nil (the owner's steer.Engine)", ErrBadOptions)
+		return fmt.Errorf("%w: Engine is nil (the owner's steer.Engine)", ErrBadOptions)
 	}
 	if !opt.Engine.Region().IsOwner() {
-		return nil, fmt.Errorf("%w: Engine is not the region's owner: run the mirror in the owner", ErrBadOptions)
+		return fmt.Errorf("%w: Engine is not the region's owner: run the mirror in the owner", ErrBadOptions)
 	}
 	if opt.Bucket == "" {
 		opt.Bucket = DefaultBucket
@@ -219,22 +250,27 @@ func Start(ctx context.Context, opt Options) (*Mirror, error) {
 	if opt.HostID == "" {
 		h, err := os.Hostname()
 		if err != nil {
-			return nil, fmt.Errorf("%w: HostID is empty and the hostname is unknown (%w)", ErrBadOptions, err)
+			return fmt.Errorf("%w: HostID is empty and the hostname is unknown (%w)", ErrBadOptions, err)
 		}
 		opt.HostID = h
 	}
 	if len(opt.HostID) > maxOrigin {
-		return nil, fmt.Errorf("%w: HostID longer than %d bytes", ErrBadOptions, maxOrigin)
+		return fmt.Errorf("%w: HostID longer than %d bytes", ErrBadOptions, maxOrigin)
 	}
 	if opt.QueueLimit < 0 || opt.InlineLimit < 0 || opt.RemoteBytes < 0 || opt.RemoteEntries < 0 || opt.FetchRate < 0 {
-		return nil, fmt.Errorf("%w: negative QueueLimit, InlineLimit, RemoteBytes, RemoteEntries or FetchRate", ErrBadOptions)
+		return fmt.Errorf("%w: negative QueueLimit, InlineLimit, RemoteBytes, RemoteEntries or FetchRate", ErrBadOptions)
 	}
 	if opt.Secret == nil {
-		return nil, fmt.Errorf("%w: Secret is nil: every mirrored value is authenticated with a key derived from the deployment's secret", ErrBadOptions)
+		return fmt.Errorf("%w: Secret is nil: every mirrored value is authenticated with a key derived from the deployment's secret", ErrBadOptions)
 	}
 	if opt.MirrorKeys && opt.Keys == nil {
-		return nil, fmt.Errorf("%w: MirrorKeys needs Keys (the owner's key registry)", ErrBadOptions)
+		return fmt.Errorf("%w: MirrorKeys needs Keys (the owner's key registry)", ErrBadOptions)
 	}
+	return nil
+}
+
+// newMirror applies the defaults and derives the keys from the secret.
+func newMirror(opt Options) (*Mirror, error) {
 	st := opt.Engine.Region().Stats()
 	m := &Mirror{
 		opt: opt, log: opt.Logger, cfg: opt.Engine.Config(), limit: opt.QueueLimit,
@@ -285,8 +321,13 @@ func Start(ctx context.Context, opt Options) (*Mirror, error) {
 		}
 		clear(sk)
 	}
+	return m, nil
+}
+
+// connect opens the NATS connection (it retries in the background while the server is down).
+func (m *Mirror) connect() error {
 	nopts := []nats.Option{
-		nats.Name("shmsteer-mirror " + opt.HostID),
+		nats.Name("shmsteer-mirror " + m.opt.HostID),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
@@ -306,34 +347,19 @@ func Start(ctx context.Context, opt Options) (*Mirror, error) {
 			m.signal(m.wake)
 		}),
 	}
-	if opt.CredsFile != "" {
-		nopts = append(nopts, nats.UserCredentials(opt.CredsFile))
+	if m.opt.CredsFile != "" {
+		nopts = append(nopts, nats.UserCredentials(m.opt.CredsFile))
 	}
-	nc, err := nats.Connect(opt.URL, nopts...)
+	nc, err := nats.Connect(m.opt.URL, nopts...)
 	if err != nil {
-		return nil, fmt.Errorf("shmsteer: mirror: connect to %s: %w", opt.URL, err)
+		return fmt.Errorf("shmsteer: mirror: connect to %s: %w", m.opt.URL, err)
 	}
 	m.nc = nc
 	if m.js, err = jetstream.New(nc); err != nil {
 		nc.Close()
-		return nil, err
+		return err
 	}
-	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	m.unhook = opt.Engine.OnChange(m.onChange)
-	m.wg.Add(3)
-	go m.watchLoop()
-	go m.publishLoop()
-	go m.purgeLoop()
-	if ctx.Done() != nil {
-		go func() {
-			select {
-			case <-ctx.Done():
-				m.Close()
-			case <-m.ctx.Done():
-			}
-		}()
-	}
-	return m, nil
+	return nil
 }
 
 // Close stops mirroring and closes the NATS connection. Changes still queued are not

@@ -105,49 +105,19 @@ func (m *Mirror) publish(it qitem) error {
 	env := envelope{kind: it.kind, origin: m.opt.HostID, incarnation: m.incarnation}
 	var seal func(*envelope)
 	var object string
-	switch it.kind {
-	case kindVector, kindGlobal, kindProbe:
-		ck := map[byte]steer.ChangeKind{kindVector: steer.ChangeVector, kindGlobal: steer.ChangeGlobal, kindProbe: steer.ChangeProbe}[it.kind]
-		s, err := m.opt.Engine.Region().Snapshot()
+	if it.kind == kindKey {
+		key, err := m.keyValue(it, &env)
 		if err != nil {
 			return err
 		}
-		b, _, found, err := m.opt.Engine.Encoding(&s, ck, it.name)
-		if err == nil && found {
-			env.payload = bytes.Clone(b)
-		}
-		s.Close()
-		if err != nil {
-			return err
-		}
-		if !found {
-			env.flags |= flagDeleted
-		} else if len(env.payload) > m.inlineLimit() {
-			sum := sha256.Sum256(env.payload)
-			ref := objectRef{name: it.ek + "/" + hex.EncodeToString(sum[:]), sum: sum, size: uint64(len(env.payload))}
-			os, err := m.objects(ctx)
-			if err != nil {
-				return err
-			}
-			if _, err := os.PutBytes(ctx, ref.name, env.payload); err != nil {
-				return fmt.Errorf("shmsteer: mirror: store %d-byte set in the object store: %w", len(env.payload), err)
-			}
-			env.flags |= flagExternal
-			env.payload, object = ref.encode(), ref.name
-		}
-	case kindKey:
-		key, err := m.opt.Keys.Get(it.name, nil)
-		state := stateLive
-		if errors.Is(err, ipc.ErrKeyRevoked) || errors.Is(err, ipc.ErrKeyNotFound) {
-			state, err = stateRevoked, nil
-			env.flags |= flagDeleted
-		}
-		if err != nil {
-			return err
-		}
-		env.flags |= flagSealed
 		defer clear(key)
+		state := stateLive
+		if env.flags&flagDeleted != 0 {
+			state = stateRevoked
+		}
 		seal = func(env *envelope) { env.payload = m.seal.seal(it.ek, env.header(), it.name, state, key) }
+	} else if object, err = m.steeringValue(ctx, it, &env); err != nil {
+		return err
 	}
 	var seq uint64
 	rev, err := m.put(it.ek, &env, func(s uint64) {
@@ -160,13 +130,70 @@ func (m *Mirror) publish(it qitem) error {
 		return fmt.Errorf("shmsteer: mirror: put %s: %w", it.ek, err)
 	}
 	m.published.Add(1)
-	if it.kind == kindKey && env.flags&flagDeleted != 0 {
-		m.mu.Lock()
-		m.purges = append(m.purges, purgeItem{ek: it.ek, rev: rev, due: time.Now().Add(m.opt.KeyPurgeAfter)})
-		m.mu.Unlock()
-	}
 	m.log.Debug("published", "entry", it.ek, "rev", rev, "seq", seq)
+	m.stored(it, env, seq, rev, object)
+	return nil
+}
+
+// steeringValue reads a vector's, a probe's or the global tiers' newest encoding into env
+// (deleted if there is none); a set larger than one message goes to the object store first,
+// env then holds its reference and the object's name is returned.
+func (m *Mirror) steeringValue(ctx context.Context, it qitem, env *envelope) (object string, err error) {
+	ck := map[byte]steer.ChangeKind{kindVector: steer.ChangeVector, kindGlobal: steer.ChangeGlobal, kindProbe: steer.ChangeProbe}[it.kind]
+	s, err := m.opt.Engine.Region().Snapshot()
+	if err != nil {
+		return "", err
+	}
+	b, _, found, err := m.opt.Engine.Encoding(&s, ck, it.name)
+	if err == nil && found {
+		env.payload = bytes.Clone(b)
+	}
+	s.Close()
+	switch {
+	case err != nil:
+		return "", err
+	case !found:
+		env.flags |= flagDeleted
+		return "", nil
+	case len(env.payload) <= m.inlineLimit():
+		return "", nil
+	}
+	sum := sha256.Sum256(env.payload)
+	ref := objectRef{name: it.ek + "/" + hex.EncodeToString(sum[:]), sum: sum, size: uint64(len(env.payload))}
+	os, err := m.objects(ctx)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.PutBytes(ctx, ref.name, env.payload); err != nil {
+		return "", fmt.Errorf("shmsteer: mirror: store %d-byte set in the object store: %w", len(env.payload), err)
+	}
+	env.flags |= flagExternal
+	env.payload = ref.encode()
+	return ref.name, nil
+}
+
+// keyValue reads a key's newest state (a revoked or absent key is a deletion) and marks env
+// sealed; the caller seals (and clears) the key once the header is final.
+func (m *Mirror) keyValue(it qitem, env *envelope) ([]byte, error) {
+	key, err := m.opt.Keys.Get(it.name, nil)
+	if errors.Is(err, ipc.ErrKeyRevoked) || errors.Is(err, ipc.ErrKeyNotFound) {
+		key, err = nil, nil
+		env.flags |= flagDeleted
+	}
+	if err != nil {
+		return nil, err
+	}
+	env.flags |= flagSealed
+	return key, nil
+}
+
+// stored records a publish the server acknowledged: the entry's revision, its object (the
+// superseded one deleted), a revoked key's purge, and the remote value that waited for it.
+func (m *Mirror) stored(it qitem, env envelope, seq, rev uint64, object string) {
 	m.mu.Lock()
+	if it.kind == kindKey && env.flags&flagDeleted != 0 {
+		m.purges = append(m.purges, purgeItem{ek: it.ek, rev: rev, due: time.Now().Add(m.opt.KeyPurgeAfter)})
+	}
 	e := m.entryLocked(it.ek)
 	if rev > e.rev {
 		e.rev, e.origin = rev, m.opt.HostID
@@ -193,7 +220,6 @@ func (m *Mirror) publish(it qitem) error {
 	if retry != nil {
 		m.applyValue(retry)
 	}
-	return nil
 }
 
 func (m *Mirror) inlineLimit() int {
