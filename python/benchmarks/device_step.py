@@ -8,8 +8,9 @@ itself then runs on the CPU too). The baseline is a forward hook doing
 ``out.index_add_(0, rows, table.index_select(0, idx))`` over a prebuilt table of the composed
 rows (the reference fork's gather-add), with no engine at all.
 
-Contenders run interleaved, round by round, so they share the machine's noise; each round times
-``--steps`` steps. Reported: the median ms per step over the rounds, each contender's ratio to the
+CPU contenders are timed by the thread's CPU time (``--wall`` for wall time), CUDA ones by wall
+time. Contenders run interleaved, round by round and in a shuffled order, so they share the machine's
+noise; each round times ``--steps`` steps. Reported: the median ms per step over the rounds, each contender's ratio to the
 baseline's median of the same run, and the engine calls per step (resolve/begin/end; the native
 path also makes one kernel call per site). With a CUDA device the device path and static mode
 are also timed on it.
@@ -109,6 +110,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--wall", action="store_true", help="time CPU contenders by wall clock, not thread CPU time")
     args = ap.parse_args()
     torch.set_num_threads(1)
     ns, secret = "bench-" + uuid.uuid4().hex, uuid.uuid4().hex.encode()
@@ -143,39 +145,53 @@ def main() -> None:
             h = getattr(step, "hooks", None)
             if h is not None:
                 calls[k] = h.engine_calls
+        order = list(contenders)
+        shuffle = np.random.default_rng(7)
         for _ in range(args.rounds):
-            for k, step in contenders.items():
-                x = inputs[k]
-                sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
-                sync()
-                t0 = time.perf_counter()
+            shuffle.shuffle(order)  # no contender always follows the same one
+            for k in order:
+                step, x = contenders[k], inputs[k]
+                cuda = x.device.type == "cuda"
+                # CPU contenders: this thread's CPU time (torch runs on one thread here), which
+                # time spent descheduled by other processes on a shared machine does not inflate;
+                # CUDA ones: wall time after a synchronize.
+                clock = time.perf_counter if cuda or args.wall else time.thread_time
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = clock()
                 for _ in range(args.steps):
                     step(x)
-                sync()
-                times[k].append((time.perf_counter() - t0) * 1e3 / args.steps)
+                if cuda:
+                    torch.cuda.synchronize()
+                times[k].append((clock() - t0) * 1e3 / args.steps)
         med = {k: statistics.median(v) for k, v in times.items()}
         per_step = {}
         for k, step in contenders.items():
             h = getattr(step, "hooks", None)
             if h is not None:
                 per_step[k] = (h.engine_calls - calls[k]) / (args.rounds * args.steps)
+        # Library calls that are not engine resolution: the native path's kernel call per site.
+        kernel_calls = {"native": LAYERS} if "native" in contenders else {}
         report = {"shape": {"layers": LAYERS, "hook": "post_block", "hidden": HIDDEN, "rows": ROWS, "requests": ROWS,
                             "named": NAMED, "global": True, "dtype": "float32"},
-                  "rounds": args.rounds, "steps_per_round": args.steps,
+                  "rounds": args.rounds, "steps_per_round": args.steps, "clock": "wall" if args.wall else "thread_cpu",
                   "ms_per_step_median": med,
                   "ratio_to_baseline": {k: med[k] / med["baseline" + ("-cuda" if k.endswith("-cuda") else "")] for k in med},
                   "engine_calls_per_step": per_step,
+                  "kernel_calls_per_step": kernel_calls,
                   "goals": {"native": 1.05, "device": 1.10, "engine_calls_per_step": 2}}
     if args.json:
         print(json.dumps(report, indent=1))
         return
     print(f"{LAYERS} layers x post_block, hidden {HIDDEN}, {ROWS} decode rows of {ROWS} requests over {NAMED} "
-          f"named vectors + global; {args.rounds} rounds x {args.steps} steps, interleaved")
+          f"named vectors + global; {args.rounds} rounds x {args.steps} steps, interleaved; "
+          f"{'wall' if args.wall else 'thread CPU'} time")
     for k in contenders:
         ratio = report["ratio_to_baseline"][k]
         c = per_step.get(k)
         print(f"  {k:14s} {med[k]:8.3f} ms/step  {ratio:5.2f}x baseline"
-              + (f"  {c:.1f} engine calls/step" if c is not None else ""))
+              + (f"  {c:.1f} engine calls/step" if c is not None else "")
+              + (f" + {kernel_calls[k]} kernel calls" if k in kernel_calls else ""))
     print("  goals: native <= 1.05x, device on CPU <= 1.10x, engine calls per step <= 2")
 
 

@@ -102,9 +102,13 @@ class SteeringHooks:
         self._stale = False  # a resolve's updates were dropped: the next one resets the batch
         self._mode: Optional[str] = None  # "native" or "device" once a step has shown it
         self._tables: Optional[DeviceTables] = None
-        self._live: Dict[int, int] = {}  # steered site -> clamp directions, this step
+        # This step's steered sites: table, clamp directions, clamp dirs and params.
+        self._ops: Dict[int, Tuple[torch.Tensor, int, Optional[torch.Tensor], Optional[torch.Tensor]]] = {}
+        self._g: Optional[torch.Tensor] = None  # the step's gather buffer
+        self._tdev = -1  # the tables' device as Tensor.get_device() reports it
         self._idx: Optional[torch.Tensor] = None
         self._rowsel: Optional[torch.Tensor] = None
+        self._gather: Optional[torch.Tensor] = None
         self._native = self._device = 0
         self.checksum = 0  #: determinism checksum of the last step's CPU applies
         self.batch_checksum = 0  #: determinism checksum of what the last step resolved
@@ -118,6 +122,8 @@ class SteeringHooks:
             self.max_tokens = max_tokens
             self._tables = DeviceTables(self.hidden, dev, dtype, max_clamps, capacity=max_slots + 1, static=True)
             self._sidx = torch.zeros(max_tokens, dtype=torch.int64, device=dev)
+            self._tdev = self._sidx.get_device()
+            self._views: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
             self._sidx_host = torch.zeros(max_tokens, dtype=torch.int64, pin_memory=dev.type == "cuda")
             self._gbuf = torch.zeros(max_tokens, self.hidden, dtype=dtype, device=dev)
             if max_clamps > 0:
@@ -208,7 +214,10 @@ class SteeringHooks:
         self._res, self._version = res, res.version
         self.batch_checksum = res.checksum
         self._pending = True
-        if self._tables is not None:
+        if self.static and self._tables is not None:
+            self._tables.update(res)  # prepare() copies the index itself
+            self._pending = False
+        elif self._tables is not None:
             self._load(res)
         return res
 
@@ -217,10 +226,14 @@ class SteeringHooks:
         assert self._tables is not None
         self._tables.update(res)
         self._pending = False
-        self._live = dict(zip(res.sites.tolist(), res.site_clamps.tolist()))
+        sites = self._tables.sites
+        self._ops = {}
+        for site, k in zip(res.sites.tolist(), res.site_clamps.tolist()):
+            st = sites[site]
+            self._ops[site] = (st.vec, k, st.dirs if k else None, st.params if k else None)
         idx = res.index
         dev = self._tables.device
-        if not self._live:
+        if not self._ops:
             self._idx = self._rowsel = None
             return
         nz = np.flatnonzero(idx)
@@ -230,6 +243,12 @@ class SteeringHooks:
         else:
             both = torch.from_numpy(np.stack((nz, idx[nz])).astype(np.int64)).to(dev)  # one upload
             self._rowsel, self._idx = both[0], both[1]
+        # One gather buffer for every site of the step (and the next steps of the same size):
+        # the sites allocate nothing.
+        g = self._gather
+        if g is None or g.shape[0] < len(nz) or g.dtype != self._tables.dtype or g.device != dev:
+            g = self._gather = torch.empty(max(len(nz), 1), self.hidden, dtype=self._tables.dtype, device=dev)
+        self._g = g[: len(nz)]
 
     def apply(self, t: torch.Tensor, hook_id: int, layer: int) -> None:
         """Apply (hook, layer) to t in place for the current step's batch."""
@@ -238,14 +257,12 @@ class SteeringHooks:
         check_hidden(t, self.hidden)
         if t.numel() // self.hidden < self._rows:
             raise ShapeError(f"shmsteer: the spans cover {self._rows} rows, the hooked output has {t.numel() // self.hidden}")
-        if t.device.type == "cpu" and not self.force_device_path:
+        if t.get_device() < 0 and not self.force_device_path:  # a CPU tensor
             self._native += 1
-            if self._res is None and self._mode != "native":
-                raise RuntimeError("shmsteer: no step resolved")
             p = self._packed
             # The stepper is this object's own (one thread at a time, as the hooks are): the
             # kernels run on the tensor's memory, or on a float32 copy for bf16/f16.
-            t32 = t if t.dtype == torch.float32 else t.float()
+            t32 = t if t.dtype is torch.float32 else t.float()
             check(lib.shmsteer_stepper_apply(self.stepper.handle, hook_id, layer, t32.data_ptr(), t32.numel(), p.ptr, p.n))
             if t32 is not t:
                 t.copy_(t32)
@@ -254,37 +271,32 @@ class SteeringHooks:
         self._device_apply(t, hook_id * self.layers + layer)
 
     def _device_apply(self, t: torch.Tensor, site: int) -> None:
-        if self._res is None:
-            # The hooks ran natively until now: resolve this step once more, at its version,
-            # into fresh tables (only where a model's tensors moved to a device).
-            self._stale = True
-            self._resolve(self._packed, self._rows, self._version)
         tb = self._tables
-        if tb is None:
-            tb = self._tables = DeviceTables(self.hidden, t.device, t.dtype, self.max_clamps)
-            assert self._res is not None
-            self._load(self._res)
-        elif tb.dtype != t.dtype or tb.device != t.device:
+        if self._res is None or tb is None:
+            self._first_device_apply(t)
+            tb = self._tables
+            assert tb is not None
+        if t.dtype is not tb.dtype or t.get_device() != self._tdev:
             raise UnsupportedDtypeError(
                 f"shmsteer: the device tables are {tb.dtype} on {tb.device}, this site's output is {t.dtype} on {t.device}: "
                 "steer one dtype on one device per SteeringHooks")
-        k = self._live.get(site)
-        if k is None or self._idx is None:
+        ops = self._ops.get(site)
+        if ops is None:
             return  # unsteered site
-        st = tb.sites[site]
+        vec, k, dirs, params = ops
         rows = t.view(-1, self.hidden)
-        g = st.vec.index_select(0, self._idx)
-        sel = self._rowsel
         n = self._rows
+        g = torch.index_select(vec, 0, self._idx, out=self._g)
+        sel = self._rowsel
         if sel is None:
-            rows[:n].add_(g)
+            (rows if rows.shape[0] == n else rows[:n]).add_(g)
         else:
             rows.index_add_(0, sel, g)
-        if k == 0 or st.dirs is None or st.params is None:
+        if k == 0 or dirs is None:
             return
-        dirs = st.dirs.index_select(0, self._idx)
-        params = st.params.index_select(0, self._idx)
-        if sel is None and t.dtype == torch.float32:
+        dirs = dirs.index_select(0, self._idx)
+        params = params.index_select(0, self._idx)
+        if sel is None and t.dtype is torch.float32:
             apply_clamps(rows[:n], dirs, params, k)
             return
         h = (rows[:n] if sel is None else rows.index_select(0, sel)).float()
@@ -293,6 +305,19 @@ class SteeringHooks:
             rows[:n].copy_(h)
         else:
             rows.index_copy_(0, sel, h.to(t.dtype))
+
+    def _first_device_apply(self, t: torch.Tensor) -> None:
+        """The step's first device-path site when the tables or the resolve are missing."""
+        if self._res is None:
+            # The hooks ran natively until now: resolve this step once more, at its version,
+            # into fresh tables (only where a model's tensors moved to a device).
+            self._stale = True
+            self._resolve(self._packed, self._rows, self._version)
+        if self._tables is None:
+            self._tables = DeviceTables(self.hidden, t.device, t.dtype, self.max_clamps)
+            self._tdev = t.get_device()
+            assert self._res is not None
+            self._load(self._res)
 
     # ---- static (CUDA-graph) mode ---------------------------------------------------------
 
@@ -311,7 +336,7 @@ class SteeringHooks:
     def _static_apply(self, t: torch.Tensor, site: int) -> None:
         tb = self._tables
         assert tb is not None
-        if t.dtype != tb.dtype or t.device != tb.device:
+        if t.dtype is not tb.dtype or t.get_device() != self._tdev:
             raise UnsupportedDtypeError(f"shmsteer: static tables are {tb.dtype} on {tb.device}, the hooked output is {t.dtype} on {t.device}")
         check_hidden(t, self.hidden)
         rows = t.view(-1, self.hidden)
@@ -319,8 +344,10 @@ class SteeringHooks:
         if n > self.max_tokens:
             raise ShapeError(f"shmsteer: the hooked output has {n} rows, static mode holds max_tokens={self.max_tokens}")
         st = tb.sites[site]
-        idx = self._sidx[:n]
-        g = self._gbuf[:n]
+        views = self._views.get(n)
+        if views is None:  # once per captured batch size: views of the static buffers
+            views = self._views[n] = (self._sidx[:n], self._gbuf[:n])
+        idx, g = views
         torch.index_select(st.vec, 0, idx, out=g)
         rows.add_(g)
         if self.max_clamps <= 0 or st.dirs is None or st.params is None:
