@@ -115,7 +115,8 @@ func Run(cfg Config, src sources) *Report {
 		Contender{"keys.set.redis_ns", rd.setup("set")},
 		Contender{"keys.get.shmsteer_ns", src.KeysGet},
 		Contender{"keys.get.python_ns", pythonKeysSetup}, // capi.go
-		Contender{"keys.get.capi_ns", capiKeysSetup},
+		Contender{"keys.get.capi_ns", capiKeysSetup("get")},
+		Contender{"keys.get.capi_many_ns", capiKeysSetup("getmany")},
 		Contender{"keys.set.client_ns", src.KeysSetClient},
 		owner.contender(),
 	)

@@ -27,9 +27,10 @@ var (
 
 func init() {
 	at := slices.Index(FigureNames, "keys.get.syncmanager_ns")
-	FigureNames = slices.Insert(FigureNames, at, "keys.get.python_ns", "keys.get.capi_ns")
+	FigureNames = slices.Insert(FigureNames, at, "keys.get.python_ns", "keys.get.capi_ns", "keys.get.capi_many_ns")
 	Baselines["keys.get.python_ns"] = "keys.get.syncmanager_ns"
 	Baselines["keys.get.capi_ns"] = "keys.get.shmsteer_ns"
+	Baselines["keys.get.capi_many_ns"] = "keys.get.shmsteer_ns"
 }
 
 // pythonDir finds the directory holding the shmsteer Python package with its built library:
@@ -72,9 +73,15 @@ func pythonKeysSetup() (Op, func() error, error) {
 	return p.Op("get"), closeFn, nil
 }
 
-// capiKeysSetup measures keys.get.capi_ns: it compiles capi_keys_bench.c with gcc against the
+// capiKeysSetup measures keys.get.capi_ns (op "get": one shmsteer_reader_key_get per key) or
+// keys.get.capi_many_ns (op "getmany": shmsteer_reader_key_get_many over batches of 64 ids, a
+// decode step's requests, timed per key): it compiles capi_keys_bench.c with gcc against the
 // built library and header.
-func capiKeysSetup() (Op, func() error, error) {
+func capiKeysSetup(op string) Setup {
+	return func() (Op, func() error, error) { return capiKeys(op) }
+}
+
+func capiKeys(op string) (Op, func() error, error) {
 	dir, err := pythonDir()
 	if err != nil {
 		return nil, nil, err
@@ -106,5 +113,5 @@ func capiKeysSetup() (Op, func() error, error) {
 		_ = os.RemoveAll(tmp)
 		return nil, nil, err
 	}
-	return p.Op("get"), func() error { return errors.Join(p.Close(), os.RemoveAll(tmp)) }, nil
+	return p.Op(op), func() error { return errors.Join(p.Close(), os.RemoveAll(tmp)) }, nil
 }

@@ -207,6 +207,11 @@ SHMSTEER_API int shmsteer_reader_key_get(shmsteer_reader_t *r, const char *id, s
 
 SHMSTEER_API int shmsteer_reader_close(shmsteer_reader_t *r) { ENTER(); return shmsteerGo_reader_close(H(r)); }
 
+SHMSTEER_API int shmsteer_reader_key_get_many(shmsteer_reader_t *r, shmsteer_key_get_item *items, size_t n) {
+  ENTER();
+  return shmsteerGo_reader_key_get_many(H(r), items, n);
+}
+
 SHMSTEER_API int shmsteer_snapshot_open(shmsteer_t *h, uint64_t version, shmsteer_snapshot_t **out,
                                         uint64_t *pinned) {
   ENTER();

@@ -227,6 +227,10 @@ func TestCExample(t *testing.T) {
 	require.Contains(t, got, "message: shmsteer: key not found for request id\n")
 	require.Contains(t, got, "message after a success: \"\"\n")
 	require.Contains(t, got, "revoked: ipc.ErrKeyRevoked\n")
+	require.Contains(t, got, "many 0: ok len=32 first=1f\n")
+	require.Contains(t, got, "many 1: ipc.ErrKeyNotFound len=0 first=00\n")
+	require.Contains(t, got, "many 2: ipc.ErrKeyRevoked len=0 first=00\n")
+	require.Contains(t, got, "many 3: capi.ErrBufferTooSmall len=32 first=00\n")
 	var sum float64
 	for _, f := range fixtureVector() {
 		sum += float64(f)

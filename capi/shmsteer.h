@@ -304,6 +304,27 @@ int shmsteer_reader_key_get(shmsteer_reader_t *r, const char *id, size_t id_len,
                             size_t cap, size_t *len); /* as shmsteer_key_get */
 int shmsteer_reader_close(shmsteer_reader_t *r);
 
+/* One key of a shmsteer_reader_key_get_many call: the caller fills id/id_len (the request id)
+ * and buf/cap (where its key goes); the call sets len (the key's length, or the size needed
+ * when rc is SHMSTEER_E_BUFFER_TOO_SMALL) and rc (SHMSTEER_OK or the code
+ * shmsteer_reader_key_get would return for this id alone: KEY_NOT_FOUND, KEY_REVOKED, ...). */
+typedef struct {
+  const char *id;
+  size_t id_len;
+  void *buf;
+  size_t cap;
+  size_t len;
+  int rc;
+} shmsteer_key_get_item;
+
+/* Gets the keys of n ids through r in one call into the engine, so the cost of entering it is
+ * paid once per batch (a step's requests, say) rather than once per key; each item's result is
+ * exactly that of shmsteer_reader_key_get for it. Returns SHMSTEER_OK when every item has its
+ * own rc (some may have failed: check each; the thread's last error message is that of the last
+ * item that failed), or an error for the call itself (a bad handle, items NULL with n > 0),
+ * which sets no item. */
+int shmsteer_reader_key_get_many(shmsteer_reader_t *r, shmsteer_key_get_item *items, size_t n);
+
 /* ---- snapshots and vector views --------------------------------------------------------- */
 
 /* Pin version (0 = the current one; else a version published earlier, e.g. the one the

@@ -7,7 +7,8 @@
 // "reader NS NKEYS": attaches (secret from SHMSTEER_SECRET), opens a shmsteer_reader_t (a
 // reader slot of its own, as the Go KeyReader the keys.get.shmsteer figure uses) and answers the
 // round protocol of bench/child.go: "get N" runs N gets round-robin, timed with
-// CLOCK_MONOTONIC around the loop only.
+// CLOCK_MONOTONIC around the loop only; "getmany N" gets the same N keys through
+// shmsteer_reader_key_get_many in batches of MANY ids.
 #include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -71,6 +72,8 @@ static int run_owner(const char *self, int n, int vsize) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
+#define MANY 64
+
 static int run_reader(const char *ns, int n) {
   shmsteer_t *h = NULL;
   int rc = shmsteer_attach(ns, NULL, 0, NULL, 0, &h);
@@ -80,6 +83,8 @@ static int run_reader(const char *ns, int n) {
   char (*ids)[37] = make_ids(n);
   unsigned char buf[256];
   size_t len = 0;
+  static shmsteer_key_get_item items[MANY];
+  static unsigned char keys[MANY][64];
   for (int i = 0; i < n; i++)
     if ((rc = shmsteer_reader_key_get(r, ids[i], 36, buf, sizeof buf, &len))) fail("key_get", rc);
   printf("{\"ready\":true,\"info\":\"C reader, libshmsteer ABI %d\"}\n", shmsteer_abi_version());
@@ -89,7 +94,9 @@ static int run_reader(const char *ns, int n) {
   while (fgets(line, sizeof line, stdin)) {
     char op[16];
     long iters = 0;
-    if (sscanf(line, "%15s %ld", op, &iters) != 2 || strcmp(op, "get") != 0) {
+    int many = 0;
+    if (sscanf(line, "%15s %ld", op, &iters) == 2 && strcmp(op, "getmany") == 0) many = 1;
+    else if (sscanf(line, "%15s %ld", op, &iters) != 2 || strcmp(op, "get") != 0) {
       if (strncmp(line, "quit", 4) == 0) break;
       printf("{\"error\":\"bad command\"}\n");
       fflush(stdout);
@@ -97,9 +104,24 @@ static int run_reader(const char *ns, int n) {
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (long i = 0; i < iters; i++) {
-      rc = shmsteer_reader_key_get(r, ids[i & (n - 1)], 36, buf, sizeof buf, &len);
-      acc += buf[i & 31] + (unsigned)rc;
+    if (many) {
+      for (long i = 0; i < iters; i += MANY) {
+        long m = iters - i < MANY ? iters - i : MANY;
+        for (long j = 0; j < m; j++) {
+          items[j].id = ids[(i + j) & (n - 1)];
+          items[j].id_len = 36;
+          items[j].buf = keys[j];
+          items[j].cap = sizeof keys[j];
+        }
+        rc = shmsteer_reader_key_get_many(r, items, (size_t)m);
+        for (long j = 0; j < m; j++) acc += keys[j][i & 31] + (unsigned)items[j].rc;
+        acc += (unsigned)rc;
+      }
+    } else {
+      for (long i = 0; i < iters; i++) {
+        rc = shmsteer_reader_key_get(r, ids[i & (n - 1)], 36, buf, sizeof buf, &len);
+        acc += buf[i & 31] + (unsigned)rc;
+      }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     long long ns_total = (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);

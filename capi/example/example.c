@@ -61,6 +61,22 @@ int main(int argc, char **argv) {
   rc = shmsteer_key_get(h, revoked, strlen(revoked), key, sizeof key, &n);
   printf("revoked: %s\n", shmsteer_error_name(rc));
 
+  /* Several keys through a reader in one call: each item gets its own result. */
+  shmsteer_reader_t *rd = NULL;
+  check(shmsteer_reader_open(h, &rd), "reader_open");
+  unsigned char k0[64], k1[64], k2[64], k3[4];
+  shmsteer_key_get_item items[4] = {
+      {.id = id, .id_len = strlen(id), .buf = k0, .cap = sizeof k0},
+      {.id = "no-such-request", .id_len = 15, .buf = k1, .cap = sizeof k1},
+      {.id = revoked, .id_len = strlen(revoked), .buf = k2, .cap = sizeof k2},
+      {.id = id, .id_len = strlen(id), .buf = k3, .cap = sizeof k3},
+  };
+  check(shmsteer_reader_key_get_many(rd, items, 4), "reader_key_get_many");
+  for (int i = 0; i < 4; i++)
+    printf("many %d: %s len=%zu first=%02x\n", i, shmsteer_error_name(items[i].rc), items[i].len,
+           items[i].rc == SHMSTEER_OK ? ((unsigned char *)items[i].buf)[items[i].len - 1] : 0);
+  check(shmsteer_reader_close(rd), "reader_close");
+
   /* A named vector, zero-copy, at a pinned snapshot. */
   shmsteer_snapshot_t *snap = NULL;
   uint64_t pinned = 0;
