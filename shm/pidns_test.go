@@ -199,19 +199,7 @@ func TestStuckReaderVisible(t *testing.T) {
 	r := newTestRegion(t, Config{IndexSlots: 1024, ArenaBytes: 256 << 10, ReaderSlots: 16})
 	_, err := r.Put(testKind, "k", make([]byte, 1000))
 	require.NoError(t, err)
-	cmds := startChildren(t, r, "pin-stop", 1)
-	out, err := cmds[0].StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmds[0].Start())
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err, line)
-	var pinned uint64
-	_, err = fmt.Sscanf(line, "READY %d", &pinned)
-	require.NoError(t, err)
-	require.NoError(t, cmds[0].Process.Signal(syscall.SIGSTOP))
-	_, err = r.SweepReaders() // the owner's periodic scan sees the pin
-	require.NoError(t, err)
-	time.Sleep(30 * time.Millisecond) // and it ages
+	cmds, pinned := startStuckReader(t, r)
 
 	var full error
 	for i := 0; i < 10000 && full == nil; i++ {

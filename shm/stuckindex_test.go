@@ -3,6 +3,7 @@ package shm
 import (
 	"bufio"
 	"fmt"
+	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -17,19 +18,7 @@ func TestIndexFullNamesStuckReader(t *testing.T) {
 	r := newTestRegion(t, Config{IndexSlots: 64, ArenaBytes: 4 << 20, ReaderSlots: 16})
 	_, err := r.Put(testKind, "k", []byte("v"))
 	require.NoError(t, err)
-	cmds := startChildren(t, r, "pin-stop", 1)
-	out, err := cmds[0].StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmds[0].Start())
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err, line)
-	var pinned uint64
-	_, err = fmt.Sscanf(line, "READY %d", &pinned)
-	require.NoError(t, err)
-	require.NoError(t, cmds[0].Process.Signal(syscall.SIGSTOP))
-	_, err = r.SweepReaders()
-	require.NoError(t, err)
-	time.Sleep(30 * time.Millisecond)
+	cmds, pinned := startStuckReader(t, r)
 
 	var full error
 	for i := 0; i < 10000 && full == nil; i++ {
@@ -53,4 +42,24 @@ func TestIndexFullNamesStuckReader(t *testing.T) {
 	require.NoError(t, r.Reclaim()) // what the owner's periodic sweep runs
 	_, err = r.Put(testKind, "after", []byte("x"))
 	require.NoError(t, err, "the words come back once the reader is gone")
+}
+
+// startStuckReader starts a reader child that pins the current version and is then stopped
+// (SIGSTOP), lets the owner's scan see the pin age, and returns the child and its version.
+func startStuckReader(t *testing.T, r *Region) ([]*exec.Cmd, uint64) {
+	t.Helper()
+	cmds := startChildren(t, r, "pin-stop", 1)
+	out, err := cmds[0].StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmds[0].Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, line)
+	var pinned uint64
+	_, err = fmt.Sscanf(line, "READY %d", &pinned)
+	require.NoError(t, err)
+	require.NoError(t, cmds[0].Process.Signal(syscall.SIGSTOP))
+	_, err = r.SweepReaders() // the owner's periodic scan sees the pin
+	require.NoError(t, err)
+	time.Sleep(30 * time.Millisecond) // and it ages
+	return cmds, pinned
 }
