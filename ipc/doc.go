@@ -21,7 +21,9 @@
 //	owner → client  welcome:   limits, region id; the data and reader-slot memfds via SCM_RIGHTS
 //
 // A refused uid is told so (ErrAuthFailed) after the owner has read its hello, so the
-// client's write never fails first and the message is the same whatever the timing.
+// client's write never fails first and the message is the same whatever the timing. An owner
+// that refuses says why in an error frame; a connection closed or reset mid-handshake without
+// one, at any byte, is ErrOwnerGone (the owner exited: retry), never ErrAuthFailed.
 //
 // The owner also listens on a lobby named from the namespace alone. A client with a wrong
 // secret finds no handle, knocks at the lobby, and so gets ErrAuthFailed rather than a
@@ -156,7 +158,8 @@
 //
 // Registry stores request id → key under KindKey: value = key bytes + one state byte (live).
 // Remove deletes the value and marks the id (shm's mark table: 32 bytes, no arena space, so a
-// revocation always fits) in one transaction; Get then returns ErrKeyRevoked, and the owner
+// revocation always fits; past a full mark table the sentinel is an arena entry, the state
+// byte alone) in one transaction; Get then returns ErrKeyRevoked, and the owner
 // lifts the mark after OwnerOptions.Grace (default 60 s). shm's epochs keep the memory valid
 // for readers still holding the key, and zero every freed blob, so the key's bytes vanish once
 // no reader can see them. An empty key is a valid key (the seed's values are bytes | None):
