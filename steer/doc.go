@@ -69,6 +69,11 @@
 // A 64-bit checksum over the actions applied (not over floats) lets ranks compare what they
 // did.
 //
+// A worker that applies steering with its own kernels (a GPU worker) resolves each step once
+// with a Batch (batch.go): slots per distinct steering set and phase, the per-row slot index,
+// the steered sites and exactly the table rows whose composed content changed, so its hooked
+// sites never call into the engine.
+//
 // # Boundaries
 //
 // steer reads and writes the region only through package shm's API (Update, Snapshot, View):

@@ -17,8 +17,9 @@ Anything else (int8 or float64, a wrong width, a non-contiguous tensor, spans pa
 a typed error before anything is changed.
 
 Each step makes one call into the engine to resolve the whole batch (``shmsteer_batch_resolve``:
-every span's slot, the steered sites, the table rows that changed) and one to end it; a hooked site
-never calls into the engine and never loops over requests.
+every span's slot, the steered sites, the table rows that changed), and, where the native CPU
+kernels apply it, one to end it; a hooked site never calls into the engine to resolve anything and
+never loops over requests.
 
 * CPU float32 tensors (unless ``force_device_path``): the native kernels (AVX-512/AVX2) run on the
   tensor's own memory, no copy, one library call per site; bfloat16 and float16 CPU tensors go
@@ -110,6 +111,7 @@ class SteeringHooks:
         self._rowsel: Optional[torch.Tensor] = None
         self._gather: Optional[torch.Tensor] = None
         self._native = self._device = 0
+        self._open = False  # the stepper's step is open (CPU applies may run in it)
         self.checksum = 0  #: determinism checksum of the last step's CPU applies
         self.batch_checksum = 0  #: determinism checksum of what the last step resolved
         self.engine_calls = 0  #: calls that resolve or end steps (resolve, begin, end)
@@ -191,14 +193,21 @@ class SteeringHooks:
             self._version = self.stepper.begin(version)
             self.engine_calls += 1
             self._res = None
+            self._open = True
         else:
-            self._resolve(packed, n, version)
+            # A model steered on the device: the resolve ends its step at once (one engine call
+            # per step); a CPU site showing up reopens it at the same version.
+            self._open = self._mode is None
+            self._resolve(packed, n, version, end=not self._open)
         self._spans, self._packed, self._rows = spans, packed, n
         try:
             yield self
         finally:
-            self.checksum = self.stepper.end()
-            self.engine_calls += 1
+            self.checksum = 0
+            if self._open:
+                self.checksum = self.stepper.end()
+                self.engine_calls += 1
+                self._open = False
             if self._pending:
                 self._stale, self._pending = True, False
             if self._device:
@@ -259,6 +268,10 @@ class SteeringHooks:
             raise ShapeError(f"shmsteer: the spans cover {self._rows} rows, the hooked output has {t.numel() // self.hidden}")
         if t.get_device() < 0 and not self.force_device_path:  # a CPU tensor
             self._native += 1
+            if not self._open:
+                self._version = self.stepper.begin(self._version)
+                self.engine_calls += 1
+                self._open = True
             p = self._packed
             # The stepper is this object's own (one thread at a time, as the hooks are): the
             # kernels run on the tensor's memory, or on a float32 copy for bf16/f16.

@@ -158,8 +158,29 @@ def test_one_engine_crossing_per_step_none_at_sites(owner, monkeypatch):
             before = len(calls)
             chain(y)
             assert len(calls) == before, f"a hooked site called the engine: {calls[before:]}"
-    assert len(calls) == 6, calls  # resolve + end per step
-    assert set(calls) == {"shmsteer_batch_resolve", "shmsteer_stepper_end"}
+    assert calls == ["shmsteer_batch_resolve"] * 3, calls  # one call per step, ending it
+
+
+def test_native_path_calls_the_kernels_only(owner, monkeypatch):
+    Scenario(owner)
+    chain = Chain()
+    hooks = SteeringHooks(owner)
+    attach(hooks, chain)
+    x = torch.randn(ROWS, HIDDEN)
+    run(hooks, chain, x, SPANS)  # warm: the hooks learn the model is steered on the CPU
+    calls = []
+    for name in dir(_lib.lib):
+        if name.startswith("shmsteer_"):
+            fn = getattr(_lib.lib, name)
+
+            def counted(*a, _fn=fn, _name=name):
+                calls.append(_name)
+                return _fn(*a)
+            monkeypatch.setattr(_lib.lib, name, counted)
+    run(hooks, chain, x, SPANS)
+    sites = LAYERS * len(HOOKS)
+    assert calls == ["shmsteer_stepper_begin"] + ["shmsteer_stepper_apply"] * sites + ["shmsteer_stepper_end"], calls
+    assert hooks.checksum != 0
 
 
 @pytest.mark.parametrize("path", ["native", "device", "static"])
