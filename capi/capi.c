@@ -242,6 +242,28 @@ SHMSTEER_API int shmsteer_vector_unregister(shmsteer_t *h, const char *name, siz
   return shmsteerGo_vector_unregister(H(h), (char *)name, name_len, version);
 }
 
+SHMSTEER_API int shmsteer_probe_view(shmsteer_snapshot_t *s, const char *name, size_t name_len,
+                                     shmsteer_vector_info *info, shmsteer_vector_entry *entries, size_t cap) {
+  ENTER();
+  return shmsteerGo_probe_view(H(s), (char *)name, name_len, info, entries, cap);
+}
+
+SHMSTEER_API int shmsteer_probe_list_json(shmsteer_snapshot_t *s, char *buf, size_t cap, size_t *len) {
+  ENTER();
+  return shmsteerGo_probe_list_json(H(s), buf, cap, len);
+}
+
+SHMSTEER_API int shmsteer_probe_register(shmsteer_t *h, const char *name, size_t name_len,
+                                         const shmsteer_vector_entry *entries, size_t n, uint64_t *version) {
+  ENTER();
+  return shmsteerGo_probe_register(H(h), (char *)name, name_len, (shmsteer_vector_entry *)entries, n, version);
+}
+
+SHMSTEER_API int shmsteer_probe_unregister(shmsteer_t *h, const char *name, size_t name_len, uint64_t *version) {
+  ENTER();
+  return shmsteerGo_probe_unregister(H(h), (char *)name, name_len, version);
+}
+
 SHMSTEER_API int shmsteer_global_set_json(shmsteer_t *h, const char *json, size_t json_len, uint64_t *version) {
   ENTER();
   return shmsteerGo_global_set_json(H(h), (char *)json, json_len, version);

@@ -547,6 +547,11 @@ func shmsteerGo_snapshot_close(h C.uint64_t) C.int {
 
 //export shmsteerGo_vector_view
 func shmsteerGo_vector_view(h C.uint64_t, name *C.char, nameLen C.size_t, info *C.shmsteer_vector_info, entries *C.shmsteer_vector_entry, capacity C.size_t) C.int {
+	return vectorView(steer.VectorSteer, h, name, nameLen, info, entries, capacity)
+}
+
+// vectorView views a named vector of kind (steering vector or probe) at a snapshot.
+func vectorView(kind steer.VectorKind, h C.uint64_t, name *C.char, nameLen C.size_t, info *C.shmsteer_vector_info, entries *C.shmsteer_vector_entry, capacity C.size_t) C.int {
 	sn, ok := getAs[*snapshot](uint64(h))
 	if !ok {
 		return badHandle("not a live shmsteer_snapshot_t")
@@ -558,7 +563,11 @@ func shmsteerGo_vector_view(h C.uint64_t, name *C.char, nameLen C.size_t, info *
 	if !ok || info == nil || (entries == nil && capacity > 0) || uint64(capacity) > math.MaxInt32 {
 		return badArg("name, info, entries or cap")
 	}
-	nv, err := sn.inst.eng.Vector(&sn.snap, sname)
+	read := sn.inst.eng.Vector
+	if kind == steer.VectorProbe {
+		read = sn.inst.eng.Probe
+	}
+	nv, err := read(&sn.snap, sname)
 	if err != nil {
 		return fail(err)
 	}
@@ -591,6 +600,11 @@ func shmsteerGo_vector_view(h C.uint64_t, name *C.char, nameLen C.size_t, info *
 
 //export shmsteerGo_vector_list_json
 func shmsteerGo_vector_list_json(h C.uint64_t, buf *C.char, capacity C.size_t, n *C.size_t) C.int {
+	return vectorListJSON(steer.VectorSteer, h, buf, capacity, n)
+}
+
+// vectorListJSON lists the named vectors of kind at a snapshot as JSON.
+func vectorListJSON(kind steer.VectorKind, h C.uint64_t, buf *C.char, capacity C.size_t, n *C.size_t) C.int {
 	sn, ok := getAs[*snapshot](uint64(h))
 	if !ok {
 		return badHandle("not a live shmsteer_snapshot_t")
@@ -598,7 +612,11 @@ func shmsteerGo_vector_list_json(h C.uint64_t, buf *C.char, capacity C.size_t, n
 	if sn.inst.eng == nil {
 		return fail(fmt.Errorf("the region records no steering model: %w", sn.inst.engErr))
 	}
-	infos, err := sn.inst.eng.VectorInfos(&sn.snap)
+	infosOf := sn.inst.eng.VectorInfos
+	if kind == steer.VectorProbe {
+		infosOf = sn.inst.eng.ProbeInfos
+	}
+	infos, err := infosOf(&sn.snap)
 	if err != nil {
 		return fail(err)
 	}
@@ -620,6 +638,11 @@ func shmsteerGo_vector_list_json(h C.uint64_t, buf *C.char, capacity C.size_t, n
 
 //export shmsteerGo_vector_register
 func shmsteerGo_vector_register(h C.uint64_t, name *C.char, nameLen C.size_t, entries *C.shmsteer_vector_entry, count C.size_t, version *C.uint64_t) C.int {
+	return vectorRegister(steer.VectorSteer, h, name, nameLen, entries, count, version)
+}
+
+// vectorRegister registers a named vector of kind (a probe: exactly one entry).
+func vectorRegister(kind steer.VectorKind, h C.uint64_t, name *C.char, nameLen C.size_t, entries *C.shmsteer_vector_entry, count C.size_t, version *C.uint64_t) C.int {
 	inst, rc := engineOf(h)
 	if rc != C.SHMSTEER_OK {
 		return rc
@@ -647,12 +670,21 @@ func shmsteerGo_vector_register(h C.uint64_t, name *C.char, nameLen C.size_t, en
 		}
 		vecs[i] = steer.Vector{Hook: hookName, Layer: int(e.layer), Scale: float32(e.scale), Data: data}
 	}
-	vi, err := inst.eng.Register(strings.Clone(sname), vecs)
+	reg := inst.eng.Register
+	if kind == steer.VectorProbe {
+		reg = inst.eng.RegisterProbe
+	}
+	vi, err := reg(strings.Clone(sname), vecs)
 	return versionOut(version, vi.Version, err)
 }
 
 //export shmsteerGo_vector_unregister
 func shmsteerGo_vector_unregister(h C.uint64_t, name *C.char, nameLen C.size_t, version *C.uint64_t) C.int {
+	return vectorUnregister(steer.VectorSteer, h, name, nameLen, version)
+}
+
+// vectorUnregister deletes a named vector of kind.
+func vectorUnregister(kind steer.VectorKind, h C.uint64_t, name *C.char, nameLen C.size_t, version *C.uint64_t) C.int {
 	inst, rc := engineOf(h)
 	if rc != C.SHMSTEER_OK {
 		return rc
@@ -661,7 +693,11 @@ func shmsteerGo_vector_unregister(h C.uint64_t, name *C.char, nameLen C.size_t, 
 	if !ok {
 		return badArg("name")
 	}
-	v, err := inst.eng.Unregister(strings.Clone(sname))
+	unreg := inst.eng.Unregister
+	if kind == steer.VectorProbe {
+		unreg = inst.eng.UnregisterProbe
+	}
+	v, err := unreg(strings.Clone(sname))
 	return versionOut(version, v, err)
 }
 

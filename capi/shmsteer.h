@@ -368,6 +368,17 @@ int shmsteer_vector_register(shmsteer_t *h, const char *name, size_t name_len,
 int shmsteer_vector_unregister(shmsteer_t *h, const char *name, size_t name_len,
                                uint64_t *version);
 
+/* Probe vectors: named vectors of kind "probe" (read by gates, never added), in a namespace of
+ * their own (a probe and a steering vector may share a name). The same calls as named vectors;
+ * a probe names exactly one (hook, layer): n must be 1, else PROBE_SITE. */
+int shmsteer_probe_view(shmsteer_snapshot_t *s, const char *name, size_t name_len,
+                        shmsteer_vector_info *info, shmsteer_vector_entry *entries, size_t cap);
+int shmsteer_probe_list_json(shmsteer_snapshot_t *s, char *buf, size_t cap, size_t *len);
+int shmsteer_probe_register(shmsteer_t *h, const char *name, size_t name_len,
+                            const shmsteer_vector_entry *entries, size_t n, uint64_t *version);
+int shmsteer_probe_unregister(shmsteer_t *h, const char *name, size_t name_len,
+                              uint64_t *version);
+
 /* ---- vector files ----------------------------------------------------------------------- */
 
 /* Register (or replace) named vector name from the vector file at C string path: a llama.cpp

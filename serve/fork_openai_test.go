@@ -495,3 +495,36 @@ func init() {
 }
 
 func forkLeftOut1(ep, fork, reason string) leftOutCase { return leftOutCase{ep, fork, reason} }
+
+// FuzzAdmissionFromRequest feeds arbitrary OpenAI bodies through the translation: no panic, and
+// an accepted body's override parses again (as serve's admit parses it) to the same steering.
+func FuzzAdmissionFromRequest(f *testing.F) {
+	p := packHook(map[int][]float64{1: row(1, 2)}, "float32", []float64{2})
+	seed, _ := json.Marshal(map[string]any{"model": "m", "prompt": "x", "steering_vectors": map[string]any{hp: p},
+		"decode_steering_clamps": map[string]any{hp: map[string]any{"2": []any{map[string]any{"vector": row(1), "min": -1, "max": 1}}}},
+		"steering_name":          "mod", "conversation_id": "c"})
+	f.Add(seed)
+	f.Add([]byte(`{"steering_clamps":{"post_block":{"dtype":"float16","shape":[1,8],"layer_indices":[0],"data":"ADwAPAA8ADwAPAA8ADwAPA==","bounds":[[null,1]],"strengths":[0.5]}}}`))
+	f.Add([]byte(`{"steering_clamps":{"hooks":{"post_block":{"shape":[1,8],"layer_indices":[3],"data":"AAAAAAAA8D8AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA","lo":[null],"hi":[2],"strength":[1]}}}}`))
+	f.Add([]byte(`{"steering":[{"when":{"kind":"always"}}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		a, err := AdmissionFromRequest(b, forkCfg, OpenAIOptions{MaxClampDirections: -1})
+		if err != nil || a.Override == nil {
+			return
+		}
+		st, err := a.Override.Steering(forkCfg)
+		if err != nil {
+			t.Fatalf("an accepted override does not parse again: %v", err)
+		}
+		if st.Empty() {
+			t.Fatal("an override that steers nothing was returned")
+		}
+		enc, d, err := steer.EncodeSteering(&st, forkCfg)
+		if err != nil {
+			return // steer's own checks (layer range, magnitude) run at admission
+		}
+		if _, d2, err := steer.DecodeSteering(enc, forkCfg); err != nil || d != d2 {
+			t.Fatalf("accepted steering does not round-trip: %v", err)
+		}
+	})
+}

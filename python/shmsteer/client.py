@@ -181,9 +181,16 @@ class _Handle:
         """A per-thread steering stepper (steer.Stepper)."""
         return Stepper(self)
 
-    def register_vector(self, name: str, entries: Sequence[Tuple[Union[str, int], int, float, Any]]) -> int:
+    def register_vector(self, name: str, entries: Sequence[Tuple[Union[str, int], int, float, Any]],
+                        kind: str = "steer") -> int:
         """Register (or replace) named vector ``name`` from (hook, layer, scale, float32 data)
-        entries; a client sends it to the owner. Returns the region version that wrote it."""
+        entries; a client sends it to the owner. Returns the region version that wrote it.
+
+        ``kind`` is the fork's namespace: ``"steer"`` (added to hidden states through
+        references) or ``"probe"`` (read by gates; exactly one entry, else
+        :class:`~shmsteer.errors.ProbeSiteError`). A probe and a steering vector may share a
+        name."""
+        register = _kind_call(kind, lib.shmsteer_vector_register, lib.shmsteer_probe_register)
         arr = (_lib.VectorEntry * len(entries))()
         keep = []
         for i, (hook, layer, scale, data) in enumerate(entries):
@@ -193,7 +200,7 @@ class _Handle:
                                       ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), n)
         v = c_uint64()
         nb = _b(name)
-        check(lib.shmsteer_vector_register(self.handle, nb, len(nb), arr, len(entries), byref(v)))
+        check(register(self.handle, nb, len(nb), arr, len(entries), byref(v)))
         del keep
         return v.value
 
@@ -279,12 +286,23 @@ class _Handle:
         check(lib.shmsteer_vector_export(self.handle, nb, len(nb), os.fsencode(path),
                                          format.encode() if format else None))
 
-    def unregister_vector(self, name: str) -> int:
-        """Delete a named vector; returns the region version that deleted it."""
+    def unregister_vector(self, name: str, kind: str = "steer") -> int:
+        """Delete a named vector of ``kind`` (``"steer"`` or ``"probe"``); returns the region
+        version that deleted it."""
+        unregister = _kind_call(kind, lib.shmsteer_vector_unregister, lib.shmsteer_probe_unregister)
         v = c_uint64()
         nb = _b(name)
-        check(lib.shmsteer_vector_unregister(self.handle, nb, len(nb), byref(v)))
+        check(unregister(self.handle, nb, len(nb), byref(v)))
         return v.value
+
+
+def _kind_call(kind: str, steer_fn: Any, probe_fn: Any) -> Any:
+    """The C call for a named vector of ``kind``; ValueError for any other kind."""
+    if kind == "steer":
+        return steer_fn
+    if kind == "probe":
+        return probe_fn
+    raise ValueError(f"kind must be one of ('probe', 'steer'), got {kind!r}")
 
 
 class Client(_Handle):
@@ -645,15 +663,17 @@ class Snapshot:
             raise ClosedError("shmsteer: snapshot closed")
         return self._pin.handle
 
-    def vector(self, name: str) -> NamedVector:
-        """Named vector ``name`` at this version, its floats as read-only views of the mapping."""
+    def vector(self, name: str, kind: str = "steer") -> NamedVector:
+        """Named vector ``name`` of ``kind`` (``"steer"`` or ``"probe"``) at this version, its
+        floats as read-only views of the mapping."""
+        view = _kind_call(kind, lib.shmsteer_vector_view, lib.shmsteer_probe_view)
         h = self._handle()
         nb = _b(name)
         info = _lib.VectorInfo()
         cap = 8
         while True:
             entries = (_lib.VectorEntry * cap)()
-            rc = lib.shmsteer_vector_view(h, nb, len(nb), byref(info), entries, cap)
+            rc = view(h, nb, len(nb), byref(info), entries, cap)
             if rc == BufferTooSmallError.code and info.n_entries > cap:
                 cap = info.n_entries
                 continue
@@ -666,9 +686,10 @@ class Snapshot:
             out.append(VectorEntry(hooks[e.hook], e.layer, e.scale, _view(ptr, e.len, self._pin)))
         return NamedVector(name, info.version, bytes(info.digest), out)
 
-    def vectors(self) -> List[Dict[str, Any]]:
-        """[{name, version, digest}] of the named vectors at this version."""
-        return json.loads(_lib.read_json(lib.shmsteer_vector_list_json, self._handle()))
+    def vectors(self, kind: str = "steer") -> List[Dict[str, Any]]:
+        """[{name, version, digest}] of the named vectors of ``kind`` at this version."""
+        list_json = _kind_call(kind, lib.shmsteer_vector_list_json, lib.shmsteer_probe_list_json)
+        return json.loads(_lib.read_json(list_json, self._handle()))
 
 
 @dataclass
