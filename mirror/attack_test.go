@@ -130,6 +130,16 @@ func TestMirrorForgedEntries(t *testing.T) {
 	}
 	require.Equal(t, "none", c.worker.do("vec mine"), "the foreign host applies none of this deployment's values")
 	require.Positive(t, c.owner.status().Tampered)
+	// A value of the old, unauthenticated format (a host not upgraded) is refused, counted, and
+	// says so.
+	old := append([]byte("SMR1\x00\x01\x01x"), make([]byte, 16)...)
+	_, err := kv.Put(ctx, vectorEntry("old"), append(old, vectorPayload(t, 8)...))
+	require.NoError(t, err)
+	for _, h := range hs {
+		st := waitCount(t, h.owner, func(s Status) uint64 { return s.Rejected }, before[h].Rejected+1, "the old-format value on "+h.id)
+		require.Contains(t, st.LastError, "format 1")
+		require.Equal(t, "none", h.worker.do("vec old"))
+	}
 	// The deployment goes on: a valid change after the attack is applied.
 	a.owner.ok("reg mine 6 1")
 	eventually(t, b.worker, "vec mine", "6/1", 20*time.Second, "a valid change after the attack")
