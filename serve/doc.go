@@ -19,34 +19,98 @@
 //
 // # Control API
 //
-// Every /v1/ path needs "Authorization: Bearer KEY" (closed by default: with no key file every
-// /v1/ call is refused); /healthz, /readyz and /metrics need none. Keys are hashed with
-// SHA-256 and compared in constant time against every configured key. A key scoped to a
-// tenant may register, list and remove only named vectors and modules called "tenant/...",
-// admit and end only request ids "tenant/..." in its own conversations, and drop only its own
-// conversations; global steering needs an unscoped key. The key file must not be readable by
-// group or others. Bodies are capped
-// (max_body_bytes) and decoded strictly (unknown fields are refused). Errors are
-// {"error": message, "type": kind} with a 4xx status for bad input, and change nothing.
+// Auth (--auth, TOML auth, SHMSTEER_AUTH). The default, "keys", is closed: every /v1/ path
+// needs "Authorization: Bearer KEY" (with no key file every /v1/ call is refused); /healthz,
+// /readyz and /metrics need none. "fork" behaves as the vLLM fork's steering API: with no key
+// configured the API is open; with keys, POST /v1/steering/set, /clear, /modules/register,
+// /modules/unregister (and serve's /v1/requests/admit, /end and DELETE /v1/conversations) need
+// one, while GET reads and the named-vector registry (/vectors/register, /unregister, /import)
+// do not (the fork's reasoning: a name grants nothing a request cannot carry inline); a key
+// presented on an open route still scopes its tenant. "fork" with no key on an --http address
+// that is not loopback (or unix:) is refused at start, and a SIGHUP that would leave it so keeps
+// the old keys: an open API is only ever local. Keys are hashed with SHA-256 and compared in
+// constant time against every configured key. A key scoped to a tenant may register, list and
+// remove only named vectors and modules called "tenant/...", admit and end only request ids
+// "tenant/..." in its own conversations, and drop only its own conversations; global steering
+// needs an unscoped key. The key file must not be readable by group or others.
 //
-// Compatible with the fork: POST /v1/steering/set (vectors, prefill_vectors, decode_vectors in
-// the plain form {hook: {layer: [floats] | {vector, scale}}} or packed {hook: {dtype, shape,
-// layer_indices, data, scales?}}; clamps, prefill_clamps, decode_clamps as {hook: {layer:
-// [{vector, min?, max?, strength?} | {vector, value}]}}; replace; target "main" or absent,
-// "draft" is 501), POST /v1/steering/clear, GET /v1/steering, GET /v1/steering/layers,
-// POST /v1/steering/vectors/register|unregister and GET /v1/steering/vectors (kind "steer";
-// "probe" is 501), POST /v1/steering/modules/register|unregister and GET /v1/steering/modules
-// (kind "additive"; "sae_delta" is 501), GET /v1/steering/dynamic.
+// Bodies are capped (max_body_bytes) and decoded strictly (unknown fields are refused). Errors
+// are {"error": message, "type": kind} with a 4xx status for bad input, and change nothing. The
+// message holds what the fork's tests look for ("Malformed steering payload" for a structural
+// error of a steering payload, "Invalid hook point", "expected vector of size", "not found in
+// model", "No vectors or clamps provided", "non-zero", "not found", ...) after serve's
+// "shmsteer: <kind>:" prefix, and never shows Go's decoder internals (types, struct names):
+// "type" stays serve's (bad_request, unknown_hook, layer_range, hidden_size, non_finite,
+// bad_clamp, probe_site, not_found, unauthorized, forbidden, ...), so a client may switch on it.
 //
-// Choices where the fork is unclear: /set with replace=false replaces, per tier, the vectors at
-// the (hook, layer) sites it names and the clamps at the sites it names, and keeps the rest;
-// open clamp bounds become ±steer.MaxMagnitude; GET /v1/steering reports per layer and hook the norm of
-// each tier's summed vector (base, prefill, decode) and the number of clamps; unregistering a
-// named vector the global steering references drops those references (recomposing the global
+// Steering payloads (the fork's, in /set and /modules/register): a vector tier is {hook:
+// {layer: [floats] | {"vector": [floats], "scale": s}}} (both keys of the object form
+// required) or, per hook, a packed blob (SteeringHookPacked) {dtype: float16|bfloat16|float32|
+// float64, shape: [rows, hidden], layer_indices: [rows], data: base64 little-endian, scales?:
+// [rows]}; a clamp tier is {hook: {layer: [{vector, min?, max?, strength?} | {vector, value,
+// strength?}]}} (a lone entry object is taken as a list of one), or per hook a packed clamp blob
+// (ClampHookPacked) {dtype, shape: [n, hidden], layer_indices: [n] (repeats allowed, order
+// kept), data, bounds: [[lo|null, hi|null]], strengths: [n]}, or the fork's wire map {"hooks":
+// {hook: {shape, layer_indices, data (float64 rows), lo, hi, strength}}}. null bounds are open
+// (±steer.MaxMagnitude, just below); strength defaults to 1 and must be in [0, 1]; directions
+// must be non-zero.
+//
+// Endpoints (the fork's first; every answer is JSON):
+//
+//   - POST /v1/steering/set: {vectors?, prefill_vectors?, decode_vectors?, clamps?,
+//     prefill_clamps?, decode_clamps?, vector_refs?, prefill_vector_refs?, decode_vector_refs?
+//     ({name: strength}, serve's), replace?}. Answer {status: "ok", hook_points: [sorted],
+//     layers_updated: [sorted], version}. 400 for a malformed payload, nothing in it, an unknown
+//     hook, a layer not in the model, a wrong width, a non-finite value, a bad clamp.
+//   - POST /v1/steering/clear: no body (or {}). Answer {status: "ok", version}.
+//   - GET /v1/steering: {active_layers: {"<layer>": {hook: {norm?, prefill_norm?, decode_norm?}}},
+//     clamps: {"<layer>": {hook: count}}, version}: per site the L2 norm of each tier's summed
+//     vector (named references resolved), rounded to 6 decimals, zero norms left out, as the
+//     fork's workers report them; clamp counts are serve's addition.
+//   - GET /v1/steering/layers: {layers: {"<layer>": {hook_points: [sorted hooks]}}}, every
+//     layer of the model (flat; no target parameter).
+//   - GET /v1/steering/dynamic: {workers: [{worker, step, checksum, age_seconds,
+//     action_checksum, action_count, steering_initialized}], determinism: {consistent: true,
+//     action_count} | {consistent: false, checksums: {worker: checksum}}, latches: {...serve's
+//     latch counters, caps, policy, latch_state_hash}}. Workers report through ReportChecksum;
+//     action_count is the worker's step; determinism compares the workers at the newest step.
+//   - POST /v1/steering/vectors/register: {name, kind: "steer" | "probe" (required), packed:
+//     {hook: SteeringHookPacked}}. Answer {status, name, kind, version, digest, vectors:
+//     {probe: [names], steer: [names]}}. A probe names exactly one (hook, layer) (400
+//     probe_site); probes and steering vectors are apart (one name may be both); a probe is
+//     never added to hidden states and no steering set can reference one.
+//   - POST /v1/steering/vectors/unregister: {name, kind}. Answer as register, plus
+//     dropped_references (steer only); 404 {error: "<kind> vector '<name>' not found", type,
+//     vectors: {probe, steer}}.
+//   - GET /v1/steering/vectors: {vectors: {probe: [names], steer: [names]}, count, details:
+//     [{name, kind, version, digest, entries}]} (serve's details: the fork lists names only).
+//   - POST /v1/steering/modules/register: {name, kind?: "additive" ("sae_delta" is 501),
+//     vectors?, prefill_vectors?, decode_vectors?, clamps?, prefill_clamps?, decode_clamps?}
+//     (every form above). Answer {status, name, digest, modules: [sorted]}.
+//   - POST /v1/steering/modules/unregister: {name}. Answer {status, name, modules}; 404 "Steering
+//     module '<name>' not found. Available: [...]".
+//   - GET /v1/steering/modules: {modules: [sorted], count}.
+//
+// serve's own: POST /v1/requests/admit {request_id, tenant?, conversation?, module?, override?
+// (a /set body without replace), compose?: "replace" | "add"} answers {version, source, latched,
+// refused, digest}; a module and an override compose additively at the same (hook, layer), as
+// the fork's merge_steering_specs does with steering_name and inline vectors; an unknown module
+// is 404 "Unknown steering module '<name>'. Available: [...]". POST /v1/requests/end
+// {request_id}, DELETE /v1/conversations/{tenant}/{id}, GET /v1/status, and the vector files
+// below. AdmissionFromRequest turns the steering fields of an OpenAI request body into an admit
+// body, validated as the fork's frontend validates them (package doc of AdmissionFromRequest).
+//
+// Where serve differs from the fork, on purpose: it has no model engine, so it checks hooks,
+// layers and widths against its configured model at the API (the fork asks its workers) and has
+// no prefix cache to reset; the default auth is closed (an open control API is a choice, --auth
+// fork); /set with replace=false replaces, per tier, the vectors at the (hook, layer) sites it
+// names and the clamps at the sites it names, and keeps the rest; int8 and other dtypes numpy
+// would take are refused (the steering runs in float32); a "target" in /set or /layers is an
+// unknown field or ignored (the fork's draft-model target was reverted); unregistering a named
+// vector the global steering references drops those references (recomposing the global
 // steering in the same write) and the reply lists the sets affected, "dropped_references":
-// ["global"], so no later merging /set fails on the missing name. Additions:
-// *_vector_refs ({name: strength}) in /set, POST /v1/requests/admit and /v1/requests/end (for a
-// scheduler that is not an ipc client), DELETE /v1/conversations/{tenant}/{id}, GET /v1/status.
+// ["global"], so no later merging /set fails on the missing name; declarative gates
+// ("steering" in an OpenAI body) are refused, not ignored, until they are implemented.
 //
 // Vector files (package steer/vecfile): POST /v1/steering/vectors/import?name=N[&scale=S]
 // [&layers=A-B][&hook=H][&format=gguf|npy|npz|safetensors][&filename=F] takes the file as the
