@@ -113,11 +113,11 @@ func Attach(opts ClientOptions) (*Client, error) {
 	}
 	// An owner whose candidates other users hold serves on a fresh name (see the package
 	// documentation, Squatting).
-	next(func() []string { return freshHandles(secret, opts.Namespace) })
+	next(func() []string { return freshHandles(secret, opts.Namespace, allowed) })
 	// No owner at our handle. If one serves the namespace under another secret, its lobby
 	// answers and the handshake below fails with ErrAuthFailed, which says what is wrong.
 	next(func() []string { return lobbyNames(opts.Namespace) })
-	next(func() []string { return freshLobbies(opts.Namespace) })
+	next(func() []string { return freshLobbies(opts.Namespace, allowed) })
 	switch {
 	case err != nil:
 		return nil, err

@@ -259,7 +259,7 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 	// of the namespace, whatever its secret, listens on one of the lobby candidates: look for
 	// one of this uid on all of them first (it need not hold the first free one).
 	lobbies := lobbyNames(o.ns)
-	if l, ok := findLiveOwner(append(lobbies, freshLobbies(o.ns)...)); ok {
+	if l, ok := findLiveOwner(append(lobbies, freshLobbies(o.ns, func(uid int) bool { return uid == os.Getuid() })...)); ok {
 		return fail(fmt.Errorf("%w: %v serves the namespace", ErrPreviouslyInitialized, l))
 	}
 	if o.lobby, err = o.bindFirstFree(lobbies, "lobby", func() string { return freshLobbyName(o.ns) }); err != nil {

@@ -116,16 +116,17 @@ func freshLobbyName(ns string) string {
 	return freshLobbyPrefix(ns) + hex.EncodeToString(n)
 }
 
-// freshHandles and freshLobbies list the fresh names bound now (none if the kernel's socket
-// diagnostics are unavailable).
-func freshHandles(s Secret, ns string) []string {
-	names, _ := abstractNames(func(name string) bool { return isFreshHandle(s, ns, name) })
+// freshHandles and freshLobbies list the fresh names bound now by sockets of a uid allowed
+// accepts (none if the kernel's socket diagnostics are unavailable): a squatter's copies are
+// left out before anything is dialed, however many it makes. A fresh handle's tag must verify.
+func freshHandles(s Secret, ns string, allowed func(uid int) bool) []string {
+	names, _ := abstractNames(func(name string, uid int) bool { return allowed(uid) && isFreshHandle(s, ns, name) })
 	return names
 }
 
-func freshLobbies(ns string) []string {
+func freshLobbies(ns string, allowed func(uid int) bool) []string {
 	prefix := freshLobbyPrefix(ns)
-	names, _ := abstractNames(func(name string) bool { return strings.HasPrefix(name, prefix) })
+	names, _ := abstractNames(func(name string, uid int) bool { return allowed(uid) && strings.HasPrefix(name, prefix) })
 	return names
 }
 

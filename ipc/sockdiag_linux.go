@@ -50,13 +50,13 @@ func abstractHolder(name string) (l listener, err error) {
 }
 
 // abstractNames lists the abstract names (without the leading NUL) bound in this network
-// namespace for which match is true, each once (a listener's accepted connections share its
-// name).
-func abstractNames(match func(name string) bool) ([]string, error) {
+// namespace by a socket whose owner's uid the kernel tells and for which match is true, each
+// once (a listener's accepted connections share its name).
+func abstractNames(match func(name string, uid int) bool) ([]string, error) {
 	seen := map[string]bool{}
 	var names []string
-	err := eachUnixSocket(func(sockName string, _ int, _ bool, _ uint32) bool {
-		if name, ok := strings.CutPrefix(sockName, "\x00"); ok && !seen[name] && match(name) {
+	err := eachUnixSocket(func(sockName string, uid int, hasUID bool, _ uint32) bool {
+		if name, ok := strings.CutPrefix(sockName, "\x00"); ok && hasUID && !seen[name] && match(name, uid) {
 			seen[name] = true
 			names = append(names, name)
 		}

@@ -224,3 +224,26 @@ func TestHolderOfBoundName(t *testing.T) {
 	require.ErrorIs(t, err, ErrPreviouslyInitialized)
 	require.Contains(t, err.Error(), fmt.Sprintf("uid %d pid %d holds the lobby", os.Getuid(), os.Getpid()))
 }
+
+// TestFreshLobbyDecoys: a squatter holding every lobby candidate also binds 300 names of the
+// namespace's fresh-lobby form. They are left out by uid before anything is dialed: a wrong
+// secret still gets ErrAuthFailed at once, and a second owner still finds the first.
+func TestFreshLobbyDecoys(t *testing.T) {
+	exe := nobodyExe(t)
+	env := newTestEnv()
+	names := lobbyNames(env.ns)
+	for range 300 {
+		names = append(names, freshLobbyName(env.ns))
+	}
+	squat(t, exe, names...)
+	newTestOwner(t, env.ownerOpts())
+	wrong := NewSecret([]byte("wrong-" + env.secretStr))
+	start := time.Now()
+	_, err := Attach(ClientOptions{Secret: &wrong, Namespace: env.ns, Timeout: 3 * time.Second})
+	require.ErrorIs(t, err, ErrAuthFailed)
+	require.Less(t, time.Since(start), time.Second)
+	_, err = NewOwner(OwnerOptions{Secret: &wrong, Namespace: env.ns, Region: testRegion, Logger: quietLogger()})
+	require.ErrorIs(t, err, ErrPreviouslyInitialized)
+	c := attach(t, env.clientOpts())
+	require.NoError(t, c.Ping())
+}
