@@ -338,3 +338,66 @@ func TestBatchSharesSlotsBySteering(t *testing.T) {
 	checkBatchStep(t, e, st, b, dev, rng, batch[1:], 4, "after register")
 	require.Equal(t, 4, dev.uploads)
 }
+
+// BenchmarkBatchResolve is a device worker's per-step engine work in the shape: 64
+// decode rows of 64 requests over 16 named vectors plus a global tier, 32 layers × post_block
+// hooked (hidden 4096), in steady state (nothing changed, nothing uploaded).
+func BenchmarkBatchResolve(b *testing.B) {
+	cfg := ModelConfig{Hidden: 4096, Layers: 32}
+	e := newOwner(b, cfg, Options{})
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 16 {
+		var vecs []Vector
+		for l := range cfg.Layers {
+			vecs = append(vecs, Vector{Hook: "post_block", Layer: l, Scale: 1, Data: randVec(rng, cfg.Hidden)})
+		}
+		_, err := e.Register(fmt.Sprint("v", i), vecs)
+		require.NoError(b, err)
+	}
+	var g []Vector
+	for l := range cfg.Layers {
+		g = append(g, Vector{Hook: "post_block", Layer: l, Scale: 1, Data: randVec(rng, cfg.Hidden)})
+	}
+	_, err := e.SetGlobal(Steering{Base: Tier{Vectors: g}})
+	require.NoError(b, err)
+	var batch []Span
+	for r := range 64 {
+		id := fmt.Sprint("req-", r)
+		_, err := e.Admit(Admission{RequestID: id, Override: &Steering{Decode: Tier{Refs: []Ref{{Name: fmt.Sprint("v", r%16), Strength: 1}}}}})
+		require.NoError(b, err)
+		batch = append(batch, Span{ID: id, Start: r, End: r + 1, Phase: PhaseDecode})
+	}
+	st := e.NewStepper()
+	defer st.Close()
+	bt, err := st.NewBatch(BatchOptions{})
+	require.NoError(b, err)
+	hook := HookID(indexOfHook(cfg, "post_block"))
+	var sites []int32
+	for l := range cfg.Layers {
+		sites = append(sites, int32(int(hook)*cfg.Layers+l))
+	}
+	require.NoError(b, bt.SetSites(sites))
+	require.NoError(b, bt.Resolve(0, batch, 64))
+	require.Len(b, bt.Updates, 16*32)
+	st.End()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if err := bt.Resolve(0, batch, 64); err != nil {
+			b.Fatal(err)
+		}
+		st.End()
+	}
+	b.StopTimer()
+	require.Empty(b, bt.Updates)
+	require.Len(b, bt.Sites, 32)
+}
+
+func indexOfHook(cfg ModelConfig, name string) int {
+	for i, h := range cfg.hooks() {
+		if h == name {
+			return i
+		}
+	}
+	return -1
+}

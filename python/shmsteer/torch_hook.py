@@ -126,6 +126,7 @@ class SteeringHooks:
             self._sidx = torch.zeros(max_tokens, dtype=torch.int64, device=dev)
             self._tdev = self._sidx.get_device()
             self._views: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+            self._copied: Optional[Any] = None  # CUDA event after the last index copy
             self._sidx_host = torch.zeros(max_tokens, dtype=torch.int64, pin_memory=dev.type == "cuda")
             self._gbuf = torch.zeros(max_tokens, self.hidden, dtype=dtype, device=dev)
             if max_clamps > 0:
@@ -342,8 +343,16 @@ class SteeringHooks:
         packed = self._packer.pack(spans)
         res = self._resolve(packed, self.max_tokens, version, end=True)
         self._res = None
+        if self._copied is not None:
+            # The last step's index copy reads the pinned host buffer asynchronously: it must
+            # have run before the buffer is rewritten (normally long done; outside the graph).
+            self._copied.synchronize()
         self._sidx_host.numpy()[:] = res.index
         self._sidx.copy_(self._sidx_host, non_blocking=True)
+        if self._sidx.is_cuda:
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
+            self._copied.record()
         return res.version
 
     def _static_apply(self, t: torch.Tensor, site: int) -> None:

@@ -250,3 +250,38 @@ def test_checksums(owner):
     run(b, cb, x, SPANS)
     assert a.batch_checksum == b.batch_checksum != 0  # the same resolution, whatever the path
     assert b.checksum != 0 and a.checksum == 0  # the CPU checksum covers CPU applies only
+
+
+def test_tables_grow_with_the_slots(owner):
+    """More distinct steering sets than the tables' first capacity (16 rows): the eager tables
+    grow, keeping the rows already uploaded."""
+    sc = Scenario(owner, clamps=False)
+    chain_d, chain_n = Chain(), Chain()
+    dev, nat = SteeringHooks(owner, force_device_path=True), SteeringHooks(owner)
+    attach(dev, chain_d)
+    attach(nat, chain_n)
+    spans = []
+    for i in range(40):
+        sc.admit(f"g{i}", {"base": {"vectors": [sc.vec("post_block", i % LAYERS, 0.5)]}})
+        spans.append((f"g{i}", i, i + 1, "decode"))
+    for n in (10, 25, 40):  # the batch grows step by step
+        x = torch.randn(40, HIDDEN)
+        got = run(dev, chain_d, x, spans[:n], rows=40)
+        want = run(nat, chain_n, x, spans[:n], rows=40)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        assert_close_to_reference(got, sc.reference(x, spans[:n]), torch.float32, f"{n} requests")
+    assert dev._tables is not None and dev._tables.capacity >= 41
+
+
+def test_cpu_site_in_a_device_step_reopens_it(owner):
+    """A hooks object steering on the device (its resolve ends the step) that meets a CPU
+    float32 site applies it natively at the same version."""
+    sc = Scenario(owner)
+    chain = Chain()
+    hooks = SteeringHooks(owner)
+    attach(hooks, chain)
+    x = torch.randn(ROWS, HIDDEN)
+    hooks._mode = "device"  # as after a step on a GPU
+    got = run(hooks, chain, x, SPANS)
+    assert_close_to_reference(got, sc.reference(x, SPANS), torch.float32, "reopened")
+    assert hooks.checksum != 0
