@@ -168,14 +168,14 @@ func (m *Mirror) admit(u jetstream.KeyValueEntry) (*value, error) {
 		}
 		return nil, nil
 	}
-	if env.seq <= m.newest[env.origin] {
+	if env.seq <= m.newest[env.origin] && !m.retryLocked(ek, rev) {
 		if m.deliveredLocked(ek, rev) {
 			m.stale.Add(1)
 			return nil, nil
 		}
 		return v, fmt.Errorf("%w: entry %s of host %s, seq %d (newest taken %d)", ErrReplayed, ek, env.origin, env.seq, m.newest[env.origin])
 	}
-	m.newest[env.origin] = env.seq
+	m.newest[env.origin] = max(m.newest[env.origin], env.seq)
 	if purge {
 		id, live := m.keyIDs[ek]
 		if !live { // revoked here already: forget the entry
@@ -221,6 +221,13 @@ func (m *Mirror) deliveredLocked(ek string, rev uint64) bool {
 	return m.parked != nil && m.parked.ek == ek && rev <= m.parked.rev
 }
 
+// retryLocked reports whether revision rev of ek is a value this host failed to read (its
+// object could not be fetched, or its key opened): a resync tries it again.
+func (m *Mirror) retryLocked(ek string, rev uint64) bool {
+	e := m.entries[ek]
+	return e != nil && e.retry == rev
+}
+
 // applyValue applies an admitted value to the local region if it is newer than what the
 // region holds for that entry and no local change of it is waiting to be published (that
 // change gets a later revision, so it wins: last writer wins, decided by the bucket's order).
@@ -237,11 +244,15 @@ func (m *Mirror) applyValue(v *value) {
 		return
 	}
 	payload, err := m.content(v) // outside the lock: an object fetch is a network read
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		m.stale.Add(1) // deleted by its host: a newer value of the entry exists
-		return
-	} else if err != nil {
-		m.reject(v.ek, err) // changes nothing, not even the entry's revision
+	if err != nil {
+		m.mu.Lock()
+		e.retry = v.rev // changes nothing, not even the entry's revision; a resync tries again
+		if errors.Is(err, jetstream.ErrObjectNotFound) {
+			m.stale.Add(1) // deleted by its host: a newer value of the entry exists
+		} else {
+			m.rejectLocked(v.ek, err)
+		}
+		m.mu.Unlock()
 		return
 	}
 	take := func(size int64) error { return m.take(e, v, size) }

@@ -387,3 +387,26 @@ func TestMirrorRemoteBound(t *testing.T) {
 	a.owner.ok("reg r4 99 1") // room again
 	eventually(t, b.worker, "vec r4", "99/1", 20*time.Second, "a remote vector after a deletion made room")
 }
+
+// TestMirrorResyncRetriesUnread: a value that could not be read (here an object of another
+// size than its reference declares) is read again at a resync, not taken for a replay.
+func TestMirrorResyncRetriesUnread(t *testing.T) {
+	n := startNATS(t)
+	secret := newSecret()
+	hs := startHosts(t, n, secret, []string{"a", "b"}, hostOpts{proxy: true})
+	b := hs[1]
+	kv, obj, ctx := bucketOf(t, n)
+	ref := objectRef{name: vectorEntry("odd") + "/0", size: 100, sum: sha256.Sum256(make([]byte, 100))}
+	_, err := obj.PutBytes(ctx, ref.name, make([]byte, 200))
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, vectorEntry("odd"), forgeWithSecret(secret, vectorEntry("odd"), kindVector, flagExternal, "a", ref.encode()))
+	require.NoError(t, err)
+	st := waitCount(t, b.owner, func(s Status) uint64 { return s.Rejected }, 1, "the reference refused")
+	require.Contains(t, st.LastError, "holds 200 bytes")
+	b.proxy.setCut(true)
+	time.Sleep(300 * time.Millisecond)
+	b.proxy.setCut(false)
+	st = waitCount(t, b.owner, func(s Status) uint64 { return s.Rejected }, 2, "the reference read again after the resync")
+	require.Zero(t, st.Replayed, "%+v", st)
+	require.Positive(t, st.Reconnects)
+}

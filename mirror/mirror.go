@@ -119,6 +119,7 @@ type entry struct {
 	sentSeq  uint64 // envelope seq of the last publish
 	object   string // object this host stored for the entry (to delete once superseded)
 	size     int64  // bytes of a remote value held in the region (counted against RemoteBytes)
+	retry    uint64 // revision of a remote value that could not be read (tried again at a resync)
 	// waiting is the newest remote value that arrived while a local change was queued or in
 	// flight. Its revision can only be compared with ours once our Put is acknowledged (our
 	// own echo may never come: history 1 drops a value superseded before delivery).
