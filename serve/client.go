@@ -116,16 +116,16 @@ func (cs *ClientSession) KeysList(w io.Writer) error {
 	return err
 }
 
-// VectorsList prints the named vectors.
+// VectorsList prints the named vectors: steering vectors, then probes.
 func (cs *ClientSession) VectorsList(w io.Writer) error {
 	list, err := ListVectors(cs.Engine, func(string) bool { return true })
 	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tENTRIES\tVERSION\tDIGEST")
+	fmt.Fprintln(tw, "NAME\tKIND\tENTRIES\tVERSION\tDIGEST")
 	for _, v := range list {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", v.Name, v.Entries, v.Version, v.Digest[:16])
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", v.Name, v.Kind, v.Entries, v.Version, v.Digest[:16])
 	}
 	return tw.Flush()
 }

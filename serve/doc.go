@@ -26,7 +26,9 @@
 // /modules/unregister (and serve's /v1/requests/admit, /end and DELETE /v1/conversations) need
 // one, while GET reads and the named-vector registry (/vectors/register, /unregister, /import)
 // do not (the fork's reasoning: a name grants nothing a request cannot carry inline); a key
-// presented on an open route still scopes its tenant. "fork" with no key on an --http address
+// presented on an open route still scopes its tenant, but a caller without one is unscoped
+// there (the fork has no tenants: keep the default auth to keep tenants apart). "fork" with no
+// key on an --http address
 // that is not loopback (or unix:) is refused at start, and a SIGHUP that would leave it so keeps
 // the old keys: an open API is only ever local. Keys are hashed with SHA-256 and compared in
 // constant time against every configured key. A key scoped to a tenant may register, list and
