@@ -1,3 +1,6 @@
+// shmsteer needs Linux: ipc (and so the owner, workers, serve, capi) builds on Linux only;
+// shm, steer and kernels also build elsewhere, where creating or opening a region returns
+// shm.ErrUnsupported.
 module github.com/shmsteer/shmsteer
 
 go 1.26.0

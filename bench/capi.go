@@ -11,7 +11,7 @@ import (
 	"strconv"
 )
 
-// The C ABI contenders (issue 10): a key get from a Python worker through the shmsteer package
+// The C ABI contenders: a key get from a Python worker through the shmsteer package
 // and from a C program, both through libshmsteer.so. They need the library built in the
 // repository (`go generate ./capi`); bench still does not import the engine.
 

@@ -39,7 +39,7 @@ type Figure struct {
 	Note string `json:"note,omitempty"`
 }
 
-// FigureNames is the spec of the report (issue 6): every figure `shmsteer
+// FigureNames is the spec of the report: every figure `shmsteer
 // bench` knows, in report order. <size> stands for each of [KernelSizes].
 var FigureNames = []string{
 	"keys.get.shmsteer_ns",
@@ -72,7 +72,7 @@ var FigureNames = []string{
 
 // Baselines maps each shmsteer figure to the figure it is compared with;
 // Ratio = ours / baseline, so below 1 means shmsteer is faster (or smaller).
-// Key reads compare with the Go map (the goal of issue 13: at most 1.5x), key
+// Key reads compare with the Go map (the goal: at most 1.5x), key
 // writes with the seed design (SyncManager), the add kernel with the best gcc
 // variant (the bar for a hand-written kernel) and each step with the bare
 // gather-add of the same vectors.

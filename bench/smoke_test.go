@@ -41,7 +41,7 @@ func TestBenchSmoke(t *testing.T) {
 		require.Equal(t, pair[1], got[pair[0]].Baseline)
 		require.InDelta(t, got[pair[0]].Value/got[pair[1]].Value, got[pair[0]].Ratio, 1e-9)
 	}
-	require.NotContains(t, got, "keys.get.scaling_2readers", "removed by issue 13")
+	require.NotContains(t, got, "keys.get.scaling_2readers", "replaced by the throughput figures")
 	// --quick leaves out the 1M-key region and says so.
 	require.Contains(t, stdout.String(), "skipped keys.get.cold.shmsteer_ns: skipped in --quick")
 	require.Contains(t, got["mem.tp8_ratio"].Note, "rank processes attached")

@@ -2,10 +2,15 @@
 // layout, the open-addressing index, the arena of immutable blobs, versions and snapshots, and
 // epoch-based reclamation through reader slots.
 //
-// One process, the owner, creates a region (Create) and is its only writer; writes are
-// serialized by an in-process mutex, so no cross-process lock can be left held by a dead
-// process. Any number of processes open the region from its two file descriptors (Open) and
-// read it lock-free.
+// It must not know keys, requests or steering (it stores opaque values under (Kind, key)) and
+// must not import the rest of shmsteer; which Kind means what is internal/proto's table.
+//
+// To start: one process, the owner, creates a region (Create) and is its only writer (Put,
+// Delete, Update for a transaction); writes are serialized by an in-process mutex, so no
+// cross-process lock can be left held by a dead process. Any number of processes open the
+// region from its two file descriptors (Files, then Open) and read it lock-free (Get, a Reader,
+// or a Snapshot). Regions need Linux (memfd, file seals, OFD locks, membarrier); elsewhere the
+// package builds and Create and Open return ErrUnsupported (region_other.go).
 //
 // # Layout (v1)
 //
@@ -42,21 +47,18 @@
 //
 // # Reading fast
 //
-// A pin must be ordered before the reader's next load (a store-load fence: XCHG on amd64, about
-// 9 ns here), which would cost more than the whole lookup. So the owner, once per reclamation
+// A pin must be ordered before the reader's next load (a store-load fence: XCHG on amd64), which
+// would cost more than the whole lookup. So the owner, once per reclamation
 // pass, runs membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) between raising the horizon and
 // scanning the slots, and reader processes that registered for it pin with a plain store (an
 // asymmetric fence, as userspace RCU does): the rare writer pays for the frequent readers. Where
 // membarrier is unavailable the header says so and every pin is fenced. A Reader (NewReader)
 // owns its slot, so its Get needs no compare-and-swap either; Region.Get shares a pool of slots
 // between goroutines and takes one with a CAS. The index hash is a keyed multiply-fold hash
-// (see keyHash) rather than SipHash, which alone cost 20 ns per 36-byte id.
+// (see keyHash) rather than SipHash, which alone would cost more than the lookup.
 //
 // Every shared word is read and written with sync/atomic (or, for relaxed stores, an aligned
 // MOV in relaxed_amd64.s); every offset and length read from the
-// mapping is bounds-checked, so a corrupt region yields ErrCorrupt, never a fault. All pointer
-// conversions live in unsafe.go.
-//
-// This package knows nothing of keys, requests or steering: it stores opaque values under
-// (Kind, key) and must not import the rest of shmsteer.
+// mapping is bounds-checked, so a corrupt region yields ErrCorrupt, never a fault. All of this
+// package's pointer conversions live in unsafe.go.
 package shm

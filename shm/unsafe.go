@@ -1,8 +1,9 @@
 package shm
 
-// This is the only file of shmsteer that uses package unsafe. Every function here takes a byte
-// slice and an offset the caller has already bounds-checked; each re-checks the bound so a
-// mistake panics instead of reading out of range.
+// This is the only file of package shm that uses package unsafe (elsewhere in shmsteer only the
+// C ABI, capi, and the C comparison, internal/ccompare, do, for cgo). Every function here takes
+// a byte slice and an offset the caller has already bounds-checked; each re-checks the bound so
+// a mistake panics instead of reading out of range.
 
 import (
 	"sync/atomic"

@@ -6,7 +6,7 @@ import (
 	"runtime"
 	"runtime/debug"
 
-	"golang.org/x/sys/unix"
+	"github.com/edsrzf/mmap-go"
 )
 
 // releaseChunk batches the releases: one madvise per 32 MiB converted.
@@ -15,9 +15,9 @@ const releaseChunk = 32 << 20
 // releaseMapped turns the page release off (the large-file test measures both ways).
 var releaseMapped = true
 
-// mapping is a read-only private mapping of a whole file.
+// mapping is a read-only mapping of a whole file (mmap-go, as shm's regions).
 type mapping struct {
-	data     []byte
+	data     mmap.MMap
 	released int // bytes [0, released) have been handed back to the kernel
 }
 
@@ -28,7 +28,7 @@ func mapFile(f *os.File, size int64) (*mapping, error) {
 	if int64(int(size)) != size {
 		return nil, fmt.Errorf("%w: %d bytes do not fit the address space", ErrTooLarge, size)
 	}
-	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_PRIVATE)
+	b, err := mmap.MapRegion(f, int(size), mmap.RDONLY, 0, 0)
 	if err != nil {
 		return nil, fmt.Errorf("mmap: %w", err)
 	}
@@ -46,13 +46,13 @@ func (m *mapping) release(end int) {
 	if end-m.released < releaseChunk || end > len(m.data) {
 		return
 	}
-	_ = unix.Madvise(m.data[m.released:end], unix.MADV_DONTNEED)
+	dontNeed(m.data[m.released:end])
 	m.released = end
 }
 
 func (m *mapping) close() {
 	if m.data != nil {
-		_ = unix.Munmap(m.data)
+		_ = m.data.Unmap()
 		m.data = nil
 	}
 }
