@@ -376,6 +376,8 @@ func TestMirrorRemoteBound(t *testing.T) {
 	require.EqualValues(t, 3, st.Applied, "%+v", st)
 	require.EqualValues(t, 2, st.Rejected, "%+v", st)
 	require.Contains(t, st.LastError, "remote bound")
+	require.Equal(t, 3, st.RemoteEntries)
+	require.Positive(t, st.RemoteBytes)
 	for i := range 3 {
 		require.Equal(t, fmt.Sprintf("%d/1", 10+i), b.worker.do(fmt.Sprintf("vec r%d", i)))
 	}
@@ -386,6 +388,7 @@ func TestMirrorRemoteBound(t *testing.T) {
 	eventually(t, b.worker, "vec r0", "none", 20*time.Second, "a remote deletion")
 	a.owner.ok("reg r4 99 1") // room again
 	eventually(t, b.worker, "vec r4", "99/1", 20*time.Second, "a remote vector after a deletion made room")
+	require.Equal(t, 3, b.owner.status().RemoteEntries)
 }
 
 // TestMirrorResyncRetriesUnread: a value that could not be read (here an object of another

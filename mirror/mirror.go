@@ -99,15 +99,19 @@ type Status struct {
 	PendingIn uint64 `json:"pending_in"`
 	// LastApplied is when the last remote change was applied (zero: none yet).
 	LastApplied time.Time `json:"last_applied"`
-	Published   uint64    `json:"published"`  // local changes stored in the bucket
-	Applied     uint64    `json:"applied"`    // remote changes written to the local region
-	Stale       uint64    `json:"stale"`      // remote changes superseded locally (last writer wins)
-	Rejected    uint64    `json:"rejected"`   // remote values that failed to decode or validate, or exceed the remote bound
-	Tampered    uint64    `json:"tampered"`   // remote values and deletes that failed authentication
-	Replayed    uint64    `json:"replayed"`   // authenticated values older than their origin's newest taken here
-	QueueFull   uint64    `json:"queue_full"` // local changes not mirrored: the queue was full
-	Reconnects  uint64    `json:"reconnects"`
-	LastError   string    `json:"last_error,omitempty"`
+	Published   uint64    `json:"published"` // local changes stored in the bucket
+	Applied     uint64    `json:"applied"`   // remote changes written to the local region
+	Stale       uint64    `json:"stale"`     // remote changes superseded locally (last writer wins)
+	Rejected    uint64    `json:"rejected"`  // remote values that failed to decode or validate, or exceed the remote bound
+	Tampered    uint64    `json:"tampered"`  // remote values and deletes that failed authentication
+	Replayed    uint64    `json:"replayed"`  // authenticated values older than their origin's newest taken here
+	// RemoteBytes in RemoteEntries entries is what other hosts' values hold in this region now
+	// (bounded by Options.RemoteBytes and RemoteEntries).
+	RemoteBytes   int64  `json:"remote_bytes"`
+	RemoteEntries int    `json:"remote_entries"`
+	QueueFull     uint64 `json:"queue_full"` // local changes not mirrored: the queue was full
+	Reconnects    uint64 `json:"reconnects"`
+	LastError     string `json:"last_error,omitempty"`
 }
 
 // entry is what the mirror knows of one bucket entry.
@@ -401,6 +405,7 @@ func (m *Mirror) Status() Status {
 		st.OldestQueued = time.Since(m.queue[0].at)
 	}
 	st.LastError = m.lastErr
+	st.RemoteBytes, st.RemoteEntries = m.remoteBytes, m.remoteN
 	m.mu.Unlock()
 	return st
 }
