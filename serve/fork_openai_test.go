@@ -509,7 +509,11 @@ func FuzzAdmissionFromRequest(f *testing.F) {
 	f.Add([]byte(`{"steering":[{"when":{"kind":"always"}}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, err := AdmissionFromRequest(b, forkCfg, OpenAIOptions{MaxClampDirections: -1})
-		if err != nil || a.Override == nil {
+		if err != nil {
+			noDecoderInternals(t, err)
+			return
+		}
+		if a.Override == nil {
 			return
 		}
 		st, err := a.Override.Steering(forkCfg)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -166,11 +167,13 @@ func FuzzSetRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var req SetRequest
-		if decodePayload(b, &req) != nil {
+		if err := decodePayload(b, &req); err != nil {
+			noDecoderInternals(t, err)
 			return
 		}
 		st, err := req.Steering(cfg8)
 		if err != nil {
+			noDecoderInternals(t, err)
 			return
 		}
 		enc, d, err := steer.EncodeSteering(&st, cfg8)
@@ -381,4 +384,13 @@ func TestMergeGlobal(t *testing.T) {
 	require.Len(t, got.Decode.Vectors, 1)
 	j, _ := json.Marshal(got)
 	require.NotEmpty(t, j)
+}
+
+// noDecoderInternals fails if an error shown to a client carries Go's decoder wording.
+func noDecoderInternals(t *testing.T, err error) {
+	for _, bad := range []string{"json: ", "Go struct", "Go value", "json.RawMessage", "serve."} {
+		if strings.Contains(err.Error(), bad) {
+			t.Fatalf("error leaks decoder internals (%q): %v", bad, err)
+		}
+	}
 }
