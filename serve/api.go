@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"slices"
@@ -44,6 +43,7 @@ var apiErrors = []apiError{
 	{ErrNotFound, http.StatusNotFound, "not_found"},
 	{ErrNotImplemented, http.StatusNotImplemented, "not_implemented"},
 	{ErrNotPersisted, http.StatusInternalServerError, "not_persisted"},
+	{ErrBusy, http.StatusServiceUnavailable, "busy"},
 	{ErrBadInput, http.StatusBadRequest, "bad_request"},
 	{steer.ErrBadName, http.StatusBadRequest, "bad_name"},
 	{steer.ErrNonFinite, http.StatusBadRequest, "non_finite"},
@@ -96,6 +96,9 @@ func writeError(w http.ResponseWriter, err error) {
 		writeJSON(w, code, out)
 		return
 	}
+	if errors.Is(err, ErrBusy) {
+		w.Header().Set("Retry-After", "1")
+	}
 	writeJSON(w, code, errorBody{Error: err.Error(), Type: typ})
 }
 
@@ -104,7 +107,8 @@ type apiFunc func(r *http.Request, p principal, body []byte) (any, error)
 // api wraps a /v1/ handler: authentication, the body cap, timing, JSON replies.
 func (s *Server) api(route string, h apiFunc) http.HandlerFunc {
 	return s.apiStream(route, func(w http.ResponseWriter, r *http.Request, p principal) (any, error) {
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+		body, release, err := s.readBody(w, r, p)
+		defer release()
 		if err != nil {
 			return nil, err
 		}

@@ -64,6 +64,13 @@ type Config struct {
 	LogFormat       string        `toml:"log_format" help:"log format: text or json"`
 	LogLevel        string        `toml:"log_level" help:"log level: debug, info, warn or error"`
 
+	// Bounds on what HTTP clients can make serve hold (limits.go).
+	MaxInflightBodyBytes int64         `toml:"max_inflight_body_bytes" help:"request body bytes serve reads at once, all requests together (beyond each body's first 64 KiB); more gets 503"`
+	MaxTenantBodyBytes   int64         `toml:"max_tenant_body_bytes" help:"request body bytes serve reads at once for one tenant's keys (the admin keys: max_inflight_body_bytes only)"`
+	MaxConnections       int           `toml:"max_connections" help:"HTTP connections open at once (lowered to leave 256 file descriptors for workers and state); when full, the longest-idle one is closed"`
+	ReadTimeout          time.Duration `toml:"read_timeout" help:"longest time to read one request, headers and body"`
+	IdleTimeout          time.Duration `toml:"idle_timeout" help:"how long a keep-alive connection may wait for its next request"`
+
 	Mirror       string `toml:"mirror" help:"NATS server(s) to mirror steering state through with other hosts, nats://HOST:PORT[,...] (empty: no mirror)"`
 	MirrorBucket string `toml:"mirror_bucket" help:"JetStream key-value bucket of the mirror, the same on every host (empty: shmsteer)"`
 	MirrorCreds  string `toml:"mirror_creds" help:"NATS credentials file (JWT and nkey seed) for the mirror"`
@@ -79,6 +86,8 @@ func DefaultConfig() Config {
 		MaxConversations: steer.DefaultMaxConversations, MaxLatchedBytes: steer.DefaultMaxLatchedBytes,
 		LatchPolicy: "fifo", Grace: 60 * time.Second,
 		HTTP: "127.0.0.1:8677", Auth: AuthKeys, MaxBodyBytes: 64 << 20, MaxUploadBytes: 256 << 20, PersistInterval: time.Second,
+		MaxInflightBodyBytes: 256 << 20, MaxTenantBodyBytes: 128 << 20, MaxConnections: 1024,
+		ReadTimeout: time.Minute, IdleTimeout: time.Minute,
 		LogFormat: "text", LogLevel: "info",
 	}
 }
@@ -236,6 +245,12 @@ func (c Config) Validate() error {
 		return bad("max_body_bytes %d: at least 1024", c.MaxBodyBytes)
 	case c.MaxUploadBytes < 1024:
 		return bad("max_upload_bytes %d: at least 1024", c.MaxUploadBytes)
+	case c.MaxTenantBodyBytes < 1024 || c.MaxInflightBodyBytes < c.MaxTenantBodyBytes:
+		return bad("max_tenant_body_bytes %d, max_inflight_body_bytes %d: want 1024 <= max_tenant_body_bytes <= max_inflight_body_bytes", c.MaxTenantBodyBytes, c.MaxInflightBodyBytes)
+	case c.MaxConnections < 16:
+		return bad("max_connections %d: at least 16", c.MaxConnections)
+	case c.ReadTimeout <= 0 || c.IdleTimeout <= 0:
+		return bad("read_timeout and idle_timeout must be positive")
 	case c.PersistInterval <= 0:
 		return bad("persist_interval must be positive")
 	case c.LogFormat != "text" && c.LogFormat != "json":

@@ -36,6 +36,14 @@
 // "tenant/..." in its own conversations, and drop only its own conversations; global steering
 // needs an unscoped key. The key file must not be readable by group or others.
 //
+// What HTTP clients can make serve hold is bounded: the bytes of bodies being read at once, in
+// total (max_inflight_body_bytes) and per tenant (max_tenant_body_bytes; beyond each body's
+// first 64 KiB, a declared length is charged before a byte is read; more gets 503 busy with
+// Retry-After), the time to read a request (read_timeout) and to wait between requests
+// (idle_timeout), and the connections open at once (max_connections, lowered at start so that
+// 256 file descriptors stay free for workers and state saves under ulimit -n; when full, the
+// longest-idle connection is closed).
+//
 // Bodies are capped (max_body_bytes) and decoded strictly (unknown fields are refused). Errors
 // are {"error": message, "type": kind} with a 4xx status for bad input, and change nothing. The
 // message holds what the fork's tests look for ("Malformed steering payload" for a structural

@@ -40,13 +40,14 @@ func IsReady(c *ipc.Client) bool {
 
 // Server is a running `shmsteer serve`: the region's owner, its control API and its state.
 type Server struct {
-	cfg   Config
-	log   *slog.Logger
-	owner *ipc.Owner
-	eng   *steer.Engine
-	keys  apiKeys
-	store *stateStore // nil without --state-dir
-	met   *metrics
+	cfg    Config
+	log    *slog.Logger
+	owner  *ipc.Owner
+	eng    *steer.Engine
+	keys   apiKeys
+	store  *stateStore // nil without --state-dir
+	met    *metrics
+	bodies *bodyBudget // request body bytes in flight
 
 	mirror *mirror.Mirror // nil without --mirror; set before the control API serves
 	keyw   keyWriter      // the owner's key registry, through the mirror with --mirror-keys
@@ -93,35 +94,24 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	s := &Server{cfg: cfg, log: log, modules: map[string]module{}, startedAt: time.Now()}
-	n, err := s.keys.load(cfg.APIKeyFile)
+	s := &Server{cfg: cfg, log: log, modules: map[string]module{}, startedAt: time.Now(),
+		bodies: newBodyBudget(cfg.MaxInflightBodyBytes, cfg.MaxTenantBodyBytes)}
+	nkeys, err := s.keys.load(cfg.APIKeyFile)
 	if err != nil {
 		return err
 	}
-	if err := checkForkAuth(cfg, n); err != nil {
+	if err := checkForkAuth(cfg, nkeys); err != nil {
 		return err
 	}
 	switch {
-	case n == 0 && cfg.Auth == AuthFork:
+	case nkeys == 0 && cfg.Auth == AuthFork:
 		log.Warn("--auth fork and no API keys: the control API is open to every local caller")
-	case n == 0:
+	case nkeys == 0:
 		log.Warn("no API keys configured: every /v1/ call is refused; give --api-key-file")
 	}
-	var secret *ipc.Secret
-	if cfg.SecretFile != "" {
-		sec, err := ipc.SecretFromFile(cfg.SecretFile, ipc.SecretFileOptions{Private: true})
-		if err != nil {
-			return err
-		}
-		secret = &sec
-	} else if cfg.Mirror != "" {
-		// The mirror authenticates every value (and seals keys) with keys derived from the
-		// secret, and the owner drops SHMSTEER_SECRET from the environment once read: resolve
-		// it here for both. A failure
-		// is left to NewOwner, which says what is missing.
-		if sec, err := ipc.SecretFromEnv(); err == nil {
-			secret = &sec
-		}
+	secret, err := s.secret()
+	if err != nil {
+		return err
 	}
 	if cfg.StateDir != "" {
 		if s.store, err = openStateStore(cfg.StateDir); err != nil {
@@ -132,34 +122,87 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 			log.Info("removed temporary files of interrupted saves", "dir", cfg.StateDir, "files", n)
 		}
 	}
-	model := cfg.Model()
+	if err := s.openOwner(secret); err != nil {
+		return err
+	}
+	defer func() {
+		if s.owner != nil { // closed here on an early return; shutdown closes it otherwise
+			s.owner.Close()
+		}
+	}()
+	s.serveRPC()
+	if err := s.restoreAndPublish(); err != nil {
+		return err
+	}
+	if cfg.Mirror != "" {
+		if err := s.startMirror(ctx, secret); err != nil {
+			return err
+		}
+		defer s.mirror.Close()
+	}
+	// SIGHUP is caught before the address is announced: its default action would end serve.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	srv, ln, addr, err := s.listenHTTP()
+	if err != nil {
+		return err
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	s.ready.Store(true)
+	fmt.Fprintf(stdout, "listening on %s\n", addr)
+	m := s.eng.Config()
+	log.Info("serving", "http", addr, "namespace", cfg.Namespace, "hidden", m.Hidden, "layers", m.Layers, "api_keys", nkeys)
+	runErr := s.loop(ctx, hup, serveErr)
+	return errors.Join(runErr, s.shutdown(srv))
+}
+
+// secret resolves the shared secret: --secret-file, or with --mirror SHMSTEER_SECRET (the
+// mirror authenticates every value, and seals keys, with keys derived from it, and the owner
+// drops SHMSTEER_SECRET from the environment once read, so it is resolved here for both). nil
+// leaves it to NewOwner, which says what is missing.
+func (s *Server) secret() (*ipc.Secret, error) {
+	if s.cfg.SecretFile != "" {
+		sec, err := ipc.SecretFromFile(s.cfg.SecretFile, ipc.SecretFileOptions{Private: true})
+		if err != nil {
+			return nil, err
+		}
+		return &sec, nil
+	}
+	if s.cfg.Mirror != "" {
+		if sec, err := ipc.SecretFromEnv(); err == nil {
+			return &sec, nil
+		}
+	}
+	return nil, nil
+}
+
+// openOwner creates the region and its owner, and the steering engine on it.
+func (s *Server) openOwner(secret *ipc.Secret) error {
+	cfg, model := s.cfg, s.cfg.Model()
 	rc, err := steer.RegionConfig(model, shm.Config{IndexSlots: cfg.IndexSlots, ArenaBytes: cfg.ArenaBytes, ReaderSlots: cfg.ReaderSlots})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	s.owner, err = ipc.NewOwner(ipc.OwnerOptions{Secret: secret, Namespace: cfg.Namespace, Region: rc,
-		Grace: cfg.Grace, SpinWait: cfg.Spin, DropEnv: true, Logger: log})
+		Grace: cfg.Grace, SpinWait: cfg.Spin, DropEnv: true, Logger: s.log})
 	if err != nil {
 		return err
 	}
-	ownerOpen := true
-	defer func() {
-		if ownerOpen {
-			s.owner.Close()
-		}
-	}()
 	s.eng, err = steer.Open(s.owner.Region(), &model, steer.Options{
 		Latch:   steer.LatchConfig{MaxConversations: cfg.MaxConversations, MaxLatchedBytes: cfg.MaxLatchedBytes, Policy: cfg.Policy()},
 		Clients: s.owner.Clients,
-		Logf:    func(format string, args ...any) { log.Warn(fmt.Sprintf(format, args...)) },
+		Logf:    func(format string, args ...any) { s.log.Warn(fmt.Sprintf(format, args...)) },
 	})
-	if err != nil {
-		return err
-	}
+	return err
+}
+
+// serveRPC registers the owner's RPC handlers: steering writes from workers and the CLI
+// (register, unregister, global) are persisted before their reply, like the API's.
+func (s *Server) serveRPC() {
 	s.met = newMetrics(s)
 	handle := func(op uint16, h func([]byte) ([]byte, error)) { s.owner.Handle(op, s.met.timeRPC(op, h)) }
-	// Steering writes from workers and the CLI (register, unregister, global) are persisted
-	// before their reply, like the API's.
 	persisting := func(op uint16, h func([]byte) ([]byte, error)) {
 		handle(op, func(req []byte) ([]byte, error) {
 			out, err := h(req)
@@ -176,61 +219,66 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	s.keyw = s.owner.Keys()
 	handle(OpKeySet, s.handleKeySet)
 	handle(OpKeyRemove, s.handleKeyRemove)
+}
 
+// restoreAndPublish restores the saved state, then writes the readiness marker that tells a
+// Follower (IsReady) the restored state is in. Workers may attach from NewOwner on.
+func (s *Server) restoreAndPublish() error {
 	t0 := time.Now()
 	restored, err := s.restore()
 	if err != nil {
 		return err
 	}
-	// Workers may attach from NewOwner on; the marker tells a Follower (IsReady) that the
-	// restored state is in.
 	if _, err := s.owner.Region().Put(KindServe, readyKey, binary.LittleEndian.AppendUint64(nil, uint64(time.Now().UnixNano()))); err != nil {
 		return fmt.Errorf("shmsteer: publishing readiness: %w", err)
 	}
 	switch {
 	case restored:
-		log.Info("state restored", "dir", cfg.StateDir, "took", time.Since(t0).String())
+		s.log.Info("state restored", "dir", s.cfg.StateDir, "took", time.Since(t0).String())
 	case s.store != nil:
-		log.Info("no saved state yet; starting empty", "dir", cfg.StateDir)
+		s.log.Info("no saved state yet; starting empty", "dir", s.cfg.StateDir)
 	}
-	if cfg.Mirror != "" {
-		if err := s.startMirror(ctx, secret); err != nil {
-			return err
-		}
-		defer s.mirror.Close()
-	}
+	return nil
+}
 
-	// SIGHUP is caught before the address is announced: its default action would end serve.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	ln, addr, err := listen(cfg.HTTP)
+// listenHTTP listens on the control address with the connection cap, and makes the HTTP
+// server with its timeouts.
+func (s *Server) listenHTTP() (*http.Server, net.Listener, string, error) {
+	n, err := connCap(s.cfg.MaxConnections)
 	if err != nil {
-		return err
+		return nil, nil, "", err
 	}
-	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	s.ready.Store(true)
-	fmt.Fprintf(stdout, "listening on %s\n", addr)
-	log.Info("serving", "http", addr, "namespace", cfg.Namespace, "hidden", model.Hidden, "layers", model.Layers, "api_keys", n)
+	if n < s.cfg.MaxConnections {
+		s.log.Warn("max_connections lowered to keep file descriptors for workers and state; raise ulimit -n to allow more",
+			"max_connections", n, "configured", s.cfg.MaxConnections, "reserved", fdReserve)
+	}
+	ln, addr, err := listen(s.cfg.HTTP)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	lim := newConnLimiter(ln, n)
+	srv := &http.Server{Handler: s.routes(), ConnState: lim.ConnState,
+		ReadHeaderTimeout: min(10*time.Second, s.cfg.ReadTimeout), ReadTimeout: s.cfg.ReadTimeout, IdleTimeout: s.cfg.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	return srv, lim, addr, nil
+}
 
-	tick := time.NewTicker(cfg.PersistInterval)
+// loop runs until ctx is done or the HTTP server fails: SIGHUP reloads the API keys, and
+// latch changes are persisted every persist_interval.
+func (s *Server) loop(ctx context.Context, hup <-chan os.Signal, serveErr <-chan error) error {
+	tick := time.NewTicker(s.cfg.PersistInterval)
 	defer tick.Stop()
-	var runErr error
-loop:
 	for {
 		select {
 		case <-ctx.Done():
-			break loop
+			return nil
 		case err := <-serveErr:
-			runErr = fmt.Errorf("shmsteer: control API: %w", err)
-			break loop
+			return fmt.Errorf("shmsteer: control API: %w", err)
 		case <-hup:
 			if n, err := s.reloadKeys(); err != nil {
-				log.Error("API keys not reloaded; the old keys stay", "err", err)
+				s.log.Error("API keys not reloaded; the old keys stay", "err", err)
 			} else {
-				log.Info("API keys reloaded", "keys", n)
+				s.log.Info("API keys reloaded", "keys", n)
 			}
 		case <-tick.C:
 			if s.dirty.Load() {
@@ -238,32 +286,39 @@ loop:
 			}
 		}
 	}
-	log.Info("shutting down")
+}
+
+// shutdown stops accepting and answers the calls in flight (10 s at most), stops the mirror,
+// persists the state and closes the region.
+func (s *Server) shutdown(srv *http.Server) error {
+	s.log.Info("shutting down")
 	s.ready.Store(false)
+	var errs []error
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		runErr = errors.Join(runErr, fmt.Errorf("shmsteer: control API shutdown: %w", err))
+		errs = append(errs, fmt.Errorf("shmsteer: control API shutdown: %w", err))
 	}
 	if s.mirror != nil {
 		if q := s.mirror.Status().QueueDepth; q > 0 {
-			log.Warn("mirror stopped with changes not yet published", "queued", q)
+			s.log.Warn("mirror stopped with changes not yet published", "queued", q)
 		}
 		s.mirror.Close()
 	}
 	if s.store != nil {
 		if err := s.persist(); err != nil {
-			runErr = errors.Join(runErr, err)
+			errs = append(errs, err)
 		}
 	}
-	ownerOpen = false
-	if err := s.owner.Close(); err != nil {
-		runErr = errors.Join(runErr, err)
+	owner := s.owner
+	s.owner = nil
+	if err := owner.Close(); err != nil {
+		errs = append(errs, err)
 	}
-	if strings.HasPrefix(cfg.HTTP, "unix:") {
-		os.Remove(strings.TrimPrefix(cfg.HTTP, "unix:"))
+	if path, ok := strings.CutPrefix(s.cfg.HTTP, "unix:"); ok {
+		os.Remove(path)
 	}
-	return runErr
+	return errors.Join(errs...)
 }
 
 // startMirror starts mirroring through NATS after the restore, so the restored state does not

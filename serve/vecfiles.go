@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"slices"
@@ -94,7 +95,22 @@ func (s *Server) importVector(w http.ResponseWriter, r *http.Request, p principa
 	if r.ContentLength > s.cfg.MaxUploadBytes {
 		return nil, fmt.Errorf("%w: %s is %d bytes, the cap is %d (max_upload_bytes)", vecfile.ErrTooLarge, file, r.ContentLength, s.cfg.MaxUploadBytes)
 	}
-	vecs, err := vecfile.ImportReader(r.Body, file, s.eng.Config(), opts)
+	body, err := s.bodies.charge(r, p.tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer body.release()
+	var vecs []steer.Vector
+	if r.ContentLength >= 0 {
+		// Read into a buffer of the declared size: no doubling copies of a large file.
+		b := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(body, b); err != nil {
+			return nil, fmt.Errorf("%w: reading %s: %w", ErrBadInput, file, err)
+		}
+		vecs, err = vecfile.ImportBytes(b, file, s.eng.Config(), opts)
+	} else {
+		vecs, err = vecfile.ImportReader(body, file, s.eng.Config(), opts)
+	}
 	if err != nil {
 		return nil, err
 	}

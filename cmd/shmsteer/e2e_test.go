@@ -65,6 +65,13 @@ func writeKeys(t testing.TB) string {
 // startServe starts serve and waits for its "listening on" line.
 func startServe(t testing.TB, ns, stateDir string, extra ...string) *served {
 	t.Helper()
+	return startServeVia(t, nil, ns, stateDir, extra...)
+}
+
+// startServeVia is startServe with the binary run through the command wrap (for example a
+// shell that lowers a limit and execs its arguments); nil runs it directly.
+func startServeVia(t testing.TB, wrap []string, ns, stateDir string, extra ...string) *served {
+	t.Helper()
 	args := []string{"serve", "--http", "127.0.0.1:0", "--namespace", ns, "--hidden", fmt.Sprint(e2eHidden),
 		"--layers", fmt.Sprint(e2eLayers), "--arena-bytes", fmt.Sprint(64 << 20), "--index-slots", "4096",
 		"--api-key-file", writeKeys(t), "--persist-interval", "100ms"}
@@ -73,7 +80,8 @@ func startServe(t testing.TB, ns, stateDir string, extra ...string) *served {
 		args = append(args, "--state-dir", stateDir)
 	}
 	args = append(args, extra...)
-	cmd := exec.Command(binPath, args...)
+	argv := append(append(wrap[:len(wrap):len(wrap)], binPath), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
