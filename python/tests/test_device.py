@@ -285,3 +285,40 @@ def test_cpu_site_in_a_device_step_reopens_it(owner):
     got = run(hooks, chain, x, SPANS)
     assert_close_to_reference(got, sc.reference(x, SPANS), torch.float32, "reopened")
     assert hooks.checksum != 0
+
+
+def test_ranks_in_other_processes_resolve_the_same(owner, ns, secret, spawn):
+    """Worker processes (spawned, attached as clients) steering the same batch at the same pinned
+    version get the same batch checksum and the same floats, whatever slots their history gave
+    them; a write after the pin changes nothing for them."""
+    import device_workers
+    Scenario(owner)
+    pin = owner.snapshot()  # the scheduler keeps the version it hands out pinned
+    version = pin.version
+    owner.admit("a", {"base": {"vectors": [{"hook": "post_block", "layer": 0, "scale": 9.0, "data": [1.0] * HIDDEN}]}})
+    q = spawn.Queue()
+    procs = [spawn.Process(target=device_workers.device_step, args=(ns, secret, version, SPANS, warm, q))
+             for warm in (False, True)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert got[0][0] == got[1][0] != 0
+    assert got[0][1] == got[1][1]
+    # This process at the same version agrees; at the current one (after the write) it does not.
+    hooks = SteeringHooks(owner, force_device_path=True)
+    chain = Chain()
+    attach(hooks, chain)
+    y = torch.randn(12, HIDDEN, generator=torch.Generator().manual_seed(5))
+    y2 = y.clone()
+    with torch.no_grad():
+        with hooks.step(SPANS, version=version):
+            chain(y)
+        assert hooks.batch_checksum == got[0][0]
+        assert y.numpy().tobytes() == got[0][1]
+        with hooks.step(SPANS):
+            chain(y2)
+        assert hooks.batch_checksum != got[0][0]
+    pin.close()
