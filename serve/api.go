@@ -944,6 +944,7 @@ type Status struct {
 	IndexUsed     uint64  `json:"index_used"`
 	IndexFree     uint64  `json:"index_free"`
 	ReadersPinned uint64  `json:"reader_slots_pinned"`
+	ProbeVectors  int     `json:"probe_vectors"` // named vectors of kind "probe" (named_vectors counts kind "steer")
 	Modules       int     `json:"modules"`
 	APIKeys       int     `json:"api_keys"`
 	Namespace     string  `json:"namespace"`
@@ -967,7 +968,14 @@ func RegionStatus(eng *steer.Engine) (Status, error) {
 	out.IndexUsed = rs.Entries
 	out.IndexFree = rs.IndexSlots - min(rs.Entries, rs.IndexSlots)
 	out.ReadersPinned = rs.ReadersPinned
-	return out, nil
+	snap, err := eng.Region().Snapshot()
+	if err != nil {
+		return out, err
+	}
+	defer snap.Close()
+	probes, err := eng.ProbeInfos(&snap)
+	out.ProbeVectors = len(probes)
+	return out, err
 }
 
 func (s *Server) status() (Status, error) {
