@@ -157,3 +157,16 @@ def test_admitted_end_to_end(ns, secret):
             st.apply("mlp_in", 3, rows, [("r1", 0, 1, "decode")])
             assert rows[0][0] == pytest.approx(2.0)  # the projection on axis 0 pinned to 2
             st.end()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_every_packed_dtype(dtype):
+    vals = [1.0, -2.0, 0.5, 4.0, 8.0, -16.0, 0.25, 2.0]
+    if dtype == "bfloat16":
+        raw = b"".join(struct.pack("<H", struct.unpack("<I", struct.pack("<f", v))[0] >> 16) for v in vals)
+    else:
+        raw = struct.pack(f"<8{ {'float16': 'e', 'float32': 'f', 'float64': 'd'}[dtype]}", *vals)
+    blob = {"dtype": dtype, "shape": [1, 8], "layer_indices": [3], "data": base64.b64encode(raw).decode()}
+    assert vec(admit(CHAT, steering_vectors={"mlp_out": blob})["override"], "base", "mlp_out", 3) == vals
+    with pytest.raises(SteeringRequestError, match="dtype"):
+        admit(CHAT, steering_vectors={"mlp_out": {**blob, "dtype": "int8"}})
