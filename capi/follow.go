@@ -31,7 +31,7 @@ type follower struct {
 
 // clientInstance is the instance of an attached client.
 func clientInstance(c *ipc.Client) *instance {
-	inst := &instance{client: c, region: c.Region(), keys: c.Keys(), ownerPD: c.OwnerPID()}
+	inst := &instance{side: clientSide{c}, region: c.Region(), keys: c.Keys(), ownerPD: c.OwnerPID()}
 	inst.eng, inst.engErr = steer.Open(c.Region(), nil, steer.Options{Caller: c, Logf: func(string, ...any) {}})
 	if inst.eng != nil {
 		inst.cfg = inst.eng.Config()

@@ -379,12 +379,12 @@ func (m *Mirror) content(v *value) ([]byte, error) {
 }
 
 func (m *Mirror) applyVector(v *value, payload []byte, take func(int64) error) error {
-	unreg, reg := m.opt.Engine.UnregisterAs, m.opt.Engine.RegisterAs
+	unreg, reg := m.opt.Engine.Unregister, m.opt.Engine.Register
 	if v.kind == kindProbe {
-		unreg, reg = m.opt.Engine.UnregisterProbeAs, m.opt.Engine.RegisterProbeAs
+		unreg, reg = m.opt.Engine.UnregisterProbe, m.opt.Engine.RegisterProbe
 	}
 	if v.env.flags&flagDeleted != 0 {
-		_, err := unreg(originTag, v.name, func() error { return take(0) })
+		_, err := unreg(v.name, steer.Origin(originTag), steer.If(func() error { return take(0) }))
 		if errors.Is(err, steer.ErrUnknownVector) {
 			return nil
 		}
@@ -398,7 +398,7 @@ func (m *Mirror) applyVector(v *value, payload []byte, take func(int64) error) e
 	if err != nil {
 		return taken(take, err)
 	}
-	_, err = reg(originTag, v.name, st.Base.Vectors, func() error { return take(int64(len(payload))) })
+	_, err = reg(v.name, st.Base.Vectors, steer.Origin(originTag), steer.If(func() error { return take(int64(len(payload))) }))
 	return err
 }
 
@@ -412,7 +412,7 @@ func (m *Mirror) applyGlobal(v *value, payload []byte, take func(int64) error) e
 			return taken(take, err)
 		}
 	}
-	_, err := m.opt.Engine.SetGlobalAs(originTag, g, func() error { return take(int64(len(payload))) })
+	_, err := m.opt.Engine.SetGlobal(g, steer.Origin(originTag), steer.If(func() error { return take(int64(len(payload))) }))
 	if errors.Is(err, steer.ErrUnknownVector) {
 		m.mu.Lock()
 		m.parked = v

@@ -226,7 +226,7 @@ func (s *Server) setGlobal(_ *http.Request, p principal, body []byte) (any, erro
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, err := SetGlobal(s.eng, st, req.Replace)
+	v, err := s.eng.SetGlobal(st, mergeUnless(req.Replace)...)
 	if err != nil {
 		return nil, err
 	}
@@ -237,70 +237,18 @@ func (s *Server) setGlobal(_ *http.Request, p principal, body []byte) (any, erro
 	return map[string]any{"status": "ok", "hook_points": hooks, "layers_updated": layers, "version": v}, nil
 }
 
-// SetGlobal sets global steering st on eng (owner or worker), merged into the current global
-// tiers unless replace: per tier, st's vectors replace those at the same (hook, layer), st's
-// clamps replace those at the sites it names, st's refs replace refs of the same name.
-func SetGlobal(eng *steer.Engine, st steer.Steering, replace bool) (uint64, error) {
-	if !replace {
-		snap, err := eng.Region().Snapshot()
-		if err != nil {
-			return 0, err
-		}
-		cur, _, ok, err := eng.Global(&snap)
-		if err == nil && ok {
-			st = mergeGlobal(copySteering(&cur), st)
-		}
-		snap.Close()
-		if err != nil {
-			return 0, err
-		}
-	}
-	return eng.SetGlobalAny(st)
-}
-
 type site struct {
 	hook  string
 	layer int
 }
 
-func mergeGlobal(cur, add steer.Steering) steer.Steering {
-	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
-		c, a := cur.Tier(ph), add.Tier(ph)
-		vs := map[site]bool{}
-		for _, v := range a.Vectors {
-			vs[site{v.Hook, v.Layer}] = true
-		}
-		cs := map[site]bool{}
-		for _, x := range a.Clamps {
-			cs[site{x.Hook, x.Layer}] = true
-		}
-		rs := map[string]bool{}
-		for _, r := range a.Refs {
-			rs[r.Name] = true
-		}
-		c.Vectors = append(slices.DeleteFunc(c.Vectors, func(v steer.Vector) bool { return vs[site{v.Hook, v.Layer}] }), a.Vectors...)
-		c.Clamps = append(slices.DeleteFunc(c.Clamps, func(x steer.Clamp) bool { return cs[site{x.Hook, x.Layer}] }), a.Clamps...)
-		c.Refs = append(slices.DeleteFunc(c.Refs, func(r steer.Ref) bool { return rs[r.Name] }), a.Refs...)
+// mergeUnless is SetGlobal's options for the API's and the CLI's replace flag: merge per site
+// (steer.MergeSites, in the owner under its write lock) unless replace.
+func mergeUnless(replace bool) []steer.WriteOption {
+	if replace {
+		return nil
 	}
-	return cur
-}
-
-// copySteering deep-copies s (whose data may alias a snapshot).
-func copySteering(s *steer.Steering) steer.Steering {
-	out := steer.Steering{Compose: s.Compose}
-	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
-		src, dst := s.Tier(ph), out.Tier(ph)
-		for _, v := range src.Vectors {
-			v.Data = slices.Clone(v.Data)
-			dst.Vectors = append(dst.Vectors, v)
-		}
-		dst.Refs = slices.Clone(src.Refs)
-		for _, c := range src.Clamps {
-			c.Dir = slices.Clone(c.Dir)
-			dst.Clamps = append(dst.Clamps, c)
-		}
-	}
-	return out
+	return []steer.WriteOption{steer.Merge()}
 }
 
 func sites(st *steer.Steering) (hooks []string, layers []int) {
@@ -820,7 +768,7 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		ov = copySteering(&st)
+		ov = st.Clone()
 	}
 	if req.Override != nil {
 		if req.Override.Replace {

@@ -189,5 +189,5 @@ func (cs *ClientSession) GlobalSet(file string, refs []string, replace bool) (ui
 	if st.Empty() {
 		return 0, badInput("nothing to set: give --file with vectors or clamps, or --ref NAME[=STRENGTH]")
 	}
-	return SetGlobal(cs.Engine, st, replace)
+	return cs.Engine.SetGlobal(st, mergeUnless(replace)...)
 }

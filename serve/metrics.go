@@ -163,7 +163,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 var opNames = map[uint16]string{steer.OpRegister: "register", steer.OpUnregister: "unregister",
-	steer.OpSetGlobal: "set_global", steer.OpClearGlobal: "clear_global", OpReportChecksum: "report_checksum",
+	steer.OpSetGlobal: "set_global", OpReportChecksum: "report_checksum",
 	steer.OpRegisterProbe: "register_probe", steer.OpUnregisterProbe: "unregister_probe"}
 
 // timeRPC wraps an RPC handler to observe its latency.

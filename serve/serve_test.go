@@ -377,7 +377,7 @@ func TestMergeGlobal(t *testing.T) {
 		Refs:    []steer.Ref{{Name: "y", Strength: 3}},
 		Clamps:  []steer.Clamp{{Hook: "c", Layer: 0, Strength: 0.25}},
 	}, Decode: steer.Tier{Vectors: []steer.Vector{{Hook: "a", Layer: 0, Scale: 4}}}}
-	got := mergeGlobal(copySteering(&cur), add)
+	got := steer.MergeSites(cur.Clone(), add)
 	require.Equal(t, []steer.Vector{{Hook: "a", Layer: 0, Scale: 1}, {Hook: "a", Layer: 1, Scale: 2}}, got.Base.Vectors)
 	require.Equal(t, []steer.Ref{{Name: "x", Strength: 1}, {Name: "y", Strength: 3}}, got.Base.Refs)
 	require.Equal(t, []steer.Clamp{{Hook: "c", Layer: 1}, {Hook: "c", Layer: 0, Strength: 0.25}}, got.Base.Clamps)

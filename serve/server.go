@@ -214,7 +214,6 @@ func (s *Server) serveRPC() {
 		})
 	}
 	s.eng.Serve(persisting)
-	s.eng.ServeGlobal(persisting)
 	handle(OpReportChecksum, s.checks.handle)
 	s.keyw = s.owner.Keys()
 	handle(OpKeySet, s.handleKeySet)

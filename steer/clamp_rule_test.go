@@ -16,7 +16,7 @@ func TestClampStrengthRuleEveryPath(t *testing.T) {
 	d := smallCfg.Hidden
 	e := newOwner(t, smallCfg, Options{})
 	lb := loopback{}
-	e.ServeGlobal(func(op uint16, h func([]byte) ([]byte, error)) { lb[op] = h })
+	e.Serve(func(op uint16, h func([]byte) ([]byte, error)) { lb[op] = h })
 	w := newReader(t, e, Options{Caller: lb})
 	dir := make([]float32, d)
 	dir[0] = 1
@@ -31,7 +31,7 @@ func TestClampStrengthRuleEveryPath(t *testing.T) {
 		_, err = e.Admit(Admission{RequestID: "r", Conversation: ConvKey{Tenant: "t", ID: "c"}, Override: &s})
 		require.ErrorIs(t, err, ErrBadClamp, "Go Admit, strength %g", str)
 		require.Contains(t, err.Error(), `request "r"`)
-		_, err = w.SetGlobalAny(s)
+		_, err = w.SetGlobal(s)
 		require.ErrorIs(t, err, ErrBadClamp, "worker RPC, strength %g", str)
 		require.Equal(t, v0, e.Region().Version(), "a refused write changes nothing")
 		require.Empty(t, e.Latches().Keys())

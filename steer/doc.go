@@ -78,7 +78,16 @@
 //
 // steer reads and writes the region only through package shm's API (Update, Snapshot, View):
 // it must not touch region layout internals, and it does not import unsafe (float views come
-// from shm.AsFloat32). It opens no sockets: writes from a worker go to the owner through the
-// Caller interface (an ipc client), and the owner serves them through the Handler interface (an
-// ipc owner), so this package does not depend on the transport.
+// from shm.AsFloat32). It opens no sockets and does not depend on the transport.
+//
+// # Owner and worker
+//
+// Which process writes is decided once, by Open, as the engine's writer (writer.go): in the
+// owner every write is a local transaction under the engine's write mutex (local.go); in a
+// worker with a Caller (an ipc client) every write is one RPC (remote.go), which the owner's
+// Serve handlers turn into the same local write; a process with neither reads only. Each write
+// has one method in every process (Register, Unregister, RegisterProbe, UnregisterProbe,
+// SetGlobal; Admit, End, DropConversation and RestoreLatches are the owner's), qualified by
+// WriteOptions (Merge, and the owner's Origin and If). Ops, kinds and remote error codes are
+// internal/proto's.
 package steer

@@ -2,7 +2,6 @@ package steer
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -10,27 +9,12 @@ import (
 	"github.com/shmsteer/shmsteer/shm"
 )
 
-// Caller sends an RPC to the region's owner (an *ipc.Client satisfies it).
-type Caller interface {
-	Call(op uint16, req []byte) ([]byte, error)
-}
-
-// HandleFunc registers an RPC handler in the owner; with an *ipc.Owner o pass
-//
-//	func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) }
-type HandleFunc func(op uint16, h func(req []byte) ([]byte, error))
-
-// RPC ops served by Engine.Serve (internal/proto's table).
-const (
-	OpRegister   uint16 = proto.OpRegister
-	OpUnregister uint16 = proto.OpUnregister
-)
-
 // Options configure an Engine.
 type Options struct {
 	// Latch bounds the conversation latch map (owner only).
 	Latch LatchConfig
-	// Caller routes writes from a worker to the owner; nil in the owner.
+	// Caller routes writes from a worker to the owner (ignored in the owner, which writes
+	// locally). A worker without one reads only: its writes fail with ErrNotOwner.
 	Caller Caller
 	// Clients reports the attached client processes, for Status (owner; nil: unknown).
 	Clients func() int
@@ -52,6 +36,7 @@ type Engine struct {
 	cfg ModelConfig
 	opt Options
 
+	w       writer     // how writes reach the region (writer.go), chosen once by Open
 	mu      sync.Mutex // owner: serializes steering writes (latch order is the call order)
 	latches *Latches   // owner only
 	deps    deps       // owner only: which sets reference which named vectors
@@ -78,12 +63,18 @@ func Open(r *shm.Region, want *ModelConfig, opt Options) (*Engine, error) {
 			ErrIncompatible, cfg.Hidden, cfg.Layers, cfg.hooks(), want.Hidden, want.Layers, want.hooks())
 	}
 	e := &Engine{r: r, cfg: cfg, opt: opt}
-	if r.IsOwner() {
+	switch {
+	case r.IsOwner():
 		lc := opt.Latch
 		if lc.Logf == nil {
 			lc.Logf = opt.Logf
 		}
 		e.latches = NewLatches(lc)
+		e.w = local{e}
+	case opt.Caller != nil:
+		e.w = remote{e, opt.Caller}
+	default:
+		e.w = readOnly{}
 	}
 	return e, nil
 }
@@ -97,37 +88,17 @@ func (e *Engine) Region() *shm.Region { return e.r }
 // Latches is the owner's latch map (nil in workers).
 func (e *Engine) Latches() *Latches { return e.latches }
 
-func (e *Engine) ownerOnly() error {
-	if !e.r.IsOwner() {
-		return fmt.Errorf("%w: this operation runs in the owner (scheduler)", ErrNotOwner)
-	}
-	return nil
-}
-
 // Register validates vecs (finite values, hidden size, known hooks, layers in range, no
 // duplicate (hook, layer), name ≤ MaxNameLen bytes) and stores them under name, replacing any
-// earlier version (last writer wins). On a worker it sends them to the owner. Nothing is
+// earlier version (last writer wins). On a worker it sends them to the owner.
+// opts tag the write (Origin, If; owner only). Nothing is
 // changed on failure.
-func (e *Engine) Register(name string, vecs []Vector) (VectorInfo, error) {
-	return e.register(name, vecs, writeOpts{})
-}
-
-func (e *Engine) register(name string, vecs []Vector, o writeOpts) (VectorInfo, error) {
+func (e *Engine) Register(name string, vecs []Vector, opts ...WriteOption) (VectorInfo, error) {
 	w, b, err := e.encodeNamed(name, vecs)
 	if err != nil {
 		return VectorInfo{}, err
 	}
-	if e.r.IsOwner() {
-		v, err := e.writeNamed(name, b, o)
-		if err != nil {
-			return VectorInfo{}, fmt.Errorf("register %q: %w", name, err)
-		}
-		return VectorInfo{Name: name, Version: v, Digest: w.digest}, nil
-	}
-	if e.opt.Caller == nil {
-		return VectorInfo{}, ErrNotOwner
-	}
-	return e.callRegister(OpRegister, name, b)
+	return e.w.putNamed(KindVector, name, b, w.digest, writeOptsOf(opts))
 }
 
 // Unregister deletes a named vector (from a worker, through the owner). Requests that reference
@@ -136,26 +107,11 @@ func (e *Engine) register(name string, vecs []Vector, o writeOpts) (VectorInfo, 
 // the same transaction (deleted if nothing else is left), so later global merges keep
 // working: the rewritten global entry carries the version Unregister returns, observers get a
 // ChangeGlobal and Logf says so. ErrUnknownVector if it is not registered.
-func (e *Engine) Unregister(name string) (uint64, error) { return e.unregister(name, writeOpts{}) }
-
-func (e *Engine) unregister(name string, o writeOpts) (uint64, error) {
+func (e *Engine) Unregister(name string, opts ...WriteOption) (uint64, error) {
 	if err := checkName(name); err != nil {
 		return 0, err
 	}
-	if e.r.IsOwner() {
-		return e.writeNamed(name, nil, o)
-	}
-	if e.opt.Caller == nil {
-		return 0, ErrNotOwner
-	}
-	resp, err := e.call(OpUnregister, []byte(name))
-	if err != nil {
-		return 0, err
-	}
-	if len(resp) != 8 {
-		return 0, fmt.Errorf("%w: unregister reply of %d bytes", ErrBadEncoding, len(resp))
-	}
-	return binary.LittleEndian.Uint64(resp), nil
+	return e.w.deleteNamed(KindVector, name, writeOptsOf(opts))
 }
 
 // Vector reads a named vector at snapshot s without copying its floats.
@@ -168,65 +124,13 @@ func (e *Engine) VectorInfos(s *shm.Snapshot) ([]VectorInfo, error) {
 	return namedInfos(s, KindVector)
 }
 
-// SetGlobal replaces the global steering tiers (owner only). Refs must name registered
-// vectors. An empty g clears global steering.
-func (e *Engine) SetGlobal(g Steering) (uint64, error) { return e.setGlobal(g, writeOpts{}) }
-
-func (e *Engine) setGlobal(g Steering, o writeOpts) (v uint64, err error) {
-	if err := e.ownerOnly(); err != nil {
-		return 0, err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	defer o.done(e, &err, Change{Kind: ChangeGlobal, Deleted: g.Empty()}, &v) // observers, under the lock
-	s, err := e.r.Snapshot()
-	if err != nil {
-		return 0, err
-	}
-	defer s.Close()
-	g.Compose = ComposeReplace
-	w, err := resolveSteering(e.cfg, &g, digestAt(&s), false)
-	if err != nil {
-		return 0, fmt.Errorf("global steering: %w", err)
-	}
-	if err := checkMagnitude(e.cfg, &w, namedAt(&s, e.cfg), "global steering"); err != nil {
-		return 0, err
-	}
-	if err := o.check(); err != nil {
-		return 0, err
-	}
-	if g.Empty() {
-		if _, _, err := s.View(KindGlobal, globalKey); errors.Is(err, shm.ErrNotFound) {
-			return e.r.Version(), nil
-		}
-		v, err := e.r.Update(func(tx *shm.Tx) error {
-			if err := tx.Delete(KindGlobal, globalKey); err != nil {
-				return err
-			}
-			if err := tx.Delete(KindComposedGlobal, globalKey); err != nil && !errors.Is(err, shm.ErrNotFound) {
-				return err
-			}
-			return nil
-		})
-		if err == nil {
-			e.deps.set(globalDep, nil)
-		}
-		return v, err
-	}
-	b, err := w.encode(e.cfg.Hidden)
-	if err != nil {
-		return 0, err
-	}
-	v, err = e.r.Update(func(tx *shm.Tx) error {
-		if err := tx.Put(KindGlobal, globalKey, b); err != nil {
-			return err
-		}
-		return e.putComposed(tx, KindComposedGlobal, globalKey, &w, lookupAt(&s, "", nil), "global steering")
-	})
-	if err == nil {
-		e.deps.set(globalDep, refNames(&w))
-	}
-	return v, err
+// SetGlobal replaces the global steering tiers with g, or with Merge merges g into them per
+// site (MergeSites), in the owner under its write lock: a merge from a worker or the CLI is
+// one owner-side operation, so concurrent merges never lose each other's sites. Refs must
+// name registered vectors. An empty g clears global steering (with Merge it changes nothing).
+// On a worker it sends g to the owner; Origin and If are owner only.
+func (e *Engine) SetGlobal(g Steering, opts ...WriteOption) (uint64, error) {
+	return e.w.setGlobal(g, writeOptsOf(opts))
 }
 
 func digestAt(s *shm.Snapshot) func(string) (Digest, bool) {
@@ -287,99 +191,7 @@ type Admitted struct {
 // KindRequest so every rank reads it. A request with no request steering gets an empty entry
 // (64 bytes), so Steppers can tell it from an id that was never admitted (StepStats). Invalid overrides fail with a typed error before anything
 // changes.
-func (e *Engine) Admit(a Admission) (Admitted, error) {
-	if err := e.ownerOnly(); err != nil {
-		return Admitted{}, err
-	}
-	if len(a.RequestID) == 0 || len(a.RequestID) > MaxIDLen {
-		return Admitted{}, fmt.Errorf("%w (%d bytes)", ErrBadRequestID, len(a.RequestID))
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	snap, err := e.r.Snapshot()
-	if err != nil {
-		return Admitted{}, err
-	}
-	defer snap.Close()
-	digestOf := digestAt(&snap)
-	var out Admitted
-	var final Steering
-	override := a.Override != nil && !a.Override.Empty()
-	named := namedAt(&snap, e.cfg)
-	set := fmt.Sprintf("request %q", a.RequestID)
-	if override {
-		w, err := resolveSteering(e.cfg, a.Override, digestOf, false)
-		if err != nil {
-			return Admitted{}, err
-		}
-		if err := checkMagnitude(e.cfg, &w, named, set); err != nil {
-			return Admitted{}, err
-		}
-		// The override composed with its conversation's latch must fit as well; check before
-		// any latch operation so a refusal changes nothing.
-		if a.Override.Compose == ComposeAdd && !a.Conversation.zero() {
-			if prev, ok := e.latches.peek(a.Conversation, digestOf); ok {
-				m := mergeSteering(&prev, a.Override)
-				mw, err := resolveSteering(e.cfg, &m, digestOf, true)
-				if err == nil {
-					err = checkMagnitude(e.cfg, &mw, named, set+" (latched steering + override)")
-				}
-				if err != nil {
-					return Admitted{}, err
-				}
-			}
-		}
-		final, out.Source = *a.Override, SourceOverride
-		if !a.Conversation.zero() {
-			if a.Override.Compose == ComposeAdd {
-				if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
-					final, out.Source = mergeSteering(&prev, a.Override), SourceComposed
-				}
-			}
-			pins := pinsOf(&final, digestOf)
-			out.Latched, out.Refused = e.latches.trigger(a.Conversation, &final, pins)
-		}
-	} else if !a.Conversation.zero() {
-		if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
-			final, out.Source = prev, SourceLatch
-		}
-	}
-	// An empty steering set marks a request admitted without request steering.
-	w, err := resolveSteering(e.cfg, &Steering{}, nil, false)
-	if err != nil {
-		return out, err
-	}
-	if out.Source != SourceNone {
-		if w, err = resolveSteering(e.cfg, &final, digestOf, true); err == nil {
-			err = checkMagnitude(e.cfg, &w, named, set)
-		}
-		if err != nil {
-			return out, err // cannot happen: every part was validated
-		}
-	}
-	enc, err := w.encode(e.cfg.Hidden)
-	if err != nil {
-		return out, err
-	}
-	if out.Source != SourceNone {
-		out.Digest = w.digest
-	}
-	stats := e.latches.Stats()
-	out.Version, err = e.r.Update(func(tx *shm.Tx) error {
-		if err := tx.Put(KindRequest, a.RequestID, enc); err != nil {
-			return err
-		}
-		if err := e.putComposed(tx, KindComposed, a.RequestID, &w, lookupAt(&snap, "", nil), set); err != nil {
-			return err
-		}
-		return tx.Put(KindStatus, statusKey, encodeLatchStats(stats))
-	})
-	if err != nil {
-		return out, fmt.Errorf("admit %q: %w", a.RequestID, err)
-	}
-	e.deps.set(a.RequestID, refNames(&w))
-	return out, nil
-}
+func (e *Engine) Admit(a Admission) (Admitted, error) { return e.w.admit(a) }
 
 // pinsOf lists the digest of every named vector final references (each name once, in order).
 func pinsOf(final *Steering, digestOf func(string) (Digest, bool)) []Pin {
@@ -400,44 +212,10 @@ func pinsOf(final *Steering, digestOf func(string) (Digest, bool)) []Pin {
 }
 
 // End removes a finished request's steering (owner only). Its conversation's latch stays.
-func (e *Engine) End(requestID string) (uint64, error) {
-	if err := e.ownerOnly(); err != nil {
-		return 0, err
-	}
-	if len(requestID) == 0 || len(requestID) > MaxIDLen {
-		return 0, fmt.Errorf("%w (%d bytes)", ErrBadRequestID, len(requestID))
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	v, err := e.r.Update(func(tx *shm.Tx) error {
-		if err := tx.Delete(KindRequest, requestID); err != nil {
-			return err
-		}
-		if err := tx.Delete(KindComposed, requestID); err != nil && !errors.Is(err, shm.ErrNotFound) {
-			return err
-		}
-		return nil
-	})
-	if errors.Is(err, shm.ErrNotFound) {
-		return e.r.Version(), nil
-	}
-	if err == nil {
-		e.deps.set(requestID, nil)
-	}
-	return v, err
-}
+func (e *Engine) End(requestID string) (uint64, error) { return e.w.end(requestID) }
 
 // DropConversation removes a conversation's latch (owner only), e.g. when it is closed.
-func (e *Engine) DropConversation(k ConvKey) (bool, error) {
-	if err := e.ownerOnly(); err != nil {
-		return false, err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	ok := e.latches.Drop(k)
-	_, err := e.r.Put(KindStatus, statusKey, encodeLatchStats(e.latches.Stats()))
-	return ok, err
-}
+func (e *Engine) DropConversation(k ConvKey) (bool, error) { return e.w.dropConversation(k) }
 
 // Status is a point-in-time summary of the steering state, the same from any process (the latch
 // counters are published by the owner at each admission).
@@ -541,50 +319,4 @@ func decodeLatchStats(b []byte) LatchStats {
 		}
 	}
 	return LatchStats{Conversations: int(x[0]), Bytes: int64(x[1]), Evictions: x[2], OversizeRefusals: x[3], Triggers: x[4], Bridges: x[5], BridgeDrops: x[6], Off: x[7]&1 != 0}
-}
-
-// Serve registers the owner's handlers for worker writes (OpRegister, OpUnregister and the
-// probe ops). The owner re-validates everything it receives: a worker's bytes are not trusted.
-// A handler's error reaches the worker as the same sentinel (internal/proto's codes, bound in
-// this package).
-func (e *Engine) Serve(handle HandleFunc) {
-	handle(OpRegister, e.serveRegister(e.Register))
-	handle(OpUnregister, serveUnregister(e.Unregister))
-	handle(OpRegisterProbe, e.serveRegister(e.RegisterProbe))
-	handle(OpUnregisterProbe, serveUnregister(e.UnregisterProbe))
-}
-
-func init() {
-	// The order is the precedence for an error that wraps several: the specific first.
-	proto.Bind(
-		proto.Pair{Code: proto.CodeBadName, Err: ErrBadName},
-		proto.Pair{Code: proto.CodeNonFinite, Err: ErrNonFinite},
-		proto.Pair{Code: proto.CodeHiddenSize, Err: ErrHiddenSize},
-		proto.Pair{Code: proto.CodeUnknownHook, Err: ErrUnknownHook},
-		proto.Pair{Code: proto.CodeLayerRange, Err: ErrLayerRange},
-		proto.Pair{Code: proto.CodeDuplicate, Err: ErrDuplicate},
-		proto.Pair{Code: proto.CodeBadClamp, Err: ErrBadClamp},
-		proto.Pair{Code: proto.CodeUnknownVector, Err: ErrUnknownVector},
-		proto.Pair{Code: proto.CodeBadEncoding, Err: ErrBadEncoding},
-		proto.Pair{Code: proto.CodeEmptySet, Err: ErrEmptySet},
-		proto.Pair{Code: proto.CodeOverflow, Err: ErrOverflow},
-		proto.Pair{Code: proto.CodeBadRequestID, Err: ErrBadRequestID},
-		proto.Pair{Code: proto.CodeNotOwner, Err: ErrNotOwner},
-		proto.Pair{Code: proto.CodeSteerConfig, Err: ErrIncompatible},
-		proto.Pair{Code: proto.CodeProbeSite, Err: ErrProbeSite},
-	)
-}
-
-// call sends one RPC to the owner. An owner without the op's handler gives ErrNotServed (with
-// proto.ErrUnknownOp); an error code this build does not know gives ErrRemote.
-func (e *Engine) call(op uint16, req []byte) ([]byte, error) {
-	resp, err := e.opt.Caller.Call(op, req)
-	if errors.Is(err, proto.ErrUnknownOp) {
-		return nil, fmt.Errorf("%w (%w)", ErrNotServed, err)
-	}
-	var re *proto.RemoteError
-	if errors.As(err, &re) && !re.Known() {
-		return nil, fmt.Errorf("%w: %w", ErrRemote, err)
-	}
-	return resp, err
 }

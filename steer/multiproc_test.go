@@ -34,6 +34,8 @@ func TestMain(m *testing.M) {
 		out(determinismRun())
 	case "apply":
 		out(applyRun())
+	case "merge":
+		out(mergeRun())
 	}
 	os.Exit(0)
 }

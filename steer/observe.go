@@ -24,9 +24,8 @@ type Change struct {
 	Name    string // the vector's name (ChangeVector); empty for ChangeGlobal
 	Deleted bool   // unregistered, or global steering cleared
 	Version uint64 // region version of the write
-	// Origin is the tag the write was made with: empty for Register, Unregister and SetGlobal,
-	// the caller's tag for RegisterAs, UnregisterAs and SetGlobalAs. A mirror applying another
-	// host's change tags it, so that it does not publish it back.
+	// Origin is the tag the write was made with (the Origin option; empty without it). A
+	// mirror applying another host's change tags it, so that it does not publish it back.
 	Origin string
 }
 
@@ -37,12 +36,12 @@ type observers struct {
 }
 
 // OnChange registers fn to be called after every successful owner-side Register, Unregister or
-// SetGlobal (and their As variants) of e, in the goroutine that made the write, once the write
+// SetGlobal (and the probe writes) of e, in the goroutine that made the write, once the write
 // is visible in the region and before the engine's write lock is released, so observers see
-// writes in their order and a conditional write (RegisterAs) can rely on what they saw. fn must
-// be quick and must not call the engine's writes (it would deadlock): a mirror enqueues the
-// change and returns. The returned function removes fn. Workers' writes reach fn through the
-// owner's Serve handlers, which call Register and Unregister in the owner.
+// writes in their order and a conditional write (the If option) can rely on what they saw. fn
+// must be quick and must not call the engine's writes (it would deadlock): a mirror enqueues
+// the change and returns. The returned function removes fn. Workers' writes reach fn through
+// the owner's Serve handlers, which make the same writes in the owner.
 func (e *Engine) OnChange(fn func(Change)) (remove func()) {
 	p := &fn
 	o := &e.observers
@@ -68,54 +67,6 @@ func (e *Engine) notify(c Change) {
 	for _, f := range fs {
 		(*f)(c)
 	}
-}
-
-// writeOpts tag an owner-side write and make it conditional (observe.go's As variants).
-type writeOpts struct {
-	origin string
-	cond   func() error
-}
-
-// check runs the write's condition, with the engine's write lock held.
-func (o writeOpts) check() error {
-	if o.cond == nil {
-		return nil
-	}
-	return o.cond()
-}
-
-// done notifies the observers of a successful write, with the write lock still held (deferred
-// after the unlock, so it runs before it).
-func (o writeOpts) done(e *Engine, err *error, c Change, v *uint64) {
-	if *err == nil {
-		c.Version, c.Origin = *v, o.origin
-		e.notify(c)
-	}
-}
-
-// RegisterAs is Register in the owner with its Change tagged origin and, if cond is not nil,
-// conditional: cond runs with the engine's write lock held just before the write (after no
-// other write of this engine can slip in) and a non-nil error from it aborts the write and is
-// returned. A mirror applying another host's value uses cond to give way to a local write that
-// its observer has already seen. Owner only (ErrNotOwner in a worker).
-func (e *Engine) RegisterAs(origin, name string, vecs []Vector, cond func() error) (VectorInfo, error) {
-	if err := e.ownerOnly(); err != nil {
-		return VectorInfo{}, err
-	}
-	return e.register(name, vecs, writeOpts{origin: origin, cond: cond})
-}
-
-// UnregisterAs is Unregister with a tagged Change and a condition, as RegisterAs.
-func (e *Engine) UnregisterAs(origin, name string, cond func() error) (uint64, error) {
-	if err := e.ownerOnly(); err != nil {
-		return 0, err
-	}
-	return e.unregister(name, writeOpts{origin: origin, cond: cond})
-}
-
-// SetGlobalAs is SetGlobal with a tagged Change and a condition, as RegisterAs.
-func (e *Engine) SetGlobalAs(origin string, g Steering, cond func() error) (uint64, error) {
-	return e.setGlobal(g, writeOpts{origin: origin, cond: cond})
 }
 
 // Encoding returns the stored encoding (the steering wire format, see DecodeSteering) of the

@@ -1,7 +1,6 @@
 package steer
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -18,12 +17,6 @@ import (
 // KindProbe holds named probe vectors, key = name; the value is the steering wire encoding of
 // one base vector.
 const KindProbe shm.Kind = proto.KindProbe
-
-// RPC ops for a worker's probe writes, served by Engine.Serve.
-const (
-	OpRegisterProbe   uint16 = proto.OpRegisterProbe
-	OpUnregisterProbe uint16 = proto.OpUnregisterProbe
-)
 
 // ChangeProbe is a Change of a named probe vector (Change.Name).
 const ChangeProbe ChangeKind = 3
@@ -81,19 +74,7 @@ func (e *Engine) encodeNamed(name string, vecs []Vector) (wire, []byte, error) {
 // RegisterProbe validates vecs as Register does, plus exactly one entry (one (hook, layer)
 // site, else ErrProbeSite), and stores them as probe vector name, replacing any earlier
 // version. On a worker it sends them to the owner. Nothing is changed on failure.
-func (e *Engine) RegisterProbe(name string, vecs []Vector) (VectorInfo, error) {
-	return e.registerProbe(name, vecs, writeOpts{})
-}
-
-// RegisterProbeAs is RegisterProbe with a tagged Change and a condition, as RegisterAs.
-func (e *Engine) RegisterProbeAs(origin, name string, vecs []Vector, cond func() error) (VectorInfo, error) {
-	if err := e.ownerOnly(); err != nil {
-		return VectorInfo{}, err
-	}
-	return e.registerProbe(name, vecs, writeOpts{origin: origin, cond: cond})
-}
-
-func (e *Engine) registerProbe(name string, vecs []Vector, o writeOpts) (VectorInfo, error) {
+func (e *Engine) RegisterProbe(name string, vecs []Vector, opts ...WriteOption) (VectorInfo, error) {
 	if len(vecs) > 1 {
 		return VectorInfo{}, fmt.Errorf("%w: probe vector %q names %d sites", ErrProbeSite, name, len(vecs))
 	}
@@ -101,67 +82,16 @@ func (e *Engine) registerProbe(name string, vecs []Vector, o writeOpts) (VectorI
 	if err != nil {
 		return VectorInfo{}, err
 	}
-	if e.r.IsOwner() {
-		v, err := e.writeProbe(name, b, o)
-		if err != nil {
-			return VectorInfo{}, fmt.Errorf("register probe %q: %w", name, err)
-		}
-		return VectorInfo{Name: name, Version: v, Digest: w.digest}, nil
-	}
-	if e.opt.Caller == nil {
-		return VectorInfo{}, ErrNotOwner
-	}
-	return e.callRegister(OpRegisterProbe, name, b)
-}
-
-// callRegister sends a register RPC (name, encoding) and reads its (version, digest) reply.
-func (e *Engine) callRegister(op uint16, name string, b []byte) (VectorInfo, error) {
-	req := binary.LittleEndian.AppendUint16(nil, uint16(len(name)))
-	req = append(append(req, name...), b...)
-	resp, err := e.call(op, req)
-	if err != nil {
-		return VectorInfo{}, err
-	}
-	if len(resp) != 8+32 {
-		return VectorInfo{}, fmt.Errorf("%w: register reply of %d bytes", ErrBadEncoding, len(resp))
-	}
-	info := VectorInfo{Name: name, Version: binary.LittleEndian.Uint64(resp)}
-	copy(info.Digest[:], resp[8:])
-	return info, nil
+	return e.w.putNamed(KindProbe, name, b, w.digest, writeOptsOf(opts))
 }
 
 // UnregisterProbe deletes a probe vector (from a worker, through the owner); ErrUnknownVector
 // if it is not registered.
-func (e *Engine) UnregisterProbe(name string) (uint64, error) {
-	return e.unregisterProbe(name, writeOpts{})
-}
-
-// UnregisterProbeAs is UnregisterProbe with a tagged Change and a condition, as RegisterAs.
-func (e *Engine) UnregisterProbeAs(origin, name string, cond func() error) (uint64, error) {
-	if err := e.ownerOnly(); err != nil {
-		return 0, err
-	}
-	return e.unregisterProbe(name, writeOpts{origin: origin, cond: cond})
-}
-
-func (e *Engine) unregisterProbe(name string, o writeOpts) (uint64, error) {
+func (e *Engine) UnregisterProbe(name string, opts ...WriteOption) (uint64, error) {
 	if err := checkName(name); err != nil {
 		return 0, err
 	}
-	if e.r.IsOwner() {
-		return e.writeProbe(name, nil, o)
-	}
-	if e.opt.Caller == nil {
-		return 0, ErrNotOwner
-	}
-	resp, err := e.call(OpUnregisterProbe, []byte(name))
-	if err != nil {
-		return 0, err
-	}
-	if len(resp) != 8 {
-		return 0, fmt.Errorf("%w: unregister reply of %d bytes", ErrBadEncoding, len(resp))
-	}
-	return binary.LittleEndian.Uint64(resp), nil
+	return e.w.deleteNamed(KindProbe, name, writeOptsOf(opts))
 }
 
 // writeProbe stores (b != nil) or deletes a probe vector, under the write lock.
@@ -227,41 +157,4 @@ func namedInfos(s *shm.Snapshot, kind shm.Kind) ([]VectorInfo, error) {
 		return true
 	})
 	return out, err
-}
-
-// serveRegister is the owner's handler of a register RPC: it decodes (name, encoding),
-// re-validates it and registers it with reg.
-func (e *Engine) serveRegister(reg func(name string, vecs []Vector) (VectorInfo, error)) func([]byte) ([]byte, error) {
-	return func(req []byte) ([]byte, error) {
-		if len(req) < 2 || len(req) < 2+int(binary.LittleEndian.Uint16(req)) {
-			return nil, fmt.Errorf("%w: short register request", ErrBadEncoding)
-		}
-		n := int(binary.LittleEndian.Uint16(req))
-		name := string(req[2 : 2+n])
-		// Copy so the floats are aligned whatever the transport's buffer offset.
-		enc := append(make([]byte, 0, len(req)-2-n), req[2+n:]...)
-		w, err := decode(enc, e.cfg, true)
-		if err != nil {
-			return nil, err
-		}
-		if len(w.refs) != 0 || len(w.clamps) != 0 {
-			return nil, fmt.Errorf("%w: a named vector holds only base vectors", ErrBadEncoding)
-		}
-		info, err := reg(name, w.steering(e.cfg).Base.Vectors)
-		if err != nil {
-			return nil, err
-		}
-		return append(binary.LittleEndian.AppendUint64(nil, info.Version), info.Digest[:]...), nil
-	}
-}
-
-// serveUnregister is the owner's handler of an unregister RPC (the request is the name).
-func serveUnregister(unreg func(name string) (uint64, error)) func([]byte) ([]byte, error) {
-	return func(req []byte) ([]byte, error) {
-		v, err := unreg(string(req))
-		if err != nil {
-			return nil, err
-		}
-		return binary.LittleEndian.AppendUint64(nil, v), nil
-	}
 }

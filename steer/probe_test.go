@@ -82,9 +82,9 @@ func TestProbeVectors(t *testing.T) {
 	require.NoError(t, err)
 	_, err = w.UnregisterProbe("p")
 	require.ErrorIs(t, err, ErrUnknownVector)
-	_, err = owner.UnregisterProbeAs("mirror", "p", nil)
+	_, err = owner.UnregisterProbe("p", Origin("mirror"))
 	require.ErrorIs(t, err, ErrUnknownVector)
-	_, err = w.UnregisterProbeAs("mirror", "p", nil)
+	_, err = w.UnregisterProbe("p", Origin("mirror"))
 	require.ErrorIs(t, err, ErrNotOwner)
 
 	var probeChanges []Change
@@ -99,7 +99,7 @@ func TestProbeVectors(t *testing.T) {
 	}, probeChanges)
 
 	// Encoding serves the mirror: the probe's bytes under ChangeProbe.
-	ri, err := owner.RegisterProbeAs("mirror", "m", site, nil)
+	ri, err := owner.RegisterProbe("m", site, Origin("mirror"))
 	require.NoError(t, err)
 	s, err = owner.Region().Snapshot()
 	require.NoError(t, err)

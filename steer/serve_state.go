@@ -1,22 +1,15 @@
 package steer
 
-// Accessors for a long-lived owner (package serve): reading the global tiers, setting them from
-// a connected worker over RPC, and exporting and restoring the latch map so it survives a
-// restart. Kept apart from engine.go and latch.go, which they only call.
+// Accessors for a long-lived owner (package serve): reading and merging the global tiers, and
+// exporting and restoring the latch map so it survives a restart. Kept apart from engine.go and
+// latch.go, which they only call.
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
-	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
-)
-
-// RPC ops for global steering from a worker (served by Engine.ServeGlobal).
-const (
-	OpSetGlobal   uint16 = proto.OpSetGlobal
-	OpClearGlobal uint16 = proto.OpClearGlobal
 )
 
 // ErrLatchState means a latch map given to RestoreLatches is inconsistent with itself or with
@@ -39,59 +32,39 @@ func (e *Engine) Global(s *shm.Snapshot) (g Steering, d Digest, ok bool, err err
 	return w.steering(e.cfg), w.digest, true, nil
 }
 
-// SetGlobalAny is SetGlobal in the owner and an OpSetGlobal RPC to the owner from a worker
-// (an empty g clears). The owner validates again what it receives.
-func (e *Engine) SetGlobalAny(g Steering) (uint64, error) {
-	if e.r.IsOwner() {
-		return e.SetGlobal(g)
+// MergeSites merges add into cur, per tier, and returns cur: add's vectors replace cur's at
+// the same (hook, layer), add's clamps replace all of cur's clamps at the sites add names, and
+// add's refs replace cur's refs of the same name; the rest of cur stays, in its order, with
+// add's entries after it. SetGlobal with Merge applies it in the owner. cur's tier slices are
+// reused: pass a Clone to keep cur.
+func MergeSites(cur, add Steering) Steering {
+	type site struct {
+		hook  string
+		layer int
 	}
-	if e.opt.Caller == nil {
-		return 0, ErrNotOwner
-	}
-	op, req := OpClearGlobal, []byte(nil)
-	if !g.Empty() {
-		w, err := resolveSteering(e.cfg, &g, nil, false)
-		if err != nil {
-			return 0, fmt.Errorf("global steering: %w", err)
+	for _, ph := range []Phase{PhaseBase, PhasePrefill, PhaseDecode} {
+		c, a := cur.Tier(ph), add.Tier(ph)
+		vs := map[site]bool{}
+		for _, v := range a.Vectors {
+			vs[site{v.Hook, v.Layer}] = true
 		}
-		if req, err = w.encode(e.cfg.Hidden); err != nil {
-			return 0, err
+		cs := map[site]bool{}
+		for _, x := range a.Clamps {
+			cs[site{x.Hook, x.Layer}] = true
 		}
-		op = OpSetGlobal
+		rs := map[string]bool{}
+		for _, r := range a.Refs {
+			rs[r.Name] = true
+		}
+		c.Vectors = append(slices.DeleteFunc(c.Vectors, func(v Vector) bool { return vs[site{v.Hook, v.Layer}] }), a.Vectors...)
+		c.Clamps = append(slices.DeleteFunc(c.Clamps, func(x Clamp) bool { return cs[site{x.Hook, x.Layer}] }), a.Clamps...)
+		c.Refs = append(slices.DeleteFunc(c.Refs, func(r Ref) bool { return rs[r.Name] }), a.Refs...)
 	}
-	resp, err := e.call(op, req)
-	if err != nil {
-		return 0, err
-	}
-	if len(resp) != 8 {
-		return 0, fmt.Errorf("%w: set-global reply of %d bytes", ErrBadEncoding, len(resp))
-	}
-	return binary.LittleEndian.Uint64(resp), nil
+	return cur
 }
 
-// ServeGlobal registers the owner's handlers for OpSetGlobal and OpClearGlobal.
-func (e *Engine) ServeGlobal(handle HandleFunc) {
-	handle(OpSetGlobal, func(req []byte) ([]byte, error) {
-		// Copy so the floats are aligned whatever the transport's buffer offset.
-		enc := append([]byte(nil), req...)
-		w, err := decode(enc, e.cfg, true)
-		if err != nil {
-			return nil, err
-		}
-		v, err := e.SetGlobal(w.steering(e.cfg))
-		if err != nil {
-			return nil, err
-		}
-		return binary.LittleEndian.AppendUint64(nil, v), nil
-	})
-	handle(OpClearGlobal, func([]byte) ([]byte, error) {
-		v, err := e.SetGlobal(Steering{})
-		if err != nil {
-			return nil, err
-		}
-		return binary.LittleEndian.AppendUint64(nil, v), nil
-	})
-}
+// Clone deep-copies s (whose vector data may alias a snapshot).
+func (s *Steering) Clone() Steering { return cloneSteering(s) }
 
 // LatchEntry is one latched conversation, as exported for persistence.
 type LatchEntry struct {
@@ -118,49 +91,5 @@ func (l *Latches) Export() ([]LatchEntry, LatchStats) {
 // else ErrLatchState and nothing changes. Each entry's steering is validated against the
 // model (sizes, hooks, layers, finite values).
 func (e *Engine) RestoreLatches(entries []LatchEntry, st LatchStats) error {
-	if err := e.ownerOnly(); err != nil {
-		return err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	l := e.latches
-	var bytes int64
-	seen := make(map[ConvKey]bool, len(entries))
-	fresh := make([]*latch, 0, len(entries))
-	for i := range entries {
-		en := &entries[i]
-		if seen[en.Key] || en.Key.zero() {
-			return fmt.Errorf("%w: entry %d: conversation %q/%q empty or listed twice", ErrLatchState, i, en.Key.Tenant, en.Key.ID)
-		}
-		seen[en.Key] = true
-		if en.Steering.Empty() {
-			return fmt.Errorf("%w: entry %d: empty steering", ErrLatchState, i)
-		}
-		if _, err := resolveSteering(e.cfg, &en.Steering, nil, true); err != nil {
-			return fmt.Errorf("%w: entry %d: %w", ErrLatchState, i, err)
-		}
-		n := LatchBytes(&en.Steering)
-		bytes += n
-		fresh = append(fresh, &latch{key: en.Key, s: cloneSteering(&en.Steering), pins: append([]Pin(nil), en.Pins...), bytes: n})
-	}
-	if len(entries) != st.Conversations || bytes != st.Bytes {
-		return fmt.Errorf("%w: counters say %d conversations and %d bytes, entries hold %d and %d",
-			ErrLatchState, st.Conversations, st.Bytes, len(entries), bytes)
-	}
-	if len(entries) > l.cfg.MaxConversations || bytes > l.cfg.MaxLatchedBytes {
-		return fmt.Errorf("%w: %d conversations and %d bytes exceed the caps (%d, %d)",
-			ErrLatchState, len(entries), bytes, l.cfg.MaxConversations, l.cfg.MaxLatchedBytes)
-	}
-	if _, err := e.r.Put(KindStatus, statusKey, encodeLatchStats(st)); err != nil {
-		return fmt.Errorf("restore latches: %w", err)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.order.Init()
-	clear(l.byKey)
-	for _, x := range fresh {
-		l.byKey[x.key] = l.order.PushBack(x)
-	}
-	l.st = st
-	return nil
+	return e.w.restoreLatches(entries, st)
 }

@@ -8,14 +8,13 @@ import (
 )
 
 // TestSetGlobalFromWorker sets and clears global steering from a worker through the owner's
-// OpSetGlobal and OpClearGlobal handlers; bad input is refused with the owner's typed error and
+// OpSetGlobal handler; bad input is refused with the owner's typed error and
 // changes nothing.
 func TestSetGlobalFromWorker(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	owner := newOwner(t, smallCfg, Options{})
 	lb := loopback{}
 	owner.Serve(func(op uint16, h func([]byte) ([]byte, error)) { lb[op] = h })
-	owner.ServeGlobal(func(op uint16, h func([]byte) ([]byte, error)) { lb[op] = h })
 	w := newReader(t, owner, Options{Caller: lb})
 	_, err := w.Register("named", []Vector{{Hook: "pre_attn", Layer: 1, Scale: 1, Data: randVec(rng, smallCfg.Hidden)}})
 	require.NoError(t, err)
@@ -24,7 +23,7 @@ func TestSetGlobalFromWorker(t *testing.T) {
 		Base:   Tier{Vectors: []Vector{{Hook: "mlp_out", Layer: 2, Scale: 0.5, Data: randVec(rng, smallCfg.Hidden)}}, Refs: []Ref{{Name: "named", Strength: 2}}},
 		Decode: Tier{Clamps: []Clamp{{Hook: "mlp_in", Layer: 0, Dir: unitVec(rng, smallCfg.Hidden), Min: -1, Max: 1, Strength: 1}}},
 	}
-	v, err := w.SetGlobalAny(g)
+	v, err := w.SetGlobal(g)
 	require.NoError(t, err)
 	s, err := w.Region().Snapshot()
 	require.NoError(t, err)
@@ -48,16 +47,16 @@ func TestSetGlobalFromWorker(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := owner.Region().Version()
-			_, err := w.SetGlobalAny(tc.g)
+			_, err := w.SetGlobal(tc.g)
 			require.ErrorIs(t, err, tc.want)
 			require.Equal(t, before, owner.Region().Version())
 		})
 	}
 	// A worker's bytes are not trusted: a corrupted encoding is refused by the owner.
-	_, err = lb[OpSetGlobal]([]byte("SSTR garbage"))
+	_, err = lb[OpSetGlobal](append([]byte{0}, "SSTR garbage"...))
 	require.ErrorIs(t, err, ErrBadEncoding)
 
-	_, err = w.SetGlobalAny(Steering{})
+	_, err = w.SetGlobal(Steering{})
 	require.NoError(t, err)
 	s, err = w.Region().Snapshot()
 	require.NoError(t, err)
@@ -67,7 +66,7 @@ func TestSetGlobalFromWorker(t *testing.T) {
 	require.False(t, ok)
 	require.NotEqual(t, d, d2)
 	// Without a Caller a worker cannot write.
-	_, err = newReader(t, owner, Options{}).SetGlobalAny(g)
+	_, err = newReader(t, owner, Options{}).SetGlobal(g)
 	require.ErrorIs(t, err, ErrNotOwner)
 }
 

@@ -281,7 +281,7 @@ func TestOwnerRechecksMagnitudeFromWorker(t *testing.T) {
 	w := newReader(t, owner, Options{Caller: lb})
 	req := append([]byte{1, 0, 'z'}, enc...)
 	v0 := owner.Region().Version()
-	_, err = w.call(OpRegister, req)
+	_, err = w.w.(remote).call(OpRegister, req)
 	require.ErrorIs(t, err, ErrOverflow)
 	require.Contains(t, err.Error(), "mlp_in")
 	require.Equal(t, v0, owner.Region().Version())

@@ -758,7 +758,7 @@ func TestCLIClientCommands(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "unknown named vector")
 
-	// steer global set/clear go through the owner's OpSetGlobal/OpClearGlobal RPCs.
+	// steer global set/clear go through the owner's OpSetGlobal RPC.
 	code, out, errOut = cli(true, "steer", "global", "set", "--ref", "calm=0.5")
 	require.Zero(t, code, errOut)
 	require.Contains(t, out, "global steering set")

@@ -282,7 +282,7 @@ and/or --ref NAME[=STRENGTH] (a registered named vector in the base tier).`,
 	globalSet.Flags().BoolVar(&replace, "replace", false, "replace all global steering instead of merging")
 	globalClear := &cobra.Command{Use: "clear", Short: "Clear global steering", Args: args(0),
 		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error {
-			v, err := cs.Engine.SetGlobalAny(steer.Steering{})
+			v, err := cs.Engine.SetGlobal(steer.Steering{})
 			if err == nil {
 				fmt.Fprintf(c.stdout, "global steering cleared at version %d\n", v)
 			}

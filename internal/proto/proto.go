@@ -57,10 +57,10 @@ const (
 	MaxUserOp Op = 0xfff0
 
 	// Steering writes (package steer), block 256–287.
-	OpRegister        Op = 256 // u16 name length, name, steering wire encoding
-	OpUnregister      Op = 257 // name
-	OpSetGlobal       Op = 258 // the steering wire encoding of the global tiers
-	OpClearGlobal     Op = 259 // none
+	OpRegister   Op = 256 // u16 name length, name, steering wire encoding
+	OpUnregister Op = 257 // name
+	OpSetGlobal  Op = 258 // flags byte (1: merge), then the steering wire encoding (none: clear)
+	// 259 was OpClearGlobal (now OpSetGlobal without an encoding): never reuse it.
 	OpRegisterProbe   Op = 260 // as OpRegister, for a probe vector
 	OpUnregisterProbe Op = 261 // as OpUnregister
 

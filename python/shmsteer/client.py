@@ -286,6 +286,17 @@ class _Handle:
         check(lib.shmsteer_vector_export(self.handle, nb, len(nb), os.fsencode(path),
                                          format.encode() if format else None))
 
+    def set_global(self, steering: Dict[str, Any]) -> int:
+        """Replace the global steering (steering JSON of shmsteer.h as a dict; ``{}`` clears).
+
+        In a worker the owner does the write (a Go or a Python owner alike) and validates it
+        again; returns the region version of the write.
+        """
+        js = json.dumps(steering).encode()
+        v = c_uint64()
+        check(lib.shmsteer_global_set_json(self.handle, js, len(js), byref(v)))
+        return v.value
+
     def unregister_vector(self, name: str, kind: str = "steer") -> int:
         """Delete a named vector of ``kind`` (``"steer"`` or ``"probe"``); returns the region
         version that deleted it."""
@@ -449,13 +460,6 @@ class Owner(_Handle):
         out = c_void_p()
         check(lib.shmsteer_owner_start(_b(namespace), sb, sl, sf, byref(cfg), byref(out)))
         super().__init__(out.value, owner=True)
-
-    def set_global(self, steering: Dict[str, Any]) -> int:
-        """Replace the global steering (steering JSON of shmsteer.h as a dict)."""
-        js = json.dumps(steering).encode()
-        v = c_uint64()
-        check(lib.shmsteer_global_set_json(self.handle, js, len(js), byref(v)))
-        return v.value
 
     def admit(self, request_id: str, override: Optional[Dict[str, Any]] = None,
               tenant: str = "", conversation: str = "") -> int:

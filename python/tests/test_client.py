@@ -182,6 +182,32 @@ def test_stepper_on_numpy_rows(owner, ns, secret):
         st.end()
 
 
+def test_worker_sets_global_through_a_python_owner(owner, ns, secret):
+    # A Python-hosted owner serves every write a worker sends, global steering included.
+    d = 8
+    vec = np.arange(d, dtype=np.float32)
+    owner.admit("r1")
+    with shmsteer.Client(ns, secret=secret) as c:
+        v = c.set_global({"base": {"vectors": [{"hook": "post_block", "layer": 1, "scale": 1.0,
+                                                "data": vec.tolist()}]}})
+        assert v <= owner.version
+        with c.stepper() as st:
+            rows = np.ones((1, d), np.float32)
+            st.begin(v)
+            st.apply("post_block", 1, rows, [("r1", 0, 1, "decode")])
+            st.end()
+        np.testing.assert_allclose(rows[0], 1 + vec)
+        with pytest.raises(errors.HiddenSizeError):
+            c.set_global({"base": {"vectors": [{"hook": "post_block", "layer": 1, "scale": 1.0, "data": [1.0]}]}})
+        c.set_global({})
+        with c.stepper() as st:
+            rows = np.ones((1, d), np.float32)
+            st.begin()
+            st.apply("post_block", 1, rows, [("r1", 0, 1, "decode")])
+            st.end()
+        np.testing.assert_array_equal(rows[0], np.ones(d))
+
+
 def test_key_get_fast_path_edges(ns, secret):
     with shmsteer.Owner(ns, secret=secret, max_key_bytes=20000) as o, shmsteer.Client(ns, secret=secret) as c:
         big = bytes(range(256)) * 40  # longer than the thread's C key buffer (8 KiB)

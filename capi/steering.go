@@ -1,0 +1,174 @@
+package main
+
+// Steering writes through a shmsteer_t: in an owner a local transaction, in a worker an RPC
+// to the owner (steer.Engine's writer).
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+#include "shmsteer.h"
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+	"unsafe"
+
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// vectorListJSON lists the named vectors of kind at a snapshot as JSON.
+func vectorListJSON(kind steer.VectorKind, h C.uint64_t, buf *C.char, capacity C.size_t, n *C.size_t) C.int {
+	sn, ok := getAs[*snapshot](uint64(h))
+	if !ok {
+		return badHandle("not a live shmsteer_snapshot_t")
+	}
+	if sn.inst.eng == nil {
+		return fail(fmt.Errorf("the region records no steering model: %w", sn.inst.engErr))
+	}
+	infosOf := sn.inst.eng.VectorInfos
+	if kind == steer.VectorProbe {
+		infosOf = sn.inst.eng.ProbeInfos
+	}
+	infos, err := infosOf(&sn.snap)
+	if err != nil {
+		return fail(err)
+	}
+	type entry struct {
+		Name    string `json:"name"`
+		Version uint64 `json:"version"`
+		Digest  string `json:"digest"`
+	}
+	list := make([]entry, 0, len(infos))
+	for _, vi := range infos {
+		list = append(list, entry{vi.Name, vi.Version, vi.Digest.String()})
+	}
+	b, err := json.Marshal(list)
+	if err != nil {
+		return fail(err)
+	}
+	return writeOut(b, buf, capacity, n)
+}
+
+//export shmsteerGo_vector_register
+func shmsteerGo_vector_register(h C.uint64_t, name *C.char, nameLen C.size_t, entries *C.shmsteer_vector_entry, count C.size_t, version *C.uint64_t) C.int {
+	return vectorRegister(steer.VectorSteer, h, name, nameLen, entries, count, version)
+}
+
+// vectorRegister registers a named vector of kind (a probe: exactly one entry).
+func vectorRegister(kind steer.VectorKind, h C.uint64_t, name *C.char, nameLen C.size_t, entries *C.shmsteer_vector_entry, count C.size_t, version *C.uint64_t) C.int {
+	inst, rc := engineOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	sname, ok := cstr(name, nameLen)
+	if !ok || (entries == nil && count > 0) || uint64(count) > math.MaxInt32 {
+		return badArg("name, entries or n")
+	}
+	var in []C.shmsteer_vector_entry
+	if count > 0 {
+		in = unsafe.Slice(entries, int(count))
+	}
+	vecs := make([]steer.Vector, len(in))
+	for i, e := range in {
+		hookName := inst.cfg.HookName(steer.HookID(e.hook))
+		if hookName == "" {
+			return fail(fmt.Errorf("%w: hook id %d in entry %d", steer.ErrUnknownHook, e.hook, i))
+		}
+		if e.data == nil && e.len > 0 || uint64(e.len) > math.MaxInt32 {
+			return badArg(fmt.Sprintf("entry %d data", i))
+		}
+		var data []float32
+		if e.len > 0 {
+			data = unsafe.Slice((*float32)(unsafe.Pointer(e.data)), int(e.len)) // encoded (copied) by Register
+		}
+		vecs[i] = steer.Vector{Hook: hookName, Layer: int(e.layer), Scale: float32(e.scale), Data: data}
+	}
+	reg := inst.eng.Register
+	if kind == steer.VectorProbe {
+		reg = inst.eng.RegisterProbe
+	}
+	vi, err := reg(strings.Clone(sname), vecs)
+	return versionOut(version, vi.Version, err)
+}
+
+//export shmsteerGo_vector_unregister
+func shmsteerGo_vector_unregister(h C.uint64_t, name *C.char, nameLen C.size_t, version *C.uint64_t) C.int {
+	return vectorUnregister(steer.VectorSteer, h, name, nameLen, version)
+}
+
+// vectorUnregister deletes a named vector of kind.
+func vectorUnregister(kind steer.VectorKind, h C.uint64_t, name *C.char, nameLen C.size_t, version *C.uint64_t) C.int {
+	inst, rc := engineOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	sname, ok := cstr(name, nameLen)
+	if !ok {
+		return badArg("name")
+	}
+	unreg := inst.eng.Unregister
+	if kind == steer.VectorProbe {
+		unreg = inst.eng.UnregisterProbe
+	}
+	v, err := unreg(strings.Clone(sname))
+	return versionOut(version, v, err)
+}
+
+//export shmsteerGo_global_set_json
+func shmsteerGo_global_set_json(h C.uint64_t, js *C.char, jsLen C.size_t, version *C.uint64_t) C.int {
+	inst, rc := engineOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	var s steer.Steering
+	if err := decodeJSON(js, jsLen, &s); err != nil {
+		return fail(err)
+	}
+	v, err := inst.eng.SetGlobal(s)
+	return versionOut(version, v, err)
+}
+
+// admissionJSON is the admission JSON of shmsteer_request_admit_json.
+type admissionJSON struct {
+	Tenant       string          `json:"tenant"`
+	Conversation string          `json:"conversation"`
+	Override     *steer.Steering `json:"override"`
+}
+
+//export shmsteerGo_request_admit_json
+func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t, version *C.uint64_t) C.int {
+	inst, rc := engineOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	sid, ok := cstr(id, idLen)
+	if !ok {
+		return badArg("id")
+	}
+	var a admissionJSON
+	if jsLen > 0 {
+		if err := decodeJSON(js, jsLen, &a); err != nil {
+			return fail(err)
+		}
+	}
+	ad, err := inst.eng.Admit(steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override})
+	return versionOut(version, ad.Version, err)
+}
+
+//export shmsteerGo_request_end
+func shmsteerGo_request_end(h C.uint64_t, id *C.char, idLen C.size_t, version *C.uint64_t) C.int {
+	inst, rc := engineOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	sid, ok := cstr(id, idLen)
+	if !ok {
+		return badArg("id")
+	}
+	v, err := inst.eng.End(strings.Clone(sid))
+	return versionOut(version, v, err)
+}

@@ -1,0 +1,162 @@
+package main
+
+// shmsteer_stepper_t: one goroutine's step apply.
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+#include "shmsteer.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"unsafe"
+
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+type stepper struct {
+	inst  *instance
+	st    *steer.Stepper
+	spans []steer.Span
+	ids   map[string]string // interned request ids: Stepper keeps the strings it is given
+}
+
+//export shmsteerGo_stepper_new
+func shmsteerGo_stepper_new(h C.uint64_t, out *C.uint64_t) C.int {
+	inst, rc := engineOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if out == nil {
+		return badArg("out must not be NULL")
+	}
+	return store(&stepper{inst: inst, st: inst.eng.NewStepper(), ids: map[string]string{}}, out)
+}
+
+//export shmsteerGo_stepper_free
+func shmsteerGo_stepper_free(h C.uint64_t) C.int {
+	st, ok := getAs[*stepper](uint64(h))
+	if !ok || !handles.remove(uint64(h)) {
+		return badHandle("shmsteer_stepper_free")
+	}
+	st.st.Close()
+	return C.SHMSTEER_OK
+}
+
+func stepperOf(h C.uint64_t) (*stepper, C.int) {
+	st, ok := getAs[*stepper](uint64(h))
+	if !ok {
+		return nil, badHandle("not a live shmsteer_stepper_t")
+	}
+	return st, C.SHMSTEER_OK
+}
+
+//export shmsteerGo_stepper_begin
+func shmsteerGo_stepper_begin(h C.uint64_t, version C.uint64_t, pinned *C.uint64_t) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if err := st.st.Begin(uint64(version)); err != nil {
+		return fail(err)
+	}
+	if pinned != nil {
+		*pinned = C.uint64_t(st.st.Version())
+	}
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_stepper_end
+func shmsteerGo_stepper_end(h C.uint64_t, checksum *C.uint64_t) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	sum := st.st.End()
+	if checksum != nil {
+		*checksum = C.uint64_t(sum)
+	}
+	return C.SHMSTEER_OK
+}
+
+// intern returns a Go copy of id that the stepper may keep, allocating only for an id it has
+// not seen (the map lookup with string(b) does not allocate).
+func (st *stepper) intern(b []byte) string {
+	if s, ok := st.ids[string(b)]; ok {
+		return s
+	}
+	if len(st.ids) >= 1<<14 {
+		clear(st.ids)
+	}
+	s := string(b)
+	st.ids[s] = s
+	return s
+}
+
+//export shmsteerGo_stepper_apply
+func shmsteerGo_stepper_apply(h C.uint64_t, hook C.uint32_t, layer C.int32_t, rows *C.float, nFloats C.size_t, spans *C.shmsteer_span, nSpans C.size_t) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if (rows == nil && nFloats > 0) || (spans == nil && nSpans > 0) || uint64(nFloats) > math.MaxInt || uint64(nSpans) > math.MaxInt32 || hook > math.MaxUint16 {
+		return badArg("rows, spans or hook")
+	}
+	var cs []C.shmsteer_span
+	if nSpans > 0 {
+		cs = unsafe.Slice(spans, int(nSpans))
+	}
+	st.spans = st.spans[:0]
+	for i := range cs {
+		c := &cs[i]
+		idb, ok := cbytes(unsafe.Pointer(c.id), c.id_len)
+		if !ok || c.start < math.MinInt32 || c.end > math.MaxInt32 || c.start < 0 || c.end < 0 {
+			return badArg(fmt.Sprintf("span %d", i))
+		}
+		st.spans = append(st.spans, steer.Span{ID: st.intern(idb), Start: int(c.start), End: int(c.end), Phase: steer.Phase(c.phase)})
+	}
+	var h32 []float32
+	if nFloats > 0 {
+		h32 = unsafe.Slice((*float32)(unsafe.Pointer(rows)), int(nFloats))
+	}
+	err := st.st.Apply(steer.HookID(hook), int(layer), h32, st.spans)
+	runtime.KeepAlive(rows)
+	if err != nil {
+		return fail(err)
+	}
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_stepper_effective
+func shmsteerGo_stepper_effective(h C.uint64_t, id *C.char, idLen C.size_t, hook C.uint32_t, layer C.int32_t, phase C.int32_t, out *C.shmsteer_effective) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	idb, ok := cbytes(unsafe.Pointer(id), idLen)
+	if !ok || out == nil || hook > math.MaxUint16 {
+		return badArg("id, hook or out")
+	}
+	eff, err := st.st.Effective(st.intern(idb), steer.HookID(hook), int(layer), steer.Phase(phase))
+	if err != nil {
+		return fail(err)
+	}
+	// Both views alias the shared mapping (not Go memory): C may hold them until the step ends.
+	out.data, out.global_data, out.len = nil, nil, 0
+	if len(eff.Request) > 0 {
+		out.data, out.len = (*C.float)(unsafe.Pointer(&eff.Request[0])), C.size_t(len(eff.Request))
+	}
+	if len(eff.Global) > 0 {
+		out.global_data, out.len = (*C.float)(unsafe.Pointer(&eff.Global[0])), C.size_t(len(eff.Global))
+	}
+	out.clamps = C.uint32_t(eff.Clamps)
+	out.version = C.uint64_t(eff.Version)
+	for i, b := range eff.Digest {
+		out.digest[i] = C.uint8_t(b)
+	}
+	return C.SHMSTEER_OK
+}

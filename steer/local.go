@@ -1,0 +1,269 @@
+package steer
+
+// The owner's side of the writer (writer.go): every write is a local transaction on the region
+// under the engine's write mutex, in the order of the calls.
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/shmsteer/shmsteer/shm"
+)
+
+// local writes the region in the owner.
+type local struct{ e *Engine }
+
+func (l local) putNamed(kind shm.Kind, name string, b []byte, d Digest, o writeOpts) (VectorInfo, error) {
+	write, what := l.e.writeNamed, "register %q: %w"
+	if kind == KindProbe {
+		write, what = l.e.writeProbe, "register probe %q: %w"
+	}
+	v, err := write(name, b, o)
+	if err != nil {
+		return VectorInfo{}, fmt.Errorf(what, name, err)
+	}
+	return VectorInfo{Name: name, Version: v, Digest: d}, nil
+}
+
+func (l local) deleteNamed(kind shm.Kind, name string, o writeOpts) (uint64, error) {
+	if kind == KindProbe {
+		return l.e.writeProbe(name, nil, o)
+	}
+	return l.e.writeNamed(name, nil, o)
+}
+
+func (l local) setGlobal(g Steering, o writeOpts) (v uint64, err error) {
+	e := l.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer func() { o.done(e, &err, Change{Kind: ChangeGlobal, Deleted: g.Empty()}, &v) }() // observers, under the lock
+	s, err := e.r.Snapshot()
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close()
+	if o.merge {
+		cur, _, ok, err := e.Global(&s) // aliases s, which stays open until the write
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			g = MergeSites(cur, g)
+		}
+	}
+	g.Compose = ComposeReplace
+	w, err := resolveSteering(e.cfg, &g, digestAt(&s), false)
+	if err != nil {
+		return 0, fmt.Errorf("global steering: %w", err)
+	}
+	if err := checkMagnitude(e.cfg, &w, namedAt(&s, e.cfg), "global steering"); err != nil {
+		return 0, err
+	}
+	if err := o.check(); err != nil {
+		return 0, err
+	}
+	if g.Empty() {
+		if _, _, err := s.View(KindGlobal, globalKey); errors.Is(err, shm.ErrNotFound) {
+			return e.r.Version(), nil
+		}
+		v, err := e.r.Update(func(tx *shm.Tx) error {
+			if err := tx.Delete(KindGlobal, globalKey); err != nil {
+				return err
+			}
+			if err := tx.Delete(KindComposedGlobal, globalKey); err != nil && !errors.Is(err, shm.ErrNotFound) {
+				return err
+			}
+			return nil
+		})
+		if err == nil {
+			e.deps.set(globalDep, nil)
+		}
+		return v, err
+	}
+	b, err := w.encode(e.cfg.Hidden)
+	if err != nil {
+		return 0, err
+	}
+	v, err = e.r.Update(func(tx *shm.Tx) error {
+		if err := tx.Put(KindGlobal, globalKey, b); err != nil {
+			return err
+		}
+		return e.putComposed(tx, KindComposedGlobal, globalKey, &w, lookupAt(&s, "", nil), "global steering")
+	})
+	if err == nil {
+		e.deps.set(globalDep, refNames(&w))
+	}
+	return v, err
+}
+
+func (l local) admit(a Admission) (Admitted, error) {
+	e := l.e
+	if len(a.RequestID) == 0 || len(a.RequestID) > MaxIDLen {
+		return Admitted{}, fmt.Errorf("%w (%d bytes)", ErrBadRequestID, len(a.RequestID))
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	snap, err := e.r.Snapshot()
+	if err != nil {
+		return Admitted{}, err
+	}
+	defer snap.Close()
+	digestOf := digestAt(&snap)
+	var out Admitted
+	var final Steering
+	override := a.Override != nil && !a.Override.Empty()
+	named := namedAt(&snap, e.cfg)
+	set := fmt.Sprintf("request %q", a.RequestID)
+	if override {
+		w, err := resolveSteering(e.cfg, a.Override, digestOf, false)
+		if err != nil {
+			return Admitted{}, err
+		}
+		if err := checkMagnitude(e.cfg, &w, named, set); err != nil {
+			return Admitted{}, err
+		}
+		// The override composed with its conversation's latch must fit as well; check before
+		// any latch operation so a refusal changes nothing.
+		if a.Override.Compose == ComposeAdd && !a.Conversation.zero() {
+			if prev, ok := e.latches.peek(a.Conversation, digestOf); ok {
+				m := mergeSteering(&prev, a.Override)
+				mw, err := resolveSteering(e.cfg, &m, digestOf, true)
+				if err == nil {
+					err = checkMagnitude(e.cfg, &mw, named, set+" (latched steering + override)")
+				}
+				if err != nil {
+					return Admitted{}, err
+				}
+			}
+		}
+		final, out.Source = *a.Override, SourceOverride
+		if !a.Conversation.zero() {
+			if a.Override.Compose == ComposeAdd {
+				if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
+					final, out.Source = mergeSteering(&prev, a.Override), SourceComposed
+				}
+			}
+			pins := pinsOf(&final, digestOf)
+			out.Latched, out.Refused = e.latches.trigger(a.Conversation, &final, pins)
+		}
+	} else if !a.Conversation.zero() {
+		if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
+			final, out.Source = prev, SourceLatch
+		}
+	}
+	// An empty steering set marks a request admitted without request steering.
+	w, err := resolveSteering(e.cfg, &Steering{}, nil, false)
+	if err != nil {
+		return out, err
+	}
+	if out.Source != SourceNone {
+		if w, err = resolveSteering(e.cfg, &final, digestOf, true); err == nil {
+			err = checkMagnitude(e.cfg, &w, named, set)
+		}
+		if err != nil {
+			return out, err // cannot happen: every part was validated
+		}
+	}
+	enc, err := w.encode(e.cfg.Hidden)
+	if err != nil {
+		return out, err
+	}
+	if out.Source != SourceNone {
+		out.Digest = w.digest
+	}
+	stats := e.latches.Stats()
+	out.Version, err = e.r.Update(func(tx *shm.Tx) error {
+		if err := tx.Put(KindRequest, a.RequestID, enc); err != nil {
+			return err
+		}
+		if err := e.putComposed(tx, KindComposed, a.RequestID, &w, lookupAt(&snap, "", nil), set); err != nil {
+			return err
+		}
+		return tx.Put(KindStatus, statusKey, encodeLatchStats(stats))
+	})
+	if err != nil {
+		return out, fmt.Errorf("admit %q: %w", a.RequestID, err)
+	}
+	e.deps.set(a.RequestID, refNames(&w))
+	return out, nil
+}
+
+func (l local) end(requestID string) (uint64, error) {
+	e := l.e
+	if len(requestID) == 0 || len(requestID) > MaxIDLen {
+		return 0, fmt.Errorf("%w (%d bytes)", ErrBadRequestID, len(requestID))
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	v, err := e.r.Update(func(tx *shm.Tx) error {
+		if err := tx.Delete(KindRequest, requestID); err != nil {
+			return err
+		}
+		if err := tx.Delete(KindComposed, requestID); err != nil && !errors.Is(err, shm.ErrNotFound) {
+			return err
+		}
+		return nil
+	})
+	if errors.Is(err, shm.ErrNotFound) {
+		return e.r.Version(), nil
+	}
+	if err == nil {
+		e.deps.set(requestID, nil)
+	}
+	return v, err
+}
+
+func (l local) dropConversation(k ConvKey) (bool, error) {
+	e := l.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ok := e.latches.Drop(k)
+	_, err := e.r.Put(KindStatus, statusKey, encodeLatchStats(e.latches.Stats()))
+	return ok, err
+}
+
+func (lw local) restoreLatches(entries []LatchEntry, st LatchStats) error {
+	e := lw.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	l := e.latches
+	var bytes int64
+	seen := make(map[ConvKey]bool, len(entries))
+	fresh := make([]*latch, 0, len(entries))
+	for i := range entries {
+		en := &entries[i]
+		if seen[en.Key] || en.Key.zero() {
+			return fmt.Errorf("%w: entry %d: conversation %q/%q empty or listed twice", ErrLatchState, i, en.Key.Tenant, en.Key.ID)
+		}
+		seen[en.Key] = true
+		if en.Steering.Empty() {
+			return fmt.Errorf("%w: entry %d: empty steering", ErrLatchState, i)
+		}
+		if _, err := resolveSteering(e.cfg, &en.Steering, nil, true); err != nil {
+			return fmt.Errorf("%w: entry %d: %w", ErrLatchState, i, err)
+		}
+		n := LatchBytes(&en.Steering)
+		bytes += n
+		fresh = append(fresh, &latch{key: en.Key, s: cloneSteering(&en.Steering), pins: append([]Pin(nil), en.Pins...), bytes: n})
+	}
+	if len(entries) != st.Conversations || bytes != st.Bytes {
+		return fmt.Errorf("%w: counters say %d conversations and %d bytes, entries hold %d and %d",
+			ErrLatchState, st.Conversations, st.Bytes, len(entries), bytes)
+	}
+	if len(entries) > l.cfg.MaxConversations || bytes > l.cfg.MaxLatchedBytes {
+		return fmt.Errorf("%w: %d conversations and %d bytes exceed the caps (%d, %d)",
+			ErrLatchState, len(entries), bytes, l.cfg.MaxConversations, l.cfg.MaxLatchedBytes)
+	}
+	if _, err := e.r.Put(KindStatus, statusKey, encodeLatchStats(st)); err != nil {
+		return fmt.Errorf("restore latches: %w", err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.order.Init()
+	clear(l.byKey)
+	for _, x := range fresh {
+		l.byKey[x.key] = l.order.PushBack(x)
+	}
+	l.st = st
+	return nil
+}

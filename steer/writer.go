@@ -1,0 +1,94 @@
+package steer
+
+import (
+	"fmt"
+
+	"github.com/shmsteer/shmsteer/shm"
+)
+
+// writer carries an Engine's writes to the region. Open chooses it once: local (local.go) in
+// the owner, a transaction under the engine's write mutex; remote (remote.go) in a worker with
+// a Caller, one RPC per operation, which the owner's Serve handlers turn into the same local
+// calls; readOnly in a process with neither. Each public write validates its input in the
+// calling process, then hands it to the writer; the owner validates again what a worker sent.
+type writer interface {
+	// putNamed stores the validated encoding b (digest d) as named vector name of kind
+	// (KindVector or KindProbe).
+	putNamed(kind shm.Kind, name string, b []byte, d Digest, o writeOpts) (VectorInfo, error)
+	deleteNamed(kind shm.Kind, name string, o writeOpts) (uint64, error)
+	setGlobal(g Steering, o writeOpts) (uint64, error)
+	admit(a Admission) (Admitted, error)
+	end(requestID string) (uint64, error)
+	dropConversation(k ConvKey) (bool, error)
+	restoreLatches(entries []LatchEntry, st LatchStats) error
+}
+
+// WriteOption qualifies one write of Register, Unregister, RegisterProbe, UnregisterProbe or
+// SetGlobal.
+type WriteOption func(*writeOpts)
+
+// Origin tags the write's Change (observe.go) with origin; owner only. A mirror applying
+// another host's change tags it, so that it does not publish it back.
+func Origin(origin string) WriteOption { return func(o *writeOpts) { o.origin = origin } }
+
+// If makes the write conditional; owner only: cond runs with the engine's write lock held just
+// before the write (no other write of this engine can slip in after it), and an error from it
+// aborts the write and is returned. A mirror applying another host's value uses it to give way
+// to a local write its observer has already seen.
+func If(cond func() error) WriteOption { return func(o *writeOpts) { o.cond = cond } }
+
+// Merge makes SetGlobal merge its steering into the current global tiers per site
+// (MergeSites) instead of replacing them, in the owner under its write lock.
+func Merge() WriteOption { return func(o *writeOpts) { o.merge = true } }
+
+// writeOpts is a write's options.
+type writeOpts struct {
+	origin string
+	cond   func() error
+	merge  bool
+}
+
+func writeOptsOf(opts []WriteOption) writeOpts {
+	var o writeOpts
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// ownerOnly says whether the options can only be honoured in the owner (a condition is a
+// function; an origin tags the owner's observers).
+func (o writeOpts) ownerOnly() bool { return o.cond != nil || o.origin != "" }
+
+// check runs the write's condition, with the engine's write lock held.
+func (o writeOpts) check() error {
+	if o.cond == nil {
+		return nil
+	}
+	return o.cond()
+}
+
+// done notifies the observers of a successful write, with the write lock still held (deferred
+// after the unlock, so it runs before it).
+func (o writeOpts) done(e *Engine, err *error, c Change, v *uint64) {
+	if *err == nil {
+		c.Version, c.Origin = *v, o.origin
+		e.notify(c)
+	}
+}
+
+// errOwnerOnly is the error of an owner-only operation elsewhere.
+var errOwnerOnly = fmt.Errorf("%w: this operation runs in the owner (scheduler)", ErrNotOwner)
+
+// readOnly is the writer of a process that is neither the owner nor connected to it.
+type readOnly struct{}
+
+func (readOnly) putNamed(shm.Kind, string, []byte, Digest, writeOpts) (VectorInfo, error) {
+	return VectorInfo{}, ErrNotOwner
+}
+func (readOnly) deleteNamed(shm.Kind, string, writeOpts) (uint64, error) { return 0, ErrNotOwner }
+func (readOnly) setGlobal(Steering, writeOpts) (uint64, error)           { return 0, errOwnerOnly }
+func (readOnly) admit(Admission) (Admitted, error)                       { return Admitted{}, errOwnerOnly }
+func (readOnly) end(string) (uint64, error)                              { return 0, errOwnerOnly }
+func (readOnly) dropConversation(ConvKey) (bool, error)                  { return false, errOwnerOnly }
+func (readOnly) restoreLatches([]LatchEntry, LatchStats) error           { return errOwnerOnly }
