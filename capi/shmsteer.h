@@ -140,6 +140,8 @@ extern "C" {
 #define SHMSTEER_E_LATCH_STATE 73        /* steer.ErrLatchState: restored latch state does not fit */
 #define SHMSTEER_E_PROBE_SITE 74         /* steer.ErrProbeSite: a probe names exactly one (hook, layer) */
 #define SHMSTEER_E_BATCH_CAPACITY 75     /* steer.ErrBatchCapacity: a batch does not fit the tables: raise max_slots / max_clamps */
+#define SHMSTEER_E_BAD_GATE 76           /* steer.ErrBadGate: a malformed steering gate (the message names the gate and field) */
+#define SHMSTEER_E_GATE_UNSUPPORTED 77   /* steer.ErrGateUnsupported: attenuate + probe + this_token: use next_step or rest_of_request */
 /* package vecfile (codes 80..99) */
 #define SHMSTEER_E_FILE_TOO_LARGE 80  /* vecfile.ErrTooLarge: above max_bytes; nothing was read */
 #define SHMSTEER_E_UNKNOWN_FORMAT 81  /* vecfile.ErrUnknownFormat: not gguf, npy, npz, safetensors */

@@ -533,6 +533,22 @@ class BatchCapacityError(ShmsteerError, ValueError):
     go_name = "steer.ErrBatchCapacity"
 
 
+class BadGateError(ShmsteerError, ValueError):
+    """Mirrors Go's steer.ErrBadGate (code 76, SHMSTEER_E_BAD_GATE): a malformed steering gate (the
+    message names the gate and field)."""
+
+    code = 76
+    go_name = "steer.ErrBadGate"
+
+
+class GateUnsupportedError(ShmsteerError, ValueError):
+    """Mirrors Go's steer.ErrGateUnsupported (code 77, SHMSTEER_E_GATE_UNSUPPORTED): attenuate +
+    probe + this_token: use next_step or rest_of_request."""
+
+    code = 77
+    go_name = "steer.ErrGateUnsupported"
+
+
 class VectorFileTooLargeError(VectorFileError):
     """Mirrors Go's vecfile.ErrTooLarge (code 80, SHMSTEER_E_FILE_TOO_LARGE): above max_bytes;
     nothing was read."""
@@ -688,6 +704,8 @@ BY_CODE: Dict[int, Type[ShmsteerError]] = {
     73: LatchStateError,
     74: ProbeSiteError,
     75: BatchCapacityError,
+    76: BadGateError,
+    77: GateUnsupportedError,
     80: VectorFileTooLargeError,
     81: UnknownFormatError,
     82: VectorFileCorruptError,
@@ -773,6 +791,8 @@ __all__ = [
     "LatchStateError",
     "ProbeSiteError",
     "BatchCapacityError",
+    "BadGateError",
+    "GateUnsupportedError",
     "VectorFileTooLargeError",
     "UnknownFormatError",
     "VectorFileCorruptError",
