@@ -128,6 +128,9 @@ def _np_view(ptr: Any, n: int, dtype: Any, shape: Tuple[int, ...]) -> np.ndarray
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
+_EMPTY = np.zeros((0, 0), np.float32)
+
+
 class Resolved:
     """What one :meth:`StepBatch.resolve` produced (numpy views of the engine's buffers, valid until
     the next resolve of the same batch).
@@ -155,6 +158,9 @@ class Resolved:
         self.sites = _np_view(info.sites, info.n_sites, np.int32, (info.n_sites,))
         self.site_clamps = _np_view(info.site_clamps, info.n_sites, np.int32, (info.n_sites,))
         self.updates = _np_view(info.updates, info.n_updates * 4, np.int32, (info.n_updates, 4))
+        if info.n_updates == 0:  # a steady batch: nothing staged
+            self.stage = self.clamp_dirs = self.clamp_params = _EMPTY
+            return
         self.stage = _np_view(info.stage, info.n_updates * hidden, np.float32, (info.n_updates, hidden))
         self.clamp_dirs = _np_view(info.clamp_dirs, info.n_clamps * hidden, np.float32, (info.n_clamps, hidden))
         self.clamp_params = _np_view(info.clamp_params, info.n_clamps * 3, np.float32, (info.n_clamps, 3))

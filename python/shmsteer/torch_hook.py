@@ -106,6 +106,8 @@ class SteeringHooks:
         # This step's steered sites: table, clamp directions, clamp dirs and params.
         self._ops: Dict[int, Tuple[torch.Tensor, int, Optional[torch.Tensor], Optional[torch.Tensor]]] = {}
         self._g: Optional[torch.Tensor] = None  # the step's gather buffer
+        self._sites_key = b""  # the steered sites and clamp counts _ops was built for
+        self._idx_key = b""  # the index _idx was uploaded from
         self._tdev = -1  # the tables' device as Tensor.get_device() reports it
         self._idx: Optional[torch.Tensor] = None
         self._rowsel: Optional[torch.Tensor] = None
@@ -232,20 +234,29 @@ class SteeringHooks:
         return res
 
     def _load(self, res: Resolved) -> None:
-        """Bring the tables up to date with res and upload the step's index (eager)."""
-        assert self._tables is not None
-        self._tables.update(res)
+        """Bring the tables up to date with res and upload the step's index (eager). A step
+        whose sites and index equal the last one's (a steady decode batch) reuses them."""
+        tb = self._tables
+        assert tb is not None
+        changed = len(res.updates) > 0
+        tb.update(res)
         self._pending = False
-        sites = self._tables.sites
-        self._ops = {}
-        for site, k in zip(res.sites.tolist(), res.site_clamps.tolist()):
-            st = sites[site]
-            self._ops[site] = (st.vec, k, st.dirs if k else None, st.params if k else None)
-        idx = res.index
-        dev = self._tables.device
+        sites_key = res.sites.tobytes() + res.site_clamps.tobytes()
+        if changed or sites_key != self._sites_key:
+            self._ops = {}
+            for site, k in zip(res.sites.tolist(), res.site_clamps.tolist()):
+                st = tb.sites[site]
+                self._ops[site] = (st.vec, k, st.dirs if k else None, st.params if k else None)
+            self._sites_key = sites_key
         if not self._ops:
             self._idx = self._rowsel = None
+            self._idx_key = b""
             return
+        idx = res.index
+        idx_key = idx.tobytes()
+        if idx_key == self._idx_key and self._idx is not None:
+            return  # the same rows and slots as the last step: nothing to upload
+        dev = tb.device
         nz = np.flatnonzero(idx)
         if len(nz) == len(idx):
             self._rowsel = None
@@ -253,11 +264,12 @@ class SteeringHooks:
         else:
             both = torch.from_numpy(np.stack((nz, idx[nz])).astype(np.int64)).to(dev)  # one upload
             self._rowsel, self._idx = both[0], both[1]
+        self._idx_key = idx_key
         # One gather buffer for every site of the step (and the next steps of the same size):
         # the sites allocate nothing.
         g = self._gather
-        if g is None or g.shape[0] < len(nz) or g.dtype != self._tables.dtype or g.device != dev:
-            g = self._gather = torch.empty(max(len(nz), 1), self.hidden, dtype=self._tables.dtype, device=dev)
+        if g is None or g.shape[0] < len(nz) or g.dtype != tb.dtype or g.device != dev:
+            g = self._gather = torch.empty(max(len(nz), 1), self.hidden, dtype=tb.dtype, device=dev)
         self._g = g[: len(nz)]
 
     def apply(self, t: torch.Tensor, hook_id: int, layer: int) -> None:
