@@ -3,6 +3,12 @@
 // per-step apply over hidden states. The gorgonia tensor adapter is package steer/dense, kept
 // apart so that a worker steering plain []float32 blocks does not compile gorgonia.
 //
+// To start: the owner opens an Engine over the region it owns (Open with the model config) and
+// serves workers' writes (Serve); a worker opens one over the region it attached to (Open with a
+// nil config: the region's is read) with its transport to the owner as Options.Caller. Each
+// goroutine that steers takes a Stepper (NewStepper) and, per step, Begin at the version the
+// scheduler handed out, Apply at each hook, End.
+//
 // # Vocabulary
 //
 // Hooks are the points of a transformer layer whose hidden states a Stepper steers: Apply(hook,

@@ -2,9 +2,10 @@
 // written as a plain C loop compiled by the system C compiler with
 // -O3 -march=native in four variants (with 512-bit vectors preferred, and
 // with D a compile-time constant: see Variants), racing the fastest, and
-// against a plain Go loop. It exists only to measure
-// (the bench/ package and the kernels acceptance check call Run); nothing in
-// the steering path may import it.
+// against a plain Go loop. It exists only to measure (bench calls
+// AddRowsVariantRepeat, and `go test -bench Compare ./internal/ccompare` runs
+// the comparison alone, through Run); nothing in the steering path may import
+// it, and it must not hold anything the kernels need.
 //
 // It needs cgo. Without cgo (CGO_ENABLED=0 or no C compiler) the package
 // still builds: Available reports false, Run returns ErrUnavailable and

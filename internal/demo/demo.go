@@ -2,7 +2,11 @@
 // stream of synthetic requests through the shared region, each worker checks every result
 // against a plain reference computation, and the workers' determinism checksums must agree.
 //
-// It uses only the public APIs of steer, ipc, shm and kernels; it owns no state format.
+// It must not reach below the public APIs of steer, ipc, shm and kernels, and it owns no state
+// format: it is an example of their use that checks itself, not API (hence internal/).
+//
+// To start: `shmsteer demo --help`; cmd/shmsteer binds BindFlags and calls Main, and a binary
+// that runs the demo calls RunWorkerIfRequested first thing in main (workers re-execute it).
 package demo
 
 import (

@@ -3,6 +3,9 @@
 // steers plain []float32 blocks (steer.Stepper.Apply) does not compile gorgonia and its
 // dependencies (arrow, protobuf, gonum). It reads the tensor's storage only through gorgonia's
 // API and must not touch steering state: everything else is steer's.
+//
+// To start: between a Stepper's Begin and End, Apply(stepper, hook, layer, t, batch) steers a
+// [tokens, hidden] float32 tensor; Rows views one as the []float32 steer.Stepper.Apply takes.
 package dense
 
 import (

@@ -2,7 +2,7 @@
 // write: llama.cpp GGUF control vectors (cvector-generator, repeng), NumPy .npy/.npz and
 // safetensors. It owns only file parsing and writing: it returns []steer.Vector for
 // steer.Engine.Register and takes them back for export; it does not touch the region, the
-// engine or any socket, and it does not import unsafe (it maps files with golang.org/x/sys/unix).
+// engine or any socket, and it does not import unsafe (it maps files with mmap-go).
 //
 // # API
 //
