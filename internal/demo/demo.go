@@ -455,38 +455,67 @@ func newDriver(eng *steer.Engine, keys *ipc.Registry, cfg steer.ModelConfig, nam
 func (d *driver) live() int { return len(d.active) }
 
 func (d *driver) step(step int) ([]steer.Span, error) {
+	if err := d.churn(step); err != nil {
+		return nil, err
+	}
+	if err := d.endFinished(); err != nil {
+		return nil, err
+	}
+	if err := d.admitNew(); err != nil {
+		return nil, err
+	}
+	return d.layout(), nil
+}
+
+// churn is the occasional control-plane change: a named vector re-registered (latches on it
+// drop at their next bridge) or the global tiers changed.
+func (d *driver) churn(step int) error {
 	rng := d.rng
-	// Occasional control-plane churn: a named vector re-registered (latches on it drop at their
-	// next bridge) or the global tiers changed.
 	if step%17 == 5 {
 		if _, err := d.eng.Register(d.names[rng.IntN(4)], randomSet(rng, d.cfg, 1+rng.IntN(4))); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if step%29 == 0 {
 		g := steer.Steering{Base: steer.Tier{Vectors: randomSet(rng, d.cfg, 2)}}
 		g.Decode.Refs = []steer.Ref{{Name: d.names[rng.IntN(len(d.names))], Strength: 0.3}}
 		if _, err := d.eng.SetGlobal(g); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	// Finished requests end: key removed (revoked sentinel), steering entry deleted.
+	return nil
+}
+
+// activeIDs is the ids in flight, sorted (a deterministic order for the seeded workload).
+func (d *driver) activeIDs() []string {
 	ids := make([]string, 0, len(d.active))
 	for id := range d.active {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	for _, id := range ids {
+	return ids
+}
+
+// endFinished ends the requests with nothing left to run: key removed (revoked sentinel),
+// steering entry deleted.
+func (d *driver) endFinished() error {
+	for _, id := range d.activeIDs() {
 		if r := d.active[id]; r.prefill == 0 && r.decoding == 0 {
 			if err := d.keys.Remove(id); err != nil {
-				return nil, err
+				return err
 			}
 			if _, err := d.eng.End(id); err != nil {
-				return nil, err
+				return err
 			}
 			delete(d.active, id)
 		}
 	}
+	return nil
+}
+
+// admitNew admits requests, each with a key and an admission, until p.Requests are in flight.
+func (d *driver) admitNew() error {
+	rng := d.rng
 	for len(d.active) < d.p.Requests {
 		id := fmt.Sprintf("req-%06d", d.next)
 		d.next++
@@ -495,21 +524,22 @@ func (d *driver) step(step int) ([]steer.Span, error) {
 			key[i] = byte(rng.Uint32())
 		}
 		if err := d.keys.Set(id, key); err != nil {
-			return nil, err
+			return err
 		}
 		if _, err := d.eng.Admit(d.admission(id)); err != nil {
-			return nil, err
+			return err
 		}
 		d.active[id] = &request{id: id, prefill: 1 + rng.IntN(8), decoding: 1 + rng.IntN(12)}
 	}
-	ids = ids[:0]
-	for id := range d.active {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
+	return nil
+}
+
+// layout lays out this step's batch: each request's prefill rows on its first step, then one
+// decode row a step, while they fit in p.Tokens rows.
+func (d *driver) layout() []steer.Span {
 	var batch []steer.Span
 	row := 0
-	for _, id := range ids {
+	for _, id := range d.activeIDs() {
 		r := d.active[id]
 		n, ph := 1, steer.PhaseDecode
 		if r.prefill > 0 {
@@ -526,7 +556,7 @@ func (d *driver) step(step int) ([]steer.Span, error) {
 			r.decoding--
 		}
 	}
-	return batch, nil
+	return batch
 }
 
 // admission draws a request: no steering, inline vectors, references, clamps (some ablations),
