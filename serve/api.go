@@ -44,6 +44,7 @@ var apiErrors = []apiError{
 	{ErrNotImplemented, http.StatusNotImplemented, "not_implemented"},
 	{ErrNotPersisted, http.StatusInternalServerError, "not_persisted"},
 	{ErrBusy, http.StatusServiceUnavailable, "busy"},
+	{ErrQuota, http.StatusTooManyRequests, "quota"},
 	{ErrBadInput, http.StatusBadRequest, "bad_request"},
 	{steer.ErrBadName, http.StatusBadRequest, "bad_name"},
 	{steer.ErrNonFinite, http.StatusBadRequest, "non_finite"},
@@ -171,7 +172,7 @@ func (s *Server) routes() http.Handler {
 		{"POST /v1/requests/admit", s.admit},
 		{"POST /v1/requests/end", s.end},
 		{"DELETE /v1/conversations/{tenant}/{id}", s.dropConversation},
-		{"GET /v1/status", func(*http.Request, principal, []byte) (any, error) { return s.status() }},
+		{"GET /v1/status", func(_ *http.Request, p principal, _ []byte) (any, error) { return s.statusFor(p) }},
 	} {
 		route := rt.pattern[strings.IndexByte(rt.pattern, ' ')+1:]
 		mux.HandleFunc(rt.pattern, s.api(route, rt.h))
@@ -510,6 +511,9 @@ func (s *Server) registerVector(_ *http.Request, p principal, body []byte) (any,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.checkVectorQuota(p, kind, req.Name, vecs); err != nil {
+		return nil, err
+	}
 	reg := s.eng.Register
 	if kind == steer.VectorProbe {
 		reg = s.eng.RegisterProbe

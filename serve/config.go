@@ -71,6 +71,12 @@ type Config struct {
 	ReadTimeout          time.Duration `toml:"read_timeout" help:"longest time to read one request, headers and body"`
 	IdleTimeout          time.Duration `toml:"idle_timeout" help:"how long a keep-alive connection may wait for its next request"`
 
+	// Per-tenant quotas (quota.go): what one tenant's conversations and keys may hold.
+	TenantMaxLatches      int   `toml:"tenant_max_latches" help:"latched conversations per tenant (a tenant at its cap evicts its own oldest)"`
+	TenantMaxLatchedBytes int64 `toml:"tenant_max_latched_bytes" help:"bytes held by value in one tenant's latches"`
+	TenantMaxVectors      int   `toml:"tenant_max_vectors" help:"named vectors (steer and probe) a tenant's keys may hold"`
+	TenantMaxVectorBytes  int64 `toml:"tenant_max_vector_bytes" help:"bytes of named vector encodings a tenant's keys may hold"`
+
 	Mirror       string `toml:"mirror" help:"NATS server(s) to mirror steering state through with other hosts, nats://HOST:PORT[,...] (empty: no mirror)"`
 	MirrorBucket string `toml:"mirror_bucket" help:"JetStream key-value bucket of the mirror, the same on every host (empty: shmsteer)"`
 	MirrorCreds  string `toml:"mirror_creds" help:"NATS credentials file (JWT and nkey seed) for the mirror"`
@@ -88,6 +94,8 @@ func DefaultConfig() Config {
 		HTTP: "127.0.0.1:8677", Auth: AuthKeys, MaxBodyBytes: 64 << 20, MaxUploadBytes: 256 << 20, PersistInterval: time.Second,
 		MaxInflightBodyBytes: 256 << 20, MaxTenantBodyBytes: 128 << 20, MaxConnections: 1024,
 		ReadTimeout: time.Minute, IdleTimeout: time.Minute,
+		TenantMaxLatches: steer.DefaultMaxConversations / 4, TenantMaxLatchedBytes: steer.DefaultMaxLatchedBytes / 4,
+		TenantMaxVectors: 256, TenantMaxVectorBytes: 64 << 20,
 		LogFormat: "text", LogLevel: "info",
 	}
 }
@@ -247,6 +255,8 @@ func (c Config) Validate() error {
 		return bad("max_upload_bytes %d: at least 1024", c.MaxUploadBytes)
 	case c.MaxTenantBodyBytes < 1024 || c.MaxInflightBodyBytes < c.MaxTenantBodyBytes:
 		return bad("max_tenant_body_bytes %d, max_inflight_body_bytes %d: want 1024 <= max_tenant_body_bytes <= max_inflight_body_bytes", c.MaxTenantBodyBytes, c.MaxInflightBodyBytes)
+	case c.TenantMaxLatches < 1 || c.TenantMaxLatchedBytes < 1 || c.TenantMaxVectors < 1 || c.TenantMaxVectorBytes < 1:
+		return bad("tenant_max_latches, tenant_max_latched_bytes, tenant_max_vectors and tenant_max_vector_bytes must be positive")
 	case c.MaxConnections < 16:
 		return bad("max_connections %d: at least 16", c.MaxConnections)
 	case c.ReadTimeout <= 0 || c.IdleTimeout <= 0:

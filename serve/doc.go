@@ -34,7 +34,12 @@
 // constant time against every configured key. A key scoped to a tenant may register, list and
 // remove only named vectors and modules called "tenant/...", admit and end only request ids
 // "tenant/..." in its own conversations, and drop only its own conversations; global steering
-// needs an unscoped key. The key file must not be readable by group or others.
+// needs an unscoped key. The key file must not be readable by group or others. Tenants have
+// quotas (tenant_max_latches and tenant_max_latched_bytes on their conversations' latches: a
+// tenant at its cap evicts its own oldest latch, so one tenant cannot evict another's while the
+// quotas sum to no more than max_conversations and max_latched_bytes; tenant_max_vectors and
+// tenant_max_vector_bytes on the named vectors their keys register, 429 "quota" beyond), and
+// GET /v1/status shows a tenant's key only its tenant's counts and quotas (TenantStatus).
 //
 // What HTTP clients can make serve hold is bounded: the bytes of bodies being read at once, in
 // total (max_inflight_body_bytes) and per tenant (max_tenant_body_bytes; beyond each body's

@@ -191,7 +191,8 @@ func (s *Server) openOwner(secret *ipc.Secret) error {
 		return err
 	}
 	s.eng, err = steer.Open(s.owner.Region(), &model, steer.Options{
-		Latch:   steer.LatchConfig{MaxConversations: cfg.MaxConversations, MaxLatchedBytes: cfg.MaxLatchedBytes, Policy: cfg.Policy()},
+		Latch: steer.LatchConfig{MaxConversations: cfg.MaxConversations, MaxLatchedBytes: cfg.MaxLatchedBytes, Policy: cfg.Policy(),
+			MaxPerTenant: cfg.TenantMaxLatches, MaxTenantBytes: cfg.TenantMaxLatchedBytes},
 		Clients: s.owner.Clients,
 		Logf:    func(format string, args ...any) { s.log.Warn(fmt.Sprintf(format, args...)) },
 	})

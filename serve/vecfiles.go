@@ -116,6 +116,9 @@ func (s *Server) importVector(w http.ResponseWriter, r *http.Request, p principa
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.checkVectorQuota(p, steer.VectorSteer, name, vecs); err != nil {
+		return nil, err
+	}
 	info, err := s.eng.Register(name, vecs)
 	if err != nil {
 		return nil, err

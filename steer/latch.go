@@ -40,6 +40,12 @@ type LatchConfig struct {
 	MaxConversations int   // count cap (0: default 1024; LatchOff: no latching)
 	MaxLatchedBytes  int64 // byte cap over by-value latches (0: default 256 MiB; LatchOff: no latching)
 	Policy           LatchPolicy
+	// MaxPerTenant and MaxTenantBytes cap one tenant's latches (ConvKey.Tenant non-empty; 0:
+	// no per-tenant cap): a tenant at its cap evicts its own oldest latch first, so that one
+	// tenant cannot evict another's while the per-tenant caps sum to no more than the caps
+	// above. The conversations without a tenant have the caps above only.
+	MaxPerTenant   int
+	MaxTenantBytes int64
 	// WarnEvery rate-limits the warnings for refused oversize overrides and dropped bridges
 	// (per kind of warning); the counters count every event.
 	WarnEvery time.Duration
@@ -85,6 +91,7 @@ type Latches struct {
 	cfg   LatchConfig
 	order *list.List // of *latch, oldest first
 	byKey map[ConvKey]*list.Element
+	use   map[string]tenantUse // per non-empty tenant
 	st    LatchStats
 	warn  [2]warnState
 }
@@ -94,6 +101,62 @@ type latch struct {
 	s     Steering
 	pins  []Pin
 	bytes int64
+}
+
+// tenantUse is what one tenant's latches hold.
+type tenantUse struct {
+	n     int
+	bytes int64
+}
+
+// TenantUse returns how many latches tenant holds and their bytes (by-value data).
+func (l *Latches) TenantUse(tenant string) (conversations int, bytes int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if tenant == "" {
+		for el := l.order.Front(); el != nil; el = el.Next() {
+			if e := el.Value.(*latch); e.key.Tenant == "" {
+				conversations++
+				bytes += e.bytes
+			}
+		}
+		return conversations, bytes
+	}
+	u := l.use[tenant]
+	return u.n, u.bytes
+}
+
+func (l *Latches) account(e *latch, sign int) {
+	if e.key.Tenant == "" {
+		return
+	}
+	u := l.use[e.key.Tenant]
+	u.n += sign
+	u.bytes += int64(sign) * e.bytes
+	if u.n == 0 {
+		delete(l.use, e.key.Tenant)
+	} else {
+		l.use[e.key.Tenant] = u
+	}
+}
+
+// overTenant reports whether tenant t holds more than its caps.
+func (l *Latches) overTenant(t string) bool {
+	if t == "" {
+		return false
+	}
+	u := l.use[t]
+	return (l.cfg.MaxPerTenant > 0 && u.n > l.cfg.MaxPerTenant) || (l.cfg.MaxTenantBytes > 0 && u.bytes > l.cfg.MaxTenantBytes)
+}
+
+// oldestOf returns tenant t's latch next in eviction order.
+func (l *Latches) oldestOf(t string) *latch {
+	for el := l.order.Front(); el != nil; el = el.Next() {
+		if e := el.Value.(*latch); e.key.Tenant == t {
+			return e
+		}
+	}
+	return nil
 }
 
 type warnState struct {
@@ -116,7 +179,7 @@ func NewLatches(cfg LatchConfig) *Latches {
 	if cfg.Logf == nil {
 		cfg.Logf = log.Printf
 	}
-	return &Latches{cfg: cfg, order: list.New(), byKey: map[ConvKey]*list.Element{}, st: LatchStats{Off: off}}
+	return &Latches{cfg: cfg, order: list.New(), byKey: map[ConvKey]*list.Element{}, use: map[string]tenantUse{}, st: LatchStats{Off: off}}
 }
 
 // LatchBytes is what latching s costs against the byte cap: the float data it holds by value
@@ -156,16 +219,22 @@ func (l *Latches) trigger(k ConvKey, s *Steering, pins []Pin) (latched, oversize
 		return false, false
 	}
 	n := LatchBytes(s)
-	if n > l.cfg.MaxLatchedBytes {
+	if n > l.cfg.MaxLatchedBytes || (k.Tenant != "" && l.cfg.MaxTenantBytes > 0 && n > l.cfg.MaxTenantBytes) {
 		l.st.OversizeRefusals++
-		l.warnf(0, "shmsteer: steering override of %d bytes for conversation %q/%q exceeds max_latched_bytes %d; not latched (it still steers its own request)",
-			n, k.Tenant, k.ID, l.cfg.MaxLatchedBytes)
+		l.warnf(0, "shmsteer: steering override of %d bytes for conversation %q/%q exceeds max_latched_bytes %d or the tenant's cap %d; not latched (it still steers its own request)",
+			n, k.Tenant, k.ID, l.cfg.MaxLatchedBytes, l.cfg.MaxTenantBytes)
 		return false, true
 	}
 	e := &latch{key: k, s: cloneSteering(s), pins: append([]Pin(nil), pins...), bytes: n}
 	l.byKey[k] = l.order.PushBack(e)
 	l.st.Bytes += n
 	l.st.Conversations++
+	l.account(e, 1)
+	for l.overTenant(k.Tenant) {
+		// The tenant's own oldest first; the new latch fits the tenant's caps alone.
+		l.dropLocked(l.oldestOf(k.Tenant).key)
+		l.st.Evictions++
+	}
 	for l.st.Conversations > l.cfg.MaxConversations || l.st.Bytes > l.cfg.MaxLatchedBytes {
 		// The new latch fits both caps alone, so the loop stops before reaching it.
 		old := l.order.Front().Value.(*latch)
@@ -238,6 +307,7 @@ func (l *Latches) dropLocked(k ConvKey) bool {
 	}
 	e := l.order.Remove(el).(*latch)
 	delete(l.byKey, k)
+	l.account(e, -1)
 	l.st.Bytes -= e.bytes
 	l.st.Conversations--
 	return true

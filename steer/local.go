@@ -261,8 +261,10 @@ func (lw local) restoreLatches(entries []LatchEntry, st LatchStats) error {
 	defer l.mu.Unlock()
 	l.order.Init()
 	clear(l.byKey)
+	clear(l.use)
 	for _, x := range fresh {
 		l.byKey[x.key] = l.order.PushBack(x)
+		l.account(x, 1)
 	}
 	l.st = st
 	return nil
