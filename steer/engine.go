@@ -151,6 +151,9 @@ type Admission struct {
 	Conversation ConvKey
 	// Override is the request's own steering; nil (or empty) inherits the conversation's latch.
 	Override *Steering
+	// Gates are the request's declarative gates (the fork's "steering" field; see Gate),
+	// resolved and validated by the owner and stored with the request (Engine.Gates).
+	Gates []Gate
 }
 
 // Source says where a request's admitted steering came from.

@@ -114,6 +114,10 @@ func (l local) admit(a Admission) (Admitted, error) {
 	override := a.Override != nil && !a.Override.Empty()
 	named := namedAt(&snap, e.cfg)
 	set := fmt.Sprintf("request %q", a.RequestID)
+	gates, err := e.resolveGates(&snap, a.Gates, set)
+	if err != nil {
+		return Admitted{}, err
+	}
 	if override {
 		w, err := resolveSteering(e.cfg, a.Override, digestOf, false)
 		if err != nil {
@@ -179,6 +183,9 @@ func (l local) admit(a Admission) (Admitted, error) {
 		if err := e.putComposed(tx, KindComposed, a.RequestID, &w, lookupAt(&snap, "", nil), set); err != nil {
 			return err
 		}
+		if err := putGates(tx, a.RequestID, gates); err != nil {
+			return err
+		}
 		return tx.Put(KindStatus, statusKey, encodeLatchStats(stats))
 	})
 	if err != nil {
@@ -202,7 +209,7 @@ func (l local) end(requestID string) (uint64, error) {
 		if err := tx.Delete(KindComposed, requestID); err != nil && !errors.Is(err, shm.ErrNotFound) {
 			return err
 		}
-		return nil
+		return putGates(tx, requestID, nil)
 	})
 	if errors.Is(err, shm.ErrNotFound) {
 		return e.r.Version(), nil

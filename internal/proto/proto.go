@@ -29,6 +29,7 @@ const (
 	KindComposed       = 20 // a request's composition, key = request id
 	KindComposedGlobal = 21 // the global composition
 	KindProbe          = 22 // named probe vectors (read by gates), key = name
+	KindGates          = 23 // a request's resolved declarative gates, key = request id
 
 	// KindServe: the service's own entries (package serve), block 48–63.
 	KindServe = 48
