@@ -59,6 +59,8 @@ var apiErrors = []apiError{
 	{steer.ErrBadEncoding, http.StatusBadRequest, "bad_encoding"},
 	{steer.ErrOverflow, http.StatusBadRequest, "overflow"},
 	{steer.ErrProbeSite, http.StatusBadRequest, "probe_site"},
+	{steer.ErrBadGate, http.StatusBadRequest, "bad_gate"},
+	{steer.ErrGateUnsupported, http.StatusBadRequest, "gate_unsupported"},
 	{shm.ErrValueTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
 	{shm.ErrKeyTooLong, http.StatusBadRequest, "bad_name"},
 	{shm.ErrRegionFull, http.StatusInsufficientStorage, "region_full"},
@@ -733,6 +735,8 @@ type AdmitRequest struct {
 	Module       string      `json:"module,omitempty"`
 	Override     *SetRequest `json:"override,omitempty"`
 	Compose      string      `json:"compose,omitempty"` // "replace" (default) or "add"
+	// Steering is the fork's declarative gates: [{when, scope, apply}, ...] (steer.DecodeGates).
+	Steering json.RawMessage `json:"steering,omitempty"`
 }
 
 var sourceNames = []string{"none", "override", "latch", "composed"}
@@ -804,6 +808,11 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 	if !ov.Empty() {
 		a.Override = &ov
 	}
+	gates, err := parseGates(req.Steering, p)
+	if err != nil {
+		return nil, err
+	}
+	a.Gates = gates
 	out, err := s.eng.Admit(a)
 	if err != nil {
 		return nil, err

@@ -107,8 +107,9 @@
 //   - GET /v1/steering/modules: {modules: [sorted], count}.
 //
 // serve's own: POST /v1/requests/admit {request_id, tenant?, conversation?, module?, override?
-// (a /set body without replace), compose?: "replace" | "add"} answers {version, source, latched,
-// refused, digest}; a module and an override compose additively at the same (hook, layer), as
+// (a /set body without replace), compose?: "replace" | "add", steering?: the fork's declarative
+// gates [{when, scope, apply}] (steer.DecodeGates; named sources are a tenant's own, inline
+// sources packed)} answers {version, source, latched, refused, digest}; a module and an override compose additively at the same (hook, layer), as
 // the fork's merge_steering_specs does with steering_name and inline vectors; an unknown module
 // is 404 "Unknown steering module '<name>'. Available: [...]". POST /v1/requests/end
 // {request_id}, DELETE /v1/conversations/{tenant}/{id}, GET /v1/status, and the vector files
