@@ -1,0 +1,62 @@
+package capture
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// FuzzDecodeFilesystemSpec: any bytes decode to a spec or a typed error, never a panic; a spec
+// that resolves has sorted distinct sites inside the model and rows inside every span.
+func FuzzDecodeFilesystemSpec(f *testing.F) {
+	for _, s := range []string{
+		spec(`{"post_block": [3, 1]}`, `"last_prompt"`),
+		spec(`{"pre_attn": "all", "mlp_out": {"layers": [1], "ranges": [[0, 2]]}}`, `[0, 2, 2]`, `"layout": "packed"`),
+		spec(`{"post_block": {"ranges": [[5, 1]]}}`, `"all_generated"`),
+		`{"request_id": "../x", "tag": "é/t", "hooks": {}, "positions": "all"}`,
+		`{"filesystem": null}`, `[`, `null`,
+	} {
+		f.Add([]byte(s), 4, 2, 3)
+	}
+	sentinels := []error{ErrBadSpec, ErrBadSlug, ErrUnknownHook, ErrLayerRange, ErrEmptySelector, ErrBadPositions, ErrPositionRange, ErrBadLayout}
+	f.Fuzz(func(t *testing.T, b []byte, promptLen, first, n int) {
+		typed := func(err error) {
+			if !slices.ContainsFunc(sentinels, func(s error) bool { return errors.Is(err, s) }) {
+				t.Fatalf("untyped error %v", err)
+			}
+			if !strings.HasPrefix(err.Error(), "shmsteer: ") || strings.Count(err.Error(), "shmsteer:") != 1 {
+				t.Fatalf("error %q wants one shmsteer: prefix", err)
+			}
+		}
+		if _, err := DecodeRequest(b); err != nil && !errors.Is(err, ErrBadSpec) && !errors.Is(err, ErrBadConsumer) {
+			t.Fatalf("DecodeRequest: untyped error %v", err)
+		}
+		s, err := DecodeFilesystemSpec(b)
+		if err != nil {
+			typed(err)
+			return
+		}
+		promptLen %= 1 << 20
+		p, err := s.Resolve(testCfg, promptLen)
+		if err != nil {
+			typed(err)
+			return
+		}
+		for i, st := range p.Sites {
+			if st.Layer < 0 || st.Layer >= testCfg.Layers || testCfg.HookName(st.Hook) != st.HookName {
+				t.Fatalf("site %+v", st)
+			}
+			if i > 0 && (p.Sites[i-1].Layer > st.Layer || p.Sites[i-1].Layer == st.Layer && p.Sites[i-1].Hook >= st.Hook) {
+				t.Fatalf("sites not sorted and distinct: %+v", p.Sites)
+			}
+		}
+		first, n = first%(1<<20), n%4096
+		rows := p.Rows(nil, first, n)
+		for i, r := range rows {
+			if r < 0 || r >= n || (i > 0 && rows[i-1] >= r) || !p.Selects(first+r) {
+				t.Fatalf("rows %v of span (%d, %d)", rows, first, n)
+			}
+		}
+	})
+}
