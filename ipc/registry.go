@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/shmsteer/shmsteer/internal/proto"
@@ -41,7 +42,86 @@ type Registry struct {
 	maxKey int
 	owner  *Owner  // set in the owner
 	client *Client // set in a client
+
+	observers *keyObservers // OnChange callbacks (owner; nil in a client)
 }
+
+// KeyChange is one successful key write in the owner: a Set or a Remove made in the owner's
+// process or sent by a client (Client.Keys(), the C ABI, Python). It carries no key bytes.
+type KeyChange struct {
+	RequestID string
+	Revoked   bool   // Remove (the revoked sentinel stands); false: Set
+	Origin    string // the KeyOrigin option's tag; empty without it (and for clients' writes)
+}
+
+// KeyOption qualifies one Set or Remove in the owner.
+type KeyOption func(*keyOpts)
+
+type keyOpts struct {
+	origin string
+	cond   func() error
+}
+
+// KeyOrigin tags the write's KeyChange with origin (owner only): a mirror applying another
+// host's key tags it, so that it does not publish it back.
+func KeyOrigin(origin string) KeyOption { return func(o *keyOpts) { o.origin = origin } }
+
+// KeyIf makes the write conditional (owner only): cond runs with the registry's write lock
+// held just before the write, and an error from it aborts the write and is returned.
+func KeyIf(cond func() error) KeyOption { return func(o *keyOpts) { o.cond = cond } }
+
+func keyOptsOf(opts []KeyOption) keyOpts {
+	var o keyOpts
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+type keyObservers struct {
+	mu sync.RWMutex
+	fs []*func(KeyChange)
+}
+
+// OnChange registers fn to be called after every successful Set and Remove in the owner,
+// whichever process asked for it, in the order of the writes and with the registry's write lock
+// held: fn must be quick and must not write keys (a mirror enqueues the change and returns).
+// In a client it is never called. The returned function removes fn.
+func (k *Registry) OnChange(fn func(KeyChange)) (remove func()) {
+	p := &fn
+	o := k.observers
+	if o == nil {
+		return func() {}
+	}
+	o.mu.Lock()
+	o.fs = append(o.fs[:len(o.fs):len(o.fs)], p)
+	o.mu.Unlock()
+	return func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		for i, q := range o.fs {
+			if q == p {
+				o.fs = append(o.fs[:i:i], o.fs[i+1:]...)
+				return
+			}
+		}
+	}
+}
+
+func (k *Registry) notify(c KeyChange) {
+	if k.observers == nil {
+		return
+	}
+	k.observers.mu.RLock()
+	fs := k.observers.fs
+	k.observers.mu.RUnlock()
+	for _, f := range fs {
+		(*f)(c)
+	}
+}
+
+// errKeyOptsOwnerOnly is the error of KeyOrigin or KeyIf in a client.
+var errKeyOptsOwnerOnly = fmt.Errorf("%w: KeyOrigin and KeyIf apply in the owner only", shm.ErrBadConfig)
 
 func checkID(id string) error {
 	if len(id) == 0 || len(id) > MaxRequestIDLen {
@@ -51,18 +131,23 @@ func checkID(id string) error {
 }
 
 // Set registers key for requestID, replacing any key or revoked sentinel it has (and cancelling
-// the sentinel's purge). The registry keeps its own copy; key may be zeroed on return.
-func (k *Registry) Set(requestID string, key []byte) error {
+// the sentinel's purge). The registry keeps its own copy; key may be zeroed on return. In the
+// owner the write is announced to OnChange's observers.
+func (k *Registry) Set(requestID string, key []byte, opts ...KeyOption) error {
 	if err := checkID(requestID); err != nil {
 		return err
 	}
 	if len(key) > k.maxKey {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLarge, len(key), k.maxKey)
 	}
+	o := keyOptsOf(opts)
 	if k.client != nil {
+		if o.origin != "" || o.cond != nil {
+			return errKeyOptsOwnerOnly
+		}
 		return k.client.keySet(requestID, key)
 	}
-	return k.owner.keySet(requestID, key)
+	return k.owner.keySet(requestID, key, o)
 }
 
 // Get appends requestID's key to dst and returns it; pass dst[:0] to reuse a buffer. While a
@@ -146,15 +231,19 @@ func (kr *KeyReader) Close() error { return kr.rd.Close() }
 // Remove revokes requestID's key: from now on Get returns ErrKeyRevoked, and the owner purges
 // the sentinel after the grace period (after which Get returns ErrKeyNotFound). Removing a
 // revoked id again is a no-op that keeps the first deadline; an unknown id gives
-// ErrKeyNotFound.
-func (k *Registry) Remove(requestID string) error {
+// ErrKeyNotFound. In the owner the revocation is announced to OnChange's observers.
+func (k *Registry) Remove(requestID string, opts ...KeyOption) error {
 	if err := checkID(requestID); err != nil {
 		return err
 	}
+	o := keyOptsOf(opts)
 	if k.client != nil {
+		if o.origin != "" || o.cond != nil {
+			return errKeyOptsOwnerOnly
+		}
 		return k.client.keyRemove(requestID)
 	}
-	return k.owner.keyRemove(requestID)
+	return k.owner.keyRemove(requestID, o)
 }
 
 // Len counts the request ids with a live key or a standing revoked sentinel (the live keys at
@@ -209,9 +298,14 @@ func (k *Registry) Range(fn func(requestID string, revoked bool) bool) error {
 
 // keySet writes a live key in the owner, lifts a revoked sentinel of the id and cancels its
 // pending purge.
-func (o *Owner) keySet(id string, key []byte) error {
+func (o *Owner) keySet(id string, key []byte, opts keyOpts) error {
 	o.kmu.Lock()
 	defer o.kmu.Unlock()
+	if opts.cond != nil {
+		if err := opts.cond(); err != nil {
+			return err
+		}
+	}
 	_, err := o.region.Update(func(tx *shm.Tx) error {
 		if err := tx.PutFunc(KindKey, id, len(key)+1, func(dst []byte) {
 			copy(dst, key)
@@ -225,6 +319,7 @@ func (o *Owner) keySet(id string, key []byte) error {
 		return err
 	}
 	o.purges.cancel(id)
+	o.keys.notify(KeyChange{RequestID: id, Origin: opts.origin})
 	return nil
 }
 
@@ -237,9 +332,14 @@ func (o *Owner) keySet(id string, key []byte) error {
 // revocation never fails for lack of room. Each case is logged, rate-limited (the 1st, 2nd,
 // 4th, 8th... occurrence), since a full table turns every revocation into one. The key's old
 // blob is zeroed by shm when no reader can still see it.
-func (o *Owner) keyRemove(id string) error {
+func (o *Owner) keyRemove(id string, opts keyOpts) (err error) {
 	o.kmu.Lock()
 	defer o.kmu.Unlock()
+	if opts.cond != nil {
+		if err := opts.cond(); err != nil {
+			return err
+		}
+	}
 	state, err := o.entry(id)
 	if err != nil {
 		return err
@@ -247,6 +347,11 @@ func (o *Owner) keyRemove(id string) error {
 	if state == stateRevoked {
 		return nil
 	}
+	defer func() { // the key is gone from here on, whatever sentinel could be left
+		if err == nil {
+			o.keys.notify(KeyChange{RequestID: id, Revoked: true, Origin: opts.origin})
+		}
+	}()
 	v, err := o.region.Update(func(tx *shm.Tx) error {
 		if err := tx.Delete(KindKey, id); err != nil {
 			return err

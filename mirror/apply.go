@@ -432,8 +432,8 @@ func taken(take func(int64) error, err error) error {
 }
 
 // applyKey writes an opened key, a revocation or a purge marker's revocation to the local
-// registry, holding the key lock so that no local key write (Keys.Set, Keys.Remove) slips in
-// between the decision (take) and the write.
+// registry; the decision (take) runs under the registry's write lock (ipc.KeyIf), so that no
+// local key write, from Keys or from anywhere on this host, slips in between it and the write.
 func (m *Mirror) applyKey(v *value, take func(int64) error) error {
 	id, state, key := v.id, v.state, v.key
 	if v.marker != "" {
@@ -446,26 +446,29 @@ func (m *Mirror) applyKey(v *value, take func(int64) error) error {
 	if state == stateRevoked {
 		size = 0
 	}
-	if err := take(size); err != nil {
-		return err
-	}
-	m.mu.Lock()
+	decide := ipc.KeyIf(func() error {
+		if err := take(size); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		if state == stateRevoked {
+			delete(m.keyIDs, v.ek)
+		} else {
+			m.keyIDs[v.ek] = id
+		}
+		if v.marker != "" {
+			m.forgetLocked(v.ek)
+		}
+		m.mu.Unlock()
+		return nil
+	})
 	if state == stateRevoked {
-		delete(m.keyIDs, v.ek)
-	} else {
-		m.keyIDs[v.ek] = id
-	}
-	if v.marker != "" {
-		m.forgetLocked(v.ek)
-	}
-	m.mu.Unlock()
-	if state == stateRevoked {
-		if err := m.opt.Keys.Remove(id); err != nil && !errors.Is(err, ipc.ErrKeyNotFound) {
+		if err := m.opt.Keys.Remove(id, ipc.KeyOrigin(originTag), decide); err != nil && !errors.Is(err, ipc.ErrKeyNotFound) {
 			return err
 		}
 		return nil
 	}
-	return m.opt.Keys.Set(id, key)
+	return m.opt.Keys.Set(id, key, ipc.KeyOrigin(originTag), decide)
 }
 
 func (m *Mirror) reject(ek string, err error) {

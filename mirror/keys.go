@@ -6,10 +6,23 @@ import (
 	"github.com/shmsteer/shmsteer/ipc"
 )
 
+// keysTag tags the writes of Keys, which queue their own change (and report ErrQueueFull).
+const keysTag = "mirror-keys"
+
+// onKeyChange queues a key written on this host (in the owner or by a worker, the C ABI or
+// Python through it) for the other hosts; the mirror's own writes are tagged and skipped.
+func (m *Mirror) onKeyChange(c ipc.KeyChange) {
+	if c.Origin == originTag || c.Origin == keysTag {
+		return
+	}
+	_ = m.queueKey(c.RequestID, !c.Revoked) // a full queue is logged and counted by enqueue
+}
+
 // Keys is the owner's key registry seen through the mirror: Set and Remove write the local
-// registry and queue the change for the other hosts (MirrorKeys), Get reads locally. Keys
-// written directly through ipc.Registry (or by a worker over RPC) are not mirrored: route the
-// owner's key writes through Keys.
+// registry and queue the change for the other hosts (MirrorKeys) and say whether it was queued
+// (ErrQueueFull), Get reads locally. Key writes made any other way on this host (the
+// registry itself, a worker's Client.Keys(), the C ABI, Python) are mirrored too, through the
+// registry's OnChange.
 type Keys struct {
 	m *Mirror
 }
@@ -27,20 +40,20 @@ func (m *Mirror) Keys() *Keys {
 func (k *Keys) Set(requestID string, key []byte) error {
 	k.m.keyMu.Lock()
 	defer k.m.keyMu.Unlock()
-	if err := k.m.opt.Keys.Set(requestID, key); err != nil {
+	if err := k.m.opt.Keys.Set(requestID, key, ipc.KeyOrigin(keysTag)); err != nil {
 		return err
 	}
-	return k.queue(requestID, true)
+	return k.m.queueKey(requestID, true)
 }
 
 // Remove is ipc.Registry.Remove, then queues the revocation for the other hosts.
 func (k *Keys) Remove(requestID string) error {
 	k.m.keyMu.Lock()
 	defer k.m.keyMu.Unlock()
-	if err := k.m.opt.Keys.Remove(requestID); err != nil {
+	if err := k.m.opt.Keys.Remove(requestID, ipc.KeyOrigin(keysTag)); err != nil {
 		return err
 	}
-	return k.queue(requestID, false)
+	return k.m.queueKey(requestID, false)
 }
 
 // Get is ipc.Registry.Get (local).
@@ -51,16 +64,16 @@ func (k *Keys) Get(requestID string, dst []byte) ([]byte, error) {
 // Registry is the local registry underneath.
 func (k *Keys) Registry() *ipc.Registry { return k.m.opt.Keys }
 
-func (k *Keys) queue(id string, live bool) error {
-	ek := k.m.seal.keyEntry(id)
-	k.m.mu.Lock()
+func (m *Mirror) queueKey(id string, live bool) error {
+	ek := m.seal.keyEntry(id)
+	m.mu.Lock()
 	if live {
-		k.m.keyIDs[ek] = id
+		m.keyIDs[ek] = id
 	} else {
-		delete(k.m.keyIDs, ek)
+		delete(m.keyIDs, ek)
 	}
-	k.m.mu.Unlock()
-	if err := k.m.enqueue(ek, kindKey, id); err != nil {
+	m.mu.Unlock()
+	if err := m.enqueue(ek, kindKey, id); err != nil {
 		return fmt.Errorf("key %q set locally, not mirrored: %w", id, err)
 	}
 	return nil

@@ -221,6 +221,10 @@ func Start(ctx context.Context, opt Options) (*Mirror, error) {
 	}
 	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	m.unhook = opt.Engine.OnChange(m.onChange)
+	if m.seal != nil { // MirrorKeys: every key write of the owner, whichever process made it
+		unhookEngine, unhookKeys := m.unhook, opt.Keys.OnChange(m.onKeyChange)
+		m.unhook = func() { unhookEngine(); unhookKeys() }
+	}
 	m.wg.Add(3)
 	go m.watchLoop()
 	go m.publishLoop()

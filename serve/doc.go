@@ -161,9 +161,9 @@
 // named vectors and global tiers written on this host (API, CLI, workers' RPCs) are published
 // to the JetStream bucket (--mirror-bucket, --mirror-creds), and other hosts' changes are
 // applied here and persisted like local ones. --host-id (default the hostname) names this host;
-// with --mirror-keys, keys written through serve's OpKeySet and OpKeyRemove (SetKey,
-// RemoveKey; `shmsteer keys rm`) are mirrored sealed; keys written with ipc's own
-// Client.Keys() stay on this host. GET /v1/status holds a "mirror" object and /metrics the
+// with --mirror-keys, every key written on this host is mirrored sealed: in serve or by a worker,
+// the CLI (`shmsteer keys rm`), the C ABI or Python through the owner's key registry (the mirror
+// subscribes to its OnChange). GET /v1/status holds a "mirror" object and /metrics the
 // shmsteer_mirror_* series (both absent without --mirror); /readyz and local serving never
 // depend on NATS. Mirror options without --mirror are a configuration error.
 //

@@ -50,7 +50,6 @@ type Server struct {
 	bodies *bodyBudget // request body bytes in flight
 
 	mirror *mirror.Mirror // nil without --mirror; set before the control API serves
-	keyw   keyWriter      // the owner's key registry, through the mirror with --mirror-keys
 
 	mu      sync.Mutex // serializes mutations through the API and state captures
 	modules map[string]module
@@ -216,9 +215,6 @@ func (s *Server) serveRPC() {
 	}
 	s.eng.Serve(persisting)
 	handle(OpReportChecksum, s.checks.handle)
-	s.keyw = s.owner.Keys()
-	handle(OpKeySet, s.handleKeySet)
-	handle(OpKeyRemove, s.handleKeyRemove)
 }
 
 // restoreAndPublish restores the saved state, then writes the readiness marker that tells a
@@ -334,9 +330,6 @@ func (s *Server) startMirror(ctx context.Context, secret *ipc.Secret) error {
 		return err
 	}
 	s.mirror = m
-	if k := m.Keys(); k != nil {
-		s.keyw = k
-	}
 	unhook := s.eng.OnChange(func(c steer.Change) {
 		if c.Origin != "" {
 			s.dirty.Store(true)

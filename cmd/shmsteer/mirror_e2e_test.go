@@ -183,13 +183,14 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 		return ok && l["pre_attn"] != nil && l["pre_attn"].(map[string]any)["norm"].(float64) > 0
 	})
 
-	// A key set through A's serve (serve.SetKey: the owner writes it through the mirror)
-	// reaches B's workers; revoked on B with the CLI, it is revoked on A.
+	// A key a worker sets through A's registry (Client.Keys().Set: the owner's write reaches
+	// the mirror through the registry's OnChange) reaches B's workers; revoked on B with the
+	// CLI, it is revoked on A.
 	csA, err := serve.AttachClient(a.ns, secretFile(t))
 	require.NoError(t, err)
 	defer csA.Close()
 	key := []byte("per-request-key-bytes-0123456789")
-	require.NoError(t, serve.SetKey(csA.Client, "req-1", key))
+	require.NoError(t, csA.Client.Keys().Set("req-1", key))
 	waitFor(t, 10*time.Second, "A's key on host B", func() bool {
 		got, err := csB.Client.Keys().Get("req-1", nil)
 		return err == nil && bytes.Equal(got, key)

@@ -67,6 +67,5 @@ const (
 
 	// The service (package serve), block 320–351.
 	OpReportChecksum Op = 320 // u64 step, u64 checksum, worker name
-	OpServeKeySet    Op = 321 // serve's mirrored key set: u16 id length, id, key
-	OpServeKeyRemove Op = 322 // serve's mirrored key revocation: id
+	// 321 and 322 were serve's key set and revoke (now the registry's own ops): never reuse.
 )
