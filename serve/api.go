@@ -554,7 +554,7 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 	if kind == steer.VectorProbe {
 		v, err = s.eng.UnregisterProbe(req.Name) // no steering set can reference a probe
 	} else {
-		v, dropped, err = s.unregisterNamed(req.Name)
+		v, dropped, err = UnregisterVector(s.eng, req.Name)
 	}
 	if errors.Is(err, steer.ErrUnknownVector) || errors.Is(err, steer.ErrBadName) {
 		list, lerr := ListVectors(s.eng, p.owns)

@@ -533,21 +533,23 @@ func (s *Server) restore() (bool, error) {
 	return true, nil
 }
 
-// unregisterNamed unregisters a named vector and says which steering sets had their
-// references to it dropped in the same write: ["global"] if the global steering referenced it
-// (steer.Engine.Unregister drops them and recomposes), else empty. Callers hold s.mu.
-func (s *Server) unregisterNamed(name string) (uint64, []string, error) {
+// UnregisterVector unregisters a named vector (in the owner, or from a worker through it) and
+// says which steering sets had their references to it dropped in the same write: ["global"]
+// if the global steering referenced it (steer.Engine.Unregister drops them and recomposes),
+// else empty. A global write by another process between its two reads can make the answer
+// wrong, never the state.
+func UnregisterVector(eng *steer.Engine, name string) (uint64, []string, error) {
 	referenced := func() (bool, uint64, error) {
-		snap, err := s.eng.Region().Snapshot()
+		snap, err := eng.Region().Snapshot()
 		if err != nil {
 			return false, 0, err
 		}
 		defer snap.Close()
-		g, _, ok, err := s.eng.Global(&snap)
+		g, _, ok, err := eng.Global(&snap)
 		if err != nil || !ok {
 			return false, 0, err
 		}
-		_, ver, _, err := s.eng.Encoding(&snap, steer.ChangeGlobal, "")
+		_, ver, _, err := eng.Encoding(&snap, steer.ChangeGlobal, "")
 		for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
 			for _, r := range g.Tier(ph).Refs {
 				if r.Name == name {
@@ -561,7 +563,7 @@ func (s *Server) unregisterNamed(name string) (uint64, []string, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	v, err := s.eng.Unregister(name)
+	v, err := eng.Unregister(name)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -3,11 +3,15 @@ package main
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/ipc"
 )
 
 // Tenants do not share capacities (default quotas): a tenant that latches 1,024 conversations
@@ -65,5 +69,26 @@ func TestServeTenantQuotas(t *testing.T) {
 	require.EqualValues(t, 256, st["named_vectors"], "%v", st)
 	full := s.ok("GET", "/v1/status", nil)
 	require.Equal(t, s.ns, full["namespace"], "an admin key sees the whole status")
+	require.NoError(t, s.stop(syscall.SIGTERM))
+}
+
+// `shmsteer vectors rm` (a worker, through the owner) of a vector the global steering
+// references drops the references, says so, and later merging sets keep working. Before, the
+// CLI said nothing and every later merging /v1/steering/set failed with "unknown named vector".
+func TestCLIUnregisterReferencedByGlobal(t *testing.T) {
+	s := startServe(t, ns(t), "")
+	for _, n := range []string{"a", "b"} {
+		s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": n, "kind": "steer",
+			"packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(3)})}})
+	}
+	s.ok("POST", "/v1/steering/set", map[string]any{"vector_refs": map[string]float32{"a": 1, "b": 1}})
+	cmd := exec.Command(binPath, "vectors", "rm", "a", "--namespace", s.ns)
+	cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "references were dropped from: global")
+	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"mlp_out": map[string]any{"1": vec(4)}}})
+	m := s.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "b", "kind": "steer"})
+	require.Equal(t, []any{"global"}, m["dropped_references"])
 	require.NoError(t, s.stop(syscall.SIGTERM))
 }
