@@ -28,4 +28,14 @@ var (
 	ErrPositionRange = errors.New("shmsteer: capture position out of range")
 	// ErrBadLayout: layout is not per_file or packed.
 	ErrBadLayout = errors.New("shmsteer: unknown capture layout")
+	// ErrBadRecord: a record given to RequestFiles.Append does not describe its bytes (an
+	// unknown dtype, a non-positive shape, data or positions that do not count its rows, a
+	// negative layer, a hook name outside [a-zA-Z0-9._-]), or its dtype differs from the
+	// request's first record's, or its width from its site's first record's.
+	ErrBadRecord = errors.New("shmsteer: bad capture record")
+	// ErrFinished: RequestFiles.Append or Finish after Finish, Abort or a failed write.
+	ErrFinished = errors.New("shmsteer: capture files already finished")
+	// ErrWrite: the filesystem consumer could not create, write, sync or publish a file (the
+	// message names the path and the system's error; check the root's space and permissions).
+	ErrWrite = errors.New("shmsteer: capture write failed")
 )
