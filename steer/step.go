@@ -33,6 +33,9 @@ type StepStats struct {
 	// admitted entry (never admitted, already ended, or a mistyped id): their rows get only the
 	// global steering (or ErrUnknownRequest with Options.StrictRequests).
 	UnknownRequests uint64
+	// GateEvaluations counts probe reads (one per request per probe gate per step) and
+	// GateFires the probe gates that fired (this_token: per row); see gates_step.go.
+	GateEvaluations, GateFires uint64
 }
 
 // Stepper applies steering to hidden states, one step at a time: Begin pins a snapshot, Apply
@@ -63,6 +66,8 @@ type Stepper struct {
 	active []int32
 	// pair is one row of scratch: a request's and the global vector summed for a span.
 	pair []float32
+	// gated lists the gate states of the requests decoded in this step (advanced at End).
+	gated []*gateState
 }
 
 type reqState struct {
@@ -71,6 +76,7 @@ type reqState struct {
 	idHash uint64
 	seen   uint64 // step it was last resolved in
 	known  bool   // it has an entry at the step's version
+	gates  *gateState
 }
 
 // NewStepper makes a Stepper for this engine's region.
@@ -125,6 +131,7 @@ func (s *Stepper) Checksum() uint64 { return s.sum }
 // step must not be used afterwards.
 func (s *Stepper) End() uint64 {
 	if s.open {
+		s.advanceGates()
 		s.snap.Close()
 		s.open = false
 		s.last = s.last[:0]
@@ -177,25 +184,33 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		ix := site + int(sp.Phase) - 1
 		gv, gcl, gAct := s.global.at(ix)
 		rv, rcl, rAct := st.view.at(ix)
-		if gAct == 0 && rAct == 0 {
+		gated := st.gates != nil && sp.Phase == PhaseDecode
+		if gAct == 0 && rAct == 0 && !gated {
 			continue
 		}
 		blk := h[sp.Start*d : sp.End*d]
+		f := float32(1) // the request's attenuation
+		if gated {
+			f = s.gatesBefore(st.gates, site/2, blk)
+		}
 		switch {
 		case rv != nil && gv != nil:
 			// Both in one pass over the rows: a span of one row adds the two sources in one
 			// kernel; a longer span sums them once into a row of scratch and adds that,
 			// which reads one source stream per row instead of two. Both round as h + (r + g).
 			if sp.End-sp.Start == 1 {
-				kernels.AddRows2(blk, d, 1, rv, 1, gv)
+				kernels.AddRows2(blk, d, f, rv, 1, gv)
 			} else {
-				kernels.Sum2(s.pair, 1, rv, 1, gv)
+				kernels.Sum2(s.pair, f, rv, 1, gv)
 				kernels.AddRows(blk, d, 1, s.pair)
 			}
 		case rv != nil:
-			kernels.AddRows(blk, d, 1, rv)
+			kernels.AddRows(blk, d, f, rv)
 		case gv != nil:
 			kernels.AddRows(blk, d, 1, gv)
+		}
+		if gated {
+			s.gatesAdd(st.gates, site/2, blk, f)
 		}
 		s.global.applyClamps(blk, d, gcl)
 		st.view.applyClamps(blk, d, rcl)
@@ -252,7 +267,7 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 			return err
 		}
 		s.cur = append(s.cur, st)
-		if sp.Start < sp.End && (st.view.sites != 0 || s.global.sites != 0) {
+		if sp.Start < sp.End && (st.view.sites != 0 || s.global.sites != 0 || st.gates != nil) {
 			s.active = append(s.active, int32(i))
 		}
 	}
@@ -317,6 +332,9 @@ func (s *Stepper) request(id string) (*reqState, error) {
 	default:
 		// Same version: the same bytes at the same place, and the same in-place terms (any
 		// change of what they read rewrites this entry), all kept by this step's pin.
+	}
+	if err := s.readGates(st); err != nil {
+		return nil, err
 	}
 	st.seen = s.step
 	return st, nil

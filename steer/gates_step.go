@@ -1,0 +1,227 @@
+package steer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/shmsteer/shmsteer/kernels"
+	"github.com/shmsteer/shmsteer/shm"
+)
+
+// Gates at the step (the Go Stepper). Only decode rows are gated: prefill rows get neither a
+// probe read, a gated add nor an attenuation (prefill steering feeds prefix-cache keys, as in
+// the fork).
+//
+//   - A probe is read at its (hook, layer) site, before that site's steering is added: per row
+//     g = sigmoid(sharpness·(h·probe − threshold)), the dot product in float64 in row order,
+//     so every rank computes the same g from the same residual.
+//   - this_token: the add applies at the sites applied after the probe was read in this step
+//     (its own site included), each decode row weighted by its g; sites applied before it get
+//     nothing from the gate (the fork adds at full strength there). With when=always the add
+//     applies to every decode row at every site.
+//   - next_step, rest_of_request, rest_of_conversation are evaluated on the host: the gate fires
+//     at a step when sigmoid(sharpness·(mean of the request's row scores − threshold)) > 0.5
+//     (always: at every step the request has decode rows). End advances them: next_step applies
+//     during the request's next decode step only (a one-step pulse), the rest_of_ scopes from
+//     its next decode step until it ends. rest_of_conversation is request-scoped here: carrying
+//     it to the conversation's later requests is not built yet.
+//   - attenuate multiplies the request's own steering (not the global steering or clamps) and
+//     the gates' adds by max(0, strength) while engaged (this_token: only with when=always).
+//
+// The engaged state is per request and per Stepper; it is reset when the request is admitted
+// again (its gate entry changes). Every decision is folded into the step's Checksum.
+
+// gateState is a request's gates as one Stepper reads and advances them.
+type gateState struct {
+	ver   uint64
+	gates []AdmittedGate
+	g     []gateRun
+	// decodeStep is the Stepper step in which the request last had decode rows.
+	decodeStep uint64
+}
+
+type gateRun struct {
+	probeSite int // hook*layers + layer; -1 without a probe
+	adds      []gateAdd
+	rowG      []float32 // this_token: the rows' gates of this step
+	evalStep  uint64    // step the probe was last read in
+	fired     bool      // host scopes: fired in this step
+	pulse     bool      // next_step: applies in this step
+	sticky    bool      // rest_of_*: applies until the request ends
+}
+
+type gateAdd struct {
+	site  int
+	scale float32
+	data  []float32
+}
+
+// readGates reads request st's gate entry at this step's version (decoding it only when its
+// version changed).
+func (s *Stepper) readGates(st *reqState) error {
+	b, ver, err := s.snap.View(KindGates, st.id)
+	if errors.Is(err, shm.ErrNotFound) {
+		st.gates = nil
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("request %q gates: %w", st.id, err)
+	}
+	if st.gates != nil && st.gates.ver == ver {
+		return nil
+	}
+	gates, err := decodeGateEntry(b, s.e.cfg, false)
+	if err != nil {
+		return fmt.Errorf("request %q: %w", st.id, err)
+	}
+	gs := &gateState{ver: ver, gates: gates, g: make([]gateRun, len(gates))}
+	cfg := s.e.cfg
+	site := func(hook string, layer int) int {
+		id, _ := cfg.Hook(hook) // the owner checked it
+		return int(id)*s.layers + layer
+	}
+	for i := range gates {
+		r := &gs.g[i]
+		r.probeSite = -1
+		if gates[i].When == WhenProbe {
+			r.probeSite = site(gates[i].Probe.Hook, gates[i].Probe.Layer)
+		}
+		for _, v := range gates[i].Steer {
+			r.adds = append(r.adds, gateAdd{site: site(v.Hook, v.Layer), scale: v.Scale, data: v.Data})
+		}
+	}
+	st.gates = gs
+	return nil
+}
+
+// dot is h·p in float64, in index order (the same result on every rank and path).
+func dot(h, p []float32) float64 {
+	var s float64
+	for i, x := range h {
+		s += float64(x) * float64(p[i])
+	}
+	return s
+}
+
+func sigmoid(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
+
+// gatesBefore runs a decode span's gates at site before its steering is added: it notes the
+// request's decode step, reads the probes at this site and returns the attenuation factor.
+func (s *Stepper) gatesBefore(gs *gateState, site int, blk []float32) float32 {
+	d := s.d
+	rows := len(blk) / d
+	if gs.decodeStep != s.step {
+		gs.decodeStep = s.step
+		s.gated = append(s.gated, gs)
+		for i := range gs.g {
+			if gs.gates[i].When == WhenAlways && gs.gates[i].Scope != ScopeThisToken {
+				gs.g[i].fired = true
+			}
+		}
+	}
+	for i := range gs.g {
+		r, g := &gs.g[i], &gs.gates[i]
+		if r.probeSite != site {
+			continue
+		}
+		r.evalStep = s.step
+		s.stats.GateEvaluations++
+		scale := float64(g.Probe.Scale)
+		if g.Scope == ScopeThisToken {
+			if cap(r.rowG) < rows {
+				r.rowG = make([]float32, rows)
+			}
+			r.rowG = r.rowG[:rows]
+			for t := range rows {
+				v := sigmoid(float64(g.Sharpness) * (scale*dot(blk[t*d:(t+1)*d], g.Probe.Data) - float64(g.Threshold)))
+				r.rowG[t] = float32(v)
+				if v > 0.5 {
+					s.stats.GateFires++
+				}
+				s.sum = mix64(s.sum, uint64(math.Float32bits(r.rowG[t])))
+			}
+			continue
+		}
+		var sum float64
+		for t := range rows {
+			sum += scale * dot(blk[t*d:(t+1)*d], g.Probe.Data)
+		}
+		if rows > 0 && sigmoid(float64(g.Sharpness)*(sum/float64(rows)-float64(g.Threshold))) > 0.5 {
+			r.fired = true
+			s.stats.GateFires++
+		}
+	}
+	f := float32(1)
+	for i := range gs.g {
+		g := &gs.gates[i]
+		if g.Apply == ApplyAttenuate && gs.g[i].engaged(g) {
+			f = max(0, g.Strength)
+		}
+	}
+	return f
+}
+
+// engaged reports whether a gate other than a this_token probe gate applies in this step.
+func (r *gateRun) engaged(g *AdmittedGate) bool {
+	switch g.Scope {
+	case ScopeThisToken:
+		return g.When == WhenAlways
+	case ScopeNextStep:
+		return r.pulse
+	}
+	return r.sticky
+}
+
+// gatesAdd adds a decode span's engaged gate adds at site, after its steering.
+func (s *Stepper) gatesAdd(gs *gateState, site int, blk []float32, f float32) {
+	d := s.d
+	for i := range gs.g {
+		r, g := &gs.g[i], &gs.gates[i]
+		if g.Apply != ApplyAdd {
+			continue
+		}
+		perRow := g.Scope == ScopeThisToken && g.When == WhenProbe
+		if perRow && r.evalStep != s.step || !perRow && !r.engaged(g) {
+			continue
+		}
+		for _, a := range r.adds {
+			if a.site != site {
+				continue
+			}
+			k := f * g.Strength * a.scale
+			if !perRow {
+				kernels.AddRows(blk, d, k, a.data)
+				s.sum = mix64(s.sum, uint64(i)<<32|uint64(math.Float32bits(k)))
+				continue
+			}
+			for t := range min(len(blk)/d, len(r.rowG)) {
+				if w := r.rowG[t]; w != 0 {
+					kernels.AddRows(blk[t*d:(t+1)*d], d, k*w, a.data)
+				}
+			}
+			s.sum = mix64(s.sum, uint64(i)<<32|uint64(math.Float32bits(k)))
+		}
+	}
+}
+
+// advanceGates moves the host-evaluated scopes of the requests decoded in this step on to the
+// next (End).
+func (s *Stepper) advanceGates() {
+	for _, gs := range s.gated {
+		for i := range gs.g {
+			r := &gs.g[i]
+			switch gs.gates[i].Scope {
+			case ScopeNextStep:
+				r.pulse = r.fired
+			case ScopeRestOfRequest, ScopeRestOfConversation:
+				r.sticky = r.sticky || r.fired
+			}
+			if r.fired {
+				s.sum = mix64(s.sum, uint64(i)+1)
+			}
+			r.fired = false
+		}
+	}
+	clear(s.gated)
+	s.gated = s.gated[:0]
+}
