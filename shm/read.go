@@ -318,6 +318,9 @@ func (r *Region) find(kind Kind, key []byte) (off, meta uint64, err error) {
 	return 0, 0, ErrNotFound
 }
 
+// seededKinds bounds the kinds whose hash seed the Region keeps (every kind the engine uses).
+const seededKinds = 64
+
 // getFast serves Region.Get and Reader.Get: one probe loop over the index as words that
 // checks and copies the newest blob when it is visible at v and live (the common case), and
 // leaves version chains and deletion markers to the general path. Every offset is checked
@@ -327,7 +330,12 @@ func (r *Region) getFast(kind Kind, key []byte, v uint64, dst []byte) ([]byte, e
 		_, err := r.lookup(kind, key, v) // the typed error
 		return dst, err
 	}
-	h := keyHash(r.l.hashK0, r.l.hashK1, kind, key)
+	var h uint64
+	if kind < seededKinds {
+		h = keyHashFrom(r.seeds[kind], r.l.hashK1, key)
+	} else {
+		h = keyHash(r.l.hashK0, r.l.hashK1, kind, key)
+	}
 	index, arena, aw := r.indexWords, r.arena, r.arenaWords
 	mask := uint64(len(index) - 1)
 	fp := h >> 32

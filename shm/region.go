@@ -137,8 +137,9 @@ type mapped struct {
 	maps    mappings
 	files   [2]*os.File // owner only: the memfds, for passing to readers
 
-	versionWord, horizonWord *uint64  // header words every read loads
-	indexWords, arenaWords   []uint64 // the index and the arena as words, for the hot path
+	versionWord, horizonWord *uint64             // header words every read loads
+	indexWords, arenaWords   []uint64            // the index and the arena as words, for the hot path
+	seeds                    [seededKinds]uint64 // kindSeed of each kind below seededKinds
 }
 
 // Create makes a new region backed by two sealed memfds, maps it read-write and returns it as
@@ -206,6 +207,9 @@ func Open(data, readers *os.File) (*Region, error) {
 
 func (r *Region) slice() {
 	r.versionWord, r.horizonWord = word64(r.data, hVersion), word64(r.data, hHorizon)
+	for k := range r.seeds {
+		r.seeds[k] = kindSeed(r.l.hashK0, r.l.hashK1, Kind(k))
+	}
 	defer func() { r.indexWords, r.arenaWords = words(r.index), words(r.arena) }()
 	r.index = r.data[r.l.indexOff : r.l.indexOff+8*r.l.indexSlots : r.l.indexOff+8*r.l.indexSlots]
 	mEnd := r.l.markOff + markEntry*r.l.markSlots
