@@ -145,7 +145,7 @@ func Attach(opts ClientOptions) (*Client, error) {
 	c.spin = spinBudget(opts.SpinWait)
 	c.maxFrame = int(w.maxFrame)
 	c.ownerPID = int(w.ownerPID)
-	c.keys = &Registry{region: c.region, maxKey: int(w.maxKey), client: c}
+	c.keys = &Registry{region: c.region, maxKey: int(w.maxKey), w: c}
 	return c, nil
 }
 
@@ -322,13 +322,22 @@ func (c *Client) Call(op uint16, req []byte) ([]byte, error) {
 // Ping round-trips an empty RPC: nil while the owner serves.
 func (c *Client) Ping() error { return c.call(opPing, nil, nil) }
 
-func (c *Client) keySet(id string, key []byte) error {
+func (c *Client) keySet(id string, key []byte, o keyOpts) error {
+	if o.ownerOnly() {
+		return errKeyOptsOwnerOnly
+	}
 	return c.call(opKeySet, func(b []byte) []byte { return appendKeySet(b, id, key) }, nil)
 }
 
-func (c *Client) keyRemove(id string) error {
+func (c *Client) keyRemove(id string, o keyOpts) error {
+	if o.ownerOnly() {
+		return errKeyOptsOwnerOnly
+	}
 	return c.call(opKeyRemove, func(b []byte) []byte { return append(b, id...) }, nil)
 }
+
+// revokedIDs is the owner's knowledge: a client lists none.
+func (c *Client) revokedIDs() []string { return nil }
 
 // call sends one request, built by build, and waits for its reply, which onReply sees (the
 // bytes are valid only during onReply). Replies to earlier requests that timed out are skipped

@@ -272,7 +272,7 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 	if o.region, err = shm.Create(opts.Region); err != nil {
 		return fail(err)
 	}
-	o.keys = &Registry{region: o.region, maxKey: o.maxKey, owner: o, observers: &keyObservers{}}
+	o.keys = &Registry{region: o.region, maxKey: o.maxKey, w: o, observers: &keyObservers{}}
 	o.wg.Add(4)
 	go o.acceptLoop(o.ln)
 	go o.acceptLoop(o.lobby)

@@ -85,13 +85,10 @@ func setNonDumpable() error {
 // follow its *shm.Region with %s and print the mapping).
 
 func (k Registry) String() string {
-	switch {
-	case k.owner != nil:
-		return "ipc.Registry{in " + k.owner.String() + "}"
-	case k.client != nil:
-		return "ipc.Registry{in " + k.client.String() + "}"
+	if k.w == nil {
+		return "ipc.Registry{}"
 	}
-	return "ipc.Registry{}"
+	return "ipc.Registry{in " + k.w.String() + "}"
 }
 
 // GoString is String: %#v shows the same.

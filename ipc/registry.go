@@ -40,10 +40,19 @@ const (
 type Registry struct {
 	region *shm.Region
 	maxKey int
-	owner  *Owner  // set in the owner
-	client *Client // set in a client
+	w      keyWriter // the owner's local writes or a client's RPCs, chosen by the constructor
 
 	observers *keyObservers // OnChange callbacks (owner; nil in a client)
+}
+
+// keyWriter carries a Registry's writes: *Owner writes the region under its key lock (and
+// schedules purges), *Client sends each write to the owner as one RPC.
+type keyWriter interface {
+	keySet(id string, key []byte, o keyOpts) error
+	keyRemove(id string, o keyOpts) error
+	// revokedIDs lists the ids whose sentinel waits for its purge (known only to the owner).
+	revokedIDs() []string
+	String() string
 }
 
 // KeyChange is one successful key write in the owner: a Set or a Remove made in the owner's
@@ -69,6 +78,9 @@ func KeyOrigin(origin string) KeyOption { return func(o *keyOpts) { o.origin = o
 // KeyIf makes the write conditional (owner only): cond runs with the registry's write lock
 // held just before the write, and an error from it aborts the write and is returned.
 func KeyIf(cond func() error) KeyOption { return func(o *keyOpts) { o.cond = cond } }
+
+// ownerOnly says whether the options can only be honoured in the owner (all of them can).
+func (o keyOpts) ownerOnly() bool { return o.origin != "" || o.cond != nil }
 
 func keyOptsOf(opts []KeyOption) keyOpts {
 	var o keyOpts
@@ -140,14 +152,7 @@ func (k *Registry) Set(requestID string, key []byte, opts ...KeyOption) error {
 	if len(key) > k.maxKey {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLarge, len(key), k.maxKey)
 	}
-	o := keyOptsOf(opts)
-	if k.client != nil {
-		if o.origin != "" || o.cond != nil {
-			return errKeyOptsOwnerOnly
-		}
-		return k.client.keySet(requestID, key)
-	}
-	return k.owner.keySet(requestID, key, o)
+	return k.w.keySet(requestID, key, keyOptsOf(opts))
 }
 
 // Get appends requestID's key to dst and returns it; pass dst[:0] to reuse a buffer. While a
@@ -236,14 +241,7 @@ func (k *Registry) Remove(requestID string, opts ...KeyOption) error {
 	if err := checkID(requestID); err != nil {
 		return err
 	}
-	o := keyOptsOf(opts)
-	if k.client != nil {
-		if o.origin != "" || o.cond != nil {
-			return errKeyOptsOwnerOnly
-		}
-		return k.client.keyRemove(requestID)
-	}
-	return k.owner.keyRemove(requestID, o)
+	return k.w.keyRemove(requestID, keyOptsOf(opts))
 }
 
 // Len counts the request ids with a live key or a standing revoked sentinel (the live keys at
@@ -285,10 +283,10 @@ func (k *Registry) Range(fn func(requestID string, revoked bool) bool) error {
 		return more
 	})
 	s.Close()
-	if err != nil || !more || k.owner == nil {
+	if err != nil || !more {
 		return err
 	}
-	for _, id := range k.owner.revokedIDs() {
+	for _, id := range k.w.revokedIDs() {
 		if !fn(id, true) {
 			break
 		}
