@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/stretchr/testify/require"
 
@@ -498,13 +499,25 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 	require.NoError(t, cs.Client.Keys().Set("req-2", []byte("k2")))
 	require.NoError(t, cs.Client.Keys().Remove("req-2"))
 
-	st := s.ok("GET", "/v1/status", nil)
-	resp, err := http.Get(s.addr + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	var p expfmt.TextParser
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
+	// The owner reclaims retired blobs in the background, so arena figures may move between two
+	// reads: compare metrics with a status read on each side of them that saw the same state.
+	var st map[string]any
+	var fams map[string]*dto.MetricFamily
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		before := s.ok("GET", "/v1/status", nil)
+		resp, err := http.Get(s.addr + "/metrics")
+		require.NoError(t, err)
+		var p expfmt.TextParser
+		fams, err = p.TextToMetricFamilies(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		st = s.ok("GET", "/v1/status", nil)
+		if before["arena_bytes_free"] == st["arena_bytes_free"] && before["version"] == st["version"] {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the region never stood still between a status and a metrics read")
+		time.Sleep(10 * time.Millisecond)
+	}
 	for name, f := range fams {
 		require.NotEmpty(t, f.GetHelp(), "%s has no HELP", name)
 	}
