@@ -265,9 +265,13 @@ func TestPython(t *testing.T) {
 	require.NoError(t, err)
 	pyDir, err := filepath.Abs(filepath.Join("..", "python"))
 	require.NoError(t, err)
-	args := []string{"-m", "pytest", "-q", "-p", "no:cacheprovider", filepath.Join(pyDir, "tests")}
+	// -rs lists every skip with its reason; -v (with go test -v) names each test, -q otherwise
+	// (the two together cancel out).
+	args := []string{"-m", "pytest", "-rs", "-p", "no:cacheprovider", filepath.Join(pyDir, "tests")}
 	if testing.Verbose() {
 		args = append(args, "-v")
+	} else {
+		args = append(args, "-q")
 	}
 	// The follower tests restart a real `shmsteer serve`.
 	serveBin := filepath.Join(t.TempDir(), "shmsteer")
@@ -289,6 +293,48 @@ func TestPython(t *testing.T) {
 	err = cmd.Wait()
 	t.Log(log.String())
 	require.NoError(t, err, "pytest failed")
+}
+
+// TestPythonVenvInstall runs the README's install lines: a virtual environment over Debian's
+// interpreter that sees its packages, the package installed into it with pip and no package
+// index, imported from outside the checkout with its library.
+func TestPythonVenvInstall(t *testing.T) {
+	py := "/usr/bin/python3"
+	if out, err := exec.Command(py, "-c", "import venv, setuptools, wheel, pip").CombinedOutput(); err != nil {
+		t.Skipf("venv, pip, setuptools or wheel missing for %s (apt-get install python3-venv python3-pip python3-setuptools python3-wheel): %s", py, out)
+	}
+	readme, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	lines := []string{"go generate ./capi", py + " -m venv --system-site-packages .venv",
+		".venv/bin/python -m pip install --no-index --no-build-isolation ./python",
+		".venv/bin/python -c 'import shmsteer; print(shmsteer.__version__)'"}
+	for _, l := range lines {
+		require.Contains(t, string(readme), "\n    "+l, "the README's install lines changed: change this test with them")
+	}
+	buildLibrary(t) // the first line
+	// The checkout's python/ copied (pip builds in the source tree: build/, *.egg-info).
+	dir := t.TempDir()
+	src := filepath.Join(dir, "python")
+	require.NoError(t, os.MkdirAll(src, 0o755))
+	for _, p := range []string{"pyproject.toml", "setup.py", "README.md", "shmsteer"} {
+		out, err := exec.Command("cp", "-r", filepath.Join("..", "python", p), filepath.Join(src, p)).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+	for _, l := range lines[1:] {
+		cmd := exec.Command("bash", "-c", l)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s\n%s", l, out)
+	}
+	cmd := exec.Command(filepath.Join(dir, ".venv", "bin", "python"), "-c",
+		"import os, shmsteer, numpy; d = os.path.dirname(shmsteer.__file__); print(d); print(os.path.exists(os.path.join(d, 'libshmsteer.so')))")
+	cmd.Dir = t.TempDir()
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	got := strings.Fields(string(out))
+	require.Len(t, got, 2, "%s", out)
+	require.True(t, strings.HasPrefix(got[0], filepath.Join(dir, ".venv")), "imported from the venv: %s", got[0])
+	require.Equal(t, "True", got[1], "the library is installed with the package")
 }
 
 // The Python package builds, with Debian's setuptools and wheel and no package index, into a

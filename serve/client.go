@@ -81,7 +81,12 @@ func (cs *ClientSession) PrintStatus(w io.Writer, asJSON bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "namespace\t%s\nowner_pid\t%d\n", cs.namespace, cs.Client.OwnerPID())
 	for _, k := range keys {
-		fmt.Fprintf(tw, "%s\t%v\n", k, m[k])
+		v := m[k]
+		if k == "attached_clients" && st.AttachedClients < 0 {
+			// Only the owner counts its clients; this command is one of them.
+			v = "unknown to a client (the owner's count: GET /v1/status, shmsteer_attached_clients)"
+		}
+		fmt.Fprintf(tw, "%s\t%v\n", k, v)
 	}
 	return tw.Flush()
 }
@@ -189,5 +194,41 @@ func (cs *ClientSession) GlobalSet(file string, refs []string, replace bool) (ui
 	if st.Empty() {
 		return 0, badInput("nothing to set: give --file with vectors or clamps, or --ref NAME[=STRENGTH]")
 	}
+	if err := cs.checkOwn(&st); err != nil {
+		return 0, err
+	}
 	return cs.Engine.SetGlobal(st, mergeUnless(replace)...)
+}
+
+// checkOwn checks what the user gave before it is merged into the current global steering, so
+// an error names the user's own entries (a site, a name), not an index into the merged set.
+func (cs *ClientSession) checkOwn(st *steer.Steering) error {
+	cfg := cs.Engine.Config()
+	snap, err := cs.Engine.Region().Snapshot()
+	if err != nil {
+		return err
+	}
+	defer snap.Close()
+	infos, err := cs.Engine.VectorInfos(&snap)
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, in := range infos {
+		known[in.Name] = true
+	}
+	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
+		t := st.Tier(ph)
+		for _, v := range t.Vectors {
+			if len(v.Data) != cfg.Hidden {
+				return fmt.Errorf("%w: the %s vector at %s layer %d has %d floats, hidden size is %d", steer.ErrHiddenSize, ph, v.Hook, v.Layer, len(v.Data), cfg.Hidden)
+			}
+		}
+		for _, r := range t.Refs {
+			if !known[r.Name] {
+				return fmt.Errorf("%w: %q (the %s tier's reference; `shmsteer vectors ls` lists the registered names)", steer.ErrUnknownVector, r.Name, ph)
+			}
+		}
+	}
+	return nil
 }

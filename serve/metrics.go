@@ -3,6 +3,7 @@ package serve
 import (
 	"fmt"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -86,7 +87,11 @@ func newMetrics(s *Server) *metrics {
 	add("m_replayed", "mirror_replayed_total", "Authenticated bucket values refused as older than their host's newest applied here (replays).", ct)
 	add("m_queue_full", "mirror_queue_full_total", "Local changes not mirrored because the queue was full (the local write stands).", ct)
 	add("m_reconnects", "mirror_reconnects_total", "Reconnections of the mirror to NATS.", ct)
-	m.reg.MustRegister(c, m.http, m.rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: "shmsteer_build_info",
+		Help:        "Always 1; the labels name the running binary: its version (see Version) and VCS revision.",
+		ConstLabels: prometheus.Labels{"version": Version(), "revision": revision()}})
+	bi.Set(1)
+	m.reg.MustRegister(c, m.http, m.rpc, bi, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -165,6 +170,45 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 var opNames = map[uint16]string{steer.OpRegister: "register", steer.OpUnregister: "unregister",
 	steer.OpSetGlobal: "set_global", OpReportChecksum: "report_checksum",
 	steer.OpRegisterProbe: "register_probe", steer.OpUnregisterProbe: "unregister_probe"}
+
+// devVersion is the version of a binary built from a checkout (no module version).
+const devVersion = "v0.0.0-dev"
+
+// Version is the running binary's version: its module version when it has one (go install
+// MODULE@VERSION), otherwise v0.0.0-dev followed by the VCS revision the build stamped
+// ("+" and 12 hex digits, "-dirty" when the tree had changes), or by "(no VCS stamp)" when it
+// stamped none: GOFLAGS=-buildvcs=false, a build outside a git checkout, or go run.
+func Version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	if r := revision(); r != "" {
+		return devVersion + "+" + r
+	}
+	return devVersion + " (no VCS stamp)"
+}
+
+// revision is the VCS revision the build stamped (12 hex digits, "-dirty" when modified), or "".
+func revision() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value[:min(12, len(s.Value))]
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "-dirty"
+		}
+	}
+	if rev == "" {
+		return ""
+	}
+	return rev + dirty
+}
 
 // timeRPC wraps an RPC handler to observe its latency.
 func (m *metrics) timeRPC(op uint16, h func([]byte) ([]byte, error)) func([]byte) ([]byte, error) {

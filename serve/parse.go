@@ -152,8 +152,10 @@ func describeJSONError(err error) string {
 			}
 		}
 		return fmt.Sprintf("%s: want %s, got %s", where, goKindJSON(te.Type.String()), got)
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return "body is empty or ends early: want one JSON object"
+	case errors.Is(err, io.EOF):
+		return "empty body: want one JSON object"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "body ends early: want one JSON object"
 	}
 	msg := strings.TrimPrefix(err.Error(), "json: ")
 	if f, ok := strings.CutPrefix(msg, "unknown field "); ok {

@@ -273,6 +273,10 @@ func (s *Server) loop(ctx context.Context, hup <-chan os.Signal, serveErr <-chan
 		case <-hup:
 			if n, err := s.reloadKeys(); err != nil {
 				s.log.Error("API keys not reloaded; the old keys stay", "err", err)
+			} else if n == 0 && s.cfg.Auth == AuthFork {
+				s.log.Warn("API keys reloaded: the file holds no key, so the control API is open to every local caller (--auth fork)", "keys", 0)
+			} else if n == 0 {
+				s.log.Warn("API keys reloaded: the file holds no key, so every /v1/ call is refused until one is added (SIGHUP again)", "keys", 0)
 			} else {
 				s.log.Info("API keys reloaded", "keys", n)
 			}

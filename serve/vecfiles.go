@@ -92,6 +92,9 @@ func (s *Server) importVector(w http.ResponseWriter, r *http.Request, p principa
 	}
 	// The cap is checked before reading when the client declares the length; ImportReader
 	// stops one byte past it otherwise.
+	if r.ContentLength == 0 {
+		return nil, badInput("empty body: send the vector file's bytes (curl --data-binary @FILE; curl sends an empty body when FILE is missing)")
+	}
 	if r.ContentLength > s.cfg.MaxUploadBytes {
 		return nil, fmt.Errorf("%w: %s is %d bytes, the cap is %d (max_upload_bytes)", vecfile.ErrTooLarge, file, r.ContentLength, s.cfg.MaxUploadBytes)
 	}

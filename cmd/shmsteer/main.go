@@ -20,7 +20,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -32,9 +31,6 @@ import (
 	"github.com/shmsteer/shmsteer/serve"
 	"github.com/shmsteer/shmsteer/steer"
 )
-
-// defaultVersion is reported when the binary carries no module version (a plain go build).
-const defaultVersion = "v0.0.0-dev"
 
 func main() {
 	// Re-executed children take their role from the environment before any flag parsing.
@@ -64,14 +60,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ec) {
 		return int(ec)
 	}
-	// One "shmsteer:" prefix: the library's errors carry it already.
-	fmt.Fprintf(stderr, "shmsteer: %s\n", strings.TrimPrefix(err.Error(), "shmsteer: "))
+	fmt.Fprintln(stderr, oneprefix(err))
 	var ue usageError
 	if errors.As(err, &ue) {
 		fmt.Fprintln(stderr, "Run 'shmsteer help' or 'shmsteer COMMAND --help' for usage.")
 		return 2
 	}
 	return 1
+}
+
+// oneprefix words err with one "shmsteer: " prefix: the library's sentinels each carry it, so
+// an error wrapped through several of them (a serve configuration error around a steering
+// config error) would repeat it.
+func oneprefix(err error) string {
+	return "shmsteer: " + strings.ReplaceAll(err.Error(), "shmsteer: ", "")
 }
 
 // group makes a command that only holds subcommands print its help and exit 2 when called
@@ -87,12 +89,9 @@ func group(c *cobra.Command) {
 	}
 }
 
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return defaultVersion
-}
+// version is serve.Version: the module version, or v0.0.0-dev with the VCS revision when the
+// build stamped one.
+func version() string { return serve.Version() }
 
 func args(n int) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, a []string) error {
@@ -181,6 +180,9 @@ func (c *cli) statusCmd() *cobra.Command {
 	var asJSON bool
 	statusCmd := &cobra.Command{
 		Use: "status", Short: "Print steering and region status (attaches as a client)", Args: args(0),
+		Long: "Print steering and region status, read from the region as an attached client.\n\n" +
+			"attached_clients is counted by the owner only: a client cannot see it (--json gives -1);\n" +
+			"serve's GET /v1/status and its shmsteer_attached_clients metric give the owner's count.",
 		RunE: c.withClient(func(cs *serve.ClientSession, cmd *cobra.Command, _ []string) error {
 			return cs.PrintStatus(c.stdout, asJSON)
 		}),

@@ -34,7 +34,7 @@ var (
 	ErrTensorName = errors.New("shmsteer: tensor name does not name a hook and layer")
 	// ErrNeedLayers means a single [hidden] array was given without ImportOptions.Layers to say
 	// which layers it steers.
-	ErrNeedLayers = errors.New("shmsteer: a [hidden] array needs a layer range")
+	ErrNeedLayers = errors.New("shmsteer: a [hidden] array needs a layer range (--layers)")
 	// ErrNoVectors means the file (after the layer range) steers nothing: no tensors, or only
 	// all-zero rows.
 	ErrNoVectors = errors.New("shmsteer: vector file steers nothing")

@@ -211,3 +211,12 @@ func TestTruncatedAnywhere(t *testing.T) {
 		}
 	}
 }
+
+// An empty file (an upload with an empty body) is named as empty, whatever the format.
+func TestEmptyFile(t *testing.T) {
+	for _, f := range []Format{FormatAuto, FormatGGUF, FormatNpy, FormatNpz, FormatSafetensors} {
+		_, err := ImportBytes(nil, "upload", steer.ModelConfig{Hidden: 4, Layers: 2}, ImportOptions{Format: f})
+		require.ErrorIs(t, err, ErrCorrupt, f)
+		require.ErrorContains(t, err, "upload: empty (0 bytes)", f)
+	}
+}

@@ -237,7 +237,7 @@ func addArray(acc *accumulator, tensor, hookName string, a *npyArray) error {
 	case len(a.shape) == 1 && a.shape[0] == H:
 		r := acc.opts.Layers
 		if r == nil {
-			return fmt.Errorf("%w: %s: tensor %q: shape [%d] is one vector: give the layers it steers (a layer range)", ErrNeedLayers, acc.file, tensor, H)
+			return fmt.Errorf("%w: %s: tensor %q: shape [%d] is one vector: give the layers it steers (--layers A-B; layers=A-B in the API and Python; ImportOptions.Layers in Go)", ErrNeedLayers, acc.file, tensor, H)
 		}
 		for l := r.First; l <= r.Last && l < L; l++ {
 			if err := acc.add(tensor, hook, l, a.dt, a.row(0), false); err != nil {

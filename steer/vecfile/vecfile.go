@@ -214,6 +214,9 @@ func ImportBytes(b []byte, name string, cfg steer.ModelConfig, opts ImportOption
 	if int64(len(b)) > opts.maxBytes() {
 		return nil, fmt.Errorf("%w: %s is %d bytes, the cap is %d (ImportOptions.MaxBytes)", ErrTooLarge, name, len(b), opts.maxBytes())
 	}
+	if len(b) == 0 {
+		return nil, fmt.Errorf("%w: %s: empty (0 bytes)", ErrCorrupt, name)
+	}
 	acc := newAccumulator(cfg, &opts)
 	if err := parseInto(acc, name, name, b, nil, opts.scale()); err != nil {
 		return nil, err
