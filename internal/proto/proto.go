@@ -3,21 +3,22 @@
 // owner, and the codes of the errors an owner's reply carries, with the codec that turns a code
 // back into the sentinel (errors.Is) in the worker.
 //
-// It is a leaf: it imports only the standard library, so every room (shm's users, ipc, keys,
+// It is a leaf: it imports only the standard library, so every room (shm's users, ipc,
 // steer, serve, mirror, capi, bench) can import it without a cycle. It must not hold behaviour:
 // no encoding of payloads (each op's payload belongs to the room that serves it) and no
 // sentinel of its own except ErrUnknownOp, which both the transport (ipc) and its users
 // (steer) must recognise.
 //
-// To add an entry: pick the next free number in the room's block below, add it to the table
-// (TestTables checks that numbers are distinct and in their blocks), and for an error code bind
-// the sentinel in the package that declares it (Bind, from a package init).
+// To add an entry: pick the next free number in the room's block below and add it to the table
+// (TestTables checks that no two kinds, ops or codes share a number and that each is in its
+// range); for an error code bind the sentinel in the package that declares it (Bind, from a
+// package init). A retired number stays retired (a comment says so).
 package proto
 
 // Kinds of entries in the region (shm.Kind values). Each room owns a block; a kind is never
 // reused for another meaning (a region written by an older build must not be misread).
 const (
-	// KindKey: the key registry (package keys). Key: request id; value: key bytes followed by
+	// KindKey: the key registry (ipc.Registry). Key: request id; value: key bytes followed by
 	// one state byte. A revoked id has no value but a mark under this kind.
 	KindKey = 1
 
