@@ -1,0 +1,494 @@
+//go:build linux
+
+package capture
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/shmsteer/shmsteer/steer"
+	"golang.org/x/sys/unix"
+)
+
+// The capture ring: one per worker, in a writable memfd mapping of its own (never the sealed
+// data region). One writer (the worker's hooks) appends framed records; each attached consumer
+// reads them in order through its own slot and releases them. The writer never overwrites a
+// record an attached consumer has not released: when the ring lacks space for a consumer whose
+// policy is block it waits up to its bound, then (and at once for a consumer whose policy is
+// drop) drops the record, counted in the ring and in each lagging consumer's slot. A record is
+// published by one atomic store of the write position after all its bytes are written, so a
+// writer killed mid-record leaves nothing a reader can see.
+//
+// Mapping layout (little-endian; every shared word through sync/atomic):
+//
+//	0    magic "shmcapr\x01", capacity (data bytes, a multiple of 8), slots
+//	64   write position (bytes ever appended; publishes records)
+//	128  records, bytes, dropped (the writer's counters)
+//	192  slots × 64: state u32 + policy u32, read position, received, dropped
+//	...  data: capacity bytes
+//
+// A frame at data[pos % capacity], never wrapping (a pad frame fills the tail):
+//
+//	0   frame length u32 (multiple of 8, header included), kind u32 (1 record, 2 pad)
+//	8   layer u32, rows u32
+//	16  width u32, dtype u8, hook length u8, request id length u16
+//	24  positions: rows × u32, request id, hook, zero padding to 8, data, zero padding to 8
+
+const (
+	ringMagic     = "shmcapr\x01"
+	offWrite      = 64
+	offRecords    = 128
+	offBytes      = 136
+	offDropped    = 144
+	offSlots      = 192
+	slotSize      = 64
+	frameHeader   = 24
+	kindRecord    = 1
+	kindPad       = 2
+	slotFree      = 0
+	slotAttached  = 1
+	slotClaiming  = 2
+	readUnset     = math.MaxUint64
+	MaxRingSlots  = 16
+	minRingData   = 4096
+	maxRingData   = 1 << 40
+	maxFrameShift = 1 // a frame is at most capacity >> maxFrameShift bytes
+)
+
+// Policy is a consumer's backpressure policy.
+type Policy uint32
+
+const (
+	// Block: when the ring lacks space for this consumer the writer waits up to the ring's
+	// bound for it to release records, then drops the record.
+	Block Policy = 1
+	// Drop: the writer drops the record at once.
+	Drop Policy = 2
+)
+
+var (
+	// ErrRingLayout: a mapping is not a capture ring of this version (magic, capacity or
+	// slots wrong, or smaller than its header says); make it with CreateRing.
+	ErrRingLayout = errors.New("shmsteer: not a capture ring")
+	// ErrRingCorrupt: a frame's offsets or lengths do not fit the ring or the published
+	// region; the reader stops (the writer is broken or hostile).
+	ErrRingCorrupt = errors.New("shmsteer: corrupt capture ring frame")
+	// ErrDropped: the record was not written (no space for a lagging consumer within its
+	// policy); it is counted in Stats.Dropped and the lagging slots.
+	ErrDropped = errors.New("shmsteer: capture record dropped")
+	// ErrRecordTooLarge: a record's frame exceeds half the ring's capacity; make the ring
+	// larger or capture fewer rows per record.
+	ErrRecordTooLarge = errors.New("shmsteer: capture record larger than the ring allows")
+	// ErrNoSlot: every consumer slot is taken; detach a consumer or make more slots.
+	ErrNoSlot = errors.New("shmsteer: no free capture consumer slot")
+)
+
+// Ring is a mapped capture ring.
+type Ring struct {
+	mem   []byte
+	cap   uint64
+	slots int
+	data  []byte
+	fd    int
+}
+
+func dataOff(slots int) int { return offSlots + slots*slotSize }
+
+// CreateRing makes a ring of capacity data bytes (rounded up to 8) and slots consumer slots
+// in a new memfd; Fd passes it to other processes.
+func CreateRing(capacity uint64, slots int) (*Ring, error) {
+	capacity = (capacity + 7) &^ 7
+	if capacity < minRingData || capacity > maxRingData || slots < 1 || slots > MaxRingSlots {
+		return nil, fmt.Errorf("%w: capacity %d not in [%d, %d] or slots %d not in [1, %d]", ErrRingLayout, capacity, minRingData, uint64(maxRingData), slots, MaxRingSlots)
+	}
+	fd, err := unix.MemfdCreate("shmsteer-capture", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("%w: memfd: %v", ErrWrite, err)
+	}
+	size := int64(dataOff(slots)) + int64(capacity)
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: ftruncate: %v", ErrWrite, err)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: mmap: %v", ErrWrite, err)
+	}
+	copy(mem, ringMagic)
+	binary.LittleEndian.PutUint64(mem[8:], capacity)
+	binary.LittleEndian.PutUint32(mem[16:], uint32(slots))
+	r := &Ring{mem: mem, cap: capacity, slots: slots, data: mem[dataOff(slots):], fd: fd}
+	for i := range slots {
+		word(mem, r.slotOff(i)+8).Store(readUnset)
+	}
+	return r, nil
+}
+
+// OpenRing maps the ring in fd (dup'ed; the caller keeps fd), checking its header against
+// the file's size.
+func OpenRing(fd int) (*Ring, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("%w: fstat: %v", ErrRingLayout, err)
+	}
+	if st.Size < offSlots || st.Size > int64(dataOff(MaxRingSlots))+maxRingData {
+		return nil, fmt.Errorf("%w: %d bytes", ErrRingLayout, st.Size)
+	}
+	nfd, err := unix.Dup(fd)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dup: %v", ErrRingLayout, err)
+	}
+	mem, err := unix.Mmap(nfd, 0, int(st.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(nfd)
+		return nil, fmt.Errorf("%w: mmap: %v", ErrRingLayout, err)
+	}
+	capacity := binary.LittleEndian.Uint64(mem[8:])
+	slots := int(binary.LittleEndian.Uint32(mem[16:]))
+	if string(mem[:8]) != ringMagic || capacity < minRingData || capacity > maxRingData || capacity%8 != 0 ||
+		slots < 1 || slots > MaxRingSlots || int64(dataOff(slots))+int64(capacity) != st.Size {
+		unix.Munmap(mem)
+		unix.Close(nfd)
+		return nil, fmt.Errorf("%w: header (capacity %d, slots %d) does not match the %d-byte mapping", ErrRingLayout, capacity, slots, st.Size)
+	}
+	return &Ring{mem: mem, cap: capacity, slots: slots, data: mem[dataOff(slots):], fd: nfd}, nil
+}
+
+// Fd is the ring's memfd (for cmd.ExtraFiles or SCM_RIGHTS).
+func (r *Ring) Fd() int { return r.fd }
+
+// Close unmaps the ring and closes its descriptor.
+func (r *Ring) Close() error {
+	err := unix.Munmap(r.mem)
+	if cerr := unix.Close(r.fd); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (r *Ring) slotOff(i int) int { return offSlots + i*slotSize }
+
+// slot reads a slot's state word: attached, and its policy.
+func (r *Ring) slot(so int) (bool, Policy) {
+	v := word(r.mem, so).Load()
+	return uint32(v) == slotAttached, Policy(v >> 32)
+}
+
+// RingStats are the writer's counters and the ring's occupancy.
+type RingStats struct {
+	Records, Bytes, Dropped uint64 // written and dropped by the writer
+	Occupancy               uint64 // bytes not yet released by the slowest attached consumer
+}
+
+// Stats reads the ring's counters.
+func (r *Ring) Stats() RingStats {
+	s := RingStats{Records: word(r.mem, offRecords).Load(), Bytes: word(r.mem, offBytes).Load(), Dropped: word(r.mem, offDropped).Load()}
+	wp := word(r.mem, offWrite).Load()
+	for i := range r.slots {
+		so := r.slotOff(i)
+		if ok, _ := r.slot(so); !ok {
+			continue
+		}
+		if rp := word(r.mem, so+8).Load(); rp != readUnset && wp-rp > s.Occupancy {
+			s.Occupancy = wp - rp
+		}
+	}
+	return s
+}
+
+// RingWriter appends records; one per ring, in one process.
+type RingWriter struct {
+	r    *Ring
+	wait time.Duration
+	pos  uint64
+}
+
+// Writer is the ring's single writer; block-policy consumers make Append wait up to wait.
+func (r *Ring) Writer(wait time.Duration) *RingWriter {
+	return &RingWriter{r: r, wait: wait, pos: word(r.mem, offWrite).Load()}
+}
+
+func frameLen(rows, idLen, hookLen, nbytes int) uint64 {
+	meta := uint64(frameHeader) + 4*uint64(rows) + uint64(idLen) + uint64(hookLen)
+	return (meta+7)&^7 + (uint64(nbytes)+7)&^7
+}
+
+var dtypeCodes = []Dtype{"", Float32, BFloat16, Float16}
+
+func dtypeCode(d Dtype) byte {
+	for i, x := range dtypeCodes {
+		if x == d && i > 0 {
+			return byte(i)
+		}
+	}
+	return 0
+}
+
+// Append frames rec (of request requestID) into the ring: ErrBadRecord for a bad record or
+// request id (at most 65,535 bytes, positions in [0, 2³²)), ErrRecordTooLarge, ErrDropped when
+// a lagging consumer's policy (after Block's bounded wait) gives up the record. With no
+// consumer attached the record is not written and Append returns nil.
+func (w *RingWriter) Append(requestID string, rec Record) error {
+	if err := rec.check(); err != nil {
+		return err
+	}
+	if requestID == "" || len(requestID) > math.MaxUint16 {
+		return fmt.Errorf("%w: request id empty or longer than %d bytes", ErrBadRecord, math.MaxUint16)
+	}
+	for _, p := range rec.Positions {
+		if p < 0 || p > math.MaxUint32 {
+			return fmt.Errorf("%w: position %d not in [0, 2³²)", ErrBadRecord, p)
+		}
+	}
+	r := w.r
+	n := frameLen(rec.Rows, len(requestID), len(rec.Hook), len(rec.Data))
+	if n > r.cap>>maxFrameShift {
+		return fmt.Errorf("%w: %d-byte frame, the ring's capacity is %d", ErrRecordTooLarge, n, r.cap)
+	}
+	pad := uint64(0)
+	if off := w.pos % r.cap; off+n > r.cap {
+		pad = r.cap - off
+	}
+	need := pad + n
+	deadline := time.Time{}
+	for {
+		lagging, block, attached := w.lagging(need)
+		if attached == 0 {
+			return nil
+		}
+		if lagging == 0 {
+			break
+		}
+		if block && w.wait > 0 {
+			if deadline.IsZero() {
+				deadline = time.Now().Add(w.wait)
+			}
+			if time.Now().Before(deadline) {
+				time.Sleep(20 * time.Microsecond)
+				continue
+			}
+		}
+		// Drop: count it in the ring and in each lagging slot.
+		word(r.mem, offDropped).Add(1)
+		for i := range r.slots {
+			so := r.slotOff(i)
+			if w.slotLags(so, need) {
+				word(r.mem, so+24).Add(1)
+			}
+		}
+		return fmt.Errorf("%w: %d bytes needed", ErrDropped, need)
+	}
+	if pad > 0 {
+		f := r.data[w.pos%r.cap:]
+		binary.LittleEndian.PutUint32(f[0:], uint32(pad))
+		binary.LittleEndian.PutUint32(f[4:], kindPad)
+		w.pos += pad
+	}
+	f := r.data[w.pos%r.cap : w.pos%r.cap+n]
+	binary.LittleEndian.PutUint32(f[0:], uint32(n))
+	binary.LittleEndian.PutUint32(f[4:], kindRecord)
+	binary.LittleEndian.PutUint32(f[8:], uint32(rec.Layer))
+	binary.LittleEndian.PutUint32(f[12:], uint32(rec.Rows))
+	binary.LittleEndian.PutUint32(f[16:], uint32(rec.Width))
+	f[20] = dtypeCode(rec.Dtype)
+	f[21] = byte(len(rec.Hook))
+	binary.LittleEndian.PutUint16(f[22:], uint16(len(requestID)))
+	o := frameHeader
+	for _, p := range rec.Positions {
+		binary.LittleEndian.PutUint32(f[o:], uint32(p))
+		o += 4
+	}
+	o += copy(f[o:], requestID)
+	o += copy(f[o:], rec.Hook)
+	for ; o%8 != 0; o++ {
+		f[o] = 0
+	}
+	o += copy(f[o:], rec.Data)
+	for ; o < len(f); o++ {
+		f[o] = 0
+	}
+	w.pos += n
+	word(r.mem, offWrite).Store(w.pos) // publishes the frame (and the pad before it)
+	word(r.mem, offRecords).Add(1)
+	word(r.mem, offBytes).Add(uint64(len(rec.Data)))
+	return nil
+}
+
+// slotLags initializes an attached slot's read position (the writer's first sight of it) and
+// reports whether it lacks need bytes.
+func (w *RingWriter) slotLags(so int, need uint64) bool {
+	if ok, _ := w.r.slot(so); !ok {
+		return false
+	}
+	rp := word(w.r.mem, so+8)
+	if rp.Load() == readUnset {
+		rp.CompareAndSwap(readUnset, w.pos)
+	}
+	used := w.pos - rp.Load()
+	return used > w.r.cap || w.r.cap-used < need
+}
+
+func (w *RingWriter) lagging(need uint64) (lagging int, block bool, attached int) {
+	for i := range w.r.slots {
+		so := w.r.slotOff(i)
+		ok, p := w.r.slot(so)
+		if !ok {
+			continue
+		}
+		attached++
+		if w.slotLags(so, need) {
+			lagging++
+			block = block || p == Block
+		}
+	}
+	return
+}
+
+// RingReader is one consumer's reader: it claims a slot and reads, in order, the records
+// published after the writer first sees the slot. One goroutine at a time.
+type RingReader struct {
+	r       *Ring
+	so      int
+	pending uint64 // frame bytes of the record Next returned, released by Release or Next
+}
+
+// Attach claims a free slot with policy p (Block or Drop); ErrNoSlot when all are taken.
+func (r *Ring) Attach(p Policy) (*RingReader, error) {
+	if p != Block && p != Drop {
+		return nil, fmt.Errorf("%w: policy %d, want Block or Drop", ErrBadRecord, p)
+	}
+	for i := range r.slots {
+		so := r.slotOff(i)
+		st := word(r.mem, so)
+		if !st.CompareAndSwap(slotFree, slotClaiming) {
+			continue
+		}
+		word(r.mem, so+8).Store(readUnset)
+		word(r.mem, so+16).Store(0)
+		word(r.mem, so+24).Store(0)
+		st.Store(slotAttached | uint64(p)<<32)
+		return &RingReader{r: r, so: so}, nil
+	}
+	return nil, fmt.Errorf("%w: %d slots", ErrNoSlot, r.slots)
+}
+
+// Detach frees the reader's slot: the writer stops waiting for it.
+func (c *RingReader) Detach() { word(c.r.mem, c.so).Store(slotFree) }
+
+// Received and Dropped are the slot's counters: records read, and records the writer dropped
+// while this consumer lagged.
+func (c *RingReader) Received() uint64 { return word(c.r.mem, c.so+16).Load() }
+func (c *RingReader) Dropped() uint64  { return word(c.r.mem, c.so+24).Load() }
+
+// RingRecord is a record read from the ring: Data is a view of the mapping, valid until the
+// reader's next Next or Release.
+type RingRecord struct {
+	RequestID string
+	Record
+}
+
+// Release lets the writer reuse the record Next returned.
+func (c *RingReader) Release() {
+	if c.pending > 0 {
+		rp := word(c.r.mem, c.so+8)
+		rp.Store(rp.Load() + c.pending)
+		c.pending = 0
+	}
+}
+
+// Next releases the previous record and returns the next published one (false when there is
+// none yet). ErrRingCorrupt if the ring's positions or a frame do not fit; the reader is
+// then unusable.
+func (c *RingReader) Next() (RingRecord, bool, error) {
+	c.Release()
+	r := c.r
+	rp := word(r.mem, c.so+8)
+	for {
+		pos := rp.Load()
+		if pos == readUnset {
+			return RingRecord{}, false, nil
+		}
+		wp := word(r.mem, offWrite).Load()
+		if wp == pos {
+			return RingRecord{}, false, nil
+		}
+		if wp < pos || wp-pos > r.cap || pos%8 != 0 {
+			return RingRecord{}, false, fmt.Errorf("%w: read position %d, write position %d, capacity %d", ErrRingCorrupt, pos, wp, r.cap)
+		}
+		off := pos % r.cap
+		avail := min(r.cap-off, wp-pos)
+		n, kind, rec, err := decodeFrame(r.data[off : off+avail])
+		if err != nil {
+			return RingRecord{}, false, err
+		}
+		if kind == kindPad {
+			if n != r.cap-off {
+				return RingRecord{}, false, fmt.Errorf("%w: a %d-byte pad at offset %d does not end the ring", ErrRingCorrupt, n, off)
+			}
+			rp.Store(pos + n)
+			continue
+		}
+		c.pending = n
+		word(r.mem, c.so+16).Add(1)
+		return rec, true, nil
+	}
+}
+
+// decodeFrame reads the frame at the start of b (the published bytes up to the ring's end):
+// its length, kind and, for a record, the record (Data a view of b). Every length is checked
+// against b and against the others.
+func decodeFrame(b []byte) (uint64, uint32, RingRecord, error) {
+	bad := func(format string, a ...any) (uint64, uint32, RingRecord, error) {
+		return 0, 0, RingRecord{}, fmt.Errorf("%w: %s", ErrRingCorrupt, fmt.Sprintf(format, a...))
+	}
+	if len(b) < 8 {
+		return bad("%d bytes, no frame header", len(b))
+	}
+	n := uint64(binary.LittleEndian.Uint32(b))
+	kind := binary.LittleEndian.Uint32(b[4:])
+	if n < 8 || n%8 != 0 || n > uint64(len(b)) {
+		return bad("frame length %d with %d bytes published", n, len(b))
+	}
+	switch kind {
+	case kindPad:
+		return n, kind, RingRecord{}, nil
+	case kindRecord:
+	default:
+		return bad("frame kind %d", kind)
+	}
+	if n < frameHeader {
+		return bad("record frame of %d bytes", n)
+	}
+	f := b[:n]
+	layer := binary.LittleEndian.Uint32(f[8:])
+	rows := int(binary.LittleEndian.Uint32(f[12:]))
+	width := int(binary.LittleEndian.Uint32(f[16:]))
+	dc, hookLen, idLen := int(f[20]), int(f[21]), int(binary.LittleEndian.Uint16(f[22:]))
+	if dc == 0 || dc >= len(dtypeCodes) {
+		return bad("dtype code %d", dc)
+	}
+	d := dtypeCodes[dc]
+	if rows < 1 || rows > MaxRecordRows || width < 1 || width > steer.MaxHidden || hookLen < 1 || idLen < 1 || layer > math.MaxInt32 {
+		return bad("rows %d, width %d, hook length %d, id length %d, layer %d", rows, width, hookLen, idLen, layer)
+	}
+	nbytes := rows * width * d.Size()
+	if frameLen(rows, idLen, hookLen, nbytes) != n {
+		return bad("a %d-byte frame for %d rows of %d %s, %d+%d name bytes", n, rows, width, d, idLen, hookLen)
+	}
+	rec := RingRecord{Record: Record{Layer: int(layer), Rows: rows, Width: width, Dtype: d, Positions: make([]int, rows)}}
+	o := frameHeader
+	for i := range rows {
+		rec.Positions[i] = int(binary.LittleEndian.Uint32(f[o:]))
+		o += 4
+	}
+	rec.RequestID = string(f[o : o+idLen])
+	o += idLen
+	rec.Hook = string(f[o : o+hookLen])
+	o = (o + hookLen + 7) &^ 7
+	rec.Data = f[o : o+nbytes : o+nbytes]
+	return n, kind, rec, nil
+}
