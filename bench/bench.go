@@ -197,6 +197,7 @@ func Run(cfg Config, src sources) *Report {
 		}
 		rep.Add(figs...)
 		rep.Warnings = append(rep.Warnings, warns...)
+		rep.Warnings = append(rep.Warnings, throughputPlausible(figs)...)
 	}
 	rep.Add(memFigures(prog, src, memNames)...)
 	rep.Finish()

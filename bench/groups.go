@@ -238,6 +238,31 @@ func throughputFigures(names ...string) func([]Figure) []Figure {
 	}
 }
 
+// Bounds of a plausible two-reader throughput figure: two processes reading private memory
+// on one host scale from not at all (or somewhat worse, on a loaded machine) to perfectly,
+// 2.0. A value outside them means the two windows did not overlap as they should.
+const (
+	throughputPlausibleMin = 0.2
+	throughputPlausibleMax = 3.0
+)
+
+// throughputPlausible warns of a throughput figure outside the plausible bounds: the bench
+// reports it with the figure (a timed bound belongs in the bench, where the machine's load is
+// part of the result, not in a test that would fail with it).
+func throughputPlausible(figs []Figure) []string {
+	var out []string
+	for _, f := range figs {
+		if f.Skipped != "" || !strings.HasPrefix(f.Name, "keys.get.throughput_") {
+			continue
+		}
+		if !(f.Value > throughputPlausibleMin && f.Value < throughputPlausibleMax) {
+			out = append(out, fmt.Sprintf("%s = %.3g is outside (%g, %g): the readers' windows did not overlap (a loaded machine, children woken late); rerun it on a quieter machine",
+				f.Name, f.Value, throughputPlausibleMin, throughputPlausibleMax))
+		}
+	}
+	return out
+}
+
 // throughputFigure is 2 × (one reader's time per read) / (two readers' window per read each):
 // the aggregate throughput of two readers in one window over one reader's. 2.0 is perfect
 // scaling, 1.0 none.
