@@ -15,7 +15,8 @@ A worker::
     with Client(namespace="llm") as c:          # secret from $SHMSTEER_SECRET
         key = c.keys["req-1"]                     # bytes; KeyRevokedError / KeyNotFoundError
         with c.snapshot() as snap:
-            v = snap.vector("honesty")            # read-only numpy views of the mapping
+            nv = snap.vector("honesty")           # a NamedVector (name, version, digest, entries)
+            v = nv.entries[0].data                # a read-only numpy view of the mapping
 """
 
 from . import errors

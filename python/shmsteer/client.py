@@ -319,6 +319,15 @@ def _kind_call(kind: str, steer_fn: Any, probe_fn: Any) -> Any:
 class Client(_Handle):
     """A worker process attached to an owner.
 
+    Attributes:
+        keys: the per-request key registry (:class:`Keys`): ``client.keys[request_id]`` is the
+            key's bytes (KeyRevokedError, KeyNotFoundError), ``keys[id] = b"..."`` sets one
+            through the owner, ``keys.revoke(id)`` revokes it.
+
+    Steering: :meth:`snapshot` pins a version (``snap.vector(name)`` is a :class:`NamedVector`
+    whose ``entries[i].data`` are read-only numpy views of the mapping), :meth:`stepper`
+    applies a step's steering, ``import_vector``/``export_vector`` read and write vector files.
+
     Args:
         namespace: must match the owner's.
         secret: the shared secret; with neither it nor ``secret_file``, ``$SHMSTEER_SECRET`` or
@@ -436,6 +445,11 @@ class _FollowedClient(Client):
 class Owner(_Handle):
     """The region's owner, hosted in this (main) process: it serves workers' attaches and
     writes on Go threads of its own, whatever Python does meanwhile.
+
+    Attributes:
+        keys: the per-request key registry (:class:`Keys`), as on :class:`Client`; the owner
+            writes it directly (``owner.keys[request_id] = key``, ``owner.keys.revoke(id)``;
+            the revoked sentinel is purged after ``grace``).
 
     Args:
         namespace, secret, secret_file: as for :class:`Client`.

@@ -9,13 +9,32 @@ Code written for the seed's module runs unchanged:
 * :func:`get_shared_registry` returns a mapping ``request id -> bytes | None`` in any process
   (main or spawned child); None is the revoked sentinel.
 * ``await remove_key(request_id, registry)`` marks the key revoked (readers get None, so
-  generation steps in flight do not crash) and the entry is purged 60 s later.
+  generation steps in flight do not crash) and the entry is purged 60 s later. Like the
+  seed's, the coroutine returns only after those 60 s (``PURGE_DELAY_SECONDS``): to go on at
+  once, run it as a task, ``asyncio.create_task(remove_key(request_id, registry))`` (keep a
+  reference to the task); the owner purges the sentinel on time whether or not it completes.
 * The three exceptions are :class:`RuntimeError` subclasses, as in the seed.
 
-Differences, all in the direction of the seed's intent: reads are plain loads from shared memory
-(no round trip), the purge is done by the owner itself (so it happens even if the coroutine is
-cancelled, and setting the id again cancels it), and children must be started with the
-``spawn`` start method (a forked child raises :class:`shmsteer.errors.ForkedError`).
+Deliberate differences from the seed's ``DictProxy`` (each in the direction of the seed's
+intent: a revoked key must read as revoked, never as missing, while steps are in flight):
+
+* ``del registry[k]``, like ``registry[k] = None``, revokes: the id reads None until the owner
+  purges it after ``PURGE_DELAY_SECONDS``, not KeyError at once. In the owner's view the id
+  stays counted by ``len``, listed by iteration and ``in`` until the purge (a worker's view
+  lists live keys only: revoked ids are stored hashed, only the owner knows them).
+* ``popitem()`` revokes a live key and returns it; with no live key it raises KeyError even
+  while revoked ids are still counted. ``clear()`` revokes every live key at once and returns
+  (MutableMapping's would spin until the purges).
+* Values are bytes-like only (``bytes``, ``bytearray``, ``memoryview``; read back as
+  ``bytes``): ``registry[k] = 123`` or a str raises TypeError (a DictProxy pickles anything;
+  ``bytes(123)`` would be 123 zero bytes). ``registry[k] = None`` for an unknown id stores a
+  revoked sentinel, as the seed's proxy stores None.
+* Reads are plain loads from shared memory (no round trip, no pickling); ``copy()`` is a
+  snapshot dict, as DictProxy's.
+* The purge is done by the owner itself, so it happens even if ``remove_key`` is cancelled,
+  and setting the id again cancels it.
+* Children must be started with the ``spawn`` start method (a forked child raises
+  :class:`shmsteer.errors.ForkedError`).
 
 The secret comes from ``$SHMSTEER_SECRET`` (``KEY_REGISTRY_AUTHKEY_ENV``); the namespace from
 ``$SHMSTEER_KEY_REGISTRY_NAMESPACE`` (default ``"key-registry"``).
@@ -76,7 +95,9 @@ class SharedKeyRegistry(MutableMapping):
 
     ``registry[id]`` is the key, None for a revoked key (until it is purged), KeyError if
     missing; ``registry[id] = None`` revokes; ``del registry[id]`` revokes too (the owner
-    purges it after the grace period).
+    purges it after the grace period). Where this differs from a DictProxy (``len`` and
+    iteration counting revoked ids in the owner until their purge, ``popitem``, ``clear``,
+    bytes-only values) is listed in the module's docstring, "Deliberate differences".
     """
 
     def __init__(self, handle: _Handle) -> None:
@@ -246,8 +267,10 @@ async def remove_key(request_id: str, shared_registry: MutableMapping) -> None:
     """Remove a key: mark it with the sentinel (None) so generation steps in flight do not crash,
     then remove it after PURGE_DELAY_SECONDS.
 
-    With a shmsteer registry the owner purges the sentinel itself after its grace period (also if
-    this coroutine is cancelled); with any other mapping this coroutine deletes it.
+    The coroutine returns after PURGE_DELAY_SECONDS (60 s), as the seed's does: to go on at once,
+    ``asyncio.create_task(remove_key(request_id, registry))`` (and keep the task). With a
+    shmsteer registry the owner purges the sentinel itself after its grace period (also if this
+    coroutine is cancelled); with any other mapping this coroutine deletes it.
     """
     shared_registry[request_id] = None
     await asyncio.sleep(PURGE_DELAY_SECONDS)
