@@ -19,8 +19,9 @@
 //     (request_id, layer, hook, shape, dtype, positions) per site; packed, packed.bin and a
 //     packed.json index (request_id, layout, dtype, entries of layer, hook, offset, nbytes,
 //     shape, positions; one entry per record). Each file is written as {name}.tmp, synced
-//     (unless FSOptions.NoFsync) and renamed into place at Finish; the sidecars' request_id is
-//     the client's, the directories are the slugs.
+//     (unless FSOptions.NoFsync) and renamed into place at Finish; the directories are the
+//     slugs of the spec's tag and request_id, the sidecars' request_id is the engine's request
+//     id (as the fork's sidecars carry its engine request id).
 //   - CreateRing / OpenRing (Linux): the per-worker capture ring, in a writable memfd of its
 //     own (never the sealed data region). One RingWriter frames records (request id, layer,
 //     hook, positions, dtype, shape, rows) and publishes each with one atomic store, so a

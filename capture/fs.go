@@ -129,10 +129,16 @@ type RequestFiles struct {
 	done      bool
 }
 
-// OpenRequest starts the files of the request p plans, in p's layout or def when p has none,
-// creating {root}/{tag}/{request_id}/ (mode 0755). ErrBadLayout, ErrBadSlug if p's slugs are
-// not Slug's output, ErrWrite if the directory cannot be made.
-func OpenRequest(root string, p *Plan, def Layout, opt FSOptions) (*RequestFiles, error) {
+// OpenRequest starts the files of the engine's request requestID (the id it was admitted
+// under, which the sidecars' request_id carries, as the fork's carry its engine request id),
+// planned by p, in p's layout or def when p has none, creating {root}/{tag}/{request_id}/
+// from p's slugs of the spec's tag and request_id (mode 0755). ErrBadLayout, ErrBadSlug if
+// p's slugs are not Slug's output, ErrBadRecord for an empty requestID, ErrWrite if the
+// directory cannot be made.
+func OpenRequest(root, requestID string, p *Plan, def Layout, opt FSOptions) (*RequestFiles, error) {
+	if requestID == "" {
+		return nil, fmt.Errorf("%w: empty engine request id", ErrBadRecord)
+	}
 	layout := p.Layout.Or(def)
 	if _, err := ParseLayout(string(layout)); err != nil {
 		return nil, err
@@ -146,7 +152,7 @@ func OpenRequest(root string, p *Plan, def Layout, opt FSOptions) (*RequestFiles
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrWrite, err)
 	}
-	return &RequestFiles{dir: dir, requestID: p.RequestID, layout: layout, opt: opt,
+	return &RequestFiles{dir: dir, requestID: requestID, layout: layout, opt: opt,
 		sites: map[siteKey]*siteFile{}, widths: map[siteKey]int{}}, nil
 }
 

@@ -109,7 +109,7 @@ func TestLayoutsReadBackBitwise(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					w, err := OpenRequest(root, p, LayoutPerFile, FSOptions{})
+					w, err := OpenRequest(root, "engine-7", p, LayoutPerFile, FSOptions{})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -195,10 +195,13 @@ func checkMetaKeys(t *testing.T, dir string, layout Layout) {
 		if got := join(keysOf(t, filepath.Join(dir, "packed.json"), "entries")); got != "hook layer nbytes offset positions shape" {
 			t.Fatalf("packed entry keys %s", got)
 		}
-		var idx struct{ RequestID, Layout string }
+		var idx struct {
+			RequestID string `json:"request_id"`
+			Layout    string `json:"layout"`
+		}
 		js, _ := os.ReadFile(filepath.Join(dir, "packed.json"))
-		if json.Unmarshal(js, &idx); idx.Layout != "packed" {
-			t.Fatalf("packed.json layout %q", idx.Layout)
+		if json.Unmarshal(js, &idx); idx.Layout != "packed" || idx.RequestID != "engine-7" {
+			t.Fatalf("packed.json layout %q request_id %q", idx.Layout, idx.RequestID)
 		}
 		return
 	}
@@ -211,8 +214,8 @@ func checkMetaKeys(t *testing.T, dir string, layout Layout) {
 			RequestID string `json:"request_id"`
 		}
 		js, _ := os.ReadFile(s)
-		if json.Unmarshal(js, &side); side.RequestID != "req 1" {
-			t.Fatalf("%s: request_id %q, want the client's", s, side.RequestID)
+		if json.Unmarshal(js, &side); side.RequestID != "engine-7" {
+			t.Fatalf("%s: request_id %q, want the engine's", s, side.RequestID)
 		}
 	}
 	if len(sides) == 0 {
@@ -226,7 +229,7 @@ func openTest(t *testing.T, root string, layout Layout) (*RequestFiles, *Plan) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := OpenRequest(root, p, layout, FSOptions{NoFsync: true})
+	w, err := OpenRequest(root, "engine-7", p, layout, FSOptions{NoFsync: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,16 +344,19 @@ func TestOpenRequestErrors(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenRequest(file, p, LayoutPerFile, FSOptions{}); !errors.Is(err, ErrWrite) {
+	if _, err := OpenRequest(file, "engine-7", p, LayoutPerFile, FSOptions{}); !errors.Is(err, ErrWrite) {
 		t.Fatalf("root is a file: %v, want ErrWrite", err)
 	}
-	if _, err := OpenRequest(t.TempDir(), p, "sharded", FSOptions{}); !errors.Is(err, ErrBadLayout) {
+	if _, err := OpenRequest(t.TempDir(), "", p, LayoutPerFile, FSOptions{}); !errors.Is(err, ErrBadRecord) {
+		t.Fatalf("empty engine request id: %v", err)
+	}
+	if _, err := OpenRequest(t.TempDir(), "engine-7", p, "sharded", FSOptions{}); !errors.Is(err, ErrBadLayout) {
 		t.Fatalf("sharded: %v", err)
 	}
 	for _, bad := range []struct{ tag, id string }{{"..", "r"}, {"t", "a/b"}, {"", "r"}, {"t", "."}, {"t", "x y"}} {
 		q := *p
 		q.TagSlug, q.IDSlug = bad.tag, bad.id
-		if _, err := OpenRequest(t.TempDir(), &q, LayoutPerFile, FSOptions{}); !errors.Is(err, ErrBadSlug) {
+		if _, err := OpenRequest(t.TempDir(), "engine-7", &q, LayoutPerFile, FSOptions{}); !errors.Is(err, ErrBadSlug) {
 			t.Errorf("slugs %q/%q: %v, want ErrBadSlug", bad.tag, bad.id, err)
 		}
 	}

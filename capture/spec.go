@@ -356,7 +356,7 @@ type Site struct {
 
 // Plan is a validated, resolved filesystem spec: what a worker captures for one request.
 type Plan struct {
-	RequestID string // as the client gave it (the sidecars' request_id)
+	RequestID string // the spec's request_id, as the client gave it
 	Tag       string
 	TagSlug   string // the path segments under the consumer's root
 	IDSlug    string
