@@ -36,10 +36,11 @@ type Engine struct {
 	cfg ModelConfig
 	opt Options
 
-	w       writer     // how writes reach the region (writer.go), chosen once by Open
-	mu      sync.Mutex // owner: serializes steering writes (latch order is the call order)
-	latches *Latches   // owner only
-	deps    deps       // owner only: which sets reference which named vectors
+	w        writer     // how writes reach the region (writer.go), chosen once by Open
+	mu       sync.Mutex // owner: serializes steering writes (latch order is the call order)
+	latches  *Latches   // owner only
+	deps     deps       // owner only: which sets reference which named vectors
+	gateConv gateConvs  // owner only: conversations' rest_of_conversation gates (gates_conv.go)
 
 	observers observers // OnChange callbacks (observe.go)
 }

@@ -14,7 +14,8 @@ import (
 // vectors registered then, every vector checked against the model) and stores them once under
 // KindGates, in the same update as the request's steering, so every rank reads the same gates.
 //
-//	header (64 bytes): "SGAT", u16 format version (1), u16 gates, u32 hidden size, 20 bytes 0,
+//	header (64 bytes): "SGAT", u16 format version (1), u16 gates, u32 hidden size,
+//	                   u64 conversation hash (0: none), 12 bytes 0,
 //	                   [32]byte sha256 of the whole encoding with these 32 bytes zeroed
 //	per gate:
 //	  64 bytes: u8 when, u8 scope, u8 apply, u8 0, f32 threshold, f32 sharpness, f32 strength,
@@ -62,9 +63,9 @@ type resolvedGate struct {
 	probeDigest, steerDig Digest
 }
 
-// resolveGates validates gates against the model and the vectors registered at snapshot s and
-// encodes them (nil when there are none). set names the request in errors.
-func (e *Engine) resolveGates(s *shm.Snapshot, gates []Gate, set string) ([]byte, error) {
+// resolveGates validates gates against the model and the vectors registered at snapshot s
+// (nil when there are none). set names the request in errors.
+func (e *Engine) resolveGates(s *shm.Snapshot, gates []Gate, set string) ([]resolvedGate, error) {
 	if len(gates) == 0 {
 		return nil, nil
 	}
@@ -119,7 +120,7 @@ func (e *Engine) resolveGates(s *shm.Snapshot, gates []Gate, set string) ([]byte
 			r.steerName, r.steerWire, r.steerDig = g.Apply.Steer.Name, b, w.digest
 		}
 	}
-	return encodeGates(res, e.cfg.Hidden), nil
+	return res, nil
 }
 
 // gateSource returns the wire encoding of a source: a registered vector of kind (copied out of
@@ -148,12 +149,18 @@ func (e *Engine) gateSource(s *shm.Snapshot, kind shm.Kind, src *GateSource, whe
 	return w.encode(e.cfg.Hidden)
 }
 
-func encodeGates(res []resolvedGate, hidden int) []byte {
+// encodeGates encodes resolved gates (nil when there are none); conv is the hash of the
+// request's conversation (0: none), which Steppers key rest_of_conversation state by.
+func encodeGates(res []resolvedGate, hidden int, conv uint64) []byte {
+	if len(res) == 0 {
+		return nil
+	}
 	b := make([]byte, gateHdr)
 	copy(b, gateMagic)
 	le.PutUint16(b[4:], gateVersion)
 	le.PutUint16(b[6:], uint16(len(res)))
 	le.PutUint32(b[8:], uint32(hidden))
+	le.PutUint64(b[12:], conv)
 	for _, r := range res {
 		h := make([]byte, gateHdr)
 		h[0], h[1], h[2] = byte(r.g.When.Kind), byte(r.g.Scope), byte(r.g.Apply.Kind)
@@ -175,6 +182,9 @@ func encodeGates(res []resolvedGate, hidden int) []byte {
 	copy(b[32:], d[:])
 	return b
 }
+
+// gateConvOf reads the conversation hash of a KindGates value decodeGateEntry accepted.
+func gateConvOf(b []byte) uint64 { return le.Uint64(b[12:]) }
 
 // decodeGateEntry parses a KindGates value, checking every length against len(b) and every
 // vector against cfg. Vector data alias b. With verify it also checks the digest.

@@ -167,9 +167,9 @@ func FuzzDecodeGateEntry(f *testing.F) {
 		f.Fatal(err)
 	}
 	g := Gate{When: When{Kind: WhenProbe, Threshold: 1, Sharpness: 2}, Scope: ScopeRestOfRequest, Apply: GateApply{Kind: ApplyAdd, Strength: 3}}
-	f.Add(encodeGates([]resolvedGate{{g: &g, probeName: "p", steerName: "s", probeWire: probe, steerWire: probe}}, smallCfg.Hidden))
+	f.Add(encodeGates([]resolvedGate{{g: &g, probeName: "p", steerName: "s", probeWire: probe, steerWire: probe}}, smallCfg.Hidden, 0))
 	a := Gate{Apply: GateApply{Kind: ApplyAttenuate, Strength: 0.5}}
-	f.Add(encodeGates([]resolvedGate{{g: &a}}, smallCfg.Hidden))
+	f.Add(encodeGates([]resolvedGate{{g: &a}}, smallCfg.Hidden, 0))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		gs, err := decodeGateEntry(b, smallCfg, false)
 		if err != nil {

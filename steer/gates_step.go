@@ -24,8 +24,8 @@ import (
 //     at a step when sigmoid(sharpness·(mean of the request's row scores − threshold)) > 0.5
 //     (always: at every step the request has decode rows). End advances them: next_step applies
 //     during the request's next decode step only (a one-step pulse), the rest_of_ scopes from
-//     its next decode step until it ends. rest_of_conversation is request-scoped here: carrying
-//     it to the conversation's later requests is not built yet.
+//     its next decode step until it ends; rest_of_conversation also on the conversation's later
+//     requests (gates_conv.go).
 //   - attenuate multiplies the request's own steering (not the global steering or clamps) and
 //     the gates' adds by max(0, strength) while engaged (this_token: only with when=always).
 //
@@ -35,6 +35,7 @@ import (
 // gateState is a request's gates as one Stepper reads and advances them.
 type gateState struct {
 	ver   uint64
+	conv  uint64 // the request's conversation hash (0: none)
 	gates []AdmittedGate
 	g     []gateRun
 	// decodeStep is the Stepper step in which the request last had decode rows.
@@ -49,6 +50,7 @@ type gateRun struct {
 	fired     bool      // host scopes: fired in this step
 	pulse     bool      // next_step: applies in this step
 	sticky    bool      // rest_of_*: applies until the request ends
+	convKey   uint64    // rest_of_conversation in a conversation: its key in convEngaged
 }
 
 type gateAdd struct {
@@ -74,7 +76,7 @@ func (s *Stepper) readGates(st *reqState) error {
 	if err != nil {
 		return fmt.Errorf("request %q: %w", st.id, err)
 	}
-	gs := &gateState{ver: ver, gates: gates, g: make([]gateRun, len(gates))}
+	gs := &gateState{ver: ver, conv: gateConvOf(b), gates: gates, g: make([]gateRun, len(gates))}
 	cfg := s.e.cfg
 	site := func(hook string, layer int) int {
 		id, _ := cfg.Hook(hook) // the owner checked it
@@ -88,6 +90,11 @@ func (s *Stepper) readGates(st *reqState) error {
 		}
 		for _, v := range gates[i].Steer {
 			r.adds = append(r.adds, gateAdd{site: site(v.Hook, v.Layer), scale: v.Scale, data: v.Data})
+		}
+		if g := &gates[i]; g.Scope == ScopeRestOfConversation && gs.conv != 0 {
+			k := mix64(mix64(mix64(gs.conv, digest64(g.ProbeDigest)), digest64(g.SteerDigest)), uint64(g.When)<<8|uint64(g.Apply))
+			r.convKey = k | 1
+			r.sticky = s.convEngaged[r.convKey]
 		}
 	}
 	st.gates = gs
@@ -214,6 +221,9 @@ func (s *Stepper) advanceGates() {
 			case ScopeNextStep:
 				r.pulse = r.fired
 			case ScopeRestOfRequest, ScopeRestOfConversation:
+				if r.fired && !r.sticky && r.convKey != 0 {
+					s.engageConv(r.convKey)
+				}
 				r.sticky = r.sticky || r.fired
 			}
 			if r.fired {
@@ -224,4 +234,24 @@ func (s *Stepper) advanceGates() {
 	}
 	clear(s.gated)
 	s.gated = s.gated[:0]
+}
+
+// maxConvEngaged bounds a Stepper's conversation memory (oldest first out, the same on every
+// rank that saw the same steps).
+const maxConvEngaged = 4096
+
+// engageConv records that a rest_of_conversation gate engaged in a conversation.
+func (s *Stepper) engageConv(k uint64) {
+	if s.convEngaged == nil {
+		s.convEngaged = map[uint64]bool{}
+	}
+	if s.convEngaged[k] {
+		return
+	}
+	s.convEngaged[k] = true
+	s.convOrder = append(s.convOrder, k)
+	if len(s.convOrder) > maxConvEngaged {
+		delete(s.convEngaged, s.convOrder[0])
+		s.convOrder = s.convOrder[1:]
+	}
 }

@@ -261,3 +261,52 @@ func TestGatesReadmissionResets(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, added{0, 0}, runGateStep(t, st, "r", gateStep{h0: []float32{0.9}})[2][0], "ended: nothing")
 }
+
+// rest_of_conversation is carried to the conversation's next request: engaged from its first
+// step when it engaged before, still evaluated when it had not; dropped when the probe vector
+// changes; another conversation is not affected.
+func TestGatesRestOfConversation(t *testing.T) {
+	e := gateTableEngine(t)
+	conv := ConvKey{Tenant: "t", ID: "c"}
+	gates := []Gate{{When: When{Kind: WhenProbe, Probe: GateSource{Name: "p"}, Threshold: 0.5, Sharpness: 100}, Scope: ScopeRestOfConversation,
+		Apply: GateApply{Kind: ApplyAdd, Steer: GateSource{Name: "s"}, Strength: 2}}}
+	st := e.NewStepper()
+	defer st.Close()
+	at := func(id string, h0 float32) added { return runGateStep(t, st, id, gateStep{h0: []float32{h0}})[2][0] }
+	admit := func(id string, c ConvKey, g []Gate) {
+		_, err := e.Admit(Admission{RequestID: id, Conversation: c, Override: gateTableSteering(), Gates: g})
+		require.NoError(t, err)
+	}
+	admit("r1", conv, gates)
+	require.Equal(t, added{0, 1}, at("r1", 0.1))
+	require.Equal(t, added{0, 1}, at("r1", 0.9), "fired: from the next step")
+	require.Equal(t, added{2, 1}, at("r1", 0.1))
+	_, err := e.End("r1")
+	require.NoError(t, err)
+
+	admit("r2", conv, nil)
+	require.Len(t, gatesAt(t, e, "r2"), 1, "carried onto the next request")
+	require.Equal(t, added{2, 1}, at("r2", 0.1), "engaged from its first step")
+	admit("other", ConvKey{Tenant: "t", ID: "d"}, nil)
+	require.Nil(t, gatesAt(t, e, "other"))
+	require.Equal(t, added{0, 1}, at("other", 0.1))
+
+	// A new conversation's first request fires nothing; its next request carries the gate
+	// unengaged, and it still fires there.
+	conv2 := ConvKey{Tenant: "t", ID: "e"}
+	admit("q1", conv2, gates)
+	require.Equal(t, added{0, 1}, at("q1", 0.1))
+	admit("q2", conv2, nil)
+	require.Equal(t, added{0, 1}, at("q2", 0.1), "carried but never engaged")
+	require.Equal(t, added{0, 1}, at("q2", 0.9))
+	require.Equal(t, added{2, 1}, at("q2", 0.1), "fired in the carried request")
+
+	// The probe changes: the carried gate is dropped at the next admission.
+	unit := make([]float32, smallCfg.Hidden)
+	unit[3] = 1
+	_, err = e.RegisterProbe("p", []Vector{{Hook: "post_block", Layer: 1, Scale: 1, Data: unit}})
+	require.NoError(t, err)
+	admit("r3", conv, nil)
+	require.Nil(t, gatesAt(t, e, "r3"), "dropped: the probe's digest changed")
+	require.Equal(t, added{0, 1}, at("r3", 0.9))
+}

@@ -114,7 +114,7 @@ func (l local) admit(a Admission) (Admitted, error) {
 	override := a.Override != nil && !a.Override.Empty()
 	named := namedAt(&snap, e.cfg)
 	set := fmt.Sprintf("request %q", a.RequestID)
-	gates, err := e.resolveGates(&snap, a.Gates, set)
+	gates, err := e.admitGates(&snap, &a, set)
 	if err != nil {
 		return Admitted{}, err
 	}

@@ -68,6 +68,9 @@ type Stepper struct {
 	pair []float32
 	// gated lists the gate states of the requests decoded in this step (advanced at End).
 	gated []*gateState
+	// convEngaged remembers the rest_of_conversation gates that engaged, per conversation.
+	convEngaged map[uint64]bool
+	convOrder   []uint64
 }
 
 type reqState struct {
