@@ -23,6 +23,7 @@ type childResult struct {
 	Floats   uint64   // hash of every output float
 	Status   Status
 	Latches  uint64 // engine latch state hash after the scenario
+	Fires    uint64 // gates fired (gates_multiproc_test.go)
 	ErrorMsg string
 }
 
@@ -36,6 +37,8 @@ func TestMain(m *testing.M) {
 		out(applyRun())
 	case "merge":
 		out(mergeRun())
+	case "gates":
+		out(gatesRankRun())
 	}
 	os.Exit(0)
 }
