@@ -435,7 +435,8 @@ int shmsteer_vector_export(shmsteer_t *h, const char *name, size_t name_len, con
  *      "clamps": [{"hook": s, "layer": n, "dir": [f, ...], "min": f, "max": f, "strength": f}]}.
  * Unknown fields are refused (INVALID_ARGUMENT). */
 
-/* Replace the global steering (owner only: NOT_OWNER in a client). */
+/* Replace the global steering ("{}" clears). In a client the owner does the write (a Go or a
+ * C/Python owner alike) and validates it again; NOT_SERVED if that owner serves no steering. */
 int shmsteer_global_set_json(shmsteer_t *h, const char *json, size_t json_len, uint64_t *version);
 
 /* Admit request id: admission JSON {"tenant": s, "conversation": s, "override": Steering}, all
