@@ -47,6 +47,8 @@
 // have no C/Python error codes (they get them when capi first returns them).
 //
 // It must not import serve, mirror or bench; it imports steer only for ModelConfig and its hook
-// names. Start with FilesystemSpec.Resolve and RequestFiles; the tests' reader
-// (fsread_test.go) is written from the fork's documented format, not from the writer.
+// names. Start with FilesystemSpec.Resolve and RequestFiles; the tests' readers
+// (fsread_test.go in Go, testdata/fork_reader.py in NumPy) are written from the fork's
+// documented format, not from the writer. BenchmarkRingAppend compares a ring append with a
+// plain copy of the same bytes.
 package capture
