@@ -55,14 +55,15 @@ def test_every_path_and_dtype_matches_float64(owner, path, dtype):
     chain = Chain()
     hooks = make_hooks(owner, path, dtype)
     attach(hooks, chain)
-    x = torch.randn(ROWS, HIDDEN).to(dtype)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(ROWS, HIDDEN, generator=g).to(dtype)
     if path == "static":
-        x = torch.cat([x, torch.randn(16 - ROWS, HIDDEN).to(dtype)])  # padded rows: slot 0
+        x = torch.cat([x, torch.randn(16 - ROWS, HIDDEN, generator=g).to(dtype)])  # padded rows: slot 0
     want = sc.reference(x, SPANS)
     assert not np.allclose(want, x.double().numpy()), "the steering must change something"
     got = run(hooks, chain, x, SPANS)
     assert got.dtype == dtype
-    assert_close_to_reference(got, want, dtype, f"{path} {dtype}")
+    assert_close_to_reference(got, want, dtype, f"{path} {dtype}", roundings_per_site=1 if path == "native" else 2)
     if path == "static":
         assert torch.equal(got[ROWS:], x[ROWS:]), "rows outside every span are untouched"
     hooks.close()
