@@ -28,8 +28,10 @@
 //     writer killed mid-record leaves nothing visible; up to MaxRingSlots consumers Attach
 //     with a policy, Block (the writer waits its bound for them, then drops) or Drop (at
 //     once), and read records in order as views of the mapping (RingReader.Next, Release).
-//     Drops are counted in the ring (RingStats) and in each lagging consumer's slot. Every
-//     frame offset and length is checked against the published bytes (ErrRingCorrupt).
+//     Drops are counted in the ring (RingStats) and in each lagging consumer's slot; a
+//     lagging consumer whose process is gone (its pid, in the writer's PID namespace) has its
+//     slot reclaimed, so it holds the writer back no more. Every frame offset and length is
+//     checked against the published bytes (ErrRingCorrupt).
 //
 // Where it differs from the fork: a tag or request id of exactly "." is refused too (it would
 // name the directory above); the fork's sharded layout is refused (ErrBadLayout); the fork's
@@ -39,11 +41,13 @@
 // (overwrite); its other policies, writer threads and fd cache are not here.
 //
 // What is not wired yet: nothing calls this package. The Stepper's, the C ABI's and Python's
-// hooks do not copy rows into the ring (and no GPU D2H path exists), no rank selection under
-// tensor parallelism, the ring's memfd is not handed to consumers over ipc (tests pass it with
-// cmd.ExtraFiles), a dead consumer's slot is not reclaimed automatically (Detach only),
-// nothing drains the ring into RequestFiles, steer.Admission, serve's admit endpoint and
-// Python's Owner.admit take no `capture`, there is no `shmsteer capture fs` command, no capture results or metrics, and the package's sentinels
+// hooks do not copy rows into the ring (and no GPU D2H path exists); there is no rank choice
+// under tensor parallelism; the ring's memfd is not handed to consumers over ipc (the tests
+// pass it with cmd.ExtraFiles); a dead consumer in another PID namespace is not reclaimed (the
+// wiring should record its peer-credential pid) and its requests do not end with status
+// error; nothing drains the ring into RequestFiles; steer.Admission, serve's admit endpoint
+// and Python's Owner.admit take no `capture`; there is no `shmsteer capture fs` command, no
+// Python shmsteer.capture, no capture results, status or metrics; and the package's sentinels
 // have no C/Python error codes (they get them when capi first returns them).
 //
 // It must not import serve, mirror or bench; it imports steer only for ModelConfig and its hook

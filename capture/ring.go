@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"time"
 
 	"github.com/shmsteer/shmsteer/steer"
@@ -18,7 +19,8 @@ import (
 // reads them in order through its own slot and releases them. The writer never overwrites a
 // record an attached consumer has not released: when the ring lacks space for a consumer whose
 // policy is block it waits up to its bound, then (and at once for a consumer whose policy is
-// drop) drops the record, counted in the ring and in each lagging consumer's slot. A record is
+// drop) drops the record, counted in the ring and in each lagging consumer's slot; a lagging
+// consumer whose process is gone is reclaimed instead (its slot freed). A record is
 // published by one atomic store of the write position after all its bytes are written, so a
 // writer killed mid-record leaves nothing a reader can see.
 //
@@ -26,8 +28,8 @@ import (
 //
 //	0    magic "shmcapr\x01", capacity (data bytes, a multiple of 8), slots
 //	64   write position (bytes ever appended; publishes records)
-//	128  records, bytes, dropped (the writer's counters)
-//	192  slots × 64: state u32 + policy u32, read position, received, dropped
+//	128  records, bytes, dropped, reclaimed (the writer's counters)
+//	192  slots × 64: state u32 + policy u32, read position, received, dropped, consumer pid
 //	...  data: capacity bytes
 //
 // A frame at data[pos % capacity], never wrapping (a pad frame fills the tail):
@@ -43,6 +45,7 @@ const (
 	offRecords    = 128
 	offBytes      = 136
 	offDropped    = 144
+	offReclaimed  = 152
 	offSlots      = 192
 	slotSize      = 64
 	frameHeader   = 24
@@ -181,12 +184,14 @@ func (r *Ring) slot(so int) (bool, Policy) {
 // RingStats are the writer's counters and the ring's occupancy.
 type RingStats struct {
 	Records, Bytes, Dropped uint64 // written and dropped by the writer
+	Reclaimed               uint64 // slots of dead consumers the writer freed
 	Occupancy               uint64 // bytes not yet released by the slowest attached consumer
 }
 
 // Stats reads the ring's counters.
 func (r *Ring) Stats() RingStats {
-	s := RingStats{Records: word(r.mem, offRecords).Load(), Bytes: word(r.mem, offBytes).Load(), Dropped: word(r.mem, offDropped).Load()}
+	s := RingStats{Records: word(r.mem, offRecords).Load(), Bytes: word(r.mem, offBytes).Load(), Dropped: word(r.mem, offDropped).Load(),
+		Reclaimed: word(r.mem, offReclaimed).Load()}
 	wp := word(r.mem, offWrite).Load()
 	for i := range r.slots {
 		so := r.slotOff(i)
@@ -255,8 +260,16 @@ func (w *RingWriter) Append(requestID string, rec Record) error {
 	}
 	need := pad + n
 	deadline := time.Time{}
+	reclaimed := false
 	for {
 		lagging, block, attached := w.lagging(need)
+		if lagging > 0 && !reclaimed {
+			// Once per Append that lags: a dead consumer's slot is freed, not waited for.
+			reclaimed = true
+			if w.reclaimDead(need) > 0 {
+				continue
+			}
+		}
 		if attached == 0 {
 			return nil
 		}
@@ -318,6 +331,30 @@ func (w *RingWriter) Append(requestID string, rec Record) error {
 	return nil
 }
 
+// reclaimDead frees the lagging slots whose consumer process no longer exists (kill(pid, 0)
+// is ESRCH) and returns how many. The pid is the consumer's own (os.Getpid at Attach), so this
+// sees consumers in the writer's PID namespace; a consumer elsewhere, or a reused pid, reads as
+// alive and is only waited for within the bound.
+func (w *RingWriter) reclaimDead(need uint64) int {
+	n := 0
+	for i := range w.r.slots {
+		so := w.r.slotOff(i)
+		if !w.slotLags(so, need) {
+			continue
+		}
+		pid := word(w.r.mem, so+32).Load()
+		if pid == 0 || pid > math.MaxInt32 || unix.Kill(int(pid), 0) != unix.ESRCH {
+			continue
+		}
+		st := word(w.r.mem, so)
+		if v := st.Load(); uint32(v) == slotAttached && st.CompareAndSwap(v, slotFree) {
+			word(w.r.mem, offReclaimed).Add(1)
+			n++
+		}
+	}
+	return n
+}
+
 // slotLags initializes an attached slot's read position (the writer's first sight of it) and
 // reports whether it lacks need bytes.
 func (w *RingWriter) slotLags(so int, need uint64) bool {
@@ -370,6 +407,7 @@ func (r *Ring) Attach(p Policy) (*RingReader, error) {
 		word(r.mem, so+8).Store(readUnset)
 		word(r.mem, so+16).Store(0)
 		word(r.mem, so+24).Store(0)
+		word(r.mem, so+32).Store(uint64(os.Getpid()))
 		st.Store(slotAttached | uint64(p)<<32)
 		return &RingReader{r: r, so: so}, nil
 	}

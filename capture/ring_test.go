@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -238,11 +239,27 @@ func TestRingErrors(t *testing.T) {
 	o.Close()
 }
 
-const ringChildEnv = "SHMSTEER_CAPTURE_RING_CHILD"
+const (
+	ringChildEnv     = "SHMSTEER_CAPTURE_RING_CHILD"
+	consumerChildEnv = "SHMSTEER_CAPTURE_RING_CONSUMER"
+)
 
 // The ring writer of TestRingWriterKilled, in a child: appends the deterministic stream to
 // the ring on fd 3 until killed.
 func TestMain(m *testing.M) {
+	if os.Getenv(consumerChildEnv) != "" {
+		// TestRingDeadConsumerReclaimed's consumer: attach, say so, never read.
+		r, err := OpenRing(3)
+		if err == nil {
+			_, err = r.Attach(Block)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		fmt.Println("attached")
+		select {}
+	}
 	if os.Getenv(ringChildEnv) != "" {
 		r, err := OpenRing(3)
 		if err != nil {
@@ -317,5 +334,63 @@ func TestRingWriterKilled(t *testing.T) {
 			t.Fatalf("round %d: the writer published %d, the reader read %d (%+v)", round, st.Records, next, st)
 		}
 		t.Logf("round %d: %d records read before and after the kill", round, next)
+	}
+}
+
+// A consumer process that attaches with Block and never reads holds the writer back (each
+// lagging Append waits its bound, then drops); SIGKILLed, its slot is reclaimed and the live
+// consumer receives every later record.
+func TestRingDeadConsumerReclaimed(t *testing.T) {
+	r := newRing(t, 16<<10, 2)
+	live, err := r.Attach(Block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), consumerChildEnv+"=1")
+	cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(r.Fd()), "ring")}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	line := make([]byte, 9)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "attached\n" {
+		t.Fatalf("consumer child: %q, %v", line, err)
+	}
+	w := r.Writer(5 * time.Millisecond)
+	drain := func() {
+		for {
+			if _, ok, err := live.Next(); err != nil {
+				t.Fatal(err)
+			} else if !ok {
+				return
+			}
+		}
+	}
+	seq := uint64(0)
+	for ; r.Stats().Dropped == 0 && seq < 1000; seq++ {
+		id, rec := genRecord(seq, 64)
+		w.Append(id, rec)
+		drain()
+	}
+	if r.Stats().Dropped == 0 {
+		t.Fatal("a live consumer that never reads never held the writer back")
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	before, got := r.Stats().Dropped, live.Received()
+	for i := range uint64(500) {
+		id, rec := genRecord(seq+i, 64)
+		if err := w.Append(id, rec); err != nil {
+			t.Fatalf("after the consumer died: %v", err)
+		}
+		drain()
+	}
+	if st := r.Stats(); st.Dropped != before || st.Reclaimed != 1 || live.Received()-got != 500 {
+		t.Fatalf("stats %+v (dropped before %d), live received %d of 500", st, before, live.Received()-got)
 	}
 }
