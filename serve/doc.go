@@ -140,7 +140,7 @@
 // type corrupt_file, dtype, shape, value_range, tensor_name or no_vectors; bad options are 400
 // (bad_options, need_layers, unknown_format, unknown_hook, ...); the message names the file,
 // the tensor and the expected shape, and nothing is registered. GET
-// /v1/steering/vectors/{name}/export[?format=gguf|npy|npz|safetensors] (default safetensors,
+// /v1/steering/vectors/{name}/export[?format=gguf|npy|npz|safetensors][&model_hint=ARCH] (default safetensors,
 // which holds any named vector; a '/' in name as is or %2F) returns the file as an attachment;
 // a format that cannot hold the vector (GGUF: post_block at layers >= 1; npy: one hook) is 422
 // "unrepresentable". Import → export → import is bitwise.

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/shmsteer/shmsteer/steer/vecfile"
@@ -45,12 +46,31 @@ func (cs *ClientSession) VectorImport(w io.Writer, name string, paths []string, 
 		return err
 	}
 	fmt.Fprintf(w, "registered %s: %d vectors, version %d, digest %s\n", info.Name, len(vecs), info.Version, hex.EncodeToString(info.Digest[:]))
+	if hint := fileModelHint(paths); hint != "" {
+		// The region keeps vectors, not their files' metadata: say how to carry it on.
+		fmt.Fprintf(w, "model hint %q (GGUF controlvector.model_hint): export with --model-hint %q to keep it\n", hint, hint)
+	}
 	return nil
+}
+
+// fileModelHint is the first GGUF model hint among paths ("" if none): the files were imported
+// already, so any read error here just means no hint.
+func fileModelHint(paths []string) string {
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if h := vecfile.ModelHint(b); h != "" {
+			return h
+		}
+	}
+	return ""
 }
 
 // VectorExport writes a named vector to path in format (detected from the extension when
 // empty), read at one snapshot.
-func (cs *ClientSession) VectorExport(w io.Writer, name, path, format, hook string) error {
+func (cs *ClientSession) VectorExport(w io.Writer, name, path, format, hook, modelHint string) error {
 	snap, err := cs.Engine.Region().Snapshot()
 	if err != nil {
 		return err
@@ -60,7 +80,7 @@ func (cs *ClientSession) VectorExport(w io.Writer, name, path, format, hook stri
 	if err != nil {
 		return err
 	}
-	err = vecfile.ExportFile(path, vecfile.Format(strings.ToLower(format)), cs.Engine.Config(), nv.Vectors, vecfile.ExportOptions{Hook: hook})
+	err = vecfile.ExportFile(path, vecfile.Format(strings.ToLower(format)), cs.Engine.Config(), nv.Vectors, vecfile.ExportOptions{Hook: hook, ModelHint: modelHint})
 	if err != nil {
 		return err
 	}

@@ -155,8 +155,8 @@ func (s *Server) exportVector(w http.ResponseWriter, r *http.Request, p principa
 	}
 	q := r.URL.Query()
 	for k := range q {
-		if k != "format" {
-			return nil, badInput("unknown query parameter %q (want format)", k)
+		if k != "format" && k != "model_hint" {
+			return nil, badInput("unknown query parameter %q (want format, model_hint)", k)
 		}
 	}
 	f := vecfile.Format(strings.ToLower(q.Get("format")))
@@ -179,7 +179,7 @@ func (s *Server) exportVector(w http.ResponseWriter, r *http.Request, p principa
 	if err == nil {
 		// Written to a buffer first: a refusal (ErrUnrepresentable) is then a JSON error, not
 		// a cut file. The snapshot keeps the vector's data valid until Export returns.
-		err = vecfile.Export(&buf, f, s.eng.Config(), nv.Vectors, vecfile.ExportOptions{})
+		err = vecfile.Export(&buf, f, s.eng.Config(), nv.Vectors, vecfile.ExportOptions{ModelHint: q.Get("model_hint")})
 	}
 	snap.Close()
 	if errors.Is(err, steer.ErrUnknownVector) {

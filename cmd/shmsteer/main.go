@@ -247,13 +247,14 @@ post_block), .npy ([layers, hidden] or [hidden]), .npz (one array per hook) and 
 	vecImport.Flags().StringVar(&imp.Hook, "hook", "", "hook that GGUF directions and plain arrays steer (default post_block)")
 	vecImport.Flags().StringVar(&imp.Format, "format", "", "gguf, npy, npz or safetensors (default: detect)")
 	vecImport.Flags().Int64Var(&imp.MaxSize, "max-bytes", 0, "refuse files larger than this (default 4 GiB)")
-	var expFormat, expHook string
+	var expFormat, expHook, expHint string
 	vecExport := &cobra.Command{Use: "export NAME FILE", Short: "Write a named vector to a GGUF, .npy, .npz or safetensors file", Args: args(2),
 		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
-			return cs.VectorExport(c.stdout, a[0], a[1], expFormat, expHook)
+			return cs.VectorExport(c.stdout, a[0], a[1], expFormat, expHook, expHint)
 		})}
 	vecExport.Flags().StringVar(&expFormat, "format", "", "gguf, npy, npz or safetensors (default: from the extension)")
 	vecExport.Flags().StringVar(&expHook, "hook", "", "the hook a GGUF file's directions are taken from (default post_block)")
+	vecExport.Flags().StringVar(&expHint, "model-hint", "", "GGUF controlvector.model_hint to write (the model's architecture, e.g. llama; import prints the file's)")
 	for _, sub := range []*cobra.Command{vecLs, vecShow, vecRm, vecImport, vecExport} {
 		c.clientFlags(sub.Flags())
 	}

@@ -42,6 +42,7 @@ func TestCLIVectorFiles(t *testing.T) {
 	code, out, errOut := cli("vectors", "import", gguf, "--name", "happy", "--scale", "0.5", "--layers", "1-2")
 	require.Zero(t, code, errOut)
 	require.Contains(t, out, "registered happy: 2 vectors")
+	require.Contains(t, out, `model hint "llama" (GGUF controlvector.model_hint): export with --model-hint "llama" to keep it`)
 	cs, err := serve.AttachClient(s.ns, secretFile(t))
 	require.NoError(t, err)
 	defer cs.Close()
@@ -75,8 +76,19 @@ func TestCLIVectorFiles(t *testing.T) {
 		}
 	}
 
+	// The hint is carried on by --model-hint (the region keeps vectors, not file metadata).
+	hinted := filepath.Join(dir, "hinted.gguf")
+	code, _, errOut = cli("vectors", "export", "happy", hinted, "--model-hint", "llama")
+	require.Zero(t, code, errOut)
+	b, err := os.ReadFile(hinted)
+	require.NoError(t, err)
+	require.Equal(t, "llama", vecfile.ModelHint(b))
+	b, err = os.ReadFile(filepath.Join(dir, "back.gguf"))
+	require.NoError(t, err)
+	require.Equal(t, "", vecfile.ModelHint(b), "no --model-hint, no hint")
+
 	corrupt := filepath.Join(dir, "bad.gguf")
-	b, err := os.ReadFile(gguf)
+	b, err = os.ReadFile(gguf)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(corrupt, b[:len(b)/2], 0o600))
 	for _, tt := range []struct {

@@ -2,6 +2,7 @@ package vecfile
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -354,6 +355,21 @@ func directionLayer(name string) (int, bool) {
 	}
 	n, err := strconv.Atoi(digits)
 	return n, err == nil && n >= 1
+}
+
+// ModelHint is the controlvector.model_hint of a GGUF control vector in b (the model
+// architecture llama.cpp's generator records, e.g. "llama"), "" when b is not a GGUF file or
+// has no hint. Import returns vectors only; a caller that re-exports them passes the hint back
+// in ExportOptions.ModelHint to carry it through.
+func ModelHint(b []byte) string {
+	if !bytes.HasPrefix(b, []byte("GGUF")) {
+		return ""
+	}
+	g, err := readGGUF(b)
+	if err != nil {
+		return ""
+	}
+	return g.modelHint
 }
 
 func parseGGUF(acc *accumulator, b []byte) error {

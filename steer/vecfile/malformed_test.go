@@ -166,7 +166,7 @@ func TestMalformed(t *testing.T) {
 		}(), ImportOptions{}, []error{ErrCorrupt}},
 		{"st shape vs bytes", "x.safetensors", buildSafetensors([]stTensor{{"layers.1", "F32", []int{9}, f32Bytes(good)}}), ImportOptions{}, []error{ErrCorrupt}},
 		{"st int dtype", "x.safetensors", buildSafetensors([]stTensor{{"layers.1", "I32", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrDtype}},
-		{"st bad dtype", "x.safetensors", buildSafetensors([]stTensor{{"layers.1", "F128", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrCorrupt}},
+		{"st bad dtype", "x.safetensors", buildSafetensors([]stTensor{{"layers.1", "F128", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrDtype}},
 		{"st name", "x.safetensors", buildSafetensors([]stTensor{{"model.layers.1.mlp", "F32", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrTensorName}},
 		{"st name layer", "x.safetensors", buildSafetensors([]stTensor{{"post_block.x", "F32", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrTensorName}},
 		{"st name sign", "x.safetensors", buildSafetensors([]stTensor{{"post_block.-0", "F32", []int{8}, f32Bytes(good)}}), ImportOptions{}, []error{ErrTensorName}},
@@ -219,4 +219,60 @@ func TestEmptyFile(t *testing.T) {
 		require.ErrorIs(t, err, ErrCorrupt, f)
 		require.ErrorContains(t, err, "upload: empty (0 bytes)", f)
 	}
+}
+
+// A float64 just above float32's max that rounds to it (as numpy's astype(float32) rounds it)
+// imports as MaxFloat32; past the rounding threshold, MaxFloat32 + 2^103, it is ErrValueRange.
+func TestFloat64RoundsToMaxFloat32(t *testing.T) {
+	cfg := steer.ModelConfig{Hidden: 8, Layers: 6}
+	above := math.Nextafter(math.MaxFloat32, math.Inf(1))
+	threshold := math.MaxFloat32 + math.Ldexp(1, 103)
+	// eight float64s, x first, as little-endian bytes
+	eight := func(x float64) []byte {
+		return binary.LittleEndian.AppendUint64(make([]byte, 0, 64), math.Float64bits(x))[:8:8]
+	}
+	f64 := func(b []byte) []byte { return append(b, make([]byte, 56)...) }
+	for _, x := range []float64{above, -above, math.Nextafter(threshold, 0)} {
+		vs, err := ImportBytes(buildNpy("<f8", "(8,)", f64(eight(x))), "x.npy", cfg, ImportOptions{Layers: &LayerRange{1, 1}})
+		require.NoError(t, err, "%g", x)
+		require.Equal(t, float32(math.Copysign(math.MaxFloat32, x)), vs[0].Data[0])
+	}
+	for _, x := range []float64{threshold, 2 * math.MaxFloat32} {
+		_, err := ImportBytes(buildNpy("<f8", "(8,)", f64(eight(x))), "x.npy", cfg, ImportOptions{Layers: &LayerRange{1, 1}})
+		require.ErrorIs(t, err, ErrValueRange, "%g", x)
+	}
+}
+
+// A safetensors tensor of a dtype the parser does not know (an 8-bit float) is an unsupported
+// dtype naming the tensor, not a corrupt file.
+func TestSafetensorsUnknownDtype(t *testing.T) {
+	cfg := steer.ModelConfig{Hidden: 8, Layers: 6}
+	for _, dt := range []string{"F8_E4M3", "F8_E5M2"} {
+		b := buildSafetensors([]stTensor{{"layers.1", dt, []int{8}, make([]byte, 8)}})
+		_, err := ImportBytes(b, "x.safetensors", cfg, ImportOptions{})
+		require.ErrorIs(t, err, ErrDtype, dt)
+		require.ErrorContains(t, err, `"layers.1"`, dt)
+		require.ErrorContains(t, err, dt, dt)
+	}
+	// A header that is not JSON stays corrupt.
+	b := buildSafetensors([]stTensor{{"layers.1", "F8_E4M3", []int{8}, make([]byte, 8)}})
+	b[8] = '['
+	_, err := ImportBytes(b, "x.safetensors", cfg, ImportOptions{})
+	require.ErrorIs(t, err, ErrCorrupt)
+}
+
+// ModelHint reads back what Export wrote as controlvector.model_hint, and is "" for other
+// formats and for bytes that are not a GGUF file.
+func TestModelHintRoundTrip(t *testing.T) {
+	cfg := steer.ModelConfig{Hidden: 8, Layers: 4}
+	vecs := []steer.Vector{{Hook: "post_block", Layer: 1, Scale: 1, Data: ones(8)}}
+	for _, hint := range []string{"llama", ""} {
+		var buf bytes.Buffer
+		require.NoError(t, Export(&buf, FormatGGUF, cfg, vecs, ExportOptions{ModelHint: hint}))
+		require.Equal(t, hint, ModelHint(buf.Bytes()))
+	}
+	var buf bytes.Buffer
+	require.NoError(t, Export(&buf, FormatSafetensors, cfg, vecs, ExportOptions{ModelHint: "llama"}))
+	require.Equal(t, "", ModelHint(buf.Bytes()))
+	require.Equal(t, "", ModelHint([]byte("GGUF truncated")))
 }

@@ -3,9 +3,11 @@ package vecfile
 import (
 	"bufio"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -21,6 +23,11 @@ import (
 func parseSafetensors(acc *accumulator, b []byte, release func(int)) error {
 	st, err := deserializeSafetensors(b)
 	if err != nil {
+		if name, dt, ok := unknownSafetensorsDtype(b); ok {
+			// The parser refuses dtypes it does not know (F8_E4M3, say) as a bad header; the
+			// file is well formed, its element type is what is unsupported.
+			return acc.errf(ErrDtype, name, "dtype %q, want F16, BF16, F32 or F64", dt)
+		}
 		return fmt.Errorf("%w: %s: %v", ErrCorrupt, acc.file, err)
 	}
 	dataStart := len(b) - dataLen(st)
@@ -35,6 +42,41 @@ func parseSafetensors(acc *accumulator, b []byte, release func(int)) error {
 		}
 	}
 	return nil
+}
+
+// unknownSafetensorsDtype finds, in a header that is valid JSON, the first tensor (by name)
+// whose dtype the parser does not know.
+func unknownSafetensorsDtype(b []byte) (name, dt string, ok bool) {
+	if len(b) < 8 {
+		return "", "", false
+	}
+	n := binary.LittleEndian.Uint64(b)
+	if n > uint64(len(b)-8) {
+		return "", "", false
+	}
+	var hdr map[string]json.RawMessage
+	if json.Unmarshal(b[8:8+n], &hdr) != nil {
+		return "", "", false
+	}
+	names := make([]string, 0, len(hdr))
+	for k := range hdr {
+		if k != "__metadata__" {
+			names = append(names, k)
+		}
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		var t struct {
+			Dtype string `json:"dtype"`
+		}
+		if json.Unmarshal(hdr[k], &t) != nil {
+			continue
+		}
+		if _, err := safetensors.ParseDType(t.Dtype); err != nil {
+			return k, t.Dtype, true
+		}
+	}
+	return "", "", false
 }
 
 func dataLen(st safetensors.SafeTensors) int {

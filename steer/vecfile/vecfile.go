@@ -458,4 +458,6 @@ func shapeString[T int | uint64](dims []T) string {
 	return "[" + strings.Join(s, ", ") + "]"
 }
 
-func f32Range(x float64) bool { return math.Abs(x) <= math.MaxFloat32 }
+// f32Range says x converts to a finite float32: up to MaxFloat32 and the values just above it
+// that round to it (below MaxFloat32 + half its ulp, 2^103), as numpy's astype(float32) does.
+func f32Range(x float64) bool { return !math.IsInf(float64(float32(x)), 0) }
