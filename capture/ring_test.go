@@ -394,3 +394,50 @@ func TestRingDeadConsumerReclaimed(t *testing.T) {
 		t.Fatalf("stats %+v (dropped before %d), live received %d of 500", st, before, live.Received()-got)
 	}
 }
+
+// A writer goroutine and a reader goroutine at once (run under -race in CI): every record
+// arrives whole, in order, none dropped.
+func TestRingConcurrentReader(t *testing.T) {
+	r := newRing(t, 32<<10, 1)
+	c, err := r.Attach(Block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	errc := make(chan error, 1)
+	go func() {
+		w := r.Writer(10 * time.Second)
+		for seq := range uint64(n) {
+			id, rec := genRecord(seq, 200)
+			if err := w.Append(id, rec); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for next := uint64(0); next < n; {
+		got, ok, err := c.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			if time.Now().After(deadline) {
+				t.Fatalf("read %d of %d records in a minute", next, n)
+			}
+			time.Sleep(10 * time.Microsecond)
+			continue
+		}
+		if s := checkGen(t, got, 200); s != next {
+			t.Fatalf("read %d, want %d", s, next)
+		}
+		next++
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.Dropped != 0 || st.Records != n {
+		t.Fatalf("stats %+v", st)
+	}
+}
