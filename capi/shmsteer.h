@@ -439,8 +439,11 @@ int shmsteer_vector_export(shmsteer_t *h, const char *name, size_t name_len, con
  * C/Python owner alike) and validates it again; NOT_SERVED if that owner serves no steering. */
 int shmsteer_global_set_json(shmsteer_t *h, const char *json, size_t json_len, uint64_t *version);
 
-/* Admit request id: admission JSON {"tenant": s, "conversation": s, "override": Steering}, all
- * optional (owner only). */
+/* Admit request id: admission JSON {"tenant": s, "conversation": s, "override": Steering,
+ * "steering": [gate]}, all optional (owner only). A gate is the vLLM fork's {"when", "scope",
+ * "apply"} (see steer.DecodeGates); an inline source is {"kind": "inline", "packed": {hook:
+ * [{"layer": n, "scale": s, "data": [floats]}]}} here (Python's Owner.admit converts the fork's
+ * packed blobs). Refusals: BAD_GATE, GATE_UNSUPPORTED, NON_FINITE, UNKNOWN_VECTOR, PROBE_SITE. */
 int shmsteer_request_admit_json(shmsteer_t *h, const char *id, size_t id_len, const char *json,
                                 size_t json_len, uint64_t *version);
 

@@ -137,6 +137,9 @@ type admissionJSON struct {
 	Tenant       string          `json:"tenant"`
 	Conversation string          `json:"conversation"`
 	Override     *steer.Steering `json:"override"`
+	// Steering is the fork's declarative gates (steer.DecodeGates), inline sources in the C
+	// ABI's vector form (gateUnpack).
+	Steering json.RawMessage `json:"steering"`
 }
 
 //export shmsteerGo_request_admit_json
@@ -155,7 +158,11 @@ func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js 
 			return fail(err)
 		}
 	}
-	ad, err := inst.eng.Admit(steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override})
+	gates, err := steer.DecodeGates(a.Steering, gateUnpack)
+	if err != nil {
+		return fail(err)
+	}
+	ad, err := inst.eng.Admit(steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override, Gates: gates})
 	return versionOut(version, ad.Version, err)
 }
 

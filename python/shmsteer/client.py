@@ -476,11 +476,23 @@ class Owner(_Handle):
         super().__init__(out.value, owner=True)
 
     def admit(self, request_id: str, override: Optional[Dict[str, Any]] = None,
-              tenant: str = "", conversation: str = "") -> int:
-        """Admit a request with its own steering and/or its conversation's latch."""
+              tenant: str = "", conversation: str = "",
+              steering: Optional[Sequence[Dict[str, Any]]] = None) -> int:
+        """Admit a request with its own steering and/or its conversation's latch.
+
+        ``steering`` is the vLLM fork's declarative gates, JSON-shaped dicts ``{"when": ...,
+        "scope": ..., "apply": ...}`` (sources ``{"kind": "name", "name": n}`` or ``{"kind":
+        "inline", "packed": {hook: SteeringHookPacked}}``). Refusals raise
+        :class:`~shmsteer.errors.BadGateError`, :class:`~shmsteer.errors.GateUnsupportedError`,
+        :class:`~shmsteer.errors.NonFiniteError`, :class:`~shmsteer.errors.UnknownVectorError` or
+        :class:`~shmsteer.errors.ProbeSiteError` (a packed blob that does not decode:
+        :class:`~shmsteer.openai.SteeringRequestError`), and admit nothing.
+        """
         a: Dict[str, Any] = {"tenant": tenant, "conversation": conversation}
         if override is not None:
             a["override"] = override
+        if steering is not None:
+            a["steering"] = _gates_for_abi(steering)
         js = json.dumps(a).encode()
         rid = _b(request_id)
         v = c_uint64()
@@ -493,6 +505,33 @@ class Owner(_Handle):
         v = c_uint64()
         check(lib.shmsteer_request_end(self.handle, rid, len(rid), byref(v)))
         return v.value
+
+
+def _gates_for_abi(steering: Any) -> Any:
+    """The gates with every inline source's packed blobs decoded into the C ABI's vector form
+    ``{hook: [{"layer", "scale", "data"}]}``; anything else is passed on for the engine to judge."""
+    from .openai import _vectors
+
+    def source(src: Any) -> Any:
+        if isinstance(src, dict) and src.get("kind") == "inline" and isinstance(src.get("packed"), dict) and src["packed"]:
+            packed = src["packed"]
+            out: Dict[str, Any] = {}
+            for v in _vectors("steering", packed, tuple(packed)):
+                out.setdefault(v["hook"], []).append({"layer": v["layer"], "scale": v["scale"], "data": v["data"]})
+            return {"kind": "inline", "packed": out}
+        return src
+
+    if not isinstance(steering, (list, tuple)):
+        return steering
+    gates = []
+    for g in steering:
+        if isinstance(g, dict):
+            g = dict(g)
+            for part, key in (("when", "probe"), ("apply", "steer")):
+                if isinstance(g.get(part), dict) and key in g[part]:
+                    g[part] = dict(g[part], **{key: source(g[part][key])})
+        gates.append(g)
+    return gates
 
 
 class Keys(MutableMapping):
