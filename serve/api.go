@@ -255,6 +255,7 @@ func mergeUnless(replace bool) []steer.WriteOption {
 }
 
 func sites(st *steer.Steering) (hooks []string, layers []int) {
+	hooks, layers = []string{}, []int{} // a set of references only answers empty lists, not null
 	for _, ph := range []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode} {
 		t := st.Tier(ph)
 		for _, v := range t.Vectors {

@@ -747,6 +747,8 @@ func TestCLIClientCommands(t *testing.T) {
 	code, out, _ := cli(true, "status")
 	require.Zero(t, code)
 	require.Regexp(t, `named_vectors\s+1`, out)
+	// Only the owner counts its clients: no -1 where /v1/status has the count.
+	require.Regexp(t, `attached_clients\s+unknown to a client \(the owner's count: GET /v1/status`, out)
 	code, out, _ = cli(false, "status", "--json")
 	require.Zero(t, code)
 	require.Contains(t, out, `"keys_live": 1`)
@@ -835,6 +837,10 @@ func TestServeUnixSocketAndKeyReload(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
 	require.Eventually(t, func() bool { return get(adminKey) == 401 }, 5*time.Second, 20*time.Millisecond)
 	require.Equal(t, 200, get(adminKey2))
+	// A file with no key locks every caller out: the reload says so at WARN.
+	require.NoError(t, os.WriteFile(keys, []byte("# rotated away\n"), 0o600))
+	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
+	require.Eventually(t, func() bool { return get(adminKey2) == 401 }, 5*time.Second, 20*time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait())
 	_, err = os.Stat(sock)
@@ -848,6 +854,7 @@ func TestServeUnixSocketAndKeyReload(t *testing.T) {
 		require.NotEmpty(t, rec["msg"])
 	}
 	require.Contains(t, logs.String(), `"msg":"API keys reloaded"`)
+	require.Regexp(t, `"level":"WARN","msg":"API keys reloaded: the file holds no key, so every /v1/ call is refused`, logs.String())
 	for _, k := range []string{adminKey, adminKey2, e2eSecret} {
 		require.NotContains(t, logs.String(), k)
 	}
