@@ -259,6 +259,9 @@ func (b *Batch) plan1(batch []Span) error {
 	clear(local)
 	for i := range batch {
 		sp, st := &batch[i], s.cur[i]
+		if st.gates != nil && sp.Phase == PhaseDecode && sp.Start < sp.End {
+			return fmt.Errorf("%w: request %q has declarative gates, which the device path (Batch) does not apply yet: step it with a Stepper's Apply", ErrGateUnsupported, sp.ID)
+		}
 		var k slotKey
 		switch {
 		case sp.Start == sp.End:

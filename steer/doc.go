@@ -80,6 +80,18 @@
 // the steered sites and exactly the table rows whose composed content changed, so its hooked
 // sites never call into the engine.
 //
+// # Declarative gates
+//
+// A request may carry the vLLM fork's gates, when × scope × apply (gates.go: DecodeGates reads
+// its "steering" JSON, CheckGates is its validation). The owner resolves them at Admit
+// (gates_admit.go: names to the probe or steering vectors registered then, digests included)
+// and stores them under KindGates with the request; it carries a conversation's
+// rest_of_conversation gates onto its later requests (gates_conv.go). The Stepper applies them
+// to decode rows (gates_step.go): probes read per row at their site, this_token adds gated per
+// row, the other scopes advanced at End, attenuation as a per-request factor; every rank
+// scores the probes itself, so ranks agree. A Batch refuses a gated request's decode rows
+// (ErrGateUnsupported): the device path does not apply gates yet.
+//
 // # Boundaries
 //
 // steer reads and writes the region only through package shm's API (Update, Snapshot, View):

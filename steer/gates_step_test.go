@@ -310,3 +310,23 @@ func TestGatesRestOfConversation(t *testing.T) {
 	require.Nil(t, gatesAt(t, e, "r3"), "dropped: the probe's digest changed")
 	require.Equal(t, added{0, 1}, at("r3", 0.9))
 }
+
+// The device path does not apply gates yet: a gated request's decode rows are refused rather
+// than steered without their gates; its prefill rows (never gated) resolve.
+func TestBatchRefusesGates(t *testing.T) {
+	e := gateTableEngine(t)
+	_, err := e.Admit(Admission{RequestID: "g", Override: gateTableSteering(), Gates: []Gate{{Scope: ScopeRestOfRequest,
+		Apply: GateApply{Kind: ApplyAdd, Steer: GateSource{Name: "s"}, Strength: 1}}}})
+	require.NoError(t, err)
+	_, err = e.Admit(Admission{RequestID: "plain", Override: gateTableSteering()})
+	require.NoError(t, err)
+	st := e.NewStepper()
+	defer st.Close()
+	b, err := st.NewBatch(BatchOptions{})
+	require.NoError(t, err)
+	require.NoError(t, b.Resolve(0, []Span{{ID: "plain", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "g", Start: 1, End: 2, Phase: PhasePrefill}}, 2))
+	st.End()
+	err = b.Resolve(0, []Span{{ID: "plain", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "g", Start: 1, End: 2, Phase: PhaseDecode}}, 2)
+	require.ErrorIs(t, err, ErrGateUnsupported)
+	require.Contains(t, err.Error(), `"g"`)
+}
