@@ -175,9 +175,10 @@ var opNames = map[uint16]string{steer.OpRegister: "register", steer.OpUnregister
 const devVersion = "v0.0.0-dev"
 
 // Version is the running binary's version: its module version when it has one (go install
-// MODULE@VERSION), otherwise v0.0.0-dev followed by the VCS revision the build stamped
-// ("+" and 12 hex digits, "-dirty" when the tree had changes), or by "(no VCS stamp)" when it
-// stamped none: GOFLAGS=-buildvcs=false, a build outside a git checkout, or go run.
+// MODULE@VERSION, or the pseudo-version naming the commit that go build stamps from a git
+// checkout, "+dirty" for a changed tree), otherwise v0.0.0-dev followed by the VCS revision
+// if one was stamped, or by "(no VCS stamp)" when none was: GOFLAGS=-buildvcs=false, a build
+// outside a git checkout, or go run.
 func Version() string {
 	bi, ok := debug.ReadBuildInfo()
 	if ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
