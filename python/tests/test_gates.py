@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,3 +90,14 @@ def test_gate_refusals_admit_nothing(ns, secret):
         assert after["region"]["Version"] == before["region"]["Version"], "nothing written"
         assert after["steer"]["admitted_requests"] == 0
         assert issubclass(errors.BadGateError, ValueError) and issubclass(errors.GateUnsupportedError, ValueError)
+
+
+def test_readme_gates_example() -> None:
+    """The README's probe-gated example runs as written."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    _, section = readme.split("**Probe-gated steering.**", 1)
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})
+    assert "steered only where the probe fired" in out.getvalue()
