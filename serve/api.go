@@ -711,12 +711,16 @@ func (s *Server) dynamic(*http.Request, principal, []byte) (any, error) {
 		sums[r.Worker] = r.Checksum
 		top = max(top, r.Step)
 	}
+	gates, err := s.gateCounts()
+	if err != nil {
+		return nil, err
+	}
 	determinism := map[string]any{"consistent": true, "action_count": top}
 	if agree != nil && !*agree {
 		determinism = map[string]any{"consistent": false, "checksums": sums}
 	}
 	return map[string]any{
-		"workers": workers, "determinism": determinism,
+		"workers": workers, "determinism": determinism, "gates": gates,
 		"latches": map[string]any{
 			"latched_conversations": st.LatchedConversations, "latched_bytes": st.LatchedBytes,
 			"evictions": st.Evictions, "oversize_refusals": st.OversizeRefusals, "triggers": st.Triggers,

@@ -87,7 +87,8 @@
 //   - GET /v1/steering/dynamic: {workers: [{worker, step, checksum, age_seconds,
 //     action_checksum, action_count, steering_initialized}], determinism: {consistent: true,
 //     action_count} | {consistent: false, checksums: {worker: checksum}}, latches: {...serve's
-//     latch counters, caps, policy, latch_state_hash}}. Workers report through ReportChecksum;
+//     latch counters, caps, policy, latch_state_hash}, gates: {requests, probes, by_scope,
+//     by_apply} (the gates admitted requests carry)}. Workers report through ReportChecksum;
 //     action_count is the worker's step; determinism compares the workers at the newest step.
 //   - POST /v1/steering/vectors/register: {name, kind: "steer" | "probe" (required), packed:
 //     {hook: SteeringHookPacked}}. Answer {status, name, kind, version, digest, vectors:

@@ -37,3 +37,18 @@ func parseGates(raw json.RawMessage, p principal) ([]steer.Gate, error) {
 	}
 	return gates, nil
 }
+
+// gateCounts is GET /v1/steering/dynamic's "gates": {requests, probes, by_scope, by_apply},
+// the gates admitted requests carry now.
+func (s *Server) gateCounts() (map[string]any, error) {
+	snap, err := s.eng.Region().Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	defer snap.Close()
+	c, err := s.eng.GateCounts(&snap)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"requests": c.Requests, "probes": c.Probes, "by_scope": c.ByScope, "by_apply": c.ByApply}, nil
+}

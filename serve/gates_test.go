@@ -55,6 +55,10 @@ func TestAdmitSteeringGates(t *testing.T) {
 	require.Equal(t, steer.ApplyAttenuate, g[1].Apply)
 	require.Equal(t, 2, g[2].Probe.Layer)
 	require.Equal(t, float32(1), g[2].Sharpness, "the fork's default sharpness")
+	_, dyn := f.get(t, "/v1/steering/dynamic")
+	require.Equal(t, map[string]any{"requests": 1.0, "probes": 2.0,
+		"by_scope": map[string]any{"this_token": 1.0, "next_step": 1.0, "rest_of_request": 1.0, "rest_of_conversation": 0.0},
+		"by_apply": map[string]any{"add": 2.0, "attenuate": 1.0}}, dyn["gates"])
 
 	cases := []struct {
 		name     string
@@ -84,4 +88,6 @@ func TestAdmitSteeringGates(t *testing.T) {
 	}
 	f.ok(t, "/v1/requests/admit", map[string]any{"request_id": "r", "steering": nil})
 	require.Nil(t, f.gatesOf(t, "r"), "re-admitted with no gates")
+	_, dyn = f.get(t, "/v1/steering/dynamic")
+	require.Equal(t, 0.0, dyn["gates"].(map[string]any)["requests"])
 }

@@ -295,3 +295,42 @@ func putGates(tx *shm.Tx, requestID string, enc []byte) error {
 	}
 	return nil
 }
+
+// GateCounts counts the gates admitted requests carry (Engine.GateCounts).
+type GateCounts struct {
+	Requests int            // admitted requests with gates
+	ByScope  map[string]int // gates per scope name (this_token, next_step, ...)
+	ByApply  map[string]int // gates per action (add, attenuate)
+	Probes   int            // gates with a probe trigger
+}
+
+// GateCounts counts the gates stored at snapshot s. Evaluations and fires are counted by each
+// Stepper (StepStats), where the probes are read.
+func (e *Engine) GateCounts(s *shm.Snapshot) (GateCounts, error) {
+	c := GateCounts{ByScope: map[string]int{}, ByApply: map[string]int{}}
+	for _, n := range scopeNames {
+		c.ByScope[n] = 0
+	}
+	c.ByApply[ApplyAdd.String()], c.ByApply[ApplyAttenuate.String()] = 0, 0
+	var err error
+	rerr := s.Range(KindGates, func(key, value []byte, _ uint64) bool {
+		var gs []AdmittedGate
+		if gs, err = decodeGateEntry(value, e.cfg, false); err != nil {
+			err = fmt.Errorf("request %q: %w", key, err)
+			return false
+		}
+		c.Requests++
+		for _, g := range gs {
+			c.ByScope[g.Scope.String()]++
+			c.ByApply[g.Apply.String()]++
+			if g.When == WhenProbe {
+				c.Probes++
+			}
+		}
+		return true
+	})
+	if err == nil {
+		err = rerr
+	}
+	return c, err
+}
