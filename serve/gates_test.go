@@ -91,3 +91,16 @@ func TestAdmitSteeringGates(t *testing.T) {
 	_, dyn = f.get(t, "/v1/steering/dynamic")
 	require.Equal(t, 0.0, dyn["gates"].(map[string]any)["requests"])
 }
+
+// AdmissionFromRequest passes an OpenAI body's gates on to the admission, checked.
+func TestAdmissionFromRequestGates(t *testing.T) {
+	gates := `[{"when": {"kind": "always"}, "scope": "next_step", "apply": {"kind": "attenuate", "strength": 0.5}}]`
+	a, err := AdmissionFromRequest([]byte(`{"model": "m", "steering": `+gates+`}`), forkCfg, OpenAIOptions{MaxClampDirections: -1})
+	require.NoError(t, err)
+	require.JSONEq(t, gates, string(a.Steering))
+	_, err = AdmissionFromRequest([]byte(`{"steering": [{"when": {"kind": "probe"}, "scope": "next_step"}]}`), forkCfg, OpenAIOptions{})
+	require.ErrorIs(t, err, steer.ErrBadGate)
+	a, err = AdmissionFromRequest([]byte(`{"steering": null}`), forkCfg, OpenAIOptions{})
+	require.NoError(t, err)
+	require.Nil(t, a.Steering)
+}

@@ -27,8 +27,9 @@ type OpenAIOptions struct {
 // input processor's width and clamp-budget checks), in the same order and with the same
 // texts; the error wraps ErrBadInput (or a steer sentinel) and its text after the sentinel is
 // the fork's 400 message. RequestID is left for the caller; steering_name becomes the
-// admission's module; "steering" (declarative gates) is refused with ErrNotImplemented rather
-// than run ungated. A body with no steering field gives an AdmitRequest with no override.
+// admission's module; "steering" (declarative gates) is checked with steer.DecodeGates
+// (steer.ErrBadGate, ErrGateUnsupported, ErrNonFinite) and passed on as the admission's
+// Steering, whose names and sites the owner checks when it admits. A body with no steering field gives an AdmitRequest with no override.
 func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions) (AdmitRequest, error) {
 	var out AdmitRequest
 	var fields map[string]json.RawMessage
@@ -59,7 +60,10 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 		return out, err
 	}
 	if raw, ok := fields["steering"]; ok && jsonKind(raw) != "NoneType" {
-		return out, fmt.Errorf("%w: steering (declarative gates) is not supported by shmsteer yet; the request is refused rather than run ungated", ErrNotImplemented)
+		if _, err := steer.DecodeGates(raw, unpackHook); err != nil {
+			return out, err
+		}
+		out.Steering = raw
 	}
 	var req SetRequest
 	vecFields := []struct {

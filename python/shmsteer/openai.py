@@ -16,7 +16,7 @@ the fork's frontend does, in its order and with its 400 texts
 Differences, on purpose: ``steering_name`` names a module in the fork; the Python owner has no
 modules, so it becomes a reference (strength 1) to the named vector of that name in the base tier
 (serve's Go ``AdmissionFromRequest`` maps it to a serve module instead). ``steering`` (the fork's
-declarative gates) is refused with status 501 rather than run ungated.
+declarative gates) is passed on as ``steering=``: ``Owner.admit`` checks it (typed errors).
 
 Only the standard library is used (base64 and struct decode the packed rows).
 """
@@ -45,7 +45,7 @@ _DTYPES = {"float16": (2, "e"), "float32": (4, "f"), "float64": (8, "d"), "bfloa
 
 class SteeringRequestError(ValueError):
     """A request body's steering fields are refused; ``str(err)`` is the fork's 400 text and
-    ``status`` the HTTP status to answer (400, or 501 for declarative gates)."""
+    ``status`` the HTTP status to answer (400)."""
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
@@ -281,8 +281,8 @@ def admission_from_request(body: Mapping[str, Any], model: Optional[Tuple[int, i
     ``Owner.model`` gives it: widths are checked against ``hidden`` and hook names against
     ``hooks`` (without it, the fork's hook names and no width check). ``max_clamp_directions``
     is the per-(hook, layer) clamp budget after the base and phase tiers are concatenated (0
-    disables clamps). Returns ``{"override": steering, "conversation": id}`` with only the keys
-    the body gives (``{}`` for a body without steering). Raises :class:`SteeringRequestError`
+    disables clamps). Returns ``{"override": steering, "conversation": id, "steering": gates}``
+    with only the keys the body gives (``{}`` for a body without steering). Raises :class:`SteeringRequestError`
     with the fork's text, in the fork's order: field types, unpacking and hook names, clamp
     entries, overlapping widths across tiers, widths against the model, the clamp budget.
     """
@@ -298,8 +298,7 @@ def admission_from_request(body: Mapping[str, Any], model: Optional[Tuple[int, i
         if v is not None and not isinstance(v, str):
             raise SteeringRequestError(f"{field}: Input should be a valid string, got {_kind(v)}")
     if body.get("steering") is not None:
-        raise SteeringRequestError("steering (declarative gates) is not supported by shmsteer yet; the request is "
-                                   "refused rather than run ungated", status=501)
+        out["steering"] = body["steering"]
     tiers: Dict[str, Dict[str, List[Dict[str, Any]]]] = {}
     for tier, vfield, _ in _TIERS:
         tiers[tier] = {"vectors": _vectors(vfield, body.get(vfield), hooks)}

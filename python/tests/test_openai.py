@@ -93,10 +93,9 @@ def test_steering_name_becomes_a_reference():
         admit(CHAT, steering_name=3)
 
 
-def test_gates_are_refused_not_ignored():
-    with pytest.raises(SteeringRequestError) as e:
-        admit(CHAT, steering=[{"when": {"kind": "always"}}])
-    assert e.value.status == 501
+def test_gates_are_passed_on():
+    gates = [{"when": {"kind": "always"}, "scope": "next_step", "apply": {"kind": "attenuate", "strength": 0.5}}]
+    assert admit(CHAT, steering=gates)["steering"] == gates
 
 
 @pytest.mark.parametrize("kw,match", [
