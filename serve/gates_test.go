@@ -1,6 +1,8 @@
 package serve
 
 import (
+	"io"
+	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -59,6 +61,13 @@ func TestAdmitSteeringGates(t *testing.T) {
 	require.Equal(t, map[string]any{"requests": 1.0, "probes": 2.0,
 		"by_scope": map[string]any{"this_token": 1.0, "next_step": 1.0, "rest_of_request": 1.0, "rest_of_conversation": 0.0},
 		"by_apply": map[string]any{"add": 2.0, "attenuate": 1.0}}, dyn["gates"])
+	resp, err := http.Get(f.addr + "/metrics")
+	require.NoError(t, err)
+	met, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, line := range []string{"shmsteer_gated_requests 1", `shmsteer_gates{scope="this_token"} 1`, `shmsteer_gates{scope="rest_of_conversation"} 0`} {
+		require.Contains(t, string(met), line+"\n")
+	}
 
 	cases := []struct {
 		name     string

@@ -35,6 +35,7 @@ func newDesc(name, help string, typ prometheus.ValueType) desc {
 type stateCollector struct {
 	s     *Server
 	descs map[string]desc
+	gates *prometheus.Desc // declarative gates by scope (labelled)
 }
 
 func newMetrics(s *Server) *metrics {
@@ -70,6 +71,8 @@ func newMetrics(s *Server) *metrics {
 	add("modules", "steering_modules", "Registered steering modules.", g)
 	add("state_saves", "state_saves_total", "State files written since start.", ct)
 	add("api_keys", "api_keys", "API keys configured.", g)
+	add("gated", "gated_requests", "Admitted requests carrying declarative gates now.", g)
+	c.gates = prometheus.NewDesc("shmsteer_gates", "Declarative gates admitted requests carry now, by scope (evaluations and fires are counted by each worker's Stepper).", []string{"scope"}, nil)
 	// The mirror's series exist only with --mirror.
 	add("m_connected", "mirror_connected", "1 while the mirror's NATS connection is up, else 0 (local serving goes on either way).", g)
 	add("m_ready", "mirror_ready", "1 once the mirror's bucket is open, else 0.", g)
@@ -99,6 +102,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.descs {
 		ch <- d.d
 	}
+	ch <- c.gates
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -137,6 +141,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	emit("modules", float64(st.Modules))
 	emit("state_saves", float64(st.StateSaves))
 	emit("api_keys", float64(st.APIKeys))
+	if snap, err := c.s.eng.Region().Snapshot(); err == nil {
+		gc, err := c.s.eng.GateCounts(&snap)
+		snap.Close()
+		if err != nil {
+			c.s.log.Warn("metrics: counting gates", "err", err)
+		} else {
+			emit("gated", float64(gc.Requests))
+			for scope, n := range gc.ByScope {
+				ch <- prometheus.MustNewConstMetric(c.gates, prometheus.GaugeValue, float64(n), scope)
+			}
+		}
+	}
 	if ms := st.Mirror; ms != nil {
 		b := func(v bool) float64 {
 			if v {
