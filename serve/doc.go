@@ -138,7 +138,9 @@
 // --control-vector-scaled, --control-vector-layer-range and the hook a GGUF direction steers
 // (default post_block); the format is detected unless given; filename only names the upload in
 // errors and helps detection. The body is capped at max_upload_bytes (a declared
-// Content-Length above it is refused before reading): 413 "too_large". A bad file is 422 with
+// Content-Length above it is refused before reading): 413 "too_large"; an empty body is 400
+// "empty body". The answer has the GGUF's controlvector.model_hint as model_hint ("" for other
+// formats and chunked uploads; export's model_hint= writes it back). A bad file is 422 with
 // type corrupt_file, dtype, shape, value_range, tensor_name or no_vectors; bad options are 400
 // (bad_options, need_layers, unknown_format, unknown_hook, ...); the message names the file,
 // the tensor and the expected shape, and nothing is registered. GET

@@ -104,6 +104,7 @@ func (s *Server) importVector(w http.ResponseWriter, r *http.Request, p principa
 	}
 	defer body.release()
 	var vecs []steer.Vector
+	var hint string // the GGUF's controlvector.model_hint, answered so a client can carry it on
 	if r.ContentLength >= 0 {
 		// Read into a buffer of the declared size: no doubling copies of a large file.
 		b := make([]byte, r.ContentLength)
@@ -111,6 +112,7 @@ func (s *Server) importVector(w http.ResponseWriter, r *http.Request, p principa
 			return nil, fmt.Errorf("%w: reading %s: %w", ErrBadInput, file, err)
 		}
 		vecs, err = vecfile.ImportBytes(b, file, s.eng.Config(), opts)
+		hint = vecfile.ModelHint(b)
 	} else {
 		vecs, err = vecfile.ImportReader(body, file, s.eng.Config(), opts)
 	}
@@ -139,7 +141,7 @@ func (s *Server) importVector(w http.ResponseWriter, r *http.Request, p principa
 	slices.Sort(hooks)
 	return map[string]any{"status": "ok", "name": name, "kind": "steer", "version": info.Version,
 		"digest": hex.EncodeToString(info.Digest[:]), "entries": len(vecs),
-		"hook_points": slices.Compact(hooks), "layers": slices.Compact(layers)}, nil
+		"hook_points": slices.Compact(hooks), "layers": slices.Compact(layers), "model_hint": hint}, nil
 }
 
 var exportExt = map[vecfile.Format]string{vecfile.FormatGGUF: ".gguf", vecfile.FormatNpy: ".npy",

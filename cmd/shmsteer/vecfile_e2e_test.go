@@ -206,10 +206,14 @@ func TestServeVectorFileUpload(t *testing.T) {
 			}
 		}
 	}
-	// model_hint= is written as the GGUF's controlvector.model_hint.
+	// model_hint= is written as the GGUF's controlvector.model_hint, and an import of that
+	// file answers it.
 	code, file, m := s.raw("GET", "/v1/steering/vectors/happy/export?format=gguf&model_hint=llama", adminKey, nil)
 	require.Equal(t, http.StatusOK, code, "%v", m)
 	require.Equal(t, "llama", vecfile.ModelHint(file))
+	code, _, m = s.raw("POST", "/v1/steering/vectors/import?name=hinted", adminKey, bytes.NewReader(file))
+	require.Equal(t, http.StatusOK, code, "%v", m)
+	require.Equal(t, "llama", m["model_hint"])
 	code, _, m = s.raw("GET", "/v1/steering/vectors/acme/happy/export", acmeKey, nil)
 	require.Equal(t, http.StatusOK, code, "%v", m)
 	code, _, m = s.raw("GET", "/v1/steering/vectors/acme%2Fhappy/export?format=npz", acmeKey, nil)
