@@ -161,7 +161,9 @@ func OpenRing(fd int) (*Ring, error) {
 	return &Ring{mem: mem, cap: capacity, slots: slots, data: mem[dataOff(slots):], fd: nfd}, nil
 }
 
-// Fd is the ring's memfd (for cmd.ExtraFiles or SCM_RIGHTS).
+// Fd is the ring's memfd, owned by the Ring (Close closes it): give other processes a dup
+// (cmd.ExtraFiles, SCM_RIGHTS), never an *os.File of this descriptor, which closes it when
+// collected.
 func (r *Ring) Fd() int { return r.fd }
 
 // Close unmaps the ring and closes its descriptor.

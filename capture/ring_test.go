@@ -239,6 +239,19 @@ func TestRingErrors(t *testing.T) {
 	o.Close()
 }
 
+// ringFile is a dup of the ring's descriptor for cmd.ExtraFiles: an *os.File of the ring's own
+// fd would close it when collected.
+func ringFile(t *testing.T, r *Ring) *os.File {
+	t.Helper()
+	fd, err := unix.Dup(r.Fd())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "ring")
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
 const (
 	ringChildEnv     = "SHMSTEER_CAPTURE_RING_CHILD"
 	consumerChildEnv = "SHMSTEER_CAPTURE_RING_CONSUMER"
@@ -287,7 +300,7 @@ func TestRingWriterKilled(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := os.NewFile(uintptr(r.Fd()), "ring")
+		f := ringFile(t, r)
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), ringChildEnv+"=1")
 		cmd.ExtraFiles = []*os.File{f}
@@ -316,8 +329,8 @@ func TestRingWriterKilled(t *testing.T) {
 		// delay, so the kill lands anywhere in a frame's write.
 		start, warm := time.Now(), uint64(20+rand.IntN(200))
 		for next < warm {
-			if time.Since(start) > time.Minute {
-				t.Fatalf("the writer child wrote %d records in a minute: %s", next, stderr.String())
+			if time.Since(start) > 20*time.Second {
+				t.Fatalf("the writer child wrote %d records in 20 s: %s", next, stderr.String())
 			}
 			read()
 		}
@@ -348,7 +361,7 @@ func TestRingDeadConsumerReclaimed(t *testing.T) {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), consumerChildEnv+"=1")
-	cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(r.Fd()), "ring")}
+	cmd.ExtraFiles = []*os.File{ringFile(t, r)}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
