@@ -352,20 +352,23 @@ func TestRunAtAlignsStarts(t *testing.T) {
 	b, err := StartChild("test.echo")
 	require.NoError(t, err)
 	defer b.Close()
-	// Both sleep 30 ms from one instant: each window is about 30 ms, not 60,
-	// and it is measured from the instant, not from when the child woke.
+	// Both sleep 200 ms from one instant: each window is measured from the instant, not from
+	// when the child woke, so it is at least 200 ms; had the two run one after the other, one
+	// window would be at least 400 ms. (Long sleeps keep a loaded machine's scheduling delays
+	// small against the difference.)
+	const sleep = 200 * time.Millisecond
 	at := time.Now().Add(20 * time.Millisecond)
 	var da, db time.Duration
 	var ea, eb error
 	done := make(chan struct{})
-	go func() { db, eb = b.RunAt("sleep", 30, at); close(done) }()
-	da, ea = a.RunAt("sleep", 30, at)
+	go func() { db, eb = b.RunAt("sleep", int(sleep/time.Millisecond), at); close(done) }()
+	da, ea = a.RunAt("sleep", int(sleep/time.Millisecond), at)
 	<-done
 	require.NoError(t, ea)
 	require.NoError(t, eb)
 	for _, d := range []time.Duration{da, db} {
-		require.GreaterOrEqual(t, d, 30*time.Millisecond)
-		require.Less(t, d, 55*time.Millisecond)
+		require.GreaterOrEqual(t, d, sleep)
+		require.Less(t, d, 2*sleep)
 	}
 	require.Positive(t, a.Pid())
 	_, err = a.command("sleep 1 at=soon")
