@@ -17,13 +17,19 @@ TEXT ·addRowsAVX512(SB), NOSPLIT, $0-52
 	MOVQ v_base+24(FP), R10
 	MOVQ v_len+32(FP), R9
 	VBROADCASTSS s+48(FP), Z0
-	// R11 != 0 when h is at least 64 KiB: then the loop software-prefetches h 2 KiB ahead
-	// (the hardware prefetcher alone lags an in-place stream; on a single 16 KiB row the
-	// prefetches cost more than they save). Of the distances tried against gcc at L2 sizes
-	// (0, 1, 2, 4 and 8 KiB, and 8-vector unrolling), 2 KiB kept up at 256 KiB and 4 MiB,
-	// where 4 KiB trailed by 4-10%.
+	// R11 != 0 when h is at least 64 KiB: then the loop software-prefetches h ahead (the
+	// hardware prefetcher alone lags an in-place stream; on a single 16 KiB row the
+	// prefetches cost more than they save), 2 KiB ahead while h fits an L2 and 4 KiB beyond:
+	// of the distances tried against gcc (0, 1, 2, 4 and 8 KiB, and 8-vector unrolling), 2 KiB
+	// did best at 256 KiB and 4 KiB from 4 MiB up.
 	MOVQ AX, R11
 	SHRQ $14, R11
+	MOVQ         $2048, R8 // prefetch distance: 2 KiB while h fits an L2 (1 MiB), 4 KiB beyond
+	CMPQ         AX, $262144
+	JB           a512_near
+	MOVQ         $4096, R8
+
+a512_near:
 
 a512_row:
 	CMPQ AX, R9
@@ -37,6 +43,7 @@ a512_row:
 	SHRQ $6, CX
 	SHLQ $8, CX
 	ADDQ CX, DI
+	LEAQ (DI)(R8*1), R13
 	LEAQ (R10)(CX*1), SI
 	NEGQ CX
 	JZ   a512_rest
@@ -61,8 +68,8 @@ a512_loop64:
 	JMP         a512_rest
 
 a512_loop64pf:
-	PREFETCHT0  2048(DI)(CX*1)
-	PREFETCHT0  2176(DI)(CX*1)
+	PREFETCHT0  (R13)(CX*1)
+	PREFETCHT0  128(R13)(CX*1)
 	VMOVUPS     (SI)(CX*1), Z1
 	VFMADD213PS (DI)(CX*1), Z0, Z1
 	VMOVUPS     Z1, (DI)(CX*1)
@@ -247,6 +254,12 @@ TEXT ·addRowsAVX2(SB), NOSPLIT, $0-52
 	VBROADCASTSS s+48(FP), Y0
 	MOVQ         AX, R11 // prefetch h ahead from 64 KiB up, as in addRowsAVX512
 	SHRQ         $14, R11
+	MOVQ         $2048, R8 // prefetch distance: 2 KiB while h fits an L2 (1 MiB), 4 KiB beyond
+	CMPQ         AX, $262144
+	JB           a256_near
+	MOVQ         $4096, R8
+
+a256_near:
 
 a256_row:
 	CMPQ AX, R9
@@ -258,6 +271,7 @@ a256_row:
 	SHRQ $5, CX
 	SHLQ $7, CX
 	ADDQ CX, DI
+	LEAQ (DI)(R8*1), R13
 	LEAQ (R10)(CX*1), SI
 	NEGQ CX
 	JZ   a256_rest
@@ -283,8 +297,8 @@ a256_loop32:
 	JMP         a256_rest
 
 a256_loop32pf:
-	PREFETCHT0  2048(DI)(CX*1)
-	PREFETCHT0  2112(DI)(CX*1)
+	PREFETCHT0  (R13)(CX*1)
+	PREFETCHT0  64(R13)(CX*1)
 	VMOVUPS     (SI)(CX*1), Y1
 	VMOVUPS     32(SI)(CX*1), Y2
 	VMOVUPS     64(SI)(CX*1), Y3
@@ -508,6 +522,12 @@ TEXT ·addRows2AVX512(SB), NOSPLIT, $0-80
 	VBROADCASTSS b+76(FP), Z5
 	MOVQ         AX, R11 // prefetch h ahead from 64 KiB up, as in addRowsAVX512
 	SHRQ         $14, R11
+	MOVQ         $2048, R8 // prefetch distance: 2 KiB while h fits an L2 (1 MiB), 4 KiB beyond
+	CMPQ         AX, $262144
+	JB           b512_near
+	MOVQ         $4096, R8
+
+b512_near:
 
 b512_row:
 	CMPQ AX, R9
@@ -518,6 +538,7 @@ b512_row:
 	SHRQ $6, CX
 	SHLQ $8, CX
 	ADDQ CX, DI
+	LEAQ (DI)(R8*1), R13
 	LEAQ (R10)(CX*1), SI
 	LEAQ (R12)(CX*1), DX
 	NEGQ CX
@@ -547,8 +568,8 @@ b512_loop:
 	JMP         b512_rest
 
 b512_loop_pf:
-	PREFETCHT0  2048(DI)(CX*1)
-	PREFETCHT0  2176(DI)(CX*1)
+	PREFETCHT0  (R13)(CX*1)
+	PREFETCHT0  128(R13)(CX*1)
 	VMULPS      (SI)(CX*1), Z0, Z1
 	VFMADD231PS (DX)(CX*1), Z5, Z1
 	VADDPS      (DI)(CX*1), Z1, Z1
@@ -697,6 +718,12 @@ TEXT ·addRows2AVX2(SB), NOSPLIT, $0-80
 	VBROADCASTSS b+76(FP), Y5
 	MOVQ         AX, R11 // prefetch h ahead from 64 KiB up, as in addRowsAVX512
 	SHRQ         $14, R11
+	MOVQ         $2048, R8 // prefetch distance: 2 KiB while h fits an L2 (1 MiB), 4 KiB beyond
+	CMPQ         AX, $262144
+	JB           b256_near
+	MOVQ         $4096, R8
+
+b256_near:
 
 b256_row:
 	CMPQ AX, R9
@@ -707,6 +734,7 @@ b256_row:
 	SHRQ $5, CX
 	SHLQ $7, CX
 	ADDQ CX, DI
+	LEAQ (DI)(R8*1), R13
 	LEAQ (R10)(CX*1), SI
 	LEAQ (R12)(CX*1), DX
 	NEGQ CX
@@ -736,8 +764,8 @@ b256_loop:
 	JMP         b256_rest
 
 b256_loop_pf:
-	PREFETCHT0  2048(DI)(CX*1)
-	PREFETCHT0  2112(DI)(CX*1)
+	PREFETCHT0  (R13)(CX*1)
+	PREFETCHT0  64(R13)(CX*1)
 	VMULPS      (SI)(CX*1), Y0, Y1
 	VFMADD231PS (DX)(CX*1), Y5, Y1
 	VADDPS      (DI)(CX*1), Y1, Y1
