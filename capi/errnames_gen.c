@@ -33,6 +33,7 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_UNSUPPORTED] = "shm.ErrUnsupported",
     [SHMSTEER_E_LEASE_UNAVAILABLE] = "shm.ErrLeaseUnavailable",
     [SHMSTEER_E_MARKED] = "shm.ErrMarked",
+    [SHMSTEER_E_RECLAIM_STALLED] = "shm.ErrReclaimStalled",
     [SHMSTEER_E_AUTH_SECRET_NOT_DEFINED] = "ipc.ErrAuthSecretNotDefined",
     [SHMSTEER_E_NOT_YET_INITIALIZED] = "ipc.ErrNotYetInitialized",
     [SHMSTEER_E_PREVIOUSLY_INITIALIZED] = "ipc.ErrPreviouslyInitialized",

@@ -94,6 +94,7 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_NO_READER_SLOT, "shm.ErrNoReaderSlot", shm.ErrNoReaderSlot},
 	{C.SHMSTEER_E_SNAPSHOT_TOO_OLD, "shm.ErrSnapshotTooOld", shm.ErrSnapshotTooOld},
 	{C.SHMSTEER_E_SNAPSHOT_FUTURE, "shm.ErrSnapshotFuture", shm.ErrSnapshotFuture},
+	{C.SHMSTEER_E_RECLAIM_STALLED, "shm.ErrReclaimStalled", shm.ErrReclaimStalled},
 	{C.SHMSTEER_E_VALUE_TOO_LARGE, "shm.ErrValueTooLarge", shm.ErrValueTooLarge},
 	{C.SHMSTEER_E_UNSUPPORTED, "shm.ErrUnsupported", shm.ErrUnsupported},
 	{C.SHMSTEER_E_LEASE_UNAVAILABLE, "shm.ErrLeaseUnavailable", shm.ErrLeaseUnavailable},

@@ -93,6 +93,7 @@ extern "C" {
 #define SHMSTEER_E_UNSUPPORTED 26       /* shm.ErrUnsupported: needs Linux memfd */
 #define SHMSTEER_E_LEASE_UNAVAILABLE 27 /* shm.ErrLeaseUnavailable: mount /proc (reader lease) */
 #define SHMSTEER_E_MARKED 28            /* shm.ErrMarked: a marked key has no value; the key registry reports KEY_REVOKED */
+#define SHMSTEER_E_RECLAIM_STALLED 29   /* shm.ErrReclaimStalled: the owner died mid-pass; read at the current version */
 /* package ipc (codes 30..49) */
 #define SHMSTEER_E_AUTH_SECRET_NOT_DEFINED 30 /* ipc.ErrAuthSecretNotDefined: set SHMSTEER_SECRET */
 #define SHMSTEER_E_NOT_YET_INITIALIZED 31     /* ipc.ErrNotYetInitialized: no owner answers */

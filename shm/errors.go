@@ -42,6 +42,10 @@ var (
 	ErrSnapshotTooOld = errors.New("shmsteer: snapshot version already reclaimed")
 	// ErrSnapshotFuture means the version asked for has not been published yet.
 	ErrSnapshotFuture = errors.New("shmsteer: snapshot version not yet published")
+	// ErrReclaimStalled means SnapshotAt found a reclamation pass in flight for longer than a
+	// pass takes, most likely left by an owner that died during it: an older version cannot be
+	// pinned safely; read at the current version, or re-attach to a restarted owner.
+	ErrReclaimStalled = errors.New("shmsteer: reclamation pass stalled")
 	// ErrValueTooLarge means a value exceeds MaxValueLen or the whole arena.
 	ErrValueTooLarge = errors.New("shmsteer: value too large")
 	// ErrLeaseUnavailable means a reader could not take the lock that ties its reader slots to

@@ -5,7 +5,13 @@ import (
 	"os"
 	"runtime"
 	"sync/atomic"
+	"time"
 )
+
+// reclaimStall bounds how long SnapshotAt waits for a reclamation pass in flight. A pass takes
+// a barrier and a scan of the reader slots; one still in flight after this long was most likely
+// left by an owner that died in the middle of it, and would never end.
+var reclaimStall = 2 * time.Second
 
 // pinCurrent claims one of this process's reader slots and pins the current version in it.
 // It returns the slot's offset and the pinned version.
@@ -57,6 +63,7 @@ func (r *Region) pinAt(v uint64) (uint64, error) {
 	// Hold the slot at v, then wait until no reclamation pass is in flight and read the
 	// horizon it left: every version at or above it is intact, and later passes see our pin.
 	r.pinStore(s, v)
+	var since time.Time
 	for spins := 0; ; spins++ {
 		seq := load64(r.data, hReclaimSeq)
 		h := load64(r.data, hHorizon)
@@ -68,6 +75,12 @@ func (r *Region) pinAt(v uint64) (uint64, error) {
 			return 0, fmt.Errorf("%w: version %d, oldest kept is %d", ErrSnapshotTooOld, v, h)
 		}
 		if spins > 64 {
+			if since.IsZero() {
+				since = time.Now()
+			} else if time.Since(since) > reclaimStall {
+				r.unpin(s)
+				return 0, fmt.Errorf("%w: a reclamation pass has been in flight for over %v, so version %d cannot be pinned safely; the owner probably died during it: read at the current version, or re-attach to a restarted owner", ErrReclaimStalled, reclaimStall, v)
+			}
 			runtime.Gosched()
 		}
 	}

@@ -144,3 +144,35 @@ func TestMarkersWaitForConfirmedHorizon(t *testing.T) {
 	require.Equal(t, []byte("old"), got)
 	release()
 }
+
+// TestSnapshotAtStalledPass: a reclamation pass that never ends (what an owner killed in the
+// middle of one leaves) makes SnapshotAt of an older version fail with ErrReclaimStalled after
+// the bound, instead of spinning for ever, and frees the slot it held; once the pass ends, the
+// current version pins again.
+func TestSnapshotAtStalledPass(t *testing.T) {
+	r := newTestRegion(t, Config{IndexSlots: 256, ArenaBytes: 1 << 20})
+	if r.l.flags&flagMembarrier == 0 {
+		t.Skip("membarrier unavailable: passes have no barrier to hold")
+	}
+	defer func(d time.Duration) { reclaimStall = d }(reclaimStall)
+	reclaimStall = 50 * time.Millisecond
+	old, err := r.Put(1, "a", []byte{1})
+	require.NoError(t, err)
+	entered, release := holdBarrier(t, r)
+	var v uint64
+	for i := range 8 {
+		v, err = r.Put(1, "k", []byte{byte(i)})
+		require.NoError(t, err)
+	}
+	<-entered
+	require.EqualValues(t, 1, load64(r.data, hReclaimSeq)&1, "the pass is in flight")
+	for range 3 * maxLocalSlots { // more than the process's slots: each failure gives its slot back
+		_, err = r.SnapshotAt(old)
+		require.ErrorIs(t, err, ErrReclaimStalled)
+	}
+	release()
+	waitFor(t, "the pass to end", func() bool { return load64(r.data, hReclaimSeq)&1 == 0 })
+	s, err := r.SnapshotAt(v)
+	require.NoError(t, err)
+	s.Close()
+}

@@ -217,6 +217,14 @@ class MarkedError(NotFoundError):
     go_name = "shm.ErrMarked"
 
 
+class ReclaimStalledError(ShmsteerError):
+    """Mirrors Go's shm.ErrReclaimStalled (code 29, SHMSTEER_E_RECLAIM_STALLED): the owner died
+    mid-pass; read at the current version."""
+
+    code = 29
+    go_name = "shm.ErrReclaimStalled"
+
+
 class AuthSecretNotDefinedError(ShmsteerError):
     """Mirrors Go's ipc.ErrAuthSecretNotDefined (code 30, SHMSTEER_E_AUTH_SECRET_NOT_DEFINED): set
     SHMSTEER_SECRET."""
@@ -661,6 +669,7 @@ BY_CODE: Dict[int, Type[ShmsteerError]] = {
     26: UnsupportedError,
     27: LeaseUnavailableError,
     28: MarkedError,
+    29: ReclaimStalledError,
     30: AuthSecretNotDefinedError,
     31: NotYetInitializedError,
     32: PreviouslyInitializedError,
@@ -748,6 +757,7 @@ __all__ = [
     "UnsupportedError",
     "LeaseUnavailableError",
     "MarkedError",
+    "ReclaimStalledError",
     "AuthSecretNotDefinedError",
     "NotYetInitializedError",
     "PreviouslyInitializedError",
