@@ -221,8 +221,12 @@ func (l *Latches) trigger(k ConvKey, s *Steering, pins []Pin) (latched, oversize
 	n := LatchBytes(s)
 	if n > l.cfg.MaxLatchedBytes || (k.Tenant != "" && l.cfg.MaxTenantBytes > 0 && n > l.cfg.MaxTenantBytes) {
 		l.st.OversizeRefusals++
-		l.warnf(0, "shmsteer: steering override of %d bytes for conversation %q/%q exceeds max_latched_bytes %d or the tenant's cap %d; not latched (it still steers its own request)",
-			n, k.Tenant, k.ID, l.cfg.MaxLatchedBytes, l.cfg.MaxTenantBytes)
+		limit, what := l.cfg.MaxLatchedBytes, "max_latched_bytes"
+		if n <= limit {
+			limit, what = l.cfg.MaxTenantBytes, "the tenant's max_latched_bytes"
+		}
+		l.warnf(0, "shmsteer: steering override of %d bytes for conversation %q/%q exceeds %s %d; not latched (it still steers its own request)",
+			n, k.Tenant, k.ID, what, limit)
 		return false, true
 	}
 	e := &latch{key: k, s: cloneSteering(s), pins: append([]Pin(nil), pins...), bytes: n}
