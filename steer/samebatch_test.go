@@ -1,0 +1,74 @@
+package steer
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestStepNoticesLayoutChange edits, in place between two Applies of one step, each field of
+// a span of the batch slice the Stepper compared last (the id, the rows, the phase) and checks
+// that the second Apply steers the edited layout as a fresh Stepper does (the same floats and
+// checksum), or refuses it when the edit made it invalid: the batch a later Apply of a step
+// compares must be compared field by field.
+func TestStepNoticesLayoutChange(t *testing.T) {
+	cfg := ModelConfig{Hidden: 40, Layers: 2}
+	e := newOwner(t, cfg, Options{})
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, id := range []string{"a", "b", "c"} {
+		s := Steering{
+			Prefill: Tier{Vectors: []Vector{{Hook: "post_block", Layer: 1, Scale: 1, Data: randVec(rng, cfg.Hidden)}}},
+			Decode:  Tier{Vectors: []Vector{{Hook: "post_block", Layer: 1, Scale: 2, Data: randVec(rng, cfg.Hidden)}}},
+		}
+		_, err := e.Admit(Admission{RequestID: id, Override: &s})
+		require.NoError(t, err)
+	}
+	hook, err := cfg.Hook("post_block")
+	require.NoError(t, err)
+	base := []Span{{ID: "a", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "b", Start: 1, End: 3, Phase: PhasePrefill}}
+	edits := map[string]func(sp *Span){
+		"id":       func(sp *Span) { sp.ID = "c" },
+		"start":    func(sp *Span) { sp.Start = 0 }, // overlaps span 0
+		"end":      func(sp *Span) { sp.End = 1 },   // empty: steers nothing, no checksum term
+		"phase":    func(sp *Span) { sp.Phase = PhaseDecode },
+		"bound":    func(sp *Span) { sp.End = 5 }, // past the block
+		"badphase": func(sp *Span) { sp.Phase = 3 },
+		"rows":     func(sp *Span) {}, // the same batch over a block of 2 rows
+	}
+	for name, edit := range edits {
+		t.Run(name, func(t *testing.T) {
+			const rows = 4
+			h0 := randVec(rng, rows*cfg.Hidden)
+			batch := slices.Clone(base)
+			st := e.NewStepper()
+			defer st.Close()
+			require.NoError(t, st.Begin(0))
+			h := slices.Clone(h0)
+			require.NoError(t, st.Apply(hook, 0, h, batch)) // layer 0: nothing steered, layout resolved
+			edit(&batch[1])
+			hb := h
+			if name == "rows" {
+				hb = h[:2*cfg.Hidden]
+			}
+			err := st.Apply(hook, 1, hb, batch)
+			if name != "id" && name != "end" && name != "phase" {
+				require.ErrorIs(t, err, ErrBadBatch)
+				require.Equal(t, h0, h, "a refused batch changed h")
+				return
+			}
+			require.NoError(t, err)
+			sum := st.End()
+
+			fresh := e.NewStepper()
+			defer fresh.Close()
+			require.NoError(t, fresh.Begin(0))
+			want := slices.Clone(h0)
+			require.NoError(t, fresh.Apply(hook, 1, want, batch))
+			require.Equal(t, fresh.End(), sum, "checksum of the edited layout")
+			require.Equal(t, want, h, "the edited layout was not re-resolved")
+			require.NotEqual(t, h0, h)
+		})
+	}
+}
