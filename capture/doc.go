@@ -32,6 +32,24 @@
 //     lagging consumer whose process is gone (its pid, in the writer's PID namespace) has its
 //     slot reclaimed, so it holds the writer back no more. Every frame offset and length is
 //     checked against the published bytes (ErrRingCorrupt).
+//   - The handoff (Linux): the owner runs a Hub (NewHub with the consumers it declares, Serve
+//     to register the OpCaptureTicket RPC). A worker calls RegisterWorker over its ipc client:
+//     it creates its ring and hands the memfd to the hub (SCM_RIGHTS on a capture connection
+//     of its own, opened with a one-time ticket the RPC gives over the authenticated ipc
+//     connection). A consumer calls AttachConsumer (secret, namespace, a declared consumer
+//     name, its policy and bound) or NewConsumer over a client it has: it receives every
+//     worker's ring, now and as workers come, attaches a slot on each and tells the hub, which
+//     records the consumer's peer-credential pid in the slot (so a worker in the owner's PID
+//     namespace reclaims a dead consumer of another namespace) and frees its slots when its
+//     connection closes.
+//   - Consumer.Next is one stream per consumer: a captured request's begin (its spec and
+//     prompt length; Hub.Begin sends it before the admission returns, so before any step),
+//     its records as views of the ring (bitwise what the worker appended; records of requests
+//     not captured for this consumer are skipped), and its end (Hub.End) after every record
+//     of it. The consumer publishes its result (Publish); Hub.Result gives each declared
+//     consumer's {status, error, payload}: pending, ok, partial_error, error (also when the
+//     consumer leaves or dies before publishing, or was not attached at admission),
+//     not_requested. Hub.Status reads the rings' and the consumers' counters.
 //
 // Where it differs from the fork: a tag or request id of exactly "." is refused too (it would
 // name the directory above); the fork's sharded layout is refused (ErrBadLayout); the fork's
@@ -40,15 +58,14 @@
 // resolves them at admission. The writer's collision policy is the fork's default
 // (overwrite); its other policies, writer threads and fd cache are not here.
 //
-// What is not wired yet: nothing calls this package. The Stepper's, the C ABI's and Python's
-// hooks do not copy rows into the ring (and no GPU D2H path exists); there is no rank choice
-// under tensor parallelism; the ring's memfd is not handed to consumers over ipc (the tests
-// pass it with cmd.ExtraFiles); a dead consumer in another PID namespace is not reclaimed (the
-// wiring should record its peer-credential pid) and its requests do not end with status
-// error; nothing drains the ring into RequestFiles; steer.Admission, serve's admit endpoint
-// and Python's Owner.admit take no `capture`; there is no `shmsteer capture fs` command, no
-// Python shmsteer.capture, no capture results, status or metrics; and the package's sentinels
-// have no C/Python error codes (they get them when capi first returns them).
+// What is not wired yet: the Stepper's, the C ABI's and Python's hooks do not copy rows into
+// the ring (and no GPU D2H path exists); there is no rank choice under tensor parallelism;
+// serve does not run a Hub; nothing drains the rings into RequestFiles; steer.Admission,
+// serve's admit endpoint and Python's Owner.admit take no `capture`; there is no
+// `shmsteer capture fs` command, no Python shmsteer.capture; and the package's sentinels have
+// no C/Python error codes (they get them when capi first returns them). A consumer attaches
+// to a ring when it reads the hub's notice of it, so records a worker appends before that are
+// not seen by it.
 //
 // It must not import serve, mirror or bench; it imports steer only for ModelConfig and its hook
 // names. Start with FilesystemSpec.Resolve and RequestFiles; the tests' readers

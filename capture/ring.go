@@ -29,7 +29,8 @@ import (
 //	0    magic "shmcapr\x01", capacity (data bytes, a multiple of 8), slots
 //	64   write position (bytes ever appended; publishes records)
 //	128  records, bytes, dropped, reclaimed (the writer's counters)
-//	192  slots × 64: state u32 + policy u32, read position, received, dropped, consumer pid
+//	192  slots × 64: state u32 + policy u32, read position, received, dropped, consumer pid,
+//	     block bound (ns; 0: the writer's)
 //	...  data: capacity bytes
 //
 // A frame at data[pos % capacity], never wrapping (a pad frame fills the tail):
@@ -87,6 +88,8 @@ var (
 	ErrRecordTooLarge = errors.New("shmsteer: capture record larger than the ring allows")
 	// ErrNoSlot: every consumer slot is taken; detach a consumer or make more slots.
 	ErrNoSlot = errors.New("shmsteer: no free capture consumer slot")
+	// ErrBadPolicy: a consumer's policy is not block or drop, or its bound is negative.
+	ErrBadPolicy = errors.New("shmsteer: bad capture consumer policy: want block or drop and a bound of 0 or more")
 )
 
 // Ring is a mapped capture ring.
@@ -264,7 +267,7 @@ func (w *RingWriter) Append(requestID string, rec Record) error {
 	deadline := time.Time{}
 	reclaimed := false
 	for {
-		lagging, block, attached := w.lagging(need)
+		lagging, block, bound, attached := w.lagging(need)
 		if lagging > 0 && !reclaimed {
 			// Once per Append that lags: a dead consumer's slot is freed, not waited for.
 			reclaimed = true
@@ -278,9 +281,9 @@ func (w *RingWriter) Append(requestID string, rec Record) error {
 		if lagging == 0 {
 			break
 		}
-		if block && w.wait > 0 {
+		if block && bound > 0 {
 			if deadline.IsZero() {
-				deadline = time.Now().Add(w.wait)
+				deadline = time.Now().Add(bound)
 			}
 			if time.Now().Before(deadline) {
 				time.Sleep(20 * time.Microsecond)
@@ -371,7 +374,11 @@ func (w *RingWriter) slotLags(so int, need uint64) bool {
 	return used > w.r.cap || w.r.cap-used < need
 }
 
-func (w *RingWriter) lagging(need uint64) (lagging int, block bool, attached int) {
+// lagging counts the attached slots and those lacking need bytes; block says one of these has
+// policy Block, bound is the shortest wait they allow (each slot's own bound, at most the
+// writer's).
+func (w *RingWriter) lagging(need uint64) (lagging int, block bool, bound time.Duration, attached int) {
+	bound = w.wait
 	for i := range w.r.slots {
 		so := w.r.slotOff(i)
 		ok, p := w.r.slot(so)
@@ -381,7 +388,12 @@ func (w *RingWriter) lagging(need uint64) (lagging int, block bool, attached int
 		attached++
 		if w.slotLags(so, need) {
 			lagging++
-			block = block || p == Block
+			if p == Block {
+				block = true
+				if b := word(w.r.mem, so+40).Load(); b > 0 && b < uint64(bound) {
+					bound = time.Duration(b)
+				}
+			}
 		}
 	}
 	return
@@ -395,10 +407,18 @@ type RingReader struct {
 	pending uint64 // frame bytes of the record Next returned, released by Release or Next
 }
 
-// Attach claims a free slot with policy p (Block or Drop); ErrNoSlot when all are taken.
-func (r *Ring) Attach(p Policy) (*RingReader, error) {
+// Attach claims a free slot with policy p (Block or Drop), waiting for it at most the
+// writer's bound; ErrNoSlot when all are taken.
+func (r *Ring) Attach(p Policy) (*RingReader, error) { return r.AttachBound(p, 0) }
+
+// AttachBound is Attach with this consumer's own bound on a Block wait (0: the writer's; a
+// bound above the writer's is the writer's).
+func (r *Ring) AttachBound(p Policy, bound time.Duration) (*RingReader, error) {
 	if p != Block && p != Drop {
-		return nil, fmt.Errorf("%w: policy %d, want Block or Drop", ErrBadRecord, p)
+		return nil, fmt.Errorf("%w: policy %d, want Block or Drop", ErrBadPolicy, p)
+	}
+	if bound < 0 {
+		return nil, fmt.Errorf("%w: negative bound %v", ErrBadPolicy, bound)
 	}
 	for i := range r.slots {
 		so := r.slotOff(i)
@@ -410,6 +430,7 @@ func (r *Ring) Attach(p Policy) (*RingReader, error) {
 		word(r.mem, so+16).Store(0)
 		word(r.mem, so+24).Store(0)
 		word(r.mem, so+32).Store(uint64(os.Getpid()))
+		word(r.mem, so+40).Store(uint64(bound))
 		st.Store(slotAttached | uint64(p)<<32)
 		return &RingReader{r: r, so: so}, nil
 	}
@@ -531,4 +552,89 @@ func decodeFrame(b []byte) (uint64, uint32, RingRecord, error) {
 	o = (o + hookLen + 7) &^ 7
 	rec.Data = f[o : o+nbytes : o+nbytes]
 	return n, kind, rec, nil
+}
+
+// Slot is the index of the reader's slot in its ring.
+func (c *RingReader) Slot() int { return (c.so - offSlots) / slotSize }
+
+// Bound is the reader's own bound on a Block wait (0: the writer's).
+func (c *RingReader) Bound() time.Duration { return time.Duration(word(c.r.mem, c.so+40).Load()) }
+
+// caughtUp reports whether the reader has read (not necessarily released) every record
+// published up to write position wp.
+func (c *RingReader) caughtUp(wp uint64) bool {
+	pos := word(c.r.mem, c.so+8).Load()
+	return pos == readUnset || pos+c.pending >= wp
+}
+
+// writePos is the ring's write position (bytes ever published).
+func (r *Ring) writePos() uint64 { return word(r.mem, offWrite).Load() }
+
+// SlotStats is one consumer slot as the writer and the owner see it.
+type SlotStats struct {
+	Slot     int
+	Attached bool
+	Policy   Policy
+	PID      int           // the consumer's pid as recorded (Attach, or the owner's peer credential)
+	Bound    time.Duration // its Block bound (0: the writer's)
+	Received uint64        // records it read
+	Dropped  uint64        // records dropped while it lagged
+	Lag      uint64        // bytes published that it has not released
+}
+
+// Slots reads every slot's counters.
+func (r *Ring) Slots() []SlotStats {
+	wp := r.writePos()
+	out := make([]SlotStats, r.slots)
+	for i := range r.slots {
+		so := r.slotOff(i)
+		ok, p := r.slot(so)
+		s := SlotStats{Slot: i, Attached: ok, Policy: p, PID: int(word(r.mem, so+32).Load() & math.MaxInt32),
+			Bound: time.Duration(word(r.mem, so+40).Load() & math.MaxInt64), Received: word(r.mem, so+16).Load(), Dropped: word(r.mem, so+24).Load()}
+		if rp := word(r.mem, so+8).Load(); ok && rp != readUnset && wp >= rp {
+			s.Lag = wp - rp
+		}
+		out[i] = s
+	}
+	return out
+}
+
+// adoptSlot records pid (the consumer's peer credential, seen by the owner) in attached slot
+// i whose recorded pid is was; it reports whether it did.
+func (r *Ring) adoptSlot(i, was, pid int) bool {
+	if i < 0 || i >= r.slots || pid <= 0 {
+		return false
+	}
+	so := r.slotOff(i)
+	if ok, _ := r.slot(so); !ok {
+		return false
+	}
+	return word(r.mem, so+32).CompareAndSwap(uint64(was), uint64(pid))
+}
+
+// freeSlot frees attached slot i if its recorded pid is pid (the owner freeing a departed
+// consumer's slot); it reports whether it did.
+func (r *Ring) freeSlot(i, pid int) bool {
+	if i < 0 || i >= r.slots {
+		return false
+	}
+	so := r.slotOff(i)
+	st := word(r.mem, so)
+	v := st.Load()
+	if uint32(v) != slotAttached || word(r.mem, so+32).Load() != uint64(pid) {
+		return false
+	}
+	if st.CompareAndSwap(v, slotFree) {
+		word(r.mem, offReclaimed).Add(1)
+		return true
+	}
+	return false
+}
+
+// unread undoes the last Next: the record is returned again by the next Next.
+func (c *RingReader) unread() {
+	if c.pending > 0 {
+		c.pending = 0
+		word(c.r.mem, c.so+16).Add(math.MaxUint64) // received - 1
+	}
 }

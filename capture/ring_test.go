@@ -197,7 +197,7 @@ func TestRingErrors(t *testing.T) {
 	if _, err := r.Attach(Drop); !errors.Is(err, ErrNoSlot) {
 		t.Fatalf("second attach: %v", err)
 	}
-	if _, err := r.Attach(Policy(9)); !errors.Is(err, ErrBadRecord) {
+	if _, err := r.Attach(Policy(9)); !errors.Is(err, ErrBadPolicy) {
 		t.Fatalf("bad policy: %v", err)
 	}
 	big := Record{Layer: 0, Hook: "post_block", Dtype: Float32, Rows: 1, Width: 600, Data: make([]byte, 2400), Positions: []int{0}}
@@ -260,6 +260,9 @@ const (
 // The ring writer of TestRingWriterKilled, in a child: appends the deterministic stream to
 // the ring on fd 3 until killed.
 func TestMain(m *testing.M) {
+	if os.Getenv(hubConsumerChildEnv) != "" {
+		hubConsumerChild()
+	}
 	if os.Getenv(consumerChildEnv) != "" {
 		// TestRingDeadConsumerReclaimed's consumer: attach, say so, never read.
 		r, err := OpenRing(3)

@@ -57,6 +57,11 @@ const (
 	// The service (bound by package serve), block 64–95.
 	CodeServeBadInput Code = 64
 
+	// Capture (bound by package capture), block 96–127.
+	CodeCaptureUnknownConsumer Code = 96
+	CodeCaptureConsumerTaken   Code = 97
+	CodeCaptureNoHub           Code = 98
+
 	// MinUserCode is the first code of other programs' packages.
 	MinUserCode Code = 256
 )

@@ -66,6 +66,9 @@ const (
 	OpRegisterProbe   Op = 260 // as OpRegister, for a probe vector
 	OpUnregisterProbe Op = 261 // as OpUnregister
 
+	// Capture (package capture), block 288–319.
+	OpCaptureTicket Op = 288 // u8 role (1 consumer, 2 worker), name: a one-time ticket and the hub's socket name
+
 	// The service (package serve), block 320–351.
 	OpReportChecksum Op = 320 // u64 step, u64 checksum, worker name
 	// 321 and 322 were serve's key set and revoke (now the registry's own ops): never reuse.

@@ -1,0 +1,393 @@
+//go:build linux
+
+package capture
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/shm"
+)
+
+// hubEnv is an owner with a hub declaring consumers "fs" and "other", in this process.
+type hubEnv struct {
+	secret ipc.Secret
+	file   string // the secret, in a file (for children)
+	ns     string
+	owner  *ipc.Owner
+	hub    *Hub
+}
+
+func newHubEnv(t *testing.T) *hubEnv {
+	t.Helper()
+	raw := rand.Text()
+	e := &hubEnv{secret: ipc.NewSecret([]byte(raw)), ns: "capture-test-" + rand.Text()[:12], file: filepath.Join(t.TempDir(), "secret")}
+	if err := os.WriteFile(e.file, []byte(raw), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	e.owner, err = ipc.NewOwner(ipc.OwnerOptions{Secret: &e.secret, Namespace: e.ns, Region: shm.Config{IndexSlots: 64, ArenaBytes: 1 << 16},
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.hub, err = NewHub(HubOptions{Consumers: map[string]string{"fs": "filesystem", "other": "filesystem"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.hub.Serve(func(op uint16, h func([]byte) ([]byte, error)) { e.owner.Handle(op, h) })
+	t.Cleanup(func() { e.hub.Close(); e.owner.Close() })
+	return e
+}
+
+func (e *hubEnv) client(t *testing.T) *ipc.Client {
+	t.Helper()
+	c, err := ipc.Attach(ipc.ClientOptions{Secret: &e.secret, Namespace: e.ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func (e *hubEnv) worker(t *testing.T, opts WorkerOptions) *Worker {
+	t.Helper()
+	w, err := RegisterWorker(e.client(t), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+func (e *hubEnv) consumer(t *testing.T, opts ConsumerOptions) *Consumer {
+	t.Helper()
+	c, err := NewConsumer(e.client(t), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// waitFor polls cond up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func next(t *testing.T, c *Consumer) Event {
+	t.Helper()
+	ev, ok, err := c.Next(5 * time.Second)
+	if err != nil || !ok {
+		t.Fatalf("Next: ok %v, %v", ok, err)
+	}
+	return ev
+}
+
+// The whole path in one process: a worker registers its ring, a consumer attaches and gets it,
+// a second worker registers later and the consumer gets its ring too; a captured request's
+// begin comes before its records (bitwise what the worker appended), an uncaptured request's
+// records are skipped, the end comes after every record of the request, and the result the
+// consumer publishes is the owner's result.
+func TestHubEndToEnd(t *testing.T) {
+	e := newHubEnv(t)
+	w1 := e.worker(t, WorkerOptions{Capacity: 1 << 20})
+	c := e.consumer(t, ConsumerOptions{Name: "fs"})
+	w2 := e.worker(t, WorkerOptions{Capacity: 1 << 20})
+	waitFor(t, "the later ring", func() bool {
+		if _, ok, err := c.Next(time.Millisecond); ok || err != nil {
+			t.Fatalf("an event before any admission (%v)", err)
+		}
+		return e.hub.Status().Consumers[0].Rings == 2
+	})
+
+	if res, ended := e.hub.Result("r1"); ended || res["fs"].Status != StatusNotRequested {
+		t.Fatalf("before admission: %v ended %v", res, ended)
+	}
+	spec := json.RawMessage(`{"tag":"t","hooks":{"post_block":"all"}}`)
+	e.hub.Begin("r1", map[string]json.RawMessage{"fs": spec}, 7)
+	if res, _ := e.hub.Result("r1"); res["fs"].Status != StatusPending || res["other"].Status != StatusNotRequested {
+		t.Fatalf("after admission: %v", res)
+	}
+	var want []Record
+	for seq := range uint64(20) {
+		_, rec := genRecord(seq, 256)
+		w := w1
+		if seq%2 == 1 {
+			w = w2
+		}
+		if err := w.Writer().Append("r1", rec); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, rec)
+		if _, other := genRecord(seq+1000, 64); true {
+			if err := w.Writer().Append("r2", other); err != nil { // not captured for fs
+				t.Fatal(err)
+			}
+		}
+	}
+	e.hub.End("r1")
+
+	if ev := next(t, c); ev.Kind != EventBegin || ev.RequestID != "r1" || !bytes.Equal(ev.Spec, spec) || ev.PromptLen != 7 {
+		t.Fatalf("first event %+v", ev)
+	}
+	var got []Record
+	rings := map[uint32]int{}
+	for {
+		ev := next(t, c)
+		if ev.Kind == EventEnd {
+			if ev.RequestID != "r1" || ev.Dropped != 0 {
+				t.Fatalf("end %+v", ev)
+			}
+			break
+		}
+		if ev.Kind != EventRecord || ev.RequestID != "r1" {
+			t.Fatalf("event %+v", ev)
+		}
+		r := ev.Record.Record
+		r.Data = slices.Clone(r.Data)
+		got = append(got, r)
+		rings[ev.Ring]++
+	}
+	if len(got) != len(want) || len(rings) != 2 {
+		t.Fatalf("%d records from %d rings, want %d from 2", len(got), len(rings), len(want))
+	}
+	// Per ring the order is the append order; across rings it interleaves.
+	for _, g := range got {
+		if !slices.ContainsFunc(want, func(w Record) bool {
+			return w.Layer == g.Layer && w.Hook == g.Hook && slices.Equal(w.Positions, g.Positions) && bytes.Equal(w.Data, g.Data)
+		}) {
+			t.Fatalf("record %d/%s not appended", g.Layer, g.Hook)
+		}
+	}
+	if st := c.Stats(); st.Skipped != 20 || st.Received != 40 || st.Rings != 2 {
+		t.Fatalf("consumer stats %+v", st)
+	}
+	if err := c.Publish("r1", Result{Status: StatusOK, Payload: json.RawMessage(`["/a","/b"]`)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the result", func() bool { r, _ := e.hub.Result("r1"); return r["fs"].Status == StatusOK })
+	res, ended := e.hub.Result("r1")
+	b, _ := json.Marshal(res)
+	if !ended || string(b) != `{"fs":{"status":"ok","error":null,"payload":["/a","/b"]},"other":{"status":"not_requested","error":null,"payload":[]}}` {
+		t.Fatalf("result %s ended %v", b, ended)
+	}
+	st := e.hub.Status()
+	if len(st.Rings) != 2 || st.Rings[0].Records != 20 || len(st.Consumers) != 2 || !st.Consumers[0].Attached || st.Consumers[0].Received != 40 {
+		t.Fatalf("hub status %+v", st)
+	}
+
+	// A worker that leaves: its ring goes from the consumer too.
+	w2.Close()
+	waitFor(t, "the ring to go", func() bool {
+		c.Next(time.Millisecond)
+		return c.Stats().Rings == 1 && len(e.hub.Status().Rings) == 1
+	})
+}
+
+// Attaching names a declared consumer, once at a time; bad input is typed.
+func TestHubAttachRefusals(t *testing.T) {
+	e := newHubEnv(t)
+	cl := e.client(t)
+	if _, err := NewConsumer(cl, ConsumerOptions{Name: "nope"}); !errors.Is(err, ErrUnknownConsumer) {
+		t.Fatalf("undeclared: %v", err)
+	}
+	if _, err := NewConsumer(cl, ConsumerOptions{Name: "fs", Policy: 7}); !errors.Is(err, ErrBadPolicy) {
+		t.Fatalf("policy: %v", err)
+	}
+	if _, err := NewConsumer(cl, ConsumerOptions{Name: "fs", Bound: -1}); !errors.Is(err, ErrBadPolicy) {
+		t.Fatalf("bound: %v", err)
+	}
+	c := e.consumer(t, ConsumerOptions{Name: "fs"})
+	if _, err := NewConsumer(cl, ConsumerOptions{Name: "fs"}); !errors.Is(err, ErrConsumerTaken) {
+		t.Fatalf("second fs: %v", err)
+	}
+	if err := c.Publish("r", Result{Status: StatusPending}); !errors.Is(err, ErrBadResult) {
+		t.Fatalf("pending result: %v", err)
+	}
+	if err := c.Publish("r", Result{Status: StatusOK, Payload: json.RawMessage(`{}`)}); !errors.Is(err, ErrBadResult) {
+		t.Fatalf("object payload: %v", err)
+	}
+	c.Close()
+	waitFor(t, "the name to free", func() bool { return !e.hub.Status().Consumers[0].Attached })
+	e.consumer(t, ConsumerOptions{Name: "fs"})
+
+	// An owner without a hub.
+	secret := ipc.NewSecret([]byte(rand.Text()))
+	ns := "capture-nohub-" + rand.Text()[:12]
+	o, err := ipc.NewOwner(ipc.OwnerOptions{Secret: &secret, Namespace: ns, Region: shm.Config{IndexSlots: 64, ArenaBytes: 1 << 16}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	bare, err := ipc.Attach(ipc.ClientOptions{Secret: &secret, Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close()
+	if _, err := RegisterWorker(bare, WorkerOptions{}); !errors.Is(err, ErrNoHub) {
+		t.Fatalf("no hub: %v", err)
+	}
+}
+
+// A request admitted while its consumer is not attached ends with status error at once, and a
+// consumer that closes before publishing turns its pending requests to error.
+func TestHubConsumerAbsentOrGone(t *testing.T) {
+	e := newHubEnv(t)
+	e.hub.Begin("early", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 1)
+	if r, _ := e.hub.Result("early"); r["fs"].Status != StatusError || !strings.Contains(r["fs"].Error, "not attached") {
+		t.Fatalf("absent consumer: %+v", r["fs"])
+	}
+	c := e.consumer(t, ConsumerOptions{Name: "fs"})
+	e.hub.Begin("r", map[string]json.RawMessage{"fs": json.RawMessage(`{}`), "other": json.RawMessage(`{}`)}, 1)
+	if ev := next(t, c); ev.Kind != EventBegin {
+		t.Fatalf("%+v", ev)
+	}
+	c.Close()
+	waitFor(t, "status error", func() bool { r, _ := e.hub.Result("r"); return r["fs"].Status == StatusError })
+	if r, _ := e.hub.Result("r"); r["other"].Status != StatusError {
+		t.Fatalf("other: %+v", r["other"])
+	}
+}
+
+const hubConsumerChildEnv = "SHMSTEER_CAPTURE_HUB_CONSUMER_CHILD"
+
+// hubConsumerChild attaches as consumer "fs" (Block, bound 30 s) to the owner named in its
+// environment, reads the begin notice it is sent, then never reads again.
+func hubConsumerChild() {
+	c, err := AttachConsumer(ConsumerOptions{Name: "fs", Bound: 30 * time.Second, Namespace: os.Getenv("SHMSTEER_TEST_NS"), SecretFile: os.Getenv("SHMSTEER_TEST_SECRET_FILE")})
+	if err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		os.Exit(2)
+	}
+	os.Stdout.WriteString("attached\n")
+	for {
+		if ev, ok, err := c.Next(time.Second); err != nil {
+			os.Exit(3)
+		} else if ok && ev.Kind == EventBegin {
+			os.Stdout.WriteString("begun " + ev.RequestID + "\n")
+			select {}
+		}
+	}
+}
+
+// A consumer process SIGKILLed mid-request: the owner frees its ring slot (so the writer, whose
+// bound is long, is not held back: the ring fills and wraps with no drop) and its request ends
+// with status error.
+func TestHubConsumerKilled(t *testing.T) {
+	e := newHubEnv(t)
+	w := e.worker(t, WorkerOptions{Capacity: 64 << 10, Wait: time.Minute})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), hubConsumerChildEnv+"=1", "SHMSTEER_TEST_SECRET_FILE="+e.file, "SHMSTEER_TEST_NS="+e.ns)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() || lines.Text() != "attached" {
+		t.Fatalf("child: %q", lines.Text())
+	}
+	e.hub.Begin("r1", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 4)
+	if !lines.Scan() || lines.Text() != "begun r1" {
+		t.Fatalf("child: %q", lines.Text())
+	}
+	waitFor(t, "the child's slot", func() bool { return e.hub.Status().Consumers[0].Rings == 1 })
+	// Mid-request: some records in, the child reads none of them.
+	for seq := range uint64(8) {
+		_, rec := genRecord(seq, 256)
+		if err := w.Writer().Append("r1", rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if lag := e.hub.Status().Consumers[0].Lag; lag == 0 {
+		t.Fatal("the child's slot shows no lag")
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	waitFor(t, "status error", func() bool { r, _ := e.hub.Result("r1"); return r["fs"].Status == StatusError })
+	st := e.hub.Status()
+	if st.Consumers[0].Attached || st.Rings[0].Reclaimed != 1 {
+		t.Fatalf("after the kill: %+v", st)
+	}
+	// The ring's 64 KiB wraps many times over with no wait for the dead slot and no drop
+	// (no consumer is attached, so nothing is written either: Append returns at once).
+	for seq := range uint64(2000) {
+		_, rec := genRecord(seq, 256)
+		if err := w.Writer().Append("r1", rec); err != nil {
+			t.Fatal(seq, err)
+		}
+	}
+	if st := w.Ring().Stats(); st.Dropped != 0 {
+		t.Fatalf("dropped %d after the consumer died", st.Dropped)
+	}
+	e.hub.End("r1")
+	if r, _ := e.hub.Result("r1"); r["fs"].Status != StatusError || !strings.Contains(r["fs"].Error, "left before publishing") {
+		t.Fatalf("result %+v", r["fs"])
+	}
+}
+
+// A consumer that never reads: with Block and its own short bound a full ring makes each
+// append wait at most that bound (not the worker's minute) and drop, counted in the ring, the
+// consumer and the owner's status; with Drop the append drops at once.
+func TestHubConsumerNeverReads(t *testing.T) {
+	for _, p := range []Policy{Block, Drop} {
+		e := newHubEnv(t)
+		w := e.worker(t, WorkerOptions{Capacity: 16 << 10, Wait: time.Minute})
+		c := e.consumer(t, ConsumerOptions{Name: "fs", Policy: p, Bound: 5 * time.Millisecond})
+		waitFor(t, "the slot", func() bool { return e.hub.Status().Consumers[0].Rings == 1 })
+		start := time.Now()
+		written, dropped := 0, 0
+		for seq := range uint64(200) {
+			_, rec := genRecord(seq, 256)
+			switch err := w.Writer().Append("r", rec); {
+			case err == nil:
+				written++
+			case errors.Is(err, ErrDropped):
+				dropped++
+			default:
+				t.Fatal(err)
+			}
+		}
+		took := time.Since(start)
+		if written == 0 || dropped == 0 || written+dropped != 200 {
+			t.Fatalf("%v: written %d, dropped %d", p, written, dropped)
+		}
+		if got := w.Ring().Stats().Dropped; got != uint64(dropped) {
+			t.Fatalf("%v: ring dropped %d, want %d", p, got, dropped)
+		}
+		if got := c.Stats().Dropped; got != uint64(dropped) {
+			t.Fatalf("%v: consumer dropped %d, want %d", p, got, dropped)
+		}
+		if got := e.hub.Status().Consumers[0].Dropped; got != uint64(dropped) {
+			t.Fatalf("%v: status dropped %d, want %d", p, got, dropped)
+		}
+		// Far below one wait of the worker's minute: each drop waited the consumer's bound.
+		if took > 30*time.Second {
+			t.Fatalf("%v: %d drops took %v", p, dropped, took)
+		}
+	}
+}
