@@ -57,8 +57,21 @@
 // between goroutines and takes one with a CAS. The index hash is a keyed multiply-fold hash
 // (see keyHash) rather than SipHash, which alone would cost more than the lookup.
 //
+// # The C reader
+//
+// libshmsteer.so (capi) reads keys without entering the Go runtime, with a C reader generated
+// from the same layout table as this package's constants (internal/shmlayout renders both:
+// shm/layout_gen.go and capi/shmread_gen.h; `go generate ./shm`). A Reader hands it a
+// descriptor (Reader.Descriptor: its pin word and the region's geometry, in process-local
+// memory outside the Go heap, desc.go) whose state word Close marks, as the Go reader checks
+// closed. The C reader answers only what Reader.Get answers in getFast's common case and leaves
+// the rest to Go.
+//
 // Every shared word is read and written with sync/atomic (or, for relaxed stores, an aligned
 // MOV in relaxed_amd64.s); every offset and length read from the
 // mapping is bounds-checked, so a corrupt region yields ErrCorrupt, never a fault. All of this
 // package's pointer conversions live in unsafe.go.
 package shm
+
+// The layout constants the C reader shares (internal/shmlayout's table) are generated.
+//go:generate go run layoutgen.go

@@ -44,12 +44,7 @@ func keyHashFrom(seed, k1 uint64, key []byte) uint64 {
 	return fold(k1^n^prime3, fold(a^k1^prime2, b^seed))
 }
 
-const (
-	prime0 = 0xa0761d6478bd642f
-	prime1 = 0xe7037ed1a0b428db
-	prime2 = 0x8ebc6af09c88c6e3
-	prime3 = 0x589965cc75374cc3
-)
+// The primes are the layout table's (internal/shmlayout): the C reader hashes with them too.
 
 // fold multiplies to 128 bits and xors the halves: every input bit reaches the output.
 func fold(a, b uint64) uint64 {

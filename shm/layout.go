@@ -15,7 +15,6 @@ const (
 	readersMagic = 0x3130445245444d53 // "SMDERD01" little-endian
 
 	headerSize = 4096
-	lineSize   = 64
 
 	// Header fields, byte offsets. The first line and a half is immutable after Create and
 	// covered by the header checksum; the mutable words each have a cache line of their own
@@ -39,8 +38,6 @@ const (
 	hMarkOff      = 128
 	hMarkSlots    = 136
 	hChecksum     = 144 // crc32c of bytes [0, 144) and of the user config
-	hVersion      = 192 // global version, published last by every commit
-	hHorizon      = 256 // oldest version whose data is guaranteed intact
 	hReclaimSeq   = 320 // odd while a reclamation pass runs
 	hEntries      = 384 // live values (not deletion markers)
 	hLiveBytes    = 392 // bytes of live blobs (heads of chains)
@@ -70,7 +67,6 @@ const (
 	// A slot's words. The claimer writes owner, pin and pid; the owner process writes seenPin
 	// and seenSince as it scans, so any process can tell how long a pin has been held.
 	slotOwner     = 0  // the claimer's lease word (random, top bit set); 0 = free; clearing = being cleared
-	slotPin       = 8  // pinned version; 0 = not reading
 	slotPID       = 16 // the claimer's pid as it sees itself (informational: it may be in another PID namespace)
 	slotSeenPin   = 24 // the pin the owner saw at its last scan
 	slotSeenSince = 32 // unix nanoseconds when the owner first saw that pin
@@ -85,23 +81,6 @@ const (
 	markTomb     = ^uint64(0)
 	maxMarkProbe = 128
 
-	// Index words: 0 = empty, tombstone = deleted and unlinked, else fingerprint<<32 | (unit+1)
-	// where unit is the blob's arena offset in 64-byte units.
-	tombstone = ^uint64(0)
-
-	// Blob header, offsets within the blob.
-	bMeta     = 0  // uint32 size in units | uint16 kind << 32 | uint16 flags << 48
-	bLens     = 8  // uint32 key length | uint32 value length << 32
-	bVersion  = 16 // version that published this blob
-	bPrev     = 24 // unit+1 of the blob this one replaced; 0 = none
-	bSum      = 32 // uint32 crc32c(key || value) | uint32 value offset << 32
-	bKey      = 40
-	blobAlign = 64
-
-	flagDeleted = 1 // the blob is a deletion marker: the key has no value from its version on
-
-	// MaxKeyLen is the longest key a region stores.
-	MaxKeyLen = 1024
 	// MaxValueLen is the longest value a region stores (1 GiB).
 	MaxValueLen = 1 << 30
 	// maxChain bounds how many versions of one key a reader walks back; a longer chain is
@@ -304,10 +283,8 @@ func valueOffset(keyLen, valueLen int) uint64 {
 	if valueLen >= smallValue {
 		return alignUp(bKey+uint64(keyLen), blobAlign)
 	}
-	return alignUp(bKey+uint64(keyLen), 8)
+	return alignUp(bKey+uint64(keyLen), smallAlign)
 }
-
-const smallValue = 64
 
 // blob is a decoded, bounds-checked blob header. Offsets are relative to the arena.
 type blob struct {

@@ -189,18 +189,24 @@ type Reader struct {
 	// The header words every Get loads, cached here so the hot path does not go through
 	// the Region's mapped pointer.
 	versionWord, horizonWord *uint64
-	busy                     bool // a Snapshot taken from this Reader is open
+	busy                     bool      // a Snapshot taken from this Reader is open
+	desc                     *descPage // the descriptor for the C reader (desc.go); nil if none
 }
 
 // NewReader claims a reader slot for a new Reader.
 func (r *Region) NewReader() (*Reader, error) {
 	r.slotMu.Lock()
+	defer r.slotMu.Unlock()
 	s, err := r.claimFreeSlotLocked()
-	r.slotMu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	return &Reader{r: r, slot: s, pinWord: word64(r.readers, s+slotPin), versionWord: r.versionWord, horizonWord: r.horizonWord}, nil
+	rd := &Reader{r: r, slot: s, pinWord: word64(r.readers, s+slotPin), versionWord: r.versionWord, horizonWord: r.horizonWord, desc: allocDesc()}
+	if rd.desc != nil {
+		rd.fillDesc()
+	}
+	r.open[rd] = true
+	return rd, nil
 }
 
 func (rd *Reader) pin() (uint64, error) {
@@ -263,6 +269,7 @@ func (rd *Reader) Snapshot() (Snapshot, error) {
 		return Snapshot{}, err
 	}
 	rd.busy = true
+	rd.setDescState(descBusy, true)
 	return Snapshot{r: rd.r, slot: rd.slot, version: v, owner: rd}, nil
 }
 
@@ -271,12 +278,15 @@ func (rd *Reader) Close() error {
 	if rd.r == nil {
 		return ErrClosed
 	}
+	rd.setDescState(descClosed, true)
 	rd.r.slotMu.Lock()
 	if !rd.r.closed.Load() {
 		rd.r.releaseSlot(rd.slot)
 	}
+	delete(rd.r.open, rd)
 	rd.r.slotMu.Unlock()
-	rd.r = nil
+	freeDesc(rd.desc)
+	rd.desc, rd.r = nil, nil
 	return nil
 }
 
@@ -331,9 +341,6 @@ func (r *Region) find(kind Kind, key []byte) (off, meta uint64, err error) {
 	return 0, 0, ErrNotFound
 }
 
-// seededKinds bounds the kinds whose hash seed the Region keeps (every kind the engine uses).
-const seededKinds = 64
-
 // getFast serves Region.Get and Reader.Get: one probe loop over the index as words that
 // checks and copies the newest blob when it is visible at v and live (the common case), and
 // leaves version chains and deletion markers to the general path. Every offset is checked
@@ -351,36 +358,36 @@ func (r *Region) getFast(kind Kind, key []byte, v uint64, dst []byte) ([]byte, e
 	}
 	index, arena, aw := r.indexWords, r.arena, r.arenaWords
 	mask := uint64(len(index) - 1)
-	fp := h >> 32
+	fp := h >> indexFPShift
 	// A blob whose header and key fit before the arena's end starts at or below lastOff.
 	lastOff := uint64(len(arena)) - bKey - uint64(len(key))
-	want := uint64(kind)<<32 | uint64(len(key))
+	want := uint64(kind)<<metaKindShift | uint64(len(key))
 	for i := uint64(0); i < r.l.maxProbe; i++ {
 		w := atomic.LoadUint64(&index[(h+i)&mask])
 		if w == 0 {
 			break
 		}
-		if w>>32 != fp || w == tombstone {
+		if w>>indexFPShift != fp || w == tombstone {
 			continue
 		}
 		off := (uint64(uint32(w)) - 1) * blobAlign
 		if off > lastOff {
 			return dst, fmt.Errorf("%w: index word %#x points outside the arena", ErrCorrupt, w)
 		}
-		hdr := aw[off/8 : off/8+5 : off/8+5]
-		meta, lens := atomic.LoadUint64(&hdr[0]), atomic.LoadUint64(&hdr[1])
-		if (meta>>32&0xffff)<<32|uint64(uint32(lens)) != want ||
+		hdr := aw[off/8 : off/8+bKey/8 : off/8+bKey/8]
+		meta, lens := atomic.LoadUint64(&hdr[bMeta/8]), atomic.LoadUint64(&hdr[bLens/8])
+		if (meta>>metaKindShift&kindMask)<<metaKindShift|uint64(uint32(lens)) != want ||
 			string(arena[off+bKey:off+bKey+uint64(len(key))]) != string(key) {
 			continue
 		}
-		if atomic.LoadUint64(&hdr[2]) > v || meta>>48 != 0 {
+		if atomic.LoadUint64(&hdr[bVersion/8]) > v || meta>>metaFlagsShift != 0 {
 			b, err := r.lookup(kind, key, v) // an older version, or deleted
 			if err != nil {
 				return dst, err
 			}
 			return append(dst, b.value(arena)...), nil
 		}
-		vl, vo, size := lens>>32, atomic.LoadUint64(&hdr[4])>>32, uint64(uint32(meta))*blobAlign
+		vl, vo, size := lens>>lensValueShift, atomic.LoadUint64(&hdr[bSum/8])>>sumValueShift, uint64(uint32(meta))*blobAlign
 		if vo != valueOffset(len(key), int(vl)) || size > uint64(len(arena))-off || vl > size-vo {
 			return dst, fmt.Errorf("%w: blob at %d has bad lengths", ErrCorrupt, off)
 		}
@@ -467,6 +474,7 @@ func (s *Snapshot) Close() {
 		s.r.unpin(s.slot)
 		if s.owner != nil {
 			s.owner.busy = false
+			s.owner.setDescState(descBusy, false)
 		} else {
 			s.r.snapPins.Add(-1)
 		}

@@ -111,8 +111,9 @@ type Region struct {
 	relaxed bool   // pins may use plain stores (see flagMembarrier)
 	closed  atomic.Bool
 
-	slotMu  sync.Mutex      // serializes claiming and releasing reader slots
-	claimed map[uint64]bool // every slot this process holds, for Close
+	slotMu  sync.Mutex       // serializes claiming and releasing reader slots
+	claimed map[uint64]bool  // every slot this process holds, for Close
+	open    map[*Reader]bool // every open Reader, whose descriptor Close marks closed
 
 	local  [maxLocalSlots]atomic.Uint64
 	nlocal atomic.Int32
@@ -165,7 +166,7 @@ func Create(cfg Config) (*Region, error) {
 	if registerMembarrier() && globalBarrier() == nil {
 		l.flags |= flagMembarrier
 	}
-	r := &Region{mapped: &mapped{}, l: l, me: me, relaxed: l.flags&flagMembarrier != 0, claimed: map[uint64]bool{}}
+	r := &Region{mapped: &mapped{}, l: l, me: me, relaxed: l.flags&flagMembarrier != 0, claimed: map[uint64]bool{}, open: map[*Reader]bool{}}
 	if err := r.createFiles(); err != nil {
 		return nil, err
 	}
@@ -196,7 +197,7 @@ func Open(data, readers *os.File) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Region{mapped: &mapped{}, me: me, claimed: map[uint64]bool{}}
+	r := &Region{mapped: &mapped{}, me: me, claimed: map[uint64]bool{}, open: map[*Reader]bool{}}
 	if err := r.openFiles(data, readers); err != nil {
 		return nil, err
 	}
@@ -248,6 +249,11 @@ func (r *Region) Close() error {
 	if !r.closed.CompareAndSwap(false, true) {
 		return ErrClosed
 	}
+	r.slotMu.Lock()
+	for rd := range r.open { // the C reader checks its descriptor where the Go one checks closed
+		rd.setDescState(descClosed, true)
+	}
+	r.slotMu.Unlock()
 	if r.w != nil {
 		r.w.mu.Lock() // wait for a write in flight
 		defer r.w.mu.Unlock()

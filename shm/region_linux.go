@@ -140,3 +140,19 @@ func (r *Region) unmap() error {
 	}
 	return errors.Join(errs...)
 }
+
+// allocDesc maps a reader descriptor: anonymous memory of this process only (nil if the system
+// gives none: the C reader then falls back to the Go one).
+func allocDesc() *descPage {
+	b, err := unix.Mmap(-1, 0, len(descPage{}), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil
+	}
+	return (*descPage)(b)
+}
+
+func freeDesc(d *descPage) {
+	if d != nil {
+		_ = unix.Munmap(d[:])
+	}
+}

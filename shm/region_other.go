@@ -29,3 +29,6 @@ func slotHeld(f *os.File, off uint64) bool          { return false }
 
 func registerMembarrier() bool { return false }
 func globalBarrier() error     { return unsupported() }
+
+func allocDesc() *descPage { return nil }
+func freeDesc(*descPage)   {}

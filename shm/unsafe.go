@@ -28,6 +28,13 @@ func add64(b []byte, off uint64, delta uint64) uint64 {
 	return atomic.AddUint64(word64(b, off), delta)
 }
 
+// addrOf is the address of b[off], for the reader descriptor: b is a mapping (never Go heap
+// memory), so C may hold the address.
+func addrOf(b []byte, off uint64) uint64 {
+	_ = b[off]
+	return uint64(uintptr(unsafe.Pointer(&b[off])))
+}
+
 // stringBytes views the bytes of s without copying; the result must not be written.
 func stringBytes(s string) []byte {
 	return unsafe.Slice(unsafe.StringData(s), len(s))

@@ -1,0 +1,90 @@
+// Package shmlayout is the one table of the region layout that two readers share: the Go reader
+// of package shm and the C reader compiled into libshmsteer.so (capi), which C and Python call
+// per key without entering the Go runtime. It holds every offset, size and constant those
+// readers use (header words, reader-slot words, blob header fields, the index word's format,
+// the hash's constants) and the reader descriptor, the process-local record through which shm
+// hands a Reader's geometry and pin word to C.
+//
+// It owns the table (Groups) and its rendering (Outputs): shm/layout_gen.go, the Go constants,
+// and capi/shmread_gen.h, the same constants as C macros followed by the C reader, whose text
+// (reader.c.in here) names only the table's macros, never a number of the layout. It must not be
+// imported by shm itself (shm stays a leaf package: the generated file holds the constants) and
+// it builds nothing.
+//
+// To change the layout: edit a row here, run `go generate ./shm` (shm/layoutgen.go), and bump
+// shm.LayoutVersion when the bytes in the mapping change. TestLayoutGenerated (shm) fails while
+// a generated file is stale; capi's TestFastReader* tests hold the two readers to the same
+// answers, across processes and under concurrent writes.
+package shmlayout
+
+// Const is one row: a constant the Go and C readers both use.
+type Const struct {
+	Go  string // the Go constant's name in package shm
+	C   string // the C macro's name (SHM_ prefix)
+	Val uint64
+	Doc string
+}
+
+// Group is a block of related rows, rendered as one const block.
+type Group struct {
+	Doc  string
+	Rows []Const
+}
+
+// Groups is the table.
+var Groups = []Group{
+	{"Header words that a read loads, byte offsets into the data mapping. Each mutable word has a cache line of its own.", []Const{
+		{"hVersion", "SHM_H_VERSION", 192, "global version, published last by every commit"},
+		{"hHorizon", "SHM_H_HORIZON", 256, "oldest version whose data is guaranteed intact"},
+	}},
+	{"Reader slots: one cache line each in the reader memfd, after a header line.", []Const{
+		{"lineSize", "SHM_LINE", 64, "a cache line: the reader file's header and each slot"},
+		{"slotPin", "SHM_SLOT_PIN", 8, "a slot's pinned version; 0 = not reading"},
+	}},
+	{"Index words: 0 = empty, tombstone = deleted and unlinked, else fingerprint<<indexFPShift | (unit+1), where unit is the blob's arena offset in blobAlign units and the fingerprint the top 32 bits of the key's hash. A key's probe sequence is hash, hash+1, ... (mod the index size), at most the header's max probe words, ending at an empty word.", []Const{
+		{"tombstone", "SHM_TOMBSTONE", ^uint64(0), "an index word whose blob was unlinked"},
+		{"indexFPShift", "SHM_INDEX_FP_SHIFT", 32, "where an index word's fingerprint starts"},
+	}},
+	{"Blob header, offsets within the blob. meta: uint32 size in units | uint16 kind << metaKindShift | uint16 flags << metaFlagsShift; lens: uint32 key length | uint32 value length << 32; sum: uint32 crc32c(key || value) | uint32 value offset << 32.", []Const{
+		{"bMeta", "SHM_B_META", 0, "size, kind and flags"},
+		{"bLens", "SHM_B_LENS", 8, "key and value lengths"},
+		{"bVersion", "SHM_B_VERSION", 16, "version that published this blob"},
+		{"bPrev", "SHM_B_PREV", 24, "unit+1 of the blob this one replaced; 0 = none"},
+		{"bSum", "SHM_B_SUM", 32, "checksum and value offset"},
+		{"bKey", "SHM_B_KEY", 40, "the key's first byte"},
+		{"metaKindShift", "SHM_META_KIND_SHIFT", 32, "where meta's kind starts"},
+		{"metaFlagsShift", "SHM_META_FLAGS_SHIFT", 48, "where meta's flags start"},
+		{"kindMask", "SHM_KIND_MASK", 0xffff, "meta's kind, once shifted down"},
+		{"lensValueShift", "SHM_LENS_VALUE_SHIFT", 32, "where lens's value length starts"},
+		{"sumValueShift", "SHM_SUM_VALUE_SHIFT", 32, "where sum's value offset starts"},
+		{"blobAlign", "SHM_BLOB_ALIGN", 64, "blobs start and end on this alignment; also the value alignment of values of at least smallValue bytes"},
+		{"smallValue", "SHM_SMALL_VALUE", 64, "values shorter than this start smallAlign-aligned after the key, sharing its cache line"},
+		{"smallAlign", "SHM_SMALL_ALIGN", 8, "the value alignment of values shorter than smallValue"},
+		{"flagDeleted", "SHM_FLAG_DELETED", 1, "the blob is a deletion marker: the key has no value from its version on"},
+		{"MaxKeyLen", "SHM_MAX_KEY_LEN", 1024, "the longest key a region stores"},
+	}},
+	{"The index hash (keyHash): a keyed multiply-fold hash; kindSeed(k0, k1, kind) = fold(k0^kind^prime0, k1^prime1) is kept per kind below seededKinds.", []Const{
+		{"prime0", "SHM_PRIME0", 0xa0761d6478bd642f, ""},
+		{"prime1", "SHM_PRIME1", 0xe7037ed1a0b428db, ""},
+		{"prime2", "SHM_PRIME2", 0x8ebc6af09c88c6e3, ""},
+		{"prime3", "SHM_PRIME3", 0x589965cc75374cc3, ""},
+		{"seededKinds", "SHM_SEEDED_KINDS", 64, "kinds whose hash seed a Region (and a reader descriptor) keeps"},
+	}},
+	{"The reader descriptor: process-local memory (never the mapping, never the Go heap) that a Reader fills for the C reader. Words at these byte offsets; addresses are of this process's mappings.", []Const{
+		{"dState", "SHM_D_STATE", 0, "0 = usable; else descClosed and/or descBusy"},
+		{"dPin", "SHM_D_PIN", 8, "address of the Reader's pin word"},
+		{"dVersion", "SHM_D_VERSION", 16, "address of the header's version word"},
+		{"dHorizon", "SHM_D_HORIZON", 24, "address of the header's horizon word"},
+		{"dIndex", "SHM_D_INDEX", 32, "address of the index"},
+		{"dIndexMask", "SHM_D_INDEX_MASK", 40, "index slots - 1"},
+		{"dArena", "SHM_D_ARENA", 48, "address of the arena"},
+		{"dArenaSize", "SHM_D_ARENA_SIZE", 56, "arena bytes"},
+		{"dMaxProbe", "SHM_D_MAX_PROBE", 64, "the header's max probe"},
+		{"dHashK1", "SHM_D_HASH_K1", 72, "the salt's second word"},
+		{"dRelaxed", "SHM_D_RELAXED", 80, "1: pins may be plain stores (the owner fences with membarrier)"},
+		{"dSeeds", "SHM_D_SEEDS", 128, "seededKinds words: kindSeed of each kind"},
+		{"descSize", "SHM_D_SIZE", 640, "the descriptor's size: dSeeds + 8*seededKinds"},
+		{"descClosed", "SHM_D_CLOSED", 1, "dState bit: the Reader or its Region is closed"},
+		{"descBusy", "SHM_D_BUSY", 2, "dState bit: a Snapshot of the Reader is open"},
+	}},
+}

@@ -1,0 +1,63 @@
+package shm
+
+// The reader descriptor: a Reader's geometry and pin word, in process-local memory outside the
+// Go heap, for the C reader that libshmsteer.so compiles from the same layout table
+// (internal/shmlayout; the offsets are its d* rows). The Go reader never reads it.
+
+// descPage holds a descriptor (its first descSize bytes): one page of its own, behind a pointer
+// so that printing a Reader prints its address, not its bytes.
+type descPage [4096]byte
+
+// fillDesc writes everything the C reader needs; the state word last, so a reader that sees
+// it usable sees the rest.
+func (rd *Reader) fillDesc() {
+	d, r := rd.desc[:], rd.r
+	store64(d, dPin, addrOf(r.readers, rd.slot+slotPin))
+	store64(d, dVersion, addrOf(r.data, hVersion))
+	store64(d, dHorizon, addrOf(r.data, hHorizon))
+	store64(d, dIndex, addrOf(r.index, 0))
+	store64(d, dIndexMask, r.l.mask())
+	store64(d, dArena, addrOf(r.arena, 0))
+	store64(d, dArenaSize, uint64(len(r.arena)))
+	store64(d, dMaxProbe, r.l.maxProbe)
+	store64(d, dHashK1, r.l.hashK1)
+	if r.relaxed {
+		store64(d, dRelaxed, 1)
+	}
+	for k, s := range r.seeds {
+		store64(d, dSeeds+8*uint64(k), s)
+	}
+	store64(d, dState, 0)
+}
+
+// setDescState sets or clears bits of the descriptor's state word (a Reader has none when the
+// system gave no memory for it; the C reader is then never used).
+func (rd *Reader) setDescState(bits uint64, on bool) {
+	if rd.desc == nil {
+		return
+	}
+	for {
+		old := load64(rd.desc[:], dState)
+		nw := old &^ bits
+		if on {
+			nw = old | bits
+		}
+		if cas64(rd.desc[:], dState, old, nw) {
+			return
+		}
+	}
+}
+
+// Descriptor returns the address of the Reader's descriptor, for the C reader of the C ABI
+// (capi): process-local memory outside the Go heap, laid out as internal/shmlayout's table
+// says, that stays valid until Close, and whose state word says closed from the moment the
+// Reader or its Region starts closing. 0 when the Reader has none. Go code has no use for it.
+func (rd *Reader) Descriptor() uintptr {
+	if rd.desc == nil {
+		return 0
+	}
+	return uintptr(addrOf(rd.desc[:], 0))
+}
+
+// A descriptor fits its page (a negative constant does not convert to uint).
+const _ = uint(len(descPage{}) - descSize)
