@@ -79,6 +79,7 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_BATCH_CAPACITY] = "steer.ErrBatchCapacity",
     [SHMSTEER_E_BAD_GATE] = "steer.ErrBadGate",
     [SHMSTEER_E_GATE_UNSUPPORTED] = "steer.ErrGateUnsupported",
+    [SHMSTEER_E_BAD_MODEL_HINT] = "steer.ErrBadModelHint",
     [SHMSTEER_E_FILE_TOO_LARGE] = "vecfile.ErrTooLarge",
     [SHMSTEER_E_UNKNOWN_FORMAT] = "vecfile.ErrUnknownFormat",
     [SHMSTEER_E_FILE_CORRUPT] = "vecfile.ErrCorrupt",

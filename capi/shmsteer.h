@@ -143,6 +143,7 @@ extern "C" {
 #define SHMSTEER_E_BATCH_CAPACITY 75     /* steer.ErrBatchCapacity: a batch does not fit the tables: raise max_slots / max_clamps */
 #define SHMSTEER_E_BAD_GATE 76           /* steer.ErrBadGate: a malformed steering gate (the message names the gate and field) */
 #define SHMSTEER_E_GATE_UNSUPPORTED 77   /* steer.ErrGateUnsupported: attenuate + probe + this_token: use next_step or rest_of_request */
+#define SHMSTEER_E_BAD_MODEL_HINT 78     /* steer.ErrBadModelHint: a model hint over 256 bytes, not UTF-8 or not printable */
 /* package vecfile (codes 80..99) */
 #define SHMSTEER_E_FILE_TOO_LARGE 80  /* vecfile.ErrTooLarge: above max_bytes; nothing was read */
 #define SHMSTEER_E_UNKNOWN_FORMAT 81  /* vecfile.ErrUnknownFormat: not gguf, npy, npz, safetensors */

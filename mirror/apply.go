@@ -390,6 +390,21 @@ func (m *Mirror) applyVector(v *value, payload []byte, take func(int64) error) e
 		}
 		return err
 	}
+	size := int64(len(payload))
+	// A steering vector's metadata may come first (values written before hints were mirrored
+	// have none); the tag covered it with the rest.
+	var opts []steer.WriteOption
+	if bytes.HasPrefix(payload, []byte(steer.VectorMetaMagic)) {
+		meta, n, err := steer.DecodeVectorMeta(payload)
+		if err == nil && v.kind != kindVector {
+			err = fmt.Errorf("%w: a probe vector carries no metadata", ErrBadEnvelope)
+		}
+		if err != nil {
+			return taken(take, err)
+		}
+		opts = append(opts, steer.ModelHint(meta.ModelHint))
+		payload = bytes.Clone(payload[n:]) // aligned again for the steering decoder
+	}
 	st, _, err := steer.DecodeSteering(payload, m.cfg)
 	extra := steer.Steering{Base: steer.Tier{Refs: st.Base.Refs, Clamps: st.Base.Clamps}, Prefill: st.Prefill, Decode: st.Decode}
 	if err == nil && !extra.Empty() {
@@ -398,7 +413,8 @@ func (m *Mirror) applyVector(v *value, payload []byte, take func(int64) error) e
 	if err != nil {
 		return taken(take, err)
 	}
-	_, err = reg(v.name, st.Base.Vectors, steer.Origin(originTag), steer.If(func() error { return take(int64(len(payload))) }))
+	opts = append(opts, steer.Origin(originTag), steer.If(func() error { return take(size) }))
+	_, err = reg(v.name, st.Base.Vectors, opts...)
 	return err
 }
 

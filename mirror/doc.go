@@ -50,7 +50,10 @@
 //
 // # Entries
 //
-//	v.<base64url(name)>   a named vector: the steering wire format (steer.DecodeSteering)
+//	v.<base64url(name)>   a named vector: its metadata when it has any (steer.VectorMeta, the
+//	                      model hint: steer.DecodeVectorMeta; a value without it, as every
+//	                      host wrote before hints were mirrored, is a vector without a hint),
+//	                      then the steering wire format (steer.DecodeSteering)
 //	p.<base64url(name)>   a probe vector (steer.KindProbe, kind "probe"), same format
 //	g                     the global tiers, same format
 //	k.<base64url(mac)>    a key: mac = HMAC-SHA256 of the request id under a key derived from

@@ -159,6 +159,9 @@ func runHost() {
 		case "unreg":
 			_, err := eng.Unregister(f[1])
 			say(reply(err, ""))
+		case "reghint": // reghint NAME SEED N HINT: with a model hint
+			_, err := eng.Register(f[1], vecs(arg(2), int(arg(3))), steer.ModelHint(f[4]))
+			say(reply(err, ""))
 		case "regprobe": // regprobe NAME SEED: a probe vector (one site)
 			_, err := eng.RegisterProbe(f[1], vecs(arg(2), 1))
 			say(reply(err, ""))
@@ -294,6 +297,15 @@ func runWorker() {
 			say(seedOf(f[1]))
 		case "probe":
 			say(seedOfKind(f[1], eng.Probe))
+		case "hint": // hint NAME: the vector's seed and model hint, "SEED/N HINT"
+			s, err := c.Region().Snapshot()
+			if err != nil {
+				say("err " + err.Error())
+				continue
+			}
+			meta, err := eng.VectorMeta(&s, f[1])
+			s.Close()
+			say(reply(err, seedOf(f[1])+" "+meta.ModelHint))
 		case "wait": // wait NAME WANT: poll until seedOf(NAME) == WANT; reply with the wall time
 			deadline := time.Now().Add(20 * time.Second)
 			got := seedOf(f[1])

@@ -147,6 +147,11 @@ func (m *Mirror) steeringValue(ctx context.Context, it qitem, env *envelope) (ob
 	b, _, found, err := m.opt.Engine.Encoding(&s, ck, it.name)
 	if err == nil && found {
 		env.payload = bytes.Clone(b)
+		if it.kind == kindVector { // its metadata (model hint) in front, read at the same snapshot
+			var meta steer.VectorMeta
+			meta, err = m.opt.Engine.VectorMeta(&s, it.name)
+			env.payload = append(steer.EncodeVectorMeta(meta), env.payload...)
+		}
 	}
 	s.Close()
 	switch {

@@ -59,6 +59,7 @@ var apiErrors = []apiError{
 	{steer.ErrBadEncoding, http.StatusBadRequest, "bad_encoding"},
 	{steer.ErrOverflow, http.StatusBadRequest, "overflow"},
 	{steer.ErrProbeSite, http.StatusBadRequest, "probe_site"},
+	{steer.ErrBadModelHint, http.StatusBadRequest, "bad_model_hint"},
 	{steer.ErrBadGate, http.StatusBadRequest, "bad_gate"},
 	{steer.ErrGateUnsupported, http.StatusBadRequest, "gate_unsupported"},
 	{shm.ErrValueTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
@@ -404,6 +405,9 @@ type VectorSummary struct {
 	Version uint64 `json:"version"`
 	Digest  string `json:"digest"`
 	Entries int    `json:"entries"`
+	// ModelHint is a steering vector's model hint (a GGUF's controlvector.model_hint kept
+	// with it; absent when it has none).
+	ModelHint string `json:"model_hint,omitempty"`
 }
 
 // ListVectors lists the named vectors (steer, then probe, each by name) a principal may see.
@@ -428,7 +432,7 @@ func ListVectors(eng *steer.Engine, visible func(string) bool) ([]VectorSummary,
 			if !visible(in.Name) {
 				continue
 			}
-			vs := VectorSummary{Name: in.Name, Kind: kind.String(), Version: in.Version, Digest: hex.EncodeToString(in.Digest[:])}
+			vs := VectorSummary{Name: in.Name, Kind: kind.String(), Version: in.Version, Digest: hex.EncodeToString(in.Digest[:]), ModelHint: in.ModelHint}
 			if nv, err := read(&snap, in.Name); err == nil {
 				vs.Entries = len(nv.Vectors)
 			}

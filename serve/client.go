@@ -128,9 +128,9 @@ func (cs *ClientSession) VectorsList(w io.Writer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tKIND\tENTRIES\tVERSION\tDIGEST")
+	fmt.Fprintln(tw, "NAME\tKIND\tENTRIES\tVERSION\tDIGEST\tMODEL HINT")
 	for _, v := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", v.Name, v.Kind, v.Entries, v.Version, v.Digest[:16])
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", v.Name, v.Kind, v.Entries, v.Version, v.Digest[:16], v.ModelHint)
 	}
 	return tw.Flush()
 }

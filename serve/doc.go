@@ -131,7 +131,7 @@
 // (steer.Batch) refuses a gated request's decode rows rather than run them ungated.
 //
 // Vector files (package steer/vecfile): POST /v1/steering/vectors/import?name=N[&scale=S]
-// [&layers=A-B][&hook=H][&format=gguf|npy|npz|safetensors][&filename=F] takes the file as the
+// [&layers=A-B][&hook=H][&format=gguf|npy|npz|safetensors][&filename=F][&model_hint=ARCH] takes the file as the
 // raw request body (not multipart; any content type, e.g. curl --data-binary @happy.gguf) and
 // registers it as named vector N like /v1/steering/vectors/register (same scoping: a tenant key
 // creates only "tenant/..."; persisted before the reply). scale, layers and hook are llama.cpp's
@@ -139,13 +139,16 @@
 // (default post_block); the format is detected unless given; filename only names the upload in
 // errors and helps detection. The body is capped at max_upload_bytes (a declared
 // Content-Length above it is refused before reading): 413 "too_large"; an empty body is 400
-// "empty body". The answer has the GGUF's controlvector.model_hint as model_hint ("" for other
-// formats and chunked uploads; export's model_hint= writes it back). A bad file is 422 with
+// "empty body". The GGUF's controlvector.model_hint (none for other formats and chunked
+// uploads; model_hint= replaces it, at most 256 bytes of printable UTF-8, else 400
+// "bad_model_hint") is stored with the vector (steer.VectorMeta: persisted, mirrored, listed
+// as model_hint) and answered as model_hint. A bad file is 422 with
 // type corrupt_file, dtype, shape, value_range, tensor_name or no_vectors; bad options are 400
 // (bad_options, need_layers, unknown_format, unknown_hook, ...); the message names the file,
 // the tensor and the expected shape, and nothing is registered. GET
 // /v1/steering/vectors/{name}/export[?format=gguf|npy|npz|safetensors][&model_hint=ARCH] (default safetensors,
-// which holds any named vector; a '/' in name as is or %2F) returns the file as an attachment;
+// which holds any named vector; a '/' in name as is or %2F; a GGUF carries the vector's stored
+// model hint unless model_hint= gives another, empty for none) returns the file as an attachment;
 // a format that cannot hold the vector (GGUF: post_block at layers >= 1; npy: one hook) is 422
 // "unrepresentable". Import → export → import is bitwise.
 //

@@ -390,7 +390,7 @@ func (s *Server) captureAndSave() error {
 	}
 	byDigest := map[steer.Digest]entry{}
 	for _, in := range infos {
-		p.Vectors = append(p.Vectors, namedDigest{Name: in.Name, Digest: in.Digest})
+		p.Vectors = append(p.Vectors, namedDigest{Name: in.Name, Digest: in.Digest, ModelHint: in.ModelHint})
 		byDigest[in.Digest] = entry{steer.KindVector, in.Name}
 	}
 	probes, err := s.eng.ProbeInfos(&snap)
@@ -492,7 +492,11 @@ func (s *Server) restore() (bool, error) {
 		if err != nil {
 			return false, fail(what, err)
 		}
-		info, err := reg(v.Name, st.Base.Vectors)
+		var opts []steer.WriteOption
+		if v.ModelHint != "" {
+			opts = append(opts, steer.ModelHint(v.ModelHint))
+		}
+		info, err := reg(v.Name, st.Base.Vectors, opts...)
 		if err != nil {
 			return false, fail(what, err)
 		}

@@ -47,6 +47,9 @@ type persisted struct {
 type namedDigest struct {
 	Name   string
 	Digest steer.Digest
+	// ModelHint is a steering vector's model hint (steer.VectorMeta; absent in state files
+	// written before hints were kept: none).
+	ModelHint string
 }
 
 type namedWire struct {

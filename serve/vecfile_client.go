@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/shmsteer/shmsteer/steer"
 	"github.com/shmsteer/shmsteer/steer/vecfile"
 )
 
@@ -17,6 +18,8 @@ type ImportFlags struct {
 	Hook    string  // --hook, "" = post_block
 	Format  string  // --format, "" = detect
 	MaxSize int64   // --max-bytes, 0 = vecfile.DefaultMaxBytes
+	// ModelHint (--model-hint) replaces the files' GGUF model hint when not nil.
+	ModelHint *string
 }
 
 // VectorImport reads the vector files paths (several GGUF control vectors are summed, as
@@ -41,14 +44,19 @@ func (cs *ClientSession) VectorImport(w io.Writer, name string, paths []string, 
 	if err != nil {
 		return err
 	}
-	info, err := cs.Engine.Register(name, vecs)
+	hint := fileModelHint(paths)
+	if f.ModelHint != nil {
+		hint = *f.ModelHint
+	} else if err := steer.CheckModelHint(hint); err != nil {
+		return fmt.Errorf("the files' controlvector.model_hint: %w (give --model-hint to replace it)", err)
+	}
+	info, err := cs.Engine.Register(name, vecs, steer.ModelHint(hint))
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "registered %s: %d vectors, version %d, digest %s\n", info.Name, len(vecs), info.Version, hex.EncodeToString(info.Digest[:]))
-	if hint := fileModelHint(paths); hint != "" {
-		// The region keeps vectors, not their files' metadata: say how to carry it on.
-		fmt.Fprintf(w, "model hint %q (GGUF controlvector.model_hint): export with --model-hint %q to keep it\n", hint, hint)
+	if hint != "" {
+		fmt.Fprintf(w, "model hint %q stored with it (GGUF controlvector.model_hint; export writes it back)\n", hint)
 	}
 	return nil
 }
@@ -69,8 +77,8 @@ func fileModelHint(paths []string) string {
 }
 
 // VectorExport writes a named vector to path in format (detected from the extension when
-// empty), read at one snapshot.
-func (cs *ClientSession) VectorExport(w io.Writer, name, path, format, hook, modelHint string) error {
+// empty), read at one snapshot, with its stored model hint unless modelHint is not nil.
+func (cs *ClientSession) VectorExport(w io.Writer, name, path, format, hook string, modelHint *string) error {
 	snap, err := cs.Engine.Region().Snapshot()
 	if err != nil {
 		return err
@@ -80,7 +88,14 @@ func (cs *ClientSession) VectorExport(w io.Writer, name, path, format, hook, mod
 	if err != nil {
 		return err
 	}
-	err = vecfile.ExportFile(path, vecfile.Format(strings.ToLower(format)), cs.Engine.Config(), nv.Vectors, vecfile.ExportOptions{Hook: hook, ModelHint: modelHint})
+	m, err := cs.Engine.VectorMeta(&snap, name)
+	if err != nil {
+		return err
+	}
+	if modelHint != nil {
+		m.ModelHint = *modelHint
+	}
+	err = vecfile.ExportFile(path, vecfile.Format(strings.ToLower(format)), cs.Engine.Config(), nv.Vectors, vecfile.ExportOptions{Hook: hook, ModelHint: m.ModelHint})
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ var vecfileErrors = []apiError{
 }
 
 // importQuery are the query parameters of POST /v1/steering/vectors/import.
-var importQuery = []string{"name", "scale", "layers", "hook", "format", "filename"}
+var importQuery = []string{"name", "scale", "layers", "hook", "format", "filename", "model_hint"}
 
 // importOptions reads the query of an import: name (required), scale, layers "A-B" or "A",
 // hook, format (gguf, npy, npz, safetensors; default: detected) and filename (used in errors
@@ -104,7 +104,7 @@ func (s *Server) importVector(w http.ResponseWriter, r *http.Request, p principa
 	}
 	defer body.release()
 	var vecs []steer.Vector
-	var hint string // the GGUF's controlvector.model_hint, answered so a client can carry it on
+	var hint string // the GGUF's controlvector.model_hint, stored with the vector
 	if r.ContentLength >= 0 {
 		// Read into a buffer of the declared size: no doubling copies of a large file.
 		b := make([]byte, r.ContentLength)
@@ -119,12 +119,20 @@ func (s *Server) importVector(w http.ResponseWriter, r *http.Request, p principa
 	if err != nil {
 		return nil, err
 	}
+	if q := r.URL.Query(); q.Has("model_hint") {
+		hint = q.Get("model_hint") // given explicitly: it replaces the file's
+		if err := steer.CheckModelHint(hint); err != nil {
+			return nil, err
+		}
+	} else if err := steer.CheckModelHint(hint); err != nil {
+		return nil, fmt.Errorf("%s's controlvector.model_hint: %w (give model_hint= to replace it)", file, err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkVectorQuota(p, steer.VectorSteer, name, vecs); err != nil {
 		return nil, err
 	}
-	info, err := s.eng.Register(name, vecs)
+	info, err := s.eng.Register(name, vecs, steer.ModelHint(hint))
 	if err != nil {
 		return nil, err
 	}
@@ -179,9 +187,16 @@ func (s *Server) exportVector(w http.ResponseWriter, r *http.Request, p principa
 	var buf bytes.Buffer
 	nv, err := s.eng.Vector(&snap, name)
 	if err == nil {
+		// The stored hint unless one is given (model_hint= writes none).
+		var m steer.VectorMeta
+		if m, err = s.eng.VectorMeta(&snap, name); q.Has("model_hint") {
+			m.ModelHint = q.Get("model_hint")
+		}
 		// Written to a buffer first: a refusal (ErrUnrepresentable) is then a JSON error, not
 		// a cut file. The snapshot keeps the vector's data valid until Export returns.
-		err = vecfile.Export(&buf, f, s.eng.Config(), nv.Vectors, vecfile.ExportOptions{ModelHint: q.Get("model_hint")})
+		if err == nil {
+			err = vecfile.Export(&buf, f, s.eng.Config(), nv.Vectors, vecfile.ExportOptions{ModelHint: m.ModelHint})
+		}
 	}
 	snap.Close()
 	if errors.Is(err, steer.ErrUnknownVector) {

@@ -185,6 +185,13 @@ func (e *Engine) writeNamed(name string, b []byte, o writeOpts) (v uint64, err e
 			}
 			return err
 		}
+		var meta []byte
+		if b != nil {
+			meta = EncodeVectorMeta(VectorMeta{ModelHint: o.hint})
+		}
+		if err := putVectorMeta(tx, name, meta); err != nil {
+			return err
+		}
 		if dropGlobal {
 			var err error
 			if globalRefs, globalDeleted, err = e.dropGlobalRefs(tx, &s, name); err != nil {

@@ -50,6 +50,8 @@ type VectorInfo struct {
 	Name    string
 	Version uint64
 	Digest  Digest
+	// ModelHint is the steering vector's model hint (VectorMeta; "" if none, and for probes).
+	ModelHint string
 }
 
 // Open binds an engine to a region. The region must have been created with RegionConfig; if
@@ -92,14 +94,20 @@ func (e *Engine) Latches() *Latches { return e.latches }
 // Register validates vecs (finite values, hidden size, known hooks, layers in range, no
 // duplicate (hook, layer), name ≤ MaxNameLen bytes) and stores them under name, replacing any
 // earlier version (last writer wins). On a worker it sends them to the owner.
-// opts tag the write (Origin, If; owner only). Nothing is
-// changed on failure.
+// opts tag the write (Origin, If; owner only) and give the vector its model hint (ModelHint,
+// stored with it; without it the vector has none). Nothing is changed on failure.
 func (e *Engine) Register(name string, vecs []Vector, opts ...WriteOption) (VectorInfo, error) {
+	o := writeOptsOf(opts)
+	if err := CheckModelHint(o.hint); err != nil {
+		return VectorInfo{}, fmt.Errorf("register %q: %w", name, err)
+	}
 	w, b, err := e.encodeNamed(name, vecs)
 	if err != nil {
 		return VectorInfo{}, err
 	}
-	return e.w.putNamed(KindVector, name, b, w.digest, writeOptsOf(opts))
+	info, err := e.w.putNamed(KindVector, name, b, w.digest, o)
+	info.ModelHint = o.hint
+	return info, err
 }
 
 // Unregister deletes a named vector (from a worker, through the owner). Requests that reference
@@ -122,7 +130,16 @@ func (e *Engine) Vector(s *shm.Snapshot, name string) (NamedVector, error) {
 
 // VectorInfos lists the named vectors at snapshot s (index order).
 func (e *Engine) VectorInfos(s *shm.Snapshot) ([]VectorInfo, error) {
-	return namedInfos(s, KindVector)
+	out, err := namedInfos(s, KindVector)
+	for i := range out {
+		if err != nil {
+			break
+		}
+		var m VectorMeta
+		m, err = e.VectorMeta(s, out[i].Name)
+		out[i].ModelHint = m.ModelHint
+	}
+	return out, err
 }
 
 // SetGlobal replaces the global steering tiers with g, or with Merge merges g into them per

@@ -75,6 +75,10 @@ func (e *Engine) encodeNamed(name string, vecs []Vector) (wire, []byte, error) {
 // site, else ErrProbeSite), and stores them as probe vector name, replacing any earlier
 // version. On a worker it sends them to the owner. Nothing is changed on failure.
 func (e *Engine) RegisterProbe(name string, vecs []Vector, opts ...WriteOption) (VectorInfo, error) {
+	o := writeOptsOf(opts)
+	if o.hintSet {
+		return VectorInfo{}, fmt.Errorf("%w: probe vector %q: only steering vectors carry a model hint", ErrBadModelHint, name)
+	}
 	if len(vecs) > 1 {
 		return VectorInfo{}, fmt.Errorf("%w: probe vector %q names %d sites", ErrProbeSite, name, len(vecs))
 	}
@@ -82,7 +86,7 @@ func (e *Engine) RegisterProbe(name string, vecs []Vector, opts ...WriteOption) 
 	if err != nil {
 		return VectorInfo{}, err
 	}
-	return e.w.putNamed(KindProbe, name, b, w.digest, writeOptsOf(opts))
+	return e.w.putNamed(KindProbe, name, b, w.digest, o)
 }
 
 // UnregisterProbe deletes a probe vector (from a worker, through the owner); ErrUnknownVector

@@ -34,6 +34,10 @@ const (
 // globalMerge is OpSetGlobal's flag: merge into the current tiers (Merge).
 const globalMerge byte = 1
 
+// registerHinted is OpRegister's flag in the name length's top bit: a u16 length and the model
+// hint (ModelHint) follow the name.
+const registerHinted uint16 = 0x8000
+
 // remote sends a worker's writes to the owner.
 type remote struct {
 	e *Engine
@@ -53,7 +57,12 @@ func (r remote) putNamed(kind shm.Kind, name string, b []byte, _ Digest, o write
 	}
 	op, _ := registerOp(kind)
 	req := binary.LittleEndian.AppendUint16(nil, uint16(len(name)))
-	req = append(append(req, name...), b...)
+	req = append(req, name...)
+	if o.hint != "" {
+		binary.LittleEndian.PutUint16(req, uint16(len(name))|registerHinted)
+		req = append(binary.LittleEndian.AppendUint16(req, uint16(len(o.hint))), o.hint...)
+	}
+	req = append(req, b...)
 	resp, err := r.call(op, req)
 	if err != nil {
 		return VectorInfo{}, err
@@ -146,13 +155,27 @@ func (e *Engine) serveRegister(kind shm.Kind) func([]byte) ([]byte, error) {
 		reg = e.RegisterProbe
 	}
 	return func(req []byte) ([]byte, error) {
-		if len(req) < 2 || len(req) < 2+int(binary.LittleEndian.Uint16(req)) {
-			return nil, fmt.Errorf("%w: short register request", ErrBadEncoding)
+		short := fmt.Errorf("%w: short register request", ErrBadEncoding)
+		if len(req) < 2 {
+			return nil, short
 		}
-		n := int(binary.LittleEndian.Uint16(req))
+		n, flags := binary.LittleEndian.Uint16(req)&^registerHinted, binary.LittleEndian.Uint16(req)&registerHinted
+		if len(req) < 2+int(n) {
+			return nil, short
+		}
 		name := string(req[2 : 2+n])
+		req = req[2+n:]
+		var opts []WriteOption
+		if flags != 0 {
+			if len(req) < 2 || len(req) < 2+int(binary.LittleEndian.Uint16(req)) {
+				return nil, short
+			}
+			h := int(binary.LittleEndian.Uint16(req))
+			opts = append(opts, ModelHint(string(req[2:2+h]))) // Register validates it
+			req = req[2+h:]
+		}
 		// Copy so the floats are aligned whatever the transport's buffer offset.
-		enc := append(make([]byte, 0, len(req)-2-n), req[2+n:]...)
+		enc := append(make([]byte, 0, len(req)), req...)
 		w, err := decode(enc, e.cfg, true)
 		if err != nil {
 			return nil, err
@@ -160,7 +183,7 @@ func (e *Engine) serveRegister(kind shm.Kind) func([]byte) ([]byte, error) {
 		if len(w.refs) != 0 || len(w.clamps) != 0 {
 			return nil, fmt.Errorf("%w: a named vector holds only base vectors", ErrBadEncoding)
 		}
-		info, err := reg(name, w.steering(e.cfg).Base.Vectors)
+		info, err := reg(name, w.steering(e.cfg).Base.Vectors, opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -227,5 +250,6 @@ func init() {
 		proto.Pair{Code: proto.CodeNotOwner, Err: ErrNotOwner},
 		proto.Pair{Code: proto.CodeSteerConfig, Err: ErrIncompatible},
 		proto.Pair{Code: proto.CodeProbeSite, Err: ErrProbeSite},
+		proto.Pair{Code: proto.CodeBadModelHint, Err: ErrBadModelHint},
 	)
 }

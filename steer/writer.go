@@ -43,9 +43,11 @@ func Merge() WriteOption { return func(o *writeOpts) { o.merge = true } }
 
 // writeOpts is a write's options.
 type writeOpts struct {
-	origin string
-	cond   func() error
-	merge  bool
+	origin  string
+	cond    func() error
+	merge   bool
+	hint    string // ModelHint
+	hintSet bool
 }
 
 func writeOptsOf(opts []WriteOption) writeOpts {

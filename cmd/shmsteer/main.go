@@ -226,7 +226,7 @@ func (c *cli) vectorsCmd() *cobra.Command {
 			return err
 		})}
 	var imp serve.ImportFlags
-	var impName string
+	var impName, impHint string
 	vecImport := &cobra.Command{Use: "import FILE... --name NAME", Short: "Register a named vector from GGUF control vectors, .npy/.npz or safetensors files", Args: cobra.MinimumNArgs(1),
 		Long: `Import steering vectors from files and register them as one named vector.
 
@@ -235,9 +235,12 @@ post_block), .npy ([layers, hidden] or [hidden]), .npz (one array per hook) and 
 (tensors "<hook>.<layer>" or "layers.N"). Several files are summed, as llama.cpp sums repeated
 --control-vector flags. --scale and --layers work as llama.cpp's --control-vector-scaled and
 --control-vector-layer-range.`,
-		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
+		RunE: c.withClient(func(cs *serve.ClientSession, cmd *cobra.Command, a []string) error {
 			if impName == "" {
 				return usageError{fmt.Errorf("--name is required")}
+			}
+			if cmd.Flags().Changed("model-hint") {
+				imp.ModelHint = &impHint
 			}
 			return cs.VectorImport(c.stdout, impName, a, imp)
 		})}
@@ -247,14 +250,19 @@ post_block), .npy ([layers, hidden] or [hidden]), .npz (one array per hook) and 
 	vecImport.Flags().StringVar(&imp.Hook, "hook", "", "hook that GGUF directions and plain arrays steer (default post_block)")
 	vecImport.Flags().StringVar(&imp.Format, "format", "", "gguf, npy, npz or safetensors (default: detect)")
 	vecImport.Flags().Int64Var(&imp.MaxSize, "max-bytes", 0, "refuse files larger than this (default 4 GiB)")
+	vecImport.Flags().StringVar(&impHint, "model-hint", "", "model hint stored with the vector (default: the GGUF's controlvector.model_hint)")
 	var expFormat, expHook, expHint string
 	vecExport := &cobra.Command{Use: "export NAME FILE", Short: "Write a named vector to a GGUF, .npy, .npz or safetensors file", Args: args(2),
-		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
-			return cs.VectorExport(c.stdout, a[0], a[1], expFormat, expHook, expHint)
+		RunE: c.withClient(func(cs *serve.ClientSession, cmd *cobra.Command, a []string) error {
+			var hint *string // the stored hint unless --model-hint is given
+			if cmd.Flags().Changed("model-hint") {
+				hint = &expHint
+			}
+			return cs.VectorExport(c.stdout, a[0], a[1], expFormat, expHook, hint)
 		})}
 	vecExport.Flags().StringVar(&expFormat, "format", "", "gguf, npy, npz or safetensors (default: from the extension)")
 	vecExport.Flags().StringVar(&expHook, "hook", "", "the hook a GGUF file's directions are taken from (default post_block)")
-	vecExport.Flags().StringVar(&expHint, "model-hint", "", "GGUF controlvector.model_hint to write (the model's architecture, e.g. llama; import prints the file's)")
+	vecExport.Flags().StringVar(&expHint, "model-hint", "", "GGUF controlvector.model_hint to write (default: the one stored with the vector; \"\" for none)")
 	for _, sub := range []*cobra.Command{vecLs, vecShow, vecRm, vecImport, vecExport} {
 		c.clientFlags(sub.Flags())
 	}

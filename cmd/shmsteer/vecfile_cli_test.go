@@ -42,7 +42,7 @@ func TestCLIVectorFiles(t *testing.T) {
 	code, out, errOut := cli("vectors", "import", gguf, "--name", "happy", "--scale", "0.5", "--layers", "1-2")
 	require.Zero(t, code, errOut)
 	require.Contains(t, out, "registered happy: 2 vectors")
-	require.Contains(t, out, `model hint "llama" (GGUF controlvector.model_hint): export with --model-hint "llama" to keep it`)
+	require.Contains(t, out, `model hint "llama" stored with it (GGUF controlvector.model_hint; export writes it back)`)
 	cs, err := serve.AttachClient(s.ns, secretFile(t))
 	require.NoError(t, err)
 	defer cs.Close()
@@ -76,16 +76,24 @@ func TestCLIVectorFiles(t *testing.T) {
 		}
 	}
 
-	// The hint is carried on by --model-hint (the region keeps vectors, not file metadata).
-	hinted := filepath.Join(dir, "hinted.gguf")
-	code, _, errOut = cli("vectors", "export", "happy", hinted, "--model-hint", "llama")
-	require.Zero(t, code, errOut)
-	b, err := os.ReadFile(hinted)
+	// The hint is stored with the vector: export writes it back; --model-hint replaces it.
+	b, err := os.ReadFile(filepath.Join(dir, "back.gguf"))
 	require.NoError(t, err)
-	require.Equal(t, "llama", vecfile.ModelHint(b))
-	b, err = os.ReadFile(filepath.Join(dir, "back.gguf"))
-	require.NoError(t, err)
-	require.Equal(t, "", vecfile.ModelHint(b), "no --model-hint, no hint")
+	require.Equal(t, "llama", vecfile.ModelHint(b), "the stored hint, without --model-hint")
+	for hint, want := range map[string]string{"qwen2": "qwen2", "": ""} {
+		hinted := filepath.Join(dir, "hinted.gguf")
+		code, _, errOut = cli("vectors", "export", "happy", hinted, "--model-hint", hint)
+		require.Zero(t, code, errOut)
+		b, err := os.ReadFile(hinted)
+		require.NoError(t, err)
+		require.Equal(t, want, vecfile.ModelHint(b), "--model-hint %q", hint)
+	}
+	code, out, _ = cli("vectors", "ls")
+	require.Zero(t, code)
+	require.Regexp(t, `(?m)^happy +steer +2 .* llama$`, out)
+	code, _, errOut = cli("vectors", "import", gguf, "--name", "badhint", "--model-hint", "two\nlines")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "bad model hint")
 
 	corrupt := filepath.Join(dir, "bad.gguf")
 	b, err = os.ReadFile(gguf)

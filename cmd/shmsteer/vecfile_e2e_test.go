@@ -116,6 +116,7 @@ func TestServeVectorFileUpload(t *testing.T) {
 	require.EqualValues(t, 2, m["entries"])
 	require.Equal(t, []any{1.0, 2.0}, m["layers"])
 	require.Equal(t, []any{"post_block"}, m["hook_points"])
+	require.Equal(t, "llama", m["model_hint"], "the GGUF's controlvector.model_hint")
 	digest := m["digest"].(string)
 
 	// It steers: a worker applying the global steering (happy at strength 1) adds 0.5*direction.N
@@ -173,6 +174,7 @@ func TestServeVectorFileUpload(t *testing.T) {
 		{"format", "name=bad&format=pickle", adminKey, bytes.NewReader(cv), 400, "unknown_format", "pickle"},
 		{"no name", "filename=a.gguf", adminKey, bytes.NewReader(cv), 400, "bad_request", "name"},
 		{"unknown param", "name=bad&file=a", adminKey, bytes.NewReader(cv), 400, "bad_request", "file"},
+		{"model hint", "name=happy&model_hint=two%0Alines", adminKey, bytes.NewReader(cv), 400, "bad_model_hint", "non-printable"},
 		{"tenant scope", "name=bad", acmeKey, bytes.NewReader(cv), 403, "forbidden", "acme/"},
 		{"no key", "name=bad", "", bytes.NewReader(cv), 401, "unauthorized", ""},
 	} {
@@ -206,14 +208,21 @@ func TestServeVectorFileUpload(t *testing.T) {
 			}
 		}
 	}
-	// model_hint= is written as the GGUF's controlvector.model_hint, and an import of that
-	// file answers it.
-	code, file, m := s.raw("GET", "/v1/steering/vectors/happy/export?format=gguf&model_hint=llama", adminKey, nil)
+	// The hint is stored with the vector: listed, and written back by a GGUF export unless
+	// model_hint= gives another ("" for none); an import of that file stores that one.
+	require.Equal(t, "llama", hintListed(s, "happy"))
+	for q, want := range map[string]string{"": "llama", "&model_hint=qwen2": "qwen2", "&model_hint=": ""} {
+		code, file, m := s.raw("GET", "/v1/steering/vectors/happy/export?format=gguf"+q, adminKey, nil)
+		require.Equal(t, http.StatusOK, code, "%v", m)
+		require.Equal(t, want, vecfile.ModelHint(file), "export%s", q)
+		code, _, m = s.raw("POST", "/v1/steering/vectors/import?name=hinted", adminKey, bytes.NewReader(file))
+		require.Equal(t, http.StatusOK, code, "%v", m)
+		require.Equal(t, want, m["model_hint"])
+		require.Equal(t, want, hintListed(s, "hinted"))
+	}
+	code, _, m = s.raw("POST", "/v1/steering/vectors/import?name=hinted&model_hint=gemma2", adminKey, bytes.NewReader(cv))
 	require.Equal(t, http.StatusOK, code, "%v", m)
-	require.Equal(t, "llama", vecfile.ModelHint(file))
-	code, _, m = s.raw("POST", "/v1/steering/vectors/import?name=hinted", adminKey, bytes.NewReader(file))
-	require.Equal(t, http.StatusOK, code, "%v", m)
-	require.Equal(t, "llama", m["model_hint"])
+	require.Equal(t, "gemma2", hintListed(s, "hinted"), "model_hint= replaces the file's")
 	code, _, m = s.raw("GET", "/v1/steering/vectors/acme/happy/export", acmeKey, nil)
 	require.Equal(t, http.StatusOK, code, "%v", m)
 	code, _, m = s.raw("GET", "/v1/steering/vectors/acme%2Fhappy/export?format=npz", acmeKey, nil)
@@ -242,10 +251,27 @@ func TestServeVectorFileUpload(t *testing.T) {
 		}
 	}
 	require.True(t, found, "the uploaded vector was not restored")
+	// With its model hint: import → restart → export keeps it.
+	require.Equal(t, "llama", hintListed(s2, "happy"))
+	require.Equal(t, "gemma2", hintListed(s2, "hinted"))
+	code, file, m := s2.raw("GET", "/v1/steering/vectors/happy/export?format=gguf", adminKey, nil)
+	require.Equal(t, http.StatusOK, code, "%v", m)
+	require.Equal(t, "llama", vecfile.ModelHint(file), "the hint after a restart from the state dir")
 	cs, err := serve.AttachClient(s2.ns, secretFile(t))
 	require.NoError(t, err)
 	defer cs.Close()
 	var out bytes.Buffer
 	require.NoError(t, cs.VectorShow(&out, "happy"))
 	require.Contains(t, out.String(), "post_block", fmt.Sprint(out.String()))
+}
+
+// hintListed is the model hint GET /v1/steering/vectors lists for steering vector name.
+func hintListed(s *served, name string) string {
+	for _, v := range s.ok("GET", "/v1/steering/vectors", nil)["details"].([]any) {
+		if v := v.(map[string]any); v["name"] == name && v["kind"] == "steer" {
+			h, _ := v["model_hint"].(string)
+			return h
+		}
+	}
+	return "<not listed>"
 }

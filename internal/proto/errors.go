@@ -53,6 +53,7 @@ const (
 	CodeNotOwner      Code = 44
 	CodeSteerConfig   Code = 45 // steer.ErrIncompatible
 	CodeProbeSite     Code = 46
+	CodeBadModelHint  Code = 47
 
 	// The service (bound by package serve), block 64–95.
 	CodeServeBadInput Code = 64

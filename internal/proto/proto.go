@@ -31,6 +31,7 @@ const (
 	KindComposedGlobal = 21 // the global composition
 	KindProbe          = 22 // named probe vectors (read by gates), key = name
 	KindGates          = 23 // a request's resolved declarative gates, key = request id
+	KindVectorMeta     = 24 // a named steering vector's metadata (model hint), key = name
 
 	// KindServe: the service's own entries (package serve), block 48–63.
 	KindServe = 48
@@ -59,7 +60,7 @@ const (
 	MaxUserOp Op = 0xfff0
 
 	// Steering writes (package steer), block 256–287.
-	OpRegister   Op = 256 // u16 name length, name, steering wire encoding
+	OpRegister   Op = 256 // u16 name length (top bit: a hint follows), name, [u16 length, model hint], steering wire encoding
 	OpUnregister Op = 257 // name
 	OpSetGlobal  Op = 258 // flags byte (1: merge), then the steering wire encoding (none: clear)
 	// 259 was OpClearGlobal (now OpSetGlobal without an encoding): never reuse it.

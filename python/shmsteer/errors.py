@@ -557,6 +557,14 @@ class GateUnsupportedError(ShmsteerError, ValueError):
     go_name = "steer.ErrGateUnsupported"
 
 
+class BadModelHintError(ShmsteerError, ValueError):
+    """Mirrors Go's steer.ErrBadModelHint (code 78, SHMSTEER_E_BAD_MODEL_HINT): a model hint over
+    256 bytes, not UTF-8 or not printable."""
+
+    code = 78
+    go_name = "steer.ErrBadModelHint"
+
+
 class VectorFileTooLargeError(VectorFileError):
     """Mirrors Go's vecfile.ErrTooLarge (code 80, SHMSTEER_E_FILE_TOO_LARGE): above max_bytes;
     nothing was read."""
@@ -715,6 +723,7 @@ BY_CODE: Dict[int, Type[ShmsteerError]] = {
     75: BatchCapacityError,
     76: BadGateError,
     77: GateUnsupportedError,
+    78: BadModelHintError,
     80: VectorFileTooLargeError,
     81: UnknownFormatError,
     82: VectorFileCorruptError,
@@ -803,6 +812,7 @@ __all__ = [
     "BatchCapacityError",
     "BadGateError",
     "GateUnsupportedError",
+    "BadModelHintError",
     "VectorFileTooLargeError",
     "UnknownFormatError",
     "VectorFileCorruptError",

@@ -42,9 +42,9 @@
 // # GGUF control vectors (llama.cpp)
 //
 // llama.cpp writes general.architecture = "controlvector", controlvector.model_hint (the
-// model's architecture: ModelHint reads it; Import returns vectors only, so a caller that
-// re-exports passes it back in ExportOptions.ModelHint, as `shmsteer vectors export
-// --model-hint` and the API's model_hint= do), controlvector.layer_count and one F32 tensor "direction.N" of the
+// model's architecture: ModelHint reads it; Import returns vectors only, so a caller keeps
+// it with the vector, steer.ModelHint, and passes it back in ExportOptions.ModelHint, as
+// `shmsteer vectors import/export` and serve's API do), controlvector.layer_count and one F32 tensor "direction.N" of the
 // hidden size per layer. Its loader rejects direction.0 and non-F32 or non-1-D tensors, and
 // its graph adds tensors[N] = direction.N to the output of block N (0-based: cur =
 // build_cvec(cur, il) after the FFN residual add), so block 0's output is never steered. So
