@@ -50,6 +50,10 @@
 //     consumer's {status, error, payload}: pending, ok, partial_error, error (also when the
 //     consumer leaves or dies before publishing, or was not attached at admission),
 //     not_requested. Hub.Status reads the rings' and the consumers' counters.
+//   - RunFilesystem is the filesystem consumer (`shmsteer capture fs`): each captured
+//     request's spec is decoded and resolved at its begin, its records written with
+//     RequestFiles, and at its end the paths published (ok; partial_error when records were
+//     dropped for it; error when its spec does not resolve or a write fails).
 //
 // Where it differs from the fork: a tag or request id of exactly "." is refused too (it would
 // name the directory above); the fork's sharded layout is refused (ErrBadLayout); the fork's
@@ -60,9 +64,8 @@
 //
 // What is not wired yet: the Stepper's, the C ABI's and Python's hooks do not copy rows into
 // the ring (and no GPU D2H path exists); there is no rank choice under tensor parallelism;
-// serve does not run a Hub; nothing drains the rings into RequestFiles; steer.Admission,
-// serve's admit endpoint and Python's Owner.admit take no `capture`; there is no
-// `shmsteer capture fs` command, no Python shmsteer.capture; and the package's sentinels have
+// serve does not run a Hub; steer.Admission, serve's admit endpoint and Python's Owner.admit
+// take no `capture`; there is no Python shmsteer.capture; and the package's sentinels have
 // no C/Python error codes (they get them when capi first returns them). A consumer attaches
 // to a ring when it reads the hub's notice of it, so records a worker appends before that are
 // not seen by it.

@@ -48,7 +48,7 @@ type step struct{ first, n int } // a span of a request in one step: its first a
 // states for the span (the bytes "the hooks saw", random, with NaN payloads and -0), the rows
 // Plan.Rows selects copied into one record per site per span. It returns what it appended and,
 // per site, the rows it expected to read back.
-func simulate(t *testing.T, w *RequestFiles, p *Plan, d Dtype, width int, steps []step, rng *rand.Rand) map[forkKey]readEntry {
+func simulate(t *testing.T, w interface{ Append(Record) error }, p *Plan, d Dtype, width int, steps []step, rng *rand.Rand) map[forkKey]readEntry {
 	t.Helper()
 	want := map[forkKey]readEntry{}
 	es := d.Size()

@@ -6,6 +6,7 @@
 //	shmsteer keys ls|rm                the key registry: ids and states, never key bytes
 //	shmsteer vectors ls|show|rm        named steering vectors
 //	shmsteer steer global set|clear    global steering
+//	shmsteer capture fs --root DIR     the filesystem capture consumer (package capture)
 //	shmsteer demo [flags]              owner + worker processes steering through one region (internal/demo)
 //	shmsteer bench [flags]             comparisons with the alternatives users would pick (package bench)
 //	shmsteer version | completion
@@ -125,7 +126,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	c := &cli{stdout: stdout, stderr: stderr}
 	versionCmd := &cobra.Command{Use: "version", Short: "Print the version", Args: args(0),
 		Run: func(*cobra.Command, []string) { fmt.Fprintf(stdout, "shmsteer %s\n", version()) }}
-	root.AddCommand(c.serveCmd(), c.statusCmd(), c.keysCmd(), c.vectorsCmd(), c.steerCmd(), c.demoCmd(), c.benchCmd(), versionCmd)
+	root.AddCommand(c.serveCmd(), c.statusCmd(), c.keysCmd(), c.vectorsCmd(), c.steerCmd(), c.demoCmd(), c.benchCmd(), c.captureCmd(), versionCmd)
 	return root
 }
 
