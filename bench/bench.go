@@ -80,11 +80,12 @@ func Run(cfg Config, src sources) *Report {
 	defer prog.done()
 	rep := &Report{}
 	type group struct {
-		cs   []Contender
-		post func([]Figure) []Figure // turns the group's raw figures into the reported ones
+		cs     []Contender
+		post   func([]Figure) []Figure // turns the group's raw figures into the reported ones
+		rotate bool                    // see alternate
 	}
 	var groups []group
-	keepWith := func(post func([]Figure) []Figure, cs ...Contender) []Contender {
+	keepGroup := func(rotate bool, post func([]Figure) []Figure, cs ...Contender) []Contender {
 		var out []Contender
 		for _, c := range cs {
 			if cfg.wants(baseName(c.Name)) {
@@ -92,12 +93,18 @@ func Run(cfg Config, src sources) *Report {
 			}
 		}
 		if len(out) > 0 {
-			groups = append(groups, group{out, post})
+			groups = append(groups, group{out, post, rotate})
 			prog.total += len(out)
 		}
 		return out
 	}
+	keepWith := func(post func([]Figure) []Figure, cs ...Contender) []Contender {
+		return keepGroup(false, post, cs...)
+	}
 	keep := func(cs ...Contender) []Contender { return keepWith(nil, cs...) }
+	// The step pairs and the kernel sizes rotate their order every round (the 1 GiB size
+	// keeps its copy reference right after the add it is a fraction of).
+	keepRotated := func(cs ...Contender) []Contender { return keepGroup(true, nil, cs...) }
 	quickSkip := func(s Setup, what string) Setup {
 		if !cfg.Quick {
 			return s
@@ -163,19 +170,19 @@ func Run(cfg Config, src sources) *Report {
 				cs[i].Setup = quickSkip(cs[i].Setup, "1 GiB buffers")
 			}
 		}
-		if len(keepWith(kernelFigures(k), cs...)) > 0 && cfg.wants(pre+"numpy_ns") && k != HugeKernelSize {
+		if len(keepGroup(k != HugeKernelSize, kernelFigures(k), cs...)) > 0 && cfg.wants(pre+"numpy_ns") && k != HugeKernelSize {
 			numpyWanted = true
 		}
 	}
-	keep(
+	keepRotated(
 		Contender{"steer.step.prefill.mixed_ns", src.StepMixed},
 		Contender{"steer.step.prefill.kernel_ns", src.StepKernel},
 	)
-	keep(
+	keepRotated(
 		Contender{"steer.step.decode.mixed_ns", src.StepDecodeMixed},
 		Contender{"steer.step.decode.kernel_ns", src.StepDecodeKernel},
 	)
-	keep(
+	keepRotated(
 		Contender{"steer.step.decode.sparse_ns", src.StepDecodeSparse},
 		Contender{"steer.step.decode.sparse_kernel_ns", src.StepSparseKernel},
 	)
@@ -190,10 +197,13 @@ func Run(cfg Config, src sources) *Report {
 			defer func() { _ = release() }()
 		}
 	}
-	for _, g := range groups {
-		figs, warns := alternate(cfg, prog, g.cs)
+	for gi, g := range groups {
+		figs, warns := alternate(cfg, prog, g.cs, g.rotate)
 		if g.post != nil {
 			figs = g.post(figs)
+		}
+		for i := range figs {
+			figs[i].Group = gi + 1
 		}
 		rep.Add(figs...)
 		rep.Warnings = append(rep.Warnings, warns...)

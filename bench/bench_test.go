@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -197,7 +198,7 @@ func TestSmokeReport(t *testing.T) {
 	got := map[string]map[string]any{}
 	for _, r := range recs {
 		for k := range r {
-			require.Contains(t, []string{"name", "value", "unit", "baseline", "ratio", "working_set_bytes", "note"}, k)
+			require.Contains(t, []string{"name", "value", "unit", "baseline", "ratio", "ratio_paired", "ratio_iqr", "working_set_bytes", "note"}, k)
 		}
 		got[r["name"].(string)] = r
 	}
@@ -228,7 +229,9 @@ func TestSmokeReport(t *testing.T) {
 	// Ratio = ours / baseline, only where the baseline was measured.
 	k := got["kernels.add.16k.shmsteer_ns"]
 	require.Equal(t, "kernels.add.16k.c_ns", k["baseline"])
-	require.InDelta(t, k["value"].(float64)/got["kernels.add.16k.c_ns"]["value"].(float64), k["ratio"].(float64), 1e-9)
+	// Measured in one alternation, the ratio pairs rounds (TestPairedRatio checks the value).
+	require.Equal(t, true, k["ratio_paired"])
+	require.Greater(t, k["ratio"].(float64), 0.0)
 	require.Equal(t, "keys.get.gomap_ns", got["keys.get.shmsteer_ns"]["baseline"])
 	require.NotContains(t, got["keys.set.owner_ns"], "ratio", "syncmanager was not run, so no ratio")
 	require.NotContains(t, got["keys.get.gomap_ns"], "baseline")
@@ -446,4 +449,61 @@ func TestColdIndexUniform(t *testing.T) {
 	require.Len(t, keys, ColdNumKeys)
 	require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`, keys[12345])
 	require.Equal(t, keys[7], ColdKeys()[7])
+}
+
+// TestPairedRatio checks Finish's ratio of two figures measured in one alternation: the median
+// of the per-round ratios (not the ratio of the medians) with their spread, and the plain
+// ratio of values for figures of different groups or without rounds.
+func TestPairedRatio(t *testing.T) {
+	ours := Figure{Name: "kernels.add.16k.shmsteer_ns", Value: 110, Group: 1, Samples: []float64{100, 110, 300, 90, 120}}
+	base := Figure{Name: "kernels.add.16k.c_ns", Value: 100, Group: 1, Samples: []float64{100, 100, 250, 100, 60}}
+	rep := &Report{}
+	rep.Add(ours, base)
+	rep.Finish()
+	got := rep.Figures[slices.IndexFunc(rep.Figures, func(f Figure) bool { return f.Name == ours.Name })]
+	// Per-round ratios 1, 1.1, 1.2, 0.9, 2: median 1.1, quartiles 1 and 1.2.
+	require.True(t, got.RatioPaired)
+	require.InDelta(t, 1.1, got.Ratio, 1e-12)
+	require.InDelta(t, 0.2/1.1, got.RatioSpread, 1e-12)
+
+	// The medians' ratio (120/100) differs from the paired one (1.0): rounds 1-3 saw a load
+	// that slowed both.
+	ours.Samples, ours.Value = []float64{120, 240, 360}, 240
+	base.Samples, base.Value = []float64{120, 240, 200}, 200
+	rep = &Report{}
+	rep.Add(ours, base)
+	rep.Finish()
+	got = rep.Figures[slices.IndexFunc(rep.Figures, func(f Figure) bool { return f.Name == ours.Name })]
+	require.InDelta(t, 1.0, got.Ratio, 1e-12)
+
+	for _, tc := range []struct {
+		name  string
+		group int
+	}{{"other group", 2}, {"no group", 0}} {
+		b := base
+		b.Group = tc.group
+		rep = &Report{}
+		rep.Add(ours, b)
+		rep.Finish()
+		got = rep.Figures[slices.IndexFunc(rep.Figures, func(f Figure) bool { return f.Name == ours.Name })]
+		require.False(t, got.RatioPaired, tc.name)
+		require.InDelta(t, 1.2, got.Ratio, 1e-12, tc.name)
+	}
+}
+
+// TestAlternateRotates checks that a rotating alternation starts round r at contender r.
+func TestAlternateRotates(t *testing.T) {
+	var order []string
+	mk := func(name string) Contender {
+		return Contender{name + "_ns", func() (Op, func() error, error) {
+			return func(n int) (time.Duration, error) {
+				order = append(order, name)
+				return time.Duration(n) * time.Millisecond, nil
+			}, nil, nil
+		}}
+	}
+	_, warns := alternate(Config{Rounds: 4, Target: time.Millisecond}, nil, []Contender{mk("a"), mk("b"), mk("c")}, true)
+	require.Empty(t, warns)
+	// One calibration batch each, then a b c, b c a, c a b, a b c.
+	require.Equal(t, strings.Split("abcabcbcacababc", ""), order)
 }

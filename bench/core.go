@@ -177,10 +177,13 @@ type live struct {
 // ones carrying the reason, and warnings from failed cleanups. Cleanups run
 // before it returns, even when an op panics.
 func Alternate(cfg Config, cs ...Contender) (figs []Figure, warnings []string) {
-	return alternate(cfg, nil, cs)
+	return alternate(cfg, nil, cs, false)
 }
 
-func alternate(cfg Config, prog *progress, cs []Contender) (figs []Figure, warnings []string) {
+// alternate is Alternate; with rotate, round r starts at the r-th contender (A B C, B C A,
+// C A B, …), so no contender always runs right after the same other one (a cache-polluting Go
+// loop, another process) and a pair's order flips from round to round.
+func alternate(cfg Config, prog *progress, cs []Contender, rotate bool) (figs []Figure, warnings []string) {
 	ls := make([]*live, len(cs))
 	type named struct {
 		name string
@@ -222,7 +225,11 @@ func alternate(cfg Config, prog *progress, cs []Contender) (figs []Figure, warni
 		l.op, l.n = op, n
 	}
 	for r := range cfg.Rounds {
-		for _, l := range ls {
+		for i := range ls {
+			l := ls[i]
+			if rotate {
+				l = ls[(i+r)%len(ls)]
+			}
 			if l.skipped != "" {
 				continue
 			}

@@ -364,6 +364,7 @@ func (l *latency) post(figs []Figure) []Figure {
 		}
 		f := &figs[i]
 		f.Value = quantile(xs, 0.5)
+		f.Samples = nil // batch means, not what the p50 is of: no ratio pairs them
 		p99.Value = quantile(xs, 0.99)
 		p99.Rounds, p99.Batch, p99.Spread = f.Rounds, f.Batch, f.Spread
 		f.Note = fmt.Sprintf("p50 of %d calls each timed alone (%d rounds), not a batch mean", len(xs), len(calls))

@@ -19,14 +19,15 @@ type KernelSize struct {
 // prefill chunk, a long prefill and a 1 GiB block far past any cache (16 KiB
 // to 1 GiB of h). Tags appear in figure names, e.g. kernels.add.4m.numpy_ns.
 //
-// Working sets: every contender owns one h of its size and one v (16 KiB) and
-// adds into the same h every call, so a call touches len(h)*4 + 16 KiB bytes
-// (the figure's working_set_bytes). 16k and 256k stay in L2, 4m in L3 (when
-// the machine's other work leaves it alone); 64m and 1g stream from DRAM on
-// every call, and alternation evicts each contender's buffer between rounds.
-// At 1g the Go contenders share one h (calls never overlap, and each call
-// streams the whole of it anyway) to keep the run's footprint at 2 GiB plus
-// numpy's own 1 GiB.
+// Working sets: the Go and C contenders of a size share one h of that size and
+// one v (16 KiB) and add into that h every call, so a call touches len(h)*4 +
+// 16 KiB bytes (the figure's working_set_bytes). 16k and 256k stay in L2, 4m
+// in L3 (when the machine's other work leaves it alone); 64m and 1g stream
+// from DRAM on every call. Calls never overlap, so sharing changes no
+// contender's work; it puts every contender on the same pages (a buffer of its
+// own per contender made the DRAM-bound figures partly a comparison of page
+// placements) and keeps the 1 GiB run's footprint at 2 GiB plus numpy's own
+// 1 GiB. numpy, in its own process, has its own buffers.
 var KernelSizes = []KernelSize{{"16k", 1}, {"256k", 16}, {"4m", 256}, {"64m", 4096}, HugeKernelSize}
 
 // HugeKernelSize is the 1 GiB case: skipped in --quick (reported as such), and
@@ -78,17 +79,14 @@ func goLoopAdd(h []float32, d int, s float32, v []float32) {
 	}
 }
 
-// kernelBuffers hands each contender its h and v: fresh ones per call, except
-// at 1g where one pair is allocated on first use and shared (see KernelSizes).
+// kernelBuffers hands the contenders of one size their h and v: one pair,
+// allocated on first use and shared (see KernelSizes).
 type kernelBuffers struct {
 	k    KernelSize
 	h, v []float32
 }
 
 func (b *kernelBuffers) get() (h, v []float32) {
-	if b.k.Tag != HugeKernelSize.Tag {
-		return kernelData(b.k.T)
-	}
 	if b.h == nil {
 		b.h, b.v = kernelData(b.k.T)
 	}

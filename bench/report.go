@@ -16,8 +16,15 @@ type Figure struct {
 	Value    float64 `json:"value"`
 	Unit     string  `json:"unit"`
 	Baseline string  `json:"baseline,omitempty"`
-	Ratio    float64 `json:"ratio,omitempty"` // Value / baseline's Value
-	Skipped  string  `json:"-"`
+	// Ratio is ours over the baseline: the median of the per-round ratios when both were
+	// measured round by round in one alternation (the rounds pair up: each pair saw the
+	// machine's load of its moment), else Value / the baseline's Value.
+	Ratio float64 `json:"ratio,omitempty"`
+	// RatioPaired says Ratio is the median of per-round ratios, and RatioSpread is then their
+	// interquartile range over that median.
+	RatioPaired bool    `json:"ratio_paired,omitempty"`
+	RatioSpread float64 `json:"ratio_iqr,omitempty"`
+	Skipped     string  `json:"-"`
 
 	// How the value was obtained, for the table only: the rounds it is the
 	// median of, the batch size of each round, and the interquartile range
@@ -29,6 +36,9 @@ type Figure struct {
 	// Samples are the per-round values, in round order, for figures derived
 	// round by round from two contenders (a paired ratio).
 	Samples []float64 `json:"-"`
+	// Group numbers the alternation the figure was measured in (0: none, e.g. a memory
+	// figure); a ratio pairs rounds only within one group.
+	Group int `json:"-"`
 
 	// WorkingSet is the bytes one call of a kernel contender touches (h plus v; the contender
 	// owns them and reuses them every call), so a reader can tell a cache-resident figure from
@@ -165,13 +175,35 @@ func (r *Report) Finish() {
 	}
 	for i := range r.Figures {
 		f := &r.Figures[i]
-		f.Baseline, f.Ratio = "", 0
+		f.Baseline, f.Ratio, f.RatioPaired, f.RatioSpread = "", 0, false, 0
 		base, ok := byName[Baselines[f.Name]]
 		if f.Skipped != "" || !ok || base.Value == 0 {
 			continue
 		}
 		f.Baseline, f.Ratio = base.Name, f.Value/base.Value
+		if r, spread, ok := pairedRatio(*f, base); ok {
+			f.Ratio, f.RatioPaired, f.RatioSpread = r, true, spread
+		}
 	}
+}
+
+// pairedRatio is the median over rounds of f's value over base's in the same round, and the
+// interquartile range of those ratios over it, when both were measured round by round in one
+// alternation.
+func pairedRatio(f, base Figure) (ratio, spread float64, ok bool) {
+	n := len(f.Samples)
+	if f.Group == 0 || f.Group != base.Group || n == 0 || len(base.Samples) != n {
+		return 0, 0, false
+	}
+	rs := make([]float64, 0, n)
+	for r := range n {
+		if base.Samples[r] <= 0 {
+			return 0, 0, false
+		}
+		rs = append(rs, f.Samples[r]/base.Samples[r])
+	}
+	m := median(rs)
+	return m, (quantile(rs, 0.75) - quantile(rs, 0.25)) / m, true
 }
 
 // Measured returns the figures that have a value, i.e. what the JSON holds.
@@ -206,6 +238,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		ratio, base := "", f.Baseline
 		if f.Ratio != 0 {
 			ratio = fmt.Sprintf("%.3f", f.Ratio)
+		}
+		if f.RatioPaired {
+			ratio += fmt.Sprintf(" (paired, iqr %.0f%%)", 100*f.RatioSpread)
 		}
 		spread, rounds := "", ""
 		if f.Rounds > 0 {
