@@ -36,10 +36,10 @@ func shmsteerGo_batch_new(h C.uint64_t, opt *C.shmsteer_batch_options, out *C.ui
 	}
 	var o steer.BatchOptions
 	if opt != nil {
-		if opt.max_slots > steer.MaxBatchSlots || opt.max_clamps > 64 || opt.max_clamps < -1 {
-			return badArg(fmt.Sprintf("max_slots %d (at most %d) or max_clamps %d (-1..64)", opt.max_slots, steer.MaxBatchSlots, opt.max_clamps))
+		if opt.max_slots > steer.MaxBatchSlots || opt.max_clamps > 64 || opt.max_clamps < -1 || opt.max_gate_slots > steer.MaxGates*steer.MaxBatchSlots || opt.max_row_gates > steer.MaxGates || opt.max_row_gates < -1 {
+			return badArg(fmt.Sprintf("max_slots %d (at most %d), max_clamps %d (-1..64), max_gate_slots %d (at most %d) or max_row_gates %d (-1..%d)", opt.max_slots, steer.MaxBatchSlots, opt.max_clamps, opt.max_gate_slots, steer.MaxGates*steer.MaxBatchSlots, opt.max_row_gates, steer.MaxGates))
 		}
-		o = steer.BatchOptions{MaxSlots: int(opt.max_slots), MaxClamps: int(opt.max_clamps)}
+		o = steer.BatchOptions{MaxSlots: int(opt.max_slots), MaxClamps: int(opt.max_clamps), MaxGateSlots: int(opt.max_gate_slots), MaxRowGates: int(opt.max_row_gates)}
 	}
 	b, err := st.st.NewBatch(o)
 	if err != nil {
@@ -149,6 +149,21 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 	out.clamp_dirs = (*C.float)(b.pinned(unsafe.Pointer(unsafe.SliceData(r.ClampDirs)), len(r.ClampDirs)))
 	out.clamp_params = (*C.float)(b.pinned(unsafe.Pointer(unsafe.SliceData(r.ClampParams)), len(r.ClampParams)))
 	out.n_clamps = C.size_t(len(r.ClampParams) / 3)
+	g, og := &r.Gates, &out.gates
+	og.cols, og.slots = C.uint32_t(g.Cols), C.uint32_t(g.Slots)
+	og.rows = (*C.int32_t)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.Rows)), len(g.Rows)))
+	og.updates = (*C.int32_t)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.Updates)), len(g.Updates)))
+	og.n_updates = C.size_t(len(g.Updates))
+	og.probe = (*C.float)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.Probe)), len(g.Probe)))
+	og.params = (*C.float)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.Params)), len(g.Params)))
+	og.adds = (*C.int32_t)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.Adds)), len(g.Adds)))
+	og.n_adds = C.size_t(len(g.Adds))
+	og.add_stage = (*C.float)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.AddStage)), len(g.AddStage)))
+	og.sites = (*C.int32_t)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.Sites)), len(g.Sites)))
+	og.n_sites = C.size_t(len(g.Sites))
+	if r.AwaitsReport() {
+		og.report = 1
+	}
 	if flags&C.SHMSTEER_BATCH_END != 0 {
 		st.st.End()
 	}
@@ -162,4 +177,30 @@ func (b *batch) pinned(p unsafe.Pointer, n int) unsafe.Pointer {
 	}
 	b.pin.Pin(p)
 	return p
+}
+
+//export shmsteerGo_batch_report
+func shmsteerGo_batch_report(h C.uint64_t, scores *C.float, n C.size_t, sum *C.uint64_t) C.int {
+	b, ok := getAs[*batch](uint64(h))
+	if !ok {
+		return badHandle("not a live shmsteer_batch_t")
+	}
+	st, rc := stepperOf(C.uint64_t(b.sth))
+	if rc != C.SHMSTEER_OK {
+		return badHandle("the batch's stepper was freed")
+	}
+	if scores == nil && n > 0 || n > math.MaxInt32 {
+		return badArg("scores")
+	}
+	var sc []float32
+	if n > 0 {
+		sc = unsafe.Slice((*float32)(unsafe.Pointer(scores)), int(n))
+	}
+	if err := b.b.Report(sc); err != nil {
+		return fail(err)
+	}
+	if sum != nil {
+		*sum = C.uint64_t(st.st.GateChecksum())
+	}
+	return C.SHMSTEER_OK
 }

@@ -310,6 +310,11 @@ SHMSTEER_API int shmsteer_stepper_end(shmsteer_stepper_t *st, uint64_t *checksum
   return shmsteerGo_stepper_end(H(st), checksum);
 }
 
+SHMSTEER_API int shmsteer_stepper_stats(shmsteer_stepper_t *st, shmsteer_step_stats *out) {
+  ENTER();
+  return shmsteerGo_stepper_stats(H(st), out);
+}
+
 SHMSTEER_API int shmsteer_batch_new(shmsteer_stepper_t *st, const shmsteer_batch_options *opt,
                                     shmsteer_batch_t **out) {
   ENTER();
@@ -329,6 +334,11 @@ SHMSTEER_API int shmsteer_batch_resolve(shmsteer_batch_t *b, uint64_t version, c
                                         size_t n_spans, int64_t rows, uint32_t flags, shmsteer_batch_info *out) {
   ENTER();
   return shmsteerGo_batch_resolve(H(b), version, (shmsteer_span *)spans, n_spans, rows, flags, out);
+}
+
+SHMSTEER_API int shmsteer_batch_report(shmsteer_batch_t *b, const float *scores, size_t n, uint64_t *gate_checksum) {
+  ENTER();
+  return shmsteerGo_batch_report(H(b), (float *)scores, n, gate_checksum);
 }
 
 SHMSTEER_API int shmsteer_vector_import(shmsteer_t *h, const char *name, size_t name_len, const char *path,

@@ -499,6 +499,20 @@ int shmsteer_stepper_effective(shmsteer_stepper_t *st, const char *id, size_t id
  * actions applied, equal across ranks that applied the same steering to the same layouts. */
 int shmsteer_stepper_end(shmsteer_stepper_t *st, uint64_t *checksum);
 
+/* A stepper's counters (steer.StepStats) and its current or last step's gate decisions. */
+typedef struct {
+  uint64_t steps, applies, recomposes, missing_refs, unknown_requests;
+  uint64_t gate_evaluations;    /* probe reads: one per request per probe gate per step */
+  uint64_t gate_fires;          /* probe gates that fired (this_token: per row) */
+  uint64_t gate_reports_missed; /* device-path steps whose scores never came */
+  uint64_t gate_scopes[4][3];   /* per scope (this_token, next_step, rest_of_request,
+                                   rest_of_conversation): evaluations, fires, engaged */
+  uint64_t gate_checksum;       /* the gate decisions of the current or last step: the same for a
+                                   native step and a device-path step (after its report) */
+} shmsteer_step_stats;
+
+int shmsteer_stepper_stats(shmsteer_stepper_t *st, shmsteer_step_stats *out);
+
 /* ---- per-step batch (device workers) ---------------------------------------------------- */
 
 /* A batch resolves a whole step in one call (steer.Batch): every distinct (request, phase)
@@ -507,8 +521,10 @@ int shmsteer_stepper_end(shmsteer_stepper_t *st, uint64_t *checksum);
  * call reports the slot of every row, the sites anything steers, and exactly the table rows to
  * (re)write. A hooked site then does one gather-add, table[index], with no call here. */
 typedef struct {
-  uint32_t max_slots;  /* compositions a table holds besides row 0; 0 = 256 */
-  int32_t max_clamps;  /* clamp directions per (slot, site); 0 = 4, -1 = none */
+  uint32_t max_slots;      /* compositions a table holds besides row 0; 0 = 256 */
+  int32_t max_clamps;      /* clamp directions per (slot, site); 0 = 4, -1 = none */
+  uint32_t max_gate_slots; /* distinct probe gates a gate table holds besides row 0; 0 = 64 */
+  int32_t max_row_gates;   /* probe gates of one request in a step (gate columns); 0 = 4, -1 = none */
 } shmsteer_batch_options;
 
 /* opt may be NULL (defaults). The batch belongs to st's thread; free it before st. */
@@ -523,6 +539,33 @@ int shmsteer_batch_sites(shmsteer_batch_t *b, const int32_t *sites, size_t n);
 
 #define SHMSTEER_BATCH_END 1u   /* end the step after resolving (no CPU apply follows) */
 #define SHMSTEER_BATCH_RESET 2u /* shmsteer_batch_reset first (the worker's tables are new) */
+
+/* A resolve's declarative gates (steer/batch_gates.go). What a step's gates do to a request's
+ * rows as a whole (attenuation, engaged adds) is already in the tables above; what depends on
+ * this step's residual is a gate column per probe gate of a request: the worker keeps a gate
+ * table [slots, hidden] of probe rows, per gate slot (threshold, sharpness, probe site,
+ * per_row), and per hooked site a table [slots, hidden] of add rows, all zeros at first and
+ * written only from updates and adds. Per step: gate[t][k] = score[t][k] = 0; at each hooked
+ * site S in forward order, before the site's gather-add, for each column k whose slot j =
+ * rows[t * cols + k] probes at S: score[t][k] = h[t] . probe[j], and when j is per_row gate[t][k]
+ * = sigmoid(sharpness[j] * (score[t][k] - threshold[j])); after the gather-add, h[t] += gate[t][k]
+ * * add_S[j] for each k; then the clamps. After the forward, when report is 1, hand score back
+ * with shmsteer_batch_report. */
+typedef struct {
+  uint32_t cols;              /* gate columns per row (0: no probe gate in the step) */
+  uint32_t slots;             /* highest gate slot of the step + 1: rows a gate table needs */
+  const int32_t *rows;        /* rows x cols: the gate slot of each row's column (0: none) */
+  const int32_t *updates;     /* n_updates x 4 int32: slot, probe_site, per_row, 0 */
+  size_t n_updates;
+  const float *probe;         /* n_updates x hidden: the slot's probe vector (times its scale) */
+  const float *params;        /* n_updates x 2: threshold, sharpness */
+  const int32_t *adds;        /* n_adds x 2 int32: site, slot (write add_stage's row there) */
+  size_t n_adds;
+  const float *add_stage;     /* n_adds x hidden */
+  const int32_t *sites;       /* n_sites sites where this step's gate slots probe or add */
+  size_t n_sites;
+  uint32_t report;            /* 1: the step has gated decode rows, call shmsteer_batch_report */
+} shmsteer_batch_gates;
 
 /* What a resolve produced. Every pointer is valid until the next resolve, reset or free of the
  * batch, and NULL when its count is 0. */
@@ -542,6 +585,7 @@ typedef struct {
                                   records [clamp_start, clamp_start + clamps), applied in order */
   const float *clamp_params;   /* n_clamps x 3: lo, hi, strength */
   size_t n_clamps;
+  shmsteer_batch_gates gates;  /* the step's declarative gates */
 } shmsteer_batch_info;
 
 /* Begin a step at version (0 = current), as shmsteer_stepper_begin, and resolve spans over a
@@ -550,6 +594,15 @@ typedef struct {
  * (BAD_BATCH, BATCH_CAPACITY, ...) the step is ended and the batch's slots are unchanged. */
 int shmsteer_batch_resolve(shmsteer_batch_t *b, uint64_t version, const shmsteer_span *spans, size_t n_spans,
                            int64_t rows, uint32_t flags, shmsteer_batch_info *out);
+
+/* Hand the step's probe scores back (out->gates.report was 1): scores is rows x cols float32
+ * (NULL when cols is 0). The host-evaluated scopes (next_step, rest_of_request,
+ * rest_of_conversation) decide on the mean of a request's rows and advance to the next step, the
+ * decisions are counted (the stepper's stats) and summed into *gate_checksum (may be NULL), the
+ * same sum a native step of the same decisions gives. Once per such resolve, before the next one
+ * (a step never reported counts as gate_reports_missed, its probes as not fired). NO_STEP when no
+ * step awaits its scores, SHAPE for a wrong n; nothing changes then. */
+int shmsteer_batch_report(shmsteer_batch_t *b, const float *scores, size_t n, uint64_t *gate_checksum);
 
 #ifdef __cplusplus
 }

@@ -83,6 +83,26 @@ func shmsteerGo_stepper_end(h C.uint64_t, checksum *C.uint64_t) C.int {
 	return C.SHMSTEER_OK
 }
 
+//export shmsteerGo_stepper_stats
+func shmsteerGo_stepper_stats(h C.uint64_t, out *C.shmsteer_step_stats) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if out == nil {
+		return badArg("out must not be NULL")
+	}
+	s := st.st.Stats()
+	*out = C.shmsteer_step_stats{steps: C.uint64_t(s.Steps), applies: C.uint64_t(s.Applies), recomposes: C.uint64_t(s.Recomposes),
+		missing_refs: C.uint64_t(s.MissingRefs), unknown_requests: C.uint64_t(s.UnknownRequests),
+		gate_evaluations: C.uint64_t(s.GateEvaluations), gate_fires: C.uint64_t(s.GateFires),
+		gate_reports_missed: C.uint64_t(s.GateReportsMissed), gate_checksum: C.uint64_t(st.st.GateChecksum())}
+	for i, g := range s.GateScopes {
+		out.gate_scopes[i] = [3]C.uint64_t{C.uint64_t(g.Evaluations), C.uint64_t(g.Fires), C.uint64_t(g.Engaged)}
+	}
+	return C.SHMSTEER_OK
+}
+
 // intern returns a Go copy of id that the stepper may keep, allocating only for an id it has
 // not seen (the map lookup with string(b) does not allocate).
 func (st *stepper) intern(b []byte) string {

@@ -127,8 +127,8 @@
 // vector the global steering references drops those references (recomposing the global
 // steering in the same write) and the reply lists the sets affected, "dropped_references":
 // ["global"], so no later merging /set fails on the missing name; declarative gates
-// ("steering" in an OpenAI body) are passed on to the admission; a worker on the device path
-// (steer.Batch) refuses a gated request's decode rows rather than run them ungated.
+// ("steering" in an OpenAI body) are passed on to the admission, and workers gate on every
+// path (the Stepper and the device path's steer.Batch).
 //
 // Vector files (package steer/vecfile): POST /v1/steering/vectors/import?name=N[&scale=S]
 // [&layers=A-B][&hook=H][&format=gguf|npy|npz|safetensors][&filename=F][&model_hint=ARCH] takes the file as the

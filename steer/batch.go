@@ -48,6 +48,11 @@ type BatchOptions struct {
 	// default, 4 (the reference fork's max_clamp_directions), and a negative value none (tables
 	// without clamp rows: a clamp in the batch is ErrBatchCapacity).
 	MaxClamps int
+	// MaxGateSlots is the number of distinct probe gates a gate table holds besides row 0
+	// (default 64, at most MaxGates×MaxBatchSlots); MaxRowGates the probe gates one request of a
+	// step may carry, the gate columns per row (0 means the default, 4, a negative value none;
+	// at most MaxGates). See batch_gates.go.
+	MaxGateSlots, MaxRowGates int
 }
 
 // MaxBatchSlots bounds BatchOptions.MaxSlots.
@@ -75,6 +80,7 @@ type BatchStats struct {
 type slotKey struct {
 	set   Digest
 	phase Phase
+	gate  uint64 // what the request's gates do to its rows as a whole (gateSig; 0: nothing)
 }
 
 type slotState struct {
@@ -116,6 +122,8 @@ type Batch struct {
 	NumSlots    int       // highest slot of this step + 1: rows a table needs
 	Checksum    uint64
 	Version     uint64 // region version resolved
+	Gates       BatchGates
+	gate        batchGates
 
 	// scratch
 	local    map[slotKey]int32
@@ -151,8 +159,17 @@ func (s *Stepper) NewBatch(opt BatchOptions) (*Batch, error) {
 	case opt.MaxClamps < 0:
 		opt.MaxClamps = 0
 	}
-	if opt.MaxSlots < 1 || opt.MaxSlots > MaxBatchSlots || opt.MaxClamps > 64 {
-		return nil, fmt.Errorf("%w: batch MaxSlots %d (1..%d) or MaxClamps %d (at most 64)", ErrBadConfig, opt.MaxSlots, MaxBatchSlots, opt.MaxClamps)
+	if opt.MaxGateSlots == 0 {
+		opt.MaxGateSlots = 64
+	}
+	switch {
+	case opt.MaxRowGates == 0:
+		opt.MaxRowGates = 4
+	case opt.MaxRowGates < 0:
+		opt.MaxRowGates = 0
+	}
+	if opt.MaxSlots < 1 || opt.MaxSlots > MaxBatchSlots || opt.MaxClamps > 64 || opt.MaxGateSlots < 1 || opt.MaxGateSlots > MaxGates*MaxBatchSlots || opt.MaxRowGates > MaxGates {
+		return nil, fmt.Errorf("%w: batch MaxSlots %d (1..%d), MaxClamps %d (at most 64), MaxGateSlots %d (1..%d) or MaxRowGates %d (at most %d)", ErrBadConfig, opt.MaxSlots, MaxBatchSlots, opt.MaxClamps, opt.MaxGateSlots, MaxGates*MaxBatchSlots, opt.MaxRowGates, MaxGates)
 	}
 	b := &Batch{s: s, opt: opt, nsites: s.e.cfg.NumHooks() * s.layers, byKey: map[slotKey]int32{},
 		local: map[slotKey]int32{}, taken: map[int32]bool{}}
@@ -162,6 +179,7 @@ func (s *Stepper) NewBatch(opt BatchOptions) (*Batch, error) {
 	}
 	b.mark = make([]uint64, b.nsites)
 	b.clampAt = make([]int32, b.nsites)
+	b.gate.init(opt.MaxGateSlots, b.nsites)
 	return b, nil
 }
 
@@ -202,6 +220,7 @@ func (b *Batch) SetSites(sites []int32) error {
 		}
 	}
 	b.mask = mask
+	b.gate.setSites(mask)
 	return nil
 }
 
@@ -212,6 +231,7 @@ func (b *Batch) Reset() {
 		b.slots[i] = slotState{}
 	}
 	clear(b.byKey)
+	b.gate.reset()
 	b.free = b.free[:0]
 	for i := b.opt.MaxSlots; i >= 1; i-- {
 		b.free = append(b.free, int32(i))
@@ -227,6 +247,10 @@ func (b *Batch) Resolve(version uint64, batch []Span, rows int) error {
 	if rows < 0 {
 		return fmt.Errorf("%w: %d rows", ErrShape, rows)
 	}
+	if b.gate.awaiting { // the last step's scores never came: its probes did not fire
+		s.stats.GateReportsMissed++
+		b.finishGates()
+	}
 	if err := s.Begin(version); err != nil {
 		return err
 	}
@@ -238,7 +262,12 @@ func (b *Batch) Resolve(version uint64, batch []Span, rows int) error {
 		s.End()
 		return err
 	}
+	if err := b.planGates(batch); err != nil {
+		s.End()
+		return err
+	}
 	b.commit(batch, rows)
+	b.commitGates(rows)
 	return nil
 }
 
@@ -259,8 +288,9 @@ func (b *Batch) plan1(batch []Span) error {
 	clear(local)
 	for i := range batch {
 		sp, st := &batch[i], s.cur[i]
+		var gsig uint64 // gated decode rows: what their gates do to them as a whole
 		if st.gates != nil && sp.Phase == PhaseDecode && sp.Start < sp.End {
-			return fmt.Errorf("%w: request %q has declarative gates, which the device path (Batch) does not apply yet: step it with a Stepper's Apply", ErrGateUnsupported, sp.ID)
+			gsig = gateSig(st.gates)
 		}
 		var k slotKey
 		switch {
@@ -268,9 +298,9 @@ func (b *Batch) plan1(batch []Span) error {
 			b.spanSlot = append(b.spanSlot, -1)
 			continue
 		case st.view.sites != 0:
-			k = slotKey{st.view.digest, sp.Phase}
-		case s.global.sites != 0:
-			k = slotKey{Digest{}, sp.Phase}
+			k = slotKey{st.view.digest, sp.Phase, gsig}
+		case s.global.sites != 0 || gsig != 0:
+			k = slotKey{Digest{}, sp.Phase, gsig}
 		default:
 			b.spanSlot = append(b.spanSlot, -1)
 			continue
@@ -335,9 +365,13 @@ func (b *Batch) diff(j int, k slotKey) error {
 	sl := &b.slots[p.slot]
 	var rv *composedView
 	var repID string
+	var gs *gateState // the gates' part of the rows (k.gate != 0)
 	if k.set != (Digest{}) {
 		st := s.cur[b.rep[j]]
 		rv, repID = &st.view, st.id
+	}
+	if k.gate != 0 {
+		gs = s.cur[b.rep[j]].gates
 	}
 	gver, rver := s.global.version, uint64(0)
 	if rv != nil {
@@ -365,6 +399,9 @@ func (b *Batch) diff(j int, k slotKey) error {
 		if rv != nil {
 			rvec, rcl, ra = rv.at(ix)
 		}
+		if gs != nil {
+			ra = gateSiteHash(gs, site, ra)
+		}
 		p.g[site], p.r[site] = ga, ra
 		n := (len(gcl) + len(rcl)) / clampRec
 		if ga != 0 || ra != 0 {
@@ -388,6 +425,8 @@ func (b *Batch) diff(j int, k slotKey) error {
 		b.Stage = append(b.Stage, make([]float32, d)...)
 		row := b.Stage[o : o+d]
 		switch {
+		case gs != nil:
+			gateRow(row, gs, site, rvec, gv)
 		case gv != nil && rvec != nil:
 			for i := range row {
 				row[i] = rvec[i] + gv[i]

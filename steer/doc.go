@@ -89,8 +89,12 @@
 // rest_of_conversation gates onto its later requests (gates_conv.go). The Stepper applies them
 // to decode rows (gates_step.go): probes read per row at their site, this_token adds gated per
 // row, the other scopes advanced at End, attenuation as a per-request factor; every rank
-// scores the probes itself, so ranks agree. A Batch refuses a gated request's decode rows
-// (ErrGateUnsupported): the device path does not apply gates yet.
+// scores the probes itself, so ranks agree. A Batch gates the device path too
+// (batch_gates.go): what is known when the step begins (attenuation, engaged adds) goes into
+// the slot tables, each probe gate is a per-row gate column naming a gate slot (probe row,
+// threshold, sharpness, this_token add rows) the worker evaluates at the probe's site, and the
+// worker hands the scores back with Report, where the host-evaluated scopes decide and advance
+// as at a Stepper's End; both paths give the same decisions (Stepper.GateChecksum).
 //
 // # Boundaries
 //

@@ -34,10 +34,11 @@ import (
 
 // gateState is a request's gates as one Stepper reads and advances them.
 type gateState struct {
-	ver   uint64
-	conv  uint64 // the request's conversation hash (0: none)
-	gates []AdmittedGate
-	g     []gateRun
+	ver    uint64
+	conv   uint64 // the request's conversation hash (0: none)
+	idHash uint64 // the request id's hash (the gate decisions' checksum)
+	gates  []AdmittedGate
+	g      []gateRun
 	// decodeStep is the Stepper step in which the request last had decode rows.
 	decodeStep uint64
 }
@@ -76,7 +77,7 @@ func (s *Stepper) readGates(st *reqState) error {
 	if err != nil {
 		return fmt.Errorf("request %q: %w", st.id, err)
 	}
-	gs := &gateState{ver: ver, conv: gateConvOf(b), gates: gates, g: make([]gateRun, len(gates))}
+	gs := &gateState{ver: ver, conv: gateConvOf(b), idHash: st.idHash, gates: gates, g: make([]gateRun, len(gates))}
 	cfg := s.e.cfg
 	site := func(hook string, layer int) int {
 		id, _ := cfg.Hook(hook) // the owner checked it
@@ -132,7 +133,7 @@ func (s *Stepper) gatesBefore(gs *gateState, site int, blk []float32) float32 {
 			continue
 		}
 		r.evalStep = s.step
-		s.stats.GateEvaluations++
+		s.countEval(g.Scope)
 		scale := float64(g.Probe.Scale)
 		if g.Scope == ScopeThisToken {
 			if cap(r.rowG) < rows {
@@ -142,9 +143,7 @@ func (s *Stepper) gatesBefore(gs *gateState, site int, blk []float32) float32 {
 			for t := range rows {
 				v := sigmoid(float64(g.Sharpness) * (scale*dot(blk[t*d:(t+1)*d], g.Probe.Data) - float64(g.Threshold)))
 				r.rowG[t] = float32(v)
-				if v > 0.5 {
-					s.stats.GateFires++
-				}
+				s.rowDecision(gs, i, t, v > 0.5)
 				s.sum = mix64(s.sum, uint64(math.Float32bits(r.rowG[t])))
 			}
 			continue
@@ -153,11 +152,15 @@ func (s *Stepper) gatesBefore(gs *gateState, site int, blk []float32) float32 {
 		for t := range rows {
 			sum += scale * dot(blk[t*d:(t+1)*d], g.Probe.Data)
 		}
-		if rows > 0 && sigmoid(float64(g.Sharpness)*(sum/float64(rows)-float64(g.Threshold))) > 0.5 {
-			r.fired = true
-			s.stats.GateFires++
-		}
+		s.hostDecision(gs, i, rows > 0 && sigmoid(float64(g.Sharpness)*(sum/float64(rows)-float64(g.Threshold))) > 0.5)
 	}
+	return gs.factor()
+}
+
+// factor is the request's attenuation in this step: the last engaged attenuate gate's
+// max(0, strength), else 1. Every engaged gate is known when the step begins (attenuate with
+// a this_token probe is refused), so the device path folds it into the request's table rows.
+func (gs *gateState) factor() float32 {
 	f := float32(1)
 	for i := range gs.g {
 		g := &gs.gates[i]
@@ -166,6 +169,31 @@ func (s *Stepper) gatesBefore(gs *gateState, site int, blk []float32) float32 {
 		}
 	}
 	return f
+}
+
+func (s *Stepper) countEval(scope GateScope) {
+	s.stats.GateEvaluations++
+	s.stats.GateScopes[scope].Evaluations++
+}
+
+// rowDecision records a this_token probe's decision for row t of the request's span.
+func (s *Stepper) rowDecision(gs *gateState, i, t int, fired bool) {
+	d := uint64(1)
+	if fired {
+		s.stats.GateFires++
+		s.stats.GateScopes[ScopeThisToken].Fires++
+		d = 2
+	}
+	s.gsum += mix64(mix64(gs.idHash, uint64(i)<<32|uint64(t)), d)
+}
+
+// hostDecision records a host-evaluated probe gate's decision for the step.
+func (s *Stepper) hostDecision(gs *gateState, i int, fired bool) {
+	if fired {
+		gs.g[i].fired = true
+		s.stats.GateFires++
+		s.stats.GateScopes[gs.gates[i].Scope].Fires++
+	}
 }
 
 // engaged reports whether a gate other than a this_token probe gate applies in this step.
@@ -215,26 +243,51 @@ func (s *Stepper) gatesAdd(gs *gateState, site int, blk []float32, f float32) {
 // next (End).
 func (s *Stepper) advanceGates() {
 	for _, gs := range s.gated {
-		for i := range gs.g {
-			r := &gs.g[i]
-			switch gs.gates[i].Scope {
-			case ScopeNextStep:
-				r.pulse = r.fired
-			case ScopeRestOfRequest, ScopeRestOfConversation:
-				if r.fired && !r.sticky && r.convKey != 0 {
-					s.engageConv(r.convKey)
-				}
-				r.sticky = r.sticky || r.fired
-			}
-			if r.fired {
-				s.sum = mix64(s.sum, uint64(i)+1)
-			}
-			r.fired = false
-		}
+		s.advance(gs)
 	}
 	clear(s.gated)
 	s.gated = s.gated[:0]
 }
+
+// advance moves one request's host-evaluated scopes on to its next decode step.
+func (s *Stepper) advance(gs *gateState) {
+	for i := range gs.g {
+		r := &gs.g[i]
+		sc := gs.gates[i].Scope
+		switch sc {
+		case ScopeNextStep:
+			r.pulse = r.fired
+			if r.pulse {
+				s.stats.GateScopes[sc].Engaged++
+			}
+		case ScopeRestOfRequest, ScopeRestOfConversation:
+			if r.fired && !r.sticky {
+				s.stats.GateScopes[sc].Engaged++
+				if r.convKey != 0 {
+					s.engageConv(r.convKey)
+				}
+			}
+			r.sticky = r.sticky || r.fired
+		}
+		if r.fired {
+			s.sum = mix64(s.sum, uint64(i)+1)
+		}
+		if sc != ScopeThisToken {
+			d := uint64(1)
+			if r.fired {
+				d = 2
+			}
+			s.gsum += mix64(mix64(gs.idHash, uint64(i)<<32|0xFFFFFFFF), d)
+		}
+		r.fired = false
+	}
+}
+
+// GateChecksum is the checksum of the gate decisions of the current (or last) step: per
+// request, which rows' this_token probes fired and which host-evaluated gates fired. It is a
+// sum, so the order the sites ran in does not count, and it is the same for a native step
+// (after End) and a device-path step (after Batch.Report) that made the same decisions.
+func (s *Stepper) GateChecksum() uint64 { return s.gsum }
 
 // maxConvEngaged bounds a Stepper's conversation memory (oldest first out, the same on every
 // rank that saw the same steps).

@@ -22,7 +22,16 @@ type gateStep struct {
 
 type added [2]float32 // dims 1 (the gate's add) and 2 (the request's steering)
 
-func TestGateTables(t *testing.T) {
+// gateCase is one row of the gate tables: a request's gates, its steps, and per step, per
+// layer and per row what was added to dimensions 1 and 2.
+type gateCase struct {
+	name  string
+	gates []Gate
+	steps []gateStep
+	want  [][3][]added
+}
+
+func gateCases() []gateCase {
 	probe := When{Kind: WhenProbe, Probe: GateSource{Name: "p"}, Threshold: 0.5, Sharpness: 100}
 	always := When{Kind: WhenAlways}
 	add := GateApply{Kind: ApplyAdd, Steer: GateSource{Name: "s"}, Strength: 2}
@@ -32,12 +41,7 @@ func TestGateTables(t *testing.T) {
 	same := func(rows ...added) [3][]added { return [3][]added{rows, rows, rows} }
 	none := same(added{0, 1}, added{0, 1})
 	steered := same(added{2, 1}, added{2, 1})
-	cases := []struct {
-		name  string
-		gates []Gate
-		steps []gateStep
-		want  [][3][]added // per step, per layer, per row
-	}{
+	return []gateCase{
 		{"this_token probe: per row, from the probe's layer", []Gate{{When: probe, Scope: ScopeThisToken, Apply: add}},
 			[]gateStep{{h0: mixed}, {h0: quiet}, {h0: fire}},
 			[][3][]added{
@@ -75,6 +79,10 @@ func TestGateTables(t *testing.T) {
 		{"a negative attenuation is zero", []Gate{{When: always, Scope: ScopeThisToken, Apply: atten(-3)}},
 			[]gateStep{{h0: quiet}}, [][3][]added{same(added{0, 0}, added{0, 0})}},
 	}
+}
+
+func TestGateTables(t *testing.T) {
+	cases := gateCases()
 	for ci, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			e := gateTableEngine(t)
@@ -309,24 +317,4 @@ func TestGatesRestOfConversation(t *testing.T) {
 	admit("r3", conv, nil)
 	require.Nil(t, gatesAt(t, e, "r3"), "dropped: the probe's digest changed")
 	require.Equal(t, added{0, 1}, at("r3", 0.9))
-}
-
-// The device path does not apply gates yet: a gated request's decode rows are refused rather
-// than steered without their gates; its prefill rows (never gated) resolve.
-func TestBatchRefusesGates(t *testing.T) {
-	e := gateTableEngine(t)
-	_, err := e.Admit(Admission{RequestID: "g", Override: gateTableSteering(), Gates: []Gate{{Scope: ScopeRestOfRequest,
-		Apply: GateApply{Kind: ApplyAdd, Steer: GateSource{Name: "s"}, Strength: 1}}}})
-	require.NoError(t, err)
-	_, err = e.Admit(Admission{RequestID: "plain", Override: gateTableSteering()})
-	require.NoError(t, err)
-	st := e.NewStepper()
-	defer st.Close()
-	b, err := st.NewBatch(BatchOptions{})
-	require.NoError(t, err)
-	require.NoError(t, b.Resolve(0, []Span{{ID: "plain", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "g", Start: 1, End: 2, Phase: PhasePrefill}}, 2))
-	st.End()
-	err = b.Resolve(0, []Span{{ID: "plain", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "g", Start: 1, End: 2, Phase: PhaseDecode}}, 2)
-	require.ErrorIs(t, err, ErrGateUnsupported)
-	require.Contains(t, err.Error(), `"g"`)
 }

@@ -36,6 +36,17 @@ type StepStats struct {
 	// GateEvaluations counts probe reads (one per request per probe gate per step) and
 	// GateFires the probe gates that fired (this_token: per row); see gates_step.go.
 	GateEvaluations, GateFires uint64
+	// GateScopes splits them per scope (indexed by GateScope) and counts engagements: a
+	// next_step pulse set, a rest_of_ gate becoming engaged (this_token gates have none).
+	GateScopes [4]GateStats
+	// GateReportsMissed counts device-path steps whose probe scores were never reported
+	// (Batch.Report): their probe gates were taken as not fired.
+	GateReportsMissed uint64
+}
+
+// GateStats counts one scope's gates.
+type GateStats struct {
+	Evaluations, Fires, Engaged uint64
 }
 
 // Stepper applies steering to hidden states, one step at a time: Begin pins a snapshot, Apply
@@ -52,6 +63,7 @@ type Stepper struct {
 	open  bool
 	step  uint64
 	sum   uint64
+	gsum  uint64 // gate decisions (GateChecksum)
 	stats StepStats
 
 	global composedView
@@ -71,6 +83,8 @@ type Stepper struct {
 	// convEngaged remembers the rest_of_conversation gates that engaged, per conversation.
 	convEngaged map[uint64]bool
 	convOrder   []uint64
+	// dev is the Batch whose device-path step awaits its gate scores (batch_gates.go).
+	dev *Batch
 }
 
 type reqState struct {
@@ -106,7 +120,7 @@ func (s *Stepper) Begin(version uint64) error {
 	s.open = true
 	s.step++
 	s.stats.Steps++
-	s.sum = 0
+	s.sum, s.gsum = 0, 0
 	s.last = s.last[:0]
 	if s.step%64 == 0 {
 		s.evictIdle()
@@ -163,6 +177,9 @@ func (s *Stepper) Close() {
 func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error {
 	if !s.open {
 		return ErrNoStep
+	}
+	if s.dev != nil && s.dev.gate.awaiting {
+		s.dev.cancelGates() // a native Apply in a device-path step: the Stepper gates it
 	}
 	d := s.d
 	if int(hook) >= s.e.cfg.NumHooks() {

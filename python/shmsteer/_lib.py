@@ -36,6 +36,14 @@ class VectorInfo(Structure):
     _fields_ = [("version", c_uint64), ("digest", c_uint8 * 32), ("n_entries", c_size_t)]
 
 
+class StepStats(Structure):
+    """shmsteer_step_stats."""
+
+    _fields_ = [("steps", c_uint64), ("applies", c_uint64), ("recomposes", c_uint64), ("missing_refs", c_uint64),
+                ("unknown_requests", c_uint64), ("gate_evaluations", c_uint64), ("gate_fires", c_uint64),
+                ("gate_reports_missed", c_uint64), ("gate_scopes", (c_uint64 * 3) * 4), ("gate_checksum", c_uint64)]
+
+
 class Span(Structure):
     _fields_ = [("id", c_char_p), ("id_len", c_size_t), ("start", c_int64), ("end", c_int64),
                 ("phase", c_int32)]
@@ -105,6 +113,7 @@ def _load() -> ctypes.CDLL:
         "shmsteer_stepper_apply": (c_int, [h, c_uint32, c_int32, c_void_p, c_size_t, P(Span), c_size_t]),
         "shmsteer_stepper_effective": (c_int, [h, c_char_p, c_size_t, c_uint32, c_int32, c_int32, P(EffectiveC)]),
         "shmsteer_stepper_end": (c_int, [h, P(c_uint64)]),
+        "shmsteer_stepper_stats": (c_int, [h, P(StepStats)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -858,6 +858,22 @@ class Stepper:
             self._busy.release()
         return v.value
 
+    def stats(self) -> Dict[str, Any]:
+        """The stepper's counters (steer.StepStats): steps, applies, recomposes, missing_refs,
+        unknown_requests, gate_evaluations, gate_fires, gate_reports_missed, ``gate_scopes``
+        ({scope: {evaluations, fires, engaged}}) and ``gate_checksum``, the gate decisions of the
+        current or last step (the same for a native step and a device-path step)."""
+        out = _lib.StepStats()
+        h = self._enter("stats()")
+        try:
+            check(lib.shmsteer_stepper_stats(h, byref(out)))
+        finally:
+            self._busy.release()
+        d: Dict[str, Any] = {f: getattr(out, f) for f, _ in out._fields_ if f != "gate_scopes"}
+        d["gate_scopes"] = {scope: dict(zip(("evaluations", "fires", "engaged"), out.gate_scopes[i]))
+                            for i, scope in enumerate(("this_token", "next_step", "rest_of_request", "rest_of_conversation"))}
+        return d
+
     def end(self) -> int:
         """End the step; returns its determinism checksum."""
         s = c_uint64()

@@ -43,7 +43,16 @@ class UnsupportedDtypeError(ShmsteerError, TypeError):
 
 
 class BatchOptionsC(Structure):
-    _fields_ = [("max_slots", c_uint32), ("max_clamps", c_int32)]
+    _fields_ = [("max_slots", c_uint32), ("max_clamps", c_int32), ("max_gate_slots", c_uint32),
+                ("max_row_gates", c_int32)]
+
+
+class BatchGatesC(Structure):
+    _fields_ = [("cols", c_uint32), ("slots", c_uint32), ("rows", POINTER(c_int32)),
+                ("updates", POINTER(c_int32)), ("n_updates", c_size_t),
+                ("probe", POINTER(c_float)), ("params", POINTER(c_float)),
+                ("adds", POINTER(c_int32)), ("n_adds", c_size_t), ("add_stage", POINTER(c_float)),
+                ("sites", POINTER(c_int32)), ("n_sites", c_size_t), ("report", c_uint32)]
 
 
 class BatchInfoC(Structure):
@@ -52,7 +61,7 @@ class BatchInfoC(Structure):
                 ("sites", POINTER(c_int32)), ("site_clamps", POINTER(c_int32)), ("n_sites", c_size_t),
                 ("updates", POINTER(c_int32)), ("n_updates", c_size_t),
                 ("stage", POINTER(c_float)), ("clamp_dirs", POINTER(c_float)), ("clamp_params", POINTER(c_float)),
-                ("n_clamps", c_size_t)]
+                ("n_clamps", c_size_t), ("gates", BatchGatesC)]
 
 
 _h = c_void_p
@@ -63,6 +72,7 @@ for _name, (_res, _args) in {
     "shmsteer_batch_sites": (ctypes.c_int, [_h, POINTER(c_int32), c_size_t]),
     "shmsteer_batch_resolve": (ctypes.c_int, [_h, c_uint64, POINTER(_lib.Span), c_size_t, c_int64, c_uint32,
                                               POINTER(BatchInfoC)]),
+    "shmsteer_batch_report": (ctypes.c_int, [_h, POINTER(c_float), c_size_t, POINTER(c_uint64)]),
 }.items():
     _fn = getattr(lib, _name)
     _fn.restype, _fn.argtypes = _res, _args
@@ -131,6 +141,37 @@ def _np_view(ptr: Any, n: int, dtype: Any, shape: Tuple[int, ...]) -> np.ndarray
 _EMPTY = np.zeros((0, 0), np.float32)
 
 
+class ResolvedGates:
+    """A resolve's declarative gates (``shmsteer_batch_gates``; numpy views valid until the next
+    resolve). What the gates do to a request's rows as a whole is already in the slot tables;
+    these are the per-row gate columns (see :class:`GateTables`).
+
+    Attributes:
+        cols: gate columns per row (0: no probe gate in the step).
+        slots: rows a gate table needs (highest gate slot + 1).
+        rows: int32 [rows, cols], the gate slot of each row's column (0: none).
+        updates: int32 [n, 4]: slot, probe site, per_row, 0; probe: float32 [n, hidden] (the
+            probe times its scale); params: float32 [n, 2] (threshold, sharpness).
+        adds: int32 [m, 2]: site, slot; add_stage: float32 [m, hidden].
+        sites: int32, the sites where the step's gate slots probe or add.
+        report: whether the step awaits :meth:`StepBatch.report`.
+    """
+
+    __slots__ = ("cols", "slots", "rows", "updates", "probe", "params", "adds", "add_stage", "sites", "report")
+
+    def __init__(self, g: BatchGatesC, rows: int, hidden: int) -> None:
+        self.cols = int(g.cols)
+        self.slots = int(g.slots)
+        self.report = bool(g.report)
+        self.rows = _np_view(g.rows, rows * self.cols, np.int32, (rows, self.cols))
+        self.updates = _np_view(g.updates, g.n_updates * 4, np.int32, (g.n_updates, 4))
+        self.probe = _np_view(g.probe, g.n_updates * hidden, np.float32, (g.n_updates, hidden))
+        self.params = _np_view(g.params, g.n_updates * 2, np.float32, (g.n_updates, 2))
+        self.adds = _np_view(g.adds, g.n_adds * 2, np.int32, (g.n_adds, 2))
+        self.add_stage = _np_view(g.add_stage, g.n_adds * hidden, np.float32, (g.n_adds, hidden))
+        self.sites = _np_view(g.sites, g.n_sites, np.int32, (g.n_sites,))
+
+
 class Resolved:
     """What one :meth:`StepBatch.resolve` produced (numpy views of the engine's buffers, valid until
     the next resolve of the same batch).
@@ -145,10 +186,11 @@ class Resolved:
         updates: int32 [n, 4]: site, slot, clamps, clamp_start of each row to write.
         stage: float32 [n, hidden]: the composed row of each update.
         clamp_dirs: float32 [m, hidden]; clamp_params: float32 [m, 3] (lo, hi, strength).
+        gates: the step's gate columns (:class:`ResolvedGates`).
     """
 
     __slots__ = ("version", "checksum", "index", "slots", "sites", "site_clamps", "updates", "stage",
-                 "clamp_dirs", "clamp_params")
+                 "clamp_dirs", "clamp_params", "gates")
 
     def __init__(self, info: BatchInfoC, hidden: int) -> None:
         self.version = info.version
@@ -157,6 +199,7 @@ class Resolved:
         self.slots = int(info.slots)
         self.sites = _np_view(info.sites, info.n_sites, np.int32, (info.n_sites,))
         self.site_clamps = _np_view(info.site_clamps, info.n_sites, np.int32, (info.n_sites,))
+        self.gates = ResolvedGates(info.gates, info.rows, hidden)
         self.updates = _np_view(info.updates, info.n_updates * 4, np.int32, (info.n_updates, 4))
         if info.n_updates == 0:  # a steady batch: nothing staged
             self.stage = self.clamp_dirs = self.clamp_params = _EMPTY
@@ -176,18 +219,26 @@ class StepBatch:
         max_clamps: clamp directions per (slot, site); 0: none (a clamp is BatchCapacityError).
     """
 
-    def __init__(self, stepper: Any, hidden: int, max_slots: int = 256, max_clamps: int = 4) -> None:
+    def __init__(self, stepper: Any, hidden: int, max_slots: int = 256, max_clamps: int = 4,
+                 max_gate_slots: int = 64, max_row_gates: int = 4) -> None:
         if not 1 <= max_slots <= 1 << 16 or not 0 <= max_clamps <= 64:
             raise ValueError(f"shmsteer: max_slots {max_slots} (1..65536) or max_clamps {max_clamps} (0..64)")
+        if not 1 <= max_gate_slots <= 64 << 16 or not 0 <= max_row_gates <= 64:
+            raise ValueError(f"shmsteer: max_gate_slots {max_gate_slots} (1..4194304) or max_row_gates {max_row_gates} (0..64)")
         out = c_void_p()
-        opt = BatchOptionsC(max_slots, max_clamps if max_clamps > 0 else -1)
+        opt = BatchOptionsC(max_slots, max_clamps if max_clamps > 0 else -1, max_gate_slots,
+                            max_row_gates if max_row_gates > 0 else -1)
         check(lib.shmsteer_batch_new(stepper.handle, byref(opt), byref(out)))
         self._h: Optional[int] = out.value
         self._stepper = stepper
         self.hidden = hidden
         self.max_slots, self.max_clamps = max_slots, max_clamps
+        self.max_gate_slots, self.max_row_gates = max_gate_slots, max_row_gates
         self._info = BatchInfoC()
+        self._gsum = c_uint64()
         self.resolves = 0  #: engine calls made by resolve()
+        self.reports = 0  #: engine calls made by report()
+        self.gate_checksum = 0  #: the last reported step's gate decisions (Stepper.GateChecksum)
 
     def close(self) -> None:
         if self._h is not None:
@@ -227,6 +278,28 @@ class StepBatch:
         finally:
             st._busy.release()
         return Resolved(self._info, self.hidden)
+
+    def report(self, scores: Optional[np.ndarray]) -> int:
+        """Hand a resolved step's probe scores back (its ``gates.report`` was true): ``scores`` is
+        float32 [rows, cols] (None when cols is 0). The host-evaluated scopes decide and advance;
+        returns the step's gate decision checksum, the same a native step of the same decisions
+        gives."""
+        if self._h is None:
+            from .errors import ClosedError
+            raise ClosedError("shmsteer: batch closed")
+        ptr, n = None, 0
+        if scores is not None and scores.size:
+            scores = np.ascontiguousarray(scores, dtype=np.float32)
+            ptr, n = scores.ctypes.data_as(POINTER(c_float)), scores.size
+        self.reports += 1
+        st = self._stepper
+        st._enter("batch report")
+        try:
+            check(lib.shmsteer_batch_report(self._h, ptr, n, byref(self._gsum)))
+        finally:
+            st._busy.release()
+        self.gate_checksum = self._gsum.value
+        return self.gate_checksum
 
 
 def check_hidden(t: torch.Tensor, hidden: int) -> None:
@@ -348,6 +421,82 @@ class DeviceTables:
         self.uploads += len(u)
 
 
+class GateTables:
+    """The declarative gates' tables on one device (steer/batch_gates.go), written only from
+    resolves' gate updates, so a steady batch writes nothing: per gate slot its probe row
+    (float32 ``[cap, hidden]``, the probe times its scale), threshold, sharpness, probe site and
+    whether it gates rows; per site its add rows (``[cap, hidden]`` in the hidden dtype). Row 0 is
+    zeros (a column naming slot 0 does nothing). ``static`` tables are allocated at ``capacity``
+    up front (adds for ``sites``) and never grow."""
+
+    def __init__(self, hidden: int, device: Any, dtype: torch.dtype, capacity: int = 8, static: bool = False,
+                 sites: Sequence[int] = ()) -> None:
+        self.hidden, self.device, self.dtype = hidden, torch.device(device), dtype
+        self.capacity, self.static = capacity, static
+        f32 = torch.float32
+        self.probe = torch.zeros(capacity, hidden, dtype=f32, device=self.device)
+        self.thr = torch.zeros(capacity, dtype=f32, device=self.device)
+        self.sharp = torch.zeros(capacity, dtype=f32, device=self.device)
+        self.per_row = torch.zeros(capacity, dtype=f32, device=self.device)
+        self.site = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
+        self.site_host = np.full(capacity, -1, np.int64)  #: the probe site of each slot, on the host
+        self.adds: Dict[int, torch.Tensor] = {}
+        self.uploads = 0  #: gate slots and add rows written
+        for st in sites:
+            self.add_table(st)
+
+    def add_table(self, site: int) -> torch.Tensor:
+        t = self.adds.get(site)
+        if t is None:
+            t = self.adds[site] = torch.zeros(self.capacity, self.hidden, dtype=self.dtype, device=self.device)
+        return t
+
+    def _grow(self, need: int) -> None:
+        if need <= self.capacity:
+            return
+        if self.static:
+            raise ShapeError(f"shmsteer: static gate tables hold {self.capacity - 1} gate slots, the batch uses {need - 1}")
+        cap = self.capacity
+        while cap < need:
+            cap *= 2
+
+        def grown(t: torch.Tensor, fill: float = 0) -> torch.Tensor:
+            out = torch.full((cap,) + tuple(t.shape[1:]), fill, dtype=t.dtype, device=self.device)
+            out[: t.shape[0]] = t
+            return out
+
+        self.probe, self.thr, self.sharp, self.per_row = (grown(self.probe), grown(self.thr), grown(self.sharp),
+                                                          grown(self.per_row))
+        self.site = grown(self.site, -1)
+        self.site_host = np.concatenate((self.site_host, np.full(cap - self.capacity, -1, np.int64)))
+        self.adds = {k: grown(v) for k, v in self.adds.items()}
+        self.capacity = cap
+
+    def update(self, g: ResolvedGates) -> None:
+        """Write a resolve's gate slots and add rows (one host-to-device copy of each kind)."""
+        self._grow(g.slots)
+        dev = self.device
+        u = g.updates
+        if len(u):
+            slots = torch.from_numpy(u[:, 0].astype(np.int64)).to(dev)
+            self.probe.index_copy_(0, slots, torch.from_numpy(np.array(g.probe)).to(dev))
+            params = torch.from_numpy(np.array(g.params)).to(dev)
+            self.thr.index_copy_(0, slots, params[:, 0].contiguous())
+            self.sharp.index_copy_(0, slots, params[:, 1].contiguous())
+            self.per_row.index_copy_(0, slots, torch.from_numpy(u[:, 2].astype(np.float32)).to(dev))
+            self.site.index_copy_(0, slots, torch.from_numpy(u[:, 1].astype(np.int64)).to(dev))
+            self.site_host[u[:, 0]] = u[:, 1]
+            self.uploads += len(u)
+        a = g.adds
+        if len(a):
+            stage = torch.from_numpy(np.array(g.add_stage)).to(dev)
+            for site in np.unique(a[:, 0]).tolist():
+                sel = np.flatnonzero(a[:, 0] == site)
+                rows = torch.from_numpy(a[sel, 1].astype(np.int64)).to(dev)
+                self.add_table(site).index_copy_(0, rows, stage[torch.from_numpy(sel).to(dev)].to(self.dtype))
+            self.uploads += len(a)
+
+
 def apply_clamps(h: torch.Tensor, dirs: torch.Tensor, params: torch.Tensor, k: int,
                  tmp: Optional[torch.Tensor] = None, pc: Optional[torch.Tensor] = None) -> None:
     """Clamp rows h (float32, [n, hidden]) in place with the first k clamp records of each row
@@ -363,5 +512,5 @@ def apply_clamps(h: torch.Tensor, dirs: torch.Tensor, params: torch.Tensor, k: i
         h.addcmul_(c.unsqueeze(1), u)
 
 
-__all__ = ["StepBatch", "SpanPacker", "PackedSpans", "Resolved", "DeviceTables", "UnsupportedDtypeError", "DTYPES", "check_hidden",
+__all__ = ["StepBatch", "SpanPacker", "PackedSpans", "Resolved", "ResolvedGates", "DeviceTables", "GateTables", "UnsupportedDtypeError", "DTYPES", "check_hidden",
            "apply_clamps"]

@@ -51,6 +51,21 @@ site does its gather-add (an unsteered row gathers row 0, zeros) and, with ``max
 3. per step: ``prepare(spans)`` (spans over the padded batch's rows), copy the inputs into the
    graph's static inputs, ``graph.replay()``. prepare's copies are ordered before the replay on the
    same stream, and never reallocate, so the captured graph keeps reading the right buffers.
+
+Declarative gates (a request's ``steering``, see ``Owner.admit``) run on the device path as on the
+native one, with the same decisions. What a step's gates do to a request as a whole (attenuation,
+engaged next_step / rest_of_ adds, this_token adds with when=always) is in its table rows. Each
+probe gate of a request is a gate column of its rows naming a gate slot (:class:`GateTables`: probe
+row, threshold, sharpness, add rows per site): at the probe's site, before the site's gather-add,
+the hook computes score = h·probe on the device tensor (float32) and, for this_token,
+gate = sigmoid(sharpness·(score − threshold)); after the gather-add of this and every later site it
+adds gate × the gate's add rows. The scores go back to the engine once the forward is done (the
+step's end in eager mode; :meth:`SteeringHooks.report`, or the next ``prepare``, in static mode):
+one more engine call per gated step, where next_step, rest_of_request and rest_of_conversation
+decide on the mean of a request's rows. Static mode keeps the gate slot of every (column, row), the
+gate and the score in persistent per-token buffers that ``prepare`` writes, so the captured graph
+replays them; every attached site then does ``max_row_gates`` columns of fixed work (0 by default:
+a probe gate is then ``BatchCapacityError``), and none of it allocates.
 """
 
 from __future__ import annotations
@@ -63,8 +78,8 @@ import torch
 
 from .client import PHASES, SpanLike, Stepper, _Handle
 from ._lib import check, lib
-from .device import (DeviceTables, Resolved, SpanPacker, StepBatch, UnsupportedDtypeError, apply_clamps,
-                     check_hidden)
+from .device import (DeviceTables, GateTables, Resolved, SpanPacker, StepBatch, UnsupportedDtypeError,
+                     apply_clamps, check_hidden)
 from .errors import ShapeError
 
 
@@ -79,15 +94,23 @@ class SteeringHooks:
         max_clamps: clamp directions per (slot, site); 0 refuses clamps (BatchCapacityError) and,
             in static mode, leaves the clamp passes out of the graph.
         static: CUDA-graph mode (see the module doc): needs ``max_tokens``, ``device``, ``dtype``.
+        max_gate_slots: distinct probe gates (declarative gates) one step may hold.
+        max_row_gates: probe gates one request of a step may carry (gate columns per row);
+            default 4, and 0 in static mode, where every attached site does the gate columns'
+            fixed work in the graph (a step needing more is BatchCapacityError).
     """
 
     def __init__(self, handle: _Handle, force_device_path: bool = False, *, max_slots: int = 256,
                  max_clamps: int = 4, static: bool = False, max_tokens: int = 0, device: Any = None,
-                 dtype: Optional[torch.dtype] = None) -> None:
+                 dtype: Optional[torch.dtype] = None, max_gate_slots: int = 64,
+                 max_row_gates: Optional[int] = None) -> None:
         self._handle = handle
         self.hidden, self.layers, _ = handle.model
         self.stepper: Stepper = handle.stepper()
-        self.batch = StepBatch(self.stepper, self.hidden, max_slots, max_clamps)
+        if max_row_gates is None:
+            max_row_gates = 0 if static else 4
+        self.max_row_gates = max_row_gates
+        self.batch = StepBatch(self.stepper, self.hidden, max_slots, max_clamps, max_gate_slots, max_row_gates)
         self._packer = SpanPacker()
         self.force_device_path = force_device_path or static
         self.max_clamps = max_clamps
@@ -116,7 +139,19 @@ class SteeringHooks:
         self._open = False  # the stepper's step is open (CPU applies may run in it)
         self.checksum = 0  #: determinism checksum of the last step's CPU applies
         self.batch_checksum = 0  #: determinism checksum of what the last step resolved
-        self.engine_calls = 0  #: calls that resolve or end steps (resolve, begin, end)
+        self.engine_calls = 0  #: calls that resolve, end or report steps (resolve, begin, end, report)
+        self.gate_checksum = 0  #: the gate decisions of the last reported step (Stepper.GateChecksum)
+        # Declarative gates on the device path (eager): the tables and this step's columns.
+        self._gt: Optional[GateTables] = None
+        self._gcols = 0
+        self._greport = False  # the step awaits its scores (StepBatch.report)
+        self._gsites: frozenset = frozenset()
+        self._gprobe: Dict[int, List[int]] = {}  # site -> the columns probing there
+        self._gidx: Optional[torch.Tensor] = None  # [n, cols] gate slots
+        self._gpar: Optional[torch.Tensor] = None  # [3, n, cols]: threshold, sharpness, per_row
+        self._gsite: Optional[torch.Tensor] = None  # [n, cols] probe sites
+        self._ggate: Optional[torch.Tensor] = None  # [n, cols] float32
+        self._gscore: Optional[torch.Tensor] = None  # [n, cols] float32
         if static:
             if max_tokens <= 0 or device is None or dtype is None:
                 raise ValueError("shmsteer: static mode needs max_tokens > 0, device and dtype")
@@ -137,6 +172,26 @@ class SteeringHooks:
                 self._hbuf = torch.zeros(max_tokens, self.hidden, dtype=torch.float32, device=dev)
                 self._tbuf = torch.zeros(max_tokens, self.hidden, dtype=torch.float32, device=dev)
                 self._cbuf = torch.zeros(2, max_tokens, dtype=torch.float32, device=dev)
+            self._sgpending = False  # the last prepared step awaits its scores
+            self._sgcols = 0
+            if max_row_gates > 0:
+                G, f32 = max_row_gates, torch.float32
+                self._sgt = GateTables(self.hidden, dev, dtype, capacity=max_gate_slots + 1, static=True)
+                # Per column k, per row t (column-major, so a column is contiguous): the gate slot,
+                # its probe site and parameters, and the step's gate and score (zeroed by prepare).
+                self._sgidx_host = torch.zeros(G, max_tokens, dtype=torch.int64, pin_memory=dev.type == "cuda")
+                self._sgidx = torch.zeros(G, max_tokens, dtype=torch.int64, device=dev)
+                self._sgsite = torch.full((G, max_tokens), -1, dtype=torch.int64, device=dev)
+                self._sgpar = torch.zeros(3, G, max_tokens, dtype=f32, device=dev)
+                self._sggate = torch.zeros(G, max_tokens, dtype=f32, device=dev)
+                self._sgscore = torch.zeros(G, max_tokens, dtype=f32, device=dev)
+                self._sgp = torch.zeros(max_tokens, self.hidden, dtype=f32, device=dev)
+                self._sgh = torch.zeros(max_tokens, self.hidden, dtype=f32, device=dev)
+                self._sga = torch.zeros(max_tokens, self.hidden, dtype=dtype, device=dev)
+                self._sgs = torch.zeros(max_tokens, dtype=f32, device=dev)
+                self._sgv = torch.zeros(max_tokens, dtype=f32, device=dev)
+                self._sgm = torch.zeros(max_tokens, dtype=torch.bool, device=dev)
+                self._sgsite_t: Dict[int, torch.Tensor] = {}  # each attached site as a 0-dim tensor
 
     @property
     def uploads(self) -> int:
@@ -159,6 +214,9 @@ class SteeringHooks:
             st = self._tables._site(site)
             if self.max_clamps > 0 and st.dirs is None:
                 self._tables._clamp_rows(st)
+            if self.max_row_gates > 0:
+                self._sgt.add_table(site)
+                self._sgsite_t[site] = torch.tensor(site, dtype=torch.int64, device=self._sgt.device)
             fn_apply = self._static_apply
         else:
             fn_apply = None
@@ -207,6 +265,10 @@ class SteeringHooks:
             yield self
         finally:
             self.checksum = 0
+            if self._greport:
+                self._greport = False
+                if self._device and not self._native:  # a native apply gated the step itself
+                    self._report(self._gscore if self._gcols else None)
             if self._open:
                 self.checksum = self.stepper.end()
                 self.engine_calls += 1
@@ -231,7 +293,78 @@ class SteeringHooks:
             self._pending = False
         elif self._tables is not None:
             self._load(res)
+            self._load_gates(res)
         return res
+
+    def _report(self, scores: Optional[torch.Tensor]) -> None:
+        """Hand the step's probe scores ([rows, cols] float32, on any device) back."""
+        self.engine_calls += 1
+        self.gate_checksum = self.batch.report(None if scores is None else scores.cpu().numpy())
+
+    def _load_gates(self, res: Resolved) -> None:
+        """Eager: bring the gate tables up to date with res and set up this step's columns."""
+        g = res.gates
+        self._greport = g.report
+        self._gcols = g.cols
+        if g.cols == 0 and not len(g.updates) and not len(g.adds):
+            self._gsites = frozenset()
+            return
+        tb = self._tables
+        assert tb is not None
+        if self._gt is None:
+            self._gt = GateTables(self.hidden, tb.device, tb.dtype)
+        gt = self._gt
+        gt.update(g)
+        if g.cols == 0:
+            self._gsites = frozenset()
+            return
+        n, dev = self._rows, tb.device
+        rows = np.ascontiguousarray(g.rows[:n], dtype=np.int64)
+        site_of = gt.site_host[rows]  # [n, cols]
+        self._gprobe = {}
+        for k in range(g.cols):
+            for site in np.unique(site_of[:, k]).tolist():
+                if site >= 0:
+                    self._gprobe.setdefault(site, []).append(k)
+        self._gsites = frozenset(g.sites.tolist())
+        idx = torch.from_numpy(rows).to(dev)
+        self._gidx = idx
+        flat = idx.view(-1)
+        self._gsite = gt.site.index_select(0, flat).view(n, g.cols)
+        self._gpar = torch.stack((gt.thr.index_select(0, flat), gt.sharp.index_select(0, flat),
+                                  gt.per_row.index_select(0, flat))).view(3, n, g.cols)
+        self._ggate = torch.zeros(n, g.cols, dtype=torch.float32, device=dev)
+        self._gscore = torch.zeros(n, g.cols, dtype=torch.float32, device=dev)
+
+    def _gate_probe(self, rows: torch.Tensor, site: int) -> None:
+        """Eager, before the site's gather-add: read the probes of the columns probing here."""
+        cols = self._gprobe.get(site)
+        if not cols:
+            return
+        assert self._gt is not None and self._gidx is not None and self._gpar is not None
+        assert self._gsite is not None and self._ggate is not None and self._gscore is not None
+        h = rows.float()
+        for k in cols:
+            p = self._gt.probe.index_select(0, self._gidx[:, k])
+            sc = (h * p).sum(1)
+            m = self._gsite[:, k] == site
+            self._gscore[:, k] = torch.where(m, sc, self._gscore[:, k])
+            v = torch.sigmoid(self._gpar[1, :, k] * (sc - self._gpar[0, :, k])) * self._gpar[2, :, k]
+            self._ggate[:, k] = torch.where(m, v, self._ggate[:, k])
+
+    def _gate_add(self, rows: torch.Tensor, site: int) -> None:
+        """Eager, after the site's gather-add: add each column's gated add rows."""
+        assert self._gt is not None and self._gidx is not None and self._ggate is not None
+        a = self._gt.adds.get(site)
+        if a is None:
+            return
+        for k in range(self._gcols):
+            add = a.index_select(0, self._gidx[:, k])
+            w = self._ggate[:, k : k + 1]
+            if rows.dtype is torch.float32:
+                rows.addcmul_(w, add)
+            else:
+                rows.add_(w * add.float())
 
     def _load(self, res: Resolved) -> None:
         """Bring the tables up to date with res and upload the step's index (eager). A step
@@ -307,17 +440,25 @@ class SteeringHooks:
                 f"shmsteer: the device tables are {tb.dtype} on {tb.device}, this site's output is {t.dtype} on {t.device}: "
                 "steer one dtype on one device per SteeringHooks")
         ops = self._ops.get(site)
-        if ops is None:
+        gated = self._gcols > 0 and site in self._gsites
+        if ops is None and not gated:
             return  # unsteered site
-        vec, k, dirs, params = ops
         rows = t.view(-1, self.hidden)
         n = self._rows
+        if gated:
+            self._gate_probe(rows[:n], site)
+        if ops is None:
+            self._gate_add(rows[:n], site)
+            return
+        vec, k, dirs, params = ops
         g = torch.index_select(vec, 0, self._idx, out=self._g)
         sel = self._rowsel
         if sel is None:
             (rows if rows.shape[0] == n else rows[:n]).add_(g)
         else:
             rows.index_add_(0, sel, g)
+        if gated:
+            self._gate_add(rows[:n], site)
         if k == 0 or dirs is None:
             return
         dirs = dirs.index_select(0, self._idx)
@@ -344,6 +485,7 @@ class SteeringHooks:
             self._tdev = t.get_device()
             assert self._res is not None
             self._load(self._res)
+            self._load_gates(self._res)
 
     # ---- static (CUDA-graph) mode ---------------------------------------------------------
 
@@ -353,6 +495,8 @@ class SteeringHooks:
         if not self.static or self._tables is None:
             raise RuntimeError("shmsteer: prepare() is for static hooks (SteeringHooks(..., static=True))")
         packed = self._packer.pack(spans)
+        if self._sgpending:
+            self.report()
         res = self._resolve(packed, self.max_tokens, version, end=True)
         self._res = None
         if self._copied is not None:
@@ -361,11 +505,72 @@ class SteeringHooks:
             self._copied.synchronize()
         self._sidx_host.numpy()[:] = res.index
         self._sidx.copy_(self._sidx_host, non_blocking=True)
+        g = res.gates
+        self._sgpending, self._sgcols = g.report, g.cols
+        if self.max_row_gates > 0:
+            gt = self._sgt
+            gt.update(g)
+            host = self._sgidx_host.numpy()
+            host[:] = 0
+            host[: g.cols] = g.rows.T
+            self._sgidx.copy_(self._sgidx_host, non_blocking=True)
+            flat = self._sgidx.view(-1)
+            torch.index_select(gt.site, 0, flat, out=self._sgsite.view(-1))
+            torch.index_select(gt.thr, 0, flat, out=self._sgpar[0].view(-1))
+            torch.index_select(gt.sharp, 0, flat, out=self._sgpar[1].view(-1))
+            torch.index_select(gt.per_row, 0, flat, out=self._sgpar[2].view(-1))
+            self._sggate.zero_()
+            self._sgscore.zero_()
         if self._sidx.is_cuda:
             if self._copied is None:
                 self._copied = torch.cuda.Event()
             self._copied.record()
         return res.version
+
+    def report(self) -> None:
+        """Static mode: hand the last prepared step's gate scores back (after its replay; this
+        waits for the device). prepare() does it for the previous step when it was not done; a
+        step whose batch has no probe gates needs none."""
+        if not self.static or not self._sgpending:
+            return
+        self._sgpending = False
+        cols = self._sgcols
+        self._report(self._sgscore[:cols].t() if cols else None)
+
+    def _static_gate_probe(self, rows: torch.Tensor, site: int, n: int) -> None:
+        """Static, before the site's gather-add: every gate column's probe read (fixed work: a
+        column whose slot probes elsewhere keeps its score and gate)."""
+        gt = self._sgt
+        p, s, v, m = self._sgp[:n], self._sgs[:n], self._sgv[:n], self._sgm[:n]
+        if rows.dtype is torch.float32:
+            h = rows
+        else:
+            h = self._sgh[:n]
+            h.copy_(rows)
+        for k in range(self.max_row_gates):
+            torch.index_select(gt.probe, 0, self._sgidx[k, :n], out=p)
+            torch.mul(h, p, out=p)
+            torch.sum(p, 1, out=s)
+            torch.eq(self._sgsite[k, :n], self._sgsite_t[site], out=m)
+            score, gate = self._sgscore[k, :n], self._sggate[k, :n]
+            torch.where(m, s, score, out=score)
+            torch.sub(s, self._sgpar[0, k, :n], out=v)
+            v.mul_(self._sgpar[1, k, :n]).sigmoid_().mul_(self._sgpar[2, k, :n])
+            torch.where(m, v, gate, out=gate)
+
+    def _static_gate_add(self, rows: torch.Tensor, site: int, n: int) -> None:
+        """Static, after the site's gather-add: every gate column's gated add (fixed work)."""
+        a, h = self._sga[:n], self._sgh[:n]
+        table = self._sgt.adds[site]
+        for k in range(self.max_row_gates):
+            torch.index_select(table, 0, self._sgidx[k, :n], out=a)
+            w = self._sggate[k, :n].unsqueeze(1)
+            if rows.dtype is torch.float32:
+                rows.addcmul_(w, a)
+            else:
+                h.copy_(a)
+                h.mul_(w)
+                rows.add_(h)
 
     def _static_apply(self, t: torch.Tensor, site: int) -> None:
         tb = self._tables
@@ -382,8 +587,12 @@ class SteeringHooks:
         if views is None:  # once per captured batch size: views of the static buffers
             views = self._views[n] = (self._sidx[:n], self._gbuf[:n])
         idx, g = views
+        if self.max_row_gates > 0:
+            self._static_gate_probe(rows, site, n)
         torch.index_select(st.vec, 0, idx, out=g)
         rows.add_(g)
+        if self.max_row_gates > 0:
+            self._static_gate_add(rows, site, n)
         if self.max_clamps <= 0 or st.dirs is None or st.params is None:
             return
         dirs, params = self._dbuf[:n], self._pbuf[:n]
