@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"github.com/shmsteer/shmsteer/capture"
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
@@ -68,6 +69,7 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_BAD_GATE, "steer.ErrBadGate", steer.ErrBadGate},
 	{C.SHMSTEER_E_GATE_UNSUPPORTED, "steer.ErrGateUnsupported", steer.ErrGateUnsupported},
 	{C.SHMSTEER_E_BAD_MODEL_HINT, "steer.ErrBadModelHint", steer.ErrBadModelHint},
+	{C.SHMSTEER_E_CAPTURE_CONSUMER, "steer.ErrCaptureConsumer", steer.ErrCaptureConsumer},
 	{C.SHMSTEER_E_FILE_TOO_LARGE, "vecfile.ErrTooLarge", vecfile.ErrTooLarge},
 	{C.SHMSTEER_E_UNKNOWN_FORMAT, "vecfile.ErrUnknownFormat", vecfile.ErrUnknownFormat},
 	{C.SHMSTEER_E_FILE_CORRUPT, "vecfile.ErrCorrupt", vecfile.ErrCorrupt},
@@ -99,4 +101,29 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_VALUE_TOO_LARGE, "shm.ErrValueTooLarge", shm.ErrValueTooLarge},
 	{C.SHMSTEER_E_UNSUPPORTED, "shm.ErrUnsupported", shm.ErrUnsupported},
 	{C.SHMSTEER_E_LEASE_UNAVAILABLE, "shm.ErrLeaseUnavailable", shm.ErrLeaseUnavailable},
+	{C.SHMSTEER_E_CAPTURE_BAD_SPEC, "capture.ErrBadSpec", capture.ErrBadSpec},
+	{C.SHMSTEER_E_CAPTURE_BAD_CONSUMER, "capture.ErrBadConsumer", capture.ErrBadConsumer},
+	{C.SHMSTEER_E_CAPTURE_BAD_SLUG, "capture.ErrBadSlug", capture.ErrBadSlug},
+	{C.SHMSTEER_E_CAPTURE_UNKNOWN_HOOK, "capture.ErrUnknownHook", capture.ErrUnknownHook},
+	{C.SHMSTEER_E_CAPTURE_LAYER_RANGE, "capture.ErrLayerRange", capture.ErrLayerRange},
+	{C.SHMSTEER_E_CAPTURE_EMPTY_SELECTOR, "capture.ErrEmptySelector", capture.ErrEmptySelector},
+	{C.SHMSTEER_E_CAPTURE_BAD_POSITIONS, "capture.ErrBadPositions", capture.ErrBadPositions},
+	{C.SHMSTEER_E_CAPTURE_POSITION_RANGE, "capture.ErrPositionRange", capture.ErrPositionRange},
+	{C.SHMSTEER_E_CAPTURE_BAD_LAYOUT, "capture.ErrBadLayout", capture.ErrBadLayout},
+	{C.SHMSTEER_E_CAPTURE_BAD_RECORD, "capture.ErrBadRecord", capture.ErrBadRecord},
+	{C.SHMSTEER_E_CAPTURE_FINISHED, "capture.ErrFinished", capture.ErrFinished},
+	{C.SHMSTEER_E_CAPTURE_WRITE, "capture.ErrWrite", capture.ErrWrite},
+	{C.SHMSTEER_E_CAPTURE_CONSUMER_TYPE, "capture.ErrConsumerType", capture.ErrConsumerType},
+	{C.SHMSTEER_E_RING_LAYOUT, "capture.ErrRingLayout", capture.ErrRingLayout},
+	{C.SHMSTEER_E_RING_CORRUPT, "capture.ErrRingCorrupt", capture.ErrRingCorrupt},
+	{C.SHMSTEER_E_CAPTURE_DROPPED, "capture.ErrDropped", capture.ErrDropped},
+	{C.SHMSTEER_E_RECORD_TOO_LARGE, "capture.ErrRecordTooLarge", capture.ErrRecordTooLarge},
+	{C.SHMSTEER_E_NO_RING_SLOT, "capture.ErrNoSlot", capture.ErrNoSlot},
+	{C.SHMSTEER_E_BAD_POLICY, "capture.ErrBadPolicy", capture.ErrBadPolicy},
+	{C.SHMSTEER_E_CAPTURE_BAD_RESULT, "capture.ErrBadResult", capture.ErrBadResult},
+	{C.SHMSTEER_E_UNKNOWN_CONSUMER, "capture.ErrUnknownConsumer", capture.ErrUnknownConsumer},
+	{C.SHMSTEER_E_CONSUMER_TAKEN, "capture.ErrConsumerTaken", capture.ErrConsumerTaken},
+	{C.SHMSTEER_E_NO_HUB, "capture.ErrNoHub", capture.ErrNoHub},
+	{C.SHMSTEER_E_HUB_PROTOCOL, "capture.ErrHubProtocol", capture.ErrHubProtocol},
+	{C.SHMSTEER_E_HUB_GONE, "capture.ErrHubGone", capture.ErrHubGone},
 }

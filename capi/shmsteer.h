@@ -144,6 +144,7 @@ extern "C" {
 #define SHMSTEER_E_BAD_GATE 76           /* steer.ErrBadGate: a malformed steering gate (the message names the gate and field) */
 #define SHMSTEER_E_GATE_UNSUPPORTED 77   /* steer.ErrGateUnsupported: attenuate + probe + this_token: use next_step or rest_of_request */
 #define SHMSTEER_E_BAD_MODEL_HINT 78     /* steer.ErrBadModelHint: a model hint over 256 bytes, not UTF-8 or not printable */
+#define SHMSTEER_E_CAPTURE_CONSUMER 79   /* steer.ErrCaptureConsumer: a capture names a consumer the owner does not declare */
 /* package vecfile (codes 80..99) */
 #define SHMSTEER_E_FILE_TOO_LARGE 80  /* vecfile.ErrTooLarge: above max_bytes; nothing was read */
 #define SHMSTEER_E_UNKNOWN_FORMAT 81  /* vecfile.ErrUnknownFormat: not gguf, npy, npz, safetensors */
@@ -156,8 +157,34 @@ extern "C" {
 #define SHMSTEER_E_NO_VECTORS 88      /* vecfile.ErrNoVectors: the file steers nothing */
 #define SHMSTEER_E_UNREPRESENTABLE 89 /* vecfile.ErrUnrepresentable: pick another format */
 #define SHMSTEER_E_FILE_OPTIONS 90    /* vecfile.ErrBadOptions: bad scale, layers or max_bytes */
+/* package capture (codes 100..139) */
+#define SHMSTEER_E_CAPTURE_BAD_SPEC 100       /* capture.ErrBadSpec: a capture spec is not its consumer's JSON */
+#define SHMSTEER_E_CAPTURE_BAD_CONSUMER 101   /* capture.ErrBadConsumer: a consumer name outside [a-zA-Z0-9._-] or too long */
+#define SHMSTEER_E_CAPTURE_BAD_SLUG 102       /* capture.ErrBadSlug: a tag or request_id cannot name a directory */
+#define SHMSTEER_E_CAPTURE_UNKNOWN_HOOK 103   /* capture.ErrUnknownHook: a spec names a hook the model does not have */
+#define SHMSTEER_E_CAPTURE_LAYER_RANGE 104    /* capture.ErrLayerRange: a spec's layer or range is outside the model */
+#define SHMSTEER_E_CAPTURE_EMPTY_SELECTOR 105 /* capture.ErrEmptySelector: a hook or position selector selects nothing */
+#define SHMSTEER_E_CAPTURE_BAD_POSITIONS 106  /* capture.ErrBadPositions: an unknown positions selector */
+#define SHMSTEER_E_CAPTURE_POSITION_RANGE 107 /* capture.ErrPositionRange: a position outside the prompt, or prompt_len < 1 */
+#define SHMSTEER_E_CAPTURE_BAD_LAYOUT 108     /* capture.ErrBadLayout: layout is not per_file or packed */
+#define SHMSTEER_E_CAPTURE_BAD_RECORD 109     /* capture.ErrBadRecord: a captured record does not describe its bytes */
+#define SHMSTEER_E_CAPTURE_FINISHED 110       /* capture.ErrFinished: a request's capture files were already finished */
+#define SHMSTEER_E_CAPTURE_WRITE 111          /* capture.ErrWrite: a capture file could not be written (space, permissions) */
+#define SHMSTEER_E_CAPTURE_CONSUMER_TYPE 112  /* capture.ErrConsumerType: a declaration NAME=TYPE names an unknown type */
+#define SHMSTEER_E_RING_LAYOUT 113            /* capture.ErrRingLayout: not a capture ring of this version */
+#define SHMSTEER_E_RING_CORRUPT 114           /* capture.ErrRingCorrupt: a ring frame does not fit the ring */
+#define SHMSTEER_E_CAPTURE_DROPPED 115        /* capture.ErrDropped: a record was dropped for a lagging consumer */
+#define SHMSTEER_E_RECORD_TOO_LARGE 116       /* capture.ErrRecordTooLarge: a record larger than half the ring */
+#define SHMSTEER_E_NO_RING_SLOT 117           /* capture.ErrNoSlot: every consumer slot of the ring is taken */
+#define SHMSTEER_E_BAD_POLICY 118             /* capture.ErrBadPolicy: a consumer's policy is not block or drop, or its bound is negative */
+#define SHMSTEER_E_CAPTURE_BAD_RESULT 119     /* capture.ErrBadResult: a published result with a bad status, payload or request id */
+#define SHMSTEER_E_UNKNOWN_CONSUMER 120       /* capture.ErrUnknownConsumer: an attaching consumer names none the owner declares */
+#define SHMSTEER_E_CONSUMER_TAKEN 121         /* capture.ErrConsumerTaken: a consumer of that name is attached already */
+#define SHMSTEER_E_NO_HUB 122                 /* capture.ErrNoHub: the owner serves no capture: declare a consumer */
+#define SHMSTEER_E_HUB_PROTOCOL 123           /* capture.ErrHubProtocol: a capture connection's message does not parse */
+#define SHMSTEER_E_HUB_GONE 124               /* capture.ErrHubGone: the owner's hub closed the capture connection; attach again */
 /* One past the largest code. */
-#define SHMSTEER_E_LIMIT 100
+#define SHMSTEER_E_LIMIT 140
 /* END ERROR CODES */
 
 /* Phases of a request's rows (steer.Phase). */

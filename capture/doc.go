@@ -62,13 +62,20 @@
 // resolves them at admission. The writer's collision policy is the fork's default
 // (overwrite); its other policies, writer threads and fd cache are not here.
 //
-// What is not wired yet: the Stepper's, the C ABI's and Python's hooks do not copy rows into
-// the ring (and no GPU D2H path exists); there is no rank choice under tensor parallelism;
-// serve does not run a Hub; steer.Admission, serve's admit endpoint and Python's Owner.admit
-// take no `capture`; there is no Python shmsteer.capture; and the package's sentinels have
-// no C/Python error codes (they get them when capi first returns them). A consumer attaches
-// to a ring when it reads the hub's notice of it, so records a worker appends before that are
-// not seen by it.
+// Admission: Validators turns the owner's declared consumers ({name: type}; ParseDeclaration
+// reads serve's --capture-consumer NAME=TYPE, TypeFilesystem the one type) into
+// steer.Options.CaptureConsumers; ValidateFilesystem decodes and resolves a request's spec at
+// Admit, and steer stores the raw spec with the plan's sites and positions (Plan.Select) with
+// the request, read back by Engine.Capture in workers and consumers alike. The position
+// selectors are steer.CapturePositions (Plan.Rows and Selects call them), which the hooks run.
+// RingSink is the steer.CaptureSink over a RingWriter (AppendRows copies the selected rows from
+// the hidden state straight into the ring).
+//
+// What is not wired yet: the Stepper's, the C ABI's and Python's hooks do not call a sink (and
+// no GPU D2H path exists); there is no rank choice under tensor parallelism; serve does not
+// run a Hub; there is no Python shmsteer.capture; consumers have no global specs. A consumer
+// attaches to a ring when it reads the hub's notice of it, so records a worker appends before
+// that are not seen by it.
 //
 // It must not import serve, mirror or bench; it imports steer only for ModelConfig and its hook
 // names. Start with FilesystemSpec.Resolve and RequestFiles; the tests' readers

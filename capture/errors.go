@@ -35,6 +35,9 @@ var (
 	ErrBadRecord = errors.New("shmsteer: bad capture record")
 	// ErrFinished: RequestFiles.Append or Finish after Finish, Abort or a failed write.
 	ErrFinished = errors.New("shmsteer: capture files already finished")
+	// ErrConsumerType: a consumer declaration (NAME=TYPE) names a type this build does not
+	// have (filesystem is the one type) or has no "=".
+	ErrConsumerType = errors.New("shmsteer: unknown capture consumer type")
 	// ErrWrite: the filesystem consumer could not create, write, sync or publish a file (the
 	// message names the path and the system's error; check the root's space and permissions).
 	ErrWrite = errors.New("shmsteer: capture write failed")

@@ -48,6 +48,17 @@ type Record struct {
 }
 
 func (r Record) check() error {
+	if err := r.checkMeta(); err != nil {
+		return err
+	}
+	if n := uint64(r.Rows) * uint64(r.Width) * uint64(r.Dtype.Size()); uint64(len(r.Data)) != n {
+		return fmt.Errorf("%w: layer %d hook %q: %d bytes of data, shape [%d, %d] of %s is %d", ErrBadRecord, r.Layer, r.Hook, len(r.Data), r.Rows, r.Width, r.Dtype, n)
+	}
+	return nil
+}
+
+// checkMeta checks everything of r but its data's length.
+func (r Record) checkMeta() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: layer %d hook %q: %s", ErrBadRecord, r.Layer, r.Hook, fmt.Sprintf(format, a...))
 	}
@@ -71,9 +82,6 @@ func (r Record) check() error {
 	}
 	if len(r.Positions) != r.Rows {
 		return bad("%d positions for %d rows", len(r.Positions), r.Rows)
-	}
-	if n := uint64(r.Rows) * uint64(r.Width) * uint64(size); uint64(len(r.Data)) != n {
-		return bad("%d bytes of data, shape [%d, %d] of %s is %d", len(r.Data), r.Rows, r.Width, r.Dtype, n)
 	}
 	return nil
 }

@@ -212,9 +212,10 @@ func (r *Ring) Stats() RingStats {
 
 // RingWriter appends records; one per ring, in one process.
 type RingWriter struct {
-	r    *Ring
-	wait time.Duration
-	pos  uint64
+	r       *Ring
+	wait    time.Duration
+	pos     uint64
+	pending uint64 // the frame length reserve wrote, published by publish
 }
 
 // Writer is the ring's single writer; block-policy consumers make Append wait up to wait.
@@ -246,18 +247,64 @@ func (w *RingWriter) Append(requestID string, rec Record) error {
 	if err := rec.check(); err != nil {
 		return err
 	}
+	dst, err := w.reserve(requestID, &rec, len(rec.Data))
+	if dst == nil {
+		return err
+	}
+	copy(dst, rec.Data)
+	w.publish(len(rec.Data))
+	return nil
+}
+
+// AppendRows is Append of a record whose data are rows rows[i] of src, a row-major block of
+// rows of rec.Width elements of rec.Dtype (rec.Data is ignored; rec.Rows is len(rows)): the
+// rows are copied from src straight into the ring, runs of consecutive rows in one copy.
+// ErrBadRecord also for a row outside src or rows not ascending.
+func (w *RingWriter) AppendRows(requestID string, rec Record, src []byte, rows []int) error {
+	rec.Rows = len(rows)
+	rowBytes := rec.Width * rec.Dtype.Size()
+	nbytes := len(rows) * rowBytes
+	if err := rec.checkMeta(); err != nil {
+		return err
+	}
+	for i, r := range rows {
+		if r < 0 || (r+1)*rowBytes > len(src) || i > 0 && r <= rows[i-1] {
+			return fmt.Errorf("%w: layer %d hook %q: row %d of a %d-byte block of %d-byte rows (rows must ascend)", ErrBadRecord, rec.Layer, rec.Hook, r, len(src), rowBytes)
+		}
+	}
+	dst, err := w.reserve(requestID, &rec, nbytes)
+	if dst == nil {
+		return err
+	}
+	o := 0
+	for i := 0; i < len(rows); {
+		j := i + 1
+		for j < len(rows) && rows[j] == rows[j-1]+1 {
+			j++
+		}
+		o += copy(dst[o:], src[rows[i]*rowBytes:(rows[j-1]+1)*rowBytes])
+		i = j
+	}
+	w.publish(nbytes)
+	return nil
+}
+
+// reserve writes the frame of a record of nbytes data bytes up to its data (and any pad frame
+// before it), after waiting for space as the consumers' policies say, and returns the data's
+// bytes for the caller to fill before publish; nil (and nil error) when no consumer is attached.
+func (w *RingWriter) reserve(requestID string, rec *Record, nbytes int) ([]byte, error) {
 	if requestID == "" || len(requestID) > math.MaxUint16 {
-		return fmt.Errorf("%w: request id empty or longer than %d bytes", ErrBadRecord, math.MaxUint16)
+		return nil, fmt.Errorf("%w: request id empty or longer than %d bytes", ErrBadRecord, math.MaxUint16)
 	}
 	for _, p := range rec.Positions {
 		if p < 0 || p > math.MaxUint32 {
-			return fmt.Errorf("%w: position %d not in [0, 2³²)", ErrBadRecord, p)
+			return nil, fmt.Errorf("%w: position %d not in [0, 2³²)", ErrBadRecord, p)
 		}
 	}
 	r := w.r
-	n := frameLen(rec.Rows, len(requestID), len(rec.Hook), len(rec.Data))
+	n := frameLen(rec.Rows, len(requestID), len(rec.Hook), nbytes)
 	if n > r.cap>>maxFrameShift {
-		return fmt.Errorf("%w: %d-byte frame, the ring's capacity is %d", ErrRecordTooLarge, n, r.cap)
+		return nil, fmt.Errorf("%w: %d-byte frame, the ring's capacity is %d", ErrRecordTooLarge, n, r.cap)
 	}
 	pad := uint64(0)
 	if off := w.pos % r.cap; off+n > r.cap {
@@ -276,7 +323,7 @@ func (w *RingWriter) Append(requestID string, rec Record) error {
 			}
 		}
 		if attached == 0 {
-			return nil
+			return nil, nil
 		}
 		if lagging == 0 {
 			break
@@ -298,7 +345,7 @@ func (w *RingWriter) Append(requestID string, rec Record) error {
 				word(r.mem, so+24).Add(1)
 			}
 		}
-		return fmt.Errorf("%w: %d bytes needed", ErrDropped, need)
+		return nil, fmt.Errorf("%w: %d bytes needed", ErrDropped, need)
 	}
 	if pad > 0 {
 		f := r.data[w.pos%r.cap:]
@@ -325,15 +372,21 @@ func (w *RingWriter) Append(requestID string, rec Record) error {
 	for ; o%8 != 0; o++ {
 		f[o] = 0
 	}
-	o += copy(f[o:], rec.Data)
-	for ; o < len(f); o++ {
-		f[o] = 0
+	for i := o + nbytes; i < len(f); i++ {
+		f[i] = 0
 	}
-	w.pos += n
-	word(r.mem, offWrite).Store(w.pos) // publishes the frame (and the pad before it)
-	word(r.mem, offRecords).Add(1)
-	word(r.mem, offBytes).Add(uint64(len(rec.Data)))
-	return nil
+	w.pending = n
+	return f[o : o+nbytes : o+nbytes], nil
+}
+
+// publish makes the frame reserve wrote visible (one atomic store of the write position,
+// after every byte of it) and counts it.
+func (w *RingWriter) publish(nbytes int) {
+	w.pos += w.pending
+	w.pending = 0
+	word(w.r.mem, offWrite).Store(w.pos) // publishes the frame (and the pad before it)
+	word(w.r.mem, offRecords).Add(1)
+	word(w.r.mem, offBytes).Add(uint64(nbytes))
 }
 
 // reclaimDead frees the lagging slots whose consumer process no longer exists (kill(pid, 0)

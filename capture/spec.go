@@ -32,7 +32,7 @@ func DecodeRequest(b []byte) (map[string]json.RawMessage, error) {
 	}
 	var m map[string]json.RawMessage
 	if err := strictUnmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("%w: capture must be an object {consumer_name: spec}: %v", ErrBadSpec, err)
+		return nil, fmt.Errorf("%w: capture must be an object {consumer_name: spec}", ErrBadSpec)
 	}
 	if len(m) > MaxConsumers {
 		return nil, fmt.Errorf("%w: %d consumers named, at most %d", ErrBadConsumer, len(m), MaxConsumers)
@@ -90,15 +90,15 @@ func ParseLayout(s string) (Layout, error) {
 	return "", fmt.Errorf("%w: %q, want per_file or packed", ErrBadLayout, s)
 }
 
-// PositionKind is the form of a position selector.
-type PositionKind uint8
+// PositionKind is the form of a position selector (steer's, where the hooks resolve it).
+type PositionKind = steer.CapturePosKind
 
 const (
-	PosLastPrompt   PositionKind = iota // the prompt's last token
-	PosAllPrompt                        // every prompt token
-	PosAllGenerated                     // every generated token (positions ≥ the prompt length)
-	PosAll                              // every token
-	PosList                             // explicit absolute positions inside the prompt
+	PosLastPrompt   = steer.CaptureLastPrompt   // the prompt's last token
+	PosAllPrompt    = steer.CaptureAllPrompt    // every prompt token
+	PosAllGenerated = steer.CaptureAllGenerated // every generated token (positions ≥ the prompt length)
+	PosAll          = steer.CaptureAll          // every token
+	PosList         = steer.CaptureList         // explicit absolute positions inside the prompt
 )
 
 var positionNames = map[string]PositionKind{
@@ -210,7 +210,7 @@ func decodeLayerSelector(raw json.RawMessage, where string) (LayerSelector, erro
 	case '{':
 		var m map[string]json.RawMessage
 		if err := strictUnmarshal(raw, &m); err != nil {
-			return sel, fmt.Errorf("%w: %s: %v", ErrBadSpec, where, err)
+			return sel, fmt.Errorf("%w: %s must be an object {\"layers\": [...], \"ranges\": [[a, b], ...]}", ErrBadSpec, where)
 		}
 		for k := range m {
 			if k != "layers" && k != "ranges" {
@@ -265,7 +265,7 @@ func decodePositions(raw json.RawMessage) (Positions, error) {
 	case '"':
 		var str string
 		if err := strictUnmarshal(raw, &str); err != nil {
-			return p, fmt.Errorf("%w: positions: %v", ErrBadSpec, err)
+			return p, fmt.Errorf("%w: positions must be a JSON string or a list of ints", ErrBadSpec)
 		}
 		k, ok := positionNames[str]
 		if !ok {
@@ -489,52 +489,31 @@ func (sel LayerSelector) expand(layers int, where string) ([]int, error) {
 
 // Selects reports whether the token at absolute position pos is captured.
 func (p *Plan) Selects(pos int) bool {
-	switch p.Positions.Kind {
-	case PosLastPrompt:
-		return pos == p.PromptLen-1
-	case PosAllPrompt:
-		return pos >= 0 && pos < p.PromptLen
-	case PosAllGenerated:
-		return pos >= p.PromptLen
-	case PosAll:
-		return pos >= 0
-	case PosList:
-		_, ok := slices.BinarySearch(p.Positions.List, pos)
-		return ok
-	}
-	return false
+	sel := p.selector()
+	return sel.Selects(pos)
 }
 
 // Rows appends to dst the indices (0..n-1) of the rows to copy from a span of n rows whose
 // first row is the token at absolute position first, in order, and returns it. The row at
-// index i is position first+i.
+// index i is position first+i. It is steer.CapturePositions.Rows, which the hooks run.
 func (p *Plan) Rows(dst []int, first, n int) []int {
-	if n <= 0 {
-		return dst
+	sel := p.selector()
+	return sel.Rows(dst, first, n)
+}
+
+func (p *Plan) selector() steer.CapturePositions {
+	return steer.CapturePositions{Kind: p.Positions.Kind, List: p.Positions.List, PromptLen: p.PromptLen}
+}
+
+// Select is what a worker needs of the plan (steer.CaptureSelect): its sites as hook*layers +
+// layer, ascending, and its positions.
+func (p *Plan) Select(layers int) steer.CaptureSelect {
+	sites := make([]int32, 0, len(p.Sites))
+	for _, s := range p.Sites {
+		sites = append(sites, int32(int(s.Hook)*layers+s.Layer))
 	}
-	lo, hi := first, first+n // absolute [lo, hi)
-	span := func(a, b int) {
-		a, b = max(a, lo), min(b, hi)
-		for q := a; q < b; q++ {
-			dst = append(dst, q-first)
-		}
-	}
-	switch p.Positions.Kind {
-	case PosLastPrompt:
-		span(p.PromptLen-1, p.PromptLen)
-	case PosAllPrompt:
-		span(0, p.PromptLen)
-	case PosAllGenerated:
-		span(p.PromptLen, hi)
-	case PosAll:
-		span(0, hi)
-	case PosList:
-		i, _ := slices.BinarySearch(p.Positions.List, lo)
-		for ; i < len(p.Positions.List) && p.Positions.List[i] < hi; i++ {
-			dst = append(dst, p.Positions.List[i]-first)
-		}
-	}
-	return dst
+	slices.Sort(sites)
+	return steer.CaptureSelect{Sites: slices.Compact(sites), Positions: p.selector()}
 }
 
 func isNull(b []byte) bool { return string(bytes.TrimSpace(b)) == "null" }

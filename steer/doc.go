@@ -54,6 +54,10 @@
 //     every process.
 //   - KindComposed (20), key = request id, and KindComposedGlobal (21), key "global": the
 //     request's and the global steering composed per (hook, layer, phase) by the owner.
+//   - KindCapture (24), key = request id: the request's capture specs as the owner validated
+//     them at Admit against its declared consumers (Options.CaptureConsumers): each
+//     consumer's raw spec, sites and positions, and the prompt length (capture.go;
+//     Engine.Capture reads it).
 //
 // The conversation latch map (Latches) is deterministic owner-side state in private memory:
 // only the scheduler decides admissions, and it publishes the result per request. Workers never

@@ -2,6 +2,7 @@ package steer
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"sync"
 
@@ -26,6 +27,10 @@ type Options struct {
 	// counts such spans either way. For debugging and tests: in production a request may end
 	// while a step that includes it is still running.
 	StrictRequests bool
+	// CaptureConsumers are the capture consumers the owner declares, by name, each with the
+	// validator of its spec format (package capture builds them: capture.Validators). An
+	// admission's capture may name only these (ErrCaptureConsumer). Owner only.
+	CaptureConsumers map[string]CaptureValidator
 }
 
 // Engine is the steering state of one process on one region: the owner (which writes it and
@@ -172,6 +177,15 @@ type Admission struct {
 	// Gates are the request's declarative gates (the fork's "steering" field; see Gate),
 	// resolved and validated by the owner and stored with the request (Engine.Gates).
 	Gates []Gate
+	// Capture is the request's activation capture, {consumer name: that consumer's raw spec}
+	// (the fork's "capture" field): each consumer must be declared by the owner
+	// (Options.CaptureConsumers), whose validator checks its spec against the model and
+	// PromptLen; the validated specs are stored with the request (Engine.Capture).
+	Capture map[string]json.RawMessage
+	// PromptLen is the request's prompt length in tokens, which the position selectors of
+	// its capture resolve against: read only when Capture names a consumer, whose validator
+	// checks it (the filesystem consumer: 1..MaxPromptLen).
+	PromptLen int
 }
 
 // Source says where a request's admitted steering came from.

@@ -60,3 +60,11 @@ var (
 // phase) compositions than BatchOptions.MaxSlots, or more clamp directions at one site than
 // MaxClamps. Raise the limit (and the device tables with it) or split the batch.
 var ErrBatchCapacity = errors.New("shmsteer: batch does not fit the steering tables")
+
+var (
+	// ErrCaptureConsumer means an admission's capture names a consumer the owner does not
+	// declare (Options.CaptureConsumers; serve's --capture-consumer NAME=TYPE), names more than
+	// MaxCaptureConsumers, or a consumer's spec is larger than MaxCaptureSpec. Declare the
+	// consumer in the owner or fix the name.
+	ErrCaptureConsumer = errors.New("shmsteer: capture consumer not declared by the owner")
+)

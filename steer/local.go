@@ -114,6 +114,10 @@ func (l local) admit(a Admission) (Admitted, error) {
 	override := a.Override != nil && !a.Override.Empty()
 	named := namedAt(&snap, e.cfg)
 	set := fmt.Sprintf("request %q", a.RequestID)
+	capture, err := e.admitCapture(&a) // before admitGates, which changes the owner's table
+	if err != nil {
+		return Admitted{}, err
+	}
 	gates, err := e.admitGates(&snap, &a, set)
 	if err != nil {
 		return Admitted{}, err
@@ -186,6 +190,9 @@ func (l local) admit(a Admission) (Admitted, error) {
 		if err := putGates(tx, a.RequestID, gates); err != nil {
 			return err
 		}
+		if err := putCapture(tx, a.RequestID, capture); err != nil {
+			return err
+		}
 		return tx.Put(KindStatus, statusKey, encodeLatchStats(stats))
 	})
 	if err != nil {
@@ -209,7 +216,10 @@ func (l local) end(requestID string) (uint64, error) {
 		if err := tx.Delete(KindComposed, requestID); err != nil && !errors.Is(err, shm.ErrNotFound) {
 			return err
 		}
-		return putGates(tx, requestID, nil)
+		if err := putGates(tx, requestID, nil); err != nil {
+			return err
+		}
+		return putCapture(tx, requestID, nil)
 	})
 	if errors.Is(err, shm.ErrNotFound) {
 		return e.r.Version(), nil

@@ -36,6 +36,7 @@ func TestStepNoticesLayoutChange(t *testing.T) {
 		"bound":    func(sp *Span) { sp.End = 5 }, // past the block
 		"badphase": func(sp *Span) { sp.Phase = 3 },
 		"rows":     func(sp *Span) {}, // the same batch over a block of 2 rows
+		"pos":      func(sp *Span) { sp.Pos = -1 },
 	}
 	for name, edit := range edits {
 		t.Run(name, func(t *testing.T) {

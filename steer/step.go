@@ -17,6 +17,11 @@ type Span struct {
 	ID         string
 	Start, End int
 	Phase      Phase
+	// Pos is the absolute token position of row Start (the request's tokens computed before
+	// this step: vLLM's num_computed_tokens); row Start+i is position Pos+i. Capture's
+	// position selectors read it (a captured request's decode span must lie past its prompt);
+	// steering does not. 0..2³¹-1 minus the span's rows.
+	Pos int
 }
 
 // StepStats counts a Stepper's work.
@@ -257,7 +262,7 @@ func (s *Stepper) sameBatch(batch []Span, rows int) bool {
 		// the struct and again for the id, which at 64 spans × 160 sites a step cost more
 		// than a sparse step's adds (the id compares by pointer when it is the same string).
 		a, b := &batch[i], &last[i]
-		if a.Start != b.Start || a.End != b.End || a.Phase != b.Phase || a.End > rows || a.ID != b.ID {
+		if a.Start != b.Start || a.End != b.End || a.Phase != b.Phase || a.Pos != b.Pos || a.End > rows || a.ID != b.ID {
 			return false
 		}
 	}
@@ -277,6 +282,9 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 		}
 		if sp.ID == "" || len(sp.ID) > MaxIDLen || sp.Start < 0 || sp.Start > sp.End || sp.End > rows {
 			return fmt.Errorf("%w: span %d (%q rows [%d, %d)) in a block of %d rows", ErrBadBatch, i, sp.ID, sp.Start, sp.End, rows)
+		}
+		if sp.Pos < 0 || sp.Pos > MaxPromptLen-(sp.End-sp.Start) {
+			return fmt.Errorf("%w: span %d (%q) has first position %d; positions are 0..%d", ErrBadBatch, i, sp.ID, sp.Pos, MaxPromptLen)
 		}
 		if j := overlaps(batch, i, maxEnd); j >= 0 {
 			s.cur = s.cur[:0]

@@ -32,6 +32,7 @@ const (
 	KindProbe          = 22 // named probe vectors (read by gates), key = name
 	KindGates          = 23 // a request's resolved declarative gates, key = request id
 	KindVectorMeta     = 24 // a named steering vector's metadata (model hint), key = name
+	KindCapture        = 25 // a request's validated capture specs, key = request id
 
 	// KindServe: the service's own entries (package serve), block 48–63.
 	KindServe = 48

@@ -565,6 +565,14 @@ class BadModelHintError(ShmsteerError, ValueError):
     go_name = "steer.ErrBadModelHint"
 
 
+class CaptureConsumerError(ShmsteerError, ValueError):
+    """Mirrors Go's steer.ErrCaptureConsumer (code 79, SHMSTEER_E_CAPTURE_CONSUMER): a capture names
+    a consumer the owner does not declare."""
+
+    code = 79
+    go_name = "steer.ErrCaptureConsumer"
+
+
 class VectorFileTooLargeError(VectorFileError):
     """Mirrors Go's vecfile.ErrTooLarge (code 80, SHMSTEER_E_FILE_TOO_LARGE): above max_bytes;
     nothing was read."""
@@ -651,6 +659,206 @@ class VectorFileOptionsError(VectorFileError):
     go_name = "vecfile.ErrBadOptions"
 
 
+class CaptureSpecError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrBadSpec (code 100, SHMSTEER_E_CAPTURE_BAD_SPEC): a capture spec is
+    not its consumer's JSON."""
+
+    code = 100
+    go_name = "capture.ErrBadSpec"
+
+
+class CaptureConsumerNameError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrBadConsumer (code 101, SHMSTEER_E_CAPTURE_BAD_CONSUMER): a consumer
+    name outside [a-zA-Z0-9._-] or too long."""
+
+    code = 101
+    go_name = "capture.ErrBadConsumer"
+
+
+class CaptureSlugError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrBadSlug (code 102, SHMSTEER_E_CAPTURE_BAD_SLUG): a tag or request_id
+    cannot name a directory."""
+
+    code = 102
+    go_name = "capture.ErrBadSlug"
+
+
+class CaptureHookError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrUnknownHook (code 103, SHMSTEER_E_CAPTURE_UNKNOWN_HOOK): a spec names
+    a hook the model does not have."""
+
+    code = 103
+    go_name = "capture.ErrUnknownHook"
+
+
+class CaptureLayerRangeError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrLayerRange (code 104, SHMSTEER_E_CAPTURE_LAYER_RANGE): a spec's layer
+    or range is outside the model."""
+
+    code = 104
+    go_name = "capture.ErrLayerRange"
+
+
+class CaptureEmptySelectorError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrEmptySelector (code 105, SHMSTEER_E_CAPTURE_EMPTY_SELECTOR): a hook
+    or position selector selects nothing."""
+
+    code = 105
+    go_name = "capture.ErrEmptySelector"
+
+
+class CapturePositionsError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrBadPositions (code 106, SHMSTEER_E_CAPTURE_BAD_POSITIONS): an unknown
+    positions selector."""
+
+    code = 106
+    go_name = "capture.ErrBadPositions"
+
+
+class CapturePositionRangeError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrPositionRange (code 107, SHMSTEER_E_CAPTURE_POSITION_RANGE): a
+    position outside the prompt, or prompt_len < 1."""
+
+    code = 107
+    go_name = "capture.ErrPositionRange"
+
+
+class CaptureLayoutError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrBadLayout (code 108, SHMSTEER_E_CAPTURE_BAD_LAYOUT): layout is not
+    per_file or packed."""
+
+    code = 108
+    go_name = "capture.ErrBadLayout"
+
+
+class CaptureRecordError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrBadRecord (code 109, SHMSTEER_E_CAPTURE_BAD_RECORD): a captured
+    record does not describe its bytes."""
+
+    code = 109
+    go_name = "capture.ErrBadRecord"
+
+
+class CaptureFinishedError(ShmsteerError):
+    """Mirrors Go's capture.ErrFinished (code 110, SHMSTEER_E_CAPTURE_FINISHED): a request's capture
+    files were already finished."""
+
+    code = 110
+    go_name = "capture.ErrFinished"
+
+
+class CaptureWriteError(ShmsteerError, OSError):
+    """Mirrors Go's capture.ErrWrite (code 111, SHMSTEER_E_CAPTURE_WRITE): a capture file could not
+    be written (space, permissions)."""
+
+    code = 111
+    go_name = "capture.ErrWrite"
+
+
+class CaptureConsumerTypeError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrConsumerType (code 112, SHMSTEER_E_CAPTURE_CONSUMER_TYPE): a
+    declaration NAME=TYPE names an unknown type."""
+
+    code = 112
+    go_name = "capture.ErrConsumerType"
+
+
+class RingLayoutError(ShmsteerError):
+    """Mirrors Go's capture.ErrRingLayout (code 113, SHMSTEER_E_RING_LAYOUT): not a capture ring of
+    this version."""
+
+    code = 113
+    go_name = "capture.ErrRingLayout"
+
+
+class RingCorruptError(ShmsteerError):
+    """Mirrors Go's capture.ErrRingCorrupt (code 114, SHMSTEER_E_RING_CORRUPT): a ring frame does
+    not fit the ring."""
+
+    code = 114
+    go_name = "capture.ErrRingCorrupt"
+
+
+class CaptureDroppedError(ShmsteerError):
+    """Mirrors Go's capture.ErrDropped (code 115, SHMSTEER_E_CAPTURE_DROPPED): a record was dropped
+    for a lagging consumer."""
+
+    code = 115
+    go_name = "capture.ErrDropped"
+
+
+class RecordTooLargeError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrRecordTooLarge (code 116, SHMSTEER_E_RECORD_TOO_LARGE): a record
+    larger than half the ring."""
+
+    code = 116
+    go_name = "capture.ErrRecordTooLarge"
+
+
+class NoRingSlotError(ShmsteerError):
+    """Mirrors Go's capture.ErrNoSlot (code 117, SHMSTEER_E_NO_RING_SLOT): every consumer slot of
+    the ring is taken."""
+
+    code = 117
+    go_name = "capture.ErrNoSlot"
+
+
+class CapturePolicyError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrBadPolicy (code 118, SHMSTEER_E_BAD_POLICY): a consumer's policy is
+    not block or drop, or its bound is negative."""
+
+    code = 118
+    go_name = "capture.ErrBadPolicy"
+
+
+class CaptureResultError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrBadResult (code 119, SHMSTEER_E_CAPTURE_BAD_RESULT): a published
+    result with a bad status, payload or request id."""
+
+    code = 119
+    go_name = "capture.ErrBadResult"
+
+
+class UnknownConsumerError(ShmsteerError, LookupError):
+    """Mirrors Go's capture.ErrUnknownConsumer (code 120, SHMSTEER_E_UNKNOWN_CONSUMER): an attaching
+    consumer names none the owner declares."""
+
+    code = 120
+    go_name = "capture.ErrUnknownConsumer"
+
+
+class ConsumerTakenError(ShmsteerError):
+    """Mirrors Go's capture.ErrConsumerTaken (code 121, SHMSTEER_E_CONSUMER_TAKEN): a consumer of
+    that name is attached already."""
+
+    code = 121
+    go_name = "capture.ErrConsumerTaken"
+
+
+class NoHubError(ShmsteerError):
+    """Mirrors Go's capture.ErrNoHub (code 122, SHMSTEER_E_NO_HUB): the owner serves no capture:
+    declare a consumer."""
+
+    code = 122
+    go_name = "capture.ErrNoHub"
+
+
+class HubProtocolError(ShmsteerError):
+    """Mirrors Go's capture.ErrHubProtocol (code 123, SHMSTEER_E_HUB_PROTOCOL): a capture
+    connection's message does not parse."""
+
+    code = 123
+    go_name = "capture.ErrHubProtocol"
+
+
+class HubGoneError(ShmsteerError, ConnectionError):
+    """Mirrors Go's capture.ErrHubGone (code 124, SHMSTEER_E_HUB_GONE): the owner's hub closed the
+    capture connection; attach again."""
+
+    code = 124
+    go_name = "capture.ErrHubGone"
+
+
 # Every class by its code.
 BY_CODE: Dict[int, Type[ShmsteerError]] = {
     1: ForkedError,
@@ -724,6 +932,7 @@ BY_CODE: Dict[int, Type[ShmsteerError]] = {
     76: BadGateError,
     77: GateUnsupportedError,
     78: BadModelHintError,
+    79: CaptureConsumerError,
     80: VectorFileTooLargeError,
     81: UnknownFormatError,
     82: VectorFileCorruptError,
@@ -735,6 +944,31 @@ BY_CODE: Dict[int, Type[ShmsteerError]] = {
     88: NoVectorsError,
     89: UnrepresentableError,
     90: VectorFileOptionsError,
+    100: CaptureSpecError,
+    101: CaptureConsumerNameError,
+    102: CaptureSlugError,
+    103: CaptureHookError,
+    104: CaptureLayerRangeError,
+    105: CaptureEmptySelectorError,
+    106: CapturePositionsError,
+    107: CapturePositionRangeError,
+    108: CaptureLayoutError,
+    109: CaptureRecordError,
+    110: CaptureFinishedError,
+    111: CaptureWriteError,
+    112: CaptureConsumerTypeError,
+    113: RingLayoutError,
+    114: RingCorruptError,
+    115: CaptureDroppedError,
+    116: RecordTooLargeError,
+    117: NoRingSlotError,
+    118: CapturePolicyError,
+    119: CaptureResultError,
+    120: UnknownConsumerError,
+    121: ConsumerTakenError,
+    122: NoHubError,
+    123: HubProtocolError,
+    124: HubGoneError,
 }
 
 __all__ = [
@@ -813,6 +1047,7 @@ __all__ = [
     "BadGateError",
     "GateUnsupportedError",
     "BadModelHintError",
+    "CaptureConsumerError",
     "VectorFileTooLargeError",
     "UnknownFormatError",
     "VectorFileCorruptError",
@@ -824,6 +1059,31 @@ __all__ = [
     "NoVectorsError",
     "UnrepresentableError",
     "VectorFileOptionsError",
+    "CaptureSpecError",
+    "CaptureConsumerNameError",
+    "CaptureSlugError",
+    "CaptureHookError",
+    "CaptureLayerRangeError",
+    "CaptureEmptySelectorError",
+    "CapturePositionsError",
+    "CapturePositionRangeError",
+    "CaptureLayoutError",
+    "CaptureRecordError",
+    "CaptureFinishedError",
+    "CaptureWriteError",
+    "CaptureConsumerTypeError",
+    "RingLayoutError",
+    "RingCorruptError",
+    "CaptureDroppedError",
+    "RecordTooLargeError",
+    "NoRingSlotError",
+    "CapturePolicyError",
+    "CaptureResultError",
+    "UnknownConsumerError",
+    "ConsumerTakenError",
+    "NoHubError",
+    "HubProtocolError",
+    "HubGoneError",
 ]
 
 
