@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/shmsteer/shmsteer/capture"
 	"math"
 	"net/http"
 	"slices"
@@ -62,6 +63,16 @@ var apiErrors = []apiError{
 	{steer.ErrBadModelHint, http.StatusBadRequest, "bad_model_hint"},
 	{steer.ErrBadGate, http.StatusBadRequest, "bad_gate"},
 	{steer.ErrGateUnsupported, http.StatusBadRequest, "gate_unsupported"},
+	{steer.ErrCaptureConsumer, http.StatusBadRequest, "capture_consumer"},
+	{capture.ErrBadSpec, http.StatusBadRequest, "capture_spec"},
+	{capture.ErrBadConsumer, http.StatusBadRequest, "capture_consumer"},
+	{capture.ErrBadSlug, http.StatusBadRequest, "capture_spec"},
+	{capture.ErrUnknownHook, http.StatusBadRequest, "unknown_hook"},
+	{capture.ErrLayerRange, http.StatusBadRequest, "layer_range"},
+	{capture.ErrEmptySelector, http.StatusBadRequest, "capture_spec"},
+	{capture.ErrBadPositions, http.StatusBadRequest, "capture_spec"},
+	{capture.ErrPositionRange, http.StatusBadRequest, "capture_spec"},
+	{capture.ErrBadLayout, http.StatusBadRequest, "capture_spec"},
 	{shm.ErrValueTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
 	{shm.ErrKeyTooLong, http.StatusBadRequest, "bad_name"},
 	{shm.ErrRegionFull, http.StatusInsufficientStorage, "region_full"},
@@ -746,6 +757,11 @@ type AdmitRequest struct {
 	Compose      string      `json:"compose,omitempty"` // "replace" (default) or "add"
 	// Steering is the fork's declarative gates: [{when, scope, apply}, ...] (steer.DecodeGates).
 	Steering json.RawMessage `json:"steering,omitempty"`
+	// Capture is the request's activation capture, {consumer: spec} (capture.DecodeRequest),
+	// naming consumers declared with --capture-consumer; PromptLen is the prompt's length in
+	// tokens, which its position selectors resolve against.
+	Capture   json.RawMessage `json:"capture,omitempty"`
+	PromptLen int             `json:"prompt_len,omitempty"`
 }
 
 var sourceNames = []string{"none", "override", "latch", "composed"}
@@ -822,6 +838,15 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 		return nil, err
 	}
 	a.Gates = gates
+	if len(req.Capture) > 0 {
+		if a.Capture, err = capture.DecodeRequest(req.Capture); err != nil {
+			return nil, err
+		}
+	}
+	if req.PromptLen < 0 {
+		return nil, badInput("prompt_len %d is negative", req.PromptLen)
+	}
+	a.PromptLen = req.PromptLen
 	out, err := s.eng.Admit(a)
 	if err != nil {
 		return nil, err

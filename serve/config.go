@@ -3,6 +3,7 @@ package serve
 import (
 	"errors"
 	"fmt"
+	"github.com/shmsteer/shmsteer/capture"
 	"net/url"
 	"os"
 	"reflect"
@@ -82,6 +83,9 @@ type Config struct {
 	MirrorCreds  string `toml:"mirror_creds" help:"NATS credentials file (JWT and nkey seed) for the mirror"`
 	MirrorKeys   bool   `toml:"mirror_keys" help:"mirror the per-request keys too (sealed with a key derived from the secret)"`
 	HostID       string `toml:"host_id" help:"this host's id in the mirror, distinct per host (empty: the hostname)"`
+
+	// CaptureConsumers are the activation-capture consumers the owner declares (issue 24).
+	CaptureConsumers []string `toml:"capture_consumer" help:"a capture consumer admissions may name, NAME=TYPE (type: filesystem); repeat or comma-separate for several"`
 }
 
 // DefaultConfig is the configuration before the file, environment and flags.
@@ -238,6 +242,9 @@ func (c Config) Validate() error {
 	if err := c.Model().Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	if _, err := c.CaptureDeclarations(); err != nil {
+		return err
+	}
 	switch {
 	case c.Namespace == "":
 		return bad("namespace is empty")
@@ -295,4 +302,21 @@ func (c Config) validateMirror() error {
 		}
 	}
 	return nil
+}
+
+// CaptureDeclarations reads CaptureConsumers into {name: type}: ErrConfig (wrapping
+// capture.ErrBadConsumer or capture.ErrConsumerType) for a bad one or a name given twice.
+func (c Config) CaptureDeclarations() (map[string]string, error) {
+	decl := map[string]string{}
+	for _, d := range c.CaptureConsumers {
+		name, typ, err := capture.ParseDeclaration(d)
+		if err != nil {
+			return nil, fmt.Errorf("%w: capture_consumer: %w", ErrConfig, err)
+		}
+		if _, ok := decl[name]; ok {
+			return nil, fmt.Errorf("%w: capture_consumer %q declared twice", ErrConfig, name)
+		}
+		decl[name] = typ
+	}
+	return decl, nil
 }

@@ -55,7 +55,7 @@ type forkServer struct {
 
 // startForkServer starts serve with --auth fork; keys nil: no key file; else a key file with
 // those keys (none: an empty file).
-func startForkServer(t *testing.T, name string, keys []string) *forkServer {
+func startForkServer(t *testing.T, name string, keys []string, tweak ...func(*Config)) *forkServer {
 	dir := t.TempDir()
 	secretFile := filepath.Join(dir, "secret")
 	require.NoError(t, os.WriteFile(secretFile, []byte("fork-test-secret"), 0o600))
@@ -66,6 +66,9 @@ func startForkServer(t *testing.T, name string, keys []string) *forkServer {
 	if keys != nil {
 		cfg.APIKeyFile = filepath.Join(dir, "keys")
 		require.NoError(t, os.WriteFile(cfg.APIKeyFile, []byte(strings.Join(keys, "\n")+"\n"), 0o600))
+	}
+	for _, f := range tweak {
+		f(&cfg)
 	}
 	addr, stop := runInProcess(t, cfg)
 	f := &forkServer{t: t, addr: addr, stateDir: cfg.StateDir, ns: cfg.Namespace, secret: secretFile, stop: stop}

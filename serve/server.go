@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/shmsteer/shmsteer/capture"
 	"io"
 	"log/slog"
 	"net"
@@ -189,7 +190,16 @@ func (s *Server) openOwner(secret *ipc.Secret) error {
 	if err != nil {
 		return err
 	}
+	decl, err := cfg.CaptureDeclarations()
+	if err != nil {
+		return err
+	}
+	consumers, err := capture.Validators(decl)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	s.eng, err = steer.Open(s.owner.Region(), &model, steer.Options{
+		CaptureConsumers: consumers,
 		Latch: steer.LatchConfig{MaxConversations: cfg.MaxConversations, MaxLatchedBytes: cfg.MaxLatchedBytes, Policy: cfg.Policy(),
 			MaxPerTenant: cfg.TenantMaxLatches, MaxTenantBytes: cfg.TenantMaxLatchedBytes},
 		Clients: s.owner.Clients,
