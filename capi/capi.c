@@ -231,6 +231,12 @@ SHMSTEER_API int shmsteer_vector_list_json(shmsteer_snapshot_t *s, char *buf, si
   return shmsteerGo_vector_list_json(H(s), buf, cap, len);
 }
 
+SHMSTEER_API int shmsteer_vector_model_hint(shmsteer_snapshot_t *s, const char *name, size_t name_len, char *buf,
+                                            size_t cap, size_t *len) {
+  ENTER();
+  return shmsteerGo_vector_model_hint(H(s), (char *)name, name_len, buf, cap, len);
+}
+
 SHMSTEER_API int shmsteer_vector_register(shmsteer_t *h, const char *name, size_t name_len,
                                           const shmsteer_vector_entry *entries, size_t n, uint64_t *version) {
   ENTER();
@@ -358,9 +364,9 @@ SHMSTEER_API int shmsteer_vector_import_bytes(shmsteer_t *h, const char *name, s
 }
 
 SHMSTEER_API int shmsteer_vector_export(shmsteer_t *h, const char *name, size_t name_len, const char *path,
-                                        const char *format) {
+                                        const char *format, const char *model_hint) {
   ENTER();
-  return shmsteerGo_vector_export(H(h), (char *)name, name_len, (char *)path, (char *)format);
+  return shmsteerGo_vector_export(H(h), (char *)name, name_len, (char *)path, (char *)format, (char *)model_hint);
 }
 
 SHMSTEER_API int shmsteer_follow(const char *ns, const void *secret, size_t secret_len, const char *secret_file,

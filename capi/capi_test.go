@@ -237,6 +237,7 @@ func TestCExample(t *testing.T) {
 	}
 	require.Contains(t, got, fmt.Sprintf("entry 0 hook=2 layer=1 scale=1 len=64 sum=%.4f first=0.0000\n", sum))
 	require.Contains(t, got, "file round trip: digest equal\n")
+	require.Contains(t, got, "model hint: llama\n")
 	require.Contains(t, got, "scale 0: vecfile.ErrBadOptions\n")
 	require.Contains(t, got, "export unknown: steer.ErrUnknownVector\n")
 	require.Contains(t, got, "forked child: SHMSTEER_E_FORKED\n")

@@ -1,5 +1,5 @@
 /*
- * shmsteer.h — the C ABI of shmsteer (libshmsteer.so), ABI version 3 (SHMSTEER_ABI_VERSION).
+ * shmsteer.h — the C ABI of shmsteer (libshmsteer.so), ABI version 4 (SHMSTEER_ABI_VERSION).
  *
  * shmsteer keeps per-request secret keys and activation-steering vectors in one shared-memory
  * region: an owner process writes it, worker processes attach with a shared secret and read it
@@ -51,7 +51,7 @@
 extern "C" {
 #endif
 
-#define SHMSTEER_ABI_VERSION 3
+#define SHMSTEER_ABI_VERSION 4
 
 /* The longest message shmsteer_last_error returns, NUL included. */
 #define SHMSTEER_ERRMSG_MAX 1024
@@ -389,7 +389,8 @@ typedef struct {
 int shmsteer_vector_view(shmsteer_snapshot_t *s, const char *name, size_t name_len,
                          shmsteer_vector_info *info, shmsteer_vector_entry *entries, size_t cap);
 
-/* The named vectors at s, as JSON [{"name": s, "version": n, "digest": hex}, ...]. */
+/* The named vectors at s, as JSON [{"name": s, "version": n, "digest": hex[, "model_hint": s]},
+ * ...] (model_hint when the vector has one). */
 int shmsteer_vector_list_json(shmsteer_snapshot_t *s, char *buf, size_t cap, size_t *len);
 
 /* Register (or replace: last writer wins) named vector name from entries[0:n] (copied). In a
@@ -425,7 +426,10 @@ int shmsteer_probe_unregister(shmsteer_t *h, const char *name, size_t name_len,
  *                       (default "post_block": llama.cpp adds a direction to the block output)
  *    "format": s,       "gguf", "npy", "npz" or "safetensors" (default: magic bytes, then
  *                       the extension)
- *    "max_bytes": n}    size cap, checked before anything is read (default 4 GiB)
+ *    "max_bytes": n,    size cap, checked before anything is read (default 4 GiB)
+ *    "model_hint": s}   the model hint stored with the vector (default: a GGUF file's
+ *                       controlvector.model_hint, none for other formats; "" for none): at
+ *                       most 256 bytes of printable UTF-8, else BAD_MODEL_HINT
  * *version (may be NULL) = the region version that wrote it; digest (may be NULL, else 32
  * bytes of caller memory) = the sha256 of its encoding, as shmsteer_vector_view reports.
  * Nothing is registered on error. Errors: the vecfile codes (FILE_TOO_LARGE, UNKNOWN_FORMAT,
@@ -452,9 +456,18 @@ int shmsteer_vector_import_bytes(shmsteer_t *h, const char *name, size_t name_le
  * error) in C string format "gguf", "npy", "npz" or "safetensors" (NULL or "" = by path's
  * extension). Import of the file gives back the same floats bitwise. GGUF holds only
  * post_block at layers >= 1 and npy one hook: UNREPRESENTABLE otherwise (use npz or
- * safetensors). Errors: UNKNOWN_VECTOR, UNKNOWN_FORMAT, UNREPRESENTABLE, OTHER (I/O). */
+ * safetensors). A GGUF file's controlvector.model_hint is C string model_hint, or the hint
+ * stored with the vector when model_hint is NULL ("" writes none). Errors: UNKNOWN_VECTOR,
+ * UNKNOWN_FORMAT, UNREPRESENTABLE, BAD_MODEL_HINT, OTHER (I/O). */
 int shmsteer_vector_export(shmsteer_t *h, const char *name, size_t name_len, const char *path,
-                           const char *format);
+                           const char *format, const char *model_hint);
+
+/* The model hint stored with named vector name at snapshot s (a GGUF's
+ * controlvector.model_hint, kept by imports; empty when it has none): its UTF-8 bytes in
+ * buf[0:cap] (no NUL) with *len their count; BUFFER_TOO_SMALL with *len set when they do not
+ * fit. UNKNOWN_VECTOR if no vector has that name at s. */
+int shmsteer_vector_model_hint(shmsteer_snapshot_t *s, const char *name, size_t name_len, char *buf,
+                               size_t cap, size_t *len);
 
 /* ---- steering writes (owner) ----------------------------------------------------------- */
 

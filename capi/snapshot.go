@@ -10,6 +10,7 @@ package main
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"unsafe"
@@ -119,4 +120,30 @@ func vectorView(kind steer.VectorKind, h C.uint64_t, name *C.char, nameLen C.siz
 //export shmsteerGo_vector_list_json
 func shmsteerGo_vector_list_json(h C.uint64_t, buf *C.char, capacity C.size_t, n *C.size_t) C.int {
 	return vectorListJSON(steer.VectorSteer, h, buf, capacity, n)
+}
+
+//export shmsteerGo_vector_model_hint
+func shmsteerGo_vector_model_hint(h C.uint64_t, name *C.char, nameLen C.size_t, buf *C.char, capacity C.size_t, n *C.size_t) C.int {
+	sn, ok := getAs[*snapshot](uint64(h))
+	if !ok {
+		return badHandle("not a live shmsteer_snapshot_t")
+	}
+	if sn.inst.eng == nil {
+		return fail(fmt.Errorf("the region records no steering model: %w", sn.inst.engErr))
+	}
+	sname, ok := cstr(name, nameLen)
+	if !ok {
+		return badArg("name")
+	}
+	if _, _, err := sn.snap.View(steer.KindVector, sname); err != nil {
+		if errors.Is(err, shm.ErrNotFound) {
+			err = fmt.Errorf("%w: named vector %q", steer.ErrUnknownVector, sname)
+		}
+		return fail(err)
+	}
+	m, err := sn.inst.eng.VectorMeta(&sn.snap, sname)
+	if err != nil {
+		return fail(err)
+	}
+	return writeOut([]byte(m.ModelHint), buf, capacity, n)
 }

@@ -38,13 +38,14 @@ func vectorListJSON(kind steer.VectorKind, h C.uint64_t, buf *C.char, capacity C
 		return fail(err)
 	}
 	type entry struct {
-		Name    string `json:"name"`
-		Version uint64 `json:"version"`
-		Digest  string `json:"digest"`
+		Name      string `json:"name"`
+		Version   uint64 `json:"version"`
+		Digest    string `json:"digest"`
+		ModelHint string `json:"model_hint,omitempty"`
 	}
 	list := make([]entry, 0, len(infos))
 	for _, vi := range infos {
-		list = append(list, entry{vi.Name, vi.Version, vi.Digest.String()})
+		list = append(list, entry{vi.Name, vi.Version, vi.Digest.String(), vi.ModelHint})
 	}
 	b, err := json.Marshal(list)
 	if err != nil {

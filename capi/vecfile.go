@@ -19,21 +19,31 @@ import (
 
 // importOptionsJSON is the options JSON of shmsteer_vector_import (vecfile.ImportOptions).
 type importOptionsJSON struct {
-	Scale    *float64 `json:"scale"`
-	Layers   string   `json:"layers"`
-	Hook     string   `json:"hook"`
-	Format   string   `json:"format"`
-	MaxBytes int64    `json:"max_bytes"`
+	Scale     *float64 `json:"scale"`
+	Layers    string   `json:"layers"`
+	Hook      string   `json:"hook"`
+	Format    string   `json:"format"`
+	MaxBytes  int64    `json:"max_bytes"`
+	ModelHint *string  `json:"model_hint"` // replaces the GGUF's hint when given
 }
 
-// parseImportOptions turns the options JSON (empty: defaults) into vecfile.ImportOptions.
-func parseImportOptions(js string) (vecfile.ImportOptions, error) {
+// parseImportOptions turns the options JSON (empty: defaults) into vecfile.ImportOptions and
+// the model hint given (nil: the file's).
+func parseImportOptions(js string) (vecfile.ImportOptions, *string, error) {
 	var o importOptionsJSON
 	if strings.TrimSpace(js) != "" {
 		if err := decodeJSONString(js, &o); err != nil {
-			return vecfile.ImportOptions{}, err
+			return vecfile.ImportOptions{}, nil, err
 		}
 	}
+	opts, err := o.options()
+	if err == nil && o.ModelHint != nil {
+		err = steer.CheckModelHint(*o.ModelHint)
+	}
+	return opts, o.ModelHint, err
+}
+
+func (o importOptionsJSON) options() (vecfile.ImportOptions, error) {
 	opts := vecfile.ImportOptions{Format: vecfile.Format(o.Format), Hook: o.Hook, MaxBytes: o.MaxBytes}
 	if o.MaxBytes < 0 {
 		return opts, fmt.Errorf("%w: max_bytes %d is negative (0 means the default cap)", vecfile.ErrBadOptions, o.MaxBytes)
@@ -64,8 +74,13 @@ func shmsteerGo_vector_import(h C.uint64_t, name *C.char, nameLen C.size_t, path
 	if path == nil {
 		return badArg("path")
 	}
-	return importVectors(h, name, nameLen, opts, optsLen, version, digest, func(cfg steer.ModelConfig, o vecfile.ImportOptions) ([]steer.Vector, error) {
-		return vecfile.Import(C.GoString(path), cfg, o)
+	return importVectors(h, name, nameLen, opts, optsLen, version, digest, func(cfg steer.ModelConfig, o vecfile.ImportOptions) ([]steer.Vector, string, error) {
+		p := C.GoString(path)
+		vecs, err := vecfile.Import(p, cfg, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return vecs, vecfile.FileModelHint(p), nil
 	})
 }
 
@@ -74,17 +89,19 @@ func shmsteerGo_vector_import_bytes(h C.uint64_t, name *C.char, nameLen C.size_t
 	if (data == nil && dataLen != 0) || dataLen > C.size_t(math.MaxInt) || fileName == nil {
 		return badArg("data or file_name")
 	}
-	return importVectors(h, name, nameLen, opts, optsLen, version, digest, func(cfg steer.ModelConfig, o vecfile.ImportOptions) ([]steer.Vector, error) {
+	return importVectors(h, name, nameLen, opts, optsLen, version, digest, func(cfg steer.ModelConfig, o vecfile.ImportOptions) ([]steer.Vector, string, error) {
 		// Viewed in place: ImportBytes does not retain b, and the vectors it returns are copies.
 		b := unsafe.Slice((*byte)(data), int(dataLen))
-		return vecfile.ImportBytes(b, C.GoString(fileName), cfg, o)
+		vecs, err := vecfile.ImportBytes(b, C.GoString(fileName), cfg, o)
+		return vecs, vecfile.ModelHint(b), err
 	})
 }
 
 // importVectors is shmsteer_vector_import and _import_bytes after their source: parse the
-// options, read the vectors for the region's model, register them under name.
+// options, read the vectors (and the file's model hint) for the region's model, register them
+// under name with the hint (the options' model_hint replaces the file's).
 func importVectors(h C.uint64_t, name *C.char, nameLen C.size_t, opts *C.char, optsLen C.size_t, version *C.uint64_t, digest *C.uint8_t,
-	read func(steer.ModelConfig, vecfile.ImportOptions) ([]steer.Vector, error)) C.int {
+	read func(steer.ModelConfig, vecfile.ImportOptions) ([]steer.Vector, string, error)) C.int {
 	inst, rc := engineOf(h)
 	if rc != C.SHMSTEER_OK {
 		return rc
@@ -94,15 +111,20 @@ func importVectors(h C.uint64_t, name *C.char, nameLen C.size_t, opts *C.char, o
 	if !ok || !ok2 {
 		return badArg("name or options")
 	}
-	o, err := parseImportOptions(sopts)
+	o, given, err := parseImportOptions(sopts)
 	if err != nil {
 		return fail(err)
 	}
-	vecs, err := read(inst.cfg, o)
+	vecs, hint, err := read(inst.cfg, o)
 	if err != nil {
 		return fail(err)
 	}
-	vi, err := inst.eng.Register(strings.Clone(sname), vecs)
+	if given != nil {
+		hint = *given
+	} else if err := steer.CheckModelHint(hint); err != nil {
+		return fail(fmt.Errorf("the file's controlvector.model_hint: %w (give options' model_hint to replace it)", err))
+	}
+	vi, err := inst.eng.Register(strings.Clone(sname), vecs, steer.ModelHint(hint))
 	if err != nil {
 		return fail(err)
 	}
@@ -119,7 +141,7 @@ func importVectors(h C.uint64_t, name *C.char, nameLen C.size_t, opts *C.char, o
 }
 
 //export shmsteerGo_vector_export
-func shmsteerGo_vector_export(h C.uint64_t, name *C.char, nameLen C.size_t, path *C.char, format *C.char) C.int {
+func shmsteerGo_vector_export(h C.uint64_t, name *C.char, nameLen C.size_t, path *C.char, format *C.char, modelHint *C.char) C.int {
 	inst, rc := engineOf(h)
 	if rc != C.SHMSTEER_OK {
 		return rc
@@ -129,22 +151,37 @@ func shmsteerGo_vector_export(h C.uint64_t, name *C.char, nameLen C.size_t, path
 		return badArg("name or path")
 	}
 	f := vecfile.Format(goString(format))
+	var hint *string // NULL: the stored hint
+	if modelHint != nil {
+		s := C.GoString(modelHint)
+		if err := steer.CheckModelHint(s); err != nil {
+			return fail(err)
+		}
+		hint = &s
+	}
 	snap, err := inst.region.Snapshot()
 	if err != nil {
 		return fail(err)
 	}
 	// The vectors' data alias the mapping: the snapshot stays pinned until the file is written.
 	defer snap.Close()
-	if err := exportAt(inst, &snap, sname, C.GoString(path), f); err != nil {
+	if err := exportAt(inst, &snap, sname, C.GoString(path), f, hint); err != nil {
 		return fail(err)
 	}
 	return C.SHMSTEER_OK
 }
 
-func exportAt(inst *instance, snap *shm.Snapshot, name, path string, f vecfile.Format) error {
+func exportAt(inst *instance, snap *shm.Snapshot, name, path string, f vecfile.Format, hint *string) error {
 	nv, err := inst.eng.Vector(snap, name)
 	if err != nil {
 		return err
 	}
-	return vecfile.ExportFile(path, f, inst.cfg, nv.Vectors, vecfile.ExportOptions{})
+	m, err := inst.eng.VectorMeta(snap, name)
+	if err != nil {
+		return err
+	}
+	if hint != nil {
+		m.ModelHint = *hint
+	}
+	return vecfile.ExportFile(path, f, inst.cfg, nv.Vectors, vecfile.ExportOptions{ModelHint: m.ModelHint})
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/shmsteer/shmsteer/steer"
 	"github.com/shmsteer/shmsteer/steer/vecfile"
 )
 
@@ -34,9 +35,10 @@ func TestParseImportOptions(t *testing.T) {
 		{"unknown field", `{"scael": 2}`, vecfile.ImportOptions{}, ErrInvalidArgument},
 		{"not JSON", `{`, vecfile.ImportOptions{}, ErrInvalidArgument},
 		{"trailing data", `{} {}`, vecfile.ImportOptions{}, ErrInvalidArgument},
+		{"model hint", `{"model_hint": "a\nb"}`, vecfile.ImportOptions{}, steer.ErrBadModelHint},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseImportOptions(tc.js)
+			got, _, err := parseImportOptions(tc.js)
 			if tc.err != nil {
 				require.ErrorIs(t, err, tc.err)
 				return
@@ -58,12 +60,15 @@ func FuzzImportOptions(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		o, err := parseImportOptions(s)
+		o, hint, err := parseImportOptions(s)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, vecfile.ErrBadOptions) {
-				t.Fatalf("options %q: error %v is neither ErrInvalidArgument nor vecfile.ErrBadOptions", s, err)
+			if !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, vecfile.ErrBadOptions) && !errors.Is(err, steer.ErrBadModelHint) {
+				t.Fatalf("options %q: error %v is neither ErrInvalidArgument, vecfile.ErrBadOptions nor steer.ErrBadModelHint", s, err)
 			}
 			return
+		}
+		if hint != nil && steer.CheckModelHint(*hint) != nil {
+			t.Fatalf("options %q: model hint %q accepted", s, *hint)
 		}
 		if o.Scale-o.Scale != 0 || o.MaxBytes < 0 || (o.Layers != nil && (o.Layers.First < 0 || o.Layers.First > o.Layers.Last)) {
 			t.Fatalf("options %q parsed into invalid %+v", s, o)

@@ -4,7 +4,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/shmsteer/shmsteer/steer"
@@ -44,7 +43,7 @@ func (cs *ClientSession) VectorImport(w io.Writer, name string, paths []string, 
 	if err != nil {
 		return err
 	}
-	hint := fileModelHint(paths)
+	hint := vecfile.FileModelHint(paths...)
 	if f.ModelHint != nil {
 		hint = *f.ModelHint
 	} else if err := steer.CheckModelHint(hint); err != nil {
@@ -59,21 +58,6 @@ func (cs *ClientSession) VectorImport(w io.Writer, name string, paths []string, 
 		fmt.Fprintf(w, "model hint %q stored with it (GGUF controlvector.model_hint; export writes it back)\n", hint)
 	}
 	return nil
-}
-
-// fileModelHint is the first GGUF model hint among paths ("" if none): the files were imported
-// already, so any read error here just means no hint.
-func fileModelHint(paths []string) string {
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		if h := vecfile.ModelHint(b); h != "" {
-			return h
-		}
-	}
-	return ""
 }
 
 // VectorExport writes a named vector to path in format (detected from the extension when

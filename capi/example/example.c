@@ -95,23 +95,31 @@ int main(int argc, char **argv) {
   }
   check(shmsteer_snapshot_close(snap), "snapshot_close");
 
-  /* Vector files: export the vector to a llama.cpp GGUF control vector and import it back under
-   * another name: the same floats, so the same digest. */
+  /* Vector files: export the vector to a llama.cpp GGUF control vector (with a model hint) and
+   * import it back under another name: the same floats, so the same digest, and the file's
+   * model hint stored with it. */
   char path[512], name2[256];
   const char *tmp = getenv("TMPDIR");
   snprintf(path, sizeof path, "%s/shmsteer-example-%d.gguf", tmp && tmp[0] ? tmp : "/tmp", (int)getpid());
   snprintf(name2, sizeof name2, "%s-from-file", vec);
-  check(shmsteer_vector_export(h, vec, strlen(vec), path, NULL), "vector_export");
+  check(shmsteer_vector_export(h, vec, strlen(vec), path, NULL, "llama"), "vector_export");
   uint64_t fver = 0;
   uint8_t fdigest[32];
   check(shmsteer_vector_import(h, name2, strlen(name2), path, NULL, 0, &fver, fdigest), "vector_import");
   printf("file round trip: digest %s\n", memcmp(fdigest, info.digest, 32) == 0 ? "equal" : "DIFFERENT");
+  char hint[64];
+  size_t hint_len = 0;
+  check(shmsteer_snapshot_open(h, 0, &snap, &pinned), "snapshot_open");
+  check(shmsteer_vector_model_hint(snap, name2, strlen(name2), hint, sizeof hint - 1, &hint_len), "vector_model_hint");
+  check(shmsteer_snapshot_close(snap), "snapshot_close");
+  hint[hint_len] = 0;
+  printf("model hint: %s\n", hint);
   const char *opts = "{\"scale\": 0.5, \"layers\": \"1-2\"}";
   check(shmsteer_vector_import(h, name2, strlen(name2), path, opts, strlen(opts), NULL, NULL), "vector_import scaled");
   opts = "{\"scale\": 0}";
   rc = shmsteer_vector_import(h, name2, strlen(name2), path, opts, strlen(opts), NULL, NULL);
   printf("scale 0: %s\n", shmsteer_error_name(rc));
-  rc = shmsteer_vector_export(h, "no-such-vector", 14, path, "gguf");
+  rc = shmsteer_vector_export(h, "no-such-vector", 14, path, "gguf", NULL);
   printf("export unknown: %s\n", shmsteer_error_name(rc));
   unlink(path);
 

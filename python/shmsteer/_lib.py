@@ -14,7 +14,7 @@ from ctypes import (POINTER, Structure, c_char, c_char_p, c_float, c_int, c_int3
 
 from .errors import BufferTooSmallError, error_for
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 PHASE_PREFILL = 1
 PHASE_DECODE = 2
 #: shmsteer_follow flag: switch to a restarted owner once `shmsteer serve` restored its state.
@@ -103,7 +103,8 @@ def _load() -> ctypes.CDLL:
                                            P(c_uint8)]),
         "shmsteer_vector_import_bytes": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, c_char_p, c_char_p,
                                                  c_size_t, P(c_uint64), P(c_uint8)]),
-        "shmsteer_vector_export": (c_int, [h, c_char_p, c_size_t, c_char_p, c_char_p]),
+        "shmsteer_vector_export": (c_int, [h, c_char_p, c_size_t, c_char_p, c_char_p, c_char_p]),
+        "shmsteer_vector_model_hint": (c_int, [h, c_char_p, c_size_t, c_void_p, c_size_t, P(c_size_t)]),
         "shmsteer_global_set_json": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_request_admit_json": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_request_end": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),

@@ -206,7 +206,8 @@ class _Handle:
 
     def import_vector(self, name: str, path: Union[str, "os.PathLike[str]"], scale: float = 1.0,
                       layers: Union[None, str, int, Tuple[int, int]] = None, hook: Optional[str] = None,
-                      format: Optional[str] = None, max_bytes: int = 0) -> "ImportedVector":
+                      format: Optional[str] = None, max_bytes: int = 0,
+                      model_hint: Optional[str] = None) -> "ImportedVector":
         """Register (or replace) named vector ``name`` from a vector file.
 
         A llama.cpp GGUF control vector, .npy, .npz or safetensors file is read by the Go
@@ -226,9 +227,13 @@ class _Handle:
                 extension).
             max_bytes: size cap, checked before the file is read (0: the importer's default);
                 for a .pt file it caps the tensors' bytes, after torch.load.
+            model_hint: the model hint stored with the vector (None: a GGUF file's
+                ``controlvector.model_hint``, none for other formats; ``""``: none); at most
+                256 bytes of printable UTF-8, else :class:`~shmsteer.errors.BadModelHintError`.
 
         Returns:
-            the region version that wrote it and the digest of its encoding.
+            the region version that wrote it, the digest of its encoding and the model hint
+            stored with it (read at a snapshot right after the import).
 
         Raises:
             the ValueError subclasses of :class:`~shmsteer.errors.VectorFileError` and steer's
@@ -251,6 +256,8 @@ class _Handle:
             opts["hook"] = hook
         if max_bytes:
             opts["max_bytes"] = max_bytes
+        if model_hint is not None:
+            opts["model_hint"] = model_hint
         os.stat(path)  # a missing file is FileNotFoundError, not the library's generic OtherError
         v = c_uint64()
         digest_buf = (ctypes.c_uint8 * 32)()
@@ -260,21 +267,28 @@ class _Handle:
             js = json.dumps(opts).encode()
             check(lib.shmsteer_vector_import_bytes(self.handle, nb, len(nb), data, len(data), os.fsencode(path),
                                                    js, len(js), byref(v), digest_buf))
-            return ImportedVector(name, v.value, bytes(digest_buf))
+            return self._imported(name, v.value, bytes(digest_buf))
         if format is not None:
             opts["format"] = format
         js = json.dumps(opts).encode() if opts else b""
         check(lib.shmsteer_vector_import(self.handle, nb, len(nb), os.fsencode(path), js, len(js), byref(v),
                                          digest_buf))
-        return ImportedVector(name, v.value, bytes(digest_buf))
+        return self._imported(name, v.value, bytes(digest_buf))
 
-    def export_vector(self, name: str, path: Union[str, "os.PathLike[str]"], format: Optional[str] = None) -> None:
+    def _imported(self, name: str, version: int, digest: bytes) -> "ImportedVector":
+        with self.snapshot() as snap:
+            return ImportedVector(name, version, digest, snap.model_hint(name))
+
+    def export_vector(self, name: str, path: Union[str, "os.PathLike[str]"], format: Optional[str] = None,
+                      model_hint: Optional[str] = None) -> None:
         """Write named vector ``name`` (read at the current version, pinned while it is written)
         to ``path`` as "gguf", "npy", "npz", "safetensors" (by the Go exporter) or "pt" (a
         ``torch.save`` dict ``{"<hook>.<layer>": tensor}``, :func:`shmsteer.vectors.save_pt`);
         None: by the extension. Importing the file gives back the same floats bitwise. GGUF
         holds only post_block at layers >= 1, npy one hook:
-        :class:`~shmsteer.errors.UnrepresentableError` otherwise."""
+        :class:`~shmsteer.errors.UnrepresentableError` otherwise. A GGUF file's
+        ``controlvector.model_hint`` is ``model_hint``, or the hint stored with the vector when
+        None (``""`` writes none); a bad hint is :class:`~shmsteer.errors.BadModelHintError`."""
         from . import vectors
         if vectors.is_pt(path, format):
             with self.snapshot() as snap:
@@ -283,8 +297,14 @@ class _Handle:
                 del nv  # drop the views so the pin ends with the snapshot
             return
         nb = _b(name)
+        if model_hint is not None and not isinstance(model_hint, str):
+            raise TypeError(f"model_hint must be a str or None, not {type(model_hint).__name__}")
+        hint = model_hint.encode("utf-8", "surrogatepass") if model_hint is not None else None
+        if hint is not None and b"\0" in hint:
+            from .errors import BadModelHintError
+            raise BadModelHintError(f"shmsteer: bad model hint: {model_hint!r} has the non-printable character U+0000")
         check(lib.shmsteer_vector_export(self.handle, nb, len(nb), os.fsencode(path),
-                                         format.encode() if format else None))
+                                         format.encode() if format else None, hint))
 
     def set_global(self, steering: Dict[str, Any]) -> int:
         """Replace the global steering (steering JSON of shmsteer.h as a dict; ``{}`` clears).
@@ -651,12 +671,14 @@ class VectorEntry:
 
 @dataclass(frozen=True)
 class ImportedVector:
-    """A named vector registered from a file: the region version that wrote it and the sha256
-    of its encoding (as :attr:`NamedVector.digest` reports)."""
+    """A named vector registered from a file: the region version that wrote it, the sha256
+    of its encoding (as :attr:`NamedVector.digest` reports) and the model hint stored with it
+    (``""`` when none)."""
 
     name: str
     version: int
     digest: bytes
+    model_hint: str = ""
 
 
 @dataclass(frozen=True)
@@ -743,8 +765,17 @@ class Snapshot:
             out.append(VectorEntry(hooks[e.hook], e.layer, e.scale, _view(ptr, e.len, self._pin)))
         return NamedVector(name, info.version, bytes(info.digest), out)
 
+    def model_hint(self, name: str) -> str:
+        """The model hint stored with steering vector ``name`` at this version (a GGUF's
+        ``controlvector.model_hint``; ``""`` when it has none)."""
+        nb = _b(name)
+        h = self._handle()
+        out = _lib.read_json(lambda _, buf, cap, n: lib.shmsteer_vector_model_hint(h, nb, len(nb), buf, cap, n), h)
+        return out.decode("utf-8")
+
     def vectors(self, kind: str = "steer") -> List[Dict[str, Any]]:
-        """[{name, version, digest}] of the named vectors of ``kind`` at this version."""
+        """[{name, version, digest[, model_hint]}] of the named vectors of ``kind`` at this
+        version (model_hint when a steering vector has one)."""
         list_json = _kind_call(kind, lib.shmsteer_vector_list_json, lib.shmsteer_probe_list_json)
         return json.loads(_lib.read_json(list_json, self._handle()))
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 
@@ -370,6 +371,30 @@ func ModelHint(b []byte) string {
 		return ""
 	}
 	return g.modelHint
+}
+
+// FileModelHint is the first GGUF model hint among the files at paths ("" if none), for a
+// caller that imported them already: a file that is not GGUF (by its magic) is not read
+// further, and a read error just means no hint.
+func FileModelHint(paths ...string) string {
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		var magic [4]byte
+		_, err = io.ReadFull(f, magic[:])
+		f.Close()
+		if err != nil || string(magic[:]) != "GGUF" {
+			continue
+		}
+		if b, err := os.ReadFile(p); err == nil {
+			if h := ModelHint(b); h != "" {
+				return h
+			}
+		}
+	}
+	return ""
 }
 
 func parseGGUF(acc *accumulator, b []byte) error {
