@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -32,6 +33,9 @@ const (
 	tp8Ranks  = 8
 	tp8Sets   = 16
 	tp8Layers = 8
+	// tp8SettleCycles is how many GC cycles a rank runs before it reports ready (see
+	// rankChild).
+	tp8SettleCycles = 3
 )
 
 var tp8Model = steer.ModelConfig{Hidden: stepD, Layers: tp8Layers, Hooks: []string{"pre_attn", "post_attn"}}
@@ -195,6 +199,14 @@ func rankChild(c *ipc.Client) (map[string]Op, func() error, error) {
 	h := make([]float32, len(batch)*cfg.Hidden)
 	keys := Keys()
 	buf := make([]byte, 0, ValueSize)
+	// Bring the runtime to its steady state before the parent's first Pss reading: the GC's
+	// metadata (the mark bits of the spans, kept for two cycles) and the heap it releases only
+	// settle after a few cycles, and the read ends with a cycle of its own (FreeOSMemory). From
+	// one cycle only, the ranks' growth counted the runtime's later-cycle metadata (about half
+	// of what a rank grew) as the reads', where the rank's live heap grows by tens of KiB.
+	for range tp8SettleCycles {
+		runtime.GC()
+	}
 	debug.FreeOSMemory()
 	read := func() error {
 		for _, k := range keys {
