@@ -389,3 +389,47 @@ SHMSTEER_API int shmsteer_follower_client(shmsteer_follower_t *f, shmsteer_t **c
 }
 
 SHMSTEER_API int shmsteer_follower_close(shmsteer_follower_t *f) { ENTER(); return shmsteerGo_follower_close(H(f)); }
+
+SHMSTEER_API int shmsteer_capture_attach(const char *ns, const void *secret, size_t secret_len,
+                                         const char *secret_file, const char *name, int32_t policy,
+                                         int64_t bound_ns, shmsteer_capture_t **out) {
+  ENTER();
+  shmsteer_env_secret(&secret, &secret_len, &secret_file);
+  OUT_HANDLE(shmsteer_capture_t,
+             shmsteerGo_capture_attach((char *)ns, (void *)secret, secret_len, (char *)secret_file, (char *)name,
+                                       policy, bound_ns, &hv),
+             out);
+}
+
+SHMSTEER_API int shmsteer_capture_next(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_capture_event *ev) {
+  ENTER();
+  return shmsteerGo_capture_next(H(c), timeout_ms, ev);
+}
+
+SHMSTEER_API int shmsteer_capture_release(shmsteer_capture_t *c) { ENTER(); return shmsteerGo_capture_release(H(c)); }
+
+SHMSTEER_API int shmsteer_capture_publish(shmsteer_capture_t *c, const char *request_id, size_t request_id_len,
+                                          int32_t status, const char *error, const char *payload_json,
+                                          size_t payload_len) {
+  ENTER();
+  return shmsteerGo_capture_publish(H(c), (char *)request_id, request_id_len, status, (char *)error,
+                                    (char *)payload_json, payload_len);
+}
+
+SHMSTEER_API int shmsteer_capture_stats_get(shmsteer_capture_t *c, shmsteer_capture_stats *out) {
+  ENTER();
+  return shmsteerGo_capture_stats(H(c), out);
+}
+
+SHMSTEER_API int shmsteer_capture_close(shmsteer_capture_t *c) { ENTER(); return shmsteerGo_capture_close(H(c)); }
+
+SHMSTEER_API int shmsteer_capture_serve(shmsteer_t *owner, const char *consumers) {
+  ENTER();
+  return shmsteerGo_capture_serve(H(owner), (char *)consumers);
+}
+
+SHMSTEER_API int shmsteer_capture_result_json(shmsteer_t *owner, const char *request_id, size_t request_id_len,
+                                              char *buf, size_t cap, size_t *len) {
+  ENTER();
+  return shmsteerGo_capture_result_json(H(owner), (char *)request_id, request_id_len, buf, cap, len);
+}

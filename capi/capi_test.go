@@ -30,8 +30,11 @@ import (
 const roleEnv = "SHMSTEER_CAPI_ROLE"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(roleEnv) == "owner" {
+	switch os.Getenv(roleEnv) {
+	case "owner":
 		os.Exit(runOwnerRole())
+	case "capture":
+		os.Exit(runCaptureRole())
 	}
 	os.Exit(m.Run())
 }

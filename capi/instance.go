@@ -18,6 +18,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/shmsteer/shmsteer/capture"
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
@@ -34,6 +35,7 @@ type instance struct {
 	engErr  error         // why eng is nil
 	cfg     steer.ModelConfig
 	ownerPD int
+	hub     *capture.Hub // the owner's capture hub (shmsteer_capture_serve); nil without
 }
 
 // side is the process's end of the region: the owner, or a client attached to it.
@@ -166,6 +168,9 @@ func shmsteerGo_close(h C.uint64_t) C.int {
 	inst, ok := getAs[*instance](uint64(h))
 	if !ok || !handles.remove(uint64(h)) {
 		return badHandle("shmsteer_close")
+	}
+	if inst.hub != nil {
+		inst.hub.Close()
 	}
 	if err := inst.side.Close(); err != nil {
 		return fail(err)

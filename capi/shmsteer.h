@@ -644,6 +644,87 @@ int shmsteer_batch_resolve(shmsteer_batch_t *b, uint64_t version, const shmsteer
  * step awaits its scores, SHAPE for a wrong n; nothing changes then. */
 int shmsteer_batch_report(shmsteer_batch_t *b, const float *scores, size_t n, uint64_t *gate_checksum);
 
+/* ---- Activation capture consumers (package capture) ----
+ *
+ * A consumer attaches to the owner under a name the owner declares and reads every worker's
+ * capture ring: a stream of events, one per shmsteer_capture_next. A captured request's BEGIN
+ * (its spec for this consumer, JSON, and its prompt length) comes before its RECORDs (one site
+ * of one request in one step: rows x width elements of dtype, their absolute positions) and its
+ * END after all of them (dropped: records dropped for this consumer while it was open). A
+ * record's data and positions point into the ring (zero copy) and its strings into the handle's
+ * memory: all valid until the next call on the handle (release frees the record earlier).
+ * Publish the request's result after its END. One thread at a time per handle. */
+typedef struct shmsteer_capture shmsteer_capture_t; /* a capture consumer */
+
+#define SHMSTEER_CAPTURE_NONE 0   /* no event within the timeout */
+#define SHMSTEER_CAPTURE_BEGIN 1
+#define SHMSTEER_CAPTURE_RECORD 2
+#define SHMSTEER_CAPTURE_END 3
+
+#define SHMSTEER_CAPTURE_BLOCK 1 /* a worker waits up to the bound for this consumer, then drops */
+#define SHMSTEER_CAPTURE_DROP 2  /* a worker drops at once when this consumer lags */
+
+#define SHMSTEER_CAPTURE_F32 1
+#define SHMSTEER_CAPTURE_BF16 2 /* raw bfloat16 elements (read them as uint16) */
+#define SHMSTEER_CAPTURE_F16 3
+
+#define SHMSTEER_CAPTURE_OK 1            /* result statuses a consumer publishes */
+#define SHMSTEER_CAPTURE_PARTIAL_ERROR 2
+#define SHMSTEER_CAPTURE_ERROR 3
+
+typedef struct {
+  int32_t kind;               /* SHMSTEER_CAPTURE_NONE, _BEGIN, _RECORD, _END */
+  uint32_t ring;              /* RECORD: the worker ring it came from */
+  const char *request_id;     /* not NUL-terminated */
+  size_t request_id_len;
+  const char *spec;           /* BEGIN: this consumer's spec (JSON), not NUL-terminated */
+  size_t spec_len;
+  int64_t prompt_len;         /* BEGIN */
+  uint64_t dropped;           /* END */
+  int32_t layer;              /* RECORD */
+  int32_t dtype;              /* RECORD: SHMSTEER_CAPTURE_F32, _BF16, _F16 */
+  const char *hook;           /* RECORD, not NUL-terminated */
+  size_t hook_len;
+  int64_t rows, width;        /* RECORD */
+  const uint32_t *positions;  /* RECORD: rows absolute positions, little-endian */
+  const void *data;           /* RECORD: rows x width elements, little-endian */
+  size_t nbytes;
+} shmsteer_capture_event;
+
+typedef struct {
+  int64_t rings;     /* worker rings read */
+  uint64_t received; /* records read */
+  uint64_t dropped;  /* records dropped while this consumer lagged */
+  uint64_t skipped;  /* records of requests not captured for it */
+  uint64_t lag;      /* most bytes not yet released on any ring */
+} shmsteer_capture_stats;
+
+/* Attach a consumer named name (declared by the owner) with policy SHMSTEER_CAPTURE_BLOCK or
+ * _DROP and its bound on a worker's wait in nanoseconds (0: the worker's). The secret as for
+ * shmsteer_attach. Errors: UNKNOWN_CONSUMER, CONSUMER_TAKEN, NO_HUB,
+ * BAD_POLICY, and shmsteer_attach's. */
+int shmsteer_capture_attach(const char *ns, const void *secret, size_t secret_len, const char *secret_file,
+                            const char *name, int32_t policy, int64_t bound_ns, shmsteer_capture_t **out);
+/* The next event, waiting at most timeout_ms (kind NONE: none came). */
+int shmsteer_capture_next(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_capture_event *ev);
+/* Let the worker reuse the record the last next returned. */
+int shmsteer_capture_release(shmsteer_capture_t *c);
+/* Publish the result for a request: status SHMSTEER_CAPTURE_OK, _PARTIAL_ERROR or _ERROR, an
+ * error message (C string or NULL) and a payload, a JSON array (NULL/0: []). */
+int shmsteer_capture_publish(shmsteer_capture_t *c, const char *request_id, size_t request_id_len, int32_t status,
+                             const char *error, const char *payload_json, size_t payload_len);
+int shmsteer_capture_stats_get(shmsteer_capture_t *c, shmsteer_capture_stats *out);
+/* Detach from every ring and the owner (its requests not published end with status error). */
+int shmsteer_capture_close(shmsteer_capture_t *c);
+
+/* Owner: serve capture consumers, declared as "NAME=TYPE[,NAME=TYPE...]" (type filesystem). */
+int shmsteer_capture_serve(shmsteer_t *owner, const char *consumers);
+/* Owner: every declared consumer's result for a request, JSON {consumer: {"status": "pending" |
+ * "ok" | "partial_error" | "error" | "not_requested", "error": msg or null, "payload": [...]}}
+ * into (buf, cap); *len is set (BUFFER_TOO_SMALL: retry with *len). */
+int shmsteer_capture_result_json(shmsteer_t *owner, const char *request_id, size_t request_id_len, char *buf,
+                                 size_t cap, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

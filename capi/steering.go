@@ -163,7 +163,11 @@ func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js 
 	if err != nil {
 		return fail(err)
 	}
-	ad, err := inst.eng.Admit(steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override, Gates: gates})
+	adm := steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override, Gates: gates}
+	ad, err := inst.eng.Admit(adm)
+	if err == nil && inst.hub != nil && len(adm.Capture) > 0 {
+		inst.hub.Begin(adm.RequestID, adm.Capture, adm.PromptLen) // before the admission returns
+	}
 	return versionOut(version, ad.Version, err)
 }
 
@@ -178,5 +182,8 @@ func shmsteerGo_request_end(h C.uint64_t, id *C.char, idLen C.size_t, version *C
 		return badArg("id")
 	}
 	v, err := inst.eng.End(strings.Clone(sid))
+	if err == nil && inst.hub != nil {
+		inst.hub.End(sid)
+	}
 	return versionOut(version, v, err)
 }

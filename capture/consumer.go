@@ -59,17 +59,18 @@ type Event struct {
 // Consumer is one attached consumer: it reads every worker's ring through its own slot and
 // receives the owner's begin and end notices. One goroutine at a time.
 type Consumer struct {
-	opts   ConsumerOptions
-	link   *hubLink
-	client *ipc.Client // AttachConsumer's, closed by Close
-	rings  []*consRing
-	begun  map[string]uint64 // request id → the consumer's dropped count at its begin
-	queued []Event           // begin notices not yet delivered
-	ends   []pendingEnd
-	rr     int
-	last   *consRing // the ring whose record Next returned last
-	err    error     // the hub is gone: Next returns it once the rings are drained
-	synced bool      // the hub's initial ring list is in
+	opts      ConsumerOptions
+	link      *hubLink
+	client    *ipc.Client // AttachConsumer's, closed by Close
+	rings     []*consRing
+	begun     map[string]uint64 // request id → the consumer's dropped count at its begin
+	queued    []Event           // begin notices not yet delivered
+	ends      []pendingEnd
+	rr        int
+	last      *consRing // the ring whose record Next returned last
+	err       error     // the hub is gone: Next returns it once the rings are drained
+	synced    bool      // the hub's initial ring list is in
+	sincePump int       // events since the connection was last read
 	// Skipped counts records of requests not captured for this consumer (released unread).
 	skipped uint64
 }
@@ -218,6 +219,9 @@ func (c *Consumer) Release() {
 	}
 }
 
+// pumpEvery bounds the events Next returns between two reads of the hub's connection.
+const pumpEvery = 64
+
 // Next returns the next event, waiting at most wait (false: none came): a request's begin
 // before its records, its end after all of them. Records of requests not captured for this
 // consumer are skipped. ErrHubGone once the owner's hub closed the connection and the rings
@@ -226,9 +230,16 @@ func (c *Consumer) Next(wait time.Duration) (Event, bool, error) {
 	c.Release()
 	deadline := time.Now().Add(wait)
 	for idle := 0; ; idle++ {
-		if err := c.pump(); err != nil {
-			return Event{}, false, err
+		// The connection is read when records run out, for a record of a request not yet
+		// begun, and every pumpEvery events meanwhile (so an end notice is not held back by
+		// a ring that never empties): a read per record would cost a syscall each.
+		if idle > 0 || c.sincePump >= pumpEvery {
+			c.sincePump = 0
+			if err := c.pump(); err != nil {
+				return Event{}, false, err
+			}
 		}
+		c.sincePump++
 		if len(c.queued) > 0 {
 			ev := c.queued[0]
 			c.queued = c.queued[1:]

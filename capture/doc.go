@@ -72,8 +72,10 @@
 // the hidden state straight into the ring).
 //
 // What is not wired yet: the Stepper's, the C ABI's and Python's hooks do not call a sink (and
-// no GPU D2H path exists); there is no rank choice under tensor parallelism; serve does not
-// run a Hub; there is no Python shmsteer.capture; consumers have no global specs. A consumer
+// no GPU D2H path exists); there is no rank choice under tensor parallelism; consumers have no
+// global specs. serve runs a Hub with --capture-consumer; the C ABI's shmsteer_capture_* and
+// Python's shmsteer.capture are the consumer through it (shmsteer_capture_serve makes a
+// Python-hosted owner serve one). A consumer
 // attaches to a ring when it reads the hub's notice of it, so records a worker appends before
 // that are not seen by it.
 //

@@ -157,9 +157,13 @@ func (h *Hub) Consumers() []string {
 	return names
 }
 
-// Serve registers the ticket RPC (OpCaptureTicket) with the owner's RPC handlers; with an
+// OpTicket is the RPC op a worker or consumer asks the owner's hub for a capture connection
+// ticket with (Serve registers it).
+const OpTicket = uint16(proto.OpCaptureTicket)
+
+// Serve registers the ticket RPC (OpTicket) with the owner's RPC handlers; with an
 // *ipc.Owner o pass func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) }.
-func (h *Hub) Serve(handle steer.HandleFunc) { handle(uint16(proto.OpCaptureTicket), h.issueTicket) }
+func (h *Hub) Serve(handle steer.HandleFunc) { handle(OpTicket, h.issueTicket) }
 
 // issueTicket answers OpCaptureTicket: u8 role, name → u8 socket name length, socket name,
 // ticket. A consumer's name must be declared and not attached.

@@ -31,7 +31,7 @@ type hubEnv struct {
 	hub    *Hub
 }
 
-func newHubEnv(t *testing.T) *hubEnv {
+func newHubEnv(t testing.TB) *hubEnv {
 	t.Helper()
 	raw := rand.Text()
 	e := &hubEnv{secret: ipc.NewSecret([]byte(raw)), ns: "capture-test-" + rand.Text()[:12], file: filepath.Join(t.TempDir(), "secret")}
@@ -53,7 +53,7 @@ func newHubEnv(t *testing.T) *hubEnv {
 	return e
 }
 
-func (e *hubEnv) client(t *testing.T) *ipc.Client {
+func (e *hubEnv) client(t testing.TB) *ipc.Client {
 	t.Helper()
 	c, err := ipc.Attach(ipc.ClientOptions{Secret: &e.secret, Namespace: e.ns})
 	if err != nil {
@@ -63,7 +63,7 @@ func (e *hubEnv) client(t *testing.T) *ipc.Client {
 	return c
 }
 
-func (e *hubEnv) worker(t *testing.T, opts WorkerOptions) *Worker {
+func (e *hubEnv) worker(t testing.TB, opts WorkerOptions) *Worker {
 	t.Helper()
 	w, err := RegisterWorker(e.client(t), opts)
 	if err != nil {
@@ -73,7 +73,7 @@ func (e *hubEnv) worker(t *testing.T, opts WorkerOptions) *Worker {
 	return w
 }
 
-func (e *hubEnv) consumer(t *testing.T, opts ConsumerOptions) *Consumer {
+func (e *hubEnv) consumer(t testing.TB, opts ConsumerOptions) *Consumer {
 	t.Helper()
 	c, err := NewConsumer(e.client(t), opts)
 	if err != nil {

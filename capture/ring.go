@@ -188,9 +188,11 @@ func (r *Ring) slot(so int) (bool, Policy) {
 
 // RingStats are the writer's counters and the ring's occupancy.
 type RingStats struct {
-	Records, Bytes, Dropped uint64 // written and dropped by the writer
-	Reclaimed               uint64 // slots of dead consumers the writer freed
-	Occupancy               uint64 // bytes not yet released by the slowest attached consumer
+	Records   uint64 `json:"records"`         // written by the writer
+	Bytes     uint64 `json:"bytes"`           // row bytes written
+	Dropped   uint64 `json:"dropped"`         // records dropped (a consumer lagged past its policy)
+	Reclaimed uint64 `json:"reclaimed"`       // slots of departed consumers freed
+	Occupancy uint64 `json:"occupancy_bytes"` // bytes not yet released by the slowest attached consumer
 }
 
 // Stats reads the ring's counters.
@@ -503,6 +505,9 @@ func (c *RingReader) Dropped() uint64  { return word(c.r.mem, c.so+24).Load() }
 type RingRecord struct {
 	RequestID string
 	Record
+	// PositionsLE is Positions as the ring holds them, rows × u32 little-endian: a view of
+	// the mapping, valid as long as Data (for readers that take no copy, the C ABI).
+	PositionsLE []byte
 }
 
 // Release lets the writer reuse the record Next returned.
@@ -594,6 +599,7 @@ func decodeFrame(b []byte) (uint64, uint32, RingRecord, error) {
 		return bad("a %d-byte frame for %d rows of %d %s, %d+%d name bytes", n, rows, width, d, idLen, hookLen)
 	}
 	rec := RingRecord{Record: Record{Layer: int(layer), Rows: rows, Width: width, Dtype: d, Positions: make([]int, rows)}}
+	rec.PositionsLE = f[frameHeader : frameHeader+4*rows : frameHeader+4*rows]
 	o := frameHeader
 	for i := range rows {
 		rec.Positions[i] = int(binary.LittleEndian.Uint32(f[o:]))

@@ -224,3 +224,6 @@ func (l *hubLink) recvWait(d time.Duration) {
 }
 
 func closeFd(fd int) { unix.Close(fd) }
+
+// Sink is the steer.CaptureSink the worker's Stepper captures into (CaptureOptions.Sink).
+func (w *Worker) Sink() *RingSink { return NewRingSink(w.w) }

@@ -185,6 +185,7 @@ func (s *Server) routes() http.Handler {
 		{"GET /v1/steering/dynamic", s.dynamic},
 		{"POST /v1/requests/admit", s.admit},
 		{"POST /v1/requests/end", s.end},
+		{"GET /v1/requests/{id}/capture", s.captureResult},
 		{"DELETE /v1/conversations/{tenant}/{id}", s.dropConversation},
 		{"GET /v1/status", func(_ *http.Request, p principal, _ []byte) (any, error) { return s.statusFor(p) }},
 	} {
@@ -851,6 +852,7 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.captureBegin(a)
 	s.dirty.Store(true)
 	return map[string]any{"version": out.Version, "source": sourceNames[out.Source], "latched": out.Latched,
 		"refused": out.Refused, "digest": hex.EncodeToString(out.Digest[:])}, nil
@@ -870,6 +872,7 @@ func (s *Server) end(_ *http.Request, p principal, body []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.captureEnd(req.RequestID)
 	return map[string]any{"status": "ok", "version": v}, nil
 }
 
@@ -950,6 +953,8 @@ type Status struct {
 	UptimeSeconds float64 `json:"uptime_seconds"`
 	// Mirror is the NATS mirror's state (absent without --mirror).
 	Mirror *mirror.Status `json:"mirror,omitempty"`
+	// Capture is the capture hub's rings and consumers (absent without --capture-consumer).
+	Capture *capture.HubStatus `json:"capture,omitempty"`
 }
 
 // RegionStatus fills the region-level fields every process can read.
@@ -993,6 +998,10 @@ func (s *Server) status() (Status, error) {
 	if s.mirror != nil {
 		ms := s.mirror.Status()
 		out.Mirror = &ms
+	}
+	if s.hub != nil {
+		hs := s.hub.Status()
+		out.Capture = &hs
 	}
 	return out, nil
 }

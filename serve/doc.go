@@ -114,7 +114,14 @@
 // the fork's merge_steering_specs does with steering_name and inline vectors; an unknown module
 // is 404 "Unknown steering module '<name>'. Available: [...]". POST /v1/requests/end
 // {request_id}, DELETE /v1/conversations/{tenant}/{id}, GET /v1/status, and the vector files
-// below. AdmissionFromRequest turns the steering fields of an OpenAI request body into an admit
+// below. With --capture-consumer NAME=filesystem, serve runs the capture hub (package capture):
+// workers register their rings and consumers (`shmsteer capture fs`) attach to it, an admission's
+// capture is told to its consumers before the admission answers, its end at POST
+// /v1/requests/end, and GET /v1/requests/{id}/capture answers {consumer: {status: "pending" |
+// "ok" | "partial_error" | "error" | "not_requested", error, payload: [...]}} (404 without
+// consumers declared; a tenant's key reads only its own ids), final once the request ended and
+// the consumer published. GET /v1/status has the rings and consumers under "capture", /metrics
+// the shmsteer_capture_* series. AdmissionFromRequest turns the steering fields of an OpenAI request body into an admit
 // body, validated as the fork's frontend validates them (package doc of AdmissionFromRequest).
 //
 // Where serve differs from the fork, on purpose: it has no model engine, so it checks hooks,

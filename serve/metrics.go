@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/shmsteer/shmsteer/capture"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -94,7 +95,7 @@ func newMetrics(s *Server) *metrics {
 		Help:        "Always 1; the labels name the running binary: its version (see Version) and VCS revision.",
 		ConstLabels: prometheus.Labels{"version": Version(), "revision": revision()}})
 	bi.Set(1)
-	m.reg.MustRegister(c, m.http, m.rpc, bi, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(c, newCaptureCollector(s), m.http, m.rpc, bi, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -185,7 +186,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 
 var opNames = map[uint16]string{steer.OpRegister: "register", steer.OpUnregister: "unregister",
 	steer.OpSetGlobal: "set_global", OpReportChecksum: "report_checksum",
-	steer.OpRegisterProbe: "register_probe", steer.OpUnregisterProbe: "unregister_probe"}
+	steer.OpRegisterProbe: "register_probe", steer.OpUnregisterProbe: "unregister_probe",
+	capture.OpTicket: "capture_ticket"}
 
 // devVersion is the version of a binary built from a checkout (no module version).
 const devVersion = "v0.0.0-dev"

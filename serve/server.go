@@ -51,6 +51,7 @@ type Server struct {
 	bodies *bodyBudget // request body bytes in flight
 
 	mirror *mirror.Mirror // nil without --mirror; set before the control API serves
+	hub    *capture.Hub   // nil without --capture-consumer (capture.go)
 
 	mu      sync.Mutex // serializes mutations through the API and state captures
 	modules map[string]module
@@ -130,6 +131,12 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 			s.owner.Close()
 		}
 	}()
+	if err := s.openCapture(); err != nil {
+		return err
+	}
+	if s.hub != nil {
+		defer s.hub.Close()
+	}
 	s.serveRPC()
 	if err := s.restoreAndPublish(); err != nil {
 		return err
@@ -225,6 +232,9 @@ func (s *Server) serveRPC() {
 	}
 	s.eng.Serve(persisting)
 	handle(OpReportChecksum, s.checks.handle)
+	if s.hub != nil {
+		s.hub.Serve(handle)
+	}
 }
 
 // restoreAndPublish restores the saved state, then writes the readiness marker that tells a
@@ -319,6 +329,9 @@ func (s *Server) shutdown(srv *http.Server) error {
 		if err := s.persist(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if s.hub != nil {
+		s.hub.Close() // consumers and workers see the hub go before the owner
 	}
 	owner := s.owner
 	s.owner = nil

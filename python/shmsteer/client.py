@@ -526,6 +526,16 @@ class Owner(_Handle):
         check(lib.shmsteer_request_end(self.handle, rid, len(rid), byref(v)))
         return v.value
 
+    def capture_result(self, request_id: str) -> Dict[str, Dict[str, Any]]:
+        """Every declared capture consumer's result for a request (see
+        :func:`shmsteer.capture.capture_result`): ``{consumer: {"status", "error", "payload"}}``.
+
+        Raises:
+            NoHubError if this owner serves no capture consumers.
+        """
+        from .capture import capture_result
+        return capture_result(self, request_id)
+
 
 def _gates_for_abi(steering: Any) -> Any:
     """The gates with every inline source's packed blobs decoded into the C ABI's vector form

@@ -1,0 +1,247 @@
+package main
+
+// shmsteer_capture_t: an activation capture consumer (package capture's Consumer), and the
+// owner's capture hub on a shmsteer_t started by shmsteer_owner_start.
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "shmsteer.h"
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/shmsteer/shmsteer/capture"
+	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// captureConsumer is what a shmsteer_capture_t stands for. The strings an event names (request
+// id, hook, spec) are copied into buf, C memory the handle owns; the record's data and
+// positions point into the ring's mapping.
+type captureConsumer struct {
+	c   *capture.Consumer
+	cl  *ipc.Client
+	buf unsafe.Pointer
+	cap int
+}
+
+// scratch returns C memory of at least n bytes, valid until the next event.
+func (k *captureConsumer) scratch(n int) unsafe.Pointer {
+	if n > k.cap {
+		C.free(k.buf)
+		k.buf = C.malloc(C.size_t(n))
+		k.cap = n
+	}
+	return k.buf
+}
+
+func (k *captureConsumer) free() {
+	C.free(k.buf)
+	k.buf, k.cap = nil, 0
+}
+
+var captureDtypes = map[capture.Dtype]C.int32_t{capture.Float32: 1, capture.BFloat16: 2, capture.Float16: 3}
+
+//export shmsteerGo_capture_attach
+func shmsteerGo_capture_attach(ns *C.char, secret unsafe.Pointer, secretLen C.size_t, secretFile *C.char, name *C.char, policy C.int32_t, boundNs C.int64_t, out *C.uint64_t) C.int {
+	if out == nil || name == nil {
+		return badArg("name and out must not be NULL")
+	}
+	sec, err := resolveSecret(secret, secretLen, secretFile)
+	if err != nil {
+		return fail(err)
+	}
+	cl, err := ipc.Attach(ipc.ClientOptions{Secret: sec, Namespace: goString(ns)})
+	if err != nil {
+		return fail(err)
+	}
+	c, err := capture.NewConsumer(cl, capture.ConsumerOptions{Name: C.GoString(name), Policy: capture.Policy(policy), Bound: time.Duration(boundNs)})
+	if err != nil {
+		cl.Close()
+		return fail(err)
+	}
+	rc := store(&captureConsumer{c: c, cl: cl}, out)
+	if rc != C.SHMSTEER_OK {
+		c.Close()
+		cl.Close()
+	}
+	return rc
+}
+
+func consumerOf(h C.uint64_t) (*captureConsumer, C.int) {
+	k, ok := getAs[*captureConsumer](uint64(h))
+	if !ok {
+		return nil, badHandle("not a live shmsteer_capture_t")
+	}
+	return k, C.SHMSTEER_OK
+}
+
+//export shmsteerGo_capture_next
+func shmsteerGo_capture_next(h C.uint64_t, timeoutMs C.int64_t, ev *C.shmsteer_capture_event) C.int {
+	k, rc := consumerOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if ev == nil || timeoutMs < 0 {
+		return badArg("ev must not be NULL and timeout_ms not negative")
+	}
+	*ev = C.shmsteer_capture_event{}
+	e, ok, err := k.c.Next(time.Duration(timeoutMs) * time.Millisecond)
+	if err != nil {
+		return fail(err)
+	}
+	if !ok {
+		return C.SHMSTEER_OK
+	}
+	ev.kind = C.int32_t(e.Kind)
+	n := len(e.RequestID) + len(e.Spec) + len(e.Record.Hook)
+	p := k.scratch(max(n, 1))
+	b := unsafe.Slice((*byte)(p), n)
+	o := copy(b, e.RequestID)
+	ev.request_id, ev.request_id_len = (*C.char)(p), C.size_t(len(e.RequestID))
+	switch e.Kind {
+	case capture.EventBegin:
+		copy(b[o:], e.Spec)
+		ev.spec, ev.spec_len = (*C.char)(unsafe.Add(p, o)), C.size_t(len(e.Spec))
+		ev.prompt_len = C.int64_t(e.PromptLen)
+	case capture.EventEnd:
+		ev.dropped = C.uint64_t(e.Dropped)
+	case capture.EventRecord:
+		r := e.Record
+		copy(b[o:], r.Hook)
+		ev.hook, ev.hook_len = (*C.char)(unsafe.Add(p, o)), C.size_t(len(r.Hook))
+		ev.ring = C.uint32_t(e.Ring)
+		ev.layer = C.int32_t(r.Layer)
+		ev.dtype = captureDtypes[r.Dtype]
+		ev.rows, ev.width = C.int64_t(r.Rows), C.int64_t(r.Width)
+		// Views of the ring's mapping (not Go memory): valid until the next call.
+		ev.positions = (*C.uint32_t)(unsafe.Pointer(unsafe.SliceData(r.PositionsLE)))
+		ev.data, ev.nbytes = unsafe.Pointer(unsafe.SliceData(r.Data)), C.size_t(len(r.Data))
+	}
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_capture_release
+func shmsteerGo_capture_release(h C.uint64_t) C.int {
+	k, rc := consumerOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	k.c.Release()
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_capture_publish
+func shmsteerGo_capture_publish(h C.uint64_t, id *C.char, idLen C.size_t, status C.int32_t, msg *C.char, payload *C.char, payloadLen C.size_t) C.int {
+	k, rc := consumerOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	rid, ok := cstr(id, idLen)
+	pl, ok2 := cstr(payload, payloadLen)
+	if !ok || !ok2 || status < 0 || status > 255 {
+		return badArg("request id or payload pointer and length, or status")
+	}
+	r := capture.Result{Status: capture.Status(status), Error: goString(msg), Payload: json.RawMessage(pl)}
+	if err := k.c.Publish(rid, r); err != nil {
+		return fail(err)
+	}
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_capture_stats
+func shmsteerGo_capture_stats(h C.uint64_t, out *C.shmsteer_capture_stats) C.int {
+	k, rc := consumerOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if out == nil {
+		return badArg("out must not be NULL")
+	}
+	s := k.c.Stats()
+	*out = C.shmsteer_capture_stats{rings: C.int64_t(s.Rings), received: C.uint64_t(s.Received), dropped: C.uint64_t(s.Dropped),
+		skipped: C.uint64_t(s.Skipped), lag: C.uint64_t(s.Lag)}
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_capture_close
+func shmsteerGo_capture_close(h C.uint64_t) C.int {
+	k, ok := getAs[*captureConsumer](uint64(h))
+	if !ok || !handles.remove(uint64(h)) {
+		return badHandle("shmsteer_capture_close")
+	}
+	k.c.Close()
+	k.free()
+	if err := k.cl.Close(); err != nil {
+		return fail(err)
+	}
+	return C.SHMSTEER_OK
+}
+
+// ownerHub is the owner instance's capture hub, or an error code when h is not an owner with
+// one.
+func ownerHub(h C.uint64_t) (*capture.Hub, C.int) {
+	inst, rc := instanceOf(h)
+	if rc != C.SHMSTEER_OK {
+		return nil, rc
+	}
+	if inst.hub == nil {
+		return nil, fail(capture.ErrNoHub)
+	}
+	return inst.hub, C.SHMSTEER_OK
+}
+
+//export shmsteerGo_capture_serve
+func shmsteerGo_capture_serve(h C.uint64_t, consumers *C.char) C.int {
+	inst, rc := instanceOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	o, ok := inst.side.(ownerSide)
+	if !ok {
+		return fail(steer.ErrNotOwner)
+	}
+	if inst.hub != nil {
+		return badArg("the owner serves capture already")
+	}
+	decl := map[string]string{}
+	for _, d := range strings.Split(goString(consumers), ",") {
+		name, typ, ok := strings.Cut(strings.TrimSpace(d), "=")
+		if !ok || name == "" || typ == "" {
+			return badArg("consumers: want NAME=TYPE[,NAME=TYPE...]")
+		}
+		decl[name] = typ
+	}
+	hub, err := capture.NewHub(capture.HubOptions{Consumers: decl, Logger: quietLogger()})
+	if err != nil {
+		return fail(err)
+	}
+	hub.Serve(func(op uint16, hf func([]byte) ([]byte, error)) { o.Handle(op, hf) })
+	inst.hub = hub
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_capture_result_json
+func shmsteerGo_capture_result_json(h C.uint64_t, id *C.char, idLen C.size_t, buf *C.char, capacity C.size_t, n *C.size_t) C.int {
+	hub, rc := ownerHub(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	rid, ok := cstr(id, idLen)
+	if !ok {
+		return badArg("request id pointer or length")
+	}
+	res, _ := hub.Result(rid)
+	b, err := json.Marshal(res)
+	if err != nil {
+		return fail(err)
+	}
+	return writeOut(b, buf, capacity, n)
+}

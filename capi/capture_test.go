@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shmsteer/shmsteer/capture"
+	"github.com/shmsteer/shmsteer/ipc"
+)
+
+// captureRecord is record seq of the capture role's deterministic stream (test_capture.py
+// computes the same): layer seq%4 at post_block, 1+seq%3 rows of 64 elements at positions
+// 10*seq+i; element j of the record is float32(seq*1000+j) (f32), or the raw uint16
+// seq*7+j (bf16 and f16, which a test compares as bits).
+func captureRecord(seq int, d capture.Dtype) capture.Record {
+	rows, width := 1+seq%3, fixtureModel.Hidden
+	r := capture.Record{Layer: seq % 4, Hook: "post_block", Dtype: d, Rows: rows, Width: width}
+	for i := range rows {
+		r.Positions = append(r.Positions, 10*seq+i)
+	}
+	for j := range rows * width {
+		if d == capture.Float32 {
+			r.Data = binary.LittleEndian.AppendUint32(r.Data, math.Float32bits(float32(seq*1000+j)))
+		} else {
+			r.Data = binary.LittleEndian.AppendUint16(r.Data, uint16(seq*7+j))
+		}
+	}
+	return r
+}
+
+// runCaptureRole is the fixture owner with a capture hub declaring consumer "py", and a worker
+// ring of its own; it takes commands on stdin, one per line, answering one line each:
+//
+//	begin ID PROMPT SPEC   Hub.Begin(ID, {"py": SPEC}, PROMPT)           → ok
+//	append ID SEQ DTYPE    captureRecord(SEQ, DTYPE) into the ring       → ok | err MESSAGE
+//	end ID                 Hub.End(ID)                                   → ok
+//	result ID              Hub.Result once py's is not pending (≤ 10 s) → the JSON
+func runCaptureRole() int {
+	secret, ns := os.Getenv("SHMSTEER_SECRET"), os.Getenv("SHMSTEER_TEST_NS")
+	o, _, err := startGoOwner(secret, ns)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "owner:", err)
+		return 1
+	}
+	defer o.Close()
+	hub, err := capture.NewHub(capture.HubOptions{Consumers: map[string]string{"py": "filesystem"}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "hub:", err)
+		return 1
+	}
+	defer hub.Close()
+	hub.Serve(func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) })
+	s := ipc.NewSecret([]byte(secret))
+	cl, err := ipc.Attach(ipc.ClientOptions{Secret: &s, Namespace: ns})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "attach:", err)
+		return 1
+	}
+	defer cl.Close()
+	w, err := capture.RegisterWorker(cl, capture.WorkerOptions{Capacity: 4 << 20, Wait: time.Second})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	defer w.Close()
+	fmt.Println("ready")
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		f := strings.SplitN(sc.Text(), " ", 4)
+		reply := "ok"
+		switch {
+		case f[0] == "begin" && len(f) == 4:
+			n, _ := strconv.Atoi(f[2])
+			hub.Begin(f[1], map[string]json.RawMessage{"py": json.RawMessage(f[3])}, n)
+		case f[0] == "append" && len(f) == 4:
+			seq, _ := strconv.Atoi(f[2])
+			if err := w.Writer().Append(f[1], captureRecord(seq, capture.Dtype(f[3]))); err != nil {
+				reply = "err " + err.Error()
+			}
+		case f[0] == "end" && len(f) == 2:
+			hub.End(f[1])
+		case f[0] == "result" && len(f) == 2:
+			var res map[string]capture.Result
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+				res, _ = hub.Result(f[1])
+				if res["py"].Status != capture.StatusPending || time.Now().After(deadline) {
+					break
+				}
+			}
+			b, _ := json.Marshal(res)
+			reply = string(b)
+		default:
+			reply = "err unknown command"
+		}
+		fmt.Println(reply)
+	}
+	return 0
+}

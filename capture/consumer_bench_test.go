@@ -1,0 +1,120 @@
+//go:build linux
+
+package capture
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// BenchmarkConsumerRead: one decode step of the issue's shape (64 requests, all positions, 32
+// post_block layers, hidden 4096, float32: 2,048 records of 16 KiB, 32 MiB) appended by a
+// worker, then read by a Go consumer attached over ipc (Next, copy each record's rows out,
+// Release), against a plain copy of the same 32 MiB out of a shared memfd mapping (the ring's
+// kind of memory) into the same destination, alternating in one run. consumer/memcpy is the median over rounds of the memcpy time over the consumer's
+// (the consumer's bandwidth as a fraction of memcpy's; the goal is ≥ 0.8).
+//
+//	go test -run '^$' -bench ConsumerRead -benchtime 30x ./capture
+func BenchmarkConsumerRead(b *testing.B) {
+	const reqs, layers, width = 64, 32, 4096
+	e := newHubEnv(b)
+	w := e.worker(b, WorkerOptions{Capacity: 64 << 20, Wait: time.Second})
+	c := e.consumer(b, ConsumerOptions{Name: "fs"})
+	rec := Record{Hook: "post_block", Dtype: Float32, Rows: 1, Width: width, Positions: []int{100}, Data: make([]byte, width*4)}
+	for i := range rec.Data {
+		rec.Data[i] = byte(i * 7)
+	}
+	ids := make([]string, reqs)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("req-%d", i)
+		e.hub.Begin(ids[i], map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 1)
+	}
+	for range reqs { // the begins
+		if ev, ok, err := c.Next(time.Second); err != nil || !ok || ev.Kind != EventBegin {
+			b.Fatal(ev, ok, err)
+		}
+	}
+	step := reqs * layers * width * 4
+	// The baseline reads the same kind of memory as the ring: a shared memfd mapping.
+	m, err := CreateRing(uint64(step), 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	src, dst := m.data[:step], make([]byte, step)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	var ratios, ratios1, consNs, memNs []float64
+	b.SetBytes(int64(step))
+	b.ResetTimer()
+	appendStep := func() {
+		for l := range layers {
+			rec.Layer = l
+			for _, id := range ids {
+				if err := w.Writer().Append(id, rec); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	// The consumer reads what the worker just wrote; the baselines' source is rewritten the
+	// same way (untimed) before each copy, so every contender reads freshly written bytes.
+	read := func() time.Duration {
+		appendStep()
+		t0 := time.Now()
+		off := 0
+		for n := 0; n < reqs*layers; n++ {
+			ev, ok, err := c.Next(time.Second)
+			if err != nil || !ok || ev.Kind != EventRecord {
+				b.Fatal(ev.Kind, ok, err)
+			}
+			off += copy(dst[off:], ev.Record.Data)
+		}
+		c.Release()
+		return time.Since(t0)
+	}
+	fresh := func() {
+		for off := 0; off < step; off += len(rec.Data) {
+			copy(src[off:], rec.Data)
+		}
+	}
+	// memcpy copies the same bytes in the records' chunks (16 KiB each); memcpy1 in one 32 MiB
+	// copy (which Go does with non-temporal stores, sparing the destination's reads).
+	mem := func() time.Duration {
+		fresh()
+		t0 := time.Now()
+		for off := 0; off < step; off += len(rec.Data) {
+			copy(dst[off:off+len(rec.Data)], src[off:])
+		}
+		return time.Since(t0)
+	}
+	mem1 := func() time.Duration {
+		fresh()
+		t0 := time.Now()
+		copy(dst, src)
+		return time.Since(t0)
+	}
+	for i := range b.N {
+		var tc, tm, t1 time.Duration
+		if i%2 == 0 {
+			tc, tm, t1 = read(), mem(), mem1()
+		} else {
+			t1, tm, tc = mem1(), mem(), read()
+		}
+		consNs = append(consNs, float64(tc))
+		memNs = append(memNs, float64(tm))
+		ratios = append(ratios, float64(tm)/float64(tc))
+		ratios1 = append(ratios1, float64(t1)/float64(tc))
+	}
+	b.StopTimer()
+	med := func(x []float64) float64 { slices.Sort(x); return x[len(x)/2] }
+	b.ReportMetric(med(ratios), "consumer/memcpy")
+	b.ReportMetric(med(ratios1), "consumer/memcpy1")
+	b.ReportMetric(float64(step)/med(consNs), "consumer-GB/s")
+	b.ReportMetric(float64(step)/med(memNs), "memcpy-GB/s")
+	b.ReportMetric(0, "ns/op")
+}

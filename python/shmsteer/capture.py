@@ -1,0 +1,275 @@
+"""Activation capture consumers: read the hidden states workers capture, zero-copy.
+
+A consumer attaches to the owner under a name the owner declares and reads every worker's
+capture ring through the C ABI (``shmsteer_capture_*``; the ring's layout is the Go engine's,
+never re-implemented here). :meth:`Consumer.next` returns one event at a time:
+
+* :class:`Begin` -- a request captured for this consumer was admitted (its spec, prompt length);
+  it comes before any of the request's records;
+* :class:`Record` -- one site's rows of one request in one step, as numpy views of the ring's
+  shared memory (``data``: ``rows x width``, float32 or float16, bfloat16 as a uint16 view with
+  ``dtype == "bfloat16"``; ``positions``: uint32 absolute token positions), valid until the next
+  call on the consumer (:meth:`Consumer.release` ends it earlier; copy what you keep);
+* :class:`End` -- the request ended and all its records came before; publish the result then
+  (:meth:`Consumer.publish`), which ``Owner.capture_result`` and serve's
+  ``GET /v1/requests/{id}/capture`` return.
+
+Example::
+
+    from shmsteer.capture import Consumer, Record, End
+    with Consumer("llm", "probe") as c:
+        while True:
+            ev = c.next(timeout=1.0)
+            if isinstance(ev, Record):
+                acts = ev.data.astype("float32") if ev.dtype != "bfloat16" else ev.data.copy()
+            elif isinstance(ev, End):
+                c.publish(ev.request_id, "ok", payload=[])
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from ctypes import POINTER, Structure, byref, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+
+from ._lib import check, lib
+from .client import Owner, Secret, _b, _secret_args
+from .errors import BufferTooSmallError, ShmsteerError
+
+__all__ = ["Consumer", "Begin", "Record", "End", "Event", "CaptureClosedError", "capture_result", "serve_capture",
+           "BLOCK", "DROP"]
+
+#: Backpressure policies: a worker waits up to the bound for a lagging consumer, then drops.
+BLOCK = "block"
+#: A worker drops a record at once when this consumer lags.
+DROP = "drop"
+_POLICIES = {BLOCK: 1, DROP: 2}
+_STATUSES = {"ok": 1, "partial_error": 2, "error": 3}
+_DTYPES = {1: ("float32", np.float32), 2: ("bfloat16", np.uint16), 3: ("float16", np.float16)}
+
+
+class _Event(Structure):
+    _fields_ = [("kind", c_int32), ("ring", c_uint32), ("request_id", c_void_p), ("request_id_len", c_size_t),
+                ("spec", c_void_p), ("spec_len", c_size_t), ("prompt_len", c_int64), ("dropped", c_uint64),
+                ("layer", c_int32), ("dtype", c_int32), ("hook", c_void_p), ("hook_len", c_size_t),
+                ("rows", c_int64), ("width", c_int64), ("positions", c_void_p), ("data", c_void_p),
+                ("nbytes", c_size_t)]
+
+
+class _Stats(Structure):
+    _fields_ = [("rings", c_int64), ("received", c_uint64), ("dropped", c_uint64), ("skipped", c_uint64),
+                ("lag", c_uint64)]
+
+
+_h = c_void_p
+for _name, (_res, _args) in {
+    "shmsteer_capture_attach": (c_int, [c_char_p, c_char_p, c_size_t, c_char_p, c_char_p, c_int32, c_int64,
+                                        POINTER(_h)]),
+    "shmsteer_capture_next": (c_int, [_h, c_int64, POINTER(_Event)]),
+    "shmsteer_capture_release": (c_int, [_h]),
+    "shmsteer_capture_publish": (c_int, [_h, c_char_p, c_size_t, c_int32, c_char_p, c_char_p, c_size_t]),
+    "shmsteer_capture_stats_get": (c_int, [_h, POINTER(_Stats)]),
+    "shmsteer_capture_close": (c_int, [_h]),
+    "shmsteer_capture_serve": (c_int, [_h, c_char_p]),
+    "shmsteer_capture_result_json": (c_int, [_h, c_char_p, c_size_t, c_void_p, c_size_t, POINTER(c_size_t)]),
+}.items():
+    _fn = getattr(lib, _name)
+    _fn.restype, _fn.argtypes = _res, _args
+
+
+class CaptureClosedError(ShmsteerError, RuntimeError):
+    """A call on a :class:`Consumer` after :meth:`Consumer.close`."""
+
+
+@dataclass(frozen=True)
+class Begin:
+    """A request captured for this consumer was admitted: ``spec`` is this consumer's spec (the
+    parsed JSON the request carried), ``prompt_len`` its prompt length."""
+
+    request_id: str
+    spec: Any
+    prompt_len: int
+
+
+@dataclass(frozen=True)
+class Record:
+    """One site's captured rows of one request in one step.
+
+    ``data`` (``rows x width``) and ``positions`` (``rows``, uint32) are read-only numpy views
+    of the ring's shared memory, valid until the next call on the consumer; ``dtype`` names the
+    element type: ``"float32"``, ``"float16"`` or ``"bfloat16"`` (then ``data`` is a uint16
+    view of the raw elements; ``torch.from_numpy(data.copy()).view(torch.bfloat16)`` reads it).
+    """
+
+    request_id: str
+    ring: int
+    layer: int
+    hook: str
+    dtype: str
+    positions: np.ndarray
+    data: np.ndarray
+
+
+@dataclass(frozen=True)
+class End:
+    """The request ended; every record of it came before. ``dropped`` counts the records
+    dropped for this consumer while the request was open (publish ``partial_error`` then)."""
+
+    request_id: str
+    dropped: int
+
+
+Event = Union[Begin, Record, End]
+
+
+def _view(addr: int, n: int, dtype: Any, shape: tuple) -> np.ndarray:
+    buf = (ctypes.c_char * n).from_address(addr)
+    a = np.frombuffer(buf, dtype=dtype).reshape(shape)
+    a.flags.writeable = False
+    return a
+
+
+class Consumer:
+    """An attached capture consumer (``name`` must be one the owner declares).
+
+    Args:
+        namespace, secret, secret_file: as for :class:`shmsteer.Client`.
+        name: the consumer's name.
+        policy: :data:`BLOCK` (a worker's append waits for this consumer up to ``bound``, then
+            drops the record) or :data:`DROP` (drops at once).
+        bound: seconds a worker may wait for this consumer (0: the worker's own bound).
+
+    Raises:
+        UnknownConsumerError, ConsumerTakenError, NoHubError,
+        CapturePolicyError (ValueError for a policy name not block or drop), and attach
+        errors as for :class:`shmsteer.Client`.
+    """
+
+    def __init__(self, namespace: str, name: str, secret: Secret = None, secret_file: Optional[str] = None, *,
+                 policy: str = BLOCK, bound: float = 0.0) -> None:
+        if policy not in _POLICIES:
+            raise ValueError(f"policy {policy!r}: want {BLOCK!r} or {DROP!r}")
+        if not isinstance(bound, (int, float)) or bound < 0 or bound > 3600:
+            raise ValueError(f"bound {bound!r}: want seconds in [0, 3600]")
+        sb, sl, sf = _secret_args(secret, secret_file)
+        out = c_void_p()
+        check(lib.shmsteer_capture_attach(_b(namespace), sb, sl, sf, _b(name), _POLICIES[policy],
+                                          int(bound * 1e9), byref(out)))
+        self._h: Optional[int] = out.value
+        self.name = name
+        self._ev = _Event()
+
+    def _handle(self) -> int:
+        if self._h is None:
+            raise CaptureClosedError("shmsteer: capture consumer closed")
+        return self._h
+
+    def next(self, timeout: float = 1.0) -> Optional[Event]:
+        """The next event, waiting at most ``timeout`` seconds (None: none came). Releases the
+        record the previous call returned (its views must not be used any more)."""
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ValueError(f"timeout {timeout!r}: want seconds >= 0")
+        ev = self._ev
+        check(lib.shmsteer_capture_next(self._handle(), int(timeout * 1000), byref(ev)))
+        if ev.kind == 0:
+            return None
+        rid = ctypes.string_at(ev.request_id, ev.request_id_len).decode("utf-8", "replace")
+        if ev.kind == 1:
+            spec = json.loads(ctypes.string_at(ev.spec, ev.spec_len)) if ev.spec_len else None
+            return Begin(rid, spec, int(ev.prompt_len))
+        if ev.kind == 3:
+            return End(rid, int(ev.dropped))
+        name, np_dtype = _DTYPES[ev.dtype]
+        rows, width = int(ev.rows), int(ev.width)
+        data = _view(ev.data, ev.nbytes, np_dtype, (rows, width))
+        pos = _view(ev.positions, 4 * rows, np.dtype("<u4"), (rows,))
+        hook = ctypes.string_at(ev.hook, ev.hook_len).decode()
+        return Record(rid, int(ev.ring), int(ev.layer), hook, name, pos, data)
+
+    def release(self) -> None:
+        """Let the worker reuse the record :meth:`next` returned last (``next`` does it too)."""
+        check(lib.shmsteer_capture_release(self._handle()))
+
+    def publish(self, request_id: str, status: str, error: Optional[str] = None,
+                payload: Optional[List[Any]] = None) -> None:
+        """Publish this consumer's result for a request (after its :class:`End`): ``status``
+        ``"ok"``, ``"partial_error"`` or ``"error"``, an error message, a JSON-serializable list
+        as the payload (the filesystem consumer's: the paths it wrote).
+
+        Raises:
+            ValueError for another status or a payload that is not a list; CaptureResultError.
+        """
+        if status not in _STATUSES:
+            raise ValueError(f"status {status!r}: want one of {sorted(_STATUSES)}")
+        if payload is not None and not isinstance(payload, list):
+            raise ValueError("payload must be a list")
+        rid = _b(request_id)
+        pl = json.dumps(payload if payload is not None else []).encode()
+        check(lib.shmsteer_capture_publish(self._handle(), rid, len(rid), _STATUSES[status],
+                                           _b(error) if error else None, pl, len(pl)))
+
+    def stats(self) -> Dict[str, int]:
+        """Counters: ``rings`` read, records ``received``, ``dropped`` while it lagged,
+        ``skipped`` (requests not captured for it), ``lag`` (most unreleased bytes on a ring)."""
+        s = _Stats()
+        check(lib.shmsteer_capture_stats_get(self._handle(), byref(s)))
+        return {"rings": s.rings, "received": s.received, "dropped": s.dropped, "skipped": s.skipped, "lag": s.lag}
+
+    def close(self) -> None:
+        """Detach (requests it has not published end with status ``error``). Idempotent."""
+        if self._h is not None:
+            h, self._h = self._h, None
+            check(lib.shmsteer_capture_close(h))
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def serve_capture(owner: Owner, consumers: Dict[str, str]) -> None:
+    """Make a Python-hosted :class:`shmsteer.Owner` serve capture consumers, declared as
+    ``{name: type}`` (type ``"filesystem"``).
+
+    Raises:
+        ValueError for an empty declaration; InvalidArgumentError, BadConsumerError.
+    """
+    if not consumers:
+        raise ValueError("declare at least one consumer")
+    decl = ",".join(f"{n}={t}" for n, t in consumers.items())
+    check(lib.shmsteer_capture_serve(owner.handle, decl.encode()))
+
+
+def capture_result(owner: Owner, request_id: str) -> Dict[str, Dict[str, Any]]:
+    """Every declared consumer's result for a request: ``{consumer: {"status": "pending" |
+    "ok" | "partial_error" | "error" | "not_requested", "error": str or None, "payload": [...]}}``,
+    final once the request ended and the consumer published.
+
+    Raises:
+        NoHubError if the owner serves no capture.
+    """
+    rid = _b(request_id)
+    n = c_size_t(0)
+    size = 4096
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        try:
+            check(lib.shmsteer_capture_result_json(owner.handle, rid, len(rid), buf, size, byref(n)))
+        except BufferTooSmallError:
+            size = n.value
+            continue
+        return json.loads(buf.raw[:n.value])
+
+
+

@@ -1,0 +1,118 @@
+package serve
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shmsteer/shmsteer/capture"
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// Activation capture in serve: with --capture-consumer declared, the owner runs a capture hub
+// (package capture): workers register their rings with it, consumers (`shmsteer capture fs`)
+// attach to it, an admission's capture is told to its consumers (Hub.Begin) and its end
+// (Hub.End), and GET /v1/requests/{id}/capture answers the consumers' results.
+
+// openCapture starts the hub when capture consumers are declared (after openOwner).
+func (s *Server) openCapture() error {
+	decl, err := s.cfg.CaptureDeclarations()
+	if err != nil || len(decl) == 0 {
+		return err
+	}
+	s.hub, err = capture.NewHub(capture.HubOptions{Consumers: decl, Logger: s.log})
+	return err
+}
+
+// captureBegin tells the request's consumers it is admitted (before the admission answers, so
+// before any step can capture its rows).
+func (s *Server) captureBegin(a steer.Admission) {
+	if s.hub != nil && len(a.Capture) > 0 {
+		s.hub.Begin(a.RequestID, a.Capture, a.PromptLen)
+	}
+}
+
+// captureEnd tells the request's consumers it ended.
+func (s *Server) captureEnd(requestID string) {
+	if s.hub != nil {
+		s.hub.End(requestID)
+	}
+}
+
+// captureResult is GET /v1/requests/{id}/capture: {consumer: {status, error, payload}}.
+func (s *Server) captureResult(r *http.Request, p principal, _ []byte) (any, error) {
+	id := r.PathValue("id")
+	if !p.owns(id) {
+		return nil, fmt.Errorf("%w: tenant %q may read only request ids starting with %q", ErrForbidden, p.tenant, p.tenant+"/")
+	}
+	if s.hub == nil {
+		return nil, fmt.Errorf("%w: no capture consumers are declared (serve --capture-consumer NAME=filesystem)", ErrNotFound)
+	}
+	res, _ := s.hub.Result(id)
+	return res, nil
+}
+
+// captureCollector exports the hub's counters to /metrics at each scrape.
+type captureCollector struct {
+	s                                          *Server
+	records, bytes, dropped, reclaimed, occ    *prometheus.Desc
+	cAttached, cReceived, cDropped, cLag, cPen *prometheus.Desc
+}
+
+func newCaptureCollector(s *Server) *captureCollector {
+	ring := []string{"ring"}
+	cons := []string{"consumer"}
+	d := func(name, help string, labels []string) *prometheus.Desc {
+		return prometheus.NewDesc("shmsteer_capture_"+name, help, labels, nil)
+	}
+	return &captureCollector{s: s,
+		records:   d("records_total", "Capture records a worker's ring published.", ring),
+		bytes:     d("bytes_total", "Captured row bytes a worker's ring published.", ring),
+		dropped:   d("dropped_total", "Capture records a worker dropped because a consumer lagged past its policy.", ring),
+		reclaimed: d("reclaimed_total", "Consumer slots of departed consumers freed on a worker's ring.", ring),
+		occ:       d("ring_occupancy_bytes", "Bytes of a worker's ring not yet released by its slowest consumer.", ring),
+		cAttached: d("consumer_attached", "1 while the declared consumer is attached, else 0.", cons),
+		cReceived: d("consumer_records_total", "Records the consumer read, over every ring (since it attached).", cons),
+		cDropped:  d("consumer_dropped_total", "Records dropped while the consumer lagged, over every ring (since it attached).", cons),
+		cLag:      d("consumer_lag_bytes", "Most bytes the consumer has not released on any ring.", cons),
+		cPen:      d("consumer_pending_requests", "Captured requests whose result the consumer has not published.", cons),
+	}
+}
+
+func (c *captureCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.records, c.bytes, c.dropped, c.reclaimed, c.occ, c.cAttached, c.cReceived, c.cDropped, c.cLag, c.cPen} {
+		ch <- d
+	}
+}
+
+func (c *captureCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.s.hub == nil {
+		return
+	}
+	st := c.s.hub.Status()
+	m := func(d *prometheus.Desc, t prometheus.ValueType, v uint64, label string) {
+		ch <- prometheus.MustNewConstMetric(d, t, float64(v), label)
+	}
+	ct, g := prometheus.CounterValue, prometheus.GaugeValue
+	for _, r := range st.Rings {
+		id := strconv.FormatUint(uint64(r.ID), 10)
+		m(c.records, ct, r.Records, id)
+		m(c.bytes, ct, r.Bytes, id)
+		m(c.dropped, ct, r.Dropped, id)
+		m(c.reclaimed, ct, r.Reclaimed, id)
+		m(c.occ, g, r.Occupancy, id)
+	}
+	for _, k := range st.Consumers {
+		att := uint64(0)
+		if k.Attached {
+			att = 1
+		}
+		m(c.cAttached, g, att, k.Name)
+		m(c.cReceived, ct, k.Received, k.Name)
+		m(c.cDropped, ct, k.Dropped, k.Name)
+		m(c.cLag, g, k.Lag, k.Name)
+		m(c.cPen, g, uint64(k.Pending), k.Name)
+	}
+}
