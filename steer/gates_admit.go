@@ -18,7 +18,8 @@ import (
 //	                   u64 conversation hash (0: none), 12 bytes 0,
 //	                   [32]byte sha256 of the whole encoding with these 32 bytes zeroed
 //	per gate:
-//	  64 bytes: u8 when, u8 scope, u8 apply, u8 0, f32 threshold, f32 sharpness, f32 strength,
+//	  64 bytes: u8 when, u8 scope, u8 apply, u8 flags (1: a rest_of_conversation gate engaged
+//	            earlier in its conversation), f32 threshold, f32 sharpness, f32 strength,
 //	            u16 probe name length, u16 steer name length, u32 probe wire length,
 //	            u32 steer wire length, 36 bytes 0
 //	  names: the probe's then the steer's name (empty for inline sources), zero padded to 64
@@ -34,6 +35,8 @@ const (
 	gateMagic   = "SGAT"
 	gateVersion = 1
 	gateHdr     = 64
+	// gateEngagedFlag marks a carried rest_of_conversation gate engaged (gates_conv.go).
+	gateEngagedFlag = 1
 )
 
 // AdmittedGate is a gate as the owner stored it: its sources resolved, the vectors checked.
@@ -53,6 +56,9 @@ type AdmittedGate struct {
 	SteerName   string
 	SteerDigest Digest
 	Steer       []Vector
+	// Engaged: a rest_of_conversation gate that engaged earlier in its conversation (the owner
+	// heard it from a Stepper), so it applies from the request's first decode step.
+	Engaged bool
 }
 
 // resolvedGate is an AdmittedGate in wire form, for encoding.
@@ -61,6 +67,7 @@ type resolvedGate struct {
 	probeName, steerName  string
 	probeWire, steerWire  []byte
 	probeDigest, steerDig Digest
+	engaged               bool // rest_of_conversation: engaged earlier in the conversation
 }
 
 // resolveGates validates gates against the model and the vectors registered at snapshot s
@@ -164,6 +171,9 @@ func encodeGates(res []resolvedGate, hidden int, conv uint64) []byte {
 	for _, r := range res {
 		h := make([]byte, gateHdr)
 		h[0], h[1], h[2] = byte(r.g.When.Kind), byte(r.g.Scope), byte(r.g.Apply.Kind)
+		if r.engaged {
+			h[3] = gateEngagedFlag
+		}
 		le.PutUint32(h[4:], math.Float32bits(r.g.When.Threshold))
 		le.PutUint32(h[8:], math.Float32bits(r.g.When.Sharpness))
 		le.PutUint32(h[12:], math.Float32bits(r.g.Apply.Strength))
@@ -229,9 +239,11 @@ func decodeGateEntry(b []byte, cfg ModelConfig, verify bool) ([]AdmittedGate, er
 		g.Strength = math.Float32frombits(le.Uint32(h[12:]))
 		pn, sn := uint64(le.Uint16(h[16:])), uint64(le.Uint16(h[18:]))
 		pl, sl := uint64(le.Uint32(h[20:])), uint64(le.Uint32(h[24:]))
-		if g.When > WhenProbe || g.Scope >= numScopes || g.Apply > ApplyAttenuate || h[3] != 0 {
-			return bad("gate %d kinds (%d, %d, %d)", i, h[0], h[1], h[2])
+		if g.When > WhenProbe || g.Scope >= numScopes || g.Apply > ApplyAttenuate || h[3]&^gateEngagedFlag != 0 ||
+			h[3] != 0 && g.Scope != ScopeRestOfConversation {
+			return bad("gate %d kinds (%d, %d, %d), flags %#x", i, h[0], h[1], h[2], h[3])
 		}
+		g.Engaged = h[3] != 0
 		off += gateHdr
 		nl := roundUp64(pn + sn)
 		if size-off < nl || size-off-nl < pl || size-off-nl-pl < sl {

@@ -93,9 +93,8 @@ func (s *Stepper) readGates(st *reqState) error {
 			r.adds = append(r.adds, gateAdd{site: site(v.Hook, v.Layer), scale: v.Scale, data: v.Data})
 		}
 		if g := &gates[i]; g.Scope == ScopeRestOfConversation && gs.conv != 0 {
-			k := mix64(mix64(mix64(gs.conv, digest64(g.ProbeDigest)), digest64(g.SteerDigest)), uint64(g.When)<<8|uint64(g.Apply))
-			r.convKey = k | 1
-			r.sticky = s.convEngaged[r.convKey]
+			r.convKey = gateConvKey(gs.conv, g.ProbeDigest, g.SteerDigest, g.When, g.Apply)
+			r.sticky = s.convEngaged[r.convKey] || g.Engaged
 		}
 	}
 	st.gates = gs
@@ -302,6 +301,7 @@ func (s *Stepper) engageConv(k uint64) {
 		return
 	}
 	s.convEngaged[k] = true
+	s.e.reportEngaged(k) // so the owner carries it engaged to the conversation's next request
 	s.convOrder = append(s.convOrder, k)
 	if len(s.convOrder) > maxConvEngaged {
 		delete(s.convEngaged, s.convOrder[0])

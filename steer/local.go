@@ -239,6 +239,11 @@ func (l local) dropConversation(k ConvKey) (bool, error) {
 	return ok, err
 }
 
+func (l local) gateEngaged(keys []uint64) error {
+	l.e.gateEngaged(keys)
+	return nil
+}
+
 func (lw local) restoreLatches(entries []LatchEntry, st LatchStats) error {
 	e := lw.e
 	e.mu.Lock()

@@ -110,6 +110,15 @@ func (remote) end(string) (uint64, error)                    { return 0, errOwne
 func (remote) dropConversation(ConvKey) (bool, error)        { return false, errOwnerOnly }
 func (remote) restoreLatches([]LatchEntry, LatchStats) error { return errOwnerOnly }
 
+func (r remote) gateEngaged(keys []uint64) error {
+	req := make([]byte, 0, 8*len(keys))
+	for _, k := range keys {
+		req = binary.LittleEndian.AppendUint64(req, k)
+	}
+	_, err := r.call(OpGateEngaged, req)
+	return err
+}
+
 // callVersion sends an op whose reply is the region version of the write.
 func (r remote) callVersion(op uint16, req []byte, what string) (uint64, error) {
 	resp, err := r.call(op, req)
@@ -145,6 +154,24 @@ func (e *Engine) Serve(handle HandleFunc) {
 	handle(OpRegisterProbe, e.serveRegister(KindProbe))
 	handle(OpUnregisterProbe, e.serveUnregister(KindProbe))
 	handle(OpSetGlobal, e.serveSetGlobal)
+	handle(OpGateEngaged, e.serveGateEngaged)
+}
+
+// maxEngagedKeys bounds one OpGateEngaged request.
+const maxEngagedKeys = 4096
+
+// serveGateEngaged is the owner's handler of OpGateEngaged: u64 gate keys (unknown keys are
+// ignored: a worker can only mark gates the owner latched).
+func (e *Engine) serveGateEngaged(req []byte) ([]byte, error) {
+	if len(req) == 0 || len(req)%8 != 0 || len(req) > 8*maxEngagedKeys {
+		return nil, fmt.Errorf("%w: gate-engaged request of %d bytes", ErrBadEncoding, len(req))
+	}
+	keys := make([]uint64, len(req)/8)
+	for i := range keys {
+		keys[i] = binary.LittleEndian.Uint64(req[8*i:])
+	}
+	e.gateEngaged(keys)
+	return nil, nil
 }
 
 // serveRegister is the owner's handler of a register RPC: it decodes (name, encoding),

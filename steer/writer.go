@@ -21,6 +21,8 @@ type writer interface {
 	end(requestID string) (uint64, error)
 	dropConversation(k ConvKey) (bool, error)
 	restoreLatches(entries []LatchEntry, st LatchStats) error
+	// gateEngaged tells the owner which rest_of_conversation gates engaged (gates_conv.go).
+	gateEngaged(keys []uint64) error
 }
 
 // WriteOption qualifies one write of Register, Unregister, RegisterProbe, UnregisterProbe or
@@ -94,3 +96,4 @@ func (readOnly) admit(Admission) (Admitted, error)                       { retur
 func (readOnly) end(string) (uint64, error)                              { return 0, errOwnerOnly }
 func (readOnly) dropConversation(ConvKey) (bool, error)                  { return false, errOwnerOnly }
 func (readOnly) restoreLatches([]LatchEntry, LatchStats) error           { return errOwnerOnly }
+func (readOnly) gateEngaged([]uint64) error                              { return nil } // no owner to tell

@@ -67,6 +67,7 @@ const (
 	// 259 was OpClearGlobal (now OpSetGlobal without an encoding): never reuse it.
 	OpRegisterProbe   Op = 260 // as OpRegister, for a probe vector
 	OpUnregisterProbe Op = 261 // as OpUnregister
+	OpGateEngaged     Op = 262 // u64 keys of rest_of_conversation gates a worker saw engage
 
 	// Capture (package capture), block 288–319.
 	OpCaptureTicket Op = 288 // u8 role (1 consumer, 2 worker), name: a one-time ticket and the hub's socket name
