@@ -507,3 +507,31 @@ func TestAlternateRotates(t *testing.T) {
 	// One calibration batch each, then a b c, b c a, c a b, a b c.
 	require.Equal(t, strings.Split("abcabcbcacababc", ""), order)
 }
+
+// TestCPUOp checks CPUOp's clock: a batch that sleeps 30 ms costs its thread almost no CPU
+// time, a batch that spins for 30 ms costs about that, and with the wall clock the sleep
+// counts.
+func TestCPUOp(t *testing.T) {
+	if _, ok := threadCPU(); !ok {
+		t.Skip("no thread CPU clock on this system: CPUOp is GoOp here")
+	}
+	sleep := CPUOp(func(int) error { time.Sleep(30 * time.Millisecond); return nil })
+	spin := CPUOp(func(int) error {
+		for start := time.Now(); time.Since(start) < 30*time.Millisecond; {
+		}
+		return nil
+	})
+	d, err := sleep(1)
+	require.NoError(t, err)
+	require.Less(t, d, 10*time.Millisecond, "a sleeping thread runs for almost no CPU time")
+	d, err = spin(1)
+	require.NoError(t, err)
+	require.Greater(t, d, time.Duration(0))
+	require.LessOrEqual(t, d, 31*time.Millisecond, "a thread cannot run longer than the wall time it spun")
+
+	wallClock.Store(true)
+	defer wallClock.Store(false)
+	d, err = sleep(1)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, d, 30*time.Millisecond, "with the wall clock the sleep counts")
+}

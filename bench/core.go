@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -43,6 +45,33 @@ func GoOp(f func(n int) error) Op {
 	}
 }
 
+// CPUOp is GoOp for an operation that only computes on its goroutine (no blocking call, no
+// other goroutine's or process's work): the batch runs locked to one OS thread and is timed
+// with that thread's CPU time, so the time other processes of a shared machine hold the CPU
+// is not in the figure, while stalls on memory and the caches other processes evict still
+// are. Config.WallClock (and a system without the thread clock) time it as GoOp does. The
+// kernel and step figures use it: on a loaded 2-core machine their batches' wall time swung
+// 2-3x from round to round while their CPU time stayed within a few percent.
+func CPUOp(f func(n int) error) Op {
+	return func(n int) (time.Duration, error) {
+		if wallClock.Load() {
+			return GoOp(f)(n)
+		}
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		start, ok := threadCPU()
+		wall := time.Now()
+		err := f(n)
+		if end, ok2 := threadCPU(); ok && ok2 {
+			return end - start, err
+		}
+		return time.Since(wall), err
+	}
+}
+
+// wallClock is the run's Config.WallClock, read by CPUOp.
+var wallClock atomic.Bool
+
 // Config controls a run. The zero value is not useful; see [DefaultConfig]
 // and [QuickConfig].
 type Config struct {
@@ -62,6 +91,9 @@ type Config struct {
 	// Quick leaves out the figures that need gigabytes or a 1M-key region
 	// (reported as skipped, with ErrQuickSkip).
 	Quick bool
+	// WallClock times the compute-only ops (CPUOp: the kernel and step figures) by wall time
+	// instead of their thread's CPU time.
+	WallClock bool
 }
 
 // DefaultConfig is the full run: 11 rounds (odd, so the median is a sample)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"time"
 
 	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/shm"
@@ -144,15 +143,14 @@ func decodeMixed(sparse bool) Setup {
 		if err := f.step(st); err != nil {
 			return nil, nil, errors.Join(err, cleanup())
 		}
-		return func(n int) (time.Duration, error) {
-			start := time.Now()
+		return CPUOp(func(n int) error {
 			for range n {
 				if err := f.step(st); err != nil {
-					return 0, err
+					return err
 				}
 			}
-			return time.Since(start), nil
-		}, cleanup, nil
+			return nil
+		}), cleanup, nil
 	}
 }
 
@@ -166,7 +164,7 @@ func decodeKernel(sparse bool) Setup {
 			return nil, nil, err
 		}
 		f.kernelStep(f.h)
-		return GoOp(func(n int) error {
+		return CPUOp(func(n int) error {
 			for range n {
 				f.kernelStep(f.h)
 			}

@@ -2,7 +2,10 @@
 // would pick instead and reports the figures as an aligned table, a JSON array (--json) and a
 // chart (--plot).
 //
-// It owns the measurement core (alternating A B A B rounds, auto-calibrated batches, medians),
+// It owns the measurement core (alternating A B A B rounds, rotated per round for the kernel
+// sizes and step pairs, auto-calibrated batches, medians, ratios paired round by round within
+// one alternation; the compute-only kernel and step ops timed by their thread's CPU time, see
+// CPUOp),
 // the child-process round driver (re-exec of the running binary, or a Python script, driven
 // one round at a time over stdin/stdout), every baseline contender (a Go map, Python's
 // multiprocessing SyncManager dict read from a spawned child, Redis over loopback, numpy and a

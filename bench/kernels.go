@@ -2,7 +2,6 @@ package bench
 
 import (
 	"math/rand/v2"
-	"time"
 )
 
 // KernelD is the hidden size of the add benchmark (a 7B-class model).
@@ -115,13 +114,12 @@ func copySetup(b *kernelBuffers, dst *[]float32, chunk int) Setup {
 			}
 		}
 		cp() // fault the destination's pages in before timing
-		return func(n int) (time.Duration, error) {
-			start := time.Now()
+		return CPUOp(func(n int) error {
 			for range n {
 				cp()
 			}
-			return time.Since(start), nil
-		}, nil, nil
+			return nil
+		}), nil, nil
 	}
 }
 
@@ -133,13 +131,12 @@ func addSetup(b *kernelBuffers, fn AddFunc) Setup {
 			return nil, nil, ErrNotWired
 		}
 		h, v := b.get()
-		return func(n int) (time.Duration, error) {
-			start := time.Now()
+		return CPUOp(func(n int) error {
 			for range n {
 				fn(h, KernelD, kernelScale, v)
 			}
-			return time.Since(start), nil
-		}, nil, nil
+			return nil
+		}), nil, nil
 	}
 }
 
@@ -154,10 +151,6 @@ func addRepeatSetup(b *kernelBuffers, variant string, fn func(variant string, h 
 		if err := fn(variant, h, KernelD, kernelScale, v, 1); err != nil {
 			return nil, nil, err
 		}
-		return func(n int) (time.Duration, error) {
-			start := time.Now()
-			err := fn(variant, h, KernelD, kernelScale, v, n)
-			return time.Since(start), err
-		}, nil, nil
+		return CPUOp(func(n int) error { return fn(variant, h, KernelD, kernelScale, v, n) }), nil, nil
 	}
 }

@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
-	"time"
 
 	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/shm"
@@ -107,15 +106,14 @@ func stepMixed() (Op, func() error, error) {
 	if err := step(); err != nil { // compose once: the figure is the steady state
 		return nil, nil, err
 	}
-	op := func(n int) (time.Duration, error) {
-		start := time.Now()
+	op := CPUOp(func(n int) error {
 		for range n {
 			if err := step(); err != nil {
-				return 0, err
+				return err
 			}
 		}
-		return time.Since(start), nil
-	}
+		return nil
+	})
 	return op, func() error { st.Close(); return f.region.Close() }, nil
 }
 
@@ -128,7 +126,7 @@ func stepKernel() (Op, func() error, error) {
 	for t := range idx {
 		idx[t] = int32(1 + t*stepRequests/stepT)
 	}
-	return GoOp(func(n int) error {
+	return CPUOp(func(n int) error {
 		for range n {
 			kernels.GatherAdd(h, stepD, table, idx)
 		}
