@@ -26,10 +26,24 @@ import (
 // id, hook, spec) are copied into buf, C memory the handle owns; the record's data and
 // positions point into the ring's mapping.
 type captureConsumer struct {
-	c   *capture.Consumer
-	cl  *ipc.Client
-	buf unsafe.Pointer
-	cap int
+	c     *capture.Consumer
+	cl    *ipc.Client
+	buf   unsafe.Pointer
+	cap   int
+	reqs  map[string]uint32 // request id → request_seq, from its begin to its end
+	hooks map[string]uint32 // hook name → hook_seq
+	next  uint32
+}
+
+// seq is id's number in m, assigned from k.next when new.
+func (k *captureConsumer) seq(m map[string]uint32, id string) uint32 {
+	n, ok := m[id]
+	if !ok {
+		k.next++
+		n = k.next
+		m[id] = n
+	}
+	return n
 }
 
 // scratch returns C memory of at least n bytes, valid until the next event.
@@ -67,7 +81,7 @@ func shmsteerGo_capture_attach(ns *C.char, secret unsafe.Pointer, secretLen C.si
 		cl.Close()
 		return fail(err)
 	}
-	rc := store(&captureConsumer{c: c, cl: cl}, out)
+	rc := store(&captureConsumer{c: c, cl: cl, reqs: map[string]uint32{}, hooks: map[string]uint32{}}, out)
 	if rc != C.SHMSTEER_OK {
 		c.Close()
 		cl.Close()
@@ -106,6 +120,7 @@ func shmsteerGo_capture_next(h C.uint64_t, timeoutMs C.int64_t, ev *C.shmsteer_c
 	b := unsafe.Slice((*byte)(p), n)
 	o := copy(b, e.RequestID)
 	ev.request_id, ev.request_id_len = (*C.char)(p), C.size_t(len(e.RequestID))
+	ev.request_seq = C.uint32_t(k.seq(k.reqs, e.RequestID))
 	switch e.Kind {
 	case capture.EventBegin:
 		copy(b[o:], e.Spec)
@@ -113,6 +128,7 @@ func shmsteerGo_capture_next(h C.uint64_t, timeoutMs C.int64_t, ev *C.shmsteer_c
 		ev.prompt_len = C.int64_t(e.PromptLen)
 	case capture.EventEnd:
 		ev.dropped = C.uint64_t(e.Dropped)
+		delete(k.reqs, e.RequestID)
 	case capture.EventRecord:
 		r := e.Record
 		copy(b[o:], r.Hook)
@@ -124,6 +140,13 @@ func shmsteerGo_capture_next(h C.uint64_t, timeoutMs C.int64_t, ev *C.shmsteer_c
 		// Views of the ring's mapping (not Go memory): valid until the next call.
 		ev.positions = (*C.uint32_t)(unsafe.Pointer(unsafe.SliceData(r.PositionsLE)))
 		ev.data, ev.nbytes = unsafe.Pointer(unsafe.SliceData(r.Data)), C.size_t(len(r.Data))
+		ev.hook_seq = C.uint32_t(k.seq(k.hooks, r.Hook))
+		if rd := k.c.RingData(e.Ring); len(rd) > 0 {
+			base := unsafe.Pointer(unsafe.SliceData(rd))
+			ev.ring_base, ev.ring_len = base, C.size_t(len(rd))
+			ev.data_off = C.size_t(uintptr(ev.data) - uintptr(base))
+			ev.positions_off = C.size_t(uintptr(unsafe.Pointer(ev.positions)) - uintptr(base))
+		}
 	}
 	return C.SHMSTEER_OK
 }

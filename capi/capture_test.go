@@ -42,6 +42,8 @@ func captureRecord(seq int, d capture.Dtype) capture.Record {
 //	append ID SEQ DTYPE    captureRecord(SEQ, DTYPE) into the ring       → ok | err MESSAGE
 //	end ID                 Hub.End(ID)                                   → ok
 //	result ID              Hub.Result once py's is not pending (≤ 10 s) → the JSON
+//	step REQS LAYERS W     one decode step: REQS requests (req-0..) × LAYERS post_block
+//	                       records of 1 row × W float32 (begun for py at the first step)  → ok
 func runCaptureRole() int {
 	secret, ns := os.Getenv("SHMSTEER_SECRET"), os.Getenv("SHMSTEER_TEST_NS")
 	o, _, err := startGoOwner(secret, ns)
@@ -64,13 +66,14 @@ func runCaptureRole() int {
 		return 1
 	}
 	defer cl.Close()
-	w, err := capture.RegisterWorker(cl, capture.WorkerOptions{Capacity: 4 << 20, Wait: time.Second})
+	w, err := capture.RegisterWorker(cl, capture.WorkerOptions{Capacity: 80 << 20, Wait: time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 1
 	}
 	defer w.Close()
 	fmt.Println("ready")
+	begun := map[string]bool{}
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		f := strings.SplitN(sc.Text(), " ", 4)
@@ -83,6 +86,29 @@ func runCaptureRole() int {
 			seq, _ := strconv.Atoi(f[2])
 			if err := w.Writer().Append(f[1], captureRecord(seq, capture.Dtype(f[3]))); err != nil {
 				reply = "err " + err.Error()
+			}
+		case f[0] == "step" && len(f) == 4:
+			reqs, _ := strconv.Atoi(f[1])
+			layers, _ := strconv.Atoi(f[2])
+			width, _ := strconv.Atoi(f[3])
+			rec := capture.Record{Hook: "post_block", Dtype: capture.Float32, Rows: 1, Width: width, Positions: []int{0}, Data: make([]byte, 4*width)}
+			for i := range rec.Data {
+				rec.Data[i] = byte(i)
+			}
+			for r := range reqs {
+				id := "req-" + strconv.Itoa(r)
+				if !begun[id] {
+					begun[id] = true
+					hub.Begin(id, map[string]json.RawMessage{"py": json.RawMessage(`{}`)}, 1)
+				}
+			}
+			for l := range layers {
+				rec.Layer = l
+				for r := range reqs {
+					if err := w.Writer().Append("req-"+strconv.Itoa(r), rec); err != nil {
+						reply = "err " + err.Error()
+					}
+				}
 			}
 		case f[0] == "end" && len(f) == 2:
 			hub.End(f[1])

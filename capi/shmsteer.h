@@ -689,6 +689,14 @@ typedef struct {
   const uint32_t *positions;  /* RECORD: rows absolute positions, little-endian */
   const void *data;           /* RECORD: rows x width elements, little-endian */
   size_t nbytes;
+  /* For readers that map a ring once and slice it: the ring's data area (the same for every
+   * record of the ring while it lives) and the record's offsets in it; ids a reader can cache
+   * names by: request_seq (this consumer's number for the request, the same in its BEGIN,
+   * RECORDs and END) and hook_seq (this consumer's number for the hook name). */
+  const void *ring_base;
+  size_t ring_len;
+  size_t data_off, positions_off;
+  uint32_t request_seq, hook_seq;
 } shmsteer_capture_event;
 
 typedef struct {

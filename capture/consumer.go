@@ -358,6 +358,18 @@ func (c *Consumer) Publish(requestID string, r Result) error {
 	return c.link.send(msg, nil)
 }
 
+// RingData is the data area of ring id as this consumer maps it (nil if it reads no such
+// ring): a record's Data and PositionsLE are views inside it, which lets a reader that takes
+// no copy (the C ABI) name them by offset. Valid until the ring goes (its worker left).
+func (c *Consumer) RingData(id uint32) []byte {
+	for _, r := range c.rings {
+		if r.id == id {
+			return r.r.data
+		}
+	}
+	return nil
+}
+
 // ConsumerStats are a consumer's counters over its rings.
 type ConsumerStats struct {
 	Rings    int

@@ -50,6 +50,7 @@ DROP = "drop"
 _POLICIES = {BLOCK: 1, DROP: 2}
 _STATUSES = {"ok": 1, "partial_error": 2, "error": 3}
 _DTYPES = {1: ("float32", np.float32), 2: ("bfloat16", np.uint16), 3: ("float16", np.float16)}
+_U32 = np.dtype("<u4")
 
 
 class _Event(Structure):
@@ -57,7 +58,8 @@ class _Event(Structure):
                 ("spec", c_void_p), ("spec_len", c_size_t), ("prompt_len", c_int64), ("dropped", c_uint64),
                 ("layer", c_int32), ("dtype", c_int32), ("hook", c_void_p), ("hook_len", c_size_t),
                 ("rows", c_int64), ("width", c_int64), ("positions", c_void_p), ("data", c_void_p),
-                ("nbytes", c_size_t)]
+                ("nbytes", c_size_t), ("ring_base", c_void_p), ("ring_len", c_size_t), ("data_off", c_size_t),
+                ("positions_off", c_size_t), ("request_seq", c_uint32), ("hook_seq", c_uint32)]
 
 
 class _Stats(Structure):
@@ -95,7 +97,6 @@ class Begin:
     prompt_len: int
 
 
-@dataclass(frozen=True)
 class Record:
     """One site's captured rows of one request in one step.
 
@@ -105,13 +106,16 @@ class Record:
     view of the raw elements; ``torch.from_numpy(data.copy()).view(torch.bfloat16)`` reads it).
     """
 
-    request_id: str
-    ring: int
-    layer: int
-    hook: str
-    dtype: str
-    positions: np.ndarray
-    data: np.ndarray
+    __slots__ = ("request_id", "ring", "layer", "hook", "dtype", "positions", "data")
+
+    def __init__(self, request_id: str, ring: int, layer: int, hook: str, dtype: str, positions: np.ndarray,
+                 data: np.ndarray) -> None:
+        self.request_id, self.ring, self.layer, self.hook = request_id, ring, layer, hook
+        self.dtype, self.positions, self.data = dtype, positions, data
+
+    def __repr__(self) -> str:
+        return (f"Record(request_id={self.request_id!r}, ring={self.ring}, layer={self.layer}, hook={self.hook!r}, "
+                f"dtype={self.dtype!r}, shape={self.data.shape})")
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,10 @@ class Consumer:
         self._h: Optional[int] = out.value
         self.name = name
         self._ev = _Event()
+        self._evref = byref(self._ev)
+        self._reqs: Dict[int, str] = {}    # request_seq -> request id, from its begin to its end
+        self._hooks: Dict[int, str] = {}   # hook_seq -> hook name
+        self._rings: Dict[int, Any] = {}   # ring id -> (base address, uint8 view of its data area)
 
     def _handle(self) -> int:
         if self._h is None:
@@ -174,21 +182,40 @@ class Consumer:
         if not isinstance(timeout, (int, float)) or timeout < 0:
             raise ValueError(f"timeout {timeout!r}: want seconds >= 0")
         ev = self._ev
-        check(lib.shmsteer_capture_next(self._handle(), int(timeout * 1000), byref(ev)))
-        if ev.kind == 0:
+        rc = lib.shmsteer_capture_next(self._handle(), int(timeout * 1000), self._evref)
+        if rc:
+            check(rc)
+        kind = ev.kind
+        if kind == 2:
+            rid = self._reqs.get(ev.request_seq)
+            if rid is None:
+                rid = self._reqs[ev.request_seq] = ctypes.string_at(ev.request_id, ev.request_id_len).decode(
+                    "utf-8", "replace")
+            hook = self._hooks.get(ev.hook_seq)
+            if hook is None:
+                hook = self._hooks[ev.hook_seq] = ctypes.string_at(ev.hook, ev.hook_len).decode()
+            ring = ev.ring
+            view = self._rings.get(ring)
+            if view is None or view[0] != ev.ring_base:
+                # The ring's data area mapped once; records are slices of it.
+                view = self._rings[ring] = (ev.ring_base, _view(ev.ring_base, ev.ring_len, np.uint8, (ev.ring_len,)))
+            mem = view[1]
+            name, np_dtype = _DTYPES[ev.dtype]
+            rows = ev.rows
+            o = ev.data_off
+            data = mem[o:o + ev.nbytes].view(np_dtype).reshape(rows, ev.width)
+            o = ev.positions_off
+            pos = mem[o:o + 4 * rows].view(_U32)
+            return Record(rid, ring, ev.layer, hook, name, pos, data)
+        if kind == 0:
             return None
         rid = ctypes.string_at(ev.request_id, ev.request_id_len).decode("utf-8", "replace")
-        if ev.kind == 1:
+        if kind == 1:
             spec = json.loads(ctypes.string_at(ev.spec, ev.spec_len)) if ev.spec_len else None
+            self._reqs[ev.request_seq] = rid
             return Begin(rid, spec, int(ev.prompt_len))
-        if ev.kind == 3:
-            return End(rid, int(ev.dropped))
-        name, np_dtype = _DTYPES[ev.dtype]
-        rows, width = int(ev.rows), int(ev.width)
-        data = _view(ev.data, ev.nbytes, np_dtype, (rows, width))
-        pos = _view(ev.positions, 4 * rows, np.dtype("<u4"), (rows,))
-        hook = ctypes.string_at(ev.hook, ev.hook_len).decode()
-        return Record(rid, int(ev.ring), int(ev.layer), hook, name, pos, data)
+        self._reqs.pop(ev.request_seq, None)
+        return End(rid, int(ev.dropped))
 
     def release(self) -> None:
         """Let the worker reuse the record :meth:`next` returned last (``next`` does it too)."""
