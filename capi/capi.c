@@ -321,6 +321,11 @@ SHMSTEER_API int shmsteer_stepper_stats(shmsteer_stepper_t *st, shmsteer_step_st
   return shmsteerGo_stepper_stats(H(st), out);
 }
 
+SHMSTEER_API int shmsteer_stepper_report_gates(shmsteer_stepper_t *st, const char *worker, size_t worker_len) {
+  ENTER();
+  return shmsteerGo_stepper_report_gates(H(st), (char *)worker, worker_len);
+}
+
 SHMSTEER_API int shmsteer_batch_new(shmsteer_stepper_t *st, const shmsteer_batch_options *opt,
                                     shmsteer_batch_t **out) {
   ENTER();

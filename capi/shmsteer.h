@@ -553,6 +553,12 @@ typedef struct {
 
 int shmsteer_stepper_stats(shmsteer_stepper_t *st, shmsteer_step_stats *out);
 
+/* Send the stepper's gate counts (its stats' gate_scopes and gate_reports_missed, cumulative)
+ * to the owner as worker `worker` (1..64 bytes, e.g. "rank0"): serve sums its workers' reports
+ * into /v1/status, shmsteer status and /metrics. Under tensor parallelism report from one rank.
+ * NOT_SERVED from an owner that does not collect them (or when this process is the owner). */
+int shmsteer_stepper_report_gates(shmsteer_stepper_t *st, const char *worker, size_t worker_len);
+
 /* ---- per-step batch (device workers) ---------------------------------------------------- */
 
 /* A batch resolves a whole step in one call (steer.Batch): every distinct (request, phase)

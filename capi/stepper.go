@@ -103,6 +103,26 @@ func shmsteerGo_stepper_stats(h C.uint64_t, out *C.shmsteer_step_stats) C.int {
 	return C.SHMSTEER_OK
 }
 
+//export shmsteerGo_stepper_report_gates
+func shmsteerGo_stepper_report_gates(h C.uint64_t, worker *C.char, n C.size_t) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	w, ok := cbytes(unsafe.Pointer(worker), n)
+	if !ok || n == 0 || n > steer.MaxWorkerName {
+		return badArg(fmt.Sprintf("worker name of %d bytes: want 1..%d", n, steer.MaxWorkerName))
+	}
+	c, ok := st.inst.side.(clientSide)
+	if !ok {
+		return fail(fmt.Errorf("%w: this process is the owner, nobody collects its gate counts: read them with shmsteer_stepper_stats", steer.ErrNotServed))
+	}
+	if err := steer.ReportGates(c.Client, string(w), steer.GateReportOf(st.st.Stats())); err != nil {
+		return fail(err)
+	}
+	return C.SHMSTEER_OK
+}
+
 // intern returns a Go copy of id that the stepper may keep, allocating only for an id it has
 // not seen (the map lookup with string(b) does not allocate).
 func (st *stepper) intern(b []byte) string {

@@ -736,7 +736,7 @@ func (s *Server) dynamic(*http.Request, principal, []byte) (any, error) {
 		determinism = map[string]any{"consistent": false, "checksums": sums}
 	}
 	return map[string]any{
-		"workers": workers, "determinism": determinism, "gates": gates,
+		"workers": workers, "determinism": determinism, "gates": gates, "gate_work": s.gwork.snapshot(),
 		"latches": map[string]any{
 			"latched_conversations": st.LatchedConversations, "latched_bytes": st.LatchedBytes,
 			"evictions": st.Evictions, "oversize_refusals": st.OversizeRefusals, "triggers": st.Triggers,
@@ -955,6 +955,9 @@ type Status struct {
 	Mirror *mirror.Status `json:"mirror,omitempty"`
 	// Capture is the capture hub's rings and consumers (absent without --capture-consumer).
 	Capture *capture.HubStatus `json:"capture,omitempty"`
+	// GateWork is the gate counts serve's workers reported (steer.ReportGates), summed; nil
+	// where the owner does not collect them.
+	GateWork *GateWork `json:"gate_work,omitempty"`
 }
 
 // RegionStatus fills the region-level fields every process can read.
@@ -995,6 +998,8 @@ func (s *Server) status() (Status, error) {
 		out.StateError = *e
 	}
 	out.UptimeSeconds = time.Since(s.startedAt).Seconds()
+	gw := s.gwork.snapshot()
+	out.GateWork = &gw
 	if s.mirror != nil {
 		ms := s.mirror.Status()
 		out.Mirror = &ms

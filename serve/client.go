@@ -59,6 +59,9 @@ func (cs *ClientSession) PrintStatus(w io.Writer, asJSON bool) error {
 	}
 	st.APIKeys = -1
 	st.Namespace = cs.namespace
+	if gw, err := ReadGateWork(cs.Client); err == nil { // serve collects them; another owner does not
+		st.GateWork = &gw
+	}
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -88,8 +88,12 @@
 //     action_checksum, action_count, steering_initialized}], determinism: {consistent: true,
 //     action_count} | {consistent: false, checksums: {worker: checksum}}, latches: {...serve's
 //     latch counters, caps, policy, latch_state_hash}, gates: {requests, probes, by_scope,
-//     by_apply} (the gates admitted requests carry)}. Workers report through ReportChecksum;
-//     action_count is the worker's step; determinism compares the workers at the newest step.
+//     by_apply} (the gates admitted requests carry), gate_work: GateWork (what the workers'
+//     gates did: per scope evaluations, fires, engaged, summed over the workers'
+//     steer.ReportGates reports; also in /v1/status, shmsteer status and /metrics as
+//     shmsteer_gate_{evaluations,fires,engaged}_total{scope})}. Workers report through
+//     ReportChecksum; action_count is the worker's step; determinism compares the workers at
+//     the newest step.
 //   - POST /v1/steering/vectors/register: {name, kind: "steer" | "probe" (required), packed:
 //     {hook: SteeringHookPacked}}. Answer {status, name, kind, version, digest, vectors:
 //     {probe: [names], steer: [names]}}. A probe names exactly one (hook, layer) (400
@@ -167,6 +171,10 @@
 // ipc.Follower with Ready: IsReady, so it keeps reading the old region (flagged dead) until
 // the restarted serve has restored its state, and then switches. Workers report their step
 // checksums with ReportChecksum (RPC OpReportChecksum); GET /v1/steering/dynamic shows them.
+// They report their Steppers' gate counts with steer.ReportGates (RPC OpReportGates; C
+// shmsteer_stepper_report_gates, Python Stepper.report_gates): serve keeps each worker's last
+// report and sums the increments (a worker whose counts went down restarted), and a client
+// reads the totals with ReadGateWork (RPC OpGateWork).
 //
 // # Several hosts
 //

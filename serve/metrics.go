@@ -37,6 +37,8 @@ type stateCollector struct {
 	s     *Server
 	descs map[string]desc
 	gates *prometheus.Desc // declarative gates by scope (labelled)
+	// The workers' gate counts (steer.ReportGates), by scope.
+	gateEvals, gateFires, gateEngaged *prometheus.Desc
 }
 
 func newMetrics(s *Server) *metrics {
@@ -73,7 +75,12 @@ func newMetrics(s *Server) *metrics {
 	add("state_saves", "state_saves_total", "State files written since start.", ct)
 	add("api_keys", "api_keys", "API keys configured.", g)
 	add("gated", "gated_requests", "Admitted requests carrying declarative gates now.", g)
-	c.gates = prometheus.NewDesc("shmsteer_gates", "Declarative gates admitted requests carry now, by scope (evaluations and fires are counted by each worker's Stepper).", []string{"scope"}, nil)
+	c.gates = prometheus.NewDesc("shmsteer_gates", "Declarative gates admitted requests carry now, by scope (evaluations and fires are counted by each worker's Stepper and reported to serve).", []string{"scope"}, nil)
+	c.gateEvals = prometheus.NewDesc("shmsteer_gate_evaluations_total", "Probe reads of declarative gates (one per request per probe gate per step) the workers reported, by scope.", []string{"scope"}, nil)
+	c.gateFires = prometheus.NewDesc("shmsteer_gate_fires_total", "Probe gates that fired (this_token: per row) the workers reported, by scope.", []string{"scope"}, nil)
+	c.gateEngaged = prometheus.NewDesc("shmsteer_gate_engaged_total", "Gates that engaged for later steps (a next_step pulse, a rest_of_ gate engaging) the workers reported, by scope.", []string{"scope"}, nil)
+	add("gate_missed", "gate_reports_missed_total", "Device-path steps whose probe scores the worker never reported (their probes counted as not fired).", ct)
+	add("gate_workers", "gate_reporting_workers", "Workers that reported gate counts.", g)
 	// The mirror's series exist only with --mirror.
 	add("m_connected", "mirror_connected", "1 while the mirror's NATS connection is up, else 0 (local serving goes on either way).", g)
 	add("m_ready", "mirror_ready", "1 once the mirror's bucket is open, else 0.", g)
@@ -104,6 +111,9 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d.d
 	}
 	ch <- c.gates
+	ch <- c.gateEvals
+	ch <- c.gateFires
+	ch <- c.gateEngaged
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -154,6 +164,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+	if gw := st.GateWork; gw != nil {
+		emit("gate_missed", float64(gw.ReportsMissed))
+		emit("gate_workers", float64(gw.Workers))
+		for scope, n := range gw.Evaluations {
+			ch <- prometheus.MustNewConstMetric(c.gateEvals, prometheus.CounterValue, float64(n), scope)
+			ch <- prometheus.MustNewConstMetric(c.gateFires, prometheus.CounterValue, float64(gw.Fires[scope]), scope)
+			ch <- prometheus.MustNewConstMetric(c.gateEngaged, prometheus.CounterValue, float64(gw.Engaged[scope]), scope)
+		}
+	}
 	if ms := st.Mirror; ms != nil {
 		b := func(v bool) float64 {
 			if v {
@@ -185,7 +204,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 var opNames = map[uint16]string{steer.OpRegister: "register", steer.OpUnregister: "unregister",
-	steer.OpSetGlobal: "set_global", OpReportChecksum: "report_checksum",
+	steer.OpSetGlobal: "set_global", OpReportChecksum: "report_checksum", steer.OpReportGates: "report_gates", OpGateWork: "gate_work",
 	steer.OpRegisterProbe: "register_probe", steer.OpUnregisterProbe: "unregister_probe",
 	capture.OpTicket: "capture_ticket"}
 

@@ -56,6 +56,7 @@ type Server struct {
 	mu      sync.Mutex // serializes mutations through the API and state captures
 	modules map[string]module
 	checks  checksums
+	gwork   gateWork
 
 	dirty     atomic.Bool   // latch changes not yet persisted
 	saves     atomic.Uint64 // state files written since start
@@ -235,6 +236,8 @@ func (s *Server) serveRPC() {
 	if s.hub != nil {
 		s.hub.Serve(handle)
 	}
+	handle(steer.OpReportGates, s.gwork.handle)
+	handle(OpGateWork, s.gwork.handleQuery)
 }
 
 // restoreAndPublish restores the saved state, then writes the readiness marker that tells a

@@ -75,4 +75,6 @@ const (
 	// The service (package serve), block 320–351.
 	OpReportChecksum Op = 320 // u64 step, u64 checksum, worker name
 	// 321 and 322 were serve's key set and revoke (now the registry's own ops): never reuse.
+	OpReportGates Op = 323 // a worker's gate counts: per scope u64 evaluations, fires, engaged; u64 reports missed; worker name
+	OpGateWork    Op = 324 // (empty) → the owner's gate counts summed over its workers, JSON
 )

@@ -115,6 +115,7 @@ def _load() -> ctypes.CDLL:
         "shmsteer_stepper_effective": (c_int, [h, c_char_p, c_size_t, c_uint32, c_int32, c_int32, P(EffectiveC)]),
         "shmsteer_stepper_end": (c_int, [h, P(c_uint64)]),
         "shmsteer_stepper_stats": (c_int, [h, P(StepStats)]),
+        "shmsteer_stepper_report_gates": (c_int, [h, c_char_p, c_size_t]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -915,6 +915,18 @@ class Stepper:
                             for i, scope in enumerate(("this_token", "next_step", "rest_of_request", "rest_of_conversation"))}
         return d
 
+    def report_gates(self, worker: str) -> None:
+        """Send this stepper's gate counts (cumulative) to the owner as ``worker`` (e.g. "rank0"):
+        serve sums its workers' reports into its status and metrics. Under tensor parallelism
+        report from one rank. :class:`~shmsteer.errors.NotServedError` from an owner that does not
+        collect them, or in the owner's own process."""
+        b = worker.encode()
+        h = self._enter("report_gates()")
+        try:
+            check(lib.shmsteer_stepper_report_gates(h, b, len(b)))
+        finally:
+            self._busy.release()
+
     def end(self) -> int:
         """End the step; returns its determinism checksum."""
         s = c_uint64()

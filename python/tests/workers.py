@@ -102,3 +102,30 @@ def timed_gets(ns: str, secret: bytes, n: int, q) -> None:
             dt = (time.perf_counter_ns() - t0) / n
             best = dt if best is None else min(best, dt)
         q.put(best)
+
+
+def gated_device_worker(ns: str, secret: bytes, name: str, q) -> None:
+    """A worker on the device path (SteeringHooks, CPU tensors forced onto it): three decode
+    steps of request r1 (row 0 trips the probe at post_block 0, row 1 does not), then its gate
+    counts reported to serve as ``name``; puts its stepper's stats on q."""
+    try:
+        import torch
+        import shmsteer
+        from shmsteer.torch_hook import SteeringHooks
+        with shmsteer.Client(ns, secret=secret) as c:
+            hidden = c.model[0]
+            hooks = SteeringHooks(c, force_device_path=True)
+            mods = [torch.nn.Identity() for _ in range(2)]
+            for layer, m in enumerate(mods):
+                hooks.attach(m, "post_block", layer)
+            for _ in range(3):
+                x = torch.zeros(2, hidden)
+                x[:, 0] = torch.tensor([0.9, 0.3])
+                with torch.no_grad(), hooks.step([("r1", 0, 2, "decode")]):
+                    for m in mods:
+                        x = m(x)
+            hooks.stepper.report_gates(name)
+            q.put(hooks.stepper.stats())
+            hooks.close()
+    except Exception as e:  # pragma: no cover - reported to the parent
+        q.put(repr(e))
