@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -279,7 +280,7 @@ func hubConsumerChild() {
 		os.Stderr.WriteString(err.Error() + "\n")
 		os.Exit(2)
 	}
-	os.Stdout.WriteString("attached\n")
+	os.Stdout.WriteString("attached " + strconv.Itoa(os.Getpid()) + "\n")
 	for {
 		if ev, ok, err := c.Next(time.Second); err != nil {
 			os.Exit(3)
@@ -292,12 +293,29 @@ func hubConsumerChild() {
 
 // A consumer process SIGKILLed mid-request: the owner frees its ring slot (so the writer, whose
 // bound is long, is not held back: the ring fills and wraps with no drop) and its request ends
-// with status error.
+// with status error. Also with the consumer in a PID namespace of its own (where it is pid 1):
+// its slot records its peer-credential pid as the owner's namespace sees it.
 func TestHubConsumerKilled(t *testing.T) {
+	t.Run("same-pid-namespace", func(t *testing.T) { hubConsumerKilled(t, false) })
+	t.Run("own-pid-namespace", func(t *testing.T) {
+		probe := exec.Command("/bin/true")
+		probe.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+		if err := probe.Run(); err != nil {
+			t.Skipf("skipped: cannot start a process in a new PID namespace here (%v): needs root or user namespaces", err)
+		}
+		hubConsumerKilled(t, true)
+	})
+}
+
+func hubConsumerKilled(t *testing.T, newNS bool) {
 	e := newHubEnv(t)
 	w := e.worker(t, WorkerOptions{Capacity: 64 << 10, Wait: time.Minute})
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), hubConsumerChildEnv+"=1", "SHMSTEER_TEST_SECRET_FILE="+e.file, "SHMSTEER_TEST_NS="+e.ns)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if newNS {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
+	}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -308,8 +326,11 @@ func TestHubConsumerKilled(t *testing.T) {
 	}
 	defer cmd.Process.Kill()
 	lines := bufio.NewScanner(out)
-	if !lines.Scan() || lines.Text() != "attached" {
+	if !lines.Scan() || !strings.HasPrefix(lines.Text(), "attached ") {
 		t.Fatalf("child: %q", lines.Text())
+	}
+	if ownPid := strings.TrimPrefix(lines.Text(), "attached "); newNS != (ownPid == "1") {
+		t.Fatalf("the child sees itself as pid %s (new PID namespace: %v)", ownPid, newNS)
 	}
 	e.hub.Begin("r1", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 4)
 	if !lines.Scan() || lines.Text() != "begun r1" {
@@ -325,6 +346,16 @@ func TestHubConsumerKilled(t *testing.T) {
 	}
 	if lag := e.hub.Status().Consumers[0].Lag; lag == 0 {
 		t.Fatal("the child's slot shows no lag")
+	}
+	// The slot records the consumer's pid in the owner's (and this worker's) namespace.
+	var pids []int
+	for _, s := range w.Ring().Slots() {
+		if s.Attached {
+			pids = append(pids, s.PID)
+		}
+	}
+	if len(pids) != 1 || pids[0] != cmd.Process.Pid {
+		t.Fatalf("attached slots record pids %v, the child is %d", pids, cmd.Process.Pid)
 	}
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
