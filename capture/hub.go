@@ -342,6 +342,15 @@ func (h *Hub) handle(hc *hubConn, m hubMsg, rd *msgReader) error {
 		for _, t := range targets {
 			t.notify(h, msg, []int{r.Fd()})
 		}
+		// The worker hears synced once every consumer attached now has a slot on its ring
+		// (or ringSyncWait passed): what it appends after RegisterWorker returns reaches
+		// them all.
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			h.awaitSlots(hr.id, targets)
+			hc.send(h.wtimeout, encodeHubMsg(nil, hubMsg{typ: msgSynced}), nil)
+		}()
 	case hc.role == roleConsumer && m.typ == msgSlot:
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -369,6 +378,28 @@ func (h *Hub) handle(hc *hubConn, m hubMsg, rd *msgReader) error {
 		return fmt.Errorf("%w: message type %d on a %s connection", ErrHubProtocol, m.typ, roleName(hc.role))
 	}
 	return nil
+}
+
+// ringSyncWait bounds how long a worker's registration waits for consumers to attach its ring.
+const ringSyncWait = 2 * time.Second
+
+// awaitSlots waits until each of targets that is still attached has reported a slot on ring
+// id, at most ringSyncWait.
+func (h *Hub) awaitSlots(id uint32, targets []*hubConn) {
+	for deadline := time.Now().Add(ringSyncWait); time.Now().Before(deadline); time.Sleep(200 * time.Microsecond) {
+		h.mu.Lock()
+		done := !h.closed
+		for _, t := range targets {
+			if h.live[t.name] == t && !slices.ContainsFunc(t.slots, func(s slotRef) bool { return s.ring == id }) {
+				done = false
+			}
+		}
+		closed := h.closed
+		h.mu.Unlock()
+		if done || closed {
+			return
+		}
+	}
 }
 
 func roleName(r byte) string {

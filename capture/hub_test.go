@@ -113,13 +113,31 @@ func TestHubEndToEnd(t *testing.T) {
 	e := newHubEnv(t)
 	w1 := e.worker(t, WorkerOptions{Capacity: 1 << 20})
 	c := e.consumer(t, ConsumerOptions{Name: "fs"})
-	w2 := e.worker(t, WorkerOptions{Capacity: 1 << 20})
-	waitFor(t, "the later ring", func() bool {
+	// A later worker's registration returns once the reading consumer has a slot on its ring.
+	reg := make(chan error, 1)
+	cl2 := e.client(t)
+	var w2 *Worker
+	go func() {
+		var err error
+		w2, err = RegisterWorker(cl2, WorkerOptions{Capacity: 1 << 20})
+		reg <- err
+	}()
+	for done := false; !done; {
 		if _, ok, err := c.Next(time.Millisecond); ok || err != nil {
 			t.Fatalf("an event before any admission (%v)", err)
 		}
-		return e.hub.Status().Consumers[0].Rings == 2
-	})
+		select {
+		case err := <-reg:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+		}
+	}
+	if n := e.hub.Status().Consumers[0].Rings; n != 2 {
+		t.Fatalf("the consumer reads %d rings after the second registration", n)
+	}
 
 	if res, ended := e.hub.Result("r1"); ended || res["fs"].Status != StatusNotRequested {
 		t.Fatalf("before admission: %v ended %v", res, ended)

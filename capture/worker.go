@@ -33,7 +33,9 @@ type Worker struct {
 }
 
 // RegisterWorker creates the worker's ring and hands its memfd to the owner's hub over c (the
-// worker's ipc.Client): ErrNoHub when the owner serves no capture. Close it when the worker
+// worker's ipc.Client): ErrNoHub when the owner serves no capture. It returns once every
+// consumer attached at the time reads the ring (or the hub's bound passed), so what the
+// worker captures from then on reaches them. Close it when the worker
 // stops (the hub also notices the worker's exit and tells consumers its ring is gone).
 func RegisterWorker(c steer.Caller, opts WorkerOptions) (*Worker, error) {
 	if opts.Capacity == 0 {
@@ -57,6 +59,15 @@ func RegisterWorker(c steer.Caller, opts WorkerOptions) (*Worker, error) {
 	if err := link.send(encodeHubMsg(nil, hubMsg{typ: msgRing}), []int{r.Fd()}); err != nil {
 		link.close()
 		r.Close()
+		return nil, err
+	}
+	// The hub says synced once the consumers attached now read the ring (bounded by the hub).
+	if m, err := link.recv(2 * ringSyncWait); err != nil || m.typ != msgSynced {
+		link.close()
+		r.Close()
+		if err == nil {
+			err = fmt.Errorf("%w: no ring acknowledgement from the hub (message type %d)", ErrHubGone, m.typ)
+		}
 		return nil, err
 	}
 	return &Worker{ring: r, w: r.Writer(opts.Wait), conn: link}, nil
