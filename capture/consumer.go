@@ -273,7 +273,8 @@ func (c *Consumer) nextEnd() (Event, bool) {
 	for i, pe := range c.ends {
 		done := true
 		for _, r := range c.rings {
-			if mark, ok := pe.marks[r.id]; ok && !r.gone && !r.rd.caughtUp(mark) {
+			// A ring whose worker left still counts until it is drained (then removed).
+			if mark, ok := pe.marks[r.id]; ok && !r.rd.caughtUp(mark) {
 				done = false
 			}
 		}

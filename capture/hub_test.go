@@ -440,3 +440,42 @@ func TestHubConsumerNeverReads(t *testing.T) {
 		}
 	}
 }
+
+// A worker that leaves before its request ends: the consumer still gets every record of the
+// request before its end (the gone ring counts until drained), then the ring goes.
+func TestHubWorkerLeavesBeforeEnd(t *testing.T) {
+	e := newHubEnv(t)
+	w, err := RegisterWorker(e.client(t), WorkerOptions{Capacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.consumer(t, ConsumerOptions{Name: "fs"})
+	e.hub.Begin("r1", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 1)
+	if ev := next(t, c); ev.Kind != EventBegin {
+		t.Fatalf("%+v", ev)
+	}
+	// A record of a request not captured for fs comes first: reading it makes the consumer
+	// read its connection (the ring-gone and end notices) before r1's records.
+	_, other := genRecord(99, 64)
+	if err := w.Writer().Append("zz", other); err != nil {
+		t.Fatal(err)
+	}
+	for seq := range uint64(5) {
+		_, rec := genRecord(seq, 64)
+		if err := w.Writer().Append("r1", rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+	waitFor(t, "the ring to go from the hub", func() bool { return len(e.hub.Status().Rings) == 0 })
+	e.hub.End("r1")
+	for i := range 5 {
+		if ev := next(t, c); ev.Kind != EventRecord {
+			t.Fatalf("event %d: %+v, want a record", i, ev.Kind)
+		}
+	}
+	if ev := next(t, c); ev.Kind != EventEnd {
+		t.Fatalf("%+v, want the end", ev.Kind)
+	}
+	waitFor(t, "the consumer to drop the ring", func() bool { c.Next(time.Millisecond); return c.Stats().Rings == 0 })
+}
