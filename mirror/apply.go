@@ -263,6 +263,8 @@ func (m *Mirror) applyValue(v *value) {
 		err = m.applyGlobal(v, payload, take)
 	case kindKey:
 		err = m.applyKey(v, take)
+	case kindConversation:
+		err = m.applyConversation(v, payload, take)
 	}
 	switch {
 	case errors.Is(err, errGiveWay):
@@ -416,6 +418,23 @@ func (m *Mirror) applyVector(v *value, payload []byte, take func(int64) error) e
 	opts = append(opts, steer.Origin(originTag), steer.If(func() error { return take(size) }))
 	_, err = reg(v.name, st.Base.Vectors, opts...)
 	return err
+}
+
+// applyConversation stores or drops a conversation's rest_of_conversation gates in the owner's
+// table (with the latch map's caps: an entry may evict the oldest); the entry's value must name
+// the conversation its entry does.
+func (m *Mirror) applyConversation(v *value, payload []byte, take func(int64) error) error {
+	k, _ := steer.ParseGateConversationName(v.name)
+	if v.env.flags&flagDeleted != 0 {
+		_, err := m.opt.Engine.DropGateConversation(k, steer.Origin(originTag), steer.If(func() error { return take(0) }))
+		return err
+	}
+	if got, err := steer.GateConversationKey(payload); err != nil {
+		return taken(take, err)
+	} else if got != k {
+		return taken(take, fmt.Errorf("%w: the value of conversation %q/%q's entry names %q/%q", ErrBadEnvelope, k.Tenant, k.ID, got.Tenant, got.ID))
+	}
+	return m.opt.Engine.RestoreGateConversation(payload, steer.Origin(originTag), steer.If(func() error { return take(int64(len(payload))) }))
 }
 
 // applyGlobal sets the global tiers; a set that references a vector not here yet is parked

@@ -56,6 +56,11 @@
 //	                      then the steering wire format (steer.DecodeSteering)
 //	p.<base64url(name)>   a probe vector (steer.KindProbe, kind "probe"), same format
 //	g                     the global tiers, same format
+//	c.<base64url(tenant NUL id)>  a conversation's rest_of_conversation gates with their
+//	                      engaged state (steer.Engine.GateConversation's encoding), applied
+//	                      with RestoreGateConversation under the latch map's caps; an entry
+//	                      evicted by its host is deleted. Bucket readers see conversation ids
+//	                      and tenants, as they see vector names.
 //	k.<base64url(mac)>    a key: mac = HMAC-SHA256 of the request id under a key derived from
 //	                      the secret; the value is sealed (ChaCha20-Poly1305, key from
 //	                      ipc.Secret.DeriveKey, HKDF-SHA256): NATS and bucket readers see

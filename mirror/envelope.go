@@ -10,6 +10,8 @@ import (
 	"fmt"
 
 	"golang.org/x/crypto/chacha20poly1305"
+
+	"github.com/shmsteer/shmsteer/steer"
 )
 
 // Entry kinds.
@@ -18,6 +20,8 @@ const (
 	kindGlobal byte = 2
 	kindKey    byte = 3
 	kindProbe  byte = 4 // a probe vector (steer.KindProbe): a named vector of kind "probe"
+	// kindConversation is a conversation's rest_of_conversation gates (steer's SGCV entry).
+	kindConversation byte = 5
 )
 
 // Envelope flags.
@@ -84,7 +88,7 @@ func decodeEnvelope(b []byte) (envelope, int, error) {
 	if e.flags&^knownFlags != 0 {
 		return bad(fmt.Sprintf("unknown flags %#x", e.flags))
 	}
-	if e.kind < kindVector || e.kind > kindProbe {
+	if e.kind < kindVector || e.kind > kindConversation {
 		return bad(fmt.Sprintf("unknown kind %d", e.kind))
 	}
 	n := int(b[6])
@@ -173,11 +177,21 @@ func probeEntry(name string) string {
 	return "p." + base64.RawURLEncoding.EncodeToString([]byte(name))
 }
 
-// entryName returns the kind and, for vectors, the name an entry key stands for.
+// conversationEntry names a conversation's gates' entry (name: steer.GateConversationName).
+func conversationEntry(name string) string {
+	return "c." + base64.RawURLEncoding.EncodeToString([]byte(name))
+}
+
+// entryName returns the kind and, for vectors and conversations, the name an entry key stands
+// for.
 func entryName(ek string) (kind byte, name string, ok bool) {
 	switch {
 	case ek == globalEntry:
 		return kindGlobal, "", true
+	case len(ek) > 2 && ek[:2] == "c.":
+		b, err := base64.RawURLEncoding.DecodeString(ek[2:])
+		_, valid := steer.ParseGateConversationName(string(b))
+		return kindConversation, string(b), err == nil && valid
 	case len(ek) > 2 && (ek[:2] == "v." || ek[:2] == "p."):
 		b, err := base64.RawURLEncoding.DecodeString(ek[2:])
 		kind = kindVector

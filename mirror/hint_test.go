@@ -2,11 +2,13 @@ package mirror
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -44,6 +46,9 @@ func TestMirrorModelHint(t *testing.T) {
 	copy(forged[i:], "gemma")
 	_, err = kv.Put(ctx, ek, forged)
 	require.NoError(t, err)
+	// (One at a time: the bucket keeps one value per entry, so a watch may skip a value
+	// replaced before it was delivered.)
+	waitCount(t, b.owner, func(s Status) uint64 { return s.Tampered }, before.Tampered+1, "the changed hint refused on b")
 	// And a value signed by someone without the secret.
 	payload := append(steer.EncodeVectorMeta(steer.VectorMeta{ModelHint: "gemma"}), vectorPayload(t, 8)...)
 	_, err = kv.Put(ctx, ek, forge(ek, kindVector, 0, "a", payload))
@@ -64,4 +69,64 @@ func TestMirrorModelHint(t *testing.T) {
 	st = waitCount(t, b.owner, func(s Status) uint64 { return s.Rejected }, before.Rejected+1, "a bad hint refused on b")
 	require.Contains(t, st.LastError, "bad model hint")
 	require.Equal(t, "ok 9/1", b.worker.do("hint plain"), "nothing changed on b")
+}
+
+// convPayload is conversation k's rest_of_conversation gates entry as an owner encodes it (an
+// inline probe and add: no named vector needed), and its length.
+func convPayload(t *testing.T, k steer.ConvKey) []byte {
+	rc, err := steer.RegionConfig(testCfg, shm.Config{IndexSlots: 64, ArenaBytes: 4 << 20, ReaderSlots: 4})
+	require.NoError(t, err)
+	r, err := shm.Create(rc)
+	require.NoError(t, err)
+	defer r.Close()
+	eng, err := steer.Open(r, &testCfg, steer.Options{})
+	require.NoError(t, err)
+	v := make([]float32, testCfg.Hidden)
+	v[0] = 1
+	src := steer.GateSource{Vectors: []steer.Vector{{Hook: steer.DefaultHooks[0], Layer: 1, Scale: 1, Data: v}}}
+	_, err = eng.Admit(steer.Admission{RequestID: "r", Conversation: k, Gates: []steer.Gate{{
+		When:  steer.When{Kind: steer.WhenProbe, Probe: src, Threshold: 0.5, Sharpness: 1},
+		Scope: steer.ScopeRestOfConversation, Apply: steer.GateApply{Kind: steer.ApplyAdd, Steer: src, Strength: 1}}}})
+	require.NoError(t, err)
+	b, found, err := eng.GateConversation(k)
+	require.NoError(t, err)
+	require.True(t, found)
+	return b
+}
+
+// TestMirrorConversationEntries: a conversation's gates entry is applied only under this
+// deployment's tag and only when its value names its entry's conversation; a forged, moved or
+// malformed one is refused and changes nothing.
+func TestMirrorConversationEntries(t *testing.T) {
+	n := startNATS(t)
+	secret := newSecret()
+	hs := startHosts(t, n, secret, []string{"a", "b"}, hostOpts{})
+	b := hs[1]
+	kv, _, ctx := bucketOf(t, n)
+	chat := steer.ConvKey{ID: "chat"}
+	ek := conversationEntry(steer.GateConversationName(chat))
+	payload := convPayload(t, chat)
+	before := b.owner.status()
+
+	_, err := kv.Put(ctx, ek, forge(ek, kindConversation, 0, "x", payload))
+	require.NoError(t, err)
+	waitCount(t, b.owner, func(s Status) uint64 { return s.Tampered }, before.Tampered+1, "a forged entry refused")
+	require.Equal(t, "none", b.owner.do("conv - chat"))
+
+	other := convPayload(t, steer.ConvKey{ID: "other"}) // a valid value of another conversation, moved here
+	_, err = kv.Put(ctx, ek, forgeWithSecret(secret, ek, kindConversation, 0, "z", other))
+	require.NoError(t, err)
+	waitCount(t, b.owner, func(s Status) uint64 { return s.Rejected }, before.Rejected+1, "a moved entry refused")
+	_, err = kv.Put(ctx, conversationEntry(steer.GateConversationName(steer.ConvKey{ID: "cut"})),
+		forgeWithSecret(secret, conversationEntry(steer.GateConversationName(steer.ConvKey{ID: "cut"})), kindConversation, 0, "z", payload[:len(payload)-1]))
+	require.NoError(t, err)
+	st := waitCount(t, b.owner, func(s Status) uint64 { return s.Rejected }, before.Rejected+2, "a moved and a cut entry refused")
+	require.Equal(t, "none", b.owner.do("conv - chat"))
+	require.Equal(t, "none", b.owner.do("conv - other"))
+	require.Equal(t, "none", b.owner.do("conv - cut"))
+	require.Equal(t, before.Applied, st.Applied)
+
+	_, err = kv.Put(ctx, ek, forgeWithSecret(secret, ek, kindConversation, 0, "z", payload))
+	require.NoError(t, err)
+	eventually(t, b.owner, "conv - chat", fmt.Sprintf("ok %d", len(payload)), 20*time.Second, "a valid entry applied on b")
 }

@@ -442,6 +442,8 @@ func (m *Mirror) onChange(c steer.Change) {
 		m.enqueue(probeEntry(c.Name), kindProbe, c.Name)
 	case steer.ChangeGlobal:
 		m.enqueue(globalEntry, kindGlobal, "")
+	case steer.ChangeConversation:
+		m.enqueue(conversationEntry(c.Name), kindConversation, c.Name)
 	}
 }
 

@@ -159,6 +159,20 @@ func runHost() {
 		case "unreg":
 			_, err := eng.Unregister(f[1])
 			say(reply(err, ""))
+		case "conv": // conv TENANT ID ("-": none): the conversation's gates entry's length, or none
+			tenant := f[1]
+			if tenant == "-" {
+				tenant = ""
+			}
+			b, found, err := eng.GateConversation(steer.ConvKey{Tenant: tenant, ID: f[2]})
+			switch {
+			case err != nil:
+				say("err " + err.Error())
+			case !found:
+				say("none")
+			default:
+				say(fmt.Sprintf("ok %d", len(b)))
+			}
 		case "reghint": // reghint NAME SEED N HINT: with a model hint
 			_, err := eng.Register(f[1], vecs(arg(2), int(arg(3))), steer.ModelHint(f[4]))
 			say(reply(err, ""))

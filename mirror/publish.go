@@ -135,25 +135,18 @@ func (m *Mirror) publish(it qitem) error {
 	return nil
 }
 
-// steeringValue reads a vector's, a probe's or the global tiers' newest encoding into env
+// steeringValue reads a vector's, a probe's, the global tiers' or a conversation's gates' newest
+// encoding into env
 // (deleted if there is none); a set larger than one message goes to the object store first,
 // env then holds its reference and the object's name is returned.
 func (m *Mirror) steeringValue(ctx context.Context, it qitem, env *envelope) (object string, err error) {
-	ck := map[byte]steer.ChangeKind{kindVector: steer.ChangeVector, kindGlobal: steer.ChangeGlobal, kindProbe: steer.ChangeProbe}[it.kind]
-	s, err := m.opt.Engine.Region().Snapshot()
-	if err != nil {
-		return "", err
+	var found bool
+	if it.kind == kindConversation { // the owner's table, not the region
+		k, _ := steer.ParseGateConversationName(it.name)
+		env.payload, found, err = m.opt.Engine.GateConversation(k)
+	} else {
+		found, err = m.regionValue(it, env)
 	}
-	b, _, found, err := m.opt.Engine.Encoding(&s, ck, it.name)
-	if err == nil && found {
-		env.payload = bytes.Clone(b)
-		if it.kind == kindVector { // its metadata (model hint) in front, read at the same snapshot
-			var meta steer.VectorMeta
-			meta, err = m.opt.Engine.VectorMeta(&s, it.name)
-			env.payload = append(steer.EncodeVectorMeta(meta), env.payload...)
-		}
-	}
-	s.Close()
 	switch {
 	case err != nil:
 		return "", err
@@ -175,6 +168,27 @@ func (m *Mirror) steeringValue(ctx context.Context, it qitem, env *envelope) (ob
 	env.flags |= flagExternal
 	env.payload = ref.encode()
 	return ref.name, nil
+}
+
+// regionValue reads a vector's, a probe's or the global tiers' newest encoding into
+// env.payload.
+func (m *Mirror) regionValue(it qitem, env *envelope) (bool, error) {
+	ck := map[byte]steer.ChangeKind{kindVector: steer.ChangeVector, kindGlobal: steer.ChangeGlobal, kindProbe: steer.ChangeProbe}[it.kind]
+	s, err := m.opt.Engine.Region().Snapshot()
+	if err != nil {
+		return false, err
+	}
+	defer s.Close()
+	b, _, found, err := m.opt.Engine.Encoding(&s, ck, it.name)
+	if err == nil && found {
+		env.payload = bytes.Clone(b)
+		if it.kind == kindVector { // its metadata (model hint) in front, read at the same snapshot
+			var meta steer.VectorMeta
+			meta, err = m.opt.Engine.VectorMeta(&s, it.name)
+			env.payload = append(steer.EncodeVectorMeta(meta), env.payload...)
+		}
+	}
+	return found, err
 }
 
 // keyValue reads a key's newest state (a revoked or absent key is a deletion) and marks env

@@ -1,7 +1,8 @@
 // Package serve is shmsteer's long-lived owner as operators run it (`shmsteer serve`): it owns
 // the region (through ipc.Owner and steer.Engine), a JSON control API over HTTP compatible with
 // the steering API of the seed's vLLM fork, Prometheus metrics, and the state that survives a
-// restart (named vectors, global tiers, steering modules and the latch map, in --state-dir).
+// restart (named vectors with their model hints, global tiers, steering modules, the latch map
+// and the conversations' rest_of_conversation gates, in --state-dir).
 // It also holds the client side of the CLI's commands (status, keys, vectors, steer global),
 // which attach as ipc clients.
 //
@@ -191,14 +192,16 @@
 //
 // # State
 //
-// With --state-dir, state.bin holds the names and digests of the named vectors, the global
-// tiers and modules (steer wire encodings), and the latch map with its counters, after a
+// With --state-dir, state.bin holds the names, digests and model hints of the named vectors,
+// the global tiers and modules (steer wire encodings), the latch map with its counters and the
+// conversations' rest_of_conversation gates with their engaged state (steer's SGCV), after a
 // header with a format version and a SHA-256 of the payload; vectors/<digest> holds each named
 // vector's encoding once (its digest is checked on restore), so a save rewrites only the small
 // state file and new vectors. Every file is written to a temporary file, fsynced and renamed
 // (and the directory fsynced), vector files before the state file that names them, after every
 // mutating API call before its reply, within persist_interval after a latch change made by an
-// admission, and at shutdown. A corrupt or incompatible file, or a missing vector file, stops
+// admission or a conversation gate change (an admission, a worker's OpGateEngaged report, a
+// mirrored entry), and at shutdown. A corrupt or incompatible file, or a missing vector file, stops
 // the start with a clear error: the state is never half-loaded. serve flocks the directory
 // itself while it runs (no file in it can be deleted out from under the lock), so a second
 // serve is refused with ErrStateLocked; it refuses (ErrStateUnsafe) a directory or file in it

@@ -213,6 +213,15 @@ func (s *Server) openOwner(secret *ipc.Secret) error {
 		Clients: s.owner.Clients,
 		Logf:    func(format string, args ...any) { s.log.Warn(fmt.Sprintf(format, args...)) },
 	})
+	if err == nil {
+		// The conversations' rest_of_conversation gates change with admissions, workers'
+		// reports and the mirror: persisted within persist_interval, as the latches are.
+		s.eng.OnChange(func(c steer.Change) {
+			if c.Kind == steer.ChangeConversation {
+				s.dirty.Store(true)
+			}
+		})
+	}
 	return err
 }
 
@@ -226,7 +235,9 @@ func (s *Server) serveRPC() {
 			out, err := h(req)
 			if err == nil {
 				s.dirty.Store(true)
-				s.persistLogged()
+				if op != steer.OpGateEngaged { // like the latch changes: within persist_interval
+					s.persistLogged()
+				}
 			}
 			return out, err
 		})
@@ -447,6 +458,9 @@ func (s *Server) captureAndSave() error {
 		p.Modules = append(p.Modules, namedWire{Name: name, Wire: m.wire})
 	}
 	p.Latches, p.LatchStats = s.eng.Latches().Export()
+	if p.GateConversations, err = s.eng.GateConversations(); err != nil {
+		return err
+	}
 	return s.store.save(p, wire)
 }
 
@@ -563,6 +577,11 @@ func (s *Server) restore() (bool, error) {
 	}
 	if err := s.eng.RestoreLatches(p.Latches, p.LatchStats); err != nil {
 		return false, fail("latches", err)
+	}
+	for _, b := range p.GateConversations { // oldest first, as saved
+		if err := s.eng.RestoreGateConversation(b); err != nil {
+			return false, fail("conversation gates", err)
+		}
 	}
 	return true, nil
 }

@@ -42,6 +42,9 @@ type persisted struct {
 	Modules    []namedWire   // steer wire encoding of each module
 	Latches    []steer.LatchEntry
 	LatchStats steer.LatchStats
+	// GateConversations are the conversations' rest_of_conversation gates with their engaged
+	// state (steer.GateConversations' encoding), oldest first (absent before they were kept).
+	GateConversations [][]byte
 }
 
 type namedDigest struct {

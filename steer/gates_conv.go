@@ -326,6 +326,19 @@ func (e *Engine) DropGateConversation(k ConvKey, opts ...WriteOption) (bool, err
 	return true, nil
 }
 
+// GateConversationKey reads the conversation an SGCV entry is for (its header only;
+// ErrBadEncoding).
+func GateConversationKey(b []byte) (ConvKey, error) {
+	if len(b) < gconvHdr || string(b[:4]) != gconvMagic || b[4] != gconvVersion {
+		return ConvKey{}, fmt.Errorf("%w: conversation gates: no header", ErrBadEncoding)
+	}
+	tl, il := int(binary.LittleEndian.Uint16(b[6:])), int(binary.LittleEndian.Uint16(b[8:]))
+	if il == 0 || len(b)-gconvHdr < tl+il {
+		return ConvKey{}, fmt.Errorf("%w: conversation gates: tenant and id past the end", ErrBadEncoding)
+	}
+	return ConvKey{Tenant: string(b[gconvHdr : gconvHdr+tl]), ID: string(b[gconvHdr+tl : gconvHdr+tl+il])}, nil
+}
+
 // encodeGateConv encodes one entry (SGCV).
 func (e *Engine) encodeGateConv(k ConvKey, c *gateConv) ([]byte, error) {
 	b := append([]byte(gconvMagic), gconvVersion, byte(len(c.gates)))
