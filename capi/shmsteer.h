@@ -483,9 +483,10 @@ int shmsteer_global_set_json(shmsteer_t *h, const char *json, size_t json_len, u
 
 /* Admit request id: admission JSON {"tenant": s, "conversation": s, "override": Steering,
  * "steering": [gate]}, all optional (owner only). A gate is the vLLM fork's {"when", "scope",
- * "apply"} (see steer.DecodeGates); an inline source is {"kind": "inline", "packed": {hook:
- * [{"layer": n, "scale": s, "data": [floats]}]}} here (Python's Owner.admit converts the fork's
- * packed blobs). Refusals: BAD_GATE, GATE_UNSUPPORTED, NON_FINITE, UNKNOWN_VECTOR, PROBE_SITE. */
+ * "apply"} (see steer.DecodeGates); an inline source is the fork's {"kind": "inline", "packed":
+ * {hook: packed}} with packed its SteeringHookPacked {"dtype", "shape", "layer_indices",
+ * "data" (base64), "scales"?} or a list [{"layer": n, "scale": s, "data": [floats]}].
+ * Refusals: BAD_GATE, GATE_UNSUPPORTED, NON_FINITE, UNKNOWN_VECTOR, PROBE_SITE. */
 int shmsteer_request_admit_json(shmsteer_t *h, const char *id, size_t id_len, const char *json,
                                 size_t json_len, uint64_t *version);
 

@@ -515,7 +515,7 @@ func (s *Server) registerVector(_ *http.Request, p principal, body []byte) (any,
 		if err := d.Decode(&pk); err != nil {
 			return nil, malformed("packed["+pyStr(h)+"]", "%s", describeJSONError(err))
 		}
-		vs, err := pk.Vectors(h)
+		vs, err := packedVectors(&pk, h)
 		if err != nil {
 			return nil, fmt.Errorf("packed[%s]: %w", pyStr(h), err)
 		}

@@ -18,7 +18,7 @@ func unpackHook(hook string, raw json.RawMessage) ([]steer.Vector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return p.Vectors(hook)
+	return packedVectors(&p, hook)
 }
 
 // parseGates reads an admission's "steering" field (the fork's declarative gates) and checks

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/shmsteer/shmsteer/steer"
+	"github.com/shmsteer/shmsteer/steer/vecfile"
 )
 
 // ErrBadInput means a request body or a steering payload is malformed (bad JSON, unknown
@@ -66,18 +67,6 @@ func pyList(names []string) string {
 		q[i] = pyStr(n)
 	}
 	return "[" + strings.Join(q, ", ") + "]"
-}
-
-// pyTuple formats a shape as Python prints a tuple: (1, 4), (4,).
-func pyTuple(xs []int) string {
-	s := make([]string, len(xs))
-	for i, x := range xs {
-		s[i] = strconv.Itoa(x)
-	}
-	if len(xs) == 1 {
-		return "(" + s[0] + ",)"
-	}
-	return "(" + strings.Join(s, ", ") + ")"
 }
 
 // intList formats xs as a Python list: [0, 3].
@@ -171,15 +160,8 @@ type VectorSpec map[string]json.RawMessage
 // (ClampHookPacked), or the fork's wire map {"hooks": {hook: table}}.
 type ClampSpec map[string]json.RawMessage
 
-// Packed is the fork's binary-wire hook blob (SteeringHookPacked): rows of layer vectors,
-// base64 little-endian.
-type Packed struct {
-	Dtype        string    `json:"dtype"`
-	Shape        []int     `json:"shape"`
-	LayerIndices []int     `json:"layer_indices"`
-	Data         string    `json:"data"`
-	Scales       []float64 `json:"scales,omitempty"`
-}
+// Packed is the fork's SteeringHookPacked (vecfile.Packed).
+type Packed = vecfile.Packed
 
 // SetRequest is the body of POST /v1/steering/set (and of `steer global set --file`).
 type SetRequest struct {
@@ -311,7 +293,7 @@ func parseVectorSpec(spec VectorSpec, field string) ([]steer.Vector, error) {
 			if err != nil {
 				return nil, err
 			}
-			vs, err := p.Vectors(hook)
+			vs, err := packedVectors(&p, hook)
 			if err != nil {
 				return nil, fmt.Errorf("%s[%s]: %w", field, pyStr(hook), err)
 			}
@@ -737,105 +719,27 @@ func allFinite(d []float32) bool {
 // openBound is the largest float32 not above steer.MaxMagnitude (float32(1e30) rounds up).
 var openBound = math.Nextafter32(float32(steer.MaxMagnitude), 0)
 
-var dtypeSize = map[string]int{"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-
 // decodeRows decodes base64 little-endian rows of shape [n, width] in dtype to float32
 // (values beyond float32 become ±Inf, refused later as non-finite). what names the blob type
 // in messages (the fork's: SteeringHookPacked, ClampHookPacked).
 func decodeRows(dtype string, shape []int, data, path, what string) ([][]float32, error) {
-	size, ok := dtypeSize[dtype]
-	if !ok {
-		return nil, malformed(path, "%s.dtype %s: want float16, bfloat16, float32 or float64", what, pyStr(dtype))
-	}
-	if len(shape) != 2 {
-		return nil, malformed(path, "%s.shape must be 2-D [num_layers, hidden_size]; got %s", what, pyTuple(shape))
-	}
-	rows, h := shape[0], shape[1]
-	if rows < 1 || h < 1 || rows > 1<<20 || h > 1<<24 {
-		return nil, malformed(path, "%s.shape entries must be >= 1; got %s", what, pyTuple(shape))
-	}
-	want := rows * h * size
-	if n := base64.StdEncoding.DecodedLen(len(data)); n < want || n > want+3 {
-		// the decoded length, from the encoded one (a valid encoding: 4 characters per 3 bytes)
-		got := len(data) / 4 * 3
-		if len(data)%4 == 0 {
-			got -= len(data) - len(strings.TrimRight(data, "="))
-		}
-		return nil, malformed(path, "%s.data length %d != expected %d (shape=%s, dtype=%s)", what, got, want, pyTuple(shape), dtype)
-	}
-	raw, err := base64.StdEncoding.DecodeString(data)
-	if err != nil {
-		return nil, malformed(path, "%s.data is not base64: %v", what, err)
-	}
-	if len(raw) != want {
-		return nil, malformed(path, "%s.data length %d != expected %d (shape=%s, dtype=%s)", what, len(raw), want, pyTuple(shape), dtype)
-	}
-	flat := make([]float32, rows*h)
-	for i := range flat {
-		b := raw[i*size:]
-		switch dtype {
-		case "float16":
-			flat[i] = halfToFloat32(binary.LittleEndian.Uint16(b))
-		case "bfloat16":
-			flat[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(b)) << 16)
-		case "float32":
-			flat[i] = math.Float32frombits(binary.LittleEndian.Uint32(b))
-		case "float64":
-			flat[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(b)))
-		}
-	}
-	out := make([][]float32, rows)
-	for r := range rows {
-		out[r] = flat[r*h : (r+1)*h : (r+1)*h]
-	}
-	return out, nil
+	rows, err := vecfile.DecodePackedRows(dtype, shape, data, what)
+	return rows, packedError(path, err)
 }
 
-// Vectors decodes a packed blob into one vector per row, float32 (the width is checked
-// against the model by CheckSites).
-func (p *Packed) Vectors(hook string) ([]steer.Vector, error) {
-	rows, err := decodeRows(p.Dtype, p.Shape, p.Data, "", "SteeringHookPacked")
-	if err != nil {
-		return nil, err
+// packedError words a malformed packed blob as the fork's routers do.
+func packedError(path string, err error) error {
+	var pe *vecfile.PackedError
+	if errors.As(err, &pe) {
+		return malformed(path, "%s", pe.Msg)
 	}
-	if len(p.LayerIndices) != len(rows) {
-		return nil, malformed("", "SteeringHookPacked.layer_indices length (%d) must equal shape[0] (%d)", len(p.LayerIndices), len(rows))
-	}
-	if p.Scales != nil && len(p.Scales) != len(rows) {
-		return nil, malformed("", "SteeringHookPacked.scales length (%d) must equal layer_indices length (%d)", len(p.Scales), len(rows))
-	}
-	out := make([]steer.Vector, len(rows))
-	for r := range rows {
-		if p.LayerIndices[r] < 0 {
-			return nil, malformed("", "SteeringHookPacked.layer_indices entries must be non-negative; got %d", p.LayerIndices[r])
-		}
-		out[r] = steer.Vector{Hook: hook, Layer: p.LayerIndices[r], Scale: 1, Data: rows[r]}
-		if p.Scales != nil {
-			out[r].Scale = float32(p.Scales[r])
-		}
-	}
-	return out, nil
+	return err
 }
 
-// halfToFloat32 converts an IEEE 754 binary16 to float32 exactly.
-func halfToFloat32(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h) & 0x3ff
-	switch {
-	case exp == 0x1f: // Inf or NaN
-		return math.Float32frombits(sign | 0xff<<23 | mant<<13)
-	case exp != 0: // normal
-		return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
-	case mant == 0:
-		return math.Float32frombits(sign)
-	}
-	// subnormal: mant × 2^-24
-	f := float32(mant) * (1.0 / (1 << 24))
-	if sign != 0 {
-		f = -f
-	}
-	return f
+// packedVectors is p.Vectors(hook) with the fork's wording of its errors.
+func packedVectors(p *Packed, hook string) ([]steer.Vector, error) {
+	vs, err := p.Vectors(hook)
+	return vs, packedError("", err)
 }
 
 // PackVectors encodes vectors of one hook as a float32 packed blob (for clients and tests).

@@ -21,19 +21,6 @@ import (
 
 var cfg8 = steer.ModelConfig{Hidden: 4, Layers: 3, Hooks: steer.DefaultHooks}
 
-func TestHalfToFloat32(t *testing.T) {
-	for _, tc := range []struct {
-		h    uint16
-		want float32
-	}{
-		{0x3c00, 1}, {0xc000, -2}, {0x3555, 0.333251953125}, {0x7bff, 65504}, {0x0001, 5.960464477539063e-08},
-		{0x0000, 0}, {0x8000, float32(math.Copysign(0, -1))}, {0x7c00, float32(math.Inf(1))},
-	} {
-		require.Equal(t, math.Float32bits(tc.want), math.Float32bits(halfToFloat32(tc.h)), "%#x", tc.h)
-	}
-	require.True(t, math.IsNaN(float64(halfToFloat32(0x7e00))))
-}
-
 func packBytes(dtype string, vals []float64) string {
 	var b []byte
 	for _, v := range vals {
@@ -57,7 +44,7 @@ func TestPackedDtypes(t *testing.T) {
 	vals := []float64{1, -2, 0.5, 4, 8, -16, 0.25, 2}
 	for _, dt := range []string{"float16", "bfloat16", "float32", "float64"} {
 		p := Packed{Dtype: dt, Shape: []int{2, 4}, LayerIndices: []int{2, 0}, Data: packBytes(dt, vals), Scales: []float64{1, 3}}
-		vs, err := p.Vectors("pre_attn")
+		vs, err := packedVectors(&p, "pre_attn")
 		require.NoError(t, err, dt)
 		require.Equal(t, []float32{1, -2, 0.5, 4}, vs[0].Data, dt)
 		require.Equal(t, []float32{8, -16, 0.25, 2}, vs[1].Data, dt)
@@ -75,7 +62,7 @@ func TestPackedDtypes(t *testing.T) {
 		"rows<1": {Dtype: "float32", Shape: []int{0, 4}},
 		"huge":   {Dtype: "float32", Shape: []int{1 << 30, 4}, LayerIndices: []int{0}},
 	} {
-		_, err := p.Vectors("pre_attn")
+		_, err := packedVectors(&p, "pre_attn")
 		require.ErrorIs(t, err, ErrBadInput, name)
 	}
 }

@@ -231,3 +231,31 @@ def test_one_report_per_gated_step(owner):
     assert h.engine_calls - calls == 1 and h.batch.reports == 0
     _run(h, chain, _input(FIRE, torch.float32), [("g", 0, 2, "decode")])
     assert h.engine_calls - calls == 3 and h.batch.reports == 1
+
+
+def test_c_admit_takes_the_forks_packed_inline_source(owner):
+    """shmsteer_request_admit_json (the C ABI, no Python conversion) takes the fork's inline
+    SOURCE {"kind": "inline", "packed": {hook: SteeringHookPacked}}; a bad blob is BAD_GATE."""
+    import ctypes
+    import json
+    from shmsteer import _lib, errors
+
+    def packed(layer: int, v: np.ndarray) -> Dict[str, Any]:
+        v = v.reshape(1, -1).astype(np.float32)
+        return {"dtype": "float32", "shape": list(v.shape), "layer_indices": [layer], "data": base64.b64encode(v.tobytes()).decode()}
+
+    def admit(rid: str, steering: List[Dict[str, Any]]) -> None:
+        js = json.dumps({"steering": steering}).encode()
+        v = ctypes.c_uint64()
+        _lib.check(_lib.lib.shmsteer_request_admit_json(owner.handle, rid.encode(), len(rid), js, len(js), ctypes.byref(v)))
+
+    probe = {"kind": "probe", "probe": {"kind": "inline", "packed": {"post_block": packed(1, _unit(0))}}, "threshold": 0.5, "sharpness": 100}
+    admit("c", [{"when": probe, "scope": "this_token",
+                 "apply": {"kind": "add", "steer": {"kind": "inline", "packed": {"post_block": packed(2, _unit(4))}}, "strength": 3}}])
+    for path in ("native", "device"):
+        h, chain = _hooks(owner, path, torch.float32, 2)
+        y = _run(h, chain, _input(MIXED, torch.float32), [("c", 0, 2, "decode")])
+        assert y[0, 4].item() == pytest.approx(3.0, abs=1e-5) and abs(y[1, 4].item()) < 1e-6, (path, y)
+    bad = dict(probe, probe={"kind": "inline", "packed": {"post_block": dict(packed(1, _unit(0)), dtype="int8")}})
+    with pytest.raises(errors.BadGateError, match="dtype 'int8'"):
+        admit("bad", [{"when": bad, "scope": "next_step", "apply": {"kind": "attenuate", "strength": 0.5}}])
