@@ -68,20 +68,25 @@
 // Admit, and steer stores the raw spec with the plan's sites and positions (Plan.Select) with
 // the request, read back by Engine.Capture in workers and consumers alike. The position
 // selectors are steer.CapturePositions (Plan.Rows and Selects call them), which the hooks run.
-// RingSink is the steer.CaptureSink over a RingWriter (AppendRows copies the selected rows from
-// the hidden state straight into the ring).
 //
-// What is not wired yet: the Stepper's, the C ABI's and Python's hooks do not call a sink (and
-// no GPU D2H path exists); there is no rank choice under tensor parallelism; consumers have no
-// global specs. serve runs a Hub with --capture-consumer; the C ABI's shmsteer_capture_* and
-// Python's shmsteer.capture are the consumer through it (shmsteer_capture_serve makes a
-// Python-hosted owner serve one). A consumer
-// attaches to a ring when it reads the hub's notice of it, so records a worker appends before
-// that are not seen by it.
+// The hooks: RingSink is the steer.CaptureSink over a RingWriter. A Stepper given it
+// (Stepper.SetCapture; only the writing rank under tensor parallelism) copies, at each site its
+// Apply (float32) or Capture (bfloat16, float16) sees and before steering it, the rows the
+// step's captured requests select, one record per (site, request): AppendRows copies them
+// from the hidden state straight into the ring with non-temporal stores, held and published
+// once per site (Hold, Flush). A device worker's Batch plans the same rows (CaptureSites,
+// CaptureRows) and takes back each site's gathered rows (Batch.Capture).
+//
+// What is not wired yet: the C ABI's and Python's hooks do not capture (and no GPU D2H path
+// exists); consumers have no global specs. serve runs a Hub with --capture-consumer; the C
+// ABI's shmsteer_capture_* and Python's shmsteer.capture are the consumer through it
+// (shmsteer_capture_serve makes a Python-hosted owner serve one). A consumer attaches to a
+// ring when it reads the hub's notice of it, so records a worker appends before that are not
+// seen by it.
 //
 // It must not import serve, mirror or bench; it imports steer only for ModelConfig and its hook
 // names. Start with FilesystemSpec.Resolve and RequestFiles; the tests' readers
 // (fsread_test.go in Go, testdata/fork_reader.py in NumPy) are written from the fork's
 // documented format, not from the writer. BenchmarkRingAppend compares a ring append with a
-// plain copy of the same bytes.
+// plain copy of the same bytes; BenchmarkCaptureHookCost a captured decode step with one.
 package capture

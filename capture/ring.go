@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/steer"
 	"golang.org/x/sys/unix"
 )
@@ -216,13 +217,41 @@ func (r *Ring) Stats() RingStats {
 type RingWriter struct {
 	r       *Ring
 	wait    time.Duration
-	pos     uint64
+	pos     uint64 // bytes appended, published or held
+	pub     uint64 // bytes published (the ring's write position)
 	pending uint64 // the frame length reserve wrote, published by publish
+	// Held appends (Hold): records and data bytes appended since the last Flush.
+	hold              bool
+	heldRecs, heldLen uint64
 }
 
 // Writer is the ring's single writer; block-policy consumers make Append wait up to wait.
 func (r *Ring) Writer(wait time.Duration) *RingWriter {
-	return &RingWriter{r: r, wait: wait, pos: word(r.mem, offWrite).Load()}
+	p := word(r.mem, offWrite).Load()
+	return &RingWriter{r: r, wait: wait, pos: p, pub: p}
+}
+
+// Hold makes later appends wait for Flush to be published (all at once: one store of the
+// write position, one fence): for a writer that appends a burst of records (the hooks, one
+// record per request at a site) and publishes the burst. Held records count against the
+// ring's space as published ones do.
+func (w *RingWriter) Hold() { w.hold = true }
+
+// Flush publishes the held records and ends Hold.
+func (w *RingWriter) Flush() {
+	w.hold = false
+	w.flush()
+}
+
+func (w *RingWriter) flush() {
+	if w.pos == w.pub {
+		return
+	}
+	w.pub = w.pos
+	word(w.r.mem, offWrite).Store(w.pos) // publishes the frames (and the pads before them)
+	word(w.r.mem, offRecords).Add(w.heldRecs)
+	word(w.r.mem, offBytes).Add(w.heldLen)
+	w.heldRecs, w.heldLen = 0, 0
 }
 
 func frameLen(rows, idLen, hookLen, nbytes int) uint64 {
@@ -260,7 +289,8 @@ func (w *RingWriter) Append(requestID string, rec Record) error {
 
 // AppendRows is Append of a record whose data are rows rows[i] of src, a row-major block of
 // rows of rec.Width elements of rec.Dtype (rec.Data is ignored; rec.Rows is len(rows)): the
-// rows are copied from src straight into the ring, runs of consecutive rows in one copy.
+// rows are copied from src straight into the ring, runs of consecutive rows in one copy, with
+// non-temporal stores (kernels.StreamCopy: a consumer reads them later, from another core).
 // ErrBadRecord also for a row outside src or rows not ascending.
 func (w *RingWriter) AppendRows(requestID string, rec Record, src []byte, rows []int) error {
 	rec.Rows = len(rows)
@@ -284,7 +314,7 @@ func (w *RingWriter) AppendRows(requestID string, rec Record, src []byte, rows [
 		for j < len(rows) && rows[j] == rows[j-1]+1 {
 			j++
 		}
-		o += copy(dst[o:], src[rows[i]*rowBytes:(rows[j-1]+1)*rowBytes])
+		o += kernels.StreamCopy(dst[o:], src[rows[i]*rowBytes:(rows[j-1]+1)*rowBytes])
 		i = j
 	}
 	w.publish(nbytes)
@@ -382,13 +412,15 @@ func (w *RingWriter) reserve(requestID string, rec *Record, nbytes int) ([]byte,
 }
 
 // publish makes the frame reserve wrote visible (one atomic store of the write position,
-// after every byte of it) and counts it.
+// after every byte of it) and counts it, unless the writer holds its appends (Hold).
 func (w *RingWriter) publish(nbytes int) {
 	w.pos += w.pending
 	w.pending = 0
-	word(w.r.mem, offWrite).Store(w.pos) // publishes the frame (and the pad before it)
-	word(w.r.mem, offRecords).Add(1)
-	word(w.r.mem, offBytes).Add(uint64(nbytes))
+	w.heldRecs++
+	w.heldLen += uint64(nbytes)
+	if !w.hold {
+		w.flush()
+	}
 }
 
 // reclaimDead frees the lagging slots whose consumer process no longer exists (kill(pid, 0)
@@ -423,7 +455,7 @@ func (w *RingWriter) slotLags(so int, need uint64) bool {
 	}
 	rp := word(w.r.mem, so+8)
 	if rp.Load() == readUnset {
-		rp.CompareAndSwap(readUnset, w.pos)
+		rp.CompareAndSwap(readUnset, w.pub) // from the next published record on
 	}
 	used := w.pos - rp.Load()
 	return used > w.r.cap || w.r.cap-used < need

@@ -260,6 +260,9 @@ const (
 // The ring writer of TestRingWriterKilled, in a child: appends the deterministic stream to
 // the ring on fd 3 until killed.
 func TestMain(m *testing.M) {
+	if os.Getenv(rankChildEnv) != "" {
+		rankChild() // rank_multiproc_test.go
+	}
 	if os.Getenv(hubConsumerChildEnv) != "" {
 		hubConsumerChild()
 	}

@@ -10,7 +10,9 @@ import (
 
 // RingSink is the steer.CaptureSink of a worker's ring: each record the hooks hand it is
 // framed into the ring by its writer (AppendRows: the rows copied from the hidden state
-// straight into the mapping). Use it from the stepping goroutine only, as the writer.
+// straight into the mapping) and held until Flush publishes them (the hooks flush after each
+// site's records: one store of the write position per site, not per request). Use it from the
+// stepping goroutine only, as the writer.
 type RingSink struct{ w *RingWriter }
 
 // NewRingSink makes the sink over w.
@@ -28,7 +30,11 @@ func (s *RingSink) Capture(rec *steer.CaptureRecord) error {
 	if len(rec.Rows) != len(rec.Positions) {
 		return fmt.Errorf("%w: %d rows for %d positions", ErrBadRecord, len(rec.Rows), len(rec.Positions))
 	}
+	s.w.Hold()
 	return s.w.AppendRows(rec.RequestID, Record{Layer: rec.Layer, Hook: rec.Hook, Positions: rec.Positions, Dtype: sinkDtypes[rec.Dtype], Width: rec.Width}, rec.Src, rec.Rows)
 }
 
-var _ steer.CaptureSink = (*RingSink)(nil)
+// Flush publishes the records Capture appended since the last Flush.
+func (s *RingSink) Flush() { s.w.Flush() }
+
+var _ steer.CaptureFlusher = (*RingSink)(nil)

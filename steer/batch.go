@@ -122,8 +122,13 @@ type Batch struct {
 	NumSlots    int       // highest slot of this step + 1: rows a table needs
 	Checksum    uint64
 	Version     uint64 // region version resolved
-	Gates       BatchGates
-	gate        batchGates
+	// The step's capture plan (empty unless the Stepper captures: SetCapture): the sites
+	// whose rows the worker copies for capture consumers, ascending; the rows of
+	// CaptureSites[i] are CaptureRows[CaptureStart[i]:CaptureStart[i+1]], block rows grouped
+	// per request, to gather before that site's steering add and hand back with Capture.
+	CaptureSites, CaptureStart, CaptureRows []int32
+	Gates                                   BatchGates
+	gate                                    batchGates
 
 	// scratch
 	local    map[slotKey]int32
@@ -268,6 +273,7 @@ func (b *Batch) Resolve(version uint64, batch []Span, rows int) error {
 	}
 	b.commit(batch, rows)
 	b.commitGates(rows)
+	b.planBatchCapture()
 	return nil
 }
 

@@ -405,6 +405,14 @@ type CaptureSink interface {
 	Capture(rec *CaptureRecord) error
 }
 
+// CaptureFlusher is a CaptureSink that holds the records it is handed until Flush: the hooks
+// call Flush after each site's records (package capture's RingSink publishes them then, with
+// one store).
+type CaptureFlusher interface {
+	CaptureSink
+	Flush()
+}
+
 // CaptureOptions say whether and where a Stepper (and its Batch) captures.
 type CaptureOptions struct {
 	// Sink receives the captured rows; nil turns capture off.

@@ -100,6 +100,18 @@
 // worker hands the scores back with Report, where the host-evaluated scopes decide and advance
 // as at a Stepper's End; both paths give the same decisions (Stepper.GateChecksum).
 //
+// # Activation capture
+//
+// A request may carry a capture, {consumer: spec} (Admission.Capture, with its PromptLen): the
+// owner validates each spec with the validator of a consumer it declares
+// (Options.CaptureConsumers, built by package capture) and stores the specs, sites and
+// positions with the request (KindCapture; Engine.Capture reads them). A Stepper given a
+// CaptureSink (SetCapture: the writing rank only) copies, at each site and before steering
+// it, the rows its consumers select by absolute position (Span.Pos + row; CapturePositions)
+// into the sink, one CaptureRecord per (site, request) per step (capture_step.go): Apply
+// captures float32 blocks, Capture blocks of other dtypes, and a Batch plans the rows a
+// device worker gathers (CaptureSites, CaptureRows) and takes them back (Batch.Capture).
+//
 // # Boundaries
 //
 // steer reads and writes the region only through package shm's API (Update, Snapshot, View):

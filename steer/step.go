@@ -47,6 +47,10 @@ type StepStats struct {
 	// GateReportsMissed counts device-path steps whose probe scores were never reported
 	// (Batch.Report): their probe gates were taken as not fired.
 	GateReportsMissed uint64
+	// CaptureRecords and CaptureBytes count the records (one per site and request per step)
+	// and row bytes the hooks handed to the capture sink; CaptureErrors the records it refused
+	// (dropped for a lagging consumer, say: see Stepper.CaptureErr).
+	CaptureRecords, CaptureBytes, CaptureErrors uint64
 }
 
 // GateStats counts one scope's gates.
@@ -90,6 +94,8 @@ type Stepper struct {
 	convOrder   []uint64
 	// dev is the Batch whose device-path step awaits its gate scores (batch_gates.go).
 	dev *Batch
+	// cap is the step's capture (capture_step.go).
+	cap capStep
 }
 
 type reqState struct {
@@ -99,6 +105,7 @@ type reqState struct {
 	seen   uint64 // step it was last resolved in
 	known  bool   // it has an entry at the step's version
 	gates  *gateState
+	cap    *capReq // its capture entry, read while the Stepper captures
 }
 
 // NewStepper makes a Stepper for this engine's region.
@@ -127,6 +134,7 @@ func (s *Stepper) Begin(version uint64) error {
 	s.stats.Steps++
 	s.sum, s.gsum = 0, 0
 	s.last = s.last[:0]
+	s.beginCapture()
 	if s.step%64 == 0 {
 		s.evictIdle()
 	}
@@ -203,6 +211,9 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		}
 	}
 	s.stats.Applies++
+	if s.cap.on {
+		s.captureSite(hook, layer, shm.Float32Bytes(h), CaptureF32, false) // before the adds
+	}
 	site := (int(hook)*s.layers + layer) * 2
 	for _, i := range s.active {
 		sp, st := &batch[i], s.cur[i]
@@ -304,6 +315,12 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 			s.active = append(s.active, int32(i))
 		}
 	}
+	if s.cap.on {
+		if err := s.planCapture(batch); err != nil {
+			s.cur = s.cur[:0]
+			return err
+		}
+	}
 	s.last = append(s.last, batch...)
 	return nil
 }
@@ -365,6 +382,9 @@ func (s *Stepper) request(id string) (*reqState, error) {
 	default:
 		// Same version: the same bytes at the same place, and the same in-place terms (any
 		// change of what they read rewrites this entry), all kept by this step's pin.
+	}
+	if err := s.readCapture(st); err != nil {
+		return nil, err
 	}
 	if err := s.readGates(st); err != nil {
 		return nil, err
