@@ -90,7 +90,8 @@
 // its "steering" JSON, CheckGates is its validation). The owner resolves them at Admit
 // (gates_admit.go: names to the probe or steering vectors registered then, digests included)
 // and stores them under KindGates with the request; it carries a conversation's
-// rest_of_conversation gates onto its later requests (gates_conv.go). The Stepper applies them
+// rest_of_conversation gates onto its later requests, engaged when a Stepper reported them
+// engaged (OpGateEngaged), and exports its table for a state dir or a mirror (gates_conv.go). The Stepper applies them
 // to decode rows (gates_step.go): probes read per row at their site, this_token adds gated per
 // row, the other scopes advanced at End, attenuation as a per-request factor; every rank
 // scores the probes itself, so ranks agree. A Batch gates the device path too
