@@ -2,11 +2,13 @@ package capture
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -285,23 +287,7 @@ func (w *RequestFiles) Finish() ([]string, error) {
 			}{w.requestID, LayoutPacked, w.dtype, w.entries})
 		}
 	} else {
-		for _, k := range w.order {
-			s := w.sites[k]
-			var ps []string
-			ps, err = w.publish(s.f, siteStem(k), struct {
-				RequestID string `json:"request_id"`
-				Layer     int    `json:"layer"`
-				Hook      string `json:"hook"`
-				Shape     [2]int `json:"shape"`
-				Dtype     Dtype  `json:"dtype"`
-				Positions []int  `json:"positions"`
-			}{w.requestID, k.layer, k.hook, [2]int{s.rows, s.width}, w.dtype, s.positions})
-			paths = append(paths, ps...)
-			if err != nil {
-				break
-			}
-			delete(w.sites, k) // published: fail must not remove it
-		}
+		paths, err = w.publishSites()
 	}
 	if err == nil && !w.opt.NoFsync && len(paths) > 0 {
 		err = syncDir(w.dir)
@@ -312,6 +298,107 @@ func (w *RequestFiles) Finish() ([]string, error) {
 	}
 	w.done = true
 	return paths, nil
+}
+
+// publishSites publishes per_file's sites: every sidecar is written as {stem}.json.tmp, all
+// the .tmp files are synced at once (the fsyncs overlap, as the fork's writer threads do),
+// then, in first-append order, each site's .bin and then its .json are renamed into place.
+func (w *RequestFiles) publishSites() ([]string, error) {
+	sides := make([]*os.File, 0, len(w.order))
+	cleanup := func() {
+		for _, f := range sides {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}
+	for _, k := range w.order {
+		s := w.sites[k]
+		js, err := json.Marshal(struct {
+			RequestID string `json:"request_id"`
+			Layer     int    `json:"layer"`
+			Hook      string `json:"hook"`
+			Shape     [2]int `json:"shape"`
+			Dtype     Dtype  `json:"dtype"`
+			Positions []int  `json:"positions"`
+		}{w.requestID, k.layer, k.hook, [2]int{s.rows, s.width}, w.dtype, s.positions})
+		if err != nil {
+			cleanup()
+			return nil, fmt.Errorf("%w: %v", ErrWrite, err)
+		}
+		f, err := os.OpenFile(filepath.Join(w.dir, siteStem(k)+".json.tmp"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			cleanup()
+			return nil, fmt.Errorf("%w: %v", ErrWrite, err)
+		}
+		sides = append(sides, f)
+		if _, err := f.Write(js); err != nil {
+			cleanup()
+			return nil, fmt.Errorf("%w: %v", ErrWrite, err)
+		}
+	}
+	if !w.opt.NoFsync {
+		files := slices.Clone(sides)
+		for _, k := range w.order {
+			files = append(files, w.sites[k].f)
+		}
+		if err := syncAll(files); err != nil {
+			cleanup()
+			return nil, err
+		}
+	}
+	var paths []string
+	for i, k := range w.order {
+		bin, side := filepath.Join(w.dir, siteStem(k)+".bin"), filepath.Join(w.dir, siteStem(k)+".json")
+		if err := closeRename(w.sites[k].f, bin); err != nil {
+			sides = sides[i:]
+			cleanup()
+			return paths, err
+		}
+		delete(w.sites, k) // its .bin is published: fail must not remove it
+		if err := closeRename(sides[i], side); err != nil {
+			os.Remove(bin) // no .bin without its sidecar
+			sides = sides[i+1:]
+			cleanup()
+			return paths, err
+		}
+		paths = append(paths, bin, side)
+	}
+	return paths, nil
+}
+
+// syncAll fsyncs files, up to 8 at once.
+func syncAll(files []*os.File) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(files))
+	sem := make(chan struct{}, 8)
+	for i, f := range files {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			errs[i] = f.Sync()
+			<-sem
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %v", ErrWrite, err)
+	}
+	return nil
+}
+
+// closeRename closes f ({final}.tmp, synced already when it must be) and renames it to final;
+// on failure the .tmp is removed.
+func closeRename(f *os.File, final string) error {
+	err := f.Close()
+	if err == nil {
+		err = os.Rename(f.Name(), final)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("%w: %v", ErrWrite, err)
+	}
+	return nil
 }
 
 // publish syncs, closes and renames f ({stem}.bin.tmp), then writes meta as {stem}.json the
