@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
@@ -35,18 +36,19 @@ func benchSecret() error {
 }
 
 // newKeysOwner starts an owner in a fresh namespace holding the bench's 1024 keys of 32 bytes.
-func newKeysOwner() (*ipc.Owner, string, error) {
+func newKeysOwner() (*ipc.Owner, *keys.Registry, string, error) {
 	return newOwnerWithKeys(shm.Config{IndexSlots: 4096, ArenaBytes: 8 << 20}, Keys())
 }
 
-// newOwner starts an owner of a region of config rc in a fresh namespace.
-func newOwner(rc shm.Config) (*ipc.Owner, string, error) {
+// newOwner starts an owner of a region of config rc in a fresh namespace, and its key
+// registry.
+func newOwner(rc shm.Config) (*ipc.Owner, *keys.Registry, string, error) {
 	if err := benchSecret(); err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	var nb [8]byte
 	if _, err := rand.Read(nb[:]); err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	ns := "bench-" + hex.EncodeToString(nb[:])
 	o, err := ipc.NewOwner(ipc.OwnerOptions{
@@ -55,25 +57,30 @@ func newOwner(rc shm.Config) (*ipc.Owner, string, error) {
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
-	return o, ns, nil
+	reg, err := keys.Open(o, keys.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		o.Close()
+		return nil, nil, "", err
+	}
+	return o, reg, ns, nil
 }
 
-// newOwnerWithKeys starts an owner of a region of config rc holding keys, key i with value
-// Value(i).
-func newOwnerWithKeys(rc shm.Config, keys []string) (*ipc.Owner, string, error) {
-	o, ns, err := newOwner(rc)
+// newOwnerWithKeys starts an owner of a region of config rc holding the keys ids, key i with
+// value Value(i).
+func newOwnerWithKeys(rc shm.Config, ids []string) (*ipc.Owner, *keys.Registry, string, error) {
+	o, reg, ns, err := newOwner(rc)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
-	for i, k := range keys {
-		if err := o.Keys().Set(k, Value(i)); err != nil {
+	for i, k := range ids {
+		if err := reg.Set(k, Value(i)); err != nil {
 			o.Close()
-			return nil, "", err
+			return nil, nil, "", err
 		}
 	}
-	return o, ns, nil
+	return o, reg, ns, nil
 }
 
 // keysFromChildren starts an owner and k attached child processes and returns each child's op.
@@ -91,7 +98,7 @@ func keysFromChildren(op string, k int) ([]Op, func() error, error) {
 
 // keyReaderProcs starts an owner of the hot keys and k attached child processes.
 func keyReaderProcs(k int) ([]*Proc, func() error, error) {
-	o, ns, err := newKeysOwner()
+	o, _, ns, err := newKeysOwner()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -143,7 +150,7 @@ func keysSetOwner() (func([]time.Duration) error, func() error, error) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("owner-set-%08d-0000-0000-000000000000", i)[:36]
 	}
-	o, _, err := newOwnerWithKeys(shm.Config{IndexSlots: 4 * ownerSetKeys, ArenaBytes: 32 << 20}, keys)
+	o, reg, _, err := newOwnerWithKeys(shm.Config{IndexSlots: 4 * ownerSetKeys, ArenaBytes: 32 << 20}, keys)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -154,7 +161,7 @@ func keysSetOwner() (func([]time.Duration) error, func() error, error) {
 			k := keys[next]
 			next = (next + 1) % len(keys)
 			start := time.Now()
-			err := o.Keys().Set(k, val)
+			err := reg.Set(k, val)
 			lat[i] = time.Since(start)
 			if err != nil {
 				return err
@@ -170,7 +177,7 @@ func keysSetOwner() (func([]time.Duration) error, func() error, error) {
 // coldIndexSlots slots (2 per key) and an arena for 1M values of 32 bytes (each costs its
 // value, its 36-byte key and a 40-byte header, rounded up to 128 bytes).
 func keysGetCold() (Op, func() error, error) {
-	o, ns, err := newOwnerWithKeys(shm.Config{IndexSlots: coldIndexSlots, ArenaBytes: coldArenaBytes}, ColdKeys())
+	o, _, ns, err := newOwnerWithKeys(shm.Config{IndexSlots: coldIndexSlots, ArenaBytes: coldArenaBytes}, ColdKeys())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -187,7 +194,7 @@ const (
 )
 
 // keysChild is the child side: attach with the inherited secret, then serve "get" (through a
-// KeyReader, a worker's per-goroutine read handle) and "set" (an RPC to the owner).
+// keys.Reader, a worker's per-goroutine read handle) and "set" (an RPC to the owner).
 func keysChild(args []string) (map[string]Op, func() error, error) {
 	if len(args) < 1 || len(args) > 2 {
 		return nil, nil, fmt.Errorf("%s: want the namespace and an optional mode as arguments", keysChildRole)
@@ -196,17 +203,22 @@ func keysChild(args []string) (map[string]Op, func() error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	reg, err := keys.Attach(c)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
 	if len(args) == 2 {
 		switch args[1] {
 		case "cold":
-			return coldChild(c)
+			return coldChild(c, reg)
 		case "rank":
-			return rankChild(c)
+			return rankChild(c, reg)
 		}
 		c.Close()
 		return nil, nil, fmt.Errorf("%s: unknown mode %q", keysChildRole, args[1])
 	}
-	kr, err := c.Keys().NewReader()
+	kr, err := reg.NewReader()
 	if err != nil {
 		c.Close()
 		return nil, nil, err
@@ -226,7 +238,7 @@ func keysChild(args []string) (map[string]Op, func() error, error) {
 		}),
 		"set": GoOp(func(n int) error {
 			for i := range n {
-				if err := c.Keys().Set(keys[i&(NumKeys-1)], val); err != nil {
+				if err := reg.Set(keys[i&(NumKeys-1)], val); err != nil {
 					return err
 				}
 			}
@@ -236,9 +248,9 @@ func keysChild(args []string) (map[string]Op, func() error, error) {
 	return ops, func() error { kr.Close(); return c.Close() }, nil
 }
 
-// coldChild serves "get": uniform random Gets over the cold keys through a KeyReader.
-func coldChild(c *ipc.Client) (map[string]Op, func() error, error) {
-	kr, err := c.Keys().NewReader()
+// coldChild serves "get": uniform random Gets over the cold keys through a keys.Reader.
+func coldChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, error) {
+	kr, err := reg.NewReader()
 	if err != nil {
 		c.Close()
 		return nil, nil, err

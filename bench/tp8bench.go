@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 	"golang.org/x/sys/unix"
@@ -46,7 +47,7 @@ func tp8Ratio() (float64, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	o, ns, err := newOwnerWithKeys(rc, Keys())
+	o, _, ns, err := newOwnerWithKeys(rc, Keys())
 	if err != nil {
 		return 0, "", err
 	}
@@ -180,7 +181,7 @@ func parseSmaps(b []byte) (pss, error) {
 // rankChild serves "read": read every key and every vector entry of the region and apply the
 // steering of every request at every (hook, layer) to one row each, then return the freed heap
 // to the OS so that only what the rank keeps counts in its Pss.
-func rankChild(c *ipc.Client) (map[string]Op, func() error, error) {
+func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, error) {
 	cfg, err := steer.ConfigOf(c.Region())
 	if err != nil {
 		c.Close()
@@ -211,7 +212,7 @@ func rankChild(c *ipc.Client) (map[string]Op, func() error, error) {
 	read := func() error {
 		for _, k := range keys {
 			var err error
-			if buf, err = c.Keys().Get(k, buf[:0]); err != nil {
+			if buf, err = reg.Get(k, buf[:0]); err != nil {
 				return err
 			}
 		}

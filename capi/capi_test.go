@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -77,12 +78,15 @@ func startGoOwner(secret, ns string) (*ipc.Owner, *steer.Engine, error) {
 		return nil, nil, err
 	}
 	eng.Serve(func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) })
-	err = o.Keys().Set("req-1", fixtureKey)
+	reg, err := keys.Open(o, keys.Options{})
 	if err == nil {
-		err = o.Keys().Set("req-1-revoked", []byte("gone"))
+		err = reg.Set("req-1", fixtureKey)
 	}
 	if err == nil {
-		err = o.Keys().Remove("req-1-revoked")
+		err = reg.Set("req-1-revoked", []byte("gone"))
+	}
+	if err == nil {
+		err = reg.Remove("req-1-revoked")
 	}
 	if err == nil {
 		_, err = eng.Register("v1", []steer.Vector{{Hook: "post_block", Layer: 1, Scale: 1, Data: fixtureVector()}})
@@ -226,13 +230,13 @@ func TestCExample(t *testing.T) {
 	t.Log(got)
 	require.Contains(t, got, "key req-1 len=32 hex=000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n")
 	require.Contains(t, got, "small buffer: capi.ErrBufferTooSmall need=32\n")
-	require.Contains(t, got, "missing: ipc.ErrKeyNotFound\n")
+	require.Contains(t, got, "missing: keys.ErrNotFound\n")
 	require.Contains(t, got, "message: shmsteer: key not found for request id\n")
 	require.Contains(t, got, "message after a success: \"\"\n")
-	require.Contains(t, got, "revoked: ipc.ErrKeyRevoked\n")
+	require.Contains(t, got, "revoked: keys.ErrRevoked\n")
 	require.Contains(t, got, "many 0: ok len=32 first=1f\n")
-	require.Contains(t, got, "many 1: ipc.ErrKeyNotFound len=0 first=00\n")
-	require.Contains(t, got, "many 2: ipc.ErrKeyRevoked len=0 first=00\n")
+	require.Contains(t, got, "many 1: keys.ErrNotFound len=0 first=00\n")
+	require.Contains(t, got, "many 2: keys.ErrRevoked len=0 first=00\n")
 	require.Contains(t, got, "many 3: capi.ErrBufferTooSmall len=32 first=00\n")
 	var sum float64
 	for _, f := range fixtureVector() {

@@ -10,6 +10,7 @@ import "C"
 import (
 	"github.com/shmsteer/shmsteer/capture"
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 	"github.com/shmsteer/shmsteer/steer/vecfile"
@@ -31,10 +32,6 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_OWNER_GONE, "ipc.ErrOwnerGone", ipc.ErrOwnerGone},
 	{C.SHMSTEER_E_TIMEOUT, "ipc.ErrTimeout", ipc.ErrTimeout},
 	{C.SHMSTEER_E_INCOMPATIBLE, "ipc.ErrIncompatible", ipc.ErrIncompatible},
-	{C.SHMSTEER_E_KEY_NOT_FOUND, "ipc.ErrKeyNotFound", ipc.ErrKeyNotFound},
-	{C.SHMSTEER_E_KEY_REVOKED, "ipc.ErrKeyRevoked", ipc.ErrKeyRevoked},
-	{C.SHMSTEER_E_REQUEST_ID_TOO_LONG, "ipc.ErrRequestIDTooLong", ipc.ErrRequestIDTooLong},
-	{C.SHMSTEER_E_KEY_TOO_LARGE, "ipc.ErrKeyTooLarge", ipc.ErrKeyTooLarge},
 	{C.SHMSTEER_E_FRAME_TOO_LARGE, "ipc.ErrFrameTooLarge", ipc.ErrFrameTooLarge},
 	{C.SHMSTEER_E_UNKNOWN_OP, "ipc.ErrUnknownOp", ipc.ErrUnknownOp},
 	{C.SHMSTEER_E_PROTOCOL, "ipc.ErrProtocol", ipc.ErrProtocol},
@@ -43,6 +40,10 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_RENDEZVOUS_TAKEN, "ipc.ErrRendezvousTaken", ipc.ErrRendezvousTaken},
 	{C.SHMSTEER_E_OWNER_BUSY, "ipc.ErrBusy", ipc.ErrBusy},
 	{C.SHMSTEER_E_DEAD_REGION, "ipc.ErrDeadRegion", ipc.ErrDeadRegion},
+	{C.SHMSTEER_E_KEY_NOT_FOUND, "keys.ErrNotFound", keys.ErrNotFound},
+	{C.SHMSTEER_E_KEY_REVOKED, "keys.ErrRevoked", keys.ErrRevoked},
+	{C.SHMSTEER_E_REQUEST_ID_TOO_LONG, "keys.ErrRequestIDTooLong", keys.ErrRequestIDTooLong},
+	{C.SHMSTEER_E_KEY_TOO_LARGE, "keys.ErrTooLarge", keys.ErrTooLarge},
 	{C.SHMSTEER_E_STEER_INCOMPATIBLE, "steer.ErrIncompatible", steer.ErrIncompatible},
 	{C.SHMSTEER_E_STEER_BAD_CONFIG, "steer.ErrBadConfig", steer.ErrBadConfig},
 	{C.SHMSTEER_E_BAD_NAME, "steer.ErrBadName", steer.ErrBadName},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -31,7 +32,8 @@ type follower struct {
 
 // clientInstance is the instance of an attached client.
 func clientInstance(c *ipc.Client) *instance {
-	inst := &instance{side: clientSide{c}, region: c.Region(), keys: c.Keys(), ownerPD: c.OwnerPID()}
+	inst := &instance{side: clientSide{c}, region: c.Region(), ownerPD: c.OwnerPID()}
+	inst.keys, inst.keysErr = keys.Attach(c)
 	inst.eng, inst.engErr = steer.Open(c.Region(), nil, steer.Options{Caller: c, Logf: func(string, ...any) {}})
 	if inst.eng != nil {
 		inst.cfg = inst.eng.Config()

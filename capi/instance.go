@@ -20,6 +20,7 @@ import (
 
 	"github.com/shmsteer/shmsteer/capture"
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -30,9 +31,10 @@ import (
 type instance struct {
 	side    side
 	region  *shm.Region
-	keys    *ipc.Registry
-	eng     *steer.Engine // nil if the region records no model config
-	engErr  error         // why eng is nil
+	keys    *keys.Registry // nil if the owner serves no key registry
+	keysErr error          // why keys is nil
+	eng     *steer.Engine  // nil if the region records no model config
+	engErr  error          // why eng is nil
 	cfg     steer.ModelConfig
 	ownerPD int
 	hub     *capture.Hub // the owner's capture hub (shmsteer_capture_serve); nil without
@@ -139,12 +141,18 @@ func shmsteerGo_owner_start(ns *C.char, secret unsafe.Pointer, secretLen C.size_
 		return fail(err)
 	}
 	o, err := ipc.NewOwner(ipc.OwnerOptions{
-		Secret: sec, Namespace: goString(ns), Region: rc,
+		Secret: sec, Namespace: goString(ns), Region: rc, Logger: quietLogger(),
+	})
+	if err != nil {
+		return fail(err)
+	}
+	reg, err := keys.Open(o, keys.Options{
 		Grace:       time.Duration(cfg.grace_ms) * time.Millisecond,
 		MaxKeyBytes: int(cfg.max_key_bytes),
 		Logger:      quietLogger(),
 	})
 	if err != nil {
+		o.Close()
 		return fail(err)
 	}
 	eng, err := steer.Open(o.Region(), &mc, steer.Options{Clients: o.Clients, Logf: func(f string, a ...any) {
@@ -155,7 +163,7 @@ func shmsteerGo_owner_start(ns *C.char, secret unsafe.Pointer, secretLen C.size_
 		return fail(err)
 	}
 	eng.Serve(func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) })
-	inst := &instance{side: ownerSide{o}, region: o.Region(), keys: o.Keys(), eng: eng, cfg: mc, ownerPD: os.Getpid()}
+	inst := &instance{side: ownerSide{o}, region: o.Region(), keys: reg, eng: eng, cfg: mc, ownerPD: os.Getpid()}
 	if code := store(inst, out); code != C.SHMSTEER_OK {
 		o.Close()
 		return code

@@ -16,11 +16,11 @@ import (
 	"strings"
 	"unsafe"
 
-	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 )
 
 type reader struct {
-	kr *ipc.KeyReader
+	kr *keys.Reader
 }
 
 // finishGet turns a Get into (buf, capacity) into the ABI's result. A key that did not fit was
@@ -60,6 +60,9 @@ func shmsteerGo_key_get(h C.uint64_t, id *C.char, idLen C.size_t, buf unsafe.Poi
 	if !ok {
 		return badHandle("not a live shmsteer_t")
 	}
+	if inst.keys == nil {
+		return fail(inst.keysErr)
+	}
 	sid, dst, ok := getArgs(id, idLen, buf, capacity, n)
 	if !ok {
 		return badArg("id, buf, cap or len")
@@ -70,7 +73,7 @@ func shmsteerGo_key_get(h C.uint64_t, id *C.char, idLen C.size_t, buf unsafe.Poi
 
 //export shmsteerGo_key_set
 func shmsteerGo_key_set(h C.uint64_t, id *C.char, idLen C.size_t, key unsafe.Pointer, keyLen C.size_t) C.int {
-	inst, rc := instanceOf(h)
+	inst, rc := registryOf(h)
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
@@ -87,7 +90,7 @@ func shmsteerGo_key_set(h C.uint64_t, id *C.char, idLen C.size_t, key unsafe.Poi
 
 //export shmsteerGo_key_remove
 func shmsteerGo_key_remove(h C.uint64_t, id *C.char, idLen C.size_t) C.int {
-	inst, rc := instanceOf(h)
+	inst, rc := registryOf(h)
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
@@ -104,7 +107,7 @@ func shmsteerGo_key_remove(h C.uint64_t, id *C.char, idLen C.size_t) C.int {
 
 //export shmsteerGo_key_list_json
 func shmsteerGo_key_list_json(h C.uint64_t, buf *C.char, capacity C.size_t, n *C.size_t) C.int {
-	inst, rc := instanceOf(h)
+	inst, rc := registryOf(h)
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
@@ -128,7 +131,7 @@ func shmsteerGo_key_list_json(h C.uint64_t, buf *C.char, capacity C.size_t, n *C
 
 //export shmsteerGo_reader_open
 func shmsteerGo_reader_open(h C.uint64_t, out *C.uint64_t) C.int {
-	inst, rc := instanceOf(h)
+	inst, rc := registryOf(h)
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
@@ -170,4 +173,17 @@ func shmsteerGo_reader_close(h C.uint64_t) C.int {
 		return fail(err)
 	}
 	return C.SHMSTEER_OK
+}
+
+// registryOf is the instance of h with its key registry, or the reason it has none (an owner
+// that never called keys.Open).
+func registryOf(h C.uint64_t) (*instance, C.int) {
+	inst, rc := instanceOf(h)
+	if rc != C.SHMSTEER_OK {
+		return nil, rc
+	}
+	if inst.keys == nil {
+		return nil, fail(inst.keysErr)
+	}
+	return inst, C.SHMSTEER_OK
 }

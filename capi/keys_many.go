@@ -14,7 +14,7 @@ import (
 
 // The batched key get: one crossing into the engine for a batch of ids, each item answered as
 // shmsteer_reader_key_get answers it alone (its Go side, shmsteerGo_reader_key_get, is the
-// same three steps: getArgs, KeyReader.Get, finishGet).
+// same three steps: getArgs, keys.Reader.Get, finishGet).
 
 //export shmsteerGo_reader_key_get_many
 func shmsteerGo_reader_key_get_many(h C.uint64_t, items *C.shmsteer_key_get_item, n C.size_t) C.int {

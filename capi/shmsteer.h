@@ -60,7 +60,7 @@ extern "C" {
  * ERROR CODES. Codes 1..9 belong to the C ABI; every other code is exactly one Go sentinel error
  * of package shm (10..29), ipc (30..49), steer (50..79) or steer/vecfile (80..99): the error a
  * call returned matches it with errors.Is. shmsteer_error_name gives the Go name
- * ("ipc.ErrKeyRevoked"). An error matching several sentinels gets the code of the first in
+ * ("keys.ErrRevoked"). An error matching several sentinels gets the code of the first in
  * capi/errors.tab's order: ipc, then steer, then vecfile (a vector file whose tensor has the
  * wrong hidden size is HIDDEN_SIZE, though it is also vecfile.ErrShape), then shm; a sentinel
  * that wraps another comes before it (MARKED before NOT_FOUND).
@@ -94,7 +94,7 @@ extern "C" {
 #define SHMSTEER_E_LEASE_UNAVAILABLE 27 /* shm.ErrLeaseUnavailable: mount /proc (reader lease) */
 #define SHMSTEER_E_MARKED 28            /* shm.ErrMarked: a marked key has no value; the key registry reports KEY_REVOKED */
 #define SHMSTEER_E_RECLAIM_STALLED 29   /* shm.ErrReclaimStalled: the owner died mid-pass; read at the current version */
-/* package ipc (codes 30..49) */
+/* package ipc (codes 30..36) */
 #define SHMSTEER_E_AUTH_SECRET_NOT_DEFINED 30 /* ipc.ErrAuthSecretNotDefined: set SHMSTEER_SECRET */
 #define SHMSTEER_E_NOT_YET_INITIALIZED 31     /* ipc.ErrNotYetInitialized: no owner answers */
 #define SHMSTEER_E_PREVIOUSLY_INITIALIZED 32  /* ipc.ErrPreviouslyInitialized: owner exists */
@@ -102,18 +102,20 @@ extern "C" {
 #define SHMSTEER_E_OWNER_GONE 34              /* ipc.ErrOwnerGone: reads work, writes cannot */
 #define SHMSTEER_E_TIMEOUT 35                 /* ipc.ErrTimeout */
 #define SHMSTEER_E_INCOMPATIBLE 36            /* ipc.ErrIncompatible: protocol mismatch */
-#define SHMSTEER_E_KEY_NOT_FOUND 37           /* ipc.ErrKeyNotFound: never set, or purged */
-#define SHMSTEER_E_KEY_REVOKED 38             /* ipc.ErrKeyRevoked: removed, sentinel stands */
-#define SHMSTEER_E_REQUEST_ID_TOO_LONG 39     /* ipc.ErrRequestIDTooLong: empty or > 256 B */
-#define SHMSTEER_E_KEY_TOO_LARGE 40           /* ipc.ErrKeyTooLarge */
-#define SHMSTEER_E_FRAME_TOO_LARGE 41         /* ipc.ErrFrameTooLarge */
-#define SHMSTEER_E_UNKNOWN_OP 42              /* ipc.ErrUnknownOp */
-#define SHMSTEER_E_PROTOCOL 43                /* ipc.ErrProtocol */
-#define SHMSTEER_E_SECRET_FILE 44             /* ipc.ErrSecretFile: unreadable, not a file, too large */
-#define SHMSTEER_E_SECRET_CONFLICT 45         /* ipc.ErrSecretConflict: secret given twice */
-#define SHMSTEER_E_RENDEZVOUS_TAKEN 46        /* ipc.ErrRendezvousTaken: squatted names (message names holders) */
-#define SHMSTEER_E_OWNER_BUSY 47              /* ipc.ErrBusy: frame buffer budget or FrameTimeout */
-#define SHMSTEER_E_DEAD_REGION 48             /* ipc.ErrDeadRegion: a Follower reads a dead owner's region */
+/* package keys (codes 37..40) */
+#define SHMSTEER_E_KEY_NOT_FOUND 37       /* keys.ErrNotFound: never set, or purged */
+#define SHMSTEER_E_KEY_REVOKED 38         /* keys.ErrRevoked: removed, sentinel stands */
+#define SHMSTEER_E_REQUEST_ID_TOO_LONG 39 /* keys.ErrRequestIDTooLong: empty or > 256 B */
+#define SHMSTEER_E_KEY_TOO_LARGE 40       /* keys.ErrTooLarge */
+/* package ipc (codes 41..49) */
+#define SHMSTEER_E_FRAME_TOO_LARGE 41  /* ipc.ErrFrameTooLarge */
+#define SHMSTEER_E_UNKNOWN_OP 42       /* ipc.ErrUnknownOp */
+#define SHMSTEER_E_PROTOCOL 43         /* ipc.ErrProtocol */
+#define SHMSTEER_E_SECRET_FILE 44      /* ipc.ErrSecretFile: unreadable, not a file, too large */
+#define SHMSTEER_E_SECRET_CONFLICT 45  /* ipc.ErrSecretConflict: secret given twice */
+#define SHMSTEER_E_RENDEZVOUS_TAKEN 46 /* ipc.ErrRendezvousTaken: squatted names (message names holders) */
+#define SHMSTEER_E_OWNER_BUSY 47       /* ipc.ErrBusy: frame buffer budget or FrameTimeout */
+#define SHMSTEER_E_DEAD_REGION 48      /* ipc.ErrDeadRegion: a Follower reads a dead owner's region */
 /* package steer (codes 50..79) */
 #define SHMSTEER_E_STEER_INCOMPATIBLE 50 /* steer.ErrIncompatible: model config mismatch */
 #define SHMSTEER_E_STEER_BAD_CONFIG 51   /* steer.ErrBadConfig */
@@ -207,7 +209,7 @@ int shmsteer_abi_version(void);
  * for the thread's lifetime; its text until the thread's next shmsteer call. */
 const char *shmsteer_last_error(void);
 
-/* The Go name of a code ("ipc.ErrKeyRevoked", "capi.ErrForked"), or NULL for an unknown code.
+/* The Go name of a code ("keys.ErrRevoked", "capi.ErrForked"), or NULL for an unknown code.
  * Static storage; never fails; usable in a forked child. */
 const char *shmsteer_error_name(int code);
 

@@ -60,7 +60,7 @@ func TestAttachResetAtEveryByte(t *testing.T) {
 	require.NoError(t, err)
 	defer region.Close()
 	data, readers := region.Files()
-	w := welcome{regionID: region.ID(), ownerPID: uint32(os.Getpid()), maxFrame: DefaultMaxFrameBytes, maxKey: DefaultMaxKeyBytes}
+	w := welcome{regionID: region.ID(), ownerPID: uint32(os.Getpid()), maxFrame: DefaultMaxFrameBytes}
 	welcomeFrame := appendFrame(nil, opWelcome, 0, w.encode())
 	challengeLen := len(appendFrame(nil, opChallenge, 0, make([]byte, 1+nonceLen+macLen)))
 	total := challengeLen + len(welcomeFrame)

@@ -58,7 +58,6 @@ type ClientOptions struct {
 type Client struct {
 	ns       string
 	region   *shm.Region
-	keys     *Registry
 	timeout  time.Duration
 	spin     time.Duration
 	maxFrame int
@@ -145,7 +144,6 @@ func Attach(opts ClientOptions) (*Client, error) {
 	c.spin = spinBudget(opts.SpinWait)
 	c.maxFrame = int(w.maxFrame)
 	c.ownerPID = int(w.ownerPID)
-	c.keys = &Registry{region: c.region, maxKey: int(w.maxKey), w: c}
 	return c, nil
 }
 
@@ -298,9 +296,6 @@ func parseRights(oob []byte) ([]int, error) {
 // readable after the owner is gone, showing the last state.
 func (c *Client) Region() *shm.Region { return c.region }
 
-// Keys is the key registry: reads from the mapping, writes over RPC.
-func (c *Client) Keys() *Registry { return c.keys }
-
 // OwnerPID is the owner's process id.
 func (c *Client) OwnerPID() int { return c.ownerPID }
 
@@ -321,23 +316,6 @@ func (c *Client) Call(op uint16, req []byte) ([]byte, error) {
 
 // Ping round-trips an empty RPC: nil while the owner serves.
 func (c *Client) Ping() error { return c.call(opPing, nil, nil) }
-
-func (c *Client) keySet(id string, key []byte, o keyOpts) error {
-	if o.ownerOnly() {
-		return errKeyOptsOwnerOnly
-	}
-	return c.call(opKeySet, func(b []byte) []byte { return appendKeySet(b, id, key) }, nil)
-}
-
-func (c *Client) keyRemove(id string, o keyOpts) error {
-	if o.ownerOnly() {
-		return errKeyOptsOwnerOnly
-	}
-	return c.call(opKeyRemove, func(b []byte) []byte { return append(b, id...) }, nil)
-}
-
-// revokedIDs is the owner's knowledge: a client lists none.
-func (c *Client) revokedIDs() []string { return nil }
 
 // call sends one request, built by build, and waits for its reply, which onReply sees (the
 // bytes are valid only during onReply). Replies to earlier requests that timed out are skipped

@@ -1,11 +1,13 @@
 // Package ipc owns how shmsteer processes find and trust each other: the attach handle derived
 // from a shared secret, the mutual handshake, passing the region's file descriptors, the small
-// binary RPCs that carry clients' writes to the owner, and the per-request key registry built on
-// them (the replacement for the seed's Python manager and shared dict).
+// binary RPCs that carry clients' writes to the owner (the replacement for the seed's Python
+// manager).
 //
 // It must not touch the region's layout (package shm owns it; ipc only calls shm's exported
-// API) nor steering (package steer registers its own RPC ops through Owner.Handle). The secret
-// never appears in a log, an error or a panic.
+// API), nor what the rooms above it store and send: steering (package steer) and the key
+// registry (package keys) register their own RPC ops through Owner.Handle, and a room that
+// runs goroutines on the owner's region stops them in Owner.OnClose. The secret never appears
+// in a log, an error or a panic.
 //
 // ipc is Linux-only and does not build elsewhere: it needs abstract unix sockets, SO_PEERCRED,
 // SCM_RIGHTS, memfds and OFD locks (through shm) and the kernel's socket diagnostics. (shm and
@@ -13,7 +15,8 @@
 //
 // To start: the owner calls NewOwner (it creates the region and serves attaches until Close),
 // each worker Attach with the same secret and namespace (or Follow, which re-attaches across
-// owner restarts); both read the region through Region() and keys through Keys().
+// owner restarts); both read the region through Region(), and the rooms above open their
+// state on them (keys.Open and keys.Attach, steer.Open).
 //
 // # Attach
 //
@@ -76,13 +79,7 @@
 // negative turns it off), which saves the cross-process wakeups of back-to-back RPCs at the cost
 // of at most SpinWait of CPU per call, and none while idle.
 //
-// # Key registry
-//
-// Registry stores request id → key under KindKey: the key bytes and one state byte. Remove
-// deletes the value and marks the id in one transaction (shm's mark table, so a revocation
-// always fits; past a full table the sentinel is an arena entry, the state byte alone); Get
-// then returns ErrKeyRevoked until the owner lifts the mark after OwnerOptions.Grace. An empty key is a key, not a revocation.
-// Setting an id again cancels its pending purge. Frames and buffers that held keys are zeroed.
+// Frames and buffers are zeroed once served: a request may carry a key.
 //
 // # Secret
 //

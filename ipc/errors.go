@@ -51,16 +51,6 @@ var (
 		msg:  "shmsteer: incompatible owner and client: run the same shmsteer version in every process",
 		base: shm.ErrIncompatible,
 	}
-	// ErrKeyNotFound means no key is registered under the request id (never set, or removed
-	// and purged).
-	ErrKeyNotFound = errors.New("shmsteer: key not found for request id")
-	// ErrKeyRevoked means the request's key was removed and its revoked sentinel still stands
-	// (until the grace period ends): the request is over, stop generating for it.
-	ErrKeyRevoked = errors.New("shmsteer: key revoked for request id")
-	// ErrRequestIDTooLong means a request id is empty or longer than MaxRequestIDLen bytes.
-	ErrRequestIDTooLong = errors.New("shmsteer: request id empty or longer than 256 bytes")
-	// ErrKeyTooLarge means a key is longer than the owner's MaxKeyBytes (default 4096).
-	ErrKeyTooLarge = errors.New("shmsteer: key larger than MaxKeyBytes")
 	// ErrFrameTooLarge means an RPC request or reply exceeds the owner's maximum frame size;
 	// raise OwnerOptions.MaxFrameBytes or send less.
 	ErrFrameTooLarge = errors.New("shmsteer: RPC frame too large")
@@ -93,7 +83,6 @@ const (
 	codeOther         = proto.CodeOther
 	codeAuthFailed    = proto.CodeAuthFailed
 	codeIncompatible  = proto.CodeIncompatible
-	codeKeyRevoked    = proto.CodeKeyRevoked
 	codeFrameTooLarge = proto.CodeFrameTooLarge
 	codeUnknownOp     = proto.CodeUnknownOp
 
@@ -107,10 +96,6 @@ func init() {
 	proto.Bind(
 		proto.Pair{Code: proto.CodeAuthFailed, Err: ErrAuthFailed},
 		proto.Pair{Code: proto.CodeIncompatible, Err: ErrIncompatible},
-		proto.Pair{Code: proto.CodeKeyNotFound, Err: ErrKeyNotFound},
-		proto.Pair{Code: proto.CodeKeyRevoked, Err: ErrKeyRevoked},
-		proto.Pair{Code: proto.CodeRequestIDTooLong, Err: ErrRequestIDTooLong},
-		proto.Pair{Code: proto.CodeKeyTooLarge, Err: ErrKeyTooLarge},
 		proto.Pair{Code: proto.CodeFrameTooLarge, Err: ErrFrameTooLarge},
 		proto.Pair{Code: proto.CodeUnknownOp, Err: ErrUnknownOp},
 		proto.Pair{Code: proto.CodeProtocol, Err: ErrProtocol},

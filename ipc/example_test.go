@@ -11,8 +11,8 @@ import (
 )
 
 // An owner and a worker (here in one process; normally two, sharing SHMSTEER_SECRET): the
-// worker attaches, reads a request's key straight from shared memory, and sends a write to
-// the owner over its connection.
+// worker attaches and reads what the owner wrote straight from shared memory (package keys and
+// package steer build their state on this, and send their writes as RPCs: see Owner.Handle).
 func Example() {
 	secret := ipc.NewSecret([]byte(rand.Text())) // nil Secret reads SHMSTEER_SECRET
 	ns := "example-" + rand.Text()
@@ -22,7 +22,7 @@ func Example() {
 		panic(err)
 	}
 	defer owner.Close()
-	if err := owner.Keys().Set("req-1", []byte("k1")); err != nil {
+	if _, err := owner.Region().Put(100, "greeting", []byte("hello")); err != nil {
 		panic(err)
 	}
 
@@ -31,23 +31,15 @@ func Example() {
 		panic(err)
 	}
 	defer worker.Close()
-	key, err := worker.Keys().Get("req-1", nil) // lock-free read of the shared region
-	fmt.Println(string(key), err)
-
-	if err := worker.Keys().Set("req-2", []byte("k2")); err != nil { // an RPC to the owner
-		panic(err)
-	}
-	if err := worker.Keys().Remove("req-1"); err != nil {
-		panic(err)
-	}
-	_, err = owner.Keys().Get("req-1", nil)
-	fmt.Println(errors.Is(err, ipc.ErrKeyRevoked))
-	key, _ = owner.Keys().Get("req-2", nil)
-	fmt.Println(string(key))
+	v, err := worker.Region().Get(100, "greeting", nil) // lock-free read of the shared region
+	fmt.Println(string(v), err)
+	_, err = worker.Region().Put(100, "greeting", []byte("bye"))
+	fmt.Println(errors.Is(err, shm.ErrReadOnly)) // a worker writes through its owner
+	fmt.Println(worker.Ping())
 	// Output:
-	// k1 <nil>
+	// hello <nil>
 	// true
-	// k2
+	// <nil>
 }
 
 // Other packages add their own RPCs: the owner registers a handler for an op at or above

@@ -58,11 +58,11 @@ func TestFollowHelperProcess(t *testing.T) {
 		os.Exit(1)
 	}
 	for i := range followKeys {
-		o.Keys().Set(fmt.Sprintf("k%d", i), followValue(gen, 0))
+		ownerStore(o).Set(fmt.Sprintf("k%d", i), followValue(gen, 0))
 	}
 	fmt.Println("ready")
 	for n := uint64(1); ; n++ {
-		if err := o.Keys().Set(fmt.Sprintf("k%d", n%followKeys), followValue(gen, n)); err != nil {
+		if err := ownerStore(o).Set(fmt.Sprintf("k%d", n%followKeys), followValue(gen, n)); err != nil {
 			fmt.Println("error", err)
 			os.Exit(1)
 		}
@@ -123,7 +123,7 @@ func TestFollowerAcrossOwnerRestart(t *testing.T) {
 				c := f.Client() // one client per unit of work
 				dead := f.Dead()
 				for k := range followKeys {
-					v, err := c.Keys().Get(fmt.Sprintf("k%d", (k+w)%followKeys), buf[:0])
+					v, err := clientStore(c).Get(fmt.Sprintf("k%d", (k+w)%followKeys), buf[:0])
 					if err == nil {
 						var g uint64
 						g, err = verifyFollowValue(v)

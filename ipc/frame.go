@@ -23,14 +23,15 @@ import (
 const (
 	frameHeader = 10
 	// protoVersion is the attach and RPC protocol version, carried by the handshake frames.
-	protoVersion = 2
+	protoVersion = 3
 
 	// DefaultMaxFrameBytes is the default bound on one RPC frame (request or reply), header
 	// included: room for a full set of steering vectors (4096 floats × dozens of layers).
 	DefaultMaxFrameBytes = 64 << 20
 	// MaxFrameBytesLimit is the largest OwnerOptions.MaxFrameBytes accepted.
 	MaxFrameBytesLimit = 1 << 30
-	// minFrameBytes is the smallest MaxFrameBytes accepted: a full key set must fit.
+	// minFrameBytes is the smallest MaxFrameBytes accepted: room for the requests of every
+	// room (a key set of the default 4 KiB key, a steering vector).
 	minFrameBytes = 64 << 10
 	// handshakeMaxFrame bounds frames before the peer is authenticated.
 	handshakeMaxFrame = 512
@@ -48,10 +49,8 @@ const (
 	opWelcome   = proto.OpWelcome
 	opError     = proto.OpError
 
-	opKeySet    = proto.OpKeySet
-	opKeyRemove = proto.OpKeyRemove
-	opBye       = proto.OpBye
-	opPing      = proto.OpPing
+	opBye  = proto.OpBye
+	opPing = proto.OpPing
 
 	opReplyOK  = proto.OpReplyOK
 	opReplyErr = proto.OpReplyErr
@@ -172,22 +171,20 @@ func decodeProof(p []byte) ([]byte, error) {
 	return p, nil
 }
 
-// welcome: u8 version, u64 region id, u32 owner pid, u32 max frame bytes, u32 max key bytes.
+// welcome: u8 version, u64 region id, u32 owner pid, u32 max frame bytes.
 type welcome struct {
 	regionID uint64
 	ownerPID uint32
 	maxFrame uint32
-	maxKey   uint32
 }
 
-const welcomeLen = 1 + 8 + 4 + 4 + 4
+const welcomeLen = 1 + 8 + 4 + 4
 
 func (w welcome) encode() []byte {
 	b := []byte{protoVersion}
 	b = binary.LittleEndian.AppendUint64(b, w.regionID)
 	b = binary.LittleEndian.AppendUint32(b, w.ownerPID)
-	b = binary.LittleEndian.AppendUint32(b, w.maxFrame)
-	return binary.LittleEndian.AppendUint32(b, w.maxKey)
+	return binary.LittleEndian.AppendUint32(b, w.maxFrame)
 }
 
 func decodeWelcome(p []byte) (welcome, error) {
@@ -201,10 +198,9 @@ func decodeWelcome(p []byte) (welcome, error) {
 		regionID: binary.LittleEndian.Uint64(p[1:]),
 		ownerPID: binary.LittleEndian.Uint32(p[9:]),
 		maxFrame: binary.LittleEndian.Uint32(p[13:]),
-		maxKey:   binary.LittleEndian.Uint32(p[17:]),
 	}
-	if w.maxFrame < minFrameBytes || w.maxFrame > MaxFrameBytesLimit || w.maxKey > w.maxFrame {
-		return welcome{}, fmt.Errorf("%w: welcome limits %d/%d out of range", ErrProtocol, w.maxFrame, w.maxKey)
+	if w.maxFrame < minFrameBytes || w.maxFrame > MaxFrameBytesLimit {
+		return welcome{}, fmt.Errorf("%w: welcome frame limit %d out of range", ErrProtocol, w.maxFrame)
 	}
 	return w, nil
 }
@@ -220,25 +216,6 @@ func decodeError(p []byte) (code uint16, msg string, err error) {
 		return 0, "", fmt.Errorf("%w: error payload of %d bytes", ErrProtocol, len(p))
 	}
 	return binary.LittleEndian.Uint16(p), string(p[2:]), nil
-}
-
-// Key set payload: u16 request id length, request id, key bytes.
-func appendKeySet(dst []byte, id string, key []byte) []byte {
-	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(id)))
-	dst = append(dst, id...)
-	return append(dst, key...)
-}
-
-// decodeKeySet returns the request id and a view of the key inside p.
-func decodeKeySet(p []byte) (id []byte, key []byte, err error) {
-	if len(p) < 2 {
-		return nil, nil, fmt.Errorf("%w: key set payload of %d bytes", ErrProtocol, len(p))
-	}
-	n := int(binary.LittleEndian.Uint16(p))
-	if n > len(p)-2 {
-		return nil, nil, fmt.Errorf("%w: request id of %d bytes in a %d-byte payload", ErrProtocol, n, len(p))
-	}
-	return p[2 : 2+n : 2+n], p[2+n:], nil
 }
 
 // frameReader accumulates bytes from a stream and cuts frames out of them. Bytes read past

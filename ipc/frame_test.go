@@ -18,7 +18,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		payload []byte
 	}{
 		{"empty", opPing, 1, nil},
-		{"key set", opKeySet, 7, appendKeySet(nil, "req", []byte("key"))},
+		{"bye", opBye, 7, nil},
 		{"user op", 300, 0xffffffff, bytes.Repeat([]byte{0xab}, 70000)},
 	}
 	for _, tt := range tests {
@@ -102,14 +102,7 @@ func TestFrameReader(t *testing.T) {
 }
 
 func TestPayloadDecoders(t *testing.T) {
-	id, key, err := decodeKeySet(appendKeySet(nil, "req-1", []byte{1, 2, 3}))
-	require.NoError(t, err)
-	require.Equal(t, "req-1", string(id))
-	require.Equal(t, []byte{1, 2, 3}, key)
-	_, _, err = decodeKeySet([]byte{5, 0, 'a'})
-	require.ErrorIs(t, err, ErrProtocol)
-
-	w := welcome{regionID: 42, ownerPID: 7, maxFrame: 1 << 20, maxKey: 4096}
+	w := welcome{regionID: 42, ownerPID: 7, maxFrame: 1 << 20}
 	got, err := decodeWelcome(w.encode())
 	require.NoError(t, err)
 	require.Equal(t, w, got)
@@ -118,11 +111,11 @@ func TestPayloadDecoders(t *testing.T) {
 	_, err = decodeWelcome(bad)
 	require.ErrorIs(t, err, ErrIncompatible)
 
-	code, msg, err := decodeError(appendError(nil, codeKeyRevoked, "m"))
+	code, msg, err := decodeError(appendError(nil, codeUnknownOp, "m"))
 	require.NoError(t, err)
-	require.Equal(t, codeKeyRevoked, code)
+	require.Equal(t, codeUnknownOp, code)
 	require.Equal(t, "m", msg)
-	require.ErrorIs(t, remoteError(code, msg), ErrKeyRevoked)
+	require.ErrorIs(t, remoteError(code, msg), ErrUnknownOp)
 }
 
 // FuzzDecodeFrame feeds arbitrary bytes to the frame decoder and to the payload decoder its op
@@ -132,9 +125,8 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add(appendFrame(nil, opHello, 0, encodeHello(make([]byte, nonceLen))), 512)
 	f.Add(appendFrame(nil, opChallenge, 0, encodeChallenge(make([]byte, nonceLen), [macLen]byte{})), 512)
 	f.Add(appendFrame(nil, opProof, 0, make([]byte, macLen)), 512)
-	f.Add(appendFrame(nil, opWelcome, 0, welcome{1, 2, 1 << 20, 4096}.encode()), 1<<20)
-	f.Add(appendFrame(nil, opKeySet, 3, appendKeySet(nil, "req", []byte("key"))), 1<<20)
-	f.Add(appendFrame(nil, opKeyRemove, 4, []byte("req")), 1<<20)
+	f.Add(appendFrame(nil, opWelcome, 0, welcome{1, 2, 1 << 20}.encode()), 1<<20)
+	f.Add(appendFrame(nil, storeSet, 3, []byte{3, 0, 'r', 'e', 'q', 'k'}), 1<<20)
 	f.Add(appendFrame(nil, opReplyErr, 5, appendError(nil, 4000, "msg")), 1<<20)
 	f.Add(appendFrame(appendFrame(nil, opPing, 1, nil), opBye, 2, nil), 64)
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 1, 0}, 1<<20)
@@ -163,10 +155,6 @@ func FuzzDecodeFrame(f *testing.F) {
 		case opError, opReplyErr:
 			if code, msg, err := decodeError(fr.payload); err == nil {
 				_ = remoteError(code, msg).Error()
-			}
-		case opKeySet:
-			if id, key, err := decodeKeySet(fr.payload); err == nil && len(id)+len(key)+2 != len(fr.payload) {
-				t.Fatalf("key set lengths")
 			}
 		}
 		var r frameReader

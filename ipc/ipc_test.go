@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,23 +16,23 @@ import (
 func TestAttachReadWrite(t *testing.T) {
 	env := newTestEnv()
 	o := newTestOwner(t, env.ownerOpts())
-	require.NoError(t, o.Keys().Set("req-1", []byte("key-one")))
+	require.NoError(t, ownerStore(o).Set("req-1", []byte("key-one")))
 
 	c := attach(t, env.clientOpts())
 	require.Equal(t, 1, o.Clients())
-	got, err := c.Keys().Get("req-1", nil)
+	got, err := clientStore(c).Get("req-1", nil)
 	require.NoError(t, err)
 	require.Equal(t, "key-one", string(got))
 
-	require.NoError(t, c.Keys().Set("req-2", []byte("key-two")))
-	got, err = o.Keys().Get("req-2", []byte("prefix:"))
+	require.NoError(t, clientStore(c).Set("req-2", []byte("key-two")))
+	got, err = ownerStore(o).Get("req-2", []byte("prefix:"))
 	require.NoError(t, err)
 	require.Equal(t, "prefix:key-two", string(got))
 
-	_, err = c.Region().Put(KindKey, "x", []byte{1})
+	_, err = c.Region().Put(storeKind, "x", []byte{1})
 	require.ErrorIs(t, err, shm.ErrReadOnly, "a client's region is read-only")
 
-	n, err := c.Keys().Len()
+	n, err := clientStore(c).Len()
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.NoError(t, c.Ping())
@@ -42,188 +40,6 @@ func TestAttachReadWrite(t *testing.T) {
 	require.NoError(t, c.Close())
 	require.ErrorIs(t, c.Close(), ErrClosed)
 	require.Eventually(t, func() bool { return o.Clients() == 0 }, 10*time.Second, time.Millisecond)
-}
-
-func TestRegistrySemantics(t *testing.T) {
-	env := newTestEnv()
-	opts := env.ownerOpts()
-	opts.Grace = time.Hour // purges are tested separately
-	opts.MaxKeyBytes = 64
-	o := newTestOwner(t, opts)
-	c := attach(t, env.clientOpts())
-
-	for name, k := range map[string]*Registry{"owner": o.Keys(), "client": c.Keys()} {
-		t.Run(name, func(t *testing.T) {
-			id := "req-" + name
-			tests := []struct {
-				name string
-				do   func() error
-				want error
-			}{
-				{"empty id", func() error { return k.Set("", []byte("k")) }, ErrRequestIDTooLong},
-				{"long id", func() error { return k.Set(strings.Repeat("x", MaxRequestIDLen+1), []byte("k")) }, ErrRequestIDTooLong},
-				{"max id", func() error { return k.Set(strings.Repeat(name[:1], MaxRequestIDLen), []byte("k")) }, nil},
-				{"large key", func() error { return k.Set(id, make([]byte, 65)) }, ErrKeyTooLarge},
-				{"max key", func() error { return k.Set(id, bytes.Repeat([]byte{7}, 64)) }, nil},
-				{"remove unknown", func() error { return k.Remove("nope-" + name) }, ErrKeyNotFound},
-				{"get long id", func() error { _, err := k.Get(strings.Repeat("x", 300), nil); return err }, ErrRequestIDTooLong},
-			}
-			for _, tt := range tests {
-				err := tt.do()
-				if tt.want == nil {
-					require.NoError(t, err, tt.name)
-				} else {
-					require.ErrorIs(t, err, tt.want, tt.name)
-				}
-			}
-			got, err := k.Get(id, nil)
-			require.NoError(t, err)
-			require.Equal(t, bytes.Repeat([]byte{7}, 64), got)
-
-			require.NoError(t, k.Remove(id))
-			got, err = k.Get(id, []byte("keep"))
-			require.ErrorIs(t, err, ErrKeyRevoked)
-			require.Equal(t, "keep", string(got))
-			require.NoError(t, k.Remove(id), "removing a revoked id again is a no-op")
-			_, err = k.Get("never-"+name, nil)
-			require.ErrorIs(t, err, ErrKeyNotFound)
-
-			revoked := map[string]bool{}
-			require.NoError(t, k.Range(func(id string, r bool) bool { revoked[id] = r; return true }))
-			// Sentinels are hashes in the mark table: only the owner, which schedules their
-			// purge, can list their ids; Count sees them everywhere.
-			rev, seen := revoked[id]
-			require.Equal(t, name == "owner", seen && rev, "Range lists revoked ids in the owner only")
-			_, nrev, err := k.Count()
-			require.NoError(t, err)
-			require.GreaterOrEqual(t, nrev, 1)
-
-			require.NoError(t, k.Set(id, []byte("again")), "set after remove")
-			got, err = k.Get(id, nil)
-			require.NoError(t, err)
-			require.Equal(t, "again", string(got))
-			require.NoError(t, k.Set(id, nil), "empty key")
-			got, err = k.Get(id, nil)
-			require.NoError(t, err)
-			require.Empty(t, got)
-		})
-	}
-	n, err := o.Keys().Len()
-	require.NoError(t, err)
-	require.Equal(t, 4, n)
-}
-
-// TestKeyReader checks that a KeyReader's Get gives Registry.Get's results, in the owner and
-// in a client, and that it allocates nothing with a reused buffer.
-func TestKeyReader(t *testing.T) {
-	env := newTestEnv()
-	opts := env.ownerOpts()
-	opts.Grace = time.Hour
-	o := newTestOwner(t, opts)
-	c := attach(t, env.clientOpts())
-	ok := o.Keys()
-	require.NoError(t, ok.Set("live", []byte("secret-key")))
-	require.NoError(t, ok.Set("empty", nil))
-	require.NoError(t, ok.Set("revoked", []byte("gone")))
-	require.NoError(t, ok.Remove("revoked"))
-	maxID := strings.Repeat("m", MaxRequestIDLen)
-	require.NoError(t, ok.Set(maxID, []byte("max")))
-
-	tests := []struct {
-		name, id string
-		dst      []byte
-		want     string // the returned bytes
-		err      error
-	}{
-		{"live", "live", nil, "secret-key", nil},
-		{"live appends", "live", []byte("pre:"), "pre:secret-key", nil},
-		{"empty key", "empty", nil, "", nil},
-		{"max id", maxID, nil, "max", nil},
-		{"revoked", "revoked", []byte("keep"), "keep", ErrKeyRevoked},
-		{"missing", "missing", []byte("keep"), "keep", ErrKeyNotFound},
-		{"empty id", "", []byte("keep"), "keep", ErrRequestIDTooLong},
-		{"long id", strings.Repeat("x", MaxRequestIDLen+1), []byte("keep"), "keep", ErrRequestIDTooLong},
-	}
-	for name, k := range map[string]*Registry{"owner": o.Keys(), "client": c.Keys()} {
-		t.Run(name, func(t *testing.T) {
-			kr, err := k.NewReader()
-			require.NoError(t, err)
-			for _, tt := range tests {
-				for via, get := range map[string]func(string, []byte) ([]byte, error){"Registry": k.Get, "KeyReader": kr.Get} {
-					got, err := get(tt.id, slices.Clone(tt.dst))
-					if tt.err == nil {
-						require.NoError(t, err, "%s via %s", tt.name, via)
-					} else {
-						require.ErrorIs(t, err, tt.err, "%s via %s", tt.name, via)
-					}
-					require.Equal(t, tt.want, string(got), "%s via %s", tt.name, via)
-				}
-			}
-
-			buf := make([]byte, 0, 64)
-			allocs := testing.AllocsPerRun(100, func() {
-				buf, err = kr.Get("live", buf[:0])
-			})
-			require.NoError(t, err)
-			require.Zero(t, allocs, "KeyReader.Get with a reused buffer")
-
-			require.NoError(t, kr.Close())
-			require.ErrorIs(t, kr.Close(), ErrClosed)
-			_, err = kr.Get("live", nil)
-			require.ErrorIs(t, err, ErrClosed)
-		})
-	}
-}
-
-func TestPurgeAfterGrace(t *testing.T) {
-	env := newTestEnv()
-	opts := env.ownerOpts()
-	opts.Grace = 50 * time.Millisecond
-	o := newTestOwner(t, opts)
-	c := attach(t, env.clientOpts())
-
-	require.NoError(t, c.Keys().Set("gone", []byte("k1")))
-	require.NoError(t, c.Keys().Set("back", []byte("k2")))
-	require.NoError(t, c.Keys().Remove("gone"))
-	require.NoError(t, c.Keys().Remove("back"))
-	_, err := c.Keys().Get("gone", nil)
-	require.ErrorIs(t, err, ErrKeyRevoked)
-	// Set again before the purge: the older timer must not delete it.
-	require.NoError(t, o.Keys().Set("back", []byte("k3")))
-
-	require.Eventually(t, func() bool {
-		_, err := c.Keys().Get("gone", nil)
-		return errors.Is(err, ErrKeyNotFound)
-	}, 10*time.Second, 5*time.Millisecond)
-	// The purge of "gone" ran after "back"'s would have; "back" must still be live.
-	got, err := c.Keys().Get("back", nil)
-	require.NoError(t, err)
-	require.Equal(t, "k3", string(got))
-
-	// Remove again: a new sentinel with a new schedule, purged in its turn.
-	require.NoError(t, c.Keys().Remove("back"))
-	require.Eventually(t, func() bool {
-		_, err := c.Keys().Get("back", nil)
-		return errors.Is(err, ErrKeyNotFound)
-	}, 10*time.Second, 5*time.Millisecond)
-	n, err := c.Keys().Len()
-	require.NoError(t, err)
-	require.Zero(t, n)
-}
-
-func TestPurgeQueueCancel(t *testing.T) {
-	var q purgeQueue
-	now := time.Now()
-	require.True(t, q.schedule("a", 1, now.Add(3*time.Second)))
-	require.True(t, q.schedule("b", 2, now.Add(time.Second)))
-	require.False(t, q.schedule("c", 3, now.Add(2*time.Second)))
-	q.cancel("b")
-	q.cancel("zz")
-	require.Equal(t, 2, q.Len())
-	require.Equal(t, "c", q.items[0].id)
-	q.schedule("a", 4, now) // rescheduled: replaces the old item
-	require.Equal(t, 2, q.Len())
-	require.Equal(t, uint64(4), q.items[0].version)
 }
 
 var errTestSentinel = errors.New("shmsteer: test sentinel")
@@ -266,7 +82,7 @@ func TestExtensionOps(t *testing.T) {
 	require.ErrorIs(t, err, shm.ErrRegionFull)
 	_, err = c.Call(999, nil)
 	require.ErrorIs(t, err, ErrUnknownOp)
-	_, err = c.Call(16, nil)
+	_, err = c.Call(18, nil)
 	require.ErrorIs(t, err, ErrUnknownOp, "reserved ops are not callable")
 
 	got, err = c.Call(304, big)
@@ -286,11 +102,11 @@ func TestConcurrentClients(t *testing.T) {
 		wg.Go(func() {
 			for i := range 50 {
 				id := fmt.Sprintf("g%d-%d", g, i)
-				if err := c.Keys().Set(id, []byte(id)); err != nil {
+				if err := clientStore(c).Set(id, []byte(id)); err != nil {
 					t.Error(err)
 					return
 				}
-				got, err := c.Keys().Get(id, nil)
+				got, err := clientStore(c).Get(id, nil)
 				if err != nil || string(got) != id {
 					t.Error("read back", id, string(got), err)
 					return
@@ -299,7 +115,7 @@ func TestConcurrentClients(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	n, err := o.Keys().Len()
+	n, err := ownerStore(o).Len()
 	require.NoError(t, err)
 	require.Equal(t, 200, n)
 }
@@ -360,8 +176,8 @@ func TestDropEnv(t *testing.T) {
 	_, set := lookupEnv(SecretEnv)
 	require.False(t, set)
 	c := attach(t, env.clientOpts())
-	require.NoError(t, o.Keys().Set("a", []byte("b")))
-	got, err := c.Keys().Get("a", nil)
+	require.NoError(t, ownerStore(o).Set("a", []byte("b")))
+	got, err := clientStore(c).Get("a", nil)
 	require.NoError(t, err)
 	require.Equal(t, "b", string(got))
 }
@@ -445,15 +261,15 @@ func TestOwnerCloseMeansOwnerGone(t *testing.T) {
 	env := newTestEnv()
 	o, err := NewOwner(env.ownerOpts())
 	require.NoError(t, err)
-	require.NoError(t, o.Keys().Set("k", []byte("v")))
+	require.NoError(t, ownerStore(o).Set("k", []byte("v")))
 	c := attach(t, env.clientOpts())
 	require.NoError(t, o.Close())
 	require.ErrorIs(t, o.Close(), ErrClosed)
-	got, err := c.Keys().Get("k", nil)
+	got, err := clientStore(c).Get("k", nil)
 	require.NoError(t, err, "reads go on after the owner is gone")
 	require.Equal(t, "v", string(got))
-	require.ErrorIs(t, c.Keys().Set("k", []byte("w")), ErrOwnerGone)
-	require.ErrorIs(t, c.Keys().Remove("k"), ErrOwnerGone)
+	require.ErrorIs(t, clientStore(c).Set("k", []byte("w")), ErrOwnerGone)
+	require.ErrorIs(t, clientStore(c).Remove("k"), ErrOwnerGone)
 	_, err = c.Call(300, nil)
 	require.ErrorIs(t, err, ErrOwnerGone)
 	_, err = Attach(env.clientOpts())

@@ -21,10 +21,6 @@ import (
 )
 
 const (
-	// DefaultGrace is how long a removed key's revoked sentinel stands before it is purged.
-	DefaultGrace = 60 * time.Second
-	// DefaultMaxKeyBytes is the default bound on one key.
-	DefaultMaxKeyBytes = 4096
 	// DefaultWriteTimeout bounds each of the owner's writes when OwnerOptions.WriteTimeout is 0.
 	DefaultWriteTimeout = 10 * time.Second
 	// DefaultFrameTimeout is OwnerOptions.FrameTimeout's default.
@@ -60,11 +56,6 @@ type OwnerOptions struct {
 	Namespace string
 	// Region sizes the shared region.
 	Region shm.Config
-	// Grace is how long a removed key's revoked sentinel stands before it is purged; 0 means
-	// DefaultGrace (60 s).
-	Grace time.Duration
-	// MaxKeyBytes bounds one key; 0 means DefaultMaxKeyBytes (4096).
-	MaxKeyBytes int
 	// MaxFrameBytes bounds one RPC frame, header included; 0 means DefaultMaxFrameBytes
 	// (64 MiB). At most MaxFrameBytesLimit.
 	MaxFrameBytes int
@@ -120,12 +111,9 @@ type Owner struct {
 	handle   string // the candidate name bound
 	ownerKey string // the first candidate: the key in ownerHandles
 	region   *shm.Region
-	keys     *Registry
 	ln       *net.UnixListener
 	lobby    *net.UnixListener // namespace-derived; see lobbyName
 	maxFrame int
-	maxKey   int
-	grace    time.Duration
 	spin     time.Duration
 	allow    []int
 
@@ -147,16 +135,10 @@ type Owner struct {
 	mu      sync.Mutex
 	conns   map[*net.UnixConn]struct{}
 	closed  bool
+	onClose []func() // OnClose's functions, run by Close in order
 	clients atomic.Int32
 	wg      sync.WaitGroup
 	done    chan struct{}
-
-	// kmu serializes the key registry's writes with the purge schedule.
-	kmu            sync.Mutex
-	purges         purgeQueue
-	wake           chan struct{}
-	revokeUnmarked atomic.Uint64 // see RevokedWithoutSentinel
-	revokeInArena  atomic.Uint64 // revocations whose sentinel went in the arena (mark table full)
 }
 
 // handles in use by owners of this process: a second owner for one handle is refused before it
@@ -187,26 +169,17 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 		secret:   secret,
 		ns:       opts.Namespace,
 		maxFrame: opts.MaxFrameBytes,
-		maxKey:   opts.MaxKeyBytes,
-		grace:    opts.Grace,
 		spin:     spinBudget(opts.SpinWait),
 		allow:    slices.Clone(opts.AllowUIDs),
 		handlers: map[uint16]Handler{},
 		conns:    map[*net.UnixConn]struct{}{},
 		done:     make(chan struct{}),
-		wake:     make(chan struct{}, 1),
 	}
 	if o.log == nil {
 		o.log = slog.Default()
 	}
 	if o.maxFrame == 0 {
 		o.maxFrame = DefaultMaxFrameBytes
-	}
-	if o.maxKey == 0 {
-		o.maxKey = DefaultMaxKeyBytes
-	}
-	if o.grace == 0 {
-		o.grace = DefaultGrace
 	}
 	o.frameTimeout = cmp.Or(opts.FrameTimeout, DefaultFrameTimeout)
 	o.writeTimeout = cmp.Or(opts.WriteTimeout, DefaultWriteTimeout)
@@ -216,10 +189,6 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 	switch {
 	case o.maxFrame < minFrameBytes || o.maxFrame > MaxFrameBytesLimit:
 		err = fmt.Errorf("%w: MaxFrameBytes %d must be in [%d, %d]", shm.ErrBadConfig, o.maxFrame, minFrameBytes, MaxFrameBytesLimit)
-	case o.maxKey < 0 || o.maxKey > o.maxFrame-frameHeader-2-MaxRequestIDLen:
-		err = fmt.Errorf("%w: MaxKeyBytes %d must be in [0, MaxFrameBytes-%d]", shm.ErrBadConfig, o.maxKey, frameHeader+2+MaxRequestIDLen)
-	case o.grace < 0:
-		err = fmt.Errorf("%w: Grace %v is negative", shm.ErrBadConfig, o.grace)
 	case maxBuffered < o.maxFrame:
 		err = fmt.Errorf("%w: MaxBufferedBytes %d must be at least MaxFrameBytes (%d)", shm.ErrBadConfig, maxBuffered, o.maxFrame)
 	case o.frameTimeout < 0 || o.writeTimeout < 0 || o.maxPending < 0:
@@ -272,11 +241,9 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 	if o.region, err = shm.Create(opts.Region); err != nil {
 		return fail(err)
 	}
-	o.keys = &Registry{region: o.region, maxKey: o.maxKey, w: o, observers: &keyObservers{}}
-	o.wg.Add(4)
+	o.wg.Add(3)
 	go o.acceptLoop(o.ln)
 	go o.acceptLoop(o.lobby)
-	go o.purgeLoop()
 	go o.sweepLoop()
 	o.log.Debug("shmsteer: owner serving", "namespace", o.ns, "pid", os.Getpid())
 	return o, nil
@@ -285,8 +252,9 @@ func NewOwner(opts OwnerOptions) (*Owner, error) {
 // Region is the owner's region handle (read-write).
 func (o *Owner) Region() *shm.Region { return o.region }
 
-// Keys is the key registry, written directly in the owner.
-func (o *Owner) Keys() *Registry { return o.keys }
+// MaxPayload is the largest request payload a handler can be sent (OwnerOptions.MaxFrameBytes
+// less the frame header).
+func (o *Owner) MaxPayload() int { return o.maxFrame - frameHeader }
 
 // Clients is the number of clients attached now.
 func (o *Owner) Clients() int { return int(o.clients.Load()) }
@@ -302,8 +270,23 @@ func (o *Owner) Handle(op uint16, h Handler) {
 	o.hmu.Unlock()
 }
 
+// OnClose registers fn to run in Close, once serving has stopped (no handler runs any more)
+// and before the region is unmapped: a room above ipc that runs goroutines on the owner's
+// region (package keys' purge loop) stops them there. Functions run in the order registered;
+// after Close, OnClose runs fn at once.
+func (o *Owner) OnClose(fn func()) {
+	o.mu.Lock()
+	if !o.closed {
+		o.onClose = append(o.onClose, fn)
+		o.mu.Unlock()
+		return
+	}
+	o.mu.Unlock()
+	fn()
+}
+
 // Close stops serving (attached clients then get ErrOwnerGone on writes and keep reading),
-// stops the purge schedule, unmaps the region and wipes the secret. Memory stays alive while
+// runs the OnClose functions, unmaps the region and wipes the secret. Memory stays alive while
 // clients map it.
 func (o *Owner) Close() error {
 	o.mu.Lock()
@@ -323,6 +306,9 @@ func (o *Owner) Close() error {
 		c.Close()
 	}
 	o.wg.Wait()
+	for _, fn := range o.onClose {
+		fn()
+	}
 	err = errors.Join(err, o.region.Close())
 	o.secret.wipe()
 	handlesMu.Lock()
@@ -567,7 +553,6 @@ func (o *Owner) handshake(c *net.UnixConn, fr *frameReader) error {
 		regionID: o.region.ID(),
 		ownerPID: uint32(os.Getpid()),
 		maxFrame: uint32(o.maxFrame),
-		maxKey:   uint32(o.maxKey),
 	}
 	msg := appendFrame(nil, opWelcome, 0, w.encode())
 	o.clients.Add(1) // counted before the client can see the welcome
@@ -664,14 +649,6 @@ func (o *Owner) dispatch(f frame, dst []byte) (out []byte, err error) {
 	switch f.op {
 	case opPing:
 		return dst, nil
-	case opKeySet:
-		id, key, err := decodeKeySet(f.payload)
-		if err != nil {
-			return dst, err
-		}
-		return dst, o.keys.Set(string(id), key)
-	case opKeyRemove:
-		return dst, o.keys.Remove(string(f.payload))
 	}
 	if f.op < MinUserOp || f.op > MaxUserOp {
 		return dst, fmt.Errorf("%w: op %d", ErrUnknownOp, f.op)

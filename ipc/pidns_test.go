@@ -54,7 +54,7 @@ func TestProcClientKilledPIDNamespace(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			env := newTestEnv()
 			o := newTestOwner(t, env.ownerOpts())
-			require.NoError(t, o.Keys().Set("req", []byte("k")))
+			require.NoError(t, ownerStore(o).Set("req", []byte("k")))
 			base := o.Region().Stats().ReadersClaimed
 			kids := []*proc{startProcNS(t, ownProc, "client", env.childEnv()...), startProcNS(t, ownProc, "client", env.childEnv()...)}
 			for _, p := range kids {

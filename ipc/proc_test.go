@@ -27,8 +27,7 @@ import (
 const (
 	roleEnv          = "SHMSTEER_TEST_ROLE"
 	nsEnv            = "SHMSTEER_TEST_NS"
-	handleEnv        = "SHMSTEER_TEST_HANDLE" // impostor: connect here whatever the secret
-	graceEnv         = "SHMSTEER_TEST_GRACE_MS"
+	handleEnv        = "SHMSTEER_TEST_HANDLE"          // impostor: connect here whatever the secret
 	spinEnv          = "SHMSTEER_TEST_SPIN"            // client: ClientOptions.SpinWait, a time.Duration string
 	nondumpEnv       = "SHMSTEER_TEST_NONDUMP"         // owner, client: NonDumpable
 	ownerUIDsEnv     = "SHMSTEER_TEST_OWNER_UIDS"      // client: ClientOptions.OwnerUIDs, comma-separated
@@ -49,10 +48,7 @@ var sentinelNames = []struct {
 	{"ErrOwnerGone", ErrOwnerGone},
 	{"ErrTimeout", ErrTimeout},
 	{"ErrIncompatible", ErrIncompatible},
-	{"ErrKeyNotFound", ErrKeyNotFound},
-	{"ErrKeyRevoked", ErrKeyRevoked},
-	{"ErrRequestIDTooLong", ErrRequestIDTooLong},
-	{"ErrKeyTooLarge", ErrKeyTooLarge},
+	{"ErrNotFound", shm.ErrNotFound},
 	{"ErrClosed", ErrClosed},
 }
 
@@ -99,26 +95,27 @@ func TestHelperProcess(t *testing.T) {
 	say := func(s string) { fmt.Fprintln(out, s); out.Flush() }
 	ns := os.Getenv(nsEnv)
 	var (
-		keys   *Registry
+		kv     *store // the test store (helpers_test.go), once attached
 		region func() *shm.Region
 		owner  *Owner
+		client *Client
 	)
 	start := func() error {
 		switch role {
 		case "owner":
-			grace, _ := strconv.Atoi(os.Getenv(graceEnv))
 			frameTimeout, _ := time.ParseDuration(os.Getenv(frameTimeoutEnv))
 			if n, err := strconv.ParseUint(os.Getenv(nofileEnv), 10, 64); err == nil {
 				if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
 					return err
 				}
 			}
-			o, err := NewOwner(OwnerOptions{Namespace: ns, Region: testRegion, Grace: time.Duration(grace) * time.Millisecond, Logger: quietLogger(),
+			o, err := NewOwner(OwnerOptions{Namespace: ns, Region: testRegion, Logger: quietLogger(),
 				NonDumpable: os.Getenv(nondumpEnv) == "1", FrameTimeout: frameTimeout})
 			if err != nil {
 				return err
 			}
-			owner, keys, region = o, o.Keys(), o.Region
+			s := ownerStore(o)
+			owner, kv, region = o, &s, o.Region
 		case "probe":
 			return nil // answers "probe PID" without attaching
 		case "attachloop":
@@ -162,7 +159,8 @@ func TestHelperProcess(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			keys, region = c.Keys(), c.Region
+			s := clientStore(c)
+			client, kv, region = c, &s, c.Region
 		default:
 			return fmt.Errorf("unknown role %q", role)
 		}
@@ -175,7 +173,7 @@ func TestHelperProcess(t *testing.T) {
 		if len(f) == 0 {
 			continue
 		}
-		if keys == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" && f[0] != "probe" && f[0] != "attachn" && f[0] != "squat" {
+		if kv == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" && f[0] != "probe" && f[0] != "attachn" && f[0] != "squat" {
 			say("err not-attached")
 			continue
 		}
@@ -210,15 +208,15 @@ func TestHelperProcess(t *testing.T) {
 			}
 			say(fmt.Sprintf("ok %d %s", len(seen), last))
 		case "get":
-			v, err := keys.Get(f[1], nil)
+			v, err := kv.Get(f[1], nil)
 			say(reply(err, hex.EncodeToString(v)))
 		case "set":
 			v, _ := hex.DecodeString(f[2])
-			say(reply(keys.Set(f[1], v), ""))
+			say(reply(kv.Set(f[1], v), ""))
 		case "remove":
-			say(reply(keys.Remove(f[1]), ""))
+			say(reply(kv.Remove(f[1]), ""))
 		case "len":
-			n, err := keys.Len()
+			n, err := kv.Len()
 			say(reply(err, strconv.Itoa(n)))
 		case "claimed":
 			say(reply(nil, strconv.FormatUint(region().Stats().ReadersClaimed, 10)))
@@ -226,33 +224,14 @@ func TestHelperProcess(t *testing.T) {
 			say(reply(nil, strconv.Itoa(owner.Clients())))
 		case "mapped":
 			say(reply(nil, strconv.Itoa(mappedRegions())))
-		case "benchset", "benchget", "benchregget", "benchping":
-			// Timed in the child: the RPC or the read from a separate process.
+		case "benchping": // timed in the child: an empty RPC from a separate process
 			n, _ := strconv.Atoi(f[1])
-			ids := benchKeys(1024)
-			key := make([]byte, 32)
-			buf := make([]byte, 0, 64)
-			kr, err := keys.NewReader()
-			if err != nil {
-				say(reply(err, ""))
-				continue
-			}
+			var err error
 			start := time.Now()
 			for i := 0; i < n && err == nil; i++ {
-				switch f[0] {
-				case "benchset":
-					err = keys.Set(ids[i&1023], key)
-				case "benchping":
-					err = keys.w.(*Client).Ping()
-				case "benchget":
-					buf, err = kr.Get(ids[i&1023], buf[:0])
-				default:
-					buf, err = keys.Get(ids[i&1023], buf[:0])
-				}
+				err = client.Ping()
 			}
-			elapsed := time.Since(start)
-			kr.Close()
-			say(reply(err, strconv.FormatInt(int64(elapsed), 10)))
+			say(reply(err, strconv.FormatInt(int64(time.Since(start)), 10)))
 		case "exit":
 			os.Exit(0)
 		default:
@@ -370,7 +349,7 @@ func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }
 func TestProcOwnerToClients(t *testing.T) {
 	env := newTestEnv()
 	o := newTestOwner(t, env.ownerOpts())
-	require.NoError(t, o.Keys().Set("req-a", []byte("alpha")))
+	require.NoError(t, ownerStore(o).Set("req-a", []byte("alpha")))
 
 	const n = 3
 	var kids []*proc
@@ -385,7 +364,7 @@ func TestProcOwnerToClients(t *testing.T) {
 		require.Equal(t, "ok", p.do(fmt.Sprintf("set child-%d %s", i, hexOf(fmt.Sprint("key-", i)))))
 	}
 	for i, p := range kids {
-		got, err := o.Keys().Get(fmt.Sprintf("child-%d", i), nil)
+		got, err := ownerStore(o).Get(fmt.Sprintf("child-%d", i), nil)
 		require.NoError(t, err)
 		require.Equal(t, fmt.Sprint("key-", i), string(got))
 		// Each child reads what another child wrote.
@@ -393,7 +372,7 @@ func TestProcOwnerToClients(t *testing.T) {
 		require.Equal(t, "ok "+hexOf(fmt.Sprint("key-", j)), p.do(fmt.Sprintf("get child-%d", j)))
 		require.Equal(t, "ok 4", p.do("len"))
 	}
-	require.NoError(t, o.Keys().Set("req-a", []byte("beta")))
+	require.NoError(t, ownerStore(o).Set("req-a", []byte("beta")))
 	require.Equal(t, "ok "+hexOf("beta"), kids[0].do("get req-a"))
 	for _, p := range kids {
 		p.exit()
@@ -404,7 +383,7 @@ func TestProcOwnerToClients(t *testing.T) {
 func TestProcAuthErrors(t *testing.T) {
 	env := newTestEnv()
 	o := newTestOwner(t, env.ownerOpts())
-	require.NoError(t, o.Keys().Set("req", []byte("secret-key")))
+	require.NoError(t, ownerStore(o).Set("req", []byte("secret-key")))
 
 	tests := []struct {
 		name, role string
@@ -439,7 +418,7 @@ func TestProcAttachBeforeOwner(t *testing.T) {
 	p := startProc(t, "client", env.childEnv()...)
 	require.Equal(t, "err ErrNotYetInitialized", p.line())
 	o := newTestOwner(t, env.ownerOpts())
-	require.NoError(t, o.Keys().Set("req", []byte("k")))
+	require.NoError(t, ownerStore(o).Set("req", []byte("k")))
 	require.Equal(t, "ok", p.do("attach"))
 	require.Equal(t, "ok "+hexOf("k"), p.do("get req"))
 	p.exit()
@@ -477,18 +456,18 @@ func TestProcOwnerKilled(t *testing.T) {
 	c := attach(t, env.clientOpts()) // this process attaches too
 	require.Equal(t, "ok 2", owner.do("clients"))
 	require.Equal(t, "ok "+hexOf("last-state"), kid.do("get req"))
-	require.NoError(t, c.Keys().Set("from-parent", []byte("p")))
+	require.NoError(t, clientStore(c).Set("from-parent", []byte("p")))
 
 	owner.kill()
 
-	got, err := c.Keys().Get("req", nil)
+	got, err := clientStore(c).Get("req", nil)
 	require.NoError(t, err, "reads go on from the last state")
 	require.Equal(t, "last-state", string(got))
-	got, err = c.Keys().Get("from-parent", nil)
+	got, err = clientStore(c).Get("from-parent", nil)
 	require.NoError(t, err)
 	require.Equal(t, "p", string(got))
-	require.ErrorIs(t, c.Keys().Set("req", []byte("new")), ErrOwnerGone)
-	require.ErrorIs(t, c.Keys().Remove("req"), ErrOwnerGone)
+	require.ErrorIs(t, clientStore(c).Set("req", []byte("new")), ErrOwnerGone)
+	require.ErrorIs(t, clientStore(c).Remove("req"), ErrOwnerGone)
 	require.ErrorIs(t, c.Ping(), ErrOwnerGone)
 
 	require.Equal(t, "ok "+hexOf("last-state"), kid.do("get req"))
@@ -523,7 +502,7 @@ func TestProcOwnerKilled(t *testing.T) {
 func TestProcClientKilled(t *testing.T) {
 	env := newTestEnv()
 	o := newTestOwner(t, env.ownerOpts())
-	require.NoError(t, o.Keys().Set("req", []byte("k")))
+	require.NoError(t, ownerStore(o).Set("req", []byte("k")))
 	base := o.Region().Stats().ReadersClaimed
 
 	kids := []*proc{startProc(t, "client", env.childEnv()...), startProc(t, "client", env.childEnv()...)}
@@ -545,37 +524,6 @@ func TestProcClientKilled(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return o.Region().Stats().ReadersClaimed == base && o.Clients() == 0
 	}, 20*time.Second, time.Millisecond)
-}
-
-func TestProcRevokePurge(t *testing.T) {
-	env := newTestEnv()
-	opts := env.ownerOpts()
-	opts.Grace = 300 * time.Millisecond
-	o := newTestOwner(t, opts)
-	reader := startProc(t, "client", env.childEnv()...)
-	writer := startProc(t, "client", env.childEnv()...)
-	require.Equal(t, "ok ready", reader.line())
-	require.Equal(t, "ok ready", writer.line())
-
-	require.NoError(t, o.Keys().Set("req", []byte("k1")))
-	require.Equal(t, "ok", writer.do("set again "+hexOf("k2")))
-	require.Equal(t, "ok "+hexOf("k1"), reader.do("get req"))
-
-	// "again" is removed first, so its old purge is due before "req"'s.
-	require.Equal(t, "ok", writer.do("remove again"))
-	require.Equal(t, "ok", writer.do("remove req"))
-	require.Equal(t, "err ErrKeyRevoked", reader.do("get req"))
-	require.Equal(t, "err ErrKeyRevoked", reader.do("get again"))
-	_, err := o.Keys().Get("req", nil)
-	require.ErrorIs(t, err, ErrKeyRevoked)
-	require.Equal(t, "ok 2", reader.do("len"))
-	require.Equal(t, "ok", writer.do("set again "+hexOf("k3"))) // cancels its purge
-
-	require.Eventually(t, func() bool { return reader.do("get req") == "err ErrKeyNotFound" },
-		20*time.Second, 10*time.Millisecond, "the sentinel is purged after the grace")
-	require.Equal(t, "ok "+hexOf("k3"), reader.do("get again"), "a key set again is not purged by the older timer")
-	require.Equal(t, "ok 1", reader.do("len"))
-	require.Equal(t, "err ErrKeyNotFound", writer.do("remove req"))
 }
 
 // probeProc reports whether this process can open /proc/PID/mem and list /proc/PID/fd.

@@ -12,7 +12,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -60,7 +59,6 @@ func TestSecretNotInErrorsOrLogs(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	opts := env.ownerOpts()
 	opts.Logger = log
-	opts.Grace = 10 * time.Millisecond
 	o := newTestOwner(t, opts)
 
 	var errs []error
@@ -81,9 +79,9 @@ func TestSecretNotInErrorsOrLogs(t *testing.T) {
 	_, err = NewOwner(bad)
 	collect(err)
 	c := attach(t, env.clientOpts())
-	collect(c.Keys().Set("", nil))
-	collect(c.Keys().Set("id", make([]byte, 1<<20)))
-	collect(c.Keys().Remove("nope"))
+	collect(clientStore(c).Set("", nil))
+	collect(clientStore(c).Set("id", make([]byte, 1<<20)))
+	collect(clientStore(c).Remove("nope"))
 	_, err = c.Call(999, []byte(env.secretStr[:4]))
 	collect(err)
 	require.NoError(t, c.Close())
@@ -120,9 +118,8 @@ func TestNothingPrintsTheSecret(t *testing.T) {
 		c  *Client
 		s  Secret
 		oo OwnerOptions
-		k  *Registry
 	}
-	values := []any{o, c, oo, &oo, co, &co, env.secret, &env.secret, o.Keys(), c.Keys(),
+	values := []any{o, c, oo, &oo, co, &co, env.secret, &env.secret,
 		ownerErr, attachErr, struct{ O *Owner }{o}, []any{o, c}}
 	var outs []string
 	print := func(values []any) {
@@ -139,12 +136,12 @@ func TestNothingPrintsTheSecret(t *testing.T) {
 			for i, v := range values {
 				l.Info("value", "i", i, "v", v)
 			}
-			l.Info("all", "owner", o, "client", c, "opts", oo, "copts", co, "keys", o.Keys(), "err", attachErr)
+			l.Info("all", "owner", o, "client", c, "opts", oo, "copts", co, "err", attachErr)
 		}
 		outs = append(outs, logBuf.String())
 	}
 	print(values)
-	live := nested{o, c, env.secret, oo, o.Keys()}
+	live := nested{o, c, env.secret, oo}
 	outs = append(outs, fmt.Sprintf("%v %+v %#v", live, live, live))
 	require.Contains(t, fmt.Sprintf("%+v", o), env.ns, "the owner prints its namespace")
 	require.Contains(t, fmt.Sprintf("%v", c), "attached")
@@ -155,8 +152,8 @@ func TestNothingPrintsTheSecret(t *testing.T) {
 	require.NoError(t, o.Close())
 	// Keep a live copy of the secret in the owner to find: Close wiped the owner's own.
 	o.secret = env.secret.clone()
-	print([]any{nested{o, c, env.secret, oo, o.Keys()}, &nested{o, c, env.secret, oo, c.Keys()},
-		*o.Keys(), reflect.ValueOf(env.secret), reflect.ValueOf(*o.Keys())})
+	print([]any{nested{o, c, env.secret, oo}, &nested{o, c, env.secret, oo},
+		reflect.ValueOf(env.secret)})
 	// The Owner and Client structs themselves, as reflection sees them (say, through a copy):
 	// with %s fmt would also follow their *shm.Region to the (now unmapped) mapping, so only
 	// the verbs that print nested pointers as addresses.
@@ -281,7 +278,7 @@ func TestAttachWithSecretFile(t *testing.T) {
 	opts := env.ownerOpts()
 	opts.Secret, opts.SecretFile = nil, p
 	o := newTestOwner(t, opts)
-	require.NoError(t, o.Keys().Set("req", []byte("k")))
+	require.NoError(t, ownerStore(o).Set("req", []byte("k")))
 	kid := startProc(t, "client", SecretFileEnv+"="+p, nsEnv+"="+env.ns)
 	require.Equal(t, "ok ready", kid.line())
 	require.Equal(t, "ok "+hexOf("k"), kid.do("get req"))

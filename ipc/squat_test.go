@@ -63,7 +63,7 @@ func TestSquatters(t *testing.T) {
 	o := newTestOwner(t, opts)
 	require.Equal(t, handles[2], o.handle, "the first free candidate")
 	require.Contains(t, logs.String(), fmt.Sprintf("uid=%d pid=%d", nobody, pid), "the owner names the squatter")
-	require.NoError(t, o.Keys().Set("req", []byte("k")))
+	require.NoError(t, ownerStore(o).Set("req", []byte("k")))
 
 	co := env.clientOpts()
 	co.Timeout = 3 * time.Second
@@ -74,7 +74,7 @@ func TestSquatters(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	require.Less(t, took, time.Second, "a squatter costs a client no timeout")
 	t.Logf("attach past a squatter on 2 of 64 handle candidates: %v", took)
-	got, err := c.Keys().Get("req", nil)
+	got, err := clientStore(c).Get("req", nil)
 	require.NoError(t, err)
 	require.Equal(t, "k", string(got))
 
@@ -129,7 +129,7 @@ func TestSquattersEverywhere(t *testing.T) {
 			if tt.which != "lobby" {
 				require.True(t, isFreshHandle(env.secret, env.ns, o.handle), "fresh handle %q", o.handle)
 			}
-			require.NoError(t, o.Keys().Set("req", []byte("k")))
+			require.NoError(t, ownerStore(o).Set("req", []byte("k")))
 			kid := startProc(t, "client", env.childEnv()...)
 			require.Equal(t, "ok ready", kid.line())
 			require.Equal(t, "ok "+hexOf("k"), kid.do("get req"))
@@ -161,10 +161,10 @@ func TestSquatterFollowsRestarts(t *testing.T) {
 		lobby := o.lobby.Addr().(*net.UnixAddr).Name[1:]
 		require.False(t, used[o.handle] || used[lobby], "round %d reuses a name", round)
 		used[o.handle], used[lobby] = true, true
-		require.NoError(t, o.Keys().Set("req", []byte(fmt.Sprint("k", round))))
+		require.NoError(t, ownerStore(o).Set("req", []byte(fmt.Sprint("k", round))))
 		c, err := Attach(env.clientOpts())
 		require.NoError(t, err, "round %d", round)
-		got, err := c.Keys().Get("req", nil)
+		got, err := clientStore(c).Get("req", nil)
 		require.NoError(t, err)
 		require.Equal(t, fmt.Sprint("k", round), string(got))
 		c.Close()

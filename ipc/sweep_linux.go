@@ -28,14 +28,3 @@ func (o *Owner) sweepLoop() {
 		}
 	}
 }
-
-// RevokedWithoutSentinel counts revocations that deleted a key but found no room for a revoked
-// sentinel, neither in the mark table nor in the arena, so readers saw ErrKeyNotFound for it
-// instead of ErrKeyRevoked. Non-zero means shm.Config.MarkSlots (and ArenaBytes) are too small
-// for the revocation rate and grace. RevokedInArena counts those whose sentinel went in the
-// arena because the mark table was full.
-func (o *Owner) RevokedWithoutSentinel() uint64 { return o.revokeUnmarked.Load() }
-
-// RevokedInArena counts revocations whose sentinel went in the arena because the mark table
-// was full (readers still see ErrKeyRevoked).
-func (o *Owner) RevokedInArena() uint64 { return o.revokeInArena.Load() }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -467,7 +467,7 @@ func taken(take func(int64) error, err error) error {
 }
 
 // applyKey writes an opened key, a revocation or a purge marker's revocation to the local
-// registry; the decision (take) runs under the registry's write lock (ipc.KeyIf), so that no
+// registry; the decision (take) runs under the registry's write lock (keys.If), so that no
 // local key write, from Keys or from anywhere on this host, slips in between it and the write.
 func (m *Mirror) applyKey(v *value, take func(int64) error) error {
 	id, state, key := v.id, v.state, v.key
@@ -481,7 +481,7 @@ func (m *Mirror) applyKey(v *value, take func(int64) error) error {
 	if state == stateRevoked {
 		size = 0
 	}
-	decide := ipc.KeyIf(func() error {
+	decide := keys.If(func() error {
 		if err := take(size); err != nil {
 			return err
 		}
@@ -498,12 +498,12 @@ func (m *Mirror) applyKey(v *value, take func(int64) error) error {
 		return nil
 	})
 	if state == stateRevoked {
-		if err := m.opt.Keys.Remove(id, ipc.KeyOrigin(originTag), decide); err != nil && !errors.Is(err, ipc.ErrKeyNotFound) {
+		if err := m.opt.Keys.Remove(id, keys.Origin(originTag), decide); err != nil && !errors.Is(err, keys.ErrNotFound) {
 			return err
 		}
 		return nil
 	}
-	return m.opt.Keys.Set(id, key, ipc.KeyOrigin(originTag), decide)
+	return m.opt.Keys.Set(id, key, keys.Origin(originTag), decide)
 }
 
 func (m *Mirror) reject(ek string, err error) {

@@ -96,7 +96,7 @@
 // it sends. The queue is bounded (Options.QueueLimit entries): when it is full a change is not
 // mirrored, ErrQueueFull is logged and counted (Status.QueueFull), and the local write stands.
 // Changes the mirror applies from the bucket are written with steer's origin tag
-// (Register, Unregister and SetGlobal with steer.Origin and steer.If) and straight to the ipc.Registry, so they are
+// (Register, Unregister and SetGlobal with steer.Origin and steer.If) and straight to the keys.Registry, so they are
 // never published back.
 //
 // # What it must not touch

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -102,10 +103,12 @@ func TestMirrorQueueFull(t *testing.T) {
 	owner, err := ipc.NewOwner(ipc.OwnerOptions{Secret: &secret, Namespace: "mirror-qf-" + newSecret(), Region: rc, Logger: quiet()})
 	require.NoError(t, err)
 	defer owner.Close()
+	reg, err := keys.Open(owner, keys.Options{})
+	require.NoError(t, err)
 	eng, err := steer.Open(owner.Region(), &cfg, steer.Options{})
 	require.NoError(t, err)
 	m, err := Start(context.Background(), Options{URL: fmt.Sprintf("nats://127.0.0.1:%d", freePort(t)), HostID: "solo",
-		MirrorKeys: true, Secret: &secret, Engine: eng, Keys: owner.Keys(), QueueLimit: 3, Logger: quiet()})
+		MirrorKeys: true, Secret: &secret, Engine: eng, Keys: reg, QueueLimit: 3, Logger: quiet()})
 	require.NoError(t, err, "Start does not wait for NATS")
 	defer m.Close()
 

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -56,8 +57,8 @@ type Options struct {
 	// Engine is the owner's steering engine (required): its changes are published, and the
 	// other hosts' changes applied to it.
 	Engine *steer.Engine
-	// Keys is the owner's key registry (ipc.Owner.Keys()); needed with MirrorKeys.
-	Keys *ipc.Registry
+	// Keys is the owner's key registry (keys.Open); needed with MirrorKeys.
+	Keys *keys.Registry
 	// QueueLimit bounds the distinct changes waiting to be published; 0 means
 	// DefaultQueueLimit. Repeated changes of one entry take one place.
 	QueueLimit int

@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -129,6 +130,10 @@ func runHost() {
 		fail(err)
 	}
 	eng.Serve(func(op uint16, h func([]byte) ([]byte, error)) { owner.Handle(op, h) })
+	reg, err := keys.Open(owner, keys.Options{Logger: quiet()})
+	if err != nil {
+		fail(err)
+	}
 	secret, err := ipc.SecretFromEnv()
 	if err != nil {
 		fail(err)
@@ -137,7 +142,7 @@ func runHost() {
 	purgeMS, _ := strconv.Atoi(os.Getenv(purgeEnv))
 	remoteN, _ := strconv.Atoi(os.Getenv(remoteEnv))
 	m, err := Start(context.Background(), Options{URL: os.Getenv(urlEnv), HostID: os.Getenv(hostEnv),
-		MirrorKeys: os.Getenv(keysEnv) == "1", Secret: &secret, Engine: eng, Keys: owner.Keys(),
+		MirrorKeys: os.Getenv(keysEnv) == "1", Secret: &secret, Engine: eng, Keys: reg,
 		InlineLimit: inline, RemoteEntries: remoteN, KeyPurgeAfter: time.Duration(purgeMS) * time.Millisecond, Logger: quiet()})
 	if err != nil {
 		fail(err)
@@ -273,7 +278,12 @@ func runWorker() {
 		say(reply(err, ""))
 		os.Exit(1)
 	}
-	kr, err := c.Keys().NewReader()
+	reg, err := keys.Attach(c)
+	if err != nil {
+		say(reply(err, ""))
+		os.Exit(1)
+	}
+	kr, err := reg.NewReader()
 	if err != nil {
 		say(reply(err, ""))
 		os.Exit(1)
@@ -391,9 +401,9 @@ func runWorker() {
 func reply(err error, ok string) string {
 	if err != nil {
 		switch {
-		case errors.Is(err, ipc.ErrKeyRevoked):
+		case errors.Is(err, keys.ErrRevoked):
 			return "err revoked"
-		case errors.Is(err, ipc.ErrKeyNotFound):
+		case errors.Is(err, keys.ErrNotFound):
 			return "err notfound"
 		}
 		return "err " + strings.ReplaceAll(err.Error(), "\n", " ")

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -195,7 +195,7 @@ func (m *Mirror) regionValue(it qitem, env *envelope) (bool, error) {
 // sealed; the caller seals (and clears) the key once the header is final.
 func (m *Mirror) keyValue(it qitem, env *envelope) ([]byte, error) {
 	key, err := m.opt.Keys.Get(it.name, nil)
-	if errors.Is(err, ipc.ErrKeyRevoked) || errors.Is(err, ipc.ErrKeyNotFound) {
+	if errors.Is(err, keys.ErrRevoked) || errors.Is(err, keys.ErrNotFound) {
 		key, err = nil, nil
 		env.flags |= flagDeleted
 	}

@@ -14,12 +14,14 @@ import (
 
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/kernels"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
 // ClientSession is a CLI command attached to a running owner as an ipc client.
 type ClientSession struct {
 	Client *ipc.Client
+	Keys   *keys.Registry
 	Engine *steer.Engine
 
 	namespace string
@@ -40,12 +42,17 @@ func AttachClient(namespace, secretFile string) (*ClientSession, error) {
 	if err != nil {
 		return nil, fmt.Errorf("attaching to the owner of namespace %q: %w", namespace, err)
 	}
+	reg, err := keys.Attach(c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
 	eng, err := steer.Open(c.Region(), nil, steer.Options{Caller: c})
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	return &ClientSession{Client: c, Engine: eng, namespace: namespace}, nil
+	return &ClientSession{Client: c, Keys: reg, Engine: eng, namespace: namespace}, nil
 }
 
 // Close detaches.
@@ -98,7 +105,7 @@ func (cs *ClientSession) PrintStatus(w io.Writer, asJSON bool) error {
 // sentinels stand (their ids are stored hashed: only the owner knows them).
 func (cs *ClientSession) KeysList(w io.Writer) error {
 	var ids []string
-	err := cs.Client.Keys().Range(func(id string, revoked bool) bool {
+	err := cs.Keys.Range(func(id string, revoked bool) bool {
 		if !revoked {
 			ids = append(ids, id)
 		}

@@ -390,7 +390,7 @@ func apiRouterCases() []forkCase {
 		{epSet, fAPI + "::TestSetSteeringThreeTier::test_replace_clears_all_tiers", func(t *testing.T, f *forkServer) {
 			set(t, f, map[string]any{"vectors": map[string]any{hp: map[string]any{"5": row(1)}}, "prefill_vectors": map[string]any{hp: map[string]any{"6": row(1)}}})
 			set(t, f, map[string]any{"decode_vectors": map[string]any{hp: map[string]any{"0": row(1)}}, "replace": true})
-			require.Equal(t, []string{"0"}, keys(f.active(t)))
+			require.Equal(t, []string{"0"}, mapKeys(f.active(t)))
 		}, nil},
 		{epSet, fAPI + "::TestSetSteeringThreeTier::test_invalid_hook_in_prefill_tier", func(t *testing.T, f *forkServer) {
 			f.fails(t, "/v1/steering/set", map[string]any{"prefill_vectors": map[string]any{"bad_hook": map[string]any{"0": row(1)}}}, 400, "Invalid hook point")
@@ -523,7 +523,7 @@ func apiRouterCases() []forkCase {
 	}
 }
 
-func keys(m map[string]any) []string {
+func mapKeys(m map[string]any) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)
@@ -620,12 +620,12 @@ func protocolCases() []forkCase {
 		{epSet, p + "test_replace_flag", func(t *testing.T, f *forkServer) {
 			set(t, f, map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"1": row(1)}}})
 			set(t, f, map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"0": row(1)}}, "replace": true})
-			require.Equal(t, []string{"0"}, keys(f.active(t)))
+			require.Equal(t, []string{"0"}, mapKeys(f.active(t)))
 		}, nil},
 		{epSet, p + "test_replace_defaults_false", func(t *testing.T, f *forkServer) {
 			set(t, f, map[string]any{"vectors": map[string]any{hp: map[string]any{"1": row(1)}}})
 			set(t, f, map[string]any{"vectors": map[string]any{hp: map[string]any{"0": row(1)}}})
-			require.Equal(t, []string{"0", "1"}, keys(f.active(t)))
+			require.Equal(t, []string{"0", "1"}, mapKeys(f.active(t)))
 		}, nil},
 		{epSet, p + "test_empty_vectors_allowed", func(t *testing.T, f *forkServer) {
 			// The body is well formed (not "Malformed"); the router then refuses it as empty.

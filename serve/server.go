@@ -21,6 +21,7 @@ import (
 
 	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/mirror"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
@@ -44,6 +45,7 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	owner  *ipc.Owner
+	reg    *keys.Registry // the owner's key registry
 	eng    *steer.Engine
 	keys   apiKeys
 	store  *stateStore // nil without --state-dir
@@ -194,8 +196,11 @@ func (s *Server) openOwner(secret *ipc.Secret) error {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	s.owner, err = ipc.NewOwner(ipc.OwnerOptions{Secret: secret, Namespace: cfg.Namespace, Region: rc,
-		Grace: cfg.Grace, SpinWait: cfg.Spin, DropEnv: true, Logger: s.log})
+		SpinWait: cfg.Spin, DropEnv: true, Logger: s.log})
 	if err != nil {
+		return err
+	}
+	if s.reg, err = keys.Open(s.owner, keys.Options{Grace: cfg.Grace, Logger: s.log}); err != nil {
 		return err
 	}
 	decl, err := cfg.CaptureDeclarations()
@@ -364,7 +369,7 @@ func (s *Server) shutdown(srv *http.Server) error {
 // Changes applied from other hosts mark the state dirty, so they are persisted like the rest.
 func (s *Server) startMirror(ctx context.Context, secret *ipc.Secret) error {
 	m, err := mirror.Start(ctx, mirror.Options{URL: s.cfg.Mirror, Bucket: s.cfg.MirrorBucket, CredsFile: s.cfg.MirrorCreds,
-		HostID: s.cfg.HostID, MirrorKeys: s.cfg.MirrorKeys, Secret: secret, Engine: s.eng, Keys: s.owner.Keys(), Logger: s.log})
+		HostID: s.cfg.HostID, MirrorKeys: s.cfg.MirrorKeys, Secret: secret, Engine: s.eng, Keys: s.reg, Logger: s.log})
 	if errors.Is(err, mirror.ErrBadOptions) {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	} else if err != nil {

@@ -5,7 +5,7 @@
 // reader process (posix_spawn: fork+exec, so the reader loads the library afresh) that inherits
 // stdin and stdout, and waits for it.
 // "reader NS NKEYS": attaches (secret from SHMSTEER_SECRET), opens a shmsteer_reader_t (a
-// reader slot of its own, as the Go KeyReader the keys.get.shmsteer figure uses) and answers the
+// reader slot of its own, as the Go keys.Reader the keys.get.shmsteer figure uses) and answers the
 // round protocol of bench/child.go: "get N" runs N gets round-robin, timed with
 // CLOCK_MONOTONIC around the loop only; "getmany N" gets the same N keys through
 // shmsteer_reader_key_get_many in batches of MANY ids.

@@ -495,9 +495,9 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 	cs, err := serve.AttachClient(s.ns, secretFile(t))
 	require.NoError(t, err)
 	defer cs.Close()
-	require.NoError(t, cs.Client.Keys().Set("req-1", []byte("k1")))
-	require.NoError(t, cs.Client.Keys().Set("req-2", []byte("k2")))
-	require.NoError(t, cs.Client.Keys().Remove("req-2"))
+	require.NoError(t, cs.Keys.Set("req-1", []byte("k1")))
+	require.NoError(t, cs.Keys.Set("req-2", []byte("k2")))
+	require.NoError(t, cs.Keys.Remove("req-2"))
 
 	// The owner reclaims retired blobs in the background, so arena figures may move between two
 	// reads: compare metrics with a status read on each side of them that saw the same state.
@@ -619,7 +619,7 @@ func TestServeRestartKeepsState(t *testing.T) {
 	populate(t, s)
 	cs, err := serve.AttachClient(s.ns, secretFile(t))
 	require.NoError(t, err)
-	require.NoError(t, cs.Client.Keys().Set("req-1", []byte("secret-key-bytes")))
+	require.NoError(t, cs.Keys.Set("req-1", []byte("secret-key-bytes")))
 	cs.Close()
 	require.EqualValues(t, 1, s.ok("GET", "/v1/status", nil)["keys"])
 	before := snapshotState(s)
@@ -722,9 +722,9 @@ func TestCLIClientCommands(t *testing.T) {
 	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": "calm", "packed": map[string]any{"pre_attn": packed("float32", []int{1}, [][]float32{vec(1)})}})
 	cs, err := serve.AttachClient(s.ns, secretFile(t))
 	require.NoError(t, err)
-	require.NoError(t, cs.Client.Keys().Set("req-live", []byte("KEYBYTES-live")))
-	require.NoError(t, cs.Client.Keys().Set("req-gone", []byte("KEYBYTES-gone")))
-	require.NoError(t, cs.Client.Keys().Remove("req-gone"))
+	require.NoError(t, cs.Keys.Set("req-live", []byte("KEYBYTES-live")))
+	require.NoError(t, cs.Keys.Set("req-gone", []byte("KEYBYTES-gone")))
+	require.NoError(t, cs.Keys.Remove("req-gone"))
 	cs.Close()
 	sf := secretFile(t)
 	cli := func(env bool, args ...string) (int, string, string) {

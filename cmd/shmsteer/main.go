@@ -200,7 +200,7 @@ func (c *cli) keysCmd() *cobra.Command {
 		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, _ []string) error { return cs.KeysList(c.stdout) })}
 	keysRm := &cobra.Command{Use: "rm REQUEST_ID", Short: "Revoke a request's key (purged after the owner's grace)", Args: args(1),
 		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
-			return cs.Client.Keys().Remove(a[0]) // the owner's registry: mirrored with --mirror-keys
+			return cs.Keys.Remove(a[0]) // the owner's registry: mirrored with --mirror-keys
 		})}
 	c.clientFlags(keysLs.Flags())
 	c.clientFlags(keysRm.Flags())

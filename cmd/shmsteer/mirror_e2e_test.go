@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/serve"
 )
 
@@ -183,16 +184,16 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 		return ok && l["pre_attn"] != nil && l["pre_attn"].(map[string]any)["norm"].(float64) > 0
 	})
 
-	// A key a worker sets through A's registry (Client.Keys().Set: the owner's write reaches
+	// A key a worker sets through A's registry (keys.Attach, then Set: the owner's write reaches
 	// the mirror through the registry's OnChange) reaches B's workers; revoked on B with the
 	// CLI, it is revoked on A.
 	csA, err := serve.AttachClient(a.ns, secretFile(t))
 	require.NoError(t, err)
 	defer csA.Close()
 	key := []byte("per-request-key-bytes-0123456789")
-	require.NoError(t, csA.Client.Keys().Set("req-1", key))
+	require.NoError(t, csA.Keys.Set("req-1", key))
 	waitFor(t, 10*time.Second, "A's key on host B", func() bool {
-		got, err := csB.Client.Keys().Get("req-1", nil)
+		got, err := csB.Keys.Get("req-1", nil)
 		return err == nil && bytes.Equal(got, key)
 	})
 	rm := exec.Command(binPath, "keys", "rm", "req-1", "--namespace", b.ns)
@@ -200,11 +201,11 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 	out, err = rm.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	waitFor(t, 10*time.Second, "B's revocation on host A", func() bool {
-		_, err := csA.Client.Keys().Get("req-1", nil)
+		_, err := csA.Keys.Get("req-1", nil)
 		return err != nil
 	})
-	_, err = csA.Client.Keys().Get("req-1", nil)
-	require.ErrorIs(t, err, ipc.ErrKeyRevoked)
+	_, err = csA.Keys.Get("req-1", nil)
+	require.ErrorIs(t, err, keys.ErrRevoked)
 
 	// Status and metrics show the mirror on both hosts; readiness does not depend on it.
 	for _, h := range []struct {

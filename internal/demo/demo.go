@@ -28,6 +28,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -157,6 +158,7 @@ type cluster struct {
 	cfg     steer.ModelConfig
 	secret  string // hex, handed to the workers in their environment
 	owner   *ipc.Owner
+	keys    *keys.Registry
 	eng     *steer.Engine
 	workers []*worker
 	names   []string
@@ -191,7 +193,7 @@ func run(p params, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "shmsteer demo: owner pid %d, %s attached (%s), %d steps of ≤%d rows over %d layers × %d hooks, hidden %d\n",
 		os.Getpid(), plural(p.Workers, "worker"), plural(c.owner.Clients(), "client"), p.Steps, p.Tokens, p.Layers, c.cfg.NumHooks(), p.Hidden)
-	t, err := c.steps(newDriver(c.eng, c.owner.Keys(), c.cfg, c.names, p, rng))
+	t, err := c.steps(newDriver(c.eng, c.keys, c.cfg, c.names, p, rng))
 	if err != nil {
 		return err
 	}
@@ -223,8 +225,12 @@ func startOwner(p params, stderr io.Writer) (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.owner, err = ipc.NewOwner(ipc.OwnerOptions{Secret: &secret, Namespace: c.p.Namespace, Region: rc, Grace: time.Second})
+	c.owner, err = ipc.NewOwner(ipc.OwnerOptions{Secret: &secret, Namespace: c.p.Namespace, Region: rc})
 	if err != nil {
+		return nil, err
+	}
+	if c.keys, err = keys.Open(c.owner, keys.Options{Grace: time.Second}); err != nil {
+		c.owner.Close()
 		return nil, err
 	}
 	var logged int
@@ -433,7 +439,7 @@ func randVec(rng *mrand.Rand, d int, scale float64) []float32 {
 // and lays out each step's batch.
 type driver struct {
 	eng    *steer.Engine
-	keys   *ipc.Registry
+	keys   *keys.Registry
 	cfg    steer.ModelConfig
 	names  []string
 	p      params
@@ -448,7 +454,7 @@ type request struct {
 	decoding int // decode steps left
 }
 
-func newDriver(eng *steer.Engine, keys *ipc.Registry, cfg steer.ModelConfig, names []string, p params, rng *mrand.Rand) *driver {
+func newDriver(eng *steer.Engine, keys *keys.Registry, cfg steer.ModelConfig, names []string, p params, rng *mrand.Rand) *driver {
 	return &driver{eng: eng, keys: keys, cfg: cfg, names: names, p: p, rng: rng, active: map[string]*request{}}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/kernels"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -41,6 +42,10 @@ func workerMain(id int, enc *json.Encoder) error {
 		return fmt.Errorf("worker %d: attach: %w", id, err)
 	}
 	defer client.Close()
+	reg, err := keys.Attach(client)
+	if err != nil {
+		return fmt.Errorf("worker %d: attach: %w", id, err)
+	}
 	cfg := steer.ModelConfig{Hidden: p.Hidden, Layers: p.Layers}
 	eng, err := steer.Open(client.Region(), &cfg, steer.Options{Caller: client})
 	if err != nil {
@@ -82,7 +87,7 @@ func workerMain(id int, enc *json.Encoder) error {
 		t0 := time.Now()
 		for range 16 {
 			for _, sp := range m.Batch {
-				keyBuf, _ = client.Keys().Get(sp.ID, keyBuf[:0])
+				keyBuf, _ = reg.Get(sp.ID, keyBuf[:0])
 				r.Lookups++
 			}
 		}

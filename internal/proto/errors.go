@@ -16,7 +16,8 @@ type Code = uint16
 const (
 	CodeOther Code = 0
 
-	// The transport and the region (bound by package ipc), block 1–31.
+	// The transport and the region (bound by package ipc), block 1–31; 3–6 are the key
+	// registry's (bound by package keys, which kept the codes they had in ipc).
 	CodeAuthFailed       Code = 1
 	CodeIncompatible     Code = 2
 	CodeKeyNotFound      Code = 3

@@ -18,7 +18,7 @@ package proto
 // Kinds of entries in the region (shm.Kind values). Each room owns a block; a kind is never
 // reused for another meaning (a region written by an older build must not be misread).
 const (
-	// KindKey: the key registry (ipc.Registry). Key: request id; value: key bytes followed by
+	// KindKey: the key registry (package keys). Key: request id; value: key bytes followed by
 	// one state byte. A revoked id has no value but a mark under this kind.
 	KindKey = 1
 
@@ -44,17 +44,17 @@ type Op = uint16
 // RPC ops. Ops below MinUserOp are the transport's (package ipc: handshake, replies, ping);
 // each room above it owns a block of user ops.
 const (
-	OpHello     Op = 1  // client → owner: version, client nonce
-	OpChallenge Op = 2  // owner → client: version, owner nonce, owner proof
-	OpProof     Op = 3  // client → owner: client proof
-	OpWelcome   Op = 4  // owner → client: region facts; the region's fds ride along (SCM_RIGHTS)
-	OpError     Op = 5  // either way in the handshake: code, message
-	OpKeySet    Op = 16 // u16 id length, id, key
-	OpKeyRemove Op = 17 // id
-	OpBye       Op = 18 // client closes cleanly (it released its own reader slots)
-	OpPing      Op = 19
-	OpReplyOK   Op = 0xfffe // reply payload
-	OpReplyErr  Op = 0xffff // u16 code, message
+	OpHello     Op = 1 // client → owner: version, client nonce
+	OpChallenge Op = 2 // owner → client: version, owner nonce, owner proof
+	OpProof     Op = 3 // client → owner: client proof
+	OpWelcome   Op = 4 // owner → client: region facts; the region's fds ride along (SCM_RIGHTS)
+	OpError     Op = 5 // either way in the handshake: code, message
+	// 16 and 17 were the key registry's set and remove while it lived in ipc (now the keys
+	// block below): never reuse them.
+	OpBye      Op = 18 // client closes cleanly (it released its own reader slots)
+	OpPing     Op = 19
+	OpReplyOK  Op = 0xfffe // reply payload
+	OpReplyErr Op = 0xffff // u16 code, message
 
 	// MinUserOp is the first op the owner's Handle accepts; MaxUserOp the last.
 	MinUserOp Op = 256
@@ -74,7 +74,12 @@ const (
 
 	// The service (package serve), block 320–351.
 	OpReportChecksum Op = 320 // u64 step, u64 checksum, worker name
-	// 321 and 322 were serve's key set and revoke (now the registry's own ops): never reuse.
+	// 321 and 322 were serve's key set and revoke (now package keys' ops): never reuse.
 	OpReportGates Op = 323 // a worker's gate counts: per scope u64 evaluations, fires, engaged; u64 reports missed; worker name
 	OpGateWork    Op = 324 // (empty) → the owner's gate counts summed over its workers, JSON
+
+	// The key registry (package keys), block 352–383.
+	OpKeySet    Op = 352 // u16 id length, id, key
+	OpKeyRemove Op = 353 // id
+	OpKeyLimits Op = 354 // empty; reply: u32 the owner's MaxKeyBytes
 )

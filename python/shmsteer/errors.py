@@ -2,7 +2,7 @@
 """Exceptions mirroring the Go sentinel errors of shmsteer.
 
 Every error code of ``shmsteer.h`` has one class here, named after its Go sentinel
-(``ipc.ErrKeyRevoked`` -> :class:`KeyRevokedError`). All derive from :class:`ShmsteerError`;
+(``ipc.ErrOwnerGone`` -> :class:`OwnerGoneError`). All derive from :class:`ShmsteerError`;
 several also derive from the built-in exception a Python caller would expect (a missing key is
 a :class:`KeyError`, a bad argument a :class:`ValueError`, a dead owner a
 :class:`ConnectionError`). Sentinels that match one another with ``errors.Is`` in Go are
@@ -22,7 +22,7 @@ class ShmsteerError(Exception):
 
     Attributes:
         code: the ``SHMSTEER_E_*`` code of ``shmsteer.h``.
-        go_name: the Go sentinel it mirrors, e.g. ``"ipc.ErrKeyRevoked"``.
+        go_name: the Go sentinel it mirrors, e.g. ``"ipc.ErrOwnerGone"``.
     """
 
     code: int = 0
@@ -278,32 +278,32 @@ class IncompatibleError(LayoutIncompatibleError):
 
 
 class KeyNotFoundError(ShmsteerError, KeyError):
-    """Mirrors Go's ipc.ErrKeyNotFound (code 37, SHMSTEER_E_KEY_NOT_FOUND): never set, or purged."""
+    """Mirrors Go's keys.ErrNotFound (code 37, SHMSTEER_E_KEY_NOT_FOUND): never set, or purged."""
 
     code = 37
-    go_name = "ipc.ErrKeyNotFound"
+    go_name = "keys.ErrNotFound"
 
 
 class KeyRevokedError(ShmsteerError):
-    """Mirrors Go's ipc.ErrKeyRevoked (code 38, SHMSTEER_E_KEY_REVOKED): removed, sentinel stands."""
+    """Mirrors Go's keys.ErrRevoked (code 38, SHMSTEER_E_KEY_REVOKED): removed, sentinel stands."""
 
     code = 38
-    go_name = "ipc.ErrKeyRevoked"
+    go_name = "keys.ErrRevoked"
 
 
 class RequestIDTooLongError(ShmsteerError, ValueError):
-    """Mirrors Go's ipc.ErrRequestIDTooLong (code 39, SHMSTEER_E_REQUEST_ID_TOO_LONG): empty or >
+    """Mirrors Go's keys.ErrRequestIDTooLong (code 39, SHMSTEER_E_REQUEST_ID_TOO_LONG): empty or >
     256 B."""
 
     code = 39
-    go_name = "ipc.ErrRequestIDTooLong"
+    go_name = "keys.ErrRequestIDTooLong"
 
 
 class KeyTooLargeError(ShmsteerError, ValueError):
-    """Mirrors Go's ipc.ErrKeyTooLarge (code 40, SHMSTEER_E_KEY_TOO_LARGE)."""
+    """Mirrors Go's keys.ErrTooLarge (code 40, SHMSTEER_E_KEY_TOO_LARGE)."""
 
     code = 40
-    go_name = "ipc.ErrKeyTooLarge"
+    go_name = "keys.ErrTooLarge"
 
 
 class FrameTooLargeError(ShmsteerError, ValueError):

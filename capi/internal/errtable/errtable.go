@@ -25,7 +25,9 @@ import (
 	"strings"
 )
 
-// Package is a package line: the Go package whose sentinels get codes FirstLast[0]..[1].
+// Package is a package line: the Go package whose sentinels get codes First..Last. A package
+// may have several lines, one per block of codes (a package that took over another's
+// sentinels keeps their codes).
 type Package struct {
 	Name  string // the Go package name, the prefix of its sentinels' names ("ipc")
 	Path  string // its import path; "." for capi itself
@@ -45,7 +47,7 @@ type Row struct {
 	Line     int      // where in errors.tab
 }
 
-// GoName is the name shmsteer_error_name reports: "ipc.ErrKeyRevoked".
+// GoName is the name shmsteer_error_name reports: "ipc.ErrOwnerGone".
 func (r Row) GoName() string { return r.Pkg + "." + r.Sentinel }
 
 // Retired is a code no longer returned, kept out of use.
@@ -162,20 +164,20 @@ func (t *Table) check() error {
 	if t.Limit <= 0 {
 		return fmt.Errorf("errors.tab: no limit line")
 	}
-	pkgs := map[string]Package{}
-	for _, p := range t.Packages {
-		if _, dup := pkgs[p.Name]; dup {
-			return fmt.Errorf("errors.tab: package %s twice", p.Name)
+	pkgs := map[string][]Package{} // a package's blocks
+	for i, p := range t.Packages {
+		if prev := pkgs[p.Name]; len(prev) > 0 && prev[0].Path != p.Path {
+			return fmt.Errorf("errors.tab: package %s with two import paths", p.Name)
 		}
 		if p.First < 1 || p.Last < p.First || p.Last >= t.Limit {
 			return fmt.Errorf("errors.tab: package %s: range %d-%d outside 1-%d", p.Name, p.First, p.Last, t.Limit-1)
 		}
-		for _, q := range t.Packages {
-			if q.Name != p.Name && p.First <= q.Last && q.First <= p.Last {
+		for j, q := range t.Packages {
+			if i != j && p.First <= q.Last && q.First <= p.Last {
 				return fmt.Errorf("errors.tab: packages %s and %s have overlapping ranges", p.Name, q.Name)
 			}
 		}
-		pkgs[p.Name] = p
+		pkgs[p.Name] = append(pkgs[p.Name], p)
 	}
 	codes := map[int]string{}
 	for _, r := range t.Retired {
@@ -191,12 +193,16 @@ func (t *Table) check() error {
 		at := func(format string, args ...any) error {
 			return fmt.Errorf("errors.tab:%d: %s", r.Line, fmt.Sprintf(format, args...))
 		}
-		p, ok := pkgs[r.Pkg]
+		blocks, ok := pkgs[r.Pkg]
 		if !ok {
 			return at("package %s has no package line", r.Pkg)
 		}
-		if r.Code < p.First || r.Code > p.Last {
-			return at("code %d is outside package %s's range %d-%d", r.Code, p.Name, p.First, p.Last)
+		if !slices.ContainsFunc(blocks, func(p Package) bool { return r.Code >= p.First && r.Code <= p.Last }) {
+			var ranges []string
+			for _, p := range blocks {
+				ranges = append(ranges, fmt.Sprintf("%d-%d", p.First, p.Last))
+			}
+			return at("code %d is outside package %s's range %s", r.Code, r.Pkg, strings.Join(ranges, ", "))
 		}
 		if prev, dup := codes[r.Code]; dup {
 			return at("code %d is already %s", r.Code, prev)
@@ -467,7 +473,7 @@ const pyHead = `# ` + generated + `
 """Exceptions mirroring the Go sentinel errors of shmsteer.
 
 Every error code of ` + "``shmsteer.h``" + ` has one class here, named after its Go sentinel
-(` + "``ipc.ErrKeyRevoked``" + ` -> :class:` + "`KeyRevokedError`" + `). All derive from :class:` + "`ShmsteerError`" + `;
+(` + "``ipc.ErrOwnerGone``" + ` -> :class:` + "`OwnerGoneError`" + `). All derive from :class:` + "`ShmsteerError`" + `;
 several also derive from the built-in exception a Python caller would expect (a missing key is
 a :class:` + "`KeyError`" + `, a bad argument a :class:` + "`ValueError`" + `, a dead owner a
 :class:` + "`ConnectionError`" + `). Sentinels that match one another with ` + "``errors.Is``" + ` in Go are
@@ -487,7 +493,7 @@ class ShmsteerError(Exception):
 
     Attributes:
         code: the ` + "``SHMSTEER_E_*``" + ` code of ` + "``shmsteer.h``" + `.
-        go_name: the Go sentinel it mirrors, e.g. ` + "``\"ipc.ErrKeyRevoked\"``" + `.
+        go_name: the Go sentinel it mirrors, e.g. ` + "``\"ipc.ErrOwnerGone\"``" + `.
     """
 
     code: int = 0

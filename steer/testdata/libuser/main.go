@@ -9,6 +9,7 @@ import (
 	"os/exec"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -28,6 +29,8 @@ func main() {
 	owner, err := ipc.NewOwner(ipc.OwnerOptions{Namespace: namespace, Region: region}) // secret: SHMSTEER_SECRET
 	check(err)
 	defer owner.Close()
+	reg, err := keys.Open(owner, keys.Options{}) // per-request keys; workers' key writes
+	check(err)
 	sched, err := steer.Open(owner.Region(), &model, steer.Options{Clients: owner.Clients})
 	check(err)
 	sched.Serve(func(op uint16, h func([]byte) ([]byte, error)) { owner.Handle(op, h) }) // workers' writes
@@ -36,7 +39,7 @@ func main() {
 	_, err = sched.Admit(steer.Admission{RequestID: "r1",
 		Override: &steer.Steering{Decode: steer.Tier{Refs: []steer.Ref{{Name: "polite", Strength: 0.5}}}}})
 	check(err)
-	check(owner.Keys().Set("r1", []byte("key of r1")))
+	check(reg.Set("r1", []byte("key of r1")))
 
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), "ROLE=worker")
@@ -48,7 +51,9 @@ func worker() {
 	client, err := ipc.Attach(ipc.ClientOptions{Namespace: namespace})
 	check(err)
 	defer client.Close()
-	key, err := client.Keys().Get("r1", nil)
+	reg, err := keys.Attach(client)
+	check(err)
+	key, err := reg.Get("r1", nil)
 	check(err)
 	eng, err := steer.Open(client.Region(), &model, steer.Options{Caller: client})
 	check(err)

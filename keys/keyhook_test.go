@@ -1,4 +1,4 @@
-package ipc
+package keys
 
 import (
 	"errors"
@@ -16,27 +16,27 @@ func TestKeyChangeHook(t *testing.T) {
 	env := newTestEnv()
 	o := newTestOwner(t, env.ownerOpts())
 	var mu sync.Mutex
-	var got []KeyChange
-	remove := o.Keys().OnChange(func(c KeyChange) {
+	var got []Change
+	remove := o.reg.OnChange(func(c Change) {
 		mu.Lock()
 		got = append(got, c)
 		mu.Unlock()
 	})
 	c := attach(t, env.clientOpts())
 
-	require.NoError(t, o.Keys().Set("a", []byte("ka"), KeyOrigin("mirror")))
-	require.NoError(t, c.Keys().Set("b", []byte("kb")))
-	require.NoError(t, c.Keys().Remove("b"))
-	require.NoError(t, c.Keys().Remove("b")) // already revoked: no change
+	require.NoError(t, o.reg.Set("a", []byte("ka"), Origin("mirror")))
+	require.NoError(t, c.reg.Set("b", []byte("kb")))
+	require.NoError(t, c.reg.Remove("b"))
+	require.NoError(t, c.reg.Remove("b")) // already revoked: no change
 	errNo := errors.New("give way")
-	require.ErrorIs(t, o.Keys().Set("c", []byte("kc"), KeyIf(func() error { return errNo })), errNo)
-	_, err := o.Keys().Get("c", nil)
-	require.ErrorIs(t, err, ErrKeyNotFound, "a refused condition writes nothing")
-	require.Error(t, c.Keys().Set("d", []byte("kd"), KeyOrigin("x")), "a client cannot tag its writes")
-	require.NoError(t, o.Keys().Remove("a", KeyIf(func() error { return nil })))
+	require.ErrorIs(t, o.reg.Set("c", []byte("kc"), If(func() error { return errNo })), errNo)
+	_, err := o.reg.Get("c", nil)
+	require.ErrorIs(t, err, ErrNotFound, "a refused condition writes nothing")
+	require.Error(t, c.reg.Set("d", []byte("kd"), Origin("x")), "a client cannot tag its writes")
+	require.NoError(t, o.reg.Remove("a", If(func() error { return nil })))
 
 	mu.Lock()
-	require.Equal(t, []KeyChange{
+	require.Equal(t, []Change{
 		{RequestID: "a", Origin: "mirror"},
 		{RequestID: "b"},
 		{RequestID: "b", Revoked: true},
@@ -44,9 +44,9 @@ func TestKeyChangeHook(t *testing.T) {
 	}, got)
 	mu.Unlock()
 	remove()
-	require.NoError(t, c.Keys().Set("e", []byte("ke")))
+	require.NoError(t, c.reg.Set("e", []byte("ke")))
 	mu.Lock()
 	require.Len(t, got, 4, "a removed observer is not called")
 	mu.Unlock()
-	c.Keys().OnChange(func(KeyChange) { t.Error("a client's observer is never called") })()
+	c.reg.OnChange(func(Change) { t.Error("a client's observer is never called") })()
 }

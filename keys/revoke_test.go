@@ -1,4 +1,4 @@
-package ipc
+package keys
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 )
 
 // TestRevokeWhenFull: with the arena full of live keys, every key can still be revoked, and
-// readers (in the owner and in a client) see ErrKeyRevoked, not the key.
+// readers (in the owner and in a client) see ErrRevoked, not the key.
 func TestRevokeWhenFull(t *testing.T) {
 	env := newTestEnv()
 	opts := env.ownerOpts()
@@ -25,7 +25,7 @@ func TestRevokeWhenFull(t *testing.T) {
 	var full error
 	for i := 0; full == nil; i++ {
 		id := fmt.Sprintf("req-%05d", i)
-		if full = o.Keys().Set(id, key); full == nil {
+		if full = o.reg.Set(id, key); full == nil {
 			ids = append(ids, id)
 		}
 	}
@@ -33,24 +33,24 @@ func TestRevokeWhenFull(t *testing.T) {
 	require.Contains(t, full.Error(), "ArenaBytes", "says which setting to raise")
 	require.Greater(t, len(ids), 100)
 	for i, id := range ids {
-		k := o.Keys()
+		k := o.reg
 		if i%2 == 1 {
-			k = c.Keys()
+			k = c.reg
 		}
 		require.NoError(t, k.Remove(id), "revoke %d of %d with the arena full", i, len(ids))
 	}
-	for _, k := range []*Registry{o.Keys(), c.Keys()} {
+	for _, k := range []*Registry{o.reg, c.reg} {
 		for _, id := range ids {
 			_, err := k.Get(id, nil)
-			require.ErrorIs(t, err, ErrKeyRevoked, id)
+			require.ErrorIs(t, err, ErrRevoked, id)
 		}
 		n, revoked, err := k.Count()
 		require.NoError(t, err)
 		require.Equal(t, len(ids), n)
 		require.Equal(t, len(ids), revoked)
 	}
-	require.Zero(t, o.RevokedWithoutSentinel())
-	require.NoError(t, o.Keys().Set("fresh", key), "room again once the revoked keys are reclaimed")
+	require.Zero(t, o.reg.RevokedWithoutSentinel())
+	require.NoError(t, o.reg.Set("fresh", key), "room again once the revoked keys are reclaimed")
 }
 
 // TestRevocationCapacityDefaults: the default region holds the sentinels of 5,000 revocations
@@ -64,7 +64,7 @@ func TestRevocationCapacityDefaults(t *testing.T) {
 	opts := env.ownerOpts()
 	opts.Region = shm.Config{} // the defaults
 	o := newTestOwner(t, opts)
-	k := o.Keys()
+	k := o.reg
 	key := make([]byte, 32)
 	start := time.Now()
 	for i := 0; i < n; i++ {
@@ -76,12 +76,12 @@ func TestRevocationCapacityDefaults(t *testing.T) {
 	_, revoked, err := k.Count()
 	require.NoError(t, err)
 	require.Equal(t, n, revoked, "every sentinel stands (grace 60 s)")
-	require.Zero(t, o.RevokedWithoutSentinel())
+	require.Zero(t, o.reg.RevokedWithoutSentinel())
 	for i := 0; i < 1000; i++ {
 		require.NoError(t, k.Set(fmt.Sprintf("live-%d", i), key), "new keys still fit")
 	}
 	_, err = k.Get(fmt.Sprintf("6f1c2a9e-0000-4000-8000-%012d", n-1), nil)
-	require.ErrorIs(t, err, ErrKeyRevoked)
+	require.ErrorIs(t, err, ErrRevoked)
 	t.Logf("%d set+revoke pairs in %v (%.0f revokes/s, owner side); mark table %d of %d entries",
 		n, took, float64(n)/took.Seconds(), o.Region().Stats().MarkEntries, o.Region().Stats().MarkSlots)
 }
@@ -96,18 +96,18 @@ func BenchmarkRevoke(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		id := fmt.Sprintf("6f1c2a9e-0000-4000-8000-%012d", i)
-		if err := o.Keys().Set(id, key); err != nil {
+		if err := o.reg.Set(id, key); err != nil {
 			b.Fatal(err)
 		}
-		if err := o.Keys().Remove(id); err != nil {
+		if err := o.reg.Remove(id); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
 // TestRevokeWithMarkTableFull: past a full mark table, revocations keep their sentinel in the
-// arena, so readers in another process still get ErrKeyRevoked (they used to get
-// ErrKeyNotFound: the revocation silently looked like an unknown id), the sentinels are purged
+// arena, so readers in another process still get ErrRevoked (they used to get
+// ErrNotFound: the revocation silently looked like an unknown id), the sentinels are purged
 // after the grace, and the warning is rate-limited (it was logged once per revocation).
 func TestRevokeWithMarkTableFull(t *testing.T) {
 	env := newTestEnv()
@@ -119,20 +119,20 @@ func TestRevokeWithMarkTableFull(t *testing.T) {
 	o := newTestOwner(t, opts)
 	const n = 500
 	for i := range n {
-		require.NoError(t, o.Keys().Set(fmt.Sprintf("req-%d", i), []byte("key")))
+		require.NoError(t, o.reg.Set(fmt.Sprintf("req-%d", i), []byte("key")))
 	}
-	kid := startProc(t, "client", env.childEnv()...)
+	kid := startClient(t, env)
 	require.Equal(t, "ok ready", kid.line())
 	for i := range n {
-		require.NoError(t, o.Keys().Remove(fmt.Sprintf("req-%d", i)))
+		require.NoError(t, o.reg.Remove(fmt.Sprintf("req-%d", i)))
 	}
-	require.Positive(t, o.RevokedInArena(), "the mark table (64 entries) filled")
-	require.Zero(t, o.RevokedWithoutSentinel())
+	require.Positive(t, o.reg.RevokedInArena(), "the mark table (64 entries) filled")
+	require.Zero(t, o.reg.RevokedWithoutSentinel())
 	for i := range n {
-		require.Equal(t, "err ErrKeyRevoked", kid.do(fmt.Sprintf("get req-%d", i)), "req-%d", i)
+		require.Equal(t, "err ErrRevoked", kid.do(fmt.Sprintf("get req-%d", i)), "req-%d", i)
 	}
 	var revoked int
-	require.NoError(t, o.Keys().Range(func(_ string, r bool) bool {
+	require.NoError(t, o.reg.Range(func(_ string, r bool) bool {
 		if r {
 			revoked++
 		}
@@ -142,12 +142,12 @@ func TestRevokeWithMarkTableFull(t *testing.T) {
 	warnings := strings.Count(logs.String(), "mark table is full")
 	require.Positive(t, warnings)
 	require.LessOrEqual(t, warnings, 10, "rate-limited: not one warning per revocation")
-	require.NoError(t, o.Keys().Set("req-0", []byte("again")), "an arena sentinel is lifted by a set")
+	require.NoError(t, o.reg.Set("req-0", []byte("again")), "an arena sentinel is lifted by a set")
 	require.Equal(t, "ok "+hexOf("again"), kid.do("get req-0"))
 
-	require.Eventually(t, func() bool { return kid.do("get req-1") == "err ErrKeyNotFound" },
+	require.Eventually(t, func() bool { return kid.do("get req-1") == "err ErrNotFound" },
 		20*time.Second, 20*time.Millisecond, "sentinels are purged after the grace")
-	require.Eventually(t, func() bool { return kid.do(fmt.Sprintf("get req-%d", n-1)) == "err ErrKeyNotFound" },
+	require.Eventually(t, func() bool { return kid.do(fmt.Sprintf("get req-%d", n-1)) == "err ErrNotFound" },
 		20*time.Second, 20*time.Millisecond)
 	require.Equal(t, "ok "+hexOf("again"), kid.do("get req-0"), "the purge spares a key set again")
 	kid.exit()
