@@ -71,6 +71,10 @@ type Hub struct {
 	reqs     map[string]*hubReq
 	ended    []string // ended request ids, oldest first (results kept up to maxRes)
 	closed   bool
+	// Counters of what is gone, so Status's totals keep counting: rings whose worker left,
+	// and per consumer name the slots it no longer reads (a ring gone, a connection closed).
+	goneRings RingStats
+	goneCons  map[string]slotTotals
 	wg       sync.WaitGroup
 }
 
@@ -85,6 +89,8 @@ type hubRing struct {
 	r      *Ring
 	worker *hubConn
 }
+
+type slotTotals struct{ received, dropped uint64 }
 
 type slotRef struct {
 	ring uint32
@@ -116,7 +122,7 @@ func NewHub(opts HubOptions) (*Hub, error) {
 	}
 	h := &Hub{log: opts.Logger, consumers: maps(opts.Consumers), allow: opts.AllowUIDs, maxRes: opts.MaxResults, wtimeout: opts.WriteTimeout,
 		tickets: map[[ticketLen]byte]ticket{}, rings: map[uint32]*hubRing{}, live: map[string]*hubConn{}, conns: map[*hubConn]struct{}{},
-		reqs: map[string]*hubReq{}}
+		reqs: map[string]*hubReq{}, goneCons: map[string]slotTotals{}}
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -456,11 +462,24 @@ func (h *Hub) drop(hc *hubConn) {
 			}
 		}
 	}
+	for _, r := range gone {
+		h.retireRing(r)
+	}
 	freed := 0
 	if hc.role == roleConsumer && h.live[hc.name] == hc {
 		delete(h.live, hc.name)
 		for _, s := range hc.slots {
-			if r := h.rings[s.ring]; r != nil && r.r.freeSlot(s.slot, s.pid) {
+			r := h.rings[s.ring]
+			if r == nil {
+				continue
+			}
+			if ss := r.r.Slots(); s.slot < len(ss) && ss[s.slot].PID == s.pid {
+				t := h.goneCons[hc.name]
+				t.received += ss[s.slot].Received
+				t.dropped += ss[s.slot].Dropped
+				h.goneCons[hc.name] = t
+			}
+			if r.r.freeSlot(s.slot, s.pid) {
 				freed++
 			}
 		}
@@ -481,6 +500,27 @@ func (h *Hub) drop(hc *hubConn) {
 			t.notify(h, msg, nil)
 		}
 		r.r.Close()
+	}
+}
+
+// retireRing adds a departing ring's counters, and each live consumer's slot on it, to the
+// totals of what is gone (h.mu held).
+func (h *Hub) retireRing(r *hubRing) {
+	st := r.r.Stats()
+	h.goneRings.Records += st.Records
+	h.goneRings.Bytes += st.Bytes
+	h.goneRings.Dropped += st.Dropped
+	h.goneRings.Reclaimed += st.Reclaimed
+	ss := r.r.Slots()
+	for _, c := range h.live {
+		for _, s := range c.slots {
+			if s.ring == r.id && s.slot < len(ss) && ss[s.slot].Attached && ss[s.slot].PID == s.pid {
+				t := h.goneCons[c.name]
+				t.received += ss[s.slot].Received
+				t.dropped += ss[s.slot].Dropped
+				h.goneCons[c.name] = t
+			}
+		}
 	}
 }
 
@@ -585,15 +625,18 @@ type ConsumerStatus struct {
 	Attached bool   `json:"attached"`
 	PID      int    `json:"pid,omitempty"`
 	Rings    int    `json:"rings"` // rings it reads
-	Received uint64 `json:"records_received"`
-	Dropped  uint64 `json:"records_dropped"`
+	Received uint64 `json:"records_received"` // since the hub started, over every ring
+	Dropped  uint64 `json:"records_dropped"`  // since the hub started, over every ring
 	Lag      uint64 `json:"lag_bytes"` // the most bytes it has not released on any ring
 	Pending  int    `json:"requests_pending"`
 }
 
 // HubStatus is the hub's state for status and /metrics.
 type HubStatus struct {
-	Rings     []RingStatus     `json:"rings"`
+	Rings []RingStatus `json:"rings"` // the live workers' rings
+	// Totals count every ring since the hub started, those of workers gone included
+	// (Occupancy: the most of any live ring).
+	Totals    RingStats        `json:"totals"`
 	Consumers []ConsumerStatus `json:"consumers"`
 }
 
@@ -601,7 +644,7 @@ type HubStatus struct {
 func (h *Hub) Status() HubStatus {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var st HubStatus
+	st := HubStatus{Rings: []RingStatus{}, Consumers: []ConsumerStatus{}}
 	ids := make([]uint32, 0, len(h.rings))
 	for id := range h.rings {
 		ids = append(ids, id)
@@ -610,11 +653,22 @@ func (h *Hub) Status() HubStatus {
 	slotsOf := map[uint32][]SlotStats{}
 	for _, id := range ids {
 		r := h.rings[id]
-		st.Rings = append(st.Rings, RingStatus{ID: id, WorkerPID: r.worker.pid, Capacity: r.r.cap, RingStats: r.r.Stats()})
+		rs := r.r.Stats()
+		st.Rings = append(st.Rings, RingStatus{ID: id, WorkerPID: r.worker.pid, Capacity: r.r.cap, RingStats: rs})
 		slotsOf[id] = r.r.Slots()
+		st.Totals.Records += rs.Records
+		st.Totals.Bytes += rs.Bytes
+		st.Totals.Dropped += rs.Dropped
+		st.Totals.Reclaimed += rs.Reclaimed
+		st.Totals.Occupancy = max(st.Totals.Occupancy, rs.Occupancy)
 	}
+	st.Totals.Records += h.goneRings.Records
+	st.Totals.Bytes += h.goneRings.Bytes
+	st.Totals.Dropped += h.goneRings.Dropped
+	st.Totals.Reclaimed += h.goneRings.Reclaimed
 	for _, name := range h.Consumers() {
-		cs := ConsumerStatus{Name: name, Type: h.consumers[name]}
+		g := h.goneCons[name]
+		cs := ConsumerStatus{Name: name, Type: h.consumers[name], Received: g.received, Dropped: g.dropped}
 		if c := h.live[name]; c != nil {
 			cs.Attached, cs.PID = true, c.pid
 			for _, s := range c.slots {

@@ -3,7 +3,6 @@ package serve
 import (
 	"fmt"
 	"net/http"
-	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -56,33 +55,34 @@ func (s *Server) captureResult(r *http.Request, p principal, _ []byte) (any, err
 
 // captureCollector exports the hub's counters to /metrics at each scrape.
 type captureCollector struct {
-	s                                          *Server
-	records, bytes, dropped, reclaimed, occ    *prometheus.Desc
-	cAttached, cReceived, cDropped, cLag, cPen *prometheus.Desc
+	s                                                 *Server
+	rings, records, bytes, dropped, reclaimed, occ    *prometheus.Desc
+	cAttached, cReceived, cDropped, cLag, cPen, cRing *prometheus.Desc
 }
 
 func newCaptureCollector(s *Server) *captureCollector {
-	ring := []string{"ring"}
 	cons := []string{"consumer"}
 	d := func(name, help string, labels []string) *prometheus.Desc {
 		return prometheus.NewDesc("shmsteer_capture_"+name, help, labels, nil)
 	}
 	return &captureCollector{s: s,
-		records:   d("records_total", "Capture records a worker's ring published.", ring),
-		bytes:     d("bytes_total", "Captured row bytes a worker's ring published.", ring),
-		dropped:   d("dropped_total", "Capture records a worker dropped because a consumer lagged past its policy.", ring),
-		reclaimed: d("reclaimed_total", "Consumer slots of departed consumers freed on a worker's ring.", ring),
-		occ:       d("ring_occupancy_bytes", "Bytes of a worker's ring not yet released by its slowest consumer.", ring),
+		rings:     d("rings", "Workers' capture rings registered now.", nil),
+		records:   d("records_total", "Capture records the workers' rings published (every ring since serve started).", nil),
+		bytes:     d("bytes_total", "Captured row bytes the workers' rings published.", nil),
+		dropped:   d("dropped_total", "Capture records workers dropped because a consumer lagged past its policy.", nil),
+		reclaimed: d("reclaimed_total", "Consumer slots of departed consumers freed on the rings.", nil),
+		occ:       d("ring_occupancy_bytes", "Bytes of a live ring not yet released by its slowest consumer (the most of any ring).", nil),
 		cAttached: d("consumer_attached", "1 while the declared consumer is attached, else 0.", cons),
-		cReceived: d("consumer_records_total", "Records the consumer read, over every ring (since it attached).", cons),
-		cDropped:  d("consumer_dropped_total", "Records dropped while the consumer lagged, over every ring (since it attached).", cons),
+		cRing:     d("consumer_rings", "Rings the consumer reads now.", cons),
+		cReceived: d("consumer_records_total", "Records the consumer read, over every ring, as of each ring's last count.", cons),
+		cDropped:  d("consumer_dropped_total", "Records dropped while the consumer lagged, over every ring.", cons),
 		cLag:      d("consumer_lag_bytes", "Most bytes the consumer has not released on any ring.", cons),
 		cPen:      d("consumer_pending_requests", "Captured requests whose result the consumer has not published.", cons),
 	}
 }
 
 func (c *captureCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.records, c.bytes, c.dropped, c.reclaimed, c.occ, c.cAttached, c.cReceived, c.cDropped, c.cLag, c.cPen} {
+	for _, d := range []*prometheus.Desc{c.rings, c.records, c.bytes, c.dropped, c.reclaimed, c.occ, c.cAttached, c.cRing, c.cReceived, c.cDropped, c.cLag, c.cPen} {
 		ch <- d
 	}
 }
@@ -92,24 +92,23 @@ func (c *captureCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	st := c.s.hub.Status()
-	m := func(d *prometheus.Desc, t prometheus.ValueType, v uint64, label string) {
-		ch <- prometheus.MustNewConstMetric(d, t, float64(v), label)
+	m := func(d *prometheus.Desc, t prometheus.ValueType, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, t, float64(v), labels...)
 	}
 	ct, g := prometheus.CounterValue, prometheus.GaugeValue
-	for _, r := range st.Rings {
-		id := strconv.FormatUint(uint64(r.ID), 10)
-		m(c.records, ct, r.Records, id)
-		m(c.bytes, ct, r.Bytes, id)
-		m(c.dropped, ct, r.Dropped, id)
-		m(c.reclaimed, ct, r.Reclaimed, id)
-		m(c.occ, g, r.Occupancy, id)
-	}
+	m(c.rings, g, uint64(len(st.Rings)))
+	m(c.records, ct, st.Totals.Records)
+	m(c.bytes, ct, st.Totals.Bytes)
+	m(c.dropped, ct, st.Totals.Dropped)
+	m(c.reclaimed, ct, st.Totals.Reclaimed)
+	m(c.occ, g, st.Totals.Occupancy)
 	for _, k := range st.Consumers {
 		att := uint64(0)
 		if k.Attached {
 			att = 1
 		}
 		m(c.cAttached, g, att, k.Name)
+		m(c.cRing, g, uint64(k.Rings), k.Name)
 		m(c.cReceived, ct, k.Received, k.Name)
 		m(c.cDropped, ct, k.Dropped, k.Name)
 		m(c.cLag, g, k.Lag, k.Name)

@@ -40,7 +40,6 @@ func TestCaptureResults(t *testing.T) {
 	}
 	w, err := capture.RegisterWorker(attach(), capture.WorkerOptions{Capacity: 1 << 20})
 	require.NoError(t, err)
-	defer w.Close()
 	cons, err := capture.NewConsumer(attach(), capture.ConsumerOptions{Name: "fs"})
 	require.NoError(t, err)
 	root := t.TempDir()
@@ -82,10 +81,23 @@ func TestCaptureResults(t *testing.T) {
 	require.NoError(t, err)
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`shmsteer_capture_records_total{ring="1"} 1`, `shmsteer_capture_consumer_attached{consumer="fs"} 1`,
-		`shmsteer_capture_consumer_records_total{consumer="fs"} 1`, `shmsteer_capture_dropped_total{ring="1"} 0`} {
+	for _, want := range []string{"shmsteer_capture_records_total 1\n", `shmsteer_capture_consumer_attached{consumer="fs"} 1`,
+		`shmsteer_capture_consumer_records_total{consumer="fs"} 1`, "shmsteer_capture_dropped_total 0\n", "shmsteer_capture_rings 1\n"} {
 		require.Contains(t, string(metrics), want)
 	}
+
+	// The worker leaves: the totals keep its ring's counts.
+	w.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		_, st = f.get(t, "/v1/status")
+		if len(st["capture"].(map[string]any)["rings"].([]any)) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	capSt = st["capture"].(map[string]any)
+	require.Empty(t, capSt["rings"])
+	require.EqualValues(t, 1, capSt["totals"].(map[string]any)["records"])
+	require.EqualValues(t, 1, capSt["consumers"].([]any)[0].(map[string]any)["records_received"])
 
 	// The consumer leaves: a request captured while it was open ends with status error.
 	f.ok(t, "/v1/requests/admit", map[string]any{"request_id": "r2", "prompt_len": 2, "capture": spec})

@@ -98,11 +98,13 @@ func TestREADME(t *testing.T) {
 		}
 	}
 	blocks := readmeBlocks(t)
-	var service, files, library []string
+	var service, files, library, capture []string
 	for _, b := range blocks {
 		switch {
 		case b.section == "Run the owner as a service":
 			service = append(service, b.text)
+		case b.section == "Activation capture":
+			capture = append(capture, b.text)
 		case b.section == "Steering vectors from files":
 			files = append(files, b.text)
 		case b.section == "Use as a library":
@@ -115,7 +117,9 @@ func TestREADME(t *testing.T) {
 	require.Len(t, service, 4, "the service section's blocks: start, API calls, CLI, SIGTERM")
 	require.Len(t, files, 1, "the vector-file section's CLI block")
 	require.Len(t, library, 1, "the library section's clone and replace lines")
+	require.Len(t, capture, 3, "the capture section's blocks: start, admit to result, SIGTERM")
 	t.Run("library from a clone", func(t *testing.T) { readmeLibrary(t, library[0]) })
+	t.Run("activation capture", func(t *testing.T) { readmeCapture(t, strings.Join(capture, "")) })
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -200,4 +204,48 @@ func readmeLibrary(t *testing.T, block string) {
 	run(mod, "go build -o app .")
 	out := run(mod, "SHMSTEER_SECRET=readme-library APP_NAMESPACE=readme-"+strconv.Itoa(os.Getpid())+" ./app")
 	require.Contains(t, out, "key of r1: [0.5 0 0 0 0.5 0 0 0]")
+}
+
+// readmeCapture runs the capture section's blocks in one bash from the checkout, as the
+// service section's are run (a free port instead of 8678, the test's TMPDIR), and checks what
+// the reader is told to expect: the consumer attached, the result ok with the paths, the
+// sidecar's shape and positions, the metrics.
+func readmeCapture(t *testing.T, script string) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	l.Close()
+	script = strings.ReplaceAll(script, "127.0.0.1:8678", addr)
+	require.Equal(t, 0, strings.Count(script, "8678"), "every use of the port is the address")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail\ntrap 'kill -9 ${SERVE:-} ${CONSUMER:-} 2>/dev/null || true' EXIT\n"+script)
+	cmd.Dir = "../.."
+	env := []string{"TMPDIR=" + t.TempDir()}
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "SHMSTEER_") && !strings.HasPrefix(e, "TMPDIR=") {
+			env = append(env, e)
+		}
+	}
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	log := out.String()
+	require.NoError(t, err, "the README's capture blocks failed:\n%s", log)
+	for _, want := range []string{
+		`capture fs: attached as consumer "fs"`,
+		`"status":"ok","error":null,"payload":["`,
+		"/demo/r1/0_post_block.bin",
+		"3_post_block.json",
+		`"shape":[6,64]`,
+		`"positions":[0,1,2,3,4,5]`,
+		"shmsteer_capture_records_total 6",
+		"captureworker: stepped r1",
+		"capture fs: 1 requests (1 ok",
+	} {
+		require.Contains(t, log, want, "README capture run output")
+	}
 }
