@@ -75,7 +75,7 @@ type Hub struct {
 	// and per consumer name the slots it no longer reads (a ring gone, a connection closed).
 	goneRings RingStats
 	goneCons  map[string]slotTotals
-	wg       sync.WaitGroup
+	wg        sync.WaitGroup
 }
 
 type ticket struct {
@@ -624,10 +624,10 @@ type ConsumerStatus struct {
 	Type     string `json:"type"`
 	Attached bool   `json:"attached"`
 	PID      int    `json:"pid,omitempty"`
-	Rings    int    `json:"rings"` // rings it reads
+	Rings    int    `json:"rings"`            // rings it reads
 	Received uint64 `json:"records_received"` // since the hub started, over every ring
 	Dropped  uint64 `json:"records_dropped"`  // since the hub started, over every ring
-	Lag      uint64 `json:"lag_bytes"` // the most bytes it has not released on any ring
+	Lag      uint64 `json:"lag_bytes"`        // the most bytes it has not released on any ring
 	Pending  int    `json:"requests_pending"`
 }
 
