@@ -41,7 +41,9 @@
 //     worker's ring, now and as workers come, attaches a slot on each and tells the hub, which
 //     records the consumer's peer-credential pid in the slot (so a worker in the owner's PID
 //     namespace reclaims a dead consumer of another namespace) and frees its slots when its
-//     connection closes.
+//     connection closes. RegisterWorker returns once every consumer attached at the time has
+//     a slot on the new ring (the hub waits a bounded time for consumers that do not read),
+//     so what the worker captures from then on reaches them.
 //   - Consumer.Next is one stream per consumer: a captured request's begin (its spec and
 //     prompt length; Hub.Begin sends it before the admission returns, so before any step),
 //     its records as views of the ring (bitwise what the worker appended; records of requests
@@ -49,11 +51,13 @@
 //     of it. The consumer publishes its result (Publish); Hub.Result gives each declared
 //     consumer's {status, error, payload}: pending, ok, partial_error, error (also when the
 //     consumer leaves or dies before publishing, or was not attached at admission),
-//     not_requested. Hub.Status reads the rings' and the consumers' counters.
+//     not_requested. Hub.Status reads the rings' and the consumers' counters, with totals that
+//     keep the counts of rings whose worker left.
 //   - RunFilesystem is the filesystem consumer (`shmsteer capture fs`): each captured
 //     request's spec is decoded and resolved at its begin, its records written with
 //     RequestFiles, and at its end the paths published (ok; partial_error when records were
-//     dropped for it; error when its spec does not resolve or a write fails).
+//     dropped for it; error when its spec does not resolve or a write fails). per_file's
+//     Finish syncs all of a request's files at once (their fsyncs overlap).
 //
 // Where it differs from the fork: a tag or request id of exactly "." is refused too (it would
 // name the directory above); the fork's sharded layout is refused (ErrBadLayout); the fork's
@@ -80,13 +84,15 @@
 // What is not wired yet: the C ABI's and Python's hooks do not capture (and no GPU D2H path
 // exists); consumers have no global specs. serve runs a Hub with --capture-consumer; the C
 // ABI's shmsteer_capture_* and Python's shmsteer.capture are the consumer through it
-// (shmsteer_capture_serve makes a Python-hosted owner serve one). A consumer attaches to a
-// ring when it reads the hub's notice of it, so records a worker appends before that are not
-// seen by it.
+// (shmsteer_capture_serve makes a Python-hosted owner serve one). A consumer that attaches
+// while a request runs sees only the records appended after its slot exists (it gets no begin
+// for requests admitted before it attached, so it skips them).
 //
-// It must not import serve, mirror or bench; it imports steer only for ModelConfig and its hook
-// names. Start with FilesystemSpec.Resolve and RequestFiles; the tests' readers
+// It must not import serve, mirror or bench; it imports steer (ModelConfig, hook names, the
+// sink and admission types), ipc (a consumer's attach) and internal/proto (the ticket op). Start with FilesystemSpec.Resolve and RequestFiles; the tests' readers
 // (fsread_test.go in Go, testdata/fork_reader.py in NumPy) are written from the fork's
 // documented format, not from the writer. BenchmarkRingAppend compares a ring append with a
-// plain copy of the same bytes; BenchmarkCaptureHookCost a captured decode step with one.
+// plain copy of the same bytes; BenchmarkCaptureHookCost a captured decode step with one;
+// BenchmarkConsumerRead a Go consumer's read of a step with a copy of the same bytes;
+// BenchmarkFilesystemConsumer the filesystem consumer with dd to the same directory.
 package capture
