@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/shmsteer/shmsteer/internal/observe"
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/shm"
 )
@@ -69,7 +70,7 @@ func Open(o *ipc.Owner, opt Options) (*Registry, error) {
 	opened[o] = true
 	openedMu.Unlock()
 
-	k := &Registry{region: l.region, maxKey: maxKey, w: l, observers: &observers{}}
+	k := &Registry{region: l.region, maxKey: maxKey, w: l, observers: new(observe.List[Change])}
 	l.reg = k
 	serve(o, k)
 	l.wg.Add(1)
@@ -89,7 +90,7 @@ func Open(o *ipc.Owner, opt Options) (*Registry, error) {
 type local struct {
 	region *shm.Region
 	owner  *ipc.Owner
-	reg    *Registry // for notify
+	reg    *Registry // whose observers each write notifies
 	log    *slog.Logger
 	grace  time.Duration
 
@@ -131,7 +132,7 @@ func (l *local) set(id string, key []byte, opts writeOpts) error {
 		return err
 	}
 	l.purges.cancel(id)
-	l.reg.notify(Change{RequestID: id, Origin: opts.origin})
+	l.reg.observers.Notify(Change{RequestID: id, Origin: opts.origin})
 	return nil
 }
 
@@ -161,7 +162,7 @@ func (l *local) remove(id string, opts writeOpts) (err error) {
 	}
 	defer func() { // the key is gone from here on, whatever sentinel could be left
 		if err == nil {
-			l.reg.notify(Change{RequestID: id, Revoked: true, Origin: opts.origin})
+			l.reg.observers.Notify(Change{RequestID: id, Revoked: true, Origin: opts.origin})
 		}
 	}()
 	v, err := l.region.Update(func(tx *shm.Tx) error {

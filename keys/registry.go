@@ -3,8 +3,8 @@ package keys
 import (
 	"errors"
 	"fmt"
-	"sync"
 
+	"github.com/shmsteer/shmsteer/internal/observe"
 	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 )
@@ -39,7 +39,7 @@ type Registry struct {
 	maxKey int
 	w      writer // the owner's local writes or a worker's RPCs, chosen by Open or Attach
 
-	observers *observers // OnChange callbacks (owner; nil in a worker)
+	observers *observe.List[Change] // OnChange callbacks; notified by the owner's writer only
 }
 
 // writer carries a Registry's writes: *local writes the region under its lock (and schedules
@@ -90,47 +90,12 @@ func writeOptsOf(opts []Option) writeOpts {
 	return o
 }
 
-type observers struct {
-	mu sync.RWMutex
-	fs []*func(Change)
-}
-
 // OnChange registers fn to be called after every successful Set and Remove in the owner,
 // whichever process asked for it, in the order of the writes and with the registry's write lock
 // held: fn must be quick and must not write keys (a mirror enqueues the change and returns).
-// In a worker it is never called. The returned function removes fn.
-func (k *Registry) OnChange(fn func(Change)) (remove func()) {
-	p := &fn
-	o := k.observers
-	if o == nil {
-		return func() {}
-	}
-	o.mu.Lock()
-	o.fs = append(o.fs[:len(o.fs):len(o.fs)], p)
-	o.mu.Unlock()
-	return func() {
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		for i, q := range o.fs {
-			if q == p {
-				o.fs = append(o.fs[:i:i], o.fs[i+1:]...)
-				return
-			}
-		}
-	}
-}
-
-func (k *Registry) notify(c Change) {
-	if k.observers == nil {
-		return
-	}
-	k.observers.mu.RLock()
-	fs := k.observers.fs
-	k.observers.mu.RUnlock()
-	for _, f := range fs {
-		(*f)(c)
-	}
-}
+// In a worker it is never called (a worker's writes are announced in the owner). The returned
+// function removes fn.
+func (k *Registry) OnChange(fn func(Change)) (remove func()) { return k.observers.Add(fn) }
 
 // errOwnerOnly is the error of Origin or If in a worker.
 var errOwnerOnly = fmt.Errorf("%w: keys.Origin and keys.If apply in the owner only", shm.ErrBadConfig)

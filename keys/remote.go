@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/shmsteer/shmsteer/internal/observe"
 	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/ipc"
 )
@@ -34,7 +35,8 @@ func Attach(c *ipc.Client) (*Registry, error) {
 	if len(resp) != 4 {
 		return nil, fmt.Errorf("%w: key limits reply of %d bytes", ipc.ErrProtocol, len(resp))
 	}
-	return &Registry{region: c.Region(), maxKey: int(binary.LittleEndian.Uint32(resp)), w: remote{c}}, nil
+	return &Registry{region: c.Region(), maxKey: int(binary.LittleEndian.Uint32(resp)), w: remote{c},
+		observers: new(observe.List[Change])}, nil
 }
 
 // remote sends a worker's writes to the owner.

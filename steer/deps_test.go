@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A worker that imports only ipc and steer (testdata/minworker) must build without the tensor
+// A worker that imports only ipc, keys and steer (testdata/minworker) must build without the tensor
 // adapter's dependencies, and without the bench and plot ones.
 func TestWorkerDepsLean(t *testing.T) {
 	goTool, err := exec.LookPath("go")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/shmsteer/shmsteer/internal/observe"
 	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 )
@@ -47,7 +48,7 @@ type Engine struct {
 	deps     deps       // owner only: which sets reference which named vectors
 	gateConv gateConvs  // owner only: conversations' rest_of_conversation gates (gates_conv.go)
 
-	observers observers // OnChange callbacks (observe.go)
+	observers observe.List[Change] // OnChange callbacks (observe.go)
 }
 
 // VectorInfo identifies one version of a named vector.

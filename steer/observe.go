@@ -2,7 +2,6 @@ package steer
 
 import (
 	"errors"
-	"sync"
 
 	"github.com/shmsteer/shmsteer/shm"
 )
@@ -29,12 +28,6 @@ type Change struct {
 	Origin string
 }
 
-// observers holds an engine's OnChange callbacks.
-type observers struct {
-	mu sync.RWMutex
-	fs []*func(Change)
-}
-
 // OnChange registers fn to be called after every successful owner-side Register, Unregister or
 // SetGlobal (and the probe writes) of e, in the goroutine that made the write, once the write
 // is visible in the region and before the engine's write lock is released, so observers see
@@ -42,32 +35,9 @@ type observers struct {
 // must be quick and must not call the engine's writes (it would deadlock): a mirror enqueues
 // the change and returns. The returned function removes fn. Workers' writes reach fn through
 // the owner's Serve handlers, which make the same writes in the owner.
-func (e *Engine) OnChange(fn func(Change)) (remove func()) {
-	p := &fn
-	o := &e.observers
-	o.mu.Lock()
-	o.fs = append(o.fs[:len(o.fs):len(o.fs)], p)
-	o.mu.Unlock()
-	return func() {
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		for i, q := range o.fs {
-			if q == p {
-				o.fs = append(o.fs[:i:i], o.fs[i+1:]...)
-				return
-			}
-		}
-	}
-}
+func (e *Engine) OnChange(fn func(Change)) (remove func()) { return e.observers.Add(fn) }
 
-func (e *Engine) notify(c Change) {
-	e.observers.mu.RLock()
-	fs := e.observers.fs
-	e.observers.mu.RUnlock()
-	for _, f := range fs {
-		(*f)(c)
-	}
-}
+func (e *Engine) notify(c Change) { e.observers.Notify(c) }
 
 // Encoding returns the stored encoding (the steering wire format, see DecodeSteering) of the
 // entry a Change names, as of snapshot s, and the region version that wrote it; found is false

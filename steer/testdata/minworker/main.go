@@ -1,12 +1,15 @@
-// Command minworker is the smallest shmsteer worker: it imports only ipc and steer (no tensor
-// adapter). TestWorkerDepsLean checks that it builds without gorgonia and its dependencies.
+// Command minworker is the smallest shmsteer worker: it imports only ipc, keys and steer (no
+// tensor adapter). TestWorkerDepsLean checks that it builds without gorgonia and its
+// dependencies.
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/keys"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -17,6 +20,15 @@ func main() {
 		os.Exit(1)
 	}
 	defer client.Close()
+	reg, err := keys.Attach(client) // the request keys a step reads
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if _, err := reg.Get("r", nil); err != nil && !errors.Is(err, keys.ErrNotFound) {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	eng, err := steer.Open(client.Region(), nil, steer.Options{Caller: client})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
