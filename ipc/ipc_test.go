@@ -282,9 +282,10 @@ func TestRPCTimeout(t *testing.T) {
 	release := make(chan struct{})
 	o.Handle(400, func(req []byte) ([]byte, error) { <-release; return []byte("late"), nil })
 	o.Handle(401, func(req []byte) ([]byte, error) { return []byte("prompt"), nil })
-	opts := env.clientOpts()
-	opts.Timeout = 50 * time.Millisecond
-	c := attach(t, opts)
+	// Attach with the default timeout (a loaded machine can take longer than 50 ms to finish
+	// the handshake), then shorten the calls' timeout.
+	c := attach(t, env.clientOpts())
+	require.NoError(t, c.setTimeout(50*time.Millisecond))
 	_, err := c.Call(400, nil)
 	require.ErrorIs(t, err, ErrTimeout)
 	close(release)
