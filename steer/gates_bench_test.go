@@ -64,6 +64,42 @@ func median(x []float64) float64 {
 }
 
 func gatedDecodeStep(b *testing.B, gated bool) (func(), func()) {
+	st, batch, closeAll := gatedDecodeSetup(b, gated)
+	const d, layers = 4096, 32
+	hooks := st.e.cfg.NumHooks()
+	h := make([]float32, len(batch)*d)
+	vec := func(seed int) []float32 {
+		v := make([]float32, d)
+		for i := range v {
+			v[i] = float32((seed*31+i)%97)/97 - 0.5
+		}
+		return v
+	}
+	for i := range batch {
+		copy(h[i*d:], vec(i)) // rows whose probe scores differ
+	}
+	step := func() {
+		if err := st.Begin(0); err != nil {
+			b.Fatal(err)
+		}
+		for l := 0; l < layers; l++ {
+			for hk := 0; hk < hooks; hk++ {
+				if err := st.Apply(HookID(hk), l, h, batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		st.End()
+	}
+	step()
+	if gated && st.Stats().GateEvaluations == 0 {
+		b.Fatal("no gate evaluated")
+	}
+	return step, closeAll
+}
+
+// gatedDecodeSetup makes the benchmarks' engine, requests (gated or not) and Stepper.
+func gatedDecodeSetup(b *testing.B, gated bool) (*Stepper, []Span, func()) {
 	const d, layers, reqs = 4096, 32, 64
 	cfg := ModelConfig{Hidden: d, Layers: layers}
 	rc, err := RegionConfig(cfg, shm.Config{IndexSlots: 1 << 12, ArenaBytes: 448 << 20})
@@ -119,27 +155,85 @@ func gatedDecodeStep(b *testing.B, gated bool) (func(), func()) {
 			b.Fatal(err)
 		}
 	}
-	h := make([]float32, reqs*d)
-	for i := range reqs {
-		copy(h[i*d:], vec(i)) // rows whose probe scores differ
-	}
 	st := e.NewStepper()
-	step := func() {
-		if err := st.Begin(0); err != nil {
+	return st, batch, func() { st.Close(); r.Close() }
+}
+
+// BenchmarkGatedDecodeBatch is BenchmarkGatedDecode's step on the device path: the engine's
+// work per step of a device worker (Batch.Resolve of the 64 requests, then, when gated,
+// Report of their probe scores), ungated against gated (every request with the this_token
+// probe gate and the next_step attenuation), steady state (nothing to upload), alternating,
+// by the thread's CPU time. The device's own arithmetic (gather-adds, probe dots) is not in it:
+// python/benchmarks/device_step.py --gates times the whole step on CPU tensors.
+func BenchmarkGatedDecodeBatch(b *testing.B) {
+	plain, closePlain := gatedBatchStep(b, false)
+	defer closePlain()
+	gated, closeGated := gatedBatchStep(b, true)
+	defer closeGated()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu := func() time.Duration { // the thread's CPU clock (finer than getrusage's ticks)
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
 			b.Fatal(err)
 		}
-		for l := 0; l < layers; l++ {
-			for hk := 0; hk < hooks; hk++ {
-				if err := st.Apply(HookID(hk), l, h, batch); err != nil {
-					b.Fatal(err)
-				}
-			}
+		return time.Duration(ts.Nano())
+	}
+	timed := func(step func()) float64 {
+		t0 := cpu()
+		for range 20 {
+			step()
+		}
+		return float64(cpu()-t0) / 20
+	}
+	var tp, tg []float64
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n := 0; n < b.N; n++ {
+		if n%2 == 0 {
+			tp = append(tp, timed(plain))
+			tg = append(tg, timed(gated))
+		} else {
+			tg = append(tg, timed(gated))
+			tp = append(tp, timed(plain))
+		}
+	}
+	b.StopTimer()
+	mp, mg := median(tp), median(tg)
+	b.ReportMetric(mp, "ungated_cpu_ns/step")
+	b.ReportMetric(mg, "gated_cpu_ns/step")
+	b.ReportMetric(mg/mp, "gated/ungated")
+}
+
+func gatedBatchStep(b *testing.B, gated bool) (func(), func()) {
+	st, batch, closeAll := gatedDecodeSetup(b, gated)
+	bt, err := st.NewBatch(BatchOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	scores := make([]float32, len(batch)*2)
+	for i := range scores {
+		scores[i] = float32(i%3) - 1 // some rows fire
+	}
+	step := func() {
+		if err := bt.Resolve(0, batch, len(batch)); err != nil {
+			b.Fatal(err)
 		}
 		st.End()
+		if bt.AwaitsReport() {
+			if err := bt.Report(scores[:len(batch)*bt.Gates.Cols]); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
-	step()
-	if gated && st.Stats().GateEvaluations == 0 {
-		b.Fatal("no gate evaluated")
+	for range 3 { // the next_step pulses engage in the second step: steady from the third
+		step()
 	}
-	return step, func() { st.Close(); r.Close() }
+	if gated && bt.Gates.Cols != 2 {
+		b.Fatalf("gate columns %d, want 2", bt.Gates.Cols)
+	}
+	if len(bt.Updates) != 0 || len(bt.Gates.Updates) != 0 {
+		b.Fatal("not steady")
+	}
+	return step, closeAll
 }

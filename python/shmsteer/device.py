@@ -441,6 +441,7 @@ class GateTables:
         self.site = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
         self.site_host = np.full(capacity, -1, np.int64)  #: the probe site of each slot, on the host
         self.adds: Dict[int, torch.Tensor] = {}
+        self.adds_host: Dict[int, np.ndarray] = {}  #: per site, which slots' add rows are non-zero
         self.uploads = 0  #: gate slots and add rows written
         for st in sites:
             self.add_table(st)
@@ -464,6 +465,8 @@ class GateTables:
             out = torch.full((cap,) + tuple(t.shape[1:]), fill, dtype=t.dtype, device=self.device)
             out[: t.shape[0]] = t
             return out
+
+        self.adds_host = {k: np.concatenate((v, np.zeros(cap - len(v), bool))) for k, v in self.adds_host.items()}
 
         self.probe, self.thr, self.sharp, self.per_row = (grown(self.probe), grown(self.thr), grown(self.sharp),
                                                           grown(self.per_row))
@@ -490,8 +493,11 @@ class GateTables:
         a = g.adds
         if len(a):
             stage = torch.from_numpy(np.array(g.add_stage)).to(dev)
+            nonzero = np.asarray(g.add_stage).any(axis=1)
             for site in np.unique(a[:, 0]).tolist():
                 sel = np.flatnonzero(a[:, 0] == site)
+                nz = self.adds_host.setdefault(site, np.zeros(self.capacity, bool))
+                nz[a[sel, 1]] = nonzero[sel]
                 rows = torch.from_numpy(a[sel, 1].astype(np.int64)).to(dev)
                 self.add_table(site).index_copy_(0, rows, stage[torch.from_numpy(sel).to(dev)].to(self.dtype))
             self.uploads += len(a)

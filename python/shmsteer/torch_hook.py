@@ -98,12 +98,14 @@ class SteeringHooks:
         max_row_gates: probe gates one request of a step may carry (gate columns per row);
             default 4, and 0 in static mode, where every attached site does the gate columns'
             fixed work in the graph (a step needing more is BatchCapacityError).
+        gate_sites: static mode: the (hook, layer) sites whose gate work is in the graph (default:
+            every attached site); a step whose gates probe or add elsewhere is BatchCapacityError.
     """
 
     def __init__(self, handle: _Handle, force_device_path: bool = False, *, max_slots: int = 256,
                  max_clamps: int = 4, static: bool = False, max_tokens: int = 0, device: Any = None,
                  dtype: Optional[torch.dtype] = None, max_gate_slots: int = 64,
-                 max_row_gates: Optional[int] = None) -> None:
+                 max_row_gates: Optional[int] = None, gate_sites: Optional[Sequence[Tuple[str, int]]] = None) -> None:
         self._handle = handle
         self.hidden, self.layers, _ = handle.model
         self.stepper: Stepper = handle.stepper()
@@ -147,6 +149,8 @@ class SteeringHooks:
         self._greport = False  # the step awaits its scores (StepBatch.report)
         self._gsites: frozenset = frozenset()
         self._gprobe: Dict[int, List[int]] = {}  # site -> the columns probing there
+        self._gadd: Dict[int, List[int]] = {}  # site -> the columns adding there
+        self._guni: List[int] = []  # per column: its one gate slot when every row has it, else -1
         self._gidx: Optional[torch.Tensor] = None  # [n, cols] gate slots
         self._gpar: Optional[torch.Tensor] = None  # [3, n, cols]: threshold, sharpness, per_row
         self._gsite: Optional[torch.Tensor] = None  # [n, cols] probe sites
@@ -172,6 +176,9 @@ class SteeringHooks:
                 self._hbuf = torch.zeros(max_tokens, self.hidden, dtype=torch.float32, device=dev)
                 self._tbuf = torch.zeros(max_tokens, self.hidden, dtype=torch.float32, device=dev)
                 self._cbuf = torch.zeros(2, max_tokens, dtype=torch.float32, device=dev)
+            # The sites whose gate work is compiled in (None: every attached site).
+            self._sgsites: Optional[frozenset] = None if gate_sites is None else frozenset(
+                handle.hook_id(hk) * self.layers + layer for hk, layer in gate_sites)
             self._sgpending = False  # the last prepared step awaits its scores
             self._sgcols = 0
             if max_row_gates > 0:
@@ -214,7 +221,7 @@ class SteeringHooks:
             st = self._tables._site(site)
             if self.max_clamps > 0 and st.dirs is None:
                 self._tables._clamp_rows(st)
-            if self.max_row_gates > 0:
+            if self.max_row_gates > 0 and (self._sgsites is None or site in self._sgsites):
                 self._sgt.add_table(site)
                 self._sgsite_t[site] = torch.tensor(site, dtype=torch.int64, device=self._sgt.device)
             fn_apply = self._static_apply
@@ -326,7 +333,15 @@ class SteeringHooks:
             for site in np.unique(site_of[:, k]).tolist():
                 if site >= 0:
                     self._gprobe.setdefault(site, []).append(k)
+        self._gadd = {}
+        for site, nz in gt.adds_host.items():
+            ks = [k for k in range(g.cols) if nz[rows[:, k]].any()]
+            if ks:
+                self._gadd[site] = ks
         self._gsites = frozenset(g.sites.tolist())
+        # A column whose rows all read one slot (every row of the batch gated alike, the usual
+        # decode batch) takes a matrix-vector product and a broadcast add instead of gathers.
+        self._guni = [int(rows[0, k]) if n and (rows[:, k] == rows[0, k]).all() else -1 for k in range(g.cols)]
         idx = torch.from_numpy(rows).to(dev)
         self._gidx = idx
         flat = idx.view(-1)
@@ -345,6 +360,12 @@ class SteeringHooks:
         assert self._gsite is not None and self._ggate is not None and self._gscore is not None
         h = rows.float()
         for k in cols:
+            j = self._guni[k]
+            if j >= 0:  # every row reads slot j, which probes here
+                sc = torch.mv(h, self._gt.probe[j])
+                self._gscore[:, k] = sc
+                self._ggate[:, k] = torch.sigmoid(self._gpar[1, :, k] * (sc - self._gpar[0, :, k])) * self._gpar[2, :, k]
+                continue
             p = self._gt.probe.index_select(0, self._gidx[:, k])
             sc = (h * p).sum(1)
             m = self._gsite[:, k] == site
@@ -356,10 +377,12 @@ class SteeringHooks:
         """Eager, after the site's gather-add: add each column's gated add rows."""
         assert self._gt is not None and self._gidx is not None and self._ggate is not None
         a = self._gt.adds.get(site)
-        if a is None:
+        cols = self._gadd.get(site)
+        if a is None or not cols:
             return
-        for k in range(self._gcols):
-            add = a.index_select(0, self._gidx[:, k])
+        for k in cols:
+            j = self._guni[k]
+            add = a[j].unsqueeze(0) if j >= 0 else a.index_select(0, self._gidx[:, k])
             w = self._ggate[:, k : k + 1]
             if rows.dtype is torch.float32:
                 rows.addcmul_(w, add)
@@ -507,6 +530,11 @@ class SteeringHooks:
         self._sidx.copy_(self._sidx_host, non_blocking=True)
         g = res.gates
         self._sgpending, self._sgcols = g.report, g.cols
+        if g.cols and self._sgsites is not None and not self._sgsites.issuperset(g.sites.tolist()):
+            from .errors import BatchCapacityError
+            out = sorted(set(g.sites.tolist()) - self._sgsites)
+            raise BatchCapacityError(f"shmsteer: the step's gates probe or add at sites {out} (hook_id * layers + layer), "
+                                     "outside the static gate_sites: add them to gate_sites")
         if self.max_row_gates > 0:
             gt = self._sgt
             gt.update(g)
@@ -587,11 +615,12 @@ class SteeringHooks:
         if views is None:  # once per captured batch size: views of the static buffers
             views = self._views[n] = (self._sidx[:n], self._gbuf[:n])
         idx, g = views
-        if self.max_row_gates > 0:
+        gated = self.max_row_gates > 0 and site in self._sgt.adds
+        if gated:
             self._static_gate_probe(rows, site, n)
         torch.index_select(st.vec, 0, idx, out=g)
         rows.add_(g)
-        if self.max_row_gates > 0:
+        if gated:
             self._static_gate_add(rows, site, n)
         if self.max_clamps <= 0 or st.dirs is None or st.params is None:
             return

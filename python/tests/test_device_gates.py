@@ -259,3 +259,25 @@ def test_c_admit_takes_the_forks_packed_inline_source(owner):
     bad = dict(probe, probe={"kind": "inline", "packed": {"post_block": dict(packed(1, _unit(0)), dtype="int8")}})
     with pytest.raises(errors.BadGateError, match="dtype 'int8'"):
         admit("bad", [{"when": bad, "scope": "next_step", "apply": {"kind": "attenuate", "strength": 0.5}}])
+
+
+def test_static_gate_sites(owner):
+    """Static gate work only at the declared gate_sites: the same result as at every site, and a
+    step whose gates reach outside them is BatchCapacityError."""
+    owner.admit("r", override=_own_steering(), steering=[{"when": PROBE, "scope": "this_token", "apply": ADD}])
+    nat, cn = _hooks(owner, "native", torch.float32, 2)
+    owner.register_vector("s12", [("post_block", l, 1.0, _unit(1)) for l in (1, 2)])
+    owner.admit("r", override=_own_steering(), steering=[
+        {"when": PROBE, "scope": "this_token", "apply": {"kind": "add", "steer": {"kind": "name", "name": "s12"}, "strength": 2}}])
+    h = SteeringHooks(owner, static=True, max_tokens=2, device="cpu", dtype=torch.float32, max_row_gates=1,
+                      gate_sites=[("post_block", 1), ("post_block", 2)])
+    chain = Chain()
+    for l, m in enumerate(chain.points):
+        h.attach(m, "post_block", l)
+    assert sorted(h._sgt.adds) == [owner.hook_id("post_block") * LAYERS + l for l in (1, 2)]
+    x = _input(MIXED, torch.float32)
+    torch.testing.assert_close(_run(h, chain, x, [("r", 0, 2, "decode")]), _run(nat, cn, x, [("r", 0, 2, "decode")]), rtol=0, atol=1e-5)
+    h2 = SteeringHooks(owner, static=True, max_tokens=2, device="cpu", dtype=torch.float32, max_row_gates=1,
+                       gate_sites=[("post_block", 1)])
+    with pytest.raises(BatchCapacityError, match="gate_sites"):
+        h2.prepare([("r", 0, 2, "decode")])
