@@ -166,17 +166,25 @@ SHMSTEER_API void *shmsteer_key_buffer(void) {
   return t ? t->keybuf : NULL;
 }
 
-SHMSTEER_API int64_t shmsteer_key_get_tls(shmsteer_t *h, const char *id) {
+int capi_fast_get(uint64_t h, const char *id, size_t id_len, void *buf, size_t cap, size_t *len);
+
+// The _tls gets: the key into the thread's buffer; through a reader (reader = 1), the C reader
+// first.
+static int64_t shmsteer_get_tls(uint64_t h, const char *id, int reader) {
   if (__builtin_expect(atomic_load_explicit(&shmsteer_forked, memory_order_relaxed), 0))
     return -(int64_t)shmsteer_forked_error();
   shmsteer_tls *t = shmsteer_tls_get();
   if (t == NULL) return -(int64_t)SHMSTEER_E_OTHER;
   t->errmsg[0] = 0;
-  if (id == NULL) return -(int64_t)shmsteerGo_key_get(H(h), NULL, 1, NULL, 0, NULL);
-  size_t n = 0;
-  int rc = shmsteerGo_key_get(H(h), (char *)id, strlen(id), t->keybuf, sizeof t->keybuf, &n);
+  int (*get)(uint64_t, char *, size_t, void *, size_t, size_t *) = reader ? shmsteerGo_reader_key_get : shmsteerGo_key_get;
+  if (id == NULL) return -(int64_t)get(h, NULL, 1, NULL, 0, NULL);
+  size_t n = 0, idl = strlen(id);
+  if (reader && capi_fast_get(h, id, idl, t->keybuf, sizeof t->keybuf, &n)) return (int64_t)n;
+  int rc = get(h, (char *)id, idl, t->keybuf, sizeof t->keybuf, &n);
   return rc ? -(int64_t)rc : (int64_t)n;
 }
+
+SHMSTEER_API int64_t shmsteer_key_get_tls(shmsteer_t *h, const char *id) { return shmsteer_get_tls(H(h), id, 0); }
 
 SHMSTEER_API int shmsteer_key_set(shmsteer_t *h, const char *id, size_t id_len, const void *key,
                                   size_t key_len) {
@@ -199,17 +207,40 @@ SHMSTEER_API int shmsteer_reader_open(shmsteer_t *h, shmsteer_reader_t **out) {
   OUT_HANDLE(shmsteer_reader_t, shmsteerGo_reader_open(H(h), &hv), out);
 }
 
+// The C reader (keys_fast.c) answers the common case without entering Go; the rest goes to Go.
 SHMSTEER_API int shmsteer_reader_key_get(shmsteer_reader_t *r, const char *id, size_t id_len, void *buf,
                                          size_t cap, size_t *len) {
   ENTER();
+  if ((buf != NULL || cap == 0) && cap <= INT32_MAX && capi_fast_get(H(r), id, id_len, buf, cap, len))
+    return SHMSTEER_OK;
   return shmsteerGo_reader_key_get(H(r), (char *)id, id_len, buf, cap, len);
+}
+
+SHMSTEER_API int64_t shmsteer_reader_key_get_tls(shmsteer_reader_t *r, const char *id) {
+  return shmsteer_get_tls(H(r), id, 1);
 }
 
 SHMSTEER_API int shmsteer_reader_close(shmsteer_reader_t *r) { ENTER(); return shmsteerGo_reader_close(H(r)); }
 
+int capi_fast_known(uint64_t h);
+
+// A registered reader's items go to the C reader one by one, and only those it does not answer
+// to the engine, each as shmsteer_reader_key_get would send it; anything else (a bad handle,
+// items NULL) is the engine's whole call, as before.
 SHMSTEER_API int shmsteer_reader_key_get_many(shmsteer_reader_t *r, shmsteer_key_get_item *items, size_t n) {
   ENTER();
-  return shmsteerGo_reader_key_get_many(H(r), items, n);
+  if (items == NULL || n > INT32_MAX || !capi_fast_known(H(r)))
+    return shmsteerGo_reader_key_get_many(H(r), items, n);
+  for (size_t i = 0; i < n; i++) {
+    shmsteer_key_get_item *it = &items[i];
+    if ((it->buf != NULL || it->cap == 0) && it->cap <= INT32_MAX &&
+        capi_fast_get(H(r), it->id, it->id_len, it->buf, it->cap, &it->len)) {
+      it->rc = SHMSTEER_OK;
+      continue;
+    }
+    it->rc = shmsteerGo_reader_key_get(H(r), (char *)it->id, it->id_len, it->buf, it->cap, &it->len);
+  }
+  return SHMSTEER_OK;
 }
 
 SHMSTEER_API int shmsteer_snapshot_open(shmsteer_t *h, uint64_t version, shmsteer_snapshot_t **out,

@@ -36,6 +36,8 @@ func TestMain(m *testing.M) {
 		os.Exit(runOwnerRole())
 	case "capture":
 		os.Exit(runCaptureRole())
+	case "keywriter":
+		os.Exit(runKeyWriterRole())
 	}
 	os.Exit(m.Run())
 }

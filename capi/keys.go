@@ -146,6 +146,7 @@ func shmsteerGo_reader_open(h C.uint64_t, out *C.uint64_t) C.int {
 		kr.Close()
 		return rc
 	}
+	fastRegister(uint64(*out), kr.Descriptor())
 	return C.SHMSTEER_OK
 }
 
@@ -169,6 +170,7 @@ func shmsteerGo_reader_close(h C.uint64_t) C.int {
 	if !ok || !handles.remove(uint64(h)) {
 		return badHandle("shmsteer_reader_close")
 	}
+	fastUnregister(uint64(h))
 	if err := r.kr.Close(); err != nil {
 		return fail(err)
 	}

@@ -331,10 +331,15 @@ int64_t shmsteer_key_get_tls(shmsteer_t *h, const char *id);
 void *shmsteer_key_buffer(void); /* the calling thread's buffer; NULL only when out of memory */
 
 /* A reader owns a reader slot: the fastest key path for one thread (no slot compare-and-swap).
- * Free it with shmsteer_reader_close. */
+ * Free it with shmsteer_reader_close. Its gets of a live key that fits the buffer are answered
+ * in C, without entering the Go runtime, by a reader generated from the engine's layout table;
+ * every other case (revoked, not found, too small, ...) is answered by the engine as before,
+ * with the same results. */
 int shmsteer_reader_open(shmsteer_t *h, shmsteer_reader_t **out);
 int shmsteer_reader_key_get(shmsteer_reader_t *r, const char *id, size_t id_len, void *buf,
                             size_t cap, size_t *len); /* as shmsteer_key_get */
+/* shmsteer_key_get_tls through a reader: the key in the thread's key buffer, as there. */
+int64_t shmsteer_reader_key_get_tls(shmsteer_reader_t *r, const char *id);
 int shmsteer_reader_close(shmsteer_reader_t *r);
 
 /* One key of a shmsteer_reader_key_get_many call: the caller fills id/id_len (the request id)
@@ -350,9 +355,9 @@ typedef struct {
   int rc;
 } shmsteer_key_get_item;
 
-/* Gets the keys of n ids through r in one call into the engine, so the cost of entering it is
- * paid once per batch (a step's requests, say) rather than once per key; each item's result is
- * exactly that of shmsteer_reader_key_get for it. Returns SHMSTEER_OK when every item has its
+/* Gets the keys of n ids through r, each answered as shmsteer_reader_key_get answers it (in C
+ * for a live key that fits, else by the engine); each item's result is exactly that of
+ * shmsteer_reader_key_get for it. Returns SHMSTEER_OK when every item has its
  * own rc (some may have failed: check each; the thread's last error message is that of the last
  * item that failed), or an error for the call itself (a bad handle, items NULL with n > 0),
  * which sets no item. */

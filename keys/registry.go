@@ -20,7 +20,7 @@ const Kind shm.Kind = proto.KindKey
 const MaxRequestIDLen = 256
 
 const (
-	stateLive    byte = 1
+	stateLive    byte = proto.KeyStateLive // capi's C reader copies out only values ending in it
 	stateRevoked byte = 2
 )
 
@@ -201,6 +201,10 @@ func (kr *Reader) Get(requestID string, dst []byte) ([]byte, error) {
 
 // Close gives the Reader's slot back; shm.ErrClosed if it was already closed.
 func (kr *Reader) Close() error { return kr.rd.Close() }
+
+// Descriptor is the Reader's shm.Reader descriptor (shm.Reader.Descriptor), through which the
+// C ABI's C reader gets keys without entering Go; valid until Close.
+func (kr *Reader) Descriptor() uintptr { return kr.rd.Descriptor() }
 
 // Remove revokes requestID's key: from now on Get returns ErrRevoked, and the owner purges
 // the sentinel after the grace period (after which Get returns ErrNotFound). Removing a

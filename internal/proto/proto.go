@@ -21,6 +21,9 @@ const (
 	// KindKey: the key registry (package keys). Key: request id; value: key bytes followed by
 	// one state byte. A revoked id has no value but a mark under this kind.
 	KindKey = 1
+	// KeyStateLive is the state byte that ends a live key's value under KindKey (capi's C
+	// reader copies out only values that end in it and leaves every other entry to Go).
+	KeyStateLive = 1
 
 	// KindVector .. KindComposedGlobal: steering (package steer), block 16–31.
 	KindVector         = 16 // named steering sets, key = name

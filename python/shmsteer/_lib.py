@@ -86,6 +86,8 @@ def _load() -> ctypes.CDLL:
         "shmsteer_version": (c_int, [h, P(c_uint64)]),
         "shmsteer_status_json": (c_int, [h, c_void_p, c_size_t, P(c_size_t)]),
         "shmsteer_key_get": (c_int, [h, c_char_p, c_size_t, c_void_p, c_size_t, P(c_size_t)]),
+        "shmsteer_reader_open": (c_int, [h, P(h)]),
+        "shmsteer_reader_close": (c_int, [h]),
         "shmsteer_key_set": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t]),
         "shmsteer_key_remove": (c_int, [h, c_char_p, c_size_t]),
         "shmsteer_key_list_json": (c_int, [h, c_void_p, c_size_t, P(c_size_t)]),
@@ -135,6 +137,7 @@ lib = _load()
 fast = ctypes.PyDLL(lib._name)
 fast.shmsteer_key_get.restype = c_int
 fast.shmsteer_key_get_tls.restype = c_int64
+fast.shmsteer_reader_key_get_tls.restype = c_int64
 lib.shmsteer_key_buffer.restype = c_void_p
 lib.shmsteer_key_buffer.argtypes = []
 KEY_BUFFER_BYTES = 8192

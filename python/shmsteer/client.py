@@ -564,6 +564,22 @@ def _gates_for_abi(steering: Any) -> Any:
     return gates
 
 
+class _ThreadReader:
+    """A thread's shmsteer_reader_t: its reader slot goes back when the thread's local state
+    goes (the thread ends, or the Keys object is collected)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: c_void_p) -> None:
+        self.handle = handle
+
+    def __del__(self) -> None:
+        try:
+            lib.shmsteer_reader_close(self.handle)
+        except Exception:  # interpreter shutdown: the process is ending anyway
+            pass
+
+
 class Keys(MutableMapping):
     """The key registry as a mapping ``request id -> key bytes``.
 
@@ -579,10 +595,17 @@ class Keys(MutableMapping):
         self._local = threading.local()
 
     def _state(self) -> Tuple[Any, ...]:
-        """This thread's pre-converted call arguments (the key get is the hot path): the handle,
-        the get function and a view of this thread's C key buffer."""
+        """This thread's pre-converted call arguments (the key get is the hot path): a reader of
+        this thread's own (a reader slot, whose gets of live keys the library answers in C without
+        entering its Go runtime), the get function and a view of this thread's C key buffer.
+        Without a free reader slot it reads through the handle's shared slots instead."""
         buf = (ctypes.c_char * _lib.KEY_BUFFER_BYTES).from_address(lib.shmsteer_key_buffer())
-        st = self._local.st = (c_void_p(self._parent.handle), _lib.fast.shmsteer_key_get_tls, buf)
+        r = c_void_p()
+        if lib.shmsteer_reader_open(self._parent.handle, byref(r)) == 0:
+            self._local.reader = _ThreadReader(r)
+            st = self._local.st = (r, _lib.fast.shmsteer_reader_key_get_tls, buf)
+        else:
+            st = self._local.st = (c_void_p(self._parent.handle), _lib.fast.shmsteer_key_get_tls, buf)
         return st
 
     def __getitem__(self, request_id: Union[str, bytes]) -> bytes:
