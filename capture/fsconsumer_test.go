@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -39,7 +40,9 @@ func TestFilesystemConsumerLayouts(t *testing.T) {
 	go func() {
 		done <- RunFilesystem(ctx, c, FSConsumerOptions{Root: root, Config: testCfg, FS: FSOptions{NoFsync: true}}, &stats)
 	}()
-	defer func() { cancel(); <-done }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	defer stop()
 	py := "/usr/bin/python3"
 	havePy := exec.Command(py, "-c", "import numpy").Run() == nil
 	steps := []step{{0, 3}, {3, 2}, {5, 1}, {6, 1}}
@@ -109,11 +112,12 @@ func TestFilesystemConsumerLayouts(t *testing.T) {
 			}
 		}
 	}
-	if stats.OK != 6 || stats.Requests != 6 {
-		t.Fatalf("stats %+v", stats)
-	}
 	// A spec that does not resolve (a hook the model lacks) ends with status error.
 	e.hub.Begin("bad", map[string]json.RawMessage{"fs": json.RawMessage(`{"request_id": "b", "tag": "t", "hooks": {"nope": "all"}}`)}, 5)
 	e.hub.End("bad")
 	waitFor(t, "the bad request's result", func() bool { r, _ := e.hub.Result("bad"); return r["fs"].Status == StatusError })
+	stop() // the consumer's goroutine writes stats
+	if stats.OK != 6 || stats.Failed != 1 || stats.Requests != 7 {
+		t.Fatalf("stats %+v", stats)
+	}
 }
