@@ -295,3 +295,24 @@ func TestRPCTimeout(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "prompt", string(got))
 }
+
+// OnClose's functions run in Close, in the order registered, after the last handler returned
+// and before the region is unmapped (they can still read it); registered after Close, a
+// function runs at once.
+func TestOnClose(t *testing.T) {
+	env := newTestEnv()
+	o := newTestOwner(t, env.ownerOpts())
+	_, err := o.Region().Put(storeKind, "k", []byte("v"))
+	require.NoError(t, err)
+	var order []string
+	o.OnClose(func() {
+		_, err := o.Region().Get(storeKind, "k", nil)
+		order = append(order, fmt.Sprint("first, region readable: ", err == nil))
+	})
+	o.OnClose(func() { order = append(order, "second") })
+	require.Empty(t, order)
+	require.NoError(t, o.Close())
+	require.Equal(t, []string{"first, region readable: true", "second"}, order)
+	o.OnClose(func() { order = append(order, "late") })
+	require.Equal(t, []string{"first, region readable: true", "second", "late"}, order)
+}

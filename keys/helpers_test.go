@@ -306,3 +306,5 @@ func benchKeys(n int) []string {
 	}
 	return ids
 }
+
+func sprintf(format string, a ...any) string { return fmt.Sprintf(format, a...) }
