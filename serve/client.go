@@ -157,6 +157,11 @@ func (cs *ClientSession) VectorShow(w io.Writer, name string) error {
 		return err
 	}
 	fmt.Fprintf(w, "name %s\nversion %d\ndigest %s\n", nv.Name, nv.Version, hex.EncodeToString(nv.Digest[:]))
+	if m, err := cs.Engine.VectorMeta(&snap, name); err != nil {
+		return err
+	} else if m.ModelHint != "" {
+		fmt.Fprintf(w, "model_hint %s\n", m.ModelHint)
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOOK\tLAYER\tSCALE\tNORM")
 	for _, v := range nv.Vectors {
