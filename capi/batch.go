@@ -87,7 +87,8 @@ func shmsteerGo_batch_sites(h C.uint64_t, sites *C.int32_t, n C.size_t) C.int {
 	return C.SHMSTEER_OK
 }
 
-// goSpans converts C spans to the stepper's reusable slice, interning ids.
+// goSpans converts C spans to the stepper's reusable slice, interning ids (a negative
+// first_position is the stepper's BAD_BATCH).
 func goSpans(st *stepper, dst []steer.Span, spans *C.shmsteer_span, nSpans C.size_t) ([]steer.Span, C.int) {
 	dst = dst[:0]
 	if spans == nil && nSpans > 0 || uint64(nSpans) > math.MaxInt32 {
@@ -103,7 +104,7 @@ func goSpans(st *stepper, dst []steer.Span, spans *C.shmsteer_span, nSpans C.siz
 		if !ok || c.start < 0 || c.end < 0 || c.start > math.MaxInt32 || c.end > math.MaxInt32 {
 			return dst, badArg(fmt.Sprintf("span %d", i))
 		}
-		dst = append(dst, steer.Span{ID: st.intern(idb), Start: int(c.start), End: int(c.end), Phase: steer.Phase(c.phase)})
+		dst = append(dst, steer.Span{ID: st.intern(idb), Start: int(c.start), End: int(c.end), Phase: steer.Phase(c.phase), Pos: int(c.first_position)})
 	}
 	return dst, C.SHMSTEER_OK
 }

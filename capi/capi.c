@@ -469,3 +469,30 @@ SHMSTEER_API int shmsteer_capture_result_json(shmsteer_t *owner, const char *req
   ENTER();
   return shmsteerGo_capture_result_json(H(owner), (char *)request_id, request_id_len, buf, cap, len);
 }
+
+SHMSTEER_API int shmsteer_stepper_capture_start(shmsteer_stepper_t *st, const shmsteer_capture_options *opt) {
+  ENTER();
+  return shmsteerGo_stepper_capture_start(H(st), (shmsteer_capture_options *)opt);
+}
+
+SHMSTEER_API int shmsteer_stepper_capture_stop(shmsteer_stepper_t *st) {
+  ENTER();
+  return shmsteerGo_stepper_capture_stop(H(st));
+}
+
+SHMSTEER_API int shmsteer_stepper_capture(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, const void *rows,
+                                          size_t n_bytes, int32_t dtype, const shmsteer_span *spans, size_t n_spans) {
+  ENTER();
+  return shmsteerGo_stepper_capture(H(st), hook, layer, (void *)rows, n_bytes, dtype, (shmsteer_span *)spans, n_spans);
+}
+
+SHMSTEER_API int shmsteer_batch_capture_plan_get(shmsteer_batch_t *b, shmsteer_batch_capture_plan *out) {
+  ENTER();
+  return shmsteerGo_batch_capture_plan(H(b), out);
+}
+
+SHMSTEER_API int shmsteer_batch_capture(shmsteer_batch_t *b, int32_t site, int32_t dtype, const void *data,
+                                        size_t n_bytes) {
+  ENTER();
+  return shmsteerGo_batch_capture(H(b), site, dtype, (void *)data, n_bytes);
+}

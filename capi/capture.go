@@ -242,12 +242,20 @@ func shmsteerGo_capture_serve(h C.uint64_t, consumers *C.char) C.int {
 		}
 		decl[name] = typ
 	}
+	validators, err := capture.Validators(decl)
+	if err != nil {
+		return fail(err)
+	}
 	hub, err := capture.NewHub(capture.HubOptions{Consumers: decl, Logger: quietLogger()})
 	if err != nil {
 		return fail(err)
 	}
-	hub.Serve(func(op uint16, hf func([]byte) ([]byte, error)) { o.Handle(op, hf) })
-	inst.hub = hub
+	ops := map[uint16]func([]byte) ([]byte, error){}
+	hub.Serve(func(op uint16, hf func([]byte) ([]byte, error)) { o.Handle(op, hf); ops[op] = hf })
+	inst.hub, inst.hubOps = hub, ops
+	if inst.eng != nil {
+		inst.eng.SetCaptureConsumers(validators) // admissions may name them from now on
+	}
 	return C.SHMSTEER_OK
 }
 

@@ -38,6 +38,9 @@ type instance struct {
 	cfg     steer.ModelConfig
 	ownerPD int
 	hub     *capture.Hub // the owner's capture hub (shmsteer_capture_serve); nil without
+	// hubOps are the hub's RPC handlers, which an owner's own steppers call in process to
+	// register their capture rings (shmsteer_stepper_capture_start).
+	hubOps map[uint16]func([]byte) ([]byte, error)
 }
 
 // side is the process's end of the region: the owner, or a client attached to it.

@@ -509,6 +509,10 @@ typedef struct {
   size_t id_len;
   int64_t start, end;
   int32_t phase;
+  int32_t first_position; /* the absolute token position of row start (the request's tokens
+                             computed before this step); capture's position selectors read it.
+                             It fills what was padding: zero-initialise spans ({0} or designated
+                             initializers), as older callers' 0 means position 0. */
 } shmsteer_span;
 
 /* A stepper (steer.Stepper) caches each request's composed steering in private memory. One
@@ -657,6 +661,55 @@ int shmsteer_batch_resolve(shmsteer_batch_t *b, uint64_t version, const shmsteer
  * (a step never reported counts as gate_reports_missed, its probes as not fired). NO_STEP when no
  * step awaits its scores, SHAPE for a wrong n; nothing changes then. */
 int shmsteer_batch_report(shmsteer_batch_t *b, const float *scores, size_t n, uint64_t *gate_checksum);
+
+/* ---- Activation capture at the hooks (workers; package capture's ring) ----
+ *
+ * A stepper that captures copies, at each hooked site and before steering it, the rows the
+ * step's admitted requests capture (their consumers' position selectors read each span's
+ * first_position) into this worker's capture ring, one record per (site, request) per step;
+ * consumers read the ring (shmsteer_capture_attach). shmsteer_stepper_apply captures the
+ * float32 blocks it steers; shmsteer_stepper_capture takes a block of another dtype (a site is
+ * captured once per step); a device worker gathers the rows its batch's capture plan lists
+ * (shmsteer_batch_capture_plan) and hands each site's back (shmsteer_batch_capture). */
+typedef struct {
+  uint64_t ring_bytes; /* the ring's data bytes (a record takes at most half); 0: 64 MiB */
+  int64_t wait_ns;     /* the longest a record waits for a lagging block consumer; 0: 10 ms */
+  int32_t rank;        /* this process's tensor-parallel rank */
+  int32_t writer_rank; /* the one rank that writes (the residual is the same on every rank): 0 */
+} shmsteer_capture_options;
+
+/* Start capturing at st's hooks: a ring of its own, registered with the owner's hub (the
+ * owner's own steppers in process). opt NULL: defaults, rank 0. A rank other than writer_rank
+ * makes no ring and captures nothing. NO_HUB when the owner serves no capture; INVALID_ARGUMENT
+ * for a negative rank or wait. Starting again replaces the ring. */
+int shmsteer_stepper_capture_start(shmsteer_stepper_t *st, const shmsteer_capture_options *opt);
+/* Stop capturing; the ring is closed (consumers are told it is gone). */
+int shmsteer_stepper_capture_stop(shmsteer_stepper_t *st);
+/* Capture (hook, layer)'s rows of rows[0:n_bytes], a row-major T x hidden block of dtype
+ * SHMSTEER_CAPTURE_F32, _BF16 or _F16 (raw little-endian elements), before steering it. Nothing
+ * happens unless st captures; arguments are checked as shmsteer_stepper_apply's (NO_STEP,
+ * SHAPE, UNKNOWN_HOOK, LAYER_RANGE, BAD_BATCH). A ring that drops a record does not fail it. */
+int shmsteer_stepper_capture(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, const void *rows,
+                             size_t n_bytes, int32_t dtype, const shmsteer_span *spans, size_t n_spans);
+
+/* A batch's capture plan of its last resolve: the sites whose rows to copy (ascending), and
+ * for sites[i] the block rows rows[start[i]:start[i+1]] (grouped per request). Every pointer
+ * is valid until the next resolve or free, NULL when n_sites is 0 (nothing to capture). */
+typedef struct {
+  const int32_t *sites;
+  size_t n_sites;
+  const int32_t *start; /* n_sites + 1 */
+  const int32_t *rows;
+  size_t n_rows;
+} shmsteer_batch_capture_plan;
+
+int shmsteer_batch_capture_plan_get(shmsteer_batch_t *b, shmsteer_batch_capture_plan *out);
+/* Hand back site's gathered rows: data holds exactly the rows the plan lists for site, in that
+ * order, of dtype SHMSTEER_CAPTURE_* (n_bytes = rows x hidden x element size), copied before
+ * the site's steering add (on a GPU: one device-to-host copy into pinned memory). Valid from a
+ * resolve until the next (the step may have ended). SHAPE for another length, LAYER_RANGE for a
+ * site out of range. */
+int shmsteer_batch_capture(shmsteer_batch_t *b, int32_t site, int32_t dtype, const void *data, size_t n_bytes);
 
 /* ---- Activation capture consumers (package capture) ----
  *

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/shmsteer/shmsteer/capture"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -141,6 +142,10 @@ type admissionJSON struct {
 	// Steering is the fork's declarative gates (steer.DecodeGates), inline sources in the C
 	// ABI's vector form (gateUnpack).
 	Steering json.RawMessage `json:"steering"`
+	// Capture is the request's activation capture, {consumer: spec} (capture.DecodeRequest),
+	// and PromptLen its prompt's length in tokens.
+	Capture   json.RawMessage `json:"capture"`
+	PromptLen int             `json:"prompt_len"`
 }
 
 //export shmsteerGo_request_admit_json
@@ -163,7 +168,17 @@ func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js 
 	if err != nil {
 		return fail(err)
 	}
-	adm := steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override, Gates: gates}
+	if a.PromptLen < 0 {
+		return badArg(fmt.Sprintf("prompt_len %d is negative", a.PromptLen))
+	}
+	var caps map[string]json.RawMessage
+	if len(a.Capture) > 0 {
+		if caps, err = capture.DecodeRequest(a.Capture); err != nil {
+			return fail(err)
+		}
+	}
+	adm := steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override, Gates: gates,
+		Capture: caps, PromptLen: a.PromptLen}
 	ad, err := inst.eng.Admit(adm)
 	if err == nil && inst.hub != nil && len(adm.Capture) > 0 {
 		inst.hub.Begin(adm.RequestID, adm.Capture, adm.PromptLen) // before the admission returns

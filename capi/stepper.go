@@ -15,10 +15,12 @@ import (
 	"runtime"
 	"unsafe"
 
+	"github.com/shmsteer/shmsteer/capture"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
 type stepper struct {
+	capw  *capture.Worker // its capture ring (shmsteer_stepper_capture_start); nil: none
 	inst  *instance
 	st    *steer.Stepper
 	spans []steer.Span
@@ -44,6 +46,9 @@ func shmsteerGo_stepper_free(h C.uint64_t) C.int {
 		return badHandle("shmsteer_stepper_free")
 	}
 	st.st.Close()
+	if st.capw != nil {
+		st.capw.Close()
+	}
 	return C.SHMSTEER_OK
 }
 
@@ -146,18 +151,9 @@ func shmsteerGo_stepper_apply(h C.uint64_t, hook C.uint32_t, layer C.int32_t, ro
 	if (rows == nil && nFloats > 0) || (spans == nil && nSpans > 0) || uint64(nFloats) > math.MaxInt || uint64(nSpans) > math.MaxInt32 || hook > math.MaxUint16 {
 		return badArg("rows, spans or hook")
 	}
-	var cs []C.shmsteer_span
-	if nSpans > 0 {
-		cs = unsafe.Slice(spans, int(nSpans))
-	}
-	st.spans = st.spans[:0]
-	for i := range cs {
-		c := &cs[i]
-		idb, ok := cbytes(unsafe.Pointer(c.id), c.id_len)
-		if !ok || c.start < math.MinInt32 || c.end > math.MaxInt32 || c.start < 0 || c.end < 0 {
-			return badArg(fmt.Sprintf("span %d", i))
-		}
-		st.spans = append(st.spans, steer.Span{ID: st.intern(idb), Start: int(c.start), End: int(c.end), Phase: steer.Phase(c.phase)})
+	var rc2 C.int
+	if st.spans, rc2 = goSpans(st, st.spans, spans, nSpans); rc2 != C.SHMSTEER_OK {
+		return rc2
 	}
 	var h32 []float32
 	if nFloats > 0 {

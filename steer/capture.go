@@ -179,6 +179,15 @@ func (e *Engine) admitCapture(a *Admission) ([]byte, error) {
 	return encodeCapture(&rc), nil
 }
 
+// SetCaptureConsumers replaces the capture consumers the owner declares
+// (Options.CaptureConsumers), for an owner that starts serving capture after Open (the C ABI's
+// shmsteer_capture_serve). Requests admitted earlier keep what they were admitted with.
+func (e *Engine) SetCaptureConsumers(consumers map[string]CaptureValidator) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.opt.CaptureConsumers = consumers
+}
+
 // declared names the declared consumers for an error message.
 func (e *Engine) declared() string {
 	if len(e.opt.CaptureConsumers) == 0 {

@@ -45,8 +45,16 @@ class StepStats(Structure):
 
 
 class Span(Structure):
+    """shmsteer_span: first_position is the absolute position of row start (capture reads it)."""
+
     _fields_ = [("id", c_char_p), ("id_len", c_size_t), ("start", c_int64), ("end", c_int64),
-                ("phase", c_int32)]
+                ("phase", c_int32), ("first_position", c_int32)]
+
+
+class CaptureOptionsC(Structure):
+    """shmsteer_capture_options."""
+
+    _fields_ = [("ring_bytes", c_uint64), ("wait_ns", c_int64), ("rank", c_int32), ("writer_rank", c_int32)]
 
 
 class EffectiveC(Structure):
@@ -118,6 +126,9 @@ def _load() -> ctypes.CDLL:
         "shmsteer_stepper_end": (c_int, [h, P(c_uint64)]),
         "shmsteer_stepper_stats": (c_int, [h, P(StepStats)]),
         "shmsteer_stepper_report_gates": (c_int, [h, c_char_p, c_size_t]),
+        "shmsteer_stepper_capture_start": (c_int, [h, P(CaptureOptionsC)]),
+        "shmsteer_stepper_capture_stop": (c_int, [h]),
+        "shmsteer_stepper_capture": (c_int, [h, c_uint32, c_int32, c_void_p, c_size_t, c_int32, P(Span), c_size_t]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -176,5 +187,5 @@ def read_json(fn, handle) -> bytes:
 
 
 __all__ = ["lib", "fast", "check", "last_error", "error_name", "read_json", "OwnerConfig", "VectorEntry",
-           "VectorInfo", "Span", "EffectiveC", "PHASE_PREFILL", "PHASE_DECODE", "ABI_VERSION",
+           "VectorInfo", "Span", "CaptureOptionsC", "EffectiveC", "PHASE_PREFILL", "PHASE_DECODE", "ABI_VERSION",
            "c_char"]

@@ -497,7 +497,8 @@ class Owner(_Handle):
 
     def admit(self, request_id: str, override: Optional[Dict[str, Any]] = None,
               tenant: str = "", conversation: str = "",
-              steering: Optional[Sequence[Dict[str, Any]]] = None) -> int:
+              steering: Optional[Sequence[Dict[str, Any]]] = None,
+              capture: Optional[Dict[str, Any]] = None, prompt_len: int = 0) -> int:
         """Admit a request with its own steering and/or its conversation's latch.
 
         ``steering`` is the vLLM fork's declarative gates, JSON-shaped dicts ``{"when": ...,
@@ -507,8 +508,21 @@ class Owner(_Handle):
         :class:`~shmsteer.errors.NonFiniteError`, :class:`~shmsteer.errors.UnknownVectorError` or
         :class:`~shmsteer.errors.ProbeSiteError` (a packed blob that does not decode:
         :class:`~shmsteer.openai.SteeringRequestError`), and admit nothing.
+
+        ``capture`` is the request's activation capture, ``{consumer: spec}`` (the filesystem
+        consumer's spec: the fork's FilesystemCaptureRequest dict), naming consumers this owner
+        serves (:func:`shmsteer.capture.serve_capture`); ``prompt_len`` is the prompt's length in
+        tokens, which its position selectors resolve against. Refusals:
+        :class:`~shmsteer.errors.CaptureConsumerError` (a consumer not declared),
+        :class:`~shmsteer.errors.CaptureSpecError`, ``CaptureLayerRangeError``,
+        ``CaptureHookError``, ``CapturePositionRangeError`` and the other capture errors; nothing
+        is admitted then.
         """
         a: Dict[str, Any] = {"tenant": tenant, "conversation": conversation}
+        if capture is not None:
+            a["capture"] = capture
+        if prompt_len:
+            a["prompt_len"] = _int("prompt_len", prompt_len, I32)
         if override is not None:
             a["override"] = override
         if steering is not None:
@@ -844,7 +858,25 @@ class Effective:
         return out
 
 
-SpanLike = Tuple[str, int, int, Union[int, str]]
+#: A span: (request id, start, end, phase) or (request id, start, end, phase, first_position),
+#: first_position the absolute token position of row start (the request's tokens computed
+#: before this step; 0 when left out), which capture's position selectors read.
+SpanLike = Union[Tuple[str, int, int, Union[int, str]], Tuple[str, int, int, Union[int, str], int]]
+
+
+def span_fields(i: int, span: Any) -> Tuple[Any, Any, Any, Any, Any]:
+    """A 4- or 5-tuple span's fields, first_position 0 for a 4-tuple; InvalidArgumentError for
+    another length."""
+    try:
+        n = len(span)
+    except TypeError:
+        n = -1
+    if n == 4:
+        rid, start, end, phase = span
+        return rid, start, end, phase, 0
+    if n == 5:
+        return tuple(span)  # type: ignore[return-value]
+    raise InvalidArgumentError(f"shmsteer: invalid argument: span {i} must be (id, start, end, phase[, first_position])")
 
 
 class StepperBusyError(ShmsteerError, RuntimeError):
@@ -970,13 +1002,53 @@ class Stepper:
         return b
 
     def spans(self, spans: Sequence[SpanLike]) -> ctypes.Array:
-        """Pack (request id, start, end, phase) spans for :meth:`apply_ptr`."""
+        """Pack (request id, start, end, phase[, first_position]) spans for :meth:`apply_ptr`."""
         arr = (_lib.Span * len(spans))()
-        for i, (rid, start, end, phase) in enumerate(spans):
+        for i, sp in enumerate(spans):
+            rid, start, end, phase, pos = span_fields(i, sp)
             b = self._id(rid)
             arr[i] = _lib.Span(b, len(b), _int(f"span {i} start", start, I64), _int(f"span {i} end", end, I64),
-                               PHASES[phase])
+                               PHASES[phase], _int(f"span {i} first_position", pos, I32))
         return arr
+
+    def capture_start(self, rank: int = 0, writer_rank: int = 0, ring_bytes: int = 0, wait: float = 0.0) -> None:
+        """Capture at this stepper's applies (and its batches' captures) the rows admitted
+        requests ask for, into a capture ring of its own registered with the owner's hub
+        (consumers read it: :mod:`shmsteer.capture`). Under tensor parallelism only
+        ``writer_rank`` captures: another ``rank`` makes no ring. ``ring_bytes`` 0: 64 MiB;
+        ``wait``: the longest a record waits for a lagging block consumer, in seconds (0: 10 ms).
+
+        Raises:
+            NoHubError when the owner serves no capture; InvalidArgumentError for a negative
+            rank or wait.
+        """
+        if wait < 0:
+            raise InvalidArgumentError("shmsteer: invalid argument: wait must not be negative")
+        o = _lib.CaptureOptionsC(_int("ring_bytes", ring_bytes, U64), int(wait * 1e9), _int("rank", rank, I32),
+                                 _int("writer_rank", writer_rank, I32))
+        h = self._enter("capture_start()")
+        try:
+            check(lib.shmsteer_stepper_capture_start(h, byref(o)))
+        finally:
+            self._busy.release()
+
+    def capture_stop(self) -> None:
+        """Stop capturing; the ring is closed."""
+        h = self._enter("capture_stop()")
+        try:
+            check(lib.shmsteer_stepper_capture_stop(h))
+        finally:
+            self._busy.release()
+
+    def capture_ptr(self, hook: int, layer: int, ptr: int, n_bytes: int, dtype: int, spans: ctypes.Array) -> None:
+        """Capture (hook, layer)'s rows of the n_bytes at ptr (dtype CAPTURE_F32, _BF16 or
+        _F16 elements, row-major tokens x hidden), before they are steered."""
+        hook, layer = _int("hook id", hook, U32), _int("layer", layer, I32)
+        h = self._enter("capture()")
+        try:
+            check(lib.shmsteer_stepper_capture(h, hook, layer, ptr, _int("n_bytes", n_bytes, U64), dtype, spans, len(spans)))
+        finally:
+            self._busy.release()
 
     def apply_ptr(self, hook: int, layer: int, ptr: int, n_floats: int, spans: ctypes.Array) -> None:
         """Apply over n_floats float32 at address ptr (in place, no copy)."""

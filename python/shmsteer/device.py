@@ -27,7 +27,7 @@ import torch
 
 from . import _lib
 from ._lib import check, lib
-from .client import PHASES
+from .client import I32, PHASES, _int, span_fields
 from .errors import ShapeError, ShmsteerError
 
 #: Hidden-state dtypes both paths take.
@@ -64,6 +64,15 @@ class BatchInfoC(Structure):
                 ("n_clamps", c_size_t), ("gates", BatchGatesC)]
 
 
+class BatchCapturePlanC(Structure):
+    _fields_ = [("sites", POINTER(c_int32)), ("n_sites", c_size_t), ("start", POINTER(c_int32)),
+                ("rows", POINTER(c_int32)), ("n_rows", c_size_t)]
+
+
+#: SHMSTEER_CAPTURE_* codes of the hidden-state dtypes.
+CAPTURE_DTYPES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+
+
 _h = c_void_p
 for _name, (_res, _args) in {
     "shmsteer_batch_new": (ctypes.c_int, [_h, POINTER(BatchOptionsC), POINTER(_h)]),
@@ -73,13 +82,15 @@ for _name, (_res, _args) in {
     "shmsteer_batch_resolve": (ctypes.c_int, [_h, c_uint64, POINTER(_lib.Span), c_size_t, c_int64, c_uint32,
                                               POINTER(BatchInfoC)]),
     "shmsteer_batch_report": (ctypes.c_int, [_h, POINTER(c_float), c_size_t, POINTER(c_uint64)]),
+    "shmsteer_batch_capture_plan_get": (ctypes.c_int, [_h, POINTER(BatchCapturePlanC)]),
+    "shmsteer_batch_capture": (ctypes.c_int, [_h, c_int32, c_int32, c_void_p, c_size_t]),
 }.items():
     _fn = getattr(lib, _name)
     _fn.restype, _fn.argtypes = _res, _args
 
 
 _SPAN = np.dtype([("id", np.uint64), ("id_len", np.uint64), ("start", np.int64), ("end", np.int64),
-                  ("phase", np.int32), ("pad", np.int32)])
+                  ("phase", np.int32), ("first_position", np.int32)])
 assert _SPAN.itemsize == ctypes.sizeof(_lib.Span), "shmsteer_span layout"
 
 
@@ -99,7 +110,7 @@ class PackedSpans:
 
 
 class SpanPacker:
-    """Packs (request id, start, end, phase) spans once per distinct layout: a step whose spans
+    """Packs (request id, start, end, phase[, first_position]) spans once per distinct layout: a step whose spans
     equal the previous step's reuses its packing (decode batches often do)."""
 
     def __init__(self) -> None:
@@ -121,9 +132,11 @@ class SpanPacker:
         if self._packed is not None and self._last == spans:
             return self._packed
         recs = []
-        for rid, start, end, phase in spans:
+        for i, sp in enumerate(spans):
+            rid, start, end, phase, pos = span_fields(i, sp)
             b, addr = self._id(rid)
-            recs.append((addr, len(b), operator.index(start), operator.index(end), PHASES[phase], 0))
+            recs.append((addr, len(b), operator.index(start), operator.index(end), PHASES[phase],
+                         _int(f"span {i} first_position", pos, I32)))
         self._packed = PackedSpans(np.array(recs, dtype=_SPAN))
         self._last = list(spans)
         return self._packed
@@ -279,6 +292,34 @@ class StepBatch:
             st._busy.release()
         return Resolved(self._info, self.hidden)
 
+    def capture_plan(self) -> Optional["CapturePlan"]:
+        """The last resolve's capture plan (None: nothing to capture): numpy copies of the sites
+        whose rows to copy for capture consumers and, per site, the block rows to gather (the
+        stepper captures: :meth:`~shmsteer.Stepper.capture_start`)."""
+        if self._h is None:
+            from .errors import ClosedError
+            raise ClosedError("shmsteer: batch closed")
+        out = BatchCapturePlanC()
+        check(lib.shmsteer_batch_capture_plan_get(self._h, byref(out)))
+        if out.n_sites == 0:
+            return None
+        sites = _np_view(out.sites, out.n_sites, np.int32, (out.n_sites,)).copy()
+        start = _np_view(out.start, out.n_sites + 1, np.int32, (out.n_sites + 1,)).copy()
+        rows = _np_view(out.rows, out.n_rows, np.int32, (out.n_rows,)).copy()
+        return CapturePlan(sites, start, rows)
+
+    def capture(self, site: int, dtype: torch.dtype, ptr: int, n_bytes: int) -> None:
+        """Hand back ``site``'s gathered rows: ``n_bytes`` at ``ptr``, the plan's rows of the
+        site in order, elements of ``dtype``, copied before the site's steering add. Valid until
+        the next resolve."""
+        if self._h is None:
+            from .errors import ClosedError
+            raise ClosedError("shmsteer: batch closed")
+        code = CAPTURE_DTYPES.get(dtype)
+        if code is None:
+            raise UnsupportedDtypeError(f"shmsteer: capture of {dtype}; float32, bfloat16 or float16")
+        check(lib.shmsteer_batch_capture(self._h, site, code, ptr, n_bytes))
+
     def report(self, scores: Optional[np.ndarray]) -> int:
         """Hand a resolved step's probe scores back (its ``gates.report`` was true): ``scores`` is
         float32 [rows, cols] (None when cols is 0). The host-evaluated scopes decide and advance;
@@ -300,6 +341,27 @@ class StepBatch:
             st._busy.release()
         self.gate_checksum = self._gsum.value
         return self.gate_checksum
+
+
+class CapturePlan:
+    """A resolve's capture plan: ``sites`` (int32, ascending) and, for ``sites[i]``, the block
+    rows ``rows[start[i]:start[i+1]]`` (int32) to gather before that site's steering add."""
+
+    __slots__ = ("sites", "start", "rows", "index")
+
+    def __init__(self, sites: np.ndarray, start: np.ndarray, rows: np.ndarray) -> None:
+        self.sites, self.start, self.rows = sites, start, rows
+        self.index = {int(s): i for i, s in enumerate(sites.tolist())}
+
+    def site_rows(self, site: int) -> Optional[Tuple[int, int]]:
+        """(offset, count) of site's rows in ``rows``, or None when it captures none."""
+        i = self.index.get(site)
+        if i is None:
+            return None
+        return int(self.start[i]), int(self.start[i + 1] - self.start[i])
+
+    def key(self) -> bytes:
+        return self.sites.tobytes() + self.start.tobytes() + self.rows.tobytes()
 
 
 def check_hidden(t: torch.Tensor, hidden: int) -> None:

@@ -78,7 +78,7 @@ import torch
 
 from .client import PHASES, SpanLike, Stepper, _Handle
 from ._lib import check, lib
-from .device import (DeviceTables, GateTables, Resolved, SpanPacker, StepBatch, UnsupportedDtypeError,
+from .device import (CAPTURE_DTYPES, DeviceTables, GateTables, Resolved, SpanPacker, StepBatch, UnsupportedDtypeError,
                      apply_clamps, check_hidden)
 from .errors import ShapeError
 
@@ -142,6 +142,16 @@ class SteeringHooks:
         self.checksum = 0  #: determinism checksum of the last step's CPU applies
         self.batch_checksum = 0  #: determinism checksum of what the last step resolved
         self.engine_calls = 0  #: calls that resolve, end or report steps (resolve, begin, end, report)
+        # Capture (start_capture): the step's plan on the device path, its row index on the
+        # device, the host buffer the sites' rows land in (pinned on CUDA), a device gather
+        # buffer, and the sites gathered this step, handed back at its end.
+        self._capturing = False
+        self._cplan: Optional[Any] = None
+        self._cplan_key = b""
+        self._cidx: Optional[torch.Tensor] = None
+        self._chost: Optional[torch.Tensor] = None
+        self._cdev: Optional[torch.Tensor] = None
+        self._cdone: List[Tuple[int, torch.Tensor]] = []
         self.gate_checksum = 0  #: the gate decisions of the last reported step (Stepper.GateChecksum)
         # Declarative gates on the device path (eager): the tables and this step's columns.
         self._gt: Optional[GateTables] = None
@@ -258,6 +268,7 @@ class SteeringHooks:
         n = rows if rows is not None else packed.rows
         self._native = self._device = 0
         if self._mode == "native":
+            self._cplan = None  # native applies capture in the engine
             self._version = self.stepper.begin(version)
             self.engine_calls += 1
             self._res = None
@@ -272,6 +283,8 @@ class SteeringHooks:
             yield self
         finally:
             self.checksum = 0
+            if self._cdone:
+                self._flush_capture()
             if self._greport:
                 self._greport = False
                 if self._device and not self._native:  # a native apply gated the step itself
@@ -288,6 +301,87 @@ class SteeringHooks:
                 self._mode = "native"
             self._spans, self._packed, self._res = None, None, None
 
+    # ---- capture ---------------------------------------------------------------------------
+
+    def start_capture(self, rank: int = 0, writer_rank: int = 0, ring_bytes: int = 0, wait: float = 0.0) -> None:
+        """Copy the rows admitted requests capture, at every attached site and before steering
+        it, into this hooks' capture ring (:meth:`~shmsteer.Stepper.capture_start`: registered
+        with the owner's hub; only ``writer_rank`` captures under tensor parallelism). Spans give
+        each request's absolute positions as 5-tuples ``(id, start, end, phase,
+        first_position)``. Native path: float32 blocks are captured by the apply, bfloat16 and
+        float16 blocks from their own bytes first. Device path: per site one gather of the
+        planned rows on the device and one device-to-host copy into pinned memory, handed to the
+        engine at the step's end. Static (CUDA-graph) mode does not capture.
+
+        Raises:
+            NoHubError when the owner serves no capture; RuntimeError in static mode.
+        """
+        if self.static:
+            raise RuntimeError("shmsteer: static (CUDA-graph) hooks do not capture; use eager hooks")
+        self.stepper.capture_start(rank, writer_rank, ring_bytes, wait)
+        self._capturing = rank == writer_rank
+
+    def stop_capture(self) -> None:
+        """Stop capturing (the ring is closed)."""
+        self.stepper.capture_stop()
+        self._capturing = False
+        self._cplan = None
+
+    def _load_capture(self, dev: Any) -> None:
+        """After a resolve: the step's capture plan, its row index uploaded when it changed."""
+        plan = self.batch.capture_plan() if self._capturing else None
+        self._cplan = plan
+        if plan is None:
+            return
+        key = plan.key()
+        if key != self._cplan_key or self._cidx is None or self._cidx.device != dev:
+            self._cidx = torch.from_numpy(plan.rows.astype(np.int64)).to(dev)
+            self._cplan_key = key
+
+    def _capture_site(self, t: torch.Tensor, site: int) -> None:
+        """Device path: gather site's planned rows of t (before its steering add) into the host
+        buffer: on a CPU tensor straight into it, on a GPU into a device buffer then one
+        asynchronous copy into pinned memory. Handed to the engine at the step's end."""
+        plan = self._cplan
+        if plan is None or self._cidx is None:
+            return
+        r = plan.site_rows(site)
+        if r is None:
+            return
+        off, n = r
+        if self._cidx.device != t.device:  # the tables moved to t's device after the resolve
+            self._cidx = self._cidx.to(t.device)
+        total = len(plan.rows)
+        esize = t.element_size()
+        need = total * self.hidden * esize
+        host = self._chost
+        cuda = t.is_cuda
+        if host is None or host.numel() < need or (cuda and not host.is_pinned()):
+            host = self._chost = torch.empty(max(need, 1), dtype=torch.uint8, pin_memory=cuda)
+        view = host[off * self.hidden * esize:(off + n) * self.hidden * esize].view(t.dtype).view(n, self.hidden)
+        rows = t.view(-1, self.hidden)
+        idx = self._cidx[off:off + n]
+        if not cuda:
+            torch.index_select(rows, 0, idx, out=view)
+        else:
+            g = self._cdev
+            if g is None or g.shape[0] < total or g.dtype != t.dtype or g.device != t.device:
+                g = self._cdev = torch.empty(max(total, 1), self.hidden, dtype=t.dtype, device=t.device)
+            gv = g[off:off + n]
+            torch.index_select(rows, 0, idx, out=gv)
+            view.copy_(gv, non_blocking=True)  # the site's one device-to-host copy
+        self._cdone.append((site, view))
+
+    def _flush_capture(self) -> None:
+        """At a step's end: the device copies done, each gathered site to the engine."""
+        done, self._cdone = self._cdone, []
+        if not done:
+            return
+        if any(v.is_pinned() for _, v in done) and torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()
+        for site, v in done:
+            self.batch.capture(site, v.dtype, v.data_ptr(), v.numel() * v.element_size())
+
     def _resolve(self, packed: Any, rows: int, version: int, end: bool = False) -> Resolved:
         self.engine_calls += 1
         res = self.batch.resolve(packed, rows, version, end, reset=self._stale)
@@ -301,6 +395,8 @@ class SteeringHooks:
         elif self._tables is not None:
             self._load(res)
             self._load_gates(res)
+        if self._capturing and not self.static:
+            self._load_capture(self._tables.device if self._tables is not None else torch.device("cpu"))
         return res
 
     def _report(self, scores: Optional[torch.Tensor]) -> None:
@@ -443,7 +539,11 @@ class SteeringHooks:
                 self._open = True
             p = self._packed
             # The stepper is this object's own (one thread at a time, as the hooks are): the
-            # kernels run on the tensor's memory, or on a float32 copy for bf16/f16.
+            # kernels run on the tensor's memory, or on a float32 copy for bf16/f16 (captured
+            # first from their own bytes: the apply of the copy does not capture the site again).
+            if self._capturing and t.dtype is not torch.float32:
+                check(lib.shmsteer_stepper_capture(self.stepper.handle, hook_id, layer, t.data_ptr(),
+                                                   t.numel() * t.element_size(), CAPTURE_DTYPES[t.dtype], p.ptr, p.n))
             t32 = t if t.dtype is torch.float32 else t.float()
             check(lib.shmsteer_stepper_apply(self.stepper.handle, hook_id, layer, t32.data_ptr(), t32.numel(), p.ptr, p.n))
             if t32 is not t:
@@ -462,6 +562,8 @@ class SteeringHooks:
             raise UnsupportedDtypeError(
                 f"shmsteer: the device tables are {tb.dtype} on {tb.device}, this site's output is {t.dtype} on {t.device}: "
                 "steer one dtype on one device per SteeringHooks")
+        if self._cplan is not None:
+            self._capture_site(t, site)  # before the add: captures see the unsteered rows
         ops = self._ops.get(site)
         gated = self._gcols > 0 and site in self._gsites
         if ops is None and not gated:
