@@ -434,7 +434,10 @@ func (m *Mirror) applyConversation(v *value, payload []byte, take func(int64) er
 	} else if got != k {
 		return taken(take, fmt.Errorf("%w: the value of conversation %q/%q's entry names %q/%q", ErrBadEnvelope, k.Tenant, k.ID, got.Tenant, got.ID))
 	}
-	return m.opt.Engine.RestoreGateConversation(payload, steer.Origin(originTag), steer.If(func() error { return take(int64(len(payload))) }))
+	// Not charged against RemoteBytes/RemoteEntries, which bound the region: the table is the
+	// owner's memory, bounded by the latch map's caps (the engine evicts without telling the
+	// mirror, so a charge would never be given back).
+	return m.opt.Engine.RestoreGateConversation(payload, steer.Origin(originTag), steer.If(func() error { return take(0) }))
 }
 
 // applyGlobal sets the global tiers; a set that references a vector not here yet is parked

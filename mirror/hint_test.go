@@ -129,4 +129,7 @@ func TestMirrorConversationEntries(t *testing.T) {
 	_, err = kv.Put(ctx, ek, forgeWithSecret(secret, ek, kindConversation, 0, "z", payload))
 	require.NoError(t, err)
 	eventually(t, b.owner, "conv - chat", fmt.Sprintf("ok %d", len(payload)), 20*time.Second, "a valid entry applied on b")
+	st = b.owner.status()
+	require.Equal(t, before.RemoteEntries, st.RemoteEntries, "the table is bounded by the latch caps, not charged to the region's remote bound")
+	require.Equal(t, before.RemoteBytes, st.RemoteBytes)
 }
