@@ -56,6 +56,10 @@ func fastCheck(i int, v []byte) (uint64, error) {
 	return g, nil
 }
 
+// fastGrace is the writer's purge grace: long enough that a revocation is checked before its
+// purge, short enough to wait for the purge.
+const fastGrace = time.Second
+
 // runKeyWriterRole is the writer of the fast-reader tests: an owner that sets every key, says
 // "ready", then rewrites random keys without pause (and now and then revokes one and sets it
 // again) until killed; "revoke I" on stdin stops writing id I, revokes it and answers
@@ -68,7 +72,7 @@ func runKeyWriterRole() int {
 		fmt.Fprintln(os.Stderr, "writer:", err)
 		return 1
 	}
-	reg, err := keys.Open(o, keys.Options{})
+	reg, err := keys.Open(o, keys.Options{Grace: fastGrace})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "writer:", err)
 		return 1
@@ -157,7 +161,7 @@ func fastWriter(t *testing.T) (w *exec.Cmd, in io.Writer, out *bufio.Reader, kr 
 // reader process, against an owner process that rewrites keys without pause. Every value
 // either returns is exactly one the writer wrote for that id, and neither ever goes back to an
 // older one than the other has returned; the C reader answers most gets (it is in use). A
-// revocation is seen by the very next get, in C and in Go. Then the writer is SIGKILLed at a
+// revocation is seen by the very next get, in C and in Go, and so is its purge. Then the writer is SIGKILLed at a
 // random point: every entry still reads whole, and both readers give the same answer.
 func TestFastReaderAgrees(t *testing.T) {
 	w, in, out, kr, h := fastWriter(t)
@@ -193,7 +197,8 @@ func TestFastReaderAgrees(t *testing.T) {
 	t.Logf("C reader answered %d of %d gets under concurrent writes", served, gets)
 	require.Greater(t, served, gets/2, "the C reader answers the common case")
 
-	for _, i := range rand.Perm(fastKeys)[:32] {
+	revoked := rand.Perm(fastKeys)[:32]
+	for _, i := range revoked {
 		_, err := fmt.Fprintf(in, "revoke %d\n", i)
 		require.NoError(t, err)
 		line, err := out.ReadString('\n')
@@ -203,6 +208,20 @@ func TestFastReaderAgrees(t *testing.T) {
 		require.False(t, ok, "C reader returned id %d's key after its revocation", i)
 		_, err = kr.Get(fastID(i), buf[:0])
 		require.ErrorIs(t, err, keys.ErrRevoked)
+	}
+
+	// The purge after the grace: Go sees the id gone (ErrNotFound), and C never answers it.
+	for _, i := range revoked {
+		for deadline := time.Now().Add(fastGrace + 10*time.Second); ; time.Sleep(10 * time.Millisecond) {
+			_, ok := fastGet(h, fastID(i), buf)
+			require.False(t, ok, "C reader returned id %d's key after its revocation", i)
+			_, err := kr.Get(fastID(i), buf[:0])
+			if errors.Is(err, keys.ErrNotFound) {
+				break
+			}
+			require.ErrorIs(t, err, keys.ErrRevoked)
+			require.True(t, time.Now().Before(deadline), "id %d not purged", i)
+		}
 	}
 
 	time.Sleep(time.Duration(rand.IntN(50)) * time.Millisecond)
@@ -227,7 +246,9 @@ func TestFastReaderAgrees(t *testing.T) {
 			seen(i, gv, "Go")
 			disagree++
 		default:
-			require.ErrorIs(t, err, keys.ErrRevoked, "id %d", i)
+			if !errors.Is(err, keys.ErrNotFound) {
+				require.ErrorIs(t, err, keys.ErrRevoked, "id %d", i)
+			}
 		}
 	}
 	require.LessOrEqual(t, disagree, 2, "the C reader declined live keys it should answer")
