@@ -153,6 +153,7 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 	g, og := &r.Gates, &out.gates
 	og.cols, og.slots = C.uint32_t(g.Cols), C.uint32_t(g.Slots)
 	og.rows = (*C.int32_t)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.Rows)), len(g.Rows)))
+	og.factor = (*C.float)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.Factor)), len(g.Factor)))
 	og.updates = (*C.int32_t)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.Updates)), len(g.Updates)))
 	og.n_updates = C.size_t(len(g.Updates))
 	og.probe = (*C.float)(b.pinned(unsafe.Pointer(unsafe.SliceData(g.Probe)), len(g.Probe)))

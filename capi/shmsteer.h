@@ -606,7 +606,7 @@ int shmsteer_batch_sites(shmsteer_batch_t *b, const int32_t *sites, size_t n);
  * written only from updates and adds. Per step: gate[t][k] = score[t][k] = 0; at each hooked
  * site S in forward order, before the site's gather-add, for each column k whose slot j =
  * rows[t * cols + k] probes at S: score[t][k] = h[t] . probe[j], and when j is per_row gate[t][k]
- * = sigmoid(sharpness[j] * (score[t][k] - threshold[j])); after the gather-add, h[t] += gate[t][k]
+ * = factor[t * cols + k] * sigmoid(sharpness[j] * (score[t][k] - threshold[j])); after the gather-add, h[t] += gate[t][k]
  * * add_S[j] for each k; then the clamps. After the forward, when report is 1, hand score back
  * with shmsteer_batch_report. */
 typedef struct {
@@ -623,6 +623,8 @@ typedef struct {
   const int32_t *sites;       /* n_sites sites where this step's gate slots probe or add */
   size_t n_sites;
   uint32_t report;            /* 1: the step has gated decode rows, call shmsteer_batch_report */
+  const float *factor;        /* rows x cols: gate[t][k] is multiplied by factor[t * cols + k] (the
+                                 request's attenuation, 1 unless an attenuate gate is engaged) */
 } shmsteer_batch_gates;
 
 /* What a resolve produced. Every pointer is valid until the next resolve, reset or free of the

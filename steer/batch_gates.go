@@ -12,13 +12,14 @@ package steer
 //   - A probe read is a gate column. Each row of a gated request's decode span has one column
 //     per probe gate of the request (Gates.Cols, the most any request of the step has), naming
 //     a gate slot: the probe vector (times its scale) with its site, threshold and sharpness,
-//     and, for a this_token add, the add's vectors at each site (times strength and the
-//     request's attenuation). Gate slots are shared by content and kept from step to step, so
-//     a steady batch uploads nothing for them either.
+//     and, for a this_token add, the add's vectors at each site (times its strength), and a
+//     factor (the request's attenuation). Gate slots are shared by content and kept from step
+//     to step, so a steady batch uploads nothing for them either.
 //   - The worker, per step: gate[t, k] = 0 and score[t, k] = 0; at each hooked site S in
 //     forward order, before the site's gather-add, for every column whose slot j probes at S:
-//     score[t, k] = h[t]·probe[j] and, when j gates rows, gate[t, k] = sigmoid(sharpness[j]·
-//     (score[t, k] − threshold[j])); then h[t] += table_S[index[t]]; then h[t] += gate[t, k] ·
+//     score[t, k] = h[t]·probe[j] and, when j gates rows, gate[t, k] = factor[t, k] ·
+//     sigmoid(sharpness[j]·(score[t, k] − threshold[j])); then h[t] += table_S[index[t]]; then
+//     h[t] += gate[t, k] ·
 //     adds_S[j] for every column; then the clamps. At the step's end it hands score back
 //     (Report), where the host-evaluated scopes decide on the rows' mean and advance, exactly
 //     as the Stepper's End does, and the step's gate decisions are counted and summed
@@ -36,9 +37,12 @@ import (
 // valid until the next Resolve.
 type BatchGates struct {
 	Cols int // gate columns per row (0: no probe gate in the step)
-	// Rows is rows × Cols: the gate slot each row's column reads (0: none).
-	Rows  []int32
-	Slots int // highest gate slot of the step + 1: the rows a gate table needs
+	// Rows is rows × Cols: the gate slot each row's column reads (0: none); Factor, rows ×
+	// Cols, what the gate value is multiplied by there (the request's attenuation: 1 unless an
+	// attenuate gate is engaged), so requests damped differently still share a gate slot.
+	Rows   []int32
+	Factor []float32
+	Slots  int // highest gate slot of the step + 1: the rows a gate table needs
 	// Updates are the gate slots to (re)write, with their probe rows (len(Updates) × Hidden, the
 	// probe vector times its scale) and parameters (len(Updates) × 2: threshold, sharpness).
 	Updates []GateSlotUpdate
@@ -67,7 +71,7 @@ type GateAddUpdate struct {
 // gateKey names a gate slot's content.
 type gateKey struct {
 	probe, steer  Digest
-	thr, sharp, k uint32 // float32 bits; k is strength × the request's attenuation
+	thr, sharp, k uint32 // float32 bits; k is the add's strength
 	perRow        bool
 	probeSite     int32
 }
@@ -89,7 +93,8 @@ type gateCol struct {
 type pendSpan struct {
 	gs         *gateState
 	start, end int
-	col0, n    int // its columns in cols
+	col0, n    int     // its columns in cols
+	factor     float32 // the request's attenuation in this step
 }
 
 // batchGates is a Batch's gate state.
@@ -249,8 +254,7 @@ func (b *Batch) planGates(batch []Span) error {
 			continue
 		}
 		gs := st.gates
-		p := pendSpan{gs: gs, start: sp.Start, end: sp.End, col0: len(g.cols)}
-		f := gs.factor()
+		p := pendSpan{gs: gs, start: sp.Start, end: sp.End, col0: len(g.cols), factor: gs.factor()}
 		for gi := range gs.gates {
 			ag := &gs.gates[gi]
 			site := gs.g[gi].probeSite
@@ -260,7 +264,7 @@ func (b *Batch) planGates(batch []Span) error {
 			k := gateKey{probe: ag.ProbeDigest, thr: math.Float32bits(ag.Threshold), sharp: math.Float32bits(ag.Sharpness), probeSite: int32(site)}
 			if ag.Scope == ScopeThisToken {
 				k.perRow = true
-				k.steer, k.k = ag.SteerDigest, math.Float32bits(f*ag.Strength)
+				k.steer, k.k = ag.SteerDigest, math.Float32bits(ag.Strength)
 			}
 			j, ok := g.local[k]
 			if !ok {
@@ -344,7 +348,7 @@ func (b *Batch) stageGate(j int, sl int32) {
 	sites := g.newSites[j][:0]
 	a0 := len(out.Adds)
 	if k.perRow && ag.Apply == ApplyAdd {
-		f := math.Float32frombits(k.k) // strength × attenuation
+		f := math.Float32frombits(k.k) // the add's strength
 		for _, a := range gs.g[gi].adds {
 			if b.mask != nil && !b.mask[a.site] {
 				continue
@@ -409,6 +413,13 @@ func (b *Batch) commitGates(rows int) {
 	}
 	out.Rows = out.Rows[:n]
 	clear(out.Rows)
+	if cap(out.Factor) < n {
+		out.Factor = make([]float32, n)
+	}
+	out.Factor = out.Factor[:n]
+	for i := range out.Factor {
+		out.Factor[i] = 1
+	}
 	stamp := b.tick
 	g.states = g.states[:0]
 	for _, p := range g.pend {
@@ -416,6 +427,7 @@ func (b *Batch) commitGates(rows int) {
 			sl := g.slotOf[g.cols[p.col0+c].key]
 			for r := p.start; r < p.end; r++ {
 				out.Rows[r*out.Cols+c] = sl
+				out.Factor[r*out.Cols+c] = p.factor
 			}
 			st := &g.slots[sl]
 			b.markSite(st.key.probeSite, stamp)

@@ -22,6 +22,7 @@ type devGates struct {
 	gate, score  []float32
 	cols, rows   int
 	rowsOf       []int32
+	factor       []float32
 	addUploads   int
 	probeUploads int
 }
@@ -63,6 +64,7 @@ func (g *devGates) begin(b *Batch, rows int) {
 	}
 	g.cols, g.rows = gt.Cols, rows
 	g.rowsOf = append(g.rowsOf[:0], gt.Rows...)
+	g.factor = append(g.factor[:0], gt.Factor...)
 	g.gate = make([]float32, rows*gt.Cols)
 	g.score = make([]float32, rows*gt.Cols)
 }
@@ -82,7 +84,7 @@ func (g *devGates) probeAt(site int32, h []float32) {
 			}
 			g.score[t*g.cols+k] = s
 			if g.perRow[j] {
-				g.gate[t*g.cols+k] = float32(1 / (1 + math.Exp(-float64(g.sharp[j]*(s-g.thr[j])))))
+				g.gate[t*g.cols+k] = g.factor[t*g.cols+k] * float32(1/(1+math.Exp(-float64(g.sharp[j]*(s-g.thr[j])))))
 			}
 		}
 	}

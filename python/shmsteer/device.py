@@ -52,7 +52,8 @@ class BatchGatesC(Structure):
                 ("updates", POINTER(c_int32)), ("n_updates", c_size_t),
                 ("probe", POINTER(c_float)), ("params", POINTER(c_float)),
                 ("adds", POINTER(c_int32)), ("n_adds", c_size_t), ("add_stage", POINTER(c_float)),
-                ("sites", POINTER(c_int32)), ("n_sites", c_size_t), ("report", c_uint32)]
+                ("sites", POINTER(c_int32)), ("n_sites", c_size_t), ("report", c_uint32),
+                ("factor", POINTER(c_float))]
 
 
 class BatchInfoC(Structure):
@@ -163,6 +164,8 @@ class ResolvedGates:
         cols: gate columns per row (0: no probe gate in the step).
         slots: rows a gate table needs (highest gate slot + 1).
         rows: int32 [rows, cols], the gate slot of each row's column (0: none).
+        factor: float32 [rows, cols], what each row's gate is multiplied by (its request's
+            attenuation).
         updates: int32 [n, 4]: slot, probe site, per_row, 0; probe: float32 [n, hidden] (the
             probe times its scale); params: float32 [n, 2] (threshold, sharpness).
         adds: int32 [m, 2]: site, slot; add_stage: float32 [m, hidden].
@@ -170,13 +173,14 @@ class ResolvedGates:
         report: whether the step awaits :meth:`StepBatch.report`.
     """
 
-    __slots__ = ("cols", "slots", "rows", "updates", "probe", "params", "adds", "add_stage", "sites", "report")
+    __slots__ = ("cols", "slots", "rows", "factor", "updates", "probe", "params", "adds", "add_stage", "sites", "report")
 
     def __init__(self, g: BatchGatesC, rows: int, hidden: int) -> None:
         self.cols = int(g.cols)
         self.slots = int(g.slots)
         self.report = bool(g.report)
         self.rows = _np_view(g.rows, rows * self.cols, np.int32, (rows, self.cols))
+        self.factor = _np_view(g.factor, rows * self.cols, np.float32, (rows, self.cols))
         self.updates = _np_view(g.updates, g.n_updates * 4, np.int32, (g.n_updates, 4))
         self.probe = _np_view(g.probe, g.n_updates * hidden, np.float32, (g.n_updates, hidden))
         self.params = _np_view(g.params, g.n_updates * 2, np.float32, (g.n_updates, 2))

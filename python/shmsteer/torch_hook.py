@@ -197,6 +197,8 @@ class SteeringHooks:
                 # Per column k, per row t (column-major, so a column is contiguous): the gate slot,
                 # its probe site and parameters, and the step's gate and score (zeroed by prepare).
                 self._sgidx_host = torch.zeros(G, max_tokens, dtype=torch.int64, pin_memory=dev.type == "cuda")
+                self._sgfac_host = torch.ones(G, max_tokens, dtype=f32, pin_memory=dev.type == "cuda")
+                self._sgfac = torch.ones(G, max_tokens, dtype=f32, device=dev)
                 self._sgidx = torch.zeros(G, max_tokens, dtype=torch.int64, device=dev)
                 self._sgsite = torch.full((G, max_tokens), -1, dtype=torch.int64, device=dev)
                 self._sgpar = torch.zeros(3, G, max_tokens, dtype=f32, device=dev)
@@ -444,6 +446,7 @@ class SteeringHooks:
         self._gsite = gt.site.index_select(0, flat).view(n, g.cols)
         self._gpar = torch.stack((gt.thr.index_select(0, flat), gt.sharp.index_select(0, flat),
                                   gt.per_row.index_select(0, flat))).view(3, n, g.cols)
+        self._gpar[2].mul_(torch.from_numpy(np.ascontiguousarray(g.factor[:n])).to(dev))  # the rows' attenuation
         self._ggate = torch.zeros(n, g.cols, dtype=torch.float32, device=dev)
         self._gscore = torch.zeros(n, g.cols, dtype=torch.float32, device=dev)
 
@@ -644,11 +647,16 @@ class SteeringHooks:
             host[:] = 0
             host[: g.cols] = g.rows.T
             self._sgidx.copy_(self._sgidx_host, non_blocking=True)
+            fac = self._sgfac_host.numpy()
+            fac[:] = 1
+            fac[: g.cols] = g.factor.T
+            self._sgfac.copy_(self._sgfac_host, non_blocking=True)
             flat = self._sgidx.view(-1)
             torch.index_select(gt.site, 0, flat, out=self._sgsite.view(-1))
             torch.index_select(gt.thr, 0, flat, out=self._sgpar[0].view(-1))
             torch.index_select(gt.sharp, 0, flat, out=self._sgpar[1].view(-1))
             torch.index_select(gt.per_row, 0, flat, out=self._sgpar[2].view(-1))
+            self._sgpar[2].mul_(self._sgfac)  # the rows' attenuation
             self._sggate.zero_()
             self._sgscore.zero_()
         if self._sidx.is_cuda:
