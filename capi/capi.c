@@ -442,6 +442,12 @@ SHMSTEER_API int shmsteer_capture_next(shmsteer_capture_t *c, int64_t timeout_ms
   return shmsteerGo_capture_next(H(c), timeout_ms, ev);
 }
 
+SHMSTEER_API int shmsteer_capture_next_batch(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_capture_event *evs,
+                                             size_t max, size_t *n) {
+  ENTER();
+  return shmsteerGo_capture_next_batch(H(c), timeout_ms, evs, max, n);
+}
+
 SHMSTEER_API int shmsteer_capture_release(shmsteer_capture_t *c) { ENTER(); return shmsteerGo_capture_release(H(c)); }
 
 SHMSTEER_API int shmsteer_capture_publish(shmsteer_capture_t *c, const char *request_id, size_t request_id_len,

@@ -33,6 +33,7 @@ type captureConsumer struct {
 	reqs  map[string]uint32 // request id → request_seq, from its begin to its end
 	hooks map[string]uint32 // hook name → hook_seq
 	next  uint32
+	batch []capture.Event
 }
 
 // seq is id's number in m, assigned from k.next when new.
@@ -114,10 +115,16 @@ func shmsteerGo_capture_next(h C.uint64_t, timeoutMs C.int64_t, ev *C.shmsteer_c
 	if !ok {
 		return C.SHMSTEER_OK
 	}
+	n := len(e.RequestID) + len(e.Spec) + len(e.Record.Hook)
+	k.fill(ev, e, k.scratch(max(n, 1)))
+	return C.SHMSTEER_OK
+}
+
+// fill writes event e into ev, its strings copied to p (C memory of their total length).
+func (k *captureConsumer) fill(ev *C.shmsteer_capture_event, e capture.Event, p unsafe.Pointer) {
 	ev.kind = C.int32_t(e.Kind)
 	n := len(e.RequestID) + len(e.Spec) + len(e.Record.Hook)
-	p := k.scratch(max(n, 1))
-	b := unsafe.Slice((*byte)(p), n)
+	b := unsafe.Slice((*byte)(p), max(n, 1))
 	o := copy(b, e.RequestID)
 	ev.request_id, ev.request_id_len = (*C.char)(p), C.size_t(len(e.RequestID))
 	ev.request_seq = C.uint32_t(k.seq(k.reqs, e.RequestID))
@@ -148,6 +155,36 @@ func shmsteerGo_capture_next(h C.uint64_t, timeoutMs C.int64_t, ev *C.shmsteer_c
 			ev.positions_off = C.size_t(uintptr(unsafe.Pointer(ev.positions)) - uintptr(base))
 		}
 	}
+}
+
+//export shmsteerGo_capture_next_batch
+func shmsteerGo_capture_next_batch(h C.uint64_t, timeoutMs C.int64_t, evs *C.shmsteer_capture_event, maxN C.size_t, n *C.size_t) C.int {
+	k, rc := consumerOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if evs == nil || n == nil || timeoutMs < 0 || maxN < 1 || maxN > 1<<16 {
+		return badArg("evs and n must not be NULL, timeout_ms not negative, max in [1, 65536]")
+	}
+	*n = 0
+	var err error
+	k.batch, err = k.c.NextBatch(k.batch[:0], int(maxN), time.Duration(timeoutMs)*time.Millisecond)
+	if err != nil {
+		return fail(err)
+	}
+	total := 0
+	for _, e := range k.batch {
+		total += len(e.RequestID) + len(e.Spec) + len(e.Record.Hook)
+	}
+	p := k.scratch(max(total, 1))
+	out := unsafe.Slice(evs, int(maxN))
+	o := 0
+	for i, e := range k.batch {
+		out[i] = C.shmsteer_capture_event{}
+		k.fill(&out[i], e, unsafe.Add(p, o))
+		o += len(e.RequestID) + len(e.Spec) + len(e.Record.Hook)
+	}
+	*n = C.size_t(len(k.batch))
 	return C.SHMSTEER_OK
 }
 

@@ -784,7 +784,12 @@ int shmsteer_capture_attach(const char *ns, const void *secret, size_t secret_le
                             const char *name, int32_t policy, int64_t bound_ns, shmsteer_capture_t **out);
 /* The next event, waiting at most timeout_ms (kind NONE: none came). */
 int shmsteer_capture_next(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_capture_event *ev);
-/* Let the worker reuse the record the last next returned. */
+/* Up to max events (1..65536) into evs, *n set (0: none within the timeout): the first as
+ * shmsteer_capture_next returns it, then, if it is a RECORD, the records that follow it. Every
+ * record's views stay valid until the next call on the handle. */
+int shmsteer_capture_next_batch(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_capture_event *evs, size_t max,
+                                size_t *n);
+/* Let the worker reuse the records the last next or next_batch returned. */
 int shmsteer_capture_release(shmsteer_capture_t *c);
 /* Publish the result for a request: status SHMSTEER_CAPTURE_OK, _PARTIAL_ERROR or _ERROR, an
  * error message (C string or NULL) and a payload, a JSON array (NULL/0: []). */

@@ -71,6 +71,7 @@ type Consumer struct {
 	err       error     // the hub is gone: Next returns it once the rings are drained
 	synced    bool      // the hub's initial ring list is in
 	sincePump int       // events since the connection was last read
+	hold      bool      // NextBatch: records read without releasing those before
 	// Skipped counts records of requests not captured for this consumer (released unread).
 	skipped uint64
 }
@@ -211,12 +212,40 @@ func (c *Consumer) dropped() uint64 {
 	return n
 }
 
-// Release lets the worker reuse the record Next returned last (Next does it too).
+// Release lets the worker reuse the records Next and NextBatch returned (they do it too).
 func (c *Consumer) Release() {
-	if c.last != nil {
-		c.last.rd.Release()
-		c.last = nil
+	for _, r := range c.rings {
+		r.rd.Release()
 	}
+	c.last = nil
+}
+
+// NextBatch is Next for up to max events at once, appended to dst: the first as Next returns
+// it, then, if it is a record, the records that follow it (until max, a begin notice or none
+// left). Every record's views stay valid until the next Next, NextBatch or Release (the
+// worker cannot reuse their space meanwhile: keep batches small against the ring).
+func (c *Consumer) NextBatch(dst []Event, max int, wait time.Duration) ([]Event, error) {
+	ev, ok, err := c.Next(wait)
+	if err != nil || !ok {
+		return dst, err
+	}
+	dst = append(dst, ev)
+	if ev.Kind != EventRecord {
+		return dst, nil
+	}
+	c.hold = true
+	defer func() { c.hold = false }()
+	for n := 1; n < max && len(c.queued) == 0; n++ {
+		ev, ok, err := c.nextRecord()
+		if err != nil {
+			return dst, err
+		}
+		if !ok {
+			break
+		}
+		dst = append(dst, ev)
+	}
+	return dst, nil
 }
 
 // pumpEvery bounds the events Next returns between two reads of the hub's connection.
@@ -299,7 +328,14 @@ func (c *Consumer) nextRecord() (Event, bool, error) {
 		c.rr = (c.rr + 1) % len(c.rings)
 		r := c.rings[c.rr]
 		for {
-			rec, ok, err := r.rd.Next()
+			var rec RingRecord
+			var ok bool
+			var err error
+			if c.hold {
+				rec, ok, err = r.rd.NextHeld()
+			} else {
+				rec, ok, err = r.rd.Next()
+			}
 			if err != nil {
 				return Event{}, false, err
 			}
@@ -322,7 +358,9 @@ func (c *Consumer) nextRecord() (Event, bool, error) {
 				}
 				if _, mine = c.begun[rec.RequestID]; !mine {
 					c.skipped++
-					r.rd.Release()
+					if !c.hold { // held: released with the batch
+						r.rd.Release()
+					}
 					continue
 				}
 			}

@@ -479,3 +479,56 @@ func TestHubWorkerLeavesBeforeEnd(t *testing.T) {
 	}
 	waitFor(t, "the consumer to drop the ring", func() bool { c.Next(time.Millisecond); return c.Stats().Rings == 0 })
 }
+
+// NextBatch returns a captured request's records several at a time, every view valid until the
+// next call (the writer cannot reuse their space meanwhile), skipping records not captured for
+// the consumer, and a later request's begin in a call of its own.
+func TestConsumerNextBatch(t *testing.T) {
+	e := newHubEnv(t)
+	w := e.worker(t, WorkerOptions{Capacity: 1 << 20})
+	c := e.consumer(t, ConsumerOptions{Name: "fs"})
+	e.hub.Begin("r1", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 1)
+	var want []Record
+	for seq := range uint64(40) {
+		_, rec := genRecord(seq, 128)
+		if err := w.Writer().Append("r1", rec); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, rec)
+		if seq%3 == 0 {
+			_, other := genRecord(seq+500, 32)
+			if err := w.Writer().Append("other", other); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	evs, err := c.NextBatch(nil, 16, 5*time.Second)
+	if err != nil || len(evs) != 1 || evs[0].Kind != EventBegin {
+		t.Fatalf("first batch %v, %v", evs, err)
+	}
+	var got []Event
+	for len(got) < len(want) {
+		evs, err := c.NextBatch(nil, 16, 5*time.Second)
+		if err != nil || len(evs) == 0 || len(evs) > 16 {
+			t.Fatalf("batch of %d, %v", len(evs), err)
+		}
+		if w.Ring().Stats().Occupancy == 0 {
+			t.Fatal("a held batch shows no occupancy")
+		}
+		for _, ev := range evs { // all views of the batch at once, before the next call
+			i := len(got)
+			if ev.Kind != EventRecord || ev.RequestID != "r1" || !bytes.Equal(ev.Record.Data, want[i].Data) || !slices.Equal(ev.Record.Positions, want[i].Positions) {
+				t.Fatalf("record %d: %+v", i, ev.Kind)
+			}
+			got = append(got, ev)
+		}
+	}
+	c.Release()
+	if occ := w.Ring().Stats().Occupancy; occ != 0 {
+		t.Fatalf("occupancy %d after Release", occ)
+	}
+	e.hub.End("r1")
+	if evs, err := c.NextBatch(nil, 16, 5*time.Second); err != nil || len(evs) != 1 || evs[0].Kind != EventEnd {
+		t.Fatalf("end batch %v, %v", evs, err)
+	}
+}

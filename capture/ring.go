@@ -491,7 +491,8 @@ func (w *RingWriter) lagging(need uint64) (lagging int, block bool, bound time.D
 type RingReader struct {
 	r       *Ring
 	so      int
-	pending uint64 // frame bytes of the record Next returned, released by Release or Next
+	pending uint64 // frame bytes of the records returned and not released (Release, Next)
+	last    uint64 // frame bytes of the last record returned (unread)
 }
 
 // Attach claims a free slot with policy p (Block or Drop), waiting for it at most the
@@ -547,7 +548,7 @@ func (c *RingReader) Release() {
 	if c.pending > 0 {
 		rp := word(c.r.mem, c.so+8)
 		rp.Store(rp.Load() + c.pending)
-		c.pending = 0
+		c.pending, c.last = 0, 0
 	}
 }
 
@@ -556,13 +557,23 @@ func (c *RingReader) Release() {
 // then unusable.
 func (c *RingReader) Next() (RingRecord, bool, error) {
 	c.Release()
+	return c.next()
+}
+
+// NextHeld returns the next published record without releasing those Next and NextHeld
+// returned before: every one of them stays valid until Release (a reader that takes several
+// records at once; the writer cannot reuse their space meanwhile).
+func (c *RingReader) NextHeld() (RingRecord, bool, error) { return c.next() }
+
+func (c *RingReader) next() (RingRecord, bool, error) {
 	r := c.r
 	rp := word(r.mem, c.so+8)
 	for {
-		pos := rp.Load()
-		if pos == readUnset {
+		base := rp.Load()
+		if base == readUnset {
 			return RingRecord{}, false, nil
 		}
+		pos := base + c.pending
 		wp := word(r.mem, offWrite).Load()
 		if wp == pos {
 			return RingRecord{}, false, nil
@@ -580,10 +591,15 @@ func (c *RingReader) Next() (RingRecord, bool, error) {
 			if n != r.cap-off {
 				return RingRecord{}, false, fmt.Errorf("%w: a %d-byte pad at offset %d does not end the ring", ErrRingCorrupt, n, off)
 			}
-			rp.Store(pos + n)
+			if c.pending == 0 {
+				rp.Store(pos + n)
+			} else {
+				c.pending += n // released with the records held before it
+			}
 			continue
 		}
-		c.pending = n
+		c.pending += n
+		c.last = n
 		word(r.mem, c.so+16).Add(1)
 		return rec, true, nil
 	}
@@ -724,8 +740,9 @@ func (r *Ring) freeSlot(i, pid int) bool {
 
 // unread undoes the last Next: the record is returned again by the next Next.
 func (c *RingReader) unread() {
-	if c.pending > 0 {
-		c.pending = 0
+	if c.last > 0 {
+		c.pending -= c.last
+		c.last = 0
 		word(c.r.mem, c.so+16).Add(math.MaxUint64) // received - 1
 	}
 }

@@ -3,7 +3,8 @@
 One decode step of issue 24's shape (64 requests capturing all positions at 32 post_block
 layers, hidden 4096, float32: 2,048 records of 16 KiB, 32 MiB) is appended by a Go worker (the
 capi test binary in its capture role, $SHMSTEER_GO_OWNER_BIN), then read by
-shmsteer.capture.Consumer: each record's zero-copy numpy view copied into a destination array.
+shmsteer.capture.Consumer (next_batch, --batch events a call; --batch 1: next): each record's
+zero-copy numpy view copied into a destination array.
 The baseline copies the same bytes, record by record, out of a shared memfd mapping rewritten
 (untimed) just before, as the worker rewrites the ring (and, second, in one 32 MiB np.copyto).
 Rounds alternate the order; a ratio is the median over rounds of the baseline's time over the
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--reqs", type=int, default=64)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--width", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=256, help="events per next_batch call (1: next)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     binary = os.environ.get("SHMSTEER_GO_OWNER_BIN")
@@ -65,14 +67,15 @@ def main() -> None:
             t0 = time.perf_counter()
             off = got = 0
             while got < n:
-                ev = c.next(timeout=5.0)
-                if isinstance(ev, Begin):
-                    continue
-                assert isinstance(ev, Record), ev
-                d = ev.data.view(np.uint8).reshape(-1)
-                dst[off:off + d.size] = d
-                off += d.size
-                got += 1
+                evs = c.next_batch(a.batch, timeout=5.0) if a.batch > 1 else [c.next(timeout=5.0)]
+                for ev in evs:
+                    if isinstance(ev, Begin):
+                        continue
+                    assert isinstance(ev, Record), ev
+                    d = ev.data.view(np.uint8).reshape(-1)
+                    dst[off:off + d.size] = d
+                    off += d.size
+                    got += 1
             c.release()
             return time.perf_counter() - t0
 
@@ -106,7 +109,7 @@ def main() -> None:
             ratios1.append(b1 / r)
     p.stdin.close()
     p.wait(timeout=10)
-    res = {"records_per_step": n, "bytes_per_step": step, "rounds": a.rounds,
+    res = {"batch": a.batch, "records_per_step": n, "bytes_per_step": step, "rounds": a.rounds,
            "consumer_gb_s_median": step / statistics.median(tr) / 1e9,
            "memcpy_gb_s_median": step / statistics.median(tb) / 1e9,
            "consumer_over_memcpy_median": statistics.median(ratios),

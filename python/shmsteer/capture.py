@@ -72,6 +72,7 @@ for _name, (_res, _args) in {
     "shmsteer_capture_attach": (c_int, [c_char_p, c_char_p, c_size_t, c_char_p, c_char_p, c_int32, c_int64,
                                         POINTER(_h)]),
     "shmsteer_capture_next": (c_int, [_h, c_int64, POINTER(_Event)]),
+    "shmsteer_capture_next_batch": (c_int, [_h, c_int64, POINTER(_Event), c_size_t, POINTER(c_size_t)]),
     "shmsteer_capture_release": (c_int, [_h]),
     "shmsteer_capture_publish": (c_int, [_h, c_char_p, c_size_t, c_int32, c_char_p, c_char_p, c_size_t]),
     "shmsteer_capture_stats_get": (c_int, [_h, POINTER(_Stats)]),
@@ -170,6 +171,7 @@ class Consumer:
         self._reqs: Dict[int, str] = {}    # request_seq -> request id, from its begin to its end
         self._hooks: Dict[int, str] = {}   # hook_seq -> hook name
         self._rings: Dict[int, Any] = {}   # ring id -> (base address, uint8 view of its data area)
+        self._batch: Optional[Any] = None  # next_batch's event array
 
     def _handle(self) -> int:
         if self._h is None:
@@ -178,13 +180,34 @@ class Consumer:
 
     def next(self, timeout: float = 1.0) -> Optional[Event]:
         """The next event, waiting at most ``timeout`` seconds (None: none came). Releases the
-        record the previous call returned (its views must not be used any more)."""
+        records the previous call returned (their views must not be used any more)."""
         if not isinstance(timeout, (int, float)) or timeout < 0:
             raise ValueError(f"timeout {timeout!r}: want seconds >= 0")
-        ev = self._ev
         rc = lib.shmsteer_capture_next(self._handle(), int(timeout * 1000), self._evref)
         if rc:
             check(rc)
+        return self._decode(self._ev)
+
+    def next_batch(self, max_events: int = 256, timeout: float = 1.0) -> List[Event]:
+        """Up to ``max_events`` events at once (empty: none within ``timeout``): the first as
+        :meth:`next` returns it, then, if it is a :class:`Record`, the records that follow it.
+        Every record's views stay valid until the next call on the consumer (the worker cannot
+        reuse their ring space meanwhile: keep batches small against the ring). One call into
+        the library per batch, where :meth:`next` makes one per event."""
+        if not isinstance(max_events, int) or not 1 <= max_events <= 65536:
+            raise ValueError(f"max_events {max_events!r}: want an int in [1, 65536]")
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ValueError(f"timeout {timeout!r}: want seconds >= 0")
+        if self._batch is None or len(self._batch) < max_events:
+            self._batch = (_Event * max_events)()
+        n = c_size_t(0)
+        rc = lib.shmsteer_capture_next_batch(self._handle(), int(timeout * 1000), self._batch, max_events, byref(n))
+        if rc:
+            check(rc)
+        batch, decode = self._batch, self._decode
+        return [decode(batch[i]) for i in range(n.value)]
+
+    def _decode(self, ev: _Event) -> Optional[Event]:
         kind = ev.kind
         if kind == 2:
             rid = self._reqs.get(ev.request_seq)
@@ -218,7 +241,8 @@ class Consumer:
         return End(rid, int(ev.dropped))
 
     def release(self) -> None:
-        """Let the worker reuse the record :meth:`next` returned last (``next`` does it too)."""
+        """Let the worker reuse the records :meth:`next` or :meth:`next_batch` returned (they do
+        it too)."""
         check(lib.shmsteer_capture_release(self._handle()))
 
     def publish(self, request_id: str, status: str, error: Optional[str] = None,

@@ -145,3 +145,25 @@ def test_python_owner_results(ns, secret):
         with Consumer(ns, "fs", secret=secret) as c:
             assert c.next(timeout=0.01) is None
             assert c.stats()["rings"] == 0
+
+
+def test_next_batch_holds_every_view(owner, ns, secret):
+    with Consumer(ns, "py", secret=secret) as c:
+        owner.cmd('begin rb 2 {"tag": "t"}')
+        for seq in range(12):
+            owner.cmd(f"append rb {seq} float32")
+        owner.cmd("end rb")
+        first = c.next_batch(max_events=8, timeout=5.0)
+        assert first == [Begin("rb", {"tag": "t"}, 2)]
+        recs = []
+        while len(recs) < 12:
+            batch = c.next_batch(max_events=5, timeout=5.0)
+            assert 1 <= len(batch) <= 5 and all(isinstance(r, Record) for r in batch)
+            for r in batch:  # every view of the batch is valid until the next call
+                _, want_pos, want = expected(len(recs), "float32")
+                np.testing.assert_array_equal(r.positions, want_pos)
+                assert r.data.tobytes() == want.tobytes()
+                recs.append(r)
+        assert c.next_batch(timeout=5.0) == [End("rb", 0)]
+        with pytest.raises(ValueError):
+            c.next_batch(max_events=0)
