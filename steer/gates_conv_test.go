@@ -167,8 +167,8 @@ func TestGateConversationsCaps(t *testing.T) {
 	require.Equal(t, map[string]int{"a": 2}, e.gateConv.use)
 }
 
-// FuzzDecodeGateConversation: the SGCV decoder never panics, never aliases its input, and what
-// it accepts encodes back to the same bytes.
+// FuzzDecodeGateConversation: the SGCV decoder (and GateConversationKey, its header alone) never
+// panics, never aliases its input, and what it accepts encodes back to the same bytes.
 func FuzzDecodeGateConversation(f *testing.F) {
 	e := gateTableEngine(f)
 	v := make([]float32, smallCfg.Hidden)
@@ -185,9 +185,13 @@ func FuzzDecodeGateConversation(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		in := append([]byte(nil), b...)
+		hk, herr := GateConversationKey(b) // the header alone (the mirror checks an entry's name)
 		k, c, err := decodeGateConv(in, smallCfg)
 		if err != nil {
 			return
+		}
+		if herr != nil || hk != k {
+			t.Fatalf("decoded %+v, the header reads %+v (%v)", k, hk, herr)
 		}
 		for i := range in {
 			in[i] ^= 0xff // nothing decoded may alias the input
