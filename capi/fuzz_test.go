@@ -39,6 +39,7 @@ func FuzzSteeringJSON(f *testing.F) {
 func FuzzAdmissionJSON(f *testing.F) {
 	f.Add(`{"tenant":"t","conversation":"c","override":{"base":{}}}`)
 	f.Add(`{"override":null}`)
+	f.Add(`{"capture":{"fs":{"request_id":"r","tag":"t","hooks":{"post_block":"all"},"positions":"all"}},"prompt_len":3}`)
 	f.Fuzz(func(t *testing.T, s string) {
 		var a admissionJSON
 		if err := decodeJSONString(s, &a); err != nil && !errors.Is(err, ErrInvalidArgument) {

@@ -81,8 +81,12 @@
 // once per site (Hold, Flush). A device worker's Batch plans the same rows (CaptureSites,
 // CaptureRows) and takes back each site's gathered rows (Batch.Capture).
 //
-// What is not wired yet: the C ABI's and Python's hooks do not capture (and no GPU D2H path
-// exists); consumers have no global specs. serve runs a Hub with --capture-consumer; the C
+// The C ABI's hooks capture as the Stepper's do (shmsteer_stepper_capture_start registers a
+// ring of the stepper's own with the hub; shmsteer_stepper_capture, shmsteer_batch_capture),
+// and Python's SteeringHooks.start_capture on the native and device paths (one device-to-host
+// copy per site into pinned memory on a GPU; static CUDA-graph mode does not capture).
+//
+// What is not wired yet: consumers have no global specs. serve runs a Hub with --capture-consumer; the C
 // ABI's shmsteer_capture_* and Python's shmsteer.capture are the consumer through it
 // (shmsteer_capture_serve makes a Python-hosted owner serve one). A consumer that attaches
 // while a request runs sees only the records appended after its slot exists (it gets no begin

@@ -60,3 +60,41 @@ func FuzzDecodeFilesystemSpec(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCaptureAdmission: a request's capture object and a consumer declaration, as serve's
+// admit and --capture-consumer read them, decode or fail typed, never panic; what decodes
+// validates (ValidateFilesystem) to a selection of the model's sites or a typed error.
+func FuzzCaptureAdmission(f *testing.F) {
+	f.Add([]byte(`{"fs": `+spec(`{"post_block": "all"}`, `"all"`)+`}`), "fs=filesystem", 5)
+	f.Add([]byte(`{"a b": {}}`), "fs", 0)
+	f.Add([]byte(`[]`), "=filesystem", -1)
+	sentinels := []error{ErrBadSpec, ErrBadConsumer, ErrBadSlug, ErrUnknownHook, ErrLayerRange, ErrEmptySelector, ErrBadPositions, ErrPositionRange, ErrBadLayout, ErrConsumerType}
+	typed := func(t *testing.T, err error) {
+		if !slices.ContainsFunc(sentinels, func(s error) bool { return errors.Is(err, s) }) {
+			t.Fatalf("untyped error %v", err)
+		}
+	}
+	f.Fuzz(func(t *testing.T, b []byte, decl string, promptLen int) {
+		if name, typ, err := ParseDeclaration(decl); err != nil {
+			typed(t, err)
+		} else if name == "" || typ != TypeFilesystem {
+			t.Fatalf("declaration %q parsed to %q %q", decl, name, typ)
+		}
+		m, err := DecodeRequest(b)
+		if err != nil {
+			typed(t, err)
+			return
+		}
+		nsites := int32(testCfg.NumHooks() * testCfg.Layers)
+		for _, raw := range m {
+			sel, err := ValidateFilesystem(testCfg, raw, promptLen)
+			if err != nil {
+				typed(t, err)
+				continue
+			}
+			if len(sel.Sites) == 0 || !slices.IsSorted(sel.Sites) || sel.Sites[0] < 0 || sel.Sites[len(sel.Sites)-1] >= nsites {
+				t.Fatalf("sites %v", sel.Sites)
+			}
+		}
+	})
+}

@@ -36,6 +36,15 @@ never loops over requests.
   resolved (span layout and the action hashes of every steered site's content), equal across ranks
   that resolve the same batch at the same version, whatever the device.
 
+Activation capture (:meth:`SteeringHooks.start_capture`): the rows admitted requests capture
+(``Owner.admit(..., capture={consumer: spec}, prompt_len=N)``) are copied at each attached site,
+before its steering, into the hooks' capture ring, which consumers read
+(:mod:`shmsteer.capture`). Spans carry each request's absolute positions as 5-tuples ``(id, start,
+end, phase, first_position)``. The native path captures float32 blocks in the apply and bfloat16 /
+float16 ones from their own bytes; the device path gathers each site's planned rows on the device
+and makes one device-to-host copy per site into pinned memory, handed to the engine at the step's
+end.
+
 CUDA-graph (static) mode: ``SteeringHooks(handle, static=True, max_tokens=T, device=..., dtype=...)``
 preallocates, for every attached site, a table ``[max_slots + 1, hidden]`` (and clamp rows when
 ``max_clamps`` > 0), one index buffer ``[max_tokens]`` and the gather buffers. :meth:`prepare` runs
@@ -341,9 +350,9 @@ class SteeringHooks:
             self._cplan_key = key
 
     def _capture_site(self, t: torch.Tensor, site: int) -> None:
-        """Device path: gather site's planned rows of t (before its steering add) into the host
-        buffer: on a CPU tensor straight into it, on a GPU into a device buffer then one
-        asynchronous copy into pinned memory. Handed to the engine at the step's end."""
+        """Device path: gather site's planned rows of t (before its steering add) into a buffer on
+        t's device, then one copy into the host buffer (pinned, asynchronous, on a GPU). Handed to
+        the engine at the step's end."""
         plan = self._cplan
         if plan is None or self._cidx is None:
             return
@@ -363,15 +372,14 @@ class SteeringHooks:
         view = host[off * self.hidden * esize:(off + n) * self.hidden * esize].view(t.dtype).view(n, self.hidden)
         rows = t.view(-1, self.hidden)
         idx = self._cidx[off:off + n]
-        if not cuda:
-            torch.index_select(rows, 0, idx, out=view)
-        else:
-            g = self._cdev
-            if g is None or g.shape[0] < total or g.dtype != t.dtype or g.device != t.device:
-                g = self._cdev = torch.empty(max(total, 1), self.hidden, dtype=t.dtype, device=t.device)
-            gv = g[off:off + n]
-            torch.index_select(rows, 0, idx, out=gv)
-            view.copy_(gv, non_blocking=True)  # the site's one device-to-host copy
+        # One gather into a buffer on t's device, then the site's one device-to-host copy
+        # (asynchronous into pinned memory on CUDA; on a CPU tensor the same two steps).
+        g = self._cdev
+        if g is None or g.shape[0] < total or g.dtype != t.dtype or g.device != t.device:
+            g = self._cdev = torch.empty(max(total, 1), self.hidden, dtype=t.dtype, device=t.device)
+        gv = g[off:off + n]
+        torch.index_select(rows, 0, idx, out=gv)
+        view.copy_(gv, non_blocking=cuda)
         self._cdone.append((site, view))
 
     def _flush_capture(self) -> None:
