@@ -17,20 +17,11 @@ TEXT ·addRowsAVX512(SB), NOSPLIT, $0-52
 	MOVQ v_base+24(FP), R10
 	MOVQ v_len+32(FP), R9
 	VBROADCASTSS s+48(FP), Z0
-	// R11 != 0 when h is at least 64 KiB and fits an L2 (1 MiB): then the loop
-	// software-prefetches h 2 KiB ahead (of the distances tried against gcc, 0, 1, 2, 4 and
-	// 8 KiB, and 8-vector unrolling, 2 KiB did best at 256 KiB; on a single 16 KiB row the
-	// prefetches cost more than they save). From 1 MiB up it does not prefetch, as gcc's loop
-	// does not: timed by thread CPU time in rounds paired with gcc's, a 4 KiB prefetch ran
-	// 1.06-1.44x gcc at 4 and 64 MiB where the same loop without it ran 0.98-1.02x.
-	MOVQ AX, R11
-	SHRQ $14, R11
-	MOVQ         $2048, R8 // prefetch distance 2 KiB, while h fits an L2 (1 MiB)
-	CMPQ         AX, $262144
-	JB           a512_near
-	XORQ         R11, R11 // from 1 MiB up: no software prefetch
-
-a512_near:
+	// No software prefetch, as gcc's loop has none: timed by thread CPU time in rounds
+	// paired with gcc's, prefetching h 2 KiB ahead gained nothing at 256 KiB and cost the
+	// prefill step (256 KiB spans of a 4 MiB h) 3-5%, and 4 KiB ahead ran 1.06-1.44x gcc at
+	// 4 and 64 MiB where this loop runs 0.98-1.02x (an earlier, wall-clock comparison on a
+	// quieter machine had favoured 2 KiB at 256 KiB by 1-2%).
 
 a512_row:
 	CMPQ AX, R9
@@ -44,12 +35,9 @@ a512_row:
 	SHRQ $6, CX
 	SHLQ $8, CX
 	ADDQ CX, DI
-	LEAQ (DI)(R8*1), R13
 	LEAQ (R10)(CX*1), SI
 	NEGQ CX
 	JZ   a512_rest
-	TESTQ R11, R11
-	JNZ  a512_loop64pf
 
 a512_loop64:
 	VMOVUPS     (SI)(CX*1), Z1
@@ -66,25 +54,6 @@ a512_loop64:
 	VMOVUPS     Z4, 192(DI)(CX*1)
 	ADDQ        $256, CX
 	JNZ         a512_loop64
-	JMP         a512_rest
-
-a512_loop64pf:
-	PREFETCHT0  (R13)(CX*1)
-	PREFETCHT0  128(R13)(CX*1)
-	VMOVUPS     (SI)(CX*1), Z1
-	VFMADD213PS (DI)(CX*1), Z0, Z1
-	VMOVUPS     Z1, (DI)(CX*1)
-	VMOVUPS     64(SI)(CX*1), Z2
-	VFMADD213PS 64(DI)(CX*1), Z0, Z2
-	VMOVUPS     Z2, 64(DI)(CX*1)
-	VMOVUPS     128(SI)(CX*1), Z3
-	VFMADD213PS 128(DI)(CX*1), Z0, Z3
-	VMOVUPS     Z3, 128(DI)(CX*1)
-	VMOVUPS     192(SI)(CX*1), Z4
-	VFMADD213PS 192(DI)(CX*1), Z0, Z4
-	VMOVUPS     Z4, 192(DI)(CX*1)
-	ADDQ        $256, CX
-	JNZ         a512_loop64pf
 
 a512_rest:
 	MOVQ R9, CX
@@ -253,14 +222,6 @@ TEXT ·addRowsAVX2(SB), NOSPLIT, $0-52
 	MOVQ         v_base+24(FP), R10
 	MOVQ         v_len+32(FP), R9
 	VBROADCASTSS s+48(FP), Y0
-	MOVQ         AX, R11 // prefetch h ahead from 64 KiB to 1 MiB, as in addRowsAVX512
-	SHRQ         $14, R11
-	MOVQ         $2048, R8 // prefetch distance 2 KiB, while h fits an L2 (1 MiB)
-	CMPQ         AX, $262144
-	JB           a256_near
-	XORQ         R11, R11 // from 1 MiB up: no software prefetch
-
-a256_near:
 
 a256_row:
 	CMPQ AX, R9
@@ -272,12 +233,9 @@ a256_row:
 	SHRQ $5, CX
 	SHLQ $7, CX
 	ADDQ CX, DI
-	LEAQ (DI)(R8*1), R13
 	LEAQ (R10)(CX*1), SI
 	NEGQ CX
 	JZ   a256_rest
-	TESTQ R11, R11
-	JNZ  a256_loop32pf
 
 a256_loop32:
 	VMOVUPS     (SI)(CX*1), Y1
@@ -295,25 +253,6 @@ a256_loop32:
 	ADDQ        $128, CX
 	JNZ         a256_loop32
 
-	JMP         a256_rest
-
-a256_loop32pf:
-	PREFETCHT0  (R13)(CX*1)
-	PREFETCHT0  64(R13)(CX*1)
-	VMOVUPS     (SI)(CX*1), Y1
-	VMOVUPS     32(SI)(CX*1), Y2
-	VMOVUPS     64(SI)(CX*1), Y3
-	VMOVUPS     96(SI)(CX*1), Y4
-	VFMADD213PS (DI)(CX*1), Y0, Y1
-	VFMADD213PS 32(DI)(CX*1), Y0, Y2
-	VFMADD213PS 64(DI)(CX*1), Y0, Y3
-	VFMADD213PS 96(DI)(CX*1), Y0, Y4
-	VMOVUPS     Y1, (DI)(CX*1)
-	VMOVUPS     Y2, 32(DI)(CX*1)
-	VMOVUPS     Y3, 64(DI)(CX*1)
-	VMOVUPS     Y4, 96(DI)(CX*1)
-	ADDQ        $128, CX
-	JNZ         a256_loop32pf
 
 a256_rest:
 	MOVQ R9, CX
@@ -521,14 +460,6 @@ TEXT ·addRows2AVX512(SB), NOSPLIT, $0-80
 	MOVQ         y_base+48(FP), R12
 	VBROADCASTSS a+72(FP), Z0
 	VBROADCASTSS b+76(FP), Z5
-	MOVQ         AX, R11 // prefetch h ahead from 64 KiB to 1 MiB, as in addRowsAVX512
-	SHRQ         $14, R11
-	MOVQ         $2048, R8 // prefetch distance 2 KiB, while h fits an L2 (1 MiB)
-	CMPQ         AX, $262144
-	JB           b512_near
-	XORQ         R11, R11 // from 1 MiB up: no software prefetch
-
-b512_near:
 
 b512_row:
 	CMPQ AX, R9
@@ -539,13 +470,10 @@ b512_row:
 	SHRQ $6, CX
 	SHLQ $8, CX
 	ADDQ CX, DI
-	LEAQ (DI)(R8*1), R13
 	LEAQ (R10)(CX*1), SI
 	LEAQ (R12)(CX*1), DX
 	NEGQ CX
 	JZ   b512_rest
-	TESTQ R11, R11
-	JNZ  b512_loop_pf
 
 b512_loop:
 	VMULPS      (SI)(CX*1), Z0, Z1
@@ -566,29 +494,6 @@ b512_loop:
 	VMOVUPS     Z4, 192(DI)(CX*1)
 	ADDQ        $256, CX
 	JNZ         b512_loop
-	JMP         b512_rest
-
-b512_loop_pf:
-	PREFETCHT0  (R13)(CX*1)
-	PREFETCHT0  128(R13)(CX*1)
-	VMULPS      (SI)(CX*1), Z0, Z1
-	VFMADD231PS (DX)(CX*1), Z5, Z1
-	VADDPS      (DI)(CX*1), Z1, Z1
-	VMOVUPS     Z1, (DI)(CX*1)
-	VMULPS      64(SI)(CX*1), Z0, Z2
-	VFMADD231PS 64(DX)(CX*1), Z5, Z2
-	VADDPS      64(DI)(CX*1), Z2, Z2
-	VMOVUPS     Z2, 64(DI)(CX*1)
-	VMULPS      128(SI)(CX*1), Z0, Z3
-	VFMADD231PS 128(DX)(CX*1), Z5, Z3
-	VADDPS      128(DI)(CX*1), Z3, Z3
-	VMOVUPS     Z3, 128(DI)(CX*1)
-	VMULPS      192(SI)(CX*1), Z0, Z4
-	VFMADD231PS 192(DX)(CX*1), Z5, Z4
-	VADDPS      192(DI)(CX*1), Z4, Z4
-	VMOVUPS     Z4, 192(DI)(CX*1)
-	ADDQ        $256, CX
-	JNZ         b512_loop_pf
 
 b512_rest:
 	MOVQ R9, CX
@@ -717,14 +622,6 @@ TEXT ·addRows2AVX2(SB), NOSPLIT, $0-80
 	MOVQ         y_base+48(FP), R12
 	VBROADCASTSS a+72(FP), Y0
 	VBROADCASTSS b+76(FP), Y5
-	MOVQ         AX, R11 // prefetch h ahead from 64 KiB to 1 MiB, as in addRowsAVX512
-	SHRQ         $14, R11
-	MOVQ         $2048, R8 // prefetch distance 2 KiB, while h fits an L2 (1 MiB)
-	CMPQ         AX, $262144
-	JB           b256_near
-	XORQ         R11, R11 // from 1 MiB up: no software prefetch
-
-b256_near:
 
 b256_row:
 	CMPQ AX, R9
@@ -735,13 +632,10 @@ b256_row:
 	SHRQ $5, CX
 	SHLQ $7, CX
 	ADDQ CX, DI
-	LEAQ (DI)(R8*1), R13
 	LEAQ (R10)(CX*1), SI
 	LEAQ (R12)(CX*1), DX
 	NEGQ CX
 	JZ   b256_rest
-	TESTQ R11, R11
-	JNZ  b256_loop_pf
 
 b256_loop:
 	VMULPS      (SI)(CX*1), Y0, Y1
@@ -762,29 +656,6 @@ b256_loop:
 	VMOVUPS     Y4, 96(DI)(CX*1)
 	ADDQ        $128, CX
 	JNZ         b256_loop
-	JMP         b256_rest
-
-b256_loop_pf:
-	PREFETCHT0  (R13)(CX*1)
-	PREFETCHT0  64(R13)(CX*1)
-	VMULPS      (SI)(CX*1), Y0, Y1
-	VFMADD231PS (DX)(CX*1), Y5, Y1
-	VADDPS      (DI)(CX*1), Y1, Y1
-	VMOVUPS     Y1, (DI)(CX*1)
-	VMULPS      32(SI)(CX*1), Y0, Y2
-	VFMADD231PS 32(DX)(CX*1), Y5, Y2
-	VADDPS      32(DI)(CX*1), Y2, Y2
-	VMOVUPS     Y2, 32(DI)(CX*1)
-	VMULPS      64(SI)(CX*1), Y0, Y3
-	VFMADD231PS 64(DX)(CX*1), Y5, Y3
-	VADDPS      64(DI)(CX*1), Y3, Y3
-	VMOVUPS     Y3, 64(DI)(CX*1)
-	VMULPS      96(SI)(CX*1), Y0, Y4
-	VFMADD231PS 96(DX)(CX*1), Y5, Y4
-	VADDPS      96(DI)(CX*1), Y4, Y4
-	VMOVUPS     Y4, 96(DI)(CX*1)
-	ADDQ        $128, CX
-	JNZ         b256_loop_pf
 
 b256_rest:
 	MOVQ R9, CX

@@ -10,9 +10,9 @@ import (
 )
 
 // TestAddRowsPrefetchRegimes runs the one- and two-source row adds on blocks either side of
-// the sizes where the SIMD loops change strategy (software prefetch from 64 KiB of h, none
-// again from 1 MiB), at unaligned starts, on every path: the same result as the reference
-// (one source) and bit for bit Sum2 then AddRows (two sources).
+// 64 KiB and 1 MiB of h (the SIMD loops once prefetched h in between, and may again), at
+// unaligned starts, on every path: the same result as the reference (one source) and bit for
+// bit Sum2 then AddRows (two sources).
 func TestAddRowsPrefetchRegimes(t *testing.T) {
 	const d = 1024 // 4 KiB rows: 16 rows are 64 KiB, 256 rows 1 MiB
 	forEachPath(t, func(t *testing.T) {
