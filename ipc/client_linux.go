@@ -308,19 +308,18 @@ func (c *Client) Call(op uint16, req []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: op %d is outside [%d, %d]", ErrUnknownOp, op, MinUserOp, MaxUserOp)
 	}
 	var out []byte
-	err := c.call(op, func(b []byte) []byte { return append(b, req...) }, func(p []byte) {
-		out = append([]byte{}, p...)
-	})
+	err := c.call(op, req, &out)
 	return out, err
 }
 
 // Ping round-trips an empty RPC: nil while the owner serves.
 func (c *Client) Ping() error { return c.call(opPing, nil, nil) }
 
-// call sends one request, built by build, and waits for its reply, which onReply sees (the
-// bytes are valid only during onReply). Replies to earlier requests that timed out are skipped
-// by id. Request bytes are zeroed once sent (they may hold a key).
-func (c *Client) call(op uint16, build func([]byte) []byte, onReply func([]byte)) error {
+// call sends one request with payload req and waits for its reply, which it copies into *out
+// (a non-nil slice, empty for an empty reply) unless out is nil. Replies to earlier requests
+// that timed out are skipped by id. The frame's bytes are zeroed once sent (they may hold a
+// secret); req is the caller's.
+func (c *Client) call(op uint16, req []byte, out *[]byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -335,10 +334,7 @@ func (c *Client) call(op uint16, build func([]byte) []byte, onReply func([]byte)
 		c.nextID = 1
 	}
 	id := c.nextID
-	c.wbuf = beginFrame(c.wbuf[:0], op, id)
-	if build != nil {
-		c.wbuf = build(c.wbuf)
-	}
+	c.wbuf = append(beginFrame(c.wbuf[:0], op, id), req...)
 	defer func() {
 		clear(c.wbuf)
 		if cap(c.wbuf) > readerKeep {
@@ -385,8 +381,8 @@ func (c *Client) call(op uint16, build func([]byte) []byte, onReply func([]byte)
 		}
 		switch f.op {
 		case opReplyOK:
-			if onReply != nil {
-				onReply(f.payload)
+			if out != nil {
+				*out = append([]byte{}, f.payload...)
 			}
 			return nil
 		case opReplyErr:

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/shmsteer/shmsteer/internal/observe"
 	"github.com/shmsteer/shmsteer/internal/proto"
@@ -35,26 +36,33 @@ func Attach(c *ipc.Client) (*Registry, error) {
 	if len(resp) != 4 {
 		return nil, fmt.Errorf("%w: key limits reply of %d bytes", ipc.ErrProtocol, len(resp))
 	}
-	return &Registry{region: c.Region(), maxKey: int(binary.LittleEndian.Uint32(resp)), w: remote{c},
+	return &Registry{region: c.Region(), maxKey: int(binary.LittleEndian.Uint32(resp)), w: &remote{c: c},
 		observers: new(observe.List[Change])}, nil
 }
 
 // remote sends a worker's writes to the owner.
-type remote struct{ c *ipc.Client }
+type remote struct {
+	c *ipc.Client
 
-func (r remote) String() string { return r.c.String() }
+	mu  sync.Mutex // guards buf (the client sends one RPC at a time anyway)
+	buf []byte     // a key set's payload, reused, zeroed after each send
+}
 
-func (r remote) set(id string, key []byte, o writeOpts) error {
+func (r *remote) String() string { return r.c.String() }
+
+func (r *remote) set(id string, key []byte, o writeOpts) error {
 	if o.ownerOnly() {
 		return errOwnerOnly
 	}
-	req := appendSet(nil, id, key)
-	_, err := r.c.Call(opSet, req)
-	clear(req) // it held the key
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.buf = appendSet(r.buf[:0], id, key)
+	_, err := r.c.Call(opSet, r.buf)
+	clear(r.buf) // it held the key
 	return err
 }
 
-func (r remote) remove(id string, o writeOpts) error {
+func (r *remote) remove(id string, o writeOpts) error {
 	if o.ownerOnly() {
 		return errOwnerOnly
 	}
@@ -63,9 +71,9 @@ func (r remote) remove(id string, o writeOpts) error {
 }
 
 // revokedIDs is the owner's knowledge: a worker lists none.
-func (remote) revokedIDs() []string { return nil }
+func (*remote) revokedIDs() []string { return nil }
 
-func (remote) revocations() (inArena, unmarked uint64) { return 0, 0 }
+func (*remote) revocations() (inArena, unmarked uint64) { return 0, 0 }
 
 // serve registers the owner's handlers of the registry's ops.
 func serve(o *ipc.Owner, k *Registry) {
