@@ -248,6 +248,7 @@ func (w *RingWriter) flush() {
 		return
 	}
 	w.pub = w.pos
+	kernels.StoreFence()                 // AppendRows' non-temporal stores before the publish
 	word(w.r.mem, offWrite).Store(w.pos) // publishes the frames (and the pads before them)
 	word(w.r.mem, offRecords).Add(w.heldRecs)
 	word(w.r.mem, offBytes).Add(w.heldLen)
@@ -408,6 +409,12 @@ func (w *RingWriter) reserve(requestID string, rec *Record, nbytes int) ([]byte,
 		f[i] = 0
 	}
 	w.pending = n
+	// The next frame's header lines, fetched while this frame's data is copied.
+	next := (w.pos + n) % r.cap
+	kernels.Prefetch(r.data[next:])
+	if next+64 < r.cap {
+		kernels.Prefetch(r.data[next+64:])
+	}
 	return f[o : o+nbytes : o+nbytes], nil
 }
 

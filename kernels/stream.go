@@ -9,8 +9,8 @@ const streamMin = 2048
 // non-temporal stores where the CPU has them (SSE2 on amd64): for data written once and read
 // later by another process, as a capture ring's records are, the stores skip reading the
 // destination's cache lines and leave the writer's cache alone, as Go's copy does only from
-// 1 MiB. The stores are fenced (SFENCE) before it returns, so a store that publishes the bytes
-// afterwards (an atomic write position) is ordered after them.
+// 1 MiB. Non-temporal stores are weakly ordered: call StoreFence before the store that
+// publishes the bytes (an atomic write position), once for any number of copies.
 func StreamCopy(dst, src []byte) int {
 	n := len(src)
 	dst = dst[:n]
@@ -18,4 +18,17 @@ func StreamCopy(dst, src []byte) int {
 		copy(dst, src)
 	}
 	return n
+}
+
+// StoreFence orders every StreamCopy before it ahead of every store after it (SFENCE on
+// amd64; nothing where StreamCopy only copies).
+func StoreFence() { storeFence() }
+
+// Prefetch asks for the cache line holding b[0] (b non-empty) ahead of its use: for a writer
+// about to fill a line of memory it does not have (the capture ring's next frame header), so
+// the line's fetch overlaps the work before the write instead of stalling it.
+func Prefetch(b []byte) {
+	if len(b) > 0 {
+		prefetch(&b[0])
+	}
 }

@@ -5,7 +5,7 @@ package kernels
 import "unsafe"
 
 // streamCopy64 copies n bytes (a positive multiple of 64) from src to dst (64-byte aligned)
-// with MOVNTDQ stores, then SFENCE (stream_amd64.s).
+// with MOVNTDQ stores, unfenced (stream_amd64.s).
 //
 //go:noescape
 func streamCopy64(dst, src unsafe.Pointer, n int)
@@ -24,3 +24,11 @@ func streamCopyLines(dst, src []byte) bool {
 	copy(dst[head+body:], src[head+body:])
 	return true
 }
+
+// storeFence is SFENCE (stream_amd64.s).
+func storeFence()
+
+// prefetch is PREFETCHT0 of p's line (stream_amd64.s).
+//
+//go:noescape
+func prefetch(p *byte)

@@ -4,8 +4,8 @@
 
 // func streamCopy64(dst, src unsafe.Pointer, n int)
 // dst 64-byte aligned, n a positive multiple of 64: one cache line per iteration, loaded
-// unaligned and stored non-temporally (write-combined, no read for ownership), then SFENCE so
-// the lines are globally visible before any later store.
+// unaligned and stored non-temporally (write-combined, no read for ownership); the caller
+// fences (storeFence) before publishing them.
 TEXT ·streamCopy64(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -23,5 +23,15 @@ stream_loop:
 	ADDQ $64, DI
 	SUBQ $64, CX
 	JNZ stream_loop
+	RET
+
+// func storeFence()
+TEXT ·storeFence(SB), NOSPLIT, $0-0
 	SFENCE
+	RET
+
+// func prefetch(p *byte)
+TEXT ·prefetch(SB), NOSPLIT, $0-8
+	MOVQ p+0(FP), AX
+	PREFETCHT0 (AX)
 	RET

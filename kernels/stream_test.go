@@ -22,6 +22,8 @@ func TestStreamCopy(t *testing.T) {
 				if got := StreamCopy(buf[do:], src[so:so+n]); got != n {
 					t.Fatalf("n %d: returned %d", n, got)
 				}
+				StoreFence()
+				Prefetch(buf[do:])
 				if !bytes.Equal(buf[do:do+n], src[so:so+n]) {
 					t.Fatalf("n %d src+%d dst+%d: bytes differ", n, so, do)
 				}
