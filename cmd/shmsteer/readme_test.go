@@ -121,34 +121,9 @@ func TestREADME(t *testing.T) {
 	t.Run("library from a clone", func(t *testing.T) { readmeLibrary(t, library[0]) })
 	t.Run("activation capture", func(t *testing.T) { readmeCapture(t, strings.Join(capture, "")) })
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	l.Close()
 	// The vector-file block attaches to the quick start's serve: it runs after the API calls.
 	script := strings.Join([]string{service[0], service[1], files[0], service[2], service[3]}, "")
-	script = strings.ReplaceAll(script, "127.0.0.1:8677", addr)
-	require.Equal(t, 0, strings.Count(script, "8677"), "every use of the port is the address")
-
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	// The harness's only lines: stop on the first failure, and never leave serve running.
-	cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail\ntrap 'kill -9 ${SERVE:-} 2>/dev/null || true' EXIT\n"+script)
-	cmd.Dir = "../.."
-	env := []string{"TMPDIR=" + t.TempDir()}
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "SHMSTEER_") && !strings.HasPrefix(e, "TMPDIR=") {
-			env = append(env, e)
-		}
-	}
-	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
-	log := out.String()
-	require.NoError(t, err, "the README's blocks failed:\n%s", log)
+	addr, log := runReadmeScript(t, script, "127.0.0.1:8677")
 
 	// What a reader is told to expect.
 	for _, want := range []string{
@@ -211,14 +186,38 @@ func readmeLibrary(t *testing.T, block string) {
 // the reader is told to expect: the consumer attached, the result ok with the paths, the
 // sidecar's shape and positions, the metrics.
 func readmeCapture(t *testing.T, script string) {
+	_, log := runReadmeScript(t, script, "127.0.0.1:8678")
+	for _, want := range []string{
+		`capture fs: attached as consumer "fs"`,
+		`"status":"ok","error":null,"payload":["`,
+		"/demo/r1/0_post_block.bin",
+		"3_post_block.json",
+		`"shape":[6,64]`,
+		`"positions":[0,1,2,3,4,5]`,
+		"shmsteer_capture_records_total 6",
+		"captureworker: stepped r1",
+		"capture fs: 1 requests (1 ok",
+	} {
+		require.Contains(t, log, want, "README capture run output")
+	}
+}
+
+// runReadmeScript runs README blocks in one bash from the checkout, as a new user pastes them,
+// with the one change the harness makes: a free port on 127.0.0.1 instead of the blocks' port
+// (so parallel runs do not collide), and TMPDIR the test's (so their directories are removed
+// after). It stops at the first failure, never leaves serve or a consumer running, and returns
+// the address used and the output.
+func runReadmeScript(t *testing.T, script, port string) (string, string) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
 	l.Close()
-	script = strings.ReplaceAll(script, "127.0.0.1:8678", addr)
-	require.Equal(t, 0, strings.Count(script, "8678"), "every use of the port is the address")
+	script = strings.ReplaceAll(script, port, addr)
+	require.Equal(t, 0, strings.Count(script, strings.TrimPrefix(port, "127.0.0.1:")), "every use of the port is the address")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	// The harness's only lines: stop on the first failure, and never leave serve running.
 	cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail\ntrap 'kill -9 ${SERVE:-} ${CONSUMER:-} 2>/dev/null || true' EXIT\n"+script)
 	cmd.Dir = "../.."
 	env := []string{"TMPDIR=" + t.TempDir()}
@@ -234,18 +233,6 @@ func readmeCapture(t *testing.T, script string) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Run()
 	log := out.String()
-	require.NoError(t, err, "the README's capture blocks failed:\n%s", log)
-	for _, want := range []string{
-		`capture fs: attached as consumer "fs"`,
-		`"status":"ok","error":null,"payload":["`,
-		"/demo/r1/0_post_block.bin",
-		"3_post_block.json",
-		`"shape":[6,64]`,
-		`"positions":[0,1,2,3,4,5]`,
-		"shmsteer_capture_records_total 6",
-		"captureworker: stepped r1",
-		"capture fs: 1 requests (1 ok",
-	} {
-		require.Contains(t, log, want, "README capture run output")
-	}
+	require.NoError(t, err, "the README's blocks failed:\n%s", log)
+	return addr, log
 }
