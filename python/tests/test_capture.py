@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -167,3 +168,29 @@ def test_next_batch_holds_every_view(owner, ns, secret):
         assert c.next_batch(timeout=5.0) == [End("rb", 0)]
         with pytest.raises(ValueError):
             c.next_batch(max_events=0)
+
+
+def test_python_owner_admit_end_publish(ns, secret):
+    """A Python-hosted owner serving consumer "fs": admit with capture, the consumer's begin,
+    the end, its published result in Owner.capture_result; a request naming "probe" while no
+    probe consumer is attached ends with status error."""
+    with shmsteer.Owner(ns, secret=secret, hidden=8, layers=2) as o:
+        capture.serve_capture(o, {"fs": "filesystem", "probe": "filesystem"})
+        spec = {"request_id": "r1", "tag": "t", "hooks": {"post_block": [1]}, "positions": "all"}
+        with Consumer(ns, "fs", secret=secret) as c:
+            o.admit("r1", capture={"fs": spec}, prompt_len=3)
+            assert o.capture_result("r1")["fs"]["status"] == "pending"
+            assert c.next(timeout=5.0) == Begin("r1", spec, 3)
+            o.end("r1")
+            assert c.next(timeout=5.0) == End("r1", 0)
+            c.publish("r1", "partial_error", error="one site failed", payload=["/x/t/r1/1_post_block.bin"])
+            for _ in range(500):  # the result crosses the consumer's connection: up to 5 s
+                res = o.capture_result("r1")
+                if res["fs"]["status"] != "pending":
+                    break
+                time.sleep(0.01)
+            assert res == {"fs": {"status": "partial_error", "error": "one site failed",
+                                  "payload": ["/x/t/r1/1_post_block.bin"]},
+                           "probe": {"status": "not_requested", "error": None, "payload": []}}
+            o.admit("r2", capture={"probe": dict(spec, request_id="r2")}, prompt_len=3)
+            assert o.capture_result("r2")["probe"]["status"] == "error"
