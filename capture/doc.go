@@ -48,7 +48,8 @@
 //     prompt length; Hub.Begin sends it before the admission returns, so before any step),
 //     its records as views of the ring (bitwise what the worker appended; records of requests
 //     not captured for this consumer are skipped), and its end (Hub.End) after every record
-//     of it. The consumer publishes its result (Publish); Hub.Result gives each declared
+//     of it; NextBatch returns the records that follow one another in one call, every view
+//     valid until the next (RingReader.NextHeld). The consumer publishes its result (Publish); Hub.Result gives each declared
 //     consumer's {status, error, payload}: pending, ok, partial_error, error (also when the
 //     consumer leaves or dies before publishing, or was not attached at admission),
 //     not_requested. Hub.Status reads the rings' and the consumers' counters, with totals that
