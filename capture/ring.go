@@ -27,7 +27,7 @@ import (
 //
 // Mapping layout (little-endian; every shared word through sync/atomic):
 //
-//	0    magic "shmcapr\x01", capacity (data bytes, a multiple of 8), slots
+//	0    magic "shmcapr\x02", capacity (data bytes, a multiple of 64), slots
 //	64   write position (bytes ever appended; publishes records)
 //	128  records, bytes, dropped, reclaimed (the writer's counters)
 //	192  slots × 64: state u32 + policy u32, read position, received, dropped, consumer pid,
@@ -36,13 +36,18 @@ import (
 //
 // A frame at data[pos % capacity], never wrapping (a pad frame fills the tail):
 //
-//	0   frame length u32 (multiple of 8, header included), kind u32 (1 record, 2 pad)
+//	0   frame length u32 (multiple of 64, header included), kind u32 (1 record, 2 pad)
 //	8   layer u32, rows u32
 //	16  width u32, dtype u8, hook length u8, request id length u16
-//	24  positions: rows × u32, request id, hook, zero padding to 8, data, zero padding to 8
+//	24  positions: rows × u32, request id, hook, zero padding to 64, data, zero padding to 64
+//
+// Frames and their data start on 64-byte lines (the data area and capacity are multiples of
+// 64): a record's rows are whole lines the writer streams (non-temporal stores) with no line
+// shared with a header.
 
 const (
-	ringMagic     = "shmcapr\x01"
+	ringMagic     = "shmcapr\x02"
+	frameAlign    = 64
 	offWrite      = 64
 	offRecords    = 128
 	offBytes      = 136
@@ -104,10 +109,10 @@ type Ring struct {
 
 func dataOff(slots int) int { return offSlots + slots*slotSize }
 
-// CreateRing makes a ring of capacity data bytes (rounded up to 8) and slots consumer slots
+// CreateRing makes a ring of capacity data bytes (rounded up to 64) and slots consumer slots
 // in a new memfd; Fd passes it to other processes.
 func CreateRing(capacity uint64, slots int) (*Ring, error) {
-	capacity = (capacity + 7) &^ 7
+	capacity = (capacity + frameAlign - 1) &^ (frameAlign - 1)
 	if capacity < minRingData || capacity > maxRingData || slots < 1 || slots > MaxRingSlots {
 		return nil, fmt.Errorf("%w: capacity %d not in [%d, %d] or slots %d not in [1, %d]", ErrRingLayout, capacity, minRingData, uint64(maxRingData), slots, MaxRingSlots)
 	}
@@ -156,7 +161,7 @@ func OpenRing(fd int) (*Ring, error) {
 	}
 	capacity := binary.LittleEndian.Uint64(mem[8:])
 	slots := int(binary.LittleEndian.Uint32(mem[16:]))
-	if string(mem[:8]) != ringMagic || capacity < minRingData || capacity > maxRingData || capacity%8 != 0 ||
+	if string(mem[:8]) != ringMagic || capacity < minRingData || capacity > maxRingData || capacity%frameAlign != 0 ||
 		slots < 1 || slots > MaxRingSlots || int64(dataOff(slots))+int64(capacity) != st.Size {
 		unix.Munmap(mem)
 		unix.Close(nfd)
@@ -257,7 +262,7 @@ func (w *RingWriter) flush() {
 
 func frameLen(rows, idLen, hookLen, nbytes int) uint64 {
 	meta := uint64(frameHeader) + 4*uint64(rows) + uint64(idLen) + uint64(hookLen)
-	return (meta+7)&^7 + (uint64(nbytes)+7)&^7
+	return (meta+frameAlign-1)&^(frameAlign-1) + (uint64(nbytes)+frameAlign-1)&^(frameAlign-1)
 }
 
 var dtypeCodes = []Dtype{"", Float32, BFloat16, Float16}
@@ -402,7 +407,7 @@ func (w *RingWriter) reserve(requestID string, rec *Record, nbytes int) ([]byte,
 	}
 	o += copy(f[o:], requestID)
 	o += copy(f[o:], rec.Hook)
-	for ; o%8 != 0; o++ {
+	for ; o%frameAlign != 0; o++ {
 		f[o] = 0
 	}
 	for i := o + nbytes; i < len(f); i++ {
@@ -585,7 +590,7 @@ func (c *RingReader) next() (RingRecord, bool, error) {
 		if wp == pos {
 			return RingRecord{}, false, nil
 		}
-		if wp < pos || wp-pos > r.cap || pos%8 != 0 {
+		if wp < pos || wp-pos > r.cap || pos%frameAlign != 0 {
 			return RingRecord{}, false, fmt.Errorf("%w: read position %d, write position %d, capacity %d", ErrRingCorrupt, pos, wp, r.cap)
 		}
 		off := pos % r.cap
@@ -624,7 +629,7 @@ func decodeFrame(b []byte) (uint64, uint32, RingRecord, error) {
 	}
 	n := uint64(binary.LittleEndian.Uint32(b))
 	kind := binary.LittleEndian.Uint32(b[4:])
-	if n < 8 || n%8 != 0 || n > uint64(len(b)) {
+	if n < 8 || n%frameAlign != 0 || n > uint64(len(b)) {
 		return bad("frame length %d with %d bytes published", n, len(b))
 	}
 	switch kind {
@@ -663,7 +668,7 @@ func decodeFrame(b []byte) (uint64, uint32, RingRecord, error) {
 	rec.RequestID = string(f[o : o+idLen])
 	o += idLen
 	rec.Hook = string(f[o : o+hookLen])
-	o = (o + hookLen + 7) &^ 7
+	o = (o + hookLen + frameAlign - 1) &^ (frameAlign - 1)
 	rec.Data = f[o : o+nbytes : o+nbytes]
 	return n, kind, rec, nil
 }
