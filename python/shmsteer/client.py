@@ -578,20 +578,26 @@ def _gates_for_abi(steering: Any) -> Any:
     return gates
 
 
+#: At most this many threads of one Keys read through a reader slot of their own (the region's
+#: slots are shared by every process); later threads read through the handle's shared slots.
+THREAD_READERS = 16
+
+
 class _ThreadReader:
     """A thread's shmsteer_reader_t: its reader slot goes back when the thread's local state
     goes (the thread ends, or the Keys object is collected)."""
 
-    __slots__ = ("handle",)
+    __slots__ = ("handle", "keys")
 
-    def __init__(self, handle: c_void_p) -> None:
-        self.handle = handle
+    def __init__(self, handle: c_void_p, keys: "Keys") -> None:
+        self.handle, self.keys = handle, keys
 
     def __del__(self) -> None:
         try:
             lib.shmsteer_reader_close(self.handle)
         except Exception:  # interpreter shutdown: the process is ending anyway
             pass
+        self.keys._count_reader(-1)
 
 
 class Keys(MutableMapping):
@@ -607,20 +613,34 @@ class Keys(MutableMapping):
     def __init__(self, parent: _Handle) -> None:
         self._parent = parent
         self._local = threading.local()
+        self._readers = [0]  # threads reading through a reader of their own (THREAD_READERS)
+        self._readers_lock = threading.RLock()  # re-entrant: a reader's __del__ may run in GC
 
     def _state(self) -> Tuple[Any, ...]:
         """This thread's pre-converted call arguments (the key get is the hot path): a reader of
         this thread's own (a reader slot, whose gets of live keys the library answers in C without
         entering its Go runtime), the get function and a view of this thread's C key buffer.
-        Without a free reader slot it reads through the handle's shared slots instead."""
+        Past THREAD_READERS threads, or without a free reader slot, it reads through the handle's
+        shared slots instead."""
         buf = (ctypes.c_char * _lib.KEY_BUFFER_BYTES).from_address(lib.shmsteer_key_buffer())
         r = c_void_p()
-        if lib.shmsteer_reader_open(self._parent.handle, byref(r)) == 0:
-            self._local.reader = _ThreadReader(r)
+        counted = self._count_reader(1)
+        if counted and lib.shmsteer_reader_open(self._parent.handle, byref(r)) == 0:
+            self._local.reader = _ThreadReader(r, self)
             st = self._local.st = (r, _lib.fast.shmsteer_reader_key_get_tls, buf)
         else:
+            if counted:  # no free reader slot
+                self._count_reader(-1)
             st = self._local.st = (c_void_p(self._parent.handle), _lib.fast.shmsteer_key_get_tls, buf)
         return st
+
+    def _count_reader(self, d: int) -> bool:
+        """Take (d = 1: False when THREAD_READERS are taken) or give back (d = -1) a thread reader."""
+        with self._readers_lock:
+            if d > 0 and self._readers[0] >= THREAD_READERS:
+                return False
+            self._readers[0] += d
+            return True
 
     def __getitem__(self, request_id: Union[str, bytes]) -> bytes:
         """The key of ``request_id`` (raises KeyRevokedError / KeyNotFoundError)."""

@@ -236,6 +236,36 @@ def test_key_gets_see_every_write_at_once(owner, ns, secret):
                     c.keys["r"]
 
 
+def test_thread_readers_are_bounded_and_given_back(owner, ns, secret):
+    # Region reader slots are shared by every process: one Keys opens at most THREAD_READERS of
+    # them for its threads (later threads read through the handle's shared slots), and a
+    # thread's slot goes back when the thread ends.
+    import gc
+    import threading
+    from shmsteer import client as cl
+    owner.keys["b"] = b"v"
+    with shmsteer.Client(ns, secret=secret) as c:
+        hold, all_read = threading.Event(), threading.Barrier(41)
+        seen = []
+
+        def run():
+            seen.append(c.keys["b"])
+            all_read.wait(10)
+            hold.wait(10)
+        ts = [threading.Thread(target=run, daemon=True) for _ in range(40)]
+        for t in ts:
+            t.start()
+        all_read.wait(10)
+        n = c.keys._readers[0]
+        hold.set()
+        for t in ts:
+            t.join()
+        gc.collect()
+        assert n == cl.THREAD_READERS
+        assert c.keys._readers[0] == 0
+        assert seen == [b"v"] * 40
+
+
 def test_keys_from_many_threads(owner, ns, secret):
     import threading
     owner.keys.update({f"t{i}": f"v{i}".encode() for i in range(8)})
