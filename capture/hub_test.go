@@ -532,3 +532,59 @@ func TestConsumerNextBatch(t *testing.T) {
 		t.Fatalf("end batch %v, %v", evs, err)
 	}
 }
+
+// Next reads records ahead (readAhead at a time) and hands them out one a call: a Release
+// while some are undelivered must not let the worker reuse their space, or it would overwrite
+// records Next has still to return. The ring holds about a dozen of these records; the worker
+// fills it after the Release (a Drop consumer: appends drop at once when it is full), and every
+// record Next returns must be the one appended.
+func TestConsumerReadAheadHeld(t *testing.T) {
+	e := newHubEnv(t)
+	w := e.worker(t, WorkerOptions{Capacity: 8192})
+	c := e.consumer(t, ConsumerOptions{Name: "fs", Policy: Drop})
+	e.hub.Begin("r1", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 1)
+	rec := func(i int) Record {
+		r := Record{Hook: "post_block", Dtype: Float32, Rows: 1, Width: 128, Positions: []int{i}, Data: make([]byte, 512)}
+		for j := range r.Data {
+			r.Data[j] = byte(i*31 + j)
+		}
+		return r
+	}
+	for i := range 8 {
+		if err := w.Writer().Append("r1", rec(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ev, ok, err := c.Next(5 * time.Second); err != nil || !ok || ev.Kind != EventBegin {
+		t.Fatal(ev.Kind, ok, err)
+	}
+	check := func(want int) {
+		t.Helper()
+		ev, ok, err := c.Next(5 * time.Second)
+		if err != nil || !ok || ev.Kind != EventRecord || !bytes.Equal(ev.Record.Data, rec(want).Data) || ev.Record.Positions[0] != want {
+			t.Fatalf("record %d: %v %v %v", want, ev.Kind, ok, err)
+		}
+	}
+	check(0)
+	c.Release()
+	appended := 8
+	for ; ; appended++ {
+		err := w.Writer().Append("r1", rec(appended))
+		if errors.Is(err, ErrDropped) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if appended >= 16 {
+		t.Fatalf("%d records in an 8 KiB ring with 8 held", appended)
+	}
+	for i := 1; i < appended; i++ {
+		check(i)
+	}
+	c.Release()
+	if occ := w.Ring().Stats().Occupancy; occ != 0 {
+		t.Fatalf("occupancy %d after every record was returned and released", occ)
+	}
+}
