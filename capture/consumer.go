@@ -288,7 +288,7 @@ const pumpEvery = 64
 // a call: a consumer that decodes each frame's header between its copies of the records' data
 // reads at about two thirds of the bandwidth of one that decodes a run of headers and then
 // copies their data back to back (BenchmarkConsumerRead, before and after).
-const readAhead = 32
+const readAhead = 64
 
 // Next returns the next event, waiting at most wait (false: none came): a request's begin
 // before its records, its end after all of them. Records of requests not captured for this
