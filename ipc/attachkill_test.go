@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/shmsteer/shmsteer/internal/proctest"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -79,17 +80,17 @@ func TestProcAttachDuringOwnerKills(t *testing.T) {
 		cmd := helperCmd(os.Args[0], "attachloop", env.childEnv()...)
 		stderr := &syncBuffer{}
 		cmd.Stderr = stderr
-		p := runProc(t, cmd)
-		require.Equal(t, "ok ready", p.line())
+		p := proctest.Start(t, cmd)
+		require.Equal(t, "ok ready", p.Line())
 		return loopProc{p, stderr}
 	}
 	// stats asks the loop for its counts; ok is false if it died.
 	stats := func(l loopProc) (fields []string, ok bool) {
-		if _, err := fmt.Fprintln(l.p.in, "stats"); err != nil {
+		if _, err := fmt.Fprintln(l.p.Stdin, "stats"); err != nil {
 			return nil, false
 		}
 		select {
-		case line, open := <-l.p.lines:
+		case line, open := <-l.p.Lines:
 			if !open {
 				return nil, false
 			}
@@ -117,15 +118,15 @@ func TestProcAttachDuringOwnerKills(t *testing.T) {
 	panics, deaths := 0, 0
 	for i := range kills {
 		owner := startProc(t, "owner", env.childEnv()...)
-		require.Equal(t, "ok ready", owner.line(), "owner %d", i)
+		require.Equal(t, "ok ready", owner.Line(), "owner %d", i)
 		time.Sleep(time.Duration(rand.IntN(20_000)) * time.Microsecond)
-		owner.kill()
+		owner.Kill()
 		f, ok := stats(loop)
 		if ok {
 			last = f
 			continue
 		}
-		loop.p.cmd.Wait()
+		loop.p.Cmd.Wait()
 		deaths++
 		if strings.Contains(loop.stderr.String(), "panic:") {
 			panics++

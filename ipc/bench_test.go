@@ -22,15 +22,15 @@ func benchChild(b *testing.B, op string, ownerSpin, clientSpin time.Duration) {
 	opts.Region.IndexSlots = 4096
 	newTestOwner(b, opts)
 	p := startProc(b, "client", append(env.childEnv(), spinEnv+"="+clientSpin.String())...)
-	require.Equal(b, "ok ready", p.line())
-	p.do(op + " 1000") // warm up
+	require.Equal(b, "ok ready", p.Line())
+	p.Do(op + " 1000") // warm up
 	b.ResetTimer()
-	res := p.do(fmt.Sprintf("%s %d", op, b.N))
+	res := p.Do(fmt.Sprintf("%s %d", op, b.N))
 	b.StopTimer()
 	ns, err := strconv.ParseInt(strings.TrimPrefix(res, "ok "), 10, 64)
 	require.NoError(b, err, res)
 	b.ReportMetric(float64(ns)/float64(b.N), "ns/op")
-	p.exit()
+	p.Exit()
 }
 
 // BenchmarkChildPing: an empty RPC round trip timed inside a separate client process, with

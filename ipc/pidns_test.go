@@ -1,6 +1,7 @@
 package ipc
 
 import (
+	"github.com/shmsteer/shmsteer/internal/proctest"
 	"os"
 	"os/exec"
 	"syscall"
@@ -42,7 +43,7 @@ func startProcNS(t *testing.T, ownProc bool, role string, env ...string) *proc {
 	}
 	cmd := helperCmd(os.Args[0], role, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}
-	return runProc(t, cmd)
+	return proctest.Start(t, cmd)
 }
 
 // TestProcClientKilledPIDNamespace is TestProcClientKilled with the clients in PID namespaces
@@ -58,8 +59,8 @@ func TestProcClientKilledPIDNamespace(t *testing.T) {
 			base := o.Region().Stats().ReadersClaimed
 			kids := []*proc{startProcNS(t, ownProc, "client", env.childEnv()...), startProcNS(t, ownProc, "client", env.childEnv()...)}
 			for _, p := range kids {
-				require.Equal(t, "ok ready", p.line())
-				require.Equal(t, "ok "+hexOf("k"), p.do("get req")) // claims a reader slot
+				require.Equal(t, "ok ready", p.Line())
+				require.Equal(t, "ok "+hexOf("k"), p.Do("get req")) // claims a reader slot
 			}
 			require.Equal(t, base+2, o.Region().Stats().ReadersClaimed)
 			// Some time passes: a pid-based owner would by now have cleared the slots of
@@ -68,13 +69,13 @@ func TestProcClientKilledPIDNamespace(t *testing.T) {
 			require.Equal(t, base+2, o.Region().Stats().ReadersClaimed, "live clients keep their slots")
 
 			killed := time.Now()
-			kids[0].kill()
+			kids[0].Kill()
 			for o.Region().Stats().ReadersClaimed != base+1 {
 				require.Less(t, time.Since(killed), time.Second, "the killed client's slot is freed within a second")
 				time.Sleep(time.Millisecond)
 			}
 			t.Logf("%s: killed client's slot freed after %v", name, time.Since(killed))
-			require.Equal(t, "ok "+hexOf("k"), kids[1].do("get req"), "the other client is untouched")
+			require.Equal(t, "ok "+hexOf("k"), kids[1].Do("get req"), "the other client is untouched")
 			require.Equal(t, base+1, o.Region().Stats().ReadersClaimed)
 		})
 	}

@@ -5,7 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
+	"github.com/shmsteer/shmsteer/internal/proctest"
 	"net"
 	"os"
 	"os/exec"
@@ -242,12 +242,7 @@ func TestHelperProcess(t *testing.T) {
 }
 
 // proc is a child test process.
-type proc struct {
-	t     testing.TB
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines chan string
-}
+type proc = proctest.Proc
 
 func startProc(t testing.TB, role string, env ...string) *proc {
 	t.Helper()
@@ -267,77 +262,14 @@ func startProcAs(t testing.TB, exe string, cred *syscall.Credential, role string
 		cmd.Dir = filepath.Dir(exe)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
 	}
-	return runProc(t, cmd)
+	return proctest.Start(t, cmd)
 }
 
 // helperCmd is the command of a helper process in role: exe (the test binary or a copy) with
 // this process's environment, less the secret and other tests' variables, plus env.
 func helperCmd(exe, role string, env ...string) *exec.Cmd {
-	cmd := exec.Command(exe, "-test.run=^TestHelperProcess$", "-test.count=1")
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, SecretEnv+"=") && !strings.HasPrefix(kv, "SHMSTEER_TEST_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, roleEnv+"="+role)
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stderr = os.Stderr
-	return cmd
-}
-
-// runProc starts cmd and reads its answers line by line; the test kills it at the end.
-func runProc(t testing.TB, cmd *exec.Cmd) *proc {
-	t.Helper()
-	in, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	outp, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &proc{t: t, cmd: cmd, in: in, lines: make(chan string, 16)}
-	go func() {
-		sc := bufio.NewScanner(outp)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	t.Cleanup(p.kill)
-	return p
-}
-
-func (p *proc) line() string {
-	p.t.Helper()
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			p.t.Fatalf("child %d exited", p.cmd.Process.Pid)
-		}
-		return l
-	case <-time.After(60 * time.Second):
-		p.t.Fatalf("child %d did not answer", p.cmd.Process.Pid)
-	}
-	return ""
-}
-
-func (p *proc) do(cmd string) string {
-	p.t.Helper()
-	_, err := fmt.Fprintln(p.in, cmd)
-	require.NoError(p.t, err)
-	return p.line()
-}
-
-// kill SIGKILLs the child and reaps it.
-func (p *proc) kill() {
-	if p.cmd.ProcessState != nil {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	p.cmd.Wait()
-}
-
-func (p *proc) exit() {
-	fmt.Fprintln(p.in, "exit")
-	p.cmd.Wait()
+	return proctest.Command(exe, []string{"-test.run=^TestHelperProcess$", "-test.count=1"},
+		[]string{SecretEnv + "=", "SHMSTEER_TEST_"}, append([]string{roleEnv + "=" + role}, env...)...)
 }
 
 func (e testEnv) childEnv() []string {
@@ -355,13 +287,13 @@ func TestProcOwnerToClients(t *testing.T) {
 	var kids []*proc
 	for i := range n {
 		p := startProc(t, "client", env.childEnv()...)
-		require.Equal(t, "ok ready", p.line(), "child %d", i)
+		require.Equal(t, "ok ready", p.Line(), "child %d", i)
 		kids = append(kids, p)
 	}
 	require.Equal(t, n, o.Clients())
 	for i, p := range kids {
-		require.Equal(t, "ok "+hexOf("alpha"), p.do("get req-a"))
-		require.Equal(t, "ok", p.do(fmt.Sprintf("set child-%d %s", i, hexOf(fmt.Sprint("key-", i)))))
+		require.Equal(t, "ok "+hexOf("alpha"), p.Do("get req-a"))
+		require.Equal(t, "ok", p.Do(fmt.Sprintf("set child-%d %s", i, hexOf(fmt.Sprint("key-", i)))))
 	}
 	for i, p := range kids {
 		got, err := ownerStore(o).Get(fmt.Sprintf("child-%d", i), nil)
@@ -369,13 +301,13 @@ func TestProcOwnerToClients(t *testing.T) {
 		require.Equal(t, fmt.Sprint("key-", i), string(got))
 		// Each child reads what another child wrote.
 		j := (i + 1) % n
-		require.Equal(t, "ok "+hexOf(fmt.Sprint("key-", j)), p.do(fmt.Sprintf("get child-%d", j)))
-		require.Equal(t, "ok 4", p.do("len"))
+		require.Equal(t, "ok "+hexOf(fmt.Sprint("key-", j)), p.Do(fmt.Sprintf("get child-%d", j)))
+		require.Equal(t, "ok 4", p.Do("len"))
 	}
 	require.NoError(t, ownerStore(o).Set("req-a", []byte("beta")))
-	require.Equal(t, "ok "+hexOf("beta"), kids[0].do("get req-a"))
+	require.Equal(t, "ok "+hexOf("beta"), kids[0].Do("get req-a"))
 	for _, p := range kids {
-		p.exit()
+		p.Exit()
 	}
 	require.Eventually(t, func() bool { return o.Clients() == 0 }, 20*time.Second, time.Millisecond)
 }
@@ -402,10 +334,10 @@ func TestProcAuthErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := startProc(t, tt.role, tt.env...)
-			require.Equal(t, tt.want, p.line())
-			require.Equal(t, "ok 0", p.do("mapped"), "nothing of the region is mapped")
-			require.Equal(t, "err not-attached", p.do("get req"))
-			p.exit()
+			require.Equal(t, tt.want, p.Line())
+			require.Equal(t, "ok 0", p.Do("mapped"), "nothing of the region is mapped")
+			require.Equal(t, "err not-attached", p.Do("get req"))
+			p.Exit()
 		})
 	}
 	require.Zero(t, o.Clients())
@@ -416,12 +348,12 @@ func TestProcAuthErrors(t *testing.T) {
 func TestProcAttachBeforeOwner(t *testing.T) {
 	env := newTestEnv()
 	p := startProc(t, "client", env.childEnv()...)
-	require.Equal(t, "err ErrNotYetInitialized", p.line())
+	require.Equal(t, "err ErrNotYetInitialized", p.Line())
 	o := newTestOwner(t, env.ownerOpts())
 	require.NoError(t, ownerStore(o).Set("req", []byte("k")))
-	require.Equal(t, "ok", p.do("attach"))
-	require.Equal(t, "ok "+hexOf("k"), p.do("get req"))
-	p.exit()
+	require.Equal(t, "ok", p.Do("attach"))
+	require.Equal(t, "ok "+hexOf("k"), p.Do("get req"))
+	p.Exit()
 }
 
 // listing returns the names in dir.
@@ -444,21 +376,21 @@ func TestProcOwnerKilled(t *testing.T) {
 	ownerTmp := t.TempDir()
 
 	owner := startProc(t, "owner", append(env.childEnv(), "TMPDIR="+ownerTmp)...)
-	require.Equal(t, "ok ready", owner.line())
-	require.Equal(t, "ok", owner.do("set req "+hexOf("last-state")))
+	require.Equal(t, "ok ready", owner.Line())
+	require.Equal(t, "ok", owner.Do("set req "+hexOf("last-state")))
 	handle := handleNames(env.secret, env.ns)[0]
 	unixTable, err := os.ReadFile("/proc/net/unix")
 	require.NoError(t, err)
 	require.Contains(t, string(unixTable), "@"+handle)
 
 	kid := startProc(t, "client", env.childEnv()...)
-	require.Equal(t, "ok ready", kid.line())
+	require.Equal(t, "ok ready", kid.Line())
 	c := attach(t, env.clientOpts()) // this process attaches too
-	require.Equal(t, "ok 2", owner.do("clients"))
-	require.Equal(t, "ok "+hexOf("last-state"), kid.do("get req"))
+	require.Equal(t, "ok 2", owner.Do("clients"))
+	require.Equal(t, "ok "+hexOf("last-state"), kid.Do("get req"))
 	require.NoError(t, clientStore(c).Set("from-parent", []byte("p")))
 
-	owner.kill()
+	owner.Kill()
 
 	got, err := clientStore(c).Get("req", nil)
 	require.NoError(t, err, "reads go on from the last state")
@@ -470,10 +402,10 @@ func TestProcOwnerKilled(t *testing.T) {
 	require.ErrorIs(t, clientStore(c).Remove("req"), ErrOwnerGone)
 	require.ErrorIs(t, c.Ping(), ErrOwnerGone)
 
-	require.Equal(t, "ok "+hexOf("last-state"), kid.do("get req"))
-	require.Equal(t, "err ErrOwnerGone", kid.do("set req "+hexOf("x")))
-	require.Equal(t, "err ErrOwnerGone", kid.do("remove req"))
-	kid.exit()
+	require.Equal(t, "ok "+hexOf("last-state"), kid.Do("get req"))
+	require.Equal(t, "err ErrOwnerGone", kid.Do("set req "+hexOf("x")))
+	require.Equal(t, "err ErrOwnerGone", kid.Do("remove req"))
+	kid.Exit()
 
 	_, err = Attach(env.clientOpts())
 	require.ErrorIs(t, err, ErrNotYetInitialized)
@@ -494,7 +426,7 @@ func TestProcOwnerKilled(t *testing.T) {
 			// parallel by go test) create "shmsteer" names here at the same time. The owner's
 			// own temporary files would be in ownerTmp, checked empty above.
 			ours := strings.Contains(name, env.ns) ||
-				strings.Contains(name, strconv.Itoa(owner.cmd.Process.Pid))
+				strings.Contains(name, strconv.Itoa(owner.Cmd.Process.Pid))
 			require.False(t, ours, "left behind: %s/%s", dir, name)
 			if dir == "/dev/shm" || strings.Contains(name, "shmsteer") {
 				t.Logf("new entry in %s (another process's?): %s", dir, name)
@@ -511,20 +443,20 @@ func TestProcClientKilled(t *testing.T) {
 
 	kids := []*proc{startProc(t, "client", env.childEnv()...), startProc(t, "client", env.childEnv()...)}
 	for _, p := range kids {
-		require.Equal(t, "ok ready", p.line())
-		require.Equal(t, "ok "+hexOf("k"), p.do("get req")) // claims a reader slot
+		require.Equal(t, "ok ready", p.Line())
+		require.Equal(t, "ok "+hexOf("k"), p.Do("get req")) // claims a reader slot
 	}
 	require.Equal(t, base+2, o.Region().Stats().ReadersClaimed)
 	require.Equal(t, 2, o.Clients())
 
-	kids[0].kill()
+	kids[0].Kill()
 	require.Eventually(t, func() bool {
 		return o.Region().Stats().ReadersClaimed == base+1 && o.Clients() == 1
 	}, 20*time.Second, time.Millisecond, "the killed client's slot is freed")
-	require.Equal(t, "ok "+hexOf("k"), kids[1].do("get req"), "the other client is untouched")
+	require.Equal(t, "ok "+hexOf("k"), kids[1].Do("get req"), "the other client is untouched")
 	require.Equal(t, base+1, o.Region().Stats().ReadersClaimed)
 
-	kids[1].exit() // clean exit: releases its own slot
+	kids[1].Exit() // clean exit: releases its own slot
 	require.Eventually(t, func() bool {
 		return o.Region().Stats().ReadersClaimed == base && o.Clients() == 0
 	}, 20*time.Second, time.Millisecond)

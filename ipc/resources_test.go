@@ -166,8 +166,8 @@ func settle(t *testing.T, pid int) int {
 func TestProcOwnerMemoryBound(t *testing.T) {
 	env := newTestEnv()
 	owner := startProc(t, "owner", append(env.childEnv(), frameTimeoutEnv+"=60s")...)
-	require.Equal(t, "ok ready", owner.line())
-	pid := owner.cmd.Process.Pid
+	require.Equal(t, "ok ready", owner.Line())
+	pid := owner.Cmd.Process.Pid
 	base := settle(t, pid)
 
 	var wg sync.WaitGroup
@@ -207,7 +207,7 @@ func TestProcPendingFlood(t *testing.T) {
 func pendingFlood(t *testing.T, nofile int) {
 	env := newTestEnv()
 	owner := startProc(t, "owner", append(env.childEnv(), fmt.Sprint(nofileEnv, "=", nofile))...)
-	require.Equal(t, "ok ready", owner.line())
+	require.Equal(t, "ok ready", owner.Line())
 	handle := handleNames(env.secret, env.ns)[0]
 	var idle []*net.UnixConn
 	defer func() {
@@ -228,7 +228,7 @@ func pendingFlood(t *testing.T, nofile int) {
 	require.NoError(t, err, "a legitimate attach gets through 1,100 idle connections")
 	defer c.Close()
 	require.NoError(t, c.Ping())
-	require.Equal(t, "ok 1", owner.do("clients"))
+	require.Equal(t, "ok 1", owner.Do("clients"))
 	t.Logf("attach with 1,100 idle connections held open (owner RLIMIT_NOFILE %d): %v", nofile, took.Round(time.Microsecond))
 	require.Less(t, took, co.Timeout)
 }

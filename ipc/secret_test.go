@@ -280,12 +280,12 @@ func TestAttachWithSecretFile(t *testing.T) {
 	o := newTestOwner(t, opts)
 	require.NoError(t, ownerStore(o).Set("req", []byte("k")))
 	kid := startProc(t, "client", SecretFileEnv+"="+p, nsEnv+"="+env.ns)
-	require.Equal(t, "ok ready", kid.line())
-	require.Equal(t, "ok "+hexOf("k"), kid.do("get req"))
-	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", kid.cmd.Process.Pid))
+	require.Equal(t, "ok ready", kid.Line())
+	require.Equal(t, "ok "+hexOf("k"), kid.Do("get req"))
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", kid.Cmd.Process.Pid))
 	require.NoError(t, err)
 	require.NotContains(t, string(environ), env.secretStr)
-	kid.exit()
+	kid.Exit()
 }
 
 // TestNonDumpable: a second process of the same uid (65534) can open /proc/PID/mem and list
@@ -311,12 +311,12 @@ func TestNonDumpable(t *testing.T) {
 			}
 			target := startProcAs(t, exe, nobodyCred, tt.role,
 				append(env.childEnv(), nondumpEnv+"="+tt.nondump, ownerUIDsEnv+"=0")...)
-			require.Equal(t, "ok ready", target.line())
+			require.Equal(t, "ok ready", target.Line())
 			prober := startProcAs(t, exe, nobodyCred, "probe")
-			require.Equal(t, "ok ready", prober.line())
-			require.Equal(t, tt.want, prober.do(fmt.Sprint("probe ", target.cmd.Process.Pid)))
-			prober.exit()
-			target.exit()
+			require.Equal(t, "ok ready", prober.Line())
+			require.Equal(t, tt.want, prober.Do(fmt.Sprint("probe ", target.Cmd.Process.Pid)))
+			prober.Exit()
+			target.Exit()
 		})
 	}
 }

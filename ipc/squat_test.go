@@ -26,8 +26,8 @@ func squatAs(t *testing.T, exe string, bindOnly bool, names ...string) int {
 		env = append(env, squatBindOnlyEnv+"=1")
 	}
 	p := startProcAs(t, exe, nobodyCred, "squatter", env...)
-	require.Equal(t, "ok ready", p.line())
-	return p.cmd.Process.Pid
+	require.Equal(t, "ok ready", p.Line())
+	return p.Cmd.Process.Pid
 }
 
 // syncBuffer is a log sink safe for the owner's goroutines.
@@ -131,9 +131,9 @@ func TestSquattersEverywhere(t *testing.T) {
 			}
 			require.NoError(t, ownerStore(o).Set("req", []byte("k")))
 			kid := startProc(t, "client", env.childEnv()...)
-			require.Equal(t, "ok ready", kid.line())
-			require.Equal(t, "ok "+hexOf("k"), kid.do("get req"))
-			kid.exit()
+			require.Equal(t, "ok ready", kid.Line())
+			require.Equal(t, "ok "+hexOf("k"), kid.Do("get req"))
+			kid.Exit()
 
 			wrong := NewSecret([]byte("wrong-" + env.secretStr))
 			_, err := Attach(ClientOptions{Secret: &wrong, Namespace: env.ns, Timeout: 3 * time.Second})
@@ -152,7 +152,7 @@ func TestSquatterFollowsRestarts(t *testing.T) {
 	exe := nobodyExe(t)
 	env := newTestEnv()
 	sq := startProcAs(t, exe, nobodyCred, "squatter", squatEnv+"=shmsteer-test-"+randHex(8))
-	require.Equal(t, "ok ready", sq.line())
+	require.Equal(t, "ok ready", sq.Line())
 	used := map[string]bool{}
 	const rounds = rendezvousCandidates + 6
 	for round := range rounds {
@@ -170,13 +170,13 @@ func TestSquatterFollowsRestarts(t *testing.T) {
 		c.Close()
 		if round == rounds-1 {
 			kid := startProc(t, "client", env.childEnv()...)
-			require.Equal(t, "ok ready", kid.line(), "round %d", round)
-			require.Equal(t, "ok "+hexOf(fmt.Sprint("k", round)), kid.do("get req"))
-			kid.exit()
+			require.Equal(t, "ok ready", kid.Line(), "round %d", round)
+			require.Equal(t, "ok "+hexOf(fmt.Sprint("k", round)), kid.Do("get req"))
+			kid.Exit()
 		}
 		require.NoError(t, o.Close())
 		// The squatter takes what the dead owner freed.
-		require.Equal(t, "ok", sq.do("squat "+o.handle+" "+lobby), "round %d", round)
+		require.Equal(t, "ok", sq.Do("squat "+o.handle+" "+lobby), "round %d", round)
 	}
 	require.True(t, isFreshHandle(env.secret, env.ns, func() string {
 		o := newTestOwner(t, env.ownerOpts())
@@ -190,9 +190,9 @@ func TestLiveOwnerOnLaterCandidate(t *testing.T) {
 	exe := nobodyExe(t)
 	env := newTestEnv()
 	p := startProcAs(t, exe, nobodyCred, "squatter", squatEnv+"="+lobbyNames(env.ns)[0])
-	require.Equal(t, "ok ready", p.line())
+	require.Equal(t, "ok ready", p.Line())
 	o := newTestOwner(t, env.ownerOpts())
-	p.kill()
+	p.Kill()
 	for _, s := range []Secret{env.secret, NewSecret([]byte("another"))} {
 		opts := env.ownerOpts()
 		opts.Secret = &s

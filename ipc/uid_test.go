@@ -83,7 +83,7 @@ func TestRefusedUIDOneMessage(t *testing.T) {
 	env := newTestEnv()
 	newTestOwner(t, env.ownerOpts())
 	p := startProcAs(t, exe, nobodyCred, "probe", env.childEnv()...)
-	require.Equal(t, "ok ready", p.line())
-	require.Equal(t, "ok 1 ErrAuthFailed: "+msgUIDRefused, p.do("attachn 50"))
-	p.exit()
+	require.Equal(t, "ok ready", p.Line())
+	require.Equal(t, "ok 1 ErrAuthFailed: "+msgUIDRefused, p.Do("attachn 50"))
+	p.Exit()
 }

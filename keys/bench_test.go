@@ -101,15 +101,15 @@ func benchChild(b *testing.B, op string, ownerSpin, clientSpin time.Duration) {
 		require.NoError(b, o.reg.Set(id, key))
 	}
 	p := startClient(b, env, spinEnv+"="+clientSpin.String())
-	require.Equal(b, "ok ready", p.line())
-	p.do(op + " 1000") // warm up
+	require.Equal(b, "ok ready", p.Line())
+	p.Do(op + " 1000") // warm up
 	b.ResetTimer()
-	res := p.do(fmt.Sprintf("%s %d", op, b.N))
+	res := p.Do(fmt.Sprintf("%s %d", op, b.N))
 	b.StopTimer()
 	ns, err := strconv.ParseInt(strings.TrimPrefix(res, "ok "), 10, 64)
 	require.NoError(b, err, res)
 	b.ReportMetric(float64(ns)/float64(b.N), "ns/op")
-	p.exit()
+	p.Exit()
 }
 
 // BenchmarkChildGet: Reader.Get (the worker's fast path) timed inside a separate client

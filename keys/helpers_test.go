@@ -6,14 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/shmsteer/shmsteer/internal/proctest"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -224,76 +223,15 @@ func TestHelperProcess(t *testing.T) {
 }
 
 // proc is a child test process.
-type proc struct {
-	t     testing.TB
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines chan string
-}
+type proc = proctest.Proc
 
 // startClient starts a helper process attached to env's owner, with env's secret and namespace
 // and the extra environment variables.
 func startClient(t testing.TB, env testEnv, extra ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, ipc.SecretEnv+"=") && !strings.HasPrefix(kv, "SHMSTEER_TEST_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, roleEnv+"=client", ipc.SecretEnv+"="+env.secretStr, nsEnv+"="+env.ns)
-	cmd.Env = append(cmd.Env, extra...)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	outp, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &proc{t: t, cmd: cmd, in: in, lines: make(chan string, 16)}
-	go func() {
-		sc := bufio.NewScanner(outp)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	t.Cleanup(p.kill)
-	return p
-}
-
-func (p *proc) line() string {
-	p.t.Helper()
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			p.t.Fatalf("child %d exited", p.cmd.Process.Pid)
-		}
-		return l
-	case <-time.After(60 * time.Second):
-		p.t.Fatalf("child %d did not answer", p.cmd.Process.Pid)
-	}
-	return ""
-}
-
-func (p *proc) do(cmd string) string {
-	p.t.Helper()
-	_, err := fmt.Fprintln(p.in, cmd)
-	require.NoError(p.t, err)
-	return p.line()
-}
-
-// kill SIGKILLs the child and reaps it.
-func (p *proc) kill() {
-	if p.cmd.ProcessState != nil {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	p.cmd.Wait()
-}
-
-func (p *proc) exit() {
-	fmt.Fprintln(p.in, "exit")
-	p.cmd.Wait()
+	vars := append([]string{roleEnv + "=client", ipc.SecretEnv + "=" + env.secretStr, nsEnv + "=" + env.ns}, extra...)
+	return proctest.Start(t, proctest.Command(os.Args[0], []string{"-test.run=^TestHelperProcess$", "-test.count=1"},
+		[]string{ipc.SecretEnv + "=", "SHMSTEER_TEST_"}, vars...))
 }
 
 func hexOf(s string) string { return hex.EncodeToString([]byte(s)) }

@@ -122,14 +122,14 @@ func TestRevokeWithMarkTableFull(t *testing.T) {
 		require.NoError(t, o.reg.Set(fmt.Sprintf("req-%d", i), []byte("key")))
 	}
 	kid := startClient(t, env)
-	require.Equal(t, "ok ready", kid.line())
+	require.Equal(t, "ok ready", kid.Line())
 	for i := range n {
 		require.NoError(t, o.reg.Remove(fmt.Sprintf("req-%d", i)))
 	}
 	require.Positive(t, o.reg.RevokedInArena(), "the mark table (64 entries) filled")
 	require.Zero(t, o.reg.RevokedWithoutSentinel())
 	for i := range n {
-		require.Equal(t, "err ErrRevoked", kid.do(fmt.Sprintf("get req-%d", i)), "req-%d", i)
+		require.Equal(t, "err ErrRevoked", kid.Do(fmt.Sprintf("get req-%d", i)), "req-%d", i)
 	}
 	var revoked int
 	require.NoError(t, o.reg.Range(func(_ string, r bool) bool {
@@ -143,12 +143,12 @@ func TestRevokeWithMarkTableFull(t *testing.T) {
 	require.Positive(t, warnings)
 	require.LessOrEqual(t, warnings, 10, "rate-limited: not one warning per revocation")
 	require.NoError(t, o.reg.Set("req-0", []byte("again")), "an arena sentinel is lifted by a set")
-	require.Equal(t, "ok "+hexOf("again"), kid.do("get req-0"))
+	require.Equal(t, "ok "+hexOf("again"), kid.Do("get req-0"))
 
-	require.Eventually(t, func() bool { return kid.do("get req-1") == "err ErrNotFound" },
+	require.Eventually(t, func() bool { return kid.Do("get req-1") == "err ErrNotFound" },
 		20*time.Second, 20*time.Millisecond, "sentinels are purged after the grace")
-	require.Eventually(t, func() bool { return kid.do(fmt.Sprintf("get req-%d", n-1)) == "err ErrNotFound" },
+	require.Eventually(t, func() bool { return kid.Do(fmt.Sprintf("get req-%d", n-1)) == "err ErrNotFound" },
 		20*time.Second, 20*time.Millisecond)
-	require.Equal(t, "ok "+hexOf("again"), kid.do("get req-0"), "the purge spares a key set again")
-	kid.exit()
+	require.Equal(t, "ok "+hexOf("again"), kid.Do("get req-0"), "the purge spares a key set again")
+	kid.Exit()
 }

@@ -87,8 +87,8 @@ func TestMirrorForgedEntries(t *testing.T) {
 	n := startNATS(t)
 	hs := startHosts(t, n, newSecret(), []string{"a", "b"}, hostOpts{keys: true})
 	a, b := hs[0], hs[1]
-	a.owner.ok("reg mine 5 1")
-	a.owner.ok("global mine 1")
+	a.owner.OK("reg mine 5 1")
+	a.owner.OK("global mine 1")
 	for _, h := range hs {
 		eventually(t, h.worker, "vec mine", "5/1", 20*time.Second, "a's vector on "+h.id)
 		eventually(t, h.worker, "global", "ok mine*1", 20*time.Second, "a's global on "+h.id)
@@ -112,23 +112,23 @@ func TestMirrorForgedEntries(t *testing.T) {
 	}
 	// A host of another deployment (another secret) on the same bucket.
 	c := startHosts(t, n, newSecret(), []string{"c"}, hostOpts{keys: true})[0]
-	c.owner.ok("reg foreign 9 1")
-	require.Equal(t, "ok true", c.owner.do("drain"))
+	c.owner.OK("reg foreign 9 1")
+	require.Equal(t, "ok true", c.owner.Do("drain"))
 	for _, h := range hs {
 		waitCount(t, h.owner, seen, seen(before[h])+5, "the foreign host's value seen on "+h.id)
 	}
 	for _, h := range hs {
-		require.Equal(t, "none", h.worker.do("vec evil"), "forged vector on %s", h.id)
-		require.Equal(t, "5/1", h.worker.do("vec mine"), "a's vector on %s", h.id)
-		require.Equal(t, "ok mine*1", h.worker.do("global"), "global on %s", h.id)
-		require.Equal(t, "none", h.worker.do("vec foreign"), "another secret's vector on %s", h.id)
+		require.Equal(t, "none", h.worker.Do("vec evil"), "forged vector on %s", h.id)
+		require.Equal(t, "5/1", h.worker.Do("vec mine"), "a's vector on %s", h.id)
+		require.Equal(t, "ok mine*1", h.worker.Do("global"), "global on %s", h.id)
+		require.Equal(t, "none", h.worker.Do("vec foreign"), "another secret's vector on %s", h.id)
 		st := h.owner.status()
 		require.Zero(t, st.Applied-before[h].Applied, "nothing forged applied on %s: %+v", h.id, st)
 		require.Equal(t, before[h].Tampered+5, st.Tampered, "each forged value and delete counted on %s: %+v", h.id, st)
 		t.Logf("host %s rejected %d forged or foreign values and deletes (tampered %d, rejected %d)", h.id,
 			st.Tampered-before[h].Tampered+st.Rejected-before[h].Rejected, st.Tampered, st.Rejected)
 	}
-	require.Equal(t, "none", c.worker.do("vec mine"), "the foreign host applies none of this deployment's values")
+	require.Equal(t, "none", c.worker.Do("vec mine"), "the foreign host applies none of this deployment's values")
 	require.Positive(t, c.owner.status().Tampered)
 	// A value of the old, unauthenticated format (a host not upgraded) is refused, counted, and
 	// says so.
@@ -138,10 +138,10 @@ func TestMirrorForgedEntries(t *testing.T) {
 	for _, h := range hs {
 		st := waitCount(t, h.owner, func(s Status) uint64 { return s.Rejected }, before[h].Rejected+1, "the old-format value on "+h.id)
 		require.Contains(t, st.LastError, "format 1")
-		require.Equal(t, "none", h.worker.do("vec old"))
+		require.Equal(t, "none", h.worker.Do("vec old"))
 	}
 	// The deployment goes on: a valid change after the attack is applied.
-	a.owner.ok("reg mine 6 1")
+	a.owner.OK("reg mine 6 1")
 	eventually(t, b.worker, "vec mine", "6/1", 20*time.Second, "a valid change after the attack")
 }
 
@@ -152,8 +152,8 @@ func TestMirrorReplayedKey(t *testing.T) {
 	secret := newSecret()
 	hs := startHosts(t, n, secret, []string{"a", "b"}, hostOpts{keys: true, purge: 500 * time.Millisecond})
 	a, b := hs[0], hs[1]
-	a.owner.ok(fmt.Sprintf("setkey req-r %x", "live-key"))
-	a.owner.ok(fmt.Sprintf("setkey req-s %x", "other"))
+	a.owner.OK(fmt.Sprintf("setkey req-r %x", "live-key"))
+	a.owner.OK(fmt.Sprintf("setkey req-s %x", "other"))
 	eventually(t, b.worker, "key req-r", fmt.Sprintf("ok %x", "live-key"), 20*time.Second, "the key")
 	eventually(t, b.worker, "key req-s", fmt.Sprintf("ok %x", "other"), 20*time.Second, "the other key")
 	kv, _, ctx := bucketOf(t, n)
@@ -170,7 +170,7 @@ func TestMirrorReplayedKey(t *testing.T) {
 		}
 	}
 	require.NotNil(t, live)
-	a.owner.ok("rmkey req-r")
+	a.owner.OK("rmkey req-r")
 	eventually(t, b.worker, "key req-r", "err revoked", 20*time.Second, "the revocation")
 	eventually(t, a.worker, "key req-r", "err revoked", 20*time.Second, "the revocation on a")
 
@@ -181,16 +181,16 @@ func TestMirrorReplayedKey(t *testing.T) {
 		require.NoError(t, err)
 		for _, h := range []*host{b, a} {
 			st := waitCount(t, h.owner, seen, seen(before[h])+1, fmt.Sprintf("replay %d seen on %s", round, h.id))
-			require.NotEqual(t, fmt.Sprintf("ok %x", "live-key"), h.worker.do("key req-r"), "replay %d revived the key on %s", round, h.id)
+			require.NotEqual(t, fmt.Sprintf("ok %x", "live-key"), h.worker.Do("key req-r"), "replay %d revived the key on %s", round, h.id)
 			require.Equal(t, before[h].Replayed+1, st.Replayed, "replay %d counted on %s: %+v", round, h.id, st)
 		}
 		if round == 1 {
-			require.Equal(t, fmt.Sprintf("ok %x", "other"), b.worker.do("key req-s"), "other keys are untouched")
+			require.Equal(t, fmt.Sprintf("ok %x", "other"), b.worker.Do("key req-s"), "other keys are untouched")
 		}
 	}
 	replay(1)
 	// Once the tombstone is purged, the hosts forget the entry; the replay is still refused.
-	a.owner.ok("rmkey req-s")
+	a.owner.OK("rmkey req-s")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, err := kv.Get(ctx, live.Key())
@@ -212,7 +212,7 @@ func TestMirrorReplayedKey(t *testing.T) {
 		}
 		return 0
 	}, 1, "c's initial sync")
-	require.Equal(t, "err notfound", c.worker.do("key req-r"), "a late host after the replay")
+	require.Equal(t, "err notfound", c.worker.Do("key req-r"), "a late host after the replay")
 	replay(2)
 	st := b.owner.status()
 	t.Logf("replays refused on b: %d; %+v", st.Replayed, st)
@@ -228,7 +228,7 @@ func TestMirrorOversizedObject(t *testing.T) {
 	secret := newSecret()
 	hs := startHosts(t, n, secret, []string{"a", "b"}, hostOpts{keys: true})
 	a, b := hs[0], hs[1]
-	a.owner.ok("reg warm 1 1")
+	a.owner.OK("reg warm 1 1")
 	eventually(t, b.worker, "vec warm", "1/1", 20*time.Second, "warm-up")
 	kv, obj, ctx := bucketOf(t, n)
 	const size = 300 << 20
@@ -238,7 +238,7 @@ func TestMirrorOversizedObject(t *testing.T) {
 	hwm := func() map[string]int {
 		out := map[string]int{}
 		for _, h := range hs {
-			out[h.id] = vmHWM(t, h.owner.cmd.Process.Pid)
+			out[h.id] = vmHWM(t, h.owner.Cmd.Process.Pid)
 		}
 		return out
 	}
@@ -278,7 +278,7 @@ func TestMirrorOversizedObject(t *testing.T) {
 	for _, h := range hs {
 		st := waitCount(t, h.owner, seen, seen(before[h])+3, "the references seen on "+h.id)
 		for _, v := range []string{"huge", "huge2", "huge3"} {
-			require.Equal(t, "none", h.worker.do("vec "+v))
+			require.Equal(t, "none", h.worker.Do("vec "+v))
 		}
 		require.Equal(t, before[h].Tampered+1, st.Tampered, "the reference without the secret: %+v", st)
 		require.Equal(t, before[h].Rejected+2, st.Rejected, "the two with the secret: %+v", st)
@@ -318,7 +318,7 @@ func TestMirrorForgedFlood(t *testing.T) {
 	}
 	n := startNATS(t)
 	hs := startHosts(t, n, newSecret(), []string{"a", "b"}, hostOpts{})
-	hs[0].owner.ok("reg warm 1 1")
+	hs[0].owner.OK("reg warm 1 1")
 	eventually(t, hs[1].worker, "vec warm", "1/1", 20*time.Second, "warm-up")
 	kv, _, ctx := bucketOf(t, n)
 	before := map[*host]Status{}
@@ -334,10 +334,10 @@ func TestMirrorForgedFlood(t *testing.T) {
 	for _, h := range hs {
 		st := waitCount(t, h.owner, seen, seen(before[h])+uint64(count), "the flood seen on "+h.id)
 		t.Logf("host %s after the flood: %+v", h.id, st)
-		require.Equal(t, "none", h.worker.do("vec flood-0"))
-		require.Equal(t, "none", h.worker.do(fmt.Sprintf("vec flood-%d", count-1)))
+		require.Equal(t, "none", h.worker.Do("vec flood-0"))
+		require.Equal(t, "none", h.worker.Do(fmt.Sprintf("vec flood-%d", count-1)))
 		require.Equal(t, before[h].Applied, st.Applied, "host %s applied forged entries", h.id)
-		require.Equal(t, "ok 1", h.owner.do("entries"), "host %s remembers forged entries", h.id)
+		require.Equal(t, "ok 1", h.owner.Do("entries"), "host %s remembers forged entries", h.id)
 		require.Equal(t, before[h].Tampered+uint64(count), st.Tampered, "host %s counts each forged entry", h.id)
 		t.Logf("host %s: %d forged entries rejected (tampered %d)", h.id, st.Tampered-before[h].Tampered, st.Tampered)
 	}
@@ -369,9 +369,9 @@ func TestMirrorRemoteBound(t *testing.T) {
 	hs := startHosts(t, n, newSecret(), []string{"a", "b"}, hostOpts{remote: 3})
 	a, b := hs[0], hs[1]
 	for i := range 5 {
-		a.owner.ok(fmt.Sprintf("reg r%d %d 1", i, 10+i))
+		a.owner.OK(fmt.Sprintf("reg r%d %d 1", i, 10+i))
 	}
-	require.Equal(t, "ok true", a.owner.do("drain"))
+	require.Equal(t, "ok true", a.owner.Do("drain"))
 	st := waitCount(t, b.owner, seen, 5, "a's five vectors seen on b")
 	require.EqualValues(t, 3, st.Applied, "%+v", st)
 	require.EqualValues(t, 2, st.Rejected, "%+v", st)
@@ -379,14 +379,14 @@ func TestMirrorRemoteBound(t *testing.T) {
 	require.Equal(t, 3, st.RemoteEntries)
 	require.Positive(t, st.RemoteBytes)
 	for i := range 3 {
-		require.Equal(t, fmt.Sprintf("%d/1", 10+i), b.worker.do(fmt.Sprintf("vec r%d", i)))
+		require.Equal(t, fmt.Sprintf("%d/1", 10+i), b.worker.Do(fmt.Sprintf("vec r%d", i)))
 	}
-	require.Equal(t, "none", b.worker.do("vec r3"))
-	b.owner.ok("reg local 7 1") // local writes are not bounded by the remote bound
-	require.Equal(t, "7/1", b.worker.do("vec local"))
-	a.owner.ok("unreg r0")
+	require.Equal(t, "none", b.worker.Do("vec r3"))
+	b.owner.OK("reg local 7 1") // local writes are not bounded by the remote bound
+	require.Equal(t, "7/1", b.worker.Do("vec local"))
+	a.owner.OK("unreg r0")
 	eventually(t, b.worker, "vec r0", "none", 20*time.Second, "a remote deletion")
-	a.owner.ok("reg r4 99 1") // room again
+	a.owner.OK("reg r4 99 1") // room again
 	eventually(t, b.worker, "vec r4", "99/1", 20*time.Second, "a remote vector after a deletion made room")
 	require.Equal(t, 3, b.owner.status().RemoteEntries)
 }

@@ -18,16 +18,16 @@ func BenchmarkPropagate(b *testing.B) {
 	n := startNATS(b)
 	hs := startHosts(b, n, newSecret(), []string{"a", "b"}, hostOpts{})
 	a, w := hs[0].owner, hs[1].worker
-	a.ok("reg lat 1 1")
+	a.OK("reg lat 1 1")
 	eventually(b, w, "vec lat", "1/1", 20*time.Second, "warm-up")
 	lat := make([]int64, 0, b.N)
 	b.ResetTimer()
 	for i := range b.N {
 		seed := i + 2
-		w.send(fmt.Sprintf("wait lat %d/1", seed)) // b's worker polls from now on
-		t0, err := strconv.ParseInt(a.ok(fmt.Sprintf("reg lat %d 1", seed)), 10, 64)
+		w.Send(fmt.Sprintf("wait lat %d/1", seed)) // b's worker polls from now on
+		t0, err := strconv.ParseInt(a.OK(fmt.Sprintf("reg lat %d 1", seed)), 10, 64)
 		require.NoError(b, err)
-		l := w.line()
+		l := w.Line()
 		require.True(b, strings.HasPrefix(l, "ok "), l)
 		t1, err := strconv.ParseInt(l[3:], 10, 64)
 		require.NoError(b, err)
@@ -50,11 +50,11 @@ func BenchmarkKeyGetMirrored(b *testing.B) {
 	n := startNATS(b)
 	hs := startHosts(b, n, newSecret(), []string{"a", "b"}, hostOpts{keys: true})
 	wa, ob := hs[0].worker, hs[1].owner
-	ob.ok("fill 1024") // 1,024 keys ld-* through the mirror
-	require.Equal(b, "ok true", ob.do("drain"))
+	ob.OK("fill 1024") // 1,024 keys ld-* through the mirror
+	require.Equal(b, "ok true", ob.Do("drain"))
 	eventually(b, wa, "key ld-1023", fmt.Sprintf("ok %064x", 0), 20*time.Second, "keys mirrored")
 	get := func() (p50, p99 float64) {
-		f := strings.Fields(wa.ok("getlat 2000000"))
+		f := strings.Fields(wa.OK("getlat 2000000"))
 		x, _ := strconv.ParseFloat(f[0], 64)
 		y, _ := strconv.ParseFloat(f[1], 64)
 		return x, y
@@ -66,10 +66,10 @@ func BenchmarkKeyGetMirrored(b *testing.B) {
 			x, y := get()
 			q50, q99 = append(q50, x), append(q99, y)
 			before := hs[0].owner.status().Applied
-			ob.ok("load 1000 400")
+			ob.OK("load 1000 400")
 			time.Sleep(50 * time.Millisecond)
 			x, y = get()
-			ob.ok("loadwait")
+			ob.OK("loadwait")
 			l50, l99 = append(l50, x), append(l99, y)
 			applied := hs[0].owner.status().Applied - before
 			require.Greater(b, applied, uint64(200), "the load was mirrored to a")

@@ -27,8 +27,8 @@ func TestMirrorTamperedKeys(t *testing.T) {
 	hs := startHosts(t, n, secret, []string{"a", "b"}, hostOpts{keys: true})
 	a, b := hs[0], hs[1]
 	keyHex := fmt.Sprintf("%x", "very-secret-key-bytes")
-	a.owner.ok("setkey req-tamper " + keyHex)
-	a.owner.ok("setkey req-other " + fmt.Sprintf("%x", "other-key"))
+	a.owner.OK("setkey req-tamper " + keyHex)
+	a.owner.OK("setkey req-other " + fmt.Sprintf("%x", "other-key"))
 	eventually(t, b.worker, "key req-tamper", "ok "+keyHex, 20*time.Second, "the key")
 	eventually(t, b.worker, "key req-other", "ok "+fmt.Sprintf("%x", "other-key"), 20*time.Second, "the other key")
 
@@ -82,13 +82,13 @@ func TestMirrorTamperedKeys(t *testing.T) {
 		}
 	}
 	// The last valid values stand.
-	require.Equal(t, "ok "+keyHex, b.worker.do("key req-tamper"))
-	require.Equal(t, "ok "+fmt.Sprintf("%x", "other-key"), b.worker.do("key req-other"))
+	require.Equal(t, "ok "+keyHex, b.worker.Do("key req-tamper"))
+	require.Equal(t, "ok "+fmt.Sprintf("%x", "other-key"), b.worker.Do("key req-other"))
 	st := b.owner.status()
 	require.Contains(t, st.LastError, "authentication")
 	require.NotContains(t, st.LastError, "very-secret")
 	// A valid change after the tampering is applied again.
-	a.owner.ok("setkey req-tamper " + fmt.Sprintf("%x", "next"))
+	a.owner.OK("setkey req-tamper " + fmt.Sprintf("%x", "next"))
 	eventually(t, b.worker, "key req-tamper", "ok "+fmt.Sprintf("%x", "next"), 20*time.Second, "a key after tampering")
 }
 
@@ -152,15 +152,15 @@ func TestMirrorKeyPurge(t *testing.T) {
 	hs := startHosts(t, n, newSecret(), []string{"a", "b"}, hostOpts{keys: true, proxy: true, purge: 300 * time.Millisecond})
 	a, b := hs[0], hs[1]
 	for _, id := range []string{"r1", "r2"} {
-		a.owner.ok(fmt.Sprintf("setkey %s %x", id, id))
+		a.owner.OK(fmt.Sprintf("setkey %s %x", id, id))
 		eventually(t, b.worker, "key "+id, fmt.Sprintf("ok %x", id), 20*time.Second, "key "+id)
 	}
-	a.owner.ok("rmkey r1")
+	a.owner.OK("rmkey r1")
 	eventually(t, b.worker, "key r1", "err revoked", 20*time.Second, "a revocation")
 
 	b.proxy.setCut(true)
-	a.owner.ok("rmkey r2")
-	require.Equal(t, "ok true", a.owner.do("drain"))
+	a.owner.OK("rmkey r2")
+	require.Equal(t, "ok true", a.owner.Do("drain"))
 	nc, err := nats.Connect(n.url())
 	require.NoError(t, err)
 	defer nc.Close()
@@ -180,7 +180,7 @@ func TestMirrorKeyPurge(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "the bucket still holds %d values", st.Values())
 		time.Sleep(50 * time.Millisecond)
 	}
-	require.Equal(t, fmt.Sprintf("ok %x", "r2"), b.worker.do("key r2"), "b was away: it still holds r2")
+	require.Equal(t, fmt.Sprintf("ok %x", "r2"), b.worker.Do("key r2"), "b was away: it still holds r2")
 	b.proxy.setCut(false)
 	eventually(t, b.worker, "key r2", "err revoked", 20*time.Second, "a revocation whose tombstone was purged while b was away")
 	st := b.owner.status()
@@ -190,6 +190,6 @@ func TestMirrorKeyPurge(t *testing.T) {
 		eventually(t, h.owner, "entries", "ok 0", 20*time.Second, "entries known on "+h.id)
 	}
 	// The id can be used again.
-	a.owner.ok(fmt.Sprintf("setkey r2 %x", "again"))
+	a.owner.OK(fmt.Sprintf("setkey r2 %x", "again"))
 	eventually(t, b.worker, "key r2", fmt.Sprintf("ok %x", "again"), 20*time.Second, "a key set again after its purge")
 }

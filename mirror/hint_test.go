@@ -21,14 +21,14 @@ func TestMirrorModelHint(t *testing.T) {
 	secret := newSecret()
 	hs := startHosts(t, n, secret, []string{"a", "b"}, hostOpts{})
 	a, b := hs[0], hs[1]
-	a.owner.ok("reghint hinted 5 1 llama")
-	require.Equal(t, "ok true", a.owner.do("drain"))
+	a.owner.OK("reghint hinted 5 1 llama")
+	require.Equal(t, "ok true", a.owner.Do("drain"))
 	eventually(t, b.worker, "hint hinted", "ok 5/1 llama", 20*time.Second, "the hint on b")
-	a.owner.ok("reg hinted 6 1") // registered again without one: the new version has none
-	require.Equal(t, "ok true", a.owner.do("drain"))
+	a.owner.OK("reg hinted 6 1") // registered again without one: the new version has none
+	require.Equal(t, "ok true", a.owner.Do("drain"))
 	eventually(t, b.worker, "hint hinted", "ok 6/1", 20*time.Second, "the hint dropped on b")
-	a.owner.ok("reghint hinted 7 1 llama")
-	require.Equal(t, "ok true", a.owner.do("drain"))
+	a.owner.OK("reghint hinted 7 1 llama")
+	require.Equal(t, "ok true", a.owner.Do("drain"))
 	eventually(t, b.worker, "hint hinted", "ok 7/1 llama", 20*time.Second, "the hint back on b")
 
 	kv, _, ctx := bucketOf(t, n)
@@ -55,7 +55,7 @@ func TestMirrorModelHint(t *testing.T) {
 	require.NoError(t, err)
 	st := waitCount(t, b.owner, func(s Status) uint64 { return s.Tampered }, before.Tampered+2, "both forged hints refused on b")
 	require.Equal(t, before.Applied, st.Applied, "%+v", st)
-	require.Equal(t, "ok 7/1 llama", b.worker.do("hint hinted"), "b keeps the vector and its hint")
+	require.Equal(t, "ok 7/1 llama", b.worker.Do("hint hinted"), "b keeps the vector and its hint")
 
 	// Under this deployment's tag: a value without metadata applies as a vector without a
 	// hint; one whose hint is not printable is refused.
@@ -68,7 +68,7 @@ func TestMirrorModelHint(t *testing.T) {
 	require.NoError(t, err)
 	st = waitCount(t, b.owner, func(s Status) uint64 { return s.Rejected }, before.Rejected+1, "a bad hint refused on b")
 	require.Contains(t, st.LastError, "bad model hint")
-	require.Equal(t, "ok 9/1", b.worker.do("hint plain"), "nothing changed on b")
+	require.Equal(t, "ok 9/1", b.worker.Do("hint plain"), "nothing changed on b")
 }
 
 // convPayload is conversation k's rest_of_conversation gates entry as an owner encodes it (an
@@ -111,7 +111,7 @@ func TestMirrorConversationEntries(t *testing.T) {
 	_, err := kv.Put(ctx, ek, forge(ek, kindConversation, 0, "x", payload))
 	require.NoError(t, err)
 	waitCount(t, b.owner, func(s Status) uint64 { return s.Tampered }, before.Tampered+1, "a forged entry refused")
-	require.Equal(t, "none", b.owner.do("conv - chat"))
+	require.Equal(t, "none", b.owner.Do("conv - chat"))
 
 	other := convPayload(t, steer.ConvKey{ID: "other"}) // a valid value of another conversation, moved here
 	_, err = kv.Put(ctx, ek, forgeWithSecret(secret, ek, kindConversation, 0, "z", other))
@@ -121,9 +121,9 @@ func TestMirrorConversationEntries(t *testing.T) {
 		forgeWithSecret(secret, conversationEntry(steer.GateConversationName(steer.ConvKey{ID: "cut"})), kindConversation, 0, "z", payload[:len(payload)-1]))
 	require.NoError(t, err)
 	st := waitCount(t, b.owner, func(s Status) uint64 { return s.Rejected }, before.Rejected+2, "a moved and a cut entry refused")
-	require.Equal(t, "none", b.owner.do("conv - chat"))
-	require.Equal(t, "none", b.owner.do("conv - other"))
-	require.Equal(t, "none", b.owner.do("conv - cut"))
+	require.Equal(t, "none", b.owner.Do("conv - chat"))
+	require.Equal(t, "none", b.owner.Do("conv - other"))
+	require.Equal(t, "none", b.owner.Do("conv - cut"))
 	require.Equal(t, before.Applied, st.Applied)
 
 	_, err = kv.Put(ctx, ek, forgeWithSecret(secret, ek, kindConversation, 0, "z", payload))

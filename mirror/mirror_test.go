@@ -30,9 +30,9 @@ func TestMirrorPropagates(t *testing.T) {
 	local := map[*host]uint64{}
 	write := func(h *host, cmd string) {
 		t.Helper()
-		h.owner.ok(cmd)
+		h.owner.OK(cmd)
 		local[h]++
-		require.Equal(t, "ok true", h.owner.do("drain"))
+		require.Equal(t, "ok true", h.owner.Do("drain"))
 	}
 
 	write(a, "reg alpha 11 3")
@@ -58,9 +58,9 @@ func TestMirrorPropagates(t *testing.T) {
 	write(a, "unregprobe alpha")
 	all("probe alpha", "none", "an unregistered probe")
 	all("vec alpha", "12/2", "the steering vector, after its namesake probe went")
-	b.worker.ok("reg fromworker 16 2") // a worker's write reaches the owner over RPC, then the mirror
+	b.worker.OK("reg fromworker 16 2") // a worker's write reaches the owner over RPC, then the mirror
 	local[b]++
-	require.Equal(t, "ok true", b.owner.do("drain"))
+	require.Equal(t, "ok true", b.owner.Do("drain"))
 	all("vec fromworker", "16/2", "a worker's write")
 
 	write(b, "setkey req-1 "+fmt.Sprintf("%x", "key-one"))
@@ -101,17 +101,17 @@ func TestMirrorConcurrentConverge(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				h.owner.send(fmt.Sprintf("reg x %d 1", 1000*r+i+1))
-				h.owner.send(fmt.Sprintf("setkey kx %x", fmt.Sprint(1000*r+i+1)))
+				h.owner.Send(fmt.Sprintf("reg x %d 1", 1000*r+i+1))
+				h.owner.Send(fmt.Sprintf("setkey kx %x", fmt.Sprint(1000*r+i+1)))
 			}()
 		}
 		wg.Wait()
 		for _, h := range hs {
-			require.True(t, strings.HasPrefix(h.owner.line(), "ok"))
-			require.True(t, strings.HasPrefix(h.owner.line(), "ok"))
+			require.True(t, strings.HasPrefix(h.owner.Line(), "ok"))
+			require.True(t, strings.HasPrefix(h.owner.Line(), "ok"))
 		}
 		for _, h := range hs {
-			require.Equal(t, "ok true", h.owner.do("drain"))
+			require.Equal(t, "ok true", h.owner.Do("drain"))
 		}
 		// All acknowledged: the bucket's last revision decides; wait until every worker agrees.
 		var final string
@@ -119,7 +119,7 @@ func TestMirrorConcurrentConverge(t *testing.T) {
 		for {
 			vals := map[string]bool{}
 			for _, h := range hs {
-				vals[h.worker.do("vec x")] = true
+				vals[h.worker.Do("vec x")] = true
 			}
 			if len(vals) == 1 {
 				for v := range vals {
@@ -139,7 +139,7 @@ func TestMirrorConcurrentConverge(t *testing.T) {
 		for {
 			vals := map[string]bool{}
 			for _, h := range hs {
-				vals[h.worker.do("key kx")] = true
+				vals[h.worker.Do("key kx")] = true
 			}
 			if len(vals) == 1 {
 				for v := range vals {
@@ -168,23 +168,23 @@ func TestMirrorFaults(t *testing.T) {
 	n := startNATS(t)
 	hs := startHosts(t, n, newSecret(), []string{"a", "b"}, hostOpts{keys: true, proxy: true})
 	a, b := hs[0], hs[1]
-	a.owner.ok("reg warm 1 1")
+	a.owner.OK("reg warm 1 1")
 	eventually(t, b.worker, "vec warm", "1/1", 20*time.Second, "before the faults")
 
 	b.proxy.setCut(true) // partition b
 	const acked, queued = 20, 5
 	for i := range acked {
-		a.owner.ok(fmt.Sprintf("reg p%d %d 1", i, 100+i))
-		a.owner.ok(fmt.Sprintf("setkey k%d %x", i, fmt.Sprint("key-", i)))
+		a.owner.OK(fmt.Sprintf("reg p%d %d 1", i, 100+i))
+		a.owner.OK(fmt.Sprintf("setkey k%d %x", i, fmt.Sprint("key-", i)))
 	}
-	require.Equal(t, "ok true", a.owner.do("drain"), "the server acknowledged every change")
-	require.Equal(t, "none", b.worker.do("vec p0"), "b is partitioned")
-	b.owner.ok("reg fromb 77 1") // b writes while partitioned: it queues
-	require.Equal(t, "77/1", b.worker.do("vec fromb"), "local reads and writes go on in a partition")
+	require.Equal(t, "ok true", a.owner.Do("drain"), "the server acknowledged every change")
+	require.Equal(t, "none", b.worker.Do("vec p0"), "b is partitioned")
+	b.owner.OK("reg fromb 77 1") // b writes while partitioned: it queues
+	require.Equal(t, "77/1", b.worker.Do("vec fromb"), "local reads and writes go on in a partition")
 
-	n.p.kill() // SIGKILL the server
+	n.p.Kill() // SIGKILL the server
 	for i := acked; i < acked+queued; i++ {
-		a.owner.ok(fmt.Sprintf("reg p%d %d 1", i, 100+i)) // local writes go on
+		a.owner.OK(fmt.Sprintf("reg p%d %d 1", i, 100+i)) // local writes go on
 	}
 	eventually(t, a.worker, fmt.Sprintf("vec p%d", acked+queued-1), fmt.Sprintf("%d/1", 100+acked+queued-1), 5*time.Second, "local reads while NATS is down")
 	st := a.owner.status()
@@ -200,8 +200,8 @@ func TestMirrorFaults(t *testing.T) {
 		eventually(t, b.worker, fmt.Sprintf("key k%d", i), fmt.Sprintf("ok %x", fmt.Sprint("key-", i)), 10*time.Second, "keys after restart")
 	}
 	eventually(t, a.worker, "vec fromb", "77/1", 20*time.Second, "b's change made in the partition")
-	require.Equal(t, "ok true", a.owner.do("drain"))
-	require.Equal(t, "ok true", b.owner.do("drain"))
+	require.Equal(t, "ok true", a.owner.Do("drain"))
+	require.Equal(t, "ok true", b.owner.Do("drain"))
 	sa, sb := a.owner.status(), b.owner.status()
 	require.Zero(t, sa.QueueDepth)
 	require.Positive(t, sa.Reconnects)
@@ -211,8 +211,8 @@ func TestMirrorFaults(t *testing.T) {
 
 	// b's owner is SIGKILLed and comes back with the same host id (a new region: it catches up
 	// from the bucket, its own earlier changes included); host c joins late.
-	b.worker.kill()
-	b.owner.kill()
+	b.worker.Kill()
+	b.owner.Kill()
 	late := startHosts(t, n, b.secret, []string{"b", "c"}, hostOpts{keys: true})
 	for _, h := range late {
 		for i := range acked + queued {

@@ -7,12 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/shmsteer/shmsteer/internal/proctest"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -413,85 +413,23 @@ func reply(err error, ok string) string {
 
 // proc is a child process speaking the line protocol.
 type proc struct {
-	t     testing.TB
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines chan string
+	*proctest.Proc
+	t testing.TB
 }
 
 func startProc(t testing.TB, role string, env ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, ipc.SecretEnv+"=") && !strings.HasPrefix(kv, "MIRROR_TEST_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(append(cmd.Env, roleEnv+"="+role), env...)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	outp, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &proc{t: t, cmd: cmd, in: in, lines: make(chan string, 16)}
-	go func() {
-		sc := bufio.NewScanner(outp)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	t.Cleanup(p.kill)
+	cmd := proctest.Command(os.Args[0], []string{"-test.run=^$"},
+		[]string{ipc.SecretEnv + "=", "MIRROR_TEST_"}, append([]string{roleEnv + "=" + role}, env...)...)
+	p := &proc{Proc: proctest.Start(t, cmd), t: t}
+	p.Timeout = 40 * time.Second
 	return p
-}
-
-func (p *proc) line() string {
-	p.t.Helper()
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			p.t.Fatalf("child %d exited", p.cmd.Process.Pid)
-		}
-		return l
-	case <-time.After(40 * time.Second):
-		p.t.Fatalf("child %d did not answer", p.cmd.Process.Pid)
-	}
-	return ""
-}
-
-func (p *proc) send(cmd string) {
-	p.t.Helper()
-	_, err := fmt.Fprintln(p.in, cmd)
-	require.NoError(p.t, err)
-}
-
-func (p *proc) do(cmd string) string {
-	p.t.Helper()
-	p.send(cmd)
-	return p.line()
-}
-
-func (p *proc) ok(cmd string) string {
-	p.t.Helper()
-	l := p.do(cmd)
-	require.True(p.t, strings.HasPrefix(l, "ok"), "%s: %s", cmd, l)
-	return strings.TrimSpace(strings.TrimPrefix(l, "ok"))
-}
-
-func (p *proc) kill() {
-	if p.cmd.ProcessState != nil {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	p.cmd.Wait()
 }
 
 func (p *proc) status() Status {
 	p.t.Helper()
 	var st Status
-	require.NoError(p.t, json.Unmarshal([]byte(p.ok("status")), &st))
+	require.NoError(p.t, json.Unmarshal([]byte(p.OK("status")), &st))
 	return st
 }
 
@@ -519,7 +457,7 @@ func startNATS(t testing.TB) *natsServer {
 func (n *natsServer) start() {
 	n.t.Helper()
 	n.p = startProc(n.t, "nats", dirEnv+"="+n.dir, portEnv+"="+strconv.Itoa(n.port), syncEnv+"="+os.Getenv("SHMSTEER_MIRROR_SYNC"))
-	if l := n.p.line(); l != "ok ready" {
+	if l := n.p.Line(); l != "ok ready" {
 		n.t.Skipf("the embedded NATS server did not start: %s", l)
 	}
 }
@@ -636,9 +574,9 @@ func startHosts(t testing.TB, n *natsServer, secret string, ids []string, o host
 		env := []string{ipc.SecretEnv + "=" + secret, nsEnv + "=" + ns, hostEnv + "=" + id, urlEnv + "=" + url,
 			keysEnv + "=" + keys, limitEnv + "=" + strconv.Itoa(o.inline), remoteEnv + "=" + strconv.Itoa(o.remote), purgeEnv + "=" + strconv.Itoa(int(o.purge/time.Millisecond))}
 		h.owner = startProc(t, "host", env...)
-		require.Equal(t, "ok ready", h.owner.line(), "host %s", id)
+		require.Equal(t, "ok ready", h.owner.Line(), "host %s", id)
 		h.worker = startProc(t, "worker", ipc.SecretEnv+"="+secret, nsEnv+"="+ns)
-		require.Equal(t, "ok ready", h.worker.line(), "worker of %s", id)
+		require.Equal(t, "ok ready", h.worker.Line(), "worker of %s", id)
 		hs = append(hs, h)
 	}
 	return hs
@@ -652,7 +590,7 @@ func eventually(t testing.TB, p *proc, cmd, want string, within time.Duration, w
 	deadline := time.Now().Add(within)
 	got := ""
 	for time.Now().Before(deadline) {
-		if got = p.do(cmd); got == want {
+		if got = p.Do(cmd); got == want {
 			return
 		}
 		time.Sleep(2 * time.Millisecond)
