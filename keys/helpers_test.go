@@ -186,7 +186,7 @@ func TestHelperProcess(t *testing.T) {
 		case "remove":
 			say(reply(keys.Remove(f[1]), ""))
 		case "len":
-			n, err := keys.Len()
+			n, _, err := keys.Count()
 			say(reply(err, strconv.Itoa(n)))
 		case "benchset", "benchget", "benchregget":
 			// Timed in the child: the RPC or the read from a separate process.

@@ -217,15 +217,10 @@ func (k *Registry) Remove(requestID string, opts ...Option) error {
 	return k.w.remove(requestID, writeOptsOf(opts))
 }
 
-// Len counts the request ids with a live key or a standing revoked sentinel (the live keys at
-// one version plus the sentinels standing now: the registry is the only user of marks).
-func (k *Registry) Len() (int, error) {
-	n, _, err := k.Count()
-	return n, err
-}
-
-// Count returns Len split in two: ids with a live key and revoked sentinels standing. (While
-// the mark table is full, sentinels kept in the arena instead count as live here.)
+// Count counts the request ids with a key standing: total is the ids with a live key or a
+// standing revoked sentinel (the live keys at one version plus the sentinels standing now: the
+// registry is the only user of marks), revoked the sentinels among them. (While the mark table
+// is full, sentinels kept in the arena instead count as live here.)
 func (k *Registry) Count() (total, revoked int, err error) {
 	s, err := k.region.Snapshot()
 	if err != nil {

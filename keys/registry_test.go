@@ -32,7 +32,7 @@ func TestAttachReadWrite(t *testing.T) {
 	_, err = c.Region().Put(Kind, "x", []byte{1})
 	require.ErrorIs(t, err, shm.ErrReadOnly, "a client's region is read-only")
 
-	n, err := c.reg.Len()
+	n, _, err := c.reg.Count()
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 }
@@ -101,7 +101,7 @@ func TestRegistrySemantics(t *testing.T) {
 			require.Empty(t, got)
 		})
 	}
-	n, err := o.reg.Len()
+	n, _, err := o.reg.Count()
 	require.NoError(t, err)
 	require.Equal(t, 4, n)
 }
@@ -199,7 +199,7 @@ func TestPurgeAfterGrace(t *testing.T) {
 		_, err := c.reg.Get("back", nil)
 		return errors.Is(err, ErrNotFound)
 	}, 10*time.Second, 5*time.Millisecond)
-	n, err := c.reg.Len()
+	n, _, err := c.reg.Count()
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
