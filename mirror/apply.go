@@ -91,7 +91,7 @@ type value struct {
 	name   string // a vector's name
 	env    envelope
 	hdr    []byte // the envelope header (a key's seal authenticates it)
-	marker string // a key purge marker or a vanished key entry: the request id it revokes
+	marker string // a purge marker or a vanished entry: the request id a key's revokes, a conversation's name
 	id     string
 	state  byte
 	key    []byte
@@ -130,7 +130,7 @@ func (m *Mirror) repair(v *value) {
 	case live:
 		m.enqueue(v.ek, kindKey, id)
 	default:
-		m.requeuePurges([]purgeItem{{ek: v.ek, rev: v.rev, due: time.Now()}})
+		m.requeuePurges([]purgeItem{{ek: v.ek, kind: kindKey, rev: v.rev, due: time.Now()}})
 	}
 }
 
@@ -153,7 +153,7 @@ func (m *Mirror) admit(u jetstream.KeyValueEntry) (*value, error) {
 		return nil, err
 	}
 	purge := env.flags&flagPurge != 0
-	if env.kind != kind || purge != (u.Operation() == jetstream.KeyValuePurge) || purge && kind != kindKey {
+	if env.kind != kind || purge != (u.Operation() == jetstream.KeyValuePurge) || purge && kind != kindKey && kind != kindConversation {
 		// The operation is not authenticated, the value is: a value stored under another
 		// operation was moved there.
 		return nil, fmt.Errorf("%w: a value of kind %d, flags %#x as a %s of entry %s", ErrTampered, env.kind, env.flags, u.Operation(), ek)
@@ -177,12 +177,19 @@ func (m *Mirror) admit(u jetstream.KeyValueEntry) (*value, error) {
 	}
 	m.newest[env.origin] = max(m.newest[env.origin], env.seq)
 	if purge {
-		id, live := m.keyIDs[ek]
-		if !live { // revoked here already: forget the entry
+		switch id, live := m.keyIDs[ek]; {
+		case kind == kindConversation:
+			if e := m.entries[ek]; e == nil || e.deleted { // dropped here already: forget the entry
+				m.forgetLocked(ek)
+				return nil, nil
+			}
+			v.marker = name // its tombstone was missed: drop the conversation, then forget the entry
+		case !live: // revoked here already: forget the entry
 			m.forgetLocked(ek)
 			return nil, nil
+		default:
+			v.marker = id
 		}
-		v.marker = id
 	}
 	return v, nil
 }
@@ -191,8 +198,8 @@ func (m *Mirror) admit(u jetstream.KeyValueEntry) (*value, error) {
 // value of ours stored again is a replay.
 func (m *Mirror) ownLocked(v *value) error {
 	if v.env.flags&flagPurge != 0 {
-		if _, live := m.keyIDs[v.ek]; !live {
-			m.forgetLocked(v.ek)
+		if _, live := m.keyIDs[v.ek]; !live || v.kind == kindConversation {
+			m.forgetLocked(v.ek) // nothing if the entry changed here since
 		}
 		return nil
 	}
@@ -200,7 +207,7 @@ func (m *Mirror) ownLocked(v *value) error {
 	switch {
 	case v.env.seq == e.sentSeq || e.inflight:
 		if v.rev > e.rev {
-			e.rev, e.origin = v.rev, v.env.origin
+			e.rev, e.origin, e.deleted = v.rev, v.env.origin, v.env.flags&flagDeleted != 0
 		}
 		if v.env.seq == e.sentSeq {
 			e.inflight = false
@@ -297,7 +304,7 @@ func (m *Mirror) take(e *entry, v *value, size int64) error {
 	if m.skipLocked(e, v) {
 		return errGiveWay
 	}
-	e.rev, e.origin = v.rev, v.env.origin
+	e.rev, e.origin, e.deleted = v.rev, v.env.origin, v.env.flags&flagDeleted != 0
 	if old := e.object; old != "" {
 		e.object = ""
 		go m.deleteObject(old) // our value is superseded
@@ -426,7 +433,17 @@ func (m *Mirror) applyVector(v *value, payload []byte, take func(int64) error) e
 func (m *Mirror) applyConversation(v *value, payload []byte, take func(int64) error) error {
 	k, _ := steer.ParseGateConversationName(v.name)
 	if v.env.flags&flagDeleted != 0 {
-		_, err := m.opt.Engine.DropGateConversation(k, steer.Origin(originTag), steer.If(func() error { return take(0) }))
+		_, err := m.opt.Engine.DropGateConversation(k, steer.Origin(originTag), steer.If(func() error {
+			if err := take(0); err != nil {
+				return err
+			}
+			if v.marker != "" { // a purge marker: nothing is left of the entry to remember
+				m.mu.Lock()
+				m.forgetLocked(v.ek)
+				m.mu.Unlock()
+			}
+			return nil
+		}))
 		return err
 	}
 	if got, err := steer.GateConversationKey(payload); err != nil {

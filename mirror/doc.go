@@ -8,7 +8,7 @@
 // "<bucket>-blobs" that holds steering sets too large for one NATS message, the envelope,
 // authentication and sealing format of every value, and the outgoing queue. Files: mirror.go
 // (options, start, status, the queue), publish.go, apply.go (admitting and applying remote
-// values), fetch.go (the object store), purge.go (revoked keys' tombstones), envelope.go and
+// values), fetch.go (the object store), purge.go (revoked keys' and dropped conversations' tombstones), envelope.go and
 // keys.go. Replication itself is JetStream's:
 // every host Puts its changes into the bucket and watches the bucket (an ordered consumer);
 // the bucket's revision (its stream sequence) totally orders all writes of all hosts, so a
@@ -59,7 +59,8 @@
 //	c.<base64url(tenant NUL id)>  a conversation's rest_of_conversation gates with their
 //	                      engaged state (steer.Engine.GateConversation's encoding), applied
 //	                      with RestoreGateConversation under the latch map's caps; an entry
-//	                      evicted by its host is deleted. Bucket readers see conversation ids
+//	                      evicted by its host is deleted, its tombstone purged as a key's
+//	                      is (KeyPurgeAfter). Bucket readers see conversation ids
 //	                      and tenants, as they see vector names.
 //	k.<base64url(mac)>    a key: mac = HMAC-SHA256 of the request id under a key derived from
 //	                      the secret; the value is sealed (ChaCha20-Poly1305, key from
@@ -84,7 +85,9 @@
 // origin too. A revoked key's tombstone is purged by its host after Options.KeyPurgeAfter with
 // a KV purge whose marker carries an authenticated envelope (the marker removed after as long
 // again), so the bucket does not grow with every request served; a host that was away from
-// NATS for at least KeyPurgeAfter finds the entry gone in its resync and revokes the key. An
+// NATS for at least KeyPurgeAfter finds the entry gone in its resync and revokes the key. A
+// dropped or evicted conversation's tombstone is purged the same way; a host away as long drops
+// another host's conversation whose entry it finds gone. An
 // entry gone from the bucket while a host was away for less was removed by someone without
 // the secret: counted (Status.Tampered), the key stays.
 //

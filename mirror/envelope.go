@@ -29,7 +29,7 @@ const (
 	flagDeleted  byte = 1 // the entry was deleted (vector unregistered, global cleared, key revoked)
 	flagSealed   byte = 2 // payload is nonce || AEAD ciphertext
 	flagExternal byte = 4 // payload names an object in the object store (objectRef)
-	flagPurge    byte = 8 // a key's purge marker: its host removed the revoked key's tombstone
+	flagPurge    byte = 8 // a purge marker: its host removed a revoked key's or a dropped conversation's tombstone
 	knownFlags        = flagDeleted | flagSealed | flagExternal | flagPurge
 )
 

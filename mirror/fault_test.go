@@ -193,3 +193,44 @@ func TestMirrorKeyPurge(t *testing.T) {
 	a.owner.OK(fmt.Sprintf("setkey r2 %x", "again"))
 	eventually(t, b.worker, "key r2", fmt.Sprintf("ok %x", "again"), 20*time.Second, "a key set again after its purge")
 }
+
+// TestMirrorConversationPurge: a dropped conversation's tombstone is purged from the bucket
+// after KeyPurgeAfter, as a revoked key's is, and no host remembers the entry after; a host
+// that was away meanwhile finds the entry gone on its resync and drops the conversation.
+func TestMirrorConversationPurge(t *testing.T) {
+	n := startNATS(t)
+	hs := startHosts(t, n, newSecret(), []string{"a", "b"}, hostOpts{proxy: true, purge: 300 * time.Millisecond})
+	a, b := hs[0], hs[1]
+	for _, id := range []string{"c1", "c2"} {
+		a.owner.OK("mkconv " + id)
+		eventually(t, b.owner, "conv - "+id, a.owner.Do("conv - "+id), 20*time.Second, "conversation "+id)
+	}
+	require.Equal(t, "true", a.owner.OK("dropconv c1"))
+	eventually(t, b.owner, "conv - c1", "none", 20*time.Second, "a dropped conversation")
+
+	b.proxy.setCut(true)
+	require.Equal(t, "true", a.owner.OK("dropconv c2"))
+	require.Equal(t, "ok true", a.owner.Do("drain"))
+	kv, _, ctx := bucketOf(t, n)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := kv.Status(ctx)
+		require.NoError(t, err)
+		if st.Values() == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the bucket still holds %d values", st.Values())
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.True(t, strings.HasPrefix(b.owner.Do("conv - c2"), "ok"), "b was away: it still holds c2")
+	b.proxy.setCut(false)
+	eventually(t, b.owner, "conv - c2", "none", 20*time.Second, "a conversation whose tombstone was purged while b was away")
+	st := b.owner.status()
+	require.Zero(t, st.Rejected+st.Tampered, "%+v", st)
+	for _, h := range hs { // nothing is remembered of purged conversation entries
+		eventually(t, h.owner, "entries", "ok 0", 20*time.Second, "entries known on "+h.id)
+	}
+	// The conversation can come back.
+	a.owner.OK("mkconv c2")
+	eventually(t, b.owner, "conv - c2", a.owner.Do("conv - c2"), 20*time.Second, "a conversation again after its purge")
+}

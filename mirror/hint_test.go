@@ -73,6 +73,17 @@ func TestMirrorModelHint(t *testing.T) {
 
 // convPayload is conversation k's rest_of_conversation gates entry as an owner encodes it (an
 // inline probe and add: no named vector needed), and its length.
+// convAdmission admits request id in conversation k with a rest_of_conversation gate, which
+// gives k an entry in the owner's conversation table.
+func convAdmission(id string, k steer.ConvKey) steer.Admission {
+	v := make([]float32, testCfg.Hidden)
+	v[0] = 1
+	src := steer.GateSource{Vectors: []steer.Vector{{Hook: steer.DefaultHooks[0], Layer: 1, Scale: 1, Data: v}}}
+	return steer.Admission{RequestID: id, Conversation: k, Gates: []steer.Gate{{
+		When:  steer.When{Kind: steer.WhenProbe, Probe: src, Threshold: 0.5, Sharpness: 1},
+		Scope: steer.ScopeRestOfConversation, Apply: steer.GateApply{Kind: steer.ApplyAdd, Steer: src, Strength: 1}}}}
+}
+
 func convPayload(t *testing.T, k steer.ConvKey) []byte {
 	rc, err := steer.RegionConfig(testCfg, shm.Config{IndexSlots: 64, ArenaBytes: 4 << 20, ReaderSlots: 4})
 	require.NoError(t, err)
@@ -81,12 +92,7 @@ func convPayload(t *testing.T, k steer.ConvKey) []byte {
 	defer r.Close()
 	eng, err := steer.Open(r, &testCfg, steer.Options{})
 	require.NoError(t, err)
-	v := make([]float32, testCfg.Hidden)
-	v[0] = 1
-	src := steer.GateSource{Vectors: []steer.Vector{{Hook: steer.DefaultHooks[0], Layer: 1, Scale: 1, Data: v}}}
-	_, err = eng.Admit(steer.Admission{RequestID: "r", Conversation: k, Gates: []steer.Gate{{
-		When:  steer.When{Kind: steer.WhenProbe, Probe: src, Threshold: 0.5, Sharpness: 1},
-		Scope: steer.ScopeRestOfConversation, Apply: steer.GateApply{Kind: steer.ApplyAdd, Steer: src, Strength: 1}}}})
+	_, err = eng.Admit(convAdmission("r", k))
 	require.NoError(t, err)
 	b, found, err := eng.GateConversation(k)
 	require.NoError(t, err)

@@ -30,7 +30,8 @@ const (
 	originTag = "mirror"
 	// putTimeout bounds one publish; a timed-out change stays queued and is sent again.
 	putTimeout = 5 * time.Second
-	// DefaultKeyPurgeAfter is how long a revoked key's sealed tombstone stays in the bucket.
+	// DefaultKeyPurgeAfter is how long a revoked key's sealed tombstone, or an evicted
+	// conversation's, stays in the bucket.
 	DefaultKeyPurgeAfter = 5 * time.Minute
 	// DefaultFetchRate is the object store read rate, in bytes per second.
 	DefaultFetchRate = 64 << 20
@@ -65,10 +66,11 @@ type Options struct {
 	// InlineLimit is the largest value stored in the bucket itself; larger steering sets go to
 	// the object store. 0 means the server's max payload less 4 KiB.
 	InlineLimit int
-	// KeyPurgeAfter is how long a revoked key's sealed tombstone stays in the bucket before
-	// its host purges it (then the purge marker stays as long again); 0 means
-	// DefaultKeyPurgeAfter. A host that was away longer finds the entry gone on its resync and
-	// revokes the key then, so the bucket holds only live keys and recent revocations.
+	// KeyPurgeAfter is how long a revoked key's sealed tombstone, or a dropped or evicted
+	// conversation's, stays in the bucket before its host purges it (then the purge marker
+	// stays as long again); 0 means DefaultKeyPurgeAfter. A host that was away longer finds the
+	// entry gone on its resync and revokes the key (drops the conversation) then, so the bucket,
+	// and what each host remembers of it, holds only live entries and recent deletions.
 	KeyPurgeAfter time.Duration
 	// RemoteBytes bounds the bytes of the values other hosts' entries hold in this host's
 	// region (steering sets and keys); 0 means half the region's arena. RemoteEntries bounds
@@ -125,6 +127,7 @@ type entry struct {
 	object   string // object this host stored for the entry (to delete once superseded)
 	size     int64  // bytes of a remote value held in the region (counted against RemoteBytes)
 	retry    uint64 // revision of a remote value that could not be read (tried again at a resync)
+	deleted  bool   // the value at rev is a deletion (a tombstone)
 	// waiting is the newest remote value that arrived while a local change was queued or in
 	// flight. Its revision can only be compared with ours once our Put is acknowledged (our
 	// own echo may never come: history 1 drops a value superseded before delivery).
@@ -137,9 +140,10 @@ func (e *entry) superseded(rev uint64, origin string) bool {
 }
 
 type purgeItem struct {
-	ek  string
-	rev uint64
-	due time.Time
+	ek   string
+	kind byte // kindKey or kindConversation
+	rev  uint64
+	due  time.Time
 }
 
 type qitem struct {

@@ -178,6 +178,16 @@ func runHost() {
 			default:
 				say(fmt.Sprintf("ok %d", len(b)))
 			}
+		case "mkconv": // mkconv ID: admit request ID in conversation ID with a rest_of_conversation gate
+			k := steer.ConvKey{ID: f[1]}
+			_, err := eng.Admit(convAdmission(f[1], k))
+			if err == nil {
+				_, err = eng.End(f[1]) // the conversation's entry stays
+			}
+			say(reply(err, ""))
+		case "dropconv": // dropconv ID: drop conversation ID's entry
+			found, err := eng.DropGateConversation(steer.ConvKey{ID: f[1]})
+			say(reply(err, strconv.FormatBool(found)))
 		case "reghint": // reghint NAME SEED N HINT: with a model hint
 			_, err := eng.Register(f[1], vecs(arg(2), int(arg(3))), steer.ModelHint(f[4]))
 			say(reply(err, ""))

@@ -210,12 +210,13 @@ func (m *Mirror) keyValue(it qitem, env *envelope) ([]byte, error) {
 // superseded one deleted), a revoked key's purge, and the remote value that waited for it.
 func (m *Mirror) stored(it qitem, env envelope, seq, rev uint64, object string) {
 	m.mu.Lock()
-	if it.kind == kindKey && env.flags&flagDeleted != 0 {
-		m.purges = append(m.purges, purgeItem{ek: it.ek, rev: rev, due: time.Now().Add(m.opt.KeyPurgeAfter)})
+	deleted := env.flags&flagDeleted != 0
+	if deleted && (it.kind == kindKey || it.kind == kindConversation) {
+		m.purges = append(m.purges, purgeItem{ek: it.ek, kind: it.kind, rev: rev, due: time.Now().Add(m.opt.KeyPurgeAfter)})
 	}
 	e := m.entryLocked(it.ek)
 	if rev > e.rev {
-		e.rev, e.origin = rev, m.opt.HostID
+		e.rev, e.origin, e.deleted = rev, m.opt.HostID, deleted
 	}
 	if e.sentSeq == seq {
 		e.inflight = false

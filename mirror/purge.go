@@ -14,18 +14,33 @@ import (
 // Revoked keys' tombstones: purged from the bucket by their host after KeyPurgeAfter, with an
 // authenticated purge marker; entries gone from the bucket found at a resync.
 
-// resynced handles the key entries this host holds live that a resync did not find in the
-// bucket at all (no value, no purge marker). If the host was away from NATS for at least
-// KeyPurgeAfter, their tombstones and markers may have been purged meanwhile: the keys are
-// revoked. Otherwise the entries were removed by someone else than their hosts (a marker stays
-// KeyPurgeAfter): each is counted as tampered and the key stays.
+// resynced handles the key and conversation entries this host holds that a resync did not
+// find in the bucket at all (no value, no purge marker). One whose value here is a deletion had
+// its tombstone purged: it is forgotten. If the host was away from NATS for at least
+// KeyPurgeAfter, tombstones and markers may have been purged meanwhile: a live key is revoked,
+// another host's conversation dropped. Otherwise a live key's entry was removed by someone else
+// than its host (a marker stays KeyPurgeAfter): it is counted as tampered and the key stays.
+// (This host's own conversations stay, as does any entry of another kind.)
 func (m *Mirror) resynced(seen map[string]bool) {
 	m.mu.Lock()
 	away := !m.downSince.IsZero() && time.Since(m.downSince) >= m.opt.KeyPurgeAfter
 	m.downSince = time.Time{}
 	var gone []*value
 	for ek, e := range m.entries {
-		if seen[ek] || len(ek) < 2 || ek[:2] != "k." || e.queued || e.inflight {
+		if seen[ek] || e.queued || e.inflight {
+			continue
+		}
+		if kind, name, _ := entryName(ek); kind == kindConversation {
+			switch {
+			case e.deleted:
+				m.forgetLocked(ek)
+			case away && e.origin != m.opt.HostID:
+				gone = append(gone, &value{ek: ek, rev: e.rev + 1, kind: kindConversation, name: name, marker: name,
+					env: envelope{kind: kindConversation, flags: flagDeleted | flagPurge, origin: "bucket"}})
+			}
+			continue
+		}
+		if len(ek) < 2 || ek[:2] != "k." {
 			continue
 		}
 		id, live := m.keyIDs[ek]
@@ -94,7 +109,7 @@ func (m *Mirror) purgeLoop() {
 // messages go) that carries an authenticated envelope, so other hosts can tell it from a purge
 // by someone without the secret. Nothing if the entry has a newer value than the tombstone.
 func (m *Mirror) purge(ctx context.Context, it purgeItem) error {
-	env := envelope{kind: kindKey, flags: flagDeleted | flagPurge, origin: m.opt.HostID, incarnation: m.incarnation}
+	env := envelope{kind: it.kind, flags: flagDeleted | flagPurge, origin: m.opt.HostID, incarnation: m.incarnation}
 	_, err := m.put(it.ek, &env, nil, nil, func(val []byte) (uint64, error) {
 		msg := nats.NewMsg("$KV." + m.opt.Bucket + "." + it.ek)
 		msg.Header.Set("KV-Operation", "PURGE")
