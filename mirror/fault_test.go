@@ -161,25 +161,8 @@ func TestMirrorKeyPurge(t *testing.T) {
 	b.proxy.setCut(true)
 	a.owner.OK("rmkey r2")
 	require.Equal(t, "ok true", a.owner.Do("drain"))
-	nc, err := nats.Connect(n.url())
-	require.NoError(t, err)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	kv, err := js.KeyValue(ctx, DefaultBucket)
-	require.NoError(t, err)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		st, err := kv.Status(ctx)
-		require.NoError(t, err)
-		if st.Values() == 0 {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the bucket still holds %d values", st.Values())
-		time.Sleep(50 * time.Millisecond)
-	}
+	kv, _, ctx := bucketOf(t, n)
+	waitBucketEmpty(t, kv, ctx)
 	require.Equal(t, fmt.Sprintf("ok %x", "r2"), b.worker.Do("key r2"), "b was away: it still holds r2")
 	b.proxy.setCut(false)
 	eventually(t, b.worker, "key r2", "err revoked", 20*time.Second, "a revocation whose tombstone was purged while b was away")
@@ -212,16 +195,7 @@ func TestMirrorConversationPurge(t *testing.T) {
 	require.Equal(t, "true", a.owner.OK("dropconv c2"))
 	require.Equal(t, "ok true", a.owner.Do("drain"))
 	kv, _, ctx := bucketOf(t, n)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		st, err := kv.Status(ctx)
-		require.NoError(t, err)
-		if st.Values() == 0 {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the bucket still holds %d values", st.Values())
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitBucketEmpty(t, kv, ctx)
 	require.True(t, strings.HasPrefix(b.owner.Do("conv - c2"), "ok"), "b was away: it still holds c2")
 	b.proxy.setCut(false)
 	eventually(t, b.owner, "conv - c2", "none", 20*time.Second, "a conversation whose tombstone was purged while b was away")
@@ -233,4 +207,19 @@ func TestMirrorConversationPurge(t *testing.T) {
 	// The conversation can come back.
 	a.owner.OK("mkconv c2")
 	eventually(t, b.owner, "conv - c2", a.owner.Do("conv - c2"), 20*time.Second, "a conversation again after its purge")
+}
+
+// waitBucketEmpty waits until the bucket holds no value (tombstones and markers purged).
+func waitBucketEmpty(t *testing.T, kv jetstream.KeyValue, ctx context.Context) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := kv.Status(ctx)
+		require.NoError(t, err)
+		if st.Values() == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the bucket still holds %d values", st.Values())
+		time.Sleep(50 * time.Millisecond)
+	}
 }
