@@ -37,10 +37,7 @@ const (
 	nofileEnv        = "SHMSTEER_TEST_NOFILE"          // owner: RLIMIT_NOFILE to set first
 )
 
-var sentinelNames = []struct {
-	name string
-	err  error
-}{
+var sentinelNames = proctest.Sentinels{
 	{"ErrAuthSecretNotDefined", ErrAuthSecretNotDefined},
 	{"ErrNotYetInitialized", ErrNotYetInitialized},
 	{"ErrPreviouslyInitialized", ErrPreviouslyInitialized},
@@ -52,21 +49,9 @@ var sentinelNames = []struct {
 	{"ErrClosed", ErrClosed},
 }
 
-func errName(err error) string {
-	for _, s := range sentinelNames {
-		if errors.Is(err, s.err) {
-			return s.name
-		}
-	}
-	return "other:" + strings.ReplaceAll(err.Error(), "\n", " ")
-}
+func errName(err error) string { return sentinelNames.Name(err) }
 
-func reply(err error, ok string) string {
-	if err != nil {
-		return "err " + errName(err)
-	}
-	return strings.TrimSpace("ok " + ok)
-}
+func reply(err error, ok string) string { return sentinelNames.Reply(err, ok) }
 
 // mappedRegions counts this process's mappings and descriptors of shmsteer memfds.
 func mappedRegions() int {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"github.com/shmsteer/shmsteer/internal/proctest"
 	"io"
@@ -118,10 +117,7 @@ const (
 	spinEnv = "SHMSTEER_TEST_SPIN" // ClientOptions.SpinWait, a time.Duration string
 )
 
-var sentinelNames = []struct {
-	name string
-	err  error
-}{
+var sentinelNames = proctest.Sentinels{
 	{"ErrNotFound", ErrNotFound},
 	{"ErrRevoked", ErrRevoked},
 	{"ErrRequestIDTooLong", ErrRequestIDTooLong},
@@ -130,21 +126,7 @@ var sentinelNames = []struct {
 	{"ErrClosed", shm.ErrClosed},
 }
 
-func errName(err error) string {
-	for _, s := range sentinelNames {
-		if errors.Is(err, s.err) {
-			return s.name
-		}
-	}
-	return "other:" + strings.ReplaceAll(err.Error(), "\n", " ")
-}
-
-func reply(err error, ok string) string {
-	if err != nil {
-		return "err " + errName(err)
-	}
-	return strings.TrimSpace("ok " + ok)
-}
+func reply(err error, ok string) string { return sentinelNames.Reply(err, ok) }
 
 func TestHelperProcess(t *testing.T) {
 	if os.Getenv(roleEnv) != "client" {

@@ -19,6 +19,7 @@ package proctest
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -151,4 +152,29 @@ func (p *Proc) Kill() {
 func (p *Proc) Exit() {
 	fmt.Fprintln(p.Stdin, "exit")
 	p.Cmd.Wait()
+}
+
+// Sentinels names the errors a child reports by name: a line protocol carries "err NAME",
+// not the error itself.
+type Sentinels []struct {
+	Name string
+	Err  error
+}
+
+// Name is the name of the first sentinel err wraps, or "other:" and err's text.
+func (s Sentinels) Name(err error) string {
+	for _, e := range s {
+		if errors.Is(err, e.Err) {
+			return e.Name
+		}
+	}
+	return "other:" + strings.ReplaceAll(err.Error(), "\n", " ")
+}
+
+// Reply is a child's answer line: "err NAME" for an error, else "ok" and ok.
+func (s Sentinels) Reply(err error, ok string) string {
+	if err != nil {
+		return "err " + s.Name(err)
+	}
+	return strings.TrimSpace("ok " + ok)
 }

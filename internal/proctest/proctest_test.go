@@ -2,6 +2,7 @@ package proctest
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -56,4 +57,14 @@ func TestExit(t *testing.T) {
 	require.Equal(t, 0, p.Cmd.ProcessState.ExitCode())
 	_, open := <-p.Lines
 	require.False(t, open, "Lines is closed once the child is gone")
+}
+
+func TestSentinels(t *testing.T) {
+	errA, errB := errors.New("a"), errors.New("b")
+	s := Sentinels{{"ErrA", errA}, {"ErrB", errB}}
+	require.Equal(t, "ErrB", s.Name(fmt.Errorf("wrapped: %w", errB)))
+	require.Equal(t, "other:x y", s.Name(errors.New("x\ny")))
+	require.Equal(t, "err ErrA", s.Reply(errA, "ignored"))
+	require.Equal(t, "ok 42", s.Reply(nil, "42"))
+	require.Equal(t, "ok", s.Reply(nil, ""))
 }
