@@ -13,6 +13,7 @@ import (
 
 	"github.com/shmsteer/shmsteer/capture"
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/steer"
 )
 
 // captureRecord is record seq of the capture role's deterministic stream (test_capture.py
@@ -81,7 +82,7 @@ func runCaptureRole() int {
 		switch {
 		case f[0] == "begin" && len(f) == 4:
 			n, _ := strconv.Atoi(f[2])
-			hub.Begin(f[1], map[string]json.RawMessage{"py": json.RawMessage(f[3])}, n)
+			hub.Begin(f[1], steer.AdmittedCapture{Specs: map[string]json.RawMessage{"py": json.RawMessage(f[3])}, PromptLen: n})
 		case f[0] == "append" && len(f) == 4:
 			seq, _ := strconv.Atoi(f[2])
 			if err := w.Writer().Append(f[1], captureRecord(seq, capture.Dtype(f[3]))); err != nil {
@@ -99,7 +100,7 @@ func runCaptureRole() int {
 				id := "req-" + strconv.Itoa(r)
 				if !begun[id] {
 					begun[id] = true
-					hub.Begin(id, map[string]json.RawMessage{"py": json.RawMessage(`{}`)}, 1)
+					hub.Begin(id, steer.AdmittedCapture{Specs: map[string]json.RawMessage{"py": json.RawMessage(`{}`)}, PromptLen: 1})
 				}
 			}
 			for l := range layers {

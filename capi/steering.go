@@ -180,8 +180,8 @@ func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js 
 	adm := steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override, Gates: gates,
 		Capture: caps, PromptLen: a.PromptLen}
 	ad, err := inst.eng.Admit(adm)
-	if err == nil && inst.hub != nil && len(adm.Capture) > 0 {
-		inst.hub.Begin(adm.RequestID, adm.Capture, adm.PromptLen) // before the admission returns
+	if err == nil && inst.hub != nil {
+		inst.hub.Begin(adm.RequestID, ad.Capture) // before the admission returns
 	}
 	return versionOut(version, ad.Version, err)
 }

@@ -5,6 +5,7 @@ package capture
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/shmsteer/shmsteer/steer"
 	"slices"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ func BenchmarkConsumerRead(b *testing.B) {
 	ids := make([]string, reqs)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("req-%d", i)
-		e.hub.Begin(ids[i], map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 1)
+		e.hub.Begin(ids[i], steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
 	}
 	for range reqs { // the begins
 		if ev, ok, err := c.Next(time.Second); err != nil || !ok || ev.Kind != EventBegin {

@@ -1,9 +1,11 @@
 package capture
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -78,4 +80,63 @@ func ValidateFilesystem(cfg steer.ModelConfig, spec []byte, promptLen int) (stee
 		return steer.CaptureSelect{}, err
 	}
 	return p.Select(cfg.Layers), nil
+}
+
+// GlobalSpecs builds steer.Options.CaptureGlobal from the declared consumers ({name: type})
+// and their global specs ({name: raw JSON}: serve's --capture-global NAME=@FILE). A
+// filesystem consumer's global spec is its FilesystemCaptureRequest without request_id: each
+// request it captures writes under its own id (slugged as a request's request_id is). The
+// model-independent checks are made here (ErrBadConsumer for a consumer not declared, ErrBadSpec
+// and DecodeFilesystemSpec's errors for a bad spec), the rest by steer.Open, as a request's
+// spec is checked at admission.
+func GlobalSpecs(decl map[string]string, specs map[string][]byte) (map[string]steer.CaptureGlobalSpec, error) {
+	out := make(map[string]steer.CaptureGlobalSpec, len(specs))
+	for name, raw := range specs {
+		switch decl[name] {
+		case TypeFilesystem:
+			g, err := filesystemGlobal(raw)
+			if err != nil {
+				return nil, fmt.Errorf("capture consumer %q's global spec: %w", name, err)
+			}
+			out[name] = g
+		default:
+			return nil, fmt.Errorf("%w: global spec for %q, which is not a declared consumer (declare it: NAME=filesystem)", ErrBadConsumer, name)
+		}
+	}
+	return out, nil
+}
+
+// filesystemGlobal checks a filesystem consumer's global spec and returns its instantiation:
+// the spec with the request's id as request_id.
+func filesystemGlobal(raw []byte) (steer.CaptureGlobalSpec, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return nil, fmt.Errorf("%w: a global spec must be a JSON object with tag, hooks, positions and optionally layout", ErrBadSpec)
+	}
+	if _, ok := fields["request_id"]; ok {
+		return nil, fmt.Errorf("%w: a global spec has no request_id: each request is written under its own id", ErrBadSpec)
+	}
+	inst := func(requestID string) ([]byte, error) {
+		if !utf8.ValidString(requestID) {
+			return nil, fmt.Errorf("%w: request id %q is not UTF-8 (a global spec's request_id is the request's id, in JSON)", ErrBadSlug, requestID)
+		}
+		id, err := json.Marshal(requestID)
+		if err != nil {
+			return nil, fmt.Errorf("%w: request id: %v", ErrBadSpec, err)
+		}
+		f := make(map[string]json.RawMessage, len(fields)+1)
+		for k, v := range fields {
+			f[k] = v
+		}
+		f["request_id"] = id
+		return json.Marshal(f)
+	}
+	probe, err := inst("global-spec-check")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := DecodeFilesystemSpec(probe); err != nil {
+		return nil, err
+	}
+	return inst, nil
 }

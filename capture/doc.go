@@ -71,7 +71,15 @@
 // reads serve's --capture-consumer NAME=TYPE, TypeFilesystem the one type) into
 // steer.Options.CaptureConsumers; ValidateFilesystem decodes and resolves a request's spec at
 // Admit, and steer stores the raw spec with the plan's sites and positions (Plan.Select) with
-// the request, read back by Engine.Capture in workers and consumers alike. The position
+// the request, read back by Engine.Capture in workers and consumers alike. A declared
+// consumer may have a global spec (GlobalSpecs, serve's --capture-global NAME=@FILE;
+// steer.Options.CaptureGlobal), declared by the owner as the fork's engine-side consumer
+// config is: every request that does not name that consumer is captured with it, under the
+// request's own id (a filesystem global spec has no request_id), a request's own spec for the
+// consumer replacing it (the fork's merge rule). It is validated at declaration and at
+// steer.Open as a request's spec is; one that cannot apply to a request (no prompt_len for a
+// prompt selector, say) is skipped for it, the request admitted and that consumer's result
+// an error saying why; results of a global spec carry "global": true. The position
 // selectors are steer.CapturePositions (Plan.Rows and Selects call them), which the hooks run.
 //
 // The hooks: RingSink is the steer.CaptureSink over a RingWriter. A Stepper given it
@@ -87,7 +95,7 @@
 // and Python's SteeringHooks.start_capture on the native and device paths (one device-to-host
 // copy per site into pinned memory on a GPU; static CUDA-graph mode does not capture).
 //
-// What is not wired yet: consumers have no global specs. serve runs a Hub with --capture-consumer; the C
+// serve runs a Hub with --capture-consumer; the C
 // ABI's shmsteer_capture_* and Python's shmsteer.capture are the consumer through it
 // (shmsteer_capture_serve makes a Python-hosted owner serve one). A consumer that attaches
 // while a request runs sees only the records appended after its slot exists (it gets no begin

@@ -67,7 +67,7 @@ func benchFS(b *testing.B, dd string, layout Layout) {
 	fsRound := func(n int) time.Duration {
 		id := "bench-" + strconv.Itoa(n)
 		spec := fmt.Sprintf(`{"request_id": %q, "tag": "bench", "hooks": {"post_block": "all"}, "positions": "all"}`, id)
-		e.hub.Begin(id, map[string]json.RawMessage{"fs": json.RawMessage(spec)}, rows)
+		e.hub.Begin(id, steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(spec)}, PromptLen: rows})
 		t0 := time.Now()
 		for l := range layers {
 			rec.Layer = l

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/shmsteer/shmsteer/steer"
 	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
@@ -56,7 +57,7 @@ func TestFilesystemConsumerLayouts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e.hub.Begin(id, map[string]json.RawMessage{"fs": json.RawMessage(js)}, 5)
+			e.hub.Begin(id, steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(js)}, PromptLen: 5})
 			want := simulate(t, ringAppender{w.Writer(), id}, p, d, 6, steps, rand.New(rand.NewPCG(uint64(n), 9)))
 			e.hub.End(id)
 			waitFor(t, "the result of "+id, func() bool { r, _ := e.hub.Result(id); return r["fs"].Status != StatusPending })
@@ -113,7 +114,7 @@ func TestFilesystemConsumerLayouts(t *testing.T) {
 		}
 	}
 	// A spec that does not resolve (a hook the model lacks) ends with status error.
-	e.hub.Begin("bad", map[string]json.RawMessage{"fs": json.RawMessage(`{"request_id": "b", "tag": "t", "hooks": {"nope": "all"}}`)}, 5)
+	e.hub.Begin("bad", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{"request_id": "b", "tag": "t", "hooks": {"nope": "all"}}`)}, PromptLen: 5})
 	e.hub.End("bad")
 	waitFor(t, "the bad request's result", func() bool { r, _ := e.hub.Result("bad"); return r["fs"].Status == StatusError })
 	stop() // the consumer's goroutine writes stats

@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -95,6 +96,46 @@ func FuzzCaptureAdmission(f *testing.F) {
 			if len(sel.Sites) == 0 || !slices.IsSorted(sel.Sites) || sel.Sites[0] < 0 || sel.Sites[len(sel.Sites)-1] >= nsites {
 				t.Fatalf("sites %v", sel.Sites)
 			}
+		}
+	})
+}
+
+// FuzzGlobalSpec: a consumer's global spec as serve's --capture-global reads it, checked or
+// refused typed, never a panic; what checks instantiates for any request id to a spec whose
+// request_id is that id, which validates (ValidateFilesystem) or fails typed.
+func FuzzGlobalSpec(f *testing.F) {
+	f.Add([]byte(`{"tag": "t", "hooks": {"post_block": "all"}, "positions": "all"}`), "r1", 5)
+	f.Add([]byte(`{"tag": "t", "hooks": {"pre_attn": [0]}, "positions": [1, 2], "layout": "packed"}`), "a/../b", 2)
+	f.Add([]byte(`{"request_id": "x"}`), "", 0)
+	f.Add([]byte(`null`), "r", 1)
+	sentinels := []error{ErrBadSpec, ErrBadSlug, ErrUnknownHook, ErrLayerRange, ErrEmptySelector, ErrBadPositions, ErrPositionRange, ErrBadLayout}
+	typed := func(t *testing.T, err error) {
+		if !slices.ContainsFunc(sentinels, func(s error) bool { return errors.Is(err, s) }) {
+			t.Fatalf("untyped error %v", err)
+		}
+	}
+	decl := map[string]string{"g": TypeFilesystem}
+	f.Fuzz(func(t *testing.T, b []byte, requestID string, promptLen int) {
+		g, err := GlobalSpecs(decl, map[string][]byte{"g": b})
+		if err != nil {
+			typed(t, err)
+			return
+		}
+		spec, err := g["g"](requestID)
+		if err != nil {
+			typed(t, err)
+			return
+		}
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(spec, &fields); err != nil {
+			t.Fatalf("instance %q does not parse: %v", spec, err)
+		}
+		var id string
+		if err := json.Unmarshal(fields["request_id"], &id); err != nil || id != requestID {
+			t.Fatalf("instance request_id %s, want %q (%v)", fields["request_id"], requestID, err)
+		}
+		if _, err := ValidateFilesystem(testCfg, spec, promptLen); err != nil {
+			typed(t, err)
 		}
 	})
 }

@@ -377,7 +377,7 @@ func (h *Hub) handle(hc *hubConn, m hubMsg, rd *msgReader) error {
 		defer h.mu.Unlock()
 		if q := h.reqs[m.id]; q != nil {
 			if r := q.results[hc.name]; r != nil {
-				*r = Result{Status: m.status, Error: m.message, Payload: json.RawMessage(slices.Clone(m.spec))}
+				*r = Result{Status: m.status, Error: m.message, Payload: json.RawMessage(slices.Clone(m.spec)), Global: r.Global}
 			}
 		}
 	default:
@@ -485,7 +485,7 @@ func (h *Hub) drop(hc *hubConn) {
 		}
 		for _, q := range h.reqs {
 			if r := q.results[hc.name]; r != nil && r.Status == StatusPending {
-				*r = Result{Status: StatusError, Error: fmt.Sprintf("shmsteer: capture consumer %q (pid %d) left before publishing its result", hc.name, hc.pid)}
+				*r = Result{Status: StatusError, Error: fmt.Sprintf("shmsteer: capture consumer %q (pid %d) left before publishing its result", hc.name, hc.pid), Global: r.Global}
 			}
 		}
 	}
@@ -524,13 +524,14 @@ func (h *Hub) retireRing(r *hubRing) {
 	}
 }
 
-// Begin records that request id is captured for the consumers specs names (each consumer's
-// raw spec, as the owner validated it at admission) and tells each attached one, before it
-// returns, so the notice is in the consumer's socket before any step writes the request's
-// records. A consumer not attached gets status error at once. A request id already begun is
-// begun again (its earlier results are dropped).
-func (h *Hub) Begin(id string, specs map[string]json.RawMessage, promptLen int) {
-	if len(specs) == 0 || id == "" || len(id) > 65535 {
+// Begin records that request id is captured for the consumers c.Specs names (each consumer's
+// raw spec as the owner stored it at admission: steer.Admitted.Capture, the consumers' global
+// specs included) and tells each attached one, before it returns, so the notice is in the
+// consumer's socket before any step writes the request's records. A consumer not attached,
+// and one in c.Skipped (its global spec did not apply), gets status error at once. A request
+// id already begun is begun again (its earlier results are dropped).
+func (h *Hub) Begin(id string, c steer.AdmittedCapture) {
+	if len(c.Specs)+len(c.Skipped) == 0 || id == "" || len(id) > 65535 {
 		return
 	}
 	type target struct {
@@ -542,16 +543,19 @@ func (h *Hub) Begin(id string, specs map[string]json.RawMessage, promptLen int) 
 	q := &hubReq{results: map[string]*Result{}}
 	h.ended = slices.DeleteFunc(h.ended, func(e string) bool { return e == id })
 	h.reqs[id] = q
-	for name, spec := range specs {
-		r := &Result{Status: StatusPending}
+	for name, err := range c.Skipped {
+		q.results[name] = &Result{Status: StatusError, Error: err.Error(), Global: true}
+	}
+	for name, spec := range c.Specs {
+		r := &Result{Status: StatusPending, Global: c.Global[name]}
 		q.results[name] = r
-		switch c := h.live[name]; {
+		switch hc := h.live[name]; {
 		case h.consumers[name] == "":
-			*r = Result{Status: StatusError, Error: fmt.Sprintf("shmsteer: capture consumer %q is not declared by the owner", name)}
-		case c == nil:
-			*r = Result{Status: StatusError, Error: fmt.Sprintf("shmsteer: capture consumer %q was not attached when the request was admitted", name)}
+			*r = Result{Status: StatusError, Error: fmt.Sprintf("shmsteer: capture consumer %q is not declared by the owner", name), Global: r.Global}
+		case hc == nil:
+			*r = Result{Status: StatusError, Error: fmt.Sprintf("shmsteer: capture consumer %q was not attached when the request was admitted", name), Global: r.Global}
 		default:
-			ts = append(ts, target{c, encodeHubMsg(nil, hubMsg{typ: msgBegin, id: id, prompt: uint32(max(0, promptLen)), spec: spec})})
+			ts = append(ts, target{hc, encodeHubMsg(nil, hubMsg{typ: msgBegin, id: id, prompt: uint32(max(0, c.PromptLen)), spec: spec})})
 		}
 	}
 	h.mu.Unlock()

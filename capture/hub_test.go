@@ -21,6 +21,7 @@ import (
 
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/shm"
+	"github.com/shmsteer/shmsteer/steer"
 )
 
 // hubEnv is an owner with a hub declaring consumers "fs" and "other", in this process.
@@ -143,7 +144,7 @@ func TestHubEndToEnd(t *testing.T) {
 		t.Fatalf("before admission: %v ended %v", res, ended)
 	}
 	spec := json.RawMessage(`{"tag":"t","hooks":{"post_block":"all"}}`)
-	e.hub.Begin("r1", map[string]json.RawMessage{"fs": spec}, 7)
+	e.hub.Begin("r1", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": spec}, PromptLen: 7})
 	if res, _ := e.hub.Result("r1"); res["fs"].Status != StatusPending || res["other"].Status != StatusNotRequested {
 		t.Fatalf("after admission: %v", res)
 	}
@@ -272,12 +273,12 @@ func TestHubAttachRefusals(t *testing.T) {
 // consumer that closes before publishing turns its pending requests to error.
 func TestHubConsumerAbsentOrGone(t *testing.T) {
 	e := newHubEnv(t)
-	e.hub.Begin("early", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 1)
+	e.hub.Begin("early", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
 	if r, _ := e.hub.Result("early"); r["fs"].Status != StatusError || !strings.Contains(r["fs"].Error, "not attached") {
 		t.Fatalf("absent consumer: %+v", r["fs"])
 	}
 	c := e.consumer(t, ConsumerOptions{Name: "fs"})
-	e.hub.Begin("r", map[string]json.RawMessage{"fs": json.RawMessage(`{}`), "other": json.RawMessage(`{}`)}, 1)
+	e.hub.Begin("r", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`), "other": json.RawMessage(`{}`)}, PromptLen: 1})
 	if ev := next(t, c); ev.Kind != EventBegin {
 		t.Fatalf("%+v", ev)
 	}
@@ -350,7 +351,7 @@ func hubConsumerKilled(t *testing.T, newNS bool) {
 	if ownPid := strings.TrimPrefix(lines.Text(), "attached "); newNS != (ownPid == "1") {
 		t.Fatalf("the child sees itself as pid %s (new PID namespace: %v)", ownPid, newNS)
 	}
-	e.hub.Begin("r1", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 4)
+	e.hub.Begin("r1", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 4})
 	if !lines.Scan() || lines.Text() != "begun r1" {
 		t.Fatalf("child: %q", lines.Text())
 	}
@@ -450,7 +451,7 @@ func TestHubWorkerLeavesBeforeEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := e.consumer(t, ConsumerOptions{Name: "fs"})
-	e.hub.Begin("r1", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 1)
+	e.hub.Begin("r1", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
 	if ev := next(t, c); ev.Kind != EventBegin {
 		t.Fatalf("%+v", ev)
 	}
@@ -487,7 +488,7 @@ func TestConsumerNextBatch(t *testing.T) {
 	e := newHubEnv(t)
 	w := e.worker(t, WorkerOptions{Capacity: 1 << 20})
 	c := e.consumer(t, ConsumerOptions{Name: "fs"})
-	e.hub.Begin("r1", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 1)
+	e.hub.Begin("r1", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
 	var want []Record
 	for seq := range uint64(40) {
 		_, rec := genRecord(seq, 128)
@@ -542,7 +543,7 @@ func TestConsumerReadAheadHeld(t *testing.T) {
 	e := newHubEnv(t)
 	w := e.worker(t, WorkerOptions{Capacity: 8192})
 	c := e.consumer(t, ConsumerOptions{Name: "fs", Policy: Drop})
-	e.hub.Begin("r1", map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, 1)
+	e.hub.Begin("r1", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
 	rec := func(i int) Record {
 		r := Record{Hook: "post_block", Dtype: Float32, Rows: 1, Width: 128, Positions: []int{i}, Data: make([]byte, 512)}
 		for j := range r.Data {

@@ -69,14 +69,17 @@ var (
 )
 
 // Result is one consumer's result for one request, as Hub.Result and serve's
-// GET /v1/requests/{id}/capture give it: {"status", "error", "payload"}.
+// GET /v1/requests/{id}/capture give it: {"status", "error", "payload"}, and "global": true
+// when the consumer's global spec captured the request (it did not name the consumer).
 type Result struct {
 	Status  Status
 	Error   string          // empty: none (JSON null)
 	Payload json.RawMessage // a JSON array (the filesystem consumer: the paths it wrote); nil: []
+	Global  bool            // the consumer's global spec applied (steer.AdmittedCapture.Global)
 }
 
-// MarshalJSON writes {"status": name, "error": message or null, "payload": [...]}.
+// MarshalJSON writes {"status": name, "error": message or null, "payload": [...]}, and
+// "global": true for a global spec's result.
 func (r Result) MarshalJSON() ([]byte, error) {
 	var e *string
 	if r.Error != "" {
@@ -90,7 +93,8 @@ func (r Result) MarshalJSON() ([]byte, error) {
 		Status  Status          `json:"status"`
 		Error   *string         `json:"error"`
 		Payload json.RawMessage `json:"payload"`
-	}{r.Status, e, p})
+		Global  bool            `json:"global,omitempty"`
+	}{r.Status, e, p, r.Global})
 }
 
 // checkPayload reports whether p is a JSON array (or empty).

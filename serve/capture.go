@@ -27,9 +27,9 @@ func (s *Server) openCapture() error {
 
 // captureBegin tells the request's consumers it is admitted (before the admission answers, so
 // before any step can capture its rows).
-func (s *Server) captureBegin(a steer.Admission) {
-	if s.hub != nil && len(a.Capture) > 0 {
-		s.hub.Begin(a.RequestID, a.Capture, a.PromptLen)
+func (s *Server) captureBegin(requestID string, c steer.AdmittedCapture) {
+	if s.hub != nil {
+		s.hub.Begin(requestID, c)
 	}
 }
 

@@ -1,10 +1,19 @@
 package serve
 
 import (
+	"context"
+	"encoding/binary"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/shmsteer/shmsteer/capture"
+	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -76,6 +85,98 @@ func TestConfigCaptureConsumers(t *testing.T) {
 	require.Equal(t, map[string]string{"fs": "filesystem", "b": "filesystem"}, d)
 	for _, bad := range [][]string{{"fs=sqlite"}, {"fs"}, {"fs=filesystem", "fs=filesystem"}, {"a/b=filesystem"}} {
 		c.CaptureConsumers = bad
+		require.ErrorIs(t, c.Validate(), ErrConfig, "%v", bad)
+	}
+}
+
+// --capture-global NAME=@FILE: every request that names no capture is captured with the
+// consumer's global spec, under its own id; a request naming the consumer replaces it; the
+// results say "global": true, and a request the global spec cannot apply to is admitted with
+// that consumer's result error.
+func TestCaptureGlobalSpec(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "g.json")
+	require.NoError(t, os.WriteFile(file, []byte(`{"tag": "every", "hooks": {"post_block": [0]}, "positions": "all", "layout": "packed"}`), 0o600))
+	f := startForkServer(t, "capglobal", nil, func(c *Config) {
+		c.CaptureConsumers = []string{"g=filesystem"}
+		c.CaptureGlobal = []string{"g=@" + file}
+	})
+	result := func(id string) map[string]any {
+		code, m := f.get(t, "/v1/requests/"+id+"/capture")
+		require.Equal(t, http.StatusOK, code, "%v", m)
+		return m["g"].(map[string]any)
+	}
+	attach := func() *ipc.Client {
+		cl, err := ipc.Attach(ipc.ClientOptions{Namespace: f.ns, SecretFile: f.secret})
+		require.NoError(t, err)
+		t.Cleanup(func() { cl.Close() })
+		return cl
+	}
+	w, err := capture.RegisterWorker(attach(), capture.WorkerOptions{Capacity: 1 << 20})
+	require.NoError(t, err)
+	defer w.Close()
+	cons, err := capture.NewConsumer(attach(), capture.ConsumerOptions{Name: "g"})
+	require.NoError(t, err)
+	defer cons.Close()
+	root := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go capture.RunFilesystem(ctx, cons, capture.FSConsumerOptions{Root: root, FS: capture.FSOptions{NoFsync: true},
+		Config: steer.ModelConfig{Hidden: forkHidden, Layers: forkLayers, Hooks: steer.DefaultHooks}}, nil)
+
+	f.ok(t, "/v1/requests/admit", map[string]any{"request_id": "plain", "prompt_len": 2})
+	rc := f.captureOf(t, "plain")
+	require.Len(t, rc.Consumers, 1)
+	require.Equal(t, "g", rc.Consumers[0].Name)
+	r := result("plain")
+	require.Equal(t, "pending", r["status"], "%v", r)
+	require.Equal(t, true, r["global"], "%v", r)
+	data := make([]byte, 0, 2*forkHidden*4)
+	for i := range 2 * forkHidden {
+		data = binary.LittleEndian.AppendUint32(data, math.Float32bits(float32(i)))
+	}
+	require.NoError(t, w.Writer().Append("plain", capture.Record{Layer: 0, Hook: hp, Dtype: capture.Float32, Rows: 2, Width: forkHidden, Positions: []int{0, 1}, Data: data}))
+	f.ok(t, "/v1/requests/end", map[string]any{"request_id": "plain"})
+	for deadline := time.Now().Add(10 * time.Second); result("plain")["status"] == "pending" && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	r = result("plain")
+	require.Equal(t, "ok", r["status"], "%v", r)
+	require.Equal(t, true, r["global"], "%v", r)
+	bin, err := os.ReadFile(filepath.Join(root, "every", "plain", "packed.bin"))
+	require.NoError(t, err)
+	require.Equal(t, data, bin)
+
+	// A request's own spec replaces the global one: no "global" in its result.
+	own := map[string]any{"g": map[string]any{"request_id": "x", "tag": "mine", "hooks": map[string]any{hp: []int{1}}, "positions": "last_prompt"}}
+	f.ok(t, "/v1/requests/admit", map[string]any{"request_id": "own", "prompt_len": 2, "capture": own})
+	require.Equal(t, 1, len(f.captureOf(t, "own").Consumers[0].Sites))
+	_, has := result("own")["global"]
+	require.False(t, has)
+
+	// No prompt_len: admitted, the global spec's result is error and says why.
+	f.ok(t, "/v1/requests/admit", map[string]any{"request_id": "noprompt"})
+	require.Empty(t, f.captureOf(t, "noprompt").Consumers)
+	r = result("noprompt")
+	require.Equal(t, "error", r["status"], "%v", r)
+	require.Equal(t, true, r["global"], "%v", r)
+	require.Contains(t, r["error"], "global spec does not apply")
+}
+
+func TestConfigCaptureGlobal(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.json")
+	require.NoError(t, os.WriteFile(good, []byte(`{"tag": "t", "hooks": {"post_block": "all"}, "positions": "last_prompt"}`), 0o600))
+	withID := filepath.Join(dir, "id.json")
+	require.NoError(t, os.WriteFile(withID, []byte(`{"request_id": "r", "tag": "t", "hooks": {"post_block": "all"}, "positions": "all"}`), 0o600))
+	c := DefaultConfig()
+	c.CaptureConsumers = []string{"g=filesystem"}
+	c.CaptureGlobal = []string{"g=@" + good}
+	g, err := c.CaptureGlobalSpecs()
+	require.NoError(t, err)
+	require.Len(t, g, 1)
+	for _, bad := range [][]string{{"g=" + good}, {"g=@"}, {"other=@" + good}, {"g=@" + good, "g=@" + good}, {"g=@" + filepath.Join(dir, "missing.json")}, {"g=@" + withID}} {
+		c.CaptureGlobal = bad
 		require.ErrorIs(t, c.Validate(), ErrConfig, "%v", bad)
 	}
 }

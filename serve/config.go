@@ -86,6 +86,9 @@ type Config struct {
 
 	// CaptureConsumers are the activation-capture consumers the owner declares (issue 24).
 	CaptureConsumers []string `toml:"capture_consumer" help:"a capture consumer admissions may name, NAME=TYPE (type: filesystem); repeat or comma-separate for several"`
+	// CaptureGlobal are declared consumers' global specs: every request that does not name the
+	// consumer is captured with it (a request's own spec replaces it).
+	CaptureGlobal []string `toml:"capture_global" help:"a declared capture consumer's global spec, applied to every request that does not name it: NAME=@FILE, FILE a JSON spec (filesystem: tag, hooks, positions, layout; each request is written under its own id); repeat or comma-separate for several"`
 }
 
 // DefaultConfig is the configuration before the file, environment and flags.
@@ -242,7 +245,7 @@ func (c Config) Validate() error {
 	if err := c.Model().Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if _, err := c.CaptureDeclarations(); err != nil {
+	if _, err := c.CaptureGlobalSpecs(); err != nil {
 		return err
 	}
 	switch {
@@ -319,4 +322,35 @@ func (c Config) CaptureDeclarations() (map[string]string, error) {
 		decl[name] = typ
 	}
 	return decl, nil
+}
+
+// CaptureGlobalSpecs reads CaptureGlobal (NAME=@FILE) into steer.Options.CaptureGlobal, with
+// CaptureDeclarations' checks first: ErrConfig (wrapping capture's error) for a bad form, a
+// name given twice or not declared, a file that does not read or a spec that does not check
+// (steer.Open checks the rest against the model).
+func (c Config) CaptureGlobalSpecs() (map[string]steer.CaptureGlobalSpec, error) {
+	decl, err := c.CaptureDeclarations()
+	if err != nil || len(c.CaptureGlobal) == 0 {
+		return nil, err
+	}
+	specs := map[string][]byte{}
+	for _, g := range c.CaptureGlobal {
+		name, path, ok := strings.Cut(g, "=@")
+		if !ok || path == "" {
+			return nil, fmt.Errorf("%w: capture_global %q, want NAME=@FILE (FILE: the consumer's global spec, JSON)", ErrConfig, g)
+		}
+		if _, ok := specs[name]; ok {
+			return nil, fmt.Errorf("%w: capture_global %q given twice", ErrConfig, name)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("%w: capture_global %q: %w", ErrConfig, name, err)
+		}
+		specs[name] = b
+	}
+	out, err := capture.GlobalSpecs(decl, specs)
+	if err != nil {
+		return nil, fmt.Errorf("%w: capture_global: %w", ErrConfig, err)
+	}
+	return out, nil
 }

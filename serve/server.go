@@ -211,8 +211,13 @@ func (s *Server) openOwner(secret *ipc.Secret) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	global, err := cfg.CaptureGlobalSpecs()
+	if err != nil {
+		return err
+	}
 	s.eng, err = steer.Open(s.owner.Region(), &model, steer.Options{
 		CaptureConsumers: consumers,
+		CaptureGlobal:    global,
 		Latch: steer.LatchConfig{MaxConversations: cfg.MaxConversations, MaxLatchedBytes: cfg.MaxLatchedBytes, Policy: cfg.Policy(),
 			MaxPerTenant: cfg.TenantMaxLatches, MaxTenantBytes: cfg.TenantMaxLatchedBytes},
 		Clients: s.owner.Clients,

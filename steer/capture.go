@@ -17,6 +17,7 @@ package steer
 // Every length is bounds-checked on decode (FuzzDecodeCaptureEntry).
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -139,44 +140,138 @@ type RequestCapture struct {
 	Consumers []CaptureConsumer // in name order
 }
 
-// admitCapture validates an admission's capture specs with the declared consumers' validators
-// and encodes the entry (nil when the request captures nothing).
-func (e *Engine) admitCapture(a *Admission) ([]byte, error) {
-	if len(a.Capture) == 0 {
-		return nil, nil
+// CaptureGlobalSpec is one declared consumer's global spec (Options.CaptureGlobal): the raw
+// spec a request it applies to is captured with, given that request's id (the filesystem
+// consumer's fills in the request_id its global spec leaves out). A typed error when the
+// spec cannot apply to that id.
+type CaptureGlobalSpec func(requestID string) ([]byte, error)
+
+// AdmittedCapture is a request's capture as the owner stored it at Admit (Admitted.Capture).
+type AdmittedCapture struct {
+	PromptLen int
+	// Specs is every consumer's raw spec the request is captured with: its own, and the global
+	// ones of the declared consumers it does not name. Nil when it captures nothing.
+	Specs map[string]json.RawMessage
+	// Global names the consumers of Specs whose spec is their global one.
+	Global map[string]bool
+	// Skipped are the consumers whose global spec does not apply to this request (its id or
+	// prompt length fails the consumer's validator: a request admitted without prompt_len,
+	// say), each with the typed error; the request is admitted without them (a global spec is
+	// the operator's, so it never refuses a request) and their results say why.
+	Skipped map[string]error
+}
+
+// globalCheckID is the request id a global spec is validated with at Open.
+const globalCheckID = "global-spec-check"
+
+// checkGlobal validates the declared global specs (Open): each names a declared consumer and
+// passes its validator as a request's spec would, for the longest prompt (a position list is
+// checked against each request's own prompt at Admit).
+func (e *Engine) checkGlobal() error {
+	if len(e.opt.CaptureGlobal) == 0 {
+		return nil
+	}
+	if len(e.opt.CaptureGlobal) > MaxCaptureConsumers {
+		return fmt.Errorf("%w: %d global specs, at most %d", ErrCaptureConsumer, len(e.opt.CaptureGlobal), MaxCaptureConsumers)
+	}
+	for n, g := range e.opt.CaptureGlobal {
+		v := e.opt.CaptureConsumers[n]
+		if v == nil || g == nil {
+			return fmt.Errorf("%w: global spec for %q, which is not a declared consumer; the owner declares %s", ErrCaptureConsumer, n, e.declared())
+		}
+		if _, _, err := e.resolveSpec(n, v, func() ([]byte, error) { return g(globalCheckID) }, MaxPromptLen); err != nil {
+			return fmt.Errorf("%w: consumer %q's global spec: %w", ErrCaptureConsumer, n, err)
+		}
+	}
+	return nil
+}
+
+// resolveSpec runs consumer n's validator on the spec spec gives, for a prompt of promptLen.
+func (e *Engine) resolveSpec(n string, v CaptureValidator, spec func() ([]byte, error), promptLen int) ([]byte, CaptureSelect, error) {
+	raw, err := spec()
+	if err != nil {
+		return nil, CaptureSelect{}, err
+	}
+	if len(raw) > MaxCaptureSpec || len(n) > math.MaxUint16 {
+		return nil, CaptureSelect{}, fmt.Errorf("%w: consumer %q's spec is %d bytes, at most %d", ErrCaptureConsumer, n, len(raw), MaxCaptureSpec)
+	}
+	sel, err := v(e.cfg, raw, promptLen)
+	if err != nil {
+		return nil, CaptureSelect{}, err
+	}
+	if promptLen < 0 || promptLen > MaxPromptLen {
+		// A validator checks the prompt length; steer's entry stores it in 32 bits.
+		return nil, CaptureSelect{}, fmt.Errorf("%w: consumer %q's validator accepted prompt length %d (0..%d)", ErrCaptureConsumer, n, promptLen, MaxPromptLen)
+	}
+	if err := e.checkSelect(&sel); err != nil {
+		return nil, CaptureSelect{}, err
+	}
+	return raw, sel, nil
+}
+
+// admitCapture validates an admission's capture specs with the declared consumers' validators,
+// adds the global specs of the consumers it does not name, and encodes the entry (nil when the
+// request captures nothing). A bad spec of the request's own refuses it; a global spec that
+// does not apply to it is skipped (AdmittedCapture.Skipped).
+func (e *Engine) admitCapture(a *Admission) ([]byte, AdmittedCapture, error) {
+	ac := AdmittedCapture{PromptLen: a.PromptLen}
+	if len(a.Capture) == 0 && len(e.opt.CaptureGlobal) == 0 {
+		return nil, ac, nil
 	}
 	if len(a.Capture) > MaxCaptureConsumers {
-		return nil, fmt.Errorf("%w: %d consumers named, at most %d", ErrCaptureConsumer, len(a.Capture), MaxCaptureConsumers)
+		return nil, ac, fmt.Errorf("%w: %d consumers named, at most %d", ErrCaptureConsumer, len(a.Capture), MaxCaptureConsumers)
 	}
-	names := make([]string, 0, len(a.Capture))
+	names := make([]string, 0, len(a.Capture)+len(e.opt.CaptureGlobal))
 	for n := range a.Capture {
 		names = append(names, n)
+	}
+	for n := range e.opt.CaptureGlobal {
+		if _, own := a.Capture[n]; !own {
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
 	rc := RequestCapture{PromptLen: a.PromptLen}
 	for _, n := range names {
-		v, ok := e.opt.CaptureConsumers[n]
-		if !ok || v == nil {
-			return nil, fmt.Errorf("%w: %q; the owner declares %s", ErrCaptureConsumer, n, e.declared())
+		v := e.opt.CaptureConsumers[n]
+		own, isOwn := a.Capture[n]
+		if !isOwn {
+			g := e.opt.CaptureGlobal[n]
+			spec, sel, err := e.resolveSpec(n, v, func() ([]byte, error) { return g(a.RequestID) }, a.PromptLen)
+			if err != nil {
+				if ac.Skipped == nil {
+					ac.Skipped = map[string]error{}
+				}
+				ac.Skipped[n] = fmt.Errorf("capture consumer %q's global spec does not apply to request %q: %w", n, a.RequestID, err)
+				continue
+			}
+			if ac.Global == nil {
+				ac.Global = map[string]bool{}
+			}
+			ac.Global[n] = true
+			rc.Consumers = append(rc.Consumers, CaptureConsumer{Name: n, Spec: spec, CaptureSelect: sel})
+			continue
 		}
-		spec := a.Capture[n]
-		if len(spec) > MaxCaptureSpec || len(n) > math.MaxUint16 {
-			return nil, fmt.Errorf("%w: consumer %q's spec is %d bytes, at most %d", ErrCaptureConsumer, n, len(spec), MaxCaptureSpec)
+		if v == nil {
+			return nil, AdmittedCapture{}, fmt.Errorf("%w: %q; the owner declares %s", ErrCaptureConsumer, n, e.declared())
 		}
-		sel, err := v(e.cfg, spec, a.PromptLen)
+		spec, sel, err := e.resolveSpec(n, v, func() ([]byte, error) { return own, nil }, a.PromptLen)
 		if err != nil {
-			return nil, fmt.Errorf("capture consumer %q: %w", n, err)
-		}
-		if a.PromptLen < 0 || a.PromptLen > MaxPromptLen {
-			// A validator checks the prompt length; steer's entry stores it in 32 bits.
-			return nil, fmt.Errorf("%w: consumer %q's validator accepted prompt length %d (0..%d)", ErrCaptureConsumer, n, a.PromptLen, MaxPromptLen)
-		}
-		if err := e.checkSelect(&sel); err != nil {
-			return nil, fmt.Errorf("capture consumer %q: %w", n, err)
+			return nil, AdmittedCapture{}, fmt.Errorf("capture consumer %q: %w", n, err)
 		}
 		rc.Consumers = append(rc.Consumers, CaptureConsumer{Name: n, Spec: spec, CaptureSelect: sel})
 	}
-	return encodeCapture(&rc), nil
+	if len(rc.Consumers) == 0 {
+		return nil, ac, nil
+	}
+	if len(rc.Consumers) > MaxCaptureConsumers {
+		return nil, AdmittedCapture{}, fmt.Errorf("%w: %d consumers with the global specs, at most %d", ErrCaptureConsumer, len(rc.Consumers), MaxCaptureConsumers)
+	}
+	ac.Specs = make(map[string]json.RawMessage, len(rc.Consumers))
+	for _, c := range rc.Consumers {
+		ac.Specs[c.Name] = c.Spec
+	}
+	return encodeCapture(&rc), ac, nil
 }
 
 // SetCaptureConsumers replaces the capture consumers the owner declares

@@ -32,6 +32,13 @@ type Options struct {
 	// validator of its spec format (package capture builds them: capture.Validators). An
 	// admission's capture may name only these (ErrCaptureConsumer). Owner only.
 	CaptureConsumers map[string]CaptureValidator
+	// CaptureGlobal are the declared consumers' global specs, by consumer name (package
+	// capture builds them: capture.GlobalSpecs): a request whose capture does not name such a
+	// consumer is captured for it with its global spec (a request's own spec for a consumer
+	// replaces that consumer's global one, as in the fork). Each names a declared consumer and
+	// is validated at Open as a request's spec is (ErrCaptureConsumer wrapping the
+	// validator's error). Owner only.
+	CaptureGlobal map[string]CaptureGlobalSpec
 }
 
 // Engine is the steering state of one process on one region: the owner (which writes it and
@@ -72,6 +79,9 @@ func Open(r *shm.Region, want *ModelConfig, opt Options) (*Engine, error) {
 			ErrIncompatible, cfg.Hidden, cfg.Layers, cfg.hooks(), want.Hidden, want.Layers, want.hooks())
 	}
 	e := &Engine{r: r, cfg: cfg, opt: opt}
+	if err := e.checkGlobal(); err != nil {
+		return nil, err
+	}
 	switch {
 	case r.IsOwner():
 		lc := opt.Latch
@@ -220,6 +230,10 @@ type Admitted struct {
 	Latched bool   // the override was latched onto the conversation
 	Refused bool   // the override was too large to latch (it still steers this request)
 	Digest  Digest // digest of the published request entry (zero for SourceNone)
+	// Capture is the request's capture as stored: its own specs and the global specs of the
+	// declared consumers it does not name (Options.CaptureGlobal). What the owner tells the
+	// consumers (capture.Hub.Begin).
+	Capture AdmittedCapture
 }
 
 // Admit decides the steering of a request (owner only): its override, its conversation's latch,

@@ -114,10 +114,11 @@ func (l local) admit(a Admission) (Admitted, error) {
 	override := a.Override != nil && !a.Override.Empty()
 	named := namedAt(&snap, e.cfg)
 	set := fmt.Sprintf("request %q", a.RequestID)
-	capture, err := e.admitCapture(&a) // before admitGates, which changes the owner's table
+	capture, admittedCapture, err := e.admitCapture(&a) // before admitGates, which changes the owner's table
 	if err != nil {
 		return Admitted{}, err
 	}
+	out.Capture = admittedCapture
 	gates, err := e.admitGates(&snap, &a, set)
 	if err != nil {
 		return Admitted{}, err
