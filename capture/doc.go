@@ -93,7 +93,8 @@
 // The C ABI's hooks capture as the Stepper's do (shmsteer_stepper_capture_start registers a
 // ring of the stepper's own with the hub; shmsteer_stepper_capture, shmsteer_batch_capture),
 // and Python's SteeringHooks.start_capture on the native and device paths (one device-to-host
-// copy per site into pinned memory on a GPU; static CUDA-graph mode does not capture).
+// copy per site into pinned memory on a GPU; in static CUDA-graph mode the graph writes the
+// rows into persistent device buffers and the host makes one device-to-host copy per step).
 //
 // serve runs a Hub with --capture-consumer; the C
 // ABI's shmsteer_capture_* and Python's shmsteer.capture are the consumer through it

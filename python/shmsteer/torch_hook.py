@@ -43,7 +43,10 @@ before its steering, into the hooks' capture ring, which consumers read
 end, phase, first_position)``. The native path captures float32 blocks in the apply and bfloat16 /
 float16 ones from their own bytes; the device path gathers each site's planned rows on the device
 and makes one device-to-host copy per site into pinned memory, handed to the engine at the step's
-end.
+end. Static (CUDA-graph) mode captures too (``start_capture`` after attaching, before capturing
+the graphs): the graph writes each site's planned rows into persistent device buffers whose
+indices ``prepare`` writes, and ``report`` (or the next ``prepare``) makes the step's one
+device-to-host copy into pinned memory after the replay and hands the rows to the engine.
 
 CUDA-graph (static) mode: ``SteeringHooks(handle, static=True, max_tokens=T, device=..., dtype=...)``
 preallocates, for every attached site, a table ``[max_slots + 1, hidden]`` (and clamp rows when
@@ -161,6 +164,7 @@ class SteeringHooks:
         self._chost: Optional[torch.Tensor] = None
         self._cdev: Optional[torch.Tensor] = None
         self._cdone: List[Tuple[int, torch.Tensor]] = []
+        self._scap: Optional[StaticCapture] = None  # static mode's persistent capture buffers
         self.gate_checksum = 0  #: the gate decisions of the last reported step (Stepper.GateChecksum)
         # Declarative gates on the device path (eager): the tables and this step's columns.
         self._gt: Optional[GateTables] = None
@@ -235,6 +239,8 @@ class SteeringHooks:
             from .errors import LayerRangeError
             raise LayerRangeError(f"shmsteer: layer {layer}, model has {self.layers}")
         site = hook_id * self.layers + layer
+        if site not in self._sites and self._scap is not None:
+            raise RuntimeError("shmsteer: static capture's buffers hold the sites attached before start_capture; attach every site first")
         if site not in self._sites:
             self._sites.append(site)
             self.batch.set_sites(self._sites)
@@ -314,7 +320,8 @@ class SteeringHooks:
 
     # ---- capture ---------------------------------------------------------------------------
 
-    def start_capture(self, rank: int = 0, writer_rank: int = 0, ring_bytes: int = 0, wait: float = 0.0) -> None:
+    def start_capture(self, rank: int = 0, writer_rank: int = 0, ring_bytes: int = 0, wait: float = 0.0,
+                      max_rows: int = 0) -> None:
         """Copy the rows admitted requests capture, at every attached site and before steering
         it, into this hooks' capture ring (:meth:`~shmsteer.Stepper.capture_start`: registered
         with the owner's hub; only ``writer_rank`` captures under tensor parallelism). Spans give
@@ -322,18 +329,37 @@ class SteeringHooks:
         first_position)``. Native path: float32 blocks are captured by the apply, bfloat16 and
         float16 blocks from their own bytes first. Device path: per site one gather of the
         planned rows on the device and one device-to-host copy into pinned memory, handed to the
-        engine at the step's end. Static (CUDA-graph) mode does not capture.
+        engine at the step's end.
+
+        Static (CUDA-graph) mode: call it after attaching every site and before capturing the
+        graphs, whose captured forward then writes each site's planned rows into persistent
+        device buffers (``max_rows`` rows of the hidden size over all sites per step, default
+        ``max_tokens`` x the attached sites; each site's row indices written by :meth:`prepare`,
+        fixed shapes, no allocation in the forward); :meth:`report` (or the next
+        :meth:`prepare`), after the replay, makes the step's one device-to-host copy into
+        pinned memory (asynchronous on CUDA) and hands each site's rows to the engine. A step
+        planning more than ``max_rows`` rows is BatchCapacityError from :meth:`prepare`.
 
         Raises:
-            NoHubError when the owner serves no capture; RuntimeError in static mode.
+            NoHubError when the owner serves no capture; ValueError in static mode before any
+            site is attached or for a negative ``max_rows``.
         """
         if self.static:
-            raise RuntimeError("shmsteer: static (CUDA-graph) hooks do not capture; use eager hooks")
+            if not self._sites:
+                raise ValueError("shmsteer: static capture: attach the hooks' sites before start_capture")
+            if max_rows < 0:
+                raise ValueError(f"shmsteer: max_rows {max_rows} is negative")
         self.stepper.capture_start(rank, writer_rank, ring_bytes, wait)
         self._capturing = rank == writer_rank
+        if self.static and self._capturing and self._scap is None:
+            self._scap = StaticCapture(self._sites, self.max_tokens, max_rows or self.max_tokens * len(self._sites),
+                                       self.hidden, self._gbuf.dtype, self._gbuf.device)
 
     def stop_capture(self) -> None:
-        """Stop capturing (the ring is closed)."""
+        """Stop capturing (the ring is closed). In static mode the graphs keep their capture
+        work, writing nowhere from the next :meth:`prepare` on."""
+        if self.static:
+            self._flush_static_capture()
         self.stepper.capture_stop()
         self._capturing = False
         self._cplan = None
@@ -631,7 +657,7 @@ class SteeringHooks:
         if not self.static or self._tables is None:
             raise RuntimeError("shmsteer: prepare() is for static hooks (SteeringHooks(..., static=True))")
         packed = self._packer.pack(spans)
-        if self._sgpending:
+        if self._sgpending or (self._scap is not None and self._scap.pending):
             self.report()
         res = self._resolve(packed, self.max_tokens, version, end=True)
         self._res = None
@@ -641,6 +667,8 @@ class SteeringHooks:
             self._copied.synchronize()
         self._sidx_host.numpy()[:] = res.index
         self._sidx.copy_(self._sidx_host, non_blocking=True)
+        if self._scap is not None:
+            self._scap.plan(self.batch.capture_plan() if self._capturing else None)
         g = res.gates
         self._sgpending, self._sgcols = g.report, g.cols
         if g.cols and self._sgsites is not None and not self._sgsites.issuperset(g.sites.tolist()):
@@ -674,14 +702,26 @@ class SteeringHooks:
         return res.version
 
     def report(self) -> None:
-        """Static mode: hand the last prepared step's gate scores back (after its replay; this
-        waits for the device). prepare() does it for the previous step when it was not done; a
-        step whose batch has no probe gates needs none."""
-        if not self.static or not self._sgpending:
+        """Static mode: hand the last prepared step's gate scores and captured rows back (after
+        its replay; this waits for the device). prepare() does it for the previous step when it
+        was not done; a step whose batch has no probe gates and captures nothing needs none."""
+        if not self.static:
+            return
+        self._flush_static_capture()
+        if not self._sgpending:
             return
         self._sgpending = False
         cols = self._sgcols
         self._report(self._sgscore[:cols].t() if cols else None)
+
+    def _flush_static_capture(self) -> None:
+        """Static, after the replay: the step's one device-to-host copy of the captured rows,
+        then each site's rows to the engine (before the next resolve)."""
+        sc = self._scap
+        if sc is None or not sc.pending:
+            return
+        for site, ptr, n_bytes in sc.collect():
+            self.batch.capture(site, sc.dtype, ptr, n_bytes)
 
     def _static_gate_probe(self, rows: torch.Tensor, site: int, n: int) -> None:
         """Static, before the site's gather-add: every gate column's probe read (fixed work: a
@@ -733,6 +773,8 @@ class SteeringHooks:
         if views is None:  # once per captured batch size: views of the static buffers
             views = self._views[n] = (self._sidx[:n], self._gbuf[:n])
         idx, g = views
+        if self._scap is not None:
+            self._scap.gather(rows, site, n)  # before the add: captures see the unsteered rows
         gated = self.max_row_gates > 0 and site in self._sgt.adds
         if gated:
             self._static_gate_probe(rows, site, n)
@@ -760,4 +802,89 @@ class SteeringHooks:
         self.stepper.close()
 
 
-__all__ = ["SteeringHooks"]
+class StaticCapture:
+    """Static (CUDA-graph) mode's capture buffers, persistent and of fixed shapes: per attached
+    site a row of source and destination indices (``[2, sites, max_tokens]``, written by
+    :meth:`plan` outside the graph), a gather buffer ``[max_tokens, hidden]``, the step's
+    captured rows ``[max_rows + max_tokens, hidden]`` on the device (each site's rows at its
+    plan offset; an index past the plan lands in a row of its own past ``max_rows``, so no
+    index repeats within a site's copy), and their pinned host copy ``[max_rows, hidden]``.
+    In the graph each site does one gather and one index copy of ``n`` rows (the graph's rows);
+    after the replay :meth:`collect` makes the one device-to-host copy."""
+
+    def __init__(self, sites: Sequence[int], max_tokens: int, max_rows: int, hidden: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.slot = {s: i for i, s in enumerate(sites)}
+        self.max_tokens, self.max_rows, self.hidden, self.dtype = max_tokens, max_rows, hidden, dtype
+        self.cuda = device.type == "cuda"
+        S, T = len(sites), max_tokens
+        self._idx_host = torch.zeros(2, S, T, dtype=torch.int64, pin_memory=self.cuda)
+        self._idx = torch.zeros(2, S, T, dtype=torch.int64, device=device)
+        self._unused = np.arange(max_rows, max_rows + T, dtype=np.int64)
+        self._idx_host.numpy()[1] = self._unused
+        self._idx.copy_(self._idx_host)
+        self._tmp = torch.zeros(T, hidden, dtype=dtype, device=device)
+        self._buf = torch.zeros(max_rows + T, hidden, dtype=dtype, device=device)
+        self._host = torch.zeros(max(max_rows, 1), hidden, dtype=dtype, pin_memory=self.cuda)
+        self._done = torch.cuda.Event() if self.cuda else None
+        self._views: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._key: Optional[bytes] = None
+        self._sites: List[Tuple[int, int, int]] = []  # the step's (site, offset, rows)
+        self._used = 0
+        self.pending = False  # a prepared step's rows await collect()
+
+    def plan(self, plan: Any) -> None:
+        """Outside the graph, after the resolve (and after the previous copies of the index
+        buffers ran): write the step's plan into the index buffers when it changed."""
+        self.pending, self._sites, self._used = False, [], 0
+        total = 0 if plan is None else len(plan.rows)
+        if total > self.max_rows:
+            from .errors import BatchCapacityError
+            raise BatchCapacityError(f"shmsteer: the step captures {total} rows over its sites, static capture holds "
+                                     f"max_rows={self.max_rows}: start_capture(max_rows=...) larger")
+        key = b"" if plan is None else plan.key()
+        sites: List[Tuple[int, int, int]] = []
+        if plan is not None:
+            for i, site in enumerate(plan.sites.tolist()):
+                off, end = int(plan.start[i]), int(plan.start[i + 1])
+                if end > off:
+                    sites.append((site, off, end - off))
+        if key != self._key:
+            h = self._idx_host.numpy()
+            h[0] = 0
+            h[1] = self._unused
+            for site, off, n in sites:
+                slot = self.slot[site]  # the batch plans the attached sites only
+                h[0, slot, :n] = plan.rows[off:off + n]
+                h[1, slot, :n] = np.arange(off, off + n)
+            self._idx.copy_(self._idx_host, non_blocking=self.cuda)
+            self._key = key
+        self._sites, self._used, self.pending = sites, total, total > 0
+
+    def gather(self, rows: torch.Tensor, site: int, n: int) -> None:
+        """In the (captured) forward, before the site's add: its planned rows of rows ([n,
+        hidden]) into their places in the device buffer; fixed shapes, no allocation."""
+        v = self._views.get((site, n))
+        if v is None:  # once per (site, captured batch size): views of the persistent buffers
+            slot = self.slot[site]
+            v = self._views[(site, n)] = (self._idx[0, slot, :n], self._idx[1, slot, :n], self._tmp[:n])
+        src, dst, tmp = v
+        torch.index_select(rows, 0, src, out=tmp)
+        self._buf.index_copy_(0, dst, tmp)
+
+    def collect(self) -> List[Tuple[int, int, int]]:
+        """After the replay: the step's one device-to-host copy of its captured rows (into
+        pinned memory, asynchronous on CUDA, then waited for), and per site (site, host address,
+        bytes) of its rows, valid until the next collect."""
+        self.pending = False
+        u = self._used
+        self._host[:u].copy_(self._buf[:u], non_blocking=self.cuda)
+        if self._done is not None:
+            self._done.record()
+            self._done.synchronize()
+        row = self.hidden * self._host.element_size()
+        base = self._host.data_ptr()
+        return [(site, base + off * row, n * row) for site, off, n in self._sites]
+
+
+__all__ = ["SteeringHooks", "StaticCapture"]

@@ -67,11 +67,17 @@ def layers_of(hooks) -> list:
     return sorted(out)
 
 
-def run(ns, secret, dtype, device_path: bool, decode_steps: int = 3, device: str = "cpu"):
+MAX_TOKENS = 16  # static mode: more than any step's rows (6 requests, prefill chunks of 2)
+
+
+def run(ns, secret, dtype, device_path: bool, decode_steps: int = 3, device: str = "cpu", static: bool = False):
     with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=LAYERS) as o:
         capture.serve_capture(o, {"py": "filesystem"})
         layers = [Layer() for _ in range(LAYERS)]
-        hooks = SteeringHooks(o, force_device_path=device_path)
+        if static:
+            hooks = SteeringHooks(o, static=True, max_tokens=MAX_TOKENS, device=device, dtype=dtype)
+        else:
+            hooks = SteeringHooks(o, force_device_path=device_path)
         for i, m in enumerate(layers):
             hooks.attach(m, "post_block", i)
         hooks.start_capture()
@@ -110,9 +116,16 @@ def run(ns, secret, dtype, device_path: bool, decode_steps: int = 3, device: str
                             pos = done[rid] + r - start
                             if selects(capspec["positions"], prompt, pos):
                                 want.setdefault((rid, i), []).append((pos, outs[i][r].cpu().clone()))
-                with torch.inference_mode(), hooks.step(spans):
-                    for m in layers:
-                        out = m(None)
+                if static:  # outside a graph here: the static path's hooks all the same
+                    hooks.prepare(spans)
+                    with torch.inference_mode():
+                        for m in layers:
+                            m(None)
+                    hooks.report()
+                else:
+                    with torch.inference_mode(), hooks.step(spans):
+                        for m in layers:
+                            m(None)
                 for i, m in enumerate(layers):  # steered after capture: the rows changed
                     assert not torch.equal(m.out, outs[i])
                 for sp_ in spans:
@@ -139,10 +152,10 @@ def run(ns, secret, dtype, device_path: bool, decode_steps: int = 3, device: str
             return want, got
 
 
-@pytest.mark.parametrize("device_path", [False, True], ids=["native", "device"])
+@pytest.mark.parametrize("path", ["native", "device", "static"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
-def test_hooks_capture_rows_bitwise(ns, secret, dtype, device_path):
-    want, got = run(ns, secret, dtype, device_path)
+def test_hooks_capture_rows_bitwise(ns, secret, dtype, path):
+    want, got = run(ns, secret, dtype, path == "device", static=path == "static")
     assert want, "the scenario captures nothing"
     assert set(got) == set(want)
     name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
@@ -154,6 +167,128 @@ def test_hooks_capture_rows_bitwise(ns, secret, dtype, device_path):
         assert positions.tolist() == [p for p, _ in rows], k
         expect = torch.stack([r for _, r in rows]).view(raw).numpy().reshape(-1)
         assert data.view(expect.dtype).tolist() == expect.tolist(), k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+def test_static_capture_equals_native(ns, secret, dtype):
+    """Static (CUDA-graph) mode captures what the native path captures, record for record and
+    bit for bit (CPU tensors through the static path: the same code a GPU's graph replays)."""
+    _, native = run(ns, secret, dtype, False)
+    _, static = run(ns, secret, dtype, False, static=True)
+    assert native and set(static) == set(native)
+    for k in native:
+        assert len(static[k]) == len(native[k]), k
+        for (pn, dn, tn), (ps, ds, ts) in zip(native[k], static[k]):
+            assert tn == ts and pn.tolist() == ps.tolist(), k
+            assert dn.tobytes() == ds.tobytes(), k
+
+
+def test_static_capture_allocates_nothing_in_the_forward(ns, secret):
+    """The static forward's capture work (a gather and an index copy per site into persistent
+    buffers) allocates nothing; the buffers stay where the graph captured them; a step planning
+    more rows than max_rows is BatchCapacityError; sites attach before start_capture."""
+    with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=LAYERS) as o:
+        capture.serve_capture(o, {"py": "filesystem"})
+        layers = [Layer() for _ in range(LAYERS)]
+        hooks = SteeringHooks(o, static=True, max_tokens=4, device="cpu", dtype=torch.float32)
+        with pytest.raises(ValueError):
+            hooks.start_capture()  # no site attached yet
+        for i, m in enumerate(layers):
+            hooks.attach(m, "post_block", i)
+        hooks.start_capture(max_rows=6)
+        with pytest.raises(RuntimeError):
+            hooks.attach(torch.nn.Identity(), "pre_attn", 0)
+        with Consumer(ns, "py", secret=secret) as c:
+            assert c.next(timeout=0.2) is None
+            o.admit("r", capture={"py": spec("r", {"post_block": "all"}, "all")}, prompt_len=2)
+            spans = [("r", 0, 2, "prefill", 0)]
+            x = torch.randn(2, HIDDEN)
+
+            def forward() -> None:
+                for m in layers:
+                    m.out = x.clone()
+                with torch.inference_mode():
+                    for m in layers:
+                        m(None)
+            hooks.prepare(spans)
+            forward()
+            hooks.report()
+            sc = hooks._scap
+            ptrs = [t.data_ptr() for t in (sc._idx, sc._tmp, sc._buf, sc._host)]
+            hooks.prepare([("r", 0, 1, "decode", 2)])
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                for m in layers:
+                    m.out = x
+                with torch.inference_mode():
+                    for m in layers:
+                        m(None)
+            allocs = [e.name for e in prof.events() if e.cpu_memory_usage > 0]
+            assert allocs == [], f"the static forward allocated: {allocs}"
+            hooks.report()
+            assert [t.data_ptr() for t in (sc._idx, sc._tmp, sc._buf, sc._host)] == ptrs
+            o.admit("big", capture={"py": spec("big", {"post_block": "all"}, "all")}, prompt_len=3)
+            with pytest.raises(shmsteer.errors.BatchCapacityError, match="max_rows"):
+                hooks.prepare([("big", 0, 3, "prefill", 0)])  # 3 rows x 3 sites > 6
+            o.end("r")
+            got = []
+            for _ in range(100):
+                ev = c.next(timeout=5.0)
+                assert ev is not None
+                if isinstance(ev, Record):
+                    got.append((ev.layer, ev.positions.tolist()))
+                if isinstance(ev, End) and ev.request_id == "r":
+                    break
+            assert sorted(got) == sorted([(i, [0, 1]) for i in range(LAYERS)] + [(i, [2]) for i in range(LAYERS)])
+        hooks.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: static capture is tested on CPU tensors through the static path")
+def test_static_capture_cuda_graph(ns, secret):
+    """On a GPU: the forward captured in a CUDA graph, replayed per step; its rows reach the
+    consumer bitwise (one device-to-host copy per step into pinned memory)."""
+    with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=LAYERS) as o:
+        capture.serve_capture(o, {"py": "filesystem"})
+        layers = [torch.nn.Identity() for _ in range(LAYERS)]
+        hooks = SteeringHooks(o, static=True, max_tokens=4, device="cuda", dtype=torch.bfloat16)
+        for i, m in enumerate(layers):
+            hooks.attach(m, "post_block", i)
+        hooks.start_capture()
+        with Consumer(ns, "py", secret=secret) as c:
+            assert c.next(timeout=0.2) is None
+            o.admit("r", capture={"py": spec("r", {"post_block": "all"}, "all")}, prompt_len=4)
+            o.admit("warmup")  # the graph's capture run steps a request that captures nothing
+            x = torch.zeros(4, HIDDEN, dtype=torch.bfloat16, device="cuda")
+            hooks.prepare([("warmup", 0, 4, "prefill")])
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):  # warm-up outside the graph, as torch's docs ask
+                for m in layers:
+                    m(x)
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = x
+                for m in layers:
+                    y = m(y)
+            want = []
+            for step in range(3):
+                hooks.prepare([("r", 0, 4, "prefill", 0)] if step == 0 else [("r", 0, 1, "decode", 3 + step)])
+                x.copy_(torch.randn(4, HIDDEN).to(torch.bfloat16))
+                want.append(x.cpu().clone())
+                graph.replay()
+                hooks.report()
+            o.end("r")
+            got = {}
+            for _ in range(1000):
+                ev = c.next(timeout=5.0)
+                assert ev is not None
+                if isinstance(ev, Record) and ev.layer == 0:
+                    got.setdefault(tuple(ev.positions.tolist()), ev.data.copy())
+                if isinstance(ev, End):
+                    break
+            assert got[(0, 1, 2, 3)].tobytes() == want[0].view(torch.int16).numpy().tobytes()
+        hooks.close()
 
 
 def test_admit_capture_refusals(ns, secret):
