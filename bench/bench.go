@@ -257,6 +257,9 @@ type Options struct {
 	Only   string // comma-separated figure-name prefixes to run
 	// WallClock times the kernel and step figures by wall time, not their thread's CPU time.
 	WallClock bool
+	// Summarize, comma-separated JSON files of earlier runs (--json), prints their Markdown
+	// summary (Summarize) instead of running anything.
+	Summarize string
 }
 
 // BindFlags defines the flags of `shmsteer bench` on fs and returns where they land.
@@ -268,6 +271,7 @@ func BindFlags(fs *pflag.FlagSet) *Options {
 	fs.IntVar(&o.Rounds, "rounds", 0, "alternation rounds per contender (default 11, 7 with --quick)")
 	fs.StringVar(&o.Only, "only", "", "comma-separated figure-name `PREFIXES` to run (e.g. keys.,kernels.add.16k)")
 	fs.BoolVar(&o.WallClock, "wall-clock", false, "time the kernel and step figures by wall time instead of their thread's CPU time")
+	fs.StringVar(&o.Summarize, "summarize", "", "run nothing: print the Markdown summary (goals met, medians) of the comma-separated JSON `FILES` of earlier --json runs")
 	return o
 }
 
@@ -282,6 +286,18 @@ func Main(o Options, stdout, stderr io.Writer) error {
 }
 
 func runMain(o Options, src sources, stdout, stderr io.Writer) error {
+	if o.Summarize != "" {
+		if o.Quick || o.JSON != "" || o.Plot != "" || o.Rounds != 0 || o.Only != "" || o.WallClock {
+			return fmt.Errorf("%w: --summarize runs nothing; it takes no other flag", ErrUsage)
+		}
+		var files []string
+		for _, f := range strings.Split(o.Summarize, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				files = append(files, f)
+			}
+		}
+		return summarizeFiles(stdout, files)
+	}
 	cfg, err := o.config()
 	if err != nil {
 		return err

@@ -17,12 +17,14 @@ func TestMainRejectsBeforeRunning(t *testing.T) {
 		opts Options
 		want []string
 	}{
-		"plot txt":    {Options{Only: "keys.get.gomap", Plot: filepath.Join(dir, "x.txt")}, []string{"--plot", "x.txt", ".png or .svg"}},
-		"plot no ext": {Options{Plot: filepath.Join(dir, "chart")}, []string{".png or .svg"}},
-		"only nosuch": {Options{Only: "nosuch"}, []string{`--only "nosuch" matches no figure`, "keys.get.gomap_ns"}},
-		"only near":   {Options{Only: "keys.get.x,kernels.mul"}, []string{"matches no figure"}},
-		"only empty":  {Options{Only: " , "}, []string{"matches no figure"}},
-		"rounds -1":   {Options{Rounds: -1}, []string{"--rounds -1"}},
+		"plot txt":          {Options{Only: "keys.get.gomap", Plot: filepath.Join(dir, "x.txt")}, []string{"--plot", "x.txt", ".png or .svg"}},
+		"plot no ext":       {Options{Plot: filepath.Join(dir, "chart")}, []string{".png or .svg"}},
+		"only nosuch":       {Options{Only: "nosuch"}, []string{`--only "nosuch" matches no figure`, "keys.get.gomap_ns"}},
+		"only near":         {Options{Only: "keys.get.x,kernels.mul"}, []string{"matches no figure"}},
+		"only empty":        {Options{Only: " , "}, []string{"matches no figure"}},
+		"rounds -1":         {Options{Rounds: -1}, []string{"--rounds -1"}},
+		"summarize and run": {Options{Summarize: "a.json", Only: "keys."}, []string{"--summarize runs nothing"}},
+		"summarize nothing": {Options{Summarize: " , "}, []string{"no runs to summarize"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
