@@ -343,3 +343,49 @@ func TestStepRequestAndGlobalOnePass(t *testing.T) {
 		}
 	}
 }
+
+// TestStepperSameVersion: a request read at the step's version is not looked up again, and
+// stepping at another version (older, through a pin, or newer) reads what that version holds:
+// the same-version shortcut keys on the region version, not on the step. An unknown request is
+// still counted at every step.
+func TestStepperSameVersion(t *testing.T) {
+	d := smallCfg.Hidden
+	e := newOwner(t, smallCfg, Options{})
+	_, err := e.Register("n", []Vector{{Hook: "mlp_in", Layer: 2, Scale: 1, Data: filled(d, 1)}})
+	require.NoError(t, err)
+	s := Steering{Decode: Tier{Refs: []Ref{{Name: "n", Strength: 2}}}}
+	_, err = e.Admit(Admission{RequestID: "r", Override: &s})
+	require.NoError(t, err)
+	batch := []Span{{ID: "r", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "ghost", Start: 1, End: 2, Phase: PhaseDecode}}
+	st := e.NewStepper()
+	defer st.Close()
+	h := make([]float32, 2*d)
+	step := func(version uint64) float32 {
+		t.Helper()
+		clear(h)
+		require.NoError(t, st.Begin(version))
+		require.NoError(t, st.Apply(3, 2, h, batch))
+		st.End()
+		require.Zero(t, h[d], "the unknown request's row")
+		return h[0]
+	}
+	v1 := e.Region().Version()
+	old, err := e.Region().Snapshot() // keeps v1's data while newer versions are written
+	require.NoError(t, err)
+	defer old.Close()
+	require.Equal(t, float32(2), step(0))
+	require.Equal(t, float32(2), step(0))
+	require.Equal(t, uint64(2), st.Stats().UnknownRequests, "counted at every step, same version or not")
+
+	_, err = e.Register("n", []Vector{{Hook: "mlp_in", Layer: 2, Scale: 1, Data: filled(d, 10)}})
+	require.NoError(t, err) // recomposes r in a new version
+	v2 := e.Region().Version()
+	require.Greater(t, v2, v1)
+	for _, tc := range []struct {
+		version uint64
+		want    float32
+	}{{0, 20}, {0, 20}, {v1, 2}, {v1, 2}, {v2, 20}, {v1, 2}, {0, 20}} {
+		require.Equal(t, tc.want, step(tc.version), "step at version %d (v1 %d, v2 %d)", tc.version, v1, v2)
+	}
+	require.Equal(t, uint64(9), st.Stats().UnknownRequests)
+}
