@@ -216,11 +216,24 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		s.captureSite(hook, layer, shm.Float32Bytes(h), CaptureF32, false) // before the adds
 	}
 	site := (int(hook)*s.layers + layer) * 2
-	for _, i := range s.active {
+	// Each span's request vector is read one span ahead and its pages prefetched while the
+	// span before it is added: a decode step's per-request vectors lie in their own entries,
+	// megabytes apart, and each would otherwise start with page walks and a cold line.
+	var next composedSite
+	if len(s.active) > 0 {
+		i := s.active[0]
+		next = s.cur[i].view.site(site + int(batch[i].Phase) - 1)
+	}
+	for n, i := range s.active {
 		sp, st := &batch[i], s.cur[i]
 		ix := site + int(sp.Phase) - 1
 		gv, gcl, gAct := s.global.at(ix)
-		rv, rcl, rAct := st.view.at(ix)
+		rv, rcl, rAct := next.vec, next.clamps, next.act
+		if n+1 < len(s.active) {
+			j := s.active[n+1]
+			next = s.cur[j].view.site(site + int(batch[j].Phase) - 1)
+			kernels.PrefetchPages(next.vec)
+		}
 		gated := st.gates != nil && sp.Phase == PhaseDecode
 		if gAct == 0 && rAct == 0 && !gated {
 			continue
