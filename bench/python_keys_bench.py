@@ -1,5 +1,6 @@
 """keys.get.python_ns for `shmsteer bench`: a key get from a Python worker process through the
-shmsteer package (python/shmsteer, ctypes over libshmsteer.so).
+shmsteer package (python/shmsteer over libshmsteer.so: its _fastkeys extension when built, else
+ctypes; $SHMSTEER_KEYS_CTYPES=1 forces ctypes; the ready line's info says which).
 
 The main process hosts the owner (shmsteer.Owner, as the seed's main process hosts its manager)
 and stores NKEYS 36-character keys with VALUE_SIZE-byte values; a worker started with the
@@ -80,7 +81,8 @@ def main():
         if "error" in first:
             print(json.dumps(first), flush=True)
             return 1
-        info = "python %s, %s" % (sys.version.split()[0], sys.executable)
+        keys_path = "extension" if shmsteer.keys.FAST_KEYS else "ctypes: " + shmsteer.keys.FAST_KEYS_REASON
+        info = "python %s, %s, keys get: %s" % (sys.version.split()[0], sys.executable, keys_path)
         print(json.dumps({"ready": True, "info": info}), flush=True)
         for line in sys.stdin:
             f = line.split()

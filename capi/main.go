@@ -44,5 +44,8 @@ package main
 //go:generate sh -c "go build -buildmode=c-shared -ldflags=-extldflags=-Wl,--version-script=$DOLLAR(pwd)/exports.map -o ../python/shmsteer/libshmsteer.so ."
 //go:generate rm -f ../python/shmsteer/libshmsteer.h
 //go:generate cp shmsteer.h ../python/shmsteer/shmsteer.h
+// The Python package's key get extension (python/shmsteer/_fastkeys.c), beside the library; a
+// message and no extension without python3-dev (the package then uses ctypes).
+//go:generate sh pyext.sh
 
 func main() {}

@@ -19,15 +19,14 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import MutableMapping
-from ctypes import byref, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_int, c_int32, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import _lib
 from ._lib import check, lib
-from .errors import (BufferTooSmallError, ForkedError, InvalidArgumentError, KeyNotFoundError, KeyRevokedError,
-                     ShmsteerError)
+from .errors import BufferTooSmallError, ForkedError, InvalidArgumentError, ShmsteerError
+from .keys import THREAD_READERS, Keys, close_readers, new_keys  # noqa: F401 (THREAD_READERS: re-exported)
 
 try:  # numpy is optional: views are memoryviews without it
     import numpy as _np
@@ -73,19 +72,6 @@ def _ms(what: str, seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-def _key_bytes(key: Any) -> bytes:
-    """A key value as bytes: only bytes-like objects (bytes, bytearray, memoryview, any buffer).
-
-    ``bytes(12)`` would be 12 zero bytes and ``bytes([1, 2])`` a list's values: both refused."""
-    if isinstance(key, bytes):
-        return key
-    try:
-        return memoryview(key).tobytes()
-    except TypeError:
-        raise TypeError(f"shmsteer: a key must be bytes-like (bytes, bytearray, memoryview), "
-                        f"not {type(key).__name__}") from None
-
-
 def _secret_args(secret: Secret, secret_file: Optional[str]) -> Tuple[Optional[bytes], int, Optional[bytes]]:
     # Both given reach the library as both: SecretConflictError, as in Go.
     sb = _b(secret) if secret is not None else None
@@ -100,6 +86,12 @@ def _quiet_close(fn, handle) -> None:
         pass
 
 
+def _close_handle(handle: int, readers: Set[int]) -> None:
+    """A handle's finalizer: its thread readers first (they must not outlive its mapping)."""
+    close_readers(readers)
+    _quiet_close(lib.shmsteer_close, handle)
+
+
 class _Handle:
     """What Client and Owner share: keys, snapshots, steppers, status."""
 
@@ -108,9 +100,10 @@ class _Handle:
     def __init__(self, handle: int, owner: bool) -> None:
         self._h = handle
         self._is_owner = owner
-        self._final = weakref.finalize(self, _quiet_close, lib.shmsteer_close, handle)
+        self._reader_handles: Set[int] = set()  # the keys' open thread readers (shmsteer.keys)
+        self._final = weakref.finalize(self, _close_handle, handle, self._reader_handles)
         self._model: Optional[Tuple[int, int, List[str]]] = None
-        self.keys = Keys(self)
+        self.keys: Keys = new_keys(self)
 
     @property
     def handle(self) -> int:
@@ -134,6 +127,7 @@ class _Handle:
             return
         h, self._h = self._h, None
         self._final.detach()
+        close_readers(self._reader_handles)
         check(lib.shmsteer_close(h))
 
     def __enter__(self):
@@ -439,6 +433,7 @@ class Follower:
         h, self._h = self._h, None
         for cl in self._clients.values():
             cl._h = None
+            close_readers(cl._reader_handles)
         self._clients.clear()
         self._final.detach()
         check(lib.shmsteer_follower_close(h))
@@ -576,136 +571,6 @@ def _gates_for_abi(steering: Any) -> Any:
                     g[part] = dict(g[part], **{key: source(g[part][key])})
         gates.append(g)
     return gates
-
-
-#: At most this many threads of one Keys read through a reader slot of their own (the region's
-#: slots are shared by every process); later threads read through the handle's shared slots.
-THREAD_READERS = 16
-
-
-class _ThreadReader:
-    """A thread's shmsteer_reader_t: its reader slot goes back when the thread's local state
-    goes (the thread ends, or the Keys object is collected)."""
-
-    __slots__ = ("handle", "keys")
-
-    def __init__(self, handle: c_void_p, keys: "Keys") -> None:
-        self.handle, self.keys = handle, keys
-
-    def __del__(self) -> None:
-        try:
-            lib.shmsteer_reader_close(self.handle)
-        except Exception:  # interpreter shutdown: the process is ending anyway
-            pass
-        self.keys._count_reader(-1)
-
-
-class Keys(MutableMapping):
-    """The key registry as a mapping ``request id -> key bytes``.
-
-    Reads come from the shared mapping (lock-free); writes go to the owner. ``keys[id]`` raises
-    :class:`~shmsteer.errors.KeyRevokedError` for a revoked key (its sentinel still stands) and
-    :class:`~shmsteer.errors.KeyNotFoundError` (a ``KeyError``) for a missing one; ``del keys[id]``
-    revokes it (the owner purges it after the grace period). Iteration lists ids with a live key,
-    and in the owner also ids whose revoked sentinel stands (see :meth:`entries`).
-    """
-
-    def __init__(self, parent: _Handle) -> None:
-        self._parent = parent
-        self._local = threading.local()
-        self._readers = [0]  # threads reading through a reader of their own (THREAD_READERS)
-        self._readers_lock = threading.RLock()  # re-entrant: a reader's __del__ may run in GC
-
-    def _state(self) -> Tuple[Any, ...]:
-        """This thread's pre-converted call arguments (the key get is the hot path): a reader of
-        this thread's own (a reader slot, whose gets of live keys the library answers in C without
-        entering its Go runtime), the get function and a view of this thread's C key buffer.
-        Past THREAD_READERS threads, or without a free reader slot, it reads through the handle's
-        shared slots instead."""
-        buf = (ctypes.c_char * _lib.KEY_BUFFER_BYTES).from_address(lib.shmsteer_key_buffer())
-        r = c_void_p()
-        counted = self._count_reader(1)
-        if counted and lib.shmsteer_reader_open(self._parent.handle, byref(r)) == 0:
-            self._local.reader = _ThreadReader(r, self)
-            st = self._local.st = (r, _lib.fast.shmsteer_reader_key_get_tls, buf)
-        else:
-            if counted:  # no free reader slot
-                self._count_reader(-1)
-            st = self._local.st = (c_void_p(self._parent.handle), _lib.fast.shmsteer_key_get_tls, buf)
-        return st
-
-    def _count_reader(self, d: int) -> bool:
-        """Take (d = 1: False when THREAD_READERS are taken) or give back (d = -1) a thread reader."""
-        with self._readers_lock:
-            if d > 0 and self._readers[0] >= THREAD_READERS:
-                return False
-            self._readers[0] += d
-            return True
-
-    def __getitem__(self, request_id: Union[str, bytes]) -> bytes:
-        """The key of ``request_id`` (raises KeyRevokedError / KeyNotFoundError)."""
-        try:
-            h, get, buf = self._local.st
-        except AttributeError:
-            h, get, buf = self._state()
-        rid = request_id.encode() if request_id.__class__ is str else request_id
-        n = get(h, rid) if 0 not in rid else -BufferTooSmallError.code  # NUL byte: slow path
-        if n >= 0:
-            return buf[:n]
-        return self._get_slow(-n, rid)
-
-    get_bytes = __getitem__
-
-    def _get_slow(self, rc: int, rid: bytes) -> bytes:
-        if self._parent._h is None:
-            self._parent.handle  # raises ClosedError
-        if rc == BufferTooSmallError.code:  # a long key, or an id with a NUL byte
-            n = c_size_t(0)
-            rc = lib.shmsteer_key_get(self._parent.handle, rid, len(rid), None, 0, byref(n))
-            if rc == BufferTooSmallError.code:
-                big = ctypes.create_string_buffer(n.value + 1)
-                rc = lib.shmsteer_key_get(self._parent.handle, rid, len(rid), big, len(big), byref(n))
-                check(rc)
-                return big.raw[: n.value]
-            check(rc)
-            return b""
-        check(rc)
-        raise AssertionError("unreachable")
-
-    def __setitem__(self, request_id: str, key: bytes) -> None:
-        rid, kb = _b(request_id), _key_bytes(key)
-        check(lib.shmsteer_key_set(self._parent.handle, rid, len(rid), kb, len(kb)))
-
-    def __delitem__(self, request_id: str) -> None:
-        self.revoke(request_id)
-
-    def revoke(self, request_id: str) -> None:
-        """Replace the key by the revoked sentinel (purged after the owner's grace period)."""
-        rid = _b(request_id)
-        check(lib.shmsteer_key_remove(self._parent.handle, rid, len(rid)))
-
-    def entries(self) -> List[Tuple[str, bool]]:
-        """(request id, revoked) for every id with a live key, and, in the owner only, every id
-        whose revoked sentinel stands: sentinels are stored as hashes of the id, so only the
-        owner, which schedules their purge, knows the ids. ``len()`` and iteration follow it."""
-        return [(e["id"], e["revoked"]) for e in json.loads(_lib.read_json(lib.shmsteer_key_list_json, self._parent.handle))]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([i for i, _ in self.entries()])
-
-    def __len__(self) -> int:
-        return len(self.entries())
-
-    def __contains__(self, request_id: object) -> bool:
-        if not isinstance(request_id, (str, bytes)):
-            return False
-        try:
-            self.get_bytes(request_id)
-            return True
-        except KeyNotFoundError:
-            return False
-        except KeyRevokedError:
-            return True
 
 
 def _float_ptr(data: Any) -> Tuple[int, int, Any]:

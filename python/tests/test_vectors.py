@@ -301,8 +301,7 @@ def test_go_owner_export_and_import_from_a_python_worker(go_owner, ns, secret, t
 
 
 def test_forked_child_gets_forked_error_from_vector_files(owner, tmp_path):
-    import signal
-    import time
+    from workers import wait_forked
     np.save(tmp_path / "a.npy", np.ones((LAYERS, HIDDEN), np.float32))
     owner.import_vector("a", tmp_path / "a.npy")
     pid = os.fork()
@@ -318,16 +317,7 @@ def test_forked_child_gets_forked_error_from_vector_files(owner, tmp_path):
             except BaseException:
                 code |= 2
         os._exit(code)
-    deadline = time.time() + 20
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.time() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            pytest.fail("forked child hung")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert wait_forked(pid) == 0
     assert not (tmp_path / "child.npy").exists()
     owner.export_vector("a", tmp_path / "parent.npy")  # the parent is unaffected
 

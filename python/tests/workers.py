@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Optional
 
@@ -129,3 +130,18 @@ def gated_device_worker(ns: str, secret: bytes, name: str, q) -> None:
             hooks.close()
     except Exception as e:  # pragma: no cover - reported to the parent
         q.put(repr(e))
+
+
+def wait_forked(pid: int, seconds: float = 20) -> int:
+    """The exit code of forked child ``pid``; SIGKILLs it and raises AssertionError if it has not
+    exited after ``seconds`` (a forked child must fail fast, never hang)."""
+    deadline = time.time() + seconds
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.time() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("forked child hung")
+        time.sleep(0.01)
