@@ -113,7 +113,7 @@ func Run(cfg Config, src sources) *Report {
 		return func() (Op, func() error, error) { return nil, nil, fmt.Errorf("%w (%s)", ErrQuickSkip, what) }
 	}
 
-	sm, rd := newSyncManager(), &redisShared{}
+	sm, rd, pk := newSyncManager(), &redisShared{}, newPythonKeys()
 	owner := newLatency(cfg, "keys.set.owner_ns", "keys.set.owner_p99_ns", src.KeysSetOwner)
 	keepWith(owner.post,
 		Contender{"keys.get.gomap_ns", gomapSetup},
@@ -122,7 +122,8 @@ func Run(cfg Config, src sources) *Report {
 		Contender{"keys.get.redis_ns", rd.setup("get")},
 		Contender{"keys.set.redis_ns", rd.setup("set")},
 		Contender{"keys.get.shmsteer_ns", src.KeysGet},
-		Contender{"keys.get.python_ns", pythonKeysSetup}, // capi.go
+		Contender{"keys.get.python_ns", pk.opOf("get")}, // capi.go
+		Contender{"keys.get.python_ctypes_ns", pk.opOf("getctypes")},
 		Contender{"keys.get.capi_ns", capiKeysSetup("get")},
 		Contender{"keys.get.capi_many_ns", capiKeysSetup("getmany")},
 		Contender{"keys.set.client_ns", src.KeysSetClient},

@@ -27,8 +27,9 @@ var (
 
 func init() {
 	at := slices.Index(FigureNames, "keys.get.syncmanager_ns")
-	FigureNames = slices.Insert(FigureNames, at, "keys.get.python_ns", "keys.get.capi_ns", "keys.get.capi_many_ns")
+	FigureNames = slices.Insert(FigureNames, at, "keys.get.python_ns", "keys.get.python_ctypes_ns", "keys.get.capi_ns", "keys.get.capi_many_ns")
 	Baselines["keys.get.python_ns"] = "keys.get.syncmanager_ns"
+	Baselines["keys.get.python_ctypes_ns"] = "keys.get.python_ns"
 	Baselines["keys.get.capi_ns"] = "keys.get.shmsteer_ns"
 	Baselines["keys.get.capi_many_ns"] = "keys.get.shmsteer_ns"
 }
@@ -59,18 +60,18 @@ func pythonDir() (string, error) {
 	}
 }
 
-// pythonKeysSetup measures keys.get.python_ns.
-func pythonKeysSetup() (Op, func() error, error) {
-	dir, err := pythonDir()
-	if err != nil {
-		return nil, nil, err
-	}
-	p, closeFn, err := startScript("python_keys_bench.py", pythonKeysScript, "",
-		strconv.Itoa(NumKeys), strconv.Itoa(ValueSize), dir)
-	if err != nil {
-		return nil, nil, err
-	}
-	return p.Op("get"), closeFn, nil
+// newPythonKeys is the Python worker process of keys.get.python_ns (op "get": the package's
+// keys[id], through its _fastkeys extension when built) and keys.get.python_ctypes_ns (op
+// "getctypes": the same gets through the package's ctypes path), alternating in one process.
+func newPythonKeys() *shared {
+	return &shared{start: func() (*Proc, func() error, error) {
+		dir, err := pythonDir()
+		if err != nil {
+			return nil, nil, err
+		}
+		return startScript("python_keys_bench.py", pythonKeysScript, "",
+			strconv.Itoa(NumKeys), strconv.Itoa(ValueSize), dir)
+	}}
 }
 
 // capiKeysSetup measures keys.get.capi_ns (op "get": one shmsteer_reader_key_get per key) or

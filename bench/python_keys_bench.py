@@ -1,6 +1,8 @@
-"""keys.get.python_ns for `shmsteer bench`: a key get from a Python worker process through the
-shmsteer package (python/shmsteer over libshmsteer.so: its _fastkeys extension when built, else
-ctypes; $SHMSTEER_KEYS_CTYPES=1 forces ctypes; the ready line's info says which).
+"""keys.get.python_ns and keys.get.python_ctypes_ns for `shmsteer bench`: a key get from a Python
+worker process through the shmsteer package (python/shmsteer over libshmsteer.so): op "get" is
+the package's own `keys[id]` (its _fastkeys extension when built, else ctypes;
+$SHMSTEER_KEYS_CTYPES=1 forces ctypes; the ready line's info says which), op "getctypes" the same
+loop through the package's ctypes path (shmsteer.keys.new_keys(client, fast=False)).
 
 The main process hosts the owner (shmsteer.Owner, as the seed's main process hosts its manager)
 and stores NKEYS 36-character keys with VALUE_SIZE-byte values; a worker started with the
@@ -8,7 +10,7 @@ and stores NKEYS 36-character keys with VALUE_SIZE-byte values; a worker started
 loop as syncmanager_bench.py's `d[k]`.
 
 usage: python_keys_bench.py NKEYS VALUE_SIZE PACKAGE_PARENT_DIR, then the round protocol of
-bench/child.go on stdin ("get N"); EOF ends it.
+bench/child.go on stdin ("get N", "getctypes N"); EOF ends it.
 """
 
 import itertools
@@ -37,7 +39,7 @@ def worker(pkg_dir, ns, secret, keys, conn):
     import shmsteer
 
     c = shmsteer.Client(ns, secret=secret)
-    d = c.keys
+    maps = {"get": c.keys, "getctypes": shmsteer.keys.new_keys(c, fast=False)}
     while True:
         msg = conn.recv()
         if msg is None:
@@ -46,7 +48,8 @@ def worker(pkg_dir, ns, secret, keys, conn):
         op, n = msg
         try:
             it = itertools.islice(itertools.cycle(keys), n)
-            if op != "get":
+            d = maps.get(op)
+            if d is None:
                 conn.send({"error": "unknown op %r" % op})
                 continue
             t0 = time.perf_counter_ns()
