@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -26,17 +25,19 @@ import (
 //
 // The bytes the 8 ranks hold = the region's resident pages (its memfds' st_blocks, counted once
 // however many processes map them) + each rank's private growth: the increase, from just after
-// attaching to just after reading and stepping, of its proportional set size (Pss, from
-// /proc/PID/smaps) outside the region's memfd mappings, i.e. whatever private copies reading and
-// steering made. mem.tp8_ratio is that over 8 private copies of the payload (each counted at
-// exactly its payload size, which flatters the private copies).
+// attaching (and settling, see settleRuntime) to just after reading and stepping, of its
+// proportional set size (Pss, from /proc/PID/smaps) outside the region's memfd mappings, i.e.
+// whatever private copies reading and steering made. mem.tp8_ratio is that over 8 private
+// copies of the payload (each counted at exactly its payload size, which flatters the private
+// copies).
 const (
 	tp8Ranks  = 8
 	tp8Sets   = 16
 	tp8Layers = 8
-	// tp8SettleCycles is how many GC cycles a rank runs before it reports ready (see
-	// rankChild).
-	tp8SettleCycles = 3
+	// A rank settles (see settleRuntime) once its own Pss has not grown over tp8StableCycles
+	// GC cycles in a row, or after tp8MaxCycles.
+	tp8StableCycles = 2
+	tp8MaxCycles    = 16
 )
 
 var tp8Model = steer.ModelConfig{Hidden: stepD, Layers: tp8Layers, Hooks: []string{"pre_attn", "post_attn"}}
@@ -86,6 +87,13 @@ func tp8Ratio() (float64, string, error) {
 }
 
 func measureRanks(o *ipc.Owner, procs []*Proc, payload int64) (float64, string, error) {
+	// Each rank settles through the round protocol right before its first reading, so the
+	// protocol's own buffers (the command scanner's, the reply encoder's) are in place too.
+	for _, p := range procs {
+		if _, err := p.Run("settle", 1); err != nil {
+			return 0, "", err
+		}
+	}
 	before := make([]pss, len(procs))
 	for i, p := range procs {
 		var err error
@@ -178,9 +186,10 @@ func parseSmaps(b []byte) (pss, error) {
 	return p, sc.Err()
 }
 
-// rankChild serves "read": read every key and every vector entry of the region and apply the
-// steering of every request at every (hook, layer) to one row each, then return the freed heap
-// to the OS so that only what the rank keeps counts in its Pss.
+// rankChild serves "settle" (settleRuntime) and "read": read every key and every vector entry
+// of the region and apply the steering of every request at every (hook, layer) to one row
+// each, then return the freed heap to the OS so that only what the rank keeps counts in its
+// Pss.
 func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, error) {
 	cfg, err := steer.ConfigOf(c.Region())
 	if err != nil {
@@ -197,18 +206,16 @@ func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, 
 	for s := range tp8Sets {
 		batch = append(batch, steer.Span{ID: fmt.Sprintf("tp8-%02d", s), Start: s, End: s + 1, Phase: steer.PhaseDecode})
 	}
+	// h stands for the model's hidden state: a forward pass has written it before any hook
+	// sees it, so it is written here, before the first reading. (Left as a fresh zeroed
+	// allocation, its first touch was Apply's: 256 KiB a rank of activations, which private
+	// copies of the payload would need as much, counted as steering's growth.)
 	h := make([]float32, len(batch)*cfg.Hidden)
+	for i := range h {
+		h[i] = 1
+	}
 	keys := Keys()
 	buf := make([]byte, 0, ValueSize)
-	// Bring the runtime to its steady state before the parent's first Pss reading: the GC's
-	// metadata (the mark bits of the spans, kept for two cycles) and the heap it releases only
-	// settle after a few cycles, and the read ends with a cycle of its own (FreeOSMemory). From
-	// one cycle only, the ranks' growth counted the runtime's later-cycle metadata (about half
-	// of what a rank grew) as the reads', where the rank's live heap grows by tens of KiB.
-	for range tp8SettleCycles {
-		runtime.GC()
-	}
-	debug.FreeOSMemory()
 	read := func() error {
 		for _, k := range keys {
 			var err error
@@ -247,7 +254,12 @@ func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, 
 		debug.FreeOSMemory()
 		return nil
 	}
-	ops := map[string]Op{"read": GoOp(func(n int) error {
+	ops := map[string]Op{"settle": GoOp(func(n int) error {
+		for range n {
+			settleRuntime()
+		}
+		return nil
+	}), "read": GoOp(func(n int) error {
 		for range n {
 			if err := read(); err != nil {
 				return err
@@ -256,4 +268,70 @@ func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, 
 		return nil
 	})}
 	return ops, func() error { st.Close(); return c.Close() }, nil
+}
+
+// settleRuntime brings a rank's Go runtime to its steady state before the parent's first Pss
+// reading: it runs GC cycles, each returning the freed heap to the OS as the read's own cycle
+// does (FreeOSMemory), until the rank's own Pss (ownPss) has not grown over tp8StableCycles
+// cycles in a row, at most tp8MaxCycles; it returns the cycles run. What a cycle touches
+// whatever the rank does (the GC's mark-bit arenas, recycled and cleared every few cycles, and
+// heap metadata) is then in the baseline: after a fixed three cycles, a rank that only ran
+// three more cycles, reading nothing, still grew 64-96 KiB, about a quarter of what a reading
+// rank grew; once settled, 0-36 KiB. The rollup is read into one buffer allocated before the
+// first cycle, so the measuring leaves no garbage in the baseline.
+func settleRuntime() int {
+	buf := make([]byte, 4096)
+	last, stable := int64(-1), 0
+	for i := 1; ; i++ {
+		debug.FreeOSMemory()
+		own, err := ownPss(buf)
+		if err != nil {
+			return i
+		}
+		if own <= last {
+			stable++
+		} else {
+			stable = 0
+		}
+		last = max(last, own)
+		if stable >= tp8StableCycles || i >= tp8MaxCycles {
+			return i
+		}
+	}
+}
+
+// ownPss is this process's Pss outside shared memory, in KiB: Pss_Anon + Pss_File of
+// /proc/self/smaps_rollup (the region's memfd pages are Pss_Shmem), read into buf.
+func ownPss(buf []byte) (int64, error) {
+	f, err := os.Open("/proc/self/smaps_rollup")
+	if err != nil {
+		return 0, err
+	}
+	n, err := f.Read(buf)
+	f.Close()
+	if err != nil {
+		return 0, err
+	}
+	return parseRollupOwn(buf[:n])
+}
+
+// parseRollupOwn sums the Pss_Anon and Pss_File lines (in kB) of an smaps_rollup file.
+func parseRollupOwn(b []byte) (int64, error) {
+	var own int64
+	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		name, rest, ok := bytes.Cut(line, []byte(":"))
+		if !ok || (string(name) != "Pss_Anon" && string(name) != "Pss_File") {
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) != 2 || string(f[1]) != "kB" {
+			return 0, fmt.Errorf("bench: smaps_rollup: %q", line)
+		}
+		kb, err := strconv.ParseInt(string(f[0]), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("bench: smaps_rollup: %q: %w", line, err)
+		}
+		own += kb
+	}
+	return own, nil
 }

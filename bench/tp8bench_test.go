@@ -31,3 +31,34 @@ VmFlags: rd wr mr mw me ac sd
 	require.NoError(t, err)
 	require.Positive(t, self.total)
 }
+
+func TestParseRollupOwn(t *testing.T) {
+	const rollup = `00400000-7ffc0d658000 ---p 00000000 00:00 0                              [rollup]
+Rss:                9000 kB
+Pss:                6000 kB
+Pss_Dirty:          3000 kB
+Pss_Anon:           2792 kB
+Pss_File:           1664 kB
+Pss_Shmem:          1544 kB
+Shared_Clean:        100 kB
+`
+	own, err := parseRollupOwn([]byte(rollup))
+	require.NoError(t, err)
+	require.Equal(t, int64(2792+1664), own, "anonymous and file-backed, not the region's shmem")
+
+	_, err = parseRollupOwn([]byte("Pss_Anon: lots kB\n"))
+	require.ErrorContains(t, err, "smaps_rollup")
+
+	buf := make([]byte, 4096)
+	self, err := ownPss(buf)
+	require.NoError(t, err)
+	require.Positive(t, self)
+}
+
+// TestSettleRuntime: settling stops once the process's own Pss held still over
+// tp8StableCycles cycles, and within tp8MaxCycles.
+func TestSettleRuntime(t *testing.T) {
+	cycles := settleRuntime()
+	require.GreaterOrEqual(t, cycles, tp8StableCycles+1)
+	require.LessOrEqual(t, cycles, tp8MaxCycles)
+}
