@@ -448,6 +448,19 @@ SHMSTEER_API int shmsteer_capture_next_batch(shmsteer_capture_t *c, int64_t time
   return shmsteerGo_capture_next_batch(H(c), timeout_ms, evs, max, n);
 }
 
+SHMSTEER_API int shmsteer_capture_next_run(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_capture_event *ev,
+                                           shmsteer_capture_rec *recs, size_t max, size_t *n) {
+  ENTER();
+  return shmsteerGo_capture_next_run(H(c), timeout_ms, ev, recs, max, n, 0, NULL, 0, NULL, 0);
+}
+
+SHMSTEER_API int shmsteer_capture_copy_run(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_capture_event *ev,
+                                           shmsteer_capture_rec *recs, size_t max, size_t *n, void *dst,
+                                           size_t dst_cap, uint32_t *positions, size_t positions_cap) {
+  ENTER();
+  return shmsteerGo_capture_next_run(H(c), timeout_ms, ev, recs, max, n, 1, dst, dst_cap, positions, positions_cap);
+}
+
 SHMSTEER_API int shmsteer_capture_release(shmsteer_capture_t *c) { ENTER(); return shmsteerGo_capture_release(H(c)); }
 
 SHMSTEER_API int shmsteer_capture_publish(shmsteer_capture_t *c, const char *request_id, size_t request_id_len,

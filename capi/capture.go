@@ -13,12 +13,15 @@ import "C"
 
 import (
 	"encoding/json"
+	"errors"
+	"math"
 	"strings"
 	"time"
 	"unsafe"
 
 	"github.com/shmsteer/shmsteer/capture"
 	"github.com/shmsteer/shmsteer/ipc"
+	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -312,4 +315,80 @@ func shmsteerGo_capture_result_json(h C.uint64_t, id *C.char, idLen C.size_t, bu
 		return fail(err)
 	}
 	return writeOut(b, buf, capacity, n)
+}
+
+// runRecs is a run's shmsteer_capture_rec array as Go sees it.
+func runRecs(recs *C.shmsteer_capture_rec, n int) []C.shmsteer_capture_rec {
+	return unsafe.Slice(recs, n)
+}
+
+// streamRun is the smallest run copy_run copies with non-temporal stores (as Go's copy and
+// glibc's memcpy do from about this size): below it the rows are likely still in the
+// reader's cache when it reads them.
+const streamRun = 1 << 20
+
+//export shmsteerGo_capture_next_run
+func shmsteerGo_capture_next_run(h C.uint64_t, timeoutMs C.int64_t, ev *C.shmsteer_capture_event, recs *C.shmsteer_capture_rec,
+	maxN C.size_t, n *C.size_t, copyOut C.int, dst unsafe.Pointer, dstCap C.size_t, pos *C.uint32_t, posCap C.size_t) C.int {
+	k, rc := consumerOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if ev == nil || recs == nil || n == nil || timeoutMs < 0 || maxN < 1 || maxN > capture.MaxRun {
+		return badArg("ev, recs and n must not be NULL, timeout_ms not negative, max in [1, 65536]")
+	}
+	opt := capture.RunOptions{Max: int(maxN), Contiguous: copyOut == 0}
+	var out, outPos []byte
+	if copyOut != 0 {
+		if dst == nil || pos == nil || dstCap < 1 || posCap < 1 || uint64(dstCap) > 1<<40 || uint64(posCap) > math.MaxInt32 {
+			return badArg("dst and positions must not be NULL, dst_cap in [1, 2^40], positions_cap in [1, 2^31)")
+		}
+		out = unsafe.Slice((*byte)(dst), int(dstCap))
+		outPos = unsafe.Slice((*byte)(unsafe.Pointer(pos)), 4*int(posCap))
+		opt.MaxBytes, opt.MaxRows = int(dstCap), int(posCap)
+	}
+	*n = 0
+	*ev = C.shmsteer_capture_event{}
+	var err error
+	k.batch, err = k.c.NextRun(k.batch[:0], opt, time.Duration(timeoutMs)*time.Millisecond)
+	if tl := (*capture.RunTooLargeError)(nil); errors.As(err, &tl) {
+		ev.nbytes, ev.rows = C.size_t(tl.Bytes), C.int64_t(tl.Rows)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if len(k.batch) == 0 {
+		return C.SHMSTEER_OK
+	}
+	first := k.batch[0]
+	k.fill(ev, first, k.scratch(max(len(first.RequestID)+len(first.Spec)+len(first.Record.Hook), 1)))
+	if first.Kind != capture.EventRecord {
+		return C.SHMSTEER_OK
+	}
+	rs := runRecs(recs, len(k.batch))
+	hookSeq := C.uint32_t(ev.hook_seq) // the run's one hook
+	stream := copyOut != 0 && len(k.batch)*len(first.Record.Data) >= streamRun
+	for i := range k.batch {
+		r := &k.batch[i].Record
+		rs[i] = C.shmsteer_capture_rec{request_seq: C.uint32_t(k.seq(k.reqs, r.RequestID)), hook_seq: hookSeq,
+			layer: C.int32_t(r.Layer), data_off: C.uint64_t(r.DataOff), positions_off: C.uint64_t(r.PositionsOff)}
+		if copyOut != 0 {
+			o, p := i*len(r.Data), i*len(r.PositionsLE)
+			if stream {
+				kernels.StreamCopy(out[o:], r.Data)
+			} else {
+				copy(out[o:], r.Data)
+			}
+			copy(outPos[p:], r.PositionsLE)
+			rs[i].data_off, rs[i].positions_off = C.uint64_t(o), C.uint64_t(i*r.Rows)
+		}
+	}
+	if copyOut != 0 {
+		kernels.StoreFence() // the non-temporal stores before the caller reads dst
+		clear(k.batch)       // no view of the ring stays behind
+		k.c.Release()
+		ev.data, ev.positions, ev.data_off, ev.positions_off, ev.ring_base, ev.ring_len = nil, nil, 0, 0, nil, 0
+	}
+	*n = C.size_t(len(k.batch))
+	return C.SHMSTEER_OK
 }

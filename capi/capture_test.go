@@ -36,6 +36,25 @@ func captureRecord(seq int, d capture.Dtype) capture.Record {
 	return r
 }
 
+// burstRecord is record k of burst seed (test_capture.py computes the same): layer l at
+// post_block, rows rows of width elements of d at positions seed*100000+k*rows+i; element j's
+// raw bits are (seed*7919 + k*131 + j) mod 2^16 for bf16 and f16, that plus k<<16 for f32.
+func burstRecord(seed, k, l, rows, width int, d capture.Dtype) capture.Record {
+	r := capture.Record{Layer: l, Hook: "post_block", Dtype: d, Rows: rows, Width: width}
+	for i := range rows {
+		r.Positions = append(r.Positions, seed*100000+k*rows+i)
+	}
+	for j := range rows * width {
+		v := uint32(seed*7919+k*131+j) & 0xFFFF
+		if d == capture.Float32 {
+			r.Data = binary.LittleEndian.AppendUint32(r.Data, v|uint32(k)<<16)
+		} else {
+			r.Data = binary.LittleEndian.AppendUint16(r.Data, uint16(v))
+		}
+	}
+	return r
+}
+
 // runCaptureRole is the fixture owner with a capture hub declaring consumer "py", and a worker
 // ring of its own; it takes commands on stdin, one per line, answering one line each:
 //
@@ -45,6 +64,11 @@ func captureRecord(seq int, d capture.Dtype) capture.Record {
 //	result ID              Hub.Result once py's is not pending (≤ 10 s) → the JSON
 //	step REQS LAYERS W     one decode step: REQS requests (req-0..) × LAYERS post_block
 //	                       records of 1 row × W float32 (begun for py at the first step)  → ok
+//	burst REQS LAYERS ROWS W DTYPE SEED
+//	                       step's records with ROWS rows of W elements of DTYPE each, record k
+//	                       of the burst burstRecord(SEED, k, …)                           → ok
+//
+// SHMSTEER_CAPTURE_RING (bytes) sets the worker ring's capacity (80 MiB by default).
 func runCaptureRole() int {
 	secret, ns := os.Getenv("SHMSTEER_SECRET"), os.Getenv("SHMSTEER_TEST_NS")
 	o, _, err := startGoOwner(secret, ns)
@@ -67,7 +91,11 @@ func runCaptureRole() int {
 		return 1
 	}
 	defer cl.Close()
-	w, err := capture.RegisterWorker(cl, capture.WorkerOptions{Capacity: 80 << 20, Wait: time.Second})
+	capacity := uint64(80 << 20)
+	if v, err := strconv.ParseUint(os.Getenv("SHMSTEER_CAPTURE_RING"), 10, 64); err == nil {
+		capacity = v
+	}
+	w, err := capture.RegisterWorker(cl, capture.WorkerOptions{Capacity: capacity, Wait: time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 1
@@ -109,6 +137,28 @@ func runCaptureRole() int {
 					if err := w.Writer().Append("req-"+strconv.Itoa(r), rec); err != nil {
 						reply = "err " + err.Error()
 					}
+				}
+			}
+		case f[0] == "burst" && len(f) == 4:
+			var reqs, layers, rows, width, seed int
+			var dtype string
+			if _, err := fmt.Sscan(f[1]+" "+f[2]+" "+f[3], &reqs, &layers, &rows, &width, &dtype, &seed); err != nil {
+				reply = "err " + err.Error()
+				break
+			}
+			k := 0
+			for l := range layers {
+				for r := range reqs {
+					id := "req-" + strconv.Itoa(r)
+					if !begun[id] {
+						begun[id] = true
+						hub.Begin(id, steer.AdmittedCapture{Specs: map[string]json.RawMessage{"py": json.RawMessage(`{}`)}, PromptLen: 1})
+					}
+					rec := burstRecord(seed, k, l, rows, width, capture.Dtype(dtype))
+					if err := w.Writer().Append(id, rec); err != nil {
+						reply = "err " + err.Error()
+					}
+					k++
 				}
 			}
 		case f[0] == "end" && len(f) == 2:

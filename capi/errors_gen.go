@@ -127,4 +127,6 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_NO_HUB, "capture.ErrNoHub", capture.ErrNoHub},
 	{C.SHMSTEER_E_HUB_PROTOCOL, "capture.ErrHubProtocol", capture.ErrHubProtocol},
 	{C.SHMSTEER_E_HUB_GONE, "capture.ErrHubGone", capture.ErrHubGone},
+	{C.SHMSTEER_E_CAPTURE_BAD_RUN, "capture.ErrBadRun", capture.ErrBadRun},
+	{C.SHMSTEER_E_CAPTURE_RUN_TOO_LARGE, "capture.ErrRunTooLarge", capture.ErrRunTooLarge},
 }

@@ -185,6 +185,8 @@ extern "C" {
 #define SHMSTEER_E_NO_HUB 122                 /* capture.ErrNoHub: the owner serves no capture: declare a consumer */
 #define SHMSTEER_E_HUB_PROTOCOL 123           /* capture.ErrHubProtocol: a capture connection's message does not parse */
 #define SHMSTEER_E_HUB_GONE 124               /* capture.ErrHubGone: the owner's hub closed the capture connection; attach again */
+#define SHMSTEER_E_CAPTURE_BAD_RUN 125        /* capture.ErrBadRun: a run's bounds are out of range (max records, bytes or rows) */
+#define SHMSTEER_E_CAPTURE_RUN_TOO_LARGE 126  /* capture.ErrRunTooLarge: the next record is larger than the reader's buffers; nothing was consumed */
 /* One past the largest code. */
 #define SHMSTEER_E_LIMIT 140
 /* END ERROR CODES */
@@ -789,6 +791,42 @@ int shmsteer_capture_next(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_ca
  * record's views stay valid until the next call on the handle. */
 int shmsteer_capture_next_batch(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_capture_event *evs, size_t max,
                                 size_t *n);
+/* Runs: many records in one call, described by one array instead of one event each, for a
+ * reader that handles them together (one strided view, one copy). A run is records of one
+ * ring with the same hook, dtype, rows and width (ev names the hook); rec i of a run: */
+typedef struct {
+  uint32_t request_seq;   /* the consumer's number for the request (its BEGIN's and END's) */
+  uint32_t hook_seq;      /* the consumer's number for the hook name (the run's, ev->hook_seq) */
+  int32_t layer;
+  uint32_t reserved;      /* 0 */
+  uint64_t data_off;      /* next_run: offset of its rows in the ring's data area (ev->ring_base);
+                           * copy_run: in dst (i x ev->nbytes) */
+  uint64_t positions_off; /* next_run: offset of its rows x uint32 positions in the ring's data area;
+                           * copy_run: index of its first position in positions (i x ev->rows) */
+} shmsteer_capture_rec;
+
+/* The next event into *ev as shmsteer_capture_next gives it, and *n = 0, unless it is a RECORD:
+ * then ev describes the run's first record (and so its ring, dtype, rows, width and nbytes,
+ * shared by the run, and ring_base, ring_len) and recs[0..*n) the run, up to max (1..65536)
+ * records whose data and positions lie at one stride in the ring's data area: recs[i].data_off
+ * = recs[0].data_off + i x stride, the same for positions_off, so one strided view covers the
+ * run (zero copy). A run ends before a record of another shape, the ring's wrap-around or a
+ * BEGIN. Views are valid until the next call on the handle, as next_batch's: after
+ * shmsteer_capture_release or the next call the worker may overwrite them at any time (a view
+ * read then returns whatever was written since), and after shmsteer_capture_close they are
+ * unmapped. INVALID_ARGUMENT for NULL pointers or max out of range (nothing consumed). */
+int shmsteer_capture_next_run(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_capture_event *ev,
+                              shmsteer_capture_rec *recs, size_t max, size_t *n);
+/* shmsteer_capture_next_run, copying the run out: its records may span the ring's wrap-around;
+ * their data go to dst back to back (record i at i x ev->nbytes, *n x ev->nbytes bytes in all,
+ * at most dst_cap) and their positions to positions (rows each, at most positions_cap), and the
+ * records are released before it returns: nothing of the ring is referenced after it (ev->data
+ * and ev->positions are NULL). A next record larger than dst_cap bytes or positions_cap rows
+ * alone: CAPTURE_RUN_TOO_LARGE with ev->nbytes and ev->rows set to what it needs, nothing
+ * consumed. INVALID_ARGUMENT for NULL pointers or max out of range (nothing consumed). */
+int shmsteer_capture_copy_run(shmsteer_capture_t *c, int64_t timeout_ms, shmsteer_capture_event *ev,
+                              shmsteer_capture_rec *recs, size_t max, size_t *n, void *dst, size_t dst_cap,
+                              uint32_t *positions, size_t positions_cap);
 /* Let the worker reuse the records the last next or next_batch returned. */
 int shmsteer_capture_release(shmsteer_capture_t *c);
 /* Publish the result for a request: status SHMSTEER_CAPTURE_OK, _PARTIAL_ERROR or _ERROR, an

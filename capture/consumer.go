@@ -230,22 +230,12 @@ func (c *Consumer) Release() {
 	c.last = nil
 }
 
-// NextBatch is Next for up to max events at once, appended to dst: the first as Next returns
-// it, then, if it is a record, the records that follow it (until max, a begin notice or none
-// left). Every record's views stay valid until the next Next, NextBatch or Release (the
+// NextBatch is Next for up to n events at once, appended to dst: the first as Next returns
+// it, then, if it is a record, the records that follow it in its ring (until n, a begin
+// notice or none left). Every record's views stay valid until the next Next, NextBatch or Release (the
 // worker cannot reuse their space meanwhile: keep batches small against the ring).
-func (c *Consumer) NextBatch(dst []Event, max int, wait time.Duration) ([]Event, error) {
-	if c.aheadAt < len(c.ahead) {
-		n := min(max, len(c.ahead)-c.aheadAt)
-		dst = append(dst, c.ahead[c.aheadAt:c.aheadAt+n]...)
-		c.takeAhead(n)
-		return dst, nil
-	}
-	if err := c.aheadErr; err != nil {
-		c.aheadErr = nil
-		return dst, err
-	}
-	return c.nextBatch(dst, max, wait)
+func (c *Consumer) NextBatch(dst []Event, n int, wait time.Duration) ([]Event, error) {
+	return c.run(dst, RunOptions{Max: min(MaxRun, max(1, n))}, false, wait)
 }
 
 // takeAhead marks the next n read-ahead events delivered.
@@ -255,30 +245,6 @@ func (c *Consumer) takeAhead(n int) {
 	if c.aheadAt == len(c.ahead) {
 		c.ahead, c.aheadAt = c.ahead[:0], 0
 	}
-}
-
-func (c *Consumer) nextBatch(dst []Event, max int, wait time.Duration) ([]Event, error) {
-	ev, ok, err := c.next(wait)
-	if err != nil || !ok {
-		return dst, err
-	}
-	dst = append(dst, ev)
-	if ev.Kind != EventRecord {
-		return dst, nil
-	}
-	c.hold = true
-	defer func() { c.hold = false }()
-	for n := 1; n < max && len(c.queued) == 0; n++ {
-		ev, ok, err := c.nextRecord()
-		if err != nil {
-			return dst, err
-		}
-		if !ok {
-			break
-		}
-		dst = append(dst, ev)
-	}
-	return dst, nil
 }
 
 // pumpEvery bounds the events Next returns between two reads of the hub's connection.
@@ -306,7 +272,7 @@ func (c *Consumer) Next(wait time.Duration) (Event, bool, error) {
 		c.aheadErr = nil
 		return Event{}, false, err
 	}
-	evs, err := c.nextBatch(c.ahead[:0], readAhead, wait)
+	evs, err := c.nextRun(c.ahead[:0], RunOptions{Max: readAhead}, false, wait)
 	if len(evs) == 0 {
 		return Event{}, false, err
 	}
@@ -391,49 +357,58 @@ func (c *Consumer) nextRecord() (Event, bool, error) {
 			break
 		}
 		c.rr = (c.rr + 1) % len(c.rings)
-		r := c.rings[c.rr]
-		for {
-			var rec RingRecord
-			var ok bool
-			var err error
-			if c.hold {
-				rec, ok, err = r.rd.NextHeld()
-			} else {
-				rec, ok, err = r.rd.Next()
-			}
-			if err != nil {
-				return Event{}, false, err
-			}
-			if !ok {
-				if r.gone && !c.hold { // held records may be views into its mapping
-					c.removeRing(c.rr)
-				}
-				break
-			}
-			if _, mine := c.begun[rec.RequestID]; !mine {
-				// Its begin notice, if any, is in the connection already (the owner sends it
-				// before the admission returns, so before any step).
-				if err := c.pump(); err != nil {
-					return Event{}, false, err
-				}
-				if len(c.queued) > 0 {
-					// Deliver the begin first; this record is read again after it.
-					r.rd.unread()
-					return Event{}, false, nil
-				}
-				if _, mine = c.begun[rec.RequestID]; !mine {
-					c.skipped++
-					if !c.hold { // held: released with the batch
-						r.rd.Release()
-					}
-					continue
-				}
-			}
-			c.last = r
-			return Event{Kind: EventRecord, RequestID: rec.RequestID, Record: rec, Ring: r.id}, true, nil
+		ev, ok, err := c.ringRecord(c.rr)
+		if err != nil || ok || len(c.queued) > 0 {
+			return ev, ok, err
 		}
 	}
 	return Event{}, false, nil
+}
+
+// ringRecord is the next record of ring c.rings[i] captured for this consumer (false: none
+// yet, or a begin notice is queued to go first).
+func (c *Consumer) ringRecord(i int) (Event, bool, error) {
+	r := c.rings[i]
+	for {
+		var rec RingRecord
+		var ok bool
+		var err error
+		if c.hold {
+			rec, ok, err = r.rd.NextHeld()
+		} else {
+			rec, ok, err = r.rd.Next()
+		}
+		if err != nil {
+			return Event{}, false, err
+		}
+		if !ok {
+			if r.gone && !c.hold { // held records may be views into its mapping
+				c.removeRing(i)
+			}
+			return Event{}, false, nil
+		}
+		if _, mine := c.begun[rec.RequestID]; !mine {
+			// Its begin notice, if any, is in the connection already (the owner sends it
+			// before the admission returns, so before any step).
+			if err := c.pump(); err != nil {
+				return Event{}, false, err
+			}
+			if len(c.queued) > 0 {
+				// Deliver the begin first; this record is read again after it.
+				r.rd.unread()
+				return Event{}, false, nil
+			}
+			if _, mine = c.begun[rec.RequestID]; !mine {
+				c.skipped++
+				if !c.hold { // held: released with the batch
+					r.rd.Release()
+				}
+				continue
+			}
+		}
+		c.last = r
+		return Event{Kind: EventRecord, RequestID: rec.RequestID, Record: rec, Ring: r.id}, true, nil
+	}
 }
 
 func (c *Consumer) removeRing(i int) {

@@ -49,7 +49,9 @@
 //     its records as views of the ring (bitwise what the worker appended; records of requests
 //     not captured for this consumer are skipped), and its end (Hub.End) after every record
 //     of it; NextBatch returns the records that follow one another in one call, every view
-//     valid until the next (RingReader.NextHeld). The consumer publishes its result (Publish); Hub.Result gives each declared
+//     valid until the next (RingReader.NextHeld), and NextRun a run of them of one hook and
+//     shape, at one stride in the ring when asked (one strided view covers it; the C ABI's
+//     shmsteer_capture_next_run and copy_run). The consumer publishes its result (Publish); Hub.Result gives each declared
 //     consumer's {status, error, payload}: pending, ok, partial_error, error (also when the
 //     consumer leaves or dies before publishing, or was not attached at admission),
 //     not_requested. Hub.Status reads the rings' and the consumers' counters, with totals that

@@ -505,6 +505,50 @@ type RingReader struct {
 	so      int
 	pending uint64 // frame bytes of the records returned and not released (Release, Next)
 	last    uint64 // frame bytes of the last record returned (unread)
+	recv    uint64 // records returned and not yet added to the slot's received count (Release)
+	scratch frameScratch
+}
+
+// frameScratch is what a reader reuses across the records it decodes, so that a record costs
+// no allocation of its own: the request ids and hooks it has read (interned: the same string
+// for the same bytes) and one allocation the records' Positions are carved from.
+type frameScratch struct {
+	names map[string]string
+	hook  string // the last hook read (a run of records mostly shares one)
+	slab  []int
+}
+
+// maxInterned bounds a reader's interned names (cleared when full: a long-lived consumer sees
+// an unbounded stream of request ids).
+const maxInterned = 4096
+
+func (s *frameScratch) name(b []byte) string {
+	if s == nil {
+		return string(b)
+	}
+	if n, ok := s.names[string(b)]; ok { // no allocation for the lookup
+		return n
+	}
+	if s.names == nil || len(s.names) >= maxInterned {
+		s.names = make(map[string]string, 256)
+	}
+	n := string(b)
+	s.names[n] = n
+	return n
+}
+
+// positions returns n ints of their own (full capacity: an append cannot reach the next
+// record's).
+func (s *frameScratch) positions(n int) []int {
+	if s == nil {
+		return make([]int, n)
+	}
+	if cap(s.slab)-len(s.slab) < n {
+		s.slab = make([]int, 0, max(1024, n))
+	}
+	l := len(s.slab)
+	s.slab = s.slab[:l+n]
+	return s.slab[l : l+n : l+n]
 }
 
 // Attach claims a free slot with policy p (Block or Drop), waiting for it at most the
@@ -538,11 +582,22 @@ func (r *Ring) AttachBound(p Policy, bound time.Duration) (*RingReader, error) {
 }
 
 // Detach frees the reader's slot: the writer stops waiting for it.
-func (c *RingReader) Detach() { word(c.r.mem, c.so).Store(slotFree) }
+func (c *RingReader) Detach() {
+	c.countReceived()
+	word(c.r.mem, c.so).Store(slotFree)
+}
+
+func (c *RingReader) countReceived() {
+	if c.recv > 0 {
+		word(c.r.mem, c.so+16).Add(c.recv)
+		c.recv = 0
+	}
+}
 
 // Received and Dropped are the slot's counters: records read, and records the writer dropped
-// while this consumer lagged.
-func (c *RingReader) Received() uint64 { return word(c.r.mem, c.so+16).Load() }
+// while this consumer lagged. The slot's received count (Ring.Slots) is brought up to date at
+// each Release, not at each record (one shared-memory update per batch).
+func (c *RingReader) Received() uint64 { return word(c.r.mem, c.so+16).Load() + c.recv }
 func (c *RingReader) Dropped() uint64  { return word(c.r.mem, c.so+24).Load() }
 
 // RingRecord is a record read from the ring: Data is a view of the mapping, valid until the
@@ -553,10 +608,14 @@ type RingRecord struct {
 	// PositionsLE is Positions as the ring holds them, rows × u32 little-endian: a view of
 	// the mapping, valid as long as Data (for readers that take no copy, the C ABI).
 	PositionsLE []byte
+	// DataOff and PositionsOff are the offsets of Data and PositionsLE in the ring's data area
+	// (Consumer.RingData).
+	DataOff, PositionsOff int
 }
 
 // Release lets the writer reuse the record Next returned.
 func (c *RingReader) Release() {
+	c.countReceived()
 	if c.pending > 0 {
 		rp := word(c.r.mem, c.so+8)
 		rp.Store(rp.Load() + c.pending)
@@ -595,7 +654,7 @@ func (c *RingReader) next() (RingRecord, bool, error) {
 		}
 		off := pos % r.cap
 		avail := min(r.cap-off, wp-pos)
-		n, kind, rec, err := decodeFrame(r.data[off : off+avail])
+		n, kind, rec, err := decodeFrame(r.data[off:off+avail], &c.scratch)
 		if err != nil {
 			return RingRecord{}, false, err
 		}
@@ -610,17 +669,29 @@ func (c *RingReader) next() (RingRecord, bool, error) {
 			}
 			continue
 		}
+		// The frame prefetchAhead frames on if the next ones are as long as this one (a step's
+		// records mostly are): its header line is fetched while the frames before it are read,
+		// where reading one header after the other waits for each line in turn.
+		if ahead := off + prefetchAhead*n; ahead < r.cap {
+			kernels.Prefetch(r.data[ahead:])
+		}
 		c.pending += n
 		c.last = n
-		word(r.mem, c.so+16).Add(1)
+		c.recv++
+		rec.DataOff += int(off)
+		rec.PositionsOff += int(off)
 		return rec, true, nil
 	}
 }
 
+// prefetchAhead is how many frames ahead a reader prefetches (RingReader.next).
+const prefetchAhead = 4
+
 // decodeFrame reads the frame at the start of b (the published bytes up to the ring's end):
-// its length, kind and, for a record, the record (Data a view of b). Every length is checked
-// against b and against the others.
-func decodeFrame(b []byte) (uint64, uint32, RingRecord, error) {
+// its length, kind and, for a record, the record (Data a view of b; DataOff and PositionsOff
+// relative to b). Every length is checked against b and against the others. The record's
+// strings and positions come from s (nil: allocated).
+func decodeFrame(b []byte, s *frameScratch) (uint64, uint32, RingRecord, error) {
 	bad := func(format string, a ...any) (uint64, uint32, RingRecord, error) {
 		return 0, 0, RingRecord{}, fmt.Errorf("%w: %s", ErrRingCorrupt, fmt.Sprintf(format, a...))
 	}
@@ -658,18 +729,27 @@ func decodeFrame(b []byte) (uint64, uint32, RingRecord, error) {
 	if frameLen(rows, idLen, hookLen, nbytes) != n {
 		return bad("a %d-byte frame for %d rows of %d %s, %d+%d name bytes", n, rows, width, d, idLen, hookLen)
 	}
-	rec := RingRecord{Record: Record{Layer: int(layer), Rows: rows, Width: width, Dtype: d, Positions: make([]int, rows)}}
+	rec := RingRecord{Record: Record{Layer: int(layer), Rows: rows, Width: width, Dtype: d, Positions: s.positions(rows)}}
 	rec.PositionsLE = f[frameHeader : frameHeader+4*rows : frameHeader+4*rows]
+	rec.PositionsOff = frameHeader
 	o := frameHeader
 	for i := range rows {
 		rec.Positions[i] = int(binary.LittleEndian.Uint32(f[o:]))
 		o += 4
 	}
-	rec.RequestID = string(f[o : o+idLen])
+	rec.RequestID = s.name(f[o : o+idLen])
 	o += idLen
-	rec.Hook = string(f[o : o+hookLen])
+	if hook := f[o : o+hookLen]; s != nil && string(hook) == s.hook {
+		rec.Hook = s.hook
+	} else {
+		rec.Hook = s.name(hook)
+		if s != nil {
+			s.hook = rec.Hook
+		}
+	}
 	o = (o + hookLen + frameAlign - 1) &^ (frameAlign - 1)
 	rec.Data = f[o : o+nbytes : o+nbytes]
+	rec.DataOff = o
 	return n, kind, rec, nil
 }
 
@@ -755,6 +835,6 @@ func (c *RingReader) unread() {
 	if c.last > 0 {
 		c.pending -= c.last
 		c.last = 0
-		word(c.r.mem, c.so+16).Add(math.MaxUint64) // received - 1
+		c.recv-- // counted by next, not yet added to the slot
 	}
 }

@@ -31,7 +31,7 @@ func FuzzRingFrames(f *testing.F) {
 	f.Add([]byte{24, 0, 0, 0, 1, 0, 0, 0}, uint64(0), uint64(24))
 	f.Add([]byte{8, 0, 0, 0, 2, 0, 0, 0}, uint64(4088), uint64(4096))
 	f.Fuzz(func(t *testing.T, data []byte, rp, wp uint64) {
-		if n, _, rec, err := decodeFrame(data); err == nil {
+		if n, _, rec, err := decodeFrame(data, nil); err == nil {
 			if n > uint64(len(data)) || len(rec.Data) > len(data) {
 				t.Fatalf("frame of %d bytes from %d", n, len(data))
 			}
@@ -56,6 +56,11 @@ func FuzzRingFrames(f *testing.F) {
 			}
 			if got.Rows != len(got.Positions) || len(got.Data) != got.Rows*got.Width*got.Dtype.Size() {
 				t.Fatalf("inconsistent record %+v", got.Record)
+			}
+			// The offsets name the views inside the ring's data.
+			if got.DataOff < 0 || got.DataOff+len(got.Data) > len(r.data) || &r.data[got.DataOff] != &got.Data[0] ||
+				&r.data[got.PositionsOff] != &got.PositionsLE[0] {
+				t.Fatalf("offsets %d, %d do not name the record's views", got.DataOff, got.PositionsOff)
 			}
 		}
 	})

@@ -3,12 +3,23 @@
 One decode step of issue 24's shape (64 requests capturing all positions at 32 post_block
 layers, hidden 4096, float32: 2,048 records of 16 KiB, 32 MiB) is appended by a Go worker (the
 capi test binary in its capture role, $SHMSTEER_GO_OWNER_BIN), then read by
-shmsteer.capture.Consumer (next_batch, --batch events a call; --batch 1: next): each record's
-zero-copy numpy view copied into a destination array.
-The baseline copies the same bytes, record by record, out of a shared memfd mapping rewritten
-(untimed) just before, as the worker rewrites the ring (and, second, in one 32 MiB np.copyto).
-Rounds alternate the order; a ratio is the median over rounds of the baseline's time over the
-consumer's (the goal is >= 0.8 against the record-by-record copy).
+shmsteer.capture.Consumer into one 32 MiB destination array, in each of the modes (--modes):
+
+* copy:  Consumer.copy_run(dst[off:], --run records a call): the library copies each run's
+         rows into dst (one call per run, no per-record Python step);
+* view:  Consumer.next_run(--run): one strided zero-copy view per run, np.copyto into dst;
+* batch: Consumer.next_batch(--batch): one view per record, each copied into dst in Python;
+* next:  Consumer.next: one call and one copy per record.
+
+The baseline ("memcpy") is one np.copyto of the same 32 MiB between two buffers of the same
+size as the consumer's: from a shared memfd mapping (the ring's kind of memory), rewritten
+untimed before each copy as the worker rewrites the ring, into the same destination. That is
+the plain copy of the same bytes with no per-record step at all (numpy's memcpy, which for
+32 MiB streams with non-temporal stores); a second baseline ("memcpy_records") copies them
+record by record in Python, for comparison with the older figures. Rounds alternate the
+contenders' order; a ratio is the median over rounds of the baseline's time over the
+consumer's (its bandwidth as a fraction of memcpy's; the goal is >= 0.8), with its spread
+(min and max over rounds).
 
     go test -c -o /tmp/capi.test ./capi && go generate ./capi
     SHMSTEER_GO_OWNER_BIN=/tmp/capi.test PYTHONPATH=python /usr/bin/python3 python/benchmarks/capture_read.py
@@ -28,7 +39,7 @@ import uuid
 
 import numpy as np
 
-from shmsteer.capture import Begin, Consumer, Record
+from shmsteer.capture import Begin, Consumer, Record, RecordRun
 
 
 def main() -> None:
@@ -37,9 +48,14 @@ def main() -> None:
     ap.add_argument("--reqs", type=int, default=64)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--width", type=int, default=4096)
-    ap.add_argument("--batch", type=int, default=256, help="events per next_batch call (1: next)")
+    ap.add_argument("--run", type=int, default=1024, help="records per next_run / copy_run call")
+    ap.add_argument("--batch", type=int, default=256, help="events per next_batch call")
+    ap.add_argument("--modes", default="copy,view,batch", help="comma-separated: copy, view, batch, next")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    modes = a.modes.split(",")
+    if not set(modes) <= {"copy", "view", "batch", "next"}:
+        sys.exit(f"--modes {a.modes}: want copy, view, batch or next")
     binary = os.environ.get("SHMSTEER_GO_OWNER_BIN")
     if not binary:
         sys.exit("set SHMSTEER_GO_OWNER_BIN to the capi test binary (go test -c -o /tmp/capi.test ./capi)")
@@ -57,17 +73,32 @@ def main() -> None:
     n, rec_bytes = a.reqs * a.layers, a.width * 4
     step = n * rec_bytes
     dst = np.empty(step, dtype=np.uint8)
+    dst[:] = 1  # its pages faulted in before any round
     fd = os.memfd_create("capbench")
     os.ftruncate(fd, step)
     src = np.frombuffer(mmap.mmap(fd, step), dtype=np.uint8)
     pattern = np.arange(rec_bytes, dtype=np.uint8)
     with Consumer(ns, "py", secret=secret.encode()) as c:
-        def read() -> float:
+        def read(mode: str) -> float:
             cmd(f"step {a.reqs} {a.layers} {a.width}")
             t0 = time.perf_counter()
             off = got = 0
             while got < n:
-                evs = c.next_batch(a.batch, timeout=5.0) if a.batch > 1 else [c.next(timeout=5.0)]
+                if mode == "copy":
+                    run = c.copy_run(dst[off:], max_records=a.run, timeout=5.0)
+                    if isinstance(run, RecordRun):
+                        off += run.data.nbytes
+                        got += len(run)
+                    continue
+                if mode == "view":
+                    run = c.next_run(max_records=a.run, timeout=5.0)
+                    if isinstance(run, RecordRun):
+                        m = run.data.nbytes
+                        np.copyto(dst[off:off + m].view(run.data.dtype).reshape(run.data.shape), run.data)
+                        off += m
+                        got += len(run)
+                    continue
+                evs = c.next_batch(a.batch, timeout=5.0) if mode == "batch" else [c.next(timeout=5.0)]
                 for ev in evs:
                     if isinstance(ev, Begin):
                         continue
@@ -77,44 +108,53 @@ def main() -> None:
                     off += d.size
                     got += 1
             c.release()
+            assert got == n and off == step, (got, off)
             return time.perf_counter() - t0
 
         def fresh() -> None:
             for o in range(0, step, rec_bytes):  # rewritten as the worker writes the ring
                 src[o:o + rec_bytes] = pattern
 
-        def base() -> float:
+        def memcpy() -> float:  # one copy of the same bytes, no per-record step
+            fresh()
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            return time.perf_counter() - t0
+
+        def memcpy_records() -> float:
             fresh()
             t0 = time.perf_counter()
             for o in range(0, step, rec_bytes):
                 dst[o:o + rec_bytes] = src[o:o + rec_bytes]
             return time.perf_counter() - t0
 
-        def base1() -> float:  # one 32 MiB copy, no per-record Python step
-            fresh()
-            t0 = time.perf_counter()
-            np.copyto(dst, src)
-            return time.perf_counter() - t0
-
-        read()  # warm-up: the begins, the ring's pages
-        ratios, ratios1, tr, tb = [], [], [], []
+        for m in modes:
+            read(m)  # warm-up: the begins, the ring's pages
+        contenders = {m: (lambda m=m: read(m)) for m in modes}
+        contenders["memcpy"], contenders["memcpy_records"] = memcpy, memcpy_records
+        times: dict = {k: [] for k in contenders}
+        names = list(contenders)
         for i in range(a.rounds):
-            if i % 2 == 0:
-                r, b, b1 = read(), base(), base1()
-            else:
-                b1, b, r = base1(), base(), read()
-            tr.append(r)
-            tb.append(b)
-            ratios.append(b / r)
-            ratios1.append(b1 / r)
+            k = i % len(names)  # rotate the order each round
+            for name in names[k:] + names[:k]:
+                times[name].append(contenders[name]())
     p.stdin.close()
     p.wait(timeout=10)
-    res = {"batch": a.batch, "records_per_step": n, "bytes_per_step": step, "rounds": a.rounds,
-           "consumer_gb_s_median": step / statistics.median(tr) / 1e9,
-           "memcpy_gb_s_median": step / statistics.median(tb) / 1e9,
-           "consumer_over_memcpy_median": statistics.median(ratios),
-           "consumer_over_one_copy_median": statistics.median(ratios1)}
-    print(json.dumps(res) if a.json else "\n".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in res.items()))
+
+    def spread(x: list) -> list:
+        return [round(statistics.median(x), 3), round(min(x), 3), round(max(x), 3)]
+
+    base, base_r = times["memcpy"], times["memcpy_records"]
+    res = {"records_per_step": n, "bytes_per_step": step, "rounds": a.rounds, "run": a.run, "batch": a.batch,
+           "baseline": "one np.copyto of the same bytes from a shared memfd mapping of the same size",
+           "memcpy_gb_s": round(step / statistics.median(base) / 1e9, 3),
+           "memcpy_records_gb_s": round(step / statistics.median(base_r) / 1e9, 3)}
+    for m in modes:
+        t = times[m]
+        res[f"{m}_gb_s"] = round(step / statistics.median(t) / 1e9, 3)
+        res[f"{m}_over_memcpy"] = spread([b / r for b, r in zip(base, t)])  # median, min, max
+        res[f"{m}_over_memcpy_records"] = spread([b / r for b, r in zip(base_r, t)])
+    print(json.dumps(res) if a.json else "\n".join(f"{k}: {v}" for k, v in res.items()))
 
 
 if __name__ == "__main__":

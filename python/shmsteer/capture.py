@@ -24,6 +24,18 @@ Example::
                 acts = ev.data.astype("float32") if ev.dtype != "bfloat16" else ev.data.copy()
             elif isinstance(ev, End):
                 c.publish(ev.request_id, "ok", payload=[])
+
+Many records at a time: :meth:`Consumer.next_run` returns a :class:`RecordRun` (records of one
+ring, hook and shape: ``data`` one strided zero-copy view of shape ``(records, rows, width)``,
+``layers``, ``request_ids`` and ``positions`` for all of them) in one library call, and
+:meth:`Consumer.copy_run` copies a run's rows into a buffer of the caller's and releases them
+at once (the fastest way to take rows out of the ring)::
+
+    buf = np.empty(64 << 20, dtype=np.uint8)
+    while True:
+        ev = c.copy_run(buf, timeout=1.0)
+        if isinstance(ev, RecordRun):
+            acts = ev.data  # (records, rows, width), a view of buf until the next copy_run
 """
 
 from __future__ import annotations
@@ -38,10 +50,10 @@ import numpy as np
 
 from ._lib import check, lib
 from .client import Owner, Secret, _b, _secret_args
-from .errors import BufferTooSmallError, ShmsteerError
+from .errors import BufferTooSmallError, CaptureRunTooLargeError, ShmsteerError
 
-__all__ = ["Consumer", "Begin", "Record", "End", "Event", "CaptureClosedError", "capture_result", "serve_capture",
-           "BLOCK", "DROP"]
+__all__ = ["Consumer", "Begin", "Record", "RecordRun", "End", "Event", "CaptureClosedError", "capture_result",
+           "serve_capture", "BLOCK", "DROP"]
 
 #: Backpressure policies: a worker waits up to the bound for a lagging consumer, then drops.
 BLOCK = "block"
@@ -62,6 +74,17 @@ class _Event(Structure):
                 ("positions_off", c_size_t), ("request_seq", c_uint32), ("hook_seq", c_uint32)]
 
 
+class _Rec(Structure):
+    _fields_ = [("request_seq", c_uint32), ("hook_seq", c_uint32), ("layer", c_int32), ("reserved", c_uint32),
+                ("data_off", c_uint64), ("positions_off", c_uint64)]
+
+
+# A run's shmsteer_capture_rec array as numpy reads it (one view per run, no per-record loop).
+_REC_DTYPE = np.dtype([("request_seq", "<u4"), ("hook_seq", "<u4"), ("layer", "<i4"), ("reserved", "<u4"),
+                       ("data_off", "<u8"), ("positions_off", "<u8")])
+assert _REC_DTYPE.itemsize == ctypes.sizeof(_Rec)
+
+
 class _Stats(Structure):
     _fields_ = [("rings", c_int64), ("received", c_uint64), ("dropped", c_uint64), ("skipped", c_uint64),
                 ("lag", c_uint64)]
@@ -73,6 +96,9 @@ for _name, (_res, _args) in {
                                         POINTER(_h)]),
     "shmsteer_capture_next": (c_int, [_h, c_int64, POINTER(_Event)]),
     "shmsteer_capture_next_batch": (c_int, [_h, c_int64, POINTER(_Event), c_size_t, POINTER(c_size_t)]),
+    "shmsteer_capture_next_run": (c_int, [_h, c_int64, POINTER(_Event), c_void_p, c_size_t, POINTER(c_size_t)]),
+    "shmsteer_capture_copy_run": (c_int, [_h, c_int64, POINTER(_Event), c_void_p, c_size_t, POINTER(c_size_t), c_void_p,
+                                          c_size_t, c_void_p, c_size_t]),
     "shmsteer_capture_release": (c_int, [_h]),
     "shmsteer_capture_publish": (c_int, [_h, c_char_p, c_size_t, c_int32, c_char_p, c_char_p, c_size_t]),
     "shmsteer_capture_stats_get": (c_int, [_h, POINTER(_Stats)]),
@@ -119,6 +145,44 @@ class Record:
                 f"dtype={self.dtype!r}, shape={self.data.shape})")
 
 
+class RecordRun:
+    """A run of records of one ring and one shape, read in one call (:meth:`Consumer.next_run`,
+    :meth:`Consumer.copy_run`): ``len(run)`` records of ``rows x width`` elements of ``dtype``.
+
+    ``data`` is one array of shape ``(len(run), rows, width)`` (record ``i`` is ``data[i]``;
+    bfloat16 is a uint16 view with ``dtype == "bfloat16"``) and ``positions`` one of shape
+    ``(len(run), rows)`` (uint32 absolute positions). ``hook`` is the run's hook; ``layers``
+    (int32) and ``request_seqs`` (uint32: the consumer's numbers for the requests) are arrays
+    of ``len(run)``, ``request_ids`` their names, a list of ``len(run)``.
+
+    From :meth:`Consumer.next_run` ``data`` and ``positions`` are read-only strided views of the
+    ring (zero copy) valid until the next call on the consumer; from
+    :meth:`Consumer.copy_run` ``data`` is a view of the caller's buffer and ``positions`` an
+    array of its own, and nothing refers to the ring.
+    """
+
+    __slots__ = ("ring", "hook", "dtype", "rows", "width", "data", "positions", "layers", "request_seqs",
+                 "request_ids")
+
+    def __init__(self, ring: int, hook: str, dtype: str, rows: int, width: int, data: np.ndarray,
+                 positions: np.ndarray, layers: np.ndarray, request_seqs: np.ndarray, request_ids: List[str]) -> None:
+        self.ring, self.hook, self.dtype, self.rows, self.width = ring, hook, dtype, rows, width
+        self.data, self.positions, self.layers = data, positions, layers
+        self.request_seqs, self.request_ids = request_seqs, request_ids
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def record(self, i: int) -> Record:
+        """Record ``i`` of the run, its arrays views of the run's."""
+        return Record(self.request_ids[i], self.ring, int(self.layers[i]), self.hook, self.dtype,
+                      self.positions[i], self.data[i])
+
+    def __repr__(self) -> str:
+        return (f"RecordRun(ring={self.ring}, hook={self.hook!r}, records={len(self)}, dtype={self.dtype!r}, "
+                f"rows={self.rows}, width={self.width})")
+
+
 @dataclass(frozen=True)
 class End:
     """The request ended; every record of it came before. ``dropped`` counts the records
@@ -129,6 +193,7 @@ class End:
 
 
 Event = Union[Begin, Record, End]
+RunEvent = Union[Begin, RecordRun, End]
 
 
 def _view(addr: int, n: int, dtype: Any, shape: tuple) -> np.ndarray:
@@ -172,6 +237,8 @@ class Consumer:
         self._hooks: Dict[int, str] = {}   # hook_seq -> hook name
         self._rings: Dict[int, Any] = {}   # ring id -> (base address, uint8 view of its data area)
         self._batch: Optional[Any] = None  # next_batch's event array
+        self._recs: Optional[np.ndarray] = None  # next_run's and copy_run's record array
+        self._pos = np.empty(4096, dtype=_U32)  # copy_run's positions (grown when a run needs more)
 
     def _handle(self) -> int:
         if self._h is None:
@@ -206,6 +273,116 @@ class Consumer:
             check(rc)
         batch, decode = self._batch, self._decode
         return [decode(batch[i]) for i in range(n.value)]
+
+    def _run_recs(self, max_records: int) -> Any:
+        if not isinstance(max_records, int) or isinstance(max_records, bool) or not 1 <= max_records <= 65536:
+            raise ValueError(f"max_records {max_records!r}: want an int in [1, 65536]")
+        if self._recs is None or len(self._recs) < max_records:
+            self._recs = np.zeros(max_records, dtype=_REC_DTYPE)
+        return self._recs
+
+    def next_run(self, max_records: int = 1024, timeout: float = 1.0) -> Optional[RunEvent]:
+        """The next event, with a record's run in one call: a :class:`Begin` or :class:`End` as
+        :meth:`next` gives them, or a :class:`RecordRun` of up to ``max_records`` records (the
+        next record and those after it in its ring with its hook and shape, at one stride in
+        the ring:
+        ``data`` is one strided zero-copy view of them), None when nothing came within
+        ``timeout`` seconds.
+
+        The run's views are valid until the next call on the consumer. After that (or
+        :meth:`release`) the worker may overwrite the ring under them at any time: reading an
+        old run's ``data`` then returns whatever was written since (no error); after
+        :meth:`close` the ring is unmapped and reading them is undefined (it may crash the
+        process). Copy what you keep, or use :meth:`copy_run`.
+        """
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ValueError(f"timeout {timeout!r}: want seconds >= 0")
+        recs = self._run_recs(max_records)
+        n = c_size_t(0)
+        ev = self._ev
+        rc = lib.shmsteer_capture_next_run(self._handle(), int(timeout * 1000), self._evref, recs.ctypes.data,
+                                           max_records, byref(n))
+        if rc:
+            check(rc)
+        if ev.kind != 2:
+            return self._decode(ev)
+        k = n.value
+        rs = recs[:k]
+        mem = self._ring_mem(ev)
+        name, np_dtype = _DTYPES[ev.dtype]
+        rows, width, isz = ev.rows, ev.width, np.dtype(np_dtype).itemsize
+        first = int(rs[0]["data_off"])
+        stride = int(rs[1]["data_off"]) - first if k > 1 else ev.nbytes
+        data = np.ndarray((k, rows, width), dtype=np_dtype, buffer=mem, offset=first,
+                          strides=(stride, width * isz, isz))
+        positions = np.ndarray((k, rows), dtype=_U32, buffer=mem, offset=int(rs[0]["positions_off"]),
+                               strides=(stride, 4))
+        data.flags.writeable = False
+        positions.flags.writeable = False
+        return self._run(ev, rs, name, data, positions)
+
+    def copy_run(self, dst: np.ndarray, max_records: int = 1024, timeout: float = 1.0) -> Optional[RunEvent]:
+        """:meth:`next_run`, copying the run's rows into ``dst`` (a writable C-contiguous array
+        of any dtype, used as bytes): the run's ``data`` is a view of ``dst``'s first bytes,
+        its ``positions`` an array of its own. The run may span the ring's wrap-around, is at
+        most ``dst.nbytes`` bytes, and its records are released before this returns: nothing
+        of the run refers to the ring. Large runs are copied with non-temporal stores.
+
+        Raises:
+            CaptureRunTooLargeError when the next record alone is larger than ``dst`` (nothing
+            consumed; its ``need`` attribute is the bytes it needs); ValueError for a ``dst``
+            that is not a writable C-contiguous numpy array.
+        """
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ValueError(f"timeout {timeout!r}: want seconds >= 0")
+        if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable or dst.nbytes < 1:
+            raise ValueError("dst: want a non-empty writable C-contiguous numpy array")
+        recs = self._run_recs(max_records)
+        n = c_size_t(0)
+        ev = self._ev
+        while True:
+            pos = self._pos
+            rc = lib.shmsteer_capture_copy_run(self._handle(), int(timeout * 1000), self._evref, recs.ctypes.data,
+                                               max_records, byref(n), dst.ctypes.data, dst.nbytes, pos.ctypes.data,
+                                               len(pos))
+            if rc == CaptureRunTooLargeError.code and ev.nbytes <= dst.nbytes:
+                # The positions buffer is what is short: grow it and read the run again.
+                self._pos = np.empty(max(2 * len(pos), int(ev.rows)), dtype=_U32)
+                continue
+            if rc:
+                try:
+                    check(rc)
+                except CaptureRunTooLargeError as e:
+                    e.need = int(ev.nbytes)
+                    raise
+            break
+        if ev.kind != 2:
+            return self._decode(ev)
+        k = n.value
+        name, np_dtype = _DTYPES[ev.dtype]
+        rows, width = ev.rows, ev.width
+        data = dst.reshape(-1).view(np.uint8)[:k * ev.nbytes].view(np_dtype).reshape(k, rows, width)
+        positions = pos[:k * rows].reshape(k, rows).copy()
+        return self._run(ev, recs[:k], name, data, positions)
+
+    def _ring_mem(self, ev: _Event) -> np.ndarray:
+        view = self._rings.get(ev.ring)
+        if view is None or view[0] != ev.ring_base:
+            # The ring's data area mapped once; records are slices of it.
+            view = self._rings[ev.ring] = (ev.ring_base, _view(ev.ring_base, ev.ring_len, np.uint8, (ev.ring_len,)))
+        return view[1]
+
+    def _run(self, ev: _Event, rs: np.ndarray, name: str, data: np.ndarray, positions: np.ndarray) -> RecordRun:
+        # The first record's names come with ev (the run shares its hook).
+        reqs, hooks = self._reqs, self._hooks
+        if ev.request_seq not in reqs:
+            reqs[ev.request_seq] = ctypes.string_at(ev.request_id, ev.request_id_len).decode("utf-8", "replace")
+        hook = hooks.get(ev.hook_seq)
+        if hook is None:
+            hook = hooks[ev.hook_seq] = ctypes.string_at(ev.hook, ev.hook_len).decode()
+        rseq = rs["request_seq"].copy()
+        return RecordRun(ev.ring, hook, name, ev.rows, ev.width, data, positions, rs["layer"].copy(), rseq,
+                         list(map(reqs.__getitem__, rseq.tolist())))
 
     def _decode(self, ev: _Event) -> Optional[Event]:
         kind = ev.kind

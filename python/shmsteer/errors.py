@@ -859,6 +859,22 @@ class HubGoneError(ShmsteerError, ConnectionError):
     go_name = "capture.ErrHubGone"
 
 
+class CaptureRunError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrBadRun (code 125, SHMSTEER_E_CAPTURE_BAD_RUN): a run's bounds are out
+    of range (max records, bytes or rows)."""
+
+    code = 125
+    go_name = "capture.ErrBadRun"
+
+
+class CaptureRunTooLargeError(ShmsteerError, ValueError):
+    """Mirrors Go's capture.ErrRunTooLarge (code 126, SHMSTEER_E_CAPTURE_RUN_TOO_LARGE): the next
+    record is larger than the reader's buffers; nothing was consumed."""
+
+    code = 126
+    go_name = "capture.ErrRunTooLarge"
+
+
 # Every class by its code.
 BY_CODE: Dict[int, Type[ShmsteerError]] = {
     1: ForkedError,
@@ -969,6 +985,8 @@ BY_CODE: Dict[int, Type[ShmsteerError]] = {
     122: NoHubError,
     123: HubProtocolError,
     124: HubGoneError,
+    125: CaptureRunError,
+    126: CaptureRunTooLargeError,
 }
 
 __all__ = [
@@ -1084,6 +1102,8 @@ __all__ = [
     "NoHubError",
     "HubProtocolError",
     "HubGoneError",
+    "CaptureRunError",
+    "CaptureRunTooLargeError",
 ]
 
 

@@ -23,11 +23,13 @@ class CaptureOwner:
     """The capi test binary in its capture role: an owner with a hub declaring consumer "py"
     and a worker ring, driven line by line (see capi/capture_test.go)."""
 
-    def __init__(self, ns: str, secret: bytes) -> None:
+    def __init__(self, ns: str, secret: bytes, ring_bytes: int = 0) -> None:
         binary = os.environ.get(GO_OWNER_ENV)
         if not binary:
             pytest.skip(f"{GO_OWNER_ENV} not set: run through `go test ./capi -run TestPython`, which sets it")
         env = dict(os.environ, SHMSTEER_CAPI_ROLE="capture", SHMSTEER_TEST_NS=ns, SHMSTEER_SECRET=secret.decode())
+        if ring_bytes:
+            env["SHMSTEER_CAPTURE_RING"] = str(ring_bytes)
         self.proc = subprocess.Popen([binary], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout.readline() == "ready\n"
 
