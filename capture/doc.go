@@ -45,7 +45,10 @@
 //     a slot on the new ring (the hub waits a bounded time for consumers that do not read),
 //     so what the worker captures from then on reaches them.
 //   - Consumer.Next is one stream per consumer: a captured request's begin (its spec and
-//     prompt length; Hub.Begin sends it before the admission returns, so before any step),
+//     prompt length; Hub.Begin writes it into the consumer's socket before the admission
+//     returns, so before any step, and never waits: a consumer behind on its notices is not
+//     told, its result for the request error at once; ends and rings queue per consumer,
+//     bounded, a consumer whose queue fills disconnected; both counted in Hub.Status),
 //     its records as views of the ring (bitwise what the worker appended; records of requests
 //     not captured for this consumer are skipped), and its end (Hub.End) after every record
 //     of it; NextBatch returns the records that follow one another in one call, every view

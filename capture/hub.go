@@ -41,10 +41,15 @@ type HubOptions struct {
 	// MaxResults bounds the ended requests whose results are kept (the oldest go first);
 	// 0 means 4096.
 	MaxResults int
-	// WriteTimeout bounds a notice to one consumer (a ring, a request's begin or end): a
+	// WriteTimeout bounds the write of a queued notice to one consumer (an end, a ring): a
 	// consumer that does not read its connection within it is dropped, its requests end with
-	// status error. 0 means 1 s.
+	// status error. 0 means 1 s. No caller waits on it (an admission's Begin, an End): a begin
+	// is written at once or not at all, the rest queue (huboutbox.go).
 	WriteTimeout time.Duration
+	// MaxQueued and MaxQueuedBytes bound each consumer's queue of notices not yet written to
+	// its connection; a consumer whose queue is full is disconnected, counted in
+	// ConsumerStatus.Disconnects. 0 means DefaultMaxQueued, DefaultMaxQueuedBytes.
+	MaxQueued, MaxQueuedBytes int
 	// Logger receives attach, detach and drop events; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -54,13 +59,15 @@ type HubOptions struct {
 // captured request begins and ends, and keeps the results they publish. Its methods are safe for
 // concurrent use.
 type Hub struct {
-	log       *slog.Logger
-	consumers map[string]string
-	allow     []int
-	maxRes    int
-	wtimeout  time.Duration
-	ln        *net.UnixListener
-	name      string // abstract socket name, without the leading NUL
+	log            *slog.Logger
+	consumers      map[string]string
+	allow          []int
+	maxRes         int
+	wtimeout       time.Duration
+	maxQueued      int
+	maxQueuedBytes int
+	ln             *net.UnixListener
+	name           string // abstract socket name, without the leading NUL
 
 	mu       sync.Mutex
 	tickets  map[[ticketLen]byte]ticket
@@ -73,9 +80,11 @@ type Hub struct {
 	closed   bool
 	// Counters of what is gone, so Status's totals keep counting: rings whose worker left,
 	// and per consumer name the slots it no longer reads (a ring gone, a connection closed).
-	goneRings RingStats
-	goneCons  map[string]slotTotals
-	wg        sync.WaitGroup
+	goneRings     RingStats
+	goneCons      map[string]slotTotals
+	disconnects   map[string]uint64 // consumers dropped for not taking their notices, by name
+	beginsDropped map[string]uint64 // begins consumers were not told of, by name
+	wg            sync.WaitGroup
 }
 
 type ticket struct {
@@ -105,6 +114,9 @@ type hubConn struct {
 	pid   int
 	wmu   sync.Mutex
 	slots []slotRef // consumer: slots it attached (guarded by Hub.mu)
+	out   outbox    // consumer: its notices (huboutbox.go)
+	// kicked: the hub disconnected it for not taking its notices (guarded by Hub.mu).
+	kicked bool
 }
 
 type hubReq struct {
@@ -122,7 +134,14 @@ func NewHub(opts HubOptions) (*Hub, error) {
 	}
 	h := &Hub{log: opts.Logger, consumers: maps(opts.Consumers), allow: opts.AllowUIDs, maxRes: opts.MaxResults, wtimeout: opts.WriteTimeout,
 		tickets: map[[ticketLen]byte]ticket{}, rings: map[uint32]*hubRing{}, live: map[string]*hubConn{}, conns: map[*hubConn]struct{}{},
-		reqs: map[string]*hubReq{}, goneCons: map[string]slotTotals{}}
+		reqs: map[string]*hubReq{}, goneCons: map[string]slotTotals{}, disconnects: map[string]uint64{}, beginsDropped: map[string]uint64{},
+		maxQueued: opts.MaxQueued, maxQueuedBytes: opts.MaxQueuedBytes}
+	if h.maxQueued <= 0 {
+		h.maxQueued = DefaultMaxQueued
+	}
+	if h.maxQueuedBytes <= 0 {
+		h.maxQueuedBytes = DefaultMaxQueuedBytes
+	}
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -253,7 +272,7 @@ func (h *Hub) serveConn(c *net.UnixConn) {
 	if err != nil || (int(cred.Uid) != os.Getuid() && !slices.Contains(h.allow, int(cred.Uid))) {
 		return
 	}
-	hc := &hubConn{c: c, pid: int(cred.Pid)}
+	hc := &hubConn{c: c, pid: int(cred.Pid), out: newOutbox()}
 	rd := &msgReader{c: c}
 	defer rd.closeFds()
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -284,30 +303,38 @@ func (h *Hub) serveConn(c *net.UnixConn) {
 	}
 	hc.role, hc.name = tk.role, tk.name
 	h.conns[hc] = struct{}{}
+	var pushErr error
 	if hc.role == roleConsumer {
+		// Its handshake is queued as it goes live, so every notice it is told after comes
+		// after it: the welcome, the rings there are (later ones are notices), then the
+		// writer's synced (huboutbox.go).
 		h.live[hc.name] = hc
-	}
-	rings := make([]*hubRing, 0, len(h.rings))
-	for _, r := range h.rings {
-		rings = append(rings, r)
+		rings := make([]*hubRing, 0, len(h.rings))
+		for _, r := range h.rings {
+			rings = append(rings, r)
+		}
+		sort.Slice(rings, func(i, j int) bool { return rings[i].id < rings[j].id })
+		pushErr = hc.out.push(encodeHubMsg(nil, hubMsg{typ: msgWelcome}), nil)
+		for _, r := range rings {
+			if pushErr == nil {
+				pushErr = hc.out.push(encodeHubMsg(nil, hubMsg{typ: msgRing, ring: r.id}), []int{r.r.Fd()})
+			}
+		}
 	}
 	h.mu.Unlock()
 	defer h.drop(hc)
+	defer hc.out.close()
 	c.SetReadDeadline(time.Time{})
-	if hc.send(h.wtimeout, encodeHubMsg(nil, hubMsg{typ: msgWelcome}), nil) != nil {
-		return
-	}
 	if hc.role == roleConsumer {
-		h.log.Info("shmsteer: capture consumer attached", "consumer", hc.name, "pid", hc.pid)
-		sort.Slice(rings, func(i, j int) bool { return rings[i].id < rings[j].id })
-		for _, r := range rings {
-			if hc.send(h.wtimeout, encodeHubMsg(nil, hubMsg{typ: msgRing, ring: r.id}), []int{r.r.Fd()}) != nil {
-				return
-			}
-		}
-		if hc.send(h.wtimeout, encodeHubMsg(nil, hubMsg{typ: msgSynced}), nil) != nil {
+		if pushErr != nil {
+			h.log.Warn("shmsteer: dropping capture consumer", "consumer", hc.name, "pid", hc.pid, "err", pushErr)
 			return
 		}
+		h.log.Info("shmsteer: capture consumer attached", "consumer", hc.name, "pid", hc.pid)
+		h.wg.Add(1)
+		go h.writeLoop(hc)
+	} else if hc.send(h.wtimeout, encodeHubMsg(nil, hubMsg{typ: msgWelcome}), nil) != nil {
+		return
 	}
 	for {
 		m, err := rd.next()
@@ -346,7 +373,7 @@ func (h *Hub) handle(hc *hubConn, m hubMsg, rd *msgReader) error {
 		h.log.Info("shmsteer: capture ring registered", "ring", hr.id, "worker_pid", hc.pid, "capacity", r.cap)
 		msg := encodeHubMsg(nil, hubMsg{typ: msgRing, ring: hr.id})
 		for _, t := range targets {
-			t.notify(h, msg, []int{r.Fd()})
+			t.notify(h, msg, []int{r.Fd()}, false)
 		}
 		// The worker hears synced once every consumer attached now has a slot on its ring
 		// (or ringSyncWait passed): what it appends after RegisterWorker returns reaches
@@ -423,7 +450,7 @@ func (h *Hub) liveConsumers() []*hubConn {
 	return out
 }
 
-// send writes one message (with fds) within timeout.
+// send writes one message (with fds) within timeout, whole.
 func (hc *hubConn) send(timeout time.Duration, msg []byte, fds []int) error {
 	hc.wmu.Lock()
 	defer hc.wmu.Unlock()
@@ -433,19 +460,12 @@ func (hc *hubConn) send(timeout time.Duration, msg []byte, fds []int) error {
 		oob = unix.UnixRights(fds...)
 	}
 	n, _, err := hc.c.WriteMsgUnix(msg, oob, nil)
-	if err == nil && n != len(msg) {
-		err = io.ErrShortWrite
+	if err == nil && n < len(msg) {
+		// A stream socket took part of it (its buffer filled): the rest, within the same
+		// deadline (the descriptors went with the first byte).
+		_, err = hc.c.Write(msg[n:])
 	}
 	return err
-}
-
-// notify sends a notice; a consumer that does not take it within the write timeout is dropped
-// (its connection closed: its read loop then ends its requests).
-func (hc *hubConn) notify(h *Hub, msg []byte, fds []int) {
-	if err := hc.send(h.wtimeout, msg, fds); err != nil {
-		h.log.Warn("shmsteer: dropping capture consumer: it does not read its notices", "consumer", hc.name, "pid", hc.pid, "err", err)
-		hc.c.Close()
-	}
 }
 
 // drop forgets a closed connection: a worker's ring goes (consumers are told), a consumer's
@@ -497,7 +517,7 @@ func (h *Hub) drop(hc *hubConn) {
 	for _, r := range gone {
 		msg := encodeHubMsg(nil, hubMsg{typ: msgRingGone, ring: r.id})
 		for _, t := range targets {
-			t.notify(h, msg, nil)
+			t.notify(h, msg, nil, false)
 		}
 		r.r.Close()
 	}
@@ -560,7 +580,14 @@ func (h *Hub) Begin(id string, c steer.AdmittedCapture) {
 	}
 	h.mu.Unlock()
 	for _, t := range ts {
-		t.c.notify(h, t.msg, nil)
+		if !t.c.notify(h, t.msg, nil, true) {
+			h.mu.Lock()
+			if r := q.results[t.c.name]; r != nil && r.Status == StatusPending && h.reqs[id] == q {
+				*r = Result{Status: StatusError, Global: r.Global,
+					Error: fmt.Sprintf("shmsteer: capture consumer %q was behind on its notices (it does not read its connection), so it was not told of the request", t.c.name)}
+			}
+			h.mu.Unlock()
+		}
 	}
 }
 
@@ -589,7 +616,7 @@ func (h *Hub) End(id string) {
 	h.mu.Unlock()
 	msg := encodeHubMsg(nil, hubMsg{typ: msgEnd, id: id})
 	for _, c := range ts {
-		c.notify(h, msg, nil)
+		c.notify(h, msg, nil, false)
 	}
 }
 
@@ -633,6 +660,13 @@ type ConsumerStatus struct {
 	Dropped  uint64 `json:"records_dropped"`  // since the hub started, over every ring
 	Lag      uint64 `json:"lag_bytes"`        // the most bytes it has not released on any ring
 	Pending  int    `json:"requests_pending"`
+	Queued   int    `json:"notices_queued"` // notices waiting for its connection
+	// Disconnects counts the times the hub dropped it for not taking its notices (a full
+	// queue, a notice not read within the write timeout), since the hub started.
+	Disconnects uint64 `json:"disconnects"`
+	// BeginsDropped counts the requests it was not told of because it was behind on its
+	// notices (their results for it are error), since the hub started.
+	BeginsDropped uint64 `json:"begins_dropped"`
 }
 
 // HubStatus is the hub's state for status and /metrics.
@@ -672,9 +706,11 @@ func (h *Hub) Status() HubStatus {
 	st.Totals.Reclaimed += h.goneRings.Reclaimed
 	for _, name := range h.Consumers() {
 		g := h.goneCons[name]
-		cs := ConsumerStatus{Name: name, Type: h.consumers[name], Received: g.received, Dropped: g.dropped}
+		cs := ConsumerStatus{Name: name, Type: h.consumers[name], Received: g.received, Dropped: g.dropped, Disconnects: h.disconnects[name],
+			BeginsDropped: h.beginsDropped[name]}
 		if c := h.live[name]; c != nil {
 			cs.Attached, cs.PID = true, c.pid
+			cs.Queued = c.out.queued()
 			for _, s := range c.slots {
 				ss, ok := slotsOf[s.ring]
 				if !ok || s.slot >= len(ss) || !ss[s.slot].Attached || ss[s.slot].PID != s.pid {

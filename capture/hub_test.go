@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -588,4 +589,61 @@ func TestConsumerReadAheadHeld(t *testing.T) {
 	if occ := w.Ring().Stats().Occupancy; occ != 0 {
 		t.Fatalf("occupancy %d after every record was returned and released", occ)
 	}
+}
+
+// A consumer that never reads its connection holds back no admission and no end: once its
+// socket is full, a Begin does not tell it (the request's result for it is error at once,
+// counted: a begin it got late would follow records it skipped), and ends queue until its
+// queue is full, when the hub disconnects it (counted) and its pending requests end with
+// status error. The old Begin wrote to the socket itself and waited out the write timeout
+// (a minute here) at the first full socket.
+func TestHubBeginNeverWaits(t *testing.T) {
+	e := newHubEnv(t)
+	e.hub.Close()
+	var err error
+	const timeout = time.Minute
+	e.hub, err = NewHub(HubOptions{Consumers: map[string]string{"fs": "filesystem"}, WriteTimeout: timeout, MaxQueued: 16,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.hub.Close()
+	e.hub.Serve(func(op uint16, h func([]byte) ([]byte, error)) { e.owner.Handle(op, h) })
+	e.consumer(t, ConsumerOptions{Name: "fs"}) // attached, never calls Next: never reads
+	status := func() ConsumerStatus { return e.hub.Status().Consumers[0] }
+	waitFor(t, "the consumer", func() bool { return status().Attached })
+	spec := json.RawMessage(`{"pad": "` + strings.Repeat("x", 1<<10) + `"}`)
+	start := time.Now()
+	told := 0
+	for ; told < 100000 && status().BeginsDropped == 0; told++ {
+		e.hub.Begin(fmt.Sprintf("r%d", told), steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": spec}, PromptLen: 1})
+	}
+	told-- // the last was not told
+	if st := status(); st.BeginsDropped != 1 || !st.Attached || told < 1 || told >= 100000-1 {
+		t.Fatalf("after %d begins: %+v", told+1, st)
+	}
+	untold := fmt.Sprintf("r%d", told)
+	if res, _ := e.hub.Result(untold); res["fs"].Status != StatusError || !strings.Contains(res["fs"].Error, "behind on its notices") {
+		t.Fatalf("%s: %+v", untold, res["fs"])
+	}
+	if res, _ := e.hub.Result("r0"); res["fs"].Status != StatusPending {
+		t.Fatalf("r0: %+v", res["fs"])
+	}
+	// Ends queue behind the full socket; past MaxQueued the consumer is disconnected.
+	for i := range told + 1 {
+		e.hub.End(fmt.Sprintf("r%d", i))
+	}
+	took := time.Since(start)
+	if took > timeout/2 {
+		t.Fatalf("%d begins and ends took %v: the hub waited on the consumer", told+1, took)
+	}
+	if st := status(); st.Disconnects != 1 {
+		t.Fatalf("after the ends: %+v", st)
+	}
+	waitFor(t, "the consumer's requests to end", func() bool {
+		res, _ := e.hub.Result("r0")
+		return res["fs"].Status == StatusError && strings.Contains(res["fs"].Error, "left before publishing")
+	})
+	waitFor(t, "the consumer to detach", func() bool { return !status().Attached })
+	t.Logf("%d begins told before the socket filled; %d begins and ends in %v", told, told+1, took)
 }

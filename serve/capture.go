@@ -58,6 +58,7 @@ type captureCollector struct {
 	s                                                 *Server
 	rings, records, bytes, dropped, reclaimed, occ    *prometheus.Desc
 	cAttached, cReceived, cDropped, cLag, cPen, cRing *prometheus.Desc
+	cQueued, cDisconnects, cBeginsDropped             *prometheus.Desc
 }
 
 func newCaptureCollector(s *Server) *captureCollector {
@@ -66,23 +67,27 @@ func newCaptureCollector(s *Server) *captureCollector {
 		return prometheus.NewDesc("shmsteer_capture_"+name, help, labels, nil)
 	}
 	return &captureCollector{s: s,
-		rings:     d("rings", "Workers' capture rings registered now.", nil),
-		records:   d("records_total", "Capture records the workers' rings published (every ring since serve started).", nil),
-		bytes:     d("bytes_total", "Captured row bytes the workers' rings published.", nil),
-		dropped:   d("dropped_total", "Capture records workers dropped because a consumer lagged past its policy.", nil),
-		reclaimed: d("reclaimed_total", "Consumer slots of departed consumers freed on the rings.", nil),
-		occ:       d("ring_occupancy_bytes", "Bytes of a live ring not yet released by its slowest consumer (the most of any ring).", nil),
-		cAttached: d("consumer_attached", "1 while the declared consumer is attached, else 0.", cons),
-		cRing:     d("consumer_rings", "Rings the consumer reads now.", cons),
-		cReceived: d("consumer_records_total", "Records the consumer read, over every ring, as of each ring's last count.", cons),
-		cDropped:  d("consumer_dropped_total", "Records dropped while the consumer lagged, over every ring.", cons),
-		cLag:      d("consumer_lag_bytes", "Most bytes the consumer has not released on any ring.", cons),
-		cPen:      d("consumer_pending_requests", "Captured requests whose result the consumer has not published.", cons),
+		rings:          d("rings", "Workers' capture rings registered now.", nil),
+		records:        d("records_total", "Capture records the workers' rings published (every ring since serve started).", nil),
+		bytes:          d("bytes_total", "Captured row bytes the workers' rings published.", nil),
+		dropped:        d("dropped_total", "Capture records workers dropped because a consumer lagged past its policy.", nil),
+		reclaimed:      d("reclaimed_total", "Consumer slots of departed consumers freed on the rings.", nil),
+		occ:            d("ring_occupancy_bytes", "Bytes of a live ring not yet released by its slowest consumer (the most of any ring).", nil),
+		cAttached:      d("consumer_attached", "1 while the declared consumer is attached, else 0.", cons),
+		cRing:          d("consumer_rings", "Rings the consumer reads now.", cons),
+		cReceived:      d("consumer_records_total", "Records the consumer read, over every ring, as of each ring's last count.", cons),
+		cDropped:       d("consumer_dropped_total", "Records dropped while the consumer lagged, over every ring.", cons),
+		cLag:           d("consumer_lag_bytes", "Most bytes the consumer has not released on any ring.", cons),
+		cPen:           d("consumer_pending_requests", "Captured requests whose result the consumer has not published.", cons),
+		cQueued:        d("consumer_notices_queued", "Notices (ends, rings) queued for the consumer's connection.", cons),
+		cDisconnects:   d("consumer_disconnects_total", "Times the hub dropped the consumer for not reading its notices (a full queue, a write timeout).", cons),
+		cBeginsDropped: d("consumer_begins_dropped_total", "Requests the consumer was not told of because it was behind on its notices (their results for it are error).", cons),
 	}
 }
 
 func (c *captureCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.rings, c.records, c.bytes, c.dropped, c.reclaimed, c.occ, c.cAttached, c.cRing, c.cReceived, c.cDropped, c.cLag, c.cPen} {
+	for _, d := range []*prometheus.Desc{c.rings, c.records, c.bytes, c.dropped, c.reclaimed, c.occ, c.cAttached, c.cRing, c.cReceived, c.cDropped, c.cLag, c.cPen,
+		c.cQueued, c.cDisconnects, c.cBeginsDropped} {
 		ch <- d
 	}
 }
@@ -113,5 +118,8 @@ func (c *captureCollector) Collect(ch chan<- prometheus.Metric) {
 		m(c.cDropped, ct, k.Dropped, k.Name)
 		m(c.cLag, g, k.Lag, k.Name)
 		m(c.cPen, g, uint64(k.Pending), k.Name)
+		m(c.cQueued, g, uint64(k.Queued), k.Name)
+		m(c.cDisconnects, ct, k.Disconnects, k.Name)
+		m(c.cBeginsDropped, ct, k.BeginsDropped, k.Name)
 	}
 }
