@@ -127,10 +127,11 @@ class Keys(MutableMapping):
         entering its Go runtime), the get function and a view of this thread's C key buffer.
         Past THREAD_READERS threads, or without a free reader slot, it reads through the handle's
         shared slots instead. Raises ClosedError once the handle is closed."""
+        handle = self._parent.handle  # ClosedError before anything is counted or opened
         buf = (ctypes.c_char * _lib.KEY_BUFFER_BYTES).from_address(lib.shmsteer_key_buffer())
         r = c_void_p()
         counted = self._count_reader(1)
-        if counted and lib.shmsteer_reader_open(self._parent.handle, byref(r)) == 0:
+        if counted and lib.shmsteer_reader_open(handle, byref(r)) == 0:
             self._local.reader = _ThreadReader(r, self)
             if self._parent._h is None:  # closed meanwhile by another thread: close this one too
                 close_readers(self._open)
@@ -138,7 +139,7 @@ class Keys(MutableMapping):
         else:
             if counted:  # no free reader slot
                 self._count_reader(-1)
-            st = self._local.st = (c_void_p(self._parent.handle), _lib.fast.shmsteer_key_get_tls, buf)
+            st = self._local.st = (c_void_p(handle), _lib.fast.shmsteer_key_get_tls, buf)
         return st
 
     def _thread_handle(self) -> Tuple[int, bool]:

@@ -190,6 +190,7 @@ def test_closed_handle_raises_closed_error(ns, secret, path):
         t.join(10)
         assert seen == [_outcome(lambda: ref["k"])] * 3
         assert seen[0][0] == "ClosedError"
+        assert k._readers[0] == 1 and not c._reader_handles  # the closed thread's: none counted
 
 
 def test_forked_child_gets_forked_error(ns, secret, path):
