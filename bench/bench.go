@@ -58,6 +58,10 @@ type sources struct {
 	// every request steered, steer.step.decode.{sparse,sparse_kernel}_ns with 4.
 	StepDecodeMixed, StepDecodeKernel  Setup
 	StepDecodeSparse, StepSparseKernel Setup
+	// StepDecodeScattered is steer.step.decode.scattered_kernel_ns, the bare row adds of the
+	// decode step's vectors laid out as the engine lays them out (a diagnostic beside the
+	// kernel figure: see decodebench.go).
+	StepDecodeScattered Setup
 	// Memory returns mem.overhead_ratio (unit "x").
 	Memory func() (overhead float64, err error)
 	// TP8 returns mem.tp8_ratio, measured with 8 real rank processes, and a
@@ -183,6 +187,7 @@ func Run(cfg Config, src sources) *Report {
 	keepRotated(
 		Contender{"steer.step.decode.mixed_ns", src.StepDecodeMixed},
 		Contender{"steer.step.decode.kernel_ns", src.StepDecodeKernel},
+		Contender{"steer.step.decode.scattered_kernel_ns", src.StepDecodeScattered},
 	)
 	keepRotated(
 		Contender{"steer.step.decode.sparse_ns", src.StepDecodeSparse},

@@ -172,3 +172,98 @@ func decodeKernel(sparse bool) Setup {
 		}), nil, nil
 	}
 }
+
+// scatteredFixture holds the decode step's vectors laid out as the engine lays them out: each
+// request's 160 vectors, in site order, one entry of a region (a memfd mapped with base pages,
+// as the engine's region is), so a site's 64 rows lie one request's 2.5 MiB apart. rows[site]
+// are the batch rows' vectors there, read in place through a pinned snapshot.
+type scatteredFixture struct {
+	region *shm.Region
+	snap   shm.Snapshot
+	h      []float32
+	rows   [][][]float32
+}
+
+// scatteredKind is the scattered figure's region kind (the region holds nothing else).
+const scatteredKind shm.Kind = 1
+
+func newScatteredFixture() (_ *scatteredFixture, err error) {
+	k, err := newDecodeFixture(false, false)
+	if err != nil {
+		return nil, err
+	}
+	perRequest := int64(k.sites) * (stepD*4 + 256)
+	r, err := shm.Create(shm.Config{IndexSlots: 1 << 8, ArenaBytes: (decodeRequests*perRequest*5/4 + 8<<20) &^ 63})
+	if err != nil {
+		return nil, err
+	}
+	f := &scatteredFixture{region: r, h: k.h, rows: make([][][]float32, k.sites)}
+	defer func() {
+		if err != nil {
+			f.close()
+		}
+	}()
+	vecs := make([]float32, k.sites*stepD)
+	for i := range decodeRequests {
+		for s := range k.sites {
+			copy(vecs[s*stepD:(s+1)*stepD], k.table[s][(i+1)*stepD:])
+		}
+		if _, err := r.Update(func(tx *shm.Tx) error {
+			return tx.PutFloat32(scatteredKind, fmt.Sprintf("decode-%02d", i), vecs)
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if f.snap, err = r.Snapshot(); err != nil {
+		return nil, err
+	}
+	for i := range decodeRequests {
+		v, _, err := f.snap.ViewFloat32(scatteredKind, fmt.Sprintf("decode-%02d", i))
+		if err != nil {
+			return nil, err
+		}
+		if len(v) != len(vecs) {
+			return nil, fmt.Errorf("bench: scattered vectors of request %d: %d floats, want %d", i, len(v), len(vecs))
+		}
+		for s := range k.sites {
+			f.rows[s] = append(f.rows[s], v[s*stepD:(s+1)*stepD:(s+1)*stepD])
+		}
+	}
+	return f, nil
+}
+
+// step adds every site's rows to h as the Stepper's Apply does (one row per request, the next
+// row's pages prefetched), with nothing else of a step.
+func (f *scatteredFixture) step(h []float32) {
+	for _, rows := range f.rows {
+		for i, v := range rows {
+			if i+1 < len(rows) {
+				kernels.PrefetchPages(rows[i+1])
+			}
+			kernels.AddRows(h[i*stepD:(i+1)*stepD], stepD, 1, v)
+		}
+	}
+}
+
+func (f *scatteredFixture) close() error {
+	f.snap.Close()
+	return f.region.Close()
+}
+
+// decodeKernelScattered is steer.step.decode.scattered_kernel_ns, a diagnostic beside
+// steer.step.decode.kernel_ns (its baseline) and no goal: the bare row adds of the same
+// vectors where the engine keeps them, request-major in a memfd. Over kernel_ns it is what
+// the layout and the memory alone cost; mixed_ns over it is the step's own overhead.
+func decodeKernelScattered() (Op, func() error, error) {
+	f, err := newScatteredFixture()
+	if err != nil {
+		return nil, nil, err
+	}
+	f.step(f.h)
+	return CPUOp(func(n int) error {
+		for range n {
+			f.step(f.h)
+		}
+		return nil
+	}), f.close, nil
+}

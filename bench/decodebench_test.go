@@ -10,7 +10,9 @@ import (
 
 // TestDecodeStepMatchesKernel checks that the two sides of each decode figure compute the same
 // thing: one step through the Stepper leaves h where the bare gather-add of the same vectors
-// does, for the dense and the sparse batch, and a steady-state step allocates nothing.
+// does, for the dense and the sparse batch (and the scattered kernel, the dense batch's
+// diagnostic, where the gather-add does, bit for bit), and a steady-state step allocates
+// nothing.
 func TestDecodeStepMatchesKernel(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -42,6 +44,13 @@ func TestDecodeStepMatchesKernel(t *testing.T) {
 				want = decodeSparse
 			}
 			require.Equal(t, want, steeredRows)
+			if !tc.sparse {
+				sc, err := newScatteredFixture()
+				require.NoError(t, err)
+				defer func() { require.NoError(t, sc.close()) }()
+				sc.step(sc.h) // the same kernel over the same rows: the same bits
+				require.Equal(t, k.h, sc.h, "the scattered kernel's step")
+			}
 			allocs := testing.AllocsPerRun(3, func() { require.NoError(t, f.step(st)) })
 			require.Zero(t, allocs, "allocations per steady-state decode step")
 		})

@@ -31,13 +31,15 @@ func TestBenchSmoke(t *testing.T) {
 	for _, name := range []string{"keys.get.shmsteer_ns", "keys.set.client_ns", "keys.set.owner_ns", "keys.set.owner_p99_ns",
 		"keys.get.gomap_ns", "keys.get.throughput_2readers_x", "keys.get.throughput_2gomaps_x",
 		"steer.step.prefill.mixed_ns", "steer.step.prefill.kernel_ns", "steer.step.decode.mixed_ns", "steer.step.decode.kernel_ns",
+		"steer.step.decode.scattered_kernel_ns",
 		"steer.step.decode.sparse_ns", "steer.step.decode.sparse_kernel_ns",
 		"mem.overhead_ratio", "mem.tp8_ratio", "kernels.add.16k.shmsteer_ns", "kernels.add.16k.goloop_ns"} {
 		require.Contains(t, got, name, stdout.String())
 		require.Greater(t, got[name].Value, 0.0, name)
 	}
 	for _, pair := range [][2]string{{"steer.step.prefill.mixed_ns", "steer.step.prefill.kernel_ns"},
-		{"steer.step.decode.mixed_ns", "steer.step.decode.kernel_ns"}, {"steer.step.decode.sparse_ns", "steer.step.decode.sparse_kernel_ns"}} {
+		{"steer.step.decode.mixed_ns", "steer.step.decode.kernel_ns"},
+		{"steer.step.decode.scattered_kernel_ns", "steer.step.decode.kernel_ns"}, {"steer.step.decode.sparse_ns", "steer.step.decode.sparse_kernel_ns"}} {
 		require.Equal(t, pair[1], got[pair[0]].Baseline)
 		require.InDelta(t, got[pair[0]].Value/got[pair[1]].Value, got[pair[0]].Ratio, 1e-9)
 	}
