@@ -70,8 +70,12 @@ class _ThreadReader:
 
 def close_readers(open_readers: Set[int]) -> None:
     """Close every reader in ``open_readers`` (a handle's, see :class:`Keys`) and empty it: the
-    handle closes them first. Their threads' later gets raise ClosedError. A get running in
-    another thread meanwhile is undefined, as closing a handle while it is used is."""
+    handle closes them first (the library's shmsteer_close leaves a handle's readers open, and a
+    get through one afterwards would read the unmapped region). Their threads' later gets raise
+    ClosedError. A get running in another thread meanwhile is undefined, as closing a handle
+    while it is used is. A :class:`~shmsteer.Follower` closes its clients' readers when it
+    closes; a client it replaced is closed by the library 10 s later, without its readers: do not
+    read through a replaced client's keys after that (take the current client per unit of work)."""
     while True:
         try:
             h = open_readers.pop()
