@@ -85,8 +85,13 @@ int capi_fast_find_desc(uintptr_t desc, uint16_t kind, const void *key, size_t k
   return 1;
 }
 
-// capi_fast_hash is the C reader's index hash, for the fuzz target (which aims index words at
-// the blobs it forges).
-uint64_t capi_fast_hash(uint64_t seed, uint64_t k1, const void *key, size_t klen) {
-  return shm_key_hash(seed, k1, (const unsigned char *)key, klen);
+// capi_fast_hash is the C reader's index hash of (kind, key) with a descriptor's salt, as
+// shm_getAt computes it, for the fuzz targets (which aim index words at the blobs they forge,
+// and compare it with the reference).
+uint64_t capi_fast_hash(uintptr_t desc, uint16_t kind, const void *key, size_t klen) {
+  const void *d = (const void *)desc;
+  if (kind < SHM_SEEDED_KINDS)
+    return shm_keyHashFrom(SHM_DW(d, SHM_D_SEEDS + 8 * (uint64_t)kind), SHM_DW(d, SHM_D_HASH_K1), SHM_DW(d, SHM_D_HASH_K2),
+                           (const unsigned char *)key, klen);
+  return shm_keyHash(SHM_DW(d, SHM_D_HASH_K0), SHM_DW(d, SHM_D_HASH_K1), kind, (const unsigned char *)key, klen);
 }

@@ -7,7 +7,7 @@ void capi_fast_register(uint64_t h, uintptr_t desc, uint16_t kind, unsigned char
 void capi_fast_unregister(uint64_t h);
 int capi_fast_get(uint64_t h, const char *id, size_t id_len, void *buf, size_t cap, size_t *len);
 int capi_fast_find_desc(uintptr_t desc, uint16_t kind, const void *key, size_t klen, uint64_t *off, uint64_t *vlen);
-uint64_t capi_fast_hash(uint64_t seed, uint64_t k1, const void *key, size_t klen);
+uint64_t capi_fast_hash(uintptr_t desc, uint16_t kind, const void *key, size_t klen);
 */
 import "C"
 
@@ -53,11 +53,12 @@ func fastFind(desc uintptr, kind uint16, key []byte) (off, n uint64, ok bool) {
 	return uint64(o), uint64(l), r != 0
 }
 
-// fastHash is the C reader's index hash of key from a kind's seed, for the fuzz target.
-func fastHash(seed, k1 uint64, key []byte) uint64 {
+// fastHash is the C reader's index hash of (kind, key) with the salt of the descriptor at
+// address desc, for the fuzz targets.
+func fastHash(desc uintptr, kind uint16, key []byte) uint64 {
 	var p unsafe.Pointer
 	if len(key) > 0 {
 		p = unsafe.Pointer(&key[0])
 	}
-	return uint64(C.capi_fast_hash(C.uint64_t(seed), C.uint64_t(k1), p, C.size_t(len(key))))
+	return uint64(C.capi_fast_hash(C.uintptr_t(desc), C.uint16_t(kind), p, C.size_t(len(key))))
 }

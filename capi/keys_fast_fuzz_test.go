@@ -5,10 +5,13 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"math/rand/v2"
 	"testing"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shmsteer/shmsteer/internal/shmlayout"
 )
 
 // Offsets of the fuzz target's descriptor, taken from the generated header's values through
@@ -16,7 +19,7 @@ import (
 const (
 	fzState, fzPin, fzVersion, fzHorizon, fzIndex, fzMask = 0, 8, 16, 24, 32, 40
 	fzArena, fzArenaSize, fzMaxProbe, fzK1, fzRelaxed     = 48, 56, 64, 72, 80
-	fzSeeds                                               = 128
+	fzK0, fzK2, fzSeeds                                   = 88, 96, 128
 	fzIndexSlots                                          = 512 // one page of index words
 	fzArenaBytes                                          = 2 * 4096
 )
@@ -107,8 +110,15 @@ func fastFindOnce(t *testing.T, m *fuzzMapping, kind uint16, key []byte, probe u
 	for i := 0; i+8 <= len(data)-n && i < len(m.index); i += 8 { // the rest of data: index words
 		copy(m.index[i:], data[n+i:n+i+8])
 	}
-	seed, k1 := uint64(0x9e3779b97f4a7c15)*uint64(kind|1), uint64(0x243f6a8885a308d3)
-	h := fastHash(seed, k1, key)
+	seed, k0, k1, k2 := uint64(0x9e3779b97f4a7c15)*uint64(kind|1), uint64(0x452821e638d01377), uint64(0x243f6a8885a308d3), uint64(0x13198a2e03707344)
+	d := m.desc
+	le.PutUint64(d[fzK0:], k0)
+	le.PutUint64(d[fzK1:], k1)
+	le.PutUint64(d[fzK2:], k2)
+	if kind < 64 {
+		le.PutUint64(d[fzSeeds+8*int(kind):], seed)
+	}
+	h := fastHash(uintptr(addr(d)), kind, key)
 	// Each aim byte forges one index word on the probe sequence: fingerprint right, unit
 	// from the byte, and (odd bytes) a blob header there naming this kind and key.
 	for j, a := range aims {
@@ -122,7 +132,6 @@ func fastFindOnce(t *testing.T, m *fuzzMapping, kind uint16, key []byte, probe u
 			copy(m.arena[off+40:], key)
 		}
 	}
-	d := m.desc
 	pin := d[2048:]
 	le.PutUint64(d[1024:], version)
 	le.PutUint64(d[fzPin:], addr(pin))
@@ -133,11 +142,7 @@ func fastFindOnce(t *testing.T, m *fuzzMapping, kind uint16, key []byte, probe u
 	le.PutUint64(d[fzArena:], addr(m.arena))
 	le.PutUint64(d[fzArenaSize:], fzArenaBytes)
 	le.PutUint64(d[fzMaxProbe:], uint64(probe))
-	le.PutUint64(d[fzK1:], k1)
 	le.PutUint64(d[fzRelaxed:], uint64(probe&1))
-	if kind < 64 {
-		le.PutUint64(d[fzSeeds+8*int(kind):], seed)
-	}
 	off, vl, ok := fastFind(uintptr(addr(d)), kind, key)
 	if p := le.Uint64(pin); p != 0 {
 		t.Fatalf("pin left at %d", p)
@@ -159,4 +164,50 @@ func fastFindOnce(t *testing.T, m *fuzzMapping, kind uint16, key []byte, probe u
 		t.Fatalf("answered a value at %d that no blob holding the key points to", off)
 	}
 	return off, vl, true
+}
+
+// fastHashAgrees checks the C reader's hash of (kind 1, key), the key placed at every
+// alignment of a buffer, against the layout's reference (shm's TestKeyHashReference holds the
+// Go reader to the same).
+func fastHashAgrees(t *testing.T, desc []byte, seed, k1, k2 uint64, key []byte) {
+	t.Helper()
+	le := binary.LittleEndian
+	le.PutUint64(desc[fzSeeds+8:], seed)
+	le.PutUint64(desc[fzK1:], k1)
+	le.PutUint64(desc[fzK2:], k2)
+	want := shmlayout.RefKeyHash(seed, k1, k2, key)
+	buf := make([]byte, len(key)+8)
+	for shift := range 8 {
+		k := buf[shift : shift+len(key)]
+		copy(k, key)
+		if got := fastHash(uintptr(addr(desc)), 1, k); got != want {
+			t.Fatalf("len %d at offset %d: C hash %#x, reference %#x", len(key), shift, got, want)
+		}
+	}
+}
+
+// Every key length from 0 to the longest key, at every alignment, hashes in C as the
+// reference does.
+func TestFastHashReference(t *testing.T) {
+	m := newFuzzMapping(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	key := make([]byte, 1024)
+	for i := range key {
+		key[i] = byte(rng.Uint32())
+	}
+	for n := 0; n <= len(key); n++ {
+		fastHashAgrees(t, m.desc, rng.Uint64(), rng.Uint64(), rng.Uint64(), key[:n])
+	}
+}
+
+// FuzzFastHash: arbitrary secrets and keys (cut to the longest key) hash in C as the
+// reference does.
+func FuzzFastHash(f *testing.F) {
+	f.Add(uint64(1), uint64(2), uint64(3), []byte("0c6a1f52-9e1b-4d3a-8b2e-61f0a4c2d9e7"))
+	f.Add(uint64(0), uint64(0), uint64(0), []byte{})
+	f.Add(^uint64(0), uint64(1)<<63, uint64(7), []byte("abc"))
+	m := newFuzzMapping(f)
+	f.Fuzz(func(t *testing.T, seed, k1, k2 uint64, key []byte) {
+		fastHashAgrees(t, m.desc, seed, k1, k2, key[:min(len(key), 1024)])
+	})
 }

@@ -37,12 +37,19 @@
 #define SHM_FLAG_DELETED UINT64_C(1) /* the blob is a deletion marker: the key has no value from its version on */
 #define SHM_MAX_KEY_LEN UINT64_C(1024) /* the longest key a region stores */
 
-/* The index hash (keyHash): a keyed multiply-fold hash; kindSeed(k0, k1, kind) = fold(k0^kind^prime0, k1^prime1) is kept per kind below seededKinds. */
+/* The index hash (keyHash, in reader.go.in): a keyed multiply-fold hash in two lanes; kindSeed(k0, k1, kind) is kept per kind below seededKinds. */
 #define SHM_PRIME0 UINT64_C(0xa0761d6478bd642f)
 #define SHM_PRIME1 UINT64_C(0xe7037ed1a0b428db)
 #define SHM_PRIME2 UINT64_C(0x8ebc6af09c88c6e3)
 #define SHM_PRIME3 UINT64_C(0x589965cc75374cc3)
 #define SHM_SEEDED_KINDS UINT64_C(64) /* kinds whose hash seed a Region (and a reader descriptor) keeps */
+
+/* getAt's results (reader.go.in). */
+#define SHM_RES_MISS UINT64_C(0) /* the probe ended without the key */
+#define SHM_RES_FOUND UINT64_C(1) /* the value's arena offset and length */
+#define SHM_RES_OLDER UINT64_C(2) /* the newest blob is above the pinned version, or a deletion marker: the general path walks the chain */
+#define SHM_RES_BAD_KEY UINT64_C(3) /* kind 0, or a key of a bad length */
+#define SHM_RES_CORRUPT UINT64_C(4) /* an index word or blob that does not check out */
 
 /* The reader descriptor: process-local memory (never the mapping, never the Go heap) that a Reader fills for the C reader. Words at these byte offsets; addresses are of this process's mappings. */
 #define SHM_D_STATE UINT64_C(0) /* 0 = usable; else descClosed and/or descBusy */
@@ -56,118 +63,237 @@
 #define SHM_D_MAX_PROBE UINT64_C(64) /* the header's max probe */
 #define SHM_D_HASH_K1 UINT64_C(72) /* the salt's second word */
 #define SHM_D_RELAXED UINT64_C(80) /* 1: pins may be plain stores (the owner fences with membarrier) */
+#define SHM_D_HASH_K0 UINT64_C(88) /* the salt's first word (the hash of kinds from seededKinds on) */
+#define SHM_D_HASH_K2 UINT64_C(96) /* hashK2 of the salt */
 #define SHM_D_SEEDS UINT64_C(128) /* seededKinds words: kindSeed of each kind */
 #define SHM_D_SIZE UINT64_C(640) /* the descriptor's size: dSeeds + 8*seededKinds */
 #define SHM_D_CLOSED UINT64_C(1) /* dState bit: the Reader or its Region is closed */
 #define SHM_D_BUSY UINT64_C(2) /* dState bit: a Snapshot of the Reader is open */
 
-/* The C reader: shm's Reader.Get for C callers, reading the mapping through a reader
- * descriptor (shm.Reader.Descriptor) with the layout's macros above and nothing else. Like the
- * Go reader it pins the current version in the Reader's own slot (a plain store where the
- * owner fences with membarrier), follows one probe loop over the index, and answers only the
- * common case: the newest blob of the key is visible at the pin and live, and every offset and
- * length it read from the mapping checks out. Anything else (a version chain, a deletion
- * marker, a miss, a moved horizon, a closed or busy Reader, a bad offset) returns 0 and the
- * caller asks the Go reader, which answers it fully (ErrCorrupt, revoked, ...). */
+/* The C reader: shm's reader for C callers, reading the mapping through a reader descriptor
+ * (shm.Reader.Descriptor). Its logic (the hash, the pin, the probe loop and its bounds checks)
+ * is not written here: the functions after the primitives are translated from
+ * internal/shmlayout/reader.go.in, the same source that is shm's Go reader (shm/reader_gen.go).
+ * Here are only the primitives that source calls, written for C as shm/readerprim.go writes
+ * them for Go, and the C ABI's entry (shm_fast_find), which checks the descriptor's state word
+ * around the pin and leaves everything but a found value to the Go reader. */
 
-static inline uint64_t shm_ld(const void *p) { return __atomic_load_n((const uint64_t *)p, __ATOMIC_ACQUIRE); }
+#define SHM_DW(d, off) (*(const uint64_t *)((const unsigned char *)(d) + (off)))
 
-static inline uint64_t shm_le64(const unsigned char *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v; /* the layout is little-endian, as the machines shm supports */
+/* ldWord: an acquire load of the word at address p (a header word). */
+static inline uint64_t shm_ldWord(uint64_t p) { return __atomic_load_n((const uint64_t *)(uintptr_t)p, __ATOMIC_ACQUIRE); }
+
+/* storeRelaxed: a release store, no fence (amd64: a plain MOV). */
+static inline void shm_storeRelaxed(uint64_t p, uint64_t v) { __atomic_store_n((uint64_t *)(uintptr_t)p, v, __ATOMIC_RELEASE); }
+
+/* storeFenced: a sequentially consistent store. */
+static inline void shm_storeFenced(uint64_t p, uint64_t v) { __atomic_store_n((uint64_t *)(uintptr_t)p, v, __ATOMIC_SEQ_CST); }
+
+/* ldIndex: index word i (i is masked by the index size). */
+static inline uint64_t shm_ldIndex(const void *m, uint64_t i) {
+  return __atomic_load_n((const uint64_t *)(uintptr_t)SHM_DW(m, SHM_D_INDEX) + i, __ATOMIC_ACQUIRE);
 }
 
-static inline uint64_t shm_le32(const unsigned char *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
+/* blobAt: the header of the blob at arena offset off (checked against the arena by the
+ * caller); ldHdr: its word at byte offset field (a constant of the table). */
+static inline const uint64_t *shm_blobAt(const void *m, uint64_t off) {
+  return (const uint64_t *)((const unsigned char *)(uintptr_t)SHM_DW(m, SHM_D_ARENA) + off);
+}
+
+static inline uint64_t shm_ldHdr(const uint64_t *hdr, uint64_t field) { return __atomic_load_n(hdr + field / 8, __ATOMIC_ACQUIRE); }
+
+/* keyAt: whether the arena's bytes at off are the key (off + klen checked by the caller). */
+static inline int shm_keyAt(const void *m, uint64_t off, const unsigned char *key, uint64_t klen) {
+  return memcmp((const unsigned char *)(uintptr_t)SHM_DW(m, SHM_D_ARENA) + off, key, klen) == 0;
+}
+
+/* le64, le32: the caller's key bytes at p, little-endian as the layout (and every machine shm
+ * supports). */
+static inline uint64_t shm_le64(const unsigned char *key, uint64_t key_len, uint64_t p) {
+  (void)key_len;
+  uint64_t v;
+  memcpy(&v, key + p, 8);
   return v;
 }
 
+static inline uint64_t shm_le32(const unsigned char *key, uint64_t key_len, uint64_t p) {
+  (void)key_len;
+  uint32_t v;
+  memcpy(&v, key + p, 4);
+  return v;
+}
+
+/* fold: a 64x64->128-bit multiply, the halves xored. */
 static inline uint64_t shm_fold(uint64_t a, uint64_t b) {
   unsigned __int128 m = (unsigned __int128)a * b;
   return (uint64_t)(m >> 64) ^ (uint64_t)m;
 }
 
-/* keyHashFrom: the index hash of key from its kind's seed. */
-static inline uint64_t shm_key_hash(uint64_t seed, uint64_t k1, const unsigned char *key, size_t n) {
-  size_t left = n;
-  while (left > 16) {
-    seed = shm_fold(shm_le64(key) ^ k1 ^ SHM_PRIME2, shm_le64(key + 8) ^ seed);
-    key += 16;
-    left -= 16;
+/* The reader's functions, translated from internal/shmlayout/reader.go.in. */
+static inline uint64_t shm_hashK2(uint64_t k0, uint64_t k1);
+static inline uint64_t shm_kindSeed(uint64_t k0, uint64_t k1, uint64_t kind);
+static inline uint64_t shm_keyHash(uint64_t k0, uint64_t k1, uint64_t kind, const unsigned char *key, uint64_t key_len);
+static inline uint64_t shm_keyHashFrom(uint64_t seed, uint64_t k1, uint64_t k2, const unsigned char *key, uint64_t key_len);
+static inline uint64_t shm_valueOff(uint64_t klen, uint64_t vlen);
+static inline uint64_t shm_pinNow(const void *m);
+static inline uint64_t shm_getAt(const void *m, uint64_t kind, const unsigned char *key, uint64_t key_len, uint64_t v, uint64_t *off, uint64_t *n);
+
+/* hashK2 derives the hash's third secret word from the region's 128-bit salt. The two lanes of
+ * keyHashFrom mask their words with k1 and k2: secret, unrelated words, so that no one who
+ * lacks the salt can move a chunk of a key from one lane to the other and keep its hash. */
+static inline uint64_t shm_hashK2(uint64_t k0, uint64_t k1) {
+  return shm_fold((k0 ^ SHM_PRIME2), (k1 ^ SHM_PRIME3));
+}
+
+/* kindSeed is the first step of a kind's hash, which depends only on the salt and the kind; a
+ * Region (and a reader descriptor) keeps it for the kinds below seededKinds. */
+static inline uint64_t shm_kindSeed(uint64_t k0, uint64_t k1, uint64_t kind) {
+  return shm_fold(((k0 ^ kind) ^ SHM_PRIME0), (k1 ^ SHM_PRIME1));
+}
+
+/* keyHash hashes (kind, key) for the index and the marks, keyed with a 128-bit salt. */
+static inline uint64_t shm_keyHash(uint64_t k0, uint64_t k1, uint64_t kind, const unsigned char *key, uint64_t key_len) {
+  return shm_keyHashFrom(shm_kindSeed(k0, k1, kind), k1, shm_hashK2(k0, k1), key, key_len);
+}
+
+/* keyHashFrom is keyHash from the kind's seed. A keyed multiply-fold hash in two independent
+ * lanes: each 32-byte block is two 16-byte chunks, each xored with its lane's secret words and
+ * folded by one 64×64→128-bit multiply, the two multiplies independent of each other (as
+ * wyhash's parallel lanes, but with secret lane masks). A last chunk of 17-32 bytes folds its
+ * first 16 bytes into lane x; the last 1-16 bytes and the length go into the final fold of the
+ * two lanes. A 36-byte request id thus costs two multiplies on its critical path, a key of at
+ * most 16 bytes one. */
+static inline uint64_t shm_keyHashFrom(uint64_t seed, uint64_t k1, uint64_t k2, const unsigned char *key, uint64_t key_len) {
+  uint64_t n = (uint64_t)(key_len);
+  uint64_t x = seed;
+  uint64_t y = (seed ^ k2);
+  for (; (key_len > UINT64_C(32)); ) {
+    x = shm_fold((shm_le64(key, key_len, UINT64_C(0)) ^ k1), (shm_le64(key, key_len, UINT64_C(8)) ^ x));
+    y = shm_fold((shm_le64(key, key_len, UINT64_C(16)) ^ k2), (shm_le64(key, key_len, UINT64_C(24)) ^ y));
+    key += UINT64_C(32), key_len -= UINT64_C(32);
   }
+  if ((key_len > UINT64_C(16))) {
+    x = shm_fold((shm_le64(key, key_len, UINT64_C(0)) ^ k1), (shm_le64(key, key_len, UINT64_C(8)) ^ x));
+    key += UINT64_C(16), key_len -= UINT64_C(16);
+  }
+  uint64_t left = (uint64_t)(key_len);
   uint64_t a = 0, b = 0;
-  if (left >= 8) {
-    a = shm_le64(key);
-    b = shm_le64(key + left - 8);
-  } else if (left >= 4) {
-    a = shm_le32(key);
-    b = shm_le32(key + left - 4);
-  } else if (left > 0) {
-    a = (uint64_t)key[0] << 16 | (uint64_t)key[left / 2] << 8 | (uint64_t)key[left - 1];
+  if ((left >= UINT64_C(8))) {
+    a = shm_le64(key, key_len, UINT64_C(0));
+    b = shm_le64(key, key_len, (left - UINT64_C(8)));
+  } else if ((left >= UINT64_C(4))) {
+    a = shm_le32(key, key_len, UINT64_C(0));
+    b = shm_le32(key, key_len, (left - UINT64_C(4)));
+  } else if ((left > UINT64_C(0))) {
+    a = ((((uint64_t)((uint64_t)key[UINT64_C(0)]) << UINT64_C(16)) | ((uint64_t)((uint64_t)key[(left / UINT64_C(2))]) << UINT64_C(8))) | (uint64_t)((uint64_t)key[(left - UINT64_C(1))]));
   }
-  return shm_fold(k1 ^ (uint64_t)n ^ SHM_PRIME3, shm_fold(a ^ k1 ^ SHM_PRIME2, b ^ seed));
+  return shm_fold((x ^ a), ((y ^ b) ^ n));
 }
 
-/* valueOffset: where a blob's value starts. */
-static inline uint64_t shm_value_offset(uint64_t klen, uint64_t vlen) {
-  uint64_t a = vlen >= SHM_SMALL_VALUE ? SHM_BLOB_ALIGN : SHM_SMALL_ALIGN;
-  return (SHM_B_KEY + klen + a - 1) & ~(a - 1);
+/* valueOff is where a blob's value starts, from the blob's start. */
+static inline uint64_t shm_valueOff(uint64_t klen, uint64_t vlen) {
+  uint64_t align = (uint64_t)(SHM_SMALL_ALIGN);
+  if ((vlen >= SHM_SMALL_VALUE)) {
+    align = SHM_BLOB_ALIGN;
+  }
+  return ((((SHM_B_KEY + klen) + align) - UINT64_C(1)) & ~(align - UINT64_C(1)));
 }
 
-#define SHM_DW(d, off) (*(const uint64_t *)((const unsigned char *)(d) + (off)))
+/* pinNow pins the current version in the reader's pin word and returns it; 0 when the horizon
+ * has already passed it (the caller clears the pin and retries or takes the slow path).
+ * The pin is a plain store in processes the owner fences with membarrier (m.relaxed), a fenced
+ * one otherwise: either way it is ordered before the load of the horizon that validates it. */
+static inline uint64_t shm_pinNow(const void *m) {
+  uint64_t v = shm_ldWord(SHM_DW(m, SHM_D_VERSION));
+  if ((SHM_DW(m, SHM_D_RELAXED) != UINT64_C(0))) {
+    shm_storeRelaxed(SHM_DW(m, SHM_D_PIN), v);
+  } else {
+    shm_storeFenced(SHM_DW(m, SHM_D_PIN), v);
+  }
+  if ((shm_ldWord(SHM_DW(m, SHM_D_HORIZON)) > v)) {
+    return UINT64_C(0);
+  }
+  return v;
+}
+
+/* getAt finds (kind, key)'s value visible at the pinned version v: resFound with the value's
+ * arena offset and length when the newest blob of the key is visible at v and live and every
+ * offset and length read from the mapping checks out; resMiss when the probe ends without the
+ * key; resOlder when the newest blob is above v or a deletion marker (the version chain is the
+ * general path's); resBadKey for a kind of 0 or a key of a bad length; resCorrupt, with the
+ * offending index word or blob offset, when the mapping's bytes do not check out. One probe
+ * loop: the key's probe sequence is h, h+1, ... (mod the index size), at most m.maxProbe
+ * words, ending at an empty word. Every arena offset is checked before it is loaded. */
+static inline uint64_t shm_getAt(const void *m, uint64_t kind, const unsigned char *key, uint64_t key_len, uint64_t v, uint64_t *off, uint64_t *n) {
+  uint64_t klen = (uint64_t)(key_len);
+  if (((((kind == UINT64_C(0)) || (kind > SHM_KIND_MASK)) || (klen == UINT64_C(0))) || (klen > SHM_MAX_KEY_LEN))) {
+    *off = UINT64_C(0); *n = UINT64_C(0); return SHM_RES_BAD_KEY;
+  }
+  uint64_t asize = SHM_DW(m, SHM_D_ARENA_SIZE);
+  if ((asize < (SHM_B_KEY + klen))) {
+    *off = UINT64_C(0); *n = UINT64_C(0); return SHM_RES_CORRUPT;
+  }
+  uint64_t h = 0;
+  if ((kind < SHM_SEEDED_KINDS)) {
+    h = shm_keyHashFrom(SHM_DW(m, (SHM_D_SEEDS + 8 * (kind))), SHM_DW(m, SHM_D_HASH_K1), SHM_DW(m, SHM_D_HASH_K2), key, key_len);
+  } else {
+    h = shm_keyHash(SHM_DW(m, SHM_D_HASH_K0), SHM_DW(m, SHM_D_HASH_K1), kind, key, key_len);
+  }
+  uint64_t mask = SHM_DW(m, SHM_D_INDEX_MASK);
+  uint64_t probes = SHM_DW(m, SHM_D_MAX_PROBE);
+  uint64_t fp = (h >> SHM_INDEX_FP_SHIFT);
+  uint64_t lastOff = ((asize - SHM_B_KEY) - klen);
+  uint64_t want = ((kind << SHM_META_KIND_SHIFT) | klen);
+  for (uint64_t i = (uint64_t)(UINT64_C(0)); (i < probes); i++) {
+    uint64_t w = shm_ldIndex(m, ((h + i) & mask));
+    if ((w == UINT64_C(0))) {
+      break;
+    }
+    if ((((w >> SHM_INDEX_FP_SHIFT) != fp) || (w == SHM_TOMBSTONE))) {
+      continue;
+    }
+    uint64_t boff = (((w & UINT64_C(0xffffffff)) - UINT64_C(1)) * SHM_BLOB_ALIGN);
+    if ((boff > lastOff)) {
+      *off = w; *n = UINT64_C(0); return SHM_RES_CORRUPT;
+    }
+    const uint64_t * hdr = shm_blobAt(m, boff);
+    uint64_t meta = shm_ldHdr(hdr, SHM_B_META);
+    uint64_t lens = shm_ldHdr(hdr, SHM_B_LENS);
+    if (((((((meta >> SHM_META_KIND_SHIFT) & SHM_KIND_MASK) << SHM_META_KIND_SHIFT) | (lens & UINT64_C(0xffffffff))) != want) || (!shm_keyAt(m, (boff + SHM_B_KEY), key, key_len)))) {
+      continue;
+    }
+    if (((shm_ldHdr(hdr, SHM_B_VERSION) > v) || ((meta >> SHM_META_FLAGS_SHIFT) != UINT64_C(0)))) {
+      *off = boff; *n = UINT64_C(0); return SHM_RES_OLDER;
+    }
+    uint64_t vl = (lens >> SHM_LENS_VALUE_SHIFT);
+    uint64_t vo = (shm_ldHdr(hdr, SHM_B_SUM) >> SHM_SUM_VALUE_SHIFT);
+    uint64_t size = ((meta & UINT64_C(0xffffffff)) * SHM_BLOB_ALIGN);
+    if ((((vo != shm_valueOff(klen, vl)) || (size > (asize - boff))) || (vl > (size - vo)))) {
+      *off = boff; *n = UINT64_C(1); return SHM_RES_CORRUPT;
+    }
+    *off = (boff + vo); *n = vl; return SHM_RES_FOUND;
+  }
+  *off = UINT64_C(0); *n = UINT64_C(0); return SHM_RES_MISS;
+}
+
 
 /* shm_fast_find pins the current version and finds (kind, key)'s value: 1 with *val and *vlen
  * set and the pin held (the value stays intact until shm_fast_unpin), or 0 with nothing held. */
 static inline int shm_fast_find(const void *d, uint16_t kind, const unsigned char *key, size_t klen,
                                 const unsigned char **val, uint64_t *vlen) {
-  if (kind == 0 || kind >= SHM_SEEDED_KINDS || klen == 0 || klen > SHM_MAX_KEY_LEN) return 0;
-  if (shm_ld((const unsigned char *)d + SHM_D_STATE) != 0) return 0;
-  uint64_t *pin = (uint64_t *)(uintptr_t)SHM_DW(d, SHM_D_PIN);
-  const unsigned char *index = (const unsigned char *)(uintptr_t)SHM_DW(d, SHM_D_INDEX);
-  const unsigned char *arena = (const unsigned char *)(uintptr_t)SHM_DW(d, SHM_D_ARENA);
-  uint64_t asize = SHM_DW(d, SHM_D_ARENA_SIZE), mask = SHM_DW(d, SHM_D_INDEX_MASK);
-  uint64_t maxProbe = SHM_DW(d, SHM_D_MAX_PROBE);
-  if (asize < SHM_B_KEY + klen) return 0;
-  uint64_t v = shm_ld((const void *)(uintptr_t)SHM_DW(d, SHM_D_VERSION));
-  if (SHM_DW(d, SHM_D_RELAXED))
-    __atomic_store_n(pin, v, __ATOMIC_RELEASE); /* ordered by the owner's membarrier */
-  else
-    __atomic_store_n(pin, v, __ATOMIC_SEQ_CST);
-  if (shm_ld((const void *)(uintptr_t)SHM_DW(d, SHM_D_HORIZON)) > v ||
-      shm_ld((const unsigned char *)d + SHM_D_STATE) != 0)
-    goto slow;
-  uint64_t h = shm_key_hash(SHM_DW(d, SHM_D_SEEDS + 8 * (uint64_t)kind), SHM_DW(d, SHM_D_HASH_K1), key, klen);
-  uint64_t fp = h >> SHM_INDEX_FP_SHIFT;
-  uint64_t lastOff = asize - SHM_B_KEY - klen; /* a blob whose header and key fit starts at or below it */
-  uint64_t want = (uint64_t)kind << SHM_META_KIND_SHIFT | klen;
-  for (uint64_t i = 0; i < maxProbe; i++) {
-    uint64_t w = shm_ld(index + ((h + i) & mask) * 8);
-    if (w == 0) break;
-    if (w >> SHM_INDEX_FP_SHIFT != fp || w == SHM_TOMBSTONE) continue;
-    uint64_t off = ((uint64_t)(uint32_t)w - 1) * SHM_BLOB_ALIGN;
-    if (off > lastOff) goto slow; /* outside the arena: the Go reader reports the corruption */
-    const unsigned char *b = arena + off;
-    uint64_t meta = shm_ld(b + SHM_B_META), lens = shm_ld(b + SHM_B_LENS);
-    if (((meta >> SHM_META_KIND_SHIFT & SHM_KIND_MASK) << SHM_META_KIND_SHIFT | (uint32_t)lens) != want ||
-        memcmp(b + SHM_B_KEY, key, klen) != 0)
-      continue;
-    if (shm_ld(b + SHM_B_VERSION) > v || meta >> SHM_META_FLAGS_SHIFT != 0) goto slow; /* older version, or deleted */
-    uint64_t vl = lens >> SHM_LENS_VALUE_SHIFT, vo = shm_ld(b + SHM_B_SUM) >> SHM_SUM_VALUE_SHIFT, size = (uint64_t)(uint32_t)meta * SHM_BLOB_ALIGN;
-    if (vo != shm_value_offset(klen, vl) || size > asize - off || vl > size - vo) goto slow;
-    *val = b + vo;
-    *vlen = vl;
+  if (__atomic_load_n((const uint64_t *)d + SHM_D_STATE / 8, __ATOMIC_ACQUIRE) != 0) return 0;
+  uint64_t v = shm_pinNow(d), off, n;
+  if (v != 0 && __atomic_load_n((const uint64_t *)d + SHM_D_STATE / 8, __ATOMIC_ACQUIRE) == 0 &&
+      shm_getAt(d, kind, key, klen, v, &off, &n) == SHM_RES_FOUND) {
+    *val = (const unsigned char *)(uintptr_t)SHM_DW(d, SHM_D_ARENA) + off;
+    *vlen = n;
     return 1;
   }
-slow:
-  __atomic_store_n(pin, 0, __ATOMIC_RELEASE);
+  shm_storeRelaxed(SHM_DW(d, SHM_D_PIN), 0);
   return 0;
 }
 
 /* shm_fast_unpin ends the read section shm_fast_find opened. */
-static inline void shm_fast_unpin(const void *d) {
-  __atomic_store_n((uint64_t *)(uintptr_t)SHM_DW(d, SHM_D_PIN), 0, __ATOMIC_RELEASE);
-}
+static inline void shm_fast_unpin(const void *d) { shm_storeRelaxed(SHM_DW(d, SHM_D_PIN), 0); }
 
 #endif

@@ -11,20 +11,20 @@ type descPage [4096]byte
 // fillDesc writes everything the C reader needs; the state word last, so a reader that sees
 // it usable sees the rest.
 func (rd *Reader) fillDesc() {
-	d, r := rd.desc[:], rd.r
-	store64(d, dPin, addrOf(r.readers, rd.slot+slotPin))
+	d, m, r := rd.desc[:], rd.m, rd.r
+	store64(d, dPin, addrOf(r.readers, rd.slot+slotPin)) // m.pin, m.version, m.horizon
 	store64(d, dVersion, addrOf(r.data, hVersion))
 	store64(d, dHorizon, addrOf(r.data, hHorizon))
 	store64(d, dIndex, addrOf(r.index, 0))
-	store64(d, dIndexMask, r.l.mask())
-	store64(d, dArena, addrOf(r.arena, 0))
-	store64(d, dArenaSize, uint64(len(r.arena)))
-	store64(d, dMaxProbe, r.l.maxProbe)
-	store64(d, dHashK1, r.l.hashK1)
-	if r.relaxed {
-		store64(d, dRelaxed, 1)
-	}
-	for k, s := range r.seeds {
+	store64(d, dIndexMask, m.indexMask)
+	store64(d, dArena, addrOf(m.arena, 0))
+	store64(d, dArenaSize, m.arenaSize)
+	store64(d, dMaxProbe, m.maxProbe)
+	store64(d, dHashK0, m.hashK0)
+	store64(d, dHashK1, m.hashK1)
+	store64(d, dHashK2, m.hashK2)
+	store64(d, dRelaxed, m.relaxed)
+	for k, s := range m.seeds {
 		store64(d, dSeeds+8*uint64(k), s)
 	}
 	store64(d, dState, 0)

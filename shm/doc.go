@@ -54,18 +54,23 @@
 // asymmetric fence, as userspace RCU does): the rare writer pays for the frequent readers. Where
 // membarrier is unavailable the header says so and every pin is fenced. A Reader (NewReader)
 // owns its slot, so its Get needs no compare-and-swap either; Region.Get shares a pool of slots
-// between goroutines and takes one with a CAS. The index hash is a keyed multiply-fold hash
-// (see keyHash) rather than SipHash, which alone would cost more than the lookup.
+// between goroutines and takes one with a CAS. The index hash is a keyed multiply-fold hash in
+// two independent lanes (keyHashFrom) rather than SipHash, which alone would cost more than the
+// lookup.
 //
-// # The C reader
+// # One reader, in Go and in C
 //
-// libshmsteer.so (capi) reads keys without entering the Go runtime, with a C reader generated
-// from the same layout table as this package's constants (internal/shmlayout renders both:
-// shm/layout_gen.go and capi/shmread_gen.h; `go generate ./shm`). A Reader hands it a
-// descriptor (Reader.Descriptor: its pin word and the region's geometry, in process-local
-// memory outside the Go heap, desc.go) whose state word Close marks, as the Go reader checks
-// closed. The C reader answers only what Reader.Get answers in getFast's common case and leaves
-// the rest to Go.
+// The hash, the pin (pinNow) and the probe loop with its bounds checks (getAt) are written once,
+// in internal/shmlayout/reader.go.in: `go generate ./shm` renders that source verbatim into
+// reader_gen.go, which Reader.Get and Region.Get call, and translates it into the C reader of
+// capi/shmread_gen.h, with which libshmsteer.so (capi) reads keys without entering the Go
+// runtime. Each language writes only the primitives the source calls (readerprim.go here, an
+// atomic load of an index or arena word at a checked offset, the key compare, the multiply),
+// and the layout's constants come from the same table (layout_gen.go). A Reader hands the C
+// reader a descriptor (Reader.Descriptor: the image of its rmem, its pin word and the region's
+// geometry, in process-local memory outside the Go heap, desc.go) whose state word Close marks,
+// as the Go reader checks closed. The C reader answers only getAt's resFound and leaves the
+// rest to Go.
 //
 // Every shared word is read and written with sync/atomic (or, for relaxed stores, an aligned
 // MOV in relaxed_amd64.s); every offset and length read from the
@@ -73,5 +78,5 @@
 // package's pointer conversions live in unsafe.go.
 package shm
 
-// The layout constants the C reader shares (internal/shmlayout's table) are generated.
+// The layout constants and the reader that Go and C share (internal/shmlayout) are generated.
 //go:generate go run layoutgen.go

@@ -7,8 +7,10 @@ import (
 	"math/bits"
 )
 
-// LayoutVersion is the version of the binary layout this build reads and writes.
-const LayoutVersion = 2
+// LayoutVersion is the version of the binary layout this build reads and writes. 3: the index
+// and mark hash is keyHashFrom's two-lane form (internal/shmlayout/reader.go.in); a region of
+// layout 2 hashes its keys otherwise and is refused with ErrIncompatible.
+const LayoutVersion = 3
 
 const (
 	dataMagic    = 0x3130415441444d53 // "SMDATA01" little-endian

@@ -62,7 +62,7 @@ const (
 	MaxKeyLen = 1024
 )
 
-// The index hash (keyHash): a keyed multiply-fold hash; kindSeed(k0, k1, kind) = fold(k0^kind^prime0, k1^prime1) is kept per kind below seededKinds.
+// The index hash (keyHash, in reader.go.in): a keyed multiply-fold hash in two lanes; kindSeed(k0, k1, kind) is kept per kind below seededKinds.
 const (
 	prime0 = 0xa0761d6478bd642f
 	prime1 = 0xe7037ed1a0b428db
@@ -70,6 +70,20 @@ const (
 	prime3 = 0x589965cc75374cc3
 	// seededKinds: kinds whose hash seed a Region (and a reader descriptor) keeps.
 	seededKinds = 64
+)
+
+// getAt's results (reader.go.in).
+const (
+	// resMiss: the probe ended without the key.
+	resMiss = 0
+	// resFound: the value's arena offset and length.
+	resFound = 1
+	// resOlder: the newest blob is above the pinned version, or a deletion marker: the general path walks the chain.
+	resOlder = 2
+	// resBadKey: kind 0, or a key of a bad length.
+	resBadKey = 3
+	// resCorrupt: an index word or blob that does not check out.
+	resCorrupt = 4
 )
 
 // The reader descriptor: process-local memory (never the mapping, never the Go heap) that a Reader fills for the C reader. Words at these byte offsets; addresses are of this process's mappings.
@@ -96,6 +110,10 @@ const (
 	dHashK1 = 72
 	// dRelaxed: 1: pins may be plain stores (the owner fences with membarrier).
 	dRelaxed = 80
+	// dHashK0: the salt's first word (the hash of kinds from seededKinds on).
+	dHashK0 = 88
+	// dHashK2: hashK2 of the salt.
+	dHashK2 = 96
 	// dSeeds: seededKinds words: kindSeed of each kind.
 	dSeeds = 128
 	// descSize: the descriptor's size: dSeeds + 8*seededKinds.

@@ -1,7 +1,7 @@
 //go:build ignore
 
-// layoutgen renders the layout table (internal/shmlayout) into shm/layout_gen.go and
-// capi/shmread_gen.h: `go generate ./shm` runs it.
+// layoutgen renders the layout table and the one reader (internal/shmlayout) into
+// shm/layout_gen.go, shm/reader_gen.go and capi/shmread_gen.h: `go generate ./shm` runs it.
 package main
 
 import (

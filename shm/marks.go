@@ -31,7 +31,7 @@ const (
 )
 
 func (r *Region) markTag(kind Kind, key []byte) uint64 {
-	t := keyHash(r.l.hashK0^markSalt0, r.l.hashK1^markSalt1, kind, key) | 1
+	t := keyHash(r.l.hashK0^markSalt0, r.l.hashK1^markSalt1, uint64(kind), key) | 1
 	if t == markTomb {
 		t = 1
 	}

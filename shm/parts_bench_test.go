@@ -15,7 +15,7 @@ func BenchmarkParts(b *testing.B) {
 	var sink uint64
 	b.Run("hash", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
-			sink += keyHash(1, 2, 1, stringBytes(keys[i&(benchKeys-1)]))
+			sink += keyHashFrom(r.m.seeds[1], r.m.hashK1, r.m.hashK2, stringBytes(keys[i&(benchKeys-1)]))
 		}
 	})
 	b.Run("find", func(b *testing.B) {
@@ -24,12 +24,13 @@ func BenchmarkParts(b *testing.B) {
 			sink += o
 		}
 	})
-	buf := make([]byte, 0, 64)
-	b.Run("getFast", func(b *testing.B) {
+	b.Run("getAt", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
-			buf, _ = r.getFast(1, stringBytes(keys[i&(benchKeys-1)]), 1<<40, buf[:0])
+			_, o, _ := getAt(&r.m, 1, stringBytes(keys[i&(benchKeys-1)]), 1<<40)
+			sink += o
 		}
 	})
+	buf := make([]byte, 0, 64)
 	rd, _ := r.NewReader()
 	b.Run("readerGet", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {

@@ -405,7 +405,7 @@ func TestKillReaders(t *testing.T) {
 // traceKey describes how a lookup of k at version v proceeds, for failure messages.
 func traceKey(r *Region, k string, v uint64) string {
 	kb := stringBytes(k)
-	h := keyHash(r.l.hashK0, r.l.hashK1, testKind, kb)
+	h := keyHash(r.l.hashK0, r.l.hashK1, uint64(testKind), kb)
 	var out strings.Builder
 	fmt.Fprintf(&out, "pinned v=%d cur=%d horizon=%d; ", v, r.Version(), load64(r.data, hHorizon))
 	for i := uint64(0); i < r.l.maxProbe; i++ {

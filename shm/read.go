@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"sync/atomic"
 	"time"
 )
 
@@ -183,14 +182,14 @@ func (r *Region) releaseSlot(s uint64) {
 // step loop, say. Its Get needs no atomic read-modify-write, so it is the fastest way to read a
 // region; Region.Get is the goroutine-safe equivalent. Close it to give the slot back.
 type Reader struct {
-	r       *Region
-	slot    uint64
-	pinWord *uint64 // the slot's pin word
-	// The header words every Get loads, cached here so the hot path does not go through
-	// the Region's mapped pointer.
-	versionWord, horizonWord *uint64
-	busy                     bool      // a Snapshot taken from this Reader is open
-	desc                     *descPage // the descriptor for the C reader (desc.go); nil if none
+	r    *Region
+	slot uint64
+	// The Region's rmem with this Reader's pin word, copied so the hot path does not go through
+	// the Region's mapped pointer; the C reader's descriptor is its image. Behind a pointer, as
+	// Region's mapped is, so that printing a Reader never reaches the mapping.
+	m    *rmem
+	busy bool      // a Snapshot taken from this Reader is open
+	desc *descPage // the descriptor for the C reader (desc.go); nil if none
 }
 
 // NewReader claims a reader slot for a new Reader.
@@ -201,7 +200,9 @@ func (r *Region) NewReader() (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	rd := &Reader{r: r, slot: s, pinWord: word64(r.readers, s+slotPin), versionWord: r.versionWord, horizonWord: r.horizonWord, desc: allocDesc()}
+	m := r.m
+	m.pin = word64(r.readers, s+slotPin)
+	rd := &Reader{r: r, slot: s, m: &m, desc: allocDesc()}
 	if rd.desc != nil {
 		rd.fillDesc()
 	}
@@ -240,24 +241,23 @@ func (rd *Reader) Get(kind Kind, key string, dst []byte) ([]byte, error) {
 	if rd.busy {
 		return dst, ErrReaderBusy
 	}
-	v := atomic.LoadUint64(rd.versionWord)
-	if r.relaxed {
-		storeRelaxed(rd.pinWord, v)
-	} else {
-		atomic.StoreUint64(rd.pinWord, v)
-	}
-	if atomic.LoadUint64(rd.horizonWord) > v || r.closed.Load() {
-		storeRelaxed(rd.pinWord, 0)
-		if _, err := rd.pin(); err != nil { // the writer moved the horizon: take the loop
+	v := pinNow(rd.m)
+	if v == 0 || r.closed.Load() { // the pin was stored either way
+		storeRelaxed(rd.m.pin, 0)
+		var err error
+		if v, err = rd.pin(); err != nil { // the writer moved the horizon: take the loop
 			return dst, err
 		}
-		v = atomic.LoadUint64(rd.pinWord)
 	}
-	dst, err := r.getFast(kind, stringBytes(key), v, dst)
-	if err == ErrNotFound {
-		err = r.notFound(kind, stringBytes(key), v)
+	k := stringBytes(key)
+	res, a, n := getAt(rd.m, uint64(kind), k, v)
+	if res == resFound {
+		dst = append(dst, rd.m.arena[a:a+n]...)
+		storeRelaxed(rd.m.pin, 0)
+		return dst, nil
 	}
-	storeRelaxed(rd.pinWord, 0)
+	dst, err := r.getRest(res, a, n, kind, k, v, dst)
+	storeRelaxed(rd.m.pin, 0)
 	return dst, err
 }
 
@@ -313,7 +313,7 @@ func (r *Region) find(kind Kind, key []byte) (off, meta uint64, err error) {
 	if len(key) == 0 || len(key) > MaxKeyLen {
 		return 0, 0, ErrKeyTooLong
 	}
-	h := keyHash(r.l.hashK0, r.l.hashK1, kind, key)
+	h := keyHash(r.l.hashK0, r.l.hashK1, uint64(kind), key)
 	mask := r.l.mask()
 	arena := r.arena
 	// The arena is at least minArenaBytes, so this does not underflow.
@@ -341,59 +341,27 @@ func (r *Region) find(kind Kind, key []byte) (off, meta uint64, err error) {
 	return 0, 0, ErrNotFound
 }
 
-// getFast serves Region.Get and Reader.Get: one probe loop over the index as words that
-// checks and copies the newest blob when it is visible at v and live (the common case), and
-// leaves version chains and deletion markers to the general path. Every offset is checked
-// against the arena before use.
-func (r *Region) getFast(kind Kind, key []byte, v uint64, dst []byte) ([]byte, error) {
-	if kind == 0 || len(key) == 0 || len(key) > MaxKeyLen {
-		_, err := r.lookup(kind, key, v) // the typed error
+// getRest answers a get that the generated reader's getAt (the one probe loop, shared with the
+// C reader) did not answer with resFound: a miss (marked or not), corruption, and the general
+// path for version chains, deletion markers and bad input (its typed error).
+func (r *Region) getRest(res, a, n uint64, kind Kind, key []byte, v uint64, dst []byte) ([]byte, error) {
+	switch res {
+	case resMiss:
+		return dst, r.notFound(kind, key, v)
+	case resCorrupt:
+		if n == 0 {
+			return dst, fmt.Errorf("%w: index word %#x points outside the arena", ErrCorrupt, a)
+		}
+		return dst, fmt.Errorf("%w: blob at %d has bad lengths", ErrCorrupt, a)
+	}
+	b, err := r.lookup(kind, key, v) // resOlder: an older version, or deleted; resBadKey
+	if err == ErrNotFound {
+		err = r.notFound(kind, key, v)
+	}
+	if err != nil {
 		return dst, err
 	}
-	var h uint64
-	if kind < seededKinds {
-		h = keyHashFrom(r.seeds[kind], r.l.hashK1, key)
-	} else {
-		h = keyHash(r.l.hashK0, r.l.hashK1, kind, key)
-	}
-	index, arena, aw := r.indexWords, r.arena, r.arenaWords
-	mask := uint64(len(index) - 1)
-	fp := h >> indexFPShift
-	// A blob whose header and key fit before the arena's end starts at or below lastOff.
-	lastOff := uint64(len(arena)) - bKey - uint64(len(key))
-	want := uint64(kind)<<metaKindShift | uint64(len(key))
-	for i := uint64(0); i < r.l.maxProbe; i++ {
-		w := atomic.LoadUint64(&index[(h+i)&mask])
-		if w == 0 {
-			break
-		}
-		if w>>indexFPShift != fp || w == tombstone {
-			continue
-		}
-		off := (uint64(uint32(w)) - 1) * blobAlign
-		if off > lastOff {
-			return dst, fmt.Errorf("%w: index word %#x points outside the arena", ErrCorrupt, w)
-		}
-		hdr := aw[off/8 : off/8+bKey/8 : off/8+bKey/8]
-		meta, lens := atomic.LoadUint64(&hdr[bMeta/8]), atomic.LoadUint64(&hdr[bLens/8])
-		if (meta>>metaKindShift&kindMask)<<metaKindShift|uint64(uint32(lens)) != want ||
-			string(arena[off+bKey:off+bKey+uint64(len(key))]) != string(key) {
-			continue
-		}
-		if atomic.LoadUint64(&hdr[bVersion/8]) > v || meta>>metaFlagsShift != 0 {
-			b, err := r.lookup(kind, key, v) // an older version, or deleted
-			if err != nil {
-				return dst, err
-			}
-			return append(dst, b.value(arena)...), nil
-		}
-		vl, vo, size := lens>>lensValueShift, atomic.LoadUint64(&hdr[bSum/8])>>sumValueShift, uint64(uint32(meta))*blobAlign
-		if vo != valueOffset(len(key), int(vl)) || size > uint64(len(arena))-off || vl > size-vo {
-			return dst, fmt.Errorf("%w: blob at %d has bad lengths", ErrCorrupt, off)
-		}
-		return append(dst, arena[off+vo:off+vo+vl]...), nil
-	}
-	return dst, ErrNotFound
+	return append(dst, b.value(r.arena)...), nil
 }
 
 // atVersion walks a key's version chain back to the newest blob not above v.
@@ -424,9 +392,12 @@ func (r *Region) Get(kind Kind, key string, dst []byte) ([]byte, error) {
 	if err != nil {
 		return dst, err
 	}
-	dst, err = r.getFast(kind, stringBytes(key), v, dst)
-	if err == ErrNotFound {
-		err = r.notFound(kind, stringBytes(key), v)
+	k := stringBytes(key)
+	res, a, n := getAt(&r.m, uint64(kind), k, v)
+	if res == resFound {
+		dst = append(dst, r.arena[a:a+n]...)
+	} else {
+		dst, err = r.getRest(res, a, n, kind, k, v, dst)
 	}
 	r.unpin(slot)
 	return dst, err
@@ -588,7 +559,7 @@ func (s *Snapshot) Len(kind Kind) (int, error) {
 func (s *Snapshot) Check() error {
 	return s.heads(func(w uint64, b blob) (bool, error) {
 		r := s.r
-		if h := keyHash(r.l.hashK0, r.l.hashK1, b.kind, b.key(r.arena)); h>>32 != w>>32 {
+		if h := keyHash(r.l.hashK0, r.l.hashK1, uint64(b.kind), b.key(r.arena)); h>>32 != w>>32 {
 			return false, fmt.Errorf("%w: index word %#x has a wrong fingerprint", ErrCorrupt, w)
 		}
 		b, err := r.atVersion(b, s.version)

@@ -138,9 +138,7 @@ type mapped struct {
 	maps    mappings
 	files   [2]*os.File // owner only: the memfds, for passing to readers
 
-	versionWord, horizonWord *uint64             // header words every read loads
-	indexWords, arenaWords   []uint64            // the index and the arena as words, for the hot path
-	seeds                    [seededKinds]uint64 // kindSeed of each kind below seededKinds
+	m rmem // what the generated reader reads (readerprim.go), without a pin word
 }
 
 // Create makes a new region backed by two sealed memfds, maps it read-write and returns it as
@@ -207,15 +205,22 @@ func Open(data, readers *os.File) (*Region, error) {
 }
 
 func (r *Region) slice() {
-	r.versionWord, r.horizonWord = word64(r.data, hVersion), word64(r.data, hHorizon)
-	for k := range r.seeds {
-		r.seeds[k] = kindSeed(r.l.hashK0, r.l.hashK1, Kind(k))
-	}
-	defer func() { r.indexWords, r.arenaWords = words(r.index), words(r.arena) }()
 	r.index = r.data[r.l.indexOff : r.l.indexOff+8*r.l.indexSlots : r.l.indexOff+8*r.l.indexSlots]
 	mEnd := r.l.markOff + markEntry*r.l.markSlots
 	r.marks = r.data[r.l.markOff:mEnd:mEnd]
 	r.arena = r.data[r.l.arenaOff : r.l.arenaOff+r.l.arenaSize : r.l.arenaOff+r.l.arenaSize]
+	m := &r.m
+	m.version, m.horizon = word64(r.data, hVersion), word64(r.data, hHorizon)
+	m.index, m.indexMask = words(r.index), r.l.mask()
+	m.arena, m.arenaWords, m.arenaSize = r.arena, words(r.arena), uint64(len(r.arena))
+	m.maxProbe = r.l.maxProbe
+	m.hashK0, m.hashK1, m.hashK2 = r.l.hashK0, r.l.hashK1, hashK2(r.l.hashK0, r.l.hashK1)
+	if r.relaxed {
+		m.relaxed = 1
+	}
+	for k := range m.seeds {
+		m.seeds[k] = kindSeed(r.l.hashK0, r.l.hashK1, uint64(k))
+	}
 }
 
 // IsOwner reports whether this process created the region and may write it.

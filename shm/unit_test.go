@@ -373,3 +373,15 @@ func TestCorruptRegionGivesErrors(t *testing.T) {
 		r.Close()
 	}
 }
+
+// A region written by a build of another layout (2: the one-lane hash, whose index this build
+// would probe in the wrong places) is refused with the typed error, whatever else checks out.
+func TestOldLayoutRefused(t *testing.T) {
+	h := validHeader()
+	_, err := parseHeader(h, computeLayout(64, 64, 64<<10, 4, 64).totalSize)
+	require.NoError(t, err)
+	binary.LittleEndian.PutUint64(h[hLayout:], 2|headerSize<<32)
+	_, err = parseHeader(h, computeLayout(64, 64, 64<<10, 4, 64).totalSize)
+	require.ErrorIs(t, err, ErrIncompatible)
+	require.ErrorContains(t, err, "region has layout 2, this build reads 3")
+}

@@ -161,7 +161,7 @@ func (tx *Tx) plan(kind Kind, key string, valueLen int, isDelete bool) (*txOp, e
 		return nil, fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLong, len(key), MaxKeyLen)
 	}
 	kb := stringBytes(key)
-	h := keyHash(r.l.hashK0, r.l.hashK1, kind, kb)
+	h := keyHash(r.l.hashK0, r.l.hashK1, uint64(kind), kb)
 	op, fresh, err := tx.findSlot(kind, key, kb, h)
 	if err != nil {
 		return nil, err

@@ -1,20 +1,27 @@
-// Package shmlayout is the one table of the region layout that two readers share: the Go reader
-// of package shm and the C reader compiled into libshmsteer.so (capi), which C and Python call
-// per key without entering the Go runtime. It holds every offset, size and constant those
-// readers use (header words, reader-slot words, blob header fields, the index word's format,
-// the hash's constants) and the reader descriptor, the process-local record through which shm
-// hands a Reader's geometry and pin word to C.
+// Package shmlayout is the region layout's one table and its one reader, for the two languages
+// that read a region: the Go reader of package shm and the C reader compiled into
+// libshmsteer.so (capi), which C and Python call per key without entering the Go runtime. The
+// table holds every offset, size and constant the readers use (header words, reader-slot words,
+// blob header fields, the index word's format, the hash's constants, the reader's results) and
+// the reader descriptor, the process-local record through which shm hands a Reader's geometry
+// and pin word to C. The reader (reader.go.in) is the hash, the pin and the probe loop with its
+// bounds checks, written once in a small subset of Go.
 //
-// It owns the table (Groups) and its rendering (Outputs): shm/layout_gen.go, the Go constants,
-// and capi/shmread_gen.h, the same constants as C macros followed by the C reader, whose text
-// (reader.c.in here) names only the table's macros, never a number of the layout. It must not be
-// imported by shm itself (shm stays a leaf package: the generated file holds the constants) and
-// it builds nothing.
+// It owns the table (Groups), the reader's source, its translation to C (toC) and the rendering
+// (Outputs) of shm/layout_gen.go (the Go constants), shm/reader_gen.go (the reader's source
+// itself) and capi/shmread_gen.h (the same constants as C macros, the C primitives of
+// reader.c.in, the reader translated, and the C ABI's entry around it). Neither language
+// writes a line of the reader's logic by hand: each writes only the primitives the source calls
+// (shm/readerprim.go, reader.c.in). RefKeyHash is the hash written a second way, the oracle of
+// the hash's tests. It must not be imported by shm itself (shm stays a leaf package: the
+// generated files hold what it needs) and it builds nothing.
 //
-// To change the layout: edit a row here, run `go generate ./shm` (shm/layoutgen.go), and bump
-// shm.LayoutVersion when the bytes in the mapping change. TestLayoutGenerated (shm) fails while
-// a generated file is stale; capi's TestFastReader* tests hold the two readers to the same
-// answers, across processes and under concurrent writes.
+// To change the layout or the reader: edit a row or reader.go.in here, run `go generate ./shm`
+// (shm/layoutgen.go), and bump shm.LayoutVersion when the bytes in the mapping (or where the hash
+// puts them) change. TestLayoutGenerated fails while a generated file is stale and
+// TestReaderOneSource while either reader holds logic not from the source; capi's TestFastReader*
+// tests hold the two readers to the same answers, across processes and under concurrent writes,
+// and the hash tests (shm's and capi's) to RefKeyHash.
 package shmlayout
 
 // Const is one row: a constant the Go and C readers both use.
@@ -63,12 +70,19 @@ var Groups = []Group{
 		{"flagDeleted", "SHM_FLAG_DELETED", 1, "the blob is a deletion marker: the key has no value from its version on"},
 		{"MaxKeyLen", "SHM_MAX_KEY_LEN", 1024, "the longest key a region stores"},
 	}},
-	{"The index hash (keyHash): a keyed multiply-fold hash; kindSeed(k0, k1, kind) = fold(k0^kind^prime0, k1^prime1) is kept per kind below seededKinds.", []Const{
+	{"The index hash (keyHash, in reader.go.in): a keyed multiply-fold hash in two lanes; kindSeed(k0, k1, kind) is kept per kind below seededKinds.", []Const{
 		{"prime0", "SHM_PRIME0", 0xa0761d6478bd642f, ""},
 		{"prime1", "SHM_PRIME1", 0xe7037ed1a0b428db, ""},
 		{"prime2", "SHM_PRIME2", 0x8ebc6af09c88c6e3, ""},
 		{"prime3", "SHM_PRIME3", 0x589965cc75374cc3, ""},
 		{"seededKinds", "SHM_SEEDED_KINDS", 64, "kinds whose hash seed a Region (and a reader descriptor) keeps"},
+	}},
+	{"getAt's results (reader.go.in).", []Const{
+		{"resMiss", "SHM_RES_MISS", 0, "the probe ended without the key"},
+		{"resFound", "SHM_RES_FOUND", 1, "the value's arena offset and length"},
+		{"resOlder", "SHM_RES_OLDER", 2, "the newest blob is above the pinned version, or a deletion marker: the general path walks the chain"},
+		{"resBadKey", "SHM_RES_BAD_KEY", 3, "kind 0, or a key of a bad length"},
+		{"resCorrupt", "SHM_RES_CORRUPT", 4, "an index word or blob that does not check out"},
 	}},
 	{"The reader descriptor: process-local memory (never the mapping, never the Go heap) that a Reader fills for the C reader. Words at these byte offsets; addresses are of this process's mappings.", []Const{
 		{"dState", "SHM_D_STATE", 0, "0 = usable; else descClosed and/or descBusy"},
@@ -82,6 +96,8 @@ var Groups = []Group{
 		{"dMaxProbe", "SHM_D_MAX_PROBE", 64, "the header's max probe"},
 		{"dHashK1", "SHM_D_HASH_K1", 72, "the salt's second word"},
 		{"dRelaxed", "SHM_D_RELAXED", 80, "1: pins may be plain stores (the owner fences with membarrier)"},
+		{"dHashK0", "SHM_D_HASH_K0", 88, "the salt's first word (the hash of kinds from seededKinds on)"},
+		{"dHashK2", "SHM_D_HASH_K2", 96, "hashK2 of the salt"},
 		{"dSeeds", "SHM_D_SEEDS", 128, "seededKinds words: kindSeed of each kind"},
 		{"descSize", "SHM_D_SIZE", 640, "the descriptor's size: dSeeds + 8*seededKinds"},
 		{"descClosed", "SHM_D_CLOSED", 1, "dState bit: the Reader or its Region is closed"},
