@@ -19,6 +19,7 @@ Both call only the C ABI (shmsteer.h); neither knows the region's layout.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import threading
@@ -242,15 +243,17 @@ def _load_fast() -> Tuple[Optional[Type[Keys]], str]:
     if os.environ.get(KEYS_CTYPES_ENV, "") not in ("", "0"):
         return None, f"${KEYS_CTYPES_ENV} is set"
     try:
-        from . import _fastkeys  # type: ignore[attr-defined]
-    except ImportError as e:
-        return None, f"shmsteer._fastkeys is not built or does not load ({e}): `go generate ./capi` builds it when python3-dev is installed"
+        _fastkeys: Any = importlib.import_module(__package__ + "._fastkeys")
+    except ModuleNotFoundError:
+        return None, "shmsteer._fastkeys is not built: `go generate ./capi` builds it when python3-dev is installed"
+    except ImportError as e:  # built for another interpreter, say
+        return None, f"shmsteer._fastkeys does not load ({e}): rebuild it with `go generate ./capi`"
     if _fastkeys.KEY_BUFFER_BYTES != _lib.KEY_BUFFER_BYTES:
         return None, f"shmsteer._fastkeys was built for a key buffer of {_fastkeys.KEY_BUFFER_BYTES} bytes: rebuild it (go generate ./capi)"
     _fastkeys.bind(ctypes.cast(lib.shmsteer_reader_key_get, c_void_p).value,
                    ctypes.cast(lib.shmsteer_key_get, c_void_p).value)
 
-    class _FastKeys(_fastkeys.KeysBase, Keys):  # type: ignore[misc, name-defined]
+    class _FastKeys(_fastkeys.KeysBase, Keys):  # type: ignore[misc]
         """:class:`Keys` whose ``keys[id]`` is the extension's C slot (KeysBase's, ahead of
         Keys.__getitem__ in the method order); everything else is Keys'."""
 
