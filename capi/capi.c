@@ -483,6 +483,12 @@ SHMSTEER_API int shmsteer_capture_serve(shmsteer_t *owner, const char *consumers
   return shmsteerGo_capture_serve(H(owner), (char *)consumers);
 }
 
+SHMSTEER_API int shmsteer_capture_global(shmsteer_t *owner, const char *name, size_t name_len, const char *spec_json,
+                                          size_t spec_len) {
+  ENTER();
+  return shmsteerGo_capture_global(H(owner), (char *)name, name_len, (char *)spec_json, spec_len);
+}
+
 SHMSTEER_API int shmsteer_capture_result_json(shmsteer_t *owner, const char *request_id, size_t request_id_len,
                                               char *buf, size_t cap, size_t *len) {
   ENTER();

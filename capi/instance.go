@@ -41,6 +41,7 @@ type instance struct {
 	// hubOps are the hub's RPC handlers, which an owner's own steppers call in process to
 	// register their capture rings (shmsteer_stepper_capture_start).
 	hubOps map[uint16]func([]byte) ([]byte, error)
+	global map[string]steer.CaptureGlobalSpec // the consumers' global specs (shmsteer_capture_global)
 }
 
 // side is the process's end of the region: the owner, or a client attached to it.

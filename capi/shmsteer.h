@@ -839,6 +839,13 @@ int shmsteer_capture_close(shmsteer_capture_t *c);
 
 /* Owner: serve capture consumers, declared as "NAME=TYPE[,NAME=TYPE...]" (type filesystem). */
 int shmsteer_capture_serve(shmsteer_t *owner, const char *consumers);
+/* Owner, after shmsteer_capture_serve: give declared consumer name a global spec (JSON), applied
+ * to every request admitted from now on that does not name it (a request's own spec replaces
+ * it); filesystem: its FilesystemCaptureRequest without request_id (each request is written
+ * under its own id). Checked as a request's spec is: its typed error changes nothing.
+ * Requests it cannot apply to (no prompt_len, say) are admitted, that consumer's result error. */
+int shmsteer_capture_global(shmsteer_t *owner, const char *name, size_t name_len, const char *spec_json,
+                            size_t spec_len);
 /* Owner: every declared consumer's result for a request, JSON {consumer: {"status": "pending" |
  * "ok" | "partial_error" | "error" | "not_requested", "error": msg or null, "payload": [...]}}
  * into (buf, cap); *len is set (BUFFER_TOO_SMALL: retry with *len). */

@@ -167,20 +167,36 @@ const globalCheckID = "global-spec-check"
 // checkGlobal validates the declared global specs (Open): each names a declared consumer and
 // passes its validator as a request's spec would, for the longest prompt (a position list is
 // checked against each request's own prompt at Admit).
-func (e *Engine) checkGlobal() error {
-	if len(e.opt.CaptureGlobal) == 0 {
+func (e *Engine) checkGlobal() error { return e.checkGlobalOf(e.opt.CaptureGlobal) }
+
+// SetCaptureGlobal replaces the consumers' global specs (Options.CaptureGlobal), checked as
+// Open checks them (a typed error changes nothing), for an owner that starts serving capture
+// after Open (the C ABI's shmsteer_capture_global). Requests admitted earlier keep what they
+// were admitted with.
+func (e *Engine) SetCaptureGlobal(global map[string]CaptureGlobalSpec) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.checkGlobalOf(global); err != nil {
+		return err
+	}
+	e.opt.CaptureGlobal = global
+	return nil
+}
+
+func (e *Engine) checkGlobalOf(global map[string]CaptureGlobalSpec) error {
+	if len(global) == 0 {
 		return nil
 	}
-	if len(e.opt.CaptureGlobal) > MaxCaptureConsumers {
-		return fmt.Errorf("%w: %d global specs, at most %d", ErrCaptureConsumer, len(e.opt.CaptureGlobal), MaxCaptureConsumers)
+	if len(global) > MaxCaptureConsumers {
+		return fmt.Errorf("%w: %d global specs, at most %d", ErrCaptureConsumer, len(global), MaxCaptureConsumers)
 	}
-	for n, g := range e.opt.CaptureGlobal {
+	for n, g := range global {
 		v := e.opt.CaptureConsumers[n]
 		if v == nil || g == nil {
 			return fmt.Errorf("%w: global spec for %q, which is not a declared consumer; the owner declares %s", ErrCaptureConsumer, n, e.declared())
 		}
 		if _, _, err := e.resolveSpec(n, v, func() ([]byte, error) { return g(globalCheckID) }, MaxPromptLen); err != nil {
-			return fmt.Errorf("%w: consumer %q's global spec: %w", ErrCaptureConsumer, n, err)
+			return fmt.Errorf("capture consumer %q's global spec: %w", n, err)
 		}
 	}
 	return nil
@@ -237,7 +253,12 @@ func (e *Engine) admitCapture(a *Admission) ([]byte, AdmittedCapture, error) {
 		own, isOwn := a.Capture[n]
 		if !isOwn {
 			g := e.opt.CaptureGlobal[n]
-			spec, sel, err := e.resolveSpec(n, v, func() ([]byte, error) { return g(a.RequestID) }, a.PromptLen)
+			spec, sel, err := []byte(nil), CaptureSelect{}, error(nil)
+			if v == nil { // SetCaptureConsumers dropped its consumer
+				err = fmt.Errorf("%w: %q is no longer declared", ErrCaptureConsumer, n)
+			} else {
+				spec, sel, err = e.resolveSpec(n, v, func() ([]byte, error) { return g(a.RequestID) }, a.PromptLen)
+			}
 			if err != nil {
 				if ac.Skipped == nil {
 					ac.Skipped = map[string]error{}

@@ -104,6 +104,7 @@ for _name, (_res, _args) in {
     "shmsteer_capture_stats_get": (c_int, [_h, POINTER(_Stats)]),
     "shmsteer_capture_close": (c_int, [_h]),
     "shmsteer_capture_serve": (c_int, [_h, c_char_p]),
+    "shmsteer_capture_global": (c_int, [_h, c_char_p, c_size_t, c_char_p, c_size_t]),
     "shmsteer_capture_result_json": (c_int, [_h, c_char_p, c_size_t, c_void_p, c_size_t, POINTER(c_size_t)]),
 }.items():
     _fn = getattr(lib, _name)
@@ -466,17 +467,28 @@ class Consumer:
             pass
 
 
-def serve_capture(owner: Owner, consumers: Dict[str, str]) -> None:
+def serve_capture(owner: Owner, consumers: Dict[str, str], global_specs: Optional[Dict[str, Any]] = None) -> None:
     """Make a Python-hosted :class:`shmsteer.Owner` serve capture consumers, declared as
-    ``{name: type}`` (type ``"filesystem"``).
+    ``{name: type}`` (type ``"filesystem"``), with ``global_specs`` (``{name: spec}``) the
+    declared consumers' global specs: every request admitted without naming such a consumer is
+    captured for it with its global spec (a request's own spec replaces it; serve's
+    ``--capture-global``). A filesystem global spec is its ``FilesystemCaptureRequest`` without
+    ``request_id``: each request is written under its own id. A request it cannot apply to (no
+    ``prompt_len`` for a prompt selector, say) is admitted, that consumer's result ``error`` and
+    ``"global": true`` in :func:`capture_result`.
 
     Raises:
-        ValueError for an empty declaration; InvalidArgumentError, BadConsumerError.
+        ValueError for an empty declaration; InvalidArgumentError, BadConsumerError; for a bad
+        global spec the typed error a request's spec gets (CaptureSpecError, CaptureHookError,
+        ...), the specs given before it kept.
     """
     if not consumers:
         raise ValueError("declare at least one consumer")
     decl = ",".join(f"{n}={t}" for n, t in consumers.items())
     check(lib.shmsteer_capture_serve(owner.handle, decl.encode()))
+    for name, spec in (global_specs or {}).items():
+        n, js = _b(name), json.dumps(spec).encode()
+        check(lib.shmsteer_capture_global(owner.handle, n, len(n), js, len(js)))
 
 
 def capture_result(owner: Owner, request_id: str) -> Dict[str, Dict[str, Any]]:

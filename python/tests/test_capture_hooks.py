@@ -344,3 +344,66 @@ def test_hooks_capture_cuda(ns, secret):
         data = np.concatenate([d.reshape(-1) for _, d, _ in got[k]])
         expect = torch.stack([r for _, r in rows]).view(torch.int16).numpy().reshape(-1)
         assert data.view(expect.dtype).tolist() == expect.tolist(), k
+
+
+def test_global_spec(ns, secret):
+    """A consumer's global spec (serve_capture(..., global_specs=)) captures every request that
+    does not name the consumer, under its own id; a request's own spec replaces it; one it cannot
+    apply to is admitted with that consumer's result error; a bad global spec is a request's
+    typed error and changes nothing."""
+    with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=LAYERS) as o:
+        g = {"tag": "every", "hooks": {"post_block": [1]}, "positions": "all"}
+        with pytest.raises(shmsteer.errors.CaptureHookError):
+            capture.serve_capture(o, {"py": "filesystem"}, {"py": dict(g, hooks={"post_mlp": [0]})})
+        # The hub serves already (the first spec was refused, nothing else changed): the C call.
+        import json as _json
+        for bad, exc in [({"request_id": "x", **g}, shmsteer.errors.CaptureSpecError),
+                         (dict(g, positions="every"), shmsteer.errors.CapturePositionsError),
+                         (dict(g, hooks={"post_block": [LAYERS]}), shmsteer.errors.CaptureLayerRangeError)]:
+            js = _json.dumps(bad).encode()
+            with pytest.raises(exc):
+                shmsteer._lib.check(capture.lib.shmsteer_capture_global(o.handle, b"py", 2, js, len(js)))
+        o.admit("before", prompt_len=2)
+        assert capture.capture_result(o, "before")["py"]["status"] == "not_requested"
+        js = _json.dumps(g).encode()
+        shmsteer._lib.check(capture.lib.shmsteer_capture_global(o.handle, b"py", 2, js, len(js)))
+        layers = [Layer() for _ in range(LAYERS)]
+        hooks = SteeringHooks(o)
+        for i, m in enumerate(layers):
+            hooks.attach(m, "post_block", i)
+        hooks.start_capture()
+        with Consumer(ns, "py", secret=secret) as c:
+            assert c.next(timeout=0.2) is None
+            o.admit("plain", prompt_len=2)
+            o.admit("own", capture={"py": spec("mine", {"post_block": [2]}, "last_prompt")}, prompt_len=2)
+            o.admit("noprompt")
+            res = capture.capture_result(o, "noprompt")["py"]
+            assert res["status"] == "error" and res["global"] is True and "global spec" in res["error"], res
+            assert capture.capture_result(o, "plain")["py"] == {"status": "pending", "error": None, "payload": [], "global": True}
+            assert "global" not in capture.capture_result(o, "own")["py"]
+            x = torch.randn(6, HIDDEN)
+            for m in layers:
+                m.out = x.clone()
+            spans = [("plain", 0, 2, "prefill", 0), ("own", 2, 4, "prefill", 0), ("noprompt", 4, 6, "prefill")]
+            with torch.inference_mode(), hooks.step(spans):
+                for m in layers:
+                    m(None)
+            for rid in ("plain", "own", "noprompt"):
+                o.end(rid)
+            begins, got, ends = {}, {}, set()
+            for _ in range(1000):
+                ev = c.next(timeout=5.0)
+                assert ev is not None
+                if isinstance(ev, Begin):
+                    begins[ev.request_id] = ev.spec
+                elif isinstance(ev, Record):
+                    got[(ev.request_id, ev.layer)] = (ev.positions.tolist(), ev.data.copy())
+                elif isinstance(ev, End):
+                    ends.add(ev.request_id)
+                    if ends == {"plain", "own"}:
+                        break
+            assert begins["plain"] == dict(g, request_id="plain") and begins["own"]["request_id"] == "mine"
+            assert set(got) == {("plain", 1), ("own", 2)}
+            assert got[("plain", 1)][0] == [0, 1] and got[("plain", 1)][1].tobytes() == x[0:2].numpy().tobytes()
+            assert got[("own", 2)][0] == [1] and got[("own", 2)][1].tobytes() == x[3:4].numpy().tobytes()
+        hooks.close()
