@@ -598,6 +598,9 @@ func TestConsumerReadAheadHeld(t *testing.T) {
 // status error. The old Begin wrote to the socket itself and waited out the write timeout
 // (a minute here) at the first full socket.
 func TestHubBeginNeverWaits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns a process")
+	}
 	e := newHubEnv(t)
 	e.hub.Close()
 	var err error
@@ -609,9 +612,28 @@ func TestHubBeginNeverWaits(t *testing.T) {
 	}
 	defer e.hub.Close()
 	e.hub.Serve(func(op uint16, h func([]byte) ([]byte, error)) { e.owner.Handle(op, h) })
-	e.consumer(t, ConsumerOptions{Name: "fs"}) // attached, never calls Next: never reads
+	// The consumer, a process of its own, reads its first begin and never reads again.
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), hubConsumerChildEnv+"=1", "SHMSTEER_TEST_SECRET_FILE="+e.file, "SHMSTEER_TEST_NS="+e.ns)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() || !strings.HasPrefix(lines.Text(), "attached ") {
+		t.Fatalf("child: %q", lines.Text())
+	}
 	status := func() ConsumerStatus { return e.hub.Status().Consumers[0] }
-	waitFor(t, "the consumer", func() bool { return status().Attached })
+	e.hub.Begin("first", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
+	if !lines.Scan() || lines.Text() != "begun first" {
+		t.Fatalf("child: %q", lines.Text())
+	}
 	spec := json.RawMessage(`{"pad": "` + strings.Repeat("x", 1<<10) + `"}`)
 	start := time.Now()
 	told := 0
