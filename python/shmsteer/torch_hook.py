@@ -661,6 +661,10 @@ class SteeringHooks:
             self.report()
         res = self._resolve(packed, self.max_tokens, version, end=True)
         self._res = None
+        cplan = None
+        if self._scap is not None:
+            cplan = self.batch.capture_plan() if self._capturing else None
+            self._scap.check(cplan)  # BatchCapacityError before any copy
         if self._copied is not None:
             # The last step's index copy reads the pinned host buffer asynchronously: it must
             # have run before the buffer is rewritten (normally long done; outside the graph).
@@ -668,7 +672,7 @@ class SteeringHooks:
         self._sidx_host.numpy()[:] = res.index
         self._sidx.copy_(self._sidx_host, non_blocking=True)
         if self._scap is not None:
-            self._scap.plan(self.batch.capture_plan() if self._capturing else None)
+            self._scap.plan(cplan)
         g = res.gates
         self._sgpending, self._sgcols = g.report, g.cols
         if g.cols and self._sgsites is not None and not self._sgsites.issuperset(g.sites.tolist()):
@@ -796,7 +800,10 @@ class SteeringHooks:
             rows.copy_(h)
 
     def close(self) -> None:
-        """Remove the hooks and free the batch and the stepper."""
+        """Remove the hooks and free the batch and the stepper (in static mode, after handing
+        the last replayed step's captured rows to the engine)."""
+        if self.static and self._scap is not None and self._scap.pending:
+            self._flush_static_capture()
         self.remove()
         self.batch.close()
         self.stepper.close()
@@ -833,15 +840,22 @@ class StaticCapture:
         self._used = 0
         self.pending = False  # a prepared step's rows await collect()
 
-    def plan(self, plan: Any) -> None:
-        """Outside the graph, after the resolve (and after the previous copies of the index
-        buffers ran): write the step's plan into the index buffers when it changed."""
-        self.pending, self._sites, self._used = False, [], 0
+    def check(self, plan: Any) -> None:
+        """BatchCapacityError when the step plans more rows than the buffers hold (nothing of
+        this step will be captured)."""
         total = 0 if plan is None else len(plan.rows)
         if total > self.max_rows:
+            self.pending, self._sites, self._used = False, [], 0
             from .errors import BatchCapacityError
             raise BatchCapacityError(f"shmsteer: the step captures {total} rows over its sites, static capture holds "
                                      f"max_rows={self.max_rows}: start_capture(max_rows=...) larger")
+
+    def plan(self, plan: Any) -> None:
+        """Outside the graph, after the resolve (and after the previous copies of the index
+        buffers ran): write the step's plan into the index buffers when it changed."""
+        self.check(plan)
+        self.pending, self._sites, self._used = False, [], 0
+        total = 0 if plan is None else len(plan.rows)
         key = b"" if plan is None else plan.key()
         sites: List[Tuple[int, int, int]] = []
         if plan is not None:
