@@ -173,10 +173,14 @@ func Axpy(dst []float32, s float32, v []float32) {
 func AddRows(h []float32, d int, s float32, v []float32) {
 	checkRows(h, d, v)
 	// Written out rather than via addRowsImpl so this hot entry point makes
-	// exactly one direct call into assembly.
-	if !addRowsSIMD(h, v, s, cur.id) {
+	// exactly one direct call into assembly, after which it needs nothing: no
+	// argument is kept (spilled) across the call for a fallback, as the old
+	// "SIMD or report false" call made it keep six.
+	if cur.id == idGeneric {
 		addRowsGeneric(h, v, s)
+		return
 	}
+	addRowsSIMD(h, v, s, cur.id)
 }
 
 // Axpy2 computes dst[i] += a*x[i] + b*y[i] in one pass over dst: the sum of

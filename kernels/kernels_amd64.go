@@ -7,11 +7,11 @@ import "golang.org/x/sys/cpu"
 // Assembly kernels (kernels_amd64.s). Preconditions are those listed in
 // kernels.go; the exported wrappers enforce them.
 
-// addRowsSIMD runs the SIMD kernel for path (an id*) and reports true, or
-// reports false without touching h when path is idGeneric.
+// addRowsSIMD runs the SIMD kernel for path, idAVX512 or idAVX2 (callers run
+// the generic path themselves).
 //
 //go:noescape
-func addRowsSIMD(h, v []float32, s float32, path int) bool
+func addRowsSIMD(h, v []float32, s float32, path int)
 
 // addRowsAVX512 and addRowsAVX2 are reached only by addRowsSIMD's tail call in assembly;
 // their Go declarations give vet the frame layout.
@@ -76,9 +76,11 @@ func archImpls() []impl {
 // direct call to an assembly (ABI0) function needs no ABI wrapper.
 
 func addRowsImpl(h, v []float32, s float32) {
-	if !addRowsSIMD(h, v, s, cur.id) {
+	if cur.id == idGeneric {
 		addRowsGeneric(h, v, s)
+		return
 	}
+	addRowsSIMD(h, v, s, cur.id)
 }
 
 func addRows2Impl(h, x, y []float32, a, b float32) {

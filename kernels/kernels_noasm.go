@@ -15,6 +15,7 @@ func dotImpl(a, b []float32) float32 { return dotGeneric(a, b) }
 
 func sumSqImpl(a []float32) float64 { return sumSqGeneric(a) }
 
-func addRowsSIMD(h, v []float32, s float32, path int) bool { return false }
+// addRowsSIMD is never reached here (no SIMD path is supported); it runs the generic path.
+func addRowsSIMD(h, v []float32, s float32, path int) { addRowsGeneric(h, v, s) }
 
 func addRows2SIMD(h, x, y []float32, a, b float32, path int) bool { return false }

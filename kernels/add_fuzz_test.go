@@ -1,0 +1,71 @@
+package kernels_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/kernels"
+)
+
+// FuzzAddRows compares the one-source add (AddRows, and Axpy for one row) on every path with
+// the generic path and with the exact result, for row lengths 0–4096, 0–4 rows and independent
+// unaligned starts of h and v, guards either side of h checked; the SIMD paths (both fused,
+// one rounding) agree bit for bit.
+func FuzzAddRows(f *testing.F) {
+	f.Add(uint16(4096), uint8(1), uint8(0), uint8(0), float32(0.5), uint64(1))
+	f.Add(uint16(4095), uint8(3), uint8(1), uint8(15), float32(-0.37), uint64(2))
+	f.Add(uint16(63), uint8(4), uint8(7), uint8(3), float32(1), uint64(3))
+	f.Add(uint16(0), uint8(2), uint8(0), uint8(0), float32(2), uint64(4))
+	f.Fuzz(func(t *testing.T, n uint16, rows, offH, offV uint8, s float32, seed uint64) {
+		d := int(n) % 4097
+		nr := int(rows) % 5
+		if !finite32(s) || math.Abs(float64(s)) > 1e4 {
+			return // keeps s·v (|v| ≤ 1.5e30) inside float32: overflow is TestSpecialValues'
+		}
+		r := rand.New(rand.NewPCG(seed, uint64(d)))
+		h0, v0 := randVals(r, nr*d, 1e30), randVals(r, d, 1e30)
+		oh, ov := int(offH%16), int(offV%16)
+		orig := kernels.Path()
+		t.Cleanup(func() { require.NoError(t, kernels.SetPath(orig)) })
+		v, _ := offsetCopy(v0, ov)
+		run := func(p string) []float32 {
+			require.NoError(t, kernels.SetPath(p))
+			h, bh := offsetCopy(h0, oh)
+			if d == 0 {
+				kernels.Axpy(h, s, v) // empty: nothing to add, no row length
+			} else {
+				kernels.AddRows(h, d, s, v)
+			}
+			requireGuards(t, bh, oh, len(h0))
+			return h
+		}
+		generic := run(kernels.PathGeneric)
+		checkUpdate(t, generic, h0, s, func(i int) float32 { return v0[i%d] })
+		var simd []float32
+		for _, p := range kernels.Paths() {
+			if p == kernels.PathGeneric {
+				continue
+			}
+			h := run(p)
+			checkUpdate(t, h, h0, s, func(i int) float32 { return v0[i%d] })
+			for i := range h {
+				if tol := 2 * axpyTol(float64(h0[i]), float64(s), float64(v0[i%d])); math.Abs(float64(h[i])-float64(generic[i])) > tol {
+					require.Failf(t, "path differs from generic", "%s d=%d i=%d got=%g generic=%g", p, d, i, h[i], generic[i])
+				}
+			}
+			if simd != nil {
+				require.Equal(t, bits(simd), bits(h), "%s d=%d rows=%d: SIMD paths differ", p, d, nr)
+			}
+			simd = h
+			if nr == 1 {
+				a, ba := offsetCopy(h0, oh)
+				kernels.Axpy(a, s, v)
+				requireGuards(t, ba, oh, len(h0))
+				require.Equal(t, bits(h), bits(a), "%s d=%d: Axpy is not AddRows of one row", p, d)
+			}
+		}
+	})
+}
