@@ -28,6 +28,14 @@ type rmem struct {
 	seeds                 [seededKinds]uint64
 }
 
+// closedMem is what a Reader of a closed region reads instead of the unmapped region: no
+// version (0) behind a horizon of 1, so a pin never succeeds, and an empty index and arena.
+func closedMem() *rmem {
+	w := make([]uint64, 3)
+	w[2] = 1
+	return &rmem{pin: &w[0], version: &w[1], horizon: &w[2]}
+}
+
 func ldWord(p *uint64) uint64         { return atomic.LoadUint64(p) }
 func storeFenced(p *uint64, v uint64) { atomic.StoreUint64(p, v) }
 

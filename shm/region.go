@@ -257,6 +257,9 @@ func (r *Region) Close() error {
 	r.slotMu.Lock()
 	for rd := range r.open { // the C reader checks its descriptor where the Go one checks closed
 		rd.setDescState(descClosed, true)
+		// A later Get pins and reads this private memory, not the unmapped region: it finds
+		// no version pinned and takes the slow path, which sees the region closed.
+		rd.m = closedMem()
 	}
 	r.slotMu.Unlock()
 	if r.w != nil {

@@ -385,3 +385,29 @@ func TestOldLayoutRefused(t *testing.T) {
 	require.ErrorIs(t, err, ErrIncompatible)
 	require.ErrorContains(t, err, "region has layout 2, this build reads 3")
 }
+
+// A Reader used after its Region closed answers ErrClosed: its Get, Snapshot and Close touch
+// nothing of the unmapped region (they crashed with a fault before).
+func TestReaderAfterRegionClose(t *testing.T) {
+	r, err := Create(Config{IndexSlots: 64, ArenaBytes: 64 << 10, ReaderSlots: 2})
+	require.NoError(t, err)
+	_, err = r.Put(1, "k", []byte("v"))
+	require.NoError(t, err)
+	rd, err := r.NewReader()
+	require.NoError(t, err)
+	got, err := rd.Get(1, "k", nil)
+	require.NoError(t, err)
+	require.Equal(t, "v", string(got))
+	require.NoError(t, r.Close())
+	for range 2 {
+		_, err = rd.Get(1, "k", nil)
+		require.ErrorIs(t, err, ErrClosed)
+		_, err = rd.Get(1, "missing", nil)
+		require.ErrorIs(t, err, ErrClosed)
+		_, err = rd.Snapshot()
+		require.ErrorIs(t, err, ErrClosed)
+	}
+	require.NoError(t, rd.Close())
+	_, err = rd.Get(1, "k", nil)
+	require.ErrorIs(t, err, ErrClosed)
+}

@@ -4,6 +4,7 @@ they must give the same answers and raise the same exceptions with the same mess
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import subprocess
@@ -210,3 +211,25 @@ def test_forked_child_gets_forked_error(ns, secret, path):
             os._exit(code)
         assert wait_forked(pid) == 0
         assert k["k"] == b"v"
+
+
+def test_c_reader_after_its_handle_closed(ns, secret):
+    """shmsteer.h: readers of a closed handle fail with CLOSED. A reader the package does not
+    know of (opened through the C ABI directly) is not closed with the handle; its gets must
+    answer SHMSTEER_E_CLOSED, not read the unmapped region (they faulted before)."""
+    lib = shmsteer._lib.lib
+    get = lib.shmsteer_reader_key_get
+    get.restype = ctypes.c_int
+    get.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                    ctypes.POINTER(ctypes.c_size_t)]
+    with shmsteer.Owner(ns, secret=secret) as o:
+        o.keys["k"] = b"v"
+        c = shmsteer.Client(ns, secret=secret)
+        r = ctypes.c_void_p()
+        assert lib.shmsteer_reader_open(ctypes.c_void_p(c.handle), ctypes.byref(r)) == 0
+        buf, n = ctypes.create_string_buffer(64), ctypes.c_size_t()
+        assert get(r, b"k", 1, buf, 64, ctypes.byref(n)) == 0 and buf.raw[: n.value] == b"v"
+        c.close()
+        for key in (b"k", b"missing"):
+            assert get(r, key, len(key), buf, 64, ctypes.byref(n)) == errors.ClosedError.code
+        assert lib.shmsteer_reader_close(r) == 0
