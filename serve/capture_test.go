@@ -117,12 +117,14 @@ func TestCaptureGlobalSpec(t *testing.T) {
 	defer w.Close()
 	cons, err := capture.NewConsumer(attach(), capture.ConsumerOptions{Name: "g"})
 	require.NoError(t, err)
-	defer cons.Close()
 	root := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go capture.RunFilesystem(ctx, cons, capture.FSConsumerOptions{Root: root, FS: capture.FSOptions{NoFsync: true},
-		Config: steer.ModelConfig{Hidden: forkHidden, Layers: forkLayers, Hooks: steer.DefaultHooks}}, nil)
+	done := make(chan error, 1)
+	go func() {
+		done <- capture.RunFilesystem(ctx, cons, capture.FSConsumerOptions{Root: root, FS: capture.FSOptions{NoFsync: true},
+			Config: steer.ModelConfig{Hidden: forkHidden, Layers: forkLayers, Hooks: steer.DefaultHooks}}, nil)
+	}()
+	defer func() { cancel(); <-done; cons.Close() }() // the consumer is one goroutine's at a time
 
 	f.ok(t, "/v1/requests/admit", map[string]any{"request_id": "plain", "prompt_len": 2})
 	rc := f.captureOf(t, "plain")
