@@ -63,8 +63,8 @@ type Consumer struct {
 	link      *hubLink
 	client    *ipc.Client // AttachConsumer's, closed by Close
 	rings     []*consRing
-	begun     map[string]uint64 // request id → the consumer's dropped count at its begin
-	queued    []Event           // begin notices not yet delivered
+	begun     map[string]begunReq // request id → its begin
+	queued    []Event             // begin notices not yet delivered
 	ends      []pendingEnd
 	rr        int
 	last      *consRing // the ring whose record Next returned last
@@ -79,6 +79,13 @@ type Consumer struct {
 	aheadErr error
 	// Skipped counts records of requests not captured for this consumer (released unread).
 	skipped uint64
+}
+
+// begunReq is a request begun for this consumer: its id (the string every record of it
+// carries) and the consumer's dropped count at its begin.
+type begunReq struct {
+	id      string
+	dropped uint64
 }
 
 type consRing struct {
@@ -125,7 +132,7 @@ func NewConsumer(c steer.Caller, opts ConsumerOptions) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &Consumer{opts: opts, link: link, begun: map[string]uint64{}}
+	k := &Consumer{opts: opts, link: link, begun: map[string]begunReq{}}
 	// The rings that exist come right after the welcome, then synced: attached to each of
 	// them when NewConsumer returns.
 	for deadline := time.Now().Add(5 * time.Second); !k.synced; {
@@ -180,7 +187,7 @@ func (c *Consumer) pump() error {
 				}
 			}
 		case msgBegin:
-			c.begun[m.id] = c.dropped()
+			c.begun[m.id] = begunReq{id: m.id, dropped: c.dropped()}
 			c.queued = append(c.queued, Event{Kind: EventBegin, RequestID: m.id, Spec: json.RawMessage(m.spec), PromptLen: int(m.prompt)})
 		case msgEnd:
 			pe := pendingEnd{id: m.id, marks: map[uint32]uint64{}}
@@ -204,8 +211,17 @@ func (c *Consumer) addRing(id uint32, fd int) error {
 		r.Close()
 		return err
 	}
+	rd.scratch.begun = c.begunID
 	c.rings = append(c.rings, &consRing{id: id, r: r, rd: rd})
 	return c.link.send(encodeHubMsg(nil, hubMsg{typ: msgSlot, ring: id, slot: uint32(rd.Slot()), pid: uint32(os.Getpid())}), nil)
+}
+
+// begunID is the id of the request begun for this consumer whose id's bytes are b (the reader
+// takes it for the record it decodes: one lookup tells both the request's string and whether
+// it is captured for this consumer).
+func (c *Consumer) begunID(b []byte) (string, bool) {
+	r, ok := c.begun[string(b)]
+	return r.id, ok
 }
 
 // dropped sums the records dropped for this consumer on every ring.
@@ -342,7 +358,7 @@ func (c *Consumer) nextEnd() (Event, bool) {
 			c.ends = slices.Delete(c.ends, i, i+1)
 			ev := Event{Kind: EventEnd, RequestID: pe.id}
 			if at, ok := c.begun[pe.id]; ok {
-				ev.Dropped = c.dropped() - at
+				ev.Dropped = c.dropped() - at.dropped
 				delete(c.begun, pe.id)
 			}
 			return ev, true
@@ -352,12 +368,13 @@ func (c *Consumer) nextEnd() (Event, bool) {
 }
 
 func (c *Consumer) nextRecord() (Event, bool, error) {
+	var ev Event
 	for range len(c.rings) {
 		if len(c.rings) == 0 {
 			break
 		}
 		c.rr = (c.rr + 1) % len(c.rings)
-		ev, ok, err := c.ringRecord(c.rr)
+		ok, err := c.ringRecord(c.rr, &ev)
 		if err != nil || ok || len(c.queued) > 0 {
 			return ev, ok, err
 		}
@@ -365,40 +382,34 @@ func (c *Consumer) nextRecord() (Event, bool, error) {
 	return Event{}, false, nil
 }
 
-// ringRecord is the next record of ring c.rings[i] captured for this consumer (false: none
-// yet, or a begin notice is queued to go first).
-func (c *Consumer) ringRecord(i int) (Event, bool, error) {
+// ringRecord decodes into *ev the next record of ring c.rings[i] captured for this consumer
+// (false: none yet, or a begin notice is queued to go first; *ev is then not an event).
+func (c *Consumer) ringRecord(i int, ev *Event) (bool, error) {
 	r := c.rings[i]
+	rec := &ev.Record
 	for {
-		var rec RingRecord
-		var ok bool
-		var err error
-		if c.hold {
-			rec, ok, err = r.rd.NextHeld()
-		} else {
-			rec, ok, err = r.rd.Next()
+		if !c.hold {
+			r.rd.Release()
 		}
-		if err != nil {
-			return Event{}, false, err
-		}
-		if !ok {
-			if r.gone && !c.hold { // held records may be views into its mapping
+		ok, err := r.rd.next(rec)
+		if err != nil || !ok {
+			if err == nil && r.gone && !c.hold { // held records may be views into its mapping
 				c.removeRing(i)
 			}
-			return Event{}, false, nil
+			return false, err
 		}
-		if _, mine := c.begun[rec.RequestID]; !mine {
+		if !rec.begun { // the reader found no begin for it (Consumer.begunID)
 			// Its begin notice, if any, is in the connection already (the owner sends it
 			// before the admission returns, so before any step).
 			if err := c.pump(); err != nil {
-				return Event{}, false, err
+				return false, err
 			}
 			if len(c.queued) > 0 {
 				// Deliver the begin first; this record is read again after it.
 				r.rd.unread()
-				return Event{}, false, nil
+				return false, nil
 			}
-			if _, mine = c.begun[rec.RequestID]; !mine {
+			if _, mine := c.begun[rec.RequestID]; !mine {
 				c.skipped++
 				if !c.hold { // held: released with the batch
 					r.rd.Release()
@@ -407,7 +418,8 @@ func (c *Consumer) ringRecord(i int) (Event, bool, error) {
 			}
 		}
 		c.last = r
-		return Event{Kind: EventRecord, RequestID: rec.RequestID, Record: rec, Ring: r.id}, true, nil
+		ev.Kind, ev.RequestID, ev.Ring = EventRecord, rec.RequestID, r.id
+		return true, nil
 	}
 }
 

@@ -153,18 +153,18 @@ func (c *Consumer) nextRun(dst []Event, opt RunOptions, shape bool, wait time.Du
 	c.hold = true
 	defer func() { c.hold = false }()
 	for n := 1; n < opt.Max && len(c.queued) == 0 && ring >= 0; n++ {
-		ev, ok, err := c.ringRecord(ring)
-		if err != nil {
-			return dst, err
-		}
-		if !ok {
-			break
-		}
-		if !run.add(&ev, opt, shape) {
+		// Decoded in its place at the end of dst (an Event is large to copy).
+		dst = append(dst, Event{})
+		ev := &dst[len(dst)-1]
+		ok, err := c.ringRecord(ring, ev)
+		if err == nil && ok && !run.add(ev, opt, shape) {
 			c.last.rd.unread()
-			break
+			ok = false
 		}
-		dst = append(dst, ev)
+		if err != nil || !ok {
+			*ev = Event{}
+			return dst[:len(dst)-1], err
+		}
 	}
 	return dst, nil
 }

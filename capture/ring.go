@@ -513,6 +513,9 @@ type RingReader struct {
 // no allocation of its own: the request ids and hooks it has read (interned: the same string
 // for the same bytes) and one allocation the records' Positions are carved from.
 type frameScratch struct {
+	// begun, if set, names the requests the reader's consumer has begun (their id strings);
+	// a record of one of them is marked begun.
+	begun func(id []byte) (string, bool)
 	names map[string]string
 	hook  string // the last hook read (a run of records mostly shares one)
 	slab  []int
@@ -611,6 +614,7 @@ type RingRecord struct {
 	// DataOff and PositionsOff are the offsets of Data and PositionsLE in the ring's data area
 	// (Consumer.RingData).
 	DataOff, PositionsOff int
+	begun                 bool // its request was begun for the reader's consumer when it was read
 }
 
 // Release lets the writer reuse the record Next returned.
@@ -628,39 +632,47 @@ func (c *RingReader) Release() {
 // then unusable.
 func (c *RingReader) Next() (RingRecord, bool, error) {
 	c.Release()
-	return c.next()
+	var rec RingRecord
+	ok, err := c.next(&rec)
+	return rec, ok, err
 }
 
 // NextHeld returns the next published record without releasing those Next and NextHeld
 // returned before: every one of them stays valid until Release (a reader that takes several
 // records at once; the writer cannot reuse their space meanwhile).
-func (c *RingReader) NextHeld() (RingRecord, bool, error) { return c.next() }
+func (c *RingReader) NextHeld() (RingRecord, bool, error) {
+	var rec RingRecord
+	ok, err := c.next(&rec)
+	return rec, ok, err
+}
 
-func (c *RingReader) next() (RingRecord, bool, error) {
+// next decodes the next published record into *rec (a reader of many records decodes each in
+// its place: a RingRecord is large to copy).
+func (c *RingReader) next(rec *RingRecord) (bool, error) {
 	r := c.r
 	rp := word(r.mem, c.so+8)
 	for {
 		base := rp.Load()
 		if base == readUnset {
-			return RingRecord{}, false, nil
+			return false, nil
 		}
 		pos := base + c.pending
 		wp := word(r.mem, offWrite).Load()
 		if wp == pos {
-			return RingRecord{}, false, nil
+			return false, nil
 		}
 		if wp < pos || wp-pos > r.cap || pos%frameAlign != 0 {
-			return RingRecord{}, false, fmt.Errorf("%w: read position %d, write position %d, capacity %d", ErrRingCorrupt, pos, wp, r.cap)
+			return false, fmt.Errorf("%w: read position %d, write position %d, capacity %d", ErrRingCorrupt, pos, wp, r.cap)
 		}
 		off := pos % r.cap
 		avail := min(r.cap-off, wp-pos)
-		n, kind, rec, err := decodeFrame(r.data[off:off+avail], &c.scratch)
+		n, kind, err := decodeFrame(r.data[off:off+avail], &c.scratch, rec)
 		if err != nil {
-			return RingRecord{}, false, err
+			return false, err
 		}
 		if kind == kindPad {
 			if n != r.cap-off {
-				return RingRecord{}, false, fmt.Errorf("%w: a %d-byte pad at offset %d does not end the ring", ErrRingCorrupt, n, off)
+				return false, fmt.Errorf("%w: a %d-byte pad at offset %d does not end the ring", ErrRingCorrupt, n, off)
 			}
 			if c.pending == 0 {
 				rp.Store(pos + n)
@@ -669,31 +681,23 @@ func (c *RingReader) next() (RingRecord, bool, error) {
 			}
 			continue
 		}
-		// The frame prefetchAhead frames on if the next ones are as long as this one (a step's
-		// records mostly are): its header line is fetched while the frames before it are read,
-		// where reading one header after the other waits for each line in turn.
-		if ahead := off + prefetchAhead*n; ahead < r.cap {
-			kernels.Prefetch(r.data[ahead:])
-		}
 		c.pending += n
 		c.last = n
 		c.recv++
 		rec.DataOff += int(off)
 		rec.PositionsOff += int(off)
-		return rec, true, nil
+		return true, nil
 	}
 }
 
-// prefetchAhead is how many frames ahead a reader prefetches (RingReader.next).
-const prefetchAhead = 4
-
 // decodeFrame reads the frame at the start of b (the published bytes up to the ring's end):
 // its length, kind and, for a record, the record (Data a view of b; DataOff and PositionsOff
-// relative to b). Every length is checked against b and against the others. The record's
-// strings and positions come from s (nil: allocated).
-func decodeFrame(b []byte, s *frameScratch) (uint64, uint32, RingRecord, error) {
-	bad := func(format string, a ...any) (uint64, uint32, RingRecord, error) {
-		return 0, 0, RingRecord{}, fmt.Errorf("%w: %s", ErrRingCorrupt, fmt.Sprintf(format, a...))
+// relative to b) into *rec, which it overwrites only for a record. Every length is checked
+// against b and against the others. The record's strings and positions come from s (nil:
+// allocated).
+func decodeFrame(b []byte, s *frameScratch, rec *RingRecord) (uint64, uint32, error) {
+	bad := func(format string, a ...any) (uint64, uint32, error) {
+		return 0, 0, fmt.Errorf("%w: %s", ErrRingCorrupt, fmt.Sprintf(format, a...))
 	}
 	if len(b) < 8 {
 		return bad("%d bytes, no frame header", len(b))
@@ -705,7 +709,7 @@ func decodeFrame(b []byte, s *frameScratch) (uint64, uint32, RingRecord, error) 
 	}
 	switch kind {
 	case kindPad:
-		return n, kind, RingRecord{}, nil
+		return n, kind, nil
 	case kindRecord:
 	default:
 		return bad("frame kind %d", kind)
@@ -729,7 +733,7 @@ func decodeFrame(b []byte, s *frameScratch) (uint64, uint32, RingRecord, error) 
 	if frameLen(rows, idLen, hookLen, nbytes) != n {
 		return bad("a %d-byte frame for %d rows of %d %s, %d+%d name bytes", n, rows, width, d, idLen, hookLen)
 	}
-	rec := RingRecord{Record: Record{Layer: int(layer), Rows: rows, Width: width, Dtype: d, Positions: s.positions(rows)}}
+	*rec = RingRecord{Record: Record{Layer: int(layer), Rows: rows, Width: width, Dtype: d, Positions: s.positions(rows)}}
 	rec.PositionsLE = f[frameHeader : frameHeader+4*rows : frameHeader+4*rows]
 	rec.PositionsOff = frameHeader
 	o := frameHeader
@@ -737,7 +741,13 @@ func decodeFrame(b []byte, s *frameScratch) (uint64, uint32, RingRecord, error) 
 		rec.Positions[i] = int(binary.LittleEndian.Uint32(f[o:]))
 		o += 4
 	}
-	rec.RequestID = s.name(f[o : o+idLen])
+	if id := f[o : o+idLen]; s != nil && s.begun != nil {
+		if rec.RequestID, rec.begun = s.begun(id); !rec.begun {
+			rec.RequestID = s.name(id)
+		}
+	} else {
+		rec.RequestID = s.name(id)
+	}
 	o += idLen
 	if hook := f[o : o+hookLen]; s != nil && string(hook) == s.hook {
 		rec.Hook = s.hook
@@ -750,7 +760,7 @@ func decodeFrame(b []byte, s *frameScratch) (uint64, uint32, RingRecord, error) 
 	o = (o + hookLen + frameAlign - 1) &^ (frameAlign - 1)
 	rec.Data = f[o : o+nbytes : o+nbytes]
 	rec.DataOff = o
-	return n, kind, rec, nil
+	return n, kind, nil
 }
 
 // Slot is the index of the reader's slot in its ring.

@@ -31,7 +31,8 @@ func FuzzRingFrames(f *testing.F) {
 	f.Add([]byte{24, 0, 0, 0, 1, 0, 0, 0}, uint64(0), uint64(24))
 	f.Add([]byte{8, 0, 0, 0, 2, 0, 0, 0}, uint64(4088), uint64(4096))
 	f.Fuzz(func(t *testing.T, data []byte, rp, wp uint64) {
-		if n, _, rec, err := decodeFrame(data, nil); err == nil {
+		var rec RingRecord
+		if n, _, err := decodeFrame(data, nil, &rec); err == nil {
 			if n > uint64(len(data)) || len(rec.Data) > len(data) {
 				t.Fatalf("frame of %d bytes from %d", n, len(data))
 			}
