@@ -192,7 +192,12 @@ func TestStepFollowsUpdates(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.Admit(Admission{RequestID: "r", Override: &Steering{Base: Tier{Refs: []Ref{{Name: "n", Strength: 1}}}}})
 	require.NoError(t, err)
-	pinned := e.Region().Version()
+	// Hold the version the old step reads, as a worker's open snapshot would: the owner's
+	// background reclamation may otherwise reclaim it before that step begins.
+	hold, err := e.Region().Snapshot()
+	require.NoError(t, err)
+	defer hold.Close()
+	pinned := hold.Version()
 	batch := []Span{{ID: "r", Start: 0, End: 1, Phase: PhaseDecode}}
 	st := e.NewStepper()
 	defer st.Close()
@@ -213,7 +218,9 @@ func TestStepFollowsUpdates(t *testing.T) {
 	require.Equal(t, v2, h)
 	require.NotEqual(t, sum1, sum2)
 
-	// A step pinned at the old version sees the old vector and the old checksum.
+	// A step pinned at the old version sees the old vector and the old checksum, reclamation
+	// or not (the held snapshot keeps it).
+	require.NoError(t, e.Region().Reclaim())
 	h, sum := apply(pinned)
 	require.Equal(t, v1, h)
 	require.Equal(t, sum1, sum)
