@@ -50,6 +50,7 @@
 #define SHM_RES_OLDER UINT64_C(2) /* the newest blob is above the pinned version, or a deletion marker: the general path walks the chain */
 #define SHM_RES_BAD_KEY UINT64_C(3) /* kind 0, or a key of a bad length */
 #define SHM_RES_CORRUPT UINT64_C(4) /* an index word or blob that does not check out */
+#define SHM_RES_RETRY UINT64_C(5) /* the version getAt pinned is below the horizon, or the reader is closed or busy */
 
 /* The reader descriptor: process-local memory (never the mapping, never the Go heap) that a Reader fills for the C reader. Words at these byte offsets; addresses are of this process's mappings. */
 #define SHM_D_STATE UINT64_C(0) /* 0 = usable; else descClosed and/or descBusy */
@@ -75,8 +76,8 @@
  * is not written here: the functions after the primitives are translated from
  * internal/shmlayout/reader.go.in, the same source that is shm's Go reader (shm/reader_gen.go).
  * Here are only the primitives that source calls, written for C as shm/readerprim.go writes
- * them for Go, and the C ABI's entry (shm_fast_find), which checks the descriptor's state word
- * around the pin and leaves everything but a found value to the Go reader. */
+ * them for Go, and the C ABI's entry (shm_fast_find), which leaves everything but a found value
+ * to the Go reader (clearing the pin, whether or not shm_getAt stored one). */
 
 #define SHM_DW(d, off) (*(const uint64_t *)((const unsigned char *)(d) + (off)))
 
@@ -88,6 +89,9 @@ static inline void shm_storeRelaxed(uint64_t p, uint64_t v) { __atomic_store_n((
 
 /* storeFenced: a sequentially consistent store. */
 static inline void shm_storeFenced(uint64_t p, uint64_t v) { __atomic_store_n((uint64_t *)(uintptr_t)p, v, __ATOMIC_SEQ_CST); }
+
+/* ldState: the reader's state word, the descriptor's first (shm.Reader's rmem points at it). */
+static inline uint64_t shm_ldState(const void *m) { return __atomic_load_n((const uint64_t *)m + SHM_D_STATE / 8, __ATOMIC_ACQUIRE); }
 
 /* ldIndex: index word i (i is masked by the index size). */
 static inline uint64_t shm_ldIndex(const void *m, uint64_t i) {
@@ -135,7 +139,6 @@ static inline uint64_t shm_kindSeed(uint64_t k0, uint64_t k1, uint64_t kind);
 static inline uint64_t shm_keyHash(uint64_t k0, uint64_t k1, uint64_t kind, const unsigned char *key, uint64_t key_len);
 static inline uint64_t shm_keyHashFrom(uint64_t seed, uint64_t k1, uint64_t k2, const unsigned char *key, uint64_t key_len);
 static inline uint64_t shm_valueOff(uint64_t klen, uint64_t vlen);
-static inline uint64_t shm_pinNow(const void *m);
 static inline uint64_t shm_getAt(const void *m, uint64_t kind, const unsigned char *key, uint64_t key_len, uint64_t v, uint64_t *off, uint64_t *n);
 
 /* hashK2 derives the hash's third secret word from the region's 128-bit salt. The two lanes of
@@ -199,24 +202,13 @@ static inline uint64_t shm_valueOff(uint64_t klen, uint64_t vlen) {
   return ((((SHM_B_KEY + klen) + align) - UINT64_C(1)) & ~(align - UINT64_C(1)));
 }
 
-/* pinNow pins the current version in the reader's pin word and returns it; 0 when the horizon
- * has already passed it (the caller clears the pin and retries or takes the slow path).
- * The pin is a plain store in processes the owner fences with membarrier (m.relaxed), a fenced
- * one otherwise: either way it is ordered before the load of the horizon that validates it. */
-static inline uint64_t shm_pinNow(const void *m) {
-  uint64_t v = shm_ldWord(SHM_DW(m, SHM_D_VERSION));
-  if ((SHM_DW(m, SHM_D_RELAXED) != UINT64_C(0))) {
-    shm_storeRelaxed(SHM_DW(m, SHM_D_PIN), v);
-  } else {
-    shm_storeFenced(SHM_DW(m, SHM_D_PIN), v);
-  }
-  if ((shm_ldWord(SHM_DW(m, SHM_D_HORIZON)) > v)) {
-    return UINT64_C(0);
-  }
-  return v;
-}
-
-/* getAt finds (kind, key)'s value visible at the pinned version v: resFound with the value's
+/* getAt finds (kind, key)'s value visible at version v, pinned by the caller, or with v 0 at
+ * the version it pins itself in m's pin word: the current version, stored as a plain store in
+ * processes the owner fences with membarrier (m.relaxed), a fenced one otherwise, either way
+ * ordered before the loads of the horizon and of the reader's state that validate it; resRetry
+ * when the horizon has already passed that version or the reader is closed or busy (the caller
+ * clears the pin, and retries or answers). Whatever else it returns, a pin it stored stays
+ * stored, the value intact until the caller clears it. It returns resFound with the value's
  * arena offset and length when the newest blob of the key is visible at v and live and every
  * offset and length read from the mapping checks out; resMiss when the probe ends without the
  * key; resOlder when the newest blob is above v or a deletion marker (the version chain is the
@@ -228,6 +220,17 @@ static inline uint64_t shm_getAt(const void *m, uint64_t kind, const unsigned ch
   uint64_t klen = (uint64_t)(key_len);
   if (((((kind == UINT64_C(0)) || (kind > SHM_KIND_MASK)) || (klen == UINT64_C(0))) || (klen > SHM_MAX_KEY_LEN))) {
     *off = UINT64_C(0); *n = UINT64_C(0); return SHM_RES_BAD_KEY;
+  }
+  if ((v == UINT64_C(0))) {
+    v = shm_ldWord(SHM_DW(m, SHM_D_VERSION));
+    if ((SHM_DW(m, SHM_D_RELAXED) != UINT64_C(0))) {
+      shm_storeRelaxed(SHM_DW(m, SHM_D_PIN), v);
+    } else {
+      shm_storeFenced(SHM_DW(m, SHM_D_PIN), v);
+    }
+    if (((shm_ldWord(SHM_DW(m, SHM_D_HORIZON)) > v) || (shm_ldState(m) != UINT64_C(0)))) {
+      *off = v; *n = UINT64_C(0); return SHM_RES_RETRY;
+    }
   }
   uint64_t asize = SHM_DW(m, SHM_D_ARENA_SIZE);
   if ((asize < (SHM_B_KEY + klen))) {
@@ -281,10 +284,9 @@ static inline uint64_t shm_getAt(const void *m, uint64_t kind, const unsigned ch
  * set and the pin held (the value stays intact until shm_fast_unpin), or 0 with nothing held. */
 static inline int shm_fast_find(const void *d, uint16_t kind, const unsigned char *key, size_t klen,
                                 const unsigned char **val, uint64_t *vlen) {
-  if (__atomic_load_n((const uint64_t *)d + SHM_D_STATE / 8, __ATOMIC_ACQUIRE) != 0) return 0;
-  uint64_t v = shm_pinNow(d), off, n;
-  if (v != 0 && __atomic_load_n((const uint64_t *)d + SHM_D_STATE / 8, __ATOMIC_ACQUIRE) == 0 &&
-      shm_getAt(d, kind, key, klen, v, &off, &n) == SHM_RES_FOUND) {
+  if (shm_ldState(d) != 0) return 0;
+  uint64_t off, n;
+  if (shm_getAt(d, kind, key, klen, 0, &off, &n) == SHM_RES_FOUND) {
     *val = (const unsigned char *)(uintptr_t)SHM_DW(d, SHM_D_ARENA) + off;
     *vlen = n;
     return 1;

@@ -1,5 +1,7 @@
 package shm
 
+import "sync/atomic"
+
 // The reader descriptor: a Reader's geometry and pin word, in process-local memory outside the
 // Go heap, for the C reader that libshmsteer.so compiles from the same layout table
 // (internal/shmlayout; the offsets are its d* rows). The Go reader never reads it.
@@ -30,19 +32,18 @@ func (rd *Reader) fillDesc() {
 	store64(d, dState, 0)
 }
 
-// setDescState sets or clears bits of the descriptor's state word (a Reader has none when the
-// system gave no memory for it; the C reader is then never used).
+// setDescState sets or clears bits of the Reader's state word, which the generated reader's
+// getAt checks in Go and in C: its descriptor's (a Reader has none when the system gave no
+// memory for it; the C reader is then never used, and the word is its rmem's own).
 func (rd *Reader) setDescState(bits uint64, on bool) {
-	if rd.desc == nil {
-		return
-	}
+	p := rd.m.state
 	for {
-		old := load64(rd.desc[:], dState)
+		old := atomic.LoadUint64(p)
 		nw := old &^ bits
 		if on {
 			nw = old | bits
 		}
-		if cas64(rd.desc[:], dState, old, nw) {
+		if atomic.CompareAndSwapUint64(p, old, nw) {
 			return
 		}
 	}

@@ -60,7 +60,7 @@
 //
 // # One reader, in Go and in C
 //
-// The hash, the pin (pinNow) and the probe loop with its bounds checks (getAt) are written once,
+// The hash, the pin and the probe loop with its bounds checks (getAt) are written once,
 // in internal/shmlayout/reader.go.in: `go generate ./shm` renders that source verbatim into
 // reader_gen.go, which Reader.Get and Region.Get call, and translates it into the C reader of
 // capi/shmread_gen.h, with which libshmsteer.so (capi) reads keys without entering the Go

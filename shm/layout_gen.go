@@ -84,6 +84,8 @@ const (
 	resBadKey = 3
 	// resCorrupt: an index word or blob that does not check out.
 	resCorrupt = 4
+	// resRetry: the version getAt pinned is below the horizon, or the reader is closed or busy.
+	resRetry = 5
 )
 
 // The reader descriptor: process-local memory (never the mapping, never the Go heap) that a Reader fills for the C reader. Words at these byte offsets; addresses are of this process's mappings.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"time"
 )
 
@@ -203,8 +204,10 @@ func (r *Region) NewReader() (*Reader, error) {
 	m := r.m
 	m.pin = word64(r.readers, s+slotPin)
 	rd := &Reader{r: r, slot: s, m: &m, desc: allocDesc()}
+	m.state = &m.ownState
 	if rd.desc != nil {
 		rd.fillDesc()
+		m.state = word64(rd.desc[:], dState)
 	}
 	r.open[rd] = true
 	return rd, nil
@@ -241,22 +244,35 @@ func (rd *Reader) Get(kind Kind, key string, dst []byte) ([]byte, error) {
 	if rd.busy {
 		return dst, ErrReaderBusy
 	}
-	v := pinNow(rd.m)
-	if v == 0 || r.closed.Load() { // the pin was stored either way
-		storeRelaxed(rd.m.pin, 0)
-		var err error
-		if v, err = rd.pin(); err != nil { // the writer moved the horizon: take the loop
-			return dst, err
-		}
-	}
 	k := stringBytes(key)
-	res, a, n := getAt(rd.m, uint64(kind), k, v)
+	res, a, n := getAt(rd.m, uint64(kind), k, 0) // pins
 	if res == resFound {
 		dst = append(dst, rd.m.arena[a:a+n]...)
 		storeRelaxed(rd.m.pin, 0)
 		return dst, nil
 	}
-	dst, err := r.getRest(res, a, n, kind, k, v, dst)
+	return rd.getRest(res, a, n, kind, k, dst)
+}
+
+// getRest is the rest of Reader.Get, after getAt pinned (or, for resBadKey, did not) and did
+// not answer resFound.
+func (rd *Reader) getRest(res, a, n uint64, kind Kind, key []byte, dst []byte) ([]byte, error) {
+	r, v := rd.r, a // resRetry: a is the version getAt pinned
+	if res != resRetry {
+		v = ldWord(rd.m.pin)
+	} else {
+		storeRelaxed(rd.m.pin, 0)
+		var err error
+		if v, err = rd.pin(); err != nil { // closed, or the writer moved the horizon: take the loop
+			return dst, err
+		}
+		if res, a, n = getAt(rd.m, uint64(kind), key, v); res == resFound {
+			dst = append(dst, rd.m.arena[a:a+n]...)
+			storeRelaxed(rd.m.pin, 0)
+			return dst, nil
+		}
+	}
+	dst, err := r.getRest(res, a, n, kind, key, v, dst)
 	storeRelaxed(rd.m.pin, 0)
 	return dst, err
 }
@@ -285,6 +301,7 @@ func (rd *Reader) Close() error {
 	}
 	delete(rd.r.open, rd)
 	rd.r.slotMu.Unlock()
+	rd.m.ownState, rd.m.state = atomic.LoadUint64(rd.m.state), &rd.m.ownState // off the descriptor before it goes
 	freeDesc(rd.desc)
 	rd.desc, rd.r = nil, nil
 	return nil

@@ -9,7 +9,8 @@
 // primitives each language defines for itself: ldIndex (an atomic acquire load of an index
 // word), blobAt and ldHdr (a blob's header at an arena offset this code has already
 // bounds-checked, and an atomic acquire load of one of its words), ldWord, storeRelaxed and
-// storeFenced (the header's and the pin's words), keyAt (the key's bytes compared in the
+// storeFenced (the header's and the pin's words), ldState (the reader's state word, the
+// descriptor's first: closed, busy), keyAt (the key's bytes compared in the
 // arena), le64, le32 (little-endian loads of the caller's key) and fold (a 64×64→128-bit
 // multiply, halves xored). A []byte parameter may be resliced from an offset (key = key[16:]).
 
@@ -76,24 +77,13 @@ func valueOff(klen, vlen uint64) uint64 {
 	return (bKey + klen + align - 1) &^ (align - 1)
 }
 
-// pinNow pins the current version in the reader's pin word and returns it; 0 when the horizon
-// has already passed it (the caller clears the pin and retries or takes the slow path).
-// The pin is a plain store in processes the owner fences with membarrier (m.relaxed), a fenced
-// one otherwise: either way it is ordered before the load of the horizon that validates it.
-func pinNow(m *rmem) uint64 {
-	v := ldWord(m.version)
-	if m.relaxed != 0 {
-		storeRelaxed(m.pin, v)
-	} else {
-		storeFenced(m.pin, v)
-	}
-	if ldWord(m.horizon) > v {
-		return 0
-	}
-	return v
-}
-
-// getAt finds (kind, key)'s value visible at the pinned version v: resFound with the value's
+// getAt finds (kind, key)'s value visible at version v, pinned by the caller, or with v 0 at
+// the version it pins itself in m's pin word: the current version, stored as a plain store in
+// processes the owner fences with membarrier (m.relaxed), a fenced one otherwise, either way
+// ordered before the loads of the horizon and of the reader's state that validate it; resRetry
+// when the horizon has already passed that version or the reader is closed or busy (the caller
+// clears the pin, and retries or answers). Whatever else it returns, a pin it stored stays
+// stored, the value intact until the caller clears it. It returns resFound with the value's
 // arena offset and length when the newest blob of the key is visible at v and live and every
 // offset and length read from the mapping checks out; resMiss when the probe ends without the
 // key; resOlder when the newest blob is above v or a deletion marker (the version chain is the
@@ -105,6 +95,17 @@ func getAt(m *rmem, kind uint64, key []byte, v uint64) (res, off, n uint64) {
 	klen := uint64(len(key))
 	if kind == 0 || kind > kindMask || klen == 0 || klen > MaxKeyLen {
 		return resBadKey, 0, 0
+	}
+	if v == 0 {
+		v = ldWord(m.version)
+		if m.relaxed != 0 {
+			storeRelaxed(m.pin, v)
+		} else {
+			storeFenced(m.pin, v)
+		}
+		if ldWord(m.horizon) > v || ldState(m) != 0 {
+			return resRetry, v, 0
+		}
 	}
 	asize := m.arenaSize
 	if asize < bKey+klen {

@@ -17,6 +17,7 @@ import (
 // holds a copy with its own.
 type rmem struct {
 	pin, version, horizon *uint64
+	state                 *uint64 // the Reader's state word: its descriptor's, else ownState
 	index                 []uint64
 	indexMask             uint64
 	arena                 []byte
@@ -26,17 +27,22 @@ type rmem struct {
 	hashK2                uint64 // hashK2(hashK0, hashK1)
 	relaxed               uint64 // 1: pins may be plain stores (the owner fences with membarrier)
 	seeds                 [seededKinds]uint64
+	ownState              uint64 // the state word of a Reader without a descriptor
 }
 
 // closedMem is what a Reader of a closed region reads instead of the unmapped region: no
-// version (0) behind a horizon of 1, so a pin never succeeds, and an empty index and arena.
+// version (0) behind a horizon of 1, so a pin never succeeds, a state word that says closed,
+// and an empty index and arena.
 func closedMem() *rmem {
 	w := make([]uint64, 3)
 	w[2] = 1
-	return &rmem{pin: &w[0], version: &w[1], horizon: &w[2]}
+	m := &rmem{pin: &w[0], version: &w[1], horizon: &w[2], ownState: descClosed}
+	m.state = &m.ownState
+	return m
 }
 
 func ldWord(p *uint64) uint64         { return atomic.LoadUint64(p) }
+func ldState(m *rmem) uint64          { return atomic.LoadUint64(m.state) }
 func storeFenced(p *uint64, v uint64) { atomic.StoreUint64(p, v) }
 
 // ldIndex loads index word i; i is masked by the index size, and Go checks it again.

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -410,4 +411,34 @@ func TestReaderAfterRegionClose(t *testing.T) {
 	require.NoError(t, rd.Close())
 	_, err = rd.Get(1, "k", nil)
 	require.ErrorIs(t, err, ErrClosed)
+}
+
+// A closing Region marks its Readers' state words before it waits out their pins; the
+// generated reader's getAt checks that word after it pins, in Go as in C, so a Get that pins
+// after the mark answers ErrClosed and leaves no pin, whether the Reader's word is its
+// descriptor's or (without a descriptor) its own.
+func TestReaderStateWordCloses(t *testing.T) {
+	r := newTestRegion(t, Config{IndexSlots: 64, ArenaBytes: 64 << 10, ReaderSlots: 4})
+	_, err := r.Put(1, "k", []byte("v"))
+	require.NoError(t, err)
+	for _, withDesc := range []bool{true, false} {
+		rd, err := r.NewReader()
+		require.NoError(t, err)
+		if !withDesc {
+			rd.m.state = &rd.m.ownState
+			freeDesc(rd.desc)
+			rd.desc = nil
+		}
+		got, err := rd.Get(1, "k", nil)
+		require.NoError(t, err)
+		require.Equal(t, "v", string(got))
+		r.closed.Store(true) // as Close does first, then it marks the Readers
+		rd.setDescState(descClosed, true)
+		_, err = rd.Get(1, "k", nil)
+		require.ErrorIs(t, err, ErrClosed, "descriptor %v", withDesc)
+		require.Zero(t, atomic.LoadUint64(rd.m.pin), "a pin left behind")
+		rd.setDescState(descClosed, false)
+		r.closed.Store(false)
+		require.NoError(t, rd.Close())
+	}
 }

@@ -83,6 +83,7 @@ var Groups = []Group{
 		{"resOlder", "SHM_RES_OLDER", 2, "the newest blob is above the pinned version, or a deletion marker: the general path walks the chain"},
 		{"resBadKey", "SHM_RES_BAD_KEY", 3, "kind 0, or a key of a bad length"},
 		{"resCorrupt", "SHM_RES_CORRUPT", 4, "an index word or blob that does not check out"},
+		{"resRetry", "SHM_RES_RETRY", 5, "the version getAt pinned is below the horizon, or the reader is closed or busy"},
 	}},
 	{"The reader descriptor: process-local memory (never the mapping, never the Go heap) that a Reader fills for the C reader. Words at these byte offsets; addresses are of this process's mappings.", []Const{
 		{"dState", "SHM_D_STATE", 0, "0 = usable; else descClosed and/or descBusy"},
