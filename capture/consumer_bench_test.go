@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/steer"
 	"golang.org/x/sys/unix"
 )
@@ -21,7 +22,8 @@ import (
 // kind of memory) into the same destination, alternating in one run. consumer/memcpy is the
 // median over rounds of the memcpy time over the consumer's (the consumer's bandwidth as a
 // fraction of memcpy's; the goal is ≥ 0.8); batch/memcpy the same for a consumer reading with
-// NextBatch (64 records a call).
+// NextBatch (64 records a call); run/memcpy1 is a consumer reading runs (NextRun) and copying
+// their rows with non-temporal stores against memcpy1, one copy of the same 32 MiB.
 //
 // A plain copy out of the ring's own data where the frames lie (either mapping, the ring 40,
 // 64 or 128 MiB, the caches evicted before each copy or not) runs at memcpy's speed: the ring's
@@ -77,7 +79,7 @@ func BenchmarkConsumerRead(b *testing.B) {
 		return stamp{time.Duration(ts.Nano()), time.Duration(time.Now().UnixNano())}
 	}
 	since := func(t0 stamp) stamp { t := now(); return stamp{t.cpu - t0.cpu, t.wall - t0.wall} }
-	var ratios, ratios1, ratiosB, ratiosW, ratiosBW, consNs, batchNs, memNs []float64
+	var ratios, ratios1, ratiosB, ratiosW, ratiosBW, ratiosR1, consNs, batchNs, memNs []float64
 	b.SetBytes(int64(step))
 	b.ResetTimer()
 	appendStep := func() {
@@ -129,6 +131,28 @@ func BenchmarkConsumerRead(b *testing.B) {
 		c.Release()
 		return since(t0)
 	}
+	// readRun is read with NextRun (runs of up to 1,024 records), each run's rows copied with
+	// non-temporal stores (kernels.StreamCopy), as the C ABI's shmsteer_capture_copy_run does:
+	// the consumer's counterpart of memcpy1.
+	readRun := func() stamp {
+		appendStep()
+		t0 := now()
+		off := 0
+		for n := 0; n < reqs*layers; {
+			var err error
+			evs, err = c.NextRun(evs[:0], RunOptions{Max: 1024}, time.Second)
+			if err != nil || len(evs) == 0 {
+				b.Fatal(len(evs), err)
+			}
+			for i := range evs {
+				off += kernels.StreamCopy(dst[off:], evs[i].Record.Data)
+			}
+			n += len(evs)
+		}
+		kernels.StoreFence()
+		c.Release()
+		return since(t0)
+	}
 	fresh := func() {
 		for off := 0; off < step; off += len(rec.Data) {
 			copy(src[off:], rec.Data)
@@ -151,11 +175,11 @@ func BenchmarkConsumerRead(b *testing.B) {
 		return since(t0)
 	}
 	for i := range b.N {
-		var tc, tb, tm, t1 stamp
+		var tc, tb, tm, t1, tr stamp
 		if i%2 == 0 {
-			tc, tm, t1, tb = read(), mem(), mem1(), readBatch()
+			tc, tm, t1, tb, tr = read(), mem(), mem1(), readBatch(), readRun()
 		} else {
-			tb, t1, tm, tc = readBatch(), mem1(), mem(), read()
+			tr, tb, t1, tm, tc = readRun(), readBatch(), mem1(), mem(), read()
 		}
 		consNs = append(consNs, float64(tc.cpu))
 		batchNs = append(batchNs, float64(tb.cpu))
@@ -163,6 +187,7 @@ func BenchmarkConsumerRead(b *testing.B) {
 		ratios = append(ratios, float64(tm.cpu)/float64(tc.cpu))
 		ratios1 = append(ratios1, float64(t1.cpu)/float64(tc.cpu))
 		ratiosB = append(ratiosB, float64(tm.cpu)/float64(tb.cpu))
+		ratiosR1 = append(ratiosR1, float64(t1.cpu)/float64(tr.cpu))
 		ratiosW = append(ratiosW, float64(tm.wall)/float64(tc.wall))
 		ratiosBW = append(ratiosBW, float64(tm.wall)/float64(tb.wall))
 	}
@@ -171,6 +196,7 @@ func BenchmarkConsumerRead(b *testing.B) {
 	b.ReportMetric(med(ratios), "consumer/memcpy")
 	b.ReportMetric(med(ratios1), "consumer/memcpy1")
 	b.ReportMetric(med(ratiosB), "batch/memcpy")
+	b.ReportMetric(med(ratiosR1), "run/memcpy1")
 	b.ReportMetric(med(ratiosW), "consumer/memcpy-wall")
 	b.ReportMetric(med(ratiosBW), "batch/memcpy-wall")
 	b.ReportMetric(float64(step)/med(consNs), "consumer-GB/s")
