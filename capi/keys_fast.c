@@ -1,8 +1,8 @@
 //go:build cgo
 
 // The key get that does not enter the Go runtime: shmsteer_reader_key_get and
-// shmsteer_reader_key_get_tls first ask the C reader generated from the layout table
-// (shmread_gen.h, see internal/shmlayout), through the shm.Reader's descriptor that the Go side
+// shmsteer_reader_key_get_tls first ask the C reader (shmread_gen.h: shm's reader translated
+// to C from internal/shmlayout's one source), through the shm.Reader's descriptor that the Go side
 // registered here when it opened the reader (keys_fast.go). Whatever the C reader does not
 // answer (a miss, a revoked key, a buffer too small, a closed reader, ...) goes to the Go
 // reader, which answers it as before.

@@ -157,7 +157,7 @@ func fastWriter(t *testing.T) (w *exec.Cmd, in io.Writer, out *bufio.Reader, kr 
 	return w, in, out, kr, h
 }
 
-// TestFastReaderAgrees: the C reader generated from the layout table and the Go reader, in one
+// TestFastReaderAgrees: the C reader and the Go reader, generated from one source, in one
 // reader process, against an owner process that rewrites keys without pause. Every value
 // either returns is exactly one the writer wrote for that id, and neither ever goes back to an
 // older one than the other has returned; the C reader answers most gets (it is in use). A

@@ -2,8 +2,9 @@
 // libshmsteer.so, the one place where cgo meets the engine. Its contract is shmsteer.h (every
 // function, ownership rule and error code); C, C++ and Python (python/shmsteer, through ctypes)
 // read the region through it, so every language runs the one Go implementation of the protocol,
-// except a reader's gets of live keys, which a C reader generated from the same layout table as
-// shm's Go constants answers without entering Go (keys_fast.c; see internal/shmlayout).
+// except a reader's gets of live keys, which a C reader answers without entering Go: shm's Go
+// reader itself, translated to C from the one source both are generated from (keys_fast.c;
+// see internal/shmlayout).
 //
 // `go generate ./capi` builds the library and copies its header into python/shmsteer/, where
 // the Python package loads it (cgo's own generated header, which declares the internal
