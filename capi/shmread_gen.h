@@ -221,6 +221,12 @@ static inline uint64_t shm_getAt(const void *m, uint64_t kind, const unsigned ch
   if (((((kind == UINT64_C(0)) || (kind > SHM_KIND_MASK)) || (klen == UINT64_C(0))) || (klen > SHM_MAX_KEY_LEN))) {
     *off = UINT64_C(0); *n = UINT64_C(0); return SHM_RES_BAD_KEY;
   }
+  uint64_t h = 0;
+  if ((kind < SHM_SEEDED_KINDS)) {
+    h = shm_keyHashFrom(SHM_DW(m, (SHM_D_SEEDS + 8 * (kind))), SHM_DW(m, SHM_D_HASH_K1), SHM_DW(m, SHM_D_HASH_K2), key, key_len);
+  } else {
+    h = shm_keyHash(SHM_DW(m, SHM_D_HASH_K0), SHM_DW(m, SHM_D_HASH_K1), kind, key, key_len);
+  }
   if ((v == UINT64_C(0))) {
     v = shm_ldWord(SHM_DW(m, SHM_D_VERSION));
     if ((SHM_DW(m, SHM_D_RELAXED) != UINT64_C(0))) {
@@ -235,12 +241,6 @@ static inline uint64_t shm_getAt(const void *m, uint64_t kind, const unsigned ch
   uint64_t asize = SHM_DW(m, SHM_D_ARENA_SIZE);
   if ((asize < (SHM_B_KEY + klen))) {
     *off = UINT64_C(0); *n = UINT64_C(0); return SHM_RES_CORRUPT;
-  }
-  uint64_t h = 0;
-  if ((kind < SHM_SEEDED_KINDS)) {
-    h = shm_keyHashFrom(SHM_DW(m, (SHM_D_SEEDS + 8 * (kind))), SHM_DW(m, SHM_D_HASH_K1), SHM_DW(m, SHM_D_HASH_K2), key, key_len);
-  } else {
-    h = shm_keyHash(SHM_DW(m, SHM_D_HASH_K0), SHM_DW(m, SHM_D_HASH_K1), kind, key, key_len);
   }
   uint64_t mask = SHM_DW(m, SHM_D_INDEX_MASK);
   uint64_t probes = SHM_DW(m, SHM_D_MAX_PROBE);

@@ -96,6 +96,12 @@ func getAt(m *rmem, kind uint64, key []byte, v uint64) (res, off, n uint64) {
 	if kind == 0 || kind > kindMask || klen == 0 || klen > MaxKeyLen {
 		return resBadKey, 0, 0
 	}
+	var h uint64 // before the pin: it reads nothing of the mapping
+	if kind < seededKinds {
+		h = keyHashFrom(m.seeds[kind], m.hashK1, m.hashK2, key)
+	} else {
+		h = keyHash(m.hashK0, m.hashK1, kind, key)
+	}
 	if v == 0 {
 		v = ldWord(m.version)
 		if m.relaxed != 0 {
@@ -110,12 +116,6 @@ func getAt(m *rmem, kind uint64, key []byte, v uint64) (res, off, n uint64) {
 	asize := m.arenaSize
 	if asize < bKey+klen {
 		return resCorrupt, 0, 0
-	}
-	var h uint64
-	if kind < seededKinds {
-		h = keyHashFrom(m.seeds[kind], m.hashK1, m.hashK2, key)
-	} else {
-		h = keyHash(m.hashK0, m.hashK1, kind, key)
 	}
 	mask := m.indexMask
 	probes := m.maxProbe
