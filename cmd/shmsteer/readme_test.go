@@ -68,6 +68,7 @@ var readmeNotRun = map[string]string{
 	"go generate ./capi":                  "capi's TestPythonVenvInstall runs these lines (here the generate would rewrite the library capi's tests load in the same go test ./...)",
 	"nats-server -js -sd /var/lib/nats &": "the several-hosts example needs nats-server and several hosts; TestServeMirrorTwoHosts runs it",
 	"go run ./cmd/shmsteer bench --json out.json --plot out.png":   "minutes of benchmarks; bench's tests run its parts",
+	"go run ./cmd/shmsteer bench --json runN.json":                 "minutes of benchmarks; bench's tests run its parts (--summarize: TestSummarizeFiles)",
 	"go test -run '^$' -bench . ./shm/ ./ipc/ ./kernels/ ./steer/": "benchmarks",
 }
 
