@@ -177,18 +177,18 @@ func (m *Mirror) admit(u jetstream.KeyValueEntry) (*value, error) {
 	}
 	m.newest[env.origin] = max(m.newest[env.origin], env.seq)
 	if purge {
-		switch id, live := m.keyIDs[ek]; {
-		case kind == kindConversation:
-			if e := m.entries[ek]; e == nil || e.deleted { // dropped here already: forget the entry
-				m.forgetLocked(ek)
-				return nil, nil
+		// The request id a key's marker revokes, or a conversation's name; "": the entry was
+		// revoked or dropped here already, and is only forgotten.
+		if kind == kindConversation {
+			if e := m.entries[ek]; e != nil && !e.deleted {
+				v.marker = name // its tombstone was missed: drop the conversation, then forget
 			}
-			v.marker = name // its tombstone was missed: drop the conversation, then forget the entry
-		case !live: // revoked here already: forget the entry
+		} else {
+			v.marker = m.keyIDs[ek]
+		}
+		if v.marker == "" {
 			m.forgetLocked(ek)
 			return nil, nil
-		default:
-			v.marker = id
 		}
 	}
 	return v, nil
