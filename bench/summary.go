@@ -196,7 +196,7 @@ func summarizeFiles(w io.Writer, files []string) error {
 		run, err := ReadRun(f)
 		f.Close()
 		if err != nil {
-			return fmt.Errorf("--summarize %s: %w", name, err)
+			return fmt.Errorf("%w (in %s)", err, name)
 		}
 		runs = append(runs, run)
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,6 +78,12 @@ func TestSummarizeFiles(t *testing.T) {
 	err := runMain(Options{Summarize: files[0] + "," + bad}, sources{}, &out, &errb)
 	require.ErrorIs(t, err, ErrBadRun)
 	require.ErrorContains(t, err, "bad.json")
+	require.True(t, strings.HasPrefix(err.Error(), "shmsteer: "), "one prefix, first: %v", err)
+
+	missing := filepath.Join(dir, "missing.json")
+	err = runMain(Options{Summarize: files[0] + "," + missing}, sources{}, &out, &errb)
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	require.ErrorContains(t, err, "missing.json")
 }
 
 // FuzzReadRun: any bytes are a run or ErrBadRun, and a run summarizes.
