@@ -119,6 +119,8 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_HUB_GONE] = "capture.ErrHubGone",
     [SHMSTEER_E_CAPTURE_BAD_RUN] = "capture.ErrBadRun",
     [SHMSTEER_E_CAPTURE_RUN_TOO_LARGE] = "capture.ErrRunTooLarge",
+    [SHMSTEER_E_COLUMNS_FULL] = "shm.ErrColumnsFull",
+    [SHMSTEER_E_BAD_COLUMN] = "shm.ErrBadColumn",
 };
 
 __attribute__((visibility("default"))) const char *shmsteer_error_name(int code) {

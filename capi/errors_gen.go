@@ -102,6 +102,8 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_VALUE_TOO_LARGE, "shm.ErrValueTooLarge", shm.ErrValueTooLarge},
 	{C.SHMSTEER_E_UNSUPPORTED, "shm.ErrUnsupported", shm.ErrUnsupported},
 	{C.SHMSTEER_E_LEASE_UNAVAILABLE, "shm.ErrLeaseUnavailable", shm.ErrLeaseUnavailable},
+	{C.SHMSTEER_E_COLUMNS_FULL, "shm.ErrColumnsFull", shm.ErrColumnsFull},
+	{C.SHMSTEER_E_BAD_COLUMN, "shm.ErrBadColumn", shm.ErrBadColumn},
 	{C.SHMSTEER_E_CAPTURE_BAD_SPEC, "capture.ErrBadSpec", capture.ErrBadSpec},
 	{C.SHMSTEER_E_CAPTURE_BAD_CONSUMER, "capture.ErrBadConsumer", capture.ErrBadConsumer},
 	{C.SHMSTEER_E_CAPTURE_BAD_SLUG, "capture.ErrBadSlug", capture.ErrBadSlug},

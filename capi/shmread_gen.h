@@ -11,6 +11,14 @@
 #define SHM_H_VERSION UINT64_C(192) /* global version, published last by every commit */
 #define SHM_H_HORIZON UINT64_C(256) /* oldest version whose data is guaranteed intact */
 
+/* The column pool's geometry: immutable header words, byte offsets into the data mapping, covered by the header checksum. The pool is cell-major: cell c of column k is at poolOff + (c*columns + k)*cellBytes, so cell c of adjacent columns is adjacent. */
+#define SHM_H_POOL_OFF UINT64_C(144) /* the pool's offset in the data memfd, a multiple of poolAlign, after the arena; 0 = no pool */
+#define SHM_H_COLUMNS UINT64_C(152) /* number of columns; 0 = no pool */
+#define SHM_H_COLUMN_CELLS UINT64_C(160) /* cells per column */
+#define SHM_H_CELL_BYTES UINT64_C(168) /* bytes per cell, a positive multiple of cellAlign */
+#define SHM_POOL_ALIGN UINT64_C(0x200000) /* the pool's alignment within the data memfd */
+#define SHM_CELL_ALIGN UINT64_C(64) /* cells are a multiple of this size, so every cell is this aligned */
+
 /* Reader slots: one cache line each in the reader memfd, after a header line. */
 #define SHM_LINE UINT64_C(64) /* a cache line: the reader file's header and each slot */
 #define SHM_SLOT_PIN UINT64_C(8) /* a slot's pinned version; 0 = not reading */

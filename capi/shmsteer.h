@@ -187,8 +187,11 @@ extern "C" {
 #define SHMSTEER_E_HUB_GONE 124               /* capture.ErrHubGone: the owner's hub closed the capture connection; attach again */
 #define SHMSTEER_E_CAPTURE_BAD_RUN 125        /* capture.ErrBadRun: a run's bounds are out of range (max records, bytes or rows) */
 #define SHMSTEER_E_CAPTURE_RUN_TOO_LARGE 126  /* capture.ErrRunTooLarge: the next record is larger than the reader's buffers; nothing was consumed */
+/* package shm (codes 140..149) */
+#define SHMSTEER_E_COLUMNS_FULL 140 /* shm.ErrColumnsFull: no free column (or no pool); end requests, unpin, or raise Columns */
+#define SHMSTEER_E_BAD_COLUMN 141   /* shm.ErrBadColumn: a column not reserved by this transaction, or a cell out of range */
 /* One past the largest code. */
-#define SHMSTEER_E_LIMIT 140
+#define SHMSTEER_E_LIMIT 150
 /* END ERROR CODES */
 
 /* Phases of a request's rows (steer.Phase). */

@@ -1,6 +1,6 @@
 // Package shm owns the shared-memory region that every shmsteer process reads: its binary
-// layout, the open-addressing index, the arena of immutable blobs, versions and snapshots, and
-// epoch-based reclamation through reader slots.
+// layout, the open-addressing index, the arena of immutable blobs, the column pool, versions and
+// snapshots, and epoch-based reclamation through reader slots.
 //
 // It must not know keys, requests or steering (it stores opaque values under (Kind, key)) and
 // must not import the rest of shmsteer; which Kind means what is internal/proto's table.
@@ -12,10 +12,18 @@
 // or a Snapshot). Regions need Linux (memfd, file seals, OFD locks, membarrier); elsewhere the
 // package builds and Create and Open return ErrUnsupported (region_other.go).
 //
-// # Layout (v1)
+// # Layout (v4)
 //
 // A region is two memfds. The data memfd holds, in order: a 4 KiB header, the index (a
-// power-of-two array of 64-bit words) and the arena of 64-byte-aligned blobs. After the owner
+// power-of-two array of 64-bit words), the mark table, the arena of 64-byte-aligned blobs and,
+// if the region has one (Config.Columns, ColumnCells, CellBytes), the column pool. The pool
+// starts at a 2 MiB boundary of the memfd after the arena and is cell-major: cell c of column
+// k is at (c*Columns + k)*CellBytes from its start, so cell c of adjacent columns is adjacent
+// (a request's per-site vectors in one column each, a site's vectors of every request side by
+// side for the decode step's gather). Its geometry is in the header, checked against the
+// memfd's size by Open. Nothing touches the pool before the owner writes a cell, so an unused
+// pool costs address space only; a cell becomes resident when the owner writes it (or a reader
+// reads it), and stays so. After the owner
 // maps it, the data memfd is sealed (F_SEAL_FUTURE_WRITE), so readers can map it read-only: a
 // buggy reader cannot corrupt what every other process reads. The reader memfd holds the reader
 // slots, one cache line each, which readers write to announce the version they read at.
@@ -29,6 +37,17 @@
 // every write of a transaction or none of it. A replaced blob is retired at the version that
 // replaced it and reused only when every pinned slot is at or above that version; slots of dead
 // processes are found and cleared, so a crashed reader never blocks reclamation for long.
+//
+// A column lives as long as the value it is attached to. The owner reserves it in a
+// transaction (Tx.AllocColumn), writes its cells in place (Tx.Cell) and ties it to a value the
+// same transaction writes (Tx.Attach); a column left unattached at commit, or reserved by an
+// aborted transaction, is freed at once, since no published value names it. When a later
+// transaction replaces or deletes the value, its columns are retired at that version with its
+// blob and freed by the same rule: once every pin is at or above it, their written cells
+// zeroed. So a reader may read a column named by a value visible at its pinned version
+// (Region.Columns) and finds it unchanged while the pin holds; a column no such value names
+// means nothing to it. Which column is whose lives in the owner's private memory, like the
+// arena's allocator.
 //
 // # Reader liveness
 //

@@ -55,6 +55,15 @@ var (
 	// key registry's revoked sentinel. It matches ErrNotFound too (there is no value); test
 	// for ErrMarked first where the difference matters.
 	ErrMarked error = &markedError{}
+	// ErrColumnsFull means no column of the pool is free for Tx.AllocColumn (after a
+	// reclamation pass), or the region has no pool; the message says how the columns are
+	// taken and what to do: end requests (delete the values that hold columns), unpin the
+	// reader that holds retired ones, or raise Config.Columns.
+	ErrColumnsFull = errors.New("shmsteer: no free column")
+	// ErrBadColumn means Tx.Cell or Tx.Attach named a column this transaction did not reserve
+	// (or a cell out of range), or Attach named a value not written in this transaction;
+	// nothing was changed.
+	ErrBadColumn = errors.New("shmsteer: bad column")
 	// ErrUnsupported means this operating system lacks memfd; shmsteer needs Linux.
 	ErrUnsupported = errors.New("shmsteer: shared regions need Linux memfd")
 )

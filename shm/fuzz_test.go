@@ -16,20 +16,61 @@ func validHeader() []byte {
 }
 
 // FuzzParseHeader feeds arbitrary header bytes and file sizes to the validator: it must never
-// panic, and whatever it accepts must describe sections inside the file.
+// panic, and whatever it accepts must describe sections inside the file. With reseal set, the
+// column pool's four header words are set to the fuzzed values and the checksum recomputed, so
+// the pool's geometry checks are explored past the checksum.
 func FuzzParseHeader(f *testing.F) {
 	h := validHeader()
 	l := computeLayout(64, 64, 64<<10, 4, 64)
-	f.Add(h, l.totalSize)
-	f.Add(h[:100], uint64(100))
-	f.Add(make([]byte, headerSize), uint64(headerSize))
-	f.Fuzz(func(t *testing.T, b []byte, size uint64) {
+	f.Add(h, l.totalSize, false, uint64(0), uint64(0), uint64(0), uint64(0))
+	f.Add(h[:100], uint64(100), false, uint64(0), uint64(0), uint64(0), uint64(0))
+	f.Add(make([]byte, headerSize), uint64(headerSize), false, uint64(0), uint64(0), uint64(0), uint64(0))
+	lp := l.withPool(3, 5, 128)
+	hp := make([]byte, headerSize)
+	writeHeader(hp, lp, 42, 7, nil)
+	f.Add(hp, lp.totalSize, false, uint64(0), uint64(0), uint64(0), uint64(0))
+	f.Add(hp, l.totalSize, false, uint64(0), uint64(0), uint64(0), uint64(0))
+	f.Add(h, lp.totalSize, true, lp.poolOff, lp.columns, lp.columnCells, lp.cellBytes)
+	f.Add(h, lp.totalSize, true, lp.poolOff, lp.columns+1<<62, lp.columnCells, lp.cellBytes)
+	f.Fuzz(func(t *testing.T, b []byte, size uint64, reseal bool, poolOff, columns, cells, cellBytes uint64) {
+		if reseal && len(b) >= headerSize {
+			b = append([]byte(nil), b...)
+			le := binary.LittleEndian
+			le.PutUint64(b[hPoolOff:], poolOff)
+			le.PutUint64(b[hColumns:], columns)
+			le.PutUint64(b[hColumnCells:], cells)
+			le.PutUint64(b[hCellBytes:], cellBytes)
+			le.PutUint64(b[hChecksum:], uint64(headerChecksum(b)))
+		}
 		got, err := parseHeader(b, size)
 		if err != nil {
 			return
 		}
-		if got.arenaOff+got.arenaSize != size || got.indexOff+8*got.indexSlots > got.markOff || got.markOff+markEntry*got.markSlots > got.arenaOff || got.totalSize != size {
+		end := got.arenaOff + got.arenaSize
+		if got.indexOff+8*got.indexSlots > got.markOff || got.markOff+markEntry*got.markSlots > got.arenaOff || got.totalSize != size || end > size {
 			t.Fatalf("accepted a layout outside the file: %+v size %d", got, size)
+		}
+		if got.columns == 0 {
+			if end != size || got.poolOff|got.columnCells|got.cellBytes != 0 {
+				t.Fatalf("accepted a pool-less layout that does not end at the arena: %+v size %d", got, size)
+			}
+			return
+		}
+		// The pool: after the arena, aligned, in range, ending the file, its size computed
+		// without overflow (each factor below 2^36, their product at most maxPoolBytes).
+		if got.poolOff < end || got.poolOff%poolAlign != 0 || got.cellBytes%cellAlign != 0 || got.cellBytes == 0 || got.columnCells == 0 ||
+			got.columns > maxColumns || got.cellBytes > maxPoolBytes || got.columnCells > maxPoolBytes || got.poolBytes() > maxPoolBytes ||
+			got.poolBytes()/got.cellBytes/got.columnCells != got.columns || got.poolOff+got.poolBytes() != size {
+			t.Fatalf("accepted a column pool outside the file: %+v size %d", got, size)
+		}
+		// Every cell's bytes lie inside the pool.
+		p := ColumnPool{&columnPool{bytes: make([]byte, 0), columns: got.columns, cells: got.columnCells, cellBytes: got.cellBytes}}
+		if c, n, cb := p.Geometry(); c != int(got.columns) || n != int(got.columnCells) || cb != int(got.cellBytes) {
+			t.Fatalf("geometry %d %d %d of %+v", c, n, cb, got)
+		}
+		lastOff := ((got.columnCells-1)*got.columns + got.columns - 1) * got.cellBytes
+		if lastOff+got.cellBytes != got.poolBytes() {
+			t.Fatalf("last cell at %d of %d bytes ends past the pool of %d", lastOff, got.cellBytes, got.poolBytes())
 		}
 	})
 }

@@ -7,10 +7,12 @@ import (
 	"math/bits"
 )
 
-// LayoutVersion is the version of the binary layout this build reads and writes. 3: the index
-// and mark hash is keyHashFrom's two-lane form (internal/shmlayout/reader.go.in); a region of
-// layout 2 hashes its keys otherwise and is refused with ErrIncompatible.
-const LayoutVersion = 3
+// LayoutVersion is the version of the binary layout this build reads and writes. 4: the header
+// records a column pool's geometry (hPoolOff to hCellBytes) and its checksum moved after them;
+// a region of layout 3 (no pool, the checksum where the pool's offset now is) is refused with
+// ErrIncompatible. 3: the index and mark hash is keyHashFrom's two-lane form
+// (internal/shmlayout/reader.go.in).
+const LayoutVersion = 4
 
 const (
 	dataMagic    = 0x3130415441444d53 // "SMDATA01" little-endian
@@ -21,35 +23,39 @@ const (
 	// Header fields, byte offsets. The first line and a half is immutable after Create and
 	// covered by the header checksum; the mutable words each have a cache line of their own
 	// so readers polling the version do not share a line with counters the writer bumps.
-	hMagic        = 0
-	hLayout       = 8 // uint32 layout version | uint32 header size
-	hTotalSize    = 16
-	hIndexOff     = 24
-	hIndexSlots   = 32
-	hArenaOff     = 40
-	hArenaSize    = 48
-	hReaderSlots  = 56
-	hMaxProbe     = 64
-	hHashK0       = 72
-	hHashK1       = 80
-	hRegionID     = 88
-	hOwnerPID     = 96
-	hOwnerStart   = 104
-	hDeleteRes    = 112
-	hFlags        = 120
-	hMarkOff      = 128
-	hMarkSlots    = 136
-	hChecksum     = 144 // crc32c of bytes [0, 144) and of the user config
-	hReclaimSeq   = 320 // odd while a reclamation pass runs
-	hEntries      = 384 // live values (not deletion markers)
-	hLiveBytes    = 392 // bytes of live blobs (heads of chains)
-	hAllocBytes   = 400 // bytes allocated in the arena (live + retired + markers)
-	hRetiredBytes = 408 // bytes retired and waiting for readers to move on
-	hCommits      = 416
-	hReclaimed    = 424 // bytes reclaimed over the region's life
-	hDeadCleared  = 432 // reader slots of dead processes cleared
-	hMarks        = 440 // marks present at the last version
-	hMarkEntries  = 448 // mark entries ever written and not yet empty (present, removed or tombstones)
+	hMagic       = 0
+	hLayout      = 8 // uint32 layout version | uint32 header size
+	hTotalSize   = 16
+	hIndexOff    = 24
+	hIndexSlots  = 32
+	hArenaOff    = 40
+	hArenaSize   = 48
+	hReaderSlots = 56
+	hMaxProbe    = 64
+	hHashK0      = 72
+	hHashK1      = 80
+	hRegionID    = 88
+	hOwnerPID    = 96
+	hOwnerStart  = 104
+	hDeleteRes   = 112
+	hFlags       = 120
+	hMarkOff     = 128
+	hMarkSlots   = 136
+	// 144 to 175: the column pool's geometry (hPoolOff, hColumns, hColumnCells, hCellBytes:
+	// layout_gen.go, from internal/shmlayout's table).
+	hChecksum       = 176 // crc32c of bytes [0, 176) and of the user config
+	hReclaimSeq     = 320 // odd while a reclamation pass runs
+	hEntries        = 384 // live values (not deletion markers)
+	hLiveBytes      = 392 // bytes of live blobs (heads of chains)
+	hAllocBytes     = 400 // bytes allocated in the arena (live + retired + markers)
+	hRetiredBytes   = 408 // bytes retired and waiting for readers to move on
+	hCommits        = 416
+	hReclaimed      = 424 // bytes reclaimed over the region's life
+	hDeadCleared    = 432 // reader slots of dead processes cleared
+	hMarks          = 440 // marks present at the last version
+	hMarkEntries    = 448 // mark entries ever written and not yet empty (present, removed or tombstones)
+	hColumnsUsed    = 456 // columns not free: reserved, live or retired (the owner's count at its last commit or pass)
+	hColumnsRetired = 464 // columns retired and waiting for readers to move on
 
 	// flagMembarrier: the owner fences every registered reader process with
 	// membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) before it scans reader slots, so readers that
@@ -109,7 +115,15 @@ type layout struct {
 	flags       uint64
 	markOff     uint64
 	markSlots   uint64
+	// The column pool (all zero: none).
+	poolOff     uint64
+	columns     uint64
+	columnCells uint64
+	cellBytes   uint64
 }
+
+// poolBytes is the column pool's size.
+func (l *layout) poolBytes() uint64 { return l.columns * l.columnCells * l.cellBytes }
 
 func (l *layout) mask() uint64 { return l.indexSlots - 1 }
 
@@ -133,6 +147,17 @@ func computeLayout(indexSlots, markSlots, arenaBytes, readerSlots, maxProbe uint
 		maxProbe:    maxProbe,
 		deleteRes:   deleteReserve(arenaBytes),
 	}
+}
+
+// withPool places a column pool of a validated geometry after the arena, poolAlign-aligned.
+func (l layout) withPool(columns, cells, cellBytes uint64) layout {
+	if columns == 0 {
+		return l
+	}
+	l.poolOff = alignUp(l.arenaOff+l.arenaSize, poolAlign)
+	l.columns, l.columnCells, l.cellBytes = columns, cells, cellBytes
+	l.totalSize = l.poolOff + l.poolBytes()
+	return l
 }
 
 // deleteReserve is the arena space that only deletion markers may use, so a full region can
@@ -166,10 +191,15 @@ func writeHeader(h []byte, l layout, ownerPID, ownerStart uint64, userConfig []b
 	le.PutUint64(h[hFlags:], l.flags)
 	le.PutUint64(h[hMarkOff:], l.markOff)
 	le.PutUint64(h[hMarkSlots:], l.markSlots)
+	le.PutUint64(h[hPoolOff:], l.poolOff)
+	le.PutUint64(h[hColumns:], l.columns)
+	le.PutUint64(h[hColumnCells:], l.columnCells)
+	le.PutUint64(h[hCellBytes:], l.cellBytes)
 	copy(h[hUserConfig:hUserConfig+UserConfigSize], userConfig)
 	le.PutUint64(h[hChecksum:], uint64(headerChecksum(h)))
 }
 
+// headerChecksum covers the immutable words before hChecksum and the user config.
 func headerChecksum(h []byte) uint32 {
 	c := crc32.Checksum(h[:hChecksum], castagnoli)
 	return crc32.Update(c, castagnoli, h[hUserConfig:hUserConfig+UserConfigSize])
@@ -211,6 +241,10 @@ func parseHeader(h []byte, fileSize uint64) (layout, error) {
 		flags:       le.Uint64(h[hFlags:]),
 		markOff:     le.Uint64(h[hMarkOff:]),
 		markSlots:   le.Uint64(h[hMarkSlots:]),
+		poolOff:     le.Uint64(h[hPoolOff:]),
+		columns:     le.Uint64(h[hColumns:]),
+		columnCells: le.Uint64(h[hColumnCells:]),
+		cellBytes:   le.Uint64(h[hCellBytes:]),
 	}
 	if err := l.check(fileSize); err != nil {
 		return layout{}, err
@@ -238,8 +272,14 @@ func (l *layout) check(fileSize uint64) error {
 		return bad("arena offset %d", l.arenaOff)
 	case l.arenaSize < minArenaBytes || l.arenaSize > maxArenaBytes || l.arenaSize%blobAlign != 0:
 		return bad("arena size %d", l.arenaSize)
-	case l.arenaOff+l.arenaSize != l.totalSize:
+	case l.columns == 0 && (l.poolOff != 0 || l.columnCells != 0 || l.cellBytes != 0):
+		return bad("column pool at %d with %d columns of %d cells of %d bytes", l.poolOff, l.columns, l.columnCells, l.cellBytes)
+	case l.columns == 0 && l.arenaOff+l.arenaSize != l.totalSize:
 		return bad("arena end %d != size %d", l.arenaOff+l.arenaSize, l.totalSize)
+	case l.columns != 0:
+		if err := l.checkPool(); err != nil {
+			return err
+		}
 	case l.readerSlots < 1 || l.readerSlots > maxReaderSlots:
 		return bad("reader slots %d", l.readerSlots)
 	case l.maxProbe < 1 || l.maxProbe > l.indexSlots:
@@ -248,6 +288,26 @@ func (l *layout) check(fileSize uint64) error {
 		return bad("delete reserve %d", l.deleteRes)
 	case l.flags&^flagMembarrier != 0:
 		return bad("unknown flags %#x", l.flags)
+	}
+	return nil
+}
+
+// checkPool validates a column pool's geometry: sizes in range (so their product cannot
+// overflow), the pool right after the arena at its alignment and ending the file.
+func (l *layout) checkPool() error {
+	bad := func(what string, args ...any) error {
+		return fmt.Errorf("%w: column pool: %s", ErrCorrupt, fmt.Sprintf(what, args...))
+	}
+	switch {
+	case l.columns > maxColumns || l.columnCells < 1 || l.columnCells > maxPoolBytes/cellAlign ||
+		l.cellBytes < cellAlign || l.cellBytes%cellAlign != 0 || l.cellBytes > maxPoolBytes:
+		return bad("%d columns of %d cells of %d bytes", l.columns, l.columnCells, l.cellBytes)
+	case l.columns*l.columnCells > maxPoolBytes/l.cellBytes:
+		return bad("%d columns of %d cells of %d bytes exceed %d bytes", l.columns, l.columnCells, l.cellBytes, uint64(maxPoolBytes))
+	case l.poolOff != alignUp(l.arenaOff+l.arenaSize, poolAlign):
+		return bad("offset %d", l.poolOff)
+	case l.poolOff+l.poolBytes() != l.totalSize:
+		return bad("end %d != size %d", l.poolOff+l.poolBytes(), l.totalSize)
 	}
 	return nil
 }

@@ -10,6 +10,22 @@ const (
 	hHorizon = 256
 )
 
+// The column pool's geometry: immutable header words, byte offsets into the data mapping, covered by the header checksum. The pool is cell-major: cell c of column k is at poolOff + (c*columns + k)*cellBytes, so cell c of adjacent columns is adjacent.
+const (
+	// hPoolOff: the pool's offset in the data memfd, a multiple of poolAlign, after the arena; 0 = no pool.
+	hPoolOff = 144
+	// hColumns: number of columns; 0 = no pool.
+	hColumns = 152
+	// hColumnCells: cells per column.
+	hColumnCells = 160
+	// hCellBytes: bytes per cell, a positive multiple of cellAlign.
+	hCellBytes = 168
+	// poolAlign: the pool's alignment within the data memfd.
+	poolAlign = 0x200000
+	// cellAlign: cells are a multiple of this size, so every cell is this aligned.
+	cellAlign = 64
+)
+
 // Reader slots: one cache line each in the reader memfd, after a header line.
 const (
 	// lineSize: a cache line: the reader file's header and each slot.

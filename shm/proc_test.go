@@ -167,6 +167,8 @@ func runChild(role string) int {
 		return childHold(r)
 	case "hold-lease":
 		return childHoldLease(r)
+	case "colverify":
+		return childColVerify(r)
 	case "pin-stop":
 		return childPinStop(r)
 	case "bench-get":

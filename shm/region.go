@@ -24,6 +24,11 @@ const (
 	maxLocalSlots  = 64
 	minMarkSlots   = 64
 	maxMarkSlots   = 1 << 26
+	maxColumns     = 1 << 20
+	maxPoolBytes   = 64 << 30
+	// maxDataSize bounds the data memfd of any valid layout: header, index, mark table and
+	// arena at their largest, the alignment gaps, and the largest column pool.
+	maxDataSize = headerSize + 8*maxIndexSlots + 4096 + markEntry*maxMarkSlots + 4096 + maxArenaBytes + poolAlign + maxPoolBytes
 
 	// DefaultIndexSlots, DefaultArenaBytes, DefaultReaderSlots and DefaultMaxProbe are the
 	// Config values used for zero fields. 32 Ki index words hold some 20 k live values (keys,
@@ -57,6 +62,15 @@ type Config struct {
 	// costs one 32-byte entry and no arena space. Keep it at least twice the marks that are
 	// ever present at once.
 	MarkSlots int
+	// Columns, ColumnCells and CellBytes size the column pool (Tx.AllocColumn, Region.Columns):
+	// Columns columns of ColumnCells cells of CellBytes bytes each, a positive multiple of 64,
+	// in an area of the data memfd after the arena. Set all three or none (no pool). The pool
+	// costs address space only until cells are written: a column's memory becomes resident as
+	// its cells are written, and stays so once reused. A request's per-site vectors, one column
+	// per request and one cell per site, are the intended use.
+	Columns     int
+	ColumnCells int
+	CellBytes   int
 	// UserConfig is up to UserConfigSize bytes stored in the immutable header, where every
 	// process that opens the region can read it (Region.UserConfig).
 	UserConfig []byte
@@ -92,7 +106,27 @@ func (c Config) withDefaults() (Config, error) {
 	case len(c.UserConfig) > UserConfigSize:
 		return c, fmt.Errorf("%w: UserConfig is %d bytes, at most %d", ErrBadConfig, len(c.UserConfig), UserConfigSize)
 	}
-	return c, nil
+	return c, c.checkPool()
+}
+
+// checkPool validates the column pool's fields: all zero, or all set within the caps.
+func (c Config) checkPool() error {
+	switch {
+	case c.Columns == 0 && c.ColumnCells == 0 && c.CellBytes == 0:
+		return nil
+	case c.Columns < 0 || c.ColumnCells < 0 || c.CellBytes < 0:
+		return fmt.Errorf("%w: Columns %d, ColumnCells %d and CellBytes %d must not be negative", ErrBadConfig, c.Columns, c.ColumnCells, c.CellBytes)
+	case c.Columns == 0 || c.ColumnCells == 0 || c.CellBytes == 0:
+		return fmt.Errorf("%w: Columns %d, ColumnCells %d and CellBytes %d: set all three for a column pool, or none for no pool", ErrBadConfig, c.Columns, c.ColumnCells, c.CellBytes)
+	case c.CellBytes%cellAlign != 0:
+		return fmt.Errorf("%w: CellBytes %d must be a multiple of %d (round it up)", ErrBadConfig, c.CellBytes, cellAlign)
+	case c.Columns > maxColumns:
+		return fmt.Errorf("%w: Columns %d, at most %d", ErrBadConfig, c.Columns, maxColumns)
+	case uint64(c.CellBytes) > maxPoolBytes || uint64(c.ColumnCells) > maxPoolBytes/uint64(c.CellBytes) ||
+		uint64(c.Columns) > maxPoolBytes/(uint64(c.ColumnCells)*uint64(c.CellBytes)):
+		return fmt.Errorf("%w: a pool of %d columns of %d cells of %d bytes exceeds %d bytes; lower one of them", ErrBadConfig, c.Columns, c.ColumnCells, c.CellBytes, uint64(maxPoolBytes))
+	}
+	return nil
 }
 
 // Region is a mapped shmsteer region, in the owner (Create) or in a reader (Open). Its methods
@@ -134,7 +168,8 @@ type mapped struct {
 	index   []byte
 	marks   []byte
 	arena   []byte
-	readers []byte // reader slots, read-write everywhere
+	pool    columnPool // the column pool (its bytes nil if the region has none)
+	readers []byte     // reader slots, read-write everywhere
 	maps    mappings
 	files   [2]*os.File // owner only: the memfds, for passing to readers
 
@@ -148,7 +183,8 @@ func Create(cfg Config) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := computeLayout(uint64(cfg.IndexSlots), uint64(cfg.MarkSlots), uint64(cfg.ArenaBytes), uint64(cfg.ReaderSlots), uint64(cfg.MaxProbe))
+	l := computeLayout(uint64(cfg.IndexSlots), uint64(cfg.MarkSlots), uint64(cfg.ArenaBytes), uint64(cfg.ReaderSlots), uint64(cfg.MaxProbe)).
+		withPool(uint64(cfg.Columns), uint64(cfg.ColumnCells), uint64(cfg.CellBytes))
 	var salt [24]byte
 	if _, err := rand.Read(salt[:]); err != nil {
 		return nil, fmt.Errorf("shmsteer: reading random salt: %w", err)
@@ -209,6 +245,10 @@ func (r *Region) slice() {
 	mEnd := r.l.markOff + markEntry*r.l.markSlots
 	r.marks = r.data[r.l.markOff:mEnd:mEnd]
 	r.arena = r.data[r.l.arenaOff : r.l.arenaOff+r.l.arenaSize : r.l.arenaOff+r.l.arenaSize]
+	if r.l.columns != 0 {
+		pEnd := r.l.poolOff + r.l.poolBytes()
+		r.pool = columnPool{bytes: r.data[r.l.poolOff:pEnd:pEnd], columns: r.l.columns, cells: r.l.columnCells, cellBytes: r.l.cellBytes}
+	}
 	m := &r.m
 	m.version, m.horizon = word64(r.data, hVersion), word64(r.data, hHorizon)
 	m.index, m.indexMask = words(r.index), r.l.mask()
@@ -313,6 +353,9 @@ type Stats struct {
 	Marks          uint64 // marks present (Tx.Mark)
 	MarkSlots      uint64 // mark table capacity
 	MarkEntries    uint64 // mark entries in use: present, removed but still visible to a pin, or reclaimed
+	Columns        uint64 // column pool capacity (Config.Columns; 0: no pool)
+	ColumnsUsed    uint64 // columns not free: attached to values, or retired
+	ColumnsRetired uint64 // columns retired and waiting for readers to move on
 	// OldestPin is the reader slot pinned at the lowest version now, the one that holds
 	// reclamation back; zero if no slot is pinned.
 	OldestPin PinInfo
@@ -353,6 +396,9 @@ func (r *Region) Stats() Stats {
 		Marks:          load64(r.data, hMarks),
 		MarkSlots:      r.l.markSlots,
 		MarkEntries:    load64(r.data, hMarkEntries),
+		Columns:        r.l.columns,
+		ColumnsUsed:    load64(r.data, hColumnsUsed),
+		ColumnsRetired: load64(r.data, hColumnsRetired),
 	}
 	hw := min(load64(r.readers, rHighWater), r.l.readerSlots)
 	for i := uint64(0); i < hw; i++ {

@@ -103,7 +103,7 @@ func (r *Region) openFiles(data, readers *os.File) (err error) {
 	if err != nil {
 		return err
 	}
-	if dsize < headerSize || dsize > maxArenaBytes+headerSize+8*maxIndexSlots+4096 || rsize < lineSize || rsize > readersSize(maxReaderSlots) {
+	if dsize < headerSize || dsize > maxDataSize || rsize < lineSize || rsize > readersSize(maxReaderSlots) {
 		return fmt.Errorf("%w: file sizes %d and %d out of range", ErrNotRegion, dsize, rsize)
 	}
 	if r.maps.data, err = mmap.MapRegion(data, int(dsize), mmap.RDONLY, 0, 0); err != nil {

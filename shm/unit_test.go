@@ -375,16 +375,19 @@ func TestCorruptRegionGivesErrors(t *testing.T) {
 	}
 }
 
-// A region written by a build of another layout (2: the one-lane hash, whose index this build
-// would probe in the wrong places) is refused with the typed error, whatever else checks out.
+// A region written by a build of another layout (3: no column pool, its checksum where the
+// pool's offset now is; 2: the one-lane hash, whose index this build would probe in the wrong
+// places) is refused with the typed error, whatever else checks out.
 func TestOldLayoutRefused(t *testing.T) {
-	h := validHeader()
-	_, err := parseHeader(h, computeLayout(64, 64, 64<<10, 4, 64).totalSize)
-	require.NoError(t, err)
-	binary.LittleEndian.PutUint64(h[hLayout:], 2|headerSize<<32)
-	_, err = parseHeader(h, computeLayout(64, 64, 64<<10, 4, 64).totalSize)
-	require.ErrorIs(t, err, ErrIncompatible)
-	require.ErrorContains(t, err, "region has layout 2, this build reads 3")
+	for _, old := range []uint64{3, 2} {
+		h := validHeader()
+		_, err := parseHeader(h, computeLayout(64, 64, 64<<10, 4, 64).totalSize)
+		require.NoError(t, err)
+		binary.LittleEndian.PutUint64(h[hLayout:], old|headerSize<<32)
+		_, err = parseHeader(h, computeLayout(64, 64, 64<<10, 4, 64).totalSize)
+		require.ErrorIs(t, err, ErrIncompatible)
+		require.ErrorContains(t, err, fmt.Sprintf("region has layout %d, this build reads 4", old))
+	}
 }
 
 // A Reader used after its Region closed answers ErrClosed: its Get, Snapshot and Close touch

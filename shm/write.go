@@ -37,6 +37,8 @@ type writer struct {
 	markFree    map[uint64]bool // reclaimed entries that may take new marks
 	markRemoved []markRef       // entries unmarked at a version, in version order
 	markRetired []markRef       // tombstones waiting for every pin to pass their version
+
+	cols *columns // the column pool's private bookkeeping (columns.go); nil: no pool
 }
 
 type retiredBlob struct{ off, size, version uint64 }
@@ -55,7 +57,11 @@ const (
 )
 
 func newWriter(l layout) *writer {
-	return &writer{alloc: newAllocator(l.arenaSize), liveness: map[uint64]time.Time{}, markFree: map[uint64]bool{}, safe: 1, barrier: globalBarrier}
+	w := &writer{alloc: newAllocator(l.arenaSize), liveness: map[uint64]time.Time{}, markFree: map[uint64]bool{}, safe: 1, barrier: globalBarrier}
+	if l.columns != 0 {
+		w.cols = newColumns(l)
+	}
+	return w
 }
 
 // Tx is one atomic write: every Put and Delete in it is published with one version, so readers
@@ -65,6 +71,8 @@ type Tx struct {
 	version uint64
 	ops     []txOp
 	marks   []markOp
+	cols    []int // columns reserved by this Tx (AllocColumn)
+	done    bool  // committed or aborted: its columns are no longer its own
 }
 
 type txOp struct {
@@ -78,6 +86,7 @@ type txOp struct {
 	off      uint64 // new blob
 	size     uint64
 	isDelete bool
+	cols     []int // columns attached to the new value (Attach)
 }
 
 // Update runs fn in a transaction and publishes its writes with one new version, which it
@@ -94,6 +103,7 @@ func (r *Region) Update(fn func(tx *Tx) error) (uint64, error) {
 		return 0, ErrClosed
 	}
 	tx := Tx{r: r, version: load64(r.data, hVersion) + 1}
+	defer func() { tx.done = true }()
 	if err := fn(&tx); err != nil {
 		tx.abort()
 		return 0, err
@@ -179,6 +189,7 @@ func (tx *Tx) plan(kind Kind, key string, valueLen int, isDelete bool) (*txOp, e
 		return nil, fmt.Errorf("%w: nothing to delete", ErrNotFound)
 	}
 	if isDelete && !preLive { // created and deleted in this Tx: forget both
+		tx.detach(op)
 		tx.release(op.off, op.size)
 		tx.dropOp(op)
 		return nil, nil
@@ -204,6 +215,7 @@ func (tx *Tx) plan(kind Kind, key string, valueLen int, isDelete bool) (*txOp, e
 		return nil, r.arenaFull(size, isDelete)
 	}
 	if !fresh { // replace what this Tx planned earlier for the key
+		tx.detach(op)
 		tx.release(op.off, op.size)
 	}
 	var flags uint16
@@ -228,6 +240,7 @@ func (tx *Tx) abort() {
 	}
 	tx.ops = nil
 	tx.abortMarks()
+	tx.abortColumns()
 }
 
 // dropOp forgets an op that planned nothing.
@@ -297,7 +310,9 @@ func (r *Region) commit(tx *Tx) {
 	w, v := r.w, tx.version
 	var dEntries, dLive int64
 	var retired uint64
-	for _, op := range tx.ops {
+	for i := range tx.ops {
+		op := &tx.ops[i]
+		w.commitColumns(op, v)
 		word := indexWord(op.hash, op.off)
 		store64(r.index, op.slot*8, word)
 		if op.hadOld {
@@ -317,6 +332,7 @@ func (r *Region) commit(tx *Tx) {
 	}
 	retired += r.unlinkMarkers(v)
 	tx.commitMarks()
+	r.endColumns(tx)
 	add64(r.data, hEntries, uint64(dEntries))
 	add64(r.data, hLiveBytes, uint64(dLive))
 	add64(r.data, hRetiredBytes, retired)
@@ -459,6 +475,7 @@ func (r *Region) reclaimFinish() {
 		n++
 	}
 	w.retired = append(w.retired[:0], w.retired[n:]...)
+	r.reclaimColumns(bound)
 	if freed > 0 {
 		add64(r.data, hRetiredBytes, -freed)
 		add64(r.data, hReclaimed, freed)

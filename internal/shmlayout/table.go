@@ -44,6 +44,14 @@ var Groups = []Group{
 		{"hVersion", "SHM_H_VERSION", 192, "global version, published last by every commit"},
 		{"hHorizon", "SHM_H_HORIZON", 256, "oldest version whose data is guaranteed intact"},
 	}},
+	{"The column pool's geometry: immutable header words, byte offsets into the data mapping, covered by the header checksum. The pool is cell-major: cell c of column k is at poolOff + (c*columns + k)*cellBytes, so cell c of adjacent columns is adjacent.", []Const{
+		{"hPoolOff", "SHM_H_POOL_OFF", 144, "the pool's offset in the data memfd, a multiple of poolAlign, after the arena; 0 = no pool"},
+		{"hColumns", "SHM_H_COLUMNS", 152, "number of columns; 0 = no pool"},
+		{"hColumnCells", "SHM_H_COLUMN_CELLS", 160, "cells per column"},
+		{"hCellBytes", "SHM_H_CELL_BYTES", 168, "bytes per cell, a positive multiple of cellAlign"},
+		{"poolAlign", "SHM_POOL_ALIGN", 2 << 20, "the pool's alignment within the data memfd"},
+		{"cellAlign", "SHM_CELL_ALIGN", 64, "cells are a multiple of this size, so every cell is this aligned"},
+	}},
 	{"Reader slots: one cache line each in the reader memfd, after a header line.", []Const{
 		{"lineSize", "SHM_LINE", 64, "a cache line: the reader file's header and each slot"},
 		{"slotPin", "SHM_SLOT_PIN", 8, "a slot's pinned version; 0 = not reading"},

@@ -875,6 +875,22 @@ class CaptureRunTooLargeError(ShmsteerError, ValueError):
     go_name = "capture.ErrRunTooLarge"
 
 
+class ColumnsFullError(ShmsteerError):
+    """Mirrors Go's shm.ErrColumnsFull (code 140, SHMSTEER_E_COLUMNS_FULL): no free column (or no
+    pool); end requests, unpin, or raise Columns."""
+
+    code = 140
+    go_name = "shm.ErrColumnsFull"
+
+
+class BadColumnError(ShmsteerError, ValueError):
+    """Mirrors Go's shm.ErrBadColumn (code 141, SHMSTEER_E_BAD_COLUMN): a column not reserved by
+    this transaction, or a cell out of range."""
+
+    code = 141
+    go_name = "shm.ErrBadColumn"
+
+
 # Every class by its code.
 BY_CODE: Dict[int, Type[ShmsteerError]] = {
     1: ForkedError,
@@ -987,6 +1003,8 @@ BY_CODE: Dict[int, Type[ShmsteerError]] = {
     124: HubGoneError,
     125: CaptureRunError,
     126: CaptureRunTooLargeError,
+    140: ColumnsFullError,
+    141: BadColumnError,
 }
 
 __all__ = [
@@ -1104,6 +1122,8 @@ __all__ = [
     "HubGoneError",
     "CaptureRunError",
     "CaptureRunTooLargeError",
+    "ColumnsFullError",
+    "BadColumnError",
 ]
 
 

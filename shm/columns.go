@@ -1,0 +1,337 @@
+package shm
+
+import (
+	"fmt"
+	"math/bits"
+)
+
+// The column pool: Config.Columns columns of Config.ColumnCells cells of Config.CellBytes bytes,
+// an area of the data memfd after the arena, cell-major (cell c of column k at
+// (c*columns + k)*cellBytes, so cell c of adjacent columns is adjacent). The owner reserves a
+// column in a Tx (AllocColumn), writes its cells in place (Tx.Cell) and ties it to a value of
+// the same Tx (Attach); the column then lives exactly as long as that value's blob: retired
+// at the version that replaces or deletes it and reused once every pin has passed that version,
+// the blob rule. Which column is whose lives in the owner's private memory (colState), as the
+// arena's allocator does; the mapping holds only the cells' bytes.
+
+// columnPool is the validated geometry of a region's pool and its bytes (nil: no pool).
+type columnPool struct {
+	bytes                     []byte
+	columns, cells, cellBytes uint64
+}
+
+// cell is the bytes of cell cell of column col, both in range.
+func (p *columnPool) cell(col, cell uint64) []byte {
+	off := (cell*p.columns + col) * p.cellBytes
+	return p.bytes[off : off+p.cellBytes : off+p.cellBytes]
+}
+
+// ColumnPool is a region's column pool as every process sees it: a small value, valid while
+// its Region is open (its cells are views of the mapping; Region.Close unmaps them). Its
+// methods are safe for concurrent use, take no lock and allocate nothing.
+//
+// What a reader may read is decided by the values it reads: a column named by a value that is
+// visible at the version a reader has pinned (a Snapshot, or a Reader's read) is neither
+// rewritten nor zeroed while that pin holds; columns named by no such value may be reused by
+// the owner at any moment, so their bytes mean nothing to that reader.
+type ColumnPool struct{ p *columnPool }
+
+// Columns returns the region's column pool; a region created without one returns a pool whose
+// Geometry is zero and whose Cell is always nil. In readers the cells are the read-only
+// mapping; the owner writes cells through Tx.Cell only, never through these views.
+func (r *Region) Columns() ColumnPool { return ColumnPool{&r.pool} }
+
+// Geometry returns the number of columns, the cells of each and each cell's bytes (zeros: no
+// pool).
+func (c ColumnPool) Geometry() (columns, cells, cellBytes int) {
+	if c.p == nil {
+		return 0, 0, 0
+	}
+	return int(c.p.columns), int(c.p.cells), int(c.p.cellBytes)
+}
+
+// Cell returns the bytes of cell cell of column col (exactly cellBytes, 64-byte aligned), or
+// nil if either is out of range. Read it only as the rule on ColumnPool allows.
+func (c ColumnPool) Cell(col, cell int) []byte {
+	p := c.p
+	if p == nil || uint64(col) >= p.columns || uint64(cell) >= p.cells {
+		return nil
+	}
+	return p.cell(uint64(col), uint64(cell))
+}
+
+// CellFloat32 is Cell viewed as cellBytes/4 float32s (AsFloat32), or nil if out of range.
+func (c ColumnPool) CellFloat32(col, cell int) []float32 { return AsFloat32(c.Cell(col, cell)) }
+
+// Format prints the pool's geometry only: its cells are the mapping's bytes.
+func (c ColumnPool) Format(f fmt.State, _ rune) {
+	cols, cells, cb := c.Geometry()
+	fmt.Fprintf(f, "shm.ColumnPool{columns: %d, cells: %d, cellBytes: %d}", cols, cells, cb)
+}
+
+// A column's state, in the owner's private memory.
+const (
+	colFree     = iota // all its cells zero, free to reserve
+	colReserved        // reserved by the Tx in progress, not attached
+	colPending         // reserved by the Tx in progress and attached to one of its writes
+	colLive            // attached to a published value (colOwner holds it)
+	colRetired         // its value was replaced or deleted; waits in retiredCols
+)
+
+// columns is the owner's private bookkeeping of the pool.
+type columns struct {
+	state []uint8
+	free  []uint64 // bitset of colFree columns: AllocColumn takes the lowest, keeping live columns dense
+	nfree int
+	// written[k] is a bitset of the cells of column k written since it was last zeroed (nil:
+	// none), so freeing a column zeroes those cells only and faults in nothing else.
+	written [][]uint64
+	// byBlob maps the arena offset of a published value's blob to the columns attached to it.
+	byBlob  map[uint64][]int
+	retired []retiredCol // in retire-version order
+}
+
+type retiredCol struct {
+	col     int
+	version uint64
+}
+
+func newColumns(l layout) *columns {
+	n := int(l.columns)
+	c := &columns{state: make([]uint8, n), free: make([]uint64, (n+63)/64), nfree: n, written: make([][]uint64, n), byBlob: map[uint64][]int{}}
+	for k := 0; k < n; k++ {
+		c.free[k/64] |= 1 << (k % 64)
+	}
+	return c
+}
+
+// take reserves the lowest free column, or reports false.
+func (c *columns) take() (int, bool) {
+	for i, w := range c.free {
+		if w != 0 {
+			b := bits.TrailingZeros64(w)
+			c.free[i] &^= 1 << b
+			c.nfree--
+			k := i*64 + b
+			c.state[k] = colReserved
+			return k, true
+		}
+	}
+	return 0, false
+}
+
+// release zeroes the written cells of column k and makes it free.
+func (r *Region) releaseColumn(k int) {
+	c, p := r.w.cols, &r.pool
+	for i, w := range c.written[k] {
+		for w != 0 {
+			b := bits.TrailingZeros64(w)
+			w &^= 1 << b
+			zero(p.cell(uint64(k), uint64(i*64+b)))
+		}
+		c.written[k][i] = 0
+	}
+	c.state[k] = colFree
+	c.free[k/64] |= 1 << (k % 64)
+	c.nfree++
+}
+
+// AllocColumn reserves a free column for this transaction and returns its number. Write its
+// cells with Cell and tie it to a value of this transaction with Attach; a column still
+// unattached when the transaction commits is freed at once (no published value may name it),
+// and an aborted transaction frees all it reserved. Every cell of a reserved column reads zero
+// until written. With no column free it runs a reclamation pass, as a full arena does, and then
+// answers ErrColumnsFull; a region without a pool answers ErrColumnsFull as well.
+func (tx *Tx) AllocColumn() (int, error) {
+	r := tx.r
+	c := r.w.cols
+	if c == nil {
+		return 0, fmt.Errorf("%w: this region has no column pool; create it with Config.Columns, ColumnCells and CellBytes", ErrColumnsFull)
+	}
+	k, ok := c.take()
+	if !ok {
+		r.reclaimLocked()
+		k, ok = c.take()
+	}
+	if !ok {
+		return 0, r.columnsFull(tx)
+	}
+	tx.cols = append(tx.cols, k)
+	return k, nil
+}
+
+// columnsFull is the ErrColumnsFull of an AllocColumn that found no column free after a
+// reclamation pass: how the columns are taken, what holds the retired ones, and what to do.
+func (r *Region) columnsFull(tx *Tx) error {
+	w := r.w
+	c := w.cols
+	msg := fmt.Sprintf("all %d columns taken (%d by published values, %d retired, %d reserved by this transaction)",
+		len(c.state), len(c.state)-len(c.retired)-len(tx.cols), len(c.retired), len(tx.cols))
+	if len(c.retired) > 0 && w.lastBound.Version != 0 {
+		return fmt.Errorf("%w: %s; the retired columns wait for %v: that process is stuck or holds a snapshot open; end it (its slots are freed within a second) or close its snapshot",
+			ErrColumnsFull, msg, w.lastBound)
+	}
+	return fmt.Errorf("%w: %s; delete the values that hold columns (end requests) or raise Config.Columns", ErrColumnsFull, msg)
+}
+
+// Cell returns the writable bytes of cell cell of column col (exactly CellBytes, capacity
+// capped, 64-byte aligned), a column this transaction reserved: the bytes are the mapping
+// itself, as PutFunc's are. Readers see them once the transaction commits with the column
+// attached. ErrBadColumn for a column this transaction did not reserve or a cell out of range.
+func (tx *Tx) Cell(col, cell int) ([]byte, error) {
+	r := tx.r
+	if err := tx.reserved(col); err != nil {
+		return nil, err
+	}
+	p := &r.pool
+	if uint64(cell) >= p.cells {
+		return nil, fmt.Errorf("%w: cell %d of column %d: a column has %d cells", ErrBadColumn, cell, col, p.cells)
+	}
+	c := r.w.cols
+	if c.written[col] == nil {
+		c.written[col] = make([]uint64, (p.cells+63)/64)
+	}
+	c.written[col][cell/64] |= 1 << (cell % 64)
+	return p.cell(uint64(col), uint64(cell)), nil
+}
+
+// reserved checks that col is a column this transaction reserved.
+func (tx *Tx) reserved(col int) error {
+	c := tx.r.w.cols
+	switch {
+	case c == nil:
+		return fmt.Errorf("%w: column %d: this region has no column pool", ErrBadColumn, col)
+	case col < 0 || col >= len(c.state):
+		return fmt.Errorf("%w: column %d out of range [0, %d)", ErrBadColumn, col, len(c.state))
+	case tx.done || (c.state[col] != colReserved && c.state[col] != colPending):
+		return fmt.Errorf("%w: column %d was not reserved by this transaction (AllocColumn it first, in the same Update)", ErrBadColumn, col)
+	}
+	return nil
+}
+
+// Attach ties columns this transaction reserved to the value it wrote under (kind, key) (with
+// Put, PutFunc or PutFloat32, earlier in the same transaction). From the commit on, the columns
+// live exactly as long as that value: when a later transaction replaces or deletes it, they
+// are retired at the same version as its blob and reused once no reader pins a version below
+// that one; their written cells are then zeroed. A later write of the same key in this
+// transaction detaches them again (they are still reserved: attach them to the new value, or
+// they are freed at commit). ErrBadColumn, and nothing changes, if the value was not written in
+// this transaction, or a column was not reserved by it or is already attached.
+func (tx *Tx) Attach(kind Kind, key string, cols ...int) error {
+	var op *txOp
+	for i := range tx.ops {
+		if o := &tx.ops[i]; o.kind == kind && o.key == key && !o.isDelete {
+			op = o
+			break
+		}
+	}
+	if op == nil {
+		return fmt.Errorf("%w: no value was written under kind %d key of %d bytes in this transaction; Put it before Attach", ErrBadColumn, kind, len(key))
+	}
+	c := tx.r.w.cols
+	for i, k := range cols {
+		if err := tx.reserved(k); err != nil {
+			return err
+		}
+		if c.state[k] == colPending {
+			return fmt.Errorf("%w: column %d is already attached to a value of this transaction", ErrBadColumn, k)
+		}
+		for _, j := range cols[:i] {
+			if j == k {
+				return fmt.Errorf("%w: column %d named twice", ErrBadColumn, k)
+			}
+		}
+	}
+	for _, k := range cols {
+		c.state[k] = colPending
+	}
+	op.cols = append(op.cols, cols...)
+	return nil
+}
+
+// detach returns the columns attached to op (a write of this transaction that is being
+// replaced or dropped) to the reserved state.
+func (tx *Tx) detach(op *txOp) {
+	if len(op.cols) == 0 {
+		return
+	}
+	c := tx.r.w.cols
+	for _, k := range op.cols {
+		c.state[k] = colReserved
+	}
+	op.cols = nil
+}
+
+// abortColumns frees every column the transaction reserved.
+func (tx *Tx) abortColumns() {
+	for _, k := range tx.cols {
+		tx.r.releaseColumn(k)
+	}
+	tx.cols = nil
+}
+
+// commitColumns runs at commit for each op: the columns of the value it replaces (a blob
+// retired at v) are retired at v, and the columns attached to its new value go live.
+func (w *writer) commitColumns(op *txOp, v uint64) {
+	c := w.cols
+	if c == nil {
+		return
+	}
+	if op.hadOld {
+		if old, ok := c.byBlob[op.oldBlob.off]; ok {
+			delete(c.byBlob, op.oldBlob.off)
+			for _, k := range old {
+				c.state[k] = colRetired
+				c.retired = append(c.retired, retiredCol{col: k, version: v})
+			}
+		}
+	}
+	if len(op.cols) > 0 {
+		for _, k := range op.cols {
+			c.state[k] = colLive
+		}
+		c.byBlob[op.off] = op.cols
+	}
+}
+
+// endColumns frees, at commit, the columns the transaction reserved and did not attach, and
+// publishes the pool's counts.
+func (r *Region) endColumns(tx *Tx) {
+	c := r.w.cols
+	if c == nil {
+		return
+	}
+	for _, k := range tx.cols {
+		if c.state[k] == colReserved {
+			r.releaseColumn(k)
+		}
+	}
+	tx.cols = nil
+	r.publishColumns()
+}
+
+// reclaimColumns frees the retired columns whose version every pin has passed (bound).
+func (r *Region) reclaimColumns(bound uint64) {
+	c := r.w.cols
+	if c == nil {
+		return
+	}
+	n := 0
+	for _, rc := range c.retired {
+		if rc.version > bound {
+			break
+		}
+		r.releaseColumn(rc.col)
+		n++
+	}
+	if n > 0 {
+		c.retired = append(c.retired[:0], c.retired[n:]...)
+		r.publishColumns()
+	}
+}
+
+func (r *Region) publishColumns() {
+	c := r.w.cols
+	store64(r.data, hColumnsUsed, uint64(len(c.state)-c.nfree))
+	store64(r.data, hColumnsRetired, uint64(len(c.retired)))
+}
