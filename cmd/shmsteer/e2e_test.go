@@ -537,6 +537,7 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 		"shmsteer_named_vectors": "named_vectors", "shmsteer_keys_live": "keys_live", "shmsteer_keys_revoked": "keys_revoked",
 		"shmsteer_arena_used_bytes": "arena_bytes_used", "shmsteer_arena_free_bytes": "arena_bytes_free",
 		"shmsteer_index_used_slots": "index_used", "shmsteer_index_free_slots": "index_free",
+		"shmsteer_columns_used": "columns_used", "shmsteer_columns_retired": "columns_retired",
 		"shmsteer_attached_clients": "attached_clients", "shmsteer_region_version": "version",
 	} {
 		require.Equal(t, st[field], value(metric), "%s vs status %s", metric, field)
