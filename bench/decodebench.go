@@ -54,8 +54,10 @@ func newDecodeFixture(sparse, withEngine bool) (_ *decodeFixture, err error) {
 		if sparse {
 			n = decodeSparse
 		}
-		// A request with inline vectors is stored twice: its admitted set and the owner's
-		// composition of it, which every rank reads in place.
+		// A request with inline vectors is stored twice: its admitted set, in the arena, and
+		// the owner's composition of it, which every rank reads in place: in the region's
+		// column pool (steer.RegionConfig's default, one column a request here), or in the
+		// arena when the pool is full, for which the arena keeps room.
 		perRequest := 2 * int64(hooks*decodeLayers) * (stepD*4 + 256)
 		rc, err := steer.RegionConfig(cfg, shm.Config{IndexSlots: 1 << 12, ArenaBytes: (int64(n)*perRequest*5/4 + 32<<20) &^ 63})
 		if err != nil {
@@ -173,7 +175,8 @@ func decodeKernel(sparse bool) Setup {
 	}
 }
 
-// scatteredFixture holds the decode step's vectors laid out as the engine lays them out: each
+// scatteredFixture holds the decode step's vectors request-major, as the engine laid them out
+// before the column pool (and still does for a request that finds the pool full): each
 // request's 160 vectors, in site order, one entry of a region (a memfd mapped with base pages,
 // as the engine's region is), so a site's 64 rows lie one request's 2.5 MiB apart. rows[site]
 // are the batch rows' vectors there, read in place through a pinned snapshot.
@@ -252,8 +255,8 @@ func (f *scatteredFixture) close() error {
 
 // decodeKernelScattered is steer.step.decode.scattered_kernel_ns, a diagnostic beside
 // steer.step.decode.kernel_ns (its baseline) and no goal: the bare row adds of the same
-// vectors where the engine keeps them, request-major in a memfd. Over kernel_ns it is what
-// the layout and the memory alone cost; mixed_ns over it is the step's own overhead.
+// vectors request-major in a memfd (see scatteredFixture). Over kernel_ns it is what that
+// layout costs, which the column pool saves.
 func decodeKernelScattered() (Op, func() error, error) {
 	f, err := newScatteredFixture()
 	if err != nil {

@@ -31,3 +31,12 @@ func pageOffset(v []float32) int {
 // nextPage is the index of the first float after v[i]'s page, for v starting off floats into
 // a page.
 func nextPage(i, off int) int { return ((i+off)/pageFloats+1)*pageFloats - off }
+
+// PrefetchLine asks for the cache line holding b[0] ahead of its use: a small record read in
+// place that a streaming loop evicts between uses (a request's site entry in a decode step).
+// It reads and changes nothing; an empty b does nothing.
+func PrefetchLine(b []byte) {
+	if len(b) > 0 {
+		prefetch(&b[0])
+	}
+}

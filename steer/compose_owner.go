@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"slices"
 
 	"github.com/shmsteer/shmsteer/shm"
 )
@@ -65,13 +66,60 @@ func lookupAt(s *shm.Snapshot, name string, b []byte) func(string) ([]byte, bool
 	}
 }
 
-// putComposed composes w and stores it under (kind, key) in tx.
+// putComposed composes w and stores it under (kind, key) in tx. A request's own vectors go to
+// columns of the region's column pool, attached to the entry (composed.go's Columns section);
+// when the pool has no room (shm.ErrColumnsFull) or does not fit the model, they stay in the
+// entry.
 func (e *Engine) putComposed(tx *shm.Tx, kind shm.Kind, key string, w *wire, lookup func(string) ([]byte, bool), set string) error {
 	c, err := compose(e.cfg, w, lookup, set)
 	if err != nil {
 		return err
 	}
-	return tx.Put(kind, key, c.encode())
+	cols, err := e.placeColumns(tx, c, kind)
+	if err != nil {
+		return err
+	}
+	if err := tx.Put(kind, key, c.encode(cols)); err != nil {
+		return err
+	}
+	if len(cols) == 0 {
+		return nil
+	}
+	return tx.Attach(kind, key, cols...)
+}
+
+// placeColumns reserves the columns c's own vectors take, in tx, and writes them there. It
+// returns nil, leaving c unplaced, for the global composition, a pool that does not fit the
+// model, or a full pool (columns already reserved are freed when tx commits unattached).
+func (e *Engine) placeColumns(tx *shm.Tx, c *composition, kind shm.Kind) ([]int, error) {
+	if kind != KindComposed || !e.poolFits {
+		return nil, nil
+	}
+	inPlace, terms := slices.Clone(c.inPlace), slices.Clone(c.terms)
+	need := c.assignColumns()
+	cols := make([]int, 0, need)
+	for range need {
+		k, err := tx.AllocColumn()
+		if errors.Is(err, shm.ErrColumnsFull) {
+			e.colsFull.Add(1)
+			c.inPlace, c.terms, c.colSlot = inPlace, terms, nil
+			return nil, nil
+		} else if err != nil {
+			return nil, err
+		}
+		cols = append(cols, k)
+	}
+	err := c.writeColumns(func(slot, cell int) ([]float32, error) {
+		b, err := tx.Cell(cols[slot], cell)
+		if err != nil {
+			return nil, err
+		}
+		return shm.AsFloat32(b), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cols, nil
 }
 
 // recomposeDependents rewrites, in tx, the compositions of every set that references name,

@@ -19,16 +19,36 @@ package steer
 //
 // Layout (little-endian, 64-byte header, vector data 64-byte aligned in the value):
 //
-//	 0 magic "SCMP", 4 u16 version (2), 6 u16 0, 8 u32 hidden, 12 u32 sites (0: steers nothing),
-//	16 u32 vectors (adds and clamp directions), 20 u32 clamps, 24 u32 refs missing when composed,
-//	28 u32 in-place terms, 32 [32]byte digest of the steering set it was composed from
-//	table:  sites × 24 bytes: u32 vector+1 (0: none), u32 clamp start, u32 clamp end,
+//	 0 magic "SCMP", 4 u16 version (3), 6 u16 columns (0, 1 or 2), 8 u32 hidden,
+//	12 u32 sites (0: steers nothing), 16 u32 vectors (adds and clamp directions), 20 u32 clamps,
+//	24 u32 refs missing when composed, 28 u32 in-place terms, 32 [32]byte digest of the steering
+//	set it was composed from
+//	table:  sites × 24 bytes: u32 vector (0: none; i+1: vector i of data; colFlag|c: the cell
+//	        of (hook, layer) in column c of the list below), u32 clamp start, u32 clamp end,
 //	        u32 in-place term+1 (0: none), u64 action hash (0: nothing at this site);
 //	        site = (hook*layers + layer)*2 + phase-1
 //	clamps: 16 bytes each: f32 lo, f32 hi, f32 strength, u32 direction vector
 //	terms:  16 bytes each: u8 source (1: inline vector i of the set, 2: entry j of the set's
 //	        named reference i), 3 bytes 0, u32 i, u32 j, u32 0
+//	columns: u32 each, the region's column pool columns the entry names
 //	data:   vectors × roundUp64(hidden*4) bytes, after padding to 64
+//
+// # Columns: a request's own vectors, site by site
+//
+// A decode step adds, at each (hook, layer), one vector per request of the batch. Stored in
+// each request's entry, a site's vectors lie a whole request's steering apart (megabytes), and
+// a step streams them in as many short runs. So a request composition (not the global one:
+// every row reads that vector, from cache) puts the vectors that are its own (composed sums,
+// and its inline vectors at coefficient 1, copied) in columns of the region's column pool
+// (shm.ColumnPool): the pool is cell-major, cell (hook*layers + layer) of every column side by
+// side, so the vectors a step reads at one site form one run, as a gather-add table's rows do.
+// A request takes one column, or two when some (hook, layer) has different prefill and decode
+// vectors (the prefill one in the first, the decode one in the second). The columns are
+// attached to the entry (shm.Tx.Attach): they live exactly as long as it does, and are reused
+// only when no reader pinned at a version showing it remains. Named vectors read in place stay
+// in place (every request referencing one reads the same floats). When the pool is full, or
+// the region has none that fits the model (RegionConfig sizes it), the vectors are stored in
+// the entry as before.
 //
 // A site whose composition is a single term with coefficient 1 (one inline vector at scale 1,
 // or one reference at strength 1 to an entry at scale 1: the common case) stores no vector: it
@@ -57,8 +77,10 @@ const (
 
 const (
 	composedMagic   = "SCMP"
-	composedVersion = 2
+	composedVersion = 3
 	siteEntry       = 24
+	colFlag         = 1 << 31 // a site's vector field naming a column (the low bit: which)
+	maxEntryColumns = 2
 	clampRec        = 16
 	termRec         = 16
 	termInline      = 1 // an inline vector of the set
@@ -83,6 +105,10 @@ type composition struct {
 	coef    []float32
 	inPlace []int32
 	terms   []termRef
+	// w is the set it was composed from (its inline vectors' floats); colSlot, per site, the
+	// column (0 or 1 of the entry's list) holding its vector (-1: none), set by assignColumns.
+	w       *wire
+	colSlot []int8
 }
 
 // termRef names one term of a steering set: source termInline (index i of the set's vectors)
@@ -105,7 +131,7 @@ type clampAct struct {
 func compose(cfg ModelConfig, w *wire, lookup func(name string) ([]byte, bool), set string) (*composition, error) {
 	sites := cfg.NumHooks() * cfg.Layers * 2
 	d := cfg.Hidden
-	c := &composition{sites: sites, d: d, slot: make([]int32, sites), act: make([]uint64, sites), digest: w.digest,
+	c := &composition{sites: sites, d: d, slot: make([]int32, sites), act: make([]uint64, sites), digest: w.digest, w: w,
 		nterms: make([]int32, sites), last: make([]termRef, sites), coef: make([]float32, sites), inPlace: make([]int32, sites)}
 	for i := range c.slot {
 		c.slot[i], c.inPlace[i] = -1, -1
@@ -219,23 +245,128 @@ func compose(cfg ModelConfig, w *wire, lookup func(name string) ([]byte, bool), 
 
 func (c *composition) empty() bool { return len(c.vecs) == 0 && len(c.clamps) == 0 }
 
-// encode writes c in the composed layout (header only when it steers nothing). A site whose
-// prefill and decode vectors are equal (the common case: base-tier terms only) stores one
-// vector for both phases.
-func (c *composition) encode() []byte {
+// columnData is the vector site ix would put in a column: its composed sum, or the floats of
+// its in-place inline term (the set's own, copied exactly); nil for a site with no vector or
+// one read in place from a named vector (shared by every request referencing it).
+func (c *composition) columnData(ix int) []float32 {
+	if k := c.inPlace[ix]; k >= 0 {
+		if t := c.terms[k]; t.source == termInline && c.w != nil && int(t.i) < len(c.w.vecs) {
+			return c.w.vecs[t.i].data
+		}
+		return nil
+	}
+	if o := c.slot[ix]; o >= 0 {
+		return c.vecs[int(o)*c.d : int(o+1)*c.d]
+	}
+	return nil
+}
+
+// sameBits reports whether a and b hold the same float32 bit patterns.
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// assignColumns places every vector of c that is the request's own in a column (see the
+// package doc's Columns section) and returns how many columns that takes (0, 1 or 2). A
+// (hook, layer) whose two phases hold the same floats takes one cell; different ones take the
+// first column's cell for prefill and the second's for decode. Sites it places no longer read
+// their inline term in place; the term list is rebuilt without the terms no site reads.
+func (c *composition) assignColumns() int {
+	c.colSlot = make([]int8, c.sites)
+	for i := range c.colSlot {
+		c.colSlot[i] = -1
+	}
+	need := 0
+	for ix := 0; ix+1 < c.sites; ix += 2 {
+		p, q := c.columnData(ix), c.columnData(ix+1)
+		switch {
+		case p != nil && q != nil && !sameBits(p, q):
+			c.colSlot[ix], c.colSlot[ix+1] = 0, 1
+			need = 2
+		case p != nil && q != nil:
+			c.colSlot[ix], c.colSlot[ix+1] = 0, 0
+		case p != nil:
+			c.colSlot[ix] = 0
+		case q != nil:
+			c.colSlot[ix+1] = 0
+		default:
+			continue
+		}
+		need = max(need, 1)
+	}
+	if need == 0 {
+		c.colSlot = nil
+		return 0
+	}
+	// Keep only the in-place terms of sites left in place, renumbered.
+	var terms []termRef
+	idx := map[int32]int32{}
+	for ix, k := range c.inPlace {
+		if k < 0 {
+			continue
+		}
+		if c.colSlot[ix] >= 0 {
+			c.inPlace[ix] = -1
+			continue
+		}
+		n, ok := idx[k]
+		if !ok {
+			n = int32(len(terms))
+			idx[k] = n
+			terms = append(terms, c.terms[k])
+		}
+		c.inPlace[ix] = n
+	}
+	c.terms = terms
+	return need
+}
+
+// writeColumns copies the vectors assignColumns placed into their cells: cell(col, cell)
+// returns the writable cell of the entry's column slot col (0 or 1).
+func (c *composition) writeColumns(cell func(slot, cell int) ([]float32, error)) error {
+	for ix, sl := range c.colSlot {
+		if sl < 0 || (ix%2 == 1 && c.colSlot[ix-1] == sl) {
+			continue // none, or the decode site sharing its prefill cell
+		}
+		dst, err := cell(int(sl), ix/2)
+		if err != nil {
+			return err
+		}
+		if len(dst) < c.d {
+			return fmt.Errorf("%w: a column cell of %d floats for hidden size %d", ErrIncompatible, len(dst), c.d)
+		}
+		copy(dst, c.columnData(ix))
+	}
+	return nil
+}
+
+// encode writes c in the composed layout (header only when it steers nothing), naming cols
+// (the region columns assignColumns' slots 0 and 1 were given) for the sites it placed there.
+// A site whose prefill and decode vectors are equal (the common case: base-tier terms only)
+// stores one vector for both phases.
+func (c *composition) encode(cols []int) []byte {
 	stride := int(roundUp64(uint64(c.d) * 4))
 	// out[i] is the stored index of composed vector i; equal phase pairs share one.
 	out := make([]int32, len(c.vecs)/c.d)
 	for i := range out {
 		out[i] = -1
 	}
+	inCol := func(ix int) bool { return c.colSlot != nil && c.colSlot[ix] >= 0 }
 	var keep []int32 // composed vectors stored, in stored order
 	for ix := 0; ix+1 < c.sites; ix += 2 {
 		p, q := c.slot[ix], c.slot[ix+1]
-		if c.inPlace[ix] >= 0 {
-			p = -1 // read in place: nothing stored
+		if c.inPlace[ix] >= 0 || inCol(ix) {
+			p = -1 // read in place or from a column: nothing stored
 		}
-		if c.inPlace[ix+1] >= 0 {
+		if c.inPlace[ix+1] >= 0 || inCol(ix+1) {
 			q = -1
 		}
 		for _, v := range []int32{p, q} {
@@ -249,21 +380,26 @@ func (c *composition) encode() []byte {
 			}
 		}
 	}
+	if c.colSlot == nil {
+		cols = nil
+	}
 	nadd, ndir := len(keep), len(c.dirs)/c.d
 	sites := c.sites
 	if c.empty() {
-		sites = 0
+		sites, cols = 0, nil
 	}
 	tableOff := hdrSize
 	clampOff := tableOff + sites*siteEntry
 	termOff := clampOff + len(c.clamps)*clampRec
-	dataOff := int(roundUp64(uint64(termOff + len(c.terms)*termRec)))
+	colOff := termOff + len(c.terms)*termRec
+	dataOff := int(roundUp64(uint64(colOff + 4*len(cols))))
 	if sites == 0 {
 		dataOff = hdrSize
 	}
 	b := make([]byte, dataOff+(nadd+ndir)*stride)
 	copy(b, composedMagic)
 	le.PutUint16(b[4:], composedVersion)
+	le.PutUint16(b[6:], uint16(len(cols)))
 	le.PutUint32(b[8:], uint32(c.d))
 	le.PutUint32(b[12:], uint32(sites))
 	le.PutUint32(b[16:], uint32(nadd+ndir))
@@ -277,7 +413,9 @@ func (c *composition) encode() []byte {
 	start := 0
 	for ix := 0; ix < sites; ix++ {
 		e := b[tableOff+ix*siteEntry:]
-		if k := c.inPlace[ix]; k >= 0 {
+		if inCol(ix) {
+			le.PutUint32(e, colFlag|uint32(c.colSlot[ix]))
+		} else if k := c.inPlace[ix]; k >= 0 {
 			le.PutUint32(e[12:], uint32(k)+1)
 		} else if o := c.slot[ix]; o >= 0 {
 			le.PutUint32(e, uint32(out[o])+1)
@@ -303,6 +441,9 @@ func (c *composition) encode() []byte {
 		e[0] = t.source
 		le.PutUint32(e[4:], t.i)
 		le.PutUint32(e[8:], t.j)
+	}
+	for i, k := range cols {
+		le.PutUint32(b[colOff+4*i:], uint32(k))
 	}
 	put := func(i int, v []float32) {
 		o := dataOff + i*stride
@@ -334,15 +475,19 @@ type composedView struct {
 	nvec    int
 	stride  int // floats per vector slot
 	d       int
+	// The region's column pool and the columns the entry names (ncols of them).
+	pool  shm.ColumnPool
+	cols  [maxEntryColumns]int32
+	ncols int
 }
 
 // errBadComposed is the error of a composed entry that fails validation.
 var errBadComposed = errors.New("bad composed steering entry")
 
-// parseComposed validates a composed entry against cfg: every count, offset and index in
-// range, so the step's hot path needs no check beyond its own site index. The view's in-place
-// terms are resolved by resolveTerms before it is used.
-func parseComposed(b []byte, cfg ModelConfig, version uint64) (composedView, error) {
+// parseComposed validates a composed entry against cfg and the region's column pool: every
+// count, offset and index in range, so the step's hot path needs no check beyond its own site
+// index. The view's in-place terms are resolved by resolveTerms before it is used.
+func parseComposed(b []byte, cfg ModelConfig, version uint64, pool shm.ColumnPool) (composedView, error) {
 	bad := func(format string, args ...any) (composedView, error) {
 		return composedView{}, fmt.Errorf("%w: %w: "+format, append([]any{ErrBadEncoding, errBadComposed}, args...)...)
 	}
@@ -356,13 +501,17 @@ func parseComposed(b []byte, cfg ModelConfig, version uint64) (composedView, err
 		return bad("hidden size %d, model has %d", le.Uint32(b[8:]), cfg.Hidden)
 	}
 	sites, nvec, ncl, nterm := uint64(le.Uint32(b[12:])), uint64(le.Uint32(b[16:])), uint64(le.Uint32(b[20:])), uint64(le.Uint32(b[28:]))
+	ncols := uint64(le.Uint16(b[6:]))
 	v := composedView{version: version, missing: int(le.Uint32(b[24:])), d: cfg.Hidden}
 	copy(v.digest[:], b[32:64])
 	if sites == 0 {
-		if nvec != 0 || ncl != 0 || nterm != 0 || len(b) != hdrSize {
-			return bad("empty set with %d vectors, %d clamps, %d terms, %d bytes", nvec, ncl, nterm, len(b))
+		if nvec != 0 || ncl != 0 || nterm != 0 || ncols != 0 || len(b) != hdrSize {
+			return bad("empty set with %d vectors, %d clamps, %d terms, %d columns, %d bytes", nvec, ncl, nterm, ncols, len(b))
 		}
 		return v, nil
+	}
+	if ncols > maxEntryColumns {
+		return bad("%d columns, at most %d", ncols, maxEntryColumns)
 	}
 	if sites != uint64(cfg.NumHooks()*cfg.Layers*2) {
 		return bad("%d sites, model has %d", sites, cfg.NumHooks()*cfg.Layers*2)
@@ -370,9 +519,24 @@ func parseComposed(b []byte, cfg ModelConfig, version uint64) (composedView, err
 	stride := roundUp64(uint64(cfg.Hidden) * 4)
 	clampOff := hdrSize + sites*siteEntry
 	termOff := clampOff + ncl*clampRec
-	dataOff := roundUp64(termOff + nterm*termRec)
-	if nvec > uint64(len(b)) || nterm > uint64(len(b)) || dataOff+nvec*stride != uint64(len(b)) {
+	colOff := termOff + nterm*termRec
+	dataOff := roundUp64(colOff + 4*ncols)
+	if nvec > uint64(len(b)) || nterm > uint64(len(b)) || ncl > uint64(len(b)) || dataOff+nvec*stride != uint64(len(b)) {
 		return bad("length %d, header implies %d", len(b), dataOff+nvec*stride)
+	}
+	if ncols > 0 {
+		pc, pcells, pbytes := pool.Geometry()
+		if pcells != int(sites/2) || pbytes < 4*cfg.Hidden {
+			return bad("names %d columns, but the region's column pool (%d cells of %d bytes) does not fit the model (%d cells of %d floats)", ncols, pcells, pbytes, sites/2, cfg.Hidden)
+		}
+		for i := range int(ncols) {
+			k := le.Uint32(b[colOff+4*uint64(i):])
+			if uint64(k) >= uint64(pc) {
+				return bad("column %d of a pool of %d", k, pc)
+			}
+			v.cols[i] = int32(k)
+		}
+		v.ncols, v.pool = int(ncols), pool
 	}
 	v.sites, v.nvec, v.stride = int(sites), int(nvec), int(stride/4)
 	v.table = b[hdrSize:clampOff:clampOff]
@@ -386,7 +550,14 @@ func parseComposed(b []byte, cfg ModelConfig, version uint64) (composedView, err
 	for ix := 0; ix < v.sites; ix++ {
 		e := v.table[ix*siteEntry:]
 		vi, cs, ce, ti := le.Uint32(e), le.Uint32(e[4:]), le.Uint32(e[8:]), le.Uint32(e[12:])
-		if uint64(vi) > nvec || cs > ce || uint64(ce) > ncl || uint64(ti) > nterm || (vi != 0 && ti != 0) {
+		if vi&colFlag != 0 {
+			if uint64(vi&^colFlag) >= ncols {
+				return bad("site %d names column %d of %d", ix, vi&^colFlag, ncols)
+			}
+		} else if uint64(vi) > nvec {
+			return bad("site %d out of range", ix)
+		}
+		if cs > ce || uint64(ce) > ncl || uint64(ti) > nterm || (vi != 0 && ti != 0) {
 			return bad("site %d out of range", ix)
 		}
 	}
@@ -462,13 +633,13 @@ func (v *composedView) resolveTerms(s *shm.Snapshot, cfg ModelConfig, raw []byte
 }
 
 // openComposed reads the composition under (kind, key) at s, with its in-place terms resolved
-// from the set under (rawKind, key).
-func openComposed(s *shm.Snapshot, cfg ModelConfig, kind shm.Kind, key string, rawKind shm.Kind) (composedView, error) {
+// from the set under (rawKind, key); pool is the region's column pool.
+func openComposed(s *shm.Snapshot, cfg ModelConfig, pool shm.ColumnPool, kind shm.Kind, key string, rawKind shm.Kind) (composedView, error) {
 	b, ver, err := s.View(kind, key)
 	if err != nil {
 		return composedView{}, err
 	}
-	v, err := parseComposed(b, cfg, ver)
+	v, err := parseComposed(b, cfg, ver, pool)
 	if err != nil || len(v.terms) == 0 {
 		return v, err
 	}
@@ -490,13 +661,27 @@ func (v *composedView) at(ix int) (vec []float32, clamps []byte, act uint64) {
 	if act == 0 {
 		return nil, nil, 0
 	}
-	if vi := int(le.Uint32(e)); vi > 0 {
-		o := (vi - 1) * v.stride
+	if vi := le.Uint32(e); vi&colFlag != 0 {
+		// parseComposed checked the slot and the pool's geometry: the cell holds d floats.
+		if c := v.pool.CellFloat32(int(v.cols[vi&1]), ix>>1); len(c) >= v.d {
+			vec = c[:v.d:v.d]
+		}
+	} else if vi > 0 {
+		o := int(vi-1) * v.stride
 		vec = v.data[o : o+v.d : o+v.d]
 	} else if ti := int(le.Uint32(e[12:])); ti > 0 && ti <= len(v.inPlace) {
 		vec = v.inPlace[ti-1] // resolveTerms made one per term (parseComposed checked ti)
 	}
 	return vec, v.clamps[int(le.Uint32(e[4:]))*clampRec : int(le.Uint32(e[8:]))*clampRec], act
+}
+
+// prefetchSite asks for site ix's table entry ahead of at(ix): a decode step reads one entry
+// per request per site, each in its own entry of the region, and the step's stream of vectors
+// evicts them between steps. ix must be in [0, sites) for a non-empty view.
+func (v *composedView) prefetchSite(ix int) {
+	if v.sites != 0 {
+		kernels.PrefetchLine(v.table[ix*siteEntry : ix*siteEntry+siteEntry])
+	}
 }
 
 // composedSite is what at returns, as one value.

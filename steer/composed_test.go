@@ -49,9 +49,10 @@ func TestComposedInPlace(t *testing.T) {
 		require.NotZero(t, act)
 		if i == 0 { // strength 1: the named vector's own floats, in place
 			require.True(t, inside(v, named), "request %s reads the named vector in place", sp.ID)
-		} else {
-			require.True(t, inside(v, raw), "request %s's vector aliases its entry in the region", sp.ID)
+		} else { // composed: the request's own vector, in its column of the region's pool
+			require.True(t, inCell(v, &st.cur[i].view, mlpIn/2), "request %s's vector is its cell of the column pool", sp.ID)
 		}
+		_ = raw
 		require.Equal(t, float32(i+1), h[i*d])
 	}
 	st.End()
@@ -130,9 +131,10 @@ func TestComposedSharesPhases(t *testing.T) {
 	snap, err := e.Region().Snapshot()
 	require.NoError(t, err)
 	defer snap.Close()
-	v, err := openComposed(&snap, smallCfg, KindComposed, "r", KindRequest)
+	v, err := openComposed(&snap, smallCfg, e.pool, KindComposed, "r", KindRequest)
 	require.NoError(t, err)
-	require.Equal(t, smallCfg.Layers+1, v.nvec, "one vector per layer, plus layer 0's decode vector")
+	require.Zero(t, v.nvec, "the request's vectors are in columns, not its entry")
+	require.Equal(t, 2, v.ncols, "one column, and a second for layer 0's decode vector")
 	hook := 2 // post_block
 	for l := 0; l < smallCfg.Layers; l++ {
 		ix := (hook*smallCfg.Layers + l) * 2
@@ -179,15 +181,16 @@ func TestComposedInPlaceTerms(t *testing.T) {
 	require.NoError(t, err)
 	raw, _, err := snap.View(KindRequest, "r0")
 	require.NoError(t, err)
-	v, err := openComposed(&snap, smallCfg, KindComposed, "r0", KindRequest)
+	v, err := openComposed(&snap, smallCfg, e.pool, KindComposed, "r0", KindRequest)
 	require.NoError(t, err)
 	require.Zero(t, v.nvec, "no vector stored: every site reads a term in place")
 	sites := smallCfg.NumHooks() * smallCfg.Layers * 2
-	require.Equal(t, int(roundUp64(uint64(hdrSize+sites*siteEntry+len(v.terms)))), len(comp), "header, site table and term records only")
+	require.Equal(t, int(roundUp64(uint64(hdrSize+sites*siteEntry+len(v.terms)+4*v.ncols))), len(comp), "header, site table, term records and the column list only")
 	pre, _, _ := v.at((0*smallCfg.Layers+2)*2 + 1) // pre_attn, layer 2, decode
 	require.True(t, inside(pre, named), "read in place in the named vector")
 	own, _, _ := v.at((2*smallCfg.Layers+1)*2 + 1) // post_block, layer 1, decode
-	require.True(t, inside(own, raw), "read in place in the request's own entry")
+	require.False(t, inside(own, raw), "the request's own vector is copied out of its entry")
+	require.True(t, inCell(own, &v, 2*smallCfg.Layers+1), "into its column of the pool, site by site")
 	snap.Close()
 
 	st := e.NewStepper()

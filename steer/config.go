@@ -159,14 +159,32 @@ func (c ModelConfig) Equal(o ModelConfig) bool {
 	return c.Hidden == o.Hidden && c.Layers == o.Layers && slices.Equal(c.hooks(), o.hooks())
 }
 
-// RegionConfig returns base with UserConfig set to cfg's encoding, for shm.Create (or
-// ipc.OwnerOptions.Region).
+// DefaultColumns is the column pool RegionConfig gives a region when base.Columns is 0: the
+// requests carrying their own vectors that can be admitted at once with those vectors laid
+// out site by site (composed.go's Columns section); more are stored in their entries. vLLM's
+// default max_num_seqs.
+const DefaultColumns = 256
+
+// RegionConfig returns base with UserConfig set to cfg's encoding and its column pool sized
+// for the model (one cell per (hook, layer) of hidden float32s; base.Columns columns, 0 for
+// DefaultColumns, negative for none), for shm.Create (or ipc.OwnerOptions.Region). The pool
+// is address space: a cell takes memory only once a request's vector is written there.
 func RegionConfig(cfg ModelConfig, base shm.Config) (shm.Config, error) {
 	b, err := cfg.MarshalBinary()
 	if err != nil {
 		return base, err
 	}
 	base.UserConfig = b
+	switch {
+	case base.Columns < 0:
+		base.Columns, base.ColumnCells, base.CellBytes = 0, 0, 0
+	default:
+		if base.Columns == 0 {
+			base.Columns = DefaultColumns
+		}
+		base.ColumnCells = cfg.NumHooks() * cfg.Layers
+		base.CellBytes = int(roundUp64(uint64(cfg.Hidden) * 4))
+	}
 	return base, nil
 }
 

@@ -96,7 +96,7 @@ func benchDecode(b *testing.B, steered int, global bool, mode string) {
 	for ix := 0; ix < hooks*layers*2; ix += 2 {
 		var site []add
 		for i := range batch {
-			cv, err := openComposed(&snap, cfg, KindComposed, batch[i].ID, KindRequest)
+			cv, err := openComposed(&snap, cfg, e.pool, KindComposed, batch[i].ID, KindRequest)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -53,7 +53,9 @@
 //   - KindStatus (19), key "latches": the latch counters, so Status reads the same numbers in
 //     every process.
 //   - KindComposed (20), key = request id, and KindComposedGlobal (21), key "global": the
-//     request's and the global steering composed per (hook, layer, phase) by the owner.
+//     request's and the global steering composed per (hook, layer, phase) by the owner; a
+//     request's own vectors sit in the region's column pool (shm.ColumnPool), in the columns
+//     its entry names and owns.
 //   - KindCapture (24), key = request id: the request's capture specs as the owner validated
 //     them at Admit against its declared consumers (Options.CaptureConsumers): each
 //     consumer's raw spec, sites and positions, and the prompt length (capture.go;
@@ -71,7 +73,9 @@
 // (global base + global phase + request base + request phase) to its rows and then applies its
 // clamps. The owner composes each steering set once, when it is written, into the region
 // (KindComposed per request, KindComposedGlobal for the global tiers; composed.go): workers
-// read those floats in place, so no rank keeps a copy and no rank composes. A row gets the
+// read those floats in place, so no rank keeps a copy and no rank composes. A request's own
+// vectors are laid out site by site in the region's column pool (RegionConfig sizes it), so
+// the vectors a decode step adds at one (hook, layer) lie side by side. A row gets the
 // request's composed vector and the global one (shared by every row, so read from cache); a
 // global change rewrites one entry, and a named vector's change recomposes the sets that
 // reference it in the same transaction. The batch layout is validated and resolved once per

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/shmsteer/shmsteer/internal/observe"
 	"github.com/shmsteer/shmsteer/internal/proto"
@@ -48,6 +49,12 @@ type Engine struct {
 	r   *shm.Region
 	cfg ModelConfig
 	opt Options
+	// pool is the region's column pool; poolFits whether it fits the model (one cell per
+	// (hook, layer), hidden floats a cell), so the owner puts requests' vectors there.
+	// colsFull counts compositions stored in their entry because the pool was full.
+	pool     shm.ColumnPool
+	poolFits bool
+	colsFull atomic.Uint64
 
 	w        writer     // how writes reach the region (writer.go), chosen once by Open
 	mu       sync.Mutex // owner: serializes steering writes (latch order is the call order)
@@ -78,7 +85,10 @@ func Open(r *shm.Region, want *ModelConfig, opt Options) (*Engine, error) {
 		return nil, fmt.Errorf("%w: model config mismatch: the region was created for hidden %d, %d layers, hooks %v; this process expects hidden %d, %d layers, hooks %v: start every process with the same model config",
 			ErrIncompatible, cfg.Hidden, cfg.Layers, cfg.hooks(), want.Hidden, want.Layers, want.hooks())
 	}
-	e := &Engine{r: r, cfg: cfg, opt: opt}
+	e := &Engine{r: r, cfg: cfg, opt: opt, pool: r.Columns()}
+	if n, cells, b := e.pool.Geometry(); n > 0 && cells == cfg.NumHooks()*cfg.Layers && b >= 4*cfg.Hidden {
+		e.poolFits = true
+	}
 	if err := e.checkGlobal(); err != nil {
 		return nil, err
 	}
@@ -292,6 +302,12 @@ type Status struct {
 	IndexSlots  uint64 `json:"index_slots"`
 	MarkEntries uint64 `json:"mark_entries_used"`
 	MarkSlots   uint64 `json:"mark_slots"`
+	// Columns is the region's column pool (requests admitted at once with their own vectors
+	// laid out site by site; RegionConfig) and ColumnsUsed the columns taken or waiting for
+	// readers to move on. A pool that stays full stores new requests' vectors in their
+	// entries: steering stays exact, decode steps get slower; raise shm.Config.Columns.
+	Columns     uint64 `json:"columns"`
+	ColumnsUsed uint64 `json:"columns_used"`
 	// OldestPin is the reader pinned at the lowest version, the one holding reclamation back
 	// (nil when no reader is pinned). An age of seconds means a stuck worker or a snapshot
 	// left open: end that process (its slots are freed within a second) or close the snapshot.
@@ -347,6 +363,7 @@ func (e *Engine) Status() (Status, error) {
 	st.ArenaUsed, st.ArenaFree = rs.AllocBytes, rs.ArenaBytes-rs.AllocBytes
 	st.RevokedKeys = int(rs.Marks)
 	st.IndexSlots, st.MarkEntries, st.MarkSlots = rs.IndexSlots, rs.MarkEntries, rs.MarkSlots
+	st.Columns, st.ColumnsUsed = rs.Columns, rs.ColumnsUsed
 	if p := rs.OldestPin; p.Version != 0 {
 		st.OldestPin = &PinStatus{Slot: p.Slot, PID: p.PID, Version: p.Version, AgeSeconds: p.Age.Seconds()}
 	}

@@ -219,7 +219,11 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 	// Each span's request vector is read one span ahead and its pages prefetched while the
 	// span before it is added: a decode step's per-request vectors lie in their own entries,
 	// megabytes apart, and each would otherwise start with page walks and a cold line.
+	// Their site entries are asked for siteAhead spans earlier still.
 	var next composedSite
+	for _, i := range s.active[:min(siteAhead, len(s.active))] {
+		s.cur[i].view.prefetchSite(site + int(batch[i].Phase) - 1)
+	}
 	if len(s.active) > 0 {
 		i := s.active[0]
 		next = s.cur[i].view.site(site + int(batch[i].Phase) - 1)
@@ -229,6 +233,10 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		ix := site + int(sp.Phase) - 1
 		gv, gcl, gAct := s.global.at(ix)
 		rv, rcl, rAct := next.vec, next.clamps, next.act
+		if n+siteAhead < len(s.active) {
+			j := s.active[n+siteAhead]
+			s.cur[j].view.prefetchSite(site + int(batch[j].Phase) - 1)
+		}
 		if n+1 < len(s.active) {
 			j := s.active[n+1]
 			next = s.cur[j].view.site(site + int(batch[j].Phase) - 1)
@@ -273,6 +281,9 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 	}
 	return nil
 }
+
+// siteAhead is how many spans ahead Apply asks for a request's site entry.
+const siteAhead = 4
 
 // sameBatch reports whether batch is the layout the previous Apply of this step resolved.
 // Comparing ids costs little: a caller passing the same spans passes the same strings, which
@@ -394,7 +405,7 @@ func (s *Stepper) request(id string) (*reqState, error) {
 	case err != nil:
 		return nil, fmt.Errorf("request %q: %w", id, err)
 	case !st.known || ver != st.view.version:
-		v, err := openComposed(&s.snap, s.e.cfg, KindComposed, id, KindRequest)
+		v, err := openComposed(&s.snap, s.e.cfg, s.e.pool, KindComposed, id, KindRequest)
 		if err != nil {
 			return nil, fmt.Errorf("request %q: %w", id, err)
 		}
@@ -427,7 +438,7 @@ func (s *Stepper) readGlobal() error {
 	case ver == s.global.version && ver != 0:
 		return nil
 	}
-	v, err := openComposed(&s.snap, s.e.cfg, KindComposedGlobal, globalKey, KindGlobal)
+	v, err := openComposed(&s.snap, s.e.cfg, s.e.pool, KindComposedGlobal, globalKey, KindGlobal)
 	if err != nil {
 		return fmt.Errorf("global steering: %w", err)
 	}
