@@ -11,8 +11,13 @@ import (
 // column in a Tx (AllocColumn), writes its cells in place (Tx.Cell) and ties it to a value of
 // the same Tx (Attach); the column then lives exactly as long as that value's blob: retired
 // at the version that replaces or deletes it and reused once every pin has passed that version,
-// the blob rule. Which column is whose lives in the owner's private memory (colState), as the
+// the blob rule. Which column is whose lives in the owner's private memory (columns), as the
 // arena's allocator does; the mapping holds only the cells' bytes.
+//
+// A freed column keeps its bytes: it is zeroed when it is reused, and only where its earlier
+// values wrote (a bitset per column), so neither a reclamation pass nor an unused cell costs a
+// write: Tx.Cell zeroes a stale cell as it hands it out, and the commit that attaches the
+// column zeroes the stale cells this transaction did not ask for.
 
 // columnPool is the validated geometry of a region's pool and its bytes (nil: no pool).
 type columnPool struct {
@@ -39,7 +44,13 @@ type ColumnPool struct{ p *columnPool }
 // Columns returns the region's column pool; a region created without one returns a pool whose
 // Geometry is zero and whose Cell is always nil. In readers the cells are the read-only
 // mapping; the owner writes cells through Tx.Cell only, never through these views.
-func (r *Region) Columns() ColumnPool { return ColumnPool{&r.pool} }
+// After Close it returns the empty pool (a pool taken before must not be used after Close).
+func (r *Region) Columns() ColumnPool {
+	if r.closed.Load() {
+		return ColumnPool{}
+	}
+	return ColumnPool{&r.pool}
+}
 
 // Geometry returns the number of columns, the cells of each and each cell's bytes (zeros: no
 // pool).
@@ -71,7 +82,7 @@ func (c ColumnPool) Format(f fmt.State, _ rune) {
 
 // A column's state, in the owner's private memory.
 const (
-	colFree     = iota // all its cells zero, free to reserve
+	colFree     = iota // free to reserve; its dirty cells hold earlier values' bytes
 	colReserved        // reserved by the Tx in progress, not attached
 	colPending         // reserved by the Tx in progress and attached to one of its writes
 	colLive            // attached to a published value (colOwner holds it)
@@ -83,9 +94,10 @@ type columns struct {
 	state []uint8
 	free  []uint64 // bitset of colFree columns: AllocColumn takes the lowest, keeping live columns dense
 	nfree int
-	// written[k] is a bitset of the cells of column k written since it was last zeroed (nil:
-	// none), so freeing a column zeroes those cells only and faults in nothing else.
-	written [][]uint64
+	// dirty[k] is a bitset of the cells of column k that may be non-zero (nil: none), so reuse
+	// zeroes those cells only and faults in nothing else. handed[k] is the cells that Tx.Cell
+	// handed out in the transaction in progress (zeroed first if dirty), reset when it ends.
+	dirty, handed [][]uint64
 	// byBlob maps the arena offset of a published value's blob to the columns attached to it.
 	byBlob  map[uint64][]int
 	retired []retiredCol // in retire-version order
@@ -98,7 +110,7 @@ type retiredCol struct {
 
 func newColumns(l layout) *columns {
 	n := int(l.columns)
-	c := &columns{state: make([]uint8, n), free: make([]uint64, (n+63)/64), nfree: n, written: make([][]uint64, n), byBlob: map[uint64][]int{}}
+	c := &columns{state: make([]uint8, n), free: make([]uint64, (n+63)/64), nfree: n, dirty: make([][]uint64, n), handed: make([][]uint64, n), byBlob: map[uint64][]int{}}
 	for k := 0; k < n; k++ {
 		c.free[k/64] |= 1 << (k % 64)
 	}
@@ -120,17 +132,10 @@ func (c *columns) take() (int, bool) {
 	return 0, false
 }
 
-// release zeroes the written cells of column k and makes it free.
+// releaseColumn makes column k free; its bytes stay (dirty) until it is reused.
 func (r *Region) releaseColumn(k int) {
-	c, p := r.w.cols, &r.pool
-	for i, w := range c.written[k] {
-		for w != 0 {
-			b := bits.TrailingZeros64(w)
-			w &^= 1 << b
-			zero(p.cell(uint64(k), uint64(i*64+b)))
-		}
-		c.written[k][i] = 0
-	}
+	c := r.w.cols
+	clear(c.handed[k])
 	c.state[k] = colFree
 	c.free[k/64] |= 1 << (k % 64)
 	c.nfree++
@@ -139,8 +144,10 @@ func (r *Region) releaseColumn(k int) {
 // AllocColumn reserves a free column for this transaction and returns its number. Write its
 // cells with Cell and tie it to a value of this transaction with Attach; a column still
 // unattached when the transaction commits is freed at once (no published value may name it),
-// and an aborted transaction frees all it reserved. Every cell of a reserved column reads zero
-// until written. With no column free it runs a reclamation pass, as a full arena does, and then
+// and an aborted transaction frees all it reserved. A reserved column reads zero wherever this
+// transaction did not write it: Cell hands out zeroed bytes, and the commit that attaches the
+// column zeroes what an earlier value left in the cells this transaction did not ask for, so
+// readers see zero there. With no column free it runs a reclamation pass, as a full arena does, and then
 // answers ErrColumnsFull; a region without a pool answers ErrColumnsFull as well.
 func (tx *Tx) AllocColumn() (int, error) {
 	r := tx.r
@@ -188,11 +195,22 @@ func (tx *Tx) Cell(col, cell int) ([]byte, error) {
 		return nil, fmt.Errorf("%w: cell %d of column %d: a column has %d cells", ErrBadColumn, cell, col, p.cells)
 	}
 	c := r.w.cols
-	if c.written[col] == nil {
-		c.written[col] = make([]uint64, (p.cells+63)/64)
+	if c.handed[col] == nil {
+		c.handed[col] = make([]uint64, (p.cells+63)/64)
 	}
-	c.written[col][cell/64] |= 1 << (cell % 64)
-	return p.cell(uint64(col), uint64(cell)), nil
+	if c.dirty[col] == nil {
+		c.dirty[col] = make([]uint64, (p.cells+63)/64)
+	}
+	dst := p.cell(uint64(col), uint64(cell))
+	i, bit := cell/64, uint64(1)<<(cell%64)
+	if c.handed[col][i]&bit == 0 {
+		if c.dirty[col][i]&bit != 0 {
+			zero(dst) // an earlier value's bytes
+		}
+		c.handed[col][i] |= bit
+		c.dirty[col][i] |= bit
+	}
+	return dst, nil
 }
 
 // reserved checks that col is a column this transaction reserved.
@@ -213,7 +231,7 @@ func (tx *Tx) reserved(col int) error {
 // Put, PutFunc or PutFloat32, earlier in the same transaction). From the commit on, the columns
 // live exactly as long as that value: when a later transaction replaces or deletes it, they
 // are retired at the same version as its blob and reused once no reader pins a version below
-// that one; their written cells are then zeroed. A later write of the same key in this
+// that one (zeroed on reuse where they were written). A later write of the same key in this
 // transaction detaches them again (they are still reserved: attach them to the new value, or
 // they are freed at commit). ErrBadColumn, and nothing changes, if the value was not written in
 // this transaction, or a column was not reserved by it or is already attached.
@@ -271,9 +289,10 @@ func (tx *Tx) abortColumns() {
 }
 
 // commitColumns runs at commit for each op: the columns of the value it replaces (a blob
-// retired at v) are retired at v, and the columns attached to its new value go live.
-func (w *writer) commitColumns(op *txOp, v uint64) {
-	c := w.cols
+// retired at v) are retired at v, and the columns attached to its new value go live, zeroed
+// where this transaction did not write them.
+func (r *Region) commitColumns(op *txOp, v uint64) {
+	c := r.w.cols
 	if c == nil {
 		return
 	}
@@ -289,9 +308,27 @@ func (w *writer) commitColumns(op *txOp, v uint64) {
 	if len(op.cols) > 0 {
 		for _, k := range op.cols {
 			c.state[k] = colLive
+			r.settleColumn(k)
 		}
 		c.byBlob[op.off] = op.cols
 	}
+}
+
+// settleColumn zeroes the cells of column k that an earlier value left and this transaction
+// did not hand out, so that what the column holds is exactly what this transaction wrote.
+func (r *Region) settleColumn(k int) {
+	c, p := r.w.cols, &r.pool
+	for i, d := range c.dirty[k] {
+		var h uint64
+		if c.handed[k] != nil {
+			h = c.handed[k][i]
+		}
+		for stale := d &^ h; stale != 0; stale &= stale - 1 {
+			zero(p.cell(uint64(k), uint64(i*64+bits.TrailingZeros64(stale))))
+		}
+		c.dirty[k][i] = h
+	}
+	clear(c.handed[k])
 }
 
 // endColumns frees, at commit, the columns the transaction reserved and did not attach, and

@@ -43,10 +43,11 @@
 // same transaction writes (Tx.Attach); a column left unattached at commit, or reserved by an
 // aborted transaction, is freed at once, since no published value names it. When a later
 // transaction replaces or deletes the value, its columns are retired at that version with its
-// blob and freed by the same rule: once every pin is at or above it, their written cells
-// zeroed. So a reader may read a column named by a value visible at its pinned version
-// (Region.Columns) and finds it unchanged while the pin holds; a column no such value names
-// means nothing to it. Which column is whose lives in the owner's private memory, like the
+// blob and reused by the same rule: once every pin is at or above it. A reused column is
+// zeroed where earlier values wrote and the new one does not, so it holds exactly what its new
+// value wrote (no pass writes a column, and no cell is zeroed that was never written). So a
+// reader may read a column named by a value visible at its pinned version (Region.Columns) and
+// finds it unchanged while the pin holds; a column no such value names means nothing to it. Which column is whose lives in the owner's private memory, like the
 // arena's allocator.
 //
 // # Reader liveness

@@ -312,7 +312,7 @@ func (r *Region) commit(tx *Tx) {
 	var retired uint64
 	for i := range tx.ops {
 		op := &tx.ops[i]
-		w.commitColumns(op, v)
+		r.commitColumns(op, v)
 		word := indexWord(op.hash, op.off)
 		store64(r.index, op.slot*8, word)
 		if op.hadOld {
