@@ -120,8 +120,9 @@
 // # Boundaries
 //
 // steer reads and writes the region only through package shm's API (Update, Snapshot, View):
-// it must not touch region layout internals, and it does not import unsafe (float views come
-// from shm.AsFloat32). It opens no sockets and does not depend on the transport.
+// it must not touch region layout internals, and it imports unsafe only in spans_unsafe.go,
+// to compare a batch's bytes with the one resolved before (float views come from
+// shm.AsFloat32). It opens no sockets and does not depend on the transport.
 //
 // # Owner and worker
 //

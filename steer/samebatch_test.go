@@ -3,6 +3,7 @@ package steer
 import (
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,7 +18,7 @@ func TestStepNoticesLayoutChange(t *testing.T) {
 	cfg := ModelConfig{Hidden: 40, Layers: 2}
 	e := newOwner(t, cfg, Options{})
 	rng := rand.New(rand.NewPCG(7, 8))
-	for _, id := range []string{"a", "b", "c"} {
+	for _, id := range []string{"a", "b", "bx", "c", "cx"} {
 		s := Steering{
 			Prefill: Tier{Vectors: []Vector{{Hook: "post_block", Layer: 1, Scale: 1, Data: randVec(rng, cfg.Hidden)}}},
 			Decode:  Tier{Vectors: []Vector{{Hook: "post_block", Layer: 1, Scale: 2, Data: randVec(rng, cfg.Hidden)}}},
@@ -27,11 +28,14 @@ func TestStepNoticesLayoutChange(t *testing.T) {
 	}
 	hook, err := cfg.Hook("post_block")
 	require.NoError(t, err)
-	base := []Span{{ID: "a", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "b", Start: 1, End: 3, Phase: PhasePrefill}}
+	base := []Span{{ID: "a", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "bx", Start: 1, End: 3, Phase: PhasePrefill}}
 	edits := map[string]func(sp *Span){
 		"id":       func(sp *Span) { sp.ID = "c" },
-		"start":    func(sp *Span) { sp.Start = 0 }, // overlaps span 0
-		"end":      func(sp *Span) { sp.End = 1 },   // empty: steers nothing, no checksum term
+		"idsame":   func(sp *Span) { sp.ID = "cx" },                 // another id of the same length
+		"idprefix": func(sp *Span) { sp.ID = sp.ID[:1] },            // "b": the same pointer, shorter
+		"idcopy":   func(sp *Span) { sp.ID = strings.Clone(sp.ID) }, // the same id in other bytes
+		"start":    func(sp *Span) { sp.Start = 0 },                 // overlaps span 0
+		"end":      func(sp *Span) { sp.End = 1 },                   // empty: steers nothing, no checksum term
 		"phase":    func(sp *Span) { sp.Phase = PhaseDecode },
 		"bound":    func(sp *Span) { sp.End = 5 }, // past the block
 		"badphase": func(sp *Span) { sp.Phase = 3 },
@@ -54,7 +58,7 @@ func TestStepNoticesLayoutChange(t *testing.T) {
 				hb = h[:2*cfg.Hidden]
 			}
 			err := st.Apply(hook, 1, hb, batch)
-			if name != "id" && name != "end" && name != "phase" {
+			if name != "id" && name != "idsame" && name != "idprefix" && name != "idcopy" && name != "end" && name != "phase" {
 				require.ErrorIs(t, err, ErrBadBatch)
 				require.Equal(t, h0, h, "a refused batch changed h")
 				return
@@ -70,6 +74,22 @@ func TestStepNoticesLayoutChange(t *testing.T) {
 			require.Equal(t, fresh.End(), sum, "checksum of the edited layout")
 			require.Equal(t, want, h, "the edited layout was not re-resolved")
 			require.NotEqual(t, h0, h)
+			if name == "idcopy" {
+				// The same layout: a Stepper that did not re-resolve it steers as one that did.
+				require.Equal(t, sameLayoutSteered(t, e, hook, h0, base), h)
+			}
 		})
 	}
+}
+
+// sameLayoutSteered is what Applies at layers 0 and 1 of one step steer in h0 for batch.
+func sameLayoutSteered(t *testing.T, e *Engine, hook HookID, h0 []float32, batch []Span) []float32 {
+	st := e.NewStepper()
+	defer st.Close()
+	require.NoError(t, st.Begin(0))
+	h := slices.Clone(h0)
+	require.NoError(t, st.Apply(hook, 0, h, batch))
+	require.NoError(t, st.Apply(hook, 1, h, batch))
+	st.End()
+	return h
 }

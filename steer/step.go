@@ -66,6 +66,7 @@ type Stepper struct {
 	e      *Engine
 	d      int
 	layers int
+	hooks  int // the model's hooks (ModelConfig.NumHooks, kept: Apply checks it every call)
 	sites  int // hooks × layers × 2 phases
 
 	snap  shm.Snapshot
@@ -82,9 +83,11 @@ type Stepper struct {
 	// is applied at every (hook, layer) of a step, so later Applies only compare it.
 	last []Span
 	cur  []*reqState
-	// active lists the spans of that batch that anything steers (a request composition, or
-	// the global one for non-empty spans): unsteered requests cost nothing per site.
-	active []int32
+	// plan lists the spans of that batch that anything steers (a request composition, or
+	// the global one for non-empty spans), with what Apply needs of them: unsteered requests
+	// cost nothing per site. lastEnd is the largest End of the batch's spans.
+	plan    []planSpan
+	lastEnd int
 	// pair is one row of scratch: a request's and the global vector summed for a span.
 	pair []float32
 	// gated lists the gate states of the requests decoded in this step (advanced at End).
@@ -112,7 +115,7 @@ type reqState struct {
 // NewStepper makes a Stepper for this engine's region.
 func (e *Engine) NewStepper() *Stepper {
 	c := e.cfg
-	return &Stepper{e: e, d: c.Hidden, layers: c.Layers, sites: c.NumHooks() * c.Layers * 2, reqs: map[string]*reqState{}, pair: make([]float32, c.Hidden)}
+	return &Stepper{e: e, d: c.Hidden, layers: c.Layers, hooks: c.NumHooks(), sites: c.NumHooks() * c.Layers * 2, reqs: map[string]*reqState{}, pair: make([]float32, c.Hidden)}
 }
 
 // Begin starts a step at region version (0: the current one). Ranks handed the same version
@@ -196,7 +199,7 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		s.dev.cancelGates() // a native Apply in a device-path step: the Stepper gates it
 	}
 	d := s.d
-	if int(hook) >= s.e.cfg.NumHooks() {
+	if int(hook) >= s.hooks {
 		return fmt.Errorf("%w: hook id %d", ErrUnknownHook, hook)
 	}
 	if layer < 0 || layer >= s.layers {
@@ -216,67 +219,82 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		s.captureSite(hook, layer, shm.Float32Bytes(h), CaptureF32, false) // before the adds
 	}
 	site := (int(hook)*s.layers + layer) * 2
+	// The global composition's entries at this site, one per phase (nil when there is none).
+	var gv [2][]float32
+	var gcl [2][]byte
+	var gAct [2]uint64
+	if s.global.sites != 0 {
+		gv[0], gcl[0], gAct[0] = s.global.at(site)
+		gv[1], gcl[1], gAct[1] = s.global.at(site + 1)
+	}
 	// Each span's request vector is read one span ahead and its pages prefetched while the
 	// span before it is added: a decode step's per-request vectors lie in their own entries,
 	// megabytes apart, and each would otherwise start with page walks and a cold line.
 	// Their site entries are asked for siteAhead spans earlier still.
-	var next composedSite
-	for _, i := range s.active[:min(siteAhead, len(s.active))] {
-		s.cur[i].view.prefetchSite(site + int(batch[i].Phase) - 1)
+	plan := s.plan
+	for _, p := range plan[:min(siteAhead, len(plan))] {
+		p.st.view.prefetchSite(site + p.ph)
 	}
-	if len(s.active) > 0 {
-		i := s.active[0]
-		next = s.cur[i].view.site(site + int(batch[i].Phase) - 1)
+	var nv []float32
+	var ncl []byte
+	var nAct uint64
+	if len(plan) > 0 {
+		c := plan[0].st.view.site(site + plan[0].ph)
+		nv, ncl, nAct = c.vec, c.clamps, c.act
 	}
-	for n, i := range s.active {
-		sp, st := &batch[i], s.cur[i]
-		ix := site + int(sp.Phase) - 1
-		gv, gcl, gAct := s.global.at(ix)
-		rv, rcl, rAct := next.vec, next.clamps, next.act
-		if n+siteAhead < len(s.active) {
-			j := s.active[n+siteAhead]
-			s.cur[j].view.prefetchSite(site + int(batch[j].Phase) - 1)
+	for n := range plan {
+		p := &plan[n]
+		rv, rcl, rAct := nv, ncl, nAct
+		if n+siteAhead < len(plan) {
+			q := &plan[n+siteAhead]
+			q.st.view.prefetchSite(site + q.ph)
 		}
-		if n+1 < len(s.active) {
-			j := s.active[n+1]
-			next = s.cur[j].view.site(site + int(batch[j].Phase) - 1)
-			kernels.PrefetchPages(next.vec)
+		if n+1 < len(plan) {
+			q := &plan[n+1]
+			nv, ncl, nAct = q.st.view.at(site + q.ph)
+			kernels.PrefetchPages(nv)
 		}
-		gated := st.gates != nil && sp.Phase == PhaseDecode
-		if gAct == 0 && rAct == 0 && !gated {
+		g, gc, ga := gv[p.ph], gcl[p.ph], gAct[p.ph]
+		if ga == 0 && rAct == 0 && !p.gated {
 			continue
 		}
-		blk := h[sp.Start*d : sp.End*d]
+		blk := h[p.start*d : p.end*d]
 		f := float32(1) // the request's attenuation
-		if gated {
-			f = s.gatesBefore(st.gates, site/2, blk)
+		if p.gated {
+			f = s.gatesBefore(p.st.gates, site/2, blk)
 		}
 		switch {
-		case rv != nil && gv != nil:
+		case rv != nil && g != nil:
 			// Both in one pass over the rows: a span of one row adds the two sources in one
 			// kernel; a longer span sums them once into a row of scratch and adds that,
 			// which reads one source stream per row instead of two. Both round as h + (r + g).
-			if sp.End-sp.Start == 1 {
-				kernels.AddRows2(blk, d, f, rv, 1, gv)
+			if p.end-p.start == 1 {
+				kernels.AddRows2(blk, d, f, rv, 1, g)
 			} else {
-				kernels.Sum2(s.pair, f, rv, 1, gv)
+				kernels.Sum2(s.pair, f, rv, 1, g)
 				kernels.AddRows(blk, d, 1, s.pair)
 			}
 		case rv != nil:
 			kernels.AddRows(blk, d, f, rv)
-		case gv != nil:
-			kernels.AddRows(blk, d, 1, gv)
+		case g != nil:
+			kernels.AddRows(blk, d, 1, g)
 		}
-		if gated {
-			s.gatesAdd(st.gates, site/2, blk, f)
+		if p.gated {
+			s.gatesAdd(p.st.gates, site/2, blk, f)
 		}
-		s.global.applyClamps(blk, d, gcl)
-		st.view.applyClamps(blk, d, rcl)
+		if len(gc) != 0 {
+			s.global.applyClamps(blk, d, gc)
+		}
+		if len(rcl) != 0 {
+			p.st.view.applyClamps(blk, d, rcl)
+		}
+		// mix64 of the site, the request, its rows, its phase and the two act words; the
+		// span's three fixed words were multiplied once, when the batch was resolved.
 		x := mix64(s.sum, uint64(hook)<<32|uint64(layer))
-		x = mix64(x, st.idHash)
-		x = mix64(x, uint64(sp.Start)<<32|uint64(sp.End))
-		x = mix64(x, uint64(sp.Phase))
-		x = mix64(x, gAct)
+		x = mixPre(x, p.idMul)
+		x = mixPre(x, p.rowsMul)
+		x = mixPre(x, p.phaseMul)
+		x = mix64(x, ga)
 		s.sum = mix64(x, rAct)
 	}
 	return nil
@@ -285,23 +303,38 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 // siteAhead is how many spans ahead Apply asks for a request's site entry.
 const siteAhead = 4
 
-// sameBatch reports whether batch is the layout the previous Apply of this step resolved.
-// Comparing ids costs little: a caller passing the same spans passes the same strings, which
-// compare by pointer.
+// planSpan is one active span of the resolved batch, as Apply walks it: its rows, its
+// request, the site-index offset of its phase, whether it is gated, and its fixed checksum
+// words already multiplied by mix64's first constant.
+type planSpan struct {
+	st                       *reqState
+	start, end, ph           int
+	gated                    bool
+	idMul, rowsMul, phaseMul uint64
+}
+
+// sameBatch reports whether batch is the layout the previous Apply of this step resolved
+// (rows is the block's row count; every span must fit it). A caller passing the same spans
+// again, the usual case, passes the same bytes: the strings' pointers and lengths too, and a
+// string's bytes never change, so one comparison of the spans' bytes with the resolved copy
+// answers (spansEqual). Anything else (a span changed in place, equal ids in other strings,
+// different padding) is compared field by field; if that finds the same layout, the copy is
+// refreshed so the next Apply compares bytes again.
 func (s *Stepper) sameBatch(batch []Span, rows int) bool {
-	if len(batch) != len(s.last) || len(s.cur) != len(batch) {
+	if len(batch) != len(s.last) || len(s.cur) != len(batch) || rows < s.lastEnd {
 		return false
+	}
+	if spansEqual(batch, s.last) {
+		return true
 	}
 	last := s.last[:len(batch)]
 	for i := range batch {
-		// Field by field, the integers first: the generated Span comparison calls out for
-		// the struct and again for the id, which at 64 spans × 160 sites a step cost more
-		// than a sparse step's adds (the id compares by pointer when it is the same string).
 		a, b := &batch[i], &last[i]
-		if a.Start != b.Start || a.End != b.End || a.Phase != b.Phase || a.Pos != b.Pos || a.End > rows || a.ID != b.ID {
+		if a.Start != b.Start || a.End != b.End || a.Phase != b.Phase || a.Pos != b.Pos || a.ID != b.ID {
 			return false
 		}
 	}
+	copy(s.last, batch)
 	return true
 }
 
@@ -309,8 +342,8 @@ func (s *Stepper) sameBatch(batch []Span, rows int) bool {
 func (s *Stepper) resolve(batch []Span, rows int) error {
 	s.last = s.last[:0]
 	s.cur = s.cur[:0]
-	s.active = s.active[:0]
-	maxEnd := 0
+	s.plan = s.plan[:0]
+	maxEnd, lastEnd := 0, 0
 	for i := range batch {
 		sp := &batch[i]
 		if sp.Phase != PhasePrefill && sp.Phase != PhaseDecode {
@@ -330,6 +363,7 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 		if sp.Start < sp.End {
 			maxEnd = max(maxEnd, sp.End)
 		}
+		lastEnd = max(lastEnd, sp.End)
 		st, err := s.request(sp.ID)
 		if err != nil {
 			s.cur = s.cur[:0]
@@ -337,7 +371,12 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 		}
 		s.cur = append(s.cur, st)
 		if sp.Start < sp.End && (st.view.sites != 0 || s.global.sites != 0 || st.gates != nil) {
-			s.active = append(s.active, int32(i))
+			s.plan = append(s.plan, planSpan{
+				st: st, start: sp.Start, end: sp.End, ph: int(sp.Phase) - 1,
+				gated:   st.gates != nil && sp.Phase == PhaseDecode,
+				idMul:   st.idHash * mixK1,
+				rowsMul: (uint64(sp.Start)<<32 | uint64(sp.End)) * mixK1, phaseMul: uint64(sp.Phase) * mixK1,
+			})
 		}
 	}
 	if s.cap.on {
@@ -347,6 +386,7 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 		}
 	}
 	s.last = append(s.last, batch...)
+	s.lastEnd = lastEnd
 	return nil
 }
 
@@ -462,7 +502,13 @@ func (s *Stepper) evictIdle() {
 func digest64(d Digest) uint64 { return le.Uint64(d[:8]) }
 
 // mix64 folds x into h (order-dependent), with the multiply-rotate rounds of xxhash.
-func mix64(h, x uint64) uint64 {
-	h ^= x * 0x9E3779B97F4A7C15
-	return bits.RotateLeft64(h, 31) * 0xC2B2AE3D27D4EB4F
+func mix64(h, x uint64) uint64 { return mixPre(h, x*mixK1) }
+
+// mixPre is mix64(h, x) given xm = x*mixK1.
+func mixPre(h, xm uint64) uint64 {
+	h ^= xm
+	return bits.RotateLeft64(h, 31) * mixK2
 }
+
+// mix64's constants.
+const mixK1, mixK2 = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F
