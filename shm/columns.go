@@ -147,8 +147,9 @@ func (r *Region) releaseColumn(k int) {
 // and an aborted transaction frees all it reserved. A reserved column reads zero wherever this
 // transaction did not write it: Cell hands out zeroed bytes, and the commit that attaches the
 // column zeroes what an earlier value left in the cells this transaction did not ask for, so
-// readers see zero there. With no column free it runs a reclamation pass, as a full arena does, and then
-// answers ErrColumnsFull; a region without a pool answers ErrColumnsFull as well.
+// readers see zero there. With no column free it runs a reclamation pass if some column is
+// retired (as a full arena does; with none retired a pass could free nothing), and then answers
+// ErrColumnsFull; a region without a pool answers ErrColumnsFull as well.
 func (tx *Tx) AllocColumn() (int, error) {
 	r := tx.r
 	c := r.w.cols
@@ -156,7 +157,7 @@ func (tx *Tx) AllocColumn() (int, error) {
 		return 0, fmt.Errorf("%w: this region has no column pool; create it with Config.Columns, ColumnCells and CellBytes", ErrColumnsFull)
 	}
 	k, ok := c.take()
-	if !ok {
+	if !ok && len(c.retired) > 0 { // a pass frees retired columns only: with none, it cannot help
 		r.reclaimLocked()
 		k, ok = c.take()
 	}

@@ -308,7 +308,9 @@ func TestColumnsFull(t *testing.T) {
 	r := colRegion(t, 2, 2, 64)
 	putColumns(t, r, "a", 1, 1)
 	putColumns(t, r, "b", 1, 2)
+	passes := r.w.pass
 	_, err := r.Update(func(tx *Tx) error { _, err := tx.AllocColumn(); return err })
+	require.Equal(t, passes, r.w.pass, "no column retired: no pass, which could free none")
 	require.ErrorIs(t, err, ErrColumnsFull)
 	require.ErrorContains(t, err, "all 2 columns taken (2 by published values, 0 retired, 0 reserved by this transaction)")
 	require.ErrorContains(t, err, "raise Config.Columns")
@@ -317,7 +319,9 @@ func TestColumnsFull(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.Delete(colKind, "a")
 	require.NoError(t, err)
+	passes = r.w.pass
 	_, err = r.Update(func(tx *Tx) error { _, err := tx.AllocColumn(); return err })
+	require.Equal(t, passes+1, r.w.pass, "a retired column: one inline pass")
 	require.ErrorIs(t, err, ErrColumnsFull)
 	require.ErrorContains(t, err, fmt.Sprintf("the retired columns wait for reader slot %d (pid %d as the holder sees itself) pinned at version %d", s.slot/lineSize-1, os.Getpid(), s.Version()))
 	s.Close()
