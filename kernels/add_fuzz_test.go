@@ -11,17 +11,20 @@ import (
 )
 
 // FuzzAddRows compares the one-source add (AddRows, and Axpy for one row) on every path with
-// the generic path and with the exact result, for row lengths 0–4096, 0–4 rows and independent
-// unaligned starts of h and v, guards either side of h checked; the SIMD paths (both fused,
-// one rounding) agree bit for bit.
+// the generic path and with the exact result, for row lengths 0–4096, 0–9 rows (the SIMD
+// paths' blocks of four rows alone, with one to three rows after them, and single rows) and
+// independent unaligned starts of h and v, guards either side of h checked; the SIMD paths
+// (both fused, one rounding) agree bit for bit.
 func FuzzAddRows(f *testing.F) {
 	f.Add(uint16(4096), uint8(1), uint8(0), uint8(0), float32(0.5), uint64(1))
 	f.Add(uint16(4095), uint8(3), uint8(1), uint8(15), float32(-0.37), uint64(2))
 	f.Add(uint16(63), uint8(4), uint8(7), uint8(3), float32(1), uint64(3))
 	f.Add(uint16(0), uint8(2), uint8(0), uint8(0), float32(2), uint64(4))
+	f.Add(uint16(4096), uint8(7), uint8(0), uint8(0), float32(0.5), uint64(5))
+	f.Add(uint16(47), uint8(9), uint8(5), uint8(9), float32(-3), uint64(6))
 	f.Fuzz(func(t *testing.T, n uint16, rows, offH, offV uint8, s float32, seed uint64) {
 		d := int(n) % 4097
-		nr := int(rows) % 5
+		nr := int(rows) % 10
 		if !finite32(s) || math.Abs(float64(s)) > 1e4 {
 			return // keeps s·v (|v| ≤ 1.5e30) inside float32: overflow is TestSpecialValues'
 		}

@@ -196,7 +196,7 @@ func TestAddRows(t *testing.T) {
 	forEachPath(t, func(t *testing.T) {
 		r := rand.New(rand.NewPCG(3, 4))
 		for _, d := range dims {
-			for _, rows := range []int{0, 1, 2, 5} {
+			for _, rows := range []int{0, 1, 2, 3, 4, 5, 7, 8} { // the SIMD paths add blocks of four rows, then single rows
 				for off := 1; off <= 15; off += 7 {
 					s := scales[r.IntN(len(scales))]
 					h0 := randVals(r, rows*d, 1e30)
