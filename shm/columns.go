@@ -43,8 +43,8 @@ type ColumnPool struct{ p *columnPool }
 
 // Columns returns the region's column pool; a region created without one returns a pool whose
 // Geometry is zero and whose Cell is always nil. In readers the cells are the read-only
-// mapping; the owner writes cells through Tx.Cell only, never through these views.
-// After Close it returns the empty pool (a pool taken before must not be used after Close).
+// mapping; the owner writes cells through Tx.Cell only, never through these views. After
+// Close it returns the empty pool (and a pool taken before must not be used after Close).
 func (r *Region) Columns() ColumnPool {
 	if r.closed.Load() {
 		return ColumnPool{}
@@ -85,8 +85,8 @@ const (
 	colFree     = iota // free to reserve; its dirty cells hold earlier values' bytes
 	colReserved        // reserved by the Tx in progress, not attached
 	colPending         // reserved by the Tx in progress and attached to one of its writes
-	colLive            // attached to a published value (colOwner holds it)
-	colRetired         // its value was replaced or deleted; waits in retiredCols
+	colLive            // attached to a published value (columns.byBlob holds it)
+	colRetired         // its value was replaced or deleted; waits in columns.retired
 )
 
 // columns is the owner's private bookkeeping of the pool.
