@@ -11,7 +11,7 @@
 #define SHM_H_VERSION UINT64_C(192) /* global version, published last by every commit */
 #define SHM_H_HORIZON UINT64_C(256) /* oldest version whose data is guaranteed intact */
 
-/* The column pool's geometry: immutable header words, byte offsets into the data mapping, covered by the header checksum. The pool is cell-major: cell c of column k is at poolOff + (c*columns + k)*cellBytes, so cell c of adjacent columns is adjacent. */
+/* The column pool's geometry: immutable header words, byte offsets into the data mapping, covered by the header checksum. The pool is cell-major: cell c of column k is at poolOff + (c*columns + k)*cellBytes, so cell c of adjacent columns is adjacent. (The key reader reads none of them; they are here for any reader of columns, in either language.) */
 #define SHM_H_POOL_OFF UINT64_C(144) /* the pool's offset in the data memfd, a multiple of poolAlign, after the arena; 0 = no pool */
 #define SHM_H_COLUMNS UINT64_C(152) /* number of columns; 0 = no pool */
 #define SHM_H_COLUMN_CELLS UINT64_C(160) /* cells per column */

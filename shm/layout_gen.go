@@ -10,7 +10,7 @@ const (
 	hHorizon = 256
 )
 
-// The column pool's geometry: immutable header words, byte offsets into the data mapping, covered by the header checksum. The pool is cell-major: cell c of column k is at poolOff + (c*columns + k)*cellBytes, so cell c of adjacent columns is adjacent.
+// The column pool's geometry: immutable header words, byte offsets into the data mapping, covered by the header checksum. The pool is cell-major: cell c of column k is at poolOff + (c*columns + k)*cellBytes, so cell c of adjacent columns is adjacent. (The key reader reads none of them; they are here for any reader of columns, in either language.)
 const (
 	// hPoolOff: the pool's offset in the data memfd, a multiple of poolAlign, after the arena; 0 = no pool.
 	hPoolOff = 144

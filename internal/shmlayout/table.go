@@ -44,7 +44,7 @@ var Groups = []Group{
 		{"hVersion", "SHM_H_VERSION", 192, "global version, published last by every commit"},
 		{"hHorizon", "SHM_H_HORIZON", 256, "oldest version whose data is guaranteed intact"},
 	}},
-	{"The column pool's geometry: immutable header words, byte offsets into the data mapping, covered by the header checksum. The pool is cell-major: cell c of column k is at poolOff + (c*columns + k)*cellBytes, so cell c of adjacent columns is adjacent.", []Const{
+	{"The column pool's geometry: immutable header words, byte offsets into the data mapping, covered by the header checksum. The pool is cell-major: cell c of column k is at poolOff + (c*columns + k)*cellBytes, so cell c of adjacent columns is adjacent. (The key reader reads none of them; they are here for any reader of columns, in either language.)", []Const{
 		{"hPoolOff", "SHM_H_POOL_OFF", 144, "the pool's offset in the data memfd, a multiple of poolAlign, after the arena; 0 = no pool"},
 		{"hColumns", "SHM_H_COLUMNS", 152, "number of columns; 0 = no pool"},
 		{"hColumnCells", "SHM_H_COLUMN_CELLS", 160, "cells per column"},
