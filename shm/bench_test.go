@@ -136,3 +136,24 @@ func BenchmarkPut(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkColumnCell is the cost of one CellFloat32 lookup, the decode step's per-request,
+// per-site call (64 columns of 160 cells; 64-byte cells, so the figure is the call's, not the
+// memory's).
+func BenchmarkColumnCell(b *testing.B) {
+	r := newTestRegion(b, Config{IndexSlots: 64, ArenaBytes: 64 << 10, ReaderSlots: 2, Columns: 64, ColumnCells: 160, CellBytes: 64})
+	p := r.Columns()
+	var sum float32
+	b.ReportAllocs()
+	col, cell := 0, 0
+	for b.Loop() {
+		sum += p.CellFloat32(col, cell)[0]
+		if col++; col == 64 {
+			col = 0
+			if cell++; cell == 160 {
+				cell = 0
+			}
+		}
+	}
+	_ = sum
+}

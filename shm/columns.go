@@ -71,8 +71,15 @@ func (c ColumnPool) Cell(col, cell int) []byte {
 	return p.cell(uint64(col), uint64(cell))
 }
 
-// CellFloat32 is Cell viewed as cellBytes/4 float32s (AsFloat32), or nil if out of range.
-func (c ColumnPool) CellFloat32(col, cell int) []float32 { return AsFloat32(c.Cell(col, cell)) }
+// CellFloat32 is Cell viewed as cellBytes/4 float32s (as AsFloat32 views it), or nil if out of
+// range.
+func (c ColumnPool) CellFloat32(col, cell int) []float32 {
+	p := c.p
+	if p == nil || uint64(col) >= p.columns || uint64(cell) >= p.cells {
+		return nil
+	}
+	return cellFloats(p.cell(uint64(col), uint64(cell)))
+}
 
 // Format prints the pool's geometry only: its cells are the mapping's bytes.
 func (c ColumnPool) Format(f fmt.State, _ rune) {

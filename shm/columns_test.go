@@ -488,6 +488,9 @@ func TestColumnConfig(t *testing.T) {
 	require.Nil(t, r.Columns().Cell(0, 5))
 	require.Nil(t, r.Columns().Cell(-1, 0))
 	require.Len(t, r.Columns().CellFloat32(2, 4), 48)
+	require.Equal(t, addrOf(r.Columns().Cell(2, 4), 0), addrOf(Float32Bytes(r.Columns().CellFloat32(2, 4)), 0), "a view of the cell itself")
+	require.Nil(t, r.Columns().CellFloat32(3, 0))
+	require.Nil(t, r.Columns().CellFloat32(0, -1))
 	require.Equal(t, "shm.ColumnPool{columns: 3, cells: 5, cellBytes: 192}", fmt.Sprint(r.Columns()))
 }
 

@@ -50,6 +50,14 @@ func AsFloat32(b []byte) []float32 {
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }
 
+// cellFloats views a column cell as float32s: the geometry Open validated makes every cell
+// non-empty, a multiple of 64 bytes and 64-byte aligned (the pool starts on a page), so
+// AsFloat32's checks cannot fail; this is its inlinable form for the decode step's per-site
+// call.
+func cellFloats(b []byte) []float32 {
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}
+
 // Float32Bytes views f as bytes without copying.
 func Float32Bytes(f []float32) []byte {
 	if len(f) == 0 {
