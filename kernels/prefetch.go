@@ -40,3 +40,14 @@ func PrefetchLine(b []byte) {
 		prefetch(&b[0])
 	}
 }
+
+// Follows reports whether v starts where prev ends, rounded up to 64 bytes: v is the next
+// cell after prev in a column pool, whose reads the hardware prefetcher is already streaming,
+// so PrefetchPages(v) would only compete with it. Empty slices follow nothing.
+func Follows(prev, v []float32) bool {
+	if len(prev) == 0 || len(v) == 0 {
+		return false
+	}
+	end := (uintptr(unsafe.Pointer(unsafe.SliceData(prev))) + uintptr(4*len(prev)) + 63) &^ 63
+	return uintptr(unsafe.Pointer(unsafe.SliceData(v))) == end
+}

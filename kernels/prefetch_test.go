@@ -3,6 +3,7 @@ package kernels
 import (
 	"slices"
 	"testing"
+	"unsafe"
 )
 
 // TestPrefetchPages: PrefetchPages touches the first float of v and of every later page v
@@ -60,5 +61,31 @@ func TestPrefetchLine(t *testing.T) {
 	}
 	if !slices.Equal(buf, before) {
 		t.Fatal("PrefetchLine changed its slice")
+	}
+}
+
+// TestFollows: a slice follows the one before it exactly when it starts at that one's end
+// rounded up to 64 bytes (the next cell of a pool of 64-byte-aligned cells).
+func TestFollows(t *testing.T) {
+	buf := make([]float32, 4096+64)
+	off := (64 - int(uintptr(unsafe.Pointer(&buf[0]))%64)%64) / 4 // buf[off] is 64-byte aligned
+	b := buf[off:]
+	for _, c := range []struct {
+		prev, v []float32
+		want    bool
+	}{
+		{b[:16], b[16:32], true},   // 64 bytes, then the next 64
+		{b[:10], b[16:32], true},   // 40 bytes, rounded up to 64
+		{b[:10], b[10:20], false},  // right after, but not at the rounded end
+		{b[:16], b[32:48], false},  // a cell further
+		{b[:1024], b[1024:], true}, // 4 KiB cells
+		{b[16:32], b[:16], false},  // before
+		{nil, b[:16], false},       // empty prev
+		{b[:16], b[16:16], false},  // empty v
+		{b[:16], nil, false},       // nil v
+	} {
+		if got := Follows(c.prev, c.v); got != c.want {
+			t.Errorf("Follows(len %d, len %d at +%d floats) = %v, want %v", len(c.prev), len(c.v), len(b)-len(c.v), got, c.want)
+		}
 	}
 }

@@ -227,9 +227,11 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		gv[0], gcl[0], gAct[0] = s.global.at(site)
 		gv[1], gcl[1], gAct[1] = s.global.at(site + 1)
 	}
-	// Each span's request vector is read one span ahead and its pages prefetched while the
-	// span before it is added: a decode step's per-request vectors lie in their own entries,
-	// megabytes apart, and each would otherwise start with page walks and a cold line.
+	// Each span's request vector is read one span ahead, and its pages prefetched while the
+	// span before it is added unless it is the next cell of the column pool (kernels.Follows):
+	// vectors in their own entries (a full pool) lie megabytes apart, and each would otherwise
+	// start with page walks and a cold line; adjacent cells the hardware prefetcher streams,
+	// and prefetching them only competes with it.
 	// Their site entries are asked for siteAhead spans earlier still.
 	plan := s.plan
 	for _, p := range plan[:min(siteAhead, len(plan))] {
@@ -252,7 +254,9 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		if n+1 < len(plan) {
 			q := &plan[n+1]
 			nv, ncl, nAct = q.st.view.at(site + q.ph)
-			kernels.PrefetchPages(nv)
+			if !kernels.Follows(rv, nv) {
+				kernels.PrefetchPages(nv)
+			}
 		}
 		g, gc, ga := gv[p.ph], gcl[p.ph], gAct[p.ph]
 		if ga == 0 && rAct == 0 && !p.gated {
