@@ -619,3 +619,57 @@ func TestColumnPoolNotResident(t *testing.T) {
 	grown := memfdBytes(t, data) - base
 	require.Less(t, grown, int64(4<<20), "written two 64 KiB cells; grew %d bytes", grown)
 }
+
+// sealedFile is a sealed memfd of size bytes starting with content, as Open requires.
+func sealedFile(t *testing.T, size uint64, content []byte) *os.File {
+	t.Helper()
+	f, err := memfd("shmsteer-test", size)
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	_, err = f.WriteAt(content, 0)
+	require.NoError(t, err)
+	_, err = unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+	require.NoError(t, err)
+	return f
+}
+
+// Open refuses data files whose pool geometry disagrees with their size, with the typed error
+// and no fault: a pool the file is too small for, a pool-less header in a pool-sized file.
+func TestOpenRefusesBadPool(t *testing.T) {
+	base := computeLayout(64, 64, 64<<10, 4, 64)
+	pool := base.withPool(4, 3, 128)
+	readers := make([]byte, lineSize)
+	binary.LittleEndian.PutUint64(readers[rMagic:], readersMagic)
+	binary.LittleEndian.PutUint64(readers[rSlots:], 4)
+	for _, c := range []struct {
+		name   string
+		l      layout
+		size   uint64
+		layout uint64
+		want   error
+	}{
+		{"pool larger than the file", pool, pool.totalSize - 4096, LayoutVersion, ErrCorrupt},
+		{"pool header in a pool-less file", pool, base.totalSize, LayoutVersion, ErrCorrupt},
+		{"pool-less header in a pool-sized file", base, pool.totalSize, LayoutVersion, ErrCorrupt},
+		{"five columns in a file for four", base.withPool(5, 3, 128), pool.totalSize, LayoutVersion, ErrCorrupt},
+		{"layout 3", pool, pool.totalSize, 3, ErrIncompatible},
+		{"sound", pool, pool.totalSize, LayoutVersion, nil},
+	} {
+		h := make([]byte, headerSize)
+		writeHeader(h, c.l, 1, 1, nil)
+		if c.layout != LayoutVersion {
+			binary.LittleEndian.PutUint64(h[hLayout:], c.layout|headerSize<<32)
+			binary.LittleEndian.PutUint64(h[hChecksum:], uint64(headerChecksum(h)))
+		}
+		r, err := Open(sealedFile(t, c.size, h), sealedFile(t, readersSize(4), readers))
+		if c.want == nil {
+			require.NoError(t, err, c.name)
+			cols, cells, cb := r.Columns().Geometry()
+			require.Equal(t, []int{4, 3, 128}, []int{cols, cells, cb})
+			require.Equal(t, make([]byte, 128), r.Columns().Cell(3, 2))
+			require.NoError(t, r.Close())
+			continue
+		}
+		require.ErrorIs(t, err, c.want, c.name)
+	}
+}
