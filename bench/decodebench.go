@@ -104,7 +104,7 @@ func newDecodeFixture(sparse, withEngine bool) (_ *decodeFixture, err error) {
 		}
 		f.batch = append(f.batch, steer.Span{ID: id, Start: i, End: i + 1, Phase: steer.PhaseDecode})
 	}
-	f.h = randVec(rng, decodeRequests*stepD)
+	f.h = decodeH.get(func() []float32 { return randVec(rng, decodeRequests*stepD) })
 	return f, nil
 }
 
@@ -157,8 +157,8 @@ func decodeMixed(sparse bool) Setup {
 }
 
 // decodeKernel is steer.step.decode.kernel_ns (sparse: steer.step.decode.sparse_kernel_ns):
-// 160 gather-adds over the same rows and the same vectors (its own copy of them: the fixture
-// is built from the same seed, without a region).
+// 160 gather-adds over the same rows of the same h (decodeH) and the same vectors (its own
+// copy of them: the fixture is built from the same seed, without a region).
 func decodeKernel(sparse bool) Setup {
 	return func() (Op, func() error, error) {
 		f, err := newDecodeFixture(sparse, false)
