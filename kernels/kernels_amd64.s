@@ -162,9 +162,10 @@ a512_row:
 	LEAQ (R10)(CX*1), SI
 	NEGQ CX
 	JZ   a512_rest
-	// The loop starts a 64-byte line: gcc's identical one-vector loops ran up to 3% apart
-	// at 4 MiB by where they fell, and at 4 MiB this loop unaligned ran 1.02-1.08x aligned.
-	PCALIGN $64
+	// Not PCALIGNed: at 4 MiB (a harness, against gcc) this loop took 1.02-1.08x as long
+	// where it fell as starting a 64-byte line, but single rows now matter at 16 KiB, where
+	// the bench put it aligned at 1.05-1.15x gcc (median 1.085, six runs, load 5) and
+	// unaligned at 1.03-1.10x (1.048; the old code 0.97-1.13x, 1.051) in the same runs.
 
 a512_loop64:
 	VMOVUPS     (SI)(CX*1), Y1
@@ -487,7 +488,6 @@ a256_row:
 	LEAQ (R10)(CX*1), SI
 	NEGQ CX
 	JZ   a256_rest
-	PCALIGN $64
 
 a256_loop32:
 	VMOVUPS     (SI)(CX*1), Y1
