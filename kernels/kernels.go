@@ -26,7 +26,7 @@
 // or may not be fused depending on GOAMD64/GOARCH. Results therefore differ
 // between paths by at most a couple of ulps of |s*v|+|dst| per element; the
 // tests assert the bound derived in kernels_test.go. The two-source kernels
-// (Axpy2, AddRows2, GatherAdd2) sum the sources first and add the sum to h,
+// (Axpy2, AddRows2, GatherAdd2, SumAddRows) sum the sources first and add the sum to h,
 // as a table of composed rows (source sum per row) gather-added would: with
 // unit coefficients they compute h + (x + y) in float32 bit for bit on every
 // path.
@@ -203,7 +203,8 @@ func Axpy2(dst []float32, a float32, x []float32, b float32, y []float32) {
 // the T×d matrix h (d == len(x) == len(y)), each element rounded as Axpy2
 // rounds it, reading and writing h once. For many rows, Sum2 into a scratch
 // row and one AddRows with it computes the same bits and reads one source
-// stream instead of two. It panics on a bad shape.
+// stream instead of two (SumAddRows does both, the sum in the first row's
+// pass). It panics on a bad shape.
 func AddRows2(h []float32, d int, a float32, x []float32, b float32, y []float32) {
 	checkRows(h, d, x)
 	if len(y) != d {

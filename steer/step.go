@@ -88,7 +88,8 @@ type Stepper struct {
 	// cost nothing per site. lastEnd is the largest End of the batch's spans.
 	plan    []planSpan
 	lastEnd int
-	// pair is one row of scratch: a request's and the global vector summed for a span.
+	// pair is scratch for a request's and the global vector summed for a span
+	// (kernels.SumAddRows: a row and kernels.ScratchPad).
 	pair []float32
 	// gated lists the gate states of the requests decoded in this step (advanced at End).
 	gated []*gateState
@@ -115,7 +116,7 @@ type reqState struct {
 // NewStepper makes a Stepper for this engine's region.
 func (e *Engine) NewStepper() *Stepper {
 	c := e.cfg
-	return &Stepper{e: e, d: c.Hidden, layers: c.Layers, hooks: c.NumHooks(), sites: c.NumHooks() * c.Layers * 2, reqs: map[string]*reqState{}, pair: make([]float32, c.Hidden)}
+	return &Stepper{e: e, d: c.Hidden, layers: c.Layers, hooks: c.NumHooks(), sites: c.NumHooks() * c.Layers * 2, reqs: map[string]*reqState{}, pair: make([]float32, c.Hidden+kernels.ScratchPad)}
 }
 
 // Begin starts a step at region version (0: the current one). Ranks handed the same version
@@ -270,13 +271,13 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		switch {
 		case rv != nil && g != nil:
 			// Both in one pass over the rows: a span of one row adds the two sources in one
-			// kernel; a longer span sums them once into a row of scratch and adds that,
-			// which reads one source stream per row instead of two. Both round as h + (r + g).
+			// kernel; a longer span sums them once into a row of scratch, in the pass over
+			// its first row, and adds that, which reads one source stream per row instead of
+			// two. Both round as h + (r + g).
 			if p.end-p.start == 1 {
 				kernels.AddRows2(blk, d, f, rv, 1, g)
 			} else {
-				kernels.Sum2(s.pair, f, rv, 1, g)
-				kernels.AddRows(blk, d, 1, s.pair)
+				kernels.SumAddRows(blk, d, f, rv, 1, g, s.pair)
 			}
 		case rv != nil:
 			kernels.AddRows(blk, d, f, rv)
