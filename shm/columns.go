@@ -105,10 +105,23 @@ type columns struct {
 	// zeroes those cells only and faults in nothing else. handed[k] is the cells that Tx.Cell
 	// handed out in the transaction in progress (zeroed first if dirty), reset when it ends.
 	dirty, handed [][]uint64
+	// populated is a bitset over (cell, group of colGroup adjacent columns): whether Tx.Cell
+	// has faulted that cell of the group's columns in (populate), all at once.
+	populated []uint64
 	// byBlob maps the arena offset of a published value's blob to the columns attached to it.
 	byBlob  map[uint64][]int
 	retired []retiredCol // in retire-version order
 }
+
+// colGroup is how many adjacent columns' cells Tx.Cell faults in together, the first time it
+// hands out that cell of any of them. A step reads one cell of many adjacent columns in a run;
+// faulted in as requests come, one at a time, those cells' pages lie scattered in physical
+// memory, and faulted in together, side by side. The cost: the group's other cells at that
+// index are resident before they are written, at most colGroup-1 cells per cell written.
+const colGroup = 8
+
+// colGroups is the number of column groups of a pool of n columns.
+func colGroups(n uint64) uint64 { return (n + colGroup - 1) / colGroup }
 
 type retiredCol struct {
 	col     int
@@ -118,6 +131,7 @@ type retiredCol struct {
 func newColumns(l layout) *columns {
 	n := int(l.columns)
 	c := &columns{state: make([]uint8, n), free: make([]uint64, (n+63)/64), nfree: n, dirty: make([][]uint64, n), handed: make([][]uint64, n), byBlob: map[uint64][]int{}}
+	c.populated = make([]uint64, (l.columnCells*colGroups(l.columns)+63)/64)
 	for k := 0; k < n; k++ {
 		c.free[k/64] |= 1 << (k % 64)
 	}
@@ -210,6 +224,12 @@ func (tx *Tx) Cell(col, cell int) ([]byte, error) {
 		c.dirty[col] = make([]uint64, (p.cells+63)/64)
 	}
 	dst := p.cell(uint64(col), uint64(cell))
+	if g := uint64(cell)*colGroups(p.columns) + uint64(col)/colGroup; c.populated[g/64]&(1<<(g%64)) == 0 {
+		first := uint64(col) / colGroup * colGroup
+		last := min(first+colGroup, p.columns)
+		populate(p.bytes, (uint64(cell)*p.columns+first)*p.cellBytes, (uint64(cell)*p.columns+last)*p.cellBytes)
+		c.populated[g/64] |= 1 << (g % 64)
+	}
 	i, bit := cell/64, uint64(1)<<(cell%64)
 	if c.handed[col][i]&bit == 0 {
 		if c.dirty[col][i]&bit != 0 {

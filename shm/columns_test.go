@@ -673,3 +673,65 @@ func TestOpenRefusesBadPool(t *testing.T) {
 		require.ErrorIs(t, err, c.want, c.name)
 	}
 }
+
+// TestColumnGroupFaultedTogether: the first cell handed out at an index of a group of colGroup
+// adjacent columns faults that cell of the whole group in (and nothing else), so the cells a
+// step reads side by side lie together; later cells of the group at that index fault nothing;
+// the group's other cells still read zero, and a value's bytes are what it wrote.
+func TestColumnGroupFaultedTogether(t *testing.T) {
+	const cellBytes = 64 << 10
+	r := newTestRegion(t, Config{IndexSlots: 256, ArenaBytes: 1 << 20, ReaderSlots: 4, Columns: 2 * colGroup, ColumnCells: 4, CellBytes: cellBytes})
+	data, _ := r.Files()
+	write := func(key string, col, cell int, seed uint64) {
+		t.Helper()
+		_, err := r.Update(func(tx *Tx) error {
+			for {
+				k, err := tx.AllocColumn()
+				if err != nil {
+					return err
+				}
+				if k != col {
+					continue // reserved and left unattached: freed at commit
+				}
+				b, err := tx.Cell(k, cell)
+				if err != nil {
+					return err
+				}
+				copy(b, cellPattern(seed, cell, cellBytes))
+				if err := tx.Put(colKind, key, []byte{byte(k)}); err != nil {
+					return err
+				}
+				return tx.Attach(colKind, key, k)
+			}
+		})
+		require.NoError(t, err)
+	}
+	// Each write also puts a small value in the arena (a page or two of index and arena), far
+	// less than one cell.
+	const slack = cellBytes / 2
+	var base int64
+	grew := func(want int, what string) {
+		t.Helper()
+		now := memfdBytes(t, data)
+		require.GreaterOrEqual(t, now-base, int64(want*cellBytes), what)
+		require.Less(t, now-base, int64(want*cellBytes+slack), what)
+		base = now
+	}
+	base = memfdBytes(t, data)
+	write("a", 0, 2, 1)
+	grew(colGroup, "cell 2 of columns 0-7 faulted in together")
+	write("b", 1, 2, 2)
+	grew(0, "cell 2 of column 1: already in")
+	write("c", 1+colGroup, 2, 3)
+	grew(colGroup, "the second group's cell 2")
+	write("d", 2+colGroup, 3, 4)
+	grew(colGroup, "the second group's cell 3")
+	pool := r.Columns()
+	require.Equal(t, cellPattern(1, 2, cellBytes), pool.Cell(0, 2))
+	require.Equal(t, cellPattern(2, 2, cellBytes), pool.Cell(1, 2))
+	require.Equal(t, cellPattern(3, 2, cellBytes), pool.Cell(1+colGroup, 2))
+	require.Equal(t, cellPattern(4, 3, cellBytes), pool.Cell(2+colGroup, 3))
+	for _, k := range []int{2, 3, colGroup - 1, colGroup} {
+		require.Equal(t, make([]byte, cellBytes), pool.Cell(k, 2), "column %d cell 2: faulted in, never written", k)
+	}
+}

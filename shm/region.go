@@ -66,8 +66,10 @@ type Config struct {
 	// Columns columns of ColumnCells cells of CellBytes bytes each, a positive multiple of 64,
 	// in an area of the data memfd after the arena. Set all three or none (no pool). The pool
 	// costs address space only until cells are written: a column's memory becomes resident as
-	// its cells are written, and stays so once reused. A request's per-site vectors, one column
-	// per request and one cell per site, are the intended use.
+	// its cells are written (with that cell of the 7 adjacent columns of its group of 8,
+	// faulted in together so that they lie together: see colGroup), and stays so once reused.
+	// A request's per-site vectors, one column per request and one cell per site, are the
+	// intended use.
 	Columns     int
 	ColumnCells int
 	CellBytes   int

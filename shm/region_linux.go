@@ -156,3 +156,15 @@ func freeDesc(d *descPage) {
 		_ = unix.Munmap(d[:])
 	}
 }
+
+// populate faults in the pages of pool[lo:hi] writable without reading or changing any byte
+// (MADV_POPULATE_WRITE, Linux 5.14), the range widened to whole pages (pool starts on a page);
+// on an older kernel it does nothing, and the pages fault in as they are written.
+func populate(pool []byte, lo, hi uint64) {
+	page := uint64(os.Getpagesize()) // the pool's offset in the file is 2 MiB-aligned
+	lo &^= page - 1
+	hi = min((hi+page-1)&^(page-1), uint64(len(pool)))
+	if lo < hi {
+		_ = unix.Madvise(pool[lo:hi], unix.MADV_POPULATE_WRITE)
+	}
+}
