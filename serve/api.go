@@ -951,11 +951,6 @@ type Status struct {
 	StateDirty    bool    `json:"state_dirty"`
 	StateError    string  `json:"state_error,omitempty"`
 	UptimeSeconds float64 `json:"uptime_seconds"`
-	// ColumnsUsed and ColumnsRetired are the region's column pool (shm.Stats): columns attached
-	// to values or retired, and the retired ones waiting for readers to move on; 0 without a
-	// pool.
-	ColumnsUsed    uint64 `json:"columns_used"`
-	ColumnsRetired uint64 `json:"columns_retired"`
 	// Mirror is the NATS mirror's state (absent without --mirror).
 	Mirror *mirror.Status `json:"mirror,omitempty"`
 	// Capture is the capture hub's rings and consumers (absent without --capture-consumer).
@@ -976,7 +971,6 @@ func RegionStatus(eng *steer.Engine) (Status, error) {
 	out.IndexUsed = rs.Entries
 	out.IndexFree = rs.IndexSlots - min(rs.Entries, rs.IndexSlots)
 	out.ReadersPinned = rs.ReadersPinned
-	out.ColumnsUsed, out.ColumnsRetired = rs.ColumnsUsed, rs.ColumnsRetired
 	snap, err := eng.Region().Snapshot()
 	if err != nil {
 		return out, err

@@ -47,6 +47,7 @@ type Config struct {
 	IndexSlots  int   `toml:"index_slots" help:"region index slots (power of two)"`
 	ArenaBytes  int64 `toml:"arena_bytes" help:"region arena size in bytes"`
 	ReaderSlots int   `toml:"reader_slots" help:"region reader slots shared by all processes"`
+	Columns     int   `toml:"columns" help:"region column pool: requests admitted at once whose own vectors are laid out site by site for fast decode steps (0: 256; negative: none; more are stored in their entries)"`
 
 	MaxConversations int           `toml:"max_conversations" help:"latch cap: conversations"`
 	MaxLatchedBytes  int64         `toml:"max_latched_bytes" help:"latch cap: bytes held by value"`

@@ -191,7 +191,7 @@ func (s *Server) secret() (*ipc.Secret, error) {
 // openOwner creates the region and its owner, and the steering engine on it.
 func (s *Server) openOwner(secret *ipc.Secret) error {
 	cfg, model := s.cfg, s.cfg.Model()
-	rc, err := steer.RegionConfig(model, shm.Config{IndexSlots: cfg.IndexSlots, ArenaBytes: cfg.ArenaBytes, ReaderSlots: cfg.ReaderSlots})
+	rc, err := steer.RegionConfig(model, shm.Config{IndexSlots: cfg.IndexSlots, ArenaBytes: cfg.ArenaBytes, ReaderSlots: cfg.ReaderSlots, Columns: cfg.Columns})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}

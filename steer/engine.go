@@ -303,11 +303,13 @@ type Status struct {
 	MarkEntries uint64 `json:"mark_entries_used"`
 	MarkSlots   uint64 `json:"mark_slots"`
 	// Columns is the region's column pool (requests admitted at once with their own vectors
-	// laid out site by site; RegionConfig) and ColumnsUsed the columns taken or waiting for
-	// readers to move on. A pool that stays full stores new requests' vectors in their
-	// entries: steering stays exact, decode steps get slower; raise shm.Config.Columns.
-	Columns     uint64 `json:"columns"`
-	ColumnsUsed uint64 `json:"columns_used"`
+	// laid out site by site; RegionConfig), ColumnsUsed the columns taken or retired, and
+	// ColumnsRetired those waiting for readers to move on (0 without a pool). A pool that
+	// stays full stores new requests' vectors in their entries: steering stays exact, decode
+	// steps get slower; raise shm.Config.Columns (serve's columns).
+	Columns        uint64 `json:"columns"`
+	ColumnsUsed    uint64 `json:"columns_used"`
+	ColumnsRetired uint64 `json:"columns_retired"`
 	// OldestPin is the reader pinned at the lowest version, the one holding reclamation back
 	// (nil when no reader is pinned). An age of seconds means a stuck worker or a snapshot
 	// left open: end that process (its slots are freed within a second) or close the snapshot.
@@ -363,7 +365,7 @@ func (e *Engine) Status() (Status, error) {
 	st.ArenaUsed, st.ArenaFree = rs.AllocBytes, rs.ArenaBytes-rs.AllocBytes
 	st.RevokedKeys = int(rs.Marks)
 	st.IndexSlots, st.MarkEntries, st.MarkSlots = rs.IndexSlots, rs.MarkEntries, rs.MarkSlots
-	st.Columns, st.ColumnsUsed = rs.Columns, rs.ColumnsUsed
+	st.Columns, st.ColumnsUsed, st.ColumnsRetired = rs.Columns, rs.ColumnsUsed, rs.ColumnsRetired
 	if p := rs.OldestPin; p.Version != 0 {
 		st.OldestPin = &PinStatus{Slot: p.Slot, PID: p.PID, Version: p.Version, AgeSeconds: p.Age.Seconds()}
 	}

@@ -105,7 +105,7 @@ func TestLatchExportRestore(t *testing.T) {
 		sa, _ := a.Status()
 		sb, _ := b.Status()
 		sa.Version, sb.Version, sa.ArenaUsed, sb.ArenaUsed, sa.ArenaFree, sb.ArenaFree = 0, 0, 0, 0, 0, 0
-		sa.ColumnsUsed, sb.ColumnsUsed = 0, 0 // retired columns wait for reclamation, as arena bytes do
+		sa.ColumnsUsed, sb.ColumnsUsed, sa.ColumnsRetired, sb.ColumnsRetired = 0, 0, 0, 0 // retired columns wait for reclamation, as arena bytes do
 		sa.RequestsWithSteering, sb.RequestsWithSteering, sa.AdmittedRequests, sb.AdmittedRequests = 0, 0, 0, 0
 		require.Equal(t, sa, sb)
 		for i := range 100 {

@@ -489,7 +489,7 @@ func TestServeEndpoints(t *testing.T) {
 
 // TestServeMetricsMatchStatus parses /metrics and checks it against /v1/status.
 func TestServeMetricsMatchStatus(t *testing.T) {
-	s := startServe(t, ns(t), "")
+	s := startServe(t, ns(t), "", "--columns", "7")
 	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": "a", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(1)})}})
 	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r1", "conversation": "c", "override": map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"1": vec(2)}}}})
 	cs, err := serve.AttachClient(s.ns, secretFile(t))
@@ -537,7 +537,7 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 		"shmsteer_named_vectors": "named_vectors", "shmsteer_keys_live": "keys_live", "shmsteer_keys_revoked": "keys_revoked",
 		"shmsteer_arena_used_bytes": "arena_bytes_used", "shmsteer_arena_free_bytes": "arena_bytes_free",
 		"shmsteer_index_used_slots": "index_used", "shmsteer_index_free_slots": "index_free",
-		"shmsteer_columns_used": "columns_used", "shmsteer_columns_retired": "columns_retired",
+		"shmsteer_columns": "columns", "shmsteer_columns_used": "columns_used", "shmsteer_columns_retired": "columns_retired",
 		"shmsteer_attached_clients": "attached_clients", "shmsteer_region_version": "version",
 	} {
 		require.Equal(t, st[field], value(metric), "%s vs status %s", metric, field)
@@ -545,6 +545,7 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 	require.EqualValues(t, 1, value("shmsteer_keys_live"))
 	require.EqualValues(t, 1, value("shmsteer_keys_revoked"))
 	require.EqualValues(t, 1, value("shmsteer_attached_clients"))
+	require.EqualValues(t, 7, value("shmsteer_columns"), "serve's --columns sizes the region's pool")
 
 	// Workers' determinism checksums reach /v1/steering/dynamic.
 	dyn := s.ok("GET", "/v1/steering/dynamic", nil)
