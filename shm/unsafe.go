@@ -1,7 +1,8 @@
 package shm
 
-// This is the only file of package shm that uses package unsafe (elsewhere in shmsteer only the
-// C ABI, capi, and the C comparison, internal/ccompare, do, for cgo). Every function here takes
+// This is the only file of package shm that uses package unsafe (elsewhere in shmsteer: the C
+// ABI, capi, and the C comparison, internal/ccompare, for cgo; kernels, for its assembly and
+// prefetches; steer's spans_unsafe.go, for one comparison of span bytes). Every function here takes
 // a byte slice and an offset the caller has already bounds-checked; each re-checks the bound so
 // a mistake panics instead of reading out of range.
 

@@ -684,19 +684,6 @@ func (v *composedView) prefetchSite(ix int) {
 	}
 }
 
-// composedSite is what at returns, as one value.
-type composedSite struct {
-	vec    []float32
-	clamps []byte
-	act    uint64
-}
-
-// site is at as a composedSite.
-func (v *composedView) site(ix int) composedSite {
-	vec, cl, act := v.at(ix)
-	return composedSite{vec, cl, act}
-}
-
 // applyClamps runs the clamp records cl (from at) over blk.
 func (v *composedView) applyClamps(blk []float32, d int, cl []byte) {
 	for ; len(cl) >= clampRec; cl = cl[clampRec:] {

@@ -242,8 +242,7 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 	var ncl []byte
 	var nAct uint64
 	if len(plan) > 0 {
-		c := plan[0].st.view.site(site + plan[0].ph)
-		nv, ncl, nAct = c.vec, c.clamps, c.act
+		nv, ncl, nAct = plan[0].st.view.at(site + plan[0].ph)
 	}
 	for n := range plan {
 		p := &plan[n]
