@@ -81,6 +81,20 @@ func (c ColumnPool) CellFloat32(col, cell int) []float32 {
 	return cellFloats(p.cell(uint64(col), uint64(cell)))
 }
 
+// CellsFloat32 is cell cell of the n adjacent columns col, col+1, ..., col+n-1 viewed as one
+// run of n*cellBytes/4 float32s (the pool is cell-major, so they lie side by side), or nil if
+// n < 1 or any of them is out of range. Read it only as the rule on ColumnPool allows, for
+// every column of the run.
+func (c ColumnPool) CellsFloat32(col, n, cell int) []float32 {
+	p := c.p
+	if p == nil || n < 1 || uint64(col) >= p.columns || uint64(n) > p.columns-uint64(col) || uint64(cell) >= p.cells {
+		return nil
+	}
+	off := (uint64(cell)*p.columns + uint64(col)) * p.cellBytes
+	end := off + uint64(n)*p.cellBytes
+	return cellFloats(p.bytes[off:end:end])
+}
+
 // Format prints the pool's geometry only: its cells are the mapping's bytes.
 func (c ColumnPool) Format(f fmt.State, _ rune) {
 	cols, cells, cb := c.Geometry()

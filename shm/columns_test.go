@@ -735,3 +735,46 @@ func TestColumnGroupFaultedTogether(t *testing.T) {
 		require.Equal(t, make([]byte, cellBytes), pool.Cell(k, 2), "column %d cell 2: faulted in, never written", k)
 	}
 }
+
+// TestCellsFloat32: a run of adjacent columns' cells is one view of exactly those cells, in
+// column order, and any run reaching outside the pool is nil.
+func TestCellsFloat32(t *testing.T) {
+	r := newTestRegion(t, Config{IndexSlots: 256, ArenaBytes: 1 << 20, ReaderSlots: 4, Columns: 5, ColumnCells: 3, CellBytes: 128})
+	_, err := r.Update(func(tx *Tx) error {
+		for k := range 5 {
+			col, err := tx.AllocColumn()
+			if err != nil {
+				return err
+			}
+			for c := range 3 {
+				b, err := tx.Cell(col, c)
+				if err != nil {
+					return err
+				}
+				f := AsFloat32(b)
+				for i := range f {
+					f[i] = float32(100*k + 10*c + i)
+				}
+			}
+			if err := tx.Put(colKind, fmt.Sprint("v", k), []byte{byte(col)}); err != nil {
+				return err
+			}
+			if err := tx.Attach(colKind, fmt.Sprint("v", k), col); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	pool := r.Columns()
+	run := pool.CellsFloat32(1, 3, 2)
+	require.Len(t, run, 3*32)
+	for j := range 3 {
+		require.Equal(t, pool.CellFloat32(1+j, 2), run[j*32:(j+1)*32], "column %d's cell in the run", 1+j)
+	}
+	require.Len(t, pool.CellsFloat32(0, 5, 0), 5*32)
+	for _, c := range [][3]int{{4, 2, 0}, {0, 6, 0}, {0, 0, 1}, {-1, 2, 0}, {0, 1, 3}, {0, 1, -1}, {5, 1, 0}} {
+		require.Nil(t, pool.CellsFloat32(c[0], c[1], c[2]), "run %v", c)
+	}
+	require.Nil(t, ColumnPool{}.CellsFloat32(0, 1, 0))
+}

@@ -334,3 +334,115 @@ func FuzzParseComposed(f *testing.F) {
 		}
 	})
 }
+
+// TestStepColumnRuns: one-row spans whose vectors are adjacent cells of the pool, on adjacent
+// rows, are added as one run (StepStats.ColumnRuns), with exactly the rows a span-by-span add
+// makes; a span out of column order, an unsteered request, a clamp, a span of two rows or a
+// global vector ends a run or keeps spans out of one, and the rows stay exact.
+func TestStepColumnRuns(t *testing.T) {
+	cfg := ModelConfig{Hidden: 64, Layers: 2} // 256-byte cells: a run is one block of rows
+	d := cfg.Hidden
+	e := newOwnerColumns(t, cfg, 16)
+	const n = 8
+	for i := range n {
+		s := colSteering(cfg, 2*i) // even generations: one column each, columns 0-7 in order
+		if i == 5 {
+			s.Base.Clamps = []Clamp{{Hook: "pre_attn", Layer: 1, Dir: filled(d, 0.125), Min: -1e6, Max: 1e6, Strength: 1}}
+		}
+		_, err := e.Admit(Admission{RequestID: fmt.Sprint("c-", i), Override: s})
+		require.NoError(t, err)
+	}
+	_, err := e.Admit(Admission{RequestID: "plain"})
+	require.NoError(t, err)
+	st := e.NewStepper()
+	defer st.Close()
+	require.True(t, st.runs)
+	want := func(i, hk, l int) []float32 { return colVec(d, 2*i, hk, l, PhaseDecode) }
+	step := func(batch []Span, rows int, g []float32) {
+		t.Helper()
+		h := make([]float32, rows*d)
+		h0 := randVec(rand.New(rand.NewPCG(9, 9)), rows*d)
+		require.NoError(t, st.Begin(0))
+		for hk := range cfg.NumHooks() {
+			for l := range cfg.Layers {
+				copy(h, h0)
+				require.NoError(t, st.Apply(HookID(hk), l, h, batch))
+				for _, sp := range batch {
+					var i int
+					if _, err := fmt.Sscanf(sp.ID, "c-%d", &i); err != nil {
+						for r := sp.Start; r < sp.End; r++ { // unsteered: the global vector only
+							for j := range d {
+								x := h0[r*d+j]
+								if g != nil {
+									x += g[j]
+								}
+								require.Equal(t, x, h[r*d+j])
+							}
+						}
+						continue
+					}
+					if i == 5 && hk == 0 && l == 1 {
+						continue // clamped: its own test's business
+					}
+					v := want(i, hk, l)
+					for r := sp.Start; r < sp.End; r++ {
+						for j := range d {
+							x := v[j]
+							if g != nil {
+								x += g[j]
+							}
+							require.Equal(t, h0[r*d+j]+x, h[r*d+j], "span %s row %d site %d/%d", sp.ID, r, hk, l)
+						}
+					}
+				}
+			}
+		}
+		st.End()
+	}
+	rows := func(ids ...string) []Span {
+		var b []Span
+		for i, id := range ids {
+			b = append(b, Span{ID: id, Start: i, End: i + 1, Phase: PhaseDecode})
+		}
+		return b
+	}
+	inOrder := rows("c-0", "c-1", "c-2", "c-3", "c-4", "c-5", "c-6", "c-7")
+	before := st.Stats()
+	step(inOrder, n, nil)
+	after := st.Stats()
+	sites := uint64(cfg.NumHooks() * cfg.Layers)
+	// c-5 has a clamp at one site: there the run is c-0..c-4 and c-6..c-7.
+	require.Equal(t, sites+1, after.ColumnRuns-before.ColumnRuns)
+	require.Equal(t, sites*n-1, after.RunRows-before.RunRows)
+
+	before = after
+	step(rows("c-7", "c-6", "c-5", "c-4", "c-3", "c-2", "c-1", "c-0"), n, nil) // columns descending: no run
+	after = st.Stats()
+	require.Equal(t, before.ColumnRuns, after.ColumnRuns)
+
+	before = after
+	gapped := rows("c-0", "c-1", "plain", "c-2", "c-3")
+	step(gapped, 5, nil) // the unsteered row breaks the run: c-0..c-1 and c-2..c-3
+	after = st.Stats()
+	require.Equal(t, 2*sites, after.ColumnRuns-before.ColumnRuns)
+
+	before = after
+	wide := []Span{{ID: "c-0", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "c-1", Start: 1, End: 3, Phase: PhaseDecode}, {ID: "c-2", Start: 3, End: 4, Phase: PhaseDecode}}
+	step(wide, 4, nil) // a two-row span joins no run
+	after = st.Stats()
+	require.Equal(t, before.ColumnRuns, after.ColumnRuns)
+
+	var g Steering
+	gv := filled(d, 0.25)
+	for hk := range cfg.NumHooks() {
+		for l := range cfg.Layers {
+			g.Decode.Vectors = append(g.Decode.Vectors, Vector{Hook: cfg.HookName(HookID(hk)), Layer: l, Scale: 1, Data: gv})
+		}
+	}
+	_, err = e.SetGlobal(g)
+	require.NoError(t, err)
+	before = st.Stats()
+	step(inOrder, n, gv) // a global vector at every site: each row adds both, no run
+	after = st.Stats()
+	require.Equal(t, before.ColumnRuns, after.ColumnRuns)
+}

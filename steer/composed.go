@@ -675,6 +675,19 @@ func (v *composedView) at(ix int) (vec []float32, clamps []byte, act uint64) {
 	return vec, v.clamps[int(le.Uint32(e[4:]))*clampRec : int(le.Uint32(e[8:]))*clampRec], act
 }
 
+// colOf returns the column of the region's pool that holds site ix's vector, or -1 when the
+// vector is not in a column (none, in the entry, or read in place). ix must be in [0, sites)
+// for a non-empty view.
+func (v *composedView) colOf(ix int) int {
+	if v.sites == 0 {
+		return -1
+	}
+	if vi := le.Uint32(v.table[ix*siteEntry : ix*siteEntry+4]); vi&colFlag != 0 {
+		return int(v.cols[vi&1])
+	}
+	return -1
+}
+
 // prefetchSite asks for site ix's table entry ahead of at(ix): a decode step reads one entry
 // per request per site, each in its own entry of the region, and the step's stream of vectors
 // evicts them between steps. ix must be in [0, sites) for a non-empty view.

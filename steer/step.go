@@ -51,6 +51,9 @@ type StepStats struct {
 	// and row bytes the hooks handed to the capture sink; CaptureErrors the records it refused
 	// (dropped for a lagging consumer, say: see Stepper.CaptureErr).
 	CaptureRecords, CaptureBytes, CaptureErrors uint64
+	// ColumnRuns counts runs of two or more one-row spans whose vectors are adjacent cells of
+	// the column pool, each added in one pass (colRun), and RunRows the rows they covered.
+	ColumnRuns, RunRows uint64
 }
 
 // GateStats counts one scope's gates.
@@ -91,6 +94,9 @@ type Stepper struct {
 	// pair is scratch for a request's and the global vector summed for a span
 	// (kernels.SumAddRows: a row and kernels.ScratchPad).
 	pair []float32
+	// runs: the region's column pool fits the model with cells of exactly Hidden floats, so a
+	// run of adjacent cells is one block of rows (colRun).
+	runs bool
 	// gated lists the gate states of the requests decoded in this step (advanced at End).
 	gated []*gateState
 	// convEngaged remembers the rest_of_conversation gates that engaged, per conversation.
@@ -116,7 +122,9 @@ type reqState struct {
 // NewStepper makes a Stepper for this engine's region.
 func (e *Engine) NewStepper() *Stepper {
 	c := e.cfg
-	return &Stepper{e: e, d: c.Hidden, layers: c.Layers, hooks: c.NumHooks(), sites: c.NumHooks() * c.Layers * 2, reqs: map[string]*reqState{}, pair: make([]float32, c.Hidden+kernels.ScratchPad)}
+	_, _, cellBytes := e.pool.Geometry()
+	return &Stepper{e: e, d: c.Hidden, layers: c.Layers, hooks: c.NumHooks(), sites: c.NumHooks() * c.Layers * 2, reqs: map[string]*reqState{}, pair: make([]float32, c.Hidden+kernels.ScratchPad),
+		runs: e.poolFits && cellBytes == 4*c.Hidden}
 }
 
 // Begin starts a step at region version (0: the current one). Ranks handed the same version
@@ -241,6 +249,7 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 	var nv []float32
 	var ncl []byte
 	var nAct uint64
+	var run colRun
 	if len(plan) > 0 {
 		nv, ncl, nAct = plan[0].st.view.at(site + plan[0].ph)
 	}
@@ -279,6 +288,19 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 				kernels.SumAddRows(blk, d, f, rv, 1, g, s.pair)
 			}
 		case rv != nil:
+			// A one-row span whose vector is the cell after the run's last, for the row after
+			// the run's last, joins the run: the run is added in one pass when it ends.
+			if s.runs && f == 1 && p.end-p.start == 1 && len(gc) == 0 && len(rcl) == 0 {
+				if col := p.st.view.colOf(site + p.ph); col >= 0 {
+					if run.n > 0 && col == run.col+run.n && p.start == run.end {
+						run.n, run.end = run.n+1, run.end+1
+					} else {
+						s.addRun(h, &run)
+						run = colRun{col: col, n: 1, start: p.start, end: p.end, cell: site / 2}
+					}
+					break
+				}
+			}
 			kernels.AddRows(blk, d, f, rv)
 		case g != nil:
 			kernels.AddRows(blk, d, 1, g)
@@ -301,7 +323,35 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		x = mix64(x, ga)
 		s.sum = mix64(x, rAct)
 	}
+	s.addRun(h, &run)
 	return nil
+}
+
+// colRun is a run of one-row spans of an Apply whose vectors are adjacent cells of the column
+// pool (columns col to col+n-1 at cell cell) and whose rows are adjacent (start to end): a
+// decode batch in admission order. Its rows and its vectors are then each one block, added in
+// one kernel call instead of one per row, with the same bits (each row gets h + 1·v).
+type colRun struct {
+	col, n, cell, start, end int
+}
+
+// addRun adds the run r (if any) to its rows of h and empties it. Nothing else of the step
+// reads those rows meanwhile: spans do not overlap, and each span's gates and clamps read its
+// own rows (a span with clamps or gates never joins a run).
+func (s *Stepper) addRun(h []float32, r *colRun) {
+	if r.n == 0 {
+		return
+	}
+	d := s.d
+	if r.n > 1 {
+		s.stats.ColumnRuns++
+		s.stats.RunRows += uint64(r.n)
+	}
+	v := s.e.pool.CellsFloat32(r.col, r.n, r.cell)
+	// The pool's geometry was checked (Stepper.runs: cells of exactly d floats) and the run's
+	// columns each hold a cell named by a composition at this step's version.
+	kernels.Axpy(h[r.start*d:r.end*d], 1, v)
+	*r = colRun{}
 }
 
 // siteAhead is how many spans ahead Apply asks for a request's site entry.
