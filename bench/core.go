@@ -213,8 +213,10 @@ func Alternate(cfg Config, cs ...Contender) (figs []Figure, warnings []string) {
 }
 
 // alternate is Alternate; with rotate, round r starts at the r-th contender (A B C, B C A,
-// C A B, …), so no contender always runs right after the same other one (a cache-polluting Go
-// loop, another process) and a pair's order flips from round to round.
+// C A B, …), so no contender always runs first in its round and a pair's order flips from
+// round to round. With three or more, the order within a round stays cyclic: a contender runs
+// right after the same one (a cache-polluting Go loop, another process) in every round but the
+// one it starts.
 func alternate(cfg Config, prog *progress, cs []Contender, rotate bool) (figs []Figure, warnings []string) {
 	ls := make([]*live, len(cs))
 	type named struct {
