@@ -852,6 +852,7 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.warnColumnsFull(time.Now())
 	s.captureBegin(a.RequestID, out.Capture)
 	s.dirty.Store(true)
 	return map[string]any{"version": out.Version, "source": sourceNames[out.Source], "latched": out.Latched,

@@ -59,6 +59,7 @@ type Server struct {
 	modules map[string]module
 	checks  checksums
 	gwork   gateWork
+	colWarn columnsWarning // the pool-full warning's rate limit (columns.go)
 
 	dirty     atomic.Bool   // latch changes not yet persisted
 	saves     atomic.Uint64 // state files written since start
@@ -304,7 +305,8 @@ func (s *Server) listenHTTP() (*http.Server, net.Listener, string, error) {
 }
 
 // loop runs until ctx is done or the HTTP server fails: SIGHUP reloads the API keys, and
-// latch changes are persisted every persist_interval.
+// latch changes are persisted every persist_interval (when serve also checks whether the
+// column pool was found full: warnColumnsFull).
 func (s *Server) loop(ctx context.Context, hup <-chan os.Signal, serveErr <-chan error) error {
 	tick := time.NewTicker(s.cfg.PersistInterval)
 	defer tick.Stop()
@@ -324,7 +326,8 @@ func (s *Server) loop(ctx context.Context, hup <-chan os.Signal, serveErr <-chan
 			} else {
 				s.log.Info("API keys reloaded", "keys", n)
 			}
-		case <-tick.C:
+		case now := <-tick.C:
+			s.warnColumnsFull(now)
 			if s.dirty.Load() {
 				s.persistLogged()
 			}

@@ -107,6 +107,62 @@ func checkColumnsStep(st *Stepper, snap *shm.Snapshot, cfg ModelConfig) (int, er
 	return len(ids), nil
 }
 
+// TestColumnsFallbacks: Status.ColumnsFallbacks counts the compositions stored in their entry
+// because the pool was full (an admission, and a recomposition when a named vector they
+// reference changes), in the owner at once and in a reader as of the owner's last admission;
+// a request without its own vectors, a pool with room again, or a region without a pool do
+// not count.
+func TestColumnsFallbacks(t *testing.T) {
+	cfg := smallCfg
+	e := newOwnerColumns(t, cfg, 1)
+	rd := newReader(t, e, Options{})
+	fallbacks := func(e *Engine) uint64 {
+		t.Helper()
+		st, err := e.Status()
+		require.NoError(t, err)
+		return st.ColumnsFallbacks
+	}
+	_, err := e.Register("n", []Vector{{Hook: "mlp_in", Layer: 2, Scale: 1, Data: filled(cfg.Hidden, 9)}})
+	require.NoError(t, err)
+	admit := func(n int, s *Steering) {
+		t.Helper()
+		_, err := e.Admit(Admission{RequestID: fmt.Sprint("c-", n), Override: s})
+		require.NoError(t, err)
+	}
+	admit(0, colSteering(cfg, 0)) // the pool's one column
+	require.Zero(t, fallbacks(e))
+	withRef := colSteering(cfg, 2)
+	withRef.Base.Refs = []Ref{{Name: "n", Strength: 1}}
+	admit(1, withRef) // the pool is full: in its entry
+	require.EqualValues(t, 1, fallbacks(e))
+	require.EqualValues(t, 1, e.ColumnsFallbacks())
+	require.EqualValues(t, 1, fallbacks(rd), "a reader sees the owner's count")
+	require.Zero(t, rd.ColumnsFallbacks(), "the engine's own count is the owner's only")
+	admit(2, &Steering{Base: Tier{Refs: []Ref{{Name: "n", Strength: 1}}}}) // no own vectors: no column wanted
+	require.EqualValues(t, 1, fallbacks(e))
+
+	// c-1 is recomposed when n changes: the pool is still full.
+	_, err = e.Register("n", []Vector{{Hook: "mlp_in", Layer: 2, Scale: 1, Data: filled(cfg.Hidden, 7)}})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, fallbacks(e))
+
+	// c-0 ends: once reclaimed, its column takes the next request.
+	_, err = e.End("c-0")
+	require.NoError(t, err)
+	require.NoError(t, e.Region().Reclaim())
+	admit(3, colSteering(cfg, 4)) // equal phases: one column
+	require.EqualValues(t, 2, fallbacks(e))
+	require.EqualValues(t, 2, fallbacks(rd))
+
+	// Without a pool, vectors in their entries are the layout, not a fallback.
+	e2 := newOwnerColumns(t, cfg, -1)
+	for n := range 2 {
+		_, err := e2.Admit(Admission{RequestID: fmt.Sprint("c-", n), Override: colSteering(cfg, n)})
+		require.NoError(t, err)
+	}
+	require.Zero(t, fallbacks(e2))
+}
+
 // TestColumnsPlacement: a request's own vectors are read from the column pool, cell (hook,
 // layer) of its column, one column when both phases hold the same floats and two when they
 // differ; named vectors are still read in place; a full pool stores vectors in the entry, with
@@ -157,7 +213,7 @@ func TestColumnsPlacement(t *testing.T) {
 	require.Equal(t, 3, got)
 	st.End()
 	_ = named
-	require.NotZero(t, e.colsFull.Load(), "c-2 found the pool full")
+	require.NotZero(t, e.ColumnsFallbacks(), "c-2 found the pool full")
 	snap.Close()
 
 	// c-0 and c-1 end: once reclaimed, their three columns take new requests.
@@ -166,12 +222,12 @@ func TestColumnsPlacement(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, e.Region().Reclaim())
-	full := e.colsFull.Load()
+	full := e.ColumnsFallbacks()
 	for n := 3; n < 5; n++ {
 		_, err := e.Admit(Admission{RequestID: fmt.Sprint("c-", n), Override: colSteering(cfg, n)})
 		require.NoError(t, err)
 	}
-	require.Equal(t, full, e.colsFull.Load(), "the ended requests' columns were reused")
+	require.Equal(t, full, e.ColumnsFallbacks(), "the ended requests' columns were reused")
 	snap, err = e.Region().Snapshot()
 	require.NoError(t, err)
 	require.NoError(t, st.Begin(0))
@@ -284,9 +340,9 @@ func TestColumnsReuseKill(t *testing.T) {
 		require.True(t, strings.HasPrefix(line, "ok "), "worker: %s", line)
 		p.Exit()
 	}
-	t.Logf("%d requests, %d workers killed, %d stored in their entries (pool full)", n, killed, e.colsFull.Load())
-	require.NotZero(t, e.colsFull.Load(), "the pool was full at times")
-	require.Less(t, e.colsFull.Load(), uint64(n), "most requests got columns")
+	t.Logf("%d requests, %d workers killed, %d stored in their entries (pool full)", n, killed, e.ColumnsFallbacks())
+	require.NotZero(t, e.ColumnsFallbacks(), "the pool was full at times")
+	require.Less(t, e.ColumnsFallbacks(), uint64(n), "most requests got columns")
 	for i := max(0, n-3); i < n; i++ {
 		_, err := e.End(fmt.Sprint("c-", i))
 		require.NoError(t, err)

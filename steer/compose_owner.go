@@ -101,7 +101,7 @@ func (e *Engine) placeColumns(tx *shm.Tx, c *composition, kind shm.Kind) ([]int,
 	for range need {
 		k, err := tx.AllocColumn()
 		if errors.Is(err, shm.ErrColumnsFull) {
-			e.colsFull.Add(1)
+			e.columnsFallbacks.Add(1) // Status.ColumnsFallbacks
 			c.inPlace, c.terms, c.colSlot = inPlace, terms, nil
 			return nil, nil
 		} else if err != nil {

@@ -50,8 +50,9 @@
 //   - KindRequest (18), key = request id: the steering admitted for a request (its own
 //     override and/or the latched steering of its conversation; an empty set if neither),
 //     written by the owner when the request is admitted and deleted when it ends.
-//   - KindStatus (19), key "latches": the latch counters, so Status reads the same numbers in
-//     every process.
+//   - KindStatus (19), key "latches": the latch counters and the owner's count of
+//     compositions that found the column pool full (Status.ColumnsFallbacks), so Status reads
+//     the same numbers in every process.
 //   - KindComposed (20), key = request id, and KindComposedGlobal (21), key "global": the
 //     request's and the global steering composed per (hook, layer, phase) by the owner; a
 //     request's own vectors sit in the region's column pool (shm.ColumnPool), in the columns

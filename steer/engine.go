@@ -51,10 +51,10 @@ type Engine struct {
 	opt Options
 	// pool is the region's column pool; poolFits whether it fits the model (one cell per
 	// (hook, layer), hidden floats a cell), so the owner puts requests' vectors there.
-	// colsFull counts compositions stored in their entry because the pool was full.
-	pool     shm.ColumnPool
-	poolFits bool
-	colsFull atomic.Uint64
+	// columnsFallbacks is Status.ColumnsFallbacks, counted by the owner.
+	pool             shm.ColumnPool
+	poolFits         bool
+	columnsFallbacks atomic.Uint64
 
 	w        writer     // how writes reach the region (writer.go), chosen once by Open
 	mu       sync.Mutex // owner: serializes steering writes (latch order is the call order)
@@ -310,6 +310,13 @@ type Status struct {
 	Columns        uint64 `json:"columns"`
 	ColumnsUsed    uint64 `json:"columns_used"`
 	ColumnsRetired uint64 `json:"columns_retired"`
+	// ColumnsFallbacks counts, since the owner started, the compositions (admissions and their
+	// recompositions when a named vector changes) whose vectors went to their entry because
+	// the pool was full: each is a request whose decode steps run at the entry layout's
+	// speed. It rising means the pool is too small for the requests in flight: raise
+	// shm.Config.Columns (serve's --columns). Other processes see the owner's count as of its
+	// last admission.
+	ColumnsFallbacks uint64 `json:"columns_fallbacks"`
 	// OldestPin is the reader pinned at the lowest version, the one holding reclamation back
 	// (nil when no reader is pinned). An age of seconds means a stuck worker or a snapshot
 	// left open: end that process (its slots are freed within a second) or close the snapshot.
@@ -337,7 +344,8 @@ func (e *Engine) Status() (Status, error) {
 		st.AttachedClients = e.opt.Clients()
 	}
 	if b, _, err := s.View(KindStatus, statusKey); err == nil {
-		ls := decodeLatchStats(b)
+		ls, fallbacks := decodeLatchStats(b)
+		st.ColumnsFallbacks = fallbacks
 		st.LatchedConversations, st.LatchedBytes = ls.Conversations, ls.Bytes
 		st.Evictions, st.OversizeRefusals, st.Triggers, st.Bridges, st.BridgeDrops = ls.Evictions, ls.OversizeRefusals, ls.Triggers, ls.Bridges, ls.BridgeDrops
 		st.LatchingOff = ls.Off
@@ -366,26 +374,37 @@ func (e *Engine) Status() (Status, error) {
 	st.RevokedKeys = int(rs.Marks)
 	st.IndexSlots, st.MarkEntries, st.MarkSlots = rs.IndexSlots, rs.MarkEntries, rs.MarkSlots
 	st.Columns, st.ColumnsUsed, st.ColumnsRetired = rs.Columns, rs.ColumnsUsed, rs.ColumnsRetired
+	if e.r.IsOwner() {
+		st.ColumnsFallbacks = e.ColumnsFallbacks()
+	}
 	if p := rs.OldestPin; p.Version != 0 {
 		st.OldestPin = &PinStatus{Slot: p.Slot, PID: p.PID, Version: p.Version, AgeSeconds: p.Age.Seconds()}
 	}
 	return st, nil
 }
 
-func encodeLatchStats(s LatchStats) []byte {
-	b := make([]byte, 0, 64)
-	for _, x := range []uint64{uint64(s.Conversations), uint64(s.Bytes), s.Evictions, s.OversizeRefusals, s.Triggers, s.Bridges, s.BridgeDrops, latchFlags(s)} {
+// ColumnsFallbacks is Status.ColumnsFallbacks without reading the rest of the state: the
+// owner's count (0 in other processes).
+func (e *Engine) ColumnsFallbacks() uint64 { return e.columnsFallbacks.Load() }
+
+// encodeLatchStats encodes the status entry the owner publishes: the latch counters and
+// columnsFallbacks (Status.ColumnsFallbacks).
+func encodeLatchStats(s LatchStats, columnsFallbacks uint64) []byte {
+	b := make([]byte, 0, 72)
+	for _, x := range []uint64{uint64(s.Conversations), uint64(s.Bytes), s.Evictions, s.OversizeRefusals, s.Triggers, s.Bridges, s.BridgeDrops, latchFlags(s), columnsFallbacks} {
 		b = binary.LittleEndian.AppendUint64(b, x)
 	}
 	return b
 }
 
-func decodeLatchStats(b []byte) LatchStats {
-	var x [8]uint64
+// decodeLatchStats decodes encodeLatchStats; a shorter entry (before ColumnsFallbacks) reads
+// as 0 for the missing words.
+func decodeLatchStats(b []byte) (LatchStats, uint64) {
+	var x [9]uint64
 	for i := range x {
 		if len(b) >= 8*(i+1) {
 			x[i] = binary.LittleEndian.Uint64(b[8*i:])
 		}
 	}
-	return LatchStats{Conversations: int(x[0]), Bytes: int64(x[1]), Evictions: x[2], OversizeRefusals: x[3], Triggers: x[4], Bridges: x[5], BridgeDrops: x[6], Off: x[7]&1 != 0}
+	return LatchStats{Conversations: int(x[0]), Bytes: int64(x[1]), Evictions: x[2], OversizeRefusals: x[3], Triggers: x[4], Bridges: x[5], BridgeDrops: x[6], Off: x[7]&1 != 0}, x[8]
 }

@@ -194,7 +194,7 @@ func (l local) admit(a Admission) (Admitted, error) {
 		if err := putCapture(tx, a.RequestID, capture); err != nil {
 			return err
 		}
-		return tx.Put(KindStatus, statusKey, encodeLatchStats(stats))
+		return tx.Put(KindStatus, statusKey, encodeLatchStats(stats, e.ColumnsFallbacks()))
 	})
 	if err != nil {
 		return out, fmt.Errorf("admit %q: %w", a.RequestID, err)
@@ -236,7 +236,7 @@ func (l local) dropConversation(k ConvKey) (bool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ok := e.latches.Drop(k)
-	_, err := e.r.Put(KindStatus, statusKey, encodeLatchStats(e.latches.Stats()))
+	_, err := e.r.Put(KindStatus, statusKey, encodeLatchStats(e.latches.Stats(), e.ColumnsFallbacks()))
 	return ok, err
 }
 
@@ -277,7 +277,7 @@ func (lw local) restoreLatches(entries []LatchEntry, st LatchStats) error {
 		return fmt.Errorf("%w: %d conversations and %d bytes exceed the caps (%d, %d)",
 			ErrLatchState, len(entries), bytes, l.cfg.MaxConversations, l.cfg.MaxLatchedBytes)
 	}
-	if _, err := e.r.Put(KindStatus, statusKey, encodeLatchStats(st)); err != nil {
+	if _, err := e.r.Put(KindStatus, statusKey, encodeLatchStats(st, e.ColumnsFallbacks())); err != nil {
 		return fmt.Errorf("restore latches: %w", err)
 	}
 	l.mu.Lock()

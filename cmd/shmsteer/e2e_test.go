@@ -538,7 +538,8 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 		"shmsteer_arena_used_bytes": "arena_bytes_used", "shmsteer_arena_free_bytes": "arena_bytes_free",
 		"shmsteer_index_used_slots": "index_used", "shmsteer_index_free_slots": "index_free",
 		"shmsteer_columns": "columns", "shmsteer_columns_used": "columns_used", "shmsteer_columns_retired": "columns_retired",
-		"shmsteer_attached_clients": "attached_clients", "shmsteer_region_version": "version",
+		"shmsteer_columns_fallbacks_total": "columns_fallbacks", "shmsteer_attached_clients": "attached_clients",
+		"shmsteer_region_version": "version",
 	} {
 		require.Equal(t, st[field], value(metric), "%s vs status %s", metric, field)
 	}
@@ -568,6 +569,31 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 	require.Contains(t, fams, "shmsteer_http_request_duration_seconds")
 	require.Contains(t, fams, "shmsteer_rpc_duration_seconds")
 	require.Contains(t, fams, "shmsteer_oldest_reader_pin_age_seconds")
+}
+
+// TestServeColumnsFull: with --columns 1, a second request with its own vectors finds the
+// pool full; /v1/status's columns_fallbacks and the counter shmsteer_columns_fallbacks_total
+// count it, and serve logs one warning saying to raise --columns (a third within the minute
+// counts and does not warn again).
+func TestServeColumnsFull(t *testing.T) {
+	s := startServe(t, ns(t), "", "--columns", "1")
+	admit := func(id string, seed uint64) {
+		s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": id, "override": map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"1": vec(seed)}}}})
+	}
+	admit("r1", 1)
+	require.EqualValues(t, 0, s.ok("GET", "/v1/status", nil)["columns_fallbacks"], "r1 took the pool's one column")
+	require.Zero(t, s.metrics()["shmsteer_columns_fallbacks_total"].value)
+	admit("r2", 2)
+	require.EqualValues(t, 1, s.ok("GET", "/v1/status", nil)["columns_fallbacks"])
+	require.EqualValues(t, 1, s.metrics()["shmsteer_columns_fallbacks_total"].value)
+	admit("r3", 3)
+	require.EqualValues(t, 2, s.ok("GET", "/v1/status", nil)["columns_fallbacks"])
+	require.EqualValues(t, 2, s.metrics()["shmsteer_columns_fallbacks_total"].value)
+	require.NoError(t, s.stop(syscall.SIGTERM))
+	log := s.stderr.String()
+	require.Equal(t, 1, strings.Count(log, "column pool full"), "one warning within the minute:\n%s", log)
+	require.Contains(t, log, "raise --columns")
+	require.Contains(t, log, "columns_fallbacks=1")
 }
 
 // snapshotState reads what must survive a restart.
