@@ -502,3 +502,79 @@ func TestStepColumnRuns(t *testing.T) {
 	after = st.Stats()
 	require.Equal(t, before.ColumnRuns, after.ColumnRuns)
 }
+
+// TestStepApplyRunsMatchesGeneral steps a decode batch through applyRuns (a Stepper as made)
+// and through Apply's general loop alone (a Stepper whose runs are off) and requires the same
+// rows, bit for bit, at every site, and the same checksum. The batch mixes what applyRuns
+// walks and what makes it hand the rest of the plan to the general loop: requests in columns
+// (one and two each), two stored in their entries because the pool was full, a clamp at one
+// site, a request steered at one site only (act 0 elsewhere), an unsteered request, rows out
+// of order, and sites with a global vector (where the general loop takes the whole plan).
+func TestStepApplyRunsMatchesGeneral(t *testing.T) {
+	cfg := ModelConfig{Hidden: 64, Layers: 3}
+	d := cfg.Hidden
+	e := newOwnerColumns(t, cfg, 6)
+	admit := func(id string, s *Steering) {
+		t.Helper()
+		_, err := e.Admit(Admission{RequestID: id, Override: s})
+		require.NoError(t, err)
+	}
+	for i, gen := range []int{0, 1, 2, 4} { // columns 0, 1-2, 3, 4
+		s := colSteering(cfg, gen)
+		if i == 2 {
+			s.Base.Clamps = []Clamp{{Hook: "pre_attn", Layer: 1, Dir: filled(d, 0.125), Min: -1, Max: 1, Strength: 1}}
+		}
+		admit(fmt.Sprint("c-", i), s)
+	}
+	admit("one-site", &Steering{Decode: Tier{Vectors: []Vector{{Hook: cfg.HookName(1), Layer: 2, Scale: 1, Data: colVec(d, 7, 1, 2, PhaseDecode)}}}}) // column 5
+	admit("entry-a", colSteering(cfg, 6))                                                                                                          // the pool is full: in its entry
+	admit("entry-b", colSteering(cfg, 3))
+	admit("plain", nil)
+	var g Steering
+	g.Decode.Vectors = []Vector{{Hook: cfg.HookName(2), Layer: 0, Scale: 1, Data: filled(d, 0.25)}}
+	_, err := e.SetGlobal(g)
+	require.NoError(t, err)
+
+	fast, general := e.NewStepper(), e.NewStepper()
+	defer fast.Close()
+	defer general.Close()
+	require.True(t, fast.runs)
+	general.runs = false
+	ids := [][]string{
+		{"c-0", "c-1", "c-2", "c-3", "one-site"},
+		{"c-0", "c-1", "entry-a", "c-2", "c-3", "plain", "one-site", "entry-b"},
+		{"entry-a", "c-0", "c-1", "c-3", "c-2", "one-site"},
+		{"one-site", "c-3", "c-2", "c-1", "c-0", "entry-b", "plain"},
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, order := range ids {
+		var batch []Span
+		for i, id := range order {
+			batch = append(batch, Span{ID: id, Start: i, End: i + 1, Phase: PhaseDecode})
+		}
+		h0 := randVec(rng, len(batch)*d)
+		hf, hg := make([]float32, len(h0)), make([]float32, len(h0))
+		require.NoError(t, fast.Begin(0))
+		require.NoError(t, general.Begin(0))
+		before := fast.Stats()
+		for hk := range cfg.NumHooks() {
+			for l := range cfg.Layers {
+				copy(hf, h0)
+				copy(hg, h0)
+				require.NoError(t, fast.Apply(HookID(hk), l, hf, batch))
+				require.NoError(t, general.Apply(HookID(hk), l, hg, batch))
+				require.Equal(t, hg, hf, "batch %v, site %d/%d", order, hk, l)
+				require.NotEqual(t, h0, hf, "batch %v, site %d/%d: something is steered at every site", order, hk, l)
+			}
+		}
+		require.True(t, fast.planRuns, "batch %v: one ungated row per span", order)
+		require.Equal(t, general.End(), fast.End(), "checksum of batch %v", order)
+		if order[0] == "c-0" {
+			require.Greater(t, fast.Stats().ColumnRuns, before.ColumnRuns, "batch %v: c-0 and c-1 make a run", order)
+		}
+	}
+	require.Zero(t, general.Stats().ColumnRuns)
+	for id, cols := range map[string]int{"c-0": 1, "c-1": 2, "one-site": 1, "entry-a": 0, "entry-b": 0} {
+		require.Equal(t, cols, fast.reqs[id].view.ncols, "%s's columns", id)
+	}
+}
