@@ -60,3 +60,32 @@ func TestWarnColumnsFull(t *testing.T) {
 	require.Equal(t, 2, warnings())
 	require.EqualValues(t, 3, eng.ColumnsFallbacks())
 }
+
+// TestValidateColumns: Validate refuses a columns setting over what the model's column pool
+// holds (steer.MaxColumns: ErrConfig saying to lower --columns), the default 256 included,
+// and accepts the most, 0 and a negative value (no pool) alike.
+func TestValidateColumns(t *testing.T) {
+	c := DefaultConfig()
+	c.Namespace, c.Hidden, c.Layers = "cols", 4096, 32
+	most := steer.MaxColumns(c.Model())
+	require.Equal(t, 26214, most, "hidden 4096, 32 layers, 5 hooks: 2.5 MiB a column in a 64 GiB pool")
+	for _, n := range []int{most, 1, 0, -1} {
+		c.Columns = n
+		require.NoError(t, c.Validate(), "columns %d", n)
+	}
+	c.Columns = most + 1
+	err := c.Validate()
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, fmt.Sprintf("columns %d: the region's column pool holds at most %d columns for this model", most+1, most))
+	require.ErrorContains(t, err, "lower --columns")
+	rc, err := steer.RegionConfig(c.Model(), shm.Config{Columns: most + 1})
+	require.NoError(t, err)
+	_, err = shm.Create(rc)
+	require.ErrorIs(t, err, shm.ErrBadConfig, "the same limit as shm's")
+
+	c.Hidden, c.Layers, c.Columns = 16384, 160, 0 // a column of 50 MiB: 1310 fit, the default 256 does
+	require.NoError(t, c.Validate())
+	c.Layers = 1024 // 320 MiB a column: 204 fit, not the default
+	require.Less(t, steer.MaxColumns(c.Model()), steer.DefaultColumns)
+	require.ErrorContains(t, c.Validate(), "columns 256:")
+}

@@ -47,7 +47,7 @@ type Config struct {
 	IndexSlots  int   `toml:"index_slots" help:"region index slots (power of two)"`
 	ArenaBytes  int64 `toml:"arena_bytes" help:"region arena size in bytes"`
 	ReaderSlots int   `toml:"reader_slots" help:"region reader slots shared by all processes"`
-	Columns     int   `toml:"columns" help:"region column pool: requests admitted at once whose own vectors are laid out site by site for fast decode steps (0: 256; negative: none; more are stored in their entries)"`
+	Columns     int   `toml:"columns" help:"region column pool: requests admitted at once whose own vectors are laid out site by site for fast decode steps (0: 256; negative: none; more are stored in their entries; at most what the pool holds for the model, steer.MaxColumns: more is refused at start)"`
 
 	MaxConversations int           `toml:"max_conversations" help:"latch cap: conversations"`
 	MaxLatchedBytes  int64         `toml:"max_latched_bytes" help:"latch cap: bytes held by value"`
@@ -249,6 +249,9 @@ func (c Config) Validate() error {
 	if _, err := c.CaptureGlobalSpecs(); err != nil {
 		return err
 	}
+	if err := c.validateColumns(); err != nil {
+		return err
+	}
 	switch {
 	case c.Namespace == "":
 		return bad("namespace is empty")
@@ -283,6 +286,25 @@ func (c Config) Validate() error {
 		return bad("%v", err)
 	}
 	return c.validateMirror()
+}
+
+// validateColumns checks that the column pool columns asks for (0: steer.DefaultColumns,
+// negative: none) fits the region's pool for the model (steer.MaxColumns), so serve refuses
+// it before creating anything.
+func (c Config) validateColumns() error {
+	n := c.Columns
+	if n < 0 {
+		return nil
+	}
+	if n == 0 {
+		n = steer.DefaultColumns
+	}
+	m := c.Model()
+	if most := steer.MaxColumns(m); n > most {
+		return fmt.Errorf("%w: columns %d: the region's column pool holds at most %d columns for this model (hidden %d, %d layers, %d hooks); lower --columns (TOML columns) to %d or less, or set it negative for no pool",
+			ErrConfig, n, most, m.Hidden, m.Layers, m.NumHooks(), most)
+	}
+	return nil
 }
 
 // validateMirror checks the mirror settings: the other mirror_* settings and host_id mean

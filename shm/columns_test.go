@@ -494,6 +494,38 @@ func TestColumnConfig(t *testing.T) {
 	require.Equal(t, "shm.ColumnPool{columns: 3, cells: 5, cellBytes: 192}", fmt.Sprint(r.Columns()))
 }
 
+// TestMaxColumns: MaxColumns is the boundary Create's config check draws: that many columns
+// pass it, one more is ErrBadConfig, for geometries bound by the column cap, by the pool's
+// bytes, and one column too large for any pool.
+func TestMaxColumns(t *testing.T) {
+	base := Config{IndexSlots: 64, ArenaBytes: 64 << 10, ReaderSlots: 2}
+	for _, g := range []struct{ cells, bytes, want int }{
+		{1, 64, maxColumns},                // the column cap
+		{160, 16384, 26214},                // hidden 4096, 32 layers, 5 hooks: the pool's bytes
+		{640, 65536, 1638},                 // hidden 16384, 128 layers
+		{1 << 20, 1 << 16, 1},              // one column of 64 GiB
+		{1<<20 + 1, 1 << 16, 0},            // one column over the pool's bytes
+		{1 << 40, 1 << 40, 0},              // the product overflows 64 bits
+		{0, 64, 0}, {1, 0, 0}, {-1, 64, 0}, // not a geometry
+	} {
+		require.Equal(t, g.want, MaxColumns(g.cells, g.bytes), "%+v", g)
+		if g.want == 0 || g.cells < 1 || g.bytes < 1 {
+			continue
+		}
+		cfg := base
+		cfg.Columns, cfg.ColumnCells, cfg.CellBytes = g.want, g.cells, g.bytes
+		_, err := cfg.withDefaults()
+		require.NoError(t, err, "%+v", g)
+		cfg.Columns++
+		_, err = cfg.withDefaults()
+		require.ErrorIs(t, err, ErrBadConfig, "%+v", g)
+	}
+	cfg := base
+	cfg.Columns, cfg.ColumnCells, cfg.CellBytes = 1, 1<<20+1, 1<<16
+	_, err := cfg.withDefaults()
+	require.ErrorIs(t, err, ErrBadConfig, "one column over the pool's bytes")
+}
+
 // Another mapping of the two files (as another process opens them) sees the owner's geometry
 // and cells; its cells are read-only.
 func TestColumnsOpenFromFiles(t *testing.T) {

@@ -124,11 +124,21 @@ func (c Config) checkPool() error {
 		return fmt.Errorf("%w: CellBytes %d must be a multiple of %d (round it up)", ErrBadConfig, c.CellBytes, cellAlign)
 	case c.Columns > maxColumns:
 		return fmt.Errorf("%w: Columns %d, at most %d", ErrBadConfig, c.Columns, maxColumns)
-	case uint64(c.CellBytes) > maxPoolBytes || uint64(c.ColumnCells) > maxPoolBytes/uint64(c.CellBytes) ||
-		uint64(c.Columns) > maxPoolBytes/(uint64(c.ColumnCells)*uint64(c.CellBytes)):
+	case c.Columns > MaxColumns(c.ColumnCells, c.CellBytes):
 		return fmt.Errorf("%w: a pool of %d columns of %d cells of %d bytes exceeds %d bytes; lower one of them", ErrBadConfig, c.Columns, c.ColumnCells, c.CellBytes, uint64(maxPoolBytes))
 	}
 	return nil
+}
+
+// MaxColumns is the most columns Config.Columns may give a pool of columns of columnCells
+// cells of cellBytes bytes: the column cap (1 Mi) or what fits the pool's 64 GiB, whichever is
+// lower; 0 when one column alone does not fit or a size is not positive. Create refuses more
+// with ErrBadConfig; a configuration layer can check it first (steer.MaxColumns for a model).
+func MaxColumns(columnCells, cellBytes int) int {
+	if columnCells < 1 || cellBytes < 1 || uint64(cellBytes) > maxPoolBytes || uint64(columnCells) > maxPoolBytes/uint64(cellBytes) {
+		return 0
+	}
+	return int(min(maxColumns, maxPoolBytes/(uint64(columnCells)*uint64(cellBytes))))
 }
 
 // Region is a mapped shmsteer region, in the owner (Create) or in a reader (Open). Its methods

@@ -165,6 +165,19 @@ func (c ModelConfig) Equal(o ModelConfig) bool {
 // default max_num_seqs.
 const DefaultColumns = 256
 
+// MaxColumns is the most columns RegionConfig's base.Columns may ask for cfg's model (one
+// cell per (hook, layer) of hidden float32s, as RegionConfig sizes them): shm.MaxColumns of
+// that geometry. shm.Create refuses more (shm.ErrBadConfig).
+func MaxColumns(cfg ModelConfig) int {
+	cells, cellBytes := poolGeometry(cfg)
+	return shm.MaxColumns(cells, cellBytes)
+}
+
+// poolGeometry is the cells of a column and the bytes of a cell of cfg's column pool.
+func poolGeometry(cfg ModelConfig) (cells, cellBytes int) {
+	return cfg.NumHooks() * cfg.Layers, int(roundUp64(uint64(cfg.Hidden) * 4))
+}
+
 // RegionConfig returns base with UserConfig set to cfg's encoding and its column pool sized
 // for the model (one cell per (hook, layer) of hidden float32s; base.Columns columns, 0 for
 // DefaultColumns, negative for none), for shm.Create (or ipc.OwnerOptions.Region). The pool
@@ -182,8 +195,7 @@ func RegionConfig(cfg ModelConfig, base shm.Config) (shm.Config, error) {
 		if base.Columns == 0 {
 			base.Columns = DefaultColumns
 		}
-		base.ColumnCells = cfg.NumHooks() * cfg.Layers
-		base.CellBytes = int(roundUp64(uint64(cfg.Hidden) * 4))
+		base.ColumnCells, base.CellBytes = poolGeometry(cfg)
 	}
 	return base, nil
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/serve"
 	"github.com/shmsteer/shmsteer/steer"
 )
@@ -222,4 +224,28 @@ type zeros struct{}
 func (zeros) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
+}
+
+// TestServeRefusesTooManyColumns: --columns over what the model's column pool holds
+// (steer.MaxColumns) is refused by serve's config check: exit 2, a message naming the most and
+// saying to lower --columns, and nothing created (no state dir, no owner answering). Before,
+// shm refused it at region creation (exit 1, "bad region config ... lower one of them").
+func TestServeRefusesTooManyColumns(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	most := steer.MaxColumns(steer.ModelConfig{Hidden: 4096, Layers: 32})
+	cmd := exec.Command(binPath, "serve", "--http", "127.0.0.1:0", "--namespace", ns(t), "--hidden", "4096", "--layers", "32",
+		"--columns", fmt.Sprint(most+1), "--api-key-file", writeKeys(t), "--state-dir", dir)
+	cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "serve started with %d columns", most+1)
+	require.Equal(t, 2, ee.ExitCode(), "%s", stderr.String())
+	require.Contains(t, stderr.String(), fmt.Sprintf("shmsteer: bad serve configuration: columns %d: the region's column pool holds at most %d columns for this model", most+1, most))
+	require.Contains(t, stderr.String(), "lower --columns")
+	require.NotContains(t, stdout.String(), "listening on")
+	require.NoDirExists(t, dir, "nothing created")
+	_, err = serve.AttachClient(ns(t), secretFile(t))
+	require.ErrorIs(t, err, ipc.ErrNotYetInitialized, "no owner answers")
 }
