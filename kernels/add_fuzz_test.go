@@ -16,6 +16,7 @@ import (
 // independent unaligned starts of h and v, guards either side of h checked; the SIMD paths
 // (both fused, one rounding) agree bit for bit.
 func FuzzAddRows(f *testing.F) {
+	envPath(f) // the test cache keys on the path chosen at init (env_test.go)
 	f.Add(uint16(4096), uint8(1), uint8(0), uint8(0), float32(0.5), uint64(1))
 	f.Add(uint16(4095), uint8(3), uint8(1), uint8(15), float32(-0.37), uint64(2))
 	f.Add(uint16(63), uint8(4), uint8(7), uint8(3), float32(1), uint64(3))

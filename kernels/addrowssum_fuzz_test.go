@@ -15,6 +15,7 @@ import (
 // 0–4096 (the 32-float block, the 8-float loop and the scalar tail), 0–17 rows and independent
 // unaligned starts of h, x and y, guards either side of h checked.
 func FuzzSumAddRows(f *testing.F) {
+	envPath(f) // the test cache keys on the path chosen at init (env_test.go)
 	f.Add(uint16(4096), uint8(16), uint8(0), uint8(0), uint8(0), float32(0.5), float32(1), uint64(1))
 	f.Add(uint16(4095), uint8(3), uint8(1), uint8(15), uint8(7), float32(-0.37), float32(1), uint64(2))
 	f.Add(uint16(71), uint8(4), uint8(7), uint8(3), uint8(1), float32(1), float32(-2), uint64(3))
@@ -59,6 +60,7 @@ func FuzzSumAddRows(f *testing.F) {
 // TestSumAddRowsShapes: the shape checks of AddRows, y's length and the scratch's, refused
 // before h or the scratch changes.
 func TestSumAddRowsShapes(t *testing.T) {
+	envPath(t) // the test cache keys on the path chosen at init (env_test.go)
 	h, scratch := make([]float32, 12), make([]float32, 4+kernels.ScratchPad)
 	x, y := []float32{1, 2, 3, 4}, []float32{1, 2, 3, 4}
 	for _, c := range []struct {

@@ -102,6 +102,7 @@ func TestAddRows2(t *testing.T) {
 // TestFusedEveryLength runs every length 0–4096, each at an unaligned start of each stream,
 // on every path against the generic path.
 func TestFusedEveryLength(t *testing.T) {
+	envPath(t) // the test cache keys on the path chosen at init (env_test.go)
 	r := rand.New(rand.NewPCG(23, 24))
 	orig := kernels.Path()
 	t.Cleanup(func() { require.NoError(t, kernels.SetPath(orig)) })
@@ -231,6 +232,7 @@ func TestAddRows2SpecialValues(t *testing.T) {
 // FuzzFused compares the fused kernels on every path with the generic path and with Sum2
 // followed by a one-source pass, for lengths 0–4096, several rows and independent unaligned starts.
 func FuzzFused(f *testing.F) {
+	envPath(f) // the test cache keys on the path chosen at init (env_test.go)
 	f.Add(uint16(4096), uint8(1), uint8(0), uint8(0), uint8(0), float32(1), float32(1), uint64(1))
 	f.Add(uint16(4099), uint8(3), uint8(1), uint8(5), uint8(15), float32(-0.37), float32(7.5), uint64(2))
 	f.Add(uint16(17), uint8(9), uint8(3), uint8(2), uint8(1), float32(0), float32(-1), uint64(3))

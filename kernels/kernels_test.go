@@ -60,6 +60,7 @@ func axpyTol(dst, s, v float64) float64 {
 // among them), restoring the original path afterwards.
 func forEachPath(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
+	envPath(t)
 	orig := kernels.Path()
 	t.Cleanup(func() { require.NoError(t, kernels.SetPath(orig)) })
 	paths := kernels.Paths()
@@ -146,7 +147,12 @@ func TestPaths(t *testing.T) {
 	paths := kernels.Paths()
 	require.NotEmpty(t, paths)
 	require.Equal(t, kernels.PathGeneric, paths[len(paths)-1])
-	require.Contains(t, paths, kernels.Path())
+	// Every test restores the path it sets, so the one chosen at init is current.
+	if env := envPath(t); contains(paths, env) {
+		require.Equal(t, env, kernels.Path(), "%s=%s is honoured at init", kernels.EnvPath, env)
+	} else {
+		require.Equal(t, paths[0], kernels.Path(), "%s=%q: the best path", kernels.EnvPath, env)
+	}
 	require.ErrorIs(t, kernels.SetPath("nope"), kernels.ErrUnsupportedPath)
 	require.Contains(t, paths, kernels.Path(), "failed SetPath must keep the path")
 	orig := kernels.Path()
@@ -505,6 +511,7 @@ func TestSpecialValues(t *testing.T) {
 }
 
 func TestPanics(t *testing.T) {
+	envPath(t) // the test cache keys on the path chosen at init (env_test.go)
 	f := make([]float32, 12)
 	table := make([]float32, 8) // 2 rows of d=4
 	cases := []struct {
@@ -560,6 +567,7 @@ func TestPanics(t *testing.T) {
 // the path chosen at init: a supported name is honoured, an unknown or
 // unsupported one falls back to the best path without crashing.
 func TestEnvPath(t *testing.T) {
+	envPath(t) // the test cache keys on the path chosen at init (env_test.go)
 	if os.Getenv("SHMSTEER_KERNELS_CHILD") == "1" {
 		fmt.Print("PATH=" + kernels.Path())
 		return
