@@ -32,15 +32,6 @@ func pageOffset(v []float32) int {
 // a page.
 func nextPage(i, off int) int { return ((i+off)/pageFloats+1)*pageFloats - off }
 
-// PrefetchLine asks for the cache line holding b[0] ahead of its use: a small record read in
-// place that a streaming loop evicts between uses (a request's site entry in a decode step).
-// It reads and changes nothing; an empty b does nothing.
-func PrefetchLine(b []byte) {
-	if len(b) > 0 {
-		prefetch(&b[0])
-	}
-}
-
 // Follows reports whether v starts where prev ends, rounded up to 64 bytes: v is the next
 // cell after prev in a column pool, whose reads the hardware prefetcher is already streaming,
 // so PrefetchPages(v) would only compete with it. Empty slices follow nothing.

@@ -45,22 +45,22 @@ func TestPrefetchPages(t *testing.T) {
 	}
 }
 
-// TestPrefetchLine: PrefetchLine reads and changes nothing, whatever slice it is handed
+// TestPrefetch: Prefetch reads and changes nothing, whatever slice it is handed
 // (empty, one byte, at any offset of a line).
-func TestPrefetchLine(t *testing.T) {
+func TestPrefetch(t *testing.T) {
 	buf := make([]byte, 256)
 	for i := range buf {
 		buf[i] = byte(i)
 	}
 	before := slices.Clone(buf)
-	PrefetchLine(nil)
-	PrefetchLine(buf[:0])
+	Prefetch(nil)
+	Prefetch(buf[:0])
 	for i := range buf {
-		PrefetchLine(buf[i:])
-		PrefetchLine(buf[i : i+1])
+		Prefetch(buf[i:])
+		Prefetch(buf[i : i+1])
 	}
 	if !slices.Equal(buf, before) {
-		t.Fatal("PrefetchLine changed its slice")
+		t.Fatal("Prefetch changed its slice")
 	}
 }
 

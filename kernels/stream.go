@@ -24,9 +24,11 @@ func StreamCopy(dst, src []byte) int {
 // amd64; nothing where StreamCopy only copies).
 func StoreFence() { storeFence() }
 
-// Prefetch asks for the cache line holding b[0] (b non-empty) ahead of its use: for a writer
-// about to fill a line of memory it does not have (the capture ring's next frame header), so
-// the line's fetch overlaps the work before the write instead of stalling it.
+// Prefetch asks for the cache line holding b[0] ahead of its use; it reads and changes
+// nothing, and an empty b does nothing. For a writer about to fill a line of memory it does not
+// have (the capture ring's next frame header), so the line's fetch overlaps the work before the
+// write instead of stalling it; and for a small record read in place that a streaming loop
+// evicts between uses (a request's site entry in a decode step).
 func Prefetch(b []byte) {
 	if len(b) > 0 {
 		prefetch(&b[0])

@@ -526,8 +526,9 @@ func TestStepApplyRunsMatchesGeneral(t *testing.T) {
 		}
 		admit(fmt.Sprint("c-", i), s)
 	}
-	admit("one-site", &Steering{Decode: Tier{Vectors: []Vector{{Hook: cfg.HookName(1), Layer: 2, Scale: 1, Data: colVec(d, 7, 1, 2, PhaseDecode)}}}}) // column 5
-	admit("entry-a", colSteering(cfg, 6))                                                                                                          // the pool is full: in its entry
+	// Column 5; then the pool is full: entry-a and entry-b are stored in their entries.
+	admit("one-site", &Steering{Decode: Tier{Vectors: []Vector{{Hook: cfg.HookName(1), Layer: 2, Scale: 1, Data: colVec(d, 7, 1, 2, PhaseDecode)}}}})
+	admit("entry-a", colSteering(cfg, 6))
 	admit("entry-b", colSteering(cfg, 3))
 	admit("plain", nil)
 	var g Steering

@@ -712,7 +712,7 @@ func (v *composedView) colAct(ix int) (act uint64, col int) {
 // evicts them between steps. ix must be in [0, sites) for a non-empty view.
 func (v *composedView) prefetchSite(ix int) {
 	if v.sites != 0 {
-		kernels.PrefetchLine(v.table[ix*siteEntry : ix*siteEntry+siteEntry])
+		kernels.Prefetch(v.table[ix*siteEntry : ix*siteEntry+siteEntry])
 	}
 }
 
