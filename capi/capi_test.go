@@ -251,6 +251,14 @@ func TestCExample(t *testing.T) {
 	require.Contains(t, got, "export unknown: steer.ErrUnknownVector\n")
 	require.Contains(t, got, "forked child: SHMSTEER_E_FORKED\n")
 	require.Contains(t, got, "closed twice: capi.ErrBadHandle\n")
+	// A reader left open is freed with its handle (before, it stayed in the handle table and
+	// answered CLOSED until shmsteer_reader_close).
+	require.Contains(t, got, "reader after close: capi.ErrBadHandle\n")
+	require.Contains(t, got, "reader tls after close: capi.ErrBadHandle\n")
+	require.Contains(t, got, "reader many after close: capi.ErrBadHandle\n")
+	require.Contains(t, got, "old reader beside a new one: capi.ErrBadHandle\n")
+	require.Contains(t, got, "new reader: len=32\n")
+	require.Contains(t, got, "reader close after its handle closed: capi.ErrBadHandle\n")
 
 	// A wrong secret is refused.
 	cmd = exec.Command(bin, ns, "req-1", "v1")

@@ -130,8 +130,9 @@ func shmsteerGo_follower_close(h C.uint64_t) C.int {
 		return badHandle("shmsteer_follower_close")
 	}
 	fo.mu.Lock()
-	for hv := range fo.insts {
-		handles.remove(hv) // the follower closes their clients
+	for hv, inst := range fo.insts {
+		handles.remove(hv) // the follower closes their clients, and their readers first
+		inst.readers.closeAll()
 	}
 	fo.insts = nil
 	fo.mu.Unlock()

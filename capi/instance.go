@@ -42,6 +42,8 @@ type instance struct {
 	// register their capture rings (shmsteer_stepper_capture_start).
 	hubOps map[uint16]func([]byte) ([]byte, error)
 	global map[string]steer.CaptureGlobalSpec // the consumers' global specs (shmsteer_capture_global)
+	// readers are the shmsteer_reader_t opened on it and not yet closed: closed with it.
+	readers readerSet
 }
 
 // side is the process's end of the region: the owner, or a client attached to it.
@@ -181,6 +183,7 @@ func shmsteerGo_close(h C.uint64_t) C.int {
 	if !ok || !handles.remove(uint64(h)) {
 		return badHandle("shmsteer_close")
 	}
+	inst.readers.closeAll() // before the region they read goes
 	if inst.hub != nil {
 		inst.hub.Close()
 	}

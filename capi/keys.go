@@ -14,13 +14,65 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/shmsteer/shmsteer/keys"
+	"github.com/shmsteer/shmsteer/shm"
 )
 
 type reader struct {
-	kr *keys.Reader
+	kr   *keys.Reader
+	inst *instance // whose readers it is among (readerSet)
+}
+
+// readerSet is an instance's readers not yet closed. shmsteer_close (and a follower's close, for
+// its clients) closes those left open with the instance (closeAll): their handles are freed,
+// so later calls through them answer BAD_HANDLE from the handle table and the C reader, which
+// no longer knows them, and never read the unmapped region; a handle of a reader opened later
+// in the same slot has another generation.
+type readerSet struct {
+	mu     sync.Mutex
+	closed bool
+	open   map[uint64]*reader
+}
+
+// add records r as handle h's and hands its descriptor to the C reader, under mu so that closeAll
+// cannot run between the two; false when the instance closed meanwhile (r is not recorded).
+func (s *readerSet) add(h uint64, r *reader) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	if s.open == nil {
+		s.open = map[uint64]*reader{}
+	}
+	s.open[h] = r
+	fastRegister(h, r.kr.Descriptor())
+	return true
+}
+
+func (s *readerSet) forget(h uint64) {
+	s.mu.Lock()
+	delete(s.open, h)
+	s.mu.Unlock()
+}
+
+// closeAll closes the readers left open, before their region closes: each one whose handle is
+// still live (shmsteer_reader_close did not get there first) is withdrawn from the table and the
+// C reader and closed.
+func (s *readerSet) closeAll() {
+	s.mu.Lock()
+	open := s.open
+	s.open, s.closed = nil, true
+	s.mu.Unlock()
+	for h, r := range open {
+		if handles.remove(h) {
+			fastUnregister(h)
+			r.kr.Close()
+		}
+	}
 }
 
 // finishGet turns a Get into (buf, capacity) into the ABI's result. A key that did not fit was
@@ -142,11 +194,17 @@ func shmsteerGo_reader_open(h C.uint64_t, out *C.uint64_t) C.int {
 	if err != nil {
 		return fail(err)
 	}
-	if rc := store(&reader{kr: kr}, out); rc != C.SHMSTEER_OK {
+	r := &reader{kr: kr, inst: inst}
+	if rc := store(r, out); rc != C.SHMSTEER_OK {
 		kr.Close()
 		return rc
 	}
-	fastRegister(uint64(*out), kr.Descriptor())
+	if !inst.readers.add(uint64(*out), r) { // shmsteer_close ran meanwhile
+		handles.remove(uint64(*out))
+		kr.Close()
+		*out = 0
+		return fail(fmt.Errorf("%w: the shmsteer_t closed while the reader opened", shm.ErrClosed))
+	}
 	return C.SHMSTEER_OK
 }
 
@@ -154,7 +212,7 @@ func shmsteerGo_reader_open(h C.uint64_t, out *C.uint64_t) C.int {
 func shmsteerGo_reader_key_get(h C.uint64_t, id *C.char, idLen C.size_t, buf unsafe.Pointer, capacity C.size_t, n *C.size_t) C.int {
 	r, ok := getAs[*reader](uint64(h))
 	if !ok {
-		return badHandle("not a live shmsteer_reader_t")
+		return badHandle("not a live shmsteer_reader_t (closed, or closed with its shmsteer_t)")
 	}
 	sid, dst, ok := getArgs(id, idLen, buf, capacity, n)
 	if !ok {
@@ -168,7 +226,10 @@ func shmsteerGo_reader_key_get(h C.uint64_t, id *C.char, idLen C.size_t, buf uns
 func shmsteerGo_reader_close(h C.uint64_t) C.int {
 	r, ok := getAs[*reader](uint64(h))
 	if !ok || !handles.remove(uint64(h)) {
-		return badHandle("shmsteer_reader_close")
+		return badHandle("shmsteer_reader_close: not a live shmsteer_reader_t (closed, or closed with its shmsteer_t)")
+	}
+	if r.inst != nil { // nil only for the tests' own readers
+		r.inst.readers.forget(uint64(h))
 	}
 	fastUnregister(uint64(h))
 	if err := r.kr.Close(); err != nil {

@@ -257,8 +257,11 @@ int shmsteer_owner_start(const char *ns, const void *secret, size_t secret_len,
                          const char *secret_file, const shmsteer_owner_config *cfg,
                          shmsteer_t **out);
 
-/* Detach a client or stop an owner, and free h. Close snapshots, steppers and readers of h
- * first: they fail with CLOSED afterwards. */
+/* Detach a client or stop an owner, and free h. Close snapshots and steppers of h first: they
+ * fail with CLOSED afterwards. Readers of h left open are closed and freed with it: later calls
+ * through them return BAD_HANDLE without reading anything (shmsteer_reader_close on one too,
+ * and it does nothing); a reader opened later never answers to a freed one's handle. Do not use
+ * h's readers from another thread while h closes. */
 int shmsteer_close(shmsteer_t *h);
 
 /* Round trip to the owner: OK while it serves, OWNER_GONE after it died (owner: always OK). */
@@ -336,10 +339,10 @@ int64_t shmsteer_key_get_tls(shmsteer_t *h, const char *id);
 void *shmsteer_key_buffer(void); /* the calling thread's buffer; NULL only when out of memory */
 
 /* A reader owns a reader slot: the fastest key path for one thread (no slot compare-and-swap).
- * Free it with shmsteer_reader_close. Its gets of a live key that fits the buffer are answered
- * in C, without entering the Go runtime, by a reader generated from the engine's layout table;
- * every other case (revoked, not found, too small, ...) is answered by the engine as before,
- * with the same results. */
+ * Free it with shmsteer_reader_close (shmsteer_close of h frees those left open). Its gets of a
+ * live key that fits the buffer are answered in C, without entering the Go runtime, by a reader
+ * generated from the engine's layout table; every other case (revoked, not found, too small,
+ * ...) is answered by the engine as before, with the same results. */
 int shmsteer_reader_open(shmsteer_t *h, shmsteer_reader_t **out);
 int shmsteer_reader_key_get(shmsteer_reader_t *r, const char *id, size_t id_len, void *buf,
                             size_t cap, size_t *len); /* as shmsteer_key_get */

@@ -134,8 +134,32 @@ int main(int argc, char **argv) {
   waitpid(pid, &status, 0);
   printf("forked child: %s\n", WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "SHMSTEER_E_FORKED" : "WRONG");
 
+  /* A reader left open when its handle closes is freed with it: its calls answer BAD_HANDLE
+   * and read nothing, and a reader opened later (another handle) never answers to it. */
+  shmsteer_reader_t *left = NULL;
+  check(shmsteer_reader_open(h, &left), "reader_open");
+  check(shmsteer_reader_key_get(left, id, strlen(id), key, sizeof key, &n), "reader_key_get");
   check(shmsteer_close(h), "close");
   rc = shmsteer_close(h);
   printf("closed twice: %s\n", shmsteer_error_name(rc));
+  rc = shmsteer_reader_key_get(left, id, strlen(id), key, sizeof key, &n);
+  printf("reader after close: %s\n", shmsteer_error_name(rc));
+  int64_t tls = shmsteer_reader_key_get_tls(left, id);
+  printf("reader tls after close: %s\n", tls < 0 ? shmsteer_error_name((int)-tls) : "a key");
+  shmsteer_key_get_item item = {.id = id, .id_len = strlen(id), .buf = k0, .cap = sizeof k0};
+  rc = shmsteer_reader_key_get_many(left, &item, 1);
+  printf("reader many after close: %s\n", shmsteer_error_name(rc));
+  check(shmsteer_attach(ns, NULL, 0, NULL, 0, &h), "attach again");
+  shmsteer_reader_t *fresh = NULL;
+  check(shmsteer_reader_open(h, &fresh), "reader_open again");
+  rc = shmsteer_reader_key_get(left, id, strlen(id), key, sizeof key, &n);
+  printf("old reader beside a new one: %s\n", shmsteer_error_name(rc));
+  check(shmsteer_reader_key_get(fresh, id, strlen(id), key, sizeof key, &n), "new reader_key_get");
+  printf("new reader: len=%zu\n", n);
+  rc = shmsteer_reader_close(left);
+  printf("reader close after its handle closed: %s\n", shmsteer_error_name(rc));
+  check(shmsteer_reader_key_get(fresh, id, strlen(id), key, sizeof key, &n), "new reader_key_get after");
+  check(shmsteer_reader_close(fresh), "reader_close");
+  check(shmsteer_close(h), "close");
   return 0;
 }

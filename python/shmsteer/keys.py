@@ -71,9 +71,9 @@ class _ThreadReader:
 
 def close_readers(open_readers: Set[int]) -> None:
     """Close every reader in ``open_readers`` (a handle's, see :class:`Keys`) and empty it: the
-    handle closes them first (the library's shmsteer_close leaves a handle's readers open, and a
-    get through one afterwards would read the unmapped region). Their threads' later gets raise
-    ClosedError. A get running in another thread meanwhile is undefined, as closing a handle
+    handle closes them first, so that no thread reader is left to close later (the library's
+    shmsteer_close would free them too: a get through one afterwards answers BAD_HANDLE, and
+    closing one then does nothing). Their threads' later gets raise ClosedError. A get running in another thread meanwhile is undefined, as closing a handle
     while it is used is. A :class:`~shmsteer.Follower` closes its clients' readers when it
     closes; a client it replaced is closed by the library 10 s later, without its readers: do not
     read through a replaced client's keys after that (take the current client per unit of work)."""

@@ -214,14 +214,20 @@ def test_forked_child_gets_forked_error(ns, secret, path):
 
 
 def test_c_reader_after_its_handle_closed(ns, secret):
-    """shmsteer.h: readers of a closed handle fail with CLOSED. A reader the package does not
-    know of (opened through the C ABI directly) is not closed with the handle; its gets must
-    answer SHMSTEER_E_CLOSED, not read the unmapped region (they faulted before)."""
+    """shmsteer.h: a reader left open when its handle closes is freed with it. A reader the
+    package does not know of (opened through the C ABI directly) answers BAD_HANDLE afterwards
+    through every get, without reading the unmapped region (it faulted once, then answered
+    CLOSED from the handle table until shmsteer_reader_close); closing it then does nothing, and
+    a reader of a later handle never answers to it."""
     lib = shmsteer._lib.lib
     get = lib.shmsteer_reader_key_get
     get.restype = ctypes.c_int
     get.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                     ctypes.POINTER(ctypes.c_size_t)]
+    get_tls = lib.shmsteer_reader_key_get_tls
+    get_tls.restype = ctypes.c_int64
+    get_tls.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    bad = errors.BadHandleError.code
     with shmsteer.Owner(ns, secret=secret) as o:
         o.keys["k"] = b"v"
         c = shmsteer.Client(ns, secret=secret)
@@ -231,5 +237,14 @@ def test_c_reader_after_its_handle_closed(ns, secret):
         assert get(r, b"k", 1, buf, 64, ctypes.byref(n)) == 0 and buf.raw[: n.value] == b"v"
         c.close()
         for key in (b"k", b"missing"):
-            assert get(r, key, len(key), buf, 64, ctypes.byref(n)) == errors.ClosedError.code
-        assert lib.shmsteer_reader_close(r) == 0
+            assert get(r, key, len(key), buf, 64, ctypes.byref(n)) == bad
+            assert get_tls(r, key) == -bad
+        c2 = shmsteer.Client(ns, secret=secret)
+        r2 = ctypes.c_void_p()
+        assert lib.shmsteer_reader_open(ctypes.c_void_p(c2.handle), ctypes.byref(r2)) == 0
+        assert get(r, b"k", 1, buf, 64, ctypes.byref(n)) == bad, "the freed reader beside a new one"
+        assert lib.shmsteer_reader_close(r) == bad
+        assert get(r2, b"k", 1, buf, 64, ctypes.byref(n)) == 0 and buf.raw[: n.value] == b"v"
+        assert c2.keys["k"] == b"v"
+        assert lib.shmsteer_reader_close(r2) == 0
+        c2.close()
