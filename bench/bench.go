@@ -119,7 +119,7 @@ func Run(cfg Config, src sources) *Report {
 
 	sm, rd, pk := newSyncManager(), &redisShared{}, newPythonKeys()
 	owner := newLatency(cfg, "keys.set.owner_ns", "keys.set.owner_p99_ns", src.KeysSetOwner)
-	keepWith(owner.post,
+	keepWith(thenPost(owner.post, pk.notePaths(map[string]string{"keys.get.python_ns": "get", "keys.get.python_ctypes_ns": "getctypes"})),
 		Contender{"keys.get.gomap_ns", gomapSetup},
 		Contender{"keys.get.syncmanager_ns", sm.opOf("get")},
 		Contender{"keys.set.syncmanager_ns", sm.opOf("set")},

@@ -107,6 +107,7 @@ type shared struct {
 	p     *Proc
 	close func() error
 	err   error
+	info  string // the last process's ready-line info (Proc.Info), kept after it closes
 }
 
 func (s *shared) acquire() (*Proc, func() error, error) {
@@ -114,6 +115,9 @@ func (s *shared) acquire() (*Proc, func() error, error) {
 	defer s.mu.Unlock()
 	if s.p == nil && s.err == nil {
 		s.p, s.close, s.err = s.start()
+		if s.err == nil {
+			s.info = s.p.Info
+		}
 	}
 	if s.err != nil {
 		// Remember the failure: a second contender must not pay for (or
@@ -163,4 +167,51 @@ func newNumpy(sizes ...KernelSize) *shared {
 		}
 		return startScript("numpy_bench.py", numpyScript, "numpy", args...)
 	}}
+}
+
+// notePaths is a post for the group holding s's ops: each measured figure named in ops (figure
+// name → op) gets a note naming the path its gets took in the worker (python_keys_bench.py's
+// op_path: the _fastkeys extension or ctypes, through the C reader or shared slots), as the
+// ready line's info says ("...; op get: PATH; op getctypes: PATH"), ahead of any note it had.
+func (s *shared) notePaths(ops map[string]string) func([]Figure) []Figure {
+	return func(figs []Figure) []Figure {
+		s.mu.Lock()
+		info := s.info
+		s.mu.Unlock()
+		for i := range figs {
+			f := &figs[i]
+			op, ok := ops[f.Name]
+			if !ok || f.Skipped != "" {
+				continue
+			}
+			path := opPath(info, op)
+			if path == "" {
+				path = "not reported by the worker"
+			}
+			f.Note = strings.TrimSuffix("get path: "+path+"; "+f.Note, "; ")
+		}
+		return figs
+	}
+}
+
+// opPath is the path op's gets took, from a Python worker's ready-line info; "" if not there.
+func opPath(info, op string) string {
+	for _, part := range strings.Split(info, "; ") {
+		if p, ok := strings.CutPrefix(part, "op "+op+": "); ok {
+			return p
+		}
+	}
+	return ""
+}
+
+// thenPost runs a group's posts in order (nil ones skipped).
+func thenPost(posts ...func([]Figure) []Figure) func([]Figure) []Figure {
+	return func(figs []Figure) []Figure {
+		for _, p := range posts {
+			if p != nil {
+				figs = p(figs)
+			}
+		}
+		return figs
+	}
 }

@@ -2,7 +2,9 @@
 worker process through the shmsteer package (python/shmsteer over libshmsteer.so): op "get" is
 the package's own `keys[id]` (its _fastkeys extension when built, else ctypes;
 $SHMSTEER_KEYS_CTYPES=1 forces ctypes; the ready line's info says which), op "getctypes" the same
-loop through the package's ctypes path (shmsteer.keys.new_keys(client, fast=False)).
+loop through the package's ctypes path (shmsteer.keys.new_keys(client, fast=False)). The ready
+line's info names the path each op's gets took in the worker (op_path); bench puts it in the
+figures' notes (python.go).
 
 The main process hosts the owner (shmsteer.Owner, as the seed's main process hosts its manager)
 and stores NKEYS 36-character keys with VALUE_SIZE-byte values; a worker started with the
@@ -33,6 +35,22 @@ def die_with_parent():
         pass
 
 
+def op_path(shmsteer, keys):
+    """The path this thread's gets through keys (a shmsteer Keys it has read from) take: the
+    extension's C slot or the ctypes call, and a reader of the thread's own (whose gets of live
+    keys the library's C reader answers) or the handle's shared slots (the Go reader)."""
+    if type(keys) is not shmsteer.keys.Keys:
+        call = "the _fastkeys extension"
+    elif shmsteer.keys.FAST_KEYS:
+        call = "ctypes"
+    else:
+        call = "ctypes (the extension is not in use: %s)" % shmsteer.keys.FAST_KEYS_REASON
+    _, own = keys._thread_handle()
+    if own:
+        return call + ", through the thread's reader (the C reader answers live keys)"
+    return call + ", through the handle's shared slots (no reader slot was free: the Go reader)"
+
+
 def worker(pkg_dir, ns, secret, keys, conn):
     die_with_parent()
     sys.path.insert(0, pkg_dir)
@@ -46,6 +64,9 @@ def worker(pkg_dir, ns, secret, keys, conn):
             c.close()
             return
         op, n = msg
+        if op == "paths":  # after a get of each op: the path each took in this thread
+            conn.send({"paths": {name: op_path(shmsteer, d) for name, d in maps.items()}})
+            continue
         try:
             it = itertools.islice(itertools.cycle(keys), n)
             d = maps.get(op)
@@ -79,13 +100,14 @@ def main():
     proc = ctx.Process(target=worker, args=(pkg_dir, ns, secret, keys, child), daemon=True)
     proc.start()
     try:
-        parent.send(("get", 1))
-        first = parent.recv()
-        if "error" in first:
-            print(json.dumps(first), flush=True)
-            return 1
-        keys_path = "extension" if shmsteer.keys.FAST_KEYS else "ctypes: " + shmsteer.keys.FAST_KEYS_REASON
-        info = "python %s, %s, keys get: %s" % (sys.version.split()[0], sys.executable, keys_path)
+        for op in ("get", "getctypes", "paths"):  # one get of each op, then the paths they took
+            parent.send((op, 1))
+            first = parent.recv()
+            if "error" in first:
+                print(json.dumps(first), flush=True)
+                return 1
+        paths = "".join("; op %s: %s" % (op, p.replace(";", ",")) for op, p in sorted(first["paths"].items()))
+        info = "python %s, %s%s" % (sys.version.split()[0], sys.executable, paths)
         print(json.dumps({"ready": True, "info": info}), flush=True)
         for line in sys.stdin:
             f = line.split()
