@@ -573,8 +573,8 @@ func TestServeMetricsMatchStatus(t *testing.T) {
 
 // TestServeColumnsFull: with --columns 1, a second request with its own vectors finds the
 // pool full; /v1/status's columns_fallbacks and the counter shmsteer_columns_fallbacks_total
-// count it, and serve logs one warning saying to raise --columns (a third within the minute
-// counts and does not warn again).
+// count it, as does a client's shmsteer status, and serve logs one warning saying to raise
+// --columns (a third within the minute counts and does not warn again).
 func TestServeColumnsFull(t *testing.T) {
 	s := startServe(t, ns(t), "", "--columns", "1")
 	admit := func(id string, seed uint64) {
@@ -589,6 +589,12 @@ func TestServeColumnsFull(t *testing.T) {
 	admit("r3", 3)
 	require.EqualValues(t, 2, s.ok("GET", "/v1/status", nil)["columns_fallbacks"])
 	require.EqualValues(t, 2, s.metrics()["shmsteer_columns_fallbacks_total"].value)
+	// A client reads the owner's count from the region (shmsteer status attaches as one).
+	cmd := exec.Command(binPath, "status", "--json", "--namespace", s.ns)
+	cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	require.Contains(t, string(out), `"columns_fallbacks": 2`)
 	require.NoError(t, s.stop(syscall.SIGTERM))
 	log := s.stderr.String()
 	require.Equal(t, 1, strings.Count(log, "column pool full"), "one warning within the minute:\n%s", log)
