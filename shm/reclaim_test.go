@@ -176,3 +176,46 @@ func TestSnapshotAtStalledPass(t *testing.T) {
 	require.NoError(t, err)
 	s.Close()
 }
+
+// TestInlinePassOnlyWhenLoopStarved: commits past reclaimInline run a pass inline only when the
+// background loop has not finished one for reclaimStarved. The loop's pass is held in its
+// barrier (an inline pass would take it over and end it: the pass sequence turns even).
+func TestInlinePassOnlyWhenLoopStarved(t *testing.T) {
+	r := newTestRegion(t, Config{IndexSlots: 256, ArenaBytes: 8 << 20})
+	if r.l.flags&flagMembarrier == 0 {
+		t.Skip("membarrier unavailable: passes have no barrier to hold")
+	}
+	entered, release := holdBarrier(t, r)
+	put := func(n int) {
+		t.Helper()
+		for i := range n {
+			_, err := r.Put(1, "k", []byte{byte(i)})
+			require.NoError(t, err)
+		}
+	}
+	put(1)
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no background reclamation pass started")
+	}
+	seq := load64(r.data, hReclaimSeq)
+	require.EqualValues(t, 1, seq&1, "the loop's pass is in flight")
+
+	// A loop that finished a pass just now (an hour ahead: the writes below take however long
+	// they take on a loaded machine) is keeping up: three times reclaimInline commits run no pass.
+	r.w.mu.Lock()
+	r.w.lastLoopPass = time.Now().Add(time.Hour)
+	r.w.mu.Unlock()
+	put(3 * reclaimInline)
+	require.Equal(t, seq, load64(r.data, hReclaimSeq), "no inline pass while the loop keeps up")
+
+	// Starved: its last pass ended longer than reclaimStarved ago.
+	r.w.mu.Lock()
+	r.w.lastLoopPass = time.Now().Add(-2 * reclaimStarved)
+	r.w.mu.Unlock()
+	put(reclaimInline)
+	require.Zero(t, load64(r.data, hReclaimSeq)&1, "an inline pass ran and ended the held one")
+	require.Positive(t, r.Stats().ReclaimedBytes, "the inline pass freed the retired values")
+	release()
+}
