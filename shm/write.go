@@ -28,8 +28,6 @@ type writer struct {
 	looping, passing bool
 	pass             uint64
 	safe             uint64
-	// lastLoopPass is when the background loop last finished a pass (zero before its first).
-	lastLoopPass time.Time
 	// barrier is a pass's barrier: globalBarrier (a field so tests can hold a pass in it).
 	barrier func() error
 	// lastBound describes the pin that limited the last pass, for ErrRegionFull messages.
@@ -51,14 +49,11 @@ const (
 	livenessEvery = 50 * time.Millisecond
 	// The background loop runs a reclamation pass every reclaimTick while commits come, and
 	// backs off to reclaimIdle when they stop. A pass runs inline when an allocation fails,
-	// when space runs low (see commit), and after reclaimInline commits without a pass when the
-	// loop has not finished one for reclaimStarved (it is starved of CPU: loopStarved).
+	// when space runs low (see commit), and after reclaimInline commits without a pass (the
+	// loop starved of CPU).
 	reclaimTick   = time.Millisecond
 	reclaimIdle   = 128 * time.Millisecond
 	reclaimInline = 1024
-	// reclaimStarved is how long the loop may go without finishing a pass before commits past
-	// reclaimInline run passes inline (loopStarved).
-	reclaimStarved = 16 * reclaimTick
 )
 
 func newWriter(l layout) *writer {
@@ -353,21 +348,13 @@ func (r *Region) commit(tx *Tx) {
 	// Writes never wake the loop (a wake-up is a system call): it polls on a timer.
 	switch {
 	case load64(r.data, hRetiredBytes) > r.l.arenaSize/8 || load64(r.data, hMarkEntries) > r.l.markSlots/4*3 ||
-		w.pending >= reclaimInline && w.pending%reclaimInline == 0 && w.loopStarved():
+		w.pending >= reclaimInline:
 		r.reclaimLocked()
 	case !w.looping:
 		w.looping = true
 		go r.reclaimLoop()
 	}
 	w.dirty.Store(true)
-}
-
-// loopStarved reports whether the background loop has not finished a pass for reclaimStarved:
-// it is starved of CPU (or not started), and a commit runs the pass inline. A loop keeping up
-// finishes one every reclaimTick or so, however many commits that is: at a million commits a
-// second, reclaimInline of them come sooner than a tick.
-func (w *writer) loopStarved() bool {
-	return !w.looping || w.lastLoopPass.IsZero() || time.Since(w.lastLoopPass) > reclaimStarved
 }
 
 func (w *writer) retire(off, size, version uint64) {
@@ -544,7 +531,6 @@ func (r *Region) reclaimBackground() {
 		return
 	}
 	r.reclaimFinish()
-	w.lastLoopPass = time.Now()
 }
 
 // slotAlive checks the claimer of slot s (owner word owner) and clears the slot if its
