@@ -445,3 +445,41 @@ func TestReaderStateWordCloses(t *testing.T) {
 		require.NoError(t, rd.Close())
 	}
 }
+
+// TestMaxProbeCoversClusters: keys of one shape (request ids that differ in their last bytes,
+// two kinds each), as many as half an index of 4,096 words, hashed with 500 salts, cluster
+// within DefaultMaxProbe, so such a region refuses no write for want of a free word on its
+// probe path. Under 64 words, the old default, six of the salts fail (the longest cluster is
+// 281 words, where as many random hashes cluster past 64 in none of 2,000 trials).
+func TestMaxProbeCoversClusters(t *testing.T) {
+	const slots, trials = 4096, 500
+	rng := rand.New(rand.NewPCG(1, 2))
+	var keys [][]byte
+	for i := range slots / 4 {
+		keys = append(keys, fmt.Appendf(nil, "other/r%d", i))
+	}
+	worst, over64 := 0, 0
+	for range trials {
+		k0, k1 := rng.Uint64(), rng.Uint64()
+		used := make([]bool, slots)
+		longest := 0
+		for _, key := range keys {
+			for kind := uint64(1); kind <= 2; kind++ {
+				h := keyHash(k0, k1, kind, key)
+				for i := 0; ; i++ {
+					if s := (h + uint64(i)) & (slots - 1); !used[s] {
+						used[s] = true
+						longest = max(longest, i+1)
+						break
+					}
+				}
+			}
+		}
+		worst = max(worst, longest)
+		if longest > 64 {
+			over64++
+		}
+	}
+	t.Logf("%d salts: longest probe %d; over 64 words in %d", trials, worst, over64)
+	require.LessOrEqual(t, worst, DefaultMaxProbe, "every cluster within the default probe bound")
+}
