@@ -171,9 +171,12 @@ static inline uint64_t shm_keyHash(uint64_t k0, uint64_t k1, uint64_t kind, cons
  * lanes: each 32-byte block is two 16-byte chunks, each xored with its lane's secret words and
  * folded by one 64×64→128-bit multiply, the two multiplies independent of each other (as
  * wyhash's parallel lanes, but with secret lane masks). A last chunk of 17-32 bytes folds its
- * first 16 bytes into lane x; the last 1-16 bytes and the length go into the final fold of the
- * two lanes. A 36-byte request id thus costs two multiplies on its critical path, a key of at
- * most 16 bytes one. */
+ * first 16 bytes into lane x; the last 1-16 bytes and the length go into the fold of the two
+ * lanes, whose result is folded once more with itself under the two lane secrets (a final
+ * avalanche: the lanes' fold alone leaves its low bits, where the index position comes from,
+ * nearly linear in a key's last bytes, so keys that differ only there, request ids of one
+ * prefix, clustered in the index for about one salt in a hundred). A 36-byte request id thus
+ * costs three multiplies on its critical path, a key of at most 16 bytes two. */
 static inline uint64_t shm_keyHashFrom(uint64_t seed, uint64_t k1, uint64_t k2, const unsigned char *key, uint64_t key_len) {
   uint64_t n = (uint64_t)(key_len);
   uint64_t x = seed;
@@ -198,7 +201,8 @@ static inline uint64_t shm_keyHashFrom(uint64_t seed, uint64_t k1, uint64_t k2, 
   } else if ((left > UINT64_C(0))) {
     a = ((((uint64_t)((uint64_t)key[UINT64_C(0)]) << UINT64_C(16)) | ((uint64_t)((uint64_t)key[(left / UINT64_C(2))]) << UINT64_C(8))) | (uint64_t)((uint64_t)key[(left - UINT64_C(1))]));
   }
-  return shm_fold((x ^ a), ((y ^ b) ^ n));
+  uint64_t r = shm_fold((x ^ a), ((y ^ b) ^ n));
+  return shm_fold((r ^ k1), (r ^ k2));
 }
 
 /* valueOff is where a blob's value starts, from the blob's start. */

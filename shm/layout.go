@@ -7,12 +7,14 @@ import (
 	"math/bits"
 )
 
-// LayoutVersion is the version of the binary layout this build reads and writes. 4: the header
+// LayoutVersion is the version of the binary layout this build reads and writes. 5: the index
+// and mark hash ends in a final avalanche (keyHashFrom), so index positions moved and a region
+// of layout 4 is refused with ErrIncompatible. 4: the header
 // records a column pool's geometry (hPoolOff to hCellBytes) and its checksum moved after them;
 // a region of layout 3 (no pool, the checksum where the pool's offset now is) is refused with
 // ErrIncompatible. 3: the index and mark hash is keyHashFrom's two-lane form
 // (internal/shmlayout/reader.go.in).
-const LayoutVersion = 4
+const LayoutVersion = 5
 
 const (
 	dataMagic    = 0x3130415441444d53 // "SMDATA01" little-endian

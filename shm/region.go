@@ -38,11 +38,13 @@ const (
 	DefaultArenaBytes  = 64 << 20
 	DefaultReaderSlots = 256
 	// DefaultMaxProbe is 512 words (4 KiB of index, read only by a probe that finds neither
-	// its key nor an empty word sooner, so a healthy index never reaches it): at half load,
-	// one region in a hundred hashes keys of one shape (request ids that differ in their last
-	// bytes) into a cluster longer than 64 words, which refused writes with ErrRegionFull at
-	// 40% of the index in use; 2,000 salts of 2,068 such keys in 4,096 words clustered to at
-	// most 281 (TestMaxProbeCoversClusters; random hashes of as many keys never passed 64).
+	// its key nor an empty word sooner, so a healthy index never reaches it): far above the
+	// longest probe of keys of one shape at half load (TestKeyHashDoesNotCluster: at most 43
+	// words over 500 salts, where random hashes of as many keys pass 64 in none of 2,000
+	// trials). Layout 4's hash, without its final avalanche, clustered request ids that differ
+	// in their last bytes past 64 words for one salt in a hundred (281 at worst), which the
+	// old bound of 64 answered with ErrRegionFull at 40% of the index in use; 512 stays as the
+	// margin for a hash's bad day.
 	DefaultMaxProbe = 512
 	// DefaultMarkSlots sizes the mark table: 512 Ki entries of 32 bytes (16 MiB of address
 	// space, resident only as entries are written), room for the 300 k revoked keys that 5,000

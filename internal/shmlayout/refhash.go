@@ -38,5 +38,6 @@ func RefKeyHash(seed, k1, k2 uint64, key []byte) uint64 {
 	case left > 0:
 		a = uint64(key[p])<<16 | uint64(key[p+left/2])<<8 | uint64(key[n-1])
 	}
-	return fold(x^a, y^b^uint64(n))
+	r := fold(x^a, y^b^uint64(n)) // the lanes' fold, then the final avalanche
+	return fold(r^k1, r^k2)
 }
