@@ -40,9 +40,11 @@ type sources struct {
 	// keys.get.throughput_2readers_x: reads per second of two readers started
 	// at one wall-clock instant, over one reader's (see throughputContenders).
 	KeysReaderProcs func(k int) (procs []*Proc, cleanup func() error, err error)
-	// AddRows is the best add kernel (kernels.AddRows), measured against the
-	// Go loop, numpy and C on the same shapes as kernels.add.<size>.shmsteer_ns.
-	AddRows AddFunc
+	// AddRows runs the best add kernel (kernels.AddRows) iters times, called
+	// from a Go loop as the C variants are called from a C loop (AddRowsC), and
+	// measured against the Go loop, numpy and C on the same shapes as
+	// kernels.add.<size>.shmsteer_ns.
+	AddRows AddRepeatFunc
 	// AddRowsC runs C variant (one of CVariants) iters times in one call
 	// (internal/ccompare.AddRowsVariantRepeat), so C alternates with the other
 	// add contenders round by round without paying a cgo transition per add.
@@ -156,7 +158,7 @@ func Run(cfg Config, src sources) *Report {
 		cs := []Contender{
 			{pre + "goloop_ns", addSetup(bufs, goLoopAdd)},
 			{pre + "numpy_ns", npk.opOf("add." + k.Tag)},
-			{pre + "shmsteer_ns", addSetup(bufs, src.AddRows)},
+			{pre + "shmsteer_ns", addGoRepeatSetup(bufs, src.AddRows)},
 		}
 		variants := src.CVariants
 		if len(variants) == 0 {

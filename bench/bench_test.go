@@ -145,7 +145,11 @@ func fakeSources() sources {
 		},
 		// KeysSetClient stays nil: reported as not wired.
 		KeysReaderProcs: gomapProcs,
-		AddRows:         goLoopAdd,
+		AddRows: func(h []float32, d int, s float32, v []float32, iters int) {
+			for range iters {
+				goLoopAdd(h, d, s, v)
+			}
+		},
 		AddRowsC: func(variant string, h []float32, d int, s float32, v []float32, iters int) error {
 			if len(h) > d {
 				return errors.New("only 16k here")

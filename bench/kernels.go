@@ -44,6 +44,9 @@ func (k KernelSize) workingSet() int64 { return int64(k.T+1) * KernelD * 4 }
 // signature of kernels.AddRows.
 type AddFunc func(h []float32, d int, s float32, v []float32)
 
+// AddRepeatFunc runs an AddFunc iters times over the same h and v.
+type AddRepeatFunc func(h []float32, d int, s float32, v []float32, iters int)
+
 // kernelScale is s in h += s*v. Small enough that h stays far from float32
 // overflow however many rounds run.
 const kernelScale = 0.5
@@ -135,6 +138,21 @@ func addSetup(b *kernelBuffers, fn AddFunc) Setup {
 			for range n {
 				fn(h, KernelD, kernelScale, v)
 			}
+			return nil
+		}), nil, nil
+	}
+}
+
+// addGoRepeatSetup measures fn, which runs an add n times in a loop of its own, on the
+// buffers of size k, like addSetup.
+func addGoRepeatSetup(b *kernelBuffers, fn AddRepeatFunc) Setup {
+	return func() (Op, func() error, error) {
+		if fn == nil {
+			return nil, nil, ErrNotWired
+		}
+		h, v := b.get()
+		return CPUOp(func(n int) error {
+			fn(h, KernelD, kernelScale, v, n)
 			return nil
 		}), nil, nil
 	}

@@ -7,3 +7,9 @@ func Dot(a, b []float32) float32 {
 	}
 	return dotImpl(a, b)
 }
+
+// Panic messages, for the tests that check which check fired.
+const (
+	MsgShape = msgShape
+	MsgDim   = msgDim
+)

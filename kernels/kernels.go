@@ -59,10 +59,11 @@ const (
 // rather than through func values: a direct call to an assembly (ABI0)
 // function needs no ABI wrapper, while a func value of one goes through a
 // wrapper that spills every argument. At 16 KiB per call (~115 ns) the call
-// overhead is a few percent, which is the margin against C.
+// overhead is a few percent, which is the margin against C. id comes first:
+// AddRows's assembly entry (addRowsEntry) reads cur.id as cur's first word.
 type impl struct {
-	name string
 	id   int
+	name string
 }
 
 // Path ids.
@@ -171,16 +172,20 @@ func Axpy(dst []float32, s float32, v []float32) {
 // d, d == len(v), d > 0) and computes h[t] += s*v for every row t. It panics
 // on a bad shape.
 func AddRows(h []float32, d int, s float32, v []float32) {
+	// Inlined into its callers, so a direct call of AddRows is one call of
+	// addRowsEntry, which on amd64 is assembly that checks the shape and runs
+	// the SIMD path with no Go frame in between (kernels_amd64.s); elsewhere,
+	// and for a bad shape or the generic path, it is addRowsSlow.
+	addRowsEntry(h, d, s, v)
+}
+
+// addRowsSlow is AddRows in Go: the shape checks (panicking on a bad shape),
+// then the path in use.
+//
+//lint:ignore U1000 on amd64 reached only from assembly (addRowsEntry's tail jump)
+func addRowsSlow(h []float32, d int, s float32, v []float32) {
 	checkRows(h, d, v)
-	// Written out rather than via addRowsImpl so this hot entry point makes
-	// exactly one direct call into assembly, after which it needs nothing: no
-	// argument is kept (spilled) across the call for a fallback, as the old
-	// "SIMD or report false" call made it keep six.
-	if cur.id == idGeneric {
-		addRowsGeneric(h, v, s)
-		return
-	}
-	addRowsSIMD(h, v, s, cur.id)
+	addRowsImpl(h, v, s)
 }
 
 // Axpy2 computes dst[i] += a*x[i] + b*y[i] in one pass over dst: the sum of

@@ -7,6 +7,12 @@ import "golang.org/x/sys/cpu"
 // Assembly kernels (kernels_amd64.s). Preconditions are those listed in
 // kernels.go; the exported wrappers enforce them.
 
+// addRowsEntry is AddRows (kernels_amd64.s): the shape checks and the SIMD
+// path's kernel reached without a call, addRowsSlow by a tail jump otherwise.
+//
+//go:noescape
+func addRowsEntry(h []float32, d int, s float32, v []float32)
+
 // addRowsSIMD runs the SIMD kernel for path, idAVX512 or idAVX2 (callers run
 // the generic path themselves).
 //

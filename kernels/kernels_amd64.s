@@ -17,6 +17,13 @@ TEXT ·addRowsAVX512(SB), NOSPLIT, $0-52
 	MOVQ v_base+24(FP), R10
 	MOVQ v_len+32(FP), R9
 	VBROADCASTSS s+48(FP), Z0
+	JMP  addRowsAVX512Body<>(SB)
+
+// addRowsAVX512Body is the AVX-512 add on registers: DI = h, AX = len(h), R10 = v,
+// R9 = len(v) = d, Z0 = s in every lane. Reached by a jump from addRowsAVX512 and from
+// addRowsEntry (AddRows), whose arguments sit elsewhere in their frames; it returns to
+// their caller.
+TEXT addRowsAVX512Body<>(SB), NOSPLIT, $0
 	// No software prefetch, as gcc's loop has none: timed by thread CPU time in rounds
 	// paired with gcc's, prefetching h 2 KiB ahead gained nothing at 256 KiB and cost the
 	// prefill step (256 KiB spans of a 4 MiB h) 3-5%, and 4 KiB ahead ran 1.06-1.44x gcc at
@@ -366,6 +373,10 @@ TEXT ·addRowsAVX2(SB), NOSPLIT, $0-52
 	MOVQ         v_base+24(FP), R10
 	MOVQ         v_len+32(FP), R9
 	VBROADCASTSS s+48(FP), Y0
+	JMP          addRowsAVX2Body<>(SB)
+
+// addRowsAVX2Body is the AVX2 add on registers, as addRowsAVX512Body (Y0 = s in every lane).
+TEXT addRowsAVX2Body<>(SB), NOSPLIT, $0
 
 	// Blocks of four rows, as in the AVX-512 add: 16 floats of v per iteration
 	// loaded once and added into four rows, every load of an iteration before its
@@ -660,6 +671,46 @@ s256_done:
 	RET
 
 // ---------------------------------------------------------------- dispatch
+
+// func addRowsEntry(h []float32, d int, s float32, v []float32)
+// AddRows's body: checks the shape (d > 0, len(v) == d, len(h) a multiple of d) and jumps
+// into the path in use with no further call, so a Go caller's AddRows is one direct call.
+// Anything else, a bad shape (which panics there) or the generic path, is addRowsSlow's, by
+// a tail jump with the same arguments in the same frame. The path is cur.id, cur's first
+// word (TestCurIDFirst).
+TEXT ·addRowsEntry(SB), NOSPLIT, $0-64
+	MOVQ  h_len+8(FP), AX
+	MOVQ  d+24(FP), R9
+	MOVQ  v_len+48(FP), CX
+	TESTQ R9, R9
+	JLE   entry_slow
+	CMPQ  CX, R9
+	JNE   entry_slow
+	CMPQ  AX, R9
+	JEQ   entry_path // one row (a decode step): no division
+	XORL  DX, DX
+	DIVQ  R9
+	TESTQ DX, DX
+	JNZ   entry_slow
+	MOVQ  h_len+8(FP), AX
+
+entry_path:
+	MOVQ ·cur+0(SB), DX
+	MOVQ h_base+0(FP), DI
+	MOVQ v_base+40(FP), R10
+	CMPQ DX, $2 // idAVX512
+	JNE  entry_avx2
+	VBROADCASTSS s+32(FP), Z0
+	JMP  addRowsAVX512Body<>(SB)
+
+entry_avx2:
+	CMPQ DX, $1 // idAVX2
+	JNE  entry_slow
+	VBROADCASTSS s+32(FP), Y0
+	JMP  addRowsAVX2Body<>(SB)
+
+entry_slow:
+	JMP ·addRowsSlow(SB)
 
 // func addRowsSIMD(h, v []float32, s float32, path int)
 // Single entry point for the hot add so the exported Go wrapper makes one

@@ -7,6 +7,9 @@ func archImpls() []impl { return nil }
 
 func addRowsImpl(h, v []float32, s float32) { addRowsGeneric(h, v, s) }
 
+// addRowsEntry is AddRows: here all of it is Go.
+func addRowsEntry(h []float32, d int, s float32, v []float32) { addRowsSlow(h, d, s, v) }
+
 func addRows2Impl(h, x, y []float32, a, b float32) { addRows2Generic(h, x, y, a, b) }
 
 func sum2Impl(dst, x, y []float32, a, b float32) { sum2Generic(dst, x, y, a, b) }

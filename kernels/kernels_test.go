@@ -510,6 +510,54 @@ func TestSpecialValues(t *testing.T) {
 	})
 }
 
+// TestAddRowsShapes: on every path AddRows's shape checks (in assembly on amd64, in Go
+// elsewhere and on the generic path) panic with the check's own message and leave h as it
+// was, and every good shape, down to no rows, is accepted.
+func TestAddRowsShapes(t *testing.T) {
+	forEachPath(t, func(t *testing.T) {
+		f := make([]float32, 24)
+		for i := range f {
+			f[i] = float32(i)
+		}
+		want := append([]float32(nil), f...)
+		bad := []struct {
+			name, msg string
+			h         []float32
+			d         int
+			v         []float32
+		}{
+			{"d=0", kernels.MsgDim, f[:0], 0, f[:0]},
+			{"d<0", kernels.MsgDim, f[:8], -4, f[:4]},
+			{"d<0, len(v)=d", kernels.MsgDim, f[:8], -1, f[:0]},
+			{"not a multiple", kernels.MsgShape, f[:10], 4, f[16:20]},
+			{"not a multiple, one row and a bit", kernels.MsgShape, f[:5], 4, f[16:20]},
+			{"shorter than a row", kernels.MsgShape, f[:3], 4, f[16:20]},
+			{"len(v) < d", kernels.MsgShape, f[:8], 4, f[16:19]},
+			{"len(v) > d", kernels.MsgShape, f[:8], 4, f[16:21]},
+			{"len(v) = len(h) != d", kernels.MsgShape, f[:8], 4, f[8:16]},
+		}
+		for _, c := range bad {
+			require.PanicsWithValue(t, c.msg, func() { kernels.AddRows(c.h, c.d, 1, c.v) }, c.name)
+			require.Equal(t, want, f, "%s: h changed", c.name)
+		}
+		good := []struct {
+			h []float32
+			d int
+		}{{f[:0], 4}, {f[:4], 4}, {f[:16], 4}, {f[:12], 3}, {f[:15], 5}, {f[:7], 7}, {f[:14], 7}, {f[:16], 1}}
+		for _, c := range good {
+			v := make([]float32, c.d)
+			for i := range v {
+				v[i] = 1
+			}
+			g := append([]float32(nil), c.h...)
+			kernels.AddRows(g, c.d, 2, v)
+			for i := range g {
+				require.Equal(t, c.h[i]+2, g[i], "d=%d len(h)=%d [%d]", c.d, len(c.h), i)
+			}
+		}
+	})
+}
+
 func TestPanics(t *testing.T) {
 	envPath(t) // the test cache keys on the path chosen at init (env_test.go)
 	f := make([]float32, 12)

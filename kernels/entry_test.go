@@ -1,0 +1,15 @@
+package kernels
+
+import (
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestCurIDFirst pins what AddRows's assembly entry (addRowsEntry, kernels_amd64.s) assumes:
+// the path id is cur's first word.
+func TestCurIDFirst(t *testing.T) {
+	require.Zero(t, unsafe.Offsetof(impl{}.id))
+	require.Equal(t, cur.id, *(*int)(unsafe.Pointer(&cur)))
+}
