@@ -83,11 +83,14 @@ func If(cond func() error) Option { return func(o *writeOpts) { o.cond = cond } 
 func (o writeOpts) ownerOnly() bool { return o.origin != "" || o.cond != nil }
 
 func writeOptsOf(opts []Option) writeOpts {
-	var o writeOpts
-	for _, f := range opts {
-		f(&o)
+	if len(opts) == 0 {
+		return writeOpts{} // the usual write: nothing escapes to the options' funcs
 	}
-	return o
+	o := new(writeOpts)
+	for _, f := range opts {
+		f(o)
+	}
+	return *o
 }
 
 // OnChange registers fn to be called after every successful Set and Remove in the owner,

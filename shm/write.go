@@ -10,8 +10,14 @@ import (
 // writer is the owner's private write state. Nothing here is shared with other processes, so a
 // crash of the owner cannot leave it half-updated in anyone else's memory.
 type writer struct {
-	mu      sync.Mutex
-	alloc   *allocator
+	mu    sync.Mutex
+	alloc *allocator
+	// tx is the Tx of the Update in progress: one per writer, reset by every Update, so
+	// handing fn a *Tx allocates nothing.
+	tx Tx
+	// ops is the array of the next Update's ops, empty and cleared: a Tx of at most
+	// keepOps ops leaves its array for the next (dropOps), so the usual write allocates none.
+	ops     []txOp
 	retired []retiredBlob // in retire-version order
 	markers []marker      // deletion markers still linked, in version order
 	// liveness caches lease checks by slot owner word, so a pass with many readers costs one
@@ -65,7 +71,8 @@ func newWriter(l layout) *writer {
 }
 
 // Tx is one atomic write: every Put and Delete in it is published with one version, so readers
-// see all of it or none. A Tx is used by one goroutine, inside Region.Update.
+// see all of it or none. A Tx is used by one goroutine, inside Region.Update, and must not be
+// kept after Update's fn returns: the region's next Update reuses it.
 type Tx struct {
 	r       *Region
 	version uint64
@@ -102,13 +109,15 @@ func (r *Region) Update(fn func(tx *Tx) error) (uint64, error) {
 	if r.closed.Load() {
 		return 0, ErrClosed
 	}
-	tx := Tx{r: r, version: load64(r.data, hVersion) + 1}
+	tx := &w.tx
+	*tx = Tx{r: r, version: load64(r.data, hVersion) + 1, ops: w.ops[:0]}
+	w.ops = nil
 	defer func() { tx.done = true }()
-	if err := fn(&tx); err != nil {
+	if err := fn(tx); err != nil {
 		tx.abort()
 		return 0, err
 	}
-	r.commit(&tx)
+	r.commit(tx)
 	return tx.version, nil
 }
 
@@ -238,9 +247,22 @@ func (tx *Tx) abort() {
 	for _, op := range tx.ops {
 		tx.release(op.off, op.size)
 	}
-	tx.ops = nil
+	tx.dropOps()
 	tx.abortMarks()
 	tx.abortColumns()
+}
+
+// keepOps is the most ops whose array a finished Tx leaves to the next Update.
+const keepOps = 16
+
+// dropOps ends the Tx's ops: their array, cleared (it held keys and column lists), goes back
+// to the writer for the next Update unless it grew past keepOps.
+func (tx *Tx) dropOps() {
+	if w := tx.r.w; cap(tx.ops) <= keepOps {
+		clear(tx.ops)
+		w.ops = tx.ops[:0]
+	}
+	tx.ops = nil
 }
 
 // dropOp forgets an op that planned nothing.
@@ -339,7 +361,7 @@ func (r *Region) commit(tx *Tx) {
 	store64(r.data, hAllocBytes, w.alloc.used)
 	add64(r.data, hCommits, 1)
 	store64(r.data, hVersion, v)
-	tx.ops = nil
+	tx.dropOps()
 	w.pending++
 	// Space running low (an eighth of the arena retired, three quarters of the mark table taken) or a
 	// background pass not keeping up: the pass runs inline, as it does when an allocation fails.
