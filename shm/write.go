@@ -13,11 +13,9 @@ type writer struct {
 	mu    sync.Mutex
 	alloc *allocator
 	// tx is the Tx of the Update in progress: one per writer, reset by every Update, so
-	// handing fn a *Tx allocates nothing.
-	tx Tx
-	// ops is the array of the next Update's ops, empty and cleared: a Tx of at most
-	// keepOps ops leaves its array for the next (dropOps), so the usual write allocates none.
-	ops     []txOp
+	// handing fn a *Tx allocates nothing; its ops array, cleared, carries over to the next
+	// Update unless it grew past keepOps (dropOps).
+	tx      Tx
 	retired []retiredBlob // in retire-version order
 	markers []marker      // deletion markers still linked, in version order
 	// liveness caches lease checks by slot owner word, so a pass with many readers costs one
@@ -110,8 +108,7 @@ func (r *Region) Update(fn func(tx *Tx) error) (uint64, error) {
 		return 0, ErrClosed
 	}
 	tx := &w.tx
-	*tx = Tx{r: r, version: load64(r.data, hVersion) + 1, ops: w.ops[:0]}
-	w.ops = nil
+	*tx = Tx{r: r, version: load64(r.data, hVersion) + 1, ops: tx.ops[:0]}
 	defer func() { tx.done = true }()
 	if err := fn(tx); err != nil {
 		tx.abort()
@@ -255,14 +252,16 @@ func (tx *Tx) abort() {
 // keepOps is the most ops whose array a finished Tx leaves to the next Update.
 const keepOps = 16
 
-// dropOps ends the Tx's ops: their array, cleared (it held keys and column lists), goes back
-// to the writer for the next Update unless it grew past keepOps.
+// dropOps ends the Tx's ops: their array is cleared to its capacity (it held keys and column
+// lists, also past the length where dropOp shortened it) and kept for the writer's next Update,
+// unless it grew past keepOps.
 func (tx *Tx) dropOps() {
-	if w := tx.r.w; cap(tx.ops) <= keepOps {
-		clear(tx.ops)
-		w.ops = tx.ops[:0]
+	if cap(tx.ops) > keepOps {
+		tx.ops = nil
+		return
 	}
-	tx.ops = nil
+	clear(tx.ops[:cap(tx.ops)])
+	tx.ops = tx.ops[:0]
 }
 
 // dropOp forgets an op that planned nothing.

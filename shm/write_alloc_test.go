@@ -40,13 +40,25 @@ func TestUpdateAllocatesNothing(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	require.Nil(t, r.w.ops, "a Tx of %d ops keeps its array", len(keys))
+	require.Nil(t, r.w.tx.ops, "a Tx of %d ops keeps its array", len(keys))
 
 	_, err = r.Put(testKind, keys[0], val)
 	require.NoError(t, err)
-	require.LessOrEqual(t, cap(r.w.ops), keepOps)
-	for _, op := range r.w.ops[:cap(r.w.ops)] {
+	require.LessOrEqual(t, cap(r.w.tx.ops), keepOps)
+	for _, op := range r.w.tx.ops[:cap(r.w.tx.ops)] {
 		require.Zero(t, op, "the reused ops array still holds an op")
+	}
+
+	// A key put and deleted in one Tx is dropped from its ops, which leaves its op past their
+	// length: that is cleared too.
+	_, err = r.Update(func(tx *Tx) error {
+		require.NoError(t, tx.Put(testKind, "new-a", val))
+		require.NoError(t, tx.Put(testKind, "new-b", val))
+		return tx.Delete(testKind, "new-b")
+	})
+	require.NoError(t, err)
+	for _, op := range r.w.tx.ops[:cap(r.w.tx.ops)] {
+		require.Zero(t, op, "the reused ops array still holds a dropped op")
 	}
 
 	// An aborted Tx leaves the array as cleared as a committed one.
@@ -58,7 +70,7 @@ func TestUpdateAllocatesNothing(t *testing.T) {
 	got, err := r.Get(testKind, keys[1], nil)
 	require.NoError(t, err)
 	require.Equal(t, val, got)
-	for _, op := range r.w.ops[:cap(r.w.ops)] {
+	for _, op := range r.w.tx.ops[:cap(r.w.tx.ops)] {
 		require.Zero(t, op, "the reused ops array still holds an op after an abort")
 	}
 }
