@@ -156,9 +156,9 @@ func Run(cfg Config, src sources) *Report {
 			npk = newNumpy(k) // its own process, alive only while the 1g group runs
 		}
 		cs := []Contender{
-			{pre + "goloop_ns", addSetup(bufs, goLoopAdd)},
+			{pre + "goloop_ns", addSetup(bufs, repeated(goLoopAdd))},
 			{pre + "numpy_ns", npk.opOf("add." + k.Tag)},
-			{pre + "shmsteer_ns", addGoRepeatSetup(bufs, src.AddRows)},
+			{pre + "shmsteer_ns", addSetup(bufs, src.AddRows)},
 		}
 		variants := src.CVariants
 		if len(variants) == 0 {

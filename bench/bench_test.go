@@ -145,11 +145,7 @@ func fakeSources() sources {
 		},
 		// KeysSetClient stays nil: reported as not wired.
 		KeysReaderProcs: gomapProcs,
-		AddRows: func(h []float32, d int, s float32, v []float32, iters int) {
-			for range iters {
-				goLoopAdd(h, d, s, v)
-			}
-		},
+		AddRows:         repeated(goLoopAdd),
 		AddRowsC: func(variant string, h []float32, d int, s float32, v []float32, iters int) error {
 			if len(h) > d {
 				return errors.New("only 16k here")

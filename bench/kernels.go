@@ -126,26 +126,19 @@ func copySetup(b *kernelBuffers, dst *[]float32, chunk int) Setup {
 	}
 }
 
-// addSetup measures fn on its own buffers of size k. h escapes into the
-// closure and is written in place, so the adds cannot be elided.
-func addSetup(b *kernelBuffers, fn AddFunc) Setup {
-	return func() (Op, func() error, error) {
-		if fn == nil {
-			return nil, nil, ErrNotWired
+// repeated is fn as an AddRepeatFunc: fn called iters times from a Go loop, through the func
+// value (the Go loop contender's way).
+func repeated(fn AddFunc) AddRepeatFunc {
+	return func(h []float32, d int, s float32, v []float32, iters int) {
+		for range iters {
+			fn(h, d, s, v)
 		}
-		h, v := b.get()
-		return CPUOp(func(n int) error {
-			for range n {
-				fn(h, KernelD, kernelScale, v)
-			}
-			return nil
-		}), nil, nil
 	}
 }
 
-// addGoRepeatSetup measures fn, which runs an add n times in a loop of its own, on the
-// buffers of size k, like addSetup.
-func addGoRepeatSetup(b *kernelBuffers, fn AddRepeatFunc) Setup {
+// addSetup measures fn, which runs an add n times in a loop of its own, on the shared buffers
+// of size k. h escapes into the closure and is written in place, so the adds cannot be elided.
+func addSetup(b *kernelBuffers, fn AddRepeatFunc) Setup {
 	return func() (Op, func() error, error) {
 		if fn == nil {
 			return nil, nil, ErrNotWired
