@@ -12,9 +12,13 @@
 // Each operation has three implementations ("paths"): "avx512" (AVX-512F,
 // 512-bit FMA with K-masked tails), "avx2" (AVX2+FMA, 256-bit with scalar
 // tails) and "generic" (pure Go, used on every non-amd64 build and with the
-// purego build tag). The best path the CPU supports is chosen once at init
-// with golang.org/x/sys/cpu. The environment variable SHMSTEER_KERNELS
-// (generic|avx2|avx512) forces a path at init; an unknown or unsupported
+// purego build tag). A fourth, "avx512split", is "avx512" with the add kernel
+// (AddRows) written for CPUs that run a 512-bit operation as two 256-bit halves
+// (AMD Zen 4: blocks of four rows, 256-bit vectors in a single row); it is the
+// first choice there and offered on every AVX-512 CPU. The best path the CPU
+// supports is chosen once at init with golang.org/x/sys/cpu (and, between the
+// two AVX-512 ones, CPUID's vendor and family). The environment variable
+// SHMSTEER_KERNELS (generic|avx2|avx512|avx512split) forces a path at init; an unknown or unsupported
 // name is ignored and the best supported path is used (no error, no crash),
 // so a config copied between machines still runs. Path reports the choice.
 //
@@ -50,9 +54,13 @@ const EnvPath = "SHMSTEER_KERNELS"
 
 // Path names.
 const (
-	PathAVX512  = "avx512"
-	PathAVX2    = "avx2"
-	PathGeneric = "generic"
+	PathAVX512 = "avx512"
+	// PathAVX512Split is AVX-512 with the add kernel tuned for CPUs that run a 512-bit
+	// operation as two 256-bit halves (AMD Zen 4): chosen first there, offered on every
+	// AVX-512 CPU.
+	PathAVX512Split = "avx512split"
+	PathAVX2        = "avx2"
+	PathGeneric     = "generic"
 )
 
 // impl identifies one path. Kernels are selected by id (kernels_amd64.go)
@@ -71,6 +79,7 @@ const (
 	idGeneric = iota
 	idAVX2
 	idAVX512
+	idAVX512Split
 )
 
 // Primitive kernels, per path, assume the exported wrappers validated shapes:
@@ -101,7 +110,7 @@ func init() {
 	}
 }
 
-// Path names the implementation in use: "avx512", "avx2" or "generic".
+// Path names the implementation in use: "avx512", "avx512split", "avx2" or "generic".
 func Path() string { return cur.name }
 
 // Paths lists the paths this CPU supports, best first (always includes

@@ -26,6 +26,10 @@ func addRowsSIMD(h, v []float32, s float32, path int)
 //go:noescape
 func addRowsAVX512(h, v []float32, s float32)
 
+//lint:ignore U1000 called from assembly (addRowsSIMD)
+//go:noescape
+func addRowsAVX512Split(h, v []float32, s float32)
+
 //go:noescape
 func dotAVX512(a, b []float32) float32
 
@@ -70,7 +74,12 @@ func archImpls() []impl {
 	// The AVX-512 kernels use VEX-encoded FMA in scalar tails, hence the
 	// extra AVX2/FMA requirement (every AVX-512F CPU has them anyway).
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX2 && cpu.X86.HasFMA {
-		out = append(out, impl{name: PathAVX512, id: idAVX512})
+		full := impl{name: PathAVX512, id: idAVX512}
+		split := impl{name: PathAVX512Split, id: idAVX512Split}
+		if splits512() {
+			full, split = split, full
+		}
+		out = append(out, full, split)
 	}
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		out = append(out, impl{name: PathAVX2, id: idAVX2})
@@ -97,7 +106,7 @@ func addRows2Impl(h, x, y []float32, a, b float32) {
 
 func sum2Impl(dst, x, y []float32, a, b float32) {
 	switch cur.id {
-	case idAVX512:
+	case idAVX512, idAVX512Split:
 		sum2AVX512(dst, x, y, a, b)
 	case idAVX2:
 		sum2AVX2(dst, x, y, a, b)
@@ -108,7 +117,7 @@ func sum2Impl(dst, x, y []float32, a, b float32) {
 
 func dotImpl(a, b []float32) float32 {
 	switch cur.id {
-	case idAVX512:
+	case idAVX512, idAVX512Split:
 		return dotAVX512(a, b)
 	case idAVX2:
 		return dotAVX2(a, b)
@@ -119,11 +128,39 @@ func dotImpl(a, b []float32) float32 {
 
 func sumSqImpl(a []float32) float64 {
 	switch cur.id {
-	case idAVX512:
+	case idAVX512, idAVX512Split:
 		return sumSqAVX512(a)
 	case idAVX2:
 		return sumSqAVX2(a)
 	default:
 		return sumSqGeneric(a)
 	}
+}
+
+// cpuid executes CPUID with EAX = leaf, ECX = 0 (kernels_amd64.s).
+//
+//go:noescape
+func cpuid(leaf uint32) (a, b, c, d uint32)
+
+// splits512 reports whether this CPU executes a 512-bit operation as two 256-bit halves, the
+// "avx512split" path's premise (splitsByCPUID).
+func splits512() bool {
+	_, b, c, d := cpuid(0)
+	a, _, _, _ := cpuid(1)
+	return splitsByCPUID(b, c, d, a)
+}
+
+// splitsByCPUID is splits512 from CPUID leaf 0's vendor words (EBX, ECX, EDX) and leaf 1's
+// EAX: AMD family 0x19, whose AVX-512 members are Zen 4 (its earlier ones, Zen 3, have no
+// AVX-512). Zen 5 (family 0x1a) has full 512-bit datapaths; Intel's AVX-512 CPUs are not
+// split either.
+func splitsByCPUID(vendorB, vendorC, vendorD, leaf1A uint32) bool {
+	if vendorB != 0x68747541 || vendorD != 0x69746e65 || vendorC != 0x444d4163 { // "AuthenticAMD"
+		return false
+	}
+	family := leaf1A >> 8 & 0xf
+	if family == 0xf {
+		family += leaf1A >> 20 & 0xff
+	}
+	return family == 0x19
 }

@@ -23,149 +23,25 @@ TEXT ·addRowsAVX512(SB), NOSPLIT, $0-52
 // R9 = len(v) = d, Z0 = s in every lane. Reached by a jump from addRowsAVX512 and from
 // addRowsEntry (AddRows), whose arguments sit elsewhere in their frames; it returns to
 // their caller.
+//
+// One row at a time, four 512-bit vectors per iteration, each vector of h loaded, fused with
+// v as the FMA's memory operand and stored before the next, as gcc -O3 -march=native's loop
+// does with one. On the AMD Zen 5 this was measured on (full 512-bit datapaths; bench, paired
+// rounds against the best gcc variant, two runs each), this loop ran 0.87-0.93x gcc at 16 KiB
+// of h, 0.93-0.94x at 256 KiB, 0.97-1.13x at 4 MiB and 0.94-1.21x at 64 MiB, where the
+// "avx512split" body (blocks of four rows, 256-bit vectors in a single row: Zen 4's best)
+// ran 1.27-1.45x, 1.52-1.55x, 1.22-1.28x and 1.38-1.41x. Alike within the noise: eight
+// vectors per iteration, two, and one in gcc's form (v in the register, h the memory
+// operand); a software prefetch of h 1 or 2 KiB ahead; 4 KiB ahead (PREFETCHT1) was slower at
+// 4 MiB (1.14x).
 TEXT addRowsAVX512Body<>(SB), NOSPLIT, $0
-	// No software prefetch, as gcc's loop has none: timed by thread CPU time in rounds
-	// paired with gcc's, prefetching h 2 KiB ahead gained nothing at 256 KiB and cost the
-	// prefill step (256 KiB spans of a 4 MiB h) 3-5%, and 4 KiB ahead ran 1.06-1.44x gcc at
-	// 4 and 64 MiB where the single-row loop ran 0.98-1.02x (an earlier, wall-clock
-	// comparison on a quieter machine had favoured 2 KiB at 256 KiB by 1-2%).
-
-	// Blocks of four rows: each vector of v is loaded once and added into the same
-	// 32 floats of four rows (R8, R11, R13 are rows 2-4 of the block), so a block
-	// reads v a quarter as often as four single rows do. Within an iteration every
-	// load comes before every store: rows a multiple of 4 KiB apart (D = 4096) would
-	// otherwise put a store and the next row's load at the same address bits 0-11, which
-	// the CPU's memory disambiguation takes for a dependence. Each element still gets
-	// one FMA, h + s*v rounded once: the same bits as the single-row loop. On the Zen 4
-	// this was measured on (bench, paired rounds against gcc's one-row-at-a-time loop)
-	// the blocks ran 0.82-0.86x gcc at 256 KiB of h, 0.86-0.94x at 4 MiB and 0.81-0.84x
-	// at 64 MiB, where single rows ran 0.87-0.93x, 0.99-1.08x and 0.94-0.97x; 32 floats
-	// (two 512-bit vectors) a row per iteration ran alike with one, and four 256-bit
-	// vectors.
-	MOVQ R9, BX
-	SHLQ $2, BX  // BX = one row's bytes
-	MOVQ R9, R12
-	SHLQ $2, R12 // R12 = four rows' elements
-
-a512_blk:
-	CMPQ AX, R12
-	JB   a512_row
-	SUBQ R12, AX
-	LEAQ (DI)(BX*1), R8
-	LEAQ (R8)(BX*1), R11
-	LEAQ (R11)(BX*1), R13
-	MOVQ R9, CX
-	SHRQ $5, CX
-	SHLQ $7, CX
-	ADDQ CX, DI
-	ADDQ CX, R8
-	ADDQ CX, R11
-	ADDQ CX, R13
-	LEAQ (R10)(CX*1), SI
-	NEGQ CX
-	JZ   a512_blk_rest
-	PCALIGN $64
-
-a512_blk_loop32:
-	VMOVUPS     (SI)(CX*1), Z1
-	VMOVUPS     64(SI)(CX*1), Z2
-	VMOVUPS     (DI)(CX*1), Z3
-	VMOVUPS     (R8)(CX*1), Z4
-	VMOVUPS     (R11)(CX*1), Z5
-	VMOVUPS     (R13)(CX*1), Z6
-	VMOVUPS     64(DI)(CX*1), Z7
-	VMOVUPS     64(R8)(CX*1), Z8
-	VMOVUPS     64(R11)(CX*1), Z9
-	VMOVUPS     64(R13)(CX*1), Z10
-	VFMADD231PS Z1, Z0, Z3
-	VFMADD231PS Z1, Z0, Z4
-	VFMADD231PS Z1, Z0, Z5
-	VFMADD231PS Z1, Z0, Z6
-	VFMADD231PS Z2, Z0, Z7
-	VFMADD231PS Z2, Z0, Z8
-	VFMADD231PS Z2, Z0, Z9
-	VFMADD231PS Z2, Z0, Z10
-	VMOVUPS     Z3, (DI)(CX*1)
-	VMOVUPS     Z4, (R8)(CX*1)
-	VMOVUPS     Z5, (R11)(CX*1)
-	VMOVUPS     Z6, (R13)(CX*1)
-	VMOVUPS     Z7, 64(DI)(CX*1)
-	VMOVUPS     Z8, 64(R8)(CX*1)
-	VMOVUPS     Z9, 64(R11)(CX*1)
-	VMOVUPS     Z10, 64(R13)(CX*1)
-	ADDQ        $128, CX
-	JNZ         a512_blk_loop32
-
-a512_blk_rest:
-	// 0-31 floats left in each row: one 16-float step, then a K-masked one.
-	MOVQ        R9, CX
-	ANDQ        $31, CX
-	CMPQ        CX, $16
-	JB          a512_blk_tail
-	VMOVUPS     (SI), Z1
-	VMOVUPS     (DI), Z3
-	VMOVUPS     (R8), Z4
-	VMOVUPS     (R11), Z5
-	VMOVUPS     (R13), Z6
-	VFMADD231PS Z1, Z0, Z3
-	VFMADD231PS Z1, Z0, Z4
-	VFMADD231PS Z1, Z0, Z5
-	VFMADD231PS Z1, Z0, Z6
-	VMOVUPS     Z3, (DI)
-	VMOVUPS     Z4, (R8)
-	VMOVUPS     Z5, (R11)
-	VMOVUPS     Z6, (R13)
-	ADDQ        $64, SI
-	ADDQ        $64, DI
-	ADDQ        $64, R8
-	ADDQ        $64, R11
-	ADDQ        $64, R13
-	SUBQ        $16, CX
-
-a512_blk_tail:
-	TESTQ       CX, CX
-	JZ          a512_blk_next
-	MOVL        $1, DX
-	SHLL        CX, DX
-	DECL        DX
-	KMOVW       DX, K1
-	VMOVUPS.Z   (SI), K1, Z1
-	VMOVUPS.Z   (DI), K1, Z3
-	VMOVUPS.Z   (R8), K1, Z4
-	VMOVUPS.Z   (R11), K1, Z5
-	VMOVUPS.Z   (R13), K1, Z6
-	VFMADD231PS Z1, Z0, Z3
-	VFMADD231PS Z1, Z0, Z4
-	VFMADD231PS Z1, Z0, Z5
-	VFMADD231PS Z1, Z0, Z6
-	VMOVUPS     Z3, K1, (DI)
-	VMOVUPS     Z4, K1, (R8)
-	VMOVUPS     Z5, K1, (R11)
-	VMOVUPS     Z6, K1, (R13)
-	LEAQ        (R13)(CX*4), R13
-
-a512_blk_next:
-	MOVQ R13, DI // the row after the block
-	JMP  a512_blk
-
 a512_row:
 	CMPQ AX, R9
 	JB   a512_done
 	SUBQ R9, AX
 
-	// Unrolled part: 64 floats per iteration, indexed by a negative byte
-	// offset counting up to 0 so the loop is one ADD+JNZ (~6% faster than
-	// bumping two pointers at 16 KiB), in eight 256-bit vectors, each loaded,
-	// fused and stored before the next: on the AMD Zen 4 this was measured on,
-	// whose 512-bit operations are two 256-bit halves, that ran as fast as four
-	// 512-bit vectors or faster at 16 and 256 KiB of h in most paired runs
-	// against gcc (never clearly slower) and alike from 4 MiB up; the tail
-	// keeps 512-bit vectors and the K-masked remainder. Same bits either way:
-	// one FMA per element. Each vector of h is loaded into the register and v
-	// is the FMA's memory operand (the 231 form): the same loop with v in the
-	// register and h the memory operand (213) took 1.02-1.07x as long at 16 KiB
-	// (231/213 time 0.937-0.985 with v 0, 64, 1024 or 3072 bytes past h
-	// modulo 4 KiB, nine runs of 31 paired rounds in one process).
+	// 64 floats per iteration, indexed by a negative byte offset counting up to 0, so the
+	// loop is one ADD+JNZ.
 	MOVQ R9, CX
 	SHRQ $6, CX
 	SHLQ $8, CX
@@ -173,36 +49,20 @@ a512_row:
 	LEAQ (R10)(CX*1), SI
 	NEGQ CX
 	JZ   a512_rest
-	// Not PCALIGNed: at 4 MiB (a harness, against gcc) this loop took 1.02-1.08x as long
-	// where it fell as starting a 64-byte line, but single rows now matter at 16 KiB, where
-	// the bench put it aligned at 1.05-1.15x gcc (median 1.085, six runs, load 5) and
-	// unaligned at 1.03-1.10x (1.048; the old code 0.97-1.13x, 1.051) in the same runs.
 
 a512_loop64:
-	VMOVUPS     (DI)(CX*1), Y1
-	VFMADD231PS (SI)(CX*1), Y0, Y1
-	VMOVUPS     Y1, (DI)(CX*1)
-	VMOVUPS     32(DI)(CX*1), Y2
-	VFMADD231PS 32(SI)(CX*1), Y0, Y2
-	VMOVUPS     Y2, 32(DI)(CX*1)
-	VMOVUPS     64(DI)(CX*1), Y3
-	VFMADD231PS 64(SI)(CX*1), Y0, Y3
-	VMOVUPS     Y3, 64(DI)(CX*1)
-	VMOVUPS     96(DI)(CX*1), Y4
-	VFMADD231PS 96(SI)(CX*1), Y0, Y4
-	VMOVUPS     Y4, 96(DI)(CX*1)
-	VMOVUPS     128(DI)(CX*1), Y5
-	VFMADD231PS 128(SI)(CX*1), Y0, Y5
-	VMOVUPS     Y5, 128(DI)(CX*1)
-	VMOVUPS     160(DI)(CX*1), Y6
-	VFMADD231PS 160(SI)(CX*1), Y0, Y6
-	VMOVUPS     Y6, 160(DI)(CX*1)
-	VMOVUPS     192(DI)(CX*1), Y7
-	VFMADD231PS 192(SI)(CX*1), Y0, Y7
-	VMOVUPS     Y7, 192(DI)(CX*1)
-	VMOVUPS     224(DI)(CX*1), Y8
-	VFMADD231PS 224(SI)(CX*1), Y0, Y8
-	VMOVUPS     Y8, 224(DI)(CX*1)
+	VMOVUPS     (DI)(CX*1), Z1
+	VFMADD231PS (SI)(CX*1), Z0, Z1
+	VMOVUPS     Z1, (DI)(CX*1)
+	VMOVUPS     64(DI)(CX*1), Z2
+	VFMADD231PS 64(SI)(CX*1), Z0, Z2
+	VMOVUPS     Z2, 64(DI)(CX*1)
+	VMOVUPS     128(DI)(CX*1), Z3
+	VFMADD231PS 128(SI)(CX*1), Z0, Z3
+	VMOVUPS     Z3, 128(DI)(CX*1)
+	VMOVUPS     192(DI)(CX*1), Z4
+	VFMADD231PS 192(SI)(CX*1), Z0, Z4
+	VMOVUPS     Z4, 192(DI)(CX*1)
 	ADDQ        $256, CX
 	JNZ         a512_loop64
 
@@ -238,6 +98,237 @@ a512_tail:
 	JMP         a512_row
 
 a512_done:
+	VZEROUPPER
+	RET
+
+// func addRowsAVX512Split(h, v []float32, s float32)
+// addRowsAVX512 for the "avx512split" path: CPUs that execute a 512-bit operation as two
+// 256-bit halves (AMD Zen 4), where blocks of four rows, and 256-bit vectors in a single row,
+// measured faster than addRowsAVX512Body's loop.
+TEXT ·addRowsAVX512Split(SB), NOSPLIT, $0-52
+	MOVQ h_base+0(FP), DI
+	MOVQ h_len+8(FP), AX
+	MOVQ v_base+24(FP), R10
+	MOVQ v_len+32(FP), R9
+	VBROADCASTSS s+48(FP), Z0
+	JMP  addRowsAVX512SplitBody<>(SB)
+
+// addRowsAVX512SplitBody is the "avx512split" add on registers, as addRowsAVX512Body.
+TEXT addRowsAVX512SplitBody<>(SB), NOSPLIT, $0
+	// No software prefetch, as gcc's loop has none: timed by thread CPU time in rounds
+	// paired with gcc's, prefetching h 2 KiB ahead gained nothing at 256 KiB and cost the
+	// prefill step (256 KiB spans of a 4 MiB h) 3-5%, and 4 KiB ahead ran 1.06-1.44x gcc at
+	// 4 and 64 MiB where the single-row loop ran 0.98-1.02x (an earlier, wall-clock
+	// comparison on a quieter machine had favoured 2 KiB at 256 KiB by 1-2%).
+
+	// Blocks of four rows: each vector of v is loaded once and added into the same
+	// 32 floats of four rows (R8, R11, R13 are rows 2-4 of the block), so a block
+	// reads v a quarter as often as four single rows do. Within an iteration every
+	// load comes before every store: rows a multiple of 4 KiB apart (D = 4096) would
+	// otherwise put a store and the next row's load at the same address bits 0-11, which
+	// the CPU's memory disambiguation takes for a dependence. Each element still gets
+	// one FMA, h + s*v rounded once: the same bits as the single-row loop. On the Zen 4
+	// this was measured on (bench, paired rounds against gcc's one-row-at-a-time loop)
+	// the blocks ran 0.82-0.86x gcc at 256 KiB of h, 0.86-0.94x at 4 MiB and 0.81-0.84x
+	// at 64 MiB, where single rows ran 0.87-0.93x, 0.99-1.08x and 0.94-0.97x; 32 floats
+	// (two 512-bit vectors) a row per iteration ran alike with one, and four 256-bit
+	// vectors.
+	MOVQ R9, BX
+	SHLQ $2, BX  // BX = one row's bytes
+	MOVQ R9, R12
+	SHLQ $2, R12 // R12 = four rows' elements
+
+a512s_blk:
+	CMPQ AX, R12
+	JB   a512s_row
+	SUBQ R12, AX
+	LEAQ (DI)(BX*1), R8
+	LEAQ (R8)(BX*1), R11
+	LEAQ (R11)(BX*1), R13
+	MOVQ R9, CX
+	SHRQ $5, CX
+	SHLQ $7, CX
+	ADDQ CX, DI
+	ADDQ CX, R8
+	ADDQ CX, R11
+	ADDQ CX, R13
+	LEAQ (R10)(CX*1), SI
+	NEGQ CX
+	JZ   a512s_blk_rest
+	PCALIGN $64
+
+a512s_blk_loop32:
+	VMOVUPS     (SI)(CX*1), Z1
+	VMOVUPS     64(SI)(CX*1), Z2
+	VMOVUPS     (DI)(CX*1), Z3
+	VMOVUPS     (R8)(CX*1), Z4
+	VMOVUPS     (R11)(CX*1), Z5
+	VMOVUPS     (R13)(CX*1), Z6
+	VMOVUPS     64(DI)(CX*1), Z7
+	VMOVUPS     64(R8)(CX*1), Z8
+	VMOVUPS     64(R11)(CX*1), Z9
+	VMOVUPS     64(R13)(CX*1), Z10
+	VFMADD231PS Z1, Z0, Z3
+	VFMADD231PS Z1, Z0, Z4
+	VFMADD231PS Z1, Z0, Z5
+	VFMADD231PS Z1, Z0, Z6
+	VFMADD231PS Z2, Z0, Z7
+	VFMADD231PS Z2, Z0, Z8
+	VFMADD231PS Z2, Z0, Z9
+	VFMADD231PS Z2, Z0, Z10
+	VMOVUPS     Z3, (DI)(CX*1)
+	VMOVUPS     Z4, (R8)(CX*1)
+	VMOVUPS     Z5, (R11)(CX*1)
+	VMOVUPS     Z6, (R13)(CX*1)
+	VMOVUPS     Z7, 64(DI)(CX*1)
+	VMOVUPS     Z8, 64(R8)(CX*1)
+	VMOVUPS     Z9, 64(R11)(CX*1)
+	VMOVUPS     Z10, 64(R13)(CX*1)
+	ADDQ        $128, CX
+	JNZ         a512s_blk_loop32
+
+a512s_blk_rest:
+	// 0-31 floats left in each row: one 16-float step, then a K-masked one.
+	MOVQ        R9, CX
+	ANDQ        $31, CX
+	CMPQ        CX, $16
+	JB          a512s_blk_tail
+	VMOVUPS     (SI), Z1
+	VMOVUPS     (DI), Z3
+	VMOVUPS     (R8), Z4
+	VMOVUPS     (R11), Z5
+	VMOVUPS     (R13), Z6
+	VFMADD231PS Z1, Z0, Z3
+	VFMADD231PS Z1, Z0, Z4
+	VFMADD231PS Z1, Z0, Z5
+	VFMADD231PS Z1, Z0, Z6
+	VMOVUPS     Z3, (DI)
+	VMOVUPS     Z4, (R8)
+	VMOVUPS     Z5, (R11)
+	VMOVUPS     Z6, (R13)
+	ADDQ        $64, SI
+	ADDQ        $64, DI
+	ADDQ        $64, R8
+	ADDQ        $64, R11
+	ADDQ        $64, R13
+	SUBQ        $16, CX
+
+a512s_blk_tail:
+	TESTQ       CX, CX
+	JZ          a512s_blk_next
+	MOVL        $1, DX
+	SHLL        CX, DX
+	DECL        DX
+	KMOVW       DX, K1
+	VMOVUPS.Z   (SI), K1, Z1
+	VMOVUPS.Z   (DI), K1, Z3
+	VMOVUPS.Z   (R8), K1, Z4
+	VMOVUPS.Z   (R11), K1, Z5
+	VMOVUPS.Z   (R13), K1, Z6
+	VFMADD231PS Z1, Z0, Z3
+	VFMADD231PS Z1, Z0, Z4
+	VFMADD231PS Z1, Z0, Z5
+	VFMADD231PS Z1, Z0, Z6
+	VMOVUPS     Z3, K1, (DI)
+	VMOVUPS     Z4, K1, (R8)
+	VMOVUPS     Z5, K1, (R11)
+	VMOVUPS     Z6, K1, (R13)
+	LEAQ        (R13)(CX*4), R13
+
+a512s_blk_next:
+	MOVQ R13, DI // the row after the block
+	JMP  a512s_blk
+
+a512s_row:
+	CMPQ AX, R9
+	JB   a512s_done
+	SUBQ R9, AX
+
+	// Unrolled part: 64 floats per iteration, indexed by a negative byte
+	// offset counting up to 0 so the loop is one ADD+JNZ (~6% faster than
+	// bumping two pointers at 16 KiB), in eight 256-bit vectors, each loaded,
+	// fused and stored before the next: on the AMD Zen 4 this was measured on,
+	// whose 512-bit operations are two 256-bit halves, that ran as fast as four
+	// 512-bit vectors or faster at 16 and 256 KiB of h in most paired runs
+	// against gcc (never clearly slower) and alike from 4 MiB up; the tail
+	// keeps 512-bit vectors and the K-masked remainder. Same bits either way:
+	// one FMA per element. Each vector of h is loaded into the register and v
+	// is the FMA's memory operand (the 231 form): the same loop with v in the
+	// register and h the memory operand (213) took 1.02-1.07x as long at 16 KiB
+	// (231/213 time 0.937-0.985 with v 0, 64, 1024 or 3072 bytes past h
+	// modulo 4 KiB, nine runs of 31 paired rounds in one process).
+	MOVQ R9, CX
+	SHRQ $6, CX
+	SHLQ $8, CX
+	ADDQ CX, DI
+	LEAQ (R10)(CX*1), SI
+	NEGQ CX
+	JZ   a512s_rest
+	// Not PCALIGNed: at 4 MiB (a harness, against gcc) this loop took 1.02-1.08x as long
+	// where it fell as starting a 64-byte line, but single rows now matter at 16 KiB, where
+	// the bench put it aligned at 1.05-1.15x gcc (median 1.085, six runs, load 5) and
+	// unaligned at 1.03-1.10x (1.048; the old code 0.97-1.13x, 1.051) in the same runs.
+
+a512s_loop64:
+	VMOVUPS     (DI)(CX*1), Y1
+	VFMADD231PS (SI)(CX*1), Y0, Y1
+	VMOVUPS     Y1, (DI)(CX*1)
+	VMOVUPS     32(DI)(CX*1), Y2
+	VFMADD231PS 32(SI)(CX*1), Y0, Y2
+	VMOVUPS     Y2, 32(DI)(CX*1)
+	VMOVUPS     64(DI)(CX*1), Y3
+	VFMADD231PS 64(SI)(CX*1), Y0, Y3
+	VMOVUPS     Y3, 64(DI)(CX*1)
+	VMOVUPS     96(DI)(CX*1), Y4
+	VFMADD231PS 96(SI)(CX*1), Y0, Y4
+	VMOVUPS     Y4, 96(DI)(CX*1)
+	VMOVUPS     128(DI)(CX*1), Y5
+	VFMADD231PS 128(SI)(CX*1), Y0, Y5
+	VMOVUPS     Y5, 128(DI)(CX*1)
+	VMOVUPS     160(DI)(CX*1), Y6
+	VFMADD231PS 160(SI)(CX*1), Y0, Y6
+	VMOVUPS     Y6, 160(DI)(CX*1)
+	VMOVUPS     192(DI)(CX*1), Y7
+	VFMADD231PS 192(SI)(CX*1), Y0, Y7
+	VMOVUPS     Y7, 192(DI)(CX*1)
+	VMOVUPS     224(DI)(CX*1), Y8
+	VFMADD231PS 224(SI)(CX*1), Y0, Y8
+	VMOVUPS     Y8, 224(DI)(CX*1)
+	ADDQ        $256, CX
+	JNZ         a512s_loop64
+
+a512s_rest:
+	MOVQ R9, CX
+	ANDQ $63, CX
+
+a512s_loop16:
+	CMPQ        CX, $16
+	JB          a512s_tail
+	VMOVUPS     (DI), Z1
+	VFMADD231PS (SI), Z0, Z1
+	VMOVUPS     Z1, (DI)
+	ADDQ        $64, SI
+	ADDQ        $64, DI
+	SUBQ        $16, CX
+	JMP         a512s_loop16
+
+a512s_tail:
+	// 0 < CX < 16 elements: K1 = (1<<CX)-1; masked-off lanes are neither
+	// read (fault-suppressed) nor written.
+	TESTQ       CX, CX
+	JZ          a512s_row
+	MOVL        $1, BX
+	SHLL        CX, BX
+	DECL        BX
+	KMOVW       BX, K1
+	VMOVUPS.Z   (DI), K1, Z1
+	VMOVUPS.Z   (SI), K1, Z2
+	VFMADD231PS Z2, Z0, Z1
+	VMOVUPS     Z1, K1, (DI)
+	LEAQ        (DI)(CX*4), DI
+	JMP         a512s_row
+
+a512s_done:
 	VZEROUPPER
 	RET
 
@@ -699,9 +790,15 @@ entry_path:
 	MOVQ h_base+0(FP), DI
 	MOVQ v_base+40(FP), R10
 	CMPQ DX, $2 // idAVX512
-	JNE  entry_avx2
+	JNE  entry_split
 	VBROADCASTSS s+32(FP), Z0
 	JMP  addRowsAVX512Body<>(SB)
+
+entry_split:
+	CMPQ DX, $3 // idAVX512Split
+	JNE  entry_avx2
+	VBROADCASTSS s+32(FP), Z0
+	JMP  addRowsAVX512SplitBody<>(SB)
 
 entry_avx2:
 	CMPQ DX, $1 // idAVX2
@@ -715,12 +812,17 @@ entry_slow:
 // func addRowsSIMD(h, v []float32, s float32, path int)
 // Single entry point for the hot add so the exported Go wrapper makes one
 // direct call (no ABI wrapper, no func value) and keeps nothing across it:
-// path is idAVX512 or idAVX2 (the wrapper runs the generic path itself).
+// path is idAVX512, idAVX512Split or idAVX2 (the wrapper runs the generic path itself).
 TEXT ·addRowsSIMD(SB), NOSPLIT, $0-64
 	MOVQ path+56(FP), AX
 	CMPQ AX, $2 // idAVX512
-	JNE  simd_avx2
+	JNE  simd_split
 	JMP  ·addRowsAVX512(SB) // tail call: same argument layout
+
+simd_split:
+	CMPQ AX, $3 // idAVX512Split
+	JNE  simd_avx2
+	JMP  ·addRowsAVX512Split(SB)
 
 simd_avx2:
 	JMP ·addRowsAVX2(SB)
@@ -732,6 +834,8 @@ simd_avx2:
 TEXT ·addRows2SIMD(SB), NOSPLIT, $0-89
 	MOVQ path+80(FP), AX
 	CMPQ AX, $2 // idAVX512
+	JEQ  simd2_avx512
+	CMPQ AX, $3 // idAVX512Split: the fused add has one AVX-512 body
 	JEQ  simd2_avx512
 	CMPQ AX, $1 // idAVX2
 	JEQ  simd2_avx2
@@ -1063,4 +1167,15 @@ c256_tail:
 
 c256_done:
 	VZEROUPPER
+	RET
+
+// func cpuid(leaf uint32) (a, b, c, d uint32)
+TEXT ·cpuid(SB), NOSPLIT, $0-24
+	MOVL leaf+0(FP), AX
+	XORL CX, CX
+	CPUID
+	MOVL AX, a+8(FP)
+	MOVL BX, b+12(FP)
+	MOVL CX, c+16(FP)
+	MOVL DX, d+20(FP)
 	RET
