@@ -8,15 +8,22 @@ package kernels
 //go:noescape
 func sumAddRowAVX2(h, dst, x, y []float32, a, b float32)
 
+// sumAddRowAVX512 is sumAddRowAVX2 with 512-bit vectors, for the avx512 path.
+//
+//go:noescape
+func sumAddRowAVX512(h, dst, x, y []float32, a, b float32)
+
 func sumAddRowImpl(h, dst, x, y []float32, a, b float32) {
-	// The AVX-512 paths run the 256-bit kernel too: the sum it writes is the one sum2AVX512
-	// writes (a product, then one fused multiply-add, lane by lane). It was written on a CPU
-	// that splits 512-bit operations in two (Zen 4, the avx512split path's); a 512-bit version
-	// for full-width CPUs has not been measured.
-	if cur.id == idGeneric {
+	// Every SIMD path writes the sum sum2AVX512 writes (a product, then one fused multiply-add,
+	// lane by lane). The avx512split path (Zen 4, which splits 512-bit operations in two) runs
+	// the 256-bit kernel, as its add kernel keeps to 256-bit vectors in a single row.
+	switch cur.id {
+	case idGeneric:
 		sum2Generic(dst, x, y, a, b)
 		addRowsGeneric(h, dst, 1)
-		return
+	case idAVX512:
+		sumAddRowAVX512(h, dst, x, y, a, b)
+	default:
+		sumAddRowAVX2(h, dst, x, y, a, b)
 	}
-	sumAddRowAVX2(h, dst, x, y, a, b)
 }
