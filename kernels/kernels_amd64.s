@@ -24,67 +24,50 @@ TEXT ·addRowsAVX512(SB), NOSPLIT, $0-52
 // addRowsEntry (AddRows), whose arguments sit elsewhere in their frames; it returns to
 // their caller.
 //
-// One row at a time, four 512-bit vectors per iteration, each vector of h loaded, fused with
-// v as the FMA's memory operand and stored before the next, as gcc -O3 -march=native's loop
-// does with one. On the AMD Zen 5 this was measured on (full 512-bit datapaths; bench, paired
-// rounds against the best gcc variant, two runs each), this loop ran 0.87-0.93x gcc at 16 KiB
-// of h, 0.93-0.94x at 256 KiB, 0.97-1.13x at 4 MiB and 0.94-1.21x at 64 MiB, where the
-// "avx512split" body (blocks of four rows, 256-bit vectors in a single row: Zen 4's best)
-// ran 1.27-1.45x, 1.52-1.55x, 1.22-1.28x and 1.38-1.41x. Alike within the noise: eight
-// vectors per iteration, two, and one in gcc's form (v in the register, h the memory
-// operand); a software prefetch of h 1 or 2 KiB ahead; 4 KiB ahead (PREFETCHT1) was slower at
-// 4 MiB (1.14x).
+// One row at a time, gcc -O3 -march=native's own loop: per 64 bytes, a load of v, an FMA
+// with h as its memory operand (h + s*v rounded once, as every path rounds it) and a store;
+// the loop starts a 64-byte line. On the AMD Zen 5 this was measured on (full 512-bit
+// datapaths; bench --only kernels.add.*, paired rounds against the best gcc variant), the
+// "avx512split" body (blocks of four rows, 256-bit vectors in a single row: Zen 4's best) ran
+// 1.27-1.45x gcc at 16 KiB of h, 1.52-1.55x at 256 KiB, 1.22-1.28x at 4 MiB and 1.38-1.41x
+// at 64 MiB. Row by row with four 512-bit vectors per iteration ran 0.87-0.93x, 0.93-0.94x,
+// 0.97-1.13x and 0.94-1.21x; eight, two, and one in gcc's form, unaligned, and a prefetch of
+// h 1-2 KiB ahead ran alike (4 KiB ahead with PREFETCHT1 was slower at 4 MiB, 1.14x). The loop
+// placement then mattered at 16 KiB, as it does for gcc's identical copies of the loop there
+// (82-88 ns for one, 103-119 ns for the others, in the same runs): four vectors unaligned
+// 96-101 ns, at a 64-byte line 96-98 ns, two at a line 98-100 ns; this loop at a line
+// 85-86 ns, at 32 bytes past one 92-96 ns. From 4 MiB up the variants were alike within the
+// rounds' spread.
 TEXT addRowsAVX512Body<>(SB), NOSPLIT, $0
 a512_row:
 	CMPQ AX, R9
 	JB   a512_done
 	SUBQ R9, AX
 
-	// 64 floats per iteration, indexed by a negative byte offset counting up to 0, so the
+	// 16 floats per iteration, indexed by a negative byte offset counting up to 0, so the
 	// loop is one ADD+JNZ.
 	MOVQ R9, CX
-	SHRQ $6, CX
-	SHLQ $8, CX
+	SHRQ $4, CX
+	SHLQ $6, CX
 	ADDQ CX, DI
 	LEAQ (R10)(CX*1), SI
 	NEGQ CX
-	JZ   a512_rest
+	JZ   a512_tail
 
-a512_loop64:
-	VMOVUPS     (DI)(CX*1), Z1
-	VFMADD231PS (SI)(CX*1), Z0, Z1
+	PCALIGN $64
+
+a512_loop:
+	VMOVUPS     (SI)(CX*1), Z1
+	VFMADD213PS (DI)(CX*1), Z0, Z1
 	VMOVUPS     Z1, (DI)(CX*1)
-	VMOVUPS     64(DI)(CX*1), Z2
-	VFMADD231PS 64(SI)(CX*1), Z0, Z2
-	VMOVUPS     Z2, 64(DI)(CX*1)
-	VMOVUPS     128(DI)(CX*1), Z3
-	VFMADD231PS 128(SI)(CX*1), Z0, Z3
-	VMOVUPS     Z3, 128(DI)(CX*1)
-	VMOVUPS     192(DI)(CX*1), Z4
-	VFMADD231PS 192(SI)(CX*1), Z0, Z4
-	VMOVUPS     Z4, 192(DI)(CX*1)
-	ADDQ        $256, CX
-	JNZ         a512_loop64
-
-a512_rest:
-	MOVQ R9, CX
-	ANDQ $63, CX
-
-a512_loop16:
-	CMPQ        CX, $16
-	JB          a512_tail
-	VMOVUPS     (DI), Z1
-	VFMADD231PS (SI), Z0, Z1
-	VMOVUPS     Z1, (DI)
-	ADDQ        $64, SI
-	ADDQ        $64, DI
-	SUBQ        $16, CX
-	JMP         a512_loop16
+	ADDQ        $64, CX
+	JNZ         a512_loop
 
 a512_tail:
-	// 0 < CX < 16 elements: K1 = (1<<CX)-1; masked-off lanes are neither
-	// read (fault-suppressed) nor written.
-	TESTQ       CX, CX
+	// 0 <= d%16 < 16 elements left: K1 = (1<<CX)-1; masked-off lanes are neither read
+	// (fault-suppressed) nor written.
+	MOVQ        R9, CX
+	ANDQ        $15, CX
 	JZ          a512_row
 	MOVL        $1, BX
 	SHLL        CX, BX
