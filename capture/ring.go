@@ -192,7 +192,10 @@ func (r *Ring) slot(so int) (bool, Policy) {
 	return uint32(v) == slotAttached, Policy(v >> 32)
 }
 
-// RingStats are the writer's counters and the ring's occupancy.
+// RingStats are the writer's counters and the ring's occupancy. The writer adds to Records and
+// Bytes right after each publish (one store of the write position, which is what makes records
+// readable), so a writer killed between the two leaves them short by that publish's records:
+// one record, or one held burst (Hold); consumers still read every published record.
 type RingStats struct {
 	Records   uint64 `json:"records"`         // written by the writer
 	Bytes     uint64 `json:"bytes"`           // row bytes written
@@ -255,6 +258,7 @@ func (w *RingWriter) flush() {
 	w.pub = w.pos
 	kernels.StoreFence()                 // AppendRows' non-temporal stores before the publish
 	word(w.r.mem, offWrite).Store(w.pos) // publishes the frames (and the pads before them)
+	// The counters follow the publish: killed here, the writer leaves them short (RingStats).
 	word(w.r.mem, offRecords).Add(w.heldRecs)
 	word(w.r.mem, offBytes).Add(w.heldLen)
 	w.heldRecs, w.heldLen = 0, 0

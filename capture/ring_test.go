@@ -349,10 +349,14 @@ func TestRingWriterKilled(t *testing.T) {
 			t.Fatalf("writer ended by itself: %v, %s", err, stderr.String())
 		}
 		read()
-		if st := r.Stats(); st.Records != next || st.Dropped != 0 || next < warm {
-			t.Fatalf("round %d: the writer published %d, the reader read %d (%+v)", round, st.Records, next, st)
+		// The writer counts a record right after publishing it (RingStats), so a kill between
+		// the two leaves Records one short of the records read: never more than one (no Hold
+		// here), and never above them.
+		st := r.Stats()
+		if (st.Records != next && st.Records+1 != next) || st.Dropped != 0 || next < warm {
+			t.Fatalf("round %d: the writer counted %d records, the reader read %d (%+v)", round, st.Records, next, st)
 		}
-		t.Logf("round %d: %d records read before and after the kill", round, next)
+		t.Logf("round %d: %d records read before and after the kill, %d counted", round, next, st.Records)
 	}
 }
 
