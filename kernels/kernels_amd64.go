@@ -152,8 +152,8 @@ func splits512() bool {
 
 // splitsByCPUID is splits512 from CPUID leaf 0's vendor words (EBX, ECX, EDX) and leaf 1's
 // EAX: AMD family 0x19, whose AVX-512 members are Zen 4 (its earlier ones, Zen 3, have no
-// AVX-512). Zen 5 (family 0x1a) has full 512-bit datapaths; Intel's AVX-512 CPUs are not
-// split either.
+// AVX-512). Zen 5 (family 0x1a) has full 512-bit datapaths. Intel's AVX-512 CPUs take the
+// avx512 path (gcc's loop shape); neither body has been measured on one.
 func splitsByCPUID(vendorB, vendorC, vendorD, leaf1A uint32) bool {
 	if vendorB != 0x68747541 || vendorD != 0x69746e65 || vendorC != 0x444d4163 { // "AuthenticAMD"
 		return false
