@@ -21,8 +21,10 @@ type KernelSize struct {
 // Working sets: the Go and C contenders of a size share one h of that size and
 // one v (16 KiB) and add into that h every call, so a call touches len(h)*4 +
 // 16 KiB bytes (the figure's working_set_bytes). 16k and 256k stay in L2, 4m
-// in L3 (when the machine's other work leaves it alone); 64m and 1g stream
-// from DRAM on every call. Calls never overlap, so sharing changes no
+// in L3 (when the machine's other work leaves it alone); 1g streams from DRAM
+// on every call, and 64m does too but where the L3 holds it (a Xeon with
+// 260 MiB of L3: whether it stays there between calls depends on what ran
+// before, hence numpy's group of its own, see Run). Calls never overlap, so sharing changes no
 // contender's work; it puts every contender on the same pages (a buffer of its
 // own per contender made the DRAM-bound figures partly a comparison of page
 // placements) and keeps the 1 GiB run's footprint at 2 GiB plus numpy's own
