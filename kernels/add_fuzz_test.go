@@ -14,7 +14,8 @@ import (
 // the generic path and with the exact result, for row lengths 0–4096, 0–9 rows (the SIMD
 // paths' blocks of four rows alone, with one to three rows after them, and single rows) and
 // independent unaligned starts of h and v, guards either side of h checked; the SIMD paths
-// (both fused, one rounding) agree bit for bit.
+// (both fused, one rounding) agree bit for bit, each path also with blocks of four rows forced
+// (kernels.WithBlocksFrom).
 func FuzzAddRows(f *testing.F) {
 	envPath(f) // the test cache keys on the path chosen at init (env_test.go)
 	f.Add(uint16(4096), uint8(1), uint8(0), uint8(0), float32(0.5), uint64(1))
@@ -64,6 +65,13 @@ func FuzzAddRows(f *testing.F) {
 				require.Equal(t, bits(simd), bits(h), "%s d=%d rows=%d: SIMD paths differ", p, d, nr)
 			}
 			simd = h
+			if d > 0 {
+				// The same path adding in blocks of four rows from any size (the avx512
+				// path's other body; the others ignore the setting).
+				var blk []float32
+				kernels.WithBlocksFrom(0, func() { blk = run(p) })
+				require.Equal(t, bits(h), bits(blk), "%s d=%d rows=%d: blocks of four rows differ", p, d, nr)
+			}
 			if nr == 1 {
 				a, ba := offsetCopy(h0, oh)
 				kernels.Axpy(a, s, v)

@@ -8,8 +8,10 @@ import (
 )
 
 // TestCurIDFirst pins what AddRows's assembly entry (addRowsEntry, kernels_amd64.s) assumes:
-// the path id is cur's first word.
+// the path id is cur's first word, and blocksFrom its second.
 func TestCurIDFirst(t *testing.T) {
 	require.Zero(t, unsafe.Offsetof(impl{}.id))
 	require.Equal(t, cur.id, *(*int)(unsafe.Pointer(&cur)))
+	// addRowsAVX512Body reads blocksFrom as the second.
+	require.Equal(t, unsafe.Sizeof(int(0)), unsafe.Offsetof(impl{}.blocksFrom))
 }

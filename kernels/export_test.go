@@ -13,3 +13,12 @@ const (
 	MsgShape = msgShape
 	MsgDim   = msgDim
 )
+
+// WithBlocksFrom runs f with the path in use adding in blocks of four rows from n floats of h
+// (impl.blocksFrom: the avx512 path's choice between its two bodies), then restores it.
+func WithBlocksFrom(n int, f func()) {
+	old := cur.blocksFrom
+	defer func() { cur.blocksFrom = old }()
+	cur.blocksFrom = n
+	f()
+}

@@ -70,8 +70,13 @@ const (
 // overhead is a few percent, which is the margin against C. id comes first:
 // AddRows's assembly entry (addRowsEntry) reads cur.id as cur's first word.
 type impl struct {
-	id   int
-	name string
+	id int
+	// blocksFrom is, on the avx512 path, the length of h in floats from which AddRows adds in
+	// blocks of four rows (the avx512split body) rather than one row at a time; MaxInt
+	// (never) but where blocksFromByCPUID says otherwise. addRowsAVX512Body reads it as cur's
+	// second word (TestCurIDFirst). Other paths ignore it.
+	blocksFrom int
+	name       string
 }
 
 // Path ids.

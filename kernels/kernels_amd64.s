@@ -39,6 +39,12 @@ TEXT ·addRowsAVX512(SB), NOSPLIT, $0-52
 // 85-86 ns, at 32 bytes past one 92-96 ns. From 4 MiB up the variants were alike within the
 // rounds' spread.
 TEXT addRowsAVX512Body<>(SB), NOSPLIT, $0
+	// From cur.blocksFrom floats of h (cur's second word: 32 MiB of h on Intel, never
+	// elsewhere; see intelBlocksFrom), blocks of four rows, the avx512split body.
+	MOVQ ·cur+8(SB), R11
+	CMPQ AX, R11
+	JAE  a512_blocks
+
 a512_row:
 	CMPQ AX, R9
 	JB   a512_done
@@ -83,6 +89,9 @@ a512_tail:
 a512_done:
 	VZEROUPPER
 	RET
+
+a512_blocks:
+	JMP addRowsAVX512SplitBody<>(SB)
 
 // func addRowsAVX512Split(h, v []float32, s float32)
 // addRowsAVX512 for the "avx512split" path: CPUs that execute a 512-bit operation as two

@@ -3,6 +3,7 @@
 package kernels
 
 import (
+	"math"
 	"slices"
 	"testing"
 
@@ -32,4 +33,18 @@ func TestSplitsByCPUID(t *testing.T) {
 	// Both AVX-512 paths are offered wherever one is, so both are tested on any AVX-512 CPU.
 	paths := Paths()
 	require.Equal(t, slices.Contains(paths, PathAVX512), slices.Contains(paths, PathAVX512Split), paths)
+}
+
+// TestBlocksFromByCPUID checks which CPUs' avx512 path adds large h in blocks of four rows.
+func TestBlocksFromByCPUID(t *testing.T) {
+	const amdB, amdC, amdD = 0x68747541, 0x444d4163, 0x69746e65       // "AuthenticAMD"
+	const intelB, intelC, intelD = 0x756e6547, 0x6c65746e, 0x49656e69 // "GenuineIntel"
+	require.Equal(t, intelBlocksFrom, blocksFromByCPUID(intelB, intelC, intelD))
+	require.Equal(t, math.MaxInt, blocksFromByCPUID(amdB, amdC, amdD))
+	require.Equal(t, math.MaxInt, blocksFromByCPUID(intelB, amdC, intelD), "a mixed vendor string")
+	for _, p := range supported {
+		if p.id == idAVX512 {
+			require.Equal(t, blocksFrom(), p.blocksFrom)
+		}
+	}
 }
