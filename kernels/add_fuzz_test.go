@@ -14,8 +14,8 @@ import (
 // the generic path and with the exact result, for row lengths 0–4096, 0–9 rows (the SIMD
 // paths' blocks of four rows alone, with one to three rows after them, and single rows) and
 // independent unaligned starts of h and v, guards either side of h checked; the SIMD paths
-// (both fused, one rounding) agree bit for bit, each path also with blocks of four rows forced
-// (kernels.WithBlocksFrom).
+// (both fused, one rounding) agree bit for bit, each path also under each tuning of its body
+// (kernels.WithTuning).
 func FuzzAddRows(f *testing.F) {
 	envPath(f) // the test cache keys on the path chosen at init (env_test.go)
 	f.Add(uint16(4096), uint8(1), uint8(0), uint8(0), float32(0.5), uint64(1))
@@ -36,8 +36,7 @@ func FuzzAddRows(f *testing.F) {
 		orig := kernels.Path()
 		t.Cleanup(func() { require.NoError(t, kernels.SetPath(orig)) })
 		v, _ := offsetCopy(v0, ov)
-		run := func(p string) []float32 {
-			require.NoError(t, kernels.SetPath(p))
+		add := func() []float32 {
 			h, bh := offsetCopy(h0, oh)
 			if d == 0 {
 				kernels.Axpy(h, s, v) // empty: nothing to add, no row length
@@ -46,6 +45,10 @@ func FuzzAddRows(f *testing.F) {
 			}
 			requireGuards(t, bh, oh, len(h0))
 			return h
+		}
+		run := func(p string) []float32 {
+			require.NoError(t, kernels.SetPath(p))
+			return add()
 		}
 		generic := run(kernels.PathGeneric)
 		checkUpdate(t, generic, h0, s, func(i int) float32 { return v0[i%d] })
@@ -66,11 +69,16 @@ func FuzzAddRows(f *testing.F) {
 			}
 			simd = h
 			if d > 0 {
-				// The same path adding in blocks of four rows from any size (the avx512
-				// path's other body; the others ignore the setting).
-				var blk []float32
-				kernels.WithBlocksFrom(0, func() { blk = run(p) })
-				require.Equal(t, bits(h), bits(blk), "%s d=%d rows=%d: blocks of four rows differ", p, d, nr)
+				// The same path with each tuning (the avx512 path's three bodies; the others
+				// ignore it).
+				for _, tu := range []struct {
+					blocksFrom int
+					pairs      bool
+				}{{0, false}, {math.MaxInt, false}, {math.MaxInt, true}} {
+					var alt []float32
+					kernels.WithTuning(tu.blocksFrom, tu.pairs, func() { alt = add() })
+					require.Equal(t, bits(h), bits(alt), "%s d=%d rows=%d tuning %+v: bodies differ", p, d, nr, tu)
+				}
 			}
 			if nr == 1 {
 				a, ba := offsetCopy(h0, oh)

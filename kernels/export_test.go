@@ -14,11 +14,11 @@ const (
 	MsgDim   = msgDim
 )
 
-// WithBlocksFrom runs f with the path in use adding in blocks of four rows from n floats of h
-// (impl.blocksFrom: the avx512 path's choice between its two bodies), then restores it.
-func WithBlocksFrom(n int, f func()) {
-	old := cur.blocksFrom
-	defer func() { cur.blocksFrom = old }()
-	cur.blocksFrom = n
+// WithTuning runs f with the path in use tuned as given (impl.blocksFrom, impl.pairs: the
+// avx512 path's choice of body; other paths ignore them), then restores it.
+func WithTuning(blocksFrom int, pairs bool, f func()) {
+	old := cur
+	defer func() { cur = old }()
+	cur.blocksFrom, cur.pairs = blocksFrom, pairs
 	f()
 }

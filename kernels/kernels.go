@@ -71,11 +71,13 @@ const (
 // AddRows's assembly entry (addRowsEntry) reads cur.id as cur's first word.
 type impl struct {
 	id int
-	// blocksFrom is, on the avx512 path, the length of h in floats from which AddRows adds in
-	// blocks of four rows (the avx512split body) rather than one row at a time; MaxInt
-	// (never) but where blocksFromByCPUID says otherwise. addRowsAVX512Body reads it as cur's
-	// second word (TestCurIDFirst). Other paths ignore it.
+	// blocksFrom and pairs tune the avx512 path's add to the CPU (avx512Tuning; other paths
+	// ignore them): from blocksFrom floats of h it adds in blocks of four rows (the
+	// avx512split body), and below that, with pairs, one row at a time two vectors per
+	// iteration rather than one. addRowsAVX512Body reads them as cur's second word and the
+	// byte after it (TestCurIDFirst).
 	blocksFrom int
+	pairs      bool
 	name       string
 }
 

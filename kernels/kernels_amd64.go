@@ -78,7 +78,8 @@ func archImpls() []impl {
 	// The AVX-512 kernels use VEX-encoded FMA in scalar tails, hence the
 	// extra AVX2/FMA requirement (every AVX-512F CPU has them anyway).
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX2 && cpu.X86.HasFMA {
-		full := impl{name: PathAVX512, id: idAVX512, blocksFrom: blocksFrom()}
+		full := impl{name: PathAVX512, id: idAVX512}
+		full.blocksFrom, full.pairs = avx512Tuning()
 		split := impl{name: PathAVX512Split, id: idAVX512Split}
 		if splits512() {
 			full, split = split, full
@@ -154,35 +155,38 @@ func splits512() bool {
 	return splitsByCPUID(b, c, d, a)
 }
 
-// blocksFrom is the avx512 path's impl.blocksFrom on this CPU (blocksFromByCPUID).
-func blocksFrom() int {
+// avx512Tuning is the avx512 path's impl.blocksFrom and impl.pairs on this CPU
+// (avx512TuningByCPUID).
+func avx512Tuning() (blocksFrom int, pairs bool) {
 	_, b, c, d := cpuid(0)
-	return blocksFromByCPUID(b, c, d)
+	return avx512TuningByCPUID(b, c, d)
 }
 
 // intelBlocksFrom is blocksFrom on Intel: 32 MiB of h. On the Xeon (family 6 model 0xcf,
 // 2 MiB of L2 a core, 260 MiB of L3) it was measured on, one row at a time and blocks of four
 // rows ran alike against gcc's loop from 4 to 32 MiB of h (within 2%, in process, alternating
 // with gcc on the same buffers), while at 64 MiB blocks ran 0.91-0.96x gcc's time where single
-// rows ran 1.00-1.03x, and in the bench 0.86-1.00x at 1 GiB against 1.00-1.07x. Below that
-// size the blocks lost: 1.08x at 256 KiB and the prefill step 1.09-1.10x its kernel, against
-// 1.05x and 1.02-1.05x.
+// rows ran 1.00-1.03x, and in the bench 0.93-1.07x at 64 MiB against 1.05-1.13x and
+// 0.89-0.92x at 1 GiB against 0.96-1.02x. Below that size the blocks lost: 1.08x at 256 KiB
+// and the prefill step 1.09-1.10x its kernel, against 1.05x and 1.02-1.05x.
 const intelBlocksFrom = 32 << 20 / 4
 
-// blocksFromByCPUID is blocksFrom from CPUID leaf 0's vendor words (EBX, ECX, EDX):
-// intelBlocksFrom on Intel; elsewhere never (on the AMD Zen 5 blocks of four rows ran
-// 1.22-1.55x gcc from 256 KiB to 64 MiB, one row at a time 0.93-1.13x).
-func blocksFromByCPUID(vendorB, vendorC, vendorD uint32) int {
+// avx512TuningByCPUID is avx512Tuning from CPUID leaf 0's vendor words (EBX, ECX, EDX): on
+// Intel, blocks from intelBlocksFrom and two vectors per iteration below it
+// (addRowsAVX512PairsBody); elsewhere one row at a time, one vector per iteration, always (on
+// the AMD Zen 5 blocks of four rows ran 1.22-1.55x gcc from 256 KiB to 64 MiB, and two vectors
+// per iteration 98-100 ns at 16 KiB where one took 85-86 ns).
+func avx512TuningByCPUID(vendorB, vendorC, vendorD uint32) (blocksFrom int, pairs bool) {
 	if vendorB == 0x756e6547 && vendorD == 0x49656e69 && vendorC == 0x6c65746e { // "GenuineIntel"
-		return intelBlocksFrom
+		return intelBlocksFrom, true
 	}
-	return math.MaxInt
+	return math.MaxInt, false
 }
 
 // splitsByCPUID is splits512 from CPUID leaf 0's vendor words (EBX, ECX, EDX) and leaf 1's
 // EAX: AMD family 0x19, whose AVX-512 members are Zen 4 (its earlier ones, Zen 3, have no
 // AVX-512). Zen 5 (family 0x1a) has full 512-bit datapaths. Intel's AVX-512 CPUs take the
-// avx512 path, with blocks of four rows from intelBlocksFrom.
+// avx512 path, tuned for them by avx512TuningByCPUID.
 func splitsByCPUID(vendorB, vendorC, vendorD, leaf1A uint32) bool {
 	if vendorB != 0x68747541 || vendorD != 0x69746e65 || vendorC != 0x444d4163 { // "AuthenticAMD"
 		return false

@@ -35,16 +35,29 @@ func TestSplitsByCPUID(t *testing.T) {
 	require.Equal(t, slices.Contains(paths, PathAVX512), slices.Contains(paths, PathAVX512Split), paths)
 }
 
-// TestBlocksFromByCPUID checks which CPUs' avx512 path adds large h in blocks of four rows.
-func TestBlocksFromByCPUID(t *testing.T) {
+// TestAVX512TuningByCPUID checks which CPUs' avx512 path takes which add body.
+func TestAVX512TuningByCPUID(t *testing.T) {
 	const amdB, amdC, amdD = 0x68747541, 0x444d4163, 0x69746e65       // "AuthenticAMD"
 	const intelB, intelC, intelD = 0x756e6547, 0x6c65746e, 0x49656e69 // "GenuineIntel"
-	require.Equal(t, intelBlocksFrom, blocksFromByCPUID(intelB, intelC, intelD))
-	require.Equal(t, math.MaxInt, blocksFromByCPUID(amdB, amdC, amdD))
-	require.Equal(t, math.MaxInt, blocksFromByCPUID(intelB, amdC, intelD), "a mixed vendor string")
+	for _, tc := range []struct {
+		name       string
+		b, c, d    uint32
+		blocksFrom int
+		pairs      bool
+	}{
+		{"Intel", intelB, intelC, intelD, intelBlocksFrom, true},
+		{"AMD", amdB, amdC, amdD, math.MaxInt, false},
+		{"a mixed vendor string", intelB, amdC, intelD, math.MaxInt, false},
+	} {
+		blocksFrom, pairs := avx512TuningByCPUID(tc.b, tc.c, tc.d)
+		require.Equal(t, tc.blocksFrom, blocksFrom, tc.name)
+		require.Equal(t, tc.pairs, pairs, tc.name)
+	}
 	for _, p := range supported {
 		if p.id == idAVX512 {
-			require.Equal(t, blocksFrom(), p.blocksFrom)
+			blocksFrom, pairs := avx512Tuning()
+			require.Equal(t, blocksFrom, p.blocksFrom)
+			require.Equal(t, pairs, p.pairs)
 		}
 	}
 }
