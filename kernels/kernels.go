@@ -15,9 +15,12 @@
 // purego build tag). A fourth, "avx512split", is "avx512" with the add kernel
 // (AddRows) written for CPUs that run a 512-bit operation as two 256-bit halves
 // (AMD Zen 4: blocks of four rows, 256-bit vectors in a single row); it is the
-// first choice there and offered on every AVX-512 CPU. The best path the CPU
-// supports is chosen once at init with golang.org/x/sys/cpu (and, between the
-// two AVX-512 ones, CPUID's vendor and family). The environment variable
+// first choice there and offered on every AVX-512 CPU. On Intel the "avx512"
+// add is tuned by CPUID's vendor (avx512TuningByCPUID): two vectors per
+// iteration in a single row, and blocks of four rows from 32 MiB of h; the
+// tests run every path under every tuning. The best path the CPU supports is
+// chosen once at init with golang.org/x/sys/cpu (and, between the two AVX-512
+// ones, CPUID's vendor and family). The environment variable
 // SHMSTEER_KERNELS (generic|avx2|avx512|avx512split) forces a path at init; an unknown or unsupported
 // name is ignored and the best supported path is used (no error, no crash),
 // so a config copied between machines still runs. Path reports the choice.
