@@ -535,3 +535,38 @@ func TestCPUOp(t *testing.T) {
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, d, 30*time.Millisecond, "with the wall clock the sleep counts")
 }
+
+// TestCPUOpChunks checks that a CPUOp batch runs in chunks of about yieldEvery once it knows
+// the time per op (from its previous batch), that the chunks add up to the batch, and that
+// the time between chunks (the yield) is not counted.
+func TestCPUOpChunks(t *testing.T) {
+	if _, ok := threadCPU(); !ok {
+		t.Skip("no thread CPU clock on this system")
+	}
+	const perOp = 500 * time.Microsecond
+	var chunks []int
+	op := CPUOp(func(n int) error {
+		chunks = append(chunks, n)
+		// Spin for n*perOp of this thread's CPU time, so a busy machine does not change the
+		// time per op CPUOp sees.
+		start, _ := threadCPU()
+		for now, _ := threadCPU(); now-start < time.Duration(n)*perOp; now, _ = threadCPU() {
+		}
+		return nil
+	})
+	_, err := op(2) // unknown time per op: one chunk
+	require.NoError(t, err)
+	require.Equal(t, []int{2}, chunks)
+	chunks = nil
+	d, err := op(40)
+	require.NoError(t, err)
+	sum, most := 0, 0
+	for _, k := range chunks {
+		sum, most = sum+k, max(most, k)
+	}
+	require.Equal(t, 40, sum, "chunks %v", chunks)
+	require.Greater(t, len(chunks), 1, "chunks %v", chunks)
+	require.LessOrEqual(t, most, int(yieldEvery/perOp), "chunks %v", chunks) // 4
+	require.GreaterOrEqual(t, d, 40*perOp)
+	require.LessOrEqual(t, d, 40*perOp+5*time.Millisecond, "about the chunks' own time")
+}
