@@ -52,12 +52,14 @@ func gomapOp() Op {
 		m[k] = Value(i)
 	}
 	buf := make([]byte, 0, ValueSize)
-	return GoOp(func(n int) error {
+	pos := 0 // across batches and their chunks, so the keys are read in one sequence
+	return SliceOp(func(n int) error {
 		var acc byte
-		for i := range n {
+		for i := pos; i < pos+n; i++ {
 			buf = append(buf[:0], m[lookup[i&(NumKeys-1)]]...)
 			acc ^= buf[i&(ValueSize-1)]
 		}
+		pos += n
 		sink.Store(uint32(acc))
 		return nil
 	})
@@ -126,7 +128,7 @@ func gomapColdSetup() (Op, func() error, error) {
 	stored = nil
 	buf := make([]byte, 0, ValueSize)
 	state := uint64(0x9e3779b97f4a7c15)
-	return GoOp(func(n int) error {
+	return SliceOp(func(n int) error {
 		var acc byte
 		for i := range n {
 			buf = append(buf[:0], m[lookup[ColdIndex(&state)]]...)

@@ -226,14 +226,16 @@ func keysChild(args []string) (map[string]Op, func() error, error) {
 	keys := Keys() // allocated here: separate from anything the owner stored
 	buf := make([]byte, 0, ValueSize)
 	val := Value(3)
+	pos := 0 // as gomapOp's
 	ops := map[string]Op{
-		"get": GoOp(func(n int) error {
-			for i := range n {
+		"get": SliceOp(func(n int) error {
+			for i := pos; i < pos+n; i++ {
 				var err error
 				if buf, err = kr.Get(keys[i&(NumKeys-1)], buf[:0]); err != nil {
 					return err
 				}
 			}
+			pos += n
 			return nil
 		}),
 		"set": GoOp(func(n int) error {
@@ -259,7 +261,7 @@ func coldChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, 
 	buf := make([]byte, 0, ValueSize)
 	state := uint64(0x9e3779b97f4a7c15)
 	ops := map[string]Op{
-		"get": GoOp(func(n int) error {
+		"get": SliceOp(func(n int) error {
 			for range n {
 				var err error
 				if buf, err = kr.Get(keys[ColdIndex(&state)], buf[:0]); err != nil {
