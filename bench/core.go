@@ -63,15 +63,23 @@ func GoOp(f func(n int) error) Op {
 func CPUOp(f func(n int) error) Op {
 	var perOp time.Duration // of the last batch; sizes the chunks
 	return func(n int) (time.Duration, error) {
-		now := monotonic()
+		now, yield := monotonic(), runtime.Gosched
 		if !wallClock.Load() {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			if _, ok := threadCPU(); ok {
+				// Each chunk on one thread, timed by its clock; the thread is let go for the
+				// yield, since a locked one hands its P to another thread and sleeps (and
+				// may wake on the other core, away from its L2).
 				now = threadCPU
+				yield = func() {
+					runtime.UnlockOSThread()
+					runtime.Gosched()
+					runtime.LockOSThread()
+				}
 			}
 		}
-		return runChunked(f, n, &perOp, now)
+		return runChunked(f, n, &perOp, now, yield)
 	}
 }
 
@@ -82,7 +90,7 @@ func CPUOp(f func(n int) error) Op {
 // about a sixth), and a Go map's lookup less.
 func SliceOp(f func(n int) error) Op {
 	var perOp time.Duration
-	return func(n int) (time.Duration, error) { return runChunked(f, n, &perOp, monotonic()) }
+	return func(n int) (time.Duration, error) { return runChunked(f, n, &perOp, monotonic(), runtime.Gosched) }
 }
 
 // monotonic is a clock of the time since it was made.
@@ -92,9 +100,9 @@ func monotonic() func() (time.Duration, bool) {
 }
 
 // runChunked runs f n times in chunks of about yieldEvery by *perOp (the whole batch while
-// *perOp is unknown), yielding between them, and returns the chunks' time by now; it leaves
-// this batch's time per op in *perOp.
-func runChunked(f func(n int) error, n int, perOp *time.Duration, now func() (time.Duration, bool)) (time.Duration, error) {
+// *perOp is unknown), calling yield between them, and returns the chunks' time by now; it
+// leaves this batch's time per op in *perOp.
+func runChunked(f func(n int) error, n int, perOp *time.Duration, now func() (time.Duration, bool), yield func()) (time.Duration, error) {
 	chunk := n
 	if *perOp > 0 {
 		chunk = max(1, int(yieldEvery / *perOp))
@@ -111,7 +119,7 @@ func runChunked(f func(n int) error, n int, perOp *time.Duration, now func() (ti
 			return total, err
 		}
 		if done < n {
-			runtime.Gosched()
+			yield()
 		}
 	}
 	if n > 0 {
