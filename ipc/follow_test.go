@@ -158,7 +158,13 @@ func TestFollowerAcrossOwnerRestart(t *testing.T) {
 	reattach := time.Since(o2.ready)
 	require.NoError(t, f.Err())
 	require.Equal(t, uint64(1), changes.Load())
-	require.Eventually(t, func() bool { return seenGen[2].Load() > 100 }, 10*time.Second, time.Millisecond)
+	readFailed := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return readErr
+	}
+	require.Eventually(t, func() bool { return seenGen[2].Load() > 100 || readFailed() != nil }, 10*time.Second, time.Millisecond)
+	require.NoError(t, readFailed(), "a reader stopped on an error")
 	stop.Store(true)
 	wg.Wait()
 	require.NoError(t, readErr)
