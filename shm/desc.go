@@ -13,7 +13,7 @@ type descPage [4096]byte
 // fillDesc writes everything the C reader needs; the state word last, so a reader that sees
 // it usable sees the rest.
 func (rd *Reader) fillDesc() {
-	d, m, r := rd.desc[:], rd.m, rd.r
+	d, m, r := rd.desc[:], rd.m.Load(), rd.r
 	store64(d, dPin, addrOf(r.readers, rd.slot+slotPin)) // m.pin, m.version, m.horizon
 	store64(d, dVersion, addrOf(r.data, hVersion))
 	store64(d, dHorizon, addrOf(r.data, hHorizon))
@@ -35,8 +35,10 @@ func (rd *Reader) fillDesc() {
 // setDescState sets or clears bits of the Reader's state word, which the generated reader's
 // getAt checks in Go and in C: its descriptor's (a Reader has none when the system gave no
 // memory for it; the C reader is then never used, and the word is its rmem's own).
-func (rd *Reader) setDescState(bits uint64, on bool) {
-	p := rd.m.state
+func (rd *Reader) setDescState(bits uint64, on bool) { setState(rd.m.Load().state, bits, on) }
+
+// setState sets or clears bits of the state word at p.
+func setState(p *uint64, bits uint64, on bool) {
 	for {
 		old := atomic.LoadUint64(p)
 		nw := old &^ bits

@@ -29,8 +29,8 @@ func TestReaderDescriptor(t *testing.T) {
 	require.Equal(t, r.l.hashK0, load64(d, dHashK0))
 	require.Equal(t, r.l.hashK1, load64(d, dHashK1))
 	require.Equal(t, hashK2(r.l.hashK0, r.l.hashK1), load64(d, dHashK2))
-	require.Equal(t, rd.m.relaxed, load64(d, dRelaxed))
-	require.Equal(t, r.relaxed, rd.m.relaxed == 1)
+	require.Equal(t, rd.m.Load().relaxed, load64(d, dRelaxed))
+	require.Equal(t, r.relaxed, rd.m.Load().relaxed == 1)
 	for k := range Kind(seededKinds) {
 		require.Equal(t, kindSeed(r.l.hashK0, r.l.hashK1, uint64(k)), load64(d, dSeeds+8*uint64(k)))
 	}

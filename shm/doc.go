@@ -74,7 +74,12 @@
 // asymmetric fence, as userspace RCU does): the rare writer pays for the frequent readers. Where
 // membarrier is unavailable the header says so and every pin is fenced. A Reader (NewReader)
 // owns its slot, so its Get needs no compare-and-swap either; Region.Get shares a pool of slots
-// between goroutines and takes one with a CAS. The index hash is a keyed multiply-fold hash in
+// between goroutines and takes one with a CAS. On amd64 a Reader's Get stores nothing at all:
+// it reads at the current version unpinned and validates the copy afterwards, as a seqlock
+// reader does (a pass raises the horizon before it frees anything, and TSO keeps the loads in
+// order); a copy that fails is read again pinned. Region.Close leaves the address ranges of a
+// region whose Readers are still open mapped to private zero pages (park), so such a Get never
+// faults. The index hash is a keyed multiply-fold hash in
 // two independent lanes (keyHashFrom) rather than SipHash, which alone would cost more than the
 // lookup.
 //

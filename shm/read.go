@@ -187,8 +187,9 @@ type Reader struct {
 	slot uint64
 	// The Region's rmem with this Reader's pin word, copied so the hot path does not go through
 	// the Region's mapped pointer; the C reader's descriptor is its image. Behind a pointer, as
-	// Region's mapped is, so that printing a Reader never reaches the mapping.
-	m    *rmem
+	// Region's mapped is, so that printing a Reader never reaches the mapping; atomic, because
+	// Region.Close swaps in closedMem while the Reader's goroutine may be reading.
+	m    atomic.Pointer[rmem]
 	busy bool      // a Snapshot taken from this Reader is open
 	desc *descPage // the descriptor for the C reader (desc.go); nil if none
 }
@@ -203,8 +204,9 @@ func (r *Region) NewReader() (*Reader, error) {
 	}
 	m := r.m
 	m.pin = word64(r.readers, s+slotPin)
-	rd := &Reader{r: r, slot: s, m: &m, desc: allocDesc()}
+	rd := &Reader{r: r, slot: s, desc: allocDesc()}
 	m.state = &m.ownState
+	rd.m.Store(&m)
 	if rd.desc != nil {
 		rd.fillDesc()
 		m.state = word64(rd.desc[:], dState)
@@ -235,45 +237,70 @@ func (rd *Reader) pin() (uint64, error) {
 }
 
 // Get appends the value of (kind, key) at the current version to dst, like Region.Get. This is
-// the hot path of a worker's step, written flat: one plain store to pin, one to unpin.
+// the hot path of a worker's step, written flat. Where pinlessGet holds (amd64), it stores
+// nothing: it reads the current version v, finds and copies the value visible at v, and then
+// validates the copy, as a seqlock reader does. A reclamation pass raises the horizon above v
+// before it frees or reuses anything visible at v, and loads are not reordered with later loads,
+// so a horizon still at or below v after the copy means no byte it read was reclaimed; and a
+// state word still 0 means the Reader and its region were open throughout (Close sets it before
+// it parks the mapping, see Region.park). A copy that fails either check is dropped and the Get
+// is done again pinned: one relaxed store to pin, one to unpin, the path where pinlessGet is off.
 func (rd *Reader) Get(kind Kind, key string, dst []byte) ([]byte, error) {
-	r := rd.r
-	if r == nil {
+	if rd.r == nil {
 		return dst, ErrClosed
 	}
 	if rd.busy {
 		return dst, ErrReaderBusy
 	}
 	k := stringBytes(key)
-	res, a, n := getAt(rd.m, uint64(kind), k, 0) // pins
+	m := rd.m.Load()
+	if pinlessGet {
+		if v := ldWord(m.version); v != 0 {
+			if res, a, n := getAt(m, uint64(kind), k, v); res == resFound {
+				out := append(dst, m.arena[a:a+n]...)
+				if validAt(m, v) {
+					return out, nil
+				}
+			}
+		}
+		m = rd.m.Load() // Close may have swapped it
+	}
+	res, a, n := getAt(m, uint64(kind), k, 0) // pins
 	if res == resFound {
-		dst = append(dst, rd.m.arena[a:a+n]...)
-		storeRelaxed(rd.m.pin, 0)
+		dst = append(dst, m.arena[a:a+n]...)
+		storeRelaxed(m.pin, 0)
 		return dst, nil
 	}
-	return rd.getRest(res, a, n, kind, k, dst)
+	return rd.getRest(m, res, a, n, kind, k, dst)
+}
+
+// validAt reports whether a read at version v that took no pin read only memory that was
+// live at v throughout: the horizon has not passed v, and the Reader is neither closed nor
+// busy. It must come after the read's last load.
+func validAt(m *rmem, v uint64) bool {
+	return ldWord(m.horizon) <= v && ldState(m) == 0
 }
 
 // getRest is the rest of Reader.Get, after getAt pinned (or, for resBadKey, did not) and did
 // not answer resFound.
-func (rd *Reader) getRest(res, a, n uint64, kind Kind, key []byte, dst []byte) ([]byte, error) {
+func (rd *Reader) getRest(m *rmem, res, a, n uint64, kind Kind, key []byte, dst []byte) ([]byte, error) {
 	r, v := rd.r, a // resRetry: a is the version getAt pinned
 	if res != resRetry {
-		v = ldWord(rd.m.pin)
+		v = ldWord(m.pin)
 	} else {
-		storeRelaxed(rd.m.pin, 0)
+		storeRelaxed(m.pin, 0)
 		var err error
 		if v, err = rd.pin(); err != nil { // closed, or the writer moved the horizon: take the loop
 			return dst, err
 		}
-		if res, a, n = getAt(rd.m, uint64(kind), key, v); res == resFound {
-			dst = append(dst, rd.m.arena[a:a+n]...)
-			storeRelaxed(rd.m.pin, 0)
+		if res, a, n = getAt(m, uint64(kind), key, v); res == resFound {
+			dst = append(dst, m.arena[a:a+n]...)
+			storeRelaxed(m.pin, 0)
 			return dst, nil
 		}
 	}
 	dst, err := r.getRest(res, a, n, kind, key, v, dst)
-	storeRelaxed(rd.m.pin, 0)
+	storeRelaxed(m.pin, 0)
 	return dst, err
 }
 
@@ -300,8 +327,13 @@ func (rd *Reader) Close() error {
 		rd.r.releaseSlot(rd.slot)
 	}
 	delete(rd.r.open, rd)
+	if rd.r.parked && len(rd.r.open) == 0 {
+		rd.r.parked = false
+		_ = rd.r.unmap() // the last Reader the closed region's mappings were parked for
+	}
 	rd.r.slotMu.Unlock()
-	rd.m.ownState, rd.m.state = atomic.LoadUint64(rd.m.state), &rd.m.ownState // off the descriptor before it goes
+	m := rd.m.Load()
+	m.ownState, m.state = atomic.LoadUint64(m.state), &m.ownState // off the descriptor before it goes
 	freeDesc(rd.desc)
 	rd.desc, rd.r = nil, nil
 	return nil

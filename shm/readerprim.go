@@ -50,8 +50,11 @@ func ldIndex(m *rmem, i uint64) uint64 { return atomic.LoadUint64(&m.index[i]) }
 
 // blobAt is the header of the blob at arena offset off (8-byte aligned), checked by the caller
 // (and by Go again, once for the whole header); ldHdr loads its word at byte offset field.
-func blobAt(m *rmem, off uint64) *[bKey / 8]uint64     { return (*[bKey / 8]uint64)(m.arenaWords[off/8:]) }
-func ldHdr(hdr *[bKey / 8]uint64, field uint64) uint64 { return atomic.LoadUint64(&hdr[field/8]) }
+func blobAt(m *rmem, off uint64) []uint64 {
+	w := off / 8
+	return m.arenaWords[w : w+bKey/8 : w+bKey/8]
+}
+func ldHdr(hdr []uint64, field uint64) uint64 { return atomic.LoadUint64(&hdr[field/8]) }
 
 // keyAt reports whether the arena's bytes at off are key.
 func keyAt(m *rmem, off uint64, key []byte) bool {

@@ -168,6 +168,7 @@ type Region struct {
 	slotMu  sync.Mutex       // serializes claiming and releasing reader slots
 	claimed map[uint64]bool  // every slot this process holds, for Close
 	open    map[*Reader]bool // every open Reader, whose descriptor Close marks closed
+	parked  bool             // Close left the mappings parked for open Readers (park)
 
 	local  [maxLocalSlots]atomic.Uint64
 	nlocal atomic.Int32
@@ -308,18 +309,21 @@ func (r *Region) UserConfig() []byte {
 // Close releases this process's reader slots and unmaps the region. New reads fail with
 // ErrClosed at once; Close waits up to closeWait for reads in flight and open snapshots of this
 // process to finish, and if some are still open it returns ErrBusy and leaves the region
-// mapped, so that no reader faults. Closing the owner's region does not destroy what other
+// mapped, so that no reader faults. While Readers of this process are still open, their
+// address ranges stay reserved (park) until the last of them is closed. Closing the owner's region does not destroy what other
 // processes still map: the memory goes with the last mapping.
 func (r *Region) Close() error {
 	if !r.closed.CompareAndSwap(false, true) {
 		return ErrClosed
 	}
 	r.slotMu.Lock()
-	for rd := range r.open { // the C reader checks its descriptor where the Go one checks closed
-		rd.setDescState(descClosed, true)
-		// A later Get pins and reads this private memory, not the unmapped region: it finds
-		// no version pinned and takes the slow path, which sees the region closed.
-		rd.m = closedMem()
+	for rd := range r.open {
+		// A later Get reads this private memory, not the region: it finds no version and takes
+		// the slow path, which sees the region closed. A Get that loaded the old one sees its
+		// state word closed once it has read (Reader.Get), and then loads this one; the C
+		// reader checks the same word, its descriptor's.
+		old := rd.m.Swap(closedMem())
+		setState(old.state, descClosed, true)
 	}
 	r.slotMu.Unlock()
 	if r.w != nil {
@@ -347,6 +351,10 @@ func (r *Region) Close() error {
 	}
 	for s := range r.claimed {
 		r.releaseSlot(s)
+	}
+	if pinlessGet && len(r.open) > 0 {
+		r.parked = true
+		return r.park()
 	}
 	return r.unmap()
 }

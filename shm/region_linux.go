@@ -125,6 +125,24 @@ func (r *Region) openFiles(data, readers *os.File) (err error) {
 	return nil
 }
 
+// park is Close's last step when Readers of this process are still open: their Gets read
+// without a pin (Reader.Get) and may still be reading, so instead of unmapping, both mappings
+// are replaced by anonymous memory (parkMapping) and the files are closed; unmap frees the
+// parked ranges once the last of those Readers is closed. Should parking fail, the mappings
+// stay as they are until then.
+func (r *Region) park() error {
+	_ = parkMapping(r.maps.data, false)
+	_ = parkMapping(r.maps.readers, true)
+	var errs []error
+	for _, f := range append(r.files[:], r.lease) {
+		if f != nil {
+			errs = append(errs, f.Close())
+		}
+	}
+	r.files, r.lease = [2]*os.File{}, nil
+	return errors.Join(errs...)
+}
+
 func (r *Region) unmap() error {
 	var errs []error
 	if r.maps.data != nil {

@@ -21,6 +21,7 @@ func (r *Region) createFiles() error                     { return unsupported() 
 func (r *Region) openFiles(data, readers *os.File) error { return unsupported() }
 func (r *Region) seal() error                            { return unsupported() }
 func (r *Region) unmap() error                           { return nil }
+func (r *Region) park() error                            { return nil }
 
 func newLeaseWord() (uint64, error)                 { return 0, unsupported() }
 func lockSlot(f *os.File, off uint64) (bool, error) { return false, unsupported() }

@@ -429,7 +429,8 @@ func TestReaderStateWordCloses(t *testing.T) {
 		rd, err := r.NewReader()
 		require.NoError(t, err)
 		if !withDesc {
-			rd.m.state = &rd.m.ownState
+			m := rd.m.Load()
+			m.state = &m.ownState
 			freeDesc(rd.desc)
 			rd.desc = nil
 		}
@@ -440,7 +441,7 @@ func TestReaderStateWordCloses(t *testing.T) {
 		rd.setDescState(descClosed, true)
 		_, err = rd.Get(1, "k", nil)
 		require.ErrorIs(t, err, ErrClosed, "descriptor %v", withDesc)
-		require.Zero(t, atomic.LoadUint64(rd.m.pin), "a pin left behind")
+		require.Zero(t, atomic.LoadUint64(rd.m.Load().pin), "a pin left behind")
 		rd.setDescState(descClosed, false)
 		r.closed.Store(false)
 		require.NoError(t, rd.Close())

@@ -1,10 +1,11 @@
 package shm
 
-// This is the only file of package shm that uses package unsafe (elsewhere in shmsteer: the C
-// ABI, capi, and the C comparison, internal/ccompare, for cgo; kernels, for its assembly and
-// prefetches; steer's spans_unsafe.go, for one comparison of span bytes). Every function here takes
-// a byte slice and an offset the caller has already bounds-checked; each re-checks the bound so
-// a mistake panics instead of reading out of range.
+// This file and unsafe_linux.go (one mmap call) are the only files of package shm that use
+// package unsafe (elsewhere in shmsteer: the C ABI, capi, and the C comparison,
+// internal/ccompare, for cgo; kernels, for its assembly and prefetches; steer's
+// spans_unsafe.go, for one comparison of span bytes). Every function here takes a byte slice
+// and an offset the caller has already bounds-checked; each re-checks the bound so a mistake
+// panics instead of reading out of range.
 
 import (
 	"sync/atomic"
