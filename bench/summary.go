@@ -102,6 +102,7 @@ func Summarize(w io.Writer, runs [][]Figure) error {
 	for _, g := range Goals {
 		var vals []float64
 		var cells []string
+		var unit Figure // a run's figure, for the median's unit: the first run may lack it
 		met := 0
 		for i := range runs {
 			f, ok := by[i][g.Figure]
@@ -113,6 +114,7 @@ func Summarize(w io.Writer, runs [][]Figure) error {
 				cells = append(cells, "—")
 				continue
 			}
+			unit = f
 			vals = append(vals, v)
 			cells = append(cells, goalValue(g, f, v))
 			if v <= g.Max {
@@ -121,7 +123,7 @@ func Summarize(w io.Writer, runs [][]Figure) error {
 		}
 		med := "—"
 		if len(vals) > 0 {
-			med = goalValue(g, by[0][g.Figure], median(vals))
+			med = goalValue(g, unit, median(vals))
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %d of %d |\n", g.Text, strings.Join(cells, ", "), med, met, len(vals))
 	}

@@ -19,10 +19,11 @@ func TestSummarize(t *testing.T) {
 		return Figure{Name: "keys.get.shmsteer_ns", Value: 40, Unit: "ns/op", Baseline: "keys.get.gomap_ns", Ratio: r, RatioPaired: true}
 	}
 	p99 := func(v float64) Figure { return Figure{Name: "keys.set.owner_p99_ns", Value: v, Unit: "ns/op"} }
+	py := func(v float64) Figure { return Figure{Name: "keys.get.python_ns", Value: v, Unit: "ns/op"} }
 	runs := [][]Figure{
 		runOf(hot(1.4), p99(2500), Figure{Name: "mem.tp8_ratio", Value: 0.2, Unit: "x"}),
-		runOf(hot(1.6), p99(3500)),
-		runOf(hot(1.45), p99(2900)),
+		runOf(hot(1.6), p99(3500), py(47.8)),
+		runOf(hot(1.45), p99(2900), py(46.2)),
 	}
 	var out bytes.Buffer
 	require.NoError(t, Summarize(&out, runs))
@@ -31,6 +32,7 @@ func TestSummarize(t *testing.T) {
 	require.Contains(t, got, "| owner Set p99 ≤ 3 µs | 2.50 µs, 3.50 µs, 2.90 µs | 2.90 µs | 2 of 3 |")
 	require.Contains(t, got, "| 8 real ranks hold ≤ 0.15× the bytes of 8 private copies | 0.200×, —, — | 0.200× | 0 of 1 |")
 	require.Contains(t, got, "| decode step ≤ 1.05× its kernel | —, —, — | — | 0 of 0 |", "a goal no run measured")
+	require.Contains(t, got, "| Python key Get ≤ 500 ns | —, 47.8 ns, 46.2 ns | 47.0 ns | 2 of 2 |", "the median in the unit of a run that has it")
 	require.Contains(t, got, "| `keys.get.shmsteer_ns` | 40.0 ns | 40.0 ns, 40.0 ns, 40.0 ns | `keys.get.gomap_ns` | 1.450 |")
 	require.Less(t, strings.Index(got, "`keys.get.shmsteer_ns`"), strings.Index(got, "`keys.set.owner_p99_ns`"), "report order")
 
