@@ -69,14 +69,14 @@ func FuzzAddRows(f *testing.F) {
 			}
 			simd = h
 			if d > 0 {
-				// The same path with each tuning (the avx512 path's three bodies; the others
+				// The same path with each tuning (the avx512 path's four bodies; the others
 				// ignore it).
 				for _, tu := range []struct {
-					blocksFrom int
-					pairs      bool
-				}{{0, false}, {math.MaxInt, false}, {math.MaxInt, true}} {
+					blocksFrom, ymmFrom int
+					pairs               bool
+				}{{0, math.MaxInt, false}, {math.MaxInt, 0, false}, {math.MaxInt, math.MaxInt, false}, {math.MaxInt, math.MaxInt, true}} {
 					var alt []float32
-					kernels.WithTuning(tu.blocksFrom, tu.pairs, func() { alt = add() })
+					kernels.WithTuning(tu.blocksFrom, tu.ymmFrom, tu.pairs, func() { alt = add() })
 					require.Equal(t, bits(h), bits(alt), "%s d=%d rows=%d tuning %+v: bodies differ", p, d, nr, tu)
 				}
 			}

@@ -14,11 +14,11 @@ const (
 	MsgDim   = msgDim
 )
 
-// WithTuning runs f with the path in use tuned as given (impl.blocksFrom, impl.pairs: the
-// avx512 path's choice of body; other paths ignore them), then restores it.
-func WithTuning(blocksFrom int, pairs bool, f func()) {
+// WithTuning runs f with the path in use tuned as given (impl.blocksFrom, impl.ymmFrom,
+// impl.pairs: the avx512 path's choice of body; other paths ignore them), then restores it.
+func WithTuning(blocksFrom, ymmFrom int, pairs bool, f func()) {
 	old := cur
 	defer func() { cur = old }()
-	cur.blocksFrom, cur.pairs = blocksFrom, pairs
+	cur.blocksFrom, cur.ymmFrom, cur.pairs = blocksFrom, ymmFrom, pairs
 	f()
 }

@@ -74,13 +74,15 @@ const (
 // AddRows's assembly entry (addRowsEntry) reads cur.id as cur's first word.
 type impl struct {
 	id int
-	// blocksFrom and pairs tune the avx512 path's add to the CPU (avx512Tuning; other paths
-	// ignore them): from blocksFrom floats of h it adds in blocks of four rows (the
-	// avx512split body), and below that, with pairs, one row at a time two vectors per
-	// iteration rather than one. addRowsAVX512Body reads them as cur's second word and the
-	// byte after it (TestCurIDFirst).
+	// blocksFrom, ymmFrom and pairs tune the avx512 path's add to the CPU (avx512Tuning;
+	// other paths ignore them): from blocksFrom floats of h it adds in blocks of four rows
+	// (the avx512split body); below that, from ymmFrom floats, with the avx2 path's body
+	// (256-bit vectors, blocks of four rows); below both, with pairs, one row at a time two
+	// vectors per iteration rather than one. addRowsAVX512Body reads them as cur's second
+	// word, its fourth and the byte after the second (TestCurIDFirst).
 	blocksFrom int
 	pairs      bool
+	ymmFrom    int
 	name       string
 }
 

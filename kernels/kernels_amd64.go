@@ -79,7 +79,7 @@ func archImpls() []impl {
 	// extra AVX2/FMA requirement (every AVX-512F CPU has them anyway).
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		full := impl{name: PathAVX512, id: idAVX512}
-		full.blocksFrom, full.pairs = avx512Tuning()
+		full.blocksFrom, full.ymmFrom, full.pairs = avx512Tuning()
 		split := impl{name: PathAVX512Split, id: idAVX512Split}
 		if splits512() {
 			full, split = split, full
@@ -155,9 +155,9 @@ func splits512() bool {
 	return splitsByCPUID(b, c, d, a)
 }
 
-// avx512Tuning is the avx512 path's impl.blocksFrom and impl.pairs on this CPU
+// avx512Tuning is the avx512 path's impl.blocksFrom, impl.ymmFrom and impl.pairs on this CPU
 // (avx512TuningByCPUID).
-func avx512Tuning() (blocksFrom int, pairs bool) {
+func avx512Tuning() (blocksFrom, ymmFrom int, pairs bool) {
 	_, b, c, d := cpuid(0)
 	return avx512TuningByCPUID(b, c, d)
 }
@@ -171,16 +171,25 @@ func avx512Tuning() (blocksFrom int, pairs bool) {
 // and the prefill step 1.09-1.10x its kernel, against 1.05x and 1.02-1.05x.
 const intelBlocksFrom = 32 << 20 / 4
 
+// intelYmmFrom is ymmFrom on Intel: 64 KiB of h. On a Xeon with 2 MiB of L2 a core and
+// 480 MiB of L3 (CPUID family 6, model 0xa7 as its VM reported it), the avx2 body against the
+// two-vector 512-bit loop, in process (go test -bench, three runs of each): 1.26-1.34x the
+// time at 16 and 32 KiB of h, 0.92x at 64 KiB, 0.96x at 128 KiB, 1.00x at 256 KiB, 0.98x at
+// 512 KiB, 0.95x at 1 MiB, 0.98-0.99x at 2 and 4 MiB; in the bench at 256 KiB, 0.981-1.001x the
+// best gcc variant where the 512-bit loops ran 1.013-1.025x (both bodies, alternating runs).
+const intelYmmFrom = 64 << 10 / 4
+
 // avx512TuningByCPUID is avx512Tuning from CPUID leaf 0's vendor words (EBX, ECX, EDX): on
-// Intel, blocks from intelBlocksFrom and two vectors per iteration below it
-// (addRowsAVX512PairsBody); elsewhere one row at a time, one vector per iteration, always (on
-// the AMD Zen 5 blocks of four rows ran 1.22-1.55x gcc from 256 KiB to 64 MiB, and two vectors
-// per iteration 98-100 ns at 16 KiB where one took 85-86 ns).
-func avx512TuningByCPUID(vendorB, vendorC, vendorD uint32) (blocksFrom int, pairs bool) {
+// Intel, blocks from intelBlocksFrom, the avx2 body from intelYmmFrom below that, and two
+// vectors per iteration below both (addRowsAVX512PairsBody); elsewhere one row at a time, one
+// vector per iteration, always (on the AMD Zen 5 blocks of four rows ran 1.22-1.55x gcc from
+// 256 KiB to 64 MiB, and two vectors per iteration 98-100 ns at 16 KiB where one took
+// 85-86 ns).
+func avx512TuningByCPUID(vendorB, vendorC, vendorD uint32) (blocksFrom, ymmFrom int, pairs bool) {
 	if vendorB == 0x756e6547 && vendorD == 0x49656e69 && vendorC == 0x6c65746e { // "GenuineIntel"
-		return intelBlocksFrom, true
+		return intelBlocksFrom, intelYmmFrom, true
 	}
-	return math.MaxInt, false
+	return math.MaxInt, math.MaxInt, false
 }
 
 // splitsByCPUID is splits512 from CPUID leaf 0's vendor words (EBX, ECX, EDX) and leaf 1's

@@ -40,23 +40,25 @@ func TestAVX512TuningByCPUID(t *testing.T) {
 	const amdB, amdC, amdD = 0x68747541, 0x444d4163, 0x69746e65       // "AuthenticAMD"
 	const intelB, intelC, intelD = 0x756e6547, 0x6c65746e, 0x49656e69 // "GenuineIntel"
 	for _, tc := range []struct {
-		name       string
-		b, c, d    uint32
-		blocksFrom int
-		pairs      bool
+		name                string
+		b, c, d             uint32
+		blocksFrom, ymmFrom int
+		pairs               bool
 	}{
-		{"Intel", intelB, intelC, intelD, intelBlocksFrom, true},
-		{"AMD", amdB, amdC, amdD, math.MaxInt, false},
-		{"a mixed vendor string", intelB, amdC, intelD, math.MaxInt, false},
+		{"Intel", intelB, intelC, intelD, intelBlocksFrom, intelYmmFrom, true},
+		{"AMD", amdB, amdC, amdD, math.MaxInt, math.MaxInt, false},
+		{"a mixed vendor string", intelB, amdC, intelD, math.MaxInt, math.MaxInt, false},
 	} {
-		blocksFrom, pairs := avx512TuningByCPUID(tc.b, tc.c, tc.d)
+		blocksFrom, ymmFrom, pairs := avx512TuningByCPUID(tc.b, tc.c, tc.d)
 		require.Equal(t, tc.blocksFrom, blocksFrom, tc.name)
+		require.Equal(t, tc.ymmFrom, ymmFrom, tc.name)
 		require.Equal(t, tc.pairs, pairs, tc.name)
 	}
 	for _, p := range supported {
 		if p.id == idAVX512 {
-			blocksFrom, pairs := avx512Tuning()
+			blocksFrom, ymmFrom, pairs := avx512Tuning()
 			require.Equal(t, blocksFrom, p.blocksFrom)
+			require.Equal(t, ymmFrom, p.ymmFrom)
 			require.Equal(t, pairs, p.pairs)
 		}
 	}
