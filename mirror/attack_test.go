@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -233,8 +234,7 @@ func TestMirrorOversizedObject(t *testing.T) {
 	kv, obj, ctx := bucketOf(t, n)
 	const size = 300 << 20
 	name := vectorEntry("huge") + "/0"
-	_, err := obj.Put(ctx, jetstream.ObjectMeta{Name: name}, io.LimitReader(zeros{}, size))
-	require.NoError(t, err)
+	putZeros(t, ctx, obj, name, size)
 	hwm := func() map[string]int {
 		out := map[string]int{}
 		for _, h := range hs {
@@ -245,18 +245,16 @@ func TestMirrorOversizedObject(t *testing.T) {
 	rss0 := hwm()
 	before := map[*host]Status{a: a.owner.status(), b: b.owner.status()}
 	ref := objectRef{name: name, size: 100, sum: sha256.Sum256(make([]byte, 100))}
-	_, err = kv.Put(ctx, vectorEntry("huge"), forge(vectorEntry("huge"), kindVector, flagExternal, "x", ref.encode()))
+	_, err := kv.Put(ctx, vectorEntry("huge"), forge(vectorEntry("huge"), kindVector, flagExternal, "x", ref.encode()))
 	require.NoError(t, err)
 	ref.name = vectorEntry("huge2") + "/0" // and one that a host with the secret wrote
-	_, err = obj.Put(ctx, jetstream.ObjectMeta{Name: ref.name}, io.LimitReader(zeros{}, size))
-	require.NoError(t, err)
+	putZeros(t, ctx, obj, ref.name, size)
 	_, err = kv.Put(ctx, vectorEntry("huge2"), forgeWithSecret(secret, vectorEntry("huge2"), kindVector, flagExternal, "x", ref.encode()))
 	require.NoError(t, err)
 	// And one whose object-store record lies too (it says 100 bytes, its chunks hold 300 MiB):
 	// only the streamed read's cap stops it.
 	ref.name = vectorEntry("huge3") + "/0"
-	info, err := obj.Put(ctx, jetstream.ObjectMeta{Name: ref.name}, io.LimitReader(zeros{}, size))
-	require.NoError(t, err)
+	info := putZeros(t, ctx, obj, ref.name, size)
 	info.Size = 100
 	meta, err := json.Marshal(info)
 	require.NoError(t, err)
@@ -287,6 +285,27 @@ func TestMirrorOversizedObject(t *testing.T) {
 	for _, h := range hs {
 		t.Logf("host %s: VmHWM %d KiB before the 300 MiB objects, %d KiB after; %s", h.id, rss0[h.id], rss1[h.id], h.owner.status().LastError)
 		require.Less(t, rss1[h.id]-rss0[h.id], 64<<10, "host %s grew its peak RSS by %d KiB", h.id, rss1[h.id]-rss0[h.id])
+	}
+}
+
+// putZeros stores size zero bytes as the object name. The object store sends its chunks as
+// asynchronous publishes, up to 4000 unacknowledged, and the server refuses a stream's ingest
+// with 429 once more than 128 MiB wait for its disk: 16 KiB chunks keep what is in flight
+// under half that. A put refused all the same (a stall or a 429 on a slow disk) purged its
+// partial chunks and is tried again, twice at most.
+func putZeros(t testing.TB, ctx context.Context, obj jetstream.ObjectStore, name string, size int64) *jetstream.ObjectInfo {
+	t.Helper()
+	meta := jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: 16 << 10}}
+	for attempt := 1; ; attempt++ {
+		info, err := obj.Put(ctx, meta, io.LimitReader(zeros{}, size))
+		var api *jetstream.APIError
+		if attempt < 3 && (errors.Is(err, jetstream.ErrTooManyStalledMsgs) || errors.As(err, &api) && api.Code == 429) {
+			t.Logf("put %s, attempt %d: %v; trying again", name, attempt, err)
+			time.Sleep(time.Duration(attempt) * time.Second)
+			continue
+		}
+		require.NoError(t, err)
+		return info
 	}
 }
 
