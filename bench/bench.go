@@ -57,12 +57,13 @@ type sources struct {
 	StepKernel Setup
 	// StepDecode* measure a whole decode step (64 requests × 1 row, every
 	// site of 32 layers × 5 hooks): steer.step.decode.{mixed,kernel}_ns with
-	// every request steered, steer.step.decode.{sparse,sparse_kernel}_ns with 4.
+	// every request steered, steer.step.decode.{sparse,sparse_kernel}_ns with 4;
+	// each kernel reads its step's own vectors in place (see decodebench.go).
 	StepDecodeMixed, StepDecodeKernel  Setup
 	StepDecodeSparse, StepSparseKernel Setup
 	// StepDecodeScattered is steer.step.decode.scattered_kernel_ns, the bare row adds of the
-	// decode step's vectors laid out as the engine lays them out (a diagnostic beside the
-	// kernel figure: see decodebench.go).
+	// decode step's vectors laid out request-major, as the engine laid them out before the
+	// column pool (a diagnostic beside the kernel figure: see decodebench.go).
 	StepDecodeScattered Setup
 	// Memory returns mem.overhead_ratio (unit "x").
 	Memory func() (overhead float64, err error)

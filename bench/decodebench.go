@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 
 	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/shm"
@@ -13,9 +14,10 @@ import (
 // The decode step figures (steer.step.decode.*): a whole decode step of 64 requests × 1 row at
 // every site of 32 layers × 5 hooks, D = 4096, each steered request with its own vector at
 // every site (2.5 MiB per request, 160 MiB for 64): Begin, 160 Applies, End, against the bare
-// gather-add of the same vectors at the same 160 sites. The sparse pair steers 4 of the 64
-// requests (the other 60 are admitted without steering) and its kernel gather-adds only their 4
-// rows. Only the public steer API is used: Open, Admit, NewStepper, Begin, Apply, End.
+// add of the same vectors, read in place, to the same rows at the same 160 sites (decodeKernel).
+// The sparse pair steers 4 of the 64 requests (the other 60 are admitted without steering) and
+// its kernel adds only their 4 rows. Only the public steer API is used: Open, Admit, NewStepper,
+// Begin, Apply, Effective, End.
 const (
 	decodeRequests = 64
 	decodeLayers   = 32
@@ -136,12 +138,12 @@ func (f *decodeFixture) kernelStep(h []float32) {
 // step through the Stepper, after one warm-up step (the figure is the steady state).
 func decodeMixed(sparse bool) Setup {
 	return func() (Op, func() error, error) {
-		f, err := newDecodeFixture(sparse, true)
+		f, release, err := decodeEngines[sparseIndex(sparse)].acquire(sparse)
 		if err != nil {
 			return nil, nil, err
 		}
 		st := f.engine.NewStepper()
-		cleanup := func() error { st.Close(); return f.region.Close() }
+		cleanup := func() error { st.Close(); return release() }
 		if err := f.step(st); err != nil {
 			return nil, nil, errors.Join(err, cleanup())
 		}
@@ -157,22 +159,135 @@ func decodeMixed(sparse bool) Setup {
 }
 
 // decodeKernel is steer.step.decode.kernel_ns (sparse: steer.step.decode.sparse_kernel_ns):
-// 160 gather-adds over the same rows of the same h (decodeH) and the same vectors (its own
-// copy of them: the fixture is built from the same seed, without a region).
+// the bare gather-add at each of the 160 sites, as kernels.GatherAdd runs it (each row of the
+// batch in turn, one kernels.AddRows for a row with a vector, nothing for a row without), over
+// the same rows of the same h (decodeH) and the very vectors the step adds: those of the step's
+// own engine (decodeEngines), read in place through a Stepper held in one step
+// (Stepper.Effective), so the kernel reads the pages the step reads. With a copy of its own (a
+// table per site in the heap, as before), it measured where its 160 MiB happened to lie as
+// much as the step's cost: two such copies of the same tables in one process, timed in paired
+// rounds, took 0.88-1.21x each other's time, from process to process, on a 2-core Zen 4 VM.
 func decodeKernel(sparse bool) Setup {
 	return func() (Op, func() error, error) {
-		f, err := newDecodeFixture(sparse, false)
+		f, release, err := decodeEngines[sparseIndex(sparse)].acquire(sparse)
 		if err != nil {
 			return nil, nil, err
 		}
-		f.kernelStep(f.h)
+		k, err := f.inPlace()
+		if err != nil {
+			return nil, nil, errors.Join(err, release())
+		}
+		cleanup := func() error { k.close(); return release() }
+		k.step(f.h)
 		return CPUOp(func(n int) error {
 			for range n {
-				f.kernelStep(f.h)
+				k.step(f.h)
 			}
 			return nil
-		}), nil, nil
+		}), cleanup, nil
 	}
+}
+
+// inPlaceKernel is the decode kernel over an engine's compositions, read in place: sites[s][t]
+// is the vector batch row t gets at site s (nil for none). The views alias the region and stay
+// valid while st is in its step.
+type inPlaceKernel struct {
+	st    *steer.Stepper
+	sites [][][]float32
+}
+
+// inPlace reads, through a Stepper of its own held in one step, the vector each batch row
+// gets at each site: the request's composition only (the fixture sets no global steering and
+// no clamps, which it checks).
+func (f *decodeFixture) inPlace() (_ *inPlaceKernel, err error) {
+	if f.engine == nil {
+		return nil, errors.New("bench: the in-place decode kernel needs the fixture's engine")
+	}
+	k := &inPlaceKernel{st: f.engine.NewStepper(), sites: make([][][]float32, f.sites)}
+	defer func() {
+		if err != nil {
+			k.close()
+		}
+	}()
+	if err := k.st.Begin(0); err != nil {
+		return nil, err
+	}
+	for s := range f.sites {
+		hook, layer := steer.HookID(s/decodeLayers), s%decodeLayers
+		k.sites[s] = make([][]float32, len(f.batch))
+		for t, sp := range f.batch {
+			eff, err := k.st.Effective(sp.ID, hook, layer, sp.Phase)
+			if err != nil {
+				return nil, err
+			}
+			if eff.Global != nil || eff.Clamps != 0 {
+				return nil, fmt.Errorf("bench: decode request %s at site %d: global steering or clamps, which the kernel does not add", sp.ID, s)
+			}
+			k.sites[s][t] = eff.Request
+		}
+	}
+	return k, nil
+}
+
+// step gather-adds every site's vectors to their rows of h.
+func (k *inPlaceKernel) step(h []float32) {
+	for _, vecs := range k.sites {
+		for t, v := range vecs {
+			if v != nil {
+				kernels.AddRows(h[t*stepD:(t+1)*stepD], stepD, 1, v)
+			}
+		}
+	}
+}
+
+func (k *inPlaceKernel) close() {
+	k.st.End()
+	k.st.Close()
+}
+
+// sharedDecode is one decode fixture with its engine, made on first use and shared by the step
+// figure and its kernel (so both read the same vectors in the same pages), its region closed
+// when the last of them is done with it.
+type sharedDecode struct {
+	mu    sync.Mutex
+	f     *decodeFixture
+	users int
+}
+
+// decodeEngines are the dense ([0]) and the sparse ([1]) pairs' fixtures.
+var decodeEngines [2]sharedDecode
+
+func sparseIndex(sparse bool) int {
+	if sparse {
+		return 1
+	}
+	return 0
+}
+
+// acquire returns the shared fixture, made the first time, and the release of this use.
+func (s *sharedDecode) acquire(sparse bool) (*decodeFixture, func() error, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f == nil {
+		f, err := newDecodeFixture(sparse, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		s.f = f
+	}
+	s.users++
+	var once sync.Once
+	return s.f, func() (err error) {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.users--; s.users == 0 {
+				err = s.f.region.Close()
+				s.f = nil
+			}
+		})
+		return err
+	}, nil
 }
 
 // scatteredFixture holds the decode step's vectors request-major, as the engine laid them out
