@@ -254,8 +254,8 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		}
 		plan = plan[n:]
 	}
-	for _, p := range plan[:min(siteAhead, len(plan))] {
-		p.st.view.prefetchSite(site + p.ph)
+	for n := range min(siteAhead, len(plan)) {
+		plan[n].st.view.prefetchSite(site + plan[n].ph)
 	}
 	var nv []float32
 	var ncl []byte
@@ -307,7 +307,7 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 						run.n, run.end = run.n+1, run.end+1
 					} else {
 						s.addRun(h, &run)
-						run = colRun{col: col, n: 1, start: p.start, end: p.end, cell: site / 2}
+						run.col, run.n, run.start, run.end, run.cell = col, 1, p.start, p.end, site/2
 					}
 					break
 				}
@@ -351,8 +351,8 @@ func (s *Stepper) applyRuns(h []float32, site int, hookLayer uint64) int {
 	var run colRun
 	sum := s.sum
 	hl := hookLayer * mixK1
-	for _, p := range plan[:min(runAhead, len(plan))] {
-		p.st.view.prefetchSite(site + p.ph)
+	for n := range min(runAhead, len(plan)) {
+		plan[n].st.view.prefetchSite(site + plan[n].ph)
 	}
 	for n := range plan {
 		p := &plan[n]
@@ -373,7 +373,9 @@ func (s *Stepper) applyRuns(h []float32, site int, hookLayer uint64) int {
 			run.n, run.end = run.n+1, run.end+1
 		} else {
 			s.addRun(h, &run)
-			run = colRun{col: col, n: 1, start: p.start, end: p.end, cell: site / 2}
+			// Field by field: a composite literal is built on the stack in overlapping 16-byte
+			// stores and copied with overlapping loads, which stall on store forwarding.
+			run.col, run.n, run.start, run.end, run.cell = col, 1, p.start, p.end, site/2
 		}
 		x := mixPre(sum, hl)
 		x = mixPre(x, p.idMul)
