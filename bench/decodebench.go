@@ -166,7 +166,7 @@ func decodeMixed(sparse bool) Setup {
 // (Stepper.Effective), so the kernel reads the pages the step reads. With a copy of its own (a
 // table per site in the heap, as before), it measured where its 160 MiB happened to lie as
 // much as the step's cost: two such copies of the same tables in one process, timed in paired
-// rounds, took 0.88-1.21x each other's time, from process to process, on a 2-core Zen 4 VM.
+// rounds, take up to a third longer one than the other, by process (BenchmarkHeapPlacement).
 func decodeKernel(sparse bool) Setup {
 	return func() (Op, func() error, error) {
 		f, release, err := decodeEngines[sparseIndex(sparse)].acquire(sparse)
