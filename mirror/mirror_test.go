@@ -187,8 +187,12 @@ func TestMirrorFaults(t *testing.T) {
 		a.owner.OK(fmt.Sprintf("reg p%d %d 1", i, 100+i)) // local writes go on
 	}
 	eventually(t, a.worker, fmt.Sprintf("vec p%d", acked+queued-1), fmt.Sprintf("%d/1", 100+acked+queued-1), 5*time.Second, "local reads while NATS is down")
+	// The client notices the lost connection asynchronously: poll until its status says so.
 	st := a.owner.status()
-	require.False(t, st.Connected)
+	for deadline := time.Now().Add(10 * time.Second); st.Connected && time.Now().Before(deadline); st = a.owner.status() {
+		time.Sleep(2 * time.Millisecond)
+	}
+	require.False(t, st.Connected, "a's mirror still reports a connection 10 s after the server's SIGKILL: %+v", st)
 	require.Positive(t, st.QueueDepth, "changes queue while NATS is down: %+v", st)
 
 	n.start() // same store, same port
