@@ -7,7 +7,9 @@
 // serves workers' writes (Serve); a worker opens one over the region it attached to (Open with a
 // nil config: the region's is read) with its transport to the owner as Options.Caller. Each
 // goroutine that steers takes a Stepper (NewStepper) and, per step, Begin at the version the
-// scheduler handed out, Apply at each hook, End.
+// scheduler handed out, Apply at each hook, End. A worker that applies one batch at every hook
+// of a step binds it once after Begin (Bind) and calls ApplyBound at each hook, which neither
+// compares the batch again nor looks up its requests' vectors per hook (bound.go).
 //
 // # Vocabulary
 //

@@ -39,7 +39,8 @@ var (
 	// ErrNotOwner means a write was attempted in a process that is neither the region's owner
 	// nor connected to it through a Caller.
 	ErrNotOwner = errors.New("shmsteer: steering writes need the owner or a client connection")
-	// ErrNoStep means Apply was called on a Stepper outside Begin/End.
+	// ErrNoStep means Apply was called on a Stepper outside Begin/End, or ApplyBound in a
+	// step with no batch bound (call Bind after Begin).
 	ErrNoStep = errors.New("shmsteer: no step begun")
 	// ErrBadBatch means a batch span is out of the block's rows, reversed, overlaps another
 	// span's rows, has an empty id or a phase other than PhasePrefill or PhaseDecode.

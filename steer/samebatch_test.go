@@ -93,3 +93,29 @@ func sameLayoutSteered(t *testing.T, e *Engine, hook HookID, h0 []float32, batch
 	st.End()
 	return h
 }
+
+// TestStepRefusedBatchLeavesNoPlan: a batch refused after its first spans were resolved (here
+// an overlap in its last span) leaves nothing of them behind: an Apply of an empty batch in
+// the same step, or in the next, steers nothing. (Found by FuzzBindMatchesApply: the refused
+// batch's steered spans were applied again.)
+func TestStepRefusedBatchLeavesNoPlan(t *testing.T) {
+	e, cfg := boundFixture(t)
+	d := cfg.Hidden
+	st := e.NewStepper()
+	defer st.Close()
+	h0 := randVec(rand.New(rand.NewPCG(3, 3)), 2*d)
+	h := slices.Clone(h0)
+	require.NoError(t, st.Begin(0))
+	bad := []Span{{ID: "c-0", Start: 0, End: 1, Phase: PhaseDecode}, {ID: "c-1", Start: 0, End: 2, Phase: PhaseDecode}}
+	require.ErrorIs(t, st.Apply(0, 0, h, bad), ErrBadBatch)
+	require.NoError(t, st.Apply(0, 0, h, nil))
+	require.Equal(t, h0, h, "the refused batch's first span was applied")
+	st.End()
+	require.NoError(t, st.Begin(0))
+	require.ErrorIs(t, st.Apply(0, 0, h, bad), ErrBadBatch)
+	st.End()
+	require.NoError(t, st.Begin(0))
+	require.NoError(t, st.Apply(0, 0, h, []Span{}))
+	require.Equal(t, h0, h, "in the next step")
+	require.Zero(t, st.End())
+}

@@ -86,11 +86,26 @@ type Stepper struct {
 	// is applied at every (hook, layer) of a step, so later Applies only compare it.
 	last []Span
 	cur  []*reqState
+	// resolved: last, cur and plan are a batch resolved in this step (a refused batch leaves
+	// them partly filled).
+	resolved bool
 	// plan lists the spans of that batch that anything steers (a request composition, or
 	// the global one for non-empty spans), with what Apply needs of them: unsteered requests
 	// cost nothing per site. lastEnd is the largest End of the batch's spans.
 	plan    []planSpan
 	lastEnd int
+	// bound: Bind bound the batch in s.last for ApplyBound, a block of boundRows rows, and
+	// planned its sites (bound.go).
+	bound     bool
+	boundRows int
+	bsites    []boundSite
+	bruns     []boundRun
+	bacts     []boundAct
+	// The plan the sites were planned for (samePlan).
+	bkey                []boundKey
+	bglobal             uint64
+	bglobalSites        int
+	bplanRuns, bplanned bool
 	// pair is scratch for a request's and the global vector summed for a span
 	// (kernels.SumAddRows: a row and kernels.ScratchPad).
 	pair []float32
@@ -148,6 +163,7 @@ func (s *Stepper) Begin(version uint64) error {
 	s.stats.Steps++
 	s.sum, s.gsum = 0, 0
 	s.last = s.last[:0]
+	s.bound, s.resolved = false, false
 	s.beginCapture()
 	if s.step%64 == 0 {
 		s.evictIdle()
@@ -179,6 +195,7 @@ func (s *Stepper) End() uint64 {
 		s.snap.Close()
 		s.open = false
 		s.last = s.last[:0]
+		s.bound, s.resolved = false, false
 	}
 	return s.sum
 }
@@ -193,6 +210,7 @@ func (s *Stepper) Hidden() int { return s.d }
 func (s *Stepper) Close() {
 	s.End()
 	s.reqs, s.free, s.cur = map[string]*reqState{}, nil, nil
+	s.bplanned, s.bkey = false, nil
 }
 
 // Apply adds the effective steering (global base + global phase + request base + request
@@ -200,7 +218,8 @@ func (s *Stepper) Close() {
 // layer), then applies the clamps there (global ones first), in place. Rows outside every span
 // are untouched. It allocates nothing. Every argument is checked before h is modified; the
 // batch is validated and its requests resolved once per step, and later Applies with the same
-// layout only compare it.
+// layout only compare it. A caller passing the same batch at every site may bind it once
+// instead (Bind, ApplyBound: same bits, same checksum, no comparison per site).
 func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error {
 	if !s.open {
 		return ErrNoStep
@@ -224,6 +243,13 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 			return err
 		}
 	}
+	s.applyPlan(hook, layer, h)
+	return nil
+}
+
+// applyPlan is Apply at (hook, layer) once its arguments are checked and s.plan is the batch's.
+func (s *Stepper) applyPlan(hook HookID, layer int, h []float32) {
+	d := s.d
 	s.stats.Applies++
 	if s.cap.on {
 		s.captureSite(hook, layer, shm.Float32Bytes(h), CaptureF32, false) // before the adds
@@ -250,7 +276,7 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		// from the first span that is not, by the loop below.
 		n := s.applyRuns(h, site, uint64(hook)<<32|uint64(layer))
 		if n == len(plan) {
-			return nil
+			return
 		}
 		plan = plan[n:]
 	}
@@ -335,7 +361,6 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 		s.sum = mix64(x, rAct)
 	}
 	s.addRun(h, &run)
-	return nil
 }
 
 // applyRuns is Apply's walk of the plan when Stepper.planRuns holds and the site has no
@@ -443,7 +468,7 @@ type planSpan struct {
 // different padding) is compared field by field; if that finds the same layout, the copy is
 // refreshed so the next Apply compares bytes again.
 func (s *Stepper) sameBatch(batch []Span, rows int) bool {
-	if len(batch) != len(s.last) || len(s.cur) != len(batch) || rows < s.lastEnd {
+	if !s.resolved || len(batch) != len(s.last) || len(s.cur) != len(batch) || rows < s.lastEnd {
 		return false
 	}
 	if spansEqual(batch, s.last) {
@@ -462,6 +487,7 @@ func (s *Stepper) sameBatch(batch []Span, rows int) bool {
 
 // resolve validates every span and finds each request's composition at the step's version.
 func (s *Stepper) resolve(batch []Span, rows int) error {
+	s.bound, s.resolved = false, false
 	s.last = s.last[:0]
 	s.cur = s.cur[:0]
 	s.plan = s.plan[:0]
@@ -510,6 +536,7 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 	}
 	s.last = append(s.last, batch...)
 	s.lastEnd = lastEnd
+	s.resolved = true
 	s.planRuns = s.runs
 	for i := range s.plan {
 		if p := &s.plan[i]; p.gated || p.end-p.start != 1 {
