@@ -335,6 +335,18 @@ SHMSTEER_API int shmsteer_stepper_apply(shmsteer_stepper_t *st, uint32_t hook, i
   return shmsteerGo_stepper_apply(H(st), hook, layer, rows, n_floats, (shmsteer_span *)spans, n_spans);
 }
 
+SHMSTEER_API int shmsteer_stepper_bind(shmsteer_stepper_t *st, const shmsteer_span *spans, size_t n_spans,
+                                       size_t n_rows) {
+  ENTER();
+  return shmsteerGo_stepper_bind(H(st), (shmsteer_span *)spans, n_spans, n_rows);
+}
+
+SHMSTEER_API int shmsteer_stepper_apply_bound(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, float *rows,
+                                              size_t n_floats) {
+  ENTER();
+  return shmsteerGo_stepper_apply_bound(H(st), hook, layer, rows, n_floats);
+}
+
 SHMSTEER_API int shmsteer_stepper_effective(shmsteer_stepper_t *st, const char *id, size_t id_len,
                                             uint32_t hook, int32_t layer, int32_t phase,
                                             shmsteer_effective *out) {

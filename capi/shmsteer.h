@@ -539,6 +539,20 @@ int shmsteer_stepper_begin(shmsteer_stepper_t *st, uint64_t version, uint64_t *p
 int shmsteer_stepper_apply(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, float *rows,
                            size_t n_floats, const shmsteer_span *spans, size_t n_spans);
 
+/* Bind spans, the batch of a block of n_rows rows, as the current step's batch for
+ * shmsteer_stepper_apply_bound: validated as shmsteer_stepper_apply validates it
+ * (INVALID_ARGUMENT, BAD_BATCH, SHAPE, NO_STEP; after BAD_BATCH or SHAPE no batch is bound) and
+ * copied (spans may be reused at once). It lasts until the step ends, the next bind, or an
+ * apply with other spans. */
+int shmsteer_stepper_bind(shmsteer_stepper_t *st, const shmsteer_span *spans, size_t n_spans,
+                          size_t n_rows);
+
+/* shmsteer_stepper_apply with the bound batch, which is neither converted nor compared again:
+ * rows[0:n_floats] must be the bound block, n_rows x hidden floats (SHAPE); NO_STEP when the
+ * step has no batch bound. The same floats and checksum as shmsteer_stepper_apply. */
+int shmsteer_stepper_apply_bound(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, float *rows,
+                                 size_t n_floats);
+
 /* A request's effective steering at (hook, layer, phase) in the current step: a row gets
  * data[i] + global_data[i] added (each term only if not NULL), then the clamps. */
 typedef struct {

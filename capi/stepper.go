@@ -167,6 +167,46 @@ func shmsteerGo_stepper_apply(h C.uint64_t, hook C.uint32_t, layer C.int32_t, ro
 	return C.SHMSTEER_OK
 }
 
+//export shmsteerGo_stepper_bind
+func shmsteerGo_stepper_bind(h C.uint64_t, spans *C.shmsteer_span, nSpans C.size_t, nRows C.size_t) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if (spans == nil && nSpans > 0) || uint64(nSpans) > math.MaxInt32 || uint64(nRows) > math.MaxInt32 {
+		return badArg("spans or n_rows")
+	}
+	var rc2 C.int
+	if st.spans, rc2 = goSpans(st, st.spans, spans, nSpans); rc2 != C.SHMSTEER_OK {
+		return rc2
+	}
+	if err := st.st.Bind(st.spans, int(nRows)); err != nil {
+		return fail(err)
+	}
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_stepper_apply_bound
+func shmsteerGo_stepper_apply_bound(h C.uint64_t, hook C.uint32_t, layer C.int32_t, rows *C.float, nFloats C.size_t) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if (rows == nil && nFloats > 0) || uint64(nFloats) > math.MaxInt || hook > math.MaxUint16 {
+		return badArg("rows or hook")
+	}
+	var h32 []float32
+	if nFloats > 0 {
+		h32 = unsafe.Slice((*float32)(unsafe.Pointer(rows)), int(nFloats))
+	}
+	err := st.st.ApplyBound(steer.HookID(hook), int(layer), h32)
+	runtime.KeepAlive(rows)
+	if err != nil {
+		return fail(err)
+	}
+	return C.SHMSTEER_OK
+}
+
 //export shmsteerGo_stepper_effective
 func shmsteerGo_stepper_effective(h C.uint64_t, id *C.char, idLen C.size_t, hook C.uint32_t, layer C.int32_t, phase C.int32_t, out *C.shmsteer_effective) C.int {
 	st, rc := stepperOf(h)

@@ -955,6 +955,43 @@ class Stepper:
         ptr, n = _rows_ptr(rows)
         self.apply_ptr(self._parent.hook_id(hook), layer, ptr, n, self.spans(spans))
 
+    def bind(self, spans: Union[Sequence[SpanLike], ctypes.Array], n_rows: int) -> None:
+        """Bind ``spans`` (as :meth:`apply` takes them, or packed by :meth:`spans`), the batch of
+        a block of ``n_rows`` rows, as this step's batch for :meth:`apply_bound`: validated once
+        and copied. It lasts until :meth:`end`, the next bind, or an apply with other spans.
+
+        Raises:
+            BadBatchError or ShapeError (no batch is bound then); NoStepError outside a step.
+        """
+        arr = spans if isinstance(spans, ctypes.Array) else self.spans(spans)
+        n_rows = _int("n_rows", n_rows, U64)
+        h = self._enter("bind()")
+        try:
+            check(lib.shmsteer_stepper_bind(h, arr, len(arr), n_rows))
+        finally:
+            self._busy.release()
+
+    def apply_bound_ptr(self, hook: int, layer: int, ptr: int, n_floats: int) -> None:
+        """:meth:`apply_bound` over n_floats float32 at address ptr (in place, no copy)."""
+        hook, layer = _int("hook id", hook, U32), _int("layer", layer, I32)
+        n_floats = _int("n_floats", n_floats, U64)
+        h = self._enter("apply_bound()")
+        try:
+            check(lib.shmsteer_stepper_apply_bound(h, hook, layer, ptr, n_floats))
+        finally:
+            self._busy.release()
+
+    def apply_bound(self, hook: Union[str, int], layer: int, rows: Any) -> None:
+        """:meth:`apply` with the batch bound by :meth:`bind`, which is neither packed nor
+        compared again: ``rows`` must be the bound block (n_rows x hidden float32, as
+        :meth:`apply` takes it). The same floats and checksum as :meth:`apply`.
+
+        Raises:
+            ShapeError for another block size; NoStepError when no batch is bound.
+        """
+        ptr, n = _rows_ptr(rows)
+        self.apply_bound_ptr(self._parent.hook_id(hook), layer, ptr, n)
+
     def effective(self, request_id: str, hook: Union[str, int], layer: int,
                   phase: Union[int, str]) -> Effective:
         """The request's effective steering at (hook, layer, phase) in this step."""

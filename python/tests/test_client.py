@@ -182,6 +182,50 @@ def test_stepper_on_numpy_rows(owner, ns, secret):
         st.end()
 
 
+def test_stepper_bound_batch_matches_apply(owner, ns, secret):
+    # bind + apply_bound: the same floats and checksum as apply with the batch at every site.
+    d = 8
+    rng = np.random.default_rng(3)
+    for layer in range(2):
+        owner.register_vector(f"b{layer}", [("post_block", layer, 1.0, rng.standard_normal(d).astype(np.float32))])
+    owner.admit("r1", override={"decode": {"refs": [{"name": "b0", "strength": 2.0}, {"name": "b1", "strength": -1.0}]}})
+    owner.admit("r2", override={"base": {"refs": [{"name": "b1", "strength": 0.5}]}})
+    spans = [("r1", 0, 1, "decode"), ("r2", 1, 2, "decode"), ("r3", 2, 3, "decode")]
+    h0 = rng.standard_normal((3, d)).astype(np.float32)
+    with shmsteer.Client(ns, secret=secret) as c, c.stepper() as a, c.stepper() as b:
+        ra, rb = h0.copy(), h0.copy()
+        a.begin()
+        b.begin()
+        b.bind(spans, 3)
+        spans[0] = ("r2", 0, 1, "decode")  # bind copied the batch
+        for layer in range(2):
+            a.apply("post_block", layer, ra, [("r1", 0, 1, "decode"), ("r2", 1, 2, "decode"), ("r3", 2, 3, "decode")])
+            b.apply_bound("post_block", layer, rb)
+        assert a.end() == b.end() != 0
+        np.testing.assert_array_equal(ra, rb)
+        assert not np.array_equal(rb[:2], h0[:2])
+        np.testing.assert_array_equal(rb[2], h0[2])
+
+        with pytest.raises(errors.NoStepError):
+            b.bind(spans, 3)
+        b.begin()
+        with pytest.raises(errors.NoStepError):
+            b.apply_bound("post_block", 0, rb)
+        with pytest.raises(errors.BadBatchError):
+            b.bind([("r1", 0, 9, "decode")], 3)
+        with pytest.raises(errors.NoStepError):
+            b.apply_bound("post_block", 0, rb)
+        b.bind(b.spans(spans), 3)  # packed spans
+        with pytest.raises(errors.ShapeError):
+            b.apply_bound("post_block", 0, rb[:2])
+        with pytest.raises(errors.LayerRangeError):
+            b.apply_bound("post_block", 7, rb)
+        with pytest.raises(errors.InvalidArgumentError):
+            b.bind(spans, -1)
+        np.testing.assert_array_equal(ra, rb)
+        b.end()
+
+
 def test_worker_sets_global_through_a_python_owner(owner, ns, secret):
     # A Python-hosted owner serves every write a worker sends, global steering included.
     d = 8
