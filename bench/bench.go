@@ -61,6 +61,10 @@ type sources struct {
 	// each kernel reads its step's own vectors in place (see decodebench.go).
 	StepDecodeMixed, StepDecodeKernel  Setup
 	StepDecodeSparse, StepSparseKernel Setup
+	// StepDecodeMixedApply and StepDecodeSparseApply are the same steps with the batch passed
+	// to Apply at every site instead of bound once (Stepper.Bind, ApplyBound):
+	// steer.step.decode.{mixed,sparse}_apply_ns, diagnostics beside the goal figures.
+	StepDecodeMixedApply, StepDecodeSparseApply Setup
 	// StepDecodeScattered is steer.step.decode.scattered_kernel_ns, the bare row adds of the
 	// decode step's vectors laid out request-major, as the engine laid them out before the
 	// column pool (a diagnostic beside the kernel figure: see decodebench.go).
@@ -199,11 +203,13 @@ func Run(cfg Config, src sources) *Report {
 	keepRotated(
 		Contender{"steer.step.decode.mixed_ns", src.StepDecodeMixed},
 		Contender{"steer.step.decode.kernel_ns", src.StepDecodeKernel},
+		Contender{"steer.step.decode.mixed_apply_ns", src.StepDecodeMixedApply},
 		Contender{"steer.step.decode.scattered_kernel_ns", src.StepDecodeScattered},
 	)
 	keepRotated(
 		Contender{"steer.step.decode.sparse_ns", src.StepDecodeSparse},
 		Contender{"steer.step.decode.sparse_kernel_ns", src.StepSparseKernel},
+		Contender{"steer.step.decode.sparse_apply_ns", src.StepDecodeSparseApply},
 	)
 	memNames := filter(cfg, "mem.overhead_ratio", "mem.tp8_ratio")
 	prog.total += len(memNames)

@@ -17,7 +17,7 @@ import (
 // add of the same vectors, read in place, to the same rows at the same 160 sites (decodeKernel).
 // The sparse pair steers 4 of the 64 requests (the other 60 are admitted without steering) and
 // its kernel adds only their 4 rows. Only the public steer API is used: Open, Admit, NewStepper,
-// Begin, Apply, Effective, End.
+// Begin, Bind, ApplyBound, Apply, Effective, End.
 const (
 	decodeRequests = 64
 	decodeLayers   = 32
@@ -110,7 +110,8 @@ func newDecodeFixture(sparse, withEngine bool) (_ *decodeFixture, err error) {
 	return f, nil
 }
 
-// step runs one whole decode step through st: Begin, Apply at every (hook, layer), End.
+// step runs one whole decode step through st: Begin, Apply with the batch at every (hook,
+// layer), End.
 func (f *decodeFixture) step(st *steer.Stepper) error {
 	if err := st.Begin(0); err != nil {
 		return err
@@ -127,6 +128,27 @@ func (f *decodeFixture) step(st *steer.Stepper) error {
 	return nil
 }
 
+// boundStep is step with the batch bound once: Begin, Bind, ApplyBound at every (hook,
+// layer), End.
+func (f *decodeFixture) boundStep(st *steer.Stepper) error {
+	if err := st.Begin(0); err != nil {
+		return err
+	}
+	defer st.End()
+	if err := st.Bind(f.batch, decodeRequests); err != nil {
+		return err
+	}
+	hooks := f.sites / decodeLayers
+	for hk := range hooks {
+		for l := range decodeLayers {
+			if err := st.ApplyBound(steer.HookID(hk), l, f.h); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // kernelStep is the bare gather-add of the same vectors at every site.
 func (f *decodeFixture) kernelStep(h []float32) {
 	for _, t := range f.table {
@@ -135,8 +157,11 @@ func (f *decodeFixture) kernelStep(h []float32) {
 }
 
 // decodeMixed is steer.step.decode.mixed_ns (sparse: steer.step.decode.sparse_ns): a whole
-// step through the Stepper, after one warm-up step (the figure is the steady state).
-func decodeMixed(sparse bool) Setup {
+// step through the Stepper, after one warm-up step (the figure is the steady state). bound:
+// the batch bound once (Bind, ApplyBound: the goal figures, what a worker applying one batch at
+// every site does); otherwise passed to Apply at every site, which compares it each time (the
+// _apply_ns diagnostics).
+func decodeMixed(sparse, bound bool) Setup {
 	return func() (Op, func() error, error) {
 		f, release, err := decodeEngines[sparseIndex(sparse)].acquire(sparse)
 		if err != nil {
@@ -144,12 +169,16 @@ func decodeMixed(sparse bool) Setup {
 		}
 		st := f.engine.NewStepper()
 		cleanup := func() error { st.Close(); return release() }
-		if err := f.step(st); err != nil {
+		step := f.step
+		if bound {
+			step = f.boundStep
+		}
+		if err := step(st); err != nil {
 			return nil, nil, errors.Join(err, cleanup())
 		}
 		return CPUOp(func(n int) error {
 			for range n {
-				if err := f.step(st); err != nil {
+				if err := step(st); err != nil {
 					return err
 				}
 			}

@@ -82,8 +82,8 @@ func requireSameBits(t *testing.T, want, got []float32, what string) {
 }
 
 // BenchmarkDecodeStep is the Go benchmark of steer.step.decode.*: a whole decode step (64
-// requests × 1 row, 160 sites, D = 4096) through the Stepper, dense and sparse, against the
-// bare gather-add. It fails if a steady-state step allocates. Run:
+// requests × 1 row, 160 sites, D = 4096) through the Stepper, dense and sparse, with the batch
+// bound (Bind, ApplyBound) and passed to every Apply, against the bare gather-add. It fails if a steady-state step allocates. Run:
 //
 //	go test -run '^$' -bench DecodeStep -benchmem ./cmd/shmsteer/
 func BenchmarkDecodeStep(b *testing.B) {
@@ -92,27 +92,37 @@ func BenchmarkDecodeStep(b *testing.B) {
 		if sparse {
 			name = "sparse"
 		}
-		b.Run(name+"/mixed", func(b *testing.B) {
-			f, err := newDecodeFixture(sparse, true)
-			if err != nil {
-				b.Fatal(err)
+		for _, bound := range []bool{true, false} {
+			mode := "/bound"
+			if !bound {
+				mode = "/apply"
 			}
-			defer f.region.Close()
-			st := f.engine.NewStepper()
-			defer st.Close()
-			if err := f.step(st); err != nil {
-				b.Fatal(err)
-			}
-			if allocs := testing.AllocsPerRun(3, func() { _ = f.step(st) }); allocs != 0 {
-				b.Fatalf("%v allocations per decode step, want 0", allocs)
-			}
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := f.step(st); err != nil {
+			b.Run(name+mode, func(b *testing.B) {
+				f, err := newDecodeFixture(sparse, true)
+				if err != nil {
 					b.Fatal(err)
 				}
-			}
-		})
+				defer f.region.Close()
+				st := f.engine.NewStepper()
+				defer st.Close()
+				step := f.step
+				if bound {
+					step = f.boundStep
+				}
+				if err := step(st); err != nil {
+					b.Fatal(err)
+				}
+				if allocs := testing.AllocsPerRun(3, func() { _ = step(st) }); allocs != 0 {
+					b.Fatalf("%v allocations per decode step, want 0", allocs)
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := step(st); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 		b.Run(name+"/kernel", func(b *testing.B) {
 			f, err := newDecodeFixture(sparse, true)
 			if err != nil {

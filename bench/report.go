@@ -74,9 +74,11 @@ var FigureNames = []string{
 	"steer.step.prefill.kernel_ns",
 	"steer.step.decode.mixed_ns",
 	"steer.step.decode.kernel_ns",
+	"steer.step.decode.mixed_apply_ns",
 	"steer.step.decode.scattered_kernel_ns",
 	"steer.step.decode.sparse_ns",
 	"steer.step.decode.sparse_kernel_ns",
+	"steer.step.decode.sparse_apply_ns",
 	"mem.overhead_ratio",
 	"mem.tp8_ratio",
 }
@@ -98,6 +100,9 @@ var Baselines = map[string]string{
 	// A diagnostic, not a goal: what the engine's layout of the vectors costs the bare kernel.
 	"steer.step.decode.scattered_kernel_ns": "steer.step.decode.kernel_ns",
 	"steer.step.decode.sparse_ns":           "steer.step.decode.sparse_kernel_ns",
+	// Diagnostics, not goals: the steps with the batch passed to Apply at every site.
+	"steer.step.decode.mixed_apply_ns":  "steer.step.decode.kernel_ns",
+	"steer.step.decode.sparse_apply_ns": "steer.step.decode.sparse_kernel_ns",
 }
 
 func init() {

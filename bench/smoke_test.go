@@ -33,13 +33,15 @@ func TestBenchSmoke(t *testing.T) {
 		"steer.step.prefill.mixed_ns", "steer.step.prefill.kernel_ns", "steer.step.decode.mixed_ns", "steer.step.decode.kernel_ns",
 		"steer.step.decode.scattered_kernel_ns",
 		"steer.step.decode.sparse_ns", "steer.step.decode.sparse_kernel_ns",
+		"steer.step.decode.mixed_apply_ns", "steer.step.decode.sparse_apply_ns",
 		"mem.overhead_ratio", "mem.tp8_ratio", "kernels.add.16k.shmsteer_ns", "kernels.add.16k.goloop_ns"} {
 		require.Contains(t, got, name, stdout.String())
 		require.Greater(t, got[name].Value, 0.0, name)
 	}
 	for _, pair := range [][2]string{{"steer.step.prefill.mixed_ns", "steer.step.prefill.kernel_ns"},
 		{"steer.step.decode.mixed_ns", "steer.step.decode.kernel_ns"},
-		{"steer.step.decode.scattered_kernel_ns", "steer.step.decode.kernel_ns"}, {"steer.step.decode.sparse_ns", "steer.step.decode.sparse_kernel_ns"}} {
+		{"steer.step.decode.scattered_kernel_ns", "steer.step.decode.kernel_ns"}, {"steer.step.decode.sparse_ns", "steer.step.decode.sparse_kernel_ns"},
+		{"steer.step.decode.mixed_apply_ns", "steer.step.decode.kernel_ns"}, {"steer.step.decode.sparse_apply_ns", "steer.step.decode.sparse_kernel_ns"}} {
 		require.Equal(t, pair[1], got[pair[0]].Baseline)
 		require.InDelta(t, got[pair[0]].Value/got[pair[1]].Value, got[pair[0]].Ratio, 1e-9)
 	}
