@@ -13,8 +13,9 @@ import (
 
 // The decode step figures (steer.step.decode.*): a whole decode step of 64 requests × 1 row at
 // every site of 32 layers × 5 hooks, D = 4096, each steered request with its own vector at
-// every site (2.5 MiB per request, 160 MiB for 64): Begin, 160 Applies, End, against the bare
-// add of the same vectors, read in place, to the same rows at the same 160 sites (decodeKernel).
+// every site (2.5 MiB per request, 160 MiB for 64): Begin, Bind, 160 ApplyBounds, End (the
+// _apply_ns diagnostics: Begin, 160 Applies with the batch, End), against the bare add of the
+// same vectors, read in place, to the same rows at the same 160 sites (decodeKernel).
 // The sparse pair steers 4 of the 64 requests (the other 60 are admitted without steering) and
 // its kernel adds only their 4 rows. Only the public steer API is used: Open, Admit, NewStepper,
 // Begin, Bind, ApplyBound, Apply, Effective, End.

@@ -83,9 +83,10 @@ func requireSameBits(t *testing.T, want, got []float32, what string) {
 
 // BenchmarkDecodeStep is the Go benchmark of steer.step.decode.*: a whole decode step (64
 // requests × 1 row, 160 sites, D = 4096) through the Stepper, dense and sparse, with the batch
-// bound (Bind, ApplyBound) and passed to every Apply, against the bare gather-add. It fails if a steady-state step allocates. Run:
+// bound (Bind, ApplyBound) and passed to every Apply, against the bare gather-add. It fails if
+// a steady-state step allocates. Run:
 //
-//	go test -run '^$' -bench DecodeStep -benchmem ./cmd/shmsteer/
+//	go test -run '^$' -bench DecodeStep -benchmem ./bench/
 func BenchmarkDecodeStep(b *testing.B) {
 	for _, sparse := range []bool{false, true} {
 		name := "dense"
