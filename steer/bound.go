@@ -151,9 +151,11 @@ func (s *Stepper) ApplyBound(hook HookID, layer int, h []float32) error {
 		sum = mix64(x, a.act)
 	}
 	s.sum = sum
-	for _, r := range s.bruns[bs.lo:bs.hi] {
+	runs := s.bruns[bs.lo:bs.hi]
+	for i := range runs {
 		// planBound took v (n rows of d floats) from a composition at the step's version,
 		// and resolve checked every span against the bound rows.
+		r := &runs[i]
 		start := r.start * d
 		kernels.Axpy(h[start:start+r.n*d], 1, r.v)
 	}
