@@ -10,43 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// boundFixture is TestStepApplyRunsMatchesGeneral's engine: requests in columns (one and two
-// each), two stored in their entries (the pool is full), a clamp at one site, a request steered
-// at one site only, an unsteered one, and a global vector at one site.
-func boundFixture(t testing.TB) (*Engine, ModelConfig) {
-	cfg := ModelConfig{Hidden: 64, Layers: 3}
-	d := cfg.Hidden
-	e := newOwnerColumns(t, cfg, 6)
-	admit := func(id string, s *Steering) {
-		t.Helper()
-		_, err := e.Admit(Admission{RequestID: id, Override: s})
-		require.NoError(t, err)
-	}
-	for i, gen := range []int{0, 1, 2, 4} {
-		s := colSteering(cfg, gen)
-		if i == 2 {
-			s.Base.Clamps = []Clamp{{Hook: "pre_attn", Layer: 1, Dir: filled(d, 0.125), Min: -1, Max: 1, Strength: 1}}
-		}
-		admit(fmt.Sprint("c-", i), s)
-	}
-	admit("one-site", &Steering{Decode: Tier{Vectors: []Vector{{Hook: cfg.HookName(1), Layer: 2, Scale: 1, Data: colVec(d, 7, 1, 2, PhaseDecode)}}}})
-	admit("entry-a", colSteering(cfg, 6))
-	admit("entry-b", colSteering(cfg, 3))
-	admit("plain", nil)
-	var g Steering
-	g.Decode.Vectors = []Vector{{Hook: cfg.HookName(2), Layer: 0, Scale: 1, Data: filled(d, 0.25)}}
-	_, err := e.SetGlobal(g)
-	require.NoError(t, err)
-	return e, cfg
-}
-
 // TestApplyBoundMatchesApply steps batches through Apply (the batch at every site) and through
 // Bind and ApplyBound, from the same h, and requires the same rows bit for bit at every site,
 // the same checksum and the same counts. The decode batches are planned per site (runs of
 // adjacent cells, vectors in entries, act 0 at some sites, the clamp's and the global vector's
 // sites walked); the prefill and mixed ones (multi-row spans) are walked at every site.
 func TestApplyBoundMatchesApply(t *testing.T) {
-	e, cfg := boundFixture(t)
+	e, cfg := mixedDecodeEngine(t)
 	d := cfg.Hidden
 	decode := func(ids ...string) []Span {
 		var b []Span
@@ -73,7 +43,6 @@ func TestApplyBoundMatchesApply(t *testing.T) {
 	for bi, batch := range batches {
 		rows := 8
 		h0 := randVec(rng, rows*d)
-		ha, hb := make([]float32, len(h0)), make([]float32, len(h0))
 		require.NoError(t, ap.Begin(0))
 		require.NoError(t, bd.Begin(0))
 		require.NoError(t, bd.Bind(batch, rows))
@@ -82,18 +51,11 @@ func TestApplyBoundMatchesApply(t *testing.T) {
 				planned++
 			}
 		}
-		for hk := range cfg.NumHooks() {
-			for l := range cfg.Layers {
-				copy(ha, h0)
-				copy(hb, h0)
-				require.NoError(t, ap.Apply(HookID(hk), l, ha, batch))
-				require.NoError(t, bd.ApplyBound(HookID(hk), l, hb))
-				require.Equal(t, ha, hb, "batch %d, site %d/%d", bi, hk, l)
-				if len(batch) > 0 && hk != 2 {
-					require.NotEqual(t, h0, hb, "batch %d, site %d/%d: something is steered", bi, hk, l)
-				}
+		requireBoundMatchesApply(t, cfg, ap, bd, h0, batch, fmt.Sprint("batch ", bi), func(hk, l int, hb []float32) {
+			if len(batch) > 0 && hk != 2 {
+				require.NotEqual(t, h0, hb, "batch %d, site %d/%d: something is steered", bi, hk, l)
 			}
-		}
+		})
 		require.Equal(t, ap.End(), bd.End(), "checksum of batch %d", bi)
 		sa, sb := ap.Stats(), bd.Stats()
 		require.Equal(t, sa.Applies, sb.Applies)
@@ -112,7 +74,7 @@ func TestApplyBoundMatchesApply(t *testing.T) {
 // and leaves the step unbound; a refused ApplyBound changes nothing; the binding is a copy, and
 // ends with the step, with the next Bind and with an Apply of another batch.
 func TestBindErrors(t *testing.T) {
-	e, cfg := boundFixture(t)
+	e, cfg := mixedDecodeEngine(t)
 	d := cfg.Hidden
 	st := e.NewStepper()
 	defer st.Close()
@@ -162,7 +124,7 @@ func TestBindErrors(t *testing.T) {
 // id) and requires ApplyBound to match Apply at every site each step: a bound plan is reused
 // only while nothing it was planned from changed.
 func TestBindReplans(t *testing.T) {
-	e, cfg := boundFixture(t)
+	e, cfg := mixedDecodeEngine(t)
 	d := cfg.Hidden
 	var batch []Span
 	for i, id := range []string{"c-0", "c-1", "c-3", "one-site", "entry-a"} {
@@ -203,20 +165,11 @@ func TestBindReplans(t *testing.T) {
 		change()
 		for range 2 { // the second step of each state reuses the plan
 			h0 := randVec(rng, len(batch)*d)
-			ha, hb := make([]float32, len(h0)), make([]float32, len(h0))
 			require.NoError(t, ap.Begin(0))
 			require.NoError(t, bd.Begin(0))
 			require.NoError(t, bd.Bind(batch, len(batch)))
 			require.True(t, bd.samePlan(), "a plan just made or reused is the plan")
-			for hk := range cfg.NumHooks() {
-				for l := range cfg.Layers {
-					copy(ha, h0)
-					copy(hb, h0)
-					require.NoError(t, ap.Apply(HookID(hk), l, ha, batch))
-					require.NoError(t, bd.ApplyBound(HookID(hk), l, hb))
-					require.Equal(t, ha, hb, "change %d, site %d/%d", step, hk, l)
-				}
-			}
+			requireBoundMatchesApply(t, cfg, ap, bd, h0, batch, fmt.Sprint("change ", step), nil)
 			require.Equal(t, ap.End(), bd.End(), "checksum after change %d", step)
 		}
 	}
@@ -247,7 +200,7 @@ func FuzzBindMatchesApply(f *testing.F) {
 	f.Add([]byte{8, 0, 0, 3, 1, 4, 3, 2, 2, 6, 6, 2, 1})
 	f.Add([]byte{3, 0, 0, 1, 2, 1, 0, 2, 2})
 	f.Add([]byte{2, 7, 0, 2, 2, 8, 1, 2, 3})
-	e, cfg := boundFixture(f)
+	e, cfg := mixedDecodeEngine(f)
 	d := cfg.Hidden
 	ids := []string{"c-0", "c-1", "c-2", "c-3", "one-site", "entry-a", "entry-b", "plain", "unknown", ""}
 	ap, bd := e.NewStepper(), e.NewStepper()
@@ -295,4 +248,24 @@ func FuzzBindMatchesApply(f *testing.F) {
 		}
 		require.Equal(t, ap.Checksum(), bd.Checksum())
 	})
+}
+
+// requireBoundMatchesApply applies batch at every site of cfg, each time from h0, through ap's
+// Apply and bd's ApplyBound (both in a step, bd's batch bound), and requires the same rows at
+// each site; each, when not nil, then sees the site and bd's rows.
+func requireBoundMatchesApply(t *testing.T, cfg ModelConfig, ap, bd *Stepper, h0 []float32, batch []Span, what string, each func(hk, l int, hb []float32)) {
+	t.Helper()
+	ha, hb := make([]float32, len(h0)), make([]float32, len(h0))
+	for hk := range cfg.NumHooks() {
+		for l := range cfg.Layers {
+			copy(ha, h0)
+			copy(hb, h0)
+			require.NoError(t, ap.Apply(HookID(hk), l, ha, batch))
+			require.NoError(t, bd.ApplyBound(HookID(hk), l, hb))
+			require.Equal(t, ha, hb, "%s, site %d/%d", what, hk, l)
+			if each != nil {
+				each(hk, l, hb)
+			}
+		}
+	}
 }

@@ -503,14 +503,10 @@ func TestStepColumnRuns(t *testing.T) {
 	require.Equal(t, before.ColumnRuns, after.ColumnRuns)
 }
 
-// TestStepApplyRunsMatchesGeneral steps a decode batch through applyRuns (a Stepper as made)
-// and through Apply's general loop alone (a Stepper whose runs are off) and requires the same
-// rows, bit for bit, at every site, and the same checksum. The batch mixes what applyRuns
-// walks and what makes it hand the rest of the plan to the general loop: requests in columns
-// (one and two each), two stored in their entries because the pool was full, a clamp at one
-// site, a request steered at one site only (act 0 elsewhere), an unsteered request, rows out
-// of order, and sites with a global vector (where the general loop takes the whole plan).
-func TestStepApplyRunsMatchesGeneral(t *testing.T) {
+// mixedDecodeEngine is an engine whose requests mix what a decode step's walk meets: requests
+// in columns (one and two each), two stored in their entries (the pool is full), a clamp at one
+// site, a request steered at one site only, an unsteered one, and a global vector at one site.
+func mixedDecodeEngine(t testing.TB) (*Engine, ModelConfig) {
 	cfg := ModelConfig{Hidden: 64, Layers: 3}
 	d := cfg.Hidden
 	e := newOwnerColumns(t, cfg, 6)
@@ -535,7 +531,19 @@ func TestStepApplyRunsMatchesGeneral(t *testing.T) {
 	g.Decode.Vectors = []Vector{{Hook: cfg.HookName(2), Layer: 0, Scale: 1, Data: filled(d, 0.25)}}
 	_, err := e.SetGlobal(g)
 	require.NoError(t, err)
+	return e, cfg
+}
 
+// TestStepApplyRunsMatchesGeneral steps a decode batch through applyRuns (a Stepper as made)
+// and through Apply's general loop alone (a Stepper whose runs are off) and requires the same
+// rows, bit for bit, at every site, and the same checksum. The batch mixes what applyRuns
+// walks and what makes it hand the rest of the plan to the general loop: requests in columns
+// (one and two each), two stored in their entries because the pool was full, a clamp at one
+// site, a request steered at one site only (act 0 elsewhere), an unsteered request, rows out
+// of order, and sites with a global vector (where the general loop takes the whole plan).
+func TestStepApplyRunsMatchesGeneral(t *testing.T) {
+	e, cfg := mixedDecodeEngine(t)
+	d := cfg.Hidden
 	fast, general := e.NewStepper(), e.NewStepper()
 	defer fast.Close()
 	defer general.Close()

@@ -99,7 +99,7 @@ func sameLayoutSteered(t *testing.T, e *Engine, hook HookID, h0 []float32, batch
 // the same step, or in the next, steers nothing. (Found by FuzzBindMatchesApply: the refused
 // batch's steered spans were applied again.)
 func TestStepRefusedBatchLeavesNoPlan(t *testing.T) {
-	e, cfg := boundFixture(t)
+	e, cfg := mixedDecodeEngine(t)
 	d := cfg.Hidden
 	st := e.NewStepper()
 	defer st.Close()
