@@ -45,9 +45,9 @@ type boundAct struct {
 
 // Bind resolves batch, the spans of a block of rows rows, as this step's batch, for
 // ApplyBound. It validates it as Apply does (ErrBadBatch, ErrUnknownRequest with
-// Options.StrictRequests) and changes nothing on error (the step is then unbound). Bind keeps a
-// copy: the caller may change its spans at once. The binding lasts until End, the next Bind,
-// or an Apply with another batch.
+// Options.StrictRequests; ErrShape for rows out of range); on error h is not involved and the
+// step has no batch bound. Bind keeps a copy: the caller may change its spans at once. The
+// binding lasts until End, the next Bind, or an Apply with another batch.
 func (s *Stepper) Bind(batch []Span, rows int) error {
 	if !s.open {
 		return ErrNoStep
