@@ -11,20 +11,20 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The README's "Use as a library" program is testdata/libuser/main.go verbatim, and it builds
-// and runs: owner and worker processes, a key read, a worker's Register, a steered step.
+// docs/library.md's program is testdata/libuser/main.go verbatim, and it builds and runs: owner
+// and worker processes, a key read, a worker's Register, a steered step.
 func TestReadmeLibraryProgram(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/library.md")
 	require.NoError(t, err)
 	_, section, ok := strings.Cut(string(readme), "## Use as a library")
-	require.True(t, ok, "README has a \"Use as a library\" section")
+	require.True(t, ok, "docs/library.md has a \"Use as a library\" section")
 	_, code, ok := strings.Cut(section, "```go\n")
 	require.True(t, ok, "with a Go program")
 	code, _, ok = strings.Cut(code, "```")
 	require.True(t, ok)
 	prog, err := os.ReadFile("testdata/libuser/main.go")
 	require.NoError(t, err)
-	require.Equal(t, string(prog), code, "README and testdata/libuser/main.go differ: keep them in sync")
+	require.Equal(t, string(prog), code, "docs/library.md and testdata/libuser/main.go differ: keep them in sync")
 
 	goTool, err := exec.LookPath("go")
 	if err != nil {

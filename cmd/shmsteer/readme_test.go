@@ -23,12 +23,30 @@ type readmeBlock struct {
 	text    string
 }
 
-// readmeBlocks returns the README's indented code blocks (four spaces after a blank line,
-// outside fenced blocks), the form the README uses for shell commands.
+// readmeDocs are the README and every page of docs/: the documents whose blocks the tests run.
+func readmeDocs(t *testing.T) []string {
+	t.Helper()
+	docs, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	require.NotEmpty(t, docs, "docs/ has the README's linked pages")
+	return append([]string{"../../README.md"}, docs...)
+}
+
+// readmeBlocks returns the indented code blocks (four spaces after a blank line, outside fenced
+// blocks), the form the documents use for shell commands, of the README and every docs/ page.
 func readmeBlocks(t *testing.T) []readmeBlock {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
-	require.NoError(t, err)
+	var out []readmeBlock
+	for _, doc := range readmeDocs(t) {
+		b, err := os.ReadFile(doc)
+		require.NoError(t, err)
+		out = append(out, docBlocks(string(b))...)
+	}
+	return out
+}
+
+// docBlocks returns one document's indented code blocks, each with its "## " section.
+func docBlocks(doc string) []readmeBlock {
 	var out []readmeBlock
 	var section string
 	var cur []string
@@ -39,7 +57,7 @@ func readmeBlocks(t *testing.T) []readmeBlock {
 			cur = nil
 		}
 	}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(doc, "\n") {
 		switch {
 		case strings.HasPrefix(line, "```"):
 			flush()
@@ -63,10 +81,12 @@ func readmeBlocks(t *testing.T) []readmeBlock {
 // with where they are checked instead. A block in neither list fails the test, so a new block
 // is run or accounted for.
 var readmeNotRun = map[string]string{
-	"go run ./cmd/shmsteer demo":          ".ci/run runs the demo",
-	"go test ./...":                       "it is the command that runs this test",
-	"go generate ./capi":                  "capi's TestPythonVenvInstall runs these lines (here the generate would rewrite the library capi's tests load in the same go test ./...)",
-	"nats-server -js -sd /var/lib/nats &": "the several-hosts example needs nats-server and several hosts; TestServeMirrorTwoHosts runs it",
+	"go run ./cmd/shmsteer demo":                                   ".ci/run runs the demo",
+	"go test ./...":                                                "it is the command that runs this test",
+	"export SHMSTEER_PYTHON=$(bash .ci/pyenv)":                     ".ci/run runs .ci/pyenv and the tests with it",
+	"shmsteer serve --namespace prod --hidden 4096 --layers 32 \\": "the README's short form of docs/service.md's start, which TestREADME runs",
+	"go generate ./capi":                                           "capi's TestPythonVenvInstall runs these lines (here the generate would rewrite the library capi's tests load in the same go test ./...)",
+	"nats-server -js -sd /var/lib/nats &":                          "the several-hosts example needs nats-server and several hosts; TestServeMirrorTwoHosts runs it",
 	"go run ./cmd/shmsteer bench --json out.json --plot out.png":   "minutes of benchmarks; bench's tests run its parts",
 	"go run ./cmd/shmsteer bench --json runN.json":                 "minutes of benchmarks; bench's tests run its parts (--summarize: TestSummarizeFiles)",
 	"go test -run '^$' -bench . ./shm/ ./ipc/ ./kernels/ ./steer/": "benchmarks",
@@ -150,11 +170,11 @@ func TestREADME(t *testing.T) {
 	}
 }
 
-// readmeLibrary runs the library section's lines: a clone of this checkout (the README's
-// /path/to/shmsteer) next to a module holding the README's program, the replace directive, and
+// readmeLibrary runs docs/library.md's lines: a clone of this checkout (the page's
+// /path/to/shmsteer) next to a module holding the page's program, the replace directive, and
 // the program built and run.
 func readmeLibrary(t *testing.T, block string) {
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/library.md")
 	require.NoError(t, err)
 	_, rest, ok := strings.Cut(string(b), "## Use as a library")
 	require.True(t, ok)
@@ -236,4 +256,20 @@ func runReadmeScript(t *testing.T, script, port string) (string, string) {
 	log := out.String()
 	require.NoError(t, err, "the README's blocks failed:\n%s", log)
 	return addr, log
+}
+
+// The README is what a newcomer reads in five minutes: at most 350 lines, linking every page of
+// docs/ (where the detail lives), and every docs/ page links back.
+func TestREADMEShort(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	readme := string(b)
+	require.LessOrEqual(t, strings.Count(readme, "\n"), 350, "README.md is over 350 lines: move detail to docs/")
+	for _, doc := range readmeDocs(t)[1:] {
+		name := "docs/" + filepath.Base(doc)
+		require.Contains(t, readme, "("+name+")", "the README links %s", name)
+		page, err := os.ReadFile(doc)
+		require.NoError(t, err)
+		require.Contains(t, string(page), "(../README.md)", "%s links back to the README", name)
+	}
 }

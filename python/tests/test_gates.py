@@ -93,11 +93,11 @@ def test_gate_refusals_admit_nothing(ns, secret):
 
 
 def test_readme_gates_example() -> None:
-    """The README's probe-gated example runs as written."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    """docs/gates.md's probe-gated example runs as written."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "gates.md").read_text()
     _, section = readme.split("**Probe-gated steering.**", 1)
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/gates.md", "exec"), {})
     assert "steered only where the probe fired" in out.getvalue()
