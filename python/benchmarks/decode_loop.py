@@ -1,0 +1,351 @@
+"""Steering's cost in a serving loop: a small decoder with a KV cache under continuous batching.
+
+The loop (issue 43): a 4-block decoder (hidden 256, 4 heads, an MLP of 4x) with a per-request
+KV cache; requests join while others decode (their prefill in the same step as the others'
+decode rows, as vLLM schedules it), finish after their own number of tokens, and at most
+``--concurrency`` run at once. Every request is steered at every block's output (``post_block``)
+by one of four named vectors. Each contender runs the same schedule of steps on its own copy of
+the model (same weights, same token ids), in float32 and in bfloat16:
+
+* ``unhooked``: the model alone;
+* ``table``: a plain forward hook adding each row's vector gathered from a prebuilt table (row 0
+  zeros, row 1+i named vector i), with the per-step row index built from the batch: what a
+  runner writes without shmsteer;
+* ``native``, ``device``, ``static``: ``SteeringHooks`` on the native CPU path (float32; bfloat16
+  goes through a float32 copy), the device path on CPU tensors, and static (CUDA-graph) mode
+  with ``prepare`` per step;
+* ``device_gated``: the device path where every request also carries a ``this_token`` probe
+  gate (probe at block 1, adds at blocks 2-3), against ``device``.
+
+Contenders alternate, round by round in a shuffled order; each round runs the whole schedule
+once per contender and times each step by the thread's CPU time (torch runs on this one thread;
+time descheduled on a shared machine is not counted; ``--wall`` times wall clock).
+Reported per contender: the median decode-step time (steps with no prefill rows) and, against
+``unhooked`` (``device`` for ``device_gated``), the ratio of medians and the median of per-round
+ratios. Admission from Python is timed too (``Owner.admit`` of an inline override of 32 layers x
+4096 floats, of a named reference, and of no steering). The goals are printed with each figure,
+met or not: the bench reports, no test times anything.
+
+    PYTHONPATH=python python python/benchmarks/decode_loop.py [--rounds 11] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import shmsteer  # noqa: E402
+from shmsteer.torch_hook import SteeringHooks  # noqa: E402
+
+HIDDEN, HEADS, BLOCKS, NAMED = 256, 4, 4, 4
+GOALS = {"step": 1.03, "gated": 1.15, "admit_inline_ms": 5.0, "admit_named_ms": 1.0}
+
+# A step: the rows of each running request, in order: (request id, tokens, phase, first position).
+Step = List[Tuple[str, int, str, int]]
+
+
+def schedule(requests: int, concurrency: int, seed: int = 3) -> List[Step]:
+    """A continuous-batching schedule: requests join as others finish (their prefill in a step
+    with the others' decode rows) and each generates its own number of tokens."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(6, 21, requests)
+    gen = rng.integers(6, 25, requests)
+    waiting, running, steps = list(range(requests)), {}, []  # running: id -> tokens generated
+    while waiting or running:
+        step: Step = []
+        for r, done in list(running.items()):
+            step.append((f"req-{r}", 1, "decode", int(prompt[r]) + done - 1))
+            running[r] = done + 1
+            if running[r] >= gen[r]:
+                del running[r]
+        while waiting and len(running) < concurrency:
+            r = waiting.pop(0)
+            step.append((f"req-{r}", int(prompt[r]), "prefill", 0))
+            running[r] = 1
+        steps.append(step)
+    return steps
+
+
+class Block(torch.nn.Module):
+    """A pre-norm decoder block; attention reads each request's KV cache."""
+
+    def __init__(self, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.ln1, self.ln2 = torch.nn.LayerNorm(HIDDEN), torch.nn.LayerNorm(HIDDEN)
+        self.qkv, self.o = torch.nn.Linear(HIDDEN, 3 * HIDDEN), torch.nn.Linear(HIDDEN, HIDDEN)
+        self.up, self.down = torch.nn.Linear(HIDDEN, 4 * HIDDEN), torch.nn.Linear(4 * HIDDEN, HIDDEN)
+        self.batch: List[Tuple[Dict[str, Any], int, int]] = []  # (cache, start, end), set per step
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.ln1(x)).split(HIDDEN, dim=1)
+        out = torch.empty_like(q)
+        hd = HIDDEN // HEADS
+        for cache, a, b in self.batch:
+            n, past = b - a, cache["len"]
+            ks, vs = cache["k"][self.layer], cache["v"][self.layer]
+            ks[past:past + n], vs[past:past + n] = k[a:b], v[a:b]
+            kk = ks[:past + n].view(past + n, HEADS, hd).transpose(0, 1)
+            vv = vs[:past + n].view(past + n, HEADS, hd).transpose(0, 1)
+            qq = q[a:b].view(n, HEADS, hd).transpose(0, 1)
+            mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)
+            att = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)
+            out[a:b] = att.transpose(0, 1).reshape(n, HIDDEN)
+        x = x + self.o(out)
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class Decoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(512, HIDDEN)
+        self.blocks = torch.nn.ModuleList(Block(i) for i in range(BLOCKS))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def vectors(seed: int) -> List[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(HIDDEN) * 0.05).astype(np.float32) for _ in range(BLOCKS)]
+
+
+def setup(owner: shmsteer.Owner, steps: List[Step]) -> Dict[str, int]:
+    """Named vectors v0..v3 and a probe; request r (and its gated twin g-r) references v(r % 4)."""
+    for i in range(NAMED):
+        owner.register_vector(f"v{i}", [("post_block", l, 1.0, d) for l, d in enumerate(vectors(i))])
+    owner.register_vector("p", [("post_block", 1, 1.0, vectors(9)[1])], kind="probe")
+    ids = sorted({rid for s in steps for rid, *_ in s}, key=lambda r: int(r.split("-")[1]))
+    which = {}
+    for rid in ids:
+        i = int(rid.split("-")[1]) % NAMED
+        which[rid] = i
+        over = {"decode": {"refs": [{"name": f"v{i}", "strength": 1.0}]},
+                "prefill": {"refs": [{"name": f"v{i}", "strength": 1.0}]}}
+        owner.admit(rid, override=over, prompt_len=0)
+        gate = {"when": {"kind": "probe", "probe": {"kind": "name", "name": "p"}, "threshold": 0.0, "sharpness": 4},
+                "scope": "this_token",
+                "apply": {"kind": "add", "steer": {"kind": "name", "name": f"v{(i + 1) % NAMED}"}, "strength": 0.5}}
+        owner.admit("g" + rid, override=over, steering=[gate])
+    return which
+
+
+class Runner:
+    """One contender: a model copy, its KV caches, and the step function the hooks need."""
+
+    def __init__(self, model: Decoder, dtype: torch.dtype, steps: List[Step], hooks: Optional[SteeringHooks] = None,
+                 table: Optional[Tuple[List[torch.Tensor], Dict[str, int]]] = None, prefix: str = "") -> None:
+        self.model, self.dtype, self.steps, self.hooks, self.prefix = model, dtype, steps, hooks, prefix
+        self.idx = torch.zeros(0, dtype=torch.long)
+        if table is not None:
+            tables, which = table
+            for l, b in enumerate(model.blocks):
+                b.register_forward_hook(lambda _m, _i, out, t=tables[l]: out.add_(t.index_select(0, self.idx)))
+            self.which = which
+        self.table = table is not None
+        max_len = 64
+        self.fresh = lambda: {"len": 0, "k": [torch.zeros(max_len, HIDDEN, dtype=dtype) for _ in range(BLOCKS)],
+                              "v": [torch.zeros(max_len, HIDDEN, dtype=dtype) for _ in range(BLOCKS)]}
+
+    def run(self, times: Optional[List[float]] = None, clock: Callable[[], float] = time.thread_time) -> torch.Tensor:
+        """The whole schedule once, from empty caches; each decode-only step timed into times.
+        Returns the last step's output."""
+        caches: Dict[str, Dict[str, Any]] = {}
+        gen = torch.Generator().manual_seed(5)
+        out = torch.zeros(0)
+        for step in self.steps:
+            batch, spans, rows, idx = [], [], 0, []
+            for rid, n, phase, pos in step:
+                c = caches.setdefault(rid, self.fresh())
+                batch.append((c, rows, rows + n))
+                spans.append((self.prefix + rid, rows, rows + n, phase, pos))
+                if self.table:
+                    idx += [1 + self.which[rid]] * n
+                rows += n
+            ids = torch.randint(0, 512, (rows,), generator=gen)
+            for b in self.model.blocks:
+                b.batch = batch
+            t0 = clock()
+            if self.table:
+                self.idx = torch.tensor(idx)
+            out = self.forward(ids, spans)
+            dt = clock() - t0
+            if times is not None and all(p == "decode" for _, _, p, _ in step):
+                times.append(dt)
+            for c, a, b in batch:
+                c["len"] += b - a
+        return out
+
+    def forward(self, ids: torch.Tensor, spans: Sequence[Tuple[str, int, int, str, int]]) -> torch.Tensor:
+        with torch.inference_mode():
+            if self.hooks is None:
+                return self.model(ids)
+            if self.hooks.static:
+                self.hooks.prepare(spans)
+                out = self.model(ids)
+                self.hooks.report()
+                return out
+            with self.hooks.step(spans):
+                return self.model(ids)
+
+
+def contenders(owner: shmsteer.Owner, base: Decoder, dtype: torch.dtype, steps: List[Step],
+               which: Dict[str, int]) -> Dict[str, Runner]:
+    def model() -> Decoder:
+        return copy.deepcopy(base).to(dtype)
+
+    def hooked(prefix: str = "", **kw: Any) -> Runner:
+        m = model()
+        h = SteeringHooks(owner, **kw)
+        for l, b in enumerate(m.blocks):
+            h.attach(b, "post_block", l)
+        return Runner(m, dtype, steps, hooks=h, prefix=prefix)
+
+    tables = [torch.zeros(NAMED + 1, HIDDEN, dtype=dtype) for _ in range(BLOCKS)]
+    for i in range(NAMED):
+        for l, d in enumerate(vectors(i)):
+            tables[l][1 + i] = torch.from_numpy(d).to(dtype)
+    max_rows = max(sum(n for _, n, _, _ in s) for s in steps)
+    out = {"unhooked": Runner(model(), dtype, steps), "table": Runner(model(), dtype, steps, table=(tables, which))}
+    if dtype == torch.float32:
+        out["native"] = hooked()
+    out["device"] = hooked(force_device_path=True)
+    out["static"] = hooked(static=True, max_tokens=max_rows, device="cpu", dtype=dtype, max_clamps=0)
+    out["device_gated"] = hooked(prefix="g", force_device_path=True)
+    return out
+
+
+def check(runs: Dict[str, Runner], dtype: torch.dtype) -> None:
+    """Every steered contender gives the plain table hook's output (bfloat16 within its rounding:
+    the native path adds in float32)."""
+    ref = runs["table"].run()
+    tol = 0.0 if dtype == torch.float32 else 0.1
+    for k in ("native", "device", "static"):
+        if k in runs:
+            got = runs[k].run()
+            torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol if tol else 1e-5, msg=f"{k} differs")
+    assert not torch.equal(runs["unhooked"].run(), ref), "steering changed nothing"
+
+
+def time_loop(runs: Dict[str, Runner], rounds: int, clock: Callable[[], float]) -> Dict[str, Any]:
+    per_round: Dict[str, List[float]] = {k: [] for k in runs}
+    order = list(runs)
+    rng = np.random.default_rng(11)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for k in order:
+            t: List[float] = []
+            runs[k].run(t, clock)
+            per_round[k].append(statistics.median(t) * 1e3)
+    med = {k: statistics.median(v) for k, v in per_round.items()}
+    ratios = {}
+    for k in runs:
+        if k == "unhooked":
+            continue
+        base = "device" if k == "device_gated" else "unhooked"
+        ratios[k] = {"of_medians": med[k] / med[base],
+                     "median_of_rounds": statistics.median(a / b for a, b in zip(per_round[k], per_round[base])),
+                     "rounds_min_max": [min(a / b for a, b in zip(per_round[k], per_round[base])),
+                                        max(a / b for a, b in zip(per_round[k], per_round[base]))],
+                     "against": base}
+    return {"ms_per_decode_step": med, "ratio": ratios}
+
+
+def time_admission(reps: int) -> Dict[str, float]:
+    """Owner.admit from Python at the issue's shape: 32 layers x 4096 floats."""
+    ns, secret = "bench-admit-" + uuid.uuid4().hex, uuid.uuid4().hex.encode()
+    hidden, layers = 4096, 32
+    with shmsteer.Owner(ns, secret=secret, hidden=hidden, layers=layers, arena_bytes=1 << 30) as owner:
+        rng = np.random.default_rng(2)
+        data = [(rng.standard_normal(hidden) * 0.01).astype(np.float32) for _ in range(layers)]
+        owner.register_vector("named", [("post_block", l, 1.0, d) for l, d in enumerate(data)])
+        inline = {"decode": {"vectors": [{"hook": "post_block", "layer": l, "scale": 1.0, "data": d.tolist()}
+                                         for l, d in enumerate(data)]}}
+        named = {"decode": {"refs": [{"name": "named", "strength": 1.0}]}}
+        out: Dict[str, List[float]] = {"inline": [], "named": [], "none": []}
+        for i in range(reps):
+            for kind, over in (("inline", inline), ("named", named), ("none", None)):
+                rid = f"{kind}-{i}"
+                t0 = time.perf_counter()
+                owner.admit(rid, override=over) if over is not None else owner.admit(rid)
+                out[kind].append((time.perf_counter() - t0) * 1e3)
+                owner.end(rid)
+        return {k: statistics.median(v) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--concurrency", type=int, default=5)
+    ap.add_argument("--admissions", type=int, default=7, help="admissions timed per kind")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--wall", action="store_true", help="time steps by wall clock, not the thread's CPU time")
+    args = ap.parse_args()
+    clock = time.perf_counter if args.wall else time.thread_time
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    steps = schedule(args.requests, args.concurrency)
+    base = Decoder().eval()
+    report: Dict[str, Any] = {"shape": {"blocks": BLOCKS, "hidden": HIDDEN, "heads": HEADS, "requests": args.requests,
+                                        "concurrency": args.concurrency, "steps": len(steps),
+                                        "decode_steps": sum(all(p == "decode" for _, _, p, _ in s) for s in steps)},
+                              "rounds": args.rounds, "clock": "wall" if args.wall else "thread_cpu", "goals": GOALS,
+                              "loop": {}}
+    ns, secret = "bench-loop-" + uuid.uuid4().hex, uuid.uuid4().hex.encode()
+    with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=BLOCKS) as owner:
+        which = setup(owner, steps)
+        for dtype in (torch.float32, torch.bfloat16):
+            runs = contenders(owner, base, dtype, steps, which)
+            check(runs, dtype)
+            report["loop"][str(dtype).split(".")[1]] = time_loop(runs, args.rounds, clock)
+    report["admit_ms"] = time_admission(args.admissions)
+    met = report["met"] = {}
+    for dt, r in report["loop"].items():
+        for k, v in r["ratio"].items():
+            goal = GOALS["gated"] if k == "device_gated" else GOALS["step"]
+            met[f"{dt}.{k}"] = v["of_medians"] <= goal if k != "table" else None
+    met["admit_inline"] = report["admit_ms"]["inline"] <= GOALS["admit_inline_ms"]
+    met["admit_named"] = report["admit_ms"]["named"] <= GOALS["admit_named_ms"]
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return
+    sh = report["shape"]
+    print(f"decode loop: {sh['blocks']} blocks, hidden {sh['hidden']}, {sh['requests']} requests, at most "
+          f"{sh['concurrency']} at once, {sh['steps']} steps ({sh['decode_steps']} decode-only); "
+          f"{args.rounds} rounds, contenders shuffled per round")
+    for dt, r in report["loop"].items():
+        print(f"  {dt}:")
+        for k, ms in r["ms_per_decode_step"].items():
+            line = f"    {k:13s} {ms:7.3f} ms/decode step"
+            if k in r["ratio"]:
+                v = r["ratio"][k]
+                goal = "" if k == "table" else f"  goal <= {GOALS['gated' if k == 'device_gated' else 'step']}: " + \
+                    ("met" if met[f'{dt}.{k}'] else "NOT met")
+                line += (f"  {v['of_medians']:.3f}x {v['against']} (per-round median {v['median_of_rounds']:.3f}, "
+                         f"{v['rounds_min_max'][0]:.3f}-{v['rounds_min_max'][1]:.3f}){goal}")
+            print(line)
+    a = report["admit_ms"]
+    print(f"  admission from Python (32 x 4096): inline {a['inline']:.2f} ms (goal <= {GOALS['admit_inline_ms']}: "
+          f"{'met' if met['admit_inline'] else 'NOT met'}), named {a['named']:.3f} ms (goal <= "
+          f"{GOALS['admit_named_ms']}: {'met' if met['admit_named'] else 'NOT met'}), none {a['none']:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
