@@ -282,7 +282,16 @@ func TestPython(t *testing.T) {
 	require.NoError(t, err)
 	// -rs lists every skip with its reason; -v (with go test -v) names each test, -q otherwise
 	// (the two together cancel out).
-	args := []string{"-m", "pytest", "-rs", "-p", "no:cacheprovider", filepath.Join(pyDir, "tests")}
+	args := []string{"-m", "pytest", "-rs", "-p", "no:cacheprovider"}
+	// SHMSTEER_PYTEST_FILES (space-separated files of python/tests) runs those alone: .ci/run
+	// repeats the multi-process files without the whole suite.
+	if files := strings.Fields(os.Getenv("SHMSTEER_PYTEST_FILES")); len(files) > 0 {
+		for _, f := range files {
+			args = append(args, filepath.Join(pyDir, "tests", f))
+		}
+	} else {
+		args = append(args, filepath.Join(pyDir, "tests"))
+	}
 	if testing.Verbose() {
 		args = append(args, "-v")
 	} else {
