@@ -23,7 +23,11 @@
 //     slugs of the spec's tag and request_id, the sidecars' request_id is the engine's request
 //     id (as the fork's sidecars carry its engine request id).
 //   - CreateRing / OpenRing (Linux): the per-worker capture ring, in a writable memfd of its
-//     own (never the sealed data region). One RingWriter frames records (request id, layer,
+//     own (never the sealed data region), sealed against shrinking and growing once sized
+//     (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL): OpenRing, and so the hub at a worker's
+//     registration, refuses a memfd without those seals or not of its header's size before
+//     mapping it, so no worker can make the owner's or a consumer's reads fault. One
+//     RingWriter frames records (request id, layer,
 //     hook, positions, dtype, shape, rows) and publishes each with one atomic store, so a
 //     writer killed mid-record leaves nothing visible; up to MaxRingSlots consumers Attach
 //     with a policy, Block (the writer waits its bound for them, then drops) or Drop (at

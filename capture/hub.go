@@ -346,9 +346,12 @@ func (h *Hub) handle(hc *hubConn, m hubMsg, rd *msgReader) error {
 		if !ok {
 			return fmt.Errorf("%w: a ring message without its memfd", ErrHubProtocol)
 		}
+		// OpenRing refuses a memfd not sealed against resizing, or not of its header's size,
+		// before mapping it: no worker can make the owner's or a consumer's reads fault.
 		r, err := OpenRing(fd)
 		unix.Close(fd)
 		if err != nil {
+			hc.send(h.wtimeout, encodeHubMsg(nil, hubMsg{typ: msgRefused, message: err.Error()}), nil)
 			return err
 		}
 		h.mu.Lock()

@@ -78,7 +78,8 @@ const (
 
 var (
 	// ErrRingLayout: a mapping is not a capture ring of this version (magic, capacity or
-	// slots wrong, or smaller than its header says); make it with CreateRing.
+	// slots wrong, smaller than its header says, or its memfd not sealed against shrinking
+	// and growing); make it with CreateRing.
 	ErrRingLayout = errors.New("shmsteer: not a capture ring")
 	// ErrRingCorrupt: a frame's offsets or lengths do not fit the ring or the published
 	// region; the reader stops (the writer is broken or hostile).
@@ -113,7 +114,7 @@ func CreateRing(capacity uint64, slots int) (*Ring, error) {
 	if capacity < minRingData || capacity > maxRingData || slots < 1 || slots > MaxRingSlots {
 		return nil, fmt.Errorf("%w: capacity %d not in [%d, %d] or slots %d not in [1, %d]", ErrRingLayout, capacity, minRingData, uint64(maxRingData), slots, MaxRingSlots)
 	}
-	fd, err := unix.MemfdCreate("shmsteer-capture", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("shmsteer-capture", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("%w: memfd: %v", ErrWrite, err)
 	}
@@ -121,6 +122,12 @@ func CreateRing(capacity uint64, slots int) (*Ring, error) {
 	if err := unix.Ftruncate(fd, size); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%w: ftruncate: %v", ErrWrite, err)
+	}
+	// Sized once and for good: no process holding the memfd (the worker itself included) can
+	// shrink it under a reader's mapping (SIGBUS) or grow it, and the seals cannot be lifted.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, ringSeals|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: sealing the ring: %v", ErrWrite, err)
 	}
 	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -137,9 +144,22 @@ func CreateRing(capacity uint64, slots int) (*Ring, error) {
 	return r, nil
 }
 
-// OpenRing maps the ring in fd (dup'ed; the caller keeps fd), checking its header against
-// the file's size.
+// ringSeals are the seals a ring's memfd must carry before any process maps it: its size is
+// fixed, so a mapping of it can never fault.
+const ringSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
+
+// OpenRing maps the ring in fd (dup'ed; the caller keeps fd), checking that its memfd is sealed
+// against shrinking and growing (CreateRing's seals: a ring another process could resize would
+// fault its readers) and its header against the file's size: ErrRingLayout otherwise.
 func OpenRing(fd int) (*Ring, error) {
+	// The seals first: once they are on, the size fstat reads is the size for good.
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: not a sealable memfd (%v): make it with CreateRing", ErrRingLayout, err)
+	}
+	if seals&ringSeals != ringSeals {
+		return nil, fmt.Errorf("%w: its memfd is not sealed against shrinking and growing (seals %#x): make it with CreateRing", ErrRingLayout, seals)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("%w: fstat: %v", ErrRingLayout, err)

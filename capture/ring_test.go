@@ -266,6 +266,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(hubConsumerChildEnv) != "" {
 		hubConsumerChild()
 	}
+	if os.Getenv(hostileWorkerChildEnv) != "" {
+		hostileWorkerChild() // hostile_test.go
+	}
 	if os.Getenv(consumerChildEnv) != "" {
 		// TestRingDeadConsumerReclaimed's consumer: attach, say so, never read.
 		r, err := OpenRing(3)

@@ -5,6 +5,7 @@ package capture
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/shmsteer/shmsteer/internal/proto"
@@ -65,7 +66,11 @@ func RegisterWorker(c steer.Caller, opts WorkerOptions) (*Worker, error) {
 	if m, err := link.recv(2 * ringSyncWait); err != nil || m.typ != msgSynced {
 		link.close()
 		r.Close()
-		if err == nil {
+		switch {
+		case err != nil:
+		case m.typ == msgRefused:
+			err = fmt.Errorf("%w: the owner's hub refused the ring: %s", ErrRingLayout, strings.TrimPrefix(m.message, "shmsteer: "))
+		default:
 			err = fmt.Errorf("%w: no ring acknowledgement from the hub (message type %d)", ErrHubGone, m.typ)
 		}
 		return nil, err
