@@ -43,8 +43,9 @@ type HubOptions struct {
 	MaxResults int
 	// WriteTimeout bounds the write of a queued notice to one consumer (an end, a ring): a
 	// consumer that does not read its connection within it is dropped, its requests end with
-	// status error. 0 means 1 s. No caller waits on it (an admission's Begin, an End): a begin
-	// is written at once or not at all, the rest queue (huboutbox.go).
+	// status error. 0 means 1 s. An End never waits on it (notices queue); an admission's
+	// Begin waits only while a consumer takes a begin larger than its socket's free space (a
+	// large spec), or up to 100 ms for room in a full socket (huboutbox.go).
 	WriteTimeout time.Duration
 	// MaxQueued and MaxQueuedBytes bound each consumer's queue of notices not yet written to
 	// its connection; a consumer whose queue is full is disconnected, counted in

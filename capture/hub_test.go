@@ -669,3 +669,64 @@ func TestHubBeginNeverWaits(t *testing.T) {
 	waitFor(t, "the consumer to detach", func() bool { return !status().Attached })
 	t.Logf("%d begins told before the socket filled; %d begins and ends in %v", told, told+1, took)
 }
+
+// A begin notice of any admissible size (a spec of steer.MaxCaptureSpec bytes, the longest
+// request id) reaches a consumer that reads, several in a row: none is dropped and the
+// consumer is not disconnected (it was, for a begin larger than its socket's free space).
+func TestHubLargeBegin(t *testing.T) {
+	e := newHubEnv(t)
+	c := e.consumer(t, ConsumerOptions{Name: "fs"})
+	type got struct {
+		id   string
+		spec []byte
+	}
+	evs := make(chan got, 8)
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			ev, ok, err := c.Next(10 * time.Millisecond)
+			if err != nil {
+				done <- err
+				return
+			}
+			if ok && ev.Kind == EventBegin {
+				evs <- got{ev.RequestID, ev.Spec}
+			}
+		}
+	}()
+	pad := steer.MaxCaptureSpec - len(`{"pad":""}`)
+	for i := range 3 {
+		spec := json.RawMessage(`{"pad":"` + strings.Repeat(strconv.Itoa(i), pad) + `"}`)
+		id := strings.Repeat(strconv.Itoa(i), 65535)
+		e.hub.Begin(id, steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": spec}, PromptLen: 1})
+		if res, _ := e.hub.Result(id); res["fs"].Status != StatusPending {
+			t.Fatalf("begin %d of a %d-byte spec: %+v", i, len(spec), res["fs"])
+		}
+	}
+	for i := range 3 {
+		select {
+		case g := <-evs:
+			if g.id != strings.Repeat(strconv.Itoa(i), 65535) || len(g.spec) != steer.MaxCaptureSpec || g.spec[8] != byte('0'+i) {
+				t.Fatalf("begin %d: id of %d bytes, spec of %d", i, len(g.id), len(g.spec))
+			}
+		case err := <-done:
+			t.Fatalf("consumer: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("begin %d never arrived", i)
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := e.hub.Status().Consumers; !st[0].Attached || st[0].Disconnects != 0 || st[0].BeginsDropped != 0 {
+		t.Fatalf("consumer status: %+v", st[0])
+	}
+}

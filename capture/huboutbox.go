@@ -4,6 +4,7 @@ package capture
 
 import (
 	"errors"
+	"os"
 	"sync"
 	"time"
 
@@ -14,10 +15,15 @@ import (
 // admission's Begin, a request's End, a worker's ring registration):
 //
 //   - A begin must be in the consumer's socket before the request's records can be in a ring
-//     (the consumer skips records of requests it has not heard of), so it is written at once,
-//     without waiting, or not at all: a consumer whose socket is full (it does not read its
-//     notices) or that has notices queued is not told of the request, whose result for it is
-//     error at once ("behind on its notices"), counted in ConsumerStatus.BeginsDropped.
+//     (the consumer skips records of requests it has not heard of), so it is written whole
+//     before Begin returns, or not at all. A begin larger than the socket's free space (a large
+//     spec: up to steer.MaxCaptureSpec) is written as the consumer reads it, within the write
+//     timeout (a consumer that takes part of it and then stops reading is disconnected); a
+//     socket with no room at all gets beginGrace to make some, once: a consumer whose socket
+//     stays full (it does not read its notices) or that has notices queued is not told of the
+//     request, whose result for it is error at once ("behind on its notices"), counted in
+//     ConsumerStatus.BeginsDropped, and later begins do not wait for it until a write to it
+//     succeeds again.
 //   - The other notices (an end, a ring, a ring gone) go into a bounded queue of the
 //     consumer's own (HubOptions.MaxQueued, MaxQueuedBytes) when they cannot be written at
 //     once, and one goroutine per consumer writes them in order, each within the write
@@ -49,7 +55,17 @@ type outbox struct {
 	synced bool // the handshake's synced is on its way: notices may go straight to the socket
 	closed bool
 	wake   chan struct{} // capacity 1
+	// sending: a begin is being written outside o.mu (sendBegin); notices meanwhile queue and
+	// the writer waits. sent is closed when it is done. stalled: the last begin found no room
+	// within beginGrace, so the next does not wait.
+	sending bool
+	sent    chan struct{}
+	stalled bool
 }
+
+// beginGrace is how long a begin waits for room in a consumer's full socket (once: not again
+// until a write to it succeeds).
+const beginGrace = 100 * time.Millisecond
 
 func newOutbox() outbox { return outbox{wake: make(chan struct{}, 1), busy: true} }
 
@@ -93,16 +109,35 @@ func (o *outbox) signal() {
 }
 
 // notify tells the consumer a notice and returns at once: written now when the socket takes
-// it whole and nothing is queued before it, else queued (a begin: dropped). It reports whether
+// it whole and nothing is queued before it, else queued (a begin: sendBegin, or dropped when
+// notices are queued before it). It reports whether
 // the consumer will get it.
 func (hc *hubConn) notify(h *Hub, msg []byte, fds []int, begin bool) bool {
 	o := &hc.out
 	o.mu.Lock()
+	if begin {
+		// One begin is written at a time: a later one waits its turn (a consumer that reads
+		// takes a large one within the write timeout).
+		for deadline := time.Now().Add(h.wtimeout); o.sending && !o.closed && time.Now().Before(deadline); {
+			sent := o.sent
+			o.mu.Unlock()
+			t := time.NewTimer(time.Until(deadline))
+			select {
+			case <-sent:
+			case <-t.C:
+			}
+			t.Stop()
+			o.mu.Lock()
+		}
+	}
 	if o.closed {
 		o.mu.Unlock()
 		return false
 	}
-	if o.synced && !o.busy && len(o.q) == 0 {
+	if begin && o.synced && !o.busy && !o.sending && len(o.q) == 0 {
+		return hc.sendBegin(h, msg) // unlocks o.mu
+	}
+	if o.synced && !o.busy && !o.sending && len(o.q) == 0 {
 		n, err := hc.trySend(msg, fds)
 		switch {
 		case err != nil:
@@ -110,6 +145,7 @@ func (hc *hubConn) notify(h *Hub, msg []byte, fds []int, begin bool) bool {
 			h.disconnect(hc, "its connection failed: "+err.Error())
 			return false
 		case n == len(msg):
+			o.stalled = false
 			o.mu.Unlock()
 			return true
 		case n > 0:
@@ -117,10 +153,6 @@ func (hc *hubConn) notify(h *Hub, msg []byte, fds []int, begin bool) bool {
 			o.q = append(o.q, outMsg{msg: msg[n:]})
 			o.bytes += len(msg) - n
 			o.mu.Unlock()
-			if begin { // it would arrive after records the consumer skips
-				h.disconnect(hc, "its socket took only part of a begin notice: it does not read its notices")
-				return false
-			}
 			o.signal()
 			return true
 		}
@@ -146,6 +178,56 @@ func (hc *hubConn) notify(h *Hub, msg []byte, fds []int, begin bool) bool {
 	o.mu.Unlock()
 	o.signal()
 	return true
+}
+
+// sendBegin writes a begin notice whole or not at all (o.mu held on entry, released): at once
+// when the socket has room; else, unless the consumer stalled before, it waits up to beginGrace
+// for room; the rest of a begin the socket took only part of (it is larger than the socket's
+// free space) within the write timeout. Notices meanwhile queue behind it. It reports whether
+// the consumer will get it.
+func (hc *hubConn) sendBegin(h *Hub, msg []byte) bool {
+	o := &hc.out
+	o.sending, o.sent = true, make(chan struct{})
+	grace := !o.stalled
+	o.mu.Unlock()
+	n, err := hc.trySend(msg, nil)
+	if err == nil && n == 0 && grace {
+		n, err = hc.sendSome(msg, min(beginGrace, h.wtimeout))
+	}
+	if err == nil && n > 0 && n < len(msg) {
+		err = hc.send(h.wtimeout, msg[n:], nil)
+	}
+	o.mu.Lock()
+	o.sending = false
+	close(o.sent)
+	o.stalled = n == 0 && err == nil
+	o.mu.Unlock()
+	o.signal() // the writer: notices queued meanwhile
+	switch {
+	case err != nil:
+		h.disconnect(hc, "it does not read its notices: a begin notice: "+err.Error())
+		return false
+	case n == 0:
+		h.countBeginDropped(hc)
+		return false
+	}
+	return true
+}
+
+// sendSome writes part of msg, waiting up to d for the socket to take any of it: the bytes it
+// took (0 when none within d).
+func (hc *hubConn) sendSome(msg []byte, d time.Duration) (int, error) {
+	hc.wmu.Lock()
+	defer hc.wmu.Unlock()
+	hc.c.SetWriteDeadline(time.Now().Add(d))
+	n, _, err := hc.c.WriteMsgUnix(msg, nil, nil)
+	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+		return 0, nil
+	}
+	if n > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = nil // the rest follows within the write timeout
+	}
+	return n, err
 }
 
 // trySend writes msg (with fds) once, without waiting: the bytes the socket took (0 when it is
@@ -212,6 +294,11 @@ func (h *Hub) writeLoop(hc *hubConn) {
 			o.mu.Unlock()
 			return
 		}
+		if o.sending { // a begin is being written: the queue goes after it (sendBegin wakes us)
+			o.mu.Unlock()
+			<-o.wake
+			continue
+		}
 		q := o.q
 		o.q, o.bytes = nil, 0
 		if len(q) == 0 {
@@ -258,6 +345,9 @@ func (h *Hub) writeLoop(hc *hubConn) {
 				return
 			}
 		}
+		o.mu.Lock()
+		o.stalled = false // it reads again: a begin may wait for room
+		o.mu.Unlock()
 	}
 }
 

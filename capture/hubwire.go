@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/shmsteer/shmsteer/steer"
 )
 
 // The hub's wire: messages on a capture connection (a consumer's or a worker's unix socket to
@@ -40,8 +42,9 @@ const (
 	roleWorker   = 2
 
 	ticketLen = 32
-	// maxHubMsg bounds one message (a result's payload lists the consumer's output).
-	maxHubMsg = 1 << 20
+	// maxHubMsg bounds one message: a begin of the largest spec (steer.MaxCaptureSpec) with
+	// the longest request id, or a result (its payload lists the consumer's output).
+	maxHubMsg = steer.MaxCaptureSpec + 1<<17
 )
 
 // hubMsg is a decoded message; which fields are set depends on typ.
