@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/shmsteer/shmsteer/steer"
@@ -461,4 +463,28 @@ func syncDir(dir string) error {
 		return fmt.Errorf("%w: sync %s: %v", ErrWrite, dir, err)
 	}
 	return nil
+}
+
+// RemoveStaleTemps removes the .tmp files under root (a filesystem consumer killed mid-request
+// leaves its unpublished files as {name}.tmp; no published file ends in .tmp) and returns how
+// many it removed. Run it before a consumer writes under root, never while one does. It does
+// not follow symbolic links.
+func RemoveStaleTemps(root string) (int, error) {
+	n := 0
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() && strings.HasSuffix(d.Name(), ".tmp") {
+			if err := os.Remove(path); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return n, fmt.Errorf("%w: removing stale .tmp files under %s: %v", ErrWrite, root, err)
+	}
+	return n, nil
 }

@@ -269,6 +269,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(hostileWorkerChildEnv) != "" {
 		hostileWorkerChild() // hostile_test.go
 	}
+	if os.Getenv(followChildEnv) != "" {
+		followChild() // follow_test.go
+	}
 	if os.Getenv(consumerChildEnv) != "" {
 		// TestRingDeadConsumerReclaimed's consumer: attach, say so, never read.
 		r, err := OpenRing(3)
