@@ -20,8 +20,12 @@
 //     packed.json index (request_id, layout, dtype, entries of layer, hook, offset, nbytes,
 //     shape, positions; one entry per record). Each file is written as {name}.tmp, synced
 //     (unless FSOptions.NoFsync) and renamed into place at Finish; the directories are the
-//     slugs of the spec's tag and request_id, the sidecars' request_id is the engine's request
-//     id (as the fork's sidecars carry its engine request id).
+//     slugs of the spec's tag and request_id (Slug: the fork's names where they are of
+//     [a-zA-Z0-9._-], other bytes %XX, so no two names share one), under @{tenant} for a
+//     tenant's request ("tenant/..." engine ids: TenantDir), and a request's own directory
+//     is created exclusively (a clash is an error for the later request); the sidecars'
+//     request_id is the engine's request id (as the fork's sidecars carry its engine request
+//     id).
 //   - CreateRing / OpenRing (Linux): the per-worker capture ring, in a writable memfd of its
 //     own (never the sealed data region), sealed against shrinking and growing once sized
 //     (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL): OpenRing, and so the hub at a worker's

@@ -143,10 +143,15 @@ type RequestFiles struct {
 
 // OpenRequest starts the files of the engine's request requestID (the id it was admitted
 // under, which the sidecars' request_id carries, as the fork's carry its engine request id),
-// planned by p, in p's layout or def when p has none, creating {root}/{tag}/{request_id}/
-// from p's slugs of the spec's tag and request_id (mode 0755). ErrBadLayout, ErrBadSlug if
-// p's slugs are not Slug's output, ErrBadRecord for an empty requestID, ErrWrite if the
-// directory cannot be made.
+// planned by p, in p's layout or def when p has none, in a directory of its own it creates
+// (mode 0755): {root}/{tag}/{request_id}/ from p's slugs of the spec's tag and request_id, as
+// the fork's; for an engine request id of a tenant (serve's tenants' ids are "tenant/...": the
+// part before the first "/"), {root}/@{tenant}/{tag}/{request_id}/ (TenantDir), so one
+// tenant's spec never names another's directory. The request's directory is created
+// exclusively: if it exists (another request wrote or writes there, or this one was begun
+// before) OpenRequest returns ErrWrite and changes nothing. ErrBadLayout, ErrBadSlug if p's
+// slugs are not Slug's output, ErrBadRecord for an empty requestID, ErrWrite if the directory
+// cannot be made.
 func OpenRequest(root, requestID string, p *Plan, def Layout, opt FSOptions) (*RequestFiles, error) {
 	if requestID == "" {
 		return nil, fmt.Errorf("%w: empty engine request id", ErrBadRecord)
@@ -156,17 +161,43 @@ func OpenRequest(root, requestID string, p *Plan, def Layout, opt FSOptions) (*R
 		return nil, err
 	}
 	for _, s := range []struct{ field, slugged string }{{"tag", p.TagSlug}, {"request_id", p.IDSlug}} {
-		if again, err := slug(s.slugged, s.field); err != nil || again != s.slugged {
+		if !isSlug(s.slugged) {
 			return nil, fmt.Errorf("%w: %s %q is not a slug (use Resolve's Plan)", ErrBadSlug, s.field, s.slugged)
 		}
 	}
-	dir := filepath.Join(root, p.TagSlug, p.IDSlug)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	parent := filepath.Join(root, p.TagSlug)
+	if t := TenantDir(requestID); t != "" {
+		parent = filepath.Join(root, t, p.TagSlug)
+	}
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrWrite, err)
+	}
+	dir := filepath.Join(parent, p.IDSlug)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("%w: the request's directory %s exists: another request captured (or captures) under this tag and request_id; "+
+				"nothing was written: give this request a request_id of its own", ErrWrite, dir)
+		}
 		return nil, fmt.Errorf("%w: %v", ErrWrite, err)
 	}
 	return &RequestFiles{dir: dir, requestID: requestID, layout: layout, opt: opt,
 		sites: map[siteKey]*siteFile{}, widths: map[siteKey]int{}}, nil
 }
+
+// TenantDir is the directory under a filesystem consumer's root that the captures of engine
+// request requestID go under: "@" and the Slug encoding of its tenant (the part before the
+// first "/"), or "" for a request id with no "/" (no tenant). No Slug starts with "@", so no
+// tag names a tenant's directory.
+func TenantDir(requestID string) string {
+	tenant, _, ok := strings.Cut(requestID, "/")
+	if !ok {
+		return ""
+	}
+	return "@" + escapeSegment(tenant)
+}
+
+// Empty reports whether no record was appended.
+func (w *RequestFiles) Empty() bool { return len(w.sites) == 0 && w.packed == nil }
 
 // Dir is the request's directory.
 func (w *RequestFiles) Dir() string { return w.dir }
@@ -231,7 +262,7 @@ func (w *RequestFiles) Append(r Record) error {
 func siteStem(k siteKey) string { return strconv.Itoa(k.layer) + "_" + k.hook }
 
 func (w *RequestFiles) create(name string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(w.dir, name+".tmp"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(filepath.Join(w.dir, name+".tmp"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		w.fail()
 		return nil, fmt.Errorf("%w: %v", ErrWrite, err)
@@ -247,7 +278,8 @@ func (w *RequestFiles) write(f *os.File, b []byte) error {
 	return nil
 }
 
-// fail closes and removes every .tmp file; the request is done.
+// fail closes and removes every .tmp file, and the request's directory if nothing was
+// published in it; the request is done.
 func (w *RequestFiles) fail() {
 	w.done = true
 	for _, s := range w.sites {
@@ -258,6 +290,7 @@ func (w *RequestFiles) fail() {
 		w.packed.Close()
 		os.Remove(w.packed.Name())
 	}
+	os.Remove(w.dir) // only if empty
 }
 
 // Abort removes the request's .tmp files; nothing is published. Later calls return
@@ -327,7 +360,7 @@ func (w *RequestFiles) publishSites() ([]string, error) {
 			cleanup()
 			return nil, fmt.Errorf("%w: %v", ErrWrite, err)
 		}
-		f, err := os.OpenFile(filepath.Join(w.dir, siteStem(k)+".json.tmp"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		f, err := os.OpenFile(filepath.Join(w.dir, siteStem(k)+".json.tmp"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 		if err != nil {
 			cleanup()
 			return nil, fmt.Errorf("%w: %v", ErrWrite, err)
@@ -423,7 +456,7 @@ func (w *RequestFiles) writeMeta(path string, meta any) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrWrite, err)
 	}
-	f, err := os.OpenFile(path+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(path+".tmp", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrWrite, err)
 	}

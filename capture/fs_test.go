@@ -122,7 +122,7 @@ func TestLayoutsReadBackBitwise(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					dir := filepath.Join(root, "probe_v1", "req_1")
+					dir := filepath.Join(root, "probe%2Fv1", "req%201")
 					if w.Dir() != dir {
 						t.Fatalf("dir %s, want %s", w.Dir(), dir)
 					}
@@ -318,19 +318,53 @@ func TestEmptyRequestPublishesNothing(t *testing.T) {
 
 // A second request with the same tag and id overwrites the first (the fork's default
 // on_collision, overwrite), whole.
-func TestOverwrite(t *testing.T) {
+// A request's directory is its own: a later request naming the same tag and request_id (in
+// flight or published) gets ErrWrite and changes nothing of the earlier one's files; an
+// aborted request leaves no directory, so its id can be begun again.
+func TestRequestDirExclusive(t *testing.T) {
 	root := t.TempDir()
-	for _, rows := range []int{5, 2} {
-		w, _ := openTest(t, root, LayoutPerFile)
-		if err := w.Append(rec(0, Float16, rows, 4)); err != nil {
-			t.Fatal(err)
+	w, p := openTest(t, root, LayoutPerFile)
+	if err := w.Append(rec(0, Float16, 5, 4)); err != nil {
+		t.Fatal(err)
+	}
+	// The earlier request in flight, then published: the later one is refused both times.
+	for _, published := range []bool{false, true} {
+		if _, err := OpenRequest(root, "engine-8", p, LayoutPerFile, FSOptions{NoFsync: true}); !errors.Is(err, ErrWrite) || !strings.Contains(err.Error(), "exists") {
+			t.Fatalf("second request into %s (published %v): %v, want ErrWrite", w.Dir(), published, err)
 		}
-		if _, err := w.Finish(); err != nil {
-			t.Fatal(err)
+		if !published {
+			if _, err := w.Finish(); err != nil {
+				t.Fatal(err)
+			}
 		}
-		got, err := readForkRequest(w.Dir())
-		if err != nil || got[forkKey{0, "post_block"}].rows != rows {
-			t.Fatalf("read %v, %v; want %d rows", got, err, rows)
+	}
+	got, err := readForkRequest(w.Dir())
+	if err != nil || got[forkKey{0, "post_block"}].rows != 5 {
+		t.Fatalf("read %v, %v; want the first request's 5 rows", got, err)
+	}
+	// A tenant's request goes under its own directory: the same spec no longer clashes.
+	w2, err := OpenRequest(root, "acme/engine-9", p, LayoutPerFile, FSOptions{NoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(root, "@acme", p.TagSlug, p.IDSlug); w2.Dir() != want {
+		t.Fatalf("tenant's dir %s, want %s", w2.Dir(), want)
+	}
+	// Aborted: its directory goes, and the id may be begun again.
+	w2.Append(rec(0, Float16, 1, 4))
+	w2.Abort()
+	if _, err := os.Stat(w2.Dir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("aborted request's dir: %v", err)
+	}
+	if _, err := OpenRequest(root, "acme/engine-9", p, LayoutPerFile, FSOptions{NoFsync: true}); err != nil {
+		t.Fatalf("begun again after abort: %v", err)
+	}
+}
+
+func TestTenantDir(t *testing.T) {
+	for in, want := range map[string]string{"r1": "", "acme/x": "@acme", "acme/x/y": "@acme", "a b/x": "@a%20b", "/x": "@", "a_b/x": "@a_b"} {
+		if got := TenantDir(in); got != want {
+			t.Errorf("TenantDir(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -28,11 +28,16 @@ type FSStats struct {
 	Records, Bytes                uint64
 }
 
+// noRows is the error of a request whose spec selects prompt rows and of which no record came.
+const noRows = "shmsteer: no rows were captured for the request although its spec selects prompt rows: no worker captured its steps " +
+	"(a worker registers its ring with capture.RegisterWorker and captures with Stepper.SetCapture; Python: SteeringHooks.start_capture)"
+
 // RunFilesystem is the filesystem consumer: it reads c until ctx ends or the hub goes,
 // writing each captured request with RequestFiles (the fork's layout) and publishing the
 // paths it wrote as the request's payload at its end: ok, partial_error when records were
-// dropped for it (the files hold what arrived), error when its spec does not resolve or a
-// write fails. It returns ctx's error, or the hub's or a ring's.
+// dropped for it (the files hold what arrived), error when its spec does not resolve, its
+// directory exists already (OpenRequest), a write fails, or its spec selects prompt rows and
+// none came (no worker captured it). It returns ctx's error, or the hub's or a ring's.
 func RunFilesystem(ctx context.Context, c *Consumer, opts FSConsumerOptions, stats *FSStats) error {
 	if stats == nil {
 		stats = &FSStats{}
@@ -47,6 +52,7 @@ func RunFilesystem(ctx context.Context, c *Consumer, opts FSConsumerOptions, sta
 	type open struct {
 		files *RequestFiles
 		err   error
+		rows  bool // the plan selects prompt rows: a request with none was not captured
 	}
 	reqs := map[string]*open{}
 	defer func() {
@@ -82,6 +88,7 @@ func RunFilesystem(ctx context.Context, c *Consumer, opts FSConsumerOptions, sta
 				o.err = err
 				continue
 			}
+			o.rows = plan.Positions.Kind != PosAllGenerated
 			o.files, o.err = OpenRequest(opts.Root, ev.RequestID, plan, opts.Layout, opts.FS)
 		case EventRecord:
 			o := reqs[ev.RequestID]
@@ -107,6 +114,10 @@ func RunFilesystem(ctx context.Context, c *Consumer, opts FSConsumerOptions, sta
 				continue
 			case o.err != nil:
 				res = Result{Status: StatusError, Error: o.err.Error()}
+			case o.files.Empty() && o.rows && ev.Dropped == 0:
+				// Its spec selects prompt rows, yet no worker captured any of them.
+				o.files.Abort()
+				res = Result{Status: StatusError, Error: noRows}
 			default:
 				paths, err := o.files.Finish()
 				if err != nil {

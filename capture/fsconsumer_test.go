@@ -8,14 +8,19 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"github.com/shmsteer/shmsteer/steer"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/shmsteer/shmsteer/steer"
 )
 
 // ringAppender appends a request's records through a worker's ring, as the hooks do.
@@ -69,7 +74,7 @@ func TestFilesystemConsumerLayouts(t *testing.T) {
 			if err := json.Unmarshal(res["fs"].Payload, &paths); err != nil || len(paths) == 0 {
 				t.Fatalf("payload %s: %v", res["fs"].Payload, err)
 			}
-			dir := filepath.Join(root, "probe_v1", "req_"+id)
+			dir := filepath.Join(root, "probe%2Fv1", "req%20"+id)
 			for _, pth := range paths {
 				if filepath.Dir(pth) != dir {
 					t.Fatalf("path %s not under %s", pth, dir)
@@ -120,5 +125,76 @@ func TestFilesystemConsumerLayouts(t *testing.T) {
 	stop() // the consumer's goroutine writes stats
 	if stats.OK != 6 || stats.Failed != 1 || stats.Requests != 7 {
 		t.Fatalf("stats %+v", stats)
+	}
+}
+
+// Two tenants' requests with the same spec (tag and request_id) are written under each
+// tenant's directory, each with its own rows; a later request of one tenant naming the same
+// tag and request_id as its earlier one gets error and changes nothing of the earlier's files;
+// a request whose spec selects prompt rows and of which no record came is error (no worker
+// captured it), one selecting only generated rows is ok with no paths.
+func TestFilesystemConsumerTenantsAndClashes(t *testing.T) {
+	e := newHubEnv(t)
+	w := e.worker(t, WorkerOptions{Capacity: 1 << 20})
+	c := e.consumer(t, ConsumerOptions{Name: "fs"})
+	root := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- RunFilesystem(ctx, c, FSConsumerOptions{Root: root, Config: testCfg, FS: FSOptions{NoFsync: true}}, nil)
+	}()
+	defer func() { cancel(); <-done }()
+	const js = `{"request_id": "x", "tag": "shared", "hooks": {"post_block": [0]}, "positions": "all"}`
+	p, err := resolve(t, js, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	result := func(id string) Result {
+		t.Helper()
+		waitFor(t, "the result of "+id, func() bool { r, _ := e.hub.Result(id); return r["fs"].Status != StatusPending })
+		r, _ := e.hub.Result(id)
+		return r["fs"]
+	}
+	run := func(id string, seed uint64, spec string) Result {
+		t.Helper()
+		e.hub.Begin(id, steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(spec)}, PromptLen: 3})
+		if seed > 0 {
+			simulate(t, ringAppender{w.Writer(), id}, p, Float32, 8, []step{{0, 3}}, rand.New(rand.NewPCG(seed, 1)))
+		}
+		e.hub.End(id)
+		return result(id)
+	}
+	dirs := map[string]string{}
+	for i, id := range []string{"acme/x", "beta/x"} {
+		r := run(id, uint64(i+1), js)
+		var paths []string
+		if r.Status != StatusOK || json.Unmarshal(r.Payload, &paths) != nil || len(paths) != 2 {
+			t.Fatalf("%s: %+v", id, r)
+		}
+		dirs[id] = filepath.Dir(paths[0])
+		if want := filepath.Join(root, TenantDir(id), "shared", "x"); dirs[id] != want {
+			t.Fatalf("%s wrote under %s, want %s", id, dirs[id], want)
+		}
+	}
+	before, err := readForkRequest(dirs["beta/x"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := run("beta/y", 3, js); r.Status != StatusError || !strings.Contains(r.Error, "exists") {
+		t.Fatalf("beta/y into beta/x's directory: %+v", r)
+	}
+	after, err := readForkRequest(dirs["beta/x"])
+	if err != nil || !reflect.DeepEqual(before, after) {
+		t.Fatalf("beta/x's files changed: %v", err)
+	}
+	if r := run("acme/none", 0, `{"request_id": "none", "tag": "t", "hooks": {"post_block": [0]}, "positions": "all"}`); r.Status != StatusError ||
+		!strings.Contains(r.Error, "no rows were captured") {
+		t.Fatalf("a request no worker captured: %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(root, "@acme", "t", "none")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the uncaptured request's directory: %v", err)
+	}
+	if r := run("acme/gen", 0, `{"request_id": "gen", "tag": "t", "hooks": {"post_block": [0]}, "positions": "all_generated"}`); r.Status != StatusOK {
+		t.Fatalf("a request with no generated rows: %+v", r)
 	}
 }

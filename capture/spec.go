@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -312,9 +313,12 @@ func decodeInts(raw json.RawMessage, where string) ([]int, error) {
 	return out, nil
 }
 
-// Slug turns a tag or request id into a path segment as the fork does: ErrBadSlug if it is
-// empty, longer than MaxSlugLen characters, contains "..", starts with "/" or is "."; else
-// every character outside [a-zA-Z0-9._-] becomes "_" (one per character).
+// Slug turns a tag or request id into a path segment: ErrBadSlug if it is empty, longer than
+// MaxSlugLen characters, contains "..", starts with "/" or is "."; else a name of characters
+// in [a-zA-Z0-9._-] is itself (as the fork's) and every other byte becomes %XX (its hex,
+// upper case). Unlike the fork's slug ("_" for each such character, so "a/b" and "a_b" named
+// one directory), two names never share a slug ("%" is always encoded), and no slug contains
+// "@" (the consumer's tenant directories start with it).
 func Slug(name string) (string, error) { return slug(name, "name") }
 
 func slug(name, field string) (string, error) {
@@ -331,16 +335,57 @@ func slug(name, field string) (string, error) {
 	case name == ".":
 		return "", fmt.Errorf("%w: %s \".\" names its parent directory", ErrBadSlug, field)
 	}
-	var b strings.Builder
-	b.Grow(len(name))
-	for _, r := range name {
-		if r < utf8.RuneSelf && slugByte(byte(r)) {
-			b.WriteRune(r)
-		} else {
-			b.WriteByte('_')
+	seg := escapeSegment(name)
+	if len(seg) > maxSegment {
+		return "", fmt.Errorf("%w: %s's path segment is %d bytes (each byte outside [a-zA-Z0-9._-] takes 3), at most %d", ErrBadSlug, field, len(seg), maxSegment)
+	}
+	return seg, nil
+}
+
+// maxSegment is the longest path segment (NAME_MAX).
+const maxSegment = 255
+
+// isSlug reports whether seg is a Slug's output: escapeSegment of a name Slug accepts.
+func isSlug(seg string) bool {
+	var name []byte
+	for i := 0; i < len(seg); i++ {
+		c := seg[i]
+		switch {
+		case slugByte(c):
+			name = append(name, c)
+		case c == '%' && i+2 < len(seg) && isUpperHex(seg[i+1]) && isUpperHex(seg[i+2]):
+			v, _ := strconv.ParseUint(seg[i+1:i+3], 16, 8)
+			if slugByte(byte(v)) {
+				return false // not the canonical encoding
+			}
+			name = append(name, byte(v))
+			i += 2
+		default:
+			return false
 		}
 	}
-	return b.String(), nil
+	again, err := slug(string(name), "name")
+	return err == nil && again == seg
+}
+
+func isUpperHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'A' && c <= 'F' }
+
+// escapeSegment is Slug's encoding: bytes in [a-zA-Z0-9._-] as they are, every other byte as
+// %XX (injective: "%" is always encoded).
+func escapeSegment(name string) string {
+	const hexDigits = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(len(name))
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; slugByte(c) {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
+		}
+	}
+	return b.String()
 }
 
 func slugByte(c byte) bool {

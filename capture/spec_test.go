@@ -193,9 +193,12 @@ func TestSlug(t *testing.T) {
 	}{
 		{"probe_0001", "probe_0001", false},
 		{"mnist-probe-v1.2", "mnist-probe-v1.2", false},
-		{"a b/c:d", "a_b_c_d", false},
-		{"é€x", "__x", false}, // one _ per character, not per byte
-		{"a/./b", "a_._b", false},
+		{"a b/c:d", "a%20b%2Fc%3Ad", false},
+		{"é€x", "%C3%A9%E2%82%ACx", false}, // each byte
+		{"a/./b", "a%2F.%2Fb", false},
+		{"a_b", "a_b", false}, // not a/b's
+		{"a%2Fb", "a%252Fb", false},
+		{"@acme", "%40acme", false}, // no slug names a tenant's directory
 		{".hidden", ".hidden", false},
 		{"", "", true},
 		{"..", "", true},
@@ -203,9 +206,11 @@ func TestSlug(t *testing.T) {
 		{"x..y", "", true},
 		{"/abs", "", true},
 		{".", "", true},
-		{strings.Repeat("x", MaxSlugLen), strings.Repeat("x", MaxSlugLen), false},
+		{strings.Repeat("x", maxSegment), strings.Repeat("x", maxSegment), false},
+		{strings.Repeat("x", maxSegment+1), "", true}, // longer than a path segment may be
 		{strings.Repeat("x", MaxSlugLen+1), "", true},
-		{strings.Repeat("é", MaxSlugLen), strings.Repeat("_", MaxSlugLen), false},
+		{strings.Repeat("é", 42), strings.Repeat("%C3%A9", 42), false},
+		{strings.Repeat("é", 43), "", true}, // 258 bytes encoded
 	} {
 		got, err := Slug(c.in)
 		if c.err {
@@ -214,8 +219,25 @@ func TestSlug(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || got != c.want {
+		if err != nil || got != c.want || !isSlug(got) {
 			t.Errorf("Slug(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	// Injective: distinct names, distinct slugs.
+	seen := map[string]string{}
+	for _, n := range []string{"a/b", "a_b", "a b", "a%2Fb", "a%2fb", "é", "_", "%", "%25", "a.b", "A/B"} {
+		s, err := Slug(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o, ok := seen[s]; ok {
+			t.Errorf("%q and %q share the slug %q", o, n, s)
+		}
+		seen[s] = n
+	}
+	for _, bad := range []string{"a%2f", "a%41", "a%2", "%", "a b", "..", "%2E%2E"} {
+		if isSlug(bad) {
+			t.Errorf("isSlug(%q)", bad)
 		}
 	}
 }
