@@ -848,7 +848,7 @@ func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
 		return nil, badInput("prompt_len %d is negative", req.PromptLen)
 	}
 	a.PromptLen = req.PromptLen
-	out, err := s.eng.Admit(a)
+	out, err := s.admitCounted(p, a)
 	if err != nil {
 		return nil, err
 	}

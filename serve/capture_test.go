@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,4 +182,43 @@ func TestConfigCaptureGlobal(t *testing.T) {
 		c.CaptureGlobal = bad
 		require.ErrorIs(t, c.Validate(), ErrConfig, "%v", bad)
 	}
+}
+
+// A tenant's stored capture specs (its admitted requests not yet ended) count against
+// tenant_max_capture_bytes: beyond it an admission is 429 "quota" and admits nothing; ending a
+// request frees its share; another tenant and the admin keys are not held back.
+func TestCaptureQuota(t *testing.T) {
+	const admin, acme, beta = "admin-0123456789abcdef", "acme-0123456789abcdef", "beta-0123456789abcdef"
+	f := startForkServer(t, "capture-quota", []string{admin, "acme:" + acme, "beta:" + beta}, func(c *Config) {
+		c.Auth = AuthKeys
+		c.CaptureConsumers = []string{"fs=filesystem"}
+		c.TenantMaxCaptureBytes = 1500
+	})
+	admit := func(key, id string) (int, map[string]any) {
+		spec := map[string]any{"request_id": strings.Repeat("r", 250), "tag": strings.Repeat("t", 250), "hooks": map[string]any{hp: "all"}, "positions": "all"}
+		return f.post(t, "/v1/requests/admit", map[string]any{"request_id": id, "prompt_len": 4, "capture": map[string]any{"fs": spec}}, "Authorization: Bearer "+key)
+	}
+	for _, id := range []string{"acme/1", "acme/2"} {
+		code, m := admit(acme, id)
+		require.Equal(t, 200, code, "%v", m)
+	}
+	code, m := admit(acme, "acme/3")
+	require.Equal(t, 429, code, "%v", m)
+	require.Equal(t, "quota", m["type"], "%v", m)
+	require.Contains(t, m["error"], "tenant_max_capture_bytes")
+	require.Empty(t, f.captureOf(t, "acme/3").Consumers)
+	code, m = f.call(t, "GET", "/v1/status", nil, "Authorization: Bearer "+acme)
+	require.Equal(t, 200, code, "%v", m)
+	require.Greater(t, m["capture_bytes"], float64(1000))
+	require.Equal(t, float64(1500), m["tenant_max_capture_bytes"])
+	// Another tenant, and the admin keys, are not held back.
+	code, m = admit(beta, "beta/1")
+	require.Equal(t, 200, code, "%v", m)
+	code, m = admit(admin, "admin-1")
+	require.Equal(t, 200, code, "%v", m)
+	// Ending a request frees its share.
+	code, m = f.post(t, "/v1/requests/end", map[string]any{"request_id": "acme/1"}, "Authorization: Bearer "+acme)
+	require.Equal(t, 200, code, "%v", m)
+	code, m = admit(acme, "acme/3")
+	require.Equal(t, 200, code, "%v", m)
 }

@@ -78,6 +78,7 @@ type Config struct {
 	TenantMaxLatchedBytes int64 `toml:"tenant_max_latched_bytes" help:"bytes held by value in one tenant's latches"`
 	TenantMaxVectors      int   `toml:"tenant_max_vectors" help:"named vectors (steer and probe) a tenant's keys may hold"`
 	TenantMaxVectorBytes  int64 `toml:"tenant_max_vector_bytes" help:"bytes of named vector encodings a tenant's keys may hold"`
+	TenantMaxCaptureBytes int64 `toml:"tenant_max_capture_bytes" help:"bytes of capture specs a tenant's admitted, not yet ended requests may hold"`
 
 	Mirror       string `toml:"mirror" help:"NATS server(s) to mirror steering state through with other hosts, nats://HOST:PORT[,...] (empty: no mirror)"`
 	MirrorBucket string `toml:"mirror_bucket" help:"JetStream key-value bucket of the mirror, the same on every host (empty: shmsteer)"`
@@ -103,7 +104,7 @@ func DefaultConfig() Config {
 		MaxInflightBodyBytes: 256 << 20, MaxTenantBodyBytes: 128 << 20, MaxConnections: 1024,
 		ReadTimeout: time.Minute, IdleTimeout: time.Minute,
 		TenantMaxLatches: steer.DefaultMaxConversations / 4, TenantMaxLatchedBytes: steer.DefaultMaxLatchedBytes / 4,
-		TenantMaxVectors: 256, TenantMaxVectorBytes: 64 << 20,
+		TenantMaxVectors: 256, TenantMaxVectorBytes: 64 << 20, TenantMaxCaptureBytes: 16 << 20,
 		LogFormat: "text", LogLevel: "info",
 	}
 }
@@ -269,8 +270,8 @@ func (c Config) Validate() error {
 		return bad("max_upload_bytes %d: at least 1024", c.MaxUploadBytes)
 	case c.MaxTenantBodyBytes < 1024 || c.MaxInflightBodyBytes < c.MaxTenantBodyBytes:
 		return bad("max_tenant_body_bytes %d, max_inflight_body_bytes %d: want 1024 <= max_tenant_body_bytes <= max_inflight_body_bytes", c.MaxTenantBodyBytes, c.MaxInflightBodyBytes)
-	case c.TenantMaxLatches < 1 || c.TenantMaxLatchedBytes < 1 || c.TenantMaxVectors < 1 || c.TenantMaxVectorBytes < 1:
-		return bad("tenant_max_latches, tenant_max_latched_bytes, tenant_max_vectors and tenant_max_vector_bytes must be positive")
+	case c.TenantMaxLatches < 1 || c.TenantMaxLatchedBytes < 1 || c.TenantMaxVectors < 1 || c.TenantMaxVectorBytes < 1 || c.TenantMaxCaptureBytes < 1:
+		return bad("tenant_max_latches, tenant_max_latched_bytes, tenant_max_vectors, tenant_max_vector_bytes and tenant_max_capture_bytes must be positive")
 	case c.MaxConnections < 16:
 		return bad("max_connections %d: at least 16", c.MaxConnections)
 	case c.ReadTimeout <= 0 || c.IdleTimeout <= 0:

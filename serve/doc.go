@@ -39,7 +39,8 @@
 // quotas (tenant_max_latches and tenant_max_latched_bytes on their conversations' latches: a
 // tenant at its cap evicts its own oldest latch, so one tenant cannot evict another's while the
 // quotas sum to no more than max_conversations and max_latched_bytes; tenant_max_vectors and
-// tenant_max_vector_bytes on the named vectors their keys register, 429 "quota" beyond), and
+// tenant_max_vector_bytes on the named vectors their keys register, tenant_max_capture_bytes on
+// the capture specs their admitted requests not yet ended hold, 429 "quota" beyond), and
 // GET /v1/status shows a tenant's key only its tenant's counts and quotas (TenantStatus).
 //
 // What HTTP clients can make serve hold is bounded: the bytes of bodies being read at once, in

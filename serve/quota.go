@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -69,6 +70,60 @@ func (s *Server) checkVectorQuota(p principal, kind steer.VectorKind, name strin
 	return nil
 }
 
+// tenantCaptureBytes sums the stored capture entries (steer.KindCapture: the specs of admitted
+// requests not yet ended) of tenant's request ids ("tenant/...").
+func (s *Server) tenantCaptureBytes(tenant string) (int64, error) {
+	snap, err := s.eng.Region().Snapshot()
+	if err != nil {
+		return 0, err
+	}
+	defer snap.Close()
+	prefix := tenant + "/"
+	var bytes int64
+	err = snap.Range(steer.KindCapture, func(key, value []byte, _ uint64) bool {
+		if strings.HasPrefix(string(key), prefix) {
+			bytes += int64(len(value))
+		}
+		return true
+	})
+	return bytes, err
+}
+
+// checkCaptureQuota refuses, for a tenant's key, an admission whose capture specs (raw bytes,
+// as stored) would take the tenant's stored specs past tenant_max_capture_bytes. Callers hold
+// s.capMu, so admissions with capture cannot race past it.
+func (s *Server) checkCaptureQuota(p principal, specs map[string]json.RawMessage) error {
+	if p.admin() || len(specs) == 0 {
+		return nil
+	}
+	var add int64
+	for _, sp := range specs {
+		add += int64(len(sp))
+	}
+	held, err := s.tenantCaptureBytes(p.tenant)
+	if err != nil {
+		return err
+	}
+	if held+add > s.cfg.TenantMaxCaptureBytes {
+		return fmt.Errorf("%w: tenant %q's requests not yet ended hold %d bytes of capture specs and this admission's are %d, tenant_max_capture_bytes is %d: end some requests first",
+			ErrQuota, p.tenant, held, add, s.cfg.TenantMaxCaptureBytes)
+	}
+	return nil
+}
+
+// admitCounted admits a; a tenant's admission with capture specs is checked against its
+// capture quota first, the count and the admission that adds to it one at a time.
+func (s *Server) admitCounted(p principal, a steer.Admission) (steer.Admitted, error) {
+	if len(a.Capture) > 0 && !p.admin() {
+		s.capMu.Lock()
+		defer s.capMu.Unlock()
+		if err := s.checkCaptureQuota(p, a.Capture); err != nil {
+			return steer.Admitted{}, err
+		}
+	}
+	return s.eng.Admit(a)
+}
+
 // TenantStatus is GET /v1/status for a tenant's key: its own counts and quotas, nothing of the
 // namespace, the state directory or other tenants.
 type TenantStatus struct {
@@ -82,6 +137,8 @@ type TenantStatus struct {
 	MaxLatchedBytes      int64  `json:"tenant_max_latched_bytes"`
 	MaxVectors           int    `json:"tenant_max_vectors"`
 	MaxVectorBytes       int64  `json:"tenant_max_vector_bytes"`
+	CaptureBytes         int64  `json:"capture_bytes"`
+	MaxCaptureBytes      int64  `json:"tenant_max_capture_bytes"`
 }
 
 // statusFor is GET /v1/status: the whole Status for an admin key, the tenant's own for a
@@ -91,10 +148,13 @@ func (s *Server) statusFor(p principal) (any, error) {
 		return s.status()
 	}
 	out := TenantStatus{Tenant: p.tenant, MaxLatches: s.cfg.TenantMaxLatches, MaxLatchedBytes: s.cfg.TenantMaxLatchedBytes,
-		MaxVectors: s.cfg.TenantMaxVectors, MaxVectorBytes: s.cfg.TenantMaxVectorBytes}
+		MaxVectors: s.cfg.TenantMaxVectors, MaxVectorBytes: s.cfg.TenantMaxVectorBytes, MaxCaptureBytes: s.cfg.TenantMaxCaptureBytes}
 	out.LatchedConversations, out.LatchedBytes = s.eng.Latches().TenantUse(p.tenant)
 	var err error
 	if out.NamedVectors, out.NamedVectorBytes, err = s.tenantVectors(p.tenant, 0, ""); err != nil {
+		return nil, err
+	}
+	if out.CaptureBytes, err = s.tenantCaptureBytes(p.tenant); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()

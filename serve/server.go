@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/shmsteer/shmsteer/capture"
 	"io"
 	"log/slog"
 	"net"
@@ -18,6 +17,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/shmsteer/shmsteer/capture"
 
 	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/ipc"
@@ -54,6 +55,7 @@ type Server struct {
 
 	mirror *mirror.Mirror // nil without --mirror; set before the control API serves
 	hub    *capture.Hub   // nil without --capture-consumer (capture.go)
+	capMu  sync.Mutex     // tenants' admissions with capture (admitCounted, quota.go)
 
 	mu      sync.Mutex // serializes mutations through the API and state captures
 	modules map[string]module
