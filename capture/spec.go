@@ -26,7 +26,8 @@ const (
 // DecodeRequest reads a request's `capture` object, {consumer_name: spec}, and returns each
 // consumer's spec as raw JSON (for that consumer's decoder, DecodeFilesystemSpec for
 // "filesystem"). JSON null or an empty object is no capture (nil). ErrBadSpec if b is not an
-// object, ErrBadConsumer for a bad name or more than MaxConsumers of them.
+// object or a spec is larger than steer.MaxCaptureSpec, ErrBadConsumer for a bad name or more
+// than MaxConsumers of them.
 func DecodeRequest(b []byte) (map[string]json.RawMessage, error) {
 	if isNull(b) {
 		return nil, nil
@@ -38,9 +39,12 @@ func DecodeRequest(b []byte) (map[string]json.RawMessage, error) {
 	if len(m) > MaxConsumers {
 		return nil, fmt.Errorf("%w: %d consumers named, at most %d", ErrBadConsumer, len(m), MaxConsumers)
 	}
-	for name := range m {
+	for name, spec := range m {
 		if err := checkConsumerName(name); err != nil {
 			return nil, err
+		}
+		if len(spec) > steer.MaxCaptureSpec {
+			return nil, fmt.Errorf("%w: consumer %q's spec is too large: %d bytes, at most %d; select fewer hooks or positions", ErrBadSpec, name, len(spec), steer.MaxCaptureSpec)
 		}
 	}
 	if len(m) == 0 {

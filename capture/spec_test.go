@@ -320,6 +320,18 @@ func TestDecodeRequest(t *testing.T) {
 			t.Errorf("DecodeRequest(%.40s) = %v, want %v", c.js, err, c.err)
 		}
 	}
+	// A spec over steer.MaxCaptureSpec is refused as too large (it read "consumer not
+	// declared" at the owner); one of exactly that size is not.
+	for _, n := range []int{steer.MaxCaptureSpec, steer.MaxCaptureSpec + 1} {
+		js := `{"fs": {"pad": "` + strings.Repeat("x", n-len(`{"pad": ""}`)) + `"}}`
+		_, err := DecodeRequest([]byte(js))
+		if n == steer.MaxCaptureSpec && err != nil {
+			t.Errorf("a %d-byte spec: %v", n, err)
+		}
+		if n > steer.MaxCaptureSpec && (!errors.Is(err, ErrBadSpec) || !strings.Contains(err.Error(), "too large")) {
+			t.Errorf("a %d-byte spec: %v, want ErrBadSpec, too large", n, err)
+		}
+	}
 }
 
 // A spec decoded from a request's capture object, end to end, as a client sends it.

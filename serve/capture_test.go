@@ -73,6 +73,13 @@ func TestAdmitCapture(t *testing.T) {
 			require.Empty(t, f.captureOf(t, "refused").Consumers)
 		})
 	}
+	// An oversized spec is refused as too large, not as an undeclared consumer.
+	code, m := f.post(t, "/v1/requests/admit", map[string]any{"request_id": "refused", "prompt_len": 5,
+		"capture": map[string]any{"fs": map[string]any{"request_id": strings.Repeat("x", steer.MaxCaptureSpec)}}})
+	require.Equal(t, 400, code, "%v", m)
+	require.Equal(t, "capture_spec", m["type"], "%v", m)
+	require.Contains(t, m["error"], "too large")
+	require.NotContains(t, m["error"], "not declared")
 	// Re-admitted without capture: the stored capture is gone.
 	f.ok(t, "/v1/requests/admit", map[string]any{"request_id": "r"})
 	require.Empty(t, f.captureOf(t, "r").Consumers)
