@@ -175,17 +175,21 @@ func TestHubHostileWorkerResizesRing(t *testing.T) {
 		}
 	}
 	step := start("sealed")
+	// The consumer reads its notices meanwhile (the registration waits for its slot).
+	waitFor(t, "the consumer's slot on the hostile ring", func() bool {
+		c.Next(time.Millisecond)
+		st := e.hub.Status()
+		return len(st.Rings) == 1 && st.Consumers[0].Rings == 1
+	})
 	step("registered")
 	for _, want := range []string{"shrink: operation not permitted", "grow: operation not permitted", "reseal: operation not permitted"} {
 		step(want)
 	}
 	// The owner reads the ring's counters and slots (Status: what /metrics and a consumer's
 	// drop read) and the consumer reads it: nothing faults.
-	waitFor(t, "the consumer's slot on the hostile ring", func() bool {
-		c.Next(time.Millisecond)
-		st := e.hub.Status()
-		return len(st.Rings) == 1 && st.Consumers[0].Rings == 1
-	})
+	if st := e.hub.Status(); len(st.Rings) != 1 || st.Consumers[0].Rings != 1 {
+		t.Fatalf("after the resize tries: %+v", st)
+	}
 	e.hub.Begin("r", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
 	step("")
 	step("appended")
