@@ -32,6 +32,37 @@ type FSStats struct {
 const noRows = "shmsteer: no rows were captured for the request although its spec selects prompt rows: no worker captured its steps " +
 	"(a worker registers its ring with capture.RegisterWorker and captures with Stepper.SetCapture; Python: SteeringHooks.start_capture)"
 
+// fsRequest is a request RunFilesystem writes.
+type fsRequest struct {
+	files *RequestFiles
+	err   error
+	rows  bool // the plan selects prompt rows: a request with none was not captured
+}
+
+// result finishes the request (dropped records of it were dropped for the consumer) and says
+// how it went.
+func (o *fsRequest) result(dropped uint64) Result {
+	switch {
+	case o.err != nil:
+		return Result{Status: StatusError, Error: o.err.Error()}
+	case o.files.Empty() && o.rows && dropped == 0:
+		// Its spec selects prompt rows, yet no worker captured any of them.
+		o.files.Abort()
+		return Result{Status: StatusError, Error: noRows}
+	}
+	paths, err := o.files.Finish()
+	if err != nil {
+		return Result{Status: StatusError, Error: err.Error()}
+	}
+	res := Result{Status: StatusOK}
+	res.Payload, _ = json.Marshal(append([]string{}, paths...)) // [] rather than null
+	if dropped > 0 {
+		res.Status = StatusPartialError
+		res.Error = fmt.Sprintf("shmsteer: %d capture records were dropped while the request ran (the consumer lagged; raise its bound or the ring's capacity)", dropped)
+	}
+	return res
+}
+
 // RunFilesystem is the filesystem consumer: it reads c until ctx ends or the hub goes,
 // writing each captured request with RequestFiles (the fork's layout) and publishing the
 // paths it wrote as the request's payload at its end: ok, partial_error when records were
@@ -49,12 +80,7 @@ func RunFilesystem(ctx context.Context, c *Consumer, opts FSConsumerOptions, sta
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	type open struct {
-		files *RequestFiles
-		err   error
-		rows  bool // the plan selects prompt rows: a request with none was not captured
-	}
-	reqs := map[string]*open{}
+	reqs := map[string]*fsRequest{}
 	defer func() {
 		for _, o := range reqs {
 			if o.files != nil {
@@ -75,7 +101,7 @@ func RunFilesystem(ctx context.Context, c *Consumer, opts FSConsumerOptions, sta
 			if o := reqs[ev.RequestID]; o != nil && o.files != nil {
 				o.files.Abort()
 			}
-			o := &open{}
+			o := &fsRequest{}
 			reqs[ev.RequestID] = o
 			stats.Requests++
 			spec, err := DecodeFilesystemSpec(ev.Spec)
@@ -108,28 +134,10 @@ func RunFilesystem(ctx context.Context, c *Consumer, opts FSConsumerOptions, sta
 		case EventEnd:
 			o := reqs[ev.RequestID]
 			delete(reqs, ev.RequestID)
-			res := Result{Status: StatusOK}
-			switch {
-			case o == nil:
+			if o == nil {
 				continue
-			case o.err != nil:
-				res = Result{Status: StatusError, Error: o.err.Error()}
-			case o.files.Empty() && o.rows && ev.Dropped == 0:
-				// Its spec selects prompt rows, yet no worker captured any of them.
-				o.files.Abort()
-				res = Result{Status: StatusError, Error: noRows}
-			default:
-				paths, err := o.files.Finish()
-				if err != nil {
-					res = Result{Status: StatusError, Error: err.Error()}
-					break
-				}
-				res.Payload, _ = json.Marshal(paths)
-				if ev.Dropped > 0 {
-					res.Status = StatusPartialError
-					res.Error = fmt.Sprintf("shmsteer: %d capture records were dropped while the request ran (the consumer lagged; raise its bound or the ring's capacity)", ev.Dropped)
-				}
 			}
+			res := o.result(ev.Dropped)
 			switch res.Status {
 			case StatusOK:
 				stats.OK++

@@ -139,3 +139,33 @@ func FuzzGlobalSpec(f *testing.F) {
 		}
 	})
 }
+
+// Slug is injective and its output is what isSlug (OpenRequest's check) accepts: two names
+// with one slug, or a slug isSlug refuses, or an isSlug-accepted string that is not the slug
+// of the name it decodes to, fail. TenantDir never yields a name a slug can take.
+func FuzzSlug(f *testing.F) {
+	for _, s := range []string{"a/b", "a_b", "a%2Fb", "é", "..", ".", "@x", "%41", strings.Repeat("x", 300)} {
+		f.Add(s, "a_b")
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		sa, erra := Slug(a)
+		sb, errb := Slug(b)
+		if erra == nil && !isSlug(sa) {
+			t.Fatalf("isSlug(Slug(%q) = %q) is false", a, sa)
+		}
+		if erra == nil && errb == nil && a != b && sa == sb {
+			t.Fatalf("%q and %q share the slug %q", a, b, sa)
+		}
+		if erra == nil && strings.HasPrefix(sa, "@") {
+			t.Fatalf("Slug(%q) = %q names a tenant directory", a, sa)
+		}
+		if isSlug(a) {
+			if len(a) > maxSegment || strings.Contains(a, "/") || a == "." || a == ".." || strings.Contains(a, "..") {
+				t.Fatalf("isSlug(%q) accepts a bad path segment", a)
+			}
+		}
+		if d := TenantDir(a); d != "" && (!strings.HasPrefix(d, "@") || strings.Contains(d, "/")) {
+			t.Fatalf("TenantDir(%q) = %q", a, d)
+		}
+	})
+}
