@@ -10,7 +10,8 @@ var (
 	// MaxConsumerName bytes, or has characters outside [a-zA-Z0-9._-].
 	ErrBadConsumer = errors.New("shmsteer: bad capture consumer name")
 	// ErrBadSlug: a tag or request id is empty, longer than MaxSlugLen characters, contains
-	// "..", starts with "/" or is "." (it names a directory under the consumer's root).
+	// "..", starts with "/", is ".", or its Slug is longer than a path segment may be (255
+	// bytes) (it names a directory under the consumer's root).
 	ErrBadSlug = errors.New("shmsteer: capture tag or request id cannot name a directory")
 	// ErrUnknownHook: a spec names a hook the model config does not have.
 	ErrUnknownHook = errors.New("shmsteer: capture hook not in the model config")
