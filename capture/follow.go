@@ -57,7 +57,9 @@ func Follow(ctx context.Context, opts FollowOptions, run func(*Consumer, *ipc.Cl
 				return err
 			}
 			if !waiting {
-				logf("capture consumer %q: waiting for the owner to serve capture again (%v)", opts.Consumer.Name, err)
+				// Not the error's text: an operator reads "gone" or "refused" as a failure of
+				// this process, and the owner's absence is what Follow waits out.
+				logf("capture consumer %q: waiting for the owner to serve capture again", opts.Consumer.Name)
 				waiting = true
 			}
 			t := time.NewTimer(retry)
