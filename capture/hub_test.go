@@ -680,7 +680,7 @@ func TestHubLargeBegin(t *testing.T) {
 		id   string
 		spec []byte
 	}
-	evs := make(chan got, 8)
+	evs := make(chan got, 256)
 	stop := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
@@ -703,16 +703,35 @@ func TestHubLargeBegin(t *testing.T) {
 	}()
 	pad := steer.MaxCaptureSpec - len(`{"pad":""}`)
 	for i := range 3 {
+		// Small requests begun before and ended while the large begin is written: their ends
+		// queue behind it, and the next begin waits for them rather than being dropped.
+		var smalls []string
+		for j := range 50 {
+			smalls = append(smalls, fmt.Sprintf("small-%d-%d", i, j))
+			e.hub.Begin(smalls[j], steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
+		}
+		ended := make(chan struct{})
+		go func() {
+			defer close(ended)
+			for _, s := range smalls {
+				e.hub.End(s)
+				time.Sleep(50 * time.Microsecond)
+			}
+		}()
 		spec := json.RawMessage(`{"pad":"` + strings.Repeat(strconv.Itoa(i), pad) + `"}`)
 		id := strings.Repeat(strconv.Itoa(i), 65535)
 		e.hub.Begin(id, steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": spec}, PromptLen: 1})
 		if res, _ := e.hub.Result(id); res["fs"].Status != StatusPending {
 			t.Fatalf("begin %d of a %d-byte spec: %+v", i, len(spec), res["fs"])
 		}
+		<-ended
 	}
 	for i := range 3 {
 		select {
 		case g := <-evs:
+			for strings.HasPrefix(g.id, "small-") {
+				g = <-evs
+			}
 			if g.id != strings.Repeat(strconv.Itoa(i), 65535) || len(g.spec) != steer.MaxCaptureSpec || g.spec[8] != byte('0'+i) {
 				t.Fatalf("begin %d: id of %d bytes, spec of %d", i, len(g.id), len(g.spec))
 			}

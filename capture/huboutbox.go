@@ -116,19 +116,7 @@ func (hc *hubConn) notify(h *Hub, msg []byte, fds []int, begin bool) bool {
 	o := &hc.out
 	o.mu.Lock()
 	if begin {
-		// One begin is written at a time: a later one waits its turn (a consumer that reads
-		// takes a large one within the write timeout).
-		for deadline := time.Now().Add(h.wtimeout); o.sending && !o.closed && time.Now().Before(deadline); {
-			sent := o.sent
-			o.mu.Unlock()
-			t := time.NewTimer(time.Until(deadline))
-			select {
-			case <-sent:
-			case <-t.C:
-			}
-			t.Stop()
-			o.mu.Lock()
-		}
+		hc.awaitTurn(h)
 	}
 	if o.closed {
 		o.mu.Unlock()
@@ -158,6 +146,7 @@ func (hc *hubConn) notify(h *Hub, msg []byte, fds []int, begin bool) bool {
 		}
 	}
 	if begin && o.synced {
+		o.stalled = true // later begins do not wait for it until a write to it succeeds
 		o.mu.Unlock()
 		h.countBeginDropped(hc)
 		return false
@@ -178,6 +167,35 @@ func (hc *hubConn) notify(h *Hub, msg []byte, fds []int, begin bool) bool {
 	o.mu.Unlock()
 	o.signal()
 	return true
+}
+
+// awaitTurn waits (o.mu held, released meanwhile) until a begin may go straight to the
+// socket: for a begin being written (sendBegin: one at a time; a consumer that reads takes a
+// large one within the write timeout), and, unless the consumer stalled, up to beginGrace for
+// the notices queued before it to be written (a begin cannot queue behind them).
+func (hc *hubConn) awaitTurn(h *Hub) {
+	o := &hc.out
+	start := time.Now()
+	for !o.closed {
+		switch now := time.Now(); {
+		case o.sending && now.Sub(start) < h.wtimeout:
+			sent := o.sent
+			o.mu.Unlock()
+			t := time.NewTimer(h.wtimeout - now.Sub(start))
+			select {
+			case <-sent:
+			case <-t.C:
+			}
+			t.Stop()
+			o.mu.Lock()
+		case o.synced && !o.sending && !o.stalled && (o.busy || len(o.q) > 0) && now.Sub(start) < beginGrace:
+			o.mu.Unlock()
+			time.Sleep(200 * time.Microsecond)
+			o.mu.Lock()
+		default:
+			return
+		}
+	}
 }
 
 // sendBegin writes a begin notice whole or not at all (o.mu held on entry, released): at once
