@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -41,7 +43,8 @@ func (l *lockedBuffer) String() string {
 // spec (tag and request_id): each tenant's rows land under its own directory; a later request
 // of a tenant naming its earlier one's tag and request_id gets error and changes nothing of the
 // earlier's files; a request no worker captured is error. capture fs removes the .tmp files a
-// killed consumer left at start, and when serve stops it neither exits nor prints an error:
+// killed consumer left at start; a worker that tries to resize its ring after registering it
+// fails (EPERM) and serve's /metrics and capture fs go on; when serve stops it neither exits nor prints an error:
 // SIGTERM then ends it with status 0.
 func TestCaptureFSTenantsEndToEnd(t *testing.T) {
 	if testing.Short() {
@@ -85,15 +88,20 @@ func TestCaptureFSTenantsEndToEnd(t *testing.T) {
 	spec := func(id string, positions string) map[string]any {
 		return map[string]any{"fs": map[string]any{"request_id": id, "tag": "shared", "hooks": map[string]any{"post_block": []int{0}}, "positions": positions}}
 	}
-	capture := func(key, id string, specID string, step bool) map[string]any {
+	capture := func(key, id string, specID string, step bool, workerArgs ...string) map[string]any {
 		t.Helper()
 		code, m := s.call("POST", "/v1/requests/admit", key, map[string]any{"request_id": id, "prompt_len": 4, "capture": spec(specID, "all")})
 		require.Equal(t, 200, code, "%v", m)
 		if step {
-			w := exec.Command(worker, "--namespace", s.ns, "--request", id, "--prompt-len", "4", "--decode", "1")
+			w := exec.Command(worker, append([]string{"--namespace", s.ns, "--request", id, "--prompt-len", "4", "--decode", "1"}, workerArgs...)...)
 			w.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
 			out, err := w.CombinedOutput()
 			require.NoError(t, err, "%s", out)
+			if len(workerArgs) > 0 {
+				// A hostile worker cannot resize its registered ring (sealed).
+				require.Contains(t, string(out), "resizing the ring to 0 bytes: operation not permitted")
+				require.Contains(t, string(out), "resizing the ring to 1073741824 bytes: operation not permitted")
+			}
 		}
 		code, m = s.call("POST", "/v1/requests/end", key, map[string]any{"request_id": id})
 		require.Equal(t, 200, code, "%v", m)
@@ -115,8 +123,12 @@ func TestCaptureFSTenantsEndToEnd(t *testing.T) {
 		return string(b)
 	}
 	dirs := map[string]string{}
-	for _, c := range []struct{ key, id, tenant string }{{acmeKey, "acme/x", "@acme"}, {otherKey, "other/x", "@other"}} {
-		r := capture(c.key, c.id, "x", true)
+	for i, c := range []struct{ key, id, tenant string }{{acmeKey, "acme/x", "@acme"}, {otherKey, "other/x", "@other"}} {
+		var hostile []string
+		if i == 0 {
+			hostile = []string{"--try-resize"}
+		}
+		r := capture(c.key, c.id, "x", true, hostile...)
 		require.Equal(t, "ok", r["status"], "%v", r)
 		paths := r["payload"].([]any)
 		require.Len(t, paths, 2)
@@ -130,6 +142,14 @@ func TestCaptureFSTenantsEndToEnd(t *testing.T) {
 		require.Equal(t, c.id, meta.RequestID)
 		require.Equal(t, []int{5, e2eHidden}, meta.Shape)
 	}
+	// After the hostile worker, serve's /metrics (unauthenticated) and capture fs are alive.
+	resp, err := http.Get(s.addr + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, string(body), "shmsteer_capture_records_total")
+	require.True(t, attached(), "capture fs detached after the hostile worker:\n%s", stderr.String())
 	// acme again into its own earlier directory: error, the earlier files unchanged.
 	before := sidecar(dirs["acme/x"])
 	r := capture(acmeKey, "acme/y", "x", true)

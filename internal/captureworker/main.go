@@ -17,6 +17,7 @@ import (
 	"github.com/shmsteer/shmsteer/capture"
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/steer"
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -25,13 +26,14 @@ func main() {
 	id := flag.String("request", "r1", "the admitted request to step")
 	promptLen := flag.Int("prompt-len", 4, "prompt tokens (one prefill step)")
 	decode := flag.Int("decode", 2, "decode steps after the prefill")
+	tryResize := flag.Bool("try-resize", false, "after stepping, try to shrink and grow the registered ring as a hostile worker would, and print what each try got (the ring is sealed: both fail)")
 	flag.Parse()
-	if err := run(*ns, *secretFile, *id, *promptLen, *decode); err != nil {
+	if err := run(*ns, *secretFile, *id, *promptLen, *decode, *tryResize); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ns, secretFile, id string, promptLen, decode int) error {
+func run(ns, secretFile, id string, promptLen, decode int, tryResize bool) error {
 	cl, err := ipc.Attach(ipc.ClientOptions{Namespace: ns, SecretFile: secretFile})
 	if err != nil {
 		return err
@@ -86,5 +88,10 @@ func run(ns, secretFile, id string, promptLen, decode int) error {
 	s := st.Stats()
 	fmt.Printf("captureworker: stepped %s (%d prefill rows, %d decode steps): %d records, %d bytes captured, %d refused\n",
 		id, promptLen, decode, s.CaptureRecords, s.CaptureBytes, s.CaptureErrors)
+	if tryResize {
+		for _, size := range []int64{0, 1 << 30} {
+			fmt.Printf("captureworker: resizing the ring to %d bytes: %v\n", size, unix.Ftruncate(w.Ring().Fd(), size))
+		}
+	}
 	return nil
 }
