@@ -44,8 +44,8 @@ func (l *lockedBuffer) String() string {
 // of a tenant naming its earlier one's tag and request_id gets error and changes nothing of the
 // earlier's files; a request no worker captured is error. capture fs removes the .tmp files a
 // killed consumer left at start; a worker that tries to resize its ring after registering it
-// fails (EPERM) and serve's /metrics and capture fs go on; when serve stops it neither exits nor prints an error:
-// SIGTERM then ends it with status 0.
+// fails (EPERM) and serve's /metrics and capture fs go on; when serve stops, capture fs neither
+// exits nor prints an error, and SIGTERM then ends it with status 0.
 func TestCaptureFSTenantsEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns processes")
