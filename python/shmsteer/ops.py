@@ -56,7 +56,8 @@ def _steer_kernel(hidden: Tensor, table: Tensor, index: Tensor, rowsel: Optional
     h = hidden.view(-1, table.shape[1])
     if rowsel is None:
         m = min(h.shape[0], index.shape[0])
-        idx, dst = index[:m], h[:m]
+        idx = index if m == index.shape[0] else index[:m]
+        dst = h if m == h.shape[0] else h[:m]
         if scratch:
             g = scratch[0][:m]
             torch.index_select(table, 0, idx, out=g)
