@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +35,8 @@ class DeviceHooks(SteeringHooks):
 
     def __init__(self, handle: Any, force_device_path: bool = False, **kw: Any) -> None:
         super().__init__(handle, force_device_path, **kw)
+        dev = kw.get("device")
+        self._device: Optional[torch.device] = None if dev is None else torch.device(dev)  # the device asked for
         self._tables: Optional[DeviceTables] = None
         self._tdev = -1  # the tables' device as Tensor.get_device() reports it
         self._gates = EagerGates(self.hidden)
@@ -50,6 +52,8 @@ class DeviceHooks(SteeringHooks):
         self._idx_key = b""  # the index _idx was uploaded from
         self._idx: torch.Tensor = torch.zeros(0, dtype=torch.int64)  # the slot of each steered row
         self._rowsel: Optional[torch.Tensor] = None  # the steered rows (None: every row)
+        self._gather: Optional[torch.Tensor] = None  # the gather buffer every site of a step reuses
+        self._scratch: List[torch.Tensor] = []  # ops.steer_'s: the gather buffer's view of the steered rows
 
     @property
     def mode(self) -> str:
@@ -117,9 +121,17 @@ class DeviceHooks(SteeringHooks):
             both = torch.from_numpy(np.stack((nz, idx[nz])).astype(np.int64)).to(tb.device)  # one upload
             self._rowsel, self._idx = both[0], both[1]
         self._idx_key = idx_key
+        # One gather buffer for every site of the step (and the next steps of its size): the
+        # sites allocate nothing for the add.
+        g = self._gather
+        if g is None or g.shape[0] < len(nz) or g.dtype != tb.dtype or g.device != tb.device:
+            g = self._gather = torch.empty(max(len(nz), 1), self.hidden, dtype=tb.dtype, device=tb.device)
+        self._scratch = [g[: len(nz)]]
 
     def _first_site(self, t: torch.Tensor) -> DeviceTables:
         """The first hooked site: tables on its device, in its dtype, loaded with this step."""
+        if self._device is not None and t.device.type != self._device.type:
+            raise DeviceMismatchError(f"shmsteer: hooks built for {self._device} got a tensor on {t.device}")
         tb = self._tables = DeviceTables(self.hidden, t.device, t.dtype, self.max_clamps)
         self._tdev = t.get_device()
         if self._res is not None:
@@ -143,12 +155,16 @@ class DeviceHooks(SteeringHooks):
                 f"shmsteer: the device tables are {tb.dtype} on {tb.device}, this site's output is {t.dtype} on {t.device}: "
                 "steer one dtype on one device per SteeringHooks")
         self._ran = True
-        self._capture.site(t, site)  # before the add: captures see the unsteered rows
-        self._gates.probe(t, site)
+        cap, gates = self._capture, self._gates
+        if cap.plan is not None:
+            cap.site(t, site)  # before the add: captures see the unsteered rows
+        if gates.cols:
+            gates.probe(t, site)
         op = self._ops.get(site)
         if op is not None:
-            ops.steer_(t, op.vec, self._idx, self._rowsel, op.dirs, op.params, op.clamps)
-        self._gates.add(t, site)
+            ops.steer_(t, op.vec, self._idx, self._rowsel, op.dirs, op.params, op.clamps, self._scratch)
+        if gates.cols:
+            gates.add(t, site)
 
 
 __all__ = ["DeviceHooks"]

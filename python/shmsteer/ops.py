@@ -58,15 +58,17 @@ def _steer_kernel(hidden: Tensor, table: Tensor, index: Tensor, rowsel: Optional
         m = min(h.shape[0], index.shape[0])
         idx = index if m == index.shape[0] else index[:m]
         dst = h if m == h.shape[0] else h[:m]
-        if scratch:
-            g = scratch[0][:m]
-            torch.index_select(table, 0, idx, out=g)
-            dst.add_(g)
-        else:
-            dst.add_(table.index_select(0, idx))
     else:
-        idx = index
-        h.index_add_(0, rowsel, table.index_select(0, idx))
+        m, idx, dst = index.shape[0], index, h
+    if scratch:  # a gather buffer of at least m rows: the gather allocates nothing
+        g = scratch[0] if scratch[0].shape[0] == m else scratch[0][:m]
+        torch.index_select(table, 0, idx, out=g)
+    else:
+        g = table.index_select(0, idx)
+    if rowsel is None:
+        dst.add_(g)
+    else:
+        h.index_add_(0, rowsel, g)
     if clamps <= 0 or dirs is None or params is None:
         return
     if rowsel is None and len(scratch) >= 6:  # static mode: every temporary preallocated

@@ -294,6 +294,14 @@ def test_the_mode_is_chosen_at_construction(owner):
     with pytest.raises(DeviceMismatchError, match="device="), torch.no_grad(), native.step(SPANS):
         chain(x)
     assert isinstance(DeviceMismatchError("x"), UnsupportedDtypeError)
+    meta = kinds[3][0]  # device hooks built for another device than the tensors'
+    chain2 = Chain()
+    attach(meta, chain2)
+    y = torch.randn(ROWS, HIDDEN)
+    before = y.clone()
+    with pytest.raises(DeviceMismatchError, match="meta"), torch.no_grad(), meta.step(SPANS):
+        chain2(y)
+    assert torch.equal(y, before)
 
 
 def test_ranks_in_other_processes_resolve_the_same(owner, ns, secret, spawn):
