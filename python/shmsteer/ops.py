@@ -53,15 +53,22 @@ Tensor = torch.Tensor
 
 def _steer_kernel(hidden: Tensor, table: Tensor, index: Tensor, rowsel: Optional[Tensor], dirs: Optional[Tensor],
                   params: Optional[Tensor], clamps: int, scratch: List[Tensor]) -> None:
-    h = hidden.view(-1, table.shape[1])
+    h = hidden if hidden.dim() == 2 else hidden.view(-1, table.shape[1])
     if rowsel is None:
-        m = min(h.shape[0], index.shape[0])
-        idx = index if m == index.shape[0] else index[:m]
-        dst = h if m == h.shape[0] else h[:m]
+        m, n = len(index), len(h)
+        if m == n:
+            idx, dst = index, h
+        elif m < n:
+            idx, dst = index, h[:m]
+        else:
+            m = n
+            idx, dst = index[:m], h
     else:
-        m, idx, dst = index.shape[0], index, h
+        m, idx, dst = len(index), index, h
     if scratch:  # a gather buffer of at least m rows: the gather allocates nothing
-        g = scratch[0] if scratch[0].shape[0] == m else scratch[0][:m]
+        g = scratch[0]
+        if len(g) != m:
+            g = g[:m]
         torch.index_select(table, 0, idx, out=g)
     else:
         g = table.index_select(0, idx)
