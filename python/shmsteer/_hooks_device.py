@@ -44,6 +44,7 @@ class DeviceHooks(SteeringHooks):
         self._in_step = False
         self._ran = False  # a hooked site ran in this step
         self._rows = 0
+        self._numel = 0  # the elements a hooked output of this step has at least (rows x hidden)
         self._res: Optional[Resolved] = None  # this step's resolve, until the tables load it
         self._pending = False  # the last resolve's updates are not in the tables yet
         self._stale = False  # a resolve's updates were dropped: the next one resets the batch
@@ -68,6 +69,7 @@ class DeviceHooks(SteeringHooks):
         packed = self._packer.pack(spans)
         n = rows if rows is not None else packed.rows
         self._rows = n  # before the load: the gate columns are this step's rows
+        self._numel = n * self.hidden
         res = self._resolve(packed, n, version, end=True, reset=self._stale)
         self._stale, self._res, self._pending = False, res, True
         self._capture.set_plan(self.batch.capture_plan() if self._capturing else None)
@@ -139,11 +141,29 @@ class DeviceHooks(SteeringHooks):
         return tb
 
     def _site_fn(self, site: int) -> Callable[[torch.Tensor], None]:
+        hidden, capture, gates = self.hidden, self._capture, self._gates
+
         def apply(t: torch.Tensor) -> None:
-            self._apply(t, site)
+            tb = self._tables
+            # The checks of _check, fast when they pass (this runs at every site of every step).
+            if (tb is None or not self._in_step or t.dtype is not tb.dtype or t.get_device() != self._tdev
+                    or t.dim() == 0 or t.shape[-1] != hidden or not t.is_contiguous() or t.numel() < self._numel):
+                self._check(t)
+            self._ran = True
+            if capture.plan is not None:
+                capture.site(t, site)  # before the add: captures see the unsteered rows
+            if gates.cols:
+                gates.probe(t, site)
+            op = self._ops.get(site)
+            if op is not None:
+                ops.steer_(t, op.vec, self._idx, self._rowsel, op.dirs, op.params, op.clamps, self._scratch)
+            if gates.cols:
+                gates.add(t, site)
         return apply
 
-    def _apply(self, t: torch.Tensor, site: int) -> None:
+    def _check(self, t: torch.Tensor) -> None:
+        """Refuse a hooked output the step cannot steer, before anything changes; make the
+        tables at the first site."""
         if not self._in_step:
             raise RuntimeError("shmsteer: steering hook ran outside SteeringHooks.step()")
         check_hidden(t, self.hidden)
@@ -154,17 +174,6 @@ class DeviceHooks(SteeringHooks):
             raise DeviceMismatchError(
                 f"shmsteer: the device tables are {tb.dtype} on {tb.device}, this site's output is {t.dtype} on {t.device}: "
                 "steer one dtype on one device per SteeringHooks")
-        self._ran = True
-        cap, gates = self._capture, self._gates
-        if cap.plan is not None:
-            cap.site(t, site)  # before the add: captures see the unsteered rows
-        if gates.cols:
-            gates.probe(t, site)
-        op = self._ops.get(site)
-        if op is not None:
-            ops.steer_(t, op.vec, self._idx, self._rowsel, op.dirs, op.params, op.clamps, self._scratch)
-        if gates.cols:
-            gates.add(t, site)
 
 
 __all__ = ["DeviceHooks"]

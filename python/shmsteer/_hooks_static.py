@@ -199,6 +199,8 @@ class StaticHooks(SteeringHooks):
         self._tables = DeviceTables(self.hidden, dev, dtype, self.max_clamps, capacity=max_slots + 1, static=True)
         self._sidx = torch.zeros(max_tokens, dtype=torch.int64, device=dev)
         self._device = self._sidx.device  # with its index (cuda:0)
+        self._tdev = self._sidx.get_device()  # -1 on the CPU
+        self._numel = max_tokens * self.hidden  # the most elements a hooked output may have
         self._sidx_host = torch.zeros(max_tokens, dtype=torch.int64, pin_memory=dev.type == "cuda")
         self._copied = torch.cuda.Event() if dev.type == "cuda" else None  # after the last index copy
         sites = None if gate_sites is None else frozenset(self.site_of(hk, layer) for hk, layer in gate_sites)
@@ -249,7 +251,13 @@ class StaticHooks(SteeringHooks):
         return apply
 
     def _check(self, t: torch.Tensor) -> None:
-        if t.dtype is not self.dtype or t.device != self._device:
+        if (t.dtype is not self.dtype or t.get_device() != self._tdev or t.dim() == 0 or t.shape[-1] != self.hidden
+                or not t.is_contiguous() or t.numel() > self._numel):
+            self._refuse(t)
+
+    def _refuse(self, t: torch.Tensor) -> None:
+        """The typed error for a hooked output static mode cannot steer (nothing changed)."""
+        if t.dtype is not self.dtype or t.get_device() != self._tdev:
             raise DeviceMismatchError(f"shmsteer: static tables are {self.dtype} on {self._device}, the hooked output is "
                                       f"{t.dtype} on {t.device}")
         check_hidden(t, self.hidden)

@@ -55,7 +55,7 @@ def _steer_kernel(hidden: Tensor, table: Tensor, index: Tensor, rowsel: Optional
                   params: Optional[Tensor], clamps: int, scratch: List[Tensor]) -> None:
     h = hidden if hidden.dim() == 2 else hidden.view(-1, table.shape[1])
     if rowsel is None:
-        m, n = len(index), len(h)
+        m, n = index.shape[0], h.shape[0]  # len() of a tensor costs 1.3 us, .shape[0] 0.3
         if m == n:
             idx, dst = index, h
         elif m < n:
@@ -64,10 +64,10 @@ def _steer_kernel(hidden: Tensor, table: Tensor, index: Tensor, rowsel: Optional
             m = n
             idx, dst = index[:m], h
     else:
-        m, idx, dst = len(index), index, h
+        m, idx, dst = index.shape[0], index, h
     if scratch:  # a gather buffer of at least m rows: the gather allocates nothing
         g = scratch[0]
-        if len(g) != m:
+        if g.shape[0] != m:
             g = g[:m]
         torch.index_select(table, 0, idx, out=g)
     else:
