@@ -62,7 +62,11 @@ host sync, no branch on data: every attached site does its gather-add (an unstee
 row 0, zeros) and, with ``max_clamps`` > 0, its ``max_clamps`` clamp passes. Static mode is also
 the ``torch.compile`` mode: the hooks read only persistent tensors that ``prepare`` updates in
 place, so ``torch.compile(model, fullgraph=True)`` traces the hooks into the graph once (no graph
-break, no recompile per step). A vLLM-style runner therefore:
+break, no recompile per step; call ``start_capture`` before compiling, so that the capture work
+is in the graph). The
+eager device path is for eager models: what it reads per step (which sites a step steers, the
+step's index tensors) is Python state, so under ``torch.compile`` it would recompile as the batch
+changes. A vLLM-style runner therefore:
 
 1. builds the hooks in static mode with its largest captured batch as ``max_tokens``;
 2. calls ``prepare(spans)`` for a warm-up batch, then captures the forward of each padded batch
