@@ -25,10 +25,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from . import _lib
-from ._lib import check, lib
-from .client import I32, PHASES, _int, span_fields
-from .errors import ShapeError, ShmsteerError
+from ._torchreq import require_torch
+
+require_torch(torch.__version__)
+
+from . import _lib  # noqa: E402
+from ._lib import check, lib  # noqa: E402
+from .client import I32, PHASES, _int, span_fields  # noqa: E402
+from .errors import ShapeError, ShmsteerError  # noqa: E402
 
 #: Hidden-state dtypes both paths take.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

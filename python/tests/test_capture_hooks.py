@@ -214,7 +214,7 @@ def test_static_capture_allocates_nothing_in_the_forward(ns, secret):
             forward()
             hooks.report()
             sc = hooks._scap
-            ptrs = [t.data_ptr() for t in (sc._idx, sc._tmp, sc._buf, sc._host)]
+            ptrs = [t.data_ptr() for t in (sc._idx, sc.scratch[0], sc.buf, sc._host)]
             hooks.prepare([("r", 0, 1, "decode", 2)])
             from torch.profiler import ProfilerActivity, profile
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -226,7 +226,7 @@ def test_static_capture_allocates_nothing_in_the_forward(ns, secret):
             allocs = [e.name for e in prof.events() if e.cpu_memory_usage > 0]
             assert allocs == [], f"the static forward allocated: {allocs}"
             hooks.report()
-            assert [t.data_ptr() for t in (sc._idx, sc._tmp, sc._buf, sc._host)] == ptrs
+            assert [t.data_ptr() for t in (sc._idx, sc.scratch[0], sc.buf, sc._host)] == ptrs
             o.admit("big", capture={"py": spec("big", {"post_block": "all"}, "all")}, prompt_len=3)
             with pytest.raises(shmsteer.errors.BatchCapacityError, match="max_rows"):
                 hooks.prepare([("big", 0, 3, "prefill", 0)])  # 3 rows x 3 sites > 6

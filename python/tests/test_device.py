@@ -168,7 +168,7 @@ def test_native_path_calls_the_kernels_only(owner, monkeypatch):
     hooks = SteeringHooks(owner)
     attach(hooks, chain)
     x = torch.randn(ROWS, HIDDEN)
-    run(hooks, chain, x, SPANS)  # warm: the hooks learn the model is steered on the CPU
+    run(hooks, chain, x, SPANS)  # warm
     calls = []
     for name in dir(_lib.lib):
         if name.startswith("shmsteer_"):
@@ -180,7 +180,8 @@ def test_native_path_calls_the_kernels_only(owner, monkeypatch):
             monkeypatch.setattr(_lib.lib, name, counted)
     run(hooks, chain, x, SPANS)
     sites = LAYERS * len(HOOKS)
-    assert calls == ["shmsteer_stepper_begin"] + ["shmsteer_stepper_apply"] * sites + ["shmsteer_stepper_end"], calls
+    # The step's resolve begins it (and gives its batch checksum); the sites call the kernels.
+    assert calls == ["shmsteer_batch_resolve"] + ["shmsteer_stepper_apply"] * sites + ["shmsteer_stepper_end"], calls
     assert hooks.checksum != 0
 
 
@@ -274,18 +275,33 @@ def test_tables_grow_with_the_slots(owner):
     assert dev._tables is not None and dev._tables.capacity >= 41
 
 
-def test_cpu_site_in_a_device_step_reopens_it(owner):
-    """A hooks object steering on the device (its resolve ends the step) that meets a CPU
-    float32 site applies it natively at the same version."""
-    sc = Scenario(owner)
+def test_the_mode_is_chosen_at_construction(owner):
+    """SteeringHooks(...) builds one class per mode, from its arguments alone; native hooks
+    refuse a tensor off the CPU before changing anything, naming the device path's argument."""
+    from shmsteer.torch_hook import DeviceHooks, DeviceMismatchError, NativeHooks, StaticHooks
+    Scenario(owner)
+    kinds = [(SteeringHooks(owner), NativeHooks, "native"), (SteeringHooks(owner, device="cpu"), NativeHooks, "native"),
+             (SteeringHooks(owner, force_device_path=True), DeviceHooks, "device"),
+             (SteeringHooks(owner, device="meta"), DeviceHooks, "device"),
+             (SteeringHooks(owner, static=True, max_tokens=4, device="cpu", dtype=torch.float32), StaticHooks, "static")]
+    for h, cls, mode in kinds:
+        assert type(h) is cls and isinstance(h, SteeringHooks) and h.mode == mode
+        assert h.force_device_path == (mode != "native")
+    native = kinds[0][0]
     chain = Chain()
-    hooks = SteeringHooks(owner)
-    attach(hooks, chain)
-    x = torch.randn(ROWS, HIDDEN)
-    hooks._mode = "device"  # as after a step on a GPU
-    got = run(hooks, chain, x, SPANS)
-    assert_close_to_reference(got, sc.reference(x, SPANS), torch.float32, "reopened")
-    assert hooks.checksum != 0
+    attach(native, chain)
+    x = torch.empty(ROWS, HIDDEN, device="meta")
+    with pytest.raises(DeviceMismatchError, match="device="), torch.no_grad(), native.step(SPANS):
+        chain(x)
+    assert isinstance(DeviceMismatchError("x"), UnsupportedDtypeError)
+    meta = kinds[3][0]  # device hooks built for another device than the tensors'
+    chain2 = Chain()
+    attach(meta, chain2)
+    y = torch.randn(ROWS, HIDDEN)
+    before = y.clone()
+    with pytest.raises(DeviceMismatchError, match="meta"), torch.no_grad(), meta.step(SPANS):
+        chain2(y)
+    assert torch.equal(y, before)
 
 
 def test_ranks_in_other_processes_resolve_the_same(owner, ns, secret, spawn):

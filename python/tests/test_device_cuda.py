@@ -31,7 +31,7 @@ def owner(ns, secret):
 def test_cuda_matches_float64(owner, dtype):
     sc = Scenario(owner)
     chain = Chain().cuda()
-    hooks = SteeringHooks(owner)
+    hooks = SteeringHooks(owner, device="cuda")
     attach(hooks, chain)
     x = torch.randn(ROWS, HIDDEN).to(dtype)
     y = x.cuda()
@@ -43,7 +43,7 @@ def test_cuda_matches_float64(owner, dtype):
 def test_cuda_clamps_equal_cpu(owner):
     Scenario(owner, seed=3)
     x = torch.randn(ROWS, HIDDEN) * 2
-    cpu, dev = SteeringHooks(owner), SteeringHooks(owner)
+    cpu, dev = SteeringHooks(owner), SteeringHooks(owner, device="cuda")
     cc, cd = Chain(), Chain().cuda()
     attach(cpu, cc)
     attach(dev, cd)

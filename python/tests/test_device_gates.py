@@ -200,7 +200,7 @@ def test_static_gates_allocate_nothing_per_step(owner):
     spans = [("r", 0, 2, "decode")]
     x = _input(MIXED, torch.float32)
     _run(h, chain, x, spans)
-    ptrs = {id(t): t.data_ptr() for t in (h._sggate, h._sgscore, h._sgidx, h._sgt.probe, *h._sgt.adds.values())}
+    ptrs = {id(t): t.data_ptr() for t in (h._gates.gate, h._gates.score, h._gates.slots, h._gates.tables.probe, *h._gates.tables.adds.values())}
     y = x.clone()
     h.prepare(spans)
     from torch.profiler import ProfilerActivity, profile
@@ -209,7 +209,7 @@ def test_static_gates_allocate_nothing_per_step(owner):
     allocs = [e.name for e in prof.events() if e.cpu_memory_usage > 0]
     assert allocs == [], f"the hooked forward allocated: {allocs}"
     h.report()
-    assert {id(t): t.data_ptr() for t in (h._sggate, h._sgscore, h._sgidx, h._sgt.probe, *h._sgt.adds.values())} == ptrs
+    assert {id(t): t.data_ptr() for t in (h._gates.gate, h._gates.score, h._gates.slots, h._gates.tables.probe, *h._gates.tables.adds.values())} == ptrs
     assert y[0, 1].item() > 3.9 and abs(y[1, 1].item()) < 1e-5
 
 
@@ -274,7 +274,7 @@ def test_static_gate_sites(owner):
     chain = Chain()
     for l, m in enumerate(chain.points):
         h.attach(m, "post_block", l)
-    assert sorted(h._sgt.adds) == [owner.hook_id("post_block") * LAYERS + l for l in (1, 2)]
+    assert sorted(h._gates.tables.adds) == [owner.hook_id("post_block") * LAYERS + l for l in (1, 2)]
     x = _input(MIXED, torch.float32)
     torch.testing.assert_close(_run(h, chain, x, [("r", 0, 2, "decode")]), _run(nat, cn, x, [("r", 0, 2, "decode")]), rtol=0, atol=1e-5)
     h2 = SteeringHooks(owner, static=True, max_tokens=2, device="cpu", dtype=torch.float32, max_row_gates=1,

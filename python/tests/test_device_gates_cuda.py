@@ -32,7 +32,7 @@ def _attached(h: SteeringHooks, chain: Chain) -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16", "f16"])
 def test_cuda_eager_gates_equal_native(owner, dtype):  # noqa: F811
     owner.admit("r", override=_own_steering(), steering=STEERING)
-    nat, dev = SteeringHooks(owner), SteeringHooks(owner)
+    nat, dev = SteeringHooks(owner), SteeringHooks(owner, device="cuda")
     cn, cd = Chain(), Chain().cuda()
     _attached(nat, cn)
     _attached(dev, cd)

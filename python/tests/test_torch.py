@@ -146,7 +146,7 @@ def test_cuda_path_matches_go_stepper(steered):
     x = torch.randn(6, HIDDEN)
     want = go_reference(c, m, x)
     mc = m.cuda()
-    hooks = SteeringHooks(c)
+    hooks = SteeringHooks(c, device="cuda")
     for i, layer in enumerate(mc):
         hooks.attach(layer, "post_block", i)
     with torch.no_grad(), hooks.step(SPANS):

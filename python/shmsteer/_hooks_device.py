@@ -1,0 +1,179 @@
+"""The eager device path: per-site tables on the hooked tensors' device, one gather-add a site."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import ops
+from ._hooks_base import DeviceMismatchError, SteeringHooks
+from ._hooks_parts import EagerCapture, EagerGates
+from .client import SpanLike
+from .device import DeviceTables, Resolved, check_hidden
+from .errors import ShapeError
+
+
+class _SiteOp(NamedTuple):
+    """A steered site's tables this step: vectors, clamp directions (0: a plain add), clamp rows."""
+    vec: torch.Tensor
+    clamps: int
+    dirs: Optional[torch.Tensor]
+    params: Optional[torch.Tensor]
+
+
+class DeviceHooks(SteeringHooks):
+    """The device path (CUDA tensors, or CPU ones with ``force_device_path``): per site a table
+    ``[slots + 1, hidden]`` in the hidden state's dtype (made on the first hooked site, on its
+    device), updated only for the rows whose content changed; per step the row index uploaded
+    once; per site one ``torch.ops.shmsteer.steer_`` (gather-add, then clamps), with the gate and
+    capture operators where the step has them. Each step is one engine call (the resolve, which
+    ends the step), plus one report when the step has probe gates. One dtype on one device per
+    hooks object (another is :class:`DeviceMismatchError`)."""
+
+    def __init__(self, handle: Any, force_device_path: bool = False, **kw: Any) -> None:
+        super().__init__(handle, force_device_path, **kw)
+        dev = kw.get("device")
+        self._device: Optional[torch.device] = None if dev is None else torch.device(dev)  # the device asked for
+        self._tables: Optional[DeviceTables] = None
+        self._tdev = -1  # the tables' device as Tensor.get_device() reports it
+        self._gates = EagerGates(self.hidden)
+        self._capture = EagerCapture(self.hidden)
+        self._in_step = False
+        self._ran = False  # a hooked site ran in this step
+        self._rows = 0
+        self._numel = 0  # the elements a hooked output of this step has at least (rows x hidden)
+        self._res: Optional[Resolved] = None  # this step's resolve, until the tables load it
+        self._pending = False  # the last resolve's updates are not in the tables yet
+        self._stale = False  # a resolve's updates were dropped: the next one resets the batch
+        self._ops: Dict[int, _SiteOp] = {}  # this step's steered sites
+        self._sites_key = b""  # the steered sites and clamp counts _ops was built for
+        self._idx_key = b""  # the index _idx was uploaded from
+        self._idx: torch.Tensor = torch.zeros(0, dtype=torch.int64)  # the slot of each steered row
+        self._rowsel: Optional[torch.Tensor] = None  # the steered rows (None: every row)
+        self._gather: Optional[torch.Tensor] = None  # the gather buffer every site of a step reuses
+        self._scratch: List[torch.Tensor] = []  # ops.steer_'s: the gather buffer's view of the steered rows
+
+    @property
+    def mode(self) -> str:
+        return "device"
+
+    @property
+    def uploads(self) -> int:
+        return self._tables.uploads if self._tables is not None else 0
+
+    @contextlib.contextmanager
+    def step(self, spans: Sequence[SpanLike], version: int = 0, rows: Optional[int] = None) -> Iterator["DeviceHooks"]:
+        packed = self._packer.pack(spans)
+        n = rows if rows is not None else packed.rows
+        self._rows = n  # before the load: the gate columns are this step's rows
+        self._numel = n * self.hidden
+        res = self._resolve(packed, n, version, end=True, reset=self._stale)
+        self._stale, self._res, self._pending = False, res, True
+        self._capture.set_plan(self.batch.capture_plan() if self._capturing else None)
+        if self._tables is not None:
+            self._load(res)
+        self._in_step, self._ran = True, False
+        try:
+            yield self
+        finally:
+            self._end_step()
+
+    def _end_step(self) -> None:
+        self._in_step = False
+        self._capture.flush(self.batch)
+        if self._gates.awaiting:
+            self._gates.awaiting = False
+            if self._ran:  # a step whose forward never reached a site leaves its report missed
+                self._report(self._gates.scores())
+        if self._pending:
+            self._stale, self._pending = True, False
+        self._res = None
+
+    def _load(self, res: Resolved) -> None:
+        """Bring the tables up to date with res and upload the step's index. A step whose sites
+        and index equal the last one's (a steady decode batch) reuses them."""
+        tb = self._tables
+        assert tb is not None
+        changed = len(res.updates) > 0
+        tb.update(res)
+        self._pending = False
+        self._gates.load(res.gates, self._rows, tb.device, tb.dtype)
+        sites_key = res.sites.tobytes() + res.site_clamps.tobytes()
+        if changed or sites_key != self._sites_key:
+            self._ops = {}
+            for site, k in zip(res.sites.tolist(), res.site_clamps.tolist()):
+                st = tb.sites[site]
+                self._ops[site] = _SiteOp(st.vec, k, st.dirs if k else None, st.params if k else None)
+            self._sites_key = sites_key
+        if not self._ops:
+            self._idx_key = b""
+            return
+        idx = res.index
+        idx_key = idx.tobytes()
+        if idx_key == self._idx_key:
+            return  # the same rows and slots as the last step: nothing to upload
+        nz = np.flatnonzero(idx)
+        if len(nz) == len(idx):
+            self._rowsel = None
+            self._idx = torch.from_numpy(idx.astype(np.int64)).to(tb.device)
+        else:
+            both = torch.from_numpy(np.stack((nz, idx[nz])).astype(np.int64)).to(tb.device)  # one upload
+            self._rowsel, self._idx = both[0], both[1]
+        self._idx_key = idx_key
+        # One gather buffer for every site of the step (and the next steps of its size): the
+        # sites allocate nothing for the add.
+        g = self._gather
+        if g is None or g.shape[0] < len(nz) or g.dtype != tb.dtype or g.device != tb.device:
+            g = self._gather = torch.empty(max(len(nz), 1), self.hidden, dtype=tb.dtype, device=tb.device)
+        self._scratch = [g[: len(nz)]]
+
+    def _first_site(self, t: torch.Tensor) -> DeviceTables:
+        """The first hooked site: tables on its device, in its dtype, loaded with this step."""
+        if self._device is not None and t.device.type != self._device.type:
+            raise DeviceMismatchError(f"shmsteer: hooks built for {self._device} got a tensor on {t.device}")
+        tb = self._tables = DeviceTables(self.hidden, t.device, t.dtype, self.max_clamps)
+        self._tdev = t.get_device()
+        if self._res is not None:
+            self._load(self._res)
+        return tb
+
+    def _site_fn(self, site: int) -> Callable[[torch.Tensor], None]:
+        hidden, capture, gates = self.hidden, self._capture, self._gates
+
+        def apply(t: torch.Tensor) -> None:
+            tb = self._tables
+            # The checks of _check, fast when they pass (this runs at every site of every step).
+            if (tb is None or not self._in_step or t.dtype is not tb.dtype or t.get_device() != self._tdev
+                    or t.dim() == 0 or t.shape[-1] != hidden or not t.is_contiguous() or t.numel() < self._numel):
+                self._check(t)
+            self._ran = True
+            if capture.plan is not None:
+                capture.site(t, site)  # before the add: captures see the unsteered rows
+            if gates.cols:
+                gates.probe(t, site)
+            op = self._ops.get(site)
+            if op is not None:
+                ops.steer_(t, op.vec, self._idx, self._rowsel, op.dirs, op.params, op.clamps, self._scratch)
+            if gates.cols:
+                gates.add(t, site)
+        return apply
+
+    def _check(self, t: torch.Tensor) -> None:
+        """Refuse a hooked output the step cannot steer, before anything changes; make the
+        tables at the first site."""
+        if not self._in_step:
+            raise RuntimeError("shmsteer: steering hook ran outside SteeringHooks.step()")
+        check_hidden(t, self.hidden)
+        if t.numel() // self.hidden < self._rows:
+            raise ShapeError(f"shmsteer: the spans cover {self._rows} rows, the hooked output has {t.numel() // self.hidden}")
+        tb = self._tables if self._tables is not None else self._first_site(t)
+        if t.dtype is not tb.dtype or t.get_device() != self._tdev:
+            raise DeviceMismatchError(
+                f"shmsteer: the device tables are {tb.dtype} on {tb.device}, this site's output is {t.dtype} on {t.device}: "
+                "steer one dtype on one device per SteeringHooks")
+
+
+__all__ = ["DeviceHooks"]

@@ -1,0 +1,78 @@
+"""Native CPU hooks: the engine's kernels on the hooked tensor's own memory."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+
+from ._hooks_base import DeviceMismatchError, SteeringHooks
+from ._lib import check, lib
+from .client import SpanLike
+from .device import CAPTURE_DTYPES, PackedSpans, check_hidden
+from .errors import ShapeError
+
+
+class NativeHooks(SteeringHooks):
+    """CPU tensors: per site one library call whose AVX-512/AVX2 kernels add and clamp in place
+    (float32 on the tensor's memory, bfloat16 and float16 through a float32 copy). Each step is
+    one resolve (:attr:`batch_checksum`, the same a device-path step of the same batch gives)
+    left open for the applies, and one end (:attr:`checksum`, the applies' determinism
+    checksum). A hooked tensor not on the CPU is :class:`DeviceMismatchError`: build the hooks
+    with ``device=`` its device for the device path."""
+
+    def __init__(self, handle: Any, force_device_path: bool = False, **kw: Any) -> None:
+        super().__init__(handle, force_device_path, **kw)
+        self._packed: Optional[PackedSpans] = None  # the open step's spans
+        self._rows = 0
+
+    @property
+    def mode(self) -> str:
+        return "native"
+
+    @contextlib.contextmanager
+    def step(self, spans: Sequence[SpanLike], version: int = 0, rows: Optional[int] = None) -> Iterator["NativeHooks"]:
+        packed = self._packer.pack(spans)
+        n = rows if rows is not None else packed.rows
+        # The resolve begins the step (one engine call, the step left open for the applies): the
+        # batch checksum of this step, as on the device path.
+        self._resolve(packed, n, version, end=False)
+        self._packed, self._rows = packed, n
+        try:
+            yield self
+        finally:
+            self._packed = None
+            self.checksum = self.stepper.end()
+            self.engine_calls += 1
+
+    def _site_fn(self, site: int) -> Callable[[torch.Tensor], None]:
+        hook_id, layer = divmod(site, self.layers)
+
+        def apply(t: torch.Tensor) -> None:
+            self._apply(t, hook_id, layer)
+        return apply
+
+    def _apply(self, t: torch.Tensor, hook_id: int, layer: int) -> None:
+        p = self._packed
+        if p is None:
+            raise RuntimeError("shmsteer: steering hook ran outside SteeringHooks.step()")
+        check_hidden(t, self.hidden)
+        if t.device.type != "cpu":
+            raise DeviceMismatchError(f"shmsteer: native CPU hooks got a tensor on {t.device}: build them with "
+                                      f"SteeringHooks(handle, device={str(t.device)!r}) for the device path")
+        if t.numel() // self.hidden < self._rows:
+            raise ShapeError(f"shmsteer: the spans cover {self._rows} rows, the hooked output has {t.numel() // self.hidden}")
+        # The stepper is this object's own (one thread at a time, as the hooks are): the kernels
+        # run on the tensor's memory, or on a float32 copy for bf16/f16 (captured first from
+        # their own bytes: the apply of the copy does not capture the site again).
+        if self._capturing and t.dtype is not torch.float32:
+            check(lib.shmsteer_stepper_capture(self.stepper.handle, hook_id, layer, t.data_ptr(),
+                                               t.numel() * t.element_size(), CAPTURE_DTYPES[t.dtype], p.ptr, p.n))
+        t32 = t if t.dtype is torch.float32 else t.float()
+        check(lib.shmsteer_stepper_apply(self.stepper.handle, hook_id, layer, t32.data_ptr(), t32.numel(), p.ptr, p.n))
+        if t32 is not t:
+            t.copy_(t32)
+
+
+__all__ = ["NativeHooks"]
