@@ -311,7 +311,7 @@ func (s *Stepper) applyPlan(hook HookID, layer int, h []float32) {
 		blk := h[p.start*d : p.end*d]
 		f := float32(1) // the request's attenuation
 		if p.gated {
-			f = s.gatesBefore(p.st.gates, site/2, blk)
+			f = s.gatesBefore(p.st.gates, site/2, blk, p.start)
 		}
 		switch {
 		case rv != nil && g != nil:
@@ -343,7 +343,7 @@ func (s *Stepper) applyPlan(hook HookID, layer int, h []float32) {
 			kernels.AddRows(blk, d, 1, g)
 		}
 		if p.gated {
-			s.gatesAdd(p.st.gates, site/2, blk, f)
+			s.gatesAdd(p.st.gates, site/2, blk, p.start, f)
 		}
 		if len(gc) != 0 {
 			s.global.applyClamps(blk, d, gc)
