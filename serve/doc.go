@@ -103,8 +103,8 @@
 //   - POST /v1/steering/vectors/unregister: {name, kind}. Answer as register, plus
 //     dropped_references (steer only); 404 {error: "<kind> vector '<name>' not found", type,
 //     vectors: {probe, steer}}.
-//   - GET /v1/steering/vectors: {vectors: {probe: [names], steer: [names]}, count, details:
-//     [{name, kind, version, digest, entries}]} (serve's details: the fork lists names only).
+//   - GET /v1/steering/vectors: {vectors: {probe: [names], steer: [names]}, count}, the fork's
+//     body; ?details=1 adds serve's details: [{name, kind, version, digest, entries}].
 //   - POST /v1/steering/modules/register: {name, kind?: "additive" ("sae_delta" is 501),
 //     vectors?, prefill_vectors?, decode_vectors?, clamps?, prefill_clamps?, decode_clamps?}
 //     (every form above). Answer {status, name, digest, modules: [sorted]}.
