@@ -184,6 +184,9 @@ func (l local) admit(a Admission) (Admitted, error) {
 		out.Digest = w.digest
 	}
 	commitGates()
+	if _, _, err := snap.View(KindRequest, a.RequestID); err == nil {
+		out.Replaced = true
+	}
 	stats := e.latches.Stats()
 	out.Version, err = e.r.Update(func(tx *shm.Tx) error {
 		if err := tx.Put(KindRequest, a.RequestID, enc); err != nil {

@@ -35,8 +35,66 @@ except ImportError:  # pragma: no cover - exercised only where numpy is missing
     _np = None
 
 Secret = Union[bytes, str, None]
-PHASES = {"prefill": _lib.PHASE_PREFILL, "decode": _lib.PHASE_DECODE,
-          _lib.PHASE_PREFILL: _lib.PHASE_PREFILL, _lib.PHASE_DECODE: _lib.PHASE_DECODE}
+
+
+class BadPhaseError(InvalidArgumentError, KeyError):
+    """A span's phase is not ``"prefill"``, ``"decode"``, ``PHASE_PREFILL`` or ``PHASE_DECODE``.
+    An :class:`~shmsteer.errors.InvalidArgumentError` (and, as before, a ``KeyError``)."""
+
+
+class _Phases(Dict[Any, int]):
+    def __missing__(self, phase: Any) -> int:
+        raise BadPhaseError(f"shmsteer: invalid argument: phase {phase!r}: want \"prefill\", \"decode\", "
+                            f"PHASE_PREFILL ({_lib.PHASE_PREFILL}) or PHASE_DECODE ({_lib.PHASE_DECODE})")
+
+
+PHASES = _Phases({"prefill": _lib.PHASE_PREFILL, "decode": _lib.PHASE_DECODE,
+                  _lib.PHASE_PREFILL: _lib.PHASE_PREFILL, _lib.PHASE_DECODE: _lib.PHASE_DECODE})
+
+#: Admitted.source values, by SHMSTEER_SOURCE_* code.
+SOURCES = ("none", "override", "latch", "composed")
+
+
+class Admitted(int):
+    """What :meth:`Owner.admit` did (Go's ``steer.Admitted``). It is the region version that
+    published the admission (an ``int``, as admit returned before), with:
+
+    Attributes:
+        version: that version (``int(self)``).
+        source: where the request's steering came from: ``"none"`` (no request steering),
+            ``"override"`` (its own), ``"latch"`` (its conversation's latch, bridged) or
+            ``"composed"`` (the latch bridged, its override added).
+        latched: the override was latched onto the conversation (the latch triggered).
+        refused: the override was too large to latch (it still steers this request).
+        replaced: the id was admitted and not ended: this admission replaced its entry (its
+            steering, gates and capture). Re-admitting a live id is allowed; this says so.
+        digest: sha256 of the published request entry (32 zero bytes for ``"none"``).
+    """
+
+    source: str
+    latched: bool
+    refused: bool
+    replaced: bool
+    digest: bytes
+
+    def __new__(cls, version: int, source: str = "none", latched: bool = False, refused: bool = False,
+                replaced: bool = False, digest: bytes = bytes(32)) -> "Admitted":
+        self = super().__new__(cls, version)
+        self.source, self.latched, self.refused, self.replaced, self.digest = source, latched, refused, replaced, digest
+        return self
+
+    @property
+    def version(self) -> int:
+        return int(self)
+
+    @property
+    def bridged(self) -> bool:
+        """The conversation's latch steers this request (source latch or composed)."""
+        return self.source in ("latch", "composed")
+
+    def __repr__(self) -> str:
+        return (f"Admitted(version={int(self)}, source={self.source!r}, latched={self.latched}, "
+                f"refused={self.refused}, replaced={self.replaced})")
 
 
 def _b(s: Union[str, bytes]) -> bytes:
@@ -178,9 +236,15 @@ class _Handle:
         """Pin ``version`` (0: the current one); use as a context manager."""
         return Snapshot(self, version)
 
-    def stepper(self) -> "Stepper":
-        """A per-thread steering stepper (steer.Stepper)."""
-        return Stepper(self)
+    def stepper(self, strict: bool = False) -> "Stepper":
+        """A per-thread steering stepper (steer.Stepper). ``strict``: a span naming a request
+        with no admitted entry (never admitted, ended, mistyped) raises
+        :class:`~shmsteer.errors.UnknownRequestError` instead of getting the global steering
+        only (see :attr:`Stepper.strict`)."""
+        st = Stepper(self)
+        if strict:
+            st.strict = True
+        return st
 
     def register_vector(self, name: str, entries: Sequence[Tuple[Union[str, int], int, float, Any]],
                         kind: str = "steer") -> int:
@@ -500,8 +564,11 @@ class Owner(_Handle):
     def admit(self, request_id: str, override: Optional[Dict[str, Any]] = None,
               tenant: str = "", conversation: str = "",
               steering: Optional[Sequence[Dict[str, Any]]] = None,
-              capture: Optional[Dict[str, Any]] = None, prompt_len: int = 0) -> int:
-        """Admit a request with its own steering and/or its conversation's latch.
+              capture: Optional[Dict[str, Any]] = None, prompt_len: int = 0) -> Admitted:
+        """Admit a request with its own steering and/or its conversation's latch; returns an
+        :class:`Admitted` (the version, an ``int`` as before, with what the admission did:
+        ``source``, ``latched``, ``refused``, ``replaced``). Re-admitting an id that is admitted
+        and not ended replaces its entry and says so (``replaced``).
 
         ``steering`` is the vLLM fork's declarative gates, JSON-shaped dicts ``{"when": ...,
         "scope": ..., "apply": ...}`` (sources ``{"kind": "name", "name": n}`` or ``{"kind":
@@ -531,9 +598,10 @@ class Owner(_Handle):
             a["steering"] = _gates_for_abi(steering)
         js = json.dumps(a).encode()
         rid = _b(request_id)
-        v = c_uint64()
-        check(lib.shmsteer_request_admit_json(self.handle, rid, len(rid), js, len(js), byref(v)))
-        return v.value
+        out = _lib.AdmittedC()
+        check(lib.shmsteer_request_admit_result(self.handle, rid, len(rid), js, len(js), byref(out)))
+        src = SOURCES[out.source] if 0 <= out.source < len(SOURCES) else str(out.source)
+        return Admitted(out.version, src, bool(out.latched), bool(out.refused), bool(out.replaced), bytes(out.digest))
 
     def end(self, request_id: str) -> int:
         """End a request: its steering entry is removed."""
@@ -664,6 +732,24 @@ class Stepper:
         self._ids: Dict[str, bytes] = {}
         self._busy = threading.Lock()  # held during each call
         self._step_thread: Optional[int] = None  # the thread whose step is open (begin to end)
+        self._strict = False
+
+    @property
+    def strict(self) -> bool:
+        """True: apply, bind and resolve raise :class:`~shmsteer.errors.UnknownRequestError`
+        for a span naming a request with no admitted entry, and change nothing; False (the
+        default): its rows get the global steering only, counted in ``stats()["unknown_requests"]``.
+        Set it between steps."""
+        return self._strict
+
+    @strict.setter
+    def strict(self, on: bool) -> None:
+        h = self._enter("strict")
+        try:
+            check(lib.shmsteer_stepper_set_strict(h, 1 if on else 0))
+            self._strict = bool(on)
+        finally:
+            self._busy.release()
 
     def _enter(self, what: str) -> int:
         """Take the stepper for this call (StepperBusyError if another thread holds it) and
@@ -906,4 +992,4 @@ def _rows_ptr(rows: Any) -> Tuple[int, int]:
 
 
 __all__ = ["Client", "Follower", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry",
-           "Stepper", "StepperBusyError", "Effective", "ForkedError"]
+           "Stepper", "StepperBusyError", "Effective", "ForkedError", "Admitted", "BadPhaseError"]
