@@ -312,6 +312,12 @@ SHMSTEER_API int shmsteer_request_admit_json(shmsteer_t *h, const char *id, size
   return shmsteerGo_request_admit_json(H(h), (char *)id, id_len, (char *)json, json_len, version);
 }
 
+SHMSTEER_API int shmsteer_request_admit_result(shmsteer_t *h, const char *id, size_t id_len, const char *json,
+                                               size_t json_len, shmsteer_admitted *out) {
+  ENTER();
+  return shmsteerGo_request_admit_result(H(h), (char *)id, id_len, (char *)json, json_len, out);
+}
+
 SHMSTEER_API int shmsteer_request_end(shmsteer_t *h, const char *id, size_t id_len, uint64_t *version) {
   ENTER();
   return shmsteerGo_request_end(H(h), (char *)id, id_len, version);
@@ -323,6 +329,11 @@ SHMSTEER_API int shmsteer_stepper_new(shmsteer_t *h, shmsteer_stepper_t **out) {
 }
 
 SHMSTEER_API int shmsteer_stepper_free(shmsteer_stepper_t *st) { ENTER(); return shmsteerGo_stepper_free(H(st)); }
+
+SHMSTEER_API int shmsteer_stepper_set_strict(shmsteer_stepper_t *st, int32_t strict) {
+  ENTER();
+  return shmsteerGo_stepper_set_strict(H(st), strict);
+}
 
 SHMSTEER_API int shmsteer_stepper_begin(shmsteer_stepper_t *st, uint64_t version, uint64_t *pinned) {
   ENTER();

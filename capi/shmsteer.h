@@ -505,6 +505,28 @@ int shmsteer_global_set_json(shmsteer_t *h, const char *json, size_t json_len, u
 int shmsteer_request_admit_json(shmsteer_t *h, const char *id, size_t id_len, const char *json,
                                 size_t json_len, uint64_t *version);
 
+/* What an admission did (steer.Admitted). source: where the request's steering came from,
+ * SHMSTEER_SOURCE_NONE (no request steering), _OVERRIDE (its own), _LATCH (its conversation's
+ * latch, bridged), _COMPOSED (the latch bridged with its override added). */
+#define SHMSTEER_SOURCE_NONE 0
+#define SHMSTEER_SOURCE_OVERRIDE 1
+#define SHMSTEER_SOURCE_LATCH 2
+#define SHMSTEER_SOURCE_COMPOSED 3
+typedef struct {
+  uint64_t version;   /* the region version that published it */
+  int32_t source;     /* SHMSTEER_SOURCE_* */
+  uint8_t latched;    /* 1: the override was latched onto the conversation (the latch triggered) */
+  uint8_t refused;    /* 1: the override was too large to latch (it still steers this request) */
+  uint8_t replaced;   /* 1: the id was admitted and not ended: this admission replaced its entry */
+  uint8_t reserved;   /* 0 */
+  uint8_t digest[32]; /* sha256 of the published request entry (zeros for SOURCE_NONE) */
+} shmsteer_admitted;
+
+/* shmsteer_request_admit_json that reports what the admission did in *out (NULL: nothing), its
+ * version in out->version. Re-admitting a live id replaces it (out->replaced = 1). */
+int shmsteer_request_admit_result(shmsteer_t *h, const char *id, size_t id_len, const char *json,
+                                  size_t json_len, shmsteer_admitted *out);
+
 /* End request id: its steering entry is removed (owner only). */
 int shmsteer_request_end(shmsteer_t *h, const char *id, size_t id_len, uint64_t *version);
 
@@ -527,6 +549,12 @@ typedef struct {
  * thread at a time; free with shmsteer_stepper_free. */
 int shmsteer_stepper_new(shmsteer_t *h, shmsteer_stepper_t **out);
 int shmsteer_stepper_free(shmsteer_stepper_t *st);
+
+/* strict != 0: the stepper's apply, bind and batch resolve fail with UNKNOWN_REQUEST when a span
+ * names a request with no admitted entry (never admitted, ended, mistyped) and change nothing;
+ * 0 (the default): such rows get the global steering only, counted in unknown_requests. Call it
+ * between steps. */
+int shmsteer_stepper_set_strict(shmsteer_stepper_t *st, int32_t strict);
 
 /* Begin a step at version (0 = current; ranks handed the same version apply the same steering)
  * and set *pinned (may be NULL). */

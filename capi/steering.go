@@ -150,40 +150,72 @@ type admissionJSON struct {
 
 //export shmsteerGo_request_admit_json
 func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t, version *C.uint64_t) C.int {
-	inst, rc := engineOf(h)
+	ad, rc := admit(h, id, idLen, js, jsLen)
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
+	return versionOut(version, ad.Version, nil)
+}
+
+//export shmsteerGo_request_admit_result
+func shmsteerGo_request_admit_result(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t, out *C.shmsteer_admitted) C.int {
+	ad, rc := admit(h, id, idLen, js, jsLen)
+	if rc != C.SHMSTEER_OK || out == nil {
+		return rc
+	}
+	*out = C.shmsteer_admitted{version: C.uint64_t(ad.Version), source: C.int32_t(ad.Source)}
+	flag := func(b bool) C.uint8_t {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	out.latched, out.refused, out.replaced = flag(ad.Latched), flag(ad.Refused), flag(ad.Replaced)
+	for i, b := range ad.Digest {
+		out.digest[i] = C.uint8_t(b)
+	}
+	return C.SHMSTEER_OK
+}
+
+// admit decodes an admission JSON and admits it (shmsteer_request_admit_json and _result).
+func admit(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t) (steer.Admitted, C.int) {
+	inst, rc := engineOf(h)
+	if rc != C.SHMSTEER_OK {
+		return steer.Admitted{}, rc
+	}
 	sid, ok := cstr(id, idLen)
 	if !ok {
-		return badArg("id")
+		return steer.Admitted{}, badArg("id")
 	}
 	var a admissionJSON
 	if jsLen > 0 {
 		if err := decodeJSON(js, jsLen, &a); err != nil {
-			return fail(err)
+			return steer.Admitted{}, fail(err)
 		}
 	}
 	gates, err := steer.DecodeGates(a.Steering, gateUnpack)
 	if err != nil {
-		return fail(err)
+		return steer.Admitted{}, fail(err)
 	}
 	if a.PromptLen < 0 {
-		return badArg(fmt.Sprintf("prompt_len %d is negative", a.PromptLen))
+		return steer.Admitted{}, badArg(fmt.Sprintf("prompt_len %d is negative", a.PromptLen))
 	}
 	var caps map[string]json.RawMessage
 	if len(a.Capture) > 0 {
 		if caps, err = capture.DecodeRequest(a.Capture); err != nil {
-			return fail(err)
+			return steer.Admitted{}, fail(err)
 		}
 	}
 	adm := steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override, Gates: gates,
 		Capture: caps, PromptLen: a.PromptLen}
 	ad, err := inst.eng.Admit(adm)
-	if err == nil && inst.hub != nil {
+	if err != nil {
+		return ad, fail(err)
+	}
+	if inst.hub != nil {
 		inst.hub.Begin(adm.RequestID, ad.Capture) // before the admission returns
 	}
-	return versionOut(version, ad.Version, err)
+	return ad, C.SHMSTEER_OK
 }
 
 //export shmsteerGo_request_end

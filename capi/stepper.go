@@ -52,6 +52,16 @@ func shmsteerGo_stepper_free(h C.uint64_t) C.int {
 	return C.SHMSTEER_OK
 }
 
+//export shmsteerGo_stepper_set_strict
+func shmsteerGo_stepper_set_strict(h C.uint64_t, strict C.int32_t) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	st.st.SetStrictRequests(strict != 0)
+	return C.SHMSTEER_OK
+}
+
 func stepperOf(h C.uint64_t) (*stepper, C.int) {
 	st, ok := getAs[*stepper](uint64(h))
 	if !ok {

@@ -593,9 +593,14 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 		"dropped_references": dropped}, err
 }
 
-func (s *Server) listVectors(_ *http.Request, p principal, _ []byte) (any, error) {
+// listVectors answers the fork's exact {vectors, count}; ?details=1 adds serve's details.
+func (s *Server) listVectors(r *http.Request, p principal, _ []byte) (any, error) {
 	list, err := ListVectors(s.eng, p.owns)
-	return map[string]any{"vectors": vectorsByKind(list), "count": len(list), "details": list}, err
+	out := map[string]any{"vectors": vectorsByKind(list), "count": len(list)}
+	if d := r.URL.Query().Get("details"); d != "" && d != "0" && d != "false" {
+		out["details"] = list
+	}
+	return out, err
 }
 
 // --- modules ---

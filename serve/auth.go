@@ -98,6 +98,23 @@ func (k *apiKeys) load(path string) (int, error) {
 	return len(keys), nil
 }
 
+// tenants counts the configured keys scoped to a tenant.
+func (k *apiKeys) tenants() int {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return tenantKeys(k.keys)
+}
+
+func tenantKeys(keys []apiKey) int {
+	n := 0
+	for _, key := range keys {
+		if key.tenant != "" {
+			n++
+		}
+	}
+	return n
+}
+
 func (k *apiKeys) count() int {
 	k.mu.RLock()
 	defer k.mu.RUnlock()

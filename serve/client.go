@@ -96,7 +96,7 @@ func (cs *ClientSession) PrintStatus(w io.Writer, asJSON bool) error {
 			// Only the owner counts its clients; this command is one of them.
 			v = "unknown to a client (the owner's count: GET /v1/status, shmsteer_attached_clients)"
 		}
-		fmt.Fprintf(tw, "%s\t%v\n", k, v)
+		printStatusValue(tw, k, v)
 	}
 	return tw.Flush()
 }

@@ -57,7 +57,7 @@ type Config struct {
 
 	HTTP            string        `toml:"http" help:"control API address: host:port or unix:PATH"`
 	APIKeyFile      string        `toml:"api_key_file" help:"file of API keys, one per line, optionally tenant:key"`
-	Auth            string        `toml:"auth" help:"control API auth: keys (every /v1/ call needs a key) or fork (as the vLLM fork: open without keys; with keys, set, clear, modules and admissions need one, reads and the vector registry do not)"`
+	Auth            string        `toml:"auth" help:"control API auth: keys (every /v1/ call needs a key) or fork (as the vLLM fork: open without keys; with keys, set, clear, modules and admissions need one, reads and the vector registry do not; callers without a key run unscoped there, so fork refuses tenant:key lines at start and on SIGHUP)"`
 	StateDir        string        `toml:"state_dir" help:"directory where state survives restarts (empty: none)"`
 	SecretFile      string        `toml:"secret_file" help:"file holding the shared secret (default: SHMSTEER_SECRET)"`
 	MaxBodyBytes    int64         `toml:"max_body_bytes" help:"largest request body accepted"`

@@ -26,12 +26,12 @@
 // configured the API is open; with keys, POST /v1/steering/set, /clear, /modules/register,
 // /modules/unregister (and serve's /v1/requests/admit, /end and DELETE /v1/conversations) need
 // one, while GET reads and the named-vector registry (/vectors/register, /unregister, /import)
-// do not (the fork's reasoning: a name grants nothing a request cannot carry inline); a key
-// presented on an open route still scopes its tenant, but a caller without one is unscoped
-// there (the fork has no tenants: keep the default auth to keep tenants apart). "fork" with no
-// key on an --http address
-// that is not loopback (or unix:) is refused at start, and a SIGHUP that would leave it so keeps
-// the old keys: an open API is only ever local. Keys are hashed with SHA-256 and compared in
+// do not (the fork's reasoning: a name grants nothing a request cannot carry inline); a caller
+// without a key, or with a wrong one, runs unscoped there, so "fork" cannot keep tenants apart:
+// a key file with tenant:key lines is refused at start (ErrForkTenants; keep the default auth
+// for tenants). "fork" with no key on an --http address that is not loopback (or unix:) is
+// refused at start, and a SIGHUP that would leave either so keeps the old keys: an open API is
+// only ever local. Keys are hashed with SHA-256 and compared in
 // constant time against every configured key. A key scoped to a tenant may register, list and
 // remove only named vectors and modules called "tenant/...", admit and end only request ids
 // "tenant/..." in its own conversations, and drop only its own conversations; global steering
@@ -104,8 +104,8 @@
 //   - POST /v1/steering/vectors/unregister: {name, kind}. Answer as register, plus
 //     dropped_references (steer only); 404 {error: "<kind> vector '<name>' not found", type,
 //     vectors: {probe, steer}}.
-//   - GET /v1/steering/vectors: {vectors: {probe: [names], steer: [names]}, count, details:
-//     [{name, kind, version, digest, entries}]} (serve's details: the fork lists names only).
+//   - GET /v1/steering/vectors: {vectors: {probe: [names], steer: [names]}, count}, the fork's
+//     body; ?details=1 adds serve's details: [{name, kind, version, digest, entries}].
 //   - POST /v1/steering/modules/register: {name, kind?: "additive" ("sae_delta" is 501),
 //     vectors?, prefill_vectors?, decode_vectors?, clamps?, prefill_clamps?, decode_clamps?}
 //     (every form above). Answer {status, name, digest, modules: [sorted]}.

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -67,11 +68,23 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// checkForkAuth refuses --auth fork with no API key on an address others can reach: the
-// control API would be open to the network.
-func checkForkAuth(cfg Config, keys int) error {
-	if cfg.Auth == AuthFork && keys == 0 && !isLoopback(cfg.HTTP) {
+// ErrForkTenants means --auth fork was given a key file with tenant keys: the fork's open
+// routes run a caller without a key, or with a wrong one, unscoped, so a tenant's key would
+// keep nothing apart (another tenant's named vectors overwritten, every tenant's status and
+// capture results read).
+var ErrForkTenants = errors.New("shmsteer: --auth fork cannot keep tenants apart: its open routes run callers without a key unscoped")
+
+// checkForkAuth refuses --auth fork with no API key on an address others can reach (the
+// control API would be open to the network) and with tenant keys (ErrForkTenants).
+func checkForkAuth(cfg Config, keys, tenants int) error {
+	if cfg.Auth != AuthFork {
+		return nil
+	}
+	if keys == 0 && !isLoopback(cfg.HTTP) {
 		return fmt.Errorf("%w: --auth fork with no API key would open the control API on %s to the network: give --api-key-file, or listen on a loopback address (--http 127.0.0.1:PORT) or unix:PATH", ErrConfig, cfg.HTTP)
+	}
+	if tenants > 0 {
+		return fmt.Errorf("%w: %s holds %d tenant key(s) (tenant:key lines); use the default --auth keys to keep tenants apart, or only unscoped keys with --auth fork", ErrForkTenants, cfg.APIKeyFile, tenants)
 	}
 	return nil
 }
@@ -84,7 +97,7 @@ func (s *Server) reloadKeys() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := checkForkAuth(s.cfg, n); err != nil {
+	if err := checkForkAuth(s.cfg, n, tenantKeys(fresh.keys)); err != nil {
 		return 0, err
 	}
 	s.keys.mu.Lock()

@@ -10,9 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/shmsteer/shmsteer/capture"
-	"github.com/shmsteer/shmsteer/steer"
 )
 
 // metrics is serve's Prometheus registry: a collector that reads Status and the region's
@@ -210,11 +207,6 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		emit("m_reconnects", float64(ms.Reconnects))
 	}
 }
-
-var opNames = map[uint16]string{steer.OpRegister: "register", steer.OpUnregister: "unregister",
-	steer.OpSetGlobal: "set_global", OpReportChecksum: "report_checksum", steer.OpReportGates: "report_gates", OpGateWork: "gate_work",
-	steer.OpRegisterProbe: "register_probe", steer.OpUnregisterProbe: "unregister_probe",
-	capture.OpTicket: "capture_ticket"}
 
 // devVersion is the version of a binary built from a checkout (no module version).
 const devVersion = "v0.0.0-dev"

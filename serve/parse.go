@@ -191,20 +191,6 @@ func decodeStrict(b []byte, v any) error {
 	return nil
 }
 
-// decodePayload is decodeStrict for a steering payload (/set, modules): the fork words its
-// errors "Malformed steering payload".
-func decodePayload(b []byte, v any) error {
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
-	if err := d.Decode(v); err != nil {
-		return malformed("", "%s", describeJSONError(err))
-	}
-	if d.More() {
-		return malformed("", "trailing data after the JSON body")
-	}
-	return nil
-}
-
 // tierSpec is one tier of a request body with its field names (the fork's, for messages).
 type tierSpec struct {
 	phase     steer.Phase

@@ -149,6 +149,7 @@ func FuzzSetRequest(f *testing.F) {
 		`{"vectors":{"pre_attn":{"dtype":"bfloat16","shape":[2,4],"layer_indices":[0,0],"data":"AAAAAAAAAAAAAAAAAAAAAA=="}}}`,
 		`{"clamps":{"mlp_in":{"dtype":"float16","shape":[1,4],"layer_indices":[0],"data":"ADwAPAA8ADw=","bounds":[[null,1]],"strengths":[0.5]}}}`,
 		`{"prefill_clamps":{"hooks":{"mlp_in":{"shape":[1,4],"layer_indices":[1],"data":"AAAAAAAA8D8AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","lo":[null],"hi":[2],"strength":[1]}}}}`,
+		`{"vectors":{"pre_attn":{"1":[NaN,-Infinity,"Infinity\"",4]}}}`,
 	} {
 		f.Add([]byte(s))
 	}

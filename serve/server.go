@@ -107,7 +107,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer, log *slog.Logger) er
 	if err != nil {
 		return err
 	}
-	if err := checkForkAuth(cfg, nkeys); err != nil {
+	if err := checkForkAuth(cfg, nkeys, s.keys.tenants()); err != nil {
 		return err
 	}
 	switch {

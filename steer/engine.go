@@ -240,6 +240,10 @@ type Admitted struct {
 	Latched bool   // the override was latched onto the conversation
 	Refused bool   // the override was too large to latch (it still steers this request)
 	Digest  Digest // digest of the published request entry (zero for SourceNone)
+	// Replaced: the id was admitted and not ended, and this admission replaced its entry (its
+	// steering, gates and capture; a Stepper resets the request's gate state). Re-admitting a
+	// live id is allowed: this says it happened.
+	Replaced bool
 	// Capture is the request's capture as stored: its own specs and the global specs of the
 	// declared consumers it does not name (Options.CaptureGlobal). What the owner tells the
 	// consumers (capture.Hub.Begin).

@@ -99,11 +99,16 @@ func ParseGateConversationName(s string) (ConvKey, bool) {
 }
 
 // admitGates resolves an admission's gates plus, for a conversation, the rest_of_conversation
-// gates it carries, and encodes them. It changes the owner's table only after they resolved.
-func (e *Engine) admitGates(s *shm.Snapshot, a *Admission, set string) ([]byte, error) {
+// gates it carries, and encodes them. It changes nothing: commit records the admission's own
+// rest_of_conversation gates in the owner's table (call it once the admission is decided).
+func (e *Engine) admitGates(s *shm.Snapshot, a *Admission, set string) (enc []byte, commit func(), err error) {
+	commit = func() {}
 	res, err := e.resolveGates(s, a.Gates, set)
-	if err != nil || a.Conversation.zero() {
-		return encodeGates(res, e.cfg.Hidden, 0), err
+	if err != nil {
+		return nil, commit, err
+	}
+	if a.Conversation.zero() {
+		return encodeGates(res, e.cfg.Hidden, 0), commit, nil
 	}
 	conv := convHash(a.Conversation)
 	var own []int
@@ -127,7 +132,7 @@ func (e *Engine) admitGates(s *shm.Snapshot, a *Admission, set string) ([]byte, 
 			c.keys = append(c.keys, key)
 			c.engaged = append(c.engaged, res[i].engaged)
 		}
-		e.putGateConv(a.Conversation, c, "")
+		commit = func() { e.putGateConv(a.Conversation, c, "") }
 	} else if c, ok := t.m[a.Conversation]; ok && len(res)+len(c.gates) <= MaxGates {
 		for i := range c.gates {
 			r, err := e.resolveGates(s, c.gates[i:i+1], set)
@@ -138,7 +143,7 @@ func (e *Engine) admitGates(s *shm.Snapshot, a *Admission, set string) ([]byte, 
 			res = append(res, r[0])
 		}
 	}
-	return encodeGates(res, e.cfg.Hidden, conv), nil
+	return encodeGates(res, e.cfg.Hidden, conv), commit, nil
 }
 
 func (c *gateConv) isEngaged(key uint64) bool {

@@ -46,7 +46,7 @@ type gateState struct {
 type gateRun struct {
 	probeSite int // hook*layers + layer; -1 without a probe
 	adds      []gateAdd
-	rowG      []float32 // this_token: the rows' gates of this step
+	rowG      []float32 // this_token: the rows' gates of this step, by row of the batch
 	evalStep  uint64    // step the probe was last read in
 	fired     bool      // host scopes: fired in this step
 	pulse     bool      // next_step: applies in this step
@@ -114,7 +114,10 @@ func sigmoid(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
 
 // gatesBefore runs a decode span's gates at site before its steering is added: it notes the
 // request's decode step, reads the probes at this site and returns the attenuation factor.
-func (s *Stepper) gatesBefore(gs *gateState, site int, blk []float32) float32 {
+// blk is the span's rows, from row start of the batch: a this_token gate keeps each row's
+// value by its row in the batch, so a request with several spans in one step (multi-token
+// decode) gates each of its rows by its own probe read, as the device path does.
+func (s *Stepper) gatesBefore(gs *gateState, site int, blk []float32, start int) float32 {
 	d := s.d
 	rows := len(blk) / d
 	if gs.decodeStep != s.step {
@@ -135,15 +138,17 @@ func (s *Stepper) gatesBefore(gs *gateState, site int, blk []float32) float32 {
 		s.countEval(g.Scope)
 		scale := float64(g.Probe.Scale)
 		if g.Scope == ScopeThisToken {
-			if cap(r.rowG) < rows {
-				r.rowG = make([]float32, rows)
+			if n := start + rows; n > len(r.rowG) {
+				if n > cap(r.rowG) {
+					r.rowG = append(make([]float32, 0, n), r.rowG...)
+				}
+				r.rowG = r.rowG[:n]
 			}
-			r.rowG = r.rowG[:rows]
 			for t := range rows {
 				v := sigmoid(float64(g.Sharpness) * (scale*dot(blk[t*d:(t+1)*d], g.Probe.Data) - float64(g.Threshold)))
-				r.rowG[t] = float32(v)
+				r.rowG[start+t] = float32(v)
 				s.rowDecision(gs, i, t, v > 0.5)
-				s.sum = mix64(s.sum, uint64(math.Float32bits(r.rowG[t])))
+				s.sum = mix64(s.sum, uint64(math.Float32bits(r.rowG[start+t])))
 			}
 			continue
 		}
@@ -206,8 +211,9 @@ func (r *gateRun) engaged(g *AdmittedGate) bool {
 	return r.sticky
 }
 
-// gatesAdd adds a decode span's engaged gate adds at site, after its steering.
-func (s *Stepper) gatesAdd(gs *gateState, site int, blk []float32, f float32) {
+// gatesAdd adds a decode span's engaged gate adds at site, after its steering; blk is the
+// span's rows, from row start of the batch.
+func (s *Stepper) gatesAdd(gs *gateState, site int, blk []float32, start int, f float32) {
 	d := s.d
 	for i := range gs.g {
 		r, g := &gs.g[i], &gs.gates[i]
@@ -228,8 +234,8 @@ func (s *Stepper) gatesAdd(gs *gateState, site int, blk []float32, f float32) {
 				s.sum = mix64(s.sum, uint64(i)<<32|uint64(math.Float32bits(k)))
 				continue
 			}
-			for t := range min(len(blk)/d, len(r.rowG)) {
-				if w := r.rowG[t]; w != 0 {
+			for t := range min(len(blk)/d, len(r.rowG)-start) {
+				if w := r.rowG[start+t]; w != 0 {
 					kernels.AddRows(blk[t*d:(t+1)*d], d, k*w, a.data)
 				}
 			}

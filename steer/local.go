@@ -119,8 +119,11 @@ func (l local) admit(a Admission) (Admitted, error) {
 		return Admitted{}, err
 	}
 	out.Capture = admittedCapture
-	gates, err := e.admitGates(&snap, &a, set)
+	gates, commitGates, err := e.admitGates(&snap, &a, set)
 	if err != nil {
+		return Admitted{}, err
+	}
+	if err := e.checkAdmissionGates(&a, digestOf, named, gates, set); err != nil {
 		return Admitted{}, err
 	}
 	if override {
@@ -179,6 +182,10 @@ func (l local) admit(a Admission) (Admitted, error) {
 	}
 	if out.Source != SourceNone {
 		out.Digest = w.digest
+	}
+	commitGates()
+	if _, _, err := snap.View(KindRequest, a.RequestID); err == nil {
+		out.Replaced = true
 	}
 	stats := e.latches.Stats()
 	out.Version, err = e.r.Update(func(tx *shm.Tx) error {

@@ -16,7 +16,10 @@ import (
 //   - every composed component: for each (hook, layer, phase), the sum of a steering set's terms
 //     that apply there (its base tier plus its prefill or decode tier), computed separately for
 //     the global steering and for a request's own steering;
-//   - a clamp's Min and Max; its Strength must be in [0, 1] (else ErrBadClamp).
+//   - a clamp's Min and Max; its Strength must be in [0, 1] (else ErrBadClamp);
+//   - what a request adds through its gates: its decode steering and every gate add, summed
+//     in absolute value per component and times its largest attenuate factor (checkGateBound,
+//     gates_bound.go).
 //
 // The clamp rule is what keeps the composed result (a row after every vector and every clamp,
 // global ones first) within the bound: a clamp of direction u (unit), bounds [lo, hi] and

@@ -67,6 +67,7 @@ type GateStats struct {
 // used by one goroutine at a time; make one per goroutine.
 type Stepper struct {
 	e      *Engine
+	strict bool // SetStrictRequests
 	d      int
 	layers int
 	hooks  int // the model's hooks (ModelConfig.NumHooks, kept: Apply checks it every call)
@@ -206,6 +207,12 @@ func (s *Stepper) Stats() StepStats { return s.stats }
 // Hidden is the model's hidden size: the row length of the blocks Apply takes.
 func (s *Stepper) Hidden() int { return s.d }
 
+// SetStrictRequests makes this Stepper's Apply (and a Batch's Resolve on it) fail with
+// ErrUnknownRequest when a span names a request with no admitted entry, as
+// Options.StrictRequests does for every Stepper of the engine; off, such rows get the global
+// steering only and are counted (StepStats.UnknownRequests). Call it between steps.
+func (s *Stepper) SetStrictRequests(on bool) { s.strict = on }
+
 // Close ends any open step and drops the caches.
 func (s *Stepper) Close() {
 	s.End()
@@ -311,7 +318,7 @@ func (s *Stepper) applyPlan(hook HookID, layer int, h []float32) {
 		blk := h[p.start*d : p.end*d]
 		f := float32(1) // the request's attenuation
 		if p.gated {
-			f = s.gatesBefore(p.st.gates, site/2, blk)
+			f = s.gatesBefore(p.st.gates, site/2, blk, p.start)
 		}
 		switch {
 		case rv != nil && g != nil:
@@ -343,7 +350,7 @@ func (s *Stepper) applyPlan(hook HookID, layer int, h []float32) {
 			kernels.AddRows(blk, d, 1, g)
 		}
 		if p.gated {
-			s.gatesAdd(p.st.gates, site/2, blk, f)
+			s.gatesAdd(p.st.gates, site/2, blk, p.start, f)
 		}
 		if len(gc) != 0 {
 			s.global.applyClamps(blk, d, gc)
@@ -595,7 +602,7 @@ func (s *Stepper) request(id string) (*reqState, error) {
 	switch {
 	case errors.Is(err, shm.ErrNotFound):
 		s.stats.UnknownRequests++
-		if s.e.opt.StrictRequests {
+		if s.e.opt.StrictRequests || s.strict {
 			return nil, fmt.Errorf("%w: %q has no entry at version %d (call Engine.Admit for every request in a batch, and End only after its last step)", ErrUnknownRequest, id, s.snap.Version())
 		}
 		st.view, st.known = composedView{}, false

@@ -431,7 +431,7 @@ func TestServeEndpoints(t *testing.T) {
 	m = s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "happy", "kind": "steer",
 		"packed": map[string]any{"pre_attn": packed("float32", []int{0, 1}, [][]float32{vec(10), vec(11)}), "mlp_out": packed("float16", []int{3}, [][]float32{vec(12)})}})
 	require.Equal(t, "happy", m["name"])
-	list := s.ok("GET", "/v1/steering/vectors", nil)
+	list := s.ok("GET", "/v1/steering/vectors?details=1", nil)
 	require.EqualValues(t, 1, list["count"])
 	require.Equal(t, map[string]any{"probe": []any{}, "steer": []any{"happy"}}, list["vectors"])
 	require.EqualValues(t, 3, list["details"].([]any)[0].(map[string]any)["entries"])
@@ -604,7 +604,7 @@ func TestServeColumnsFull(t *testing.T) {
 
 // snapshotState reads what must survive a restart.
 func snapshotState(s *served) map[string]any {
-	vecs := s.ok("GET", "/v1/steering/vectors", nil)["details"].([]any)
+	vecs := s.ok("GET", "/v1/steering/vectors?details=1", nil)["details"].([]any)
 	for _, v := range vecs {
 		delete(v.(map[string]any), "version") // region versions restart; digests must not change
 	}

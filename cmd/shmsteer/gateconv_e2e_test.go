@@ -151,7 +151,7 @@ func TestServeGateConversationMirror(t *testing.T) {
 	b := startServe(t, ns(t)+"-b", filepath.Join(t.TempDir(), "state-b"), "--mirror", url, "--mirror-bucket", bucket, "--host-id", "host-b")
 	registerConvGateVectors(a)
 	waitFor(t, 20*time.Second, "the vectors on host B", func() bool {
-		return len(b.ok("GET", "/v1/steering/vectors", nil)["details"].([]any)) == 2
+		return len(b.ok("GET", "/v1/steering/vectors?details=1", nil)["details"].([]any)) == 2
 	})
 	engage(t, a, "chat", "r1")
 	wb := attachConvWorker(t, b)

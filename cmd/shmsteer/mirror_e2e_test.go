@@ -152,7 +152,7 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 		"packed": map[string]any{"pre_attn": packed("float32", []int{1}, [][]float32{vec(1)})}})
 	digest := reg["digest"].(string)
 	waitFor(t, 10*time.Second, "calm on host B's API", func() bool {
-		for _, v := range b.ok("GET", "/v1/steering/vectors", nil)["details"].([]any) {
+		for _, v := range b.ok("GET", "/v1/steering/vectors?details=1", nil)["details"].([]any) {
 			if m := v.(map[string]any); m["name"] == "calm" && m["digest"] == digest {
 				return true
 			}
@@ -249,7 +249,7 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 	<-b.done
 	b2 := startServe(t, b.ns, bState)
 	names := []string{}
-	for _, v := range b2.ok("GET", "/v1/steering/vectors", nil)["details"].([]any) {
+	for _, v := range b2.ok("GET", "/v1/steering/vectors?details=1", nil)["details"].([]any) {
 		names = append(names, v.(map[string]any)["name"].(string))
 	}
 	require.Equal(t, []string{"calm", "later"}, names)

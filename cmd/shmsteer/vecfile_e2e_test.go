@@ -245,7 +245,7 @@ func TestServeVectorFileUpload(t *testing.T) {
 	require.NoError(t, s.stop(syscall.SIGTERM))
 	s2 := startServe(t, ns(t), dir)
 	found := false
-	for _, v := range s2.ok("GET", "/v1/steering/vectors", nil)["details"].([]any) {
+	for _, v := range s2.ok("GET", "/v1/steering/vectors?details=1", nil)["details"].([]any) {
 		if v := v.(map[string]any); v["name"] == "happy" {
 			found = v["digest"] == digest
 		}
@@ -267,7 +267,7 @@ func TestServeVectorFileUpload(t *testing.T) {
 
 // hintListed is the model hint GET /v1/steering/vectors lists for steering vector name.
 func hintListed(s *served, name string) string {
-	for _, v := range s.ok("GET", "/v1/steering/vectors", nil)["details"].([]any) {
+	for _, v := range s.ok("GET", "/v1/steering/vectors?details=1", nil)["details"].([]any) {
 		if v := v.(map[string]any); v["name"] == name && v["kind"] == "steer" {
 			h, _ := v["model_hint"].(string)
 			return h

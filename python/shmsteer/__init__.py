@@ -24,11 +24,12 @@ A worker::
 from . import errors
 from ._version import __version__
 from ._lib import PHASE_DECODE, PHASE_PREFILL
-from .client import (Client, Effective, Follower, ImportedVector, Keys, NamedVector, Owner, Snapshot, Stepper,
-                     StepperBusyError, VectorEntry)
+from .client import (Admitted, BadPhaseError, Client, Effective, Follower, ImportedVector, Keys, NamedVector, Owner,
+                     Snapshot, Stepper, StepperBusyError, VectorEntry)
 from .errors import *  # noqa: F401,F403 - the exception classes mirror the Go sentinels
 from .errors import ShmsteerError
 
 __all__ = ["__version__", "Client", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry",
-           "Stepper", "StepperBusyError", "Effective", "errors", "ShmsteerError", "PHASE_PREFILL", "PHASE_DECODE"]
+           "Stepper", "StepperBusyError", "Effective", "errors", "ShmsteerError", "PHASE_PREFILL", "PHASE_DECODE",
+           "Admitted", "BadPhaseError"]
 __all__ += [n for n in errors.__all__ if n not in __all__]

@@ -51,6 +51,13 @@ class Span(Structure):
                 ("phase", c_int32), ("first_position", c_int32)]
 
 
+class AdmittedC(Structure):
+    """shmsteer_admitted: what an admission did (steer.Admitted)."""
+
+    _fields_ = [("version", c_uint64), ("source", c_int32), ("latched", c_uint8), ("refused", c_uint8),
+                ("replaced", c_uint8), ("reserved", c_uint8), ("digest", c_uint8 * 32)]
+
+
 class CaptureOptionsC(Structure):
     """shmsteer_capture_options."""
 
@@ -117,9 +124,11 @@ def _load() -> ctypes.CDLL:
         "shmsteer_vector_model_hint": (c_int, [h, c_char_p, c_size_t, c_void_p, c_size_t, P(c_size_t)]),
         "shmsteer_global_set_json": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_request_admit_json": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(c_uint64)]),
+        "shmsteer_request_admit_result": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(AdmittedC)]),
         "shmsteer_request_end": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_stepper_new": (c_int, [h, P(h)]),
         "shmsteer_stepper_free": (c_int, [h]),
+        "shmsteer_stepper_set_strict": (c_int, [h, c_int32]),
         "shmsteer_stepper_begin": (c_int, [h, c_uint64, P(c_uint64)]),
         "shmsteer_stepper_apply": (c_int, [h, c_uint32, c_int32, c_void_p, c_size_t, P(Span), c_size_t]),
         "shmsteer_stepper_bind": (c_int, [h, P(Span), c_size_t, c_size_t]),
@@ -189,5 +198,5 @@ def read_json(fn, handle) -> bytes:
 
 
 __all__ = ["lib", "fast", "check", "last_error", "error_name", "read_json", "OwnerConfig", "VectorEntry",
-           "VectorInfo", "Span", "CaptureOptionsC", "EffectiveC", "PHASE_PREFILL", "PHASE_DECODE", "ABI_VERSION",
-           "c_char"]
+           "VectorInfo", "Span", "AdmittedC", "CaptureOptionsC", "EffectiveC", "PHASE_PREFILL", "PHASE_DECODE",
+           "ABI_VERSION", "c_char"]

@@ -25,8 +25,9 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import _lib
 from ._lib import check, lib
-from .errors import BufferTooSmallError, ForkedError, InvalidArgumentError, ShmsteerError
+from .errors import ForkedError, InvalidArgumentError, ShmsteerError
 from .keys import THREAD_READERS, Keys, close_readers, new_keys  # noqa: F401 (THREAD_READERS: re-exported)
+from .snapshot import ImportedVector, NamedVector, Snapshot, VectorEntry, _Lifetime
 
 try:  # numpy is optional: views are memoryviews without it
     import numpy as _np
@@ -34,8 +35,66 @@ except ImportError:  # pragma: no cover - exercised only where numpy is missing
     _np = None
 
 Secret = Union[bytes, str, None]
-PHASES = {"prefill": _lib.PHASE_PREFILL, "decode": _lib.PHASE_DECODE,
-          _lib.PHASE_PREFILL: _lib.PHASE_PREFILL, _lib.PHASE_DECODE: _lib.PHASE_DECODE}
+
+
+class BadPhaseError(InvalidArgumentError, KeyError):
+    """A span's phase is not ``"prefill"``, ``"decode"``, ``PHASE_PREFILL`` or ``PHASE_DECODE``.
+    An :class:`~shmsteer.errors.InvalidArgumentError` (and, as before, a ``KeyError``)."""
+
+
+class _Phases(Dict[Any, int]):
+    def __missing__(self, phase: Any) -> int:
+        raise BadPhaseError(f"shmsteer: invalid argument: phase {phase!r}: want \"prefill\", \"decode\", "
+                            f"PHASE_PREFILL ({_lib.PHASE_PREFILL}) or PHASE_DECODE ({_lib.PHASE_DECODE})")
+
+
+PHASES = _Phases({"prefill": _lib.PHASE_PREFILL, "decode": _lib.PHASE_DECODE,
+                  _lib.PHASE_PREFILL: _lib.PHASE_PREFILL, _lib.PHASE_DECODE: _lib.PHASE_DECODE})
+
+#: Admitted.source values, by SHMSTEER_SOURCE_* code.
+SOURCES = ("none", "override", "latch", "composed")
+
+
+class Admitted(int):
+    """What :meth:`Owner.admit` did (Go's ``steer.Admitted``). It is the region version that
+    published the admission (an ``int``, as admit returned before), with:
+
+    Attributes:
+        version: that version (``int(self)``).
+        source: where the request's steering came from: ``"none"`` (no request steering),
+            ``"override"`` (its own), ``"latch"`` (its conversation's latch, bridged) or
+            ``"composed"`` (the latch bridged, its override added).
+        latched: the override was latched onto the conversation (the latch triggered).
+        refused: the override was too large to latch (it still steers this request).
+        replaced: the id was admitted and not ended: this admission replaced its entry (its
+            steering, gates and capture). Re-admitting a live id is allowed; this says so.
+        digest: sha256 of the published request entry (32 zero bytes for ``"none"``).
+    """
+
+    source: str
+    latched: bool
+    refused: bool
+    replaced: bool
+    digest: bytes
+
+    def __new__(cls, version: int, source: str = "none", latched: bool = False, refused: bool = False,
+                replaced: bool = False, digest: bytes = bytes(32)) -> "Admitted":
+        self = super().__new__(cls, version)
+        self.source, self.latched, self.refused, self.replaced, self.digest = source, latched, refused, replaced, digest
+        return self
+
+    @property
+    def version(self) -> int:
+        return int(self)
+
+    @property
+    def bridged(self) -> bool:
+        """The conversation's latch steers this request (source latch or composed)."""
+        return self.source in ("latch", "composed")
+
+    def __repr__(self) -> str:
+        return (f"Admitted(version={int(self)}, source={self.source!r}, latched={self.latched}, "
+                f"refused={self.refused}, replaced={self.replaced})")
 
 
 def _b(s: Union[str, bytes]) -> bytes:
@@ -86,10 +145,14 @@ def _quiet_close(fn, handle) -> None:
         pass
 
 
-def _close_handle(handle: int, readers: Set[int]) -> None:
-    """A handle's finalizer: its thread readers first (they must not outlive its mapping)."""
+def _close_handle(life: _Lifetime, readers: Set[int]) -> None:
+    """A handle's finalizer: its thread readers first (they must not outlive its mapping), then
+    the handle, at once or once the last snapshot view is gone."""
     close_readers(readers)
-    _quiet_close(lib.shmsteer_close, handle)
+    try:
+        life.close()
+    except Exception:  # pragma: no cover - finalizers must not raise
+        pass
 
 
 class _Handle:
@@ -100,8 +163,9 @@ class _Handle:
     def __init__(self, handle: int, owner: bool) -> None:
         self._h = handle
         self._is_owner = owner
+        self._life = _Lifetime(handle)  # when the C handle closes: after the last view
         self._reader_handles: Set[int] = set()  # the keys' open thread readers (shmsteer.keys)
-        self._final = weakref.finalize(self, _close_handle, handle, self._reader_handles)
+        self._final = weakref.finalize(self, _close_handle, self._life, self._reader_handles)
         self._model: Optional[Tuple[int, int, List[str]]] = None
         self.keys: Keys = new_keys(self)
 
@@ -118,17 +182,18 @@ class _Handle:
         return self._is_owner
 
     def close(self) -> None:
-        """Detach (client) or stop serving (owner). Idempotent.
+        """Detach (client) or stop serving (owner). Idempotent; never blocks on live views.
 
-        Close snapshots and drop their views first: while a view lives its version stays
-        pinned, so close waits up to 5 s for it and then raises BusyError, leaving the mapping
-        in place (the views stay valid; nothing dangles)."""
+        Every call through this handle raises ClosedError afterwards. Snapshots still open and
+        vector views still alive keep the mapping: the library handle is closed when the last of
+        them is gone (garbage collected), so a view never reads unmapped memory and close
+        neither waits for it nor raises BusyError. An owner stops serving only then."""
         if self._h is None:
             return
-        h, self._h = self._h, None
+        self._h = None
         self._final.detach()
         close_readers(self._reader_handles)
-        check(lib.shmsteer_close(h))
+        self._life.close()
 
     def __enter__(self):
         return self
@@ -171,9 +236,15 @@ class _Handle:
         """Pin ``version`` (0: the current one); use as a context manager."""
         return Snapshot(self, version)
 
-    def stepper(self) -> "Stepper":
-        """A per-thread steering stepper (steer.Stepper)."""
-        return Stepper(self)
+    def stepper(self, strict: bool = False) -> "Stepper":
+        """A per-thread steering stepper (steer.Stepper). ``strict``: a span naming a request
+        with no admitted entry (never admitted, ended, mistyped) raises
+        :class:`~shmsteer.errors.UnknownRequestError` instead of getting the global steering
+        only (see :attr:`Stepper.strict`)."""
+        st = Stepper(self)
+        if strict:
+            st.strict = True
+        return st
 
     def register_vector(self, name: str, entries: Sequence[Tuple[Union[str, int], int, float, Any]],
                         kind: str = "steer") -> int:
@@ -493,8 +564,11 @@ class Owner(_Handle):
     def admit(self, request_id: str, override: Optional[Dict[str, Any]] = None,
               tenant: str = "", conversation: str = "",
               steering: Optional[Sequence[Dict[str, Any]]] = None,
-              capture: Optional[Dict[str, Any]] = None, prompt_len: int = 0) -> int:
-        """Admit a request with its own steering and/or its conversation's latch.
+              capture: Optional[Dict[str, Any]] = None, prompt_len: int = 0) -> Admitted:
+        """Admit a request with its own steering and/or its conversation's latch; returns an
+        :class:`Admitted` (the version, an ``int`` as before, with what the admission did:
+        ``source``, ``latched``, ``refused``, ``replaced``). Re-admitting an id that is admitted
+        and not ended replaces its entry and says so (``replaced``).
 
         ``steering`` is the vLLM fork's declarative gates, JSON-shaped dicts ``{"when": ...,
         "scope": ..., "apply": ...}`` (sources ``{"kind": "name", "name": n}`` or ``{"kind":
@@ -524,9 +598,10 @@ class Owner(_Handle):
             a["steering"] = _gates_for_abi(steering)
         js = json.dumps(a).encode()
         rid = _b(request_id)
-        v = c_uint64()
-        check(lib.shmsteer_request_admit_json(self.handle, rid, len(rid), js, len(js), byref(v)))
-        return v.value
+        out = _lib.AdmittedC()
+        check(lib.shmsteer_request_admit_result(self.handle, rid, len(rid), js, len(js), byref(out)))
+        src = SOURCES[out.source] if 0 <= out.source < len(SOURCES) else str(out.source)
+        return Admitted(out.version, src, bool(out.latched), bool(out.refused), bool(out.replaced), bytes(out.digest))
 
     def end(self, request_id: str) -> int:
         """End a request: its steering entry is removed."""
@@ -580,136 +655,6 @@ def _float_ptr(data: Any) -> Tuple[int, int, Any]:
         return a.ctypes.data, a.size, a
     arr = (ctypes.c_float * len(data))(*data)
     return ctypes.addressof(arr), len(data), arr
-
-
-class _Pin:
-    """Holds a pinned snapshot; unpins when the last reference (the Snapshot, or a view) dies."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-        self.final = weakref.finalize(self, _quiet_close, lib.shmsteer_snapshot_close, handle)
-
-
-@dataclass(frozen=True)
-class VectorEntry:
-    """One entry of a named vector: add ``scale * data`` at (hook, layer). ``data`` is a
-    read-only numpy array (a memoryview without numpy) aliasing the shared mapping."""
-
-    hook: str
-    layer: int
-    scale: float
-    data: Any
-
-
-@dataclass(frozen=True)
-class ImportedVector:
-    """A named vector registered from a file: the region version that wrote it, the sha256
-    of its encoding (as :attr:`NamedVector.digest` reports) and the model hint stored with it
-    (``""`` when none)."""
-
-    name: str
-    version: int
-    digest: bytes
-    model_hint: str = ""
-
-
-@dataclass(frozen=True)
-class NamedVector:
-    name: str
-    version: int
-    digest: bytes
-    entries: List[VectorEntry]
-
-
-def _view(ptr: int, n: int, pin: Any) -> Any:
-    """A read-only float32 view of n floats at ptr that keeps ``pin`` alive."""
-    arr = (ctypes.c_float * n).from_address(ptr)
-    arr._shmsteer_pin = pin  # the view's memory stays pinned while the view lives
-    mv = memoryview(arr).toreadonly()
-    if _np is None:
-        return mv
-    return _np.frombuffer(mv, dtype=_np.float32)
-
-
-class Snapshot:
-    """A pinned region version; every read through it sees that one version.
-
-    Vector views alias the mapping (zero bytes copied) and keep the version pinned: if the
-    snapshot is closed while views are alive, the unpin is deferred until the last view is
-    garbage collected (:attr:`pinned` says whether the version is still pinned). So a view can
-    never read reclaimed memory, and never silently outlives its pin.
-    """
-
-    def __init__(self, parent: _Handle, version: int = 0) -> None:
-        out = c_void_p()
-        pinned = c_uint64()
-        check(lib.shmsteer_snapshot_open(parent.handle, _int("version", version, U64), byref(out), byref(pinned)))
-        self._parent = parent
-        self._pin: Optional[_Pin] = _Pin(out.value)
-        self._final = self._pin.final
-        self.version: int = pinned.value
-
-    def __enter__(self) -> "Snapshot":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._pin is None
-
-    @property
-    def pinned(self) -> bool:
-        """True while the version is pinned: before close(), or after it while views live."""
-        return self._final.alive
-
-    def close(self) -> None:
-        """Release the pin now, or when the last view taken from this snapshot dies."""
-        self._pin = None  # the finalizer runs once no view references the pin
-
-    def _handle(self) -> int:
-        if self._pin is None:
-            from .errors import ClosedError
-            raise ClosedError("shmsteer: snapshot closed")
-        return self._pin.handle
-
-    def vector(self, name: str, kind: str = "steer") -> NamedVector:
-        """Named vector ``name`` of ``kind`` (``"steer"`` or ``"probe"``) at this version, its
-        floats as read-only views of the mapping."""
-        view = _kind_call(kind, lib.shmsteer_vector_view, lib.shmsteer_probe_view)
-        h = self._handle()
-        nb = _b(name)
-        info = _lib.VectorInfo()
-        cap = 8
-        while True:
-            entries = (_lib.VectorEntry * cap)()
-            rc = view(h, nb, len(nb), byref(info), entries, cap)
-            if rc == BufferTooSmallError.code and info.n_entries > cap:
-                cap = info.n_entries
-                continue
-            check(rc)
-            break
-        hooks = self._parent.model[2]
-        out = []
-        for e in entries[: info.n_entries]:
-            ptr = ctypes.cast(e.data, c_void_p).value or 0
-            out.append(VectorEntry(hooks[e.hook], e.layer, e.scale, _view(ptr, e.len, self._pin)))
-        return NamedVector(name, info.version, bytes(info.digest), out)
-
-    def model_hint(self, name: str) -> str:
-        """The model hint stored with steering vector ``name`` at this version (a GGUF's
-        ``controlvector.model_hint``; ``""`` when it has none)."""
-        nb = _b(name)
-        h = self._handle()
-        out = _lib.read_json(lambda _, buf, cap, n: lib.shmsteer_vector_model_hint(h, nb, len(nb), buf, cap, n), h)
-        return out.decode("utf-8")
-
-    def vectors(self, kind: str = "steer") -> List[Dict[str, Any]]:
-        """[{name, version, digest[, model_hint]}] of the named vectors of ``kind`` at this
-        version (model_hint when a steering vector has one)."""
-        list_json = _kind_call(kind, lib.shmsteer_vector_list_json, lib.shmsteer_probe_list_json)
-        return json.loads(_lib.read_json(list_json, self._handle()))
 
 
 @dataclass
@@ -787,6 +732,24 @@ class Stepper:
         self._ids: Dict[str, bytes] = {}
         self._busy = threading.Lock()  # held during each call
         self._step_thread: Optional[int] = None  # the thread whose step is open (begin to end)
+        self._strict = False
+
+    @property
+    def strict(self) -> bool:
+        """True: apply, bind and resolve raise :class:`~shmsteer.errors.UnknownRequestError`
+        for a span naming a request with no admitted entry, and change nothing; False (the
+        default): its rows get the global steering only, counted in ``stats()["unknown_requests"]``.
+        Set it between steps."""
+        return self._strict
+
+    @strict.setter
+    def strict(self, on: bool) -> None:
+        h = self._enter("strict")
+        try:
+            check(lib.shmsteer_stepper_set_strict(h, 1 if on else 0))
+            self._strict = bool(on)
+        finally:
+            self._busy.release()
 
     def _enter(self, what: str) -> int:
         """Take the stepper for this call (StepperBusyError if another thread holds it) and
@@ -1029,4 +992,4 @@ def _rows_ptr(rows: Any) -> Tuple[int, int]:
 
 
 __all__ = ["Client", "Follower", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry",
-           "Stepper", "StepperBusyError", "Effective", "ForkedError"]
+           "Stepper", "StepperBusyError", "Effective", "ForkedError", "Admitted", "BadPhaseError"]

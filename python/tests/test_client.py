@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import pathlib
+import re
+import time
 
 import numpy as np
 import pytest
@@ -529,3 +532,38 @@ def test_overlapping_spans_are_bad_batch(owner):
         st.apply("post_block", 0, rows, [("a", 2, 4, "decode"), ("b", 0, 2, "decode")])
         assert (rows == 1).all()
         st.end()
+
+
+def test_closing_a_client_with_live_views_neither_blocks_nor_raises(owner, ns, secret):
+    # A view outliving its client's `with` block: the close returns at once (it used to wait 5 s
+    # and raise BusyError), the view stays valid, and the library handle closes with the last view.
+    owner.register_vector("dir", [("post_block", 0, 1.0, np.ones(8, np.float32))])
+    t0 = time.monotonic()
+    with shmsteer.Client(ns, secret=secret) as c:
+        with c.snapshot() as snap:
+            v = snap.vector("dir").entries[0].data
+    assert time.monotonic() - t0 < 2
+    with pytest.raises(errors.ClosedError):
+        c.snapshot()
+    life = c._life
+    assert not life.closed, "the mapping outlives the client while a view lives"
+    assert float(v.sum()) == 8.0
+    del v, snap
+    gc.collect()
+    assert life.closed
+    c.close()  # idempotent after the deferred close
+
+
+def test_readme_worker_snippet_runs_as_written(owner, ns, secret, monkeypatch):
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```python\n(from shmsteer import Client\nwith Client\(namespace=\"llm\"\).*?)```", readme, re.S)
+    assert block, "the README's worker snippet moved: change this test with it"
+    owner.register_vector("honesty", [("post_block", 0, 1.0, np.ones(8, np.float32))])
+    owner.keys["req-1"] = b"k" * 16
+    monkeypatch.setenv("SHMSTEER_SECRET", secret.decode())
+    scope = {"request_id": "req-1", "version": owner.version}
+    t0 = time.monotonic()
+    exec(block.group(1).replace('namespace="llm"', f'namespace="{ns}"'), scope)  # noqa: S102 - the README's own text
+    assert time.monotonic() - t0 < 2
+    assert scope["key"] == b"k" * 16
+    assert float(scope["v"].sum()) == 8.0
