@@ -121,6 +121,7 @@ static const char *const shmsteer_error_names[SHMSTEER_E_LIMIT] = {
     [SHMSTEER_E_CAPTURE_RUN_TOO_LARGE] = "capture.ErrRunTooLarge",
     [SHMSTEER_E_COLUMNS_FULL] = "shm.ErrColumnsFull",
     [SHMSTEER_E_BAD_COLUMN] = "shm.ErrBadColumn",
+    [SHMSTEER_E_CAPTURE_SPEC_TOO_LARGE] = "steer.ErrCaptureSpecTooLarge",
 };
 
 __attribute__((visibility("default"))) const char *shmsteer_error_name(int code) {

@@ -71,6 +71,7 @@ var errorCodes = []errorCode{
 	{C.SHMSTEER_E_GATE_UNSUPPORTED, "steer.ErrGateUnsupported", steer.ErrGateUnsupported},
 	{C.SHMSTEER_E_BAD_MODEL_HINT, "steer.ErrBadModelHint", steer.ErrBadModelHint},
 	{C.SHMSTEER_E_CAPTURE_CONSUMER, "steer.ErrCaptureConsumer", steer.ErrCaptureConsumer},
+	{C.SHMSTEER_E_CAPTURE_SPEC_TOO_LARGE, "steer.ErrCaptureSpecTooLarge", steer.ErrCaptureSpecTooLarge},
 	{C.SHMSTEER_E_FILE_TOO_LARGE, "vecfile.ErrTooLarge", vecfile.ErrTooLarge},
 	{C.SHMSTEER_E_UNKNOWN_FORMAT, "vecfile.ErrUnknownFormat", vecfile.ErrUnknownFormat},
 	{C.SHMSTEER_E_FILE_CORRUPT, "vecfile.ErrCorrupt", vecfile.ErrCorrupt},

@@ -190,8 +190,10 @@ extern "C" {
 /* package shm (codes 140..149) */
 #define SHMSTEER_E_COLUMNS_FULL 140 /* shm.ErrColumnsFull: no free column (or no pool); end requests, unpin, or raise Columns */
 #define SHMSTEER_E_BAD_COLUMN 141   /* shm.ErrBadColumn: a column not reserved by this transaction, or a cell out of range */
+/* package steer (codes 150..169) */
+#define SHMSTEER_E_CAPTURE_SPEC_TOO_LARGE 150 /* steer.ErrCaptureSpecTooLarge: a consumer's capture spec is larger than steer.MaxCaptureSpec */
 /* One past the largest code. */
-#define SHMSTEER_E_LIMIT 150
+#define SHMSTEER_E_LIMIT 170
 /* END ERROR CODES */
 
 /* Phases of a request's rows (steer.Phase). */

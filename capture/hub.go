@@ -22,14 +22,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func init() {
-	proto.Bind(
-		proto.Pair{Code: proto.CodeCaptureUnknownConsumer, Err: ErrUnknownConsumer},
-		proto.Pair{Code: proto.CodeCaptureConsumerTaken, Err: ErrConsumerTaken},
-		proto.Pair{Code: proto.CodeCaptureNoHub, Err: ErrNoHub},
-	)
-}
-
 // HubOptions configure NewHub.
 type HubOptions struct {
 	// Consumers are the consumers the owner declares: name → type ("filesystem"). Only these

@@ -78,7 +78,8 @@ func (w *wrapped) Error() string { return w.msg }
 func (w *wrapped) Unwrap() error { return w.base }
 
 // Error codes on the wire: proto's table (internal/proto), which this package binds for its own
-// and shm's sentinels; RegisterError gives other programs' packages codes from 256 up.
+// and shm's sentinels (wire_gen.go, generated from capi/errors.tab); RegisterError gives other
+// programs' packages codes from 256 up.
 const (
 	codeOther         = proto.CodeOther
 	codeAuthFailed    = proto.CodeAuthFailed
@@ -89,28 +90,6 @@ const (
 	// MinUserErrorCode is the first code RegisterError accepts.
 	MinUserErrorCode = proto.MinUserCode
 )
-
-func init() {
-	// Most specific first: the first sentinel that errors.Is matches gives the code. shm's
-	// sentinels are bound here too (shm itself knows nothing of replies).
-	proto.Bind(
-		proto.Pair{Code: proto.CodeAuthFailed, Err: ErrAuthFailed},
-		proto.Pair{Code: proto.CodeIncompatible, Err: ErrIncompatible},
-		proto.Pair{Code: proto.CodeFrameTooLarge, Err: ErrFrameTooLarge},
-		proto.Pair{Code: proto.CodeUnknownOp, Err: ErrUnknownOp},
-		proto.Pair{Code: proto.CodeProtocol, Err: ErrProtocol},
-		proto.Pair{Code: proto.CodeClosed, Err: ErrClosed},
-		proto.Pair{Code: proto.CodeRegionFull, Err: shm.ErrRegionFull},
-		proto.Pair{Code: proto.CodeValueTooLarge, Err: shm.ErrValueTooLarge},
-		proto.Pair{Code: proto.CodeShmKeyTooLong, Err: shm.ErrKeyTooLong},
-		proto.Pair{Code: proto.CodeNotFound, Err: shm.ErrNotFound},
-		proto.Pair{Code: proto.CodeCorrupt, Err: shm.ErrCorrupt},
-		proto.Pair{Code: proto.CodeBadConfig, Err: shm.ErrBadConfig},
-		proto.Pair{Code: proto.CodeNoReaderSlot, Err: shm.ErrNoReaderSlot},
-		proto.Pair{Code: proto.CodeTimeout, Err: ErrTimeout},
-		proto.Pair{Code: proto.CodeBusy, Err: ErrBusy},
-	)
-}
 
 // RegisterError gives err a wire code, so that an Owner.Handle handler returning an error that
 // wraps err reaches the client as an error that errors.Is(err) still matches (its message is

@@ -2,8 +2,6 @@ package keys
 
 import (
 	"errors"
-
-	"github.com/shmsteer/shmsteer/internal/proto"
 )
 
 // Sentinel errors. Every error this package returns wraps one of these, one of ipc's (a
@@ -22,13 +20,3 @@ var (
 	// shorter key, or raise Options.MaxKeyBytes in the owner.
 	ErrTooLarge = errors.New("shmsteer: key larger than MaxKeyBytes")
 )
-
-func init() {
-	// The wire codes these sentinels have had since the registry lived in ipc.
-	proto.Bind(
-		proto.Pair{Code: proto.CodeKeyNotFound, Err: ErrNotFound},
-		proto.Pair{Code: proto.CodeKeyRevoked, Err: ErrRevoked},
-		proto.Pair{Code: proto.CodeRequestIDTooLong, Err: ErrRequestIDTooLong},
-		proto.Pair{Code: proto.CodeKeyTooLarge, Err: ErrTooLarge},
-	)
-}

@@ -64,6 +64,7 @@ var apiErrors = []apiError{
 	{steer.ErrBadGate, http.StatusBadRequest, "bad_gate"},
 	{steer.ErrGateUnsupported, http.StatusBadRequest, "gate_unsupported"},
 	{steer.ErrCaptureConsumer, http.StatusBadRequest, "capture_consumer"},
+	{steer.ErrCaptureSpecTooLarge, http.StatusBadRequest, "capture_spec"},
 	{capture.ErrBadSpec, http.StatusBadRequest, "capture_spec"},
 	{capture.ErrBadConsumer, http.StatusBadRequest, "capture_consumer"},
 	{capture.ErrBadSlug, http.StatusBadRequest, "capture_spec"},

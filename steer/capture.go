@@ -208,8 +208,11 @@ func (e *Engine) resolveSpec(n string, v CaptureValidator, spec func() ([]byte, 
 	if err != nil {
 		return nil, CaptureSelect{}, err
 	}
-	if len(raw) > MaxCaptureSpec || len(n) > math.MaxUint16 {
-		return nil, CaptureSelect{}, fmt.Errorf("%w: consumer %q's spec is %d bytes, at most %d", ErrCaptureConsumer, n, len(raw), MaxCaptureSpec)
+	if len(n) > math.MaxUint16 {
+		return nil, CaptureSelect{}, fmt.Errorf("%w: a consumer name of %d bytes", ErrCaptureConsumer, len(n))
+	}
+	if len(raw) > MaxCaptureSpec {
+		return nil, CaptureSelect{}, fmt.Errorf("%w: consumer %q's spec is %d bytes, at most %d", ErrCaptureSpecTooLarge, n, len(raw), MaxCaptureSpec)
 	}
 	sel, err := v(e.cfg, raw, promptLen)
 	if err != nil {

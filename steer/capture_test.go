@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -89,6 +90,8 @@ func TestAdmitCaptureRefused(t *testing.T) {
 		{e, Admission{Capture: map[string]json.RawMessage{"fs": json.RawMessage(`{"sites": "x"}`)}, PromptLen: 3}, errTestSpec},
 		{e, Admission{Capture: map[string]json.RawMessage{"fs": json.RawMessage(`{"sites": [0]}`)}, PromptLen: 0}, errTestSpec},
 		{e, Admission{Capture: map[string]json.RawMessage{"fs": json.RawMessage(`{"sites": [0]}`)}, PromptLen: MaxPromptLen + 1}, ErrCaptureConsumer},
+		// Too large says so, from a declared consumer (issue 41 item 7).
+		{e, Admission{Capture: map[string]json.RawMessage{"fs": json.RawMessage(`{"sites": [0], "pad": "` + strings.Repeat("x", MaxCaptureSpec) + `"}`)}, PromptLen: 3}, ErrCaptureSpecTooLarge},
 		// What a validator resolved is checked too.
 		{e, Admission{Capture: map[string]json.RawMessage{"fs": json.RawMessage(`{"sites": [99]}`)}, PromptLen: 3}, ErrLayerRange},
 		{e, Admission{Capture: map[string]json.RawMessage{"fs": json.RawMessage(`{"sites": [3, 1]}`)}, PromptLen: 3}, ErrLayerRange},
@@ -99,6 +102,10 @@ func TestAdmitCaptureRefused(t *testing.T) {
 		v0 := c.e.Region().Version()
 		_, err := c.e.Admit(c.a)
 		require.ErrorIs(t, err, c.want, "%+v", c.a)
+		if c.want == ErrCaptureSpecTooLarge {
+			require.NotErrorIs(t, err, ErrCaptureConsumer)
+			require.NotContains(t, err.Error(), "not declared")
+		}
 		require.Equal(t, v0, c.e.Region().Version(), "a refused admission wrote nothing")
 		st, err := c.e.Status()
 		require.NoError(t, err)

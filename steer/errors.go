@@ -64,8 +64,10 @@ var ErrBatchCapacity = errors.New("shmsteer: batch does not fit the steering tab
 
 var (
 	// ErrCaptureConsumer means an admission's capture names a consumer the owner does not
-	// declare (Options.CaptureConsumers; serve's --capture-consumer NAME=TYPE), names more than
-	// MaxCaptureConsumers, or a consumer's spec is larger than MaxCaptureSpec. Declare the
-	// consumer in the owner or fix the name.
+	// declare (Options.CaptureConsumers; serve's --capture-consumer NAME=TYPE) or names more
+	// than MaxCaptureConsumers. Declare the consumer in the owner or fix the name.
 	ErrCaptureConsumer = errors.New("shmsteer: capture consumer not declared by the owner")
+	// ErrCaptureSpecTooLarge means a consumer's capture spec is larger than MaxCaptureSpec
+	// bytes: select fewer hooks or positions.
+	ErrCaptureSpecTooLarge = errors.New("shmsteer: capture spec too large")
 )

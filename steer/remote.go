@@ -258,25 +258,3 @@ func (e *Engine) serveSetGlobal(req []byte) ([]byte, error) {
 	}
 	return binary.LittleEndian.AppendUint64(nil, v), nil
 }
-
-func init() {
-	// The order is the precedence for an error that wraps several: the specific first.
-	proto.Bind(
-		proto.Pair{Code: proto.CodeBadName, Err: ErrBadName},
-		proto.Pair{Code: proto.CodeNonFinite, Err: ErrNonFinite},
-		proto.Pair{Code: proto.CodeHiddenSize, Err: ErrHiddenSize},
-		proto.Pair{Code: proto.CodeUnknownHook, Err: ErrUnknownHook},
-		proto.Pair{Code: proto.CodeLayerRange, Err: ErrLayerRange},
-		proto.Pair{Code: proto.CodeDuplicate, Err: ErrDuplicate},
-		proto.Pair{Code: proto.CodeBadClamp, Err: ErrBadClamp},
-		proto.Pair{Code: proto.CodeUnknownVector, Err: ErrUnknownVector},
-		proto.Pair{Code: proto.CodeBadEncoding, Err: ErrBadEncoding},
-		proto.Pair{Code: proto.CodeEmptySet, Err: ErrEmptySet},
-		proto.Pair{Code: proto.CodeOverflow, Err: ErrOverflow},
-		proto.Pair{Code: proto.CodeBadRequestID, Err: ErrBadRequestID},
-		proto.Pair{Code: proto.CodeNotOwner, Err: ErrNotOwner},
-		proto.Pair{Code: proto.CodeSteerConfig, Err: ErrIncompatible},
-		proto.Pair{Code: proto.CodeProbeSite, Err: ErrProbeSite},
-		proto.Pair{Code: proto.CodeBadModelHint, Err: ErrBadModelHint},
-	)
-}

@@ -12,61 +12,15 @@ import (
 // codes from MinUserCode up are for other programs' packages (ipc.RegisterError).
 type Code = uint16
 
-// Remote error codes. CodeOther is an error with no registered sentinel.
-const (
-	CodeOther Code = 0
+// CodeOther is an error with no bound sentinel. The module's codes (the Code* constants of
+// codes_gen.go) are generated from capi/errors.tab's wire lines, with the proto.Bind of each
+// package that declares the sentinels (its wire_gen.go): add a sentinel's code there.
+const CodeOther Code = 0
 
-	// The transport and the region (bound by package ipc), block 1–31; 3–6 are the key
-	// registry's (bound by package keys, which kept the codes they had in ipc).
-	CodeAuthFailed       Code = 1
-	CodeIncompatible     Code = 2
-	CodeKeyNotFound      Code = 3
-	CodeKeyRevoked       Code = 4
-	CodeRequestIDTooLong Code = 5
-	CodeKeyTooLarge      Code = 6
-	CodeFrameTooLarge    Code = 7
-	CodeUnknownOp        Code = 8
-	CodeProtocol         Code = 9
-	CodeClosed           Code = 10
-	CodeRegionFull       Code = 11
-	CodeValueTooLarge    Code = 12
-	CodeShmKeyTooLong    Code = 13
-	CodeNotFound         Code = 14
-	CodeCorrupt          Code = 15
-	CodeBadConfig        Code = 16
-	CodeNoReaderSlot     Code = 17
-	CodeTimeout          Code = 18
-	CodeBusy             Code = 19
-
-	// Steering (bound by package steer), block 32–63.
-	CodeBadName       Code = 32
-	CodeNonFinite     Code = 33
-	CodeHiddenSize    Code = 34
-	CodeUnknownHook   Code = 35
-	CodeLayerRange    Code = 36
-	CodeDuplicate     Code = 37
-	CodeBadClamp      Code = 38
-	CodeUnknownVector Code = 39
-	CodeBadEncoding   Code = 40
-	CodeEmptySet      Code = 41
-	CodeOverflow      Code = 42
-	CodeBadRequestID  Code = 43
-	CodeNotOwner      Code = 44
-	CodeSteerConfig   Code = 45 // steer.ErrIncompatible
-	CodeProbeSite     Code = 46
-	CodeBadModelHint  Code = 47
-
-	// The service (bound by package serve), block 64–95.
-	CodeServeBadInput Code = 64
-
-	// Capture (bound by package capture), block 96–127.
-	CodeCaptureUnknownConsumer Code = 96
-	CodeCaptureConsumerTaken   Code = 97
-	CodeCaptureNoHub           Code = 98
-
-	// MinUserCode is the first code of other programs' packages.
-	MinUserCode Code = 256
-)
+// MinUserCode is the first code of other programs' packages (ipc.RegisterError); the module's
+// codes are below it (errors.tab's wire-range lines give each room its block: the transport,
+// the region and the key registry 1–31, steering 32–63, the service 64–95, capture 96–127).
+const MinUserCode Code = 256
 
 // ErrUnknownOp means the owner has no handler for an RPC op: register it in the owner (ops
 // below MinUserOp are the transport's). ipc returns it; a room that sends ops tests for it with

@@ -9,10 +9,11 @@
 // sentinel of its own except ErrUnknownOp, which both the transport (ipc) and its users
 // (steer) must recognise.
 //
-// To add an entry: pick the next free number in the room's block below and add it to the table
-// (TestTables checks that no two kinds, ops or codes share a number and that each is in its
-// range); for an error code bind the sentinel in the package that declares it (Bind, from a
-// package init). A retired number stays retired (a comment says so).
+// To add a kind or an op: pick the next free number in the room's block below and add it to the
+// table (TestTables checks that no two share a number). An error code is a wire line of
+// capi/errors.tab instead: `go generate ./capi` renders the Code* constants (codes_gen.go) and
+// the Bind of the package that declares the sentinel (its wire_gen.go). A retired number stays
+// retired (a comment says so).
 package proto
 
 // Kinds of entries in the region (shm.Kind values). Each room owns a block; a kind is never

@@ -12,9 +12,12 @@ import (
 	"testing"
 )
 
-// TestTables reads this package's constants from its source and checks that no two kinds, ops
-// or error codes share a number, and that the rooms' ops and codes stay in their ranges: a new
-// entry that reuses a number fails here, not in a worker that misreads a region or a reply.
+// TestTables reads this package's constants from its source (codes_gen.go included) and checks
+// that no two kinds, ops or error codes share a number, that kinds fit 16 bits, that ops stay
+// at or below MaxUserOp (but for the replies) and that codes stay below MinUserCode: a new entry
+// that reuses a number fails here, not in a worker that misreads a region or a reply. It does
+// not check a room's block: each room's error codes are checked against its wire-range line by
+// capi/internal/errtable when errors.tab is parsed.
 func TestTables(t *testing.T) {
 	fset := token.NewFileSet()
 	names, err := filepath.Glob("*.go")

@@ -36,12 +36,18 @@ at once (the fastest way to take rows out of the ring)::
         ev = c.copy_run(buf, timeout=1.0)
         if isinstance(ev, RecordRun):
             acts = ev.data  # (records, rows, width), a view of buf until the next copy_run
+
+A long-lived consumer outlives its owner with ``Consumer(..., follow=True)``: when the owner
+stops, restarts or drops it, the next calls wait for the owner (returning None meanwhile) and
+attach again, then return a :class:`Reattached` event (requests begun before it end without this
+consumer: forget them).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import time
 from ctypes import POINTER, Structure, byref, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
@@ -50,19 +56,38 @@ import numpy as np
 
 from ._lib import check, lib
 from .client import Owner, Secret, _b, _secret_args
-from .errors import BufferTooSmallError, CaptureRunTooLargeError, ShmsteerError
+from .errors import (AuthFailedError, AuthSecretNotDefinedError, BufferTooSmallError, CaptureConsumerNameError,
+                     CapturePolicyError, CaptureRunTooLargeError, HubGoneError, InvalidArgumentError,
+                     OwnerGoneError, SecretConflictError, SecretFileError, ShmsteerError, UnknownConsumerError)
 
-__all__ = ["Consumer", "Begin", "Record", "RecordRun", "End", "Event", "CaptureClosedError", "capture_result",
-           "serve_capture", "BLOCK", "DROP"]
+__all__ = ["Consumer", "Begin", "Record", "RecordRun", "End", "Reattached", "Event", "CaptureClosedError",
+           "capture_result", "serve_capture", "BLOCK", "DROP"]
 
 #: Backpressure policies: a worker waits up to the bound for a lagging consumer, then drops.
 BLOCK = "block"
 #: A worker drops a record at once when this consumer lags.
 DROP = "drop"
+#: Attach errors a following consumer does not wait out (as Go's capture.Follow): the owner
+#: will not accept this consumer however long it waits.
+_FATAL_ATTACH = (UnknownConsumerError, CapturePolicyError, CaptureConsumerNameError, AuthFailedError,
+                 SecretFileError, SecretConflictError, AuthSecretNotDefinedError, InvalidArgumentError)
 _POLICIES = {BLOCK: 1, DROP: 2}
 _STATUSES = {"ok": 1, "partial_error": 2, "error": 3}
 _DTYPES = {1: ("float32", np.float32), 2: ("bfloat16", np.uint16), 3: ("float16", np.float16)}
 _U32 = np.dtype("<u4")
+
+
+@dataclass(frozen=True)
+class Reattached:
+    """A following consumer (``Consumer(..., follow=True)``) attached again after the owner's
+    capture hub closed its connection (the owner stopped, restarted or dropped the consumer).
+
+    Requests whose :class:`Begin` came before it get no :class:`End` on this connection (the
+    owner ended them without this consumer: forget their state); events after it are the new
+    connection's. ``attachments`` counts the consumer's attachments (2 after the first
+    re-attach)."""
+
+    attachments: int
 
 
 class _Event(Structure):
@@ -193,8 +218,8 @@ class End:
     dropped: int
 
 
-Event = Union[Begin, Record, End]
-RunEvent = Union[Begin, RecordRun, End]
+Event = Union[Begin, Record, End, Reattached]
+RunEvent = Union[Begin, RecordRun, End, Reattached]
 
 
 def _view(addr: int, n: int, dtype: Any, shape: tuple) -> np.ndarray:
@@ -213,6 +238,14 @@ class Consumer:
         policy: :data:`BLOCK` (a worker's append waits for this consumer up to ``bound``, then
             drops the record) or :data:`DROP` (drops at once).
         bound: seconds a worker may wait for this consumer (0: the worker's own bound).
+        follow: when the owner's hub closes the connection (the owner stops, restarts or drops
+            this consumer), attach again instead of raising :class:`HubGoneError`, as Go's
+            ``capture.Follow`` and ``shmsteer capture fs`` do: the ``next*`` and
+            :meth:`copy_run` calls wait for the owner within their ``timeout`` (returning None,
+            or an empty list, while it is away) and then return one :class:`Reattached` event.
+            Attach errors that waiting cannot mend (an undeclared name, a bad policy, a wrong
+            secret) still raise. The first attach, here, never waits.
+        retry: seconds between attach attempts while following.
 
     Raises:
         UnknownConsumerError, ConsumerTakenError, NoHubError,
@@ -221,39 +254,93 @@ class Consumer:
     """
 
     def __init__(self, namespace: str, name: str, secret: Secret = None, secret_file: Optional[str] = None, *,
-                 policy: str = BLOCK, bound: float = 0.0) -> None:
+                 policy: str = BLOCK, bound: float = 0.0, follow: bool = False, retry: float = 0.2) -> None:
         if policy not in _POLICIES:
             raise ValueError(f"policy {policy!r}: want {BLOCK!r} or {DROP!r}")
         if not isinstance(bound, (int, float)) or bound < 0 or bound > 3600:
             raise ValueError(f"bound {bound!r}: want seconds in [0, 3600]")
+        if not isinstance(retry, (int, float)) or not 0 < retry <= 60:
+            raise ValueError(f"retry {retry!r}: want seconds in (0, 60]")
         sb, sl, sf = _secret_args(secret, secret_file)
-        out = c_void_p()
-        check(lib.shmsteer_capture_attach(_b(namespace), sb, sl, sf, _b(name), _POLICIES[policy],
-                                          int(bound * 1e9), byref(out)))
-        self._h: Optional[int] = out.value
+        self._h: Optional[int] = None
+        self._closed = False
+        self._attach_args = (_b(namespace), sb, sl, sf, _b(name), _POLICIES[policy], int(bound * 1e9))
         self.name = name
+        self.follow = bool(follow)
+        self._retry = float(retry)
+        #: How many times this consumer attached (1, then one more per :class:`Reattached`).
+        self.attachments = 0
         self._ev = _Event()
         self._evref = byref(self._ev)
-        self._reqs: Dict[int, str] = {}    # request_seq -> request id, from its begin to its end
-        self._hooks: Dict[int, str] = {}   # hook_seq -> hook name
-        self._rings: Dict[int, Any] = {}   # ring id -> (base address, uint8 view of its data area)
         self._batch: Optional[Any] = None  # next_batch's event array
         self._recs: Optional[np.ndarray] = None  # next_run's and copy_run's record array
         self._pos = np.empty(4096, dtype=_U32)  # copy_run's positions (grown when a run needs more)
+        self._attach()
+
+    def _attach(self) -> None:
+        out = c_void_p()
+        check(lib.shmsteer_capture_attach(*self._attach_args, byref(out)))
+        self._h = out.value
+        self.attachments += 1
+        # A connection's numbering and mappings are its own (capi starts them afresh).
+        self._reqs: Dict[int, str] = {}    # request_seq -> request id, from its begin to its end
+        self._hooks: Dict[int, str] = {}   # hook_seq -> hook name
+        self._rings: Dict[int, Any] = {}   # ring id -> (base address, uint8 view of its data area)
 
     def _handle(self) -> int:
         if self._h is None:
+            if not self._closed:
+                raise HubGoneError("shmsteer: the owner's capture hub is gone; the next event call attaches again")
             raise CaptureClosedError("shmsteer: capture consumer closed")
         return self._h
+
+    def _detached(self) -> bool:
+        """Whether a following consumer lost its connection and has not attached again."""
+        if self._h is None and self._closed:
+            raise CaptureClosedError("shmsteer: capture consumer closed")
+        return self._h is None
+
+    def _lost(self, rc: int) -> None:
+        """Raise rc's error, unless it says a following consumer's hub is gone: then drop the
+        dead connection (the next call attaches again)."""
+        try:
+            check(rc)
+        except (HubGoneError, OwnerGoneError):
+            if not self.follow:
+                raise
+            h, self._h = self._h, None
+            try:
+                lib.shmsteer_capture_close(h)
+            except Exception:  # pragma: no cover - the connection is gone either way
+                pass
+
+    def _reattach(self, timeout: float) -> Optional[Reattached]:
+        """Attach a following consumer again within timeout seconds: the Reattached event, or
+        None while the owner does not accept it (the next call tries again)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._attach()
+                return Reattached(self.attachments)
+            except _FATAL_ATTACH:
+                raise
+            except ShmsteerError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                time.sleep(min(self._retry, left))
 
     def next(self, timeout: float = 1.0) -> Optional[Event]:
         """The next event, waiting at most ``timeout`` seconds (None: none came). Releases the
         records the previous call returned (their views must not be used any more)."""
         if not isinstance(timeout, (int, float)) or timeout < 0:
             raise ValueError(f"timeout {timeout!r}: want seconds >= 0")
+        if self._detached():
+            return self._reattach(timeout)
         rc = lib.shmsteer_capture_next(self._handle(), int(timeout * 1000), self._evref)
         if rc:
-            check(rc)
+            self._lost(rc)
+            return self._reattach(timeout)
         return self._decode(self._ev)
 
     def next_batch(self, max_events: int = 256, timeout: float = 1.0) -> List[Event]:
@@ -266,12 +353,17 @@ class Consumer:
             raise ValueError(f"max_events {max_events!r}: want an int in [1, 65536]")
         if not isinstance(timeout, (int, float)) or timeout < 0:
             raise ValueError(f"timeout {timeout!r}: want seconds >= 0")
+        if self._detached():
+            ev = self._reattach(timeout)
+            return [ev] if ev else []
         if self._batch is None or len(self._batch) < max_events:
             self._batch = (_Event * max_events)()
         n = c_size_t(0)
         rc = lib.shmsteer_capture_next_batch(self._handle(), int(timeout * 1000), self._batch, max_events, byref(n))
         if rc:
-            check(rc)
+            self._lost(rc)
+            ev = self._reattach(timeout)
+            return [ev] if ev else []
         batch, decode = self._batch, self._decode
         return [decode(batch[i]) for i in range(n.value)]
 
@@ -299,12 +391,15 @@ class Consumer:
         if not isinstance(timeout, (int, float)) or timeout < 0:
             raise ValueError(f"timeout {timeout!r}: want seconds >= 0")
         recs = self._run_recs(max_records)
+        if self._detached():
+            return self._reattach(timeout)
         n = c_size_t(0)
         ev = self._ev
         rc = lib.shmsteer_capture_next_run(self._handle(), int(timeout * 1000), self._evref, recs.ctypes.data,
                                            max_records, byref(n))
         if rc:
-            check(rc)
+            self._lost(rc)
+            return self._reattach(timeout)
         if ev.kind != 2:
             return self._decode(ev)
         k = n.value
@@ -339,6 +434,8 @@ class Consumer:
         if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable or dst.nbytes < 1:
             raise ValueError("dst: want a non-empty writable C-contiguous numpy array")
         recs = self._run_recs(max_records)
+        if self._detached():
+            return self._reattach(timeout)
         n = c_size_t(0)
         ev = self._ev
         while True:
@@ -352,10 +449,11 @@ class Consumer:
                 continue
             if rc:
                 try:
-                    check(rc)
+                    self._lost(rc)
                 except CaptureRunTooLargeError as e:
                     e.need = int(ev.nbytes)
                     raise
+                return self._reattach(timeout)
             break
         if ev.kind != 2:
             return self._decode(ev)
@@ -450,6 +548,7 @@ class Consumer:
 
     def close(self) -> None:
         """Detach (requests it has not published end with status ``error``). Idempotent."""
+        self._closed = True
         if self._h is not None:
             h, self._h = self._h, None
             check(lib.shmsteer_capture_close(h))

@@ -891,6 +891,14 @@ class BadColumnError(ShmsteerError, ValueError):
     go_name = "shm.ErrBadColumn"
 
 
+class CaptureSpecTooLargeError(ShmsteerError, ValueError):
+    """Mirrors Go's steer.ErrCaptureSpecTooLarge (code 150, SHMSTEER_E_CAPTURE_SPEC_TOO_LARGE): a
+    consumer's capture spec is larger than steer.MaxCaptureSpec."""
+
+    code = 150
+    go_name = "steer.ErrCaptureSpecTooLarge"
+
+
 # Every class by its code.
 BY_CODE: Dict[int, Type[ShmsteerError]] = {
     1: ForkedError,
@@ -1005,6 +1013,7 @@ BY_CODE: Dict[int, Type[ShmsteerError]] = {
     126: CaptureRunTooLargeError,
     140: ColumnsFullError,
     141: BadColumnError,
+    150: CaptureSpecTooLargeError,
 }
 
 __all__ = [
@@ -1124,6 +1133,7 @@ __all__ = [
     "CaptureRunTooLargeError",
     "ColumnsFullError",
     "BadColumnError",
+    "CaptureSpecTooLargeError",
 ]
 
 

@@ -1,6 +1,7 @@
 """The follower against a real ``shmsteer serve`` (the binary TestPython builds, found in
 $SHMSTEER_SERVE_BIN): a Python worker re-follows a restarted serve, and with ``ready="serve"``
-never steps with the empty region the restarted serve has before it restores its state."""
+never steps with the empty region the restarted serve has before it restores its state; a
+following capture consumer attaches again to a restarted serve's hub."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import pytest
 
 import shmsteer
 from shmsteer import errors
+from shmsteer import capture
+from shmsteer.capture import Begin, Consumer, End, Reattached
 
 SERVE_BIN_ENV = "SHMSTEER_SERVE_BIN"
 API_KEY = "admin-key-0123456789abcdef"
@@ -30,9 +33,10 @@ FILLER = 200
 class Serve:
     """A `shmsteer serve` process on a state dir."""
 
-    def __init__(self, binary: str, ns: str, secret: bytes, state: str, keys: str) -> None:
+    def __init__(self, binary: str, ns: str, secret: bytes, state: str, keys: str, extra: tuple = ()) -> None:
         args = [binary, "serve", "--http", "127.0.0.1:0", "--namespace", ns, "--hidden", str(HIDDEN),
-                "--layers", "2", "--arena-bytes", str(64 << 20), "--api-key-file", keys, "--state-dir", state, "--persist-interval", "50ms"]
+                "--layers", "2", "--arena-bytes", str(64 << 20), "--api-key-file", keys, "--state-dir", state,
+                "--persist-interval", "50ms", *extra]
         env = dict(os.environ, SHMSTEER_SECRET=secret.decode())
         self.started = time.monotonic()
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -44,8 +48,9 @@ class Serve:
             raise RuntimeError("serve exited before listening")
         self.listening = time.monotonic()
 
-    def post(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(self.addr + path, data=json.dumps(body).encode(), method="POST",
+    def post(self, path: str, body: dict = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.addr + path, data=data, method="POST" if data else "GET",
                                      headers={"Authorization": "Bearer " + API_KEY,
                                               "Content-Type": "application/json"})
         try:
@@ -151,3 +156,65 @@ def test_follower_any_owner(ns, secret):
     o.close()
     with pytest.raises(errors.InvalidArgumentError):
         shmsteer.Follower(ns, secret=secret, ready="bogus")
+
+
+def _until(c: Consumer, want, timeout: float = 10.0):
+    """The first event of c that want accepts (others are skipped), within timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ev = c.next(timeout=0.2)
+        if ev is not None and want(ev):
+            return ev
+    raise AssertionError("no such event within the timeout")
+
+
+def test_capture_consumer_follows_a_restarted_serve(serve_bin, ns, secret, tmp_path):
+    # Issue 41 item 2: a consumer with follow=True outlives its owner; one without raises.
+    keys = tmp_path / "keys"
+    keys.write_text(API_KEY + "\n")
+    keys.chmod(0o600)
+    state = str(tmp_path / "state")
+    extra = ("--capture-consumer", "py=filesystem", "--capture-consumer", "once=filesystem")
+
+    def admit(s: Serve, rid: str) -> None:
+        s.post("/v1/requests/admit", {"request_id": rid, "prompt_len": 3, "capture": {"py": {
+            "request_id": rid, "tag": "t", "hooks": {"post_block": "all"}, "positions": "all"}}})
+
+    s = Serve(serve_bin, ns, secret, state, str(keys), extra)
+    followed = once = None
+    try:
+        followed = Consumer(ns, "py", secret=secret, follow=True, retry=0.05)
+        once = Consumer(ns, "once", secret=secret)
+        assert followed.attachments == 1
+        admit(s, "r1")
+        assert _until(followed, lambda ev: isinstance(ev, Begin)).request_id == "r1"
+        s.stop()
+        with pytest.raises(errors.HubGoneError):
+            while True:
+                once.next(timeout=0.2)
+        # The owner is away: the follower waits (no event, no error), and still does after the
+        # wait outlived its first attempts.
+        assert followed.next(timeout=0.3) is None
+        assert followed.next_batch(timeout=0.3) == []
+        with pytest.raises(errors.HubGoneError):
+            followed.publish("r1", "ok")  # the lost connection's request: nothing to publish to
+        s = Serve(serve_bin, ns, secret, state, str(keys), extra)
+        ev = _until(followed, lambda ev: isinstance(ev, Reattached))
+        assert ev == Reattached(2) and followed.attachments == 2
+        admit(s, "r2")
+        assert _until(followed, lambda ev: isinstance(ev, Begin)).request_id == "r2"
+        s.post("/v1/requests/end", {"request_id": "r2"})
+        assert _until(followed, lambda ev: isinstance(ev, End)).request_id == "r2"
+        followed.publish("r2", "ok", payload=["x"])
+        assert s.post("/v1/requests/r2/capture")["py"]["status"] == "ok"
+        # A consumer the owner does not declare is not waited for.
+        with pytest.raises(errors.UnknownConsumerError):
+            Consumer(ns, "nobody", secret=secret, follow=True)
+        followed.close()
+        with pytest.raises(capture.CaptureClosedError):
+            followed.next(timeout=0)
+    finally:
+        for c in (followed, once):
+            if c is not None:
+                c.close()
+        s.kill()

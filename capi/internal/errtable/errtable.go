@@ -1,7 +1,9 @@
-// Package errtable reads capi/errors.tab, the one source table of the C ABI's error codes, and
-// renders every table made from it: the SHMSTEER_E_* block of shmsteer.h, capi's Go table of
-// sentinels (errors_gen.go), the C table behind shmsteer_error_name (errnames_gen.c) and the
-// Python exception classes (python/shmsteer/errors.py).
+// Package errtable reads capi/errors.tab, the one source table of the module's error codes (the
+// C ABI's and the wire's), and renders every table made from it: the SHMSTEER_E_* block of
+// shmsteer.h, capi's Go table of sentinels (errors_gen.go), the C table behind
+// shmsteer_error_name (errnames_gen.c), the Python exception classes
+// (python/shmsteer/errors.py), internal/proto's wire codes (codes_gen.go) and each binding
+// package's proto.Bind (wire_gen.go, see wire.go).
 //
 // It owns the table's syntax (documented at the top of errors.tab) and its checks: unique
 // codes, names and classes, codes inside their package's range, Python bases that exist. It
@@ -62,6 +64,11 @@ type Table struct {
 	Rows     []Row // in the file's order, which is the match order
 	Retired  []Retired
 	Limit    int
+
+	Wires      []Wire      // in code order
+	Locals     []Local     // in name order
+	WireRanges []WireRange // the codes each binding package may use
+	binders    map[string]string
 }
 
 // pyBuiltins are the built-in exceptions a row may name as a base.
@@ -90,6 +97,12 @@ func Parse(src []byte) (*Table, error) {
 		f := strings.Fields(line)
 		bad := func(format string, args ...any) error {
 			return fmt.Errorf("errors.tab:%d: %s", n, fmt.Sprintf(format, args...))
+		}
+		if isWireLine(f[0]) {
+			if err := t.parseWireLine(f, n); err != nil {
+				return nil, bad("%v", err)
+			}
+			continue
 		}
 		switch f[0] {
 		case "package":
@@ -128,6 +141,9 @@ func Parse(src []byte) (*Table, error) {
 		}
 	}
 	if err := t.check(); err != nil {
+		return nil, err
+	}
+	if err := t.checkWire(); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -540,10 +556,33 @@ func Outputs(dir string) (map[string][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string][]byte{
+	mod, err := os.ReadFile(filepath.Join(dir, "..", "go.mod"))
+	if err != nil {
+		return nil, err
+	}
+	module := modfile(mod)
+	if module == "" {
+		return nil, fmt.Errorf("go.mod: no module line")
+	}
+	out := map[string][]byte{
 		"shmsteer.h":     h,
 		"errors_gen.go":  t.Go(),
 		"errnames_gen.c": t.C(),
-		filepath.Join("..", "python", "shmsteer", "errors.py"): t.Python(),
-	}, nil
+		filepath.Join("..", "python", "shmsteer", "errors.py"):   t.Python(),
+		filepath.Join("..", "internal", "proto", "codes_gen.go"): t.Proto(),
+	}
+	for d, src := range t.Binds(module) {
+		out[filepath.Join("..", filepath.FromSlash(d), "wire_gen.go")] = src
+	}
+	return out, nil
+}
+
+// modfile is the module path of a go.mod.
+func modfile(src []byte) string {
+	for _, line := range strings.Split(string(src), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
+			return f[1]
+		}
+	}
+	return ""
 }
