@@ -697,7 +697,8 @@ def markdown(env: Dict[str, Any], sections: Sequence[Section], seconds: float) -
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="gpu_check_report.md", help="the markdown report (JSON beside it, .json)")
+    ap.add_argument("--out", default="gpu_check_report.md",
+                    help="the markdown report; the JSON goes beside it (same name, .json)")
     ap.add_argument("--quick", action="store_true", help="small shapes and few rounds (CI on a CPU)")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--backend", default="", help="torch.compile backend (default: inductor; aot_eager with --quick on a CPU)")
@@ -725,10 +726,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     seconds = time.monotonic() - t0
     env = environment(cfg)
     report = markdown(env, sections, seconds)
+    stem, ext = os.path.splitext(args.out)
+    md_path = stem + ".md" if ext == ".json" else args.out  # --out report.json: the markdown beside it
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
+    with open(md_path, "w") as f:
         f.write(report)
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+    with open(stem + ".json", "w") as f:
         json.dump({"environment": env, "seconds": seconds, "sections": [asdict(s) for s in sections]}, f, indent=1, default=str)
     print(report)
     return 1 if any(s.status == FAIL for s in sections) else 0
