@@ -43,6 +43,7 @@ STRUCTS = {
     "shmsteer_capture_event": "capture:_Event",
     "shmsteer_capture_rec": "capture:_Rec",
     "shmsteer_capture_stats": "capture:_Stats",
+    "shmsteer_admitted": "_lib:AdmittedC",
 }
 
 #: Header structs Python does not mirror, and why.
