@@ -23,7 +23,7 @@ from shmsteer.capture import Begin, Consumer, End, Record  # noqa: E402
 from shmsteer.hf import HOOK_POINTS, HFSteering, RequestBatchError, UnsupportedModelError  # noqa: E402
 
 HIDDEN, LAYERS, VOCAB, NEW = 64, 2, 100, 4
-ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gpt2"]
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "gpt2"]
 Site = Tuple[str, int]
 
 
@@ -36,8 +36,8 @@ def config(arch: str) -> Any:
         return t.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=4, n_positions=64,
                             initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=VOCAB - 1)
     cls = {"llama": t.LlamaConfig, "qwen2": t.Qwen2Config, "qwen3": t.Qwen3Config, "mistral": t.MistralConfig,
-           "gemma": t.GemmaConfig}[arch]
-    if arch in ("qwen3", "gemma", "mistral"):
+           "gemma": t.GemmaConfig, "gemma2": t.Gemma2Config, "gemma3_text": t.Gemma3TextConfig}[arch]
+    if arch != "llama" and arch != "qwen2":
         common["head_dim"] = HIDDEN // 4
     return cls(**common)
 
@@ -76,21 +76,25 @@ def gen(model: Any, run: Any = None, ids: torch.Tensor = IDS, mask: torch.Tensor
 
 # ---- the plain torch reference ----------------------------------------------------------------
 
-MODULES = {  # arch -> (layer list from the causal LM, norm before attention, norm before the MLP)
-    "gpt2": ("transformer.h", "ln_1", "ln_2"),
-}
+# arch -> (the layer list from the causal LM, the norm before the MLP, the MLP branch's last module)
+PRE_NORM = ("model.layers", "post_attention_layernorm", "mlp")
+SANDWICH = ("model.layers", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+MODULES = {"gpt2": ("transformer.h", "ln_2", "mlp"), "gemma2": SANDWICH, "gemma3_text": SANDWICH}
 
 
 def layers_of(model: Any, arch: str) -> List[Any]:
-    path = MODULES.get(arch, ("model.layers",))[0]
     obj = model
-    for p in path.split("."):
+    for p in MODULES.get(arch, PRE_NORM)[0].split("."):
         obj = getattr(obj, p)
     return list(obj)
 
 
 def mlp_norm(layer: Any, arch: str) -> Any:
-    return getattr(layer, MODULES.get(arch, ("", "", "post_attention_layernorm"))[2])
+    return getattr(layer, MODULES.get(arch, PRE_NORM)[1])
+
+
+def mlp_out(layer: Any, arch: str) -> Any:
+    return getattr(layer, MODULES.get(arch, PRE_NORM)[2])
 
 
 class Reference:
@@ -115,7 +119,7 @@ class Reference:
                 layer.register_forward_pre_hook(self._pre(("pre_attn", i)), with_kwargs=True),
                 norm.register_forward_pre_hook(self._pre(("post_attn", i)), with_kwargs=True),
                 norm.register_forward_hook(self._out(("mlp_in", i))),
-                layer.mlp.register_forward_hook(self._out(("mlp_out", i))),
+                mlp_out(layer, arch).register_forward_hook(self._out(("mlp_out", i))),
                 layer.register_forward_hook(self._out(("post_block", i))),
             ]
 
