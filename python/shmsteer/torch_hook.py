@@ -283,6 +283,7 @@ class SteeringHooks:
             raise RuntimeError("shmsteer: static hooks step with prepare(spans), outside the graph")
         packed = self._packer.pack(spans)
         n = rows if rows is not None else packed.rows
+        self._rows = n  # before the resolve: the gate tables are loaded for this step's rows
         self._native = self._device = 0
         if self._mode == "native":
             self._cplan = None  # native applies capture in the engine
