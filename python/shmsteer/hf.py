@@ -46,6 +46,11 @@ input or contribution. Captures see each site's rows before its own steering. St
 place, for inference (``generate`` runs under ``no_grad``); a caller's ``inputs_embeds`` tensor
 is steered in place at ``pre_attn`` of layer 0.
 
+Static hooks (``SteeringHooks(handle, static=True, max_tokens=..., device=..., dtype=...)``,
+handed in as ``hooks=``) are prepared before each forward and report after it, so the forward
+itself (a CUDA graph, a ``torch.compile``d ``model.forward``) only reads their static buffers;
+``max_tokens`` must hold the largest forward's ``batch * seq`` rows (the prefill's).
+
 Supported ``model_type``: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2 (see
 :data:`LAYOUTS`); another decoder with the same sequential pre-norm block takes a
 :class:`Layout` naming its modules. Beam search and ``num_return_sequences > 1`` change the batch:
@@ -268,7 +273,8 @@ class HFSteering:
         self._taps: List[_Tap] = []
         self._batch: Optional[_Requests] = None
         self._version = 0
-        self._step: Optional[Any] = None  # the open step's context manager
+        self._open = False  # a forward's step is open
+        self._step: Optional[Any] = None  # its context manager (None in static mode)
         self._rows = np.zeros(0, dtype=np.int64)  # the open step's real tokens per batch row
         for i in range(n_layers) if layers is None else layers:
             if not 0 <= i < n_layers:
@@ -297,27 +303,33 @@ class HFSteering:
         if x is None or x.dim() < 2:
             raise RequestBatchError("shmsteer.hf: the forward has no [batch, seq] input_ids or inputs_embeds")
         b, s = int(x.shape[0]), int(x.shape[1])
-        if self._step is not None:  # a forward whose end hook did not run: close its step
+        if self._open:  # a forward whose end hook did not run: close its step
             self._close_step()
         spans: List[SpanLike] = []
         rows = np.zeros(b, dtype=np.int64)
         if self._batch is not None:
             spans, rows = self._batch.spans(b, s, kwargs.get("attention_mask"))
-        step = self.hooks.step(spans, version=self._version, rows=b * s)
-        step.__enter__()
-        self._step, self._rows = step, rows
+        step = None
+        if self.hooks.static:  # CUDA graphs, torch.compile: the forward only reads static buffers
+            self.hooks.prepare(spans, version=self._version)
+        else:
+            step = self.hooks.step(spans, version=self._version, rows=b * s)
+            step.__enter__()
+        self._open, self._step, self._rows = True, step, rows
 
     def _end(self, _mod: torch.nn.Module, _args: Any, _out: Any) -> None:
-        if self._step is None:
+        if not self._open:
             return
         self._close_step()
         if self._batch is not None:
             self._batch.seen += self._rows
 
     def _close_step(self) -> None:
-        step, self._step = self._step, None
+        step, self._step, self._open = self._step, None, False
         if step is not None:
             step.__exit__(None, None, None)
+        else:
+            self.hooks.report()  # static: the step's gate scores and captured rows
 
     # ---- the requests ----------------------------------------------------------------------
 
@@ -334,7 +346,7 @@ class HFSteering:
         try:
             yield self
         finally:
-            if self._step is not None:
+            if self._open:
                 self._close_step()
             self._batch, self._version = None, 0
 

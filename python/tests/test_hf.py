@@ -21,6 +21,7 @@ import shmsteer  # noqa: E402
 from shmsteer import capture  # noqa: E402
 from shmsteer.capture import Begin, Consumer, End, Record  # noqa: E402
 from shmsteer.hf import HOOK_POINTS, HFSteering, RequestBatchError, UnsupportedModelError  # noqa: E402
+from shmsteer.torch_hook import SteeringHooks  # noqa: E402
 
 HIDDEN, LAYERS, VOCAB, NEW = 64, 2, 100, 4
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "gpt2"]
@@ -242,14 +243,20 @@ def test_generate_matches_plain_torch_hooks(models, ns, secret, arch):
     assert torch.equal(gen(m)[1], plain[1]), "closed: the hooks are gone"
 
 
-def test_device_path_generate_matches_plain_torch_hooks(models, ns, secret):
-    """The device path (tables and one gather-add per site, here on CPU tensors) steers generate
-    as the plain hooks do; requests() around model.generate is the same as st.generate."""
+@pytest.mark.parametrize("mode", ["device", "static"])
+def test_device_and_static_paths_generate_as_plain_torch_hooks(models, ns, secret, mode):
+    """The device path (tables and one gather-add per site) and static mode (prepared before
+    each forward, reported after it), here on CPU tensors, steer generate as the plain hooks
+    do; requests() around model.generate is the same as st.generate."""
     m = models("llama")
     with reference(m, "llama", composed(GLOBAL, STEER, ROWS)):
         want = gen(m)
-    with owner(ns, secret, GLOBAL, STEER) as o, HFSteering(m, o, force_device_path=True) as st:
-        with st.requests(ROWS):
+    with owner(ns, secret, GLOBAL, STEER) as o:
+        if mode == "static":
+            hooks = SteeringHooks(o, static=True, max_tokens=IDS.numel(), device="cpu", dtype=torch.float32)
+        else:
+            hooks = SteeringHooks(o, force_device_path=True)
+        with HFSteering(m, o, hooks=hooks) as st, st.requests(ROWS):
             got = gen(m)
     check(got, want)
 
@@ -272,7 +279,8 @@ def test_prefill_only_and_decode_only_steering(models, ns, secret, tier):
     assert not torch.allclose(got[1][1:, 0], plain[1][1:, 0]), "later steps differ either way"
 
 
-def test_probe_gate_steers_where_it_fires(models, ns, secret):
+@pytest.mark.parametrize("device_path", [False, True], ids=["native", "device"])
+def test_probe_gate_steers_where_it_fires(models, ns, secret, device_path):
     """A this_token probe gate (probe at post_block 0, its add at post_block 1) on one request:
     its decode rows get sigmoid(sharpness * (h.probe - threshold)) x the add, as the plain hooks
     compute it; its prefill rows are never gated; the other rows are untouched."""
@@ -293,7 +301,7 @@ def test_probe_gate_steers_where_it_fires(models, ns, secret):
         o.admit("g", steering=[{
             "when": {"kind": "probe", "probe": {"kind": "name", "name": "p"}, "threshold": thr, "sharpness": sharp},
             "scope": "this_token", "apply": {"kind": "add", "steer": {"kind": "name", "name": "calm"}, "strength": strength}}])
-        with HFSteering(m, o, points=["post_block"]) as st:
+        with HFSteering(m, o, points=["post_block"], force_device_path=device_path) as st:
             got = gen(m, lambda **kw: st.generate(rows, **kw))
     check(got, want)
     assert torch.equal(got[1][0, 0], plain[1][0, 0]), "the prefill is never gated"
