@@ -374,6 +374,27 @@ def test_capture_rows_are_the_models_hidden_states(models, ns, secret, arch):
     torch.testing.assert_close(torch.from_numpy(got[("b", "post_block", 0)][1][0]), hs[1][2, IDS.shape[1] - 1], **tol)
 
 
+def test_spans_of_a_forward() -> None:
+    """The spans: a row's padding unowned, its positions counted from its first real token,
+    the tokens past its prompt decode (a forward crossing the prompt's end splits the row);
+    without a mask the positions are counted by the batch itself."""
+    from shmsteer.hf import _Requests
+    reqs = _Requests(["a", "b", None], prompt_lens=[3, 4, 2])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]])
+    spans, rows = reqs.spans(3, 4, mask)
+    assert spans == [("a", 1, 4, "prefill", 0), ("b", 4, 8, "prefill", 0)] and rows.tolist() == [3, 4, 2]
+    mask = torch.cat([mask, torch.ones(3, 2, dtype=mask.dtype)], dim=1)
+    assert reqs.spans(3, 2, mask)[0] == [("a", 0, 2, "decode", 3), ("b", 2, 4, "decode", 4)]
+    chunk = _Requests(["a"], prompt_lens=[5])
+    chunk.seen[:] = 3  # a continued prefill: two prompt tokens, then one decode token
+    assert chunk.spans(1, 3, None)[0] == [("a", 0, 2, "prefill", 3), ("a", 2, 3, "decode", 5)]
+    first = _Requests(["a"], None)
+    assert first.spans(1, 3, torch.tensor([[0, 1, 1]]))[0] == [("a", 1, 3, "prefill", 0)]
+    assert first.prompt.tolist() == [2], "the first forward's real tokens are the prompt"
+    with pytest.raises(RequestBatchError, match="zeros and ones"):
+        first.spans(1, 1, torch.tensor([[0, 2, 1]]))
+
+
 def test_refusals(models, ns, secret):
     """Right padding, a batch that is not one request a row, a model of another width, a model
     of no known layout, a point the engine does not name: typed errors. A forward outside
