@@ -266,6 +266,10 @@ class HFSteering:
         for p in points:
             if p not in HOOK_POINTS or p not in names:
                 raise UnknownHookError(f"shmsteer.hf: hook point {p!r}: attachable are {[h for h in HOOK_POINTS if h in names]}")
+        at = list(range(n_layers) if layers is None else layers)
+        for i in at:
+            if not 0 <= i < n_layers:
+                raise LayerRangeError(f"shmsteer.hf: layer {i}, the model has {n_layers}")
         self.model = model
         self.hooks = hooks if hooks is not None else SteeringHooks(handle, **hook_options)
         self.points: Tuple[str, ...] = tuple(points)
@@ -276,9 +280,7 @@ class HFSteering:
         self._open = False  # a forward's step is open
         self._step: Optional[Any] = None  # its context manager (None in static mode)
         self._rows = np.zeros(0, dtype=np.int64)  # the open step's real tokens per batch row
-        for i in range(n_layers) if layers is None else layers:
-            if not 0 <= i < n_layers:
-                raise LayerRangeError(f"shmsteer.hf: layer {i}, the model has {n_layers}")
+        for i in at:
             self._attach_layer(blocks[i], i)
         self._handles.append(model.register_forward_pre_hook(self._begin, with_kwargs=True))
         self._handles.append(model.register_forward_hook(self._end, always_call=True))

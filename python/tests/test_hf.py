@@ -417,6 +417,10 @@ def test_refusals(models, ns, secret):
             HFSteering(torch.nn.Linear(HIDDEN, HIDDEN), o)
         with pytest.raises(shmsteer.UnknownHookError):
             HFSteering(m, o, points=["lm_head"])
+        with pytest.raises(shmsteer.LayerRangeError):
+            HFSteering(m, o, layers=[0, LAYERS])
+        with torch.no_grad():
+            assert torch.equal(m(input_ids=IDS, attention_mask=MASK).logits, plain), "a refusal attaches nothing"
     with shmsteer.Owner(ns + "-w", secret=secret, hidden=HIDDEN * 2, layers=LAYERS) as o2:
         with pytest.raises(shmsteer.HiddenSizeError):
             HFSteering(m, o2)
