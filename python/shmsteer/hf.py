@@ -49,7 +49,13 @@ is steered in place at ``pre_attn`` of layer 0.
 Static hooks (``SteeringHooks(handle, static=True, max_tokens=..., device=..., dtype=...)``,
 handed in as ``hooks=``) are prepared before each forward and report after it, so the forward
 itself (a CUDA graph, a ``torch.compile``d ``model.forward``) only reads their static buffers;
-``max_tokens`` must hold the largest forward's ``batch * seq`` rows (the prefill's).
+``max_tokens`` must hold the largest forward's ``batch * seq`` rows (the prefill's). To compile,
+attach first, then compile the forward, not the module (``model.forward =
+torch.compile(model.forward, fullgraph=True)``), so that this object's per-forward work on the
+model itself runs eagerly around the graph (``python/benchmarks/hf_compile.py``). Dynamo does not
+guard on module hooks by default (``torch._dynamo.config.skip_nnmodule_hook_guards``): a forward
+compiled before the hooks were attached, or a twin of the same class compiled without them in the
+same process, silently runs a graph without them; set that flag to False to recompile instead.
 
 Supported ``model_type``: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2 (see
 :data:`LAYOUTS`); another decoder with the same sequential pre-norm block takes a

@@ -146,7 +146,7 @@ class Reference:
             real = self.mask[i, -self.seq:].bool()
             v = self.vectors(i, phase, site)
             if v is not None:
-                h[i, real] += torch.from_numpy(v).to(h.dtype)
+                h[i, real] += torch.from_numpy(v).to(h.device, h.dtype)
         if self.gate is None or phase != "decode":
             return
         probe_site, probe, thr, sharp, add_site, add = self.gate
