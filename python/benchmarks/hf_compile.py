@@ -12,7 +12,14 @@ prefills the batch (eagerly timed apart, not reported), then decodes ``--steps``
 contenders alternate round by round (in a shuffled order each round) and each round's decode is
 timed by wall time. Reported: the median ms per decode step of each, and the ratio.
 
-    $SHMSTEER_PYTHON python/benchmarks/hf_compile.py [--rounds 9] [--steps 32] [--no-fullgraph] [--json]
+    $SHMSTEER_PYTHON python/benchmarks/hf_compile.py [--rounds 9] [--steps 32] [--hidden 256] [--layers 4]
+        [--points post_block,mlp_out] [--no-fullgraph] [--json]
+
+Before timing it checks that the compiled steered model steers as the eager one (the first
+decode step's logits within bf16 rounding of the eager forward's, far from the unsteered
+model's) and exits 1 otherwise. Dynamo does not guard on module hooks by default, so the script
+sets ``torch._dynamo.config.skip_nnmodule_hook_guards = False``: without it the steered twin
+reuses the plain model's graph and runs unsteered.
 
 ``--explain`` prints ``torch._dynamo.explain``'s graph and graph-break counts of one steered
 decode step and exits.
@@ -45,7 +52,7 @@ HIDDEN, LAYERS, BATCH, PROMPT = 256, 4, 8, 16
 def build_model() -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=HIDDEN, intermediate_size=688, num_hidden_layers=LAYERS,
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=HIDDEN, intermediate_size=HIDDEN * 8 // 3, num_hidden_layers=LAYERS,
                       num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512, pad_token_id=0)
     return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
 
@@ -100,12 +107,12 @@ def steer_setup(owner: shmsteer.Owner) -> List[str]:
 class Bench:
     """The two compiled contenders: the plain model and its steered twin (same weights)."""
 
-    def __init__(self, owner: shmsteer.Owner, steps: int, fullgraph: bool) -> None:
+    def __init__(self, owner: shmsteer.Owner, steps: int, fullgraph: bool, points: List[str]) -> None:
         self.ids = steer_setup(owner)
         plain_model, self.model = build_model(), build_model()
         hooks = SteeringHooks(owner, static=True, max_tokens=BATCH * PROMPT, device="cpu", dtype=torch.bfloat16,
                               max_clamps=0)
-        self.steer = HFSteering(self.model, owner, points=["post_block", "mlp_out"], hooks=hooks)
+        self.steer = HFSteering(self.model, owner, points=points, hooks=hooks)
         self.eager = self.model.forward
         for m in (plain_model, self.model):
             m.forward = torch.compile(m.forward, fullgraph=fullgraph, dynamic=False)
@@ -156,20 +163,26 @@ class Bench:
 
 
 def main() -> None:
+    global HIDDEN, LAYERS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--no-fullgraph", action="store_true", help="allow graph breaks (the hooks' work eager)")
+    ap.add_argument("--hidden", type=int, default=HIDDEN)
+    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--points", default="post_block,mlp_out", help="the hook points attached, comma-separated")
     ap.add_argument("--explain", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    HIDDEN, LAYERS = a.hidden, a.layers
+    points = a.points.split(",")
     fullgraph = not a.no_fullgraph
     # Dynamo does not guard on module hooks by default: the steered twin would reuse the plain
     # model's graph (the same code object, the same guards) and run unsteered.
     torch._dynamo.config.skip_nnmodule_hook_guards = False
     ns = "hfbench-" + uuid.uuid4().hex
     with shmsteer.Owner(ns, secret=uuid.uuid4().hex.encode(), hidden=HIDDEN, layers=LAYERS) as owner:
-        bench = Bench(owner, a.steps, fullgraph)
+        bench = Bench(owner, a.steps, fullgraph, points)
         try:
             if a.explain:
                 with torch.no_grad():
@@ -182,7 +195,8 @@ def main() -> None:
     times = out["times"]
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     ratio = med["steered"] / med["unsteered"]
-    res = {"device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, "fullgraph": fullgraph,
+    res = {"device": "cpu", "hidden": HIDDEN, "layers": LAYERS, "points": points, "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "fullgraph": fullgraph,
            "rounds": a.rounds, "steps": a.steps, "warmup_s": out["warmup_s"],
            "ms_per_step": {k: round(v, 4) for k, v in med.items()},
            "ms_per_step_all": {k: [round(x * 1e3, 4) for x in v] for k, v in times.items()},
@@ -192,7 +206,7 @@ def main() -> None:
     if a.json:
         print(json.dumps(res))
         sys.exit(0 if ok else 1)
-    print(f"compiled small Llama, bf16, batch {BATCH}, {a.steps} decode steps x {a.rounds} rounds, "
+    print(f"compiled small Llama (hidden {HIDDEN}, {LAYERS} layers, steered at {a.points}), bf16, batch {BATCH}, {a.steps} decode steps x {a.rounds} rounds, "
           f"{res['threads']} threads, torch {torch.__version__}, fullgraph={fullgraph} (warm-up {res['warmup_s']} s)")
     for k, v in med.items():
         print(f"  {k:10s} {v:8.3f} ms/step (median)")
