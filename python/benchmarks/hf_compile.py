@@ -16,8 +16,8 @@ timed by wall time. Reported: the median ms per decode step of each, and the rat
         [--points post_block,mlp_out] [--no-fullgraph] [--json]
 
 Before timing it checks that the compiled steered model steers as the eager one (the first
-decode step's logits within bf16 rounding of the eager forward's, far from the unsteered
-model's) and exits 1 otherwise. Dynamo does not guard on module hooks by default, so the script
+decode step's logits nearer the eager steered forward's than half the steering's effect; a
+graph without the hooks is exactly the unsteered model) and exits 1 otherwise. Dynamo does not guard on module hooks by default, so the script
 sets ``torch._dynamo.config.skip_nnmodule_hook_guards = False``: without it the steered twin
 reuses the plain model's graph and runs unsteered.
 
@@ -201,7 +201,9 @@ def main() -> None:
            "ms_per_step": {k: round(v, 4) for k, v in med.items()},
            "ms_per_step_all": {k: [round(x * 1e3, 4) for x in v] for k, v in times.items()},
            "ratio": round(ratio, 4), "goal": 1.05, "check": out["check"]}
-    ok = res["check"]["max_abs_compiled_vs_eager_steered"] < 0.1 * res["check"]["max_abs_steered_vs_unsteered"]
+    # A graph without the hooks gives compiled steered == unsteered exactly (and compiled vs eager
+    # as large as the steering); bf16 rounding drifts with depth (0.27 of 1.37 at 8 layers).
+    ok = res["check"]["max_abs_compiled_vs_eager_steered"] < 0.5 * res["check"]["max_abs_steered_vs_unsteered"]
     res["check"]["compiled_steers"] = ok
     if a.json:
         print(json.dumps(res))
