@@ -24,7 +24,8 @@ What is patched, in the process that runs it (each patch installs once):
   refused body is a ``ValueError``, which vLLM's OpenAI server answers with a 400 and its text.
 * ``Scheduler.__init__``: the owner. ``Scheduler.add_request``: the admission; a refusal the
   frontend could not see (an unknown named vector, a gate the owner refuses) finishes that
-  request with ``FINISHED_ERROR``, never the engine. ``Scheduler._free_request``: the end.
+  request with ``FINISHED_ERROR`` at the next step's output (it may have run that one step
+  unsteered), never the engine. ``Scheduler._free_request``: the end.
 """
 
 from __future__ import annotations
@@ -108,10 +109,21 @@ def _make_owner(vllm_config: Any) -> Optional[Admissions]:
     return _state["admissions"]
 
 
+def _fail(scheduler: Any, request_id: str) -> None:
+    """Finish a request with FINISHED_ERROR through the scheduler's own error set, which the next
+    ``update_from_output`` finishes with an output to its client (as a grammar that failed to
+    compile); finishing it here would send the client nothing."""
+    errs = getattr(scheduler, "grammar_compile_error_reqs", None)
+    if isinstance(errs, set):
+        errs.add(request_id)
+        return
+    from vllm.v1.request import RequestStatus
+    scheduler.finish_requests(request_id, RequestStatus.FINISHED_ERROR)
+
+
 def patch_scheduler() -> None:
     """Admit at ``add_request``, end at ``_free_request``, own the region from ``__init__``."""
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.request import RequestStatus
     if getattr(Scheduler, "_shmsteer_patched", False):
         return
     orig_init, orig_add, orig_free = Scheduler.__init__, Scheduler.add_request, Scheduler._free_request
@@ -144,7 +156,7 @@ def patch_scheduler() -> None:
         orig_add(self, request)
         if error is not None:
             log.warning("shmsteer: request %s refused: %s", request.request_id, error)
-            self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
+            _fail(self, request.request_id)
 
     def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig_free(self, request, *args, **kwargs)
