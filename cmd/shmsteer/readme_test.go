@@ -91,6 +91,8 @@ var readmeNotRun = map[string]string{
 	"go run ./cmd/shmsteer bench --json out.json --plot out.png":   "minutes of benchmarks; bench's tests run its parts",
 	"go run ./cmd/shmsteer bench --json runN.json":                 "minutes of benchmarks; bench's tests run its parts (--summarize: TestSummarizeFiles)",
 	"go test -run '^$' -bench . ./shm/ ./ipc/ ./kernels/ ./steer/": "benchmarks",
+	"bash .ci/pyenv-vllm":                                          "installs vLLM's CPU build (21 minutes, 6.3 GB); python/tests/test_vllm_*.py run with the interpreter it prints",
+	"export SHMSTEER_VLLM=1 SHMSTEER_SECRET=$(head -c 32 /dev/urandom | base64) VLLM_CPU_KVCACHE_SPACE=1": "needs vLLM; python/tests/vllm_e2e_run.py runs the same generate (and test_vllm_e2e.py checks it)",
 }
 
 // blockKey is a block's first command (its first line that is not only a comment), without

@@ -1,0 +1,171 @@
+"""The engine side of the vLLM plugin: the owner, admissions and the frontend's checks.
+
+Where the owner lives: in vLLM's engine-core process, beside the scheduler (``SHMSTEER_VLLM_OWNER``
+unset or ``engine``). The scheduler is the one place that sees, in one process and in order, a
+request's internal id (the id workers see: vLLM appends a random suffix to the client's id), its
+``SamplingParams.extra_args``, its prompt length, and its end (finished, aborted, or preempted for
+good), all before any step that includes it is handed to a worker. Admitting there needs no id
+mapping, no network hop per request, and cannot race the first step: ``Scheduler.add_request``
+admits synchronously, and every later ``schedule()`` (hence every worker's step) sees the
+admission. The owner is a :class:`shmsteer.Owner` created when the scheduler is built, sized from
+the model's config (hidden size, layers), in namespace ``SHMSTEER_NAMESPACE`` (``-dp<rank>``
+appended under data parallelism: one engine core, one owner) with the secret of
+``SHMSTEER_SECRET`` / ``SHMSTEER_SECRET_FILE``. Other processes reach it as any owner: a
+:class:`shmsteer.Client` registers named vectors and sets global tiers.
+
+``SHMSTEER_VLLM_OWNER=external``: an owner runs elsewhere (``shmsteer serve``); workers attach to
+it and global tiers, named vectors and latches steer, but per-request fields cannot be admitted
+from here yet (such a request fails with an error).
+
+What is patched, in the process that runs it (each patch installs once):
+
+* ``InputProcessor._validate_params`` (the API server / ``LLM`` process): the fork's request checks
+  (:func:`~shmsteer.vllm.requests.admission_for` against the model's width and layers), so a
+  refused body is a ``ValueError``, which vLLM's OpenAI server answers with a 400 and its text.
+* ``Scheduler.__init__``: the owner. ``Scheduler.add_request``: the admission; a refusal the
+  frontend could not see (an unknown named vector, a gate the owner refuses) finishes that
+  request with ``FINISHED_ERROR`` at the next step's output (it may have run that one step
+  unsteered), never the engine. ``Scheduler._free_request``: the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, Optional, Tuple
+
+from ..openai import DEFAULT_HOOKS, SteeringRequestError
+from .errors import PluginConfigError
+from .requests import Admissions, admission_for
+
+__all__ = ["owner_mode", "namespace", "patch_frontend", "patch_scheduler", "engine_admissions"]
+
+log = logging.getLogger("shmsteer.vllm")
+
+_state: Dict[str, Any] = {"admissions": None, "owner": None}
+
+
+def owner_mode() -> str:
+    """``engine`` (the default: the owner lives in the engine-core process) or ``external``."""
+    mode = os.environ.get("SHMSTEER_VLLM_OWNER", "engine").strip().lower() or "engine"
+    if mode not in ("engine", "external"):
+        raise PluginConfigError(f"SHMSTEER_VLLM_OWNER={mode!r}: want engine or external")
+    return mode
+
+
+def namespace(dp_rank: int = 0, dp_size: int = 1) -> str:
+    """The owner's namespace: ``SHMSTEER_NAMESPACE`` (default ``vllm``), ``-dp<rank>`` appended
+    when the engine has several data-parallel ranks (each has its own scheduler and owner)."""
+    ns = os.environ.get("SHMSTEER_NAMESPACE", "vllm")
+    return f"{ns}-dp{dp_rank}" if dp_size > 1 else ns
+
+
+def _model_dims(model_config: Any) -> Tuple[int, int]:
+    hf = model_config.hf_text_config if hasattr(model_config, "hf_text_config") else model_config.hf_config
+    return int(hf.hidden_size), int(hf.num_hidden_layers)
+
+
+def engine_admissions() -> Optional[Admissions]:
+    """This process's admissions (None before a scheduler was built here, or when external)."""
+    return _state["admissions"]
+
+
+def _dp(vllm_config: Any) -> Tuple[int, int]:
+    pc = vllm_config.parallel_config
+    return int(getattr(pc, "data_parallel_rank", 0) or 0), int(getattr(pc, "data_parallel_size", 1) or 1)
+
+
+def patch_frontend() -> None:
+    """Check the fork's request fields where vLLM validates ``SamplingParams`` (a 400)."""
+    from vllm.v1.engine.input_processor import InputProcessor
+    if getattr(InputProcessor, "_shmsteer_patched", False):
+        return
+    orig = InputProcessor._validate_params
+
+    def _validate_params(self: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, params, *args, **kwargs)
+        extra = getattr(params, "extra_args", None)
+        if extra:
+            hidden, layers = _model_dims(self.model_config)
+            admission_for(extra, 0, (hidden, layers, DEFAULT_HOOKS))  # SteeringRequestError: a ValueError
+        return out
+
+    InputProcessor._validate_params = _validate_params
+    InputProcessor._shmsteer_patched = True
+
+
+def _make_owner(vllm_config: Any) -> Optional[Admissions]:
+    if owner_mode() != "engine":
+        return None
+    if _state["admissions"] is not None:
+        return _state["admissions"]
+    from ..client import Owner
+    hidden, layers = _model_dims(vllm_config.model_config)
+    ns = namespace(*_dp(vllm_config))
+    owner = Owner(ns, hidden=hidden, layers=layers)
+    _state["owner"] = owner
+    _state["admissions"] = Admissions(owner)
+    log.info("shmsteer: owner of namespace %r in the engine process (hidden %d, %d layers)", ns, hidden, layers)
+    return _state["admissions"]
+
+
+def _fail(scheduler: Any, request_id: str) -> None:
+    """Finish a request with FINISHED_ERROR through the scheduler's own error set, which the next
+    ``update_from_output`` finishes with an output to its client (as a grammar that failed to
+    compile); finishing it here would send the client nothing."""
+    errs = getattr(scheduler, "grammar_compile_error_reqs", None)
+    if isinstance(errs, set):
+        errs.add(request_id)
+        return
+    from vllm.v1.request import RequestStatus
+    scheduler.finish_requests(request_id, RequestStatus.FINISHED_ERROR)
+
+
+def patch_scheduler() -> None:
+    """Admit at ``add_request``, end at ``_free_request``, own the region from ``__init__``."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    if getattr(Scheduler, "_shmsteer_patched", False):
+        return
+    orig_init, orig_add, orig_free = Scheduler.__init__, Scheduler.add_request, Scheduler._free_request
+
+    def __init__(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(self, vllm_config, *args, **kwargs)
+        self._shmsteer = _make_owner(vllm_config)
+
+    def add_request(self: Any, request: Any) -> None:
+        adm: Optional[Admissions] = getattr(self, "_shmsteer", None)
+        fresh = request.request_id not in self.requests
+        error: Optional[str] = None
+        sp = request.sampling_params
+        extra = getattr(sp, "extra_args", None) if sp is not None else None
+        if fresh and extra:
+            if adm is None:
+                if admission_for(extra, request.num_prompt_tokens) is not None:
+                    error = "shmsteer: per-request steering needs the owner in the engine (SHMSTEER_VLLM_OWNER=engine)"
+            else:
+                try:
+                    adm.admit(request.request_id, extra, request.num_prompt_tokens,
+                              external_id=getattr(request, "external_req_id", None))
+                except (SteeringRequestError, ValueError, LookupError) as e:
+                    error = str(e)
+                except Exception as e:  # the owner's typed refusals (ShmsteerError and subclasses)
+                    from ..errors import ShmsteerError
+                    if not isinstance(e, ShmsteerError):
+                        raise
+                    error = f"{type(e).__name__}: {e}"
+        orig_add(self, request)
+        if error is not None:
+            log.warning("shmsteer: request %s refused: %s", request.request_id, error)
+            _fail(self, request.request_id)
+
+    def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig_free(self, request, *args, **kwargs)
+        adm: Optional[Admissions] = getattr(self, "_shmsteer", None)
+        if adm is not None:
+            adm.end(request.request_id)
+        return out
+
+    Scheduler.__init__ = __init__
+    Scheduler.add_request = add_request
+    Scheduler._free_request = _free_request
+    Scheduler._shmsteer_patched = True

@@ -1,0 +1,190 @@
+"""The fork's hook points on vLLM's decoder layers.
+
+vLLM's Llama-style decoder layers (Llama, Mistral, Qwen2, Qwen3, ...) do not return the residual
+stream: ``forward(positions, hidden_states, residual)`` returns ``(hidden_states, residual)``
+where ``hidden_states`` is the MLP branch's output and the stream is their *sum*, which the next
+layer's fused ``input_layernorm(hidden_states, residual)`` (or the model's final ``norm``)
+computes, normalises and carries on as its new ``residual``. Layer 0 gets ``residual=None`` and
+takes its input as the stream. In vLLM's terms, for decoder layer L:
+
+============  ==============================================================================
+hook          what it is, and where the plugin hooks it
+============  ==============================================================================
+pre_attn      the stream entering layer L: ``hidden_states + residual`` of the layer's inputs
+              (the embeddings at layer 0). A forward pre-hook on the layer folds the two into
+              one tensor, steers it and passes ``(stream, None)``: the layer then takes it as
+              its stream (``residual = stream``, ``input_layernorm(stream)``), exactly.
+post_attn     the stream after attention's output is added: the inputs of
+              ``post_attention_layernorm(attn_out, residual)``. A forward pre-hook on that norm
+              folds ``attn_out + residual``, steers it and passes ``(stream, zeros)``: the fused
+              add then yields the steered stream as ``residual`` and normalises it.
+mlp_in        the normalised MLP input: the first input of ``layer.mlp``, steered in place by a
+              forward pre-hook.
+mlp_out       the MLP branch's output after the down-projection (and its all-reduce under
+              tensor parallelism), before the residual add: ``layer.mlp``'s output, in place.
+post_block    the block's output, the stream entering layer L+1: ``hidden_states + residual``
+              of the layer's outputs. A forward hook folds the two, steers the sum and returns
+              ``(stream, zeros)``; the next layer's fused add (or the final norm) gives back
+              the steered stream.
+============  ==============================================================================
+
+Folding is what makes the stream sites right for everything but a plain add: a projection clamp,
+an ablation, a probe gate and capture see the residual stream itself (``hidden + residual``),
+never the MLP branch alone. A fold costs one add and one zero fill of the site's rows; it happens
+only at attached sites, and only in a step (:attr:`LayerSites.active`), so vLLM's dummy and
+profiling runs are untouched. Under tensor parallelism every rank holds the whole stream
+(``hidden_states`` comes out of the all-reduce of ``o_proj`` and ``down_proj``), so every rank
+folds and steers the same rows.
+
+:class:`LayerSites` attaches these hooks for a :class:`shmsteer.torch_hook.SteeringHooks` (it
+calls only ``SteeringHooks.apply``), in eager mode: the hooks are Python, which ``torch.compile``
+cannot trace (see :class:`~shmsteer.vllm.errors.CompiledModelError`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .errors import UnsupportedModelError
+
+__all__ = ["HOOK_POINTS", "KNOWN_LAYERS", "decoder_layers", "LayerSites"]
+
+HOOK_POINTS: Tuple[str, ...] = ("pre_attn", "post_attn", "mlp_in", "mlp_out", "post_block")
+"""The hook points this module places, in the order a layer runs them."""
+
+KNOWN_LAYERS: Tuple[str, ...] = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer",
+                                 "Qwen3DecoderLayer")
+"""Decoder layer classes (or their bases) whose forward the hook table above describes."""
+
+Apply = Callable[[torch.Tensor, int, int], None]
+
+
+def _known(layer: torch.nn.Module) -> bool:
+    return any(c.__name__ in KNOWN_LAYERS for c in type(layer).__mro__)
+
+
+def decoder_layers(model: torch.nn.Module) -> List[Tuple[int, torch.nn.Module]]:
+    """(global layer index, layer) of every decoder layer of a vLLM model this rank holds (a
+    pipeline stage holds ``start_layer:end_layer``; the others are placeholders, skipped).
+
+    Raises:
+        UnsupportedModelError: no ``model.layers`` of a known family.
+    """
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise UnsupportedModelError(f"shmsteer.vllm: {type(model).__name__} has no .model.layers")
+    start = getattr(inner, "start_layer", 0)
+    end = getattr(inner, "end_layer", len(layers))
+    out = []
+    for i in range(start, end):
+        layer = layers[i]
+        if not _known(layer):
+            raise UnsupportedModelError(
+                f"shmsteer.vllm: layer {i} is a {type(layer).__name__}; the plugin steers {', '.join(KNOWN_LAYERS)} "
+                "and their subclasses")
+        for attr in ("post_attention_layernorm", "mlp"):
+            if not isinstance(getattr(layer, attr, None), torch.nn.Module):
+                raise UnsupportedModelError(f"shmsteer.vllm: layer {i} ({type(layer).__name__}) has no .{attr}")
+        out.append((i, layer))
+    if not out:
+        raise UnsupportedModelError(f"shmsteer.vllm: {type(model).__name__} holds no decoder layers on this rank")
+    return out
+
+
+def _fold(hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
+    """The residual stream as one new tensor (the inputs are not changed)."""
+    return hidden.clone() if residual is None else hidden + residual
+
+
+class LayerSites:
+    """The hooks of the fork's hook points on a vLLM model's decoder layers.
+
+    Args:
+        model: the vLLM model (``runner.get_model()``).
+        apply: ``apply(tensor, hook_id, layer)`` steering (and capturing) a site in place,
+            :meth:`shmsteer.torch_hook.SteeringHooks.apply`.
+        hook_id: the owner's hook id of a hook name (``handle.hook_id``).
+        hooks: hook points to attach (default: those of :data:`HOOK_POINTS` the owner has).
+        layers: the global layer indices to attach (default: every layer this rank holds).
+
+    Set :attr:`active` for the forward passes of real steps only.
+    """
+
+    def __init__(self, model: torch.nn.Module, apply: Apply, hook_id: Callable[[str], int],
+                 hooks: Sequence[str] = HOOK_POINTS, layers: Optional[Sequence[int]] = None) -> None:
+        for h in hooks:
+            if h not in HOOK_POINTS:
+                raise UnsupportedModelError(f"shmsteer.vllm: hook {h!r}: this plugin places {', '.join(HOOK_POINTS)}")
+        self.active = False
+        self._apply = apply
+        self._handles: List[Any] = []
+        self.sites: Dict[Tuple[str, int], int] = {}  #: (hook, layer) -> hook id, attached
+        want = None if layers is None else set(layers)
+        for idx, layer in decoder_layers(model):
+            if want is not None and idx not in want:
+                continue
+            for h in hooks:
+                self._attach(layer, h, idx, hook_id(h))
+
+    def _attach(self, layer: torch.nn.Module, hook: str, idx: int, hid: int) -> None:
+        apply, sites = self._apply, self
+
+        if hook == "pre_attn":
+            def pre_attn(_m: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+                if not sites.active:
+                    return None
+                a = list(args)
+                hidden = a[1] if len(a) > 1 else kwargs["hidden_states"]
+                residual = a[2] if len(a) > 2 else kwargs.get("residual")
+                s = _fold(hidden, residual)
+                apply(s, hid, idx)
+                if len(a) > 1:
+                    a[1] = s
+                else:
+                    kwargs["hidden_states"] = s
+                if len(a) > 2:
+                    a[2] = None
+                else:
+                    kwargs["residual"] = None
+                return tuple(a), kwargs
+            h = layer.register_forward_pre_hook(pre_attn, with_kwargs=True)
+        elif hook == "post_attn":
+            def post_attn(_m: Any, args: Tuple[Any, ...]) -> Any:
+                if not sites.active:
+                    return None
+                x, residual = args[0], args[1]
+                s = _fold(x, residual)
+                apply(s, hid, idx)
+                return (s, torch.zeros_like(residual)) + tuple(args[2:])
+            h = layer.post_attention_layernorm.register_forward_pre_hook(post_attn)
+        elif hook == "mlp_in":
+            def mlp_in(_m: Any, args: Tuple[Any, ...]) -> None:
+                if sites.active:
+                    apply(args[0], hid, idx)
+            h = layer.mlp.register_forward_pre_hook(mlp_in)
+        elif hook == "mlp_out":
+            def mlp_out(_m: Any, _args: Any, out: Any) -> None:
+                if sites.active:
+                    apply(out[0] if isinstance(out, (tuple, list)) else out, hid, idx)
+            h = layer.mlp.register_forward_hook(mlp_out)
+        else:  # post_block
+            def post_block(_m: Any, _args: Any, out: Any) -> Any:
+                if not sites.active:
+                    return None
+                hidden, residual = out[0], out[1]
+                s = _fold(hidden, residual)
+                apply(s, hid, idx)
+                return (s, torch.zeros_like(s)) + tuple(out[2:])
+            h = layer.register_forward_hook(post_block)
+        self._handles.append(h)
+        self.sites[(hook, idx)] = hid
+
+    def remove(self) -> None:
+        """Remove every hook this object attached."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self.sites.clear()

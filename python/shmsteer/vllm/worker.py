@@ -1,0 +1,254 @@
+"""The worker side of the vLLM plugin: attach to the owner, hook the decoder layers, step.
+
+Each model runner gets one :class:`WorkerSteering` the first time it runs a real step (dummy,
+profiling and warm-up runs never reach it): it follows the owner (:class:`shmsteer.Follower` in
+namespace ``SHMSTEER_NAMESPACE``, ``-dp<rank>`` under data parallelism; secret from
+``SHMSTEER_SECRET`` or ``SHMSTEER_SECRET_FILE``), builds a :class:`~shmsteer.torch_hook.SteeringHooks`
+on the follower's client and attaches :class:`~shmsteer.vllm.layers.LayerSites` to the model's
+decoder layers (the hooks of ``SHMSTEER_VLLM_HOOKS``, default every hook point the owner's model
+config has). When the owner restarts, the next step re-attaches to the new one.
+
+Per step, the spans are resolved once from the runner's batch, before the forward pass
+(:mod:`shmsteer.vllm.spans`), and the forward runs inside ``SteeringHooks.step(spans, rows=...)``
+with the padded row count, so padding rows are never steered:
+
+* V1 runner (``GPUModelRunner``, ``CPUModelRunner``): ``_model_forward`` is wrapped; the spans
+  come from ``input_batch`` and ``query_start_loc``, already prepared.
+* V2 runner (``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` and its CPU subclass):
+  ``prepare_inputs`` is wrapped to resolve the spans of the ``InputBatch`` it returns; a forward
+  pre-hook on the model opens the step and a forward hook closes it (``execute_model`` is wrapped
+  to close a step a failed forward left open).
+
+Eager only: the hooks are Python, so the model must not run under ``torch.compile`` or CUDA graphs
+(:class:`~shmsteer.vllm.errors.CompiledModelError` at the first step otherwise) until the apply is
+a torch custom op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from .errors import CompiledModelError, PluginConfigError, UnsupportedModelError
+from .layers import HOOK_POINTS, LayerSites
+from .spans import Span, spans_from_v1, spans_from_v2
+
+__all__ = ["WorkerSteering", "patch_runners", "check_eager"]
+
+log = logging.getLogger("shmsteer.vllm")
+
+
+def check_eager(vllm_config: Any) -> None:
+    """Raise :class:`CompiledModelError` unless the model runs eagerly (compilation mode NONE and
+    no CUDA graphs)."""
+    cc = vllm_config.compilation_config
+    mode = getattr(cc, "mode", None)
+    mode = getattr(mode, "value", mode)
+    cg = getattr(cc, "cudagraph_mode", None)
+    cg_name = getattr(cg, "name", str(cg))
+    if mode not in (0, None) or cg_name not in ("NONE", "None"):
+        raise CompiledModelError(
+            f"shmsteer.vllm: the model runs with compilation mode {mode} and cudagraph mode {cg_name}; the "
+            "plugin's hooks need eager mode: compilation_config={'mode': 0} and enforce_eager=True (-O0 --enforce-eager)")
+
+
+def _hooks_setting(owner_hooks: Sequence[str]) -> List[str]:
+    raw = os.environ.get("SHMSTEER_VLLM_HOOKS", "")
+    want = [h.strip() for h in raw.split(",") if h.strip()] or [h for h in HOOK_POINTS if h in owner_hooks]
+    bad = [h for h in want if h not in HOOK_POINTS or h not in owner_hooks]
+    if bad:
+        raise PluginConfigError(f"SHMSTEER_VLLM_HOOKS: {bad} not among the hook points {list(HOOK_POINTS)} "
+                                f"the owner's model has ({list(owner_hooks)})")
+    return want
+
+
+class WorkerSteering:
+    """The steering of one model runner's forward passes (see the module doc).
+
+    Args:
+        model: the runner's model (``runner.get_model()``).
+        vllm_config: the runner's config (eager check, namespace, tensor-parallel rank).
+        follower: a :class:`shmsteer.Follower`, or a factory of one (default: from the
+            environment, attached at the first step).
+    """
+
+    def __init__(self, model: Any, vllm_config: Any, follower: Any = None) -> None:
+        check_eager(vllm_config)
+        self.model = model
+        self.vllm_config = vllm_config
+        self._follower = follower
+        self._gen = -1
+        self.hooks: Any = None
+        self.sites: Optional[LayerSites] = None
+        self._open: Any = None  # the step context a V2 forward pre-hook entered
+        self.steps = 0  #: real steps run through the hooks
+
+    def _make_follower(self) -> Any:
+        from ..client import Follower
+        from .engine import namespace
+        pc = self.vllm_config.parallel_config
+        ns = namespace(int(getattr(pc, "data_parallel_rank", 0) or 0), int(getattr(pc, "data_parallel_size", 1) or 1))
+        timeout = float(os.environ.get("SHMSTEER_VLLM_ATTACH_TIMEOUT", "30"))
+        from .engine import owner_mode
+        return Follower(ns, timeout=timeout, ready="serve" if owner_mode() == "external" else None)
+
+    def ensure(self) -> Any:
+        """The hooks of the current owner, built (or rebuilt after an owner restart) here."""
+        if self._follower is None:
+            self._follower = self._make_follower()
+        elif callable(self._follower) and not hasattr(self._follower, "current"):
+            self._follower = self._follower()
+        client, gen, _dead = self._follower.current()
+        if gen == self._gen and self.hooks is not None:
+            return self.hooks
+        self._teardown()
+        from ..torch_hook import SteeringHooks
+        hidden, layers, owner_hooks = client.model
+        cfg = self.vllm_config.model_config
+        hf = cfg.hf_text_config if hasattr(cfg, "hf_text_config") else cfg.hf_config
+        if (hf.hidden_size, hf.num_hidden_layers) != (hidden, layers):
+            raise UnsupportedModelError(f"shmsteer.vllm: the owner steers hidden {hidden} x {layers} layers, the model "
+                                        f"is {hf.hidden_size} x {hf.num_hidden_layers}")
+        hooks = SteeringHooks(client)
+        self.sites = LayerSites(self.model, hooks.apply, client.hook_id, _hooks_setting(owner_hooks))
+        self.hooks, self._gen = hooks, gen
+        log.info("shmsteer: worker attached (generation %d), %d sites", gen, len(self.sites.sites))
+        return hooks
+
+    def _teardown(self) -> None:
+        if self.sites is not None:
+            self.sites.remove()
+            self.sites = None
+        if self.hooks is not None:
+            self.hooks.close()
+            self.hooks = None
+
+    def run(self, spans: Sequence[Span], rows: int, forward: Callable[[], Any]) -> Any:
+        """Run ``forward()`` as one steered step over ``rows`` rows laid out by ``spans``."""
+        hooks = self.ensure()
+        assert self.sites is not None
+        with hooks.step(list(spans), rows=rows):
+            self.sites.active = True
+            try:
+                return forward()
+            finally:
+                self.sites.active = False
+                self.steps += 1
+
+    def open(self, spans: Sequence[Span], rows: int) -> None:
+        """Enter a step (V2: the model's forward pre-hook); :meth:`close` leaves it."""
+        self.close()
+        hooks = self.ensure()
+        assert self.sites is not None
+        ctx = hooks.step(list(spans), rows=rows)
+        ctx.__enter__()
+        self._open = ctx
+        self.sites.active = True
+
+    def close(self, exc: Optional[BaseException] = None) -> None:
+        """Leave the step :meth:`open` entered, if any."""
+        ctx, self._open = self._open, None
+        if ctx is None:
+            return
+        if self.sites is not None:
+            self.sites.active = False
+        self.steps += 1
+        if exc is None:
+            ctx.__exit__(None, None, None)
+        else:
+            ctx.__exit__(type(exc), exc, exc.__traceback__)
+
+    def shutdown(self) -> None:
+        """Remove the hooks, close the stepper and stop following."""
+        self.close()
+        self._teardown()
+        if self._follower is not None and hasattr(self._follower, "close"):
+            self._follower.close()
+
+
+def _steering(runner: Any) -> WorkerSteering:
+    st = runner.__dict__.get("_shmsteer")
+    if st is None:
+        st = runner._shmsteer = WorkerSteering(runner.get_model(), runner.vllm_config)
+    return st
+
+
+def _rows(kwargs: Any) -> int:
+    for k in ("input_ids", "inputs_embeds"):
+        t = kwargs.get(k)
+        if t is not None:
+            return int(t.shape[0])
+    pos = kwargs["positions"]
+    return int(pos.shape[-1])
+
+
+def _patch_v1() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    if getattr(GPUModelRunner, "_shmsteer_patched", False):
+        return
+    orig = GPUModelRunner._model_forward
+
+    def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:  # the runner passes keywords; positional calls keep their meaning
+            names = ("input_ids", "positions", "intermediate_tensors", "inputs_embeds")
+            kwargs.update(dict(zip(names, args)))
+            args = ()
+        st = _steering(self)
+        rows = _rows(kwargs)
+        spans = spans_from_v1(self, rows)
+        return st.run(spans, rows, lambda: orig(self, **kwargs))
+
+    GPUModelRunner._model_forward = _model_forward
+    GPUModelRunner._shmsteer_patched = True
+
+
+def _patch_v2() -> None:
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2
+    if getattr(V2, "_shmsteer_patched", False):
+        return
+    orig_prepare, orig_execute = V2.prepare_inputs, V2.execute_model
+
+    def prepare_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = orig_prepare(self, *args, **kwargs)
+        st = _steering(self)
+        st.ensure()
+        if not self.__dict__.get("_shmsteer_hooked"):
+            model = self.get_model()
+            model.register_forward_pre_hook(lambda _m, _a: _v2_open(self))
+            model.register_forward_hook(lambda _m, _a, _o: st.close())
+            self._shmsteer_hooked = True
+        self._shmsteer_pending = spans_from_v2(batch)
+        return batch
+
+    def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig_execute(self, *args, **kwargs)
+        except BaseException as e:
+            st = self.__dict__.get("_shmsteer")
+            if st is not None:
+                st.close(e)
+            raise
+        finally:
+            self._shmsteer_pending = None
+
+    V2.prepare_inputs = prepare_inputs
+    V2.execute_model = execute_model
+    V2._shmsteer_patched = True
+
+
+def _v2_open(runner: Any) -> None:
+    pending: Optional[Tuple[List[Span], int]] = runner.__dict__.get("_shmsteer_pending")
+    if pending is None:
+        return  # a dummy or warm-up forward
+    runner._shmsteer_pending = None
+    runner._shmsteer.open(*pending)
+
+
+def patch_runners() -> None:
+    """Wrap both model runners (each once); a runner that does not import here is skipped."""
+    _patch_v1()
+    try:
+        _patch_v2()
+    except ImportError as e:  # the V2 runner needs parts some builds lack
+        log.info("shmsteer: V2 model runner not patched: %s", e)
