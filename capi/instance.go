@@ -62,32 +62,32 @@ type clientSide struct{ *ipc.Client }
 
 func (clientSide) IsOwner() bool { return false }
 
-// resolveSecret applies the header's rule, ipc's: the bytes or the file, never both
-// (ErrSecretConflict); the C wrapper passes SHMSTEER_SECRET as the bytes and
-// SHMSTEER_SECRET_FILE as the file when the caller gives neither. The file is read by ipc's
-// one reader (one trailing newline stripped), as in every Go process.
+// resolveSecret applies ipc's one rule (ipc.ResolveSecret) to the C arguments; the C wrapper
+// passes SHMSTEER_SECRET as the bytes and SHMSTEER_SECRET_FILE as the file when the caller gives
+// neither (it reads the live environment: Go's copy may be stale in a host process that changed
+// it after loading the library).
 func resolveSecret(secret unsafe.Pointer, secretLen C.size_t, secretFile *C.char) (*ipc.Secret, error) {
-	switch {
-	case secret != nil && secretFile != nil:
-		return nil, fmt.Errorf("%w: both a secret and a secret file (as arguments, or SHMSTEER_SECRET and SHMSTEER_SECRET_FILE)", ipc.ErrSecretConflict)
-	case secret != nil:
+	var value []byte
+	if secret != nil {
 		b, ok := cbytes(secret, secretLen)
 		if !ok {
 			return nil, fmt.Errorf("%w: secret length", ErrInvalidArgument)
 		}
-		s := ipc.NewSecret(b) // copies
-		return &s, nil
-	case secretFile != nil:
-		s, err := ipc.SecretFromFile(C.GoString(secretFile), ipc.SecretFileOptions{})
-		if err != nil {
-			return nil, err
-		}
-		return &s, nil
+		value = append([]byte{}, b...) // non-nil even when empty: the secret was given
+		defer clear(value)
 	}
-	// The C wrapper already looked at SHMSTEER_SECRET and SHMSTEER_SECRET_FILE in the live
-	// environment (Go's copy may be stale in a host process that changed it after loading the
-	// library).
-	return nil, ipc.ErrAuthSecretNotDefined
+	var path string
+	if secretFile != nil {
+		path = C.GoString(secretFile)
+		if path == "" {
+			return nil, fmt.Errorf("%w: the secret file path is empty: give a path, or NULL", ipc.ErrSecretFile)
+		}
+	}
+	s, err := ipc.ResolveSecret(value, path)
+	if err != nil {
+		return nil, err
+	}
+	return &s, nil
 }
 
 // quietLogger logs warnings and errors only: attach and detach events would flood a worker's

@@ -53,16 +53,29 @@ func NewSecret(b []byte) Secret {
 // (SecretFromFile); ErrSecretConflict if both are set, ErrAuthSecretNotDefined if neither is
 // (or the value is empty).
 func SecretFromEnv() (Secret, error) {
-	v, path := os.Getenv(SecretEnv), os.Getenv(SecretFileEnv)
+	var value []byte
+	if v := os.Getenv(SecretEnv); v != "" {
+		value = []byte(v)
+	}
+	s, err := ResolveSecret(value, os.Getenv(SecretFileEnv))
+	clear(value)
+	return s, err
+}
+
+// ResolveSecret is the one rule for a secret given as bytes or as a file: value (nil: not
+// given) or the file at path ("": not given, read by SecretFromFile), never both
+// (ErrSecretConflict), and one of them (ErrAuthSecretNotDefined). SecretFromEnv applies it to
+// the environment, the C ABI to its arguments. value is copied.
+func ResolveSecret(value []byte, path string) (Secret, error) {
 	switch {
-	case v != "" && path != "":
-		return Secret{}, fmt.Errorf("%w: both %s and %s are set", ErrSecretConflict, SecretEnv, SecretFileEnv)
+	case value != nil && path != "":
+		return Secret{}, fmt.Errorf("%w: both a secret and a secret file (as arguments, or %s and %s)", ErrSecretConflict, SecretEnv, SecretFileEnv)
 	case path != "":
 		return SecretFromFile(path, SecretFileOptions{})
-	case v == "":
+	case len(value) == 0:
 		return Secret{}, ErrAuthSecretNotDefined
 	}
-	return NewSecret([]byte(v)), nil
+	return NewSecret(value), nil
 }
 
 // SecretFileOptions are the checks SecretFromFile makes beyond its one rule for the content.

@@ -339,3 +339,35 @@ func TestDeriveKey(t *testing.T) {
 	_, err = Secret{}.DeriveKey("p1", 32)
 	require.ErrorIs(t, err, ErrAuthSecretNotDefined)
 }
+
+func TestResolveSecret(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "s")
+	require.NoError(t, os.WriteFile(file, []byte("from-file\n"), 0o600))
+	for _, tc := range []struct {
+		name  string
+		value []byte
+		path  string
+		want  string
+		err   error
+	}{
+		{"bytes", []byte("b"), "", "b", nil},
+		{"file", nil, file, "from-file", nil},
+		{"both", []byte("b"), file, "", ErrSecretConflict},
+		{"both, empty bytes", []byte{}, file, "", ErrSecretConflict},
+		{"neither", nil, "", "", ErrAuthSecretNotDefined},
+		{"empty bytes", []byte{}, "", "", ErrAuthSecretNotDefined},
+		{"missing file", nil, filepath.Join(dir, "none"), "", ErrSecretFile},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := ResolveSecret(tc.value, tc.path)
+			if tc.err != nil {
+				require.ErrorIs(t, err, tc.err)
+				require.NotContains(t, err.Error(), "from-file")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, string(s.bytes()))
+		})
+	}
+}

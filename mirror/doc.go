@@ -94,7 +94,7 @@
 // # Local first
 //
 // Reads and writes of the local region never wait for NATS. The owner's writes reach the
-// mirror through steer.Engine.OnChange (key writes through Mirror.Keys); the mirror queues the
+// mirror through steer.Engine.OnChange (key writes through keys.Registry.OnChange, whoever made them); the mirror queues the
 // entry's name, coalescing repeats, and a publisher reads the newest value from the region when
 // it sends. The queue is bounded (Options.QueueLimit entries): when it is full a change is not
 // mirrored, ErrQueueFull is logged and counted (Status.QueueFull), and the local write stands.

@@ -173,7 +173,7 @@ type Mirror struct {
 	kv   jetstream.KeyValue
 	obj  jetstream.ObjectStore
 
-	keyMu sync.Mutex // serializes local key writes (Keys) with applying remote keys
+	keyMu sync.Mutex // serializes applying remote keys
 	pubMu sync.Mutex // one write to the bucket at a time, in seq order (put)
 
 	mu      sync.Mutex // after the engine's write lock and keyMu, when held together

@@ -206,9 +206,9 @@ func runHost() {
 			say(reply(err, ""))
 		case "setkey":
 			v, _ := hex.DecodeString(f[2])
-			say(reply(m.Keys().Set(f[1], v), ""))
+			say(reply(reg.Set(f[1], v), ""))
 		case "rmkey":
-			say(reply(m.Keys().Remove(f[1]), ""))
+			say(reply(reg.Remove(f[1]), ""))
 		case "load": // load RATE MS: set keys ld-0..ld-1023 at RATE/s for MS, in the background
 			rate, ms := arg(1), arg(2)
 			load.Add(1)
@@ -221,14 +221,14 @@ func runHost() {
 				for i := 0; time.Now().Before(end); i++ {
 					<-tick.C
 					key[0] = byte(i)
-					m.Keys().Set(fmt.Sprintf("ld-%d", i%1024), key)
+					reg.Set(fmt.Sprintf("ld-%d", i%1024), key)
 				}
 			}()
 			say("ok")
 		case "fill": // fill N: set keys ld-0..ld-N-1 (32 zero bytes) now
 			var err error
 			for i := range int(arg(1)) {
-				if err = m.Keys().Set(fmt.Sprintf("ld-%d", i), make([]byte, 32)); err != nil {
+				if err = reg.Set(fmt.Sprintf("ld-%d", i), make([]byte, 32)); err != nil {
 					break
 				}
 			}
