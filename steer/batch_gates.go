@@ -453,14 +453,13 @@ func (b *Batch) commitGates(rows int) {
 	}
 	g.awaiting, g.rows, g.ncol = len(g.states) > 0, rows, out.Cols
 	if g.awaiting {
-		s.dev = b
+		s.devGates = g
 	}
 }
 
-// cancelGates hands the awaiting step's gates to the Stepper: a native Apply runs in it, and
-// the Stepper's End advances them.
-func (b *Batch) cancelGates() {
-	g := &b.gate
+// cancel hands the awaiting step's gates to the Stepper: a native Apply runs in it, and the
+// Stepper's End advances them.
+func (g *batchGates) cancel() {
 	for _, gs := range g.states {
 		gs.decodeStep = 0
 	}

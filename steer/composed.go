@@ -688,25 +688,6 @@ func (v *composedView) colOf(ix int) int {
 	return -1
 }
 
-// colAct returns site ix's act word and, when its vector is a cell of the region's pool and
-// the site has no clamps, that column; else col is -1 (no vector, a vector in the entry or read
-// in place, or clamps: at's general form applies). A view without sites, or a site with act 0,
-// has nothing to apply: act is 0. ix must be in [0, sites) for a non-empty view. It reads the
-// entry once, for the decode step's runs (Stepper.applyRuns).
-func (v *composedView) colAct(ix int) (act uint64, col int) {
-	if v.sites == 0 {
-		return 0, -1
-	}
-	e := v.table[ix*siteEntry : ix*siteEntry+siteEntry]
-	if act = le.Uint64(e[16:]); act == 0 {
-		return 0, -1
-	}
-	if vi := le.Uint32(e); vi&colFlag != 0 && le.Uint32(e[4:]) == le.Uint32(e[8:]) {
-		return act, int(v.cols[vi&1])
-	}
-	return act, -1
-}
-
 // prefetchSite asks for site ix's table entry ahead of at(ix): a decode step reads one entry
 // per request per site, each in its own entry of the region, and the step's stream of vectors
 // evicts them between steps. ix must be in [0, sites) for a non-empty view.

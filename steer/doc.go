@@ -8,8 +8,11 @@
 // nil config: the region's is read) with its transport to the owner as Options.Caller. Each
 // goroutine that steers takes a Stepper (NewStepper) and, per step, Begin at the version the
 // scheduler handed out, Apply at each hook, End. A worker that applies one batch at every hook
-// of a step binds it once after Begin (Bind) and calls ApplyBound at each hook, which neither
-// compares the batch again nor looks up its requests' vectors per hook (bound.go).
+// of a step binds it once after Begin (Bind) and calls ApplyBound at each hook, which does not
+// compare the batch again (bound.go). Both run one executor: the batch layout's program, a list
+// of operations per site (runs, pairs, clamps, gated spans, capture) built at the site's first
+// apply and kept from step to step while the compositions it read keep their versions
+// (program.go).
 //
 // # Vocabulary
 //

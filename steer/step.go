@@ -71,7 +71,6 @@ type Stepper struct {
 	d      int
 	layers int
 	hooks  int // the model's hooks (ModelConfig.NumHooks, kept: Apply checks it every call)
-	sites  int // hooks × layers × 2 phases
 
 	snap  shm.Snapshot
 	open  bool
@@ -91,36 +90,30 @@ type Stepper struct {
 	// them partly filled).
 	resolved bool
 	// plan lists the spans of that batch that anything steers (a request composition, or
-	// the global one for non-empty spans), with what Apply needs of them: unsteered requests
-	// cost nothing per site. lastEnd is the largest End of the batch's spans.
+	// the global one for non-empty spans), with what the program needs of them: unsteered
+	// requests cost nothing per site. lastEnd is the largest End of the batch's spans.
 	plan    []planSpan
 	lastEnd int
-	// bound: Bind bound the batch in s.last for ApplyBound, a block of boundRows rows, and
-	// planned its sites (bound.go).
+	// prog is the plan's operations per site, kept from step to step while the plan and its
+	// compositions keep their versions (program.go).
+	prog program
+	// bound: Bind bound the batch in s.last for ApplyBound, a block of boundRows rows.
 	bound     bool
 	boundRows int
-	bsites    []boundSite
-	bruns     []boundRun
-	bacts     []boundAct
-	// The plan the sites were planned for (samePlan).
-	bkey                []boundKey
-	bglobal             uint64
-	bglobalSites        int
-	bplanRuns, bplanned bool
 	// pair is scratch for a request's and the global vector summed for a span
 	// (kernels.SumAddRows: a row and kernels.ScratchPad).
 	pair []float32
 	// runs: the region's column pool fits the model with cells of exactly Hidden floats, so a
-	// run of adjacent cells is one block of rows (colRun). planRuns: runs, and every span of
-	// the plan is one ungated row (a decode batch), so Apply may walk it with applyRuns.
-	runs, planRuns bool
+	// run of adjacent cells is one block of rows (addRun).
+	runs bool
 	// gated lists the gate states of the requests decoded in this step (advanced at End).
 	gated []*gateState
 	// convEngaged remembers the rest_of_conversation gates that engaged, per conversation.
 	convEngaged map[uint64]bool
 	convOrder   []uint64
-	// dev is the Batch whose device-path step awaits its gate scores (batch_gates.go).
-	dev *Batch
+	// devGates is the gate state of the Batch whose device-path step awaits its gate scores
+	// (batch_gates.go); a native Apply in that step takes its gates over.
+	devGates *batchGates
 	// cap is the step's capture (capture_step.go).
 	cap capStep
 }
@@ -140,8 +133,8 @@ type reqState struct {
 func (e *Engine) NewStepper() *Stepper {
 	c := e.cfg
 	_, _, cellBytes := e.pool.Geometry()
-	return &Stepper{e: e, d: c.Hidden, layers: c.Layers, hooks: c.NumHooks(), sites: c.NumHooks() * c.Layers * 2, reqs: map[string]*reqState{}, pair: make([]float32, c.Hidden+kernels.ScratchPad),
-		runs: e.poolFits && cellBytes == 4*c.Hidden}
+	return &Stepper{e: e, d: c.Hidden, layers: c.Layers, hooks: c.NumHooks(), reqs: map[string]*reqState{}, pair: make([]float32, c.Hidden+kernels.ScratchPad),
+		runs: e.poolFits && cellBytes == 4*c.Hidden, prog: program{sites: make([]siteProg, c.NumHooks()*c.Layers)}}
 }
 
 // Begin starts a step at region version (0: the current one). Ranks handed the same version
@@ -217,30 +210,26 @@ func (s *Stepper) SetStrictRequests(on bool) { s.strict = on }
 func (s *Stepper) Close() {
 	s.End()
 	s.reqs, s.free, s.cur = map[string]*reqState{}, nil, nil
-	s.bplanned, s.bkey = false, nil
+	s.prog.valid, s.prog.key = false, nil
 }
 
 // Apply adds the effective steering (global base + global phase + request base + request
 // phase) of each span's request to its rows of h, a T×Hidden row-major block for (hook,
 // layer), then applies the clamps there (global ones first), in place. Rows outside every span
-// are untouched. It allocates nothing. Every argument is checked before h is modified; the
-// batch is validated and its requests resolved once per step, and later Applies with the same
-// layout only compare it. A caller passing the same batch at every site may bind it once
-// instead (Bind, ApplyBound: same bits, same checksum, no comparison per site).
+// are untouched. It allocates nothing once its program is built. Every argument is checked
+// before h is modified; the batch is validated and its requests resolved once per step, and
+// later Applies with the same layout only compare it; then the site's program runs
+// (program.go), built once per layout and kept from step to step while the compositions it
+// read keep their versions. A caller passing the same batch at every site may bind it once
+// instead (Bind, ApplyBound: the same program, no comparison per site).
 func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error {
 	if !s.open {
 		return ErrNoStep
 	}
-	if s.dev != nil && s.dev.gate.awaiting {
-		s.dev.cancelGates() // a native Apply in a device-path step: the Stepper gates it
+	if err := s.checkApply(hook, layer); err != nil {
+		return err
 	}
 	d := s.d
-	if int(hook) >= s.hooks {
-		return fmt.Errorf("%w: hook id %d", ErrUnknownHook, hook)
-	}
-	if layer < 0 || layer >= s.layers {
-		return fmt.Errorf("%w: layer %d, model has %d", ErrLayerRange, layer, s.layers)
-	}
 	if len(h)%d != 0 {
 		return fmt.Errorf("%w: %d floats is not a multiple of hidden size %d", ErrShape, len(h), d)
 	}
@@ -250,214 +239,29 @@ func (s *Stepper) Apply(hook HookID, layer int, h []float32, batch []Span) error
 			return err
 		}
 	}
-	s.applyPlan(hook, layer, h)
+	s.exec(hook, layer, h)
 	return nil
 }
 
-// applyPlan is Apply at (hook, layer) once its arguments are checked and s.plan is the batch's.
-func (s *Stepper) applyPlan(hook HookID, layer int, h []float32) {
-	d := s.d
-	s.stats.Applies++
-	if s.cap.on {
-		s.captureSite(hook, layer, shm.Float32Bytes(h), CaptureF32, false) // before the adds
+// checkApply checks an apply's site, and takes over the gates of a device-path step that
+// awaits its scores: a native apply in it gates its rows itself.
+func (s *Stepper) checkApply(hook HookID, layer int) error {
+	if s.devGates != nil && s.devGates.awaiting {
+		s.devGates.cancel()
 	}
-	site := (int(hook)*s.layers + layer) * 2
-	// The global composition's entries at this site, one per phase (nil when there is none).
-	var gv [2][]float32
-	var gcl [2][]byte
-	var gAct [2]uint64
-	if s.global.sites != 0 {
-		gv[0], gcl[0], gAct[0] = s.global.at(site)
-		gv[1], gcl[1], gAct[1] = s.global.at(site + 1)
+	if int(hook) >= s.hooks {
+		return fmt.Errorf("%w: hook id %d", ErrUnknownHook, hook)
 	}
-	// Each span's request vector is read one span ahead, and its pages prefetched while the
-	// span before it is added unless it is the next cell of the column pool (kernels.Follows):
-	// vectors in their own entries (a full pool) lie megabytes apart, and each would otherwise
-	// start with page walks and a cold line; adjacent cells the hardware prefetcher streams,
-	// and prefetching them only competes with it.
-	// Their site entries are asked for siteAhead spans earlier still.
-	plan := s.plan
-	if s.planRuns && gv[0] == nil && gv[1] == nil && len(gcl[0]) == 0 && len(gcl[1]) == 0 {
-		// A batch of one-row, ungated spans at a site without global steering: the spans
-		// whose vectors are cells of the pool are walked by applyRuns; the rest of the plan,
-		// from the first span that is not, by the loop below.
-		n := s.applyRuns(h, site, uint64(hook)<<32|uint64(layer))
-		if n == len(plan) {
-			return
-		}
-		plan = plan[n:]
+	if layer < 0 || layer >= s.layers {
+		return fmt.Errorf("%w: layer %d, model has %d", ErrLayerRange, layer, s.layers)
 	}
-	for n := range min(siteAhead, len(plan)) {
-		plan[n].st.view.prefetchSite(site + plan[n].ph)
-	}
-	var nv []float32
-	var ncl []byte
-	var nAct uint64
-	var run colRun
-	if len(plan) > 0 {
-		nv, ncl, nAct = plan[0].st.view.at(site + plan[0].ph)
-	}
-	for n := range plan {
-		p := &plan[n]
-		rv, rcl, rAct := nv, ncl, nAct
-		if n+siteAhead < len(plan) {
-			q := &plan[n+siteAhead]
-			q.st.view.prefetchSite(site + q.ph)
-		}
-		if n+1 < len(plan) {
-			q := &plan[n+1]
-			nv, ncl, nAct = q.st.view.at(site + q.ph)
-			if !kernels.Follows(rv, nv) {
-				kernels.PrefetchPages(nv)
-			}
-		}
-		g, gc, ga := gv[p.ph], gcl[p.ph], gAct[p.ph]
-		if ga == 0 && rAct == 0 && !p.gated {
-			continue
-		}
-		blk := h[p.start*d : p.end*d]
-		f := float32(1) // the request's attenuation
-		if p.gated {
-			f = s.gatesBefore(p.st.gates, site/2, blk, p.start)
-		}
-		switch {
-		case rv != nil && g != nil:
-			// Both in one pass over the rows: a span of one row adds the two sources in one
-			// kernel; a longer span sums them once into a row of scratch, in the pass over
-			// its first row, and adds that, which reads one source stream per row instead of
-			// two. Both round as h + (r + g).
-			if p.end-p.start == 1 {
-				kernels.AddRows2(blk, d, f, rv, 1, g)
-			} else {
-				kernels.SumAddRows(blk, d, f, rv, 1, g, s.pair)
-			}
-		case rv != nil:
-			// A one-row span whose vector is the cell after the run's last, for the row after
-			// the run's last, joins the run: the run is added in one pass when it ends.
-			if s.runs && f == 1 && p.end-p.start == 1 && len(gc) == 0 && len(rcl) == 0 {
-				if col := p.st.view.colOf(site + p.ph); col >= 0 {
-					if run.n > 0 && col == run.col+run.n && p.start == run.end {
-						run.n, run.end = run.n+1, run.end+1
-					} else {
-						s.addRun(h, &run)
-						run.col, run.n, run.start, run.end, run.cell = col, 1, p.start, p.end, site/2
-					}
-					break
-				}
-			}
-			kernels.AddRows(blk, d, f, rv)
-		case g != nil:
-			kernels.AddRows(blk, d, 1, g)
-		}
-		if p.gated {
-			s.gatesAdd(p.st.gates, site/2, blk, p.start, f)
-		}
-		if len(gc) != 0 {
-			s.global.applyClamps(blk, d, gc)
-		}
-		if len(rcl) != 0 {
-			p.st.view.applyClamps(blk, d, rcl)
-		}
-		// mix64 of the site, the request, its rows, its phase and the two act words; the
-		// span's three fixed words were multiplied once, when the batch was resolved.
-		x := mix64(s.sum, uint64(hook)<<32|uint64(layer))
-		x = mixPre(x, p.idMul)
-		x = mixPre(x, p.rowsMul)
-		x = mixPre(x, p.phaseMul)
-		x = mix64(x, ga)
-		s.sum = mix64(x, rAct)
-	}
-	s.addRun(h, &run)
+	return nil
 }
 
-// applyRuns is Apply's walk of the plan when Stepper.planRuns holds and the site has no
-// global steering: every span is one ungated row, so a span either has nothing here (act 0:
-// skipped, as Apply skips it) or adds its request's vector with nothing else. It reads each
-// span's site entry once (colAct), joins vectors that are adjacent cells for adjacent rows into
-// runs, adds each run when it ends and folds each span into the checksum as Apply does (the
-// global act word is 0). It stops at the first span whose vector is not a cell of the pool, or
-// that has clamps, after adding the runs before it, and returns that span's index in the plan
-// (len(plan) when it walked them all), from which Apply's general loop goes on.
-func (s *Stepper) applyRuns(h []float32, site int, hookLayer uint64) int {
-	plan := s.plan
-	var run colRun
-	sum := s.sum
-	hl := hookLayer * mixK1
-	for n := range min(runAhead, len(plan)) {
-		plan[n].st.view.prefetchSite(site + plan[n].ph)
-	}
-	for n := range plan {
-		p := &plan[n]
-		if n+runAhead < len(plan) {
-			q := &plan[n+runAhead]
-			q.st.view.prefetchSite(site + q.ph)
-		}
-		act, col := p.st.view.colAct(site + p.ph)
-		if act == 0 {
-			continue
-		}
-		if col < 0 {
-			s.sum = sum
-			s.addRun(h, &run)
-			return n
-		}
-		if run.n > 0 && col == run.col+run.n && p.start == run.end {
-			run.n, run.end = run.n+1, run.end+1
-		} else {
-			s.addRun(h, &run)
-			// Field by field: a composite literal is built on the stack in overlapping 16-byte
-			// stores and copied with overlapping loads, which stall on store forwarding.
-			run.col, run.n, run.start, run.end, run.cell = col, 1, p.start, p.end, site/2
-		}
-		x := mixPre(sum, hl)
-		x = mixPre(x, p.idMul)
-		x = mixPre(x, p.rowsMul)
-		x = mixPre(x, p.phaseMul)
-		x = mixPre(x, 0) // the global act word
-		sum = mix64(x, act)
-	}
-	s.sum = sum
-	s.addRun(h, &run)
-	return len(plan)
-}
-
-// colRun is a run of one-row spans of an Apply whose vectors are adjacent cells of the column
-// pool (columns col to col+n-1 at cell cell) and whose rows are adjacent (start to end): a
-// decode batch in admission order. Its rows and its vectors are then each one block, added in
-// one kernel call instead of one per row, with the same bits (each row gets h + 1·v).
-type colRun struct {
-	col, n, cell, start, end int
-}
-
-// addRun adds the run r (if any) to its rows of h and empties it. Nothing else of the step
-// reads those rows meanwhile: spans do not overlap, and each span's gates and clamps read its
-// own rows (a span with clamps or gates never joins a run).
-func (s *Stepper) addRun(h []float32, r *colRun) {
-	if r.n == 0 {
-		return
-	}
-	d := s.d
-	if r.n > 1 {
-		s.stats.ColumnRuns++
-		s.stats.RunRows += uint64(r.n)
-	}
-	v := s.e.pool.CellsFloat32(r.col, r.n, r.cell)
-	// The pool's geometry was checked (Stepper.runs: cells of exactly d floats) and the run's
-	// columns each hold a cell named by a composition at this step's version.
-	kernels.Axpy(h[r.start*d:r.end*d], 1, v)
-	*r = colRun{}
-}
-
-// runAhead is how many spans ahead applyRuns asks for a site entry: its walk spends a few ns a
-// span (the adds come when a run ends), so an entry missed in cache needs asking for further
-// ahead than Apply's siteAhead for the load to have arrived (by profile of the bench's decode
-// step, 64 one-row spans: the walk's share of the step 1.9% at 4 ahead, 1.3% at 16).
-const runAhead = 16
-
-// siteAhead is how many spans ahead Apply asks for a request's site entry.
+// siteAhead is how many spans ahead a site's build asks for a request's site entry.
 const siteAhead = 4
 
-// planSpan is one active span of the resolved batch, as Apply walks it: its rows, its
+// planSpan is one active span of the resolved batch, as the program reads it: its rows, its
 // request, the site-index offset of its phase, whether it is gated, and its fixed checksum
 // words already multiplied by mix64's first constant.
 type planSpan struct {
@@ -498,7 +302,6 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 	s.last = s.last[:0]
 	s.cur = s.cur[:0]
 	s.plan = s.plan[:0]
-	s.planRuns = false
 	maxEnd, lastEnd := 0, 0
 	for i := range batch {
 		sp := &batch[i]
@@ -544,13 +347,7 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 	s.last = append(s.last, batch...)
 	s.lastEnd = lastEnd
 	s.resolved = true
-	s.planRuns = s.runs
-	for i := range s.plan {
-		if p := &s.plan[i]; p.gated || p.end-p.start != 1 {
-			s.planRuns = false
-			break
-		}
-	}
+	s.samePlan()
 	return nil
 }
 
