@@ -90,43 +90,80 @@ func Run(cfg Config, src sources) *Report {
 	wallClock.Store(cfg.WallClock)
 	prog := &progress{w: cfg.Progress}
 	defer prog.done()
-	rep := &Report{}
-	type group struct {
-		cs     []Contender
-		post   func([]Figure) []Figure // turns the group's raw figures into the reported ones
-		rotate bool                    // see alternate
-	}
-	var groups []group
-	keepGroup := func(rotate bool, post func([]Figure) []Figure, cs ...Contender) []Contender {
-		var out []Contender
-		for _, c := range cs {
-			if cfg.wants(baseName(c.Name)) {
-				out = append(out, c)
-			}
-		}
-		if len(out) > 0 {
-			groups = append(groups, group{out, post, rotate})
-			prog.total += len(out)
-		}
-		return out
-	}
-	keepWith := func(post func([]Figure) []Figure, cs ...Contender) []Contender {
-		return keepGroup(false, post, cs...)
-	}
-	keep := func(cs ...Contender) []Contender { return keepWith(nil, cs...) }
-	// The step pairs and the kernel sizes rotate their order every round (the 1 GiB size
-	// keeps its copy reference right after the add it is a fraction of).
-	keepRotated := func(cs ...Contender) []Contender { return keepGroup(true, nil, cs...) }
-	quickSkip := func(s Setup, what string) Setup {
-		if !cfg.Quick {
-			return s
-		}
-		return func() (Op, func() error, error) { return nil, nil, fmt.Errorf("%w (%s)", ErrQuickSkip, what) }
-	}
+	gs := &groupSet{cfg: cfg, prog: prog}
+	gs.addKeys(src)
+	np, numpyWanted := gs.addKernels(src)
+	gs.addSteps(src)
+	memNames := filter(cfg, "mem.overhead_ratio", "mem.tp8_ratio")
+	prog.total += len(memNames)
 
+	if numpyWanted {
+		// One numpy process serves the sizes up to 64m: hold it across the
+		// size groups rather than restarting Python for each. A start failure
+		// is cached and becomes each numpy figure's skip reason.
+		if _, release, err := np.acquire(); err == nil {
+			defer func() { _ = release() }()
+		}
+	}
+	rep := gs.measure()
+	rep.Add(memFigures(prog, src, memNames)...)
+	rep.Finish()
+	return rep
+}
+
+// runGroup is contenders measured alternately, round by round.
+type runGroup struct {
+	cs     []Contender
+	post   func([]Figure) []Figure // turns the group's raw figures into the reported ones
+	rotate bool                    // see alternate
+}
+
+// groupSet collects a run's wanted contenders into groups, in the order they run.
+type groupSet struct {
+	cfg    Config
+	prog   *progress
+	groups []runGroup
+}
+
+// keepGroup adds a group of the wanted contenders among cs (none: no group) and returns them.
+func (g *groupSet) keepGroup(rotate bool, post func([]Figure) []Figure, cs ...Contender) []Contender {
+	var out []Contender
+	for _, c := range cs {
+		if g.cfg.wants(baseName(c.Name)) {
+			out = append(out, c)
+		}
+	}
+	if len(out) > 0 {
+		g.groups = append(g.groups, runGroup{out, post, rotate})
+		g.prog.total += len(out)
+	}
+	return out
+}
+
+func (g *groupSet) keepWith(post func([]Figure) []Figure, cs ...Contender) []Contender {
+	return g.keepGroup(false, post, cs...)
+}
+
+func (g *groupSet) keep(cs ...Contender) []Contender { return g.keepWith(nil, cs...) }
+
+// keepRotated adds a group whose order rotates every round: the step pairs and the kernel
+// sizes (the 1 GiB size keeps its copy reference right after the add it is a fraction of).
+func (g *groupSet) keepRotated(cs ...Contender) []Contender { return g.keepGroup(true, nil, cs...) }
+
+// quickSkip is s, or with --quick a setup that skips with ErrQuickSkip naming what.
+func (g *groupSet) quickSkip(s Setup, what string) Setup {
+	if !g.cfg.Quick {
+		return s
+	}
+	return func() (Op, func() error, error) { return nil, nil, fmt.Errorf("%w (%s)", ErrQuickSkip, what) }
+}
+
+// addKeys adds the key registry groups: lookups and writes against their controls, cold
+// lookups, and reader throughput.
+func (g *groupSet) addKeys(src sources) {
 	sm, rd, pk := newSyncManager(), &redisShared{}, newPythonKeys()
-	owner := newLatency(cfg, "keys.set.owner_ns", "keys.set.owner_p99_ns", src.KeysSetOwner)
-	keepWith(thenPost(owner.post, pk.notePaths(map[string]string{"keys.get.python_ns": "get", "keys.get.python_ctypes_ns": "getctypes"})),
+	owner := newLatency(g.cfg, "keys.set.owner_ns", "keys.set.owner_p99_ns", src.KeysSetOwner)
+	g.keepWith(thenPost(owner.post, pk.notePaths(map[string]string{"keys.get.python_ns": "get", "keys.get.python_ctypes_ns": "getctypes"})),
 		Contender{"keys.get.gomap_ns", gomapSetup},
 		Contender{"keys.get.syncmanager_ns", sm.opOf("get")},
 		Contender{"keys.set.syncmanager_ns", sm.opOf("set")},
@@ -140,19 +177,22 @@ func Run(cfg Config, src sources) *Report {
 		Contender{"keys.set.client_ns", src.KeysSetClient},
 		owner.contender(),
 	)
-	keep(
-		Contender{"keys.get.cold.gomap_ns", quickSkip(gomapColdSetup, "a map of 1M keys")},
-		Contender{"keys.get.cold.shmsteer_ns", quickSkip(src.KeysGetCold, "a region of 1M keys")},
+	g.keep(
+		Contender{"keys.get.cold.gomap_ns", g.quickSkip(gomapColdSetup, "a map of 1M keys")},
+		Contender{"keys.get.cold.shmsteer_ns", g.quickSkip(src.KeysGetCold, "a region of 1M keys")},
 	)
 	// The shmsteer readers and their Go-map control alternate in one group, so
 	// the machine's load at the time lands on both.
 	const tpReaders, tpGomaps = "keys.get.throughput_2readers_x", "keys.get.throughput_2gomaps_x"
-	keepWith(throughputFigures(tpReaders, tpGomaps), append(
+	g.keepWith(throughputFigures(tpReaders, tpGomaps), append(
 		throughputContenders(tpReaders, src.KeysReaderProcs),
 		throughputContenders(tpGomaps, gomapProcs)...)...)
+}
 
-	np := newNumpy(sharedNumpySizes()...)
-	numpyWanted := false
+// addKernels adds two groups per kernel size, and returns the numpy process shared by the
+// sizes up to 64m and whether any of them wants it.
+func (g *groupSet) addKernels(src sources) (np *shared, numpyWanted bool) {
+	np = newNumpy(sharedNumpySizes()...)
 	for _, k := range KernelSizes {
 		pre := "kernels.add." + k.Tag + "."
 		bufs := &kernelBuffers{k: k}
@@ -185,47 +225,46 @@ func Run(cfg Config, src sources) *Report {
 			cs = append(cs, Contender{pre + "c_ns" + variantSep + v, addRepeatSetup(bufs, v, src.AddRowsC)})
 		}
 		if k == HugeKernelSize {
-			for _, g := range [][]Contender{cs, refs} {
-				for i := range g {
-					g[i].Setup = quickSkip(g[i].Setup, "1 GiB buffers")
+			for _, group := range [][]Contender{cs, refs} {
+				for i := range group {
+					group[i].Setup = g.quickSkip(group[i].Setup, "1 GiB buffers")
 				}
 			}
 		}
-		keepGroup(k != HugeKernelSize, kernelFigures(k), cs...)
-		if len(keepGroup(k != HugeKernelSize, kernelFigures(k), refs...)) > 0 && cfg.wants(pre+"numpy_ns") && k != HugeKernelSize {
+		g.keepGroup(k != HugeKernelSize, kernelFigures(k), cs...)
+		if len(g.keepGroup(k != HugeKernelSize, kernelFigures(k), refs...)) > 0 && g.cfg.wants(pre+"numpy_ns") && k != HugeKernelSize {
 			numpyWanted = true
 		}
 	}
-	keepRotated(
+	return np, numpyWanted
+}
+
+// addSteps adds the step groups: prefill, decode with every request steered, sparse decode.
+func (g *groupSet) addSteps(src sources) {
+	g.keepRotated(
 		Contender{"steer.step.prefill.mixed_ns", src.StepMixed},
 		Contender{"steer.step.prefill.kernel_ns", src.StepKernel},
 	)
-	keepRotated(
+	g.keepRotated(
 		Contender{"steer.step.decode.mixed_ns", src.StepDecodeMixed},
 		Contender{"steer.step.decode.kernel_ns", src.StepDecodeKernel},
 		Contender{"steer.step.decode.mixed_apply_ns", src.StepDecodeMixedApply},
 		Contender{"steer.step.decode.scattered_kernel_ns", src.StepDecodeScattered},
 	)
-	keepRotated(
+	g.keepRotated(
 		Contender{"steer.step.decode.sparse_ns", src.StepDecodeSparse},
 		Contender{"steer.step.decode.sparse_kernel_ns", src.StepSparseKernel},
 		Contender{"steer.step.decode.sparse_apply_ns", src.StepDecodeSparseApply},
 	)
-	memNames := filter(cfg, "mem.overhead_ratio", "mem.tp8_ratio")
-	prog.total += len(memNames)
+}
 
-	if numpyWanted {
-		// One numpy process serves the sizes up to 64m: hold it across the
-		// size groups rather than restarting Python for each. A start failure
-		// is cached and becomes each numpy figure's skip reason.
-		if _, release, err := np.acquire(); err == nil {
-			defer func() { _ = release() }()
-		}
-	}
-	for gi, g := range groups {
-		figs, warns := alternate(cfg, prog, g.cs, g.rotate)
-		if g.post != nil {
-			figs = g.post(figs)
+// measure runs the groups in order and reports their figures and warnings.
+func (g *groupSet) measure() *Report {
+	rep := &Report{}
+	for gi, grp := range g.groups {
+		figs, warns := alternate(g.cfg, g.prog, grp.cs, grp.rotate)
+		if grp.post != nil {
+			figs = grp.post(figs)
 		}
 		for i := range figs {
 			figs[i].Group = gi + 1
@@ -234,8 +273,6 @@ func Run(cfg Config, src sources) *Report {
 		rep.Warnings = append(rep.Warnings, warns...)
 		rep.Warnings = append(rep.Warnings, throughputPlausible(figs)...)
 	}
-	rep.Add(memFigures(prog, src, memNames)...)
-	rep.Finish()
 	return rep
 }
 
