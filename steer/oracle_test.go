@@ -49,8 +49,8 @@ func oraclePlanRuns(s *Stepper) bool {
 	if !s.runs {
 		return false
 	}
-	for i := range s.plan {
-		if p := &s.plan[i]; p.gated || p.end-p.start != 1 {
+	for i := range s.steered {
+		if p := &s.steered[i]; p.gated || p.end-p.start != 1 {
 			return false
 		}
 	}
@@ -92,7 +92,7 @@ func (s *Stepper) oracleWalk(hook HookID, layer int, h []float32) {
 		gv[1], gcl[1], gAct[1] = s.global.at(site + 1)
 	}
 	// Request vectors are read one span ahead, their site entries siteAhead spans ahead.
-	plan := s.plan
+	plan := s.steered
 	if oraclePlanRuns(s) && gv[0] == nil && gv[1] == nil && len(gcl[0]) == 0 && len(gcl[1]) == 0 {
 		// A batch of one-row, ungated spans at a site without global steering: the spans
 		// whose vectors are cells of the pool are walked by oracleRuns; the rest of the plan,
@@ -187,7 +187,7 @@ func (s *Stepper) oracleWalk(hook HookID, layer int, h []float32) {
 // that has clamps, after adding the runs before it, and returns that span's index in the plan
 // (len(plan) when it walked them all), from which Apply's general loop goes on.
 func (s *Stepper) oracleRuns(h []float32, site int, hookLayer uint64) int {
-	plan := s.plan
+	plan := s.steered
 	var run oracleColRun
 	sum := s.sum
 	hl := hookLayer * mixK1
@@ -264,7 +264,7 @@ const oracleRunAhead = 16
 
 // oracleAfter is the old walk's work on a span after its adds: its gates' adds, its global
 // clamps, its request's clamps.
-func (s *Stepper) oracleAfter(p *planSpan, site int, blk []float32, f float32, gc, rcl []byte) {
+func (s *Stepper) oracleAfter(p *steeredSpan, site int, blk []float32, f float32, gc, rcl []byte) {
 	if p.gated {
 		s.gatesAdd(p.st.gates, site/2, blk, p.start, f)
 	}
