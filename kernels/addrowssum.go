@@ -1,9 +1,9 @@
 package kernels
 
 // SumAddRows adds a*x[i] + b*y[i] to element i of every row of h (rows of d = len(x) floats):
-// bit for bit Sum2 into a scratch row followed by AddRows(h, d, 1, scratch) on the same path,
-// with the sum formed in the pass over h's first row (one pass reading x, y and that row,
-// where Sum2 alone is a pass of its own) and the scratch row placed where it does not alias
+// bit for bit the sum a*x + b*y as AddRows2 forms it, written to a scratch row, followed by
+// AddRows(h, d, 1, scratch) on the same path, with the sum formed in the pass over h's first
+// row (one pass reading x, y and that row) and the scratch row placed where it does not alias
 // h, x or y modulo 4 KiB (see apart). For a span of rows that gets the same two vectors (a
 // prefill request's own and the global one). scratch must hold at least d+ScratchPad floats
 // and must not overlap h, x or y; its contents are overwritten. It panics like AddRows, and

@@ -14,7 +14,7 @@ func sumAddRowAVX2(h, dst, x, y []float32, a, b float32)
 func sumAddRowAVX512(h, dst, x, y []float32, a, b float32)
 
 func sumAddRowImpl(h, dst, x, y []float32, a, b float32) {
-	// Every SIMD path writes the sum sum2AVX512 writes (a product, then one fused multiply-add,
+	// Every SIMD path writes the sum AddRows2 adds (a product, then one fused multiply-add,
 	// lane by lane). The avx512split path (Zen 4, which splits 512-bit operations in two) runs
 	// the 256-bit kernel, as its add kernel keeps to 256-bit vectors in a single row.
 	switch cur.id {

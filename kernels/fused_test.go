@@ -10,9 +10,9 @@ import (
 	"github.com/shmsteer/shmsteer/kernels"
 )
 
-// The two-source kernels (Axpy2, AddRows2, Sum2, GatherAdd2) against exact float32 references
-// (unit coefficients), against Sum2 followed by a one-source pass (any coefficients) and against
-// the generic path.
+// The two-source kernels (AddRows2 and SumAddRows; Axpy2 and Sum2 are AddRows2's test forms,
+// export_test.go) against exact float32 references (unit coefficients), against Sum2 followed
+// by a one-source pass (any coefficients) and against the generic path.
 //
 // Element update r = h + (a·x + b·y) with exact value e and S = |h|+|a·x|+|b·y|: the SIMD paths
 // round three times (a product, an FMA, a sum), an unfused generic build four times, each
@@ -146,56 +146,6 @@ func compareFused(t *testing.T, h0, x0, y0 []float32, a, b float32, offH, offX, 
 			}
 		}
 	}
-}
-
-func TestGatherAdd2(t *testing.T) {
-	forEachPath(t, func(t *testing.T) {
-		r := rand.New(rand.NewPCG(25, 26))
-		for _, d := range dims {
-			x := randVals(r, 4*d, 1e30)
-			y := randVals(r, 3*d, 1e30)
-			for i := range d {
-				x[i], y[i] = float32(math.NaN()), float32(math.NaN()) // row 0 is never read
-			}
-			xi := []int32{0, 2, 3, 0, 1, 1, 3, 0}
-			yi := []int32{0, 0, 1, 2, 2, 0, 1, 1}
-			h0 := randVals(r, len(xi)*d, 1e30)
-			h, bh := offsetCopy(h0, 7)
-			kernels.GatherAdd2(h, d, x, xi, y, yi)
-			requireGuards(t, bh, 7, len(h0))
-			for tt := range xi {
-				kx, ky := int(xi[tt]), int(yi[tt])
-				got, was := h[tt*d:(tt+1)*d], h0[tt*d:(tt+1)*d]
-				want := append([]float32(nil), was...)
-				switch {
-				case kx != 0 && ky != 0:
-					want = unitRef(was, d, x[kx*d:(kx+1)*d], y[ky*d:(ky+1)*d])
-				case kx != 0:
-					kernels.Axpy(want, 1, x[kx*d:(kx+1)*d])
-				case ky != 0:
-					kernels.Axpy(want, 1, y[ky*d:(ky+1)*d])
-				}
-				require.Equal(t, bits(want), bits(got), "d=%d row %d (%d, %d)", d, tt, kx, ky)
-			}
-			require.Equal(t, bits(h0[:d]), bits(h[:d]), "a row with both indices 0 is untouched")
-			for tt := range xi {
-				kx, ky := int(xi[tt]), int(yi[tt])
-				xv := func(i int) float32 {
-					if kx == 0 {
-						return 0
-					}
-					return x[kx*d+i]
-				}
-				yv := func(i int) float32 {
-					if ky == 0 {
-						return 0
-					}
-					return y[ky*d+i]
-				}
-				checkFused(t, h[tt*d:(tt+1)*d], h0[tt*d:(tt+1)*d], 1, xv, 1, yv)
-			}
-		}
-	})
 }
 
 func TestAddRows2SpecialValues(t *testing.T) {

@@ -33,7 +33,7 @@
 // or may not be fused depending on GOAMD64/GOARCH. Results therefore differ
 // between paths by at most a couple of ulps of |s*v|+|dst| per element; the
 // tests assert the bound derived in kernels_test.go. The two-source kernels
-// (Axpy2, AddRows2, GatherAdd2, SumAddRows) sum the sources first and add the sum to h,
+// (AddRows2, SumAddRows) sum the sources first and add the sum to h,
 // as a table of composed rows (source sum per row) gather-added would: with
 // unit coefficients they compute h + (x + y) in float32 bit for bit on every
 // path.
@@ -99,7 +99,7 @@ const (
 //	addRows:  len(v) > 0 and len(h) % len(v) == 0; h[t] += s*v for every row.
 //	addRows2: len(x) == len(y) > 0 and len(h) % len(x) == 0;
 //	          h[t] += a*x + b*y for every row (the sum rounded first).
-//	sum2:     len(dst) == len(x) == len(y) > 0; dst = a*x + b*y.
+//	sum2:     len(dst) == len(x) == len(y) > 0; dst = a*x + b*y (generic path only).
 //	dot:      len(a) == len(b).
 //	sumSq:    Σ a[i]² accumulated in float64.
 
@@ -209,28 +209,12 @@ func addRowsSlow(h []float32, d int, s float32, v []float32) {
 	addRowsImpl(h, v, s)
 }
 
-// Axpy2 computes dst[i] += a*x[i] + b*y[i] in one pass over dst: the sum of
-// the two sources is rounded first (the product a*x, then a fused b*y added
-// to it), then added to dst, so the result is bit for bit what Sum2 into a
-// scratch vector followed by Axpy(dst, 1, scratch) computes on the same path,
-// and with a = b = 1 it is dst[i] + (x[i] + y[i]) in float32 on every path. It
-// panics unless len(x) == len(y) == len(dst).
-func Axpy2(dst []float32, a float32, x []float32, b float32, y []float32) {
-	if len(x) != len(dst) || len(y) != len(dst) {
-		panic(msgLen)
-	}
-	if len(x) == 0 {
-		return
-	}
-	addRows2Impl(dst, x, y, a, b)
-}
-
 // AddRows2 is AddRows with two sources: h[t] += a*x + b*y for every row t of
-// the T×d matrix h (d == len(x) == len(y)), each element rounded as Axpy2
-// rounds it, reading and writing h once. For many rows, Sum2 into a scratch
-// row and one AddRows with it computes the same bits and reads one source
-// stream instead of two (SumAddRows does both, the sum in the first row's
-// pass). It panics on a bad shape.
+// the T×d matrix h (d == len(x) == len(y)), reading and writing h once. The
+// sum of the two sources is rounded first (the product a*x, then a fused b*y
+// added to it), then added to h[t], so with a = b = 1 it is h + (x + y) in
+// float32 on every path. For many rows, SumAddRows computes the same bits
+// and reads one source stream instead of two. It panics on a bad shape.
 func AddRows2(h []float32, d int, a float32, x []float32, b float32, y []float32) {
 	checkRows(h, d, x)
 	if len(y) != d {
@@ -241,19 +225,7 @@ func AddRows2(h []float32, d int, a float32, x []float32, b float32, y []float32
 	}
 }
 
-// Sum2 writes dst[i] = a*x[i] + b*y[i], rounded as Axpy2 rounds the sum it
-// adds (dst is only written). It panics unless len(x) == len(y) == len(dst).
-func Sum2(dst []float32, a float32, x []float32, b float32, y []float32) {
-	if len(x) != len(dst) || len(y) != len(dst) {
-		panic(msgLen)
-	}
-	if len(x) == 0 {
-		return
-	}
-	sum2Impl(dst, x, y, a, b)
-}
-
-// checkGather validates the shapes for GatherAdd and GatherAdd2 and every
+// checkGather validates the shapes for GatherAdd and every
 // index before any row is modified, so a panic leaves h untouched.
 func checkGather(h []float32, d int, table []float32, idx []int32) {
 	if d <= 0 {
@@ -278,7 +250,8 @@ func checkGather(h []float32, d int, table []float32, idx []int32) {
 // "no steering" row and is skipped without being read, so h[t] stays
 // bit-identical. Repeated indices are fine. It panics, before modifying h, if
 // len(idx) != T, a shape is not a multiple of d, or an index is outside
-// [0, R).
+// [0, R). Its caller is the bench: the plain gather-add a decode step's
+// figures are held to (bench/decodebench.go, stepbench.go).
 func GatherAdd(h []float32, d int, table []float32, idx []int32) {
 	checkGather(h, d, table, idx)
 	for t, k := range idx {
@@ -286,31 +259,6 @@ func GatherAdd(h []float32, d int, table []float32, idx []int32) {
 			// fma(1, x, y) rounds exactly like x+y, so the axpy kernel
 			// doubles as a plain add.
 			addRowsImpl(h[t*d:(t+1)*d], table[int(k)*d:(int(k)+1)*d], 1)
-		}
-	}
-}
-
-// GatherAdd2 is GatherAdd from two tables in one pass: x is Rx×d, y is Ry×d,
-// and for each row t of the T×d matrix h it computes
-// h[t] += x[xi[t]] + y[yi[t]] (rounded as Axpy2 with a = b = 1), where row 0 of either table is "none"
-// and is skipped without being read (both 0: h[t] stays bit-identical; one 0:
-// the plain add of the other). A row with both reads and writes h[t] once. A
-// shared vector g (global steering, say) for some rows is a two-row y = [0, g]
-// with yi[t] = 1 on those rows. It panics, before modifying h, on the
-// conditions of GatherAdd for either table.
-func GatherAdd2(h []float32, d int, x []float32, xi []int32, y []float32, yi []int32) {
-	checkGather(h, d, x, xi)
-	checkGather(h, d, y, yi)
-	for t := range xi {
-		kx, ky := int(xi[t]), int(yi[t])
-		row := h[t*d : (t+1)*d]
-		switch {
-		case kx != 0 && ky != 0:
-			addRows2Impl(row, x[kx*d:(kx+1)*d], y[ky*d:(ky+1)*d], 1, 1)
-		case kx != 0:
-			addRowsImpl(row, x[kx*d:(kx+1)*d], 1)
-		case ky != 0:
-			addRowsImpl(row, y[ky*d:(ky+1)*d], 1)
 		}
 	}
 }

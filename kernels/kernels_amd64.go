@@ -63,14 +63,6 @@ func addRows2AVX512(h, x, y []float32, a, b float32)
 //go:noescape
 func addRows2AVX2(h, x, y []float32, a, b float32)
 
-// sum2AVX512 and sum2AVX2 write h = a*x + b*y (h is not read).
-//
-//go:noescape
-func sum2AVX512(h, x, y []float32, a, b float32)
-
-//go:noescape
-func sum2AVX2(h, x, y []float32, a, b float32)
-
 // archImpls returns the SIMD paths this CPU supports, best first.
 // x/sys/cpu also checks that the OS saves the wider register state (XCR0).
 func archImpls() []impl {
@@ -101,23 +93,6 @@ func addRowsImpl(h, v []float32, s float32) {
 		return
 	}
 	addRowsSIMD(h, v, s, cur.id)
-}
-
-func addRows2Impl(h, x, y []float32, a, b float32) {
-	if !addRows2SIMD(h, x, y, a, b, cur.id) {
-		addRows2Generic(h, x, y, a, b)
-	}
-}
-
-func sum2Impl(dst, x, y []float32, a, b float32) {
-	switch cur.id {
-	case idAVX512, idAVX512Split:
-		sum2AVX512(dst, x, y, a, b)
-	case idAVX2:
-		sum2AVX2(dst, x, y, a, b)
-	default:
-		sum2Generic(dst, x, y, a, b)
-	}
 }
 
 func dotImpl(a, b []float32) float32 {

@@ -10,10 +10,6 @@ func addRowsImpl(h, v []float32, s float32) { addRowsGeneric(h, v, s) }
 // addRowsEntry is AddRows: here all of it is Go.
 func addRowsEntry(h []float32, d int, s float32, v []float32) { addRowsSlow(h, d, s, v) }
 
-func addRows2Impl(h, x, y []float32, a, b float32) { addRows2Generic(h, x, y, a, b) }
-
-func sum2Impl(dst, x, y []float32, a, b float32) { sum2Generic(dst, x, y, a, b) }
-
 func dotImpl(a, b []float32) float32 { return dotGeneric(a, b) }
 
 func sumSqImpl(a []float32) float64 { return sumSqGeneric(a) }
