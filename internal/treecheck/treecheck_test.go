@@ -57,14 +57,9 @@ var allowList = []string{
 	"serve/parse.go",
 	"shm/columns_proc_test.go:TestMultiProcessColumns",
 	"shm/columns_test.go",
-	"steer/columns_test.go:TestStepColumnRuns",
 	"steer/composed.go:compose",
 	"steer/composed.go:composition.encode",
-	"steer/decode_bench_test.go:benchDecode",
 	"steer/local.go:local.admit",
-	"steer/oracle_test.go:Stepper.oracleWalk",
-	"steer/probe_test.go:TestProbeVectors",
-	"steer/vecfile/malformed_test.go:TestMalformed",
 	"steer/wire.go:decode",
 }
 
