@@ -30,10 +30,6 @@ const (
 var allowList = []string{
 	"bench/bench.go:Run",
 	"capi/capture_test.go:runCaptureRole",
-	"capture/consumer_bench_test.go:BenchmarkConsumerRead",
-	"capture/consumer_run_test.go:TestConsumerNextRun",
-	"capture/hooks_test.go:runHooks",
-	"capture/hub_test.go:TestHubEndToEnd",
 	"cmd/shmsteer/e2e_test.go",
 	"cmd/shmsteer/e2e_test.go:TestServeEndpoints",
 	"cmd/shmsteer/gates_e2e_test.go:TestGateCountsReachStatusAndMetrics",
