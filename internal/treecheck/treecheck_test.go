@@ -39,8 +39,6 @@ var allowList = []string{
 	"cmd/shmsteer/vecfile_e2e_test.go:TestServeVectorFileUpload",
 	"internal/demo/worker.go:workerMain",
 	"ipc/proc_test.go:TestHelperProcess",
-	"mirror/proc_test.go:runHost",
-	"mirror/proc_test.go:runWorker",
 	"python/benchmarks/capture_read.py:main",
 	"python/shmsteer/client.py",
 	"python/shmsteer/errors.py",
