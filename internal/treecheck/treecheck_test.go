@@ -38,7 +38,6 @@ var allowList = []string{
 	"cmd/shmsteer/vecfile_cli_test.go:TestCLIVectorFiles",
 	"cmd/shmsteer/vecfile_e2e_test.go:TestServeVectorFileUpload",
 	"internal/demo/worker.go:workerMain",
-	"ipc/proc_test.go:TestHelperProcess",
 	"python/benchmarks/capture_read.py:main",
 	"python/shmsteer/client.py",
 	"python/shmsteer/errors.py",
