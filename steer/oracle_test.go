@@ -74,7 +74,7 @@ func oracleColAct(v *composedView, ix int) (act uint64, col int) {
 	return act, -1
 }
 
-// oracleWalk is the old Apply at (hook, layer) once its arguments are checked and s.plan is
+// oracleWalk is the old Apply at (hook, layer) once its arguments are checked and s.steered is
 // the batch's: the general walk, which hands a decode batch's runs to oracleRuns.
 func (s *Stepper) oracleWalk(hook HookID, layer int, h []float32) {
 	d := s.d
@@ -174,7 +174,7 @@ func (s *Stepper) oracleWalk(hook HookID, layer int, h []float32) {
 // oracleFold folds one span into the checksum: mix64 of the site, the request, its rows, its
 // phase and the two act words; the span's three fixed words were multiplied once, when the
 // batch was resolved.
-func (s *Stepper) oracleFold(p *planSpan, hook HookID, layer int, ga, rAct uint64) {
+func (s *Stepper) oracleFold(p *steeredSpan, hook HookID, layer int, ga, rAct uint64) {
 	x := mix64(s.sum, uint64(hook)<<32|uint64(layer))
 	x = mixPre(x, p.idMul)
 	x = mixPre(x, p.rowsMul)
