@@ -18,7 +18,7 @@ type AdmitRequest struct {
 	Tenant       string      `json:"tenant,omitempty"`
 	Conversation string      `json:"conversation,omitempty"`
 	Module       string      `json:"module,omitempty"`
-	Override     *SetRequest `json:"override,omitempty"`
+	Override     *setRequest `json:"override,omitempty"`
 	Compose      string      `json:"compose,omitempty"` // "replace" (default) or "add"
 	// Steering is the fork's declarative gates: [{when, scope, apply}, ...] (steer.DecodeGates).
 	Steering json.RawMessage `json:"steering,omitempty"`

@@ -19,7 +19,7 @@ func (s *Server) setGlobal(_ *http.Request, p principal, body []byte) (any, erro
 	if err := needAdmin(p, "global steering"); err != nil {
 		return nil, err
 	}
-	var req SetRequest
+	var req setRequest
 	if err := decodePayload(body, &req); err != nil {
 		return nil, err
 	}
@@ -98,28 +98,28 @@ func (s *Server) clearGlobal(_ *http.Request, p principal, body []byte) (any, er
 	return map[string]any{"status": "ok", "version": v}, nil
 }
 
-// HookNorms is what GET /v1/steering reports per (layer, hook), as the fork's workers do: the
+// hookNorms is what GET /v1/steering reports per (layer, hook), as the fork's workers do: the
 // L2 norm of each tier's summed vector (named references resolved), rounded to 6 decimals,
 // under "norm" (base), "prefill_norm" and "decode_norm"; zero norms are left out.
-type HookNorms map[string]float64
+type hookNorms map[string]float64
 
 func (s *Server) getSteering(*http.Request, principal, []byte) (any, error) {
-	active, clamps, v, err := ActiveLayers(s.eng)
+	active, clamps, v, err := activeLayers(s.eng)
 	if err != nil {
 		return nil, err
 	}
 	return map[string]any{"active_layers": active, "clamps": clamps, "version": v}, nil
 }
 
-// ActiveLayers summarizes the global steering: layer → hook → norms (non-zero only), and
+// activeLayers summarizes the global steering: layer → hook → norms (non-zero only), and
 // layer → hook → number of clamps (sites with clamps only).
-func ActiveLayers(eng *steer.Engine) (map[string]map[string]HookNorms, map[string]map[string]int, uint64, error) {
+func activeLayers(eng *steer.Engine) (map[string]map[string]hookNorms, map[string]map[string]int, uint64, error) {
 	snap, err := eng.Region().Snapshot()
 	if err != nil {
 		return nil, nil, 0, err
 	}
 	defer snap.Close()
-	out := map[string]map[string]HookNorms{}
+	out := map[string]map[string]hookNorms{}
 	clamps := map[string]map[string]int{}
 	g, _, ok, err := eng.Global(&snap)
 	if err != nil || !ok {
@@ -175,10 +175,10 @@ func ActiveLayers(eng *steer.Engine) (map[string]map[string]HookNorms, map[strin
 		}
 		l := strconv.Itoa(k.layer)
 		if out[l] == nil {
-			out[l] = map[string]HookNorms{}
+			out[l] = map[string]hookNorms{}
 		}
 		if out[l][k.hook] == nil {
-			out[l][k.hook] = HookNorms{}
+			out[l][k.hook] = hookNorms{}
 		}
 		out[l][k.hook][normKey[k.ph]] = n
 	}

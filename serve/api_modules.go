@@ -12,12 +12,12 @@ import (
 type moduleRequest struct {
 	Name           string     `json:"name"`
 	Kind           *string    `json:"kind"`
-	Vectors        VectorSpec `json:"vectors,omitempty"`
-	PrefillVectors VectorSpec `json:"prefill_vectors,omitempty"`
-	DecodeVectors  VectorSpec `json:"decode_vectors,omitempty"`
-	Clamps         ClampSpec  `json:"clamps,omitempty"`
-	PrefillClamps  ClampSpec  `json:"prefill_clamps,omitempty"`
-	DecodeClamps   ClampSpec  `json:"decode_clamps,omitempty"`
+	Vectors        vectorSpec `json:"vectors,omitempty"`
+	PrefillVectors vectorSpec `json:"prefill_vectors,omitempty"`
+	DecodeVectors  vectorSpec `json:"decode_vectors,omitempty"`
+	Clamps         clampSpec  `json:"clamps,omitempty"`
+	PrefillClamps  clampSpec  `json:"prefill_clamps,omitempty"`
+	DecodeClamps   clampSpec  `json:"decode_clamps,omitempty"`
 	SAEManifest    any        `json:"sae_manifest,omitempty"`
 }
 
@@ -59,7 +59,7 @@ func (s *Server) registerModule(_ *http.Request, p principal, body []byte) (any,
 	if !p.owns(req.Name) {
 		return nil, fmt.Errorf("%w: tenant %q may register only modules named %q+NAME", ErrForbidden, p.tenant, p.tenant+"/")
 	}
-	sr := SetRequest{Vectors: req.Vectors, PrefillVectors: req.PrefillVectors, DecodeVectors: req.DecodeVectors,
+	sr := setRequest{Vectors: req.Vectors, PrefillVectors: req.PrefillVectors, DecodeVectors: req.DecodeVectors,
 		Clamps: req.Clamps, PrefillClamps: req.PrefillClamps, DecodeClamps: req.DecodeClamps}
 	st, err := sr.Steering(s.eng.Config())
 	if err != nil {

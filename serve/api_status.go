@@ -52,8 +52,8 @@ func (s *Server) dynamic(*http.Request, principal, []byte) (any, error) {
 	}, nil
 }
 
-// Status is GET /v1/status: the steering Status and more.
-type Status struct {
+// statusReply is GET /v1/status: the steering Status and more.
+type statusReply struct {
 	steer.Status
 	KeysLive      int     `json:"keys_live"`    // = keys
 	KeysRevoked   int     `json:"keys_revoked"` // = revoked_keys
@@ -75,16 +75,16 @@ type Status struct {
 	Capture *capture.HubStatus `json:"capture,omitempty"`
 	// GateWork is the gate counts serve's workers reported (steer.ReportGates), summed; nil
 	// where the owner does not collect them.
-	GateWork *GateWork `json:"gate_work,omitempty"`
+	GateWork *gateWorkTotals `json:"gate_work,omitempty"`
 }
 
-// RegionStatus fills the region-level fields every process can read.
-func RegionStatus(eng *steer.Engine) (Status, error) {
+// regionStatus fills the region-level fields every process can read.
+func regionStatus(eng *steer.Engine) (statusReply, error) {
 	st, err := eng.Status()
 	if err != nil {
-		return Status{}, err
+		return statusReply{}, err
 	}
-	out := Status{Status: st, KeysLive: st.Keys, KeysRevoked: st.RevokedKeys}
+	out := statusReply{Status: st, KeysLive: st.Keys, KeysRevoked: st.RevokedKeys}
 	rs := eng.Region().Stats()
 	out.IndexUsed = rs.Entries
 	out.IndexFree = rs.IndexSlots - min(rs.Entries, rs.IndexSlots)
@@ -99,8 +99,8 @@ func RegionStatus(eng *steer.Engine) (Status, error) {
 	return out, err
 }
 
-func (s *Server) status() (Status, error) {
-	out, err := RegionStatus(s.eng)
+func (s *Server) status() (statusReply, error) {
+	out, err := regionStatus(s.eng)
 	if err != nil {
 		return out, err
 	}

@@ -10,10 +10,11 @@ import (
 	"sort"
 
 	"github.com/shmsteer/shmsteer/steer"
+	"github.com/shmsteer/shmsteer/steer/vecfile"
 )
 
-// VectorSummary is one named vector in listings ("details" of GET /v1/steering/vectors).
-type VectorSummary struct {
+// vectorSummary is one named vector in listings ("details" of GET /v1/steering/vectors).
+type vectorSummary struct {
 	Name    string `json:"name"`
 	Kind    string `json:"kind"`
 	Version uint64 `json:"version"`
@@ -24,14 +25,14 @@ type VectorSummary struct {
 	ModelHint string `json:"model_hint,omitempty"`
 }
 
-// ListVectors lists the named vectors (steer, then probe, each by name) a principal may see.
-func ListVectors(eng *steer.Engine, visible func(string) bool) ([]VectorSummary, error) {
+// vectorSummaries lists the named vectors (steer, then probe, each by name) a principal may see.
+func vectorSummaries(eng *steer.Engine, visible func(string) bool) ([]vectorSummary, error) {
 	snap, err := eng.Region().Snapshot()
 	if err != nil {
 		return nil, err
 	}
 	defer snap.Close()
-	out := []VectorSummary{}
+	out := []vectorSummary{}
 	for _, kind := range []steer.VectorKind{steer.VectorSteer, steer.VectorProbe} {
 		infos, read := eng.VectorInfos, eng.Vector
 		if kind == steer.VectorProbe {
@@ -41,12 +42,12 @@ func ListVectors(eng *steer.Engine, visible func(string) bool) ([]VectorSummary,
 		if err != nil {
 			return nil, err
 		}
-		var part []VectorSummary
+		var part []vectorSummary
 		for _, in := range list {
 			if !visible(in.Name) {
 				continue
 			}
-			vs := VectorSummary{Name: in.Name, Kind: kind.String(), Version: in.Version, Digest: hex.EncodeToString(in.Digest[:]), ModelHint: in.ModelHint}
+			vs := vectorSummary{Name: in.Name, Kind: kind.String(), Version: in.Version, Digest: hex.EncodeToString(in.Digest[:]), ModelHint: in.ModelHint}
 			if nv, err := read(&snap, in.Name); err == nil {
 				vs.Entries = len(nv.Vectors)
 			}
@@ -59,7 +60,7 @@ func ListVectors(eng *steer.Engine, visible func(string) bool) ([]VectorSummary,
 }
 
 // vectorsByKind is the fork's listing: {"probe": [names], "steer": [names]}, sorted.
-func vectorsByKind(list []VectorSummary) map[string][]string {
+func vectorsByKind(list []vectorSummary) map[string][]string {
 	out := map[string][]string{"probe": {}, "steer": {}}
 	for _, v := range list {
 		out[v.Kind] = append(out[v.Kind], v.Name)
@@ -111,7 +112,7 @@ func (s *Server) registerVector(_ *http.Request, p principal, body []byte) (any,
 	}
 	var vecs []steer.Vector
 	for _, h := range sortedKeys(req.Packed) {
-		var pk Packed
+		var pk vecfile.Packed
 		d := json.NewDecoder(bytes.NewReader(req.Packed[h]))
 		d.DisallowUnknownFields()
 		if err := d.Decode(&pk); err != nil {
@@ -146,7 +147,7 @@ func (s *Server) registerVector(_ *http.Request, p principal, body []byte) (any,
 	if err := s.persistAfterChange(); err != nil {
 		return nil, err
 	}
-	list, err := ListVectors(s.eng, p.owns)
+	list, err := vectorSummaries(s.eng, p.owns)
 	return map[string]any{"status": "ok", "name": req.Name, "kind": kind.String(), "version": info.Version,
 		"digest": hex.EncodeToString(info.Digest[:]), "vectors": vectorsByKind(list)}, err
 }
@@ -176,7 +177,7 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 		v, dropped, err = UnregisterVector(s.eng, req.Name)
 	}
 	if errors.Is(err, steer.ErrUnknownVector) || errors.Is(err, steer.ErrBadName) {
-		list, lerr := ListVectors(s.eng, p.owns)
+		list, lerr := vectorSummaries(s.eng, p.owns)
 		if lerr != nil {
 			return nil, lerr
 		}
@@ -187,7 +188,7 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 	if err := s.persistAfterChange(); err != nil {
 		return nil, err
 	}
-	list, err := ListVectors(s.eng, p.owns)
+	list, err := vectorSummaries(s.eng, p.owns)
 	if dropped == nil {
 		dropped = []string{}
 	}
@@ -197,7 +198,7 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 
 // listVectors answers the fork's exact {vectors, count}; ?details=1 adds serve's details.
 func (s *Server) listVectors(r *http.Request, p principal, _ []byte) (any, error) {
-	list, err := ListVectors(s.eng, p.owns)
+	list, err := vectorSummaries(s.eng, p.owns)
 	out := map[string]any{"vectors": vectorsByKind(list), "count": len(list)}
 	if d := r.URL.Query().Get("details"); d != "" && d != "0" && d != "false" {
 		out["details"] = list

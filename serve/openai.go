@@ -65,10 +65,10 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 		}
 		out.Steering = raw
 	}
-	var req SetRequest
+	var req setRequest
 	vecFields := []struct {
 		name string
-		dst  *VectorSpec
+		dst  *vectorSpec
 	}{{"steering_vectors", &req.Vectors}, {"prefill_steering_vectors", &req.PrefillVectors}, {"decode_steering_vectors", &req.DecodeVectors}}
 	for _, f := range vecFields {
 		spec, err := packedOnly(fields[f.name], f.name)
@@ -79,7 +79,7 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 	}
 	clampFields := []struct {
 		name string
-		dst  *ClampSpec
+		dst  *clampSpec
 	}{{"steering_clamps", &req.Clamps}, {"prefill_steering_clamps", &req.PrefillClamps}, {"decode_steering_clamps", &req.DecodeClamps}}
 	for _, f := range clampFields {
 		raw, ok := fields[f.name]
@@ -89,7 +89,7 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 		if jsonKind(raw) != "dict" {
 			return out, badInput("%s: Input should be a valid dictionary, got %s", f.name, jsonKind(raw))
 		}
-		var spec ClampSpec
+		var spec clampSpec
 		if err := json.Unmarshal(raw, &spec); err != nil {
 			return out, badInput("%s: %s", f.name, describeJSONError(err))
 		}
@@ -111,14 +111,14 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 
 // packedOnly reads a per-request vector tier: {hook: SteeringHookPacked} only (the fork's
 // pydantic type refuses the list-of-floats and {vector, scale} forms here).
-func packedOnly(raw json.RawMessage, field string) (VectorSpec, error) {
+func packedOnly(raw json.RawMessage, field string) (vectorSpec, error) {
 	if len(raw) == 0 || jsonKind(raw) == "NoneType" {
 		return nil, nil
 	}
 	if jsonKind(raw) != "dict" {
 		return nil, badInput("%s: Input should be a valid dictionary, got %s", field, jsonKind(raw))
 	}
-	var spec VectorSpec
+	var spec vectorSpec
 	if err := json.Unmarshal(raw, &spec); err != nil {
 		return nil, badInput("%s: %s", field, describeJSONError(err))
 	}
@@ -144,7 +144,7 @@ var (
 
 // openAISteering parses and checks the tiers as the fork's SamplingParams and input processor
 // do, in their order.
-func openAISteering(req *SetRequest, cfg steer.ModelConfig, opt OpenAIOptions) (steer.Steering, error) {
+func openAISteering(req *setRequest, cfg steer.ModelConfig, opt OpenAIOptions) (steer.Steering, error) {
 	st, err := parseOpenAITiers(req, cfg)
 	if err != nil {
 		return st, err
@@ -160,7 +160,7 @@ func openAISteering(req *SetRequest, cfg steer.ModelConfig, opt OpenAIOptions) (
 
 // parseOpenAITiers is unpack_steering_vectors (to_sampling_params), then SamplingParams' hook
 // checks, for the vectors and then the clamps of every tier.
-func parseOpenAITiers(req *SetRequest, cfg steer.ModelConfig) (steer.Steering, error) {
+func parseOpenAITiers(req *setRequest, cfg steer.ModelConfig) (steer.Steering, error) {
 	valid := make([]string, cfg.NumHooks())
 	for i := range valid {
 		valid[i] = cfg.HookName(steer.HookID(i))

@@ -153,24 +153,21 @@ func describeJSONError(err error) string {
 	return msg
 }
 
-// VectorSpec is one tier of vectors: hook → either a packed blob or {layer: entry}.
-type VectorSpec map[string]json.RawMessage
+// vectorSpec is one tier of vectors: hook → either a packed blob or {layer: entry}.
+type vectorSpec map[string]json.RawMessage
 
-// ClampSpec is one tier of clamps: hook → {layer: [clamp entry]} or a packed clamp blob
+// clampSpec is one tier of clamps: hook → {layer: [clamp entry]} or a packed clamp blob
 // (ClampHookPacked), or the fork's wire map {"hooks": {hook: table}}.
-type ClampSpec map[string]json.RawMessage
+type clampSpec map[string]json.RawMessage
 
-// Packed is the fork's SteeringHookPacked (vecfile.Packed).
-type Packed = vecfile.Packed
-
-// SetRequest is the body of POST /v1/steering/set (and of `steer global set --file`).
-type SetRequest struct {
-	Vectors           VectorSpec         `json:"vectors,omitempty"`
-	PrefillVectors    VectorSpec         `json:"prefill_vectors,omitempty"`
-	DecodeVectors     VectorSpec         `json:"decode_vectors,omitempty"`
-	Clamps            ClampSpec          `json:"clamps,omitempty"`
-	PrefillClamps     ClampSpec          `json:"prefill_clamps,omitempty"`
-	DecodeClamps      ClampSpec          `json:"decode_clamps,omitempty"`
+// setRequest is the body of POST /v1/steering/set (and of `steer global set --file`).
+type setRequest struct {
+	Vectors           vectorSpec         `json:"vectors,omitempty"`
+	PrefillVectors    vectorSpec         `json:"prefill_vectors,omitempty"`
+	DecodeVectors     vectorSpec         `json:"decode_vectors,omitempty"`
+	Clamps            clampSpec          `json:"clamps,omitempty"`
+	PrefillClamps     clampSpec          `json:"prefill_clamps,omitempty"`
+	DecodeClamps      clampSpec          `json:"decode_clamps,omitempty"`
 	VectorRefs        map[string]float32 `json:"vector_refs,omitempty"`
 	PrefillVectorRefs map[string]float32 `json:"prefill_vector_refs,omitempty"`
 	DecodeVectorRefs  map[string]float32 `json:"decode_vector_refs,omitempty"`
@@ -194,14 +191,14 @@ func decodeStrict(b []byte, v any) error {
 // tierSpec is one tier of a request body with its field names (the fork's, for messages).
 type tierSpec struct {
 	phase     steer.Phase
-	vecs      VectorSpec
-	cl        ClampSpec
+	vecs      vectorSpec
+	cl        clampSpec
 	refs      map[string]float32
 	vecField  string
 	clampName string
 }
 
-func (r *SetRequest) tiers() []tierSpec {
+func (r *setRequest) tiers() []tierSpec {
 	return []tierSpec{
 		{steer.PhaseBase, r.Vectors, r.Clamps, r.VectorRefs, "vectors", "clamps"},
 		{steer.PhasePrefill, r.PrefillVectors, r.PrefillClamps, r.PrefillVectorRefs, "prefill_vectors", "prefill_clamps"},
@@ -212,7 +209,7 @@ func (r *SetRequest) tiers() []tierSpec {
 // Steering converts the request to steering tiers. It checks the structure only (the fork's
 // "Malformed steering payload" errors); CheckSites checks hooks, layers and widths against the
 // model, and steer validates the rest.
-func (r *SetRequest) Steering(cfg steer.ModelConfig) (steer.Steering, error) {
+func (r *setRequest) Steering(cfg steer.ModelConfig) (steer.Steering, error) {
 	var s steer.Steering
 	for _, t := range r.tiers() {
 		tier := s.Tier(t.phase)
@@ -266,7 +263,7 @@ func isPacked(fields map[string]json.RawMessage, clamp bool) bool {
 }
 
 // parseVectorSpec reads one tier; vectors come out sorted by hook then layer.
-func parseVectorSpec(spec VectorSpec, field string) ([]steer.Vector, error) {
+func parseVectorSpec(spec vectorSpec, field string) ([]steer.Vector, error) {
 	var out []steer.Vector
 	for _, hook := range sortedKeys(spec) {
 		raw := spec[hook]
@@ -312,11 +309,12 @@ func parseVectorSpec(spec VectorSpec, field string) ([]steer.Vector, error) {
 	return out, nil
 }
 
-// packedFrom builds a Packed from an object already split into fields, refusing unknown ones.
+// packedFrom builds a packed blob from an object already split into fields, refusing unknown
+// ones.
 // The base64 data is taken straight from between its quotes when it holds no escape (base64
 // needs none), which saves decoding a multi-megabyte string twice.
-func packedFrom(fields map[string]json.RawMessage, path string) (Packed, error) {
-	var p Packed
+func packedFrom(fields map[string]json.RawMessage, path string) (vecfile.Packed, error) {
+	var p vecfile.Packed
 	for k, v := range fields {
 		var dst any
 		switch k {
@@ -438,14 +436,14 @@ func packedError(path string, err error) error {
 }
 
 // packedVectors is p.Vectors(hook) with the fork's wording of its errors.
-func packedVectors(p *Packed, hook string) ([]steer.Vector, error) {
+func packedVectors(p *vecfile.Packed, hook string) ([]steer.Vector, error) {
 	vs, err := p.Vectors(hook)
 	return vs, packedError("", err)
 }
 
-// PackVectors encodes vectors of one hook as a float32 packed blob (for clients and tests).
-func PackVectors(vs []steer.Vector) Packed {
-	p := Packed{Dtype: "float32", Shape: []int{len(vs), 0}}
+// packVectors encodes vectors of one hook as a float32 packed blob (for clients and tests).
+func packVectors(vs []steer.Vector) vecfile.Packed {
+	p := vecfile.Packed{Dtype: "float32", Shape: []int{len(vs), 0}}
 	var raw []byte
 	for _, v := range vs {
 		p.Shape[1] = len(v.Data)

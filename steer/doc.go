@@ -59,10 +59,16 @@
 //     compositions that found the column pool full (Status.ColumnsFallbacks), so Status reads
 //     the same numbers in every process.
 //   - KindComposed (20), key = request id, and KindComposedGlobal (21), key "global": the
-//     request's and the global steering composed per (hook, layer, phase) by the owner; a
-//     request's own vectors sit in the region's column pool (shm.ColumnPool), in the columns
-//     its entry names and owns.
-//   - KindCapture (24), key = request id: the request's capture specs as the owner validated
+//     request's and the global steering composed by the owner per site entry (site and
+//     phase); a request's own vectors sit in the region's column pool (shm.ColumnPool), in
+//     the columns its entry names and owns.
+//   - KindProbe (22), key = name: a named probe vector, read by gates and never added, in the
+//     steering wire format with one base vector at its one site (probe.go).
+//   - KindGates (23), key = request id: the request's gates as the owner resolved them at
+//     Admit, the vectors they name included, written with its steering (gates_admit.go).
+//   - KindVectorMeta (24), key = name: a named steering vector's metadata (its model hint),
+//     written with the vector and only when there is any (vmeta.go).
+//   - KindCapture (25), key = request id: the request's capture specs as the owner validated
 //     them at Admit against its declared consumers (Options.CaptureConsumers): each
 //     consumer's raw spec, sites and positions, and the prompt length (capture.go;
 //     Engine.Capture reads it).

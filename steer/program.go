@@ -68,8 +68,8 @@ const (
 	addPair
 )
 
-// foldOp is a steered span of a site, for the checksum: its index in Stepper.steered, its gated operation
-// (-1: none) and the global and request action words, multiplied by mixK1.
+// foldOp is a steered span of a site, for the checksum: its index in Stepper.steered, its
+// gated operation (-1: none) and the global and request action words, multiplied by mixK1.
 type foldOp struct {
 	p, gated int32
 	gaM, raM uint64
@@ -222,8 +222,9 @@ func (s *Stepper) clamp(p *steeredSpan, blk []float32, gcl, rcl []byte) {
 	}
 }
 
-// runGated applies a gated decode span at site (hook*layers + layer): its probes read before its steering, the
-// request's vector times the attenuation, the global one, the gates' adds, the clamps.
+// runGated applies a gated decode span at site (hook*layers + layer): its probes read before
+// its steering, the request's vector times the attenuation, the global one, the gates' adds,
+// the clamps.
 func (s *Stepper) runGated(g *gatedOp, p *steeredSpan, site int, h []float32) {
 	d := s.d
 	blk := h[p.start*d : p.end*d]

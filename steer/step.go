@@ -262,8 +262,8 @@ func (s *Stepper) checkApply(hook HookID, layer int) error {
 const siteAhead = 4
 
 // steeredSpan is one steered span of the resolved batch, as the program reads it: its rows,
-// its request, the site-entry offset of its phase (0 prefill, 1 decode), whether it is gated, and its fixed checksum
-// words already multiplied by mix64's first constant.
+// its request, the site-entry offset of its phase (0 prefill, 1 decode), whether it is
+// gated, and its fixed checksum words already multiplied by mix64's first constant.
 type steeredSpan struct {
 	st                       *reqState
 	start, end, ph           int
