@@ -48,8 +48,6 @@ var allowList = []string{
 	"serve/fork_openai_test.go:openAICases",
 	"serve/openai.go:openAISteering",
 	"serve/parse.go",
-	"shm/columns_proc_test.go:TestMultiProcessColumns",
-	"shm/columns_test.go",
 	"steer/composed.go:compose",
 	"steer/composed.go:composition.encode",
 	"steer/local.go:local.admit",
