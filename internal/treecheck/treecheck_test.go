@@ -29,7 +29,6 @@ const (
 // its limit: remove it when its owner splits it.
 var allowList = []string{
 	"bench/bench.go:Run",
-	"capi/capture_test.go:runCaptureRole",
 	"cmd/shmsteer/e2e_test.go",
 	"cmd/shmsteer/e2e_test.go:TestServeEndpoints",
 	"cmd/shmsteer/gates_e2e_test.go:TestGateCountsReachStatusAndMetrics",
