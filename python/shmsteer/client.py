@@ -21,12 +21,13 @@ import threading
 import weakref
 from ctypes import byref, c_int, c_int32, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import _lib
 from ._lib import check, lib
 from .errors import ForkedError, InvalidArgumentError, ShmsteerError
 from .keys import THREAD_READERS, Keys, close_readers, new_keys  # noqa: F401 (THREAD_READERS: re-exported)
+from .admission import split_override
 from .snapshot import ImportedVector, NamedVector, Snapshot, VectorEntry, _Lifetime
 
 try:  # numpy is optional: views are memoryviews without it
@@ -560,6 +561,7 @@ class Owner(_Handle):
         out = c_void_p()
         check(lib.shmsteer_owner_start(_b(namespace), sb, sl, sf, byref(cfg), byref(out)))
         super().__init__(out.value, owner=True)
+        self._hook_index: Optional[Dict[str, int]] = None
 
     def admit(self, request_id: str, override: Optional[Dict[str, Any]] = None,
               tenant: str = "", conversation: str = "",
@@ -578,6 +580,14 @@ class Owner(_Handle):
         :class:`~shmsteer.errors.ProbeSiteError` (a packed blob that does not decode:
         :class:`~shmsteer.openai.SteeringRequestError`), and admit nothing.
 
+        ``override`` is the steering JSON's shape as a dict (``{"base"|"prefill"|"decode":
+        {"vectors": [...], "refs": [...], "clamps": [...]}, "compose": n}``). A vector's ``data``
+        may be a float list, or a numpy array or torch tensor (1-D, the hidden size; float32
+        contiguous CPU memory is read in place, anything else converted): those go to the engine
+        by address (:mod:`shmsteer.admission`), not as JSON. A bad shape or dtype raises
+        :class:`~shmsteer.errors.InvalidArgumentError`, a wrong length
+        :class:`~shmsteer.errors.HiddenSizeError`.
+
         ``capture`` is the request's activation capture, ``{consumer: spec}`` (the filesystem
         consumer's spec: the fork's FilesystemCaptureRequest dict), naming consumers this owner
         serves (:func:`shmsteer.capture.serve_capture`); ``prompt_len`` is the prompt's length in
@@ -592,16 +602,34 @@ class Owner(_Handle):
             a["capture"] = capture
         if prompt_len:
             a["prompt_len"] = _int("prompt_len", prompt_len, I32)
+        vecs: Optional[ctypes.Array] = None
         if override is not None:
-            a["override"] = override
+            a["override"], vecs, keep = split_override(override, self._hook_ids(), self.model[0])
         if steering is not None:
             a["steering"] = _gates_for_abi(steering)
         js = json.dumps(a).encode()
         rid = _b(request_id)
         out = _lib.AdmittedC()
-        check(lib.shmsteer_request_admit_result(self.handle, rid, len(rid), js, len(js), byref(out)))
+        if vecs is None:
+            check(lib.shmsteer_request_admit_result(self.handle, rid, len(rid), js, len(js), byref(out)))
+        else:
+            check(lib.shmsteer_request_admit_binary(self.handle, rid, len(rid), js, len(js), vecs, len(vecs),
+                                                    byref(out)))
+            del keep  # the engine copied the floats
         src = SOURCES[out.source] if 0 <= out.source < len(SOURCES) else str(out.source)
         return Admitted(out.version, src, bool(out.latched), bool(out.refused), bool(out.replaced), bytes(out.digest))
+
+    def _hook_ids(self) -> Callable[[Union[str, int]], int]:
+        """A hook's id by name from the model's hook list (read once), or by the library (which
+        raises UnknownHookError) for a name not in it or an id."""
+        if self._hook_index is None:
+            self._hook_index = {n: i for i, n in enumerate(self.model[2])}
+        index = self._hook_index
+
+        def hook_id(hook: Union[str, int]) -> int:
+            i = index.get(hook) if isinstance(hook, str) else None
+            return self.hook_id(hook) if i is None else i
+        return hook_id
 
     def end(self, request_id: str) -> int:
         """End a request: its steering entry is removed."""
