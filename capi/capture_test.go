@@ -102,7 +102,7 @@ func runCaptureRole() int {
 	}
 	defer w.Close()
 	fmt.Println("ready")
-	begun := map[string]bool{}
+	cr := &captureRole{hub: hub, w: w, begun: map[string]bool{}}
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		f := strings.SplitN(sc.Text(), " ", 4)
@@ -120,63 +120,92 @@ func runCaptureRole() int {
 			reqs, _ := strconv.Atoi(f[1])
 			layers, _ := strconv.Atoi(f[2])
 			width, _ := strconv.Atoi(f[3])
-			rec := capture.Record{Hook: "post_block", Dtype: capture.Float32, Rows: 1, Width: width, Positions: []int{0}, Data: make([]byte, 4*width)}
-			for i := range rec.Data {
-				rec.Data[i] = byte(i)
-			}
-			for r := range reqs {
-				id := "req-" + strconv.Itoa(r)
-				if !begun[id] {
-					begun[id] = true
-					hub.Begin(id, steer.AdmittedCapture{Specs: map[string]json.RawMessage{"py": json.RawMessage(`{}`)}, PromptLen: 1})
-				}
-			}
-			for l := range layers {
-				rec.Layer = l
-				for r := range reqs {
-					if err := w.Writer().Append("req-"+strconv.Itoa(r), rec); err != nil {
-						reply = "err " + err.Error()
-					}
-				}
-			}
+			reply = cr.step(reqs, layers, width)
 		case f[0] == "burst" && len(f) == 4:
-			var reqs, layers, rows, width, seed int
-			var dtype string
-			if _, err := fmt.Sscan(f[1]+" "+f[2]+" "+f[3], &reqs, &layers, &rows, &width, &dtype, &seed); err != nil {
-				reply = "err " + err.Error()
-				break
-			}
-			k := 0
-			for l := range layers {
-				for r := range reqs {
-					id := "req-" + strconv.Itoa(r)
-					if !begun[id] {
-						begun[id] = true
-						hub.Begin(id, steer.AdmittedCapture{Specs: map[string]json.RawMessage{"py": json.RawMessage(`{}`)}, PromptLen: 1})
-					}
-					rec := burstRecord(seed, k, l, rows, width, capture.Dtype(dtype))
-					if err := w.Writer().Append(id, rec); err != nil {
-						reply = "err " + err.Error()
-					}
-					k++
-				}
-			}
+			reply = cr.burst(f[1] + " " + f[2] + " " + f[3])
 		case f[0] == "end" && len(f) == 2:
 			hub.End(f[1])
 		case f[0] == "result" && len(f) == 2:
-			var res map[string]capture.Result
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-				res, _ = hub.Result(f[1])
-				if res["py"].Status != capture.StatusPending || time.Now().After(deadline) {
-					break
-				}
-			}
-			b, _ := json.Marshal(res)
-			reply = string(b)
+			reply = cr.result(f[1])
 		default:
 			reply = "err unknown command"
 		}
 		fmt.Println(reply)
 	}
 	return 0
+}
+
+// captureRole is runCaptureRole's state: its hub, its worker, and the requests begun for the
+// consumer "py" by step and burst.
+type captureRole struct {
+	hub   *capture.Hub
+	w     *capture.Worker
+	begun map[string]bool
+}
+
+// begin begins request id for "py" (an empty spec, a prompt of one) unless it is begun already.
+func (cr *captureRole) begin(id string) {
+	if !cr.begun[id] {
+		cr.begun[id] = true
+		cr.hub.Begin(id, steer.AdmittedCapture{Specs: map[string]json.RawMessage{"py": json.RawMessage(`{}`)}, PromptLen: 1})
+	}
+}
+
+// step appends one decode step: for requests req-0..req-(reqs-1) (begun first), layers records
+// of one row of width float32 each; "ok" or the last append's error.
+func (cr *captureRole) step(reqs, layers, width int) string {
+	reply := "ok"
+	rec := capture.Record{Hook: "post_block", Dtype: capture.Float32, Rows: 1, Width: width, Positions: []int{0}, Data: make([]byte, 4*width)}
+	for i := range rec.Data {
+		rec.Data[i] = byte(i)
+	}
+	for r := range reqs {
+		cr.begin("req-" + strconv.Itoa(r))
+	}
+	for l := range layers {
+		rec.Layer = l
+		for r := range reqs {
+			if err := cr.w.Writer().Append("req-"+strconv.Itoa(r), rec); err != nil {
+				reply = "err " + err.Error()
+			}
+		}
+	}
+	return reply
+}
+
+// burst appends the records "REQS LAYERS ROWS W DTYPE SEED" in args names: record k of the
+// burst is burstRecord(SEED, k, …); "ok" or the last error.
+func (cr *captureRole) burst(args string) string {
+	var reqs, layers, rows, width, seed int
+	var dtype string
+	if _, err := fmt.Sscan(args, &reqs, &layers, &rows, &width, &dtype, &seed); err != nil {
+		return "err " + err.Error()
+	}
+	reply := "ok"
+	k := 0
+	for l := range layers {
+		for r := range reqs {
+			id := "req-" + strconv.Itoa(r)
+			cr.begin(id)
+			rec := burstRecord(seed, k, l, rows, width, capture.Dtype(dtype))
+			if err := cr.w.Writer().Append(id, rec); err != nil {
+				reply = "err " + err.Error()
+			}
+			k++
+		}
+	}
+	return reply
+}
+
+// result is request id's result as JSON, once "py" has published it (or after 10 s).
+func (cr *captureRole) result(id string) string {
+	var res map[string]capture.Result
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		res, _ = cr.hub.Result(id)
+		if res["py"].Status != capture.StatusPending || time.Now().After(deadline) {
+			break
+		}
+	}
+	b, _ := json.Marshal(res)
+	return string(b)
 }

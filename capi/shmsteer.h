@@ -529,6 +529,34 @@ typedef struct {
 int shmsteer_request_admit_result(shmsteer_t *h, const char *id, size_t id_len, const char *json,
                                   size_t json_len, shmsteer_admitted *out);
 
+/* Tiers of shmsteer_admit_vector: base (prefill and decode rows), prefill, decode. */
+#define SHMSTEER_TIER_BASE 0
+#define SHMSTEER_TIER_PREFILL 1
+#define SHMSTEER_TIER_DECODE 2
+
+/* An inline vector of an admission's override, passed by address: at (hook, layer) of tier,
+ * add scale * data[0:len] to the request's rows. */
+typedef struct {
+  uint32_t tier;     /* SHMSTEER_TIER_* */
+  uint32_t hook;     /* hook id (shmsteer_hook_id) */
+  int32_t layer;
+  float scale;       /* 1: the floats as given */
+  const float *data; /* caller memory, read (copied once) during the call only */
+  size_t len;        /* = the hidden size */
+} shmsteer_admit_vector;
+
+/* shmsteer_request_admit_result with the override's inline vectors passed as float32 buffers
+ * instead of JSON float lists: json is the admission JSON (may be empty) for everything else
+ * (tenant, conversation, override refs, clamps and compose, steering, capture, prompt_len), and
+ * vectors[0:n_vectors] are appended to the override's tiers after any vectors it lists (an
+ * override is made when json has none). Validated as the JSON vectors are, in the same pass.
+ * Errors: INVALID_ARGUMENT (NULL vectors with n_vectors > 0, NULL data with len > 0, a tier
+ * not SHMSTEER_TIER_*), UNKNOWN_HOOK, HIDDEN_SIZE (len), LAYER_RANGE, NON_FINITE, DUPLICATE,
+ * and every refusal of shmsteer_request_admit_json; nothing is admitted then. */
+int shmsteer_request_admit_binary(shmsteer_t *h, const char *id, size_t id_len, const char *json,
+                                  size_t json_len, const shmsteer_admit_vector *vectors,
+                                  size_t n_vectors, shmsteer_admitted *out);
+
 /* End request id: its steering entry is removed (owner only). */
 int shmsteer_request_end(shmsteer_t *h, const char *id, size_t id_len, uint64_t *version);
 

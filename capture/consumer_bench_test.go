@@ -41,145 +41,48 @@ import (
 func BenchmarkConsumerRead(b *testing.B) {
 	const reqs, layers, width = 64, 32, 4096
 	e := newHubEnv(b)
-	w := e.worker(b, WorkerOptions{Capacity: 64 << 20, Wait: time.Second})
-	c := e.consumer(b, ConsumerOptions{Name: "fs"})
-	rec := Record{Hook: "post_block", Dtype: Float32, Rows: 1, Width: width, Positions: []int{100}, Data: make([]byte, width*4)}
-	for i := range rec.Data {
-		rec.Data[i] = byte(i * 7)
+	cb := &consumerReadBench{
+		b:      b,
+		w:      e.worker(b, WorkerOptions{Capacity: 64 << 20, Wait: time.Second}),
+		c:      e.consumer(b, ConsumerOptions{Name: "fs"}),
+		layers: layers,
+		rec:    Record{Hook: "post_block", Dtype: Float32, Rows: 1, Width: width, Positions: []int{100}, Data: make([]byte, width*4)},
+		ids:    make([]string, reqs),
+		step:   reqs * layers * width * 4,
 	}
-	ids := make([]string, reqs)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("req-%d", i)
-		e.hub.Begin(ids[i], steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
+	for i := range cb.rec.Data {
+		cb.rec.Data[i] = byte(i * 7)
+	}
+	for i := range cb.ids {
+		cb.ids[i] = fmt.Sprintf("req-%d", i)
+		e.hub.Begin(cb.ids[i], steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
 	}
 	for range reqs { // the begins
-		if ev, ok, err := c.Next(time.Second); err != nil || !ok || ev.Kind != EventBegin {
+		if ev, ok, err := cb.c.Next(time.Second); err != nil || !ok || ev.Kind != EventBegin {
 			b.Fatal(ev, ok, err)
 		}
 	}
-	step := reqs * layers * width * 4
 	// The baseline reads the same kind of memory as the ring: a shared memfd mapping.
-	m, err := CreateRing(uint64(step), 1)
+	m, err := CreateRing(uint64(cb.step), 1)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer m.Close()
-	src, dst := m.data[:step], make([]byte, step)
-	for i := range src {
-		src[i] = byte(i)
+	cb.src, cb.dst = m.data[:cb.step], make([]byte, cb.step)
+	for i := range cb.src {
+		cb.src[i] = byte(i)
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	type stamp struct{ cpu, wall time.Duration }
-	now := func() stamp {
-		var ts unix.Timespec
-		if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
-			b.Fatal(err)
-		}
-		return stamp{time.Duration(ts.Nano()), time.Duration(time.Now().UnixNano())}
-	}
-	since := func(t0 stamp) stamp { t := now(); return stamp{t.cpu - t0.cpu, t.wall - t0.wall} }
 	var ratios, ratios1, ratiosB, ratiosW, ratiosBW, ratiosR1, consNs, batchNs, memNs []float64
-	b.SetBytes(int64(step))
+	b.SetBytes(int64(cb.step))
 	b.ResetTimer()
-	appendStep := func() {
-		for l := range layers {
-			rec.Layer = l
-			for _, id := range ids {
-				if err := w.Writer().Append(id, rec); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-	}
-	// The consumer reads what the worker just wrote; the baselines' source is rewritten the
-	// same way (untimed) before each copy, so every contender reads freshly written bytes.
-	read := func() stamp {
-		appendStep()
-		t0 := now()
-		off := 0
-		for n := 0; n < reqs*layers; n++ {
-			ev, ok, err := c.Next(time.Second)
-			if err != nil || !ok || ev.Kind != EventRecord {
-				b.Fatal(ev.Kind, ok, err)
-			}
-			off += copy(dst[off:], ev.Record.Data)
-		}
-		c.Release()
-		return since(t0)
-	}
-	// readBatch is read with NextBatch (up to 64 records at a time, released together).
-	var evs []Event
-	readBatch := func() stamp {
-		appendStep()
-		t0 := now()
-		off := 0
-		for n := 0; n < reqs*layers; {
-			var err error
-			evs, err = c.NextBatch(evs[:0], 64, time.Second)
-			if err != nil || len(evs) == 0 {
-				b.Fatal(len(evs), err)
-			}
-			for _, ev := range evs {
-				if ev.Kind != EventRecord {
-					b.Fatal(ev.Kind)
-				}
-				off += copy(dst[off:], ev.Record.Data)
-			}
-			n += len(evs)
-		}
-		c.Release()
-		return since(t0)
-	}
-	// readRun is read with NextRun (runs of up to 1,024 records), each run's rows copied with
-	// non-temporal stores (kernels.StreamCopy), as the C ABI's shmsteer_capture_copy_run does:
-	// the consumer's counterpart of memcpy1.
-	readRun := func() stamp {
-		appendStep()
-		t0 := now()
-		off := 0
-		for n := 0; n < reqs*layers; {
-			var err error
-			evs, err = c.NextRun(evs[:0], RunOptions{Max: 1024}, time.Second)
-			if err != nil || len(evs) == 0 {
-				b.Fatal(len(evs), err)
-			}
-			for i := range evs {
-				off += kernels.StreamCopy(dst[off:], evs[i].Record.Data)
-			}
-			n += len(evs)
-		}
-		kernels.StoreFence()
-		c.Release()
-		return since(t0)
-	}
-	fresh := func() {
-		for off := 0; off < step; off += len(rec.Data) {
-			copy(src[off:], rec.Data)
-		}
-	}
-	// memcpy copies the same bytes in the records' chunks (16 KiB each); memcpy1 in one 32 MiB
-	// copy (which Go does with non-temporal stores, sparing the destination's reads).
-	mem := func() stamp {
-		fresh()
-		t0 := now()
-		for off := 0; off < step; off += len(rec.Data) {
-			copy(dst[off:off+len(rec.Data)], src[off:])
-		}
-		return since(t0)
-	}
-	mem1 := func() stamp {
-		fresh()
-		t0 := now()
-		copy(dst, src)
-		return since(t0)
-	}
 	for i := range b.N {
 		var tc, tb, tm, t1, tr stamp
 		if i%2 == 0 {
-			tc, tm, t1, tb, tr = read(), mem(), mem1(), readBatch(), readRun()
+			tc, tm, t1, tb, tr = cb.read(), cb.mem(), cb.mem1(), cb.readBatch(), cb.readRun()
 		} else {
-			tr, tb, t1, tm, tc = readRun(), readBatch(), mem1(), mem(), read()
+			tr, tb, t1, tm, tc = cb.readRun(), cb.readBatch(), cb.mem1(), cb.mem(), cb.read()
 		}
 		consNs = append(consNs, float64(tc.cpu))
 		batchNs = append(batchNs, float64(tb.cpu))
@@ -199,8 +102,142 @@ func BenchmarkConsumerRead(b *testing.B) {
 	b.ReportMetric(med(ratiosR1), "run/memcpy1")
 	b.ReportMetric(med(ratiosW), "consumer/memcpy-wall")
 	b.ReportMetric(med(ratiosBW), "batch/memcpy-wall")
-	b.ReportMetric(float64(step)/med(consNs), "consumer-GB/s")
-	b.ReportMetric(float64(step)/med(batchNs), "batch-GB/s")
-	b.ReportMetric(float64(step)/med(memNs), "memcpy-GB/s")
+	step := float64(cb.step)
+	b.ReportMetric(step/med(consNs), "consumer-GB/s")
+	b.ReportMetric(step/med(batchNs), "batch-GB/s")
+	b.ReportMetric(step/med(memNs), "memcpy-GB/s")
 	b.ReportMetric(0, "ns/op")
+}
+
+// stamp is a reading of the thread's CPU clock and of the wall clock.
+type stamp struct{ cpu, wall time.Duration }
+
+// consumerReadBench is BenchmarkConsumerRead's state: the worker w appends a step of records
+// (the layers of rec for each of ids, step bytes in all), the contenders copy them into dst;
+// src is the baselines' source, a shared memfd mapping.
+type consumerReadBench struct {
+	b        *testing.B
+	w        *Worker
+	c        *Consumer
+	layers   int
+	rec      Record
+	ids      []string
+	step     int
+	src, dst []byte
+	evs      []Event
+}
+
+func (cb *consumerReadBench) now() stamp {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		cb.b.Fatal(err)
+	}
+	return stamp{time.Duration(ts.Nano()), time.Duration(time.Now().UnixNano())}
+}
+
+func (cb *consumerReadBench) since(t0 stamp) stamp {
+	t := cb.now()
+	return stamp{t.cpu - t0.cpu, t.wall - t0.wall}
+}
+
+func (cb *consumerReadBench) records() int { return len(cb.ids) * cb.layers }
+
+func (cb *consumerReadBench) appendStep() {
+	for l := range cb.layers {
+		cb.rec.Layer = l
+		for _, id := range cb.ids {
+			if err := cb.w.Writer().Append(id, cb.rec); err != nil {
+				cb.b.Fatal(err)
+			}
+		}
+	}
+}
+
+// read: the consumer reads what the worker just wrote with Next; the baselines' source is
+// rewritten the same way (untimed) before each copy, so every contender reads freshly written
+// bytes.
+func (cb *consumerReadBench) read() stamp {
+	cb.appendStep()
+	t0 := cb.now()
+	off := 0
+	for n := 0; n < cb.records(); n++ {
+		ev, ok, err := cb.c.Next(time.Second)
+		if err != nil || !ok || ev.Kind != EventRecord {
+			cb.b.Fatal(ev.Kind, ok, err)
+		}
+		off += copy(cb.dst[off:], ev.Record.Data)
+	}
+	cb.c.Release()
+	return cb.since(t0)
+}
+
+// readBatch is read with NextBatch (up to 64 records at a time, released together).
+func (cb *consumerReadBench) readBatch() stamp {
+	cb.appendStep()
+	t0 := cb.now()
+	off := 0
+	for n := 0; n < cb.records(); {
+		var err error
+		cb.evs, err = cb.c.NextBatch(cb.evs[:0], 64, time.Second)
+		if err != nil || len(cb.evs) == 0 {
+			cb.b.Fatal(len(cb.evs), err)
+		}
+		for _, ev := range cb.evs {
+			if ev.Kind != EventRecord {
+				cb.b.Fatal(ev.Kind)
+			}
+			off += copy(cb.dst[off:], ev.Record.Data)
+		}
+		n += len(cb.evs)
+	}
+	cb.c.Release()
+	return cb.since(t0)
+}
+
+// readRun is read with NextRun (runs of up to 1,024 records), each run's rows copied with
+// non-temporal stores (kernels.StreamCopy), as the C ABI's shmsteer_capture_copy_run does:
+// the consumer's counterpart of memcpy1.
+func (cb *consumerReadBench) readRun() stamp {
+	cb.appendStep()
+	t0 := cb.now()
+	off := 0
+	for n := 0; n < cb.records(); {
+		var err error
+		cb.evs, err = cb.c.NextRun(cb.evs[:0], RunOptions{Max: 1024}, time.Second)
+		if err != nil || len(cb.evs) == 0 {
+			cb.b.Fatal(len(cb.evs), err)
+		}
+		for i := range cb.evs {
+			off += kernels.StreamCopy(cb.dst[off:], cb.evs[i].Record.Data)
+		}
+		n += len(cb.evs)
+	}
+	kernels.StoreFence()
+	cb.c.Release()
+	return cb.since(t0)
+}
+
+func (cb *consumerReadBench) fresh() {
+	for off := 0; off < cb.step; off += len(cb.rec.Data) {
+		copy(cb.src[off:], cb.rec.Data)
+	}
+}
+
+// mem copies the same bytes in the records' chunks (16 KiB each).
+func (cb *consumerReadBench) mem() stamp {
+	cb.fresh()
+	t0 := cb.now()
+	for off := 0; off < cb.step; off += len(cb.rec.Data) {
+		copy(cb.dst[off:off+len(cb.rec.Data)], cb.src[off:])
+	}
+	return cb.since(t0)
+}
+
+// mem1 copies them in one 32 MiB copy (which Go does with non-temporal stores, sparing the
+// destination's reads).
+func (cb *consumerReadBench) mem1() stamp {
+	cb.fresh()
+	t0 := cb.now()
+	copy(cb.dst, cb.src)
+	return cb.since(t0)
 }

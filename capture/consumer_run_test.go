@@ -22,16 +22,7 @@ func TestConsumerNextRun(t *testing.T) {
 	c := e.consumer(t, ConsumerOptions{Name: "fs"})
 	e.hub.Begin("r1", steer.AdmittedCapture{Specs: map[string]json.RawMessage{"fs": json.RawMessage(`{}`)}, PromptLen: 1})
 	// 320-byte frames (64 header + 256 data): 51 fit before the 16 KiB ring's end.
-	rec := func(i, rows int) Record {
-		r := Record{Hook: "post_block", Layer: i % 32, Dtype: Float32, Rows: rows, Width: 64, Data: make([]byte, 256*rows)}
-		for j := range rows {
-			r.Positions = append(r.Positions, i*10+j)
-		}
-		for j := range r.Data {
-			r.Data[j] = byte(i*31 + j)
-		}
-		return r
-	}
+	rec := runRecord
 	appendN := func(from, n, rows int) {
 		t.Helper()
 		for i := from; i < from+n; i++ {
@@ -95,20 +86,7 @@ func TestConsumerNextRun(t *testing.T) {
 	if n := len(run(RunOptions{Max: 100})); n != 3 {
 		t.Fatalf("a run of %d, want the 3 one-row records", n)
 	}
-	for _, opt := range []RunOptions{{Max: 0}, {Max: MaxRun + 1}, {Max: 1, MaxBytes: -1}, {Max: 1, MaxRows: -1}} {
-		if _, err := c.NextRun(nil, opt, time.Second); !errors.Is(err, ErrBadRun) {
-			t.Fatalf("%+v: %v, want ErrBadRun", opt, err)
-		}
-	}
-	// A record of 512 bytes against a 500-byte bound: refused typed, not consumed.
-	var tl *RunTooLargeError
-	if _, err := c.NextRun(nil, RunOptions{Max: 4, MaxBytes: 500}, time.Second); !errors.As(err, &tl) || !errors.Is(err, ErrRunTooLarge) ||
-		tl.Bytes != 512 || tl.Rows != 2 {
-		t.Fatalf("%v (%+v), want ErrRunTooLarge for 512 bytes in 2 rows", err, tl)
-	}
-	if _, err := c.NextRun(nil, RunOptions{Max: 4, MaxRows: 1}, time.Second); !errors.As(err, &tl) || tl.Rows != 2 {
-		t.Fatalf("%v, want ErrRunTooLarge for 2 rows", err)
-	}
+	checkRunRefusals(t, c)
 	if n := len(run(RunOptions{Max: 4, MaxBytes: 1100})); n != 2 {
 		t.Fatalf("a run of %d within 1100 bytes, want 2", n)
 	}
@@ -127,5 +105,38 @@ func TestConsumerNextRun(t *testing.T) {
 	next++
 	if n := len(run(RunOptions{Max: 100})); n != 9 {
 		t.Fatalf("a run of %d from the read-ahead, want 9", n)
+	}
+}
+
+// runRecord is TestConsumerNextRun's record i: rows rows of 64 bytes at positions i*10+j, a
+// layer and bytes derived from i.
+func runRecord(i, rows int) Record {
+	r := Record{Hook: "post_block", Layer: i % 32, Dtype: Float32, Rows: rows, Width: 64, Data: make([]byte, 256*rows)}
+	for j := range rows {
+		r.Positions = append(r.Positions, i*10+j)
+	}
+	for j := range r.Data {
+		r.Data[j] = byte(i*31 + j)
+	}
+	return r
+}
+
+// checkRunRefusals checks that bad RunOptions are refused with ErrBadRun, and that the next
+// record (512 bytes in 2 rows) against a 500-byte or a 1-row bound is refused typed, not
+// consumed.
+func checkRunRefusals(t *testing.T, c *Consumer) {
+	t.Helper()
+	for _, opt := range []RunOptions{{Max: 0}, {Max: MaxRun + 1}, {Max: 1, MaxBytes: -1}, {Max: 1, MaxRows: -1}} {
+		if _, err := c.NextRun(nil, opt, time.Second); !errors.Is(err, ErrBadRun) {
+			t.Fatalf("%+v: %v, want ErrBadRun", opt, err)
+		}
+	}
+	var tl *RunTooLargeError
+	if _, err := c.NextRun(nil, RunOptions{Max: 4, MaxBytes: 500}, time.Second); !errors.As(err, &tl) || !errors.Is(err, ErrRunTooLarge) ||
+		tl.Bytes != 512 || tl.Rows != 2 {
+		t.Fatalf("%v (%+v), want ErrRunTooLarge for 512 bytes in 2 rows", err, tl)
+	}
+	if _, err := c.NextRun(nil, RunOptions{Max: 4, MaxRows: 1}, time.Second); !errors.As(err, &tl) || tl.Rows != 2 {
+		t.Fatalf("%v, want ErrRunTooLarge for 2 rows", err)
 	}
 }

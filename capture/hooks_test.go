@@ -63,36 +63,7 @@ func runHooks(t *testing.T, cfg steer.ModelConfig, decl map[string]string, reqs 
 	t.Helper()
 	e := newOwner(t, cfg, decl)
 	rng := rand.New(rand.NewPCG(uint64(len(reqs)), uint64(path)))
-	// Every request is also steered everywhere, so a capture after the add would differ.
-	var vecs []steer.Vector
-	for h := range cfg.NumHooks() {
-		for l := range cfg.Layers {
-			v := make([]float32, cfg.Hidden)
-			for i := range v {
-				v[i] = 1 + float32(i)
-			}
-			vecs = append(vecs, steer.Vector{Hook: cfg.HookName(steer.HookID(h)), Layer: l, Scale: 1, Data: v})
-		}
-	}
-	for i := range reqs {
-		r := &reqs[i]
-		caps := map[string]json.RawMessage{}
-		for name, js := range r.specs {
-			caps[name] = json.RawMessage(js)
-			fs, err := DecodeFilesystemSpec([]byte(js))
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := fs.Resolve(cfg, r.promptLen)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.plans = append(r.plans, p)
-		}
-		if _, err := e.Admit(steer.Admission{RequestID: r.id, PromptLen: r.promptLen, Capture: caps, Override: &steer.Steering{Base: steer.Tier{Vectors: vecs}}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	admitHookReqs(t, e, cfg, reqs)
 	ring := newRing(t, 1<<22, 1)
 	rd, err := ring.Attach(Block)
 	if err != nil {
@@ -114,19 +85,7 @@ func runHooks(t *testing.T, cfg steer.ModelConfig, decl map[string]string, reqs 
 	d := cfg.Hidden
 	size := dt.Size()
 	for step := 0; ; step++ {
-		var spans []steer.Span
-		rows := 0
-		for i := range reqs {
-			r := &reqs[i]
-			n, ph := 1, steer.PhaseDecode
-			if done[i] < r.promptLen {
-				n, ph = min(chunk, r.promptLen-done[i]), steer.PhasePrefill
-			} else if done[i] >= r.promptLen+decodeSteps {
-				continue
-			}
-			spans = append(spans, steer.Span{ID: r.id, Start: rows, End: rows + n, Phase: ph, Pos: done[i]})
-			rows += n
-		}
+		spans, rows := hookStepSpans(reqs, done, chunk, decodeSteps)
 		if len(spans) == 0 {
 			break
 		}
@@ -140,46 +99,8 @@ func runHooks(t *testing.T, cfg steer.ModelConfig, decl map[string]string, reqs 
 		for h := range cfg.NumHooks() {
 			for l := range cfg.Layers {
 				hook := steer.HookID(h)
-				f32 := make([]float32, rows*d)
-				raw := make([]byte, rows*d*size)
-				for i := range f32 {
-					x := float32(rng.NormFloat64())
-					switch dt {
-					case steer.CaptureF32:
-						binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(x))
-					case steer.CaptureBF16:
-						var bits uint16
-						bits, x = bf16(x)
-						binary.LittleEndian.PutUint16(raw[2*i:], bits)
-					default:
-						t.Fatalf("dtype %s", dt)
-					}
-					f32[i] = x
-				}
-				// Expected: the rows the plans select at this site, as the hooks saw them.
-				for _, sp := range spans {
-					var reqIx int
-					for reqIx = range reqs {
-						if reqs[reqIx].id == sp.ID {
-							break
-						}
-					}
-					for row := sp.Start; row < sp.End; row++ {
-						pos := sp.Pos + row - sp.Start
-						sel := false
-						for _, p := range reqs[reqIx].plans {
-							sel = sel || p.Selects(pos) && slices.ContainsFunc(p.Sites, func(s Site) bool { return s.Hook == hook && s.Layer == l })
-						}
-						if sel {
-							k := hookKey{sp.ID, l, cfg.HookName(hook)}
-							if want[k] == nil {
-								want[k] = &siteRows{}
-							}
-							want[k].pos = append(want[k].pos, pos)
-							want[k].data = append(want[k].data, raw[row*d*size:(row+1)*d*size]...)
-						}
-					}
-				}
+				f32, raw := hookRows(t, rng, rows*d, dt)
+				wantSelected(want, reqs, spans, cfg.HookName(hook), hook, l, raw, d*size)
 				switch path {
 				case pathApply:
 					if dt != steer.CaptureF32 {
@@ -218,29 +139,141 @@ func runHooks(t *testing.T, cfg steer.ModelConfig, decl map[string]string, reqs 
 			}
 		}
 		// Drain: records of one site and request arrive in position order across steps.
-		for {
-			rec, ok, err := rd.Next()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !ok {
-				break
-			}
-			if rec.Dtype.Size() != size || rec.Width != d {
-				t.Fatalf("record of %s width %d", rec.Dtype, rec.Width)
-			}
-			k := hookKey{rec.RequestID, rec.Layer, rec.Hook}
-			if got[k] == nil {
-				got[k] = &siteRows{}
-			}
-			got[k].pos = append(got[k].pos, rec.Positions...)
-			got[k].data = append(got[k].data, rec.Data...)
-		}
+		drainHookRecords(t, rd, got, size, d)
 	}
 	if s := st.Stats(); s.CaptureErrors != 0 {
 		t.Fatalf("%d sink errors: %v", s.CaptureErrors, st.CaptureErr())
 	}
 	return got, want
+}
+
+// admitHookReqs resolves each request's capture specs into its plans and admits it, steered at
+// every site so that a capture after the add would differ.
+func admitHookReqs(t *testing.T, e *steer.Engine, cfg steer.ModelConfig, reqs []hookReq) {
+	t.Helper()
+	var vecs []steer.Vector
+	for h := range cfg.NumHooks() {
+		for l := range cfg.Layers {
+			v := make([]float32, cfg.Hidden)
+			for i := range v {
+				v[i] = 1 + float32(i)
+			}
+			vecs = append(vecs, steer.Vector{Hook: cfg.HookName(steer.HookID(h)), Layer: l, Scale: 1, Data: v})
+		}
+	}
+	for i := range reqs {
+		r := &reqs[i]
+		caps := map[string]json.RawMessage{}
+		for name, js := range r.specs {
+			caps[name] = json.RawMessage(js)
+			fs, err := DecodeFilesystemSpec([]byte(js))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := fs.Resolve(cfg, r.promptLen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.plans = append(r.plans, p)
+		}
+		if _, err := e.Admit(steer.Admission{RequestID: r.id, PromptLen: r.promptLen, Capture: caps, Override: &steer.Steering{Base: steer.Tier{Vectors: vecs}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// hookStepSpans is the next step's batch: a chunk of prompt for each request still in prefill,
+// one decode row for each with decode steps left (done counts the tokens computed).
+func hookStepSpans(reqs []hookReq, done []int, chunk, decodeSteps int) ([]steer.Span, int) {
+	var spans []steer.Span
+	rows := 0
+	for i := range reqs {
+		r := &reqs[i]
+		n, ph := 1, steer.PhaseDecode
+		if done[i] < r.promptLen {
+			n, ph = min(chunk, r.promptLen-done[i]), steer.PhasePrefill
+		} else if done[i] >= r.promptLen+decodeSteps {
+			continue
+		}
+		spans = append(spans, steer.Span{ID: r.id, Start: rows, End: rows + n, Phase: ph, Pos: done[i]})
+		rows += n
+	}
+	return spans, rows
+}
+
+// hookRows draws n random hidden-state floats and returns them as float32 and as the raw bytes
+// of dtype dt (in bf16, the floats are the rounded values).
+func hookRows(t *testing.T, rng *rand.Rand, n int, dt steer.CaptureDtype) ([]float32, []byte) {
+	t.Helper()
+	f32 := make([]float32, n)
+	raw := make([]byte, n*dt.Size())
+	for i := range f32 {
+		x := float32(rng.NormFloat64())
+		switch dt {
+		case steer.CaptureF32:
+			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(x))
+		case steer.CaptureBF16:
+			var bits uint16
+			bits, x = bf16(x)
+			binary.LittleEndian.PutUint16(raw[2*i:], bits)
+		default:
+			t.Fatalf("dtype %s", dt)
+		}
+		f32[i] = x
+	}
+	return f32, raw
+}
+
+// wantSelected appends to want the rows of raw (rowBytes each) that the requests' plans select
+// at site (hook, l), as the hooks saw them.
+func wantSelected(want map[hookKey]*siteRows, reqs []hookReq, spans []steer.Span, hookName string, hook steer.HookID, l int, raw []byte, rowBytes int) {
+	for _, sp := range spans {
+		var reqIx int
+		for reqIx = range reqs {
+			if reqs[reqIx].id == sp.ID {
+				break
+			}
+		}
+		for row := sp.Start; row < sp.End; row++ {
+			pos := sp.Pos + row - sp.Start
+			sel := false
+			for _, p := range reqs[reqIx].plans {
+				sel = sel || p.Selects(pos) && slices.ContainsFunc(p.Sites, func(s Site) bool { return s.Hook == hook && s.Layer == l })
+			}
+			if sel {
+				k := hookKey{sp.ID, l, hookName}
+				if want[k] == nil {
+					want[k] = &siteRows{}
+				}
+				want[k].pos = append(want[k].pos, pos)
+				want[k].data = append(want[k].data, raw[row*rowBytes:(row+1)*rowBytes]...)
+			}
+		}
+	}
+}
+
+// drainHookRecords reads every record in the ring into got, checking each has the dtype size and
+// width d.
+func drainHookRecords(t *testing.T, rd *RingReader, got map[hookKey]*siteRows, size, d int) {
+	t.Helper()
+	for {
+		rec, ok, err := rd.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		if rec.Dtype.Size() != size || rec.Width != d {
+			t.Fatalf("record of %s width %d", rec.Dtype, rec.Width)
+		}
+		k := hookKey{rec.RequestID, rec.Layer, rec.Hook}
+		if got[k] == nil {
+			got[k] = &siteRows{}
+		}
+		got[k].pos = append(got[k].pos, rec.Positions...)
+		got[k].data = append(got[k].data, rec.Data...)
+	}
 }
 
 func compareCaptured(t *testing.T, got, want map[hookKey]*siteRows) {

@@ -115,31 +115,7 @@ func TestHubEndToEnd(t *testing.T) {
 	e := newHubEnv(t)
 	w1 := e.worker(t, WorkerOptions{Capacity: 1 << 20})
 	c := e.consumer(t, ConsumerOptions{Name: "fs"})
-	// A later worker's registration returns once the reading consumer has a slot on its ring.
-	reg := make(chan error, 1)
-	cl2 := e.client(t)
-	var w2 *Worker
-	go func() {
-		var err error
-		w2, err = RegisterWorker(cl2, WorkerOptions{Capacity: 1 << 20})
-		reg <- err
-	}()
-	for done := false; !done; {
-		if _, ok, err := c.Next(time.Millisecond); ok || err != nil {
-			t.Fatalf("an event before any admission (%v)", err)
-		}
-		select {
-		case err := <-reg:
-			if err != nil {
-				t.Fatal(err)
-			}
-			done = true
-		default:
-		}
-	}
-	if n := e.hub.Status().Consumers[0].Rings; n != 2 {
-		t.Fatalf("the consumer reads %d rings after the second registration", n)
-	}
+	w2 := registerLaterWorker(t, e, c)
 
 	if res, ended := e.hub.Result("r1"); ended || res["fs"].Status != StatusNotRequested {
 		t.Fatalf("before admission: %v ended %v", res, ended)
@@ -171,24 +147,7 @@ func TestHubEndToEnd(t *testing.T) {
 	if ev := next(t, c); ev.Kind != EventBegin || ev.RequestID != "r1" || !bytes.Equal(ev.Spec, spec) || ev.PromptLen != 7 {
 		t.Fatalf("first event %+v", ev)
 	}
-	var got []Record
-	rings := map[uint32]int{}
-	for {
-		ev := next(t, c)
-		if ev.Kind == EventEnd {
-			if ev.RequestID != "r1" || ev.Dropped != 0 {
-				t.Fatalf("end %+v", ev)
-			}
-			break
-		}
-		if ev.Kind != EventRecord || ev.RequestID != "r1" {
-			t.Fatalf("event %+v", ev)
-		}
-		r := ev.Record.Record
-		r.Data = slices.Clone(r.Data)
-		got = append(got, r)
-		rings[ev.Ring]++
-	}
+	got, rings := readUntilEnd(t, c, "r1")
 	if len(got) != len(want) || len(rings) != 2 {
 		t.Fatalf("%d records from %d rings, want %d from 2", len(got), len(rings), len(want))
 	}
@@ -223,6 +182,62 @@ func TestHubEndToEnd(t *testing.T) {
 		c.Next(time.Millisecond)
 		return c.Stats().Rings == 1 && len(e.hub.Status().Rings) == 1
 	})
+}
+
+// registerLaterWorker registers a second worker while the consumer c reads (and sees no event),
+// and checks that the registration returns once c has a slot on the new ring.
+func registerLaterWorker(t *testing.T, e *hubEnv, c *Consumer) *Worker {
+	t.Helper()
+	reg := make(chan error, 1)
+	cl2 := e.client(t)
+	var w2 *Worker
+	go func() {
+		var err error
+		w2, err = RegisterWorker(cl2, WorkerOptions{Capacity: 1 << 20})
+		reg <- err
+	}()
+	for done := false; !done; {
+		if _, ok, err := c.Next(time.Millisecond); ok || err != nil {
+			t.Fatalf("an event before any admission (%v)", err)
+		}
+		select {
+		case err := <-reg:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+		}
+	}
+	if n := e.hub.Status().Consumers[0].Rings; n != 2 {
+		t.Fatalf("the consumer reads %d rings after the second registration", n)
+	}
+	return w2
+}
+
+// readUntilEnd reads request id's records up to its end (which must report nothing dropped),
+// copying each, and counts them per ring.
+func readUntilEnd(t *testing.T, c *Consumer, id string) ([]Record, map[uint32]int) {
+	t.Helper()
+	var got []Record
+	rings := map[uint32]int{}
+	for {
+		ev := next(t, c)
+		if ev.Kind == EventEnd {
+			if ev.RequestID != id || ev.Dropped != 0 {
+				t.Fatalf("end %+v", ev)
+			}
+			break
+		}
+		if ev.Kind != EventRecord || ev.RequestID != id {
+			t.Fatalf("event %+v", ev)
+		}
+		r := ev.Record.Record
+		r.Data = slices.Clone(r.Data)
+		got = append(got, r)
+		rings[ev.Ring]++
+	}
+	return got, rings
 }
 
 // Attaching names a declared consumer, once at a time; bad input is typed.

@@ -78,152 +78,183 @@ func TestHelperProcess(t *testing.T) {
 	}
 	out := bufio.NewWriter(os.Stdout)
 	say := func(s string) { fmt.Fprintln(out, s); out.Flush() }
-	ns := os.Getenv(nsEnv)
-	var (
-		kv     *store // the test store (helpers_test.go), once attached
-		region func() *shm.Region
-		owner  *Owner
-		client *Client
-	)
-	start := func() error {
-		switch role {
-		case "owner":
-			frameTimeout, _ := time.ParseDuration(os.Getenv(frameTimeoutEnv))
-			if n, err := strconv.ParseUint(os.Getenv(nofileEnv), 10, 64); err == nil {
-				if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
-					return err
-				}
-			}
-			o, err := NewOwner(OwnerOptions{Namespace: ns, Region: testRegion, Logger: quietLogger(),
-				NonDumpable: os.Getenv(nondumpEnv) == "1", FrameTimeout: frameTimeout})
-			if err != nil {
-				return err
-			}
-			s := ownerStore(o)
-			owner, kv, region = o, &s, o.Region
-		case "probe":
-			return nil // answers "probe PID" without attaching
-		case "attachloop":
-			attachLoop(ns, say) // answers "stats"; never returns
-		case "squatter":
-			if os.Getenv(squatBindOnlyEnv) == "1" { // bind, never listen: connects are refused
-				for _, name := range strings.Split(os.Getenv(squatEnv), ",") {
-					fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
-					if err != nil {
-						return err
-					}
-					if err := unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + name}); err != nil {
-						return err
-					}
-				}
-				return nil
-			}
-			for _, name := range strings.Split(os.Getenv(squatEnv), ",") {
-				ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
-				if err != nil {
-					return err
-				}
-				squatted = append(squatted, ln) // held until the process exits
-			}
-			return nil
-		case "client":
-			opts := ClientOptions{Namespace: ns, handle: os.Getenv(handleEnv), NonDumpable: os.Getenv(nondumpEnv) == "1"}
-			for _, u := range strings.Split(os.Getenv(ownerUIDsEnv), ",") {
-				if n, err := strconv.Atoi(u); err == nil {
-					opts.OwnerUIDs = append(opts.OwnerUIDs, n)
-				}
-			}
-			if v := os.Getenv(spinEnv); v != "" {
-				d, err := time.ParseDuration(v)
-				if err != nil {
-					return err
-				}
-				opts.SpinWait = d
-			}
-			c, err := Attach(opts)
-			if err != nil {
-				return err
-			}
-			s := clientStore(c)
-			client, kv, region = c, &s, c.Region
-		default:
-			return fmt.Errorf("unknown role %q", role)
-		}
-		return nil
-	}
-	say(reply(start(), "ready"))
+	h := &helperProc{role: role, ns: os.Getenv(nsEnv), say: say}
+	say(reply(h.start(), "ready"))
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		f := strings.Fields(in.Text())
-		if len(f) == 0 {
-			continue
-		}
-		if kv == nil && f[0] != "mapped" && f[0] != "attach" && f[0] != "exit" && f[0] != "probe" && f[0] != "attachn" && f[0] != "squat" {
-			say("err not-attached")
-			continue
-		}
-		switch f[0] {
-		case "attach":
-			say(reply(start(), ""))
-		case "squat": // squatter: bind and listen on more names
-			var err error
-			for _, name := range f[1:] {
-				var ln *net.UnixListener
-				if ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"}); err != nil {
-					break
-				}
-				squatted = append(squatted, ln)
-			}
-			say(reply(err, ""))
-		case "probe": // can this process read another's memory and descriptors?
-			say(probeProc(f[1]))
-		case "attachn": // attach N times; print how many distinct errors and the last
-			n, _ := strconv.Atoi(f[1])
-			seen := map[string]bool{}
-			var last string
-			for range n {
-				c, err := Attach(ClientOptions{Namespace: ns, OwnerUIDs: []int{0}})
-				if err == nil {
-					c.Close()
-					last = "ok"
-				} else {
-					last = errName(err) + ": " + err.Error()
-				}
-				seen[last] = true
-			}
-			say(fmt.Sprintf("ok %d %s", len(seen), last))
-		case "get":
-			v, err := kv.Get(f[1], nil)
-			say(reply(err, hex.EncodeToString(v)))
-		case "set":
-			v, _ := hex.DecodeString(f[2])
-			say(reply(kv.Set(f[1], v), ""))
-		case "remove":
-			say(reply(kv.Remove(f[1]), ""))
-		case "len":
-			n, err := kv.Len()
-			say(reply(err, strconv.Itoa(n)))
-		case "claimed":
-			say(reply(nil, strconv.FormatUint(region().Stats().ReadersClaimed, 10)))
-		case "clients":
-			say(reply(nil, strconv.Itoa(owner.Clients())))
-		case "mapped":
-			say(reply(nil, strconv.Itoa(mappedRegions())))
-		case "benchping": // timed in the child: an empty RPC from a separate process
-			n, _ := strconv.Atoi(f[1])
-			var err error
-			start := time.Now()
-			for i := 0; i < n && err == nil; i++ {
-				err = client.Ping()
-			}
-			say(reply(err, strconv.FormatInt(int64(time.Since(start)), 10)))
-		case "exit":
-			os.Exit(0)
-		default:
-			say("err unknown-command")
+		if f := strings.Fields(in.Text()); len(f) > 0 {
+			say(h.command(f))
 		}
 	}
 	os.Exit(0)
+}
+
+// helperProc is TestHelperProcess's child in its role: what it attached, once it has.
+type helperProc struct {
+	role   string
+	ns     string
+	say    func(string)
+	kv     *store // the test store (helpers_test.go), once attached
+	region func() *shm.Region
+	owner  *Owner
+	client *Client
+}
+
+// start starts the role: an owner, a client, a squatter on the names in the environment, a
+// probe (which attaches nothing) or an attach loop (which never returns).
+func (h *helperProc) start() error {
+	switch h.role {
+	case "owner":
+		return h.startOwner()
+	case "probe":
+		return nil // answers "probe PID" without attaching
+	case "attachloop":
+		attachLoop(h.ns, h.say) // answers "stats"; never returns
+	case "squatter":
+		return squatEnvNames()
+	case "client":
+		return h.startClient()
+	default:
+		return fmt.Errorf("unknown role %q", h.role)
+	}
+	return nil
+}
+
+func (h *helperProc) startOwner() error {
+	frameTimeout, _ := time.ParseDuration(os.Getenv(frameTimeoutEnv))
+	if n, err := strconv.ParseUint(os.Getenv(nofileEnv), 10, 64); err == nil {
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+			return err
+		}
+	}
+	o, err := NewOwner(OwnerOptions{Namespace: h.ns, Region: testRegion, Logger: quietLogger(),
+		NonDumpable: os.Getenv(nondumpEnv) == "1", FrameTimeout: frameTimeout})
+	if err != nil {
+		return err
+	}
+	s := ownerStore(o)
+	h.owner, h.kv, h.region = o, &s, o.Region
+	return nil
+}
+
+// squatEnvNames binds the abstract names in squatEnv: listening on them, or (squatBindOnlyEnv) bound
+// but never listening, so that connects are refused.
+func squatEnvNames() error {
+	if os.Getenv(squatBindOnlyEnv) == "1" {
+		for _, name := range strings.Split(os.Getenv(squatEnv), ",") {
+			fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+			if err != nil {
+				return err
+			}
+			if err := unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + name}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return squatMore(strings.Split(os.Getenv(squatEnv), ","))
+}
+
+// squatMore listens on the abstract names, keeping the listeners until the process exits.
+func squatMore(names []string) error {
+	for _, name := range names {
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
+		if err != nil {
+			return err
+		}
+		squatted = append(squatted, ln)
+	}
+	return nil
+}
+
+func (h *helperProc) startClient() error {
+	opts := ClientOptions{Namespace: h.ns, handle: os.Getenv(handleEnv), NonDumpable: os.Getenv(nondumpEnv) == "1"}
+	for _, u := range strings.Split(os.Getenv(ownerUIDsEnv), ",") {
+		if n, err := strconv.Atoi(u); err == nil {
+			opts.OwnerUIDs = append(opts.OwnerUIDs, n)
+		}
+	}
+	if v := os.Getenv(spinEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return err
+		}
+		opts.SpinWait = d
+	}
+	c, err := Attach(opts)
+	if err != nil {
+		return err
+	}
+	s := clientStore(c)
+	h.client, h.kv, h.region = c, &s, c.Region
+	return nil
+}
+
+// command answers one line; commands other than the unattached ones need the role started.
+func (h *helperProc) command(f []string) string {
+	switch f[0] {
+	case "mapped", "attach", "exit", "probe", "attachn", "squat":
+	default:
+		if h.kv == nil {
+			return "err not-attached"
+		}
+	}
+	switch f[0] {
+	case "attach":
+		return reply(h.start(), "")
+	case "squat": // squatter: bind and listen on more names
+		return reply(squatMore(f[1:]), "")
+	case "probe": // can this process read another's memory and descriptors?
+		return probeProc(f[1])
+	case "attachn": // attach N times; print how many distinct errors and the last
+		n, _ := strconv.Atoi(f[1])
+		return h.attachN(n)
+	case "get":
+		v, err := h.kv.Get(f[1], nil)
+		return reply(err, hex.EncodeToString(v))
+	case "set":
+		v, _ := hex.DecodeString(f[2])
+		return reply(h.kv.Set(f[1], v), "")
+	case "remove":
+		return reply(h.kv.Remove(f[1]), "")
+	case "len":
+		n, err := h.kv.Len()
+		return reply(err, strconv.Itoa(n))
+	case "claimed":
+		return reply(nil, strconv.FormatUint(h.region().Stats().ReadersClaimed, 10))
+	case "clients":
+		return reply(nil, strconv.Itoa(h.owner.Clients()))
+	case "mapped":
+		return reply(nil, strconv.Itoa(mappedRegions()))
+	case "benchping": // timed in the child: an empty RPC from a separate process
+		n, _ := strconv.Atoi(f[1])
+		var err error
+		start := time.Now()
+		for i := 0; i < n && err == nil; i++ {
+			err = h.client.Ping()
+		}
+		return reply(err, strconv.FormatInt(int64(time.Since(start)), 10))
+	case "exit":
+		os.Exit(0)
+	}
+	return "err unknown-command"
+}
+
+// attachN attaches n times: "ok DISTINCT LAST", how many distinct outcomes and the last.
+func (h *helperProc) attachN(n int) string {
+	seen := map[string]bool{}
+	var last string
+	for range n {
+		c, err := Attach(ClientOptions{Namespace: h.ns, OwnerUIDs: []int{0}})
+		if err == nil {
+			c.Close()
+			last = "ok"
+		} else {
+			last = errName(err) + ": " + err.Error()
+		}
+		seen[last] = true
+	}
+	return fmt.Sprintf("ok %d %s", len(seen), last)
 }
 
 // proc is a child test process.

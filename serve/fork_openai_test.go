@@ -2,6 +2,7 @@ package serve
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,13 +14,21 @@ import (
 // modules/register and /v1/requests/admit, and its OpenAI request-body tests
 // (test_steering_protocol.py, test_steering_clamps_frontend.py) through AdmissionFromRequest.
 
+// moduleRegistryCases ports the fork's test_steering_modules.py.
 func moduleRegistryCases() []forkCase {
+	return slices.Concat(moduleRegisterCases(), moduleResolveCases())
+}
+
+// forkRegister posts body to /v1/steering/modules/register and requires a 200.
+func forkRegister(t *testing.T, f *forkServer, body map[string]any) map[string]any {
+	t.Helper()
+	return f.ok(t, "/v1/steering/modules/register", body)
+}
+
+// moduleRegisterCases ports TestSteeringModuleRegistry: modules/register and unregister.
+func moduleRegisterCases() []forkCase {
 	reg := fModReg + "::TestSteeringModuleRegistry::"
-	res := fModReg + "::TestResolveForRequest::"
-	register := func(t *testing.T, f *forkServer, body map[string]any) map[string]any {
-		t.Helper()
-		return f.ok(t, "/v1/steering/modules/register", body)
-	}
+	register := forkRegister
 	return []forkCase{
 		{epModReg, reg + "test_register_and_get", func(t *testing.T, f *forkServer) {
 			m := register(t, f, map[string]any{"name": "test_mod", "vectors": map[string]any{hp: map[string]any{"14": row(1, 2)}}})
@@ -97,6 +106,15 @@ func moduleRegistryCases() []forkCase {
 			_, ok := f.module(t, "ok")
 			require.True(t, ok)
 		}, nil},
+	}
+}
+
+// moduleResolveCases ports TestResolveForRequest and TestValidateSpecRowWidths: modules named at
+// admission, and row widths.
+func moduleResolveCases() []forkCase {
+	res := fModReg + "::TestResolveForRequest::"
+	register := forkRegister
+	return []forkCase{
 		{epAdmit, res + "test_unknown_name_returns_error", func(t *testing.T, f *forkServer) {
 			m := f.fails(t, "/v1/requests/admit", map[string]any{"request_id": "r", "module": "unknown"}, 404, "Unknown steering module")
 			require.Equal(t, "not_found", m["type"])
@@ -186,24 +204,45 @@ func overrideOf(t *testing.T, a AdmitRequest) steer.Steering {
 	return st
 }
 
+// openAICases ports the fork's test_steering_protocol.py and test_steering_clamps_frontend.py.
 func openAICases() []forkCase {
-	packed := func(layer int, v float64) map[string]any {
-		r := make([]float64, forkHidden)
-		for i := range r {
-			r[i] = v
-		}
-		return packHook(map[int][]float64{layer: r}, "float32", nil)
+	return slices.Concat(openAIBodyCases(), openAINameCases(), openAIClampCases(), openAIClampGateCases())
+}
+
+// filledRow is a row of forkHidden floats, each v.
+func filledRow(v float64) []float64 {
+	r := make([]float64, forkHidden)
+	for i := range r {
+		r[i] = v
 	}
-	basePacked := map[string]any{"pre_attn": packed(15, 0.1)}
-	prefillPacked := map[string]any{"pre_attn": packed(15, 0.7)}
-	decodePacked := map[string]any{"post_attn": packed(20, 1.0)}
-	fill := func(v float64) []float64 {
-		r := make([]float64, forkHidden)
-		for i := range r {
-			r[i] = v
-		}
-		return r
-	}
+	return r
+}
+
+// packedRow is a packed float32 hook entry: filledRow(v) at layer.
+func packedRow(layer int, v float64) map[string]any {
+	return packHook(map[int][]float64{layer: filledRow(v)}, "float32", nil)
+}
+
+// clampEntry is one clamp direction of width hidden along axis (length 2: the server
+// normalizes) with value.
+func clampEntry(axis int, value float64, hidden int) map[string]any {
+	v := make([]float64, hidden)
+	v[axis] = 2 // non-unit on purpose: the server normalizes
+	return map[string]any{"vector": v, "value": value}
+}
+
+// clampSpec is a clamp spec with one direction of width hidden at post_block, layer.
+func clampSpec(layer string, hidden int) map[string]any {
+	return map[string]any{hp: map[string]any{layer: []any{clampEntry(0, 2, hidden)}}}
+}
+
+// openAIBodyCases ports TestChatCompletionSteering and TestCompletionSteering: the packed
+// steering fields of chat and completion bodies.
+func openAIBodyCases() []forkCase {
+	fill := filledRow
+	basePacked := map[string]any{"pre_attn": packedRow(15, 0.1)}
+	prefillPacked := map[string]any{"pre_attn": packedRow(15, 0.7)}
+	decodePacked := map[string]any{"post_attn": packedRow(20, 1.0)}
 	var out []forkCase
 	for _, kind := range []struct {
 		class string
@@ -276,17 +315,14 @@ func openAICases() []forkCase {
 			}, nil},
 		)
 	}
+	return out
+}
+
+// openAINameCases ports TestSteeringNameField: steering_name and conversation_id.
+func openAINameCases() []forkCase {
 	n := fOpenAI + "::TestSteeringNameField::"
-	c := fClamps + "::"
-	entry := func(axis int, value float64, hidden int) map[string]any {
-		v := make([]float64, hidden)
-		v[axis] = 2 // non-unit on purpose: the server normalizes
-		return map[string]any{"vector": v, "value": value}
-	}
-	clamps := func(layer string, hidden int) map[string]any {
-		return map[string]any{hp: map[string]any{layer: []any{entry(0, 2, hidden)}}}
-	}
-	out = append(out,
+	basePacked := map[string]any{"pre_attn": packedRow(15, 0.1)}
+	return []forkCase{
 		forkCase{epOpenAI, n + "test_chat_completion_steering_name_field", func(t *testing.T, f *forkServer) {
 			a, err := admissionOf(t, chatBody, nil, -1)
 			require.NoError(t, err)
@@ -331,6 +367,16 @@ func openAICases() []forkCase {
 			require.NoError(t, err)
 			require.Equal(t, AdmitRequest{}, a, "an empty admission")
 		}, nil},
+	}
+}
+
+// openAIClampCases ports the clamp frontend's ingestion and protocol tests: steering_clamps in
+// OpenAI bodies.
+func openAIClampCases() []forkCase {
+	c := fClamps + "::"
+	entry := clampEntry
+	clamps := clampSpec
+	return []forkCase{
 		forkCase{epOpenAI, c + "TestFromObjIngestionShapes::test_none_and_empty", func(t *testing.T, f *forkServer) {
 			for _, v := range []any{nil, map[string]any{}} {
 				a, err := admissionOf(t, chatBody, map[string]any{"steering_clamps": v}, -1)
@@ -394,6 +440,17 @@ func openAICases() []forkCase {
 			require.NoError(t, err)
 			require.Equal(t, 7, overrideOf(t, a).Base.Clamps[0].Layer)
 		}, nil},
+	}
+}
+
+// openAIClampGateCases ports the clamp frontend's registry and input-processor tests: clamps in
+// modules, and max_clamp_directions.
+func openAIClampGateCases() []forkCase {
+	c := fClamps + "::"
+	entry := clampEntry
+	clamps := clampSpec
+	fill := filledRow
+	return []forkCase{
 		forkCase{epModReg, c + "TestRegistryClamps::test_register_clamp_only_module", func(t *testing.T, f *forkServer) {
 			f.ok(t, "/v1/steering/modules/register", map[string]any{"name": "c", "clamps": clamps("5", forkHidden)})
 			st, ok := f.module(t, "c")
@@ -449,8 +506,7 @@ func openAICases() []forkCase {
 			require.Len(t, st.Base.Vectors, 1)
 			require.Len(t, st.Base.Clamps, 1)
 		}, nil},
-	)
-	return out
+	}
 }
 
 const (

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -98,91 +99,12 @@ func childColVerify(r *Region) int {
 func TestMultiProcessColumns(t *testing.T) {
 	r := newTestRegion(t, Config{IndexSlots: 1024, ArenaBytes: 4 << 20, ReaderSlots: 64, Columns: 64, ColumnCells: 6, CellBytes: 512})
 	const stop = 300
-	cmds := startChildren(t, r, "colverify", 5)
-	outs := make([]*strings.Builder, len(cmds))
-	drained := make([]chan struct{}, len(cmds)) // closed when a child's stdout ends: outs[i] is whole
-	for i, c := range cmds {
-		st := strconv.Itoa(stop)
-		if i >= 3 {
-			st = strconv.Itoa(1 << 40) // killed before it stops
-		}
-		c.Env = append(c.Env, "SHMSTEER_SHM_STOP="+st)
-		outs[i] = &strings.Builder{}
-		pr, pw, err := os.Pipe()
-		require.NoError(t, err)
-		c.Stdout = pw
-		require.NoError(t, c.Start())
-		pw.Close()
-		line := make([]byte, 6)
-		_, err = pr.Read(line)
-		require.NoError(t, err)
-		require.Equal(t, "READY\n", string(line), "child %d", i)
-		drained[i] = make(chan struct{})
-		go func(b *strings.Builder, done chan struct{}) {
-			defer close(done)
-			defer pr.Close()
-			buf := make([]byte, 4096)
-			for {
-				n, err := pr.Read(buf)
-				b.Write(buf[:n])
-				if err != nil {
-					return
-				}
-			}
-		}(outs[i], drained[i])
-	}
+	cmds, outs, drained := startColReaders(t, r, stop)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 6))
 	killAt := []int{3 + rng.IntN(stop/2), 3 + rng.IntN(stop)}
 	live := map[string][]int{}
 	for gen := uint64(1); gen <= stop+30; gen++ {
-		var wrote map[string][]int
-		var deleted []string
-		write := func(tx *Tx) error {
-			wrote, deleted = map[string][]int{}, nil
-			for range 1 + rng.IntN(4) {
-				key := colKey(rng.IntN(colValues))
-				if _, ok := wrote[key]; ok || slices.Contains(deleted, key) {
-					continue
-				}
-				if _, ok := live[key]; ok && rng.IntN(4) == 0 {
-					if err := tx.Delete(colKind, key); err != nil {
-						return err
-					}
-					deleted = append(deleted, key)
-					continue
-				}
-				cols, err := writeColumns(tx, key, 1+rng.IntN(2), gen<<8|uint64(rng.IntN(256)), someCells)
-				if err != nil {
-					return err
-				}
-				for _, k := range cols {
-					for o, lc := range live {
-						require.NotContains(t, lc, k, "gen %d: AllocColumn handed out column %d, which %s names", gen, k, o)
-					}
-				}
-				wrote[key] = cols
-			}
-			var g [8]byte
-			binary.LittleEndian.PutUint64(g[:], gen)
-			return tx.Put(testKind, genKey, g[:])
-		}
-		// Readers pinning old versions hold retired columns back; a full pool waits for them
-		// to move on (or for a killed reader's slot to be cleared), as an owner would.
-		require.Eventually(t, func() bool {
-			_, err := r.Update(write)
-			if errors.Is(err, ErrColumnsFull) || errors.Is(err, ErrRegionFull) {
-				time.Sleep(100 * time.Microsecond)
-				return false
-			}
-			require.NoError(t, err)
-			return true
-		}, 20*time.Second, time.Microsecond)
-		for k, cols := range wrote {
-			live[k] = cols
-		}
-		for _, k := range deleted {
-			delete(live, k)
-		}
+		colGeneration(t, r, rng, live, gen)
 		for i, at := range killAt {
 			if at == int(gen) {
 				require.NoError(t, cmds[3+i].Process.Signal(syscall.SIGKILL))
@@ -219,7 +141,124 @@ func TestMultiProcessColumns(t *testing.T) {
 	require.Equal(t, uint64(named), st.ColumnsUsed, "only live values' columns are taken: %+v", st)
 	require.NotZero(t, st.DeadCleared, "the killed readers' slots were cleared")
 
-	// Every column no live value names can be reserved again, and no more.
+	checkColumnsReservable(t, r, live, named)
+	s, err := r.Snapshot()
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.Check())
+	n := 0
+	require.NoError(t, s.Range(colKind, func(key, v []byte, _ uint64) bool {
+		_, cols, err := parseColValue(v)
+		require.NoError(t, err)
+		require.Equal(t, live[string(key)], cols)
+		require.NoError(t, checkColumns(r.Columns(), v, someCells))
+		n++
+		return true
+	}))
+	require.Equal(t, len(live), n)
+	t.Logf("readers: %s%s%sstats: %+v", outs[0], outs[1], outs[2], st)
+}
+
+// startColReaders starts five colverify readers: the first three stop after stop generations,
+// the last two never (they are killed). outs[i] holds reader i's output once drained[i] is
+// closed.
+func startColReaders(t *testing.T, r *Region, stop int) ([]*exec.Cmd, []*strings.Builder, []chan struct{}) {
+	t.Helper()
+	cmds := startChildren(t, r, "colverify", 5)
+	outs := make([]*strings.Builder, len(cmds))
+	drained := make([]chan struct{}, len(cmds)) // closed when a child's stdout ends: outs[i] is whole
+	for i, c := range cmds {
+		st := strconv.Itoa(stop)
+		if i >= 3 {
+			st = strconv.Itoa(1 << 40) // killed before it stops
+		}
+		c.Env = append(c.Env, "SHMSTEER_SHM_STOP="+st)
+		outs[i] = &strings.Builder{}
+		pr, pw, err := os.Pipe()
+		require.NoError(t, err)
+		c.Stdout = pw
+		require.NoError(t, c.Start())
+		pw.Close()
+		line := make([]byte, 6)
+		_, err = pr.Read(line)
+		require.NoError(t, err)
+		require.Equal(t, "READY\n", string(line), "child %d", i)
+		drained[i] = make(chan struct{})
+		go func(b *strings.Builder, done chan struct{}) {
+			defer close(done)
+			defer pr.Close()
+			buf := make([]byte, 4096)
+			for {
+				n, err := pr.Read(buf)
+				b.Write(buf[:n])
+				if err != nil {
+					return
+				}
+			}
+		}(outs[i], drained[i])
+	}
+	return cmds, outs, drained
+}
+
+// colGeneration writes generation gen: one to four random values replaced (their columns
+// checked against every live value's) or deleted, and the generation key, retrying while the
+// pool or the region is full; live is updated to match.
+func colGeneration(t *testing.T, r *Region, rng *rand.Rand, live map[string][]int, gen uint64) {
+	t.Helper()
+	var wrote map[string][]int
+	var deleted []string
+	write := func(tx *Tx) error {
+		wrote, deleted = map[string][]int{}, nil
+		for range 1 + rng.IntN(4) {
+			key := colKey(rng.IntN(colValues))
+			if _, ok := wrote[key]; ok || slices.Contains(deleted, key) {
+				continue
+			}
+			if _, ok := live[key]; ok && rng.IntN(4) == 0 {
+				if err := tx.Delete(colKind, key); err != nil {
+					return err
+				}
+				deleted = append(deleted, key)
+				continue
+			}
+			cols, err := writeColumns(tx, key, 1+rng.IntN(2), gen<<8|uint64(rng.IntN(256)), someCells)
+			if err != nil {
+				return err
+			}
+			for _, k := range cols {
+				for o, lc := range live {
+					require.NotContains(t, lc, k, "gen %d: AllocColumn handed out column %d, which %s names", gen, k, o)
+				}
+			}
+			wrote[key] = cols
+		}
+		var g [8]byte
+		binary.LittleEndian.PutUint64(g[:], gen)
+		return tx.Put(testKind, genKey, g[:])
+	}
+	// Readers pinning old versions hold retired columns back; a full pool waits for them
+	// to move on (or for a killed reader's slot to be cleared), as an owner would.
+	require.Eventually(t, func() bool {
+		_, err := r.Update(write)
+		if errors.Is(err, ErrColumnsFull) || errors.Is(err, ErrRegionFull) {
+			time.Sleep(100 * time.Microsecond)
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}, 20*time.Second, time.Microsecond)
+	for k, cols := range wrote {
+		live[k] = cols
+	}
+	for _, k := range deleted {
+		delete(live, k)
+	}
+}
+
+// checkColumnsReservable checks that every column no live value names (named are) can be
+// reserved again, zeroed, and no more.
+func checkColumnsReservable(t *testing.T, r *Region, live map[string][]int, named int) {
+	t.Helper()
 	_, err := r.Update(func(tx *Tx) error {
 		for range 64 - named {
 			k, err := tx.AllocColumn()
@@ -238,19 +277,4 @@ func TestMultiProcessColumns(t *testing.T) {
 		return err
 	})
 	require.ErrorIs(t, err, ErrColumnsFull)
-	s, err := r.Snapshot()
-	require.NoError(t, err)
-	defer s.Close()
-	require.NoError(t, s.Check())
-	n := 0
-	require.NoError(t, s.Range(colKind, func(key, v []byte, _ uint64) bool {
-		_, cols, err := parseColValue(v)
-		require.NoError(t, err)
-		require.Equal(t, live[string(key)], cols)
-		require.NoError(t, checkColumns(r.Columns(), v, someCells))
-		n++
-		return true
-	}))
-	require.Equal(t, len(live), n)
-	t.Logf("readers: %s%s%sstats: %+v", outs[0], outs[1], outs[2], st)
 }

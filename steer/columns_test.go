@@ -413,7 +413,6 @@ func TestStepColumnRuns(t *testing.T) {
 	st := e.NewStepper()
 	defer st.Close()
 	require.True(t, st.runs)
-	want := func(i, hk, l int) []float32 { return colVec(d, 2*i, hk, l, PhaseDecode) }
 	step := func(batch []Span, rows int, g []float32) {
 		t.Helper()
 		h := make([]float32, rows*d)
@@ -423,34 +422,7 @@ func TestStepColumnRuns(t *testing.T) {
 			for l := range cfg.Layers {
 				copy(h, h0)
 				require.NoError(t, st.Apply(HookID(hk), l, h, batch))
-				for _, sp := range batch {
-					var i int
-					if _, err := fmt.Sscanf(sp.ID, "c-%d", &i); err != nil {
-						for r := sp.Start; r < sp.End; r++ { // unsteered: the global vector only
-							for j := range d {
-								x := h0[r*d+j]
-								if g != nil {
-									x += g[j]
-								}
-								require.Equal(t, x, h[r*d+j])
-							}
-						}
-						continue
-					}
-					if i == 5 && hk == 0 && l == 1 {
-						continue // clamped: its own test's business
-					}
-					v := want(i, hk, l)
-					for r := sp.Start; r < sp.End; r++ {
-						for j := range d {
-							x := v[j]
-							if g != nil {
-								x += g[j]
-							}
-							require.Equal(t, h0[r*d+j]+x, h[r*d+j], "span %s row %d site %d/%d", sp.ID, r, hk, l)
-						}
-					}
-				}
+				checkColumnRunRows(t, d, hk, l, h0, h, batch, g)
 			}
 		}
 		st.End()
@@ -501,6 +473,40 @@ func TestStepColumnRuns(t *testing.T) {
 	step(inOrder, n, gv) // a global vector at every site: each row adds both, no run
 	after = st.Stats()
 	require.Equal(t, before.ColumnRuns, after.ColumnRuns)
+}
+
+// checkColumnRunRows checks one site of TestStepColumnRuns' step: an unsteered span's rows got
+// the global vector g only (nil: none), a "c-<i>" span's rows its column vector plus g.
+func checkColumnRunRows(t *testing.T, d, hk, l int, h0, h []float32, batch []Span, g []float32) {
+	t.Helper()
+	for _, sp := range batch {
+		var i int
+		if _, err := fmt.Sscanf(sp.ID, "c-%d", &i); err != nil {
+			for r := sp.Start; r < sp.End; r++ { // unsteered: the global vector only
+				for j := range d {
+					x := h0[r*d+j]
+					if g != nil {
+						x += g[j]
+					}
+					require.Equal(t, x, h[r*d+j])
+				}
+			}
+			continue
+		}
+		if i == 5 && hk == 0 && l == 1 {
+			continue // clamped: its own test's business
+		}
+		v := colVec(d, 2*i, hk, l, PhaseDecode)
+		for r := sp.Start; r < sp.End; r++ {
+			for j := range d {
+				x := v[j]
+				if g != nil {
+					x += g[j]
+				}
+				require.Equal(t, h0[r*d+j]+x, h[r*d+j], "span %s row %d site %d/%d", sp.ID, r, hk, l)
+			}
+		}
+	}
 }
 
 // mixedDecodeEngine is an engine whose requests mix what a decode step's walk meets: requests

@@ -29,13 +29,7 @@ func benchDecode(b *testing.B, steered int, global bool, mode string) {
 		b.Fatal(err)
 	}
 	hooks := cfg.NumHooks()
-	vec := func(seed int) []float32 {
-		v := make([]float32, d)
-		for i := range v {
-			v[i] = float32((seed*31+i)%97) / 97
-		}
-		return v
-	}
+	vec := func(seed int) []float32 { return benchVec(d, seed) }
 	if global {
 		var g Steering
 		for hk := 0; hk < hooks; hk++ {
@@ -47,24 +41,7 @@ func benchDecode(b *testing.B, steered int, global bool, mode string) {
 			b.Fatal(err)
 		}
 	}
-	batch := make([]Span, reqs)
-	for i := range batch {
-		id := fmt.Sprintf("req-%02d", i)
-		batch[i] = Span{ID: id, Start: i, End: i + 1, Phase: PhaseDecode}
-		a := Admission{RequestID: id}
-		if i < steered {
-			var s Steering
-			for hk := 0; hk < hooks; hk++ {
-				for l := 0; l < layers; l++ {
-					s.Decode.Vectors = append(s.Decode.Vectors, Vector{Hook: cfg.HookName(HookID(hk)), Layer: l, Scale: 1, Data: vec(1000 + i*hooks*layers + hk*layers + l)})
-				}
-			}
-			a.Override = &s
-		}
-		if _, err := e.Admit(a); err != nil {
-			b.Fatal(err)
-		}
-	}
+	batch := admitDecodeBatch(b, e, cfg, reqs, steered)
 	h := make([]float32, reqs*d)
 	st := e.NewStepper()
 	defer st.Close()
@@ -119,6 +96,40 @@ func benchDecode(b *testing.B, steered int, global bool, mode string) {
 			}
 		}
 	}
+}
+
+// benchVec is a deterministic vector of d floats in [0, 1) for seed.
+func benchVec(d, seed int) []float32 {
+	v := make([]float32, d)
+	for i := range v {
+		v[i] = float32((seed*31+i)%97) / 97
+	}
+	return v
+}
+
+// admitDecodeBatch admits reqs one-row decode requests, the first steered of them with a vector
+// at every site, and returns their batch.
+func admitDecodeBatch(b *testing.B, e *Engine, cfg ModelConfig, reqs, steered int) []Span {
+	batch := make([]Span, reqs)
+	hooks, layers := cfg.NumHooks(), cfg.Layers
+	for i := range batch {
+		id := fmt.Sprintf("req-%02d", i)
+		batch[i] = Span{ID: id, Start: i, End: i + 1, Phase: PhaseDecode}
+		a := Admission{RequestID: id}
+		if i < steered {
+			var s Steering
+			for hk := 0; hk < hooks; hk++ {
+				for l := 0; l < layers; l++ {
+					s.Decode.Vectors = append(s.Decode.Vectors, Vector{Hook: cfg.HookName(HookID(hk)), Layer: l, Scale: 1, Data: benchVec(cfg.Hidden, 1000+i*hooks*layers+hk*layers+l)})
+				}
+			}
+			a.Override = &s
+		}
+		if _, err := e.Admit(a); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return batch
 }
 
 func BenchmarkDecodeDense(b *testing.B) {

@@ -74,7 +74,7 @@ func oracleColAct(v *composedView, ix int) (act uint64, col int) {
 	return act, -1
 }
 
-// oracleWalk is the old Apply at (hook, layer) once its arguments are checked and s.plan is
+// oracleWalk is the old Apply at (hook, layer) once its arguments are checked and s.steered is
 // the batch's: the general walk, which hands a decode batch's runs to oracleRuns.
 func (s *Stepper) oracleWalk(hook HookID, layer int, h []float32) {
 	d := s.d
@@ -166,16 +166,21 @@ func (s *Stepper) oracleWalk(hook HookID, layer int, h []float32) {
 			kernels.AddRows(blk, d, 1, g)
 		}
 		s.oracleAfter(p, site, blk, f, gc, rcl)
-		// mix64 of the site, the request, its rows, its phase and the two act words; the
-		// span's three fixed words were multiplied once, when the batch was resolved.
-		x := mix64(s.sum, uint64(hook)<<32|uint64(layer))
-		x = mixPre(x, p.idMul)
-		x = mixPre(x, p.rowsMul)
-		x = mixPre(x, p.phaseMul)
-		x = mix64(x, ga)
-		s.sum = mix64(x, rAct)
+		s.oracleFold(p, hook, layer, ga, rAct)
 	}
 	s.oracleAddRun(h, &run)
+}
+
+// oracleFold folds one span into the checksum: mix64 of the site, the request, its rows, its
+// phase and the two act words; the span's three fixed words were multiplied once, when the
+// batch was resolved.
+func (s *Stepper) oracleFold(p *steeredSpan, hook HookID, layer int, ga, rAct uint64) {
+	x := mix64(s.sum, uint64(hook)<<32|uint64(layer))
+	x = mixPre(x, p.idMul)
+	x = mixPre(x, p.rowsMul)
+	x = mixPre(x, p.phaseMul)
+	x = mix64(x, ga)
+	s.sum = mix64(x, rAct)
 }
 
 // oracleRuns is the old Apply's walk of the plan when oraclePlanRuns holds and the site has no

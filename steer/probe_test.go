@@ -45,32 +45,7 @@ func TestProbeVectors(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnknownVector)
 	s.Close()
 
-	// A probe names exactly one site, checked in the worker and again by the owner; a failed
-	// write changes nothing.
-	two := append(append([]Vector(nil), site...), steerVec...)
-	_, err = w.RegisterProbe("p", two)
-	require.ErrorIs(t, err, ErrProbeSite)
-	req := []byte{1, 0, 'p'}
-	enc, _, err := EncodeSteering(&Steering{Base: Tier{Vectors: two}}, smallCfg)
-	require.NoError(t, err)
-	_, err = lb[OpRegisterProbe](append(req, enc...))
-	require.ErrorIs(t, err, ErrProbeSite)
-	require.Equal(t, proto.CodeProbeSite, proto.CodeOf(err))
-	_, err = w.RegisterProbe("p", nil)
-	require.ErrorIs(t, err, ErrEmptySet)
-	for name, tc := range badInputs(rng) {
-		if len(tc.vecs) > 1 {
-			continue // ErrProbeSite first
-		}
-		_, err := w.RegisterProbe("p", tc.vecs)
-		require.ErrorIs(t, err, tc.err, name)
-	}
-	s, err = owner.Region().Snapshot()
-	require.NoError(t, err)
-	pv, err = owner.Probe(&s, "p")
-	s.Close()
-	require.NoError(t, err)
-	require.Equal(t, pi.Digest, pv.Digest, "failed writes left the probe as it was")
+	checkProbeSiteRefused(t, rng, owner, w, lb, site, steerVec, pi.Digest)
 
 	// A steering set cannot reference a probe: references resolve steering vectors only.
 	_, err = owner.Unregister("p")
@@ -123,4 +98,35 @@ func TestProbeVectors(t *testing.T) {
 	}
 	_, ok := ParseVectorKind("gate")
 	require.False(t, ok)
+}
+
+// checkProbeSiteRefused checks that a probe names exactly one site, checked in the worker w and
+// again by the owner (through lb), and that a failed write changes nothing: probe "p" keeps
+// digest.
+func checkProbeSiteRefused(t *testing.T, rng *rand.Rand, owner, w *Engine, lb loopback, site, steerVec []Vector, digest Digest) {
+	t.Helper()
+	two := append(append([]Vector(nil), site...), steerVec...)
+	_, err := w.RegisterProbe("p", two)
+	require.ErrorIs(t, err, ErrProbeSite)
+	req := []byte{1, 0, 'p'}
+	enc, _, err := EncodeSteering(&Steering{Base: Tier{Vectors: two}}, smallCfg)
+	require.NoError(t, err)
+	_, err = lb[OpRegisterProbe](append(req, enc...))
+	require.ErrorIs(t, err, ErrProbeSite)
+	require.Equal(t, proto.CodeProbeSite, proto.CodeOf(err))
+	_, err = w.RegisterProbe("p", nil)
+	require.ErrorIs(t, err, ErrEmptySet)
+	for name, tc := range badInputs(rng) {
+		if len(tc.vecs) > 1 {
+			continue // ErrProbeSite first
+		}
+		_, err := w.RegisterProbe("p", tc.vecs)
+		require.ErrorIs(t, err, tc.err, name)
+	}
+	s, err := owner.Region().Snapshot()
+	require.NoError(t, err)
+	pv, err := owner.Probe(&s, "p")
+	s.Close()
+	require.NoError(t, err)
+	require.Equal(t, digest, pv.Digest, "failed writes left the probe as it was")
 }
