@@ -10,15 +10,15 @@ import (
 )
 
 type moduleRequest struct {
-	Name           string     `json:"name"`
-	Kind           *string    `json:"kind"`
-	Vectors        vectorSpec `json:"vectors,omitempty"`
-	PrefillVectors vectorSpec `json:"prefill_vectors,omitempty"`
-	DecodeVectors  vectorSpec `json:"decode_vectors,omitempty"`
-	Clamps         clampSpec  `json:"clamps,omitempty"`
-	PrefillClamps  clampSpec  `json:"prefill_clamps,omitempty"`
-	DecodeClamps   clampSpec  `json:"decode_clamps,omitempty"`
-	SAEManifest    any        `json:"sae_manifest,omitempty"`
+	Name           string      `json:"name"`
+	Kind           *string     `json:"kind"`
+	Vectors        tierVectors `json:"vectors,omitempty"`
+	PrefillVectors tierVectors `json:"prefill_vectors,omitempty"`
+	DecodeVectors  tierVectors `json:"decode_vectors,omitempty"`
+	Clamps         tierClamps  `json:"clamps,omitempty"`
+	PrefillClamps  tierClamps  `json:"prefill_clamps,omitempty"`
+	DecodeClamps   tierClamps  `json:"decode_clamps,omitempty"`
+	SAEManifest    any         `json:"sae_manifest,omitempty"`
 }
 
 func (s *Server) moduleNames(p principal) []string {

@@ -68,7 +68,7 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 	var req setRequest
 	vecFields := []struct {
 		name string
-		dst  *vectorSpec
+		dst  *tierVectors
 	}{{"steering_vectors", &req.Vectors}, {"prefill_steering_vectors", &req.PrefillVectors}, {"decode_steering_vectors", &req.DecodeVectors}}
 	for _, f := range vecFields {
 		spec, err := packedOnly(fields[f.name], f.name)
@@ -79,7 +79,7 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 	}
 	clampFields := []struct {
 		name string
-		dst  *clampSpec
+		dst  *tierClamps
 	}{{"steering_clamps", &req.Clamps}, {"prefill_steering_clamps", &req.PrefillClamps}, {"decode_steering_clamps", &req.DecodeClamps}}
 	for _, f := range clampFields {
 		raw, ok := fields[f.name]
@@ -89,7 +89,7 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 		if jsonKind(raw) != "dict" {
 			return out, badInput("%s: Input should be a valid dictionary, got %s", f.name, jsonKind(raw))
 		}
-		var spec clampSpec
+		var spec tierClamps
 		if err := json.Unmarshal(raw, &spec); err != nil {
 			return out, badInput("%s: %s", f.name, describeJSONError(err))
 		}
@@ -111,14 +111,14 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 
 // packedOnly reads a per-request vector tier: {hook: SteeringHookPacked} only (the fork's
 // pydantic type refuses the list-of-floats and {vector, scale} forms here).
-func packedOnly(raw json.RawMessage, field string) (vectorSpec, error) {
+func packedOnly(raw json.RawMessage, field string) (tierVectors, error) {
 	if len(raw) == 0 || jsonKind(raw) == "NoneType" {
 		return nil, nil
 	}
 	if jsonKind(raw) != "dict" {
 		return nil, badInput("%s: Input should be a valid dictionary, got %s", field, jsonKind(raw))
 	}
-	var spec vectorSpec
+	var spec tierVectors
 	if err := json.Unmarshal(raw, &spec); err != nil {
 		return nil, badInput("%s: %s", field, describeJSONError(err))
 	}

@@ -153,21 +153,21 @@ func describeJSONError(err error) string {
 	return msg
 }
 
-// vectorSpec is one tier of vectors: hook → either a packed blob or {layer: entry}.
-type vectorSpec map[string]json.RawMessage
+// tierVectors is one tier of vectors: hook → either a packed blob or {layer: entry}.
+type tierVectors map[string]json.RawMessage
 
-// clampSpec is one tier of clamps: hook → {layer: [clamp entry]} or a packed clamp blob
+// tierClamps is one tier of clamps: hook → {layer: [clamp entry]} or a packed clamp blob
 // (ClampHookPacked), or the fork's wire map {"hooks": {hook: table}}.
-type clampSpec map[string]json.RawMessage
+type tierClamps map[string]json.RawMessage
 
 // setRequest is the body of POST /v1/steering/set (and of `steer global set --file`).
 type setRequest struct {
-	Vectors           vectorSpec         `json:"vectors,omitempty"`
-	PrefillVectors    vectorSpec         `json:"prefill_vectors,omitempty"`
-	DecodeVectors     vectorSpec         `json:"decode_vectors,omitempty"`
-	Clamps            clampSpec          `json:"clamps,omitempty"`
-	PrefillClamps     clampSpec          `json:"prefill_clamps,omitempty"`
-	DecodeClamps      clampSpec          `json:"decode_clamps,omitempty"`
+	Vectors           tierVectors        `json:"vectors,omitempty"`
+	PrefillVectors    tierVectors        `json:"prefill_vectors,omitempty"`
+	DecodeVectors     tierVectors        `json:"decode_vectors,omitempty"`
+	Clamps            tierClamps         `json:"clamps,omitempty"`
+	PrefillClamps     tierClamps         `json:"prefill_clamps,omitempty"`
+	DecodeClamps      tierClamps         `json:"decode_clamps,omitempty"`
 	VectorRefs        map[string]float32 `json:"vector_refs,omitempty"`
 	PrefillVectorRefs map[string]float32 `json:"prefill_vector_refs,omitempty"`
 	DecodeVectorRefs  map[string]float32 `json:"decode_vector_refs,omitempty"`
@@ -191,8 +191,8 @@ func decodeStrict(b []byte, v any) error {
 // tierSpec is one tier of a request body with its field names (the fork's, for messages).
 type tierSpec struct {
 	phase     steer.Phase
-	vecs      vectorSpec
-	cl        clampSpec
+	vecs      tierVectors
+	cl        tierClamps
 	refs      map[string]float32
 	vecField  string
 	clampName string
@@ -263,7 +263,7 @@ func isPacked(fields map[string]json.RawMessage, clamp bool) bool {
 }
 
 // parseVectorSpec reads one tier; vectors come out sorted by hook then layer.
-func parseVectorSpec(spec vectorSpec, field string) ([]steer.Vector, error) {
+func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
 	var out []steer.Vector
 	for _, hook := range sortedKeys(spec) {
 		raw := spec[hook]

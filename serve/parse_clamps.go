@@ -14,7 +14,7 @@ import (
 
 // parseClampSpec reads one clamp tier: entry lists, packed blobs (ClampHookPacked) or the
 // fork's wire map {"hooks": {hook: {shape, layer_indices, data, lo, hi, strength}}}.
-func parseClampSpec(spec clampSpec, field string) ([]steer.Clamp, error) {
+func parseClampSpec(spec tierClamps, field string) ([]steer.Clamp, error) {
 	if raw, ok := spec["hooks"]; ok && len(spec) == 1 {
 		return parseClampWireMap(raw, field)
 	}
