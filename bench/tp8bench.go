@@ -196,7 +196,7 @@ func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, 
 		c.Close()
 		return nil, nil, err
 	}
-	eng, err := steer.Open(c.Region(), &cfg, steer.Options{Caller: c})
+	eng, err := steer.Attach(c.Region(), &cfg, steer.Options{Caller: c})
 	if err != nil {
 		c.Close()
 		return nil, nil, err

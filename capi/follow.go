@@ -34,9 +34,11 @@ type follower struct {
 func clientInstance(c *ipc.Client) *instance {
 	inst := &instance{side: clientSide{c}, region: c.Region(), ownerPD: c.OwnerPID()}
 	inst.keys, inst.keysErr = keys.Attach(c)
-	inst.eng, inst.engErr = steer.Open(c.Region(), nil, steer.Options{Caller: c, Logf: func(string, ...any) {}})
-	if inst.eng != nil {
-		inst.cfg = inst.eng.Config()
+	w, err := steer.Attach(c.Region(), nil, steer.Options{Caller: c, Logf: func(string, ...any) {}})
+	if err != nil {
+		inst.engErr = err
+	} else {
+		inst.eng, inst.cfg = w.Engine, w.Config()
 	}
 	return inst
 }

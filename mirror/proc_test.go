@@ -283,7 +283,7 @@ func runWorker() {
 		say(reply(err, ""))
 		os.Exit(1)
 	}
-	eng, err := steer.Open(c.Region(), &testCfg, steer.Options{Caller: c})
+	eng, err := steer.Attach(c.Region(), &testCfg, steer.Options{Caller: c})
 	if err != nil {
 		say(reply(err, ""))
 		os.Exit(1)

@@ -312,7 +312,7 @@ func (s *Server) clearGlobal(_ *http.Request, p principal, body []byte) (any, er
 type HookNorms map[string]float64
 
 func (s *Server) getSteering(*http.Request, principal, []byte) (any, error) {
-	active, clamps, v, err := ActiveLayers(s.eng)
+	active, clamps, v, err := ActiveLayers(s.eng.Engine)
 	if err != nil {
 		return nil, err
 	}
@@ -545,7 +545,7 @@ func (s *Server) registerVector(_ *http.Request, p principal, body []byte) (any,
 	if err := s.persistAfterChange(); err != nil {
 		return nil, err
 	}
-	list, err := ListVectors(s.eng, p.owns)
+	list, err := ListVectors(s.eng.Engine, p.owns)
 	return map[string]any{"status": "ok", "name": req.Name, "kind": kind.String(), "version": info.Version,
 		"digest": hex.EncodeToString(info.Digest[:]), "vectors": vectorsByKind(list)}, err
 }
@@ -572,10 +572,10 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 	if kind == steer.VectorProbe {
 		v, err = s.eng.UnregisterProbe(req.Name) // no steering set can reference a probe
 	} else {
-		v, dropped, err = UnregisterVector(s.eng, req.Name)
+		v, dropped, err = UnregisterVector(s.eng.Engine, req.Name)
 	}
 	if errors.Is(err, steer.ErrUnknownVector) || errors.Is(err, steer.ErrBadName) {
-		list, lerr := ListVectors(s.eng, p.owns)
+		list, lerr := ListVectors(s.eng.Engine, p.owns)
 		if lerr != nil {
 			return nil, lerr
 		}
@@ -586,7 +586,7 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 	if err := s.persistAfterChange(); err != nil {
 		return nil, err
 	}
-	list, err := ListVectors(s.eng, p.owns)
+	list, err := ListVectors(s.eng.Engine, p.owns)
 	if dropped == nil {
 		dropped = []string{}
 	}
@@ -596,7 +596,7 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 
 // listVectors answers the fork's exact {vectors, count}; ?details=1 adds serve's details.
 func (s *Server) listVectors(r *http.Request, p principal, _ []byte) (any, error) {
-	list, err := ListVectors(s.eng, p.owns)
+	list, err := ListVectors(s.eng.Engine, p.owns)
 	out := map[string]any{"vectors": vectorsByKind(list), "count": len(list)}
 	if d := r.URL.Query().Get("details"); d != "" && d != "0" && d != "false" {
 		out["details"] = list
@@ -989,7 +989,7 @@ func RegionStatus(eng *steer.Engine) (Status, error) {
 }
 
 func (s *Server) status() (Status, error) {
-	out, err := RegionStatus(s.eng)
+	out, err := RegionStatus(s.eng.Engine)
 	if err != nil {
 		return out, err
 	}

@@ -47,7 +47,7 @@ type Server struct {
 	log    *slog.Logger
 	owner  *ipc.Owner
 	reg    *keys.Registry // the owner's key registry
-	eng    *steer.Engine
+	eng    *steer.Owner
 	keys   apiKeys
 	store  *stateStore // nil without --state-dir
 	met    *metrics

@@ -11,7 +11,7 @@ import (
 )
 
 // local writes the region in the owner.
-type local struct{ e *Engine }
+type local struct{ e *Owner }
 
 func (l local) putNamed(kind shm.Kind, name string, b []byte, d Digest, o writeOpts) (VectorInfo, error) {
 	write, what := l.e.writeNamed, "register %q: %w"

@@ -47,7 +47,7 @@ func workerMain(id int, enc *json.Encoder) error {
 		return fmt.Errorf("worker %d: attach: %w", id, err)
 	}
 	cfg := steer.ModelConfig{Hidden: p.Hidden, Layers: p.Layers}
-	eng, err := steer.Open(client.Region(), &cfg, steer.Options{Caller: client})
+	eng, err := steer.Attach(client.Region(), &cfg, steer.Options{Caller: client})
 	if err != nil {
 		return err
 	}
@@ -100,7 +100,7 @@ func workerMain(id int, enc *json.Encoder) error {
 		if err != nil {
 			return err
 		}
-		ref, err := newReference(eng, &snap, m.Batch)
+		ref, err := newReference(eng.Engine, &snap, m.Batch)
 		if err != nil {
 			snap.Close()
 			return err
