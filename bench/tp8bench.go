@@ -190,7 +190,7 @@ func parseSmaps(b []byte) (pss, error) {
 // of the region and apply the steering of every request at every (hook, layer) to one row
 // each, then return the freed heap to the OS so that only what the rank keeps counts in its
 // Pss.
-func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, error) {
+func rankChild(c *ipc.Client, reg *keys.Worker) (map[string]Op, func() error, error) {
 	cfg, err := steer.ConfigOf(c.Region())
 	if err != nil {
 		c.Close()

@@ -33,7 +33,11 @@ type follower struct {
 // clientInstance is the instance of an attached client.
 func clientInstance(c *ipc.Client) *instance {
 	inst := &instance{side: clientSide{c}, region: c.Region(), ownerPD: c.OwnerPID()}
-	inst.keys, inst.keysErr = keys.Attach(c)
+	if kw, err := keys.Attach(c); err != nil {
+		inst.keysErr = err
+	} else {
+		inst.keys = kw.Registry
+	}
 	w, err := steer.Attach(c.Region(), nil, steer.Options{Caller: c, Logf: func(string, ...any) {}})
 	if err != nil {
 		inst.engErr = err

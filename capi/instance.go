@@ -183,7 +183,7 @@ func shmsteerGo_owner_start(ns *C.char, secret unsafe.Pointer, secretLen C.size_
 		return fail(err)
 	}
 	eng.Serve(func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) })
-	inst := &instance{side: ownerSide{o, eng}, region: o.Region(), keys: reg, eng: eng.Engine, cfg: mc, ownerPD: os.Getpid()}
+	inst := &instance{side: ownerSide{o, eng}, region: o.Region(), keys: reg.Registry, eng: eng.Engine, cfg: mc, ownerPD: os.Getpid()}
 	if code := store(inst, out); code != C.SHMSTEER_OK {
 		o.Close()
 		return code

@@ -59,7 +59,7 @@ type Options struct {
 	// published, and the other hosts' changes applied to it.
 	Engine *steer.Owner
 	// Keys is the owner's key registry (keys.Open); needed with MirrorKeys.
-	Keys *keys.Registry
+	Keys *keys.Owner
 	// QueueLimit bounds the distinct changes waiting to be published; 0 means
 	// DefaultQueueLimit. Repeated changes of one entry take one place.
 	QueueLimit int

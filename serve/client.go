@@ -21,7 +21,7 @@ import (
 // ClientSession is a CLI command attached to a running owner as an ipc client.
 type ClientSession struct {
 	Client *ipc.Client
-	Keys   *keys.Registry
+	Keys   *keys.Worker
 	Engine *steer.Worker
 
 	namespace string

@@ -46,7 +46,7 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	owner  *ipc.Owner
-	reg    *keys.Registry // the owner's key registry
+	reg    *keys.Owner // the owner's key registry
 	eng    *steer.Owner
 	keys   apiKeys
 	store  *stateStore // nil without --state-dir

@@ -158,7 +158,7 @@ type cluster struct {
 	cfg     steer.ModelConfig
 	secret  string // hex, handed to the workers in their environment
 	owner   *ipc.Owner
-	keys    *keys.Registry
+	keys    *keys.Owner
 	eng     *steer.Owner
 	workers []*worker
 	names   []string
@@ -439,7 +439,7 @@ func randVec(rng *mrand.Rand, d int, scale float64) []float32 {
 // and lays out each step's batch.
 type driver struct {
 	eng    *steer.Owner
-	keys   *keys.Registry
+	keys   *keys.Owner
 	cfg    steer.ModelConfig
 	names  []string
 	p      params
@@ -454,7 +454,7 @@ type request struct {
 	decoding int // decode steps left
 }
 
-func newDriver(eng *steer.Owner, keys *keys.Registry, cfg steer.ModelConfig, names []string, p params, rng *mrand.Rand) *driver {
+func newDriver(eng *steer.Owner, keys *keys.Owner, cfg steer.ModelConfig, names []string, p params, rng *mrand.Rand) *driver {
 	return &driver{eng: eng, keys: keys, cfg: cfg, names: names, p: p, rng: rng, active: map[string]*request{}}
 }
 
