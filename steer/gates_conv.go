@@ -255,7 +255,7 @@ func (e *Engine) reportEngaged(key uint64) {
 	}()
 }
 
-// GateConversation encodes conversation k's rest_of_conversation gates (SGCV; owner only).
+// GateConversation encodes conversation k's rest_of_conversation gates (SGCV).
 // found is false when the owner keeps none for k.
 func (e *Owner) GateConversation(k ConvKey) (b []byte, found bool, err error) {
 	e.mu.Lock()
@@ -268,7 +268,7 @@ func (e *Owner) GateConversation(k ConvKey) (b []byte, found bool, err error) {
 	return b, err == nil, err
 }
 
-// GateConversations encodes every conversation's entry, oldest first (owner only), for a
+// GateConversations encodes every conversation's entry, oldest first, for a
 // restore in the same order.
 func (e *Owner) GateConversations() ([][]byte, error) {
 	e.mu.Lock()
@@ -285,7 +285,7 @@ func (e *Owner) GateConversations() ([][]byte, error) {
 }
 
 // RestoreGateConversation decodes an SGCV entry (GateConversation's) and stores it as its
-// conversation's newest, evicting to the caps (owner only). A named source keeps the digest it
+// conversation's newest, evicting to the caps. A named source keeps the digest it
 // was latched with: an admission drops it if the vector registered now has another. Origin
 // and If qualify it as they do a Register. Nothing changes on error (ErrBadEncoding, ErrBadGate).
 func (e *Owner) RestoreGateConversation(b []byte, opts ...WriteOption) error {
@@ -303,7 +303,7 @@ func (e *Owner) RestoreGateConversation(b []byte, opts ...WriteOption) error {
 	return nil
 }
 
-// DropGateConversation removes conversation k's entry (owner only), reporting whether there
+// DropGateConversation removes conversation k's entry, reporting whether there
 // was one; Origin and If as for RestoreGateConversation.
 func (e *Owner) DropGateConversation(k ConvKey, opts ...WriteOption) (bool, error) {
 	o := writeOptsOf(opts)
