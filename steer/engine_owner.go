@@ -53,23 +53,23 @@ func Open(r *shm.Region, want *ModelConfig, opt Options) (*Owner, error) {
 }
 
 // Latches is the owner's conversation latch map.
-func (o *Owner) Latches() *Latches { return o.latches }
+func (e *Owner) Latches() *Latches { return e.latches }
 
 // ColumnsFallbacks is Status.ColumnsFallbacks without reading the rest of the state.
-func (o *Owner) ColumnsFallbacks() uint64 { return o.columnsFallbacks.Load() }
+func (e *Owner) ColumnsFallbacks() uint64 { return e.columnsFallbacks.Load() }
 
 // Admit decides the steering of a request: its override, its conversation's latch, or both
 // (Override.Compose), runs the latch operation, and publishes the result under KindRequest so
 // every rank reads it. A request with no request steering gets an empty entry (64 bytes), so
 // Steppers can tell it from an id that was never admitted (StepStats). Invalid overrides fail
 // with a typed error before anything changes.
-func (o *Owner) Admit(a Admission) (Admitted, error) { return local{o}.admit(a) }
+func (e *Owner) Admit(a Admission) (Admitted, error) { return local{e}.admit(a) }
 
 // End removes a finished request's steering. Its conversation's latch stays.
-func (o *Owner) End(requestID string) (uint64, error) { return local{o}.end(requestID) }
+func (e *Owner) End(requestID string) (uint64, error) { return local{e}.end(requestID) }
 
 // DropConversation removes a conversation's latch, e.g. when it is closed.
-func (o *Owner) DropConversation(k ConvKey) (bool, error) { return local{o}.dropConversation(k) }
+func (e *Owner) DropConversation(k ConvKey) (bool, error) { return local{e}.dropConversation(k) }
 
 // ownStatus fills what only the owner knows: whether latching is off before any admission
 // published the counters, and its count of column pool fallbacks.
