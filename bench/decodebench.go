@@ -32,7 +32,7 @@ var decodeModel = steer.ModelConfig{Hidden: stepD, Layers: decodeLayers}
 // idx the row of each batch row (0 for an unsteered request).
 type decodeFixture struct {
 	region *shm.Region
-	engine *steer.Engine
+	engine *steer.Owner
 	batch  []steer.Span
 	h      []float32
 	table  [][]float32

@@ -36,13 +36,13 @@ func benchSecret() error {
 }
 
 // newKeysOwner starts an owner in a fresh namespace holding the bench's 1024 keys of 32 bytes.
-func newKeysOwner() (*ipc.Owner, *keys.Registry, string, error) {
+func newKeysOwner() (*ipc.Owner, *keys.Owner, string, error) {
 	return newOwnerWithKeys(shm.Config{IndexSlots: 4096, ArenaBytes: 8 << 20}, benchKeys())
 }
 
 // newOwner starts an owner of a region of config rc in a fresh namespace, and its key
 // registry.
-func newOwner(rc shm.Config) (*ipc.Owner, *keys.Registry, string, error) {
+func newOwner(rc shm.Config) (*ipc.Owner, *keys.Owner, string, error) {
 	if err := benchSecret(); err != nil {
 		return nil, nil, "", err
 	}
@@ -69,7 +69,7 @@ func newOwner(rc shm.Config) (*ipc.Owner, *keys.Registry, string, error) {
 
 // newOwnerWithKeys starts an owner of a region of config rc holding the keys ids, key i with
 // value keyValue(i).
-func newOwnerWithKeys(rc shm.Config, ids []string) (*ipc.Owner, *keys.Registry, string, error) {
+func newOwnerWithKeys(rc shm.Config, ids []string) (*ipc.Owner, *keys.Owner, string, error) {
 	o, reg, ns, err := newOwner(rc)
 	if err != nil {
 		return nil, nil, "", err
@@ -251,7 +251,7 @@ func keysChild(args []string) (map[string]Op, func() error, error) {
 }
 
 // coldChild serves "get": uniform random Gets over the cold keys through a keys.Reader.
-func coldChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, error) {
+func coldChild(c *ipc.Client, reg *keys.Worker) (map[string]Op, func() error, error) {
 	kr, err := reg.NewReader()
 	if err != nil {
 		c.Close()

@@ -18,7 +18,7 @@ const stepT, stepD, stepRequests = 256, 4096, 16
 
 type stepFixture struct {
 	region *shm.Region
-	engine *steer.Engine
+	engine *steer.Owner
 	batch  []steer.Span
 	h      []float32
 }

@@ -190,13 +190,13 @@ func parseSmaps(b []byte) (pss, error) {
 // of the region and apply the steering of every request at every (hook, layer) to one row
 // each, then return the freed heap to the OS so that only what the rank keeps counts in its
 // Pss.
-func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, error) {
+func rankChild(c *ipc.Client, reg *keys.Worker) (map[string]Op, func() error, error) {
 	cfg, err := steer.ConfigOf(c.Region())
 	if err != nil {
 		c.Close()
 		return nil, nil, err
 	}
-	eng, err := steer.Open(c.Region(), &cfg, steer.Options{Caller: c})
+	eng, err := steer.Attach(c.Region(), &cfg, steer.Options{Caller: c})
 	if err != nil {
 		c.Close()
 		return nil, nil, err

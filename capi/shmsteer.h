@@ -139,7 +139,7 @@ extern "C" {
 #define SHMSTEER_E_REMOTE 69             /* steer.ErrRemote */
 #define SHMSTEER_E_OVERFLOW 70           /* steer.ErrOverflow: magnitude beyond steer.MaxMagnitude */
 #define SHMSTEER_E_UNKNOWN_REQUEST 71    /* steer.ErrUnknownRequest: a strict request the owner does not know */
-#define SHMSTEER_E_NOT_SERVED 72         /* steer.ErrNotServed: the owner never called Engine.Serve */
+#define SHMSTEER_E_NOT_SERVED 72         /* steer.ErrNotServed: the owner never called Owner.Serve */
 #define SHMSTEER_E_LATCH_STATE 73        /* steer.ErrLatchState: restored latch state does not fit */
 #define SHMSTEER_E_PROBE_SITE 74         /* steer.ErrProbeSite: a probe names exactly one (hook, layer) */
 #define SHMSTEER_E_BATCH_CAPACITY 75     /* steer.ErrBatchCapacity: a batch does not fit the tables: raise max_slots / max_clamps */

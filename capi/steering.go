@@ -224,7 +224,11 @@ func admitWith(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.siz
 	}
 	adm := steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override, Gates: gates,
 		Capture: caps, PromptLen: a.PromptLen}
-	ad, err := inst.eng.Admit(adm)
+	o, err := inst.steerOwner("admission")
+	if err != nil {
+		return steer.Admitted{}, fail(err)
+	}
+	ad, err := o.Admit(adm)
 	if err != nil {
 		return ad, fail(err)
 	}
@@ -244,7 +248,11 @@ func shmsteerGo_request_end(h C.uint64_t, id *C.char, idLen C.size_t, version *C
 	if !ok {
 		return badArg("id")
 	}
-	v, err := inst.eng.End(strings.Clone(sid))
+	o, err := inst.steerOwner("a request's end")
+	if err != nil {
+		return fail(err)
+	}
+	v, err := o.End(strings.Clone(sid))
 	if err == nil && inst.hub != nil {
 		inst.hub.End(sid)
 	}

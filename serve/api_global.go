@@ -104,7 +104,7 @@ func (s *Server) clearGlobal(_ *http.Request, p principal, body []byte) (any, er
 type hookNorms map[string]float64
 
 func (s *Server) getSteering(*http.Request, principal, []byte) (any, error) {
-	active, clamps, v, err := activeLayers(s.eng)
+	active, clamps, v, err := activeLayers(s.eng.Engine)
 	if err != nil {
 		return nil, err
 	}

@@ -100,7 +100,7 @@ func regionStatus(eng *steer.Engine) (statusReply, error) {
 }
 
 func (s *Server) status() (statusReply, error) {
-	out, err := regionStatus(s.eng)
+	out, err := regionStatus(s.eng.Engine)
 	if err != nil {
 		return out, err
 	}

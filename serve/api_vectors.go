@@ -147,7 +147,7 @@ func (s *Server) registerVector(_ *http.Request, p principal, body []byte) (any,
 	if err := s.persistAfterChange(); err != nil {
 		return nil, err
 	}
-	list, err := vectorSummaries(s.eng, p.owns)
+	list, err := vectorSummaries(s.eng.Engine, p.owns)
 	return map[string]any{"status": "ok", "name": req.Name, "kind": kind.String(), "version": info.Version,
 		"digest": hex.EncodeToString(info.Digest[:]), "vectors": vectorsByKind(list)}, err
 }
@@ -174,10 +174,10 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 	if kind == steer.VectorProbe {
 		v, err = s.eng.UnregisterProbe(req.Name) // no steering set can reference a probe
 	} else {
-		v, dropped, err = UnregisterVector(s.eng, req.Name)
+		v, dropped, err = UnregisterVector(s.eng.Engine, req.Name)
 	}
 	if errors.Is(err, steer.ErrUnknownVector) || errors.Is(err, steer.ErrBadName) {
-		list, lerr := vectorSummaries(s.eng, p.owns)
+		list, lerr := vectorSummaries(s.eng.Engine, p.owns)
 		if lerr != nil {
 			return nil, lerr
 		}
@@ -188,7 +188,7 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 	if err := s.persistAfterChange(); err != nil {
 		return nil, err
 	}
-	list, err := vectorSummaries(s.eng, p.owns)
+	list, err := vectorSummaries(s.eng.Engine, p.owns)
 	if dropped == nil {
 		dropped = []string{}
 	}
@@ -198,7 +198,7 @@ func (s *Server) unregisterVector(_ *http.Request, p principal, body []byte) (an
 
 // listVectors answers the fork's exact {vectors, count}; ?details=1 adds serve's details.
 func (s *Server) listVectors(r *http.Request, p principal, _ []byte) (any, error) {
-	list, err := vectorSummaries(s.eng, p.owns)
+	list, err := vectorSummaries(s.eng.Engine, p.owns)
 	out := map[string]any{"vectors": vectorsByKind(list), "count": len(list)}
 	if d := r.URL.Query().Get("details"); d != "" && d != "0" && d != "false" {
 		out["details"] = list

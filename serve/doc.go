@@ -1,5 +1,5 @@
 // Package serve is shmsteer's long-lived owner as operators run it (`shmsteer serve`): it owns
-// the region (through ipc.Owner and steer.Engine), a JSON control API over HTTP compatible with
+// the region (through ipc.Owner and steer.Owner), a JSON control API over HTTP compatible with
 // the steering API of the seed's vLLM fork, Prometheus metrics, and the state that survives a
 // restart (named vectors with their model hints, global tiers, steering modules, the latch map
 // and the conversations' rest_of_conversation gates, in --state-dir).

@@ -11,7 +11,7 @@ import (
 )
 
 // local writes the region in the owner.
-type local struct{ e *Engine }
+type local struct{ e *Owner }
 
 func (l local) putNamed(kind shm.Kind, name string, b []byte, d Digest, o writeOpts) (VectorInfo, error) {
 	write, what := l.e.writeNamed, "register %q: %w"
@@ -166,7 +166,7 @@ func (l local) admit(a Admission) (Admitted, error) {
 // composed), checks it, runs the latch operations (out.Source, Latched, Refused) and returns
 // the set resolved (empty when the request has none). Every refusal comes before any latch
 // operation, so it changes nothing.
-func (e *Engine) admitSteering(a *Admission, out *Admitted, digestOf func(string) (Digest, bool), named func(string) (wire, bool), set string) (wire, error) {
+func (e *Owner) admitSteering(a *Admission, out *Admitted, digestOf func(string) (Digest, bool), named func(string) (wire, bool), set string) (wire, error) {
 	var final Steering
 	var w wire
 	if a.Override != nil && !a.Override.Empty() {
@@ -204,7 +204,7 @@ func (e *Engine) admitSteering(a *Admission, out *Admitted, digestOf func(string
 
 // checkOverride resolves and checks a's override, and with its conversation's latch when it
 // composes onto it (ComposeAdd): the sum must fit as well.
-func (e *Engine) checkOverride(a *Admission, digestOf func(string) (Digest, bool), named func(string) (wire, bool), set string) (wire, error) {
+func (e *Owner) checkOverride(a *Admission, digestOf func(string) (Digest, bool), named func(string) (wire, bool), set string) (wire, error) {
 	w, err := resolveSteering(e.cfg, a.Override, digestOf, false)
 	if err != nil {
 		return wire{}, err

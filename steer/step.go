@@ -400,7 +400,7 @@ func (s *Stepper) request(id string) (*reqState, error) {
 	case errors.Is(err, shm.ErrNotFound):
 		s.stats.UnknownRequests++
 		if s.e.opt.StrictRequests || s.strict {
-			return nil, fmt.Errorf("%w: %q has no entry at version %d (call Engine.Admit for every request in a batch, and End only after its last step)", ErrUnknownRequest, id, s.snap.Version())
+			return nil, fmt.Errorf("%w: %q has no entry at version %d (call Owner.Admit for every request in a batch, and End only after its last step)", ErrUnknownRequest, id, s.snap.Version())
 		}
 		st.view, st.known = composedView{}, false
 	case err != nil:

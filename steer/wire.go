@@ -205,8 +205,14 @@ func (w *wire) encode(hidden int) ([]byte, error) {
 	off := uint64(hdrSize)
 	slot := dataOff
 	putData := func(v []float32) {
-		for i, f := range v {
-			le.PutUint32(b[slot+uint64(i)*4:], math.Float32bits(f))
+		// Vectors are read back in place as float32s in the machine's order (decode's view,
+		// shm.AsFloat32), which is the little-endian of the layout: copy them as such.
+		if dst := shm.AsFloat32(b[slot : slot+uint64(len(v))*4]); dst != nil {
+			copy(dst, v)
+		} else {
+			for i, f := range v {
+				le.PutUint32(b[slot+uint64(i)*4:], math.Float32bits(f))
+			}
 		}
 		slot += stride
 	}

@@ -49,7 +49,7 @@ func workerMain(id int, enc *json.Encoder) error {
 		return fmt.Errorf("worker %d: attach: %w", id, err)
 	}
 	cfg := steer.ModelConfig{Hidden: p.Hidden, Layers: p.Layers}
-	eng, err := steer.Open(client.Region(), &cfg, steer.Options{Caller: client})
+	eng, err := steer.Attach(client.Region(), &cfg, steer.Options{Caller: client})
 	if err != nil {
 		return err
 	}
@@ -86,8 +86,8 @@ type stepWorker struct {
 	layers int
 	cfg    steer.ModelConfig
 	client *ipc.Client
-	reg    *keys.Registry
-	eng    *steer.Engine
+	reg    *keys.Worker
+	eng    *steer.Worker
 	st     *steer.Stepper
 	// Hidden states come from one pool drawn from the shared seed, so every worker steers the
 	// same inputs and their outputs (and checksums) must agree exactly.
@@ -95,7 +95,7 @@ type stepWorker struct {
 	keyBuf                     []byte
 }
 
-func newStepWorker(id int, p params, cfg steer.ModelConfig, client *ipc.Client, reg *keys.Registry, eng *steer.Engine, rng *mrand.Rand) *stepWorker {
+func newStepWorker(id int, p params, cfg steer.ModelConfig, client *ipc.Client, reg *keys.Worker, eng *steer.Worker, rng *mrand.Rand) *stepWorker {
 	block := p.Tokens * p.Hidden
 	return &stepWorker{
 		id: id, layers: p.Layers, cfg: cfg, client: client, reg: reg, eng: eng, st: eng.NewStepper(),
@@ -131,7 +131,7 @@ func (w *stepWorker) step(m stepMsg) (reply, error) {
 		return r, err
 	}
 	defer snap.Close()
-	ref, err := newReference(w.eng, &snap, m.Batch)
+	ref, err := newReference(w.eng.Engine, &snap, m.Batch)
 	if err != nil {
 		return r, err
 	}

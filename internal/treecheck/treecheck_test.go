@@ -36,7 +36,6 @@ var allowList = []string{
 	"cmd/shmsteer/vecfile_cli_test.go:TestCLIVectorFiles",
 	"cmd/shmsteer/vecfile_e2e_test.go:TestServeVectorFileUpload",
 	"python/benchmarks/capture_read.py:main",
-	"python/shmsteer/client.py",
 	"python/shmsteer/errors.py",
 }
 

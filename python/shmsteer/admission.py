@@ -34,6 +34,7 @@ except ImportError:  # pragma: no cover - exercised only where numpy is missing
 TIERS = {"base": _lib.TIER_BASE, "prefill": _lib.TIER_PREFILL, "decode": _lib.TIER_DECODE}
 
 _KEYS = frozenset(("hook", "layer", "scale", "data"))
+_F32 = _np.dtype(_np.float32) if _np is not None else None
 _I32 = (-(1 << 31), (1 << 31) - 1)
 
 
@@ -76,6 +77,9 @@ def _is_tensor(data: Any) -> bool:
 def _buffer(where: str, data: Any) -> Tuple[int, int, Any]:
     """(address, floats, owner) of ``data`` as 1-D float32 C-contiguous memory: the caller keeps
     ``owner`` alive until the engine has read it."""
+    if _np is not None and type(data) is _np.ndarray and data.dtype == _F32 and data.ndim == 1 \
+            and data.flags.c_contiguous:  # the common case, used in place
+        return data.ctypes.data, data.size, data
     if _is_tensor(data):
         return _torch_buffer(where, data)
     if _np is None:
@@ -95,13 +99,13 @@ def _buffer(where: str, data: Any) -> Tuple[int, int, Any]:
 def _vector(where: str, v: Any, tier: int, hook_id: Callable[[Union[str, int]], int], hidden: int,
             out: Any, keep: List[Any]) -> None:
     """Fill ``out`` (an AdmitVectorC) from the vector dict ``v`` of an override tier."""
-    extra = set(v) - _KEYS
-    if extra:
-        raise _bad(f"{where}: unknown keys {sorted(extra)} (a vector has hook, layer, scale, data)")
+    if not _KEYS.issuperset(v):
+        raise _bad(f"{where}: unknown keys {sorted(set(v) - _KEYS)} (a vector has hook, layer, scale, data)")
     layer, scale = v.get("layer", 0), v.get("scale", 0.0)
-    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral) or not _I32[0] <= int(layer) <= _I32[1]:
+    if type(layer) is not int and (isinstance(layer, bool) or not isinstance(layer, numbers.Integral)) \
+            or not _I32[0] <= int(layer) <= _I32[1]:
         raise _bad(f"{where}: layer must be a 32-bit integer, got {layer!r}")
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+    if type(scale) is not float and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
         raise _bad(f"{where}: scale must be a number, got {type(scale).__name__}")
     ptr, n, owner = _buffer(where, v.get("data"))
     if n != hidden:
