@@ -2,7 +2,9 @@ package steer
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 
 	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/shm"
@@ -127,7 +129,7 @@ func magnitudeBounded(cfg ModelConfig, w *wire, named func(string) (wire, bool))
 // exactly, composing in float64 (checkMagnitude's slow path).
 func checkTermsExact(cfg ModelConfig, w *wire, named func(string) (wire, bool), set string) error {
 	d := cfg.Hidden
-	// sums holds the composition of each site-phase touched, ix = ((hook*layers)+layer)*2 + phase-1.
+	// sums holds the composition of each site entry touched, ix = ((hook*layers)+layer)*2 + phase-1.
 	sums := map[int][]float64{}
 	add := func(p Phase, hook HookID, layer int, coef float64, data []float32) {
 		for _, q := range []Phase{PhasePrefill, PhaseDecode} {
@@ -174,8 +176,9 @@ func checkTermsExact(cfg ModelConfig, w *wire, named func(string) (wire, bool), 
 			}
 		}
 	}
-	for ix, acc := range sums {
-		for i, x := range acc {
+	// In site entry order, so the error names the same entry every time (a map's order varies).
+	for _, ix := range slices.Sorted(maps.Keys(sums)) {
+		for i, x := range sums[ix] {
 			if overBound(x) {
 				site := ix / 2
 				return magnitudeError(set, Phase(ix%2+1), cfg, HookID(site/cfg.Layers), site%cfg.Layers,
