@@ -276,7 +276,8 @@ func decode(b []byte, cfg ModelConfig, verify bool) (wire, error) {
 	if err := checkWireBody(b, lay, w.digest, verify); err != nil {
 		return wire{}, err
 	}
-	r := wireReader{b: b, cfg: cfg, verify: verify, lay: lay, off: hdrSize, slot: lay.dataOff}
+	r := wireReader{b: b, hooks: cfg.NumHooks(), layers: uint64(cfg.Layers), row: uint64(cfg.Hidden) * 4,
+		verify: verify, lay: lay, off: hdrSize, slot: lay.dataOff}
 	if w.vecs, err = r.vectors(); err != nil {
 		return wire{}, err
 	}
@@ -355,7 +356,9 @@ func checkWireBody(b []byte, lay wireLayout, digest Digest, verify bool) error {
 // decodeHeader has checked that every section lies within b.
 type wireReader struct {
 	b         []byte
-	cfg       ModelConfig
+	hooks     int    // the model's hooks
+	layers    uint64 // and layers
+	row       uint64 // bytes of a data row's floats (the model's hidden size × 4)
 	verify    bool
 	lay       wireLayout
 	off, slot uint64
@@ -371,14 +374,7 @@ func (r *wireReader) entry(n uint64) []byte {
 // site reads an entry's (hook, layer) and whether the model has them.
 func (r *wireReader) site(e []byte) (HookID, int, bool) {
 	hook, layer := HookID(le.Uint16(e[2:])), le.Uint32(e[4:])
-	return hook, int(layer), int(hook) < r.cfg.NumHooks() && uint64(layer) < uint64(r.cfg.Layers)
-}
-
-// view returns the next data row, false if misaligned or (with verify) not finite.
-func (r *wireReader) view() ([]float32, bool) {
-	v := shm.AsFloat32(r.b[r.slot : r.slot+uint64(r.cfg.Hidden)*4])
-	r.slot += r.lay.stride
-	return v, v != nil && (!r.verify || allFinite(v))
+	return hook, int(layer), int(hook) < r.hooks && uint64(layer) < r.layers
 }
 
 // wirePhaseOK reports whether p is a phase (base, prefill or decode).
@@ -387,19 +383,23 @@ func wirePhaseOK(p byte) bool { return p <= byte(PhaseDecode) }
 // vectors reads the vector entries and their data rows.
 func (r *wireReader) vectors() ([]wireVec, error) {
 	vecs := make([]wireVec, 0, r.lay.nv)
+	b, off, slot, verify := r.b, r.off, r.slot, r.verify
 	for i := range r.lay.nv {
-		e := r.entry(vecEntry)
+		e := b[off : off+vecEntry]
+		off += vecEntry
 		hook, layer, ok := r.site(e)
 		if !wirePhaseOK(e[0]) || e[1] != 0 || !ok || le.Uint32(e[12:]) != 0 {
 			return nil, badWire("vector %d: bad phase, hook or layer", i)
 		}
 		scale := math.Float32frombits(le.Uint32(e[8:]))
-		data, ok := r.view()
-		if !ok || (r.verify && !finite(scale)) {
+		data := shm.AsFloat32(b[slot : slot+r.row])
+		slot += r.lay.stride
+		if data == nil || verify && (!allFinite(data) || !finite(scale)) {
 			return nil, badWire("vector %d: misaligned or non-finite data", i)
 		}
 		vecs = append(vecs, wireVec{phase: Phase(e[0]), hook: hook, layer: layer, scale: scale, data: data})
 	}
+	r.off, r.slot = off, slot
 	return vecs, nil
 }
 
@@ -426,21 +426,24 @@ func (r *wireReader) refs() ([]wireRef, error) {
 // clamps reads the clamp entries and their direction rows.
 func (r *wireReader) clamps() ([]wireClamp, error) {
 	clamps := make([]wireClamp, 0, r.lay.nc)
+	b, off, slot, verify := r.b, r.off, r.slot, r.verify
 	for i := range r.lay.nc {
-		e := r.entry(clampEntry)
+		e := b[off : off+clampEntry]
+		off += clampEntry
 		hook, layer, ok := r.site(e)
 		if !wirePhaseOK(e[0]) || e[1] != 0 || !ok || le.Uint32(e[20:]) != 0 || le.Uint64(e[24:]) != 0 {
 			return nil, badWire("clamp %d: bad phase, hook or layer", i)
 		}
 		c := wireClamp{phase: Phase(e[0]), hook: hook, layer: layer,
 			lo: math.Float32frombits(le.Uint32(e[8:])), hi: math.Float32frombits(le.Uint32(e[12:])), str: math.Float32frombits(le.Uint32(e[16:]))}
-		dir, ok := r.view()
-		if !ok || (r.verify && (!finite(c.lo) || !finite(c.hi) || !finite(c.str) || c.lo > c.hi)) {
+		c.dir = shm.AsFloat32(b[slot : slot+r.row])
+		slot += r.lay.stride
+		if c.dir == nil || verify && (!allFinite(c.dir) || !finite(c.lo) || !finite(c.hi) || !finite(c.str) || c.lo > c.hi) {
 			return nil, badWire("clamp %d: misaligned or non-finite data or bounds", i)
 		}
-		c.dir = dir
 		clamps = append(clamps, c)
 	}
+	r.off, r.slot = off, slot
 	return clamps, nil
 }
 
