@@ -29,13 +29,6 @@ const (
 // its limit: remove it when its owner splits it.
 var allowList = []string{
 	"bench/bench.go:Run",
-	"cmd/shmsteer/e2e_test.go",
-	"cmd/shmsteer/e2e_test.go:TestServeEndpoints",
-	"cmd/shmsteer/gates_e2e_test.go:TestGateCountsReachStatusAndMetrics",
-	"cmd/shmsteer/limits_e2e_test.go:TestServeConnectionFloodKeepsDescriptorsForWorkers",
-	"cmd/shmsteer/mirror_e2e_test.go:TestServeMirrorTwoHosts",
-	"cmd/shmsteer/vecfile_cli_test.go:TestCLIVectorFiles",
-	"cmd/shmsteer/vecfile_e2e_test.go:TestServeVectorFileUpload",
 	"internal/demo/worker.go:workerMain",
 	"python/benchmarks/capture_read.py:main",
 	"python/shmsteer/client.py",
