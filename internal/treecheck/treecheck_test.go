@@ -30,9 +30,7 @@ const (
 var allowList = []string{
 	"bench/bench.go:Run",
 	"internal/demo/worker.go:workerMain",
-	"python/benchmarks/capture_read.py:main",
 	"python/shmsteer/client.py",
-	"python/shmsteer/errors.py",
 	"serve/api.go",
 	"serve/openai.go:openAISteering",
 	"serve/parse.go",
