@@ -61,7 +61,7 @@ func TestNumpyDriver(t *testing.T) {
 	pid := p.cmd.Process.Pid
 	t.Cleanup(func() { _ = release() })
 	require.Contains(t, p.Info, "numpy")
-	for _, k := range KernelSizes[:2] {
+	for _, k := range kernelSizes[:2] {
 		d, err := p.Run("add."+k.Tag, 5)
 		require.NoError(t, err)
 		require.Positive(t, d)
@@ -96,12 +96,12 @@ func TestSkippedWithoutTools(t *testing.T) {
 	// With no interpreter and no redis-server on PATH the baselines must be
 	// skipped with a reason, not fail or be estimated.
 	t.Setenv("PATH", t.TempDir())
-	old := Interpreters
-	Interpreters = []string{"python3"}
-	t.Cleanup(func() { Interpreters = old })
+	old := interpreters
+	interpreters = []string{"python3"}
+	t.Cleanup(func() { interpreters = old })
 	cfg := tiny()
 	cfg.Only = []string{"keys.get.syncmanager", "keys.get.redis", "kernels.add.16k.numpy"}
-	rep := Run(cfg, sources{})
+	rep := runFigures(cfg, sources{})
 	require.Len(t, rep.Figures, 3)
 	require.Empty(t, rep.Measured())
 	for _, f := range rep.Figures {

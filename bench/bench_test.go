@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 
 // tiny is a config for smoke tests: enough to exercise every path, too short
 // to mean anything.
-func tiny() Config { return Config{Rounds: 3, Target: 200 * time.Microsecond} }
+func tiny() runConfig { return runConfig{Rounds: 3, Target: 200 * time.Microsecond} }
 
 func TestMedian(t *testing.T) {
 	for _, tc := range []struct {
@@ -98,7 +98,7 @@ func TestCalibrateReachesTarget(t *testing.T) {
 
 func TestAlternateOrderAndSkips(t *testing.T) {
 	var order []string
-	mk := func(name string) Setup {
+	mk := func(name string) setupFunc {
 		return func() (Op, func() error, error) {
 			return func(n int) (time.Duration, error) {
 				order = append(order, name)
@@ -107,14 +107,14 @@ func TestAlternateOrderAndSkips(t *testing.T) {
 		}
 	}
 	cleaned := false
-	figs, warns := Alternate(Config{Rounds: 2, Target: time.Millisecond},
-		Contender{"a_ns", mk("a")},
-		Contender{"broken_ns", func() (Op, func() error, error) {
+	figs, warns := alternateAll(runConfig{Rounds: 2, Target: time.Millisecond},
+		contender{"a_ns", mk("a")},
+		contender{"broken_ns", func() (Op, func() error, error) {
 			return nil, func() error { cleaned = true; return errors.New("boom") }, errors.New("no such thing")
 		}},
-		Contender{"panics_ns", func() (Op, func() error, error) { panic("half-written hook") }},
-		Contender{"nil_ns", nil},
-		Contender{"b_ns", mk("b")},
+		contender{"panics_ns", func() (Op, func() error, error) { panic("half-written hook") }},
+		contender{"nil_ns", nil},
+		contender{"b_ns", mk("b")},
 	)
 	// One calibration batch each, then rounds alternate a b a b.
 	require.Equal(t, []string{"a", "b", "a", "b", "a", "b"}, order)
@@ -130,7 +130,7 @@ func TestAlternateOrderAndSkips(t *testing.T) {
 }
 
 // fakeSources wires every hook with something cheap, so the smoke run walks
-// every path of Run without the engine.
+// every path of runFigures without the engine.
 func fakeSources() sources {
 	owner := func() (Op, func() error, error) { return gomapOp(), nil, nil }
 	return sources{
@@ -174,7 +174,7 @@ func TestSmokeReport(t *testing.T) {
 		"kernels.add.256k.c", "steer.", "mem."}
 	var prog bytes.Buffer
 	cfg.Progress = &prog
-	rep := Run(cfg, fakeSources())
+	rep := runFigures(cfg, fakeSources())
 	require.Contains(t, prog.String(), "keys.get.gomap_ns")
 
 	var table bytes.Buffer
@@ -224,7 +224,7 @@ func TestSmokeReport(t *testing.T) {
 	require.Equal(t, "8 fake ranks", got["mem.tp8_ratio"]["note"])
 	require.InDelta(t, 149.5, got["keys.set.owner_ns"]["value"], 1)
 	require.InDelta(t, 199, got["keys.set.owner_p99_ns"]["value"], 1)
-	require.Equal(t, float64(2*KernelD*4), got["kernels.add.16k.goloop_ns"]["working_set_bytes"])
+	require.Equal(t, float64(2*kernelD*4), got["kernels.add.16k.goloop_ns"]["working_set_bytes"])
 
 	// Ratio = ours / baseline, only where the baseline was measured.
 	k := got["kernels.add.16k.shmsteer_ns"]
@@ -236,8 +236,8 @@ func TestSmokeReport(t *testing.T) {
 	require.NotContains(t, got["keys.set.owner_ns"], "ratio", "syncmanager was not run, so no ratio")
 	require.NotContains(t, got["keys.get.gomap_ns"], "baseline")
 
-	// Round trip through Figure keeps names, values and units.
-	var figs []Figure
+	// Round trip through figure keeps names, values and units.
+	var figs []figure
 	require.NoError(t, json.Unmarshal(js.Bytes(), &figs))
 	require.Equal(t, rep.Measured()[0].Name, figs[0].Name)
 	require.Equal(t, rep.Measured()[0].Value, figs[0].Value)
@@ -269,7 +269,7 @@ func TestMainFlags(t *testing.T) {
 	require.Contains(t, out.String(), "skipped mem.tp8_ratio")
 	b, err := os.ReadFile(js)
 	require.NoError(t, err)
-	var recs []Figure
+	var recs []figure
 	require.NoError(t, json.Unmarshal(b, &recs))
 	require.Len(t, recs, 1)
 	require.Equal(t, "keys.get.gomap_ns", recs[0].Name)
@@ -283,7 +283,7 @@ func TestMainFlags(t *testing.T) {
 }
 
 func TestChildDriver(t *testing.T) {
-	p, err := StartChild("test.echo", "a", "b")
+	p, err := startChild("test.echo", "a", "b")
 	require.NoError(t, err)
 	d, err := p.Run("us", 250)
 	require.NoError(t, err)
@@ -298,10 +298,10 @@ func TestChildDriver(t *testing.T) {
 	_, err = p.Run("us", 1)
 	require.ErrorIs(t, err, ErrChild)
 
-	_, err = StartChild("test.fail")
+	_, err = startChild("test.fail")
 	require.ErrorIs(t, err, ErrChild)
 	require.ErrorContains(t, err, "setup refused")
-	_, err = StartChild("test.nosuchrole")
+	_, err = startChild("test.nosuchrole")
 	require.ErrorContains(t, err, ErrUnknownRole.Error())
 }
 
@@ -309,7 +309,7 @@ func TestChildTimeoutKills(t *testing.T) {
 	// A child that never answers: the driver must give up and kill it.
 	cmd := exec.Command("sleep", "30")
 	start := time.Now()
-	_, err := StartProc("sleeper", cmd, 300*time.Millisecond)
+	_, err := startProc("sleeper", cmd, 300*time.Millisecond)
 	require.ErrorIs(t, err, ErrChildTimeout)
 	require.Less(t, time.Since(start), 5*time.Second)
 	require.NotNil(t, cmd.ProcessState, "the child was waited for")
@@ -320,9 +320,9 @@ func TestThroughputWithGoChildren(t *testing.T) {
 	// processes started at one instant.
 	// Batches of 5 ms: with tinier ones the children's wake-up skew (tens of
 	// microseconds on a loaded machine) is the whole window.
-	cfg := Config{Rounds: 3, Target: 5 * time.Millisecond}
+	cfg := runConfig{Rounds: 3, Target: 5 * time.Millisecond}
 	cfg.Only = []string{"keys.get.throughput_2readers"}
-	rep := Run(cfg, sources{KeysReaderProcs: gomapProcs})
+	rep := runFigures(cfg, sources{KeysReaderProcs: gomapProcs})
 	require.Len(t, rep.Figures, 1)
 	f := rep.Figures[0]
 	require.Empty(t, f.Skipped)
@@ -335,7 +335,7 @@ func TestThroughputWithGoChildren(t *testing.T) {
 }
 
 func TestThroughputPlausible(t *testing.T) {
-	figs := []Figure{
+	figs := []figure{
 		{Name: "keys.get.throughput_2readers_x", Value: 2.94e-05},
 		{Name: "keys.get.throughput_2gomaps_x", Value: 1.5},
 		{Name: "keys.get.throughput_2gomaps_x", Value: 3.5},
@@ -349,10 +349,10 @@ func TestThroughputPlausible(t *testing.T) {
 }
 
 func TestRunAtAlignsStarts(t *testing.T) {
-	a, err := StartChild("test.echo")
+	a, err := startChild("test.echo")
 	require.NoError(t, err)
 	defer a.Close()
-	b, err := StartChild("test.echo")
+	b, err := startChild("test.echo")
 	require.NoError(t, err)
 	defer b.Close()
 	// Both sleep 200 ms from one instant: each window is measured from the instant, not from
@@ -379,9 +379,9 @@ func TestRunAtAlignsStarts(t *testing.T) {
 }
 
 func TestBestVariantAndBandwidth(t *testing.T) {
-	k := HugeKernelSize
+	k := hugeKernelSize
 	post := kernelFigures(k)
-	figs := post([]Figure{
+	figs := post([]figure{
 		{Name: "kernels.add.1g.shmsteer_ns", Value: 200e6, Rounds: 3, Samples: []float64{200e6, 100e6, 400e6}},
 		{Name: "kernels.add.1g.c_ns#a", Value: 300e6, Rounds: 3},
 		{Name: "kernels.add.1g.c_ns#b", Value: 250e6, Rounds: 3},
@@ -390,7 +390,7 @@ func TestBestVariantAndBandwidth(t *testing.T) {
 		// Faster in round 3 only: per round the faster copy counts, so the ratios are 0.9, 0.9, 0.5.
 		{Name: "kernels.add.1g.bw_fraction#copy64k", Value: 400e6, Rounds: 3, Samples: []float64{400e6, 400e6, 200e6}},
 	})
-	byName := map[string]Figure{}
+	byName := map[string]figure{}
 	for _, f := range figs {
 		byName[f.Name] = f
 	}
@@ -400,22 +400,22 @@ func TestBestVariantAndBandwidth(t *testing.T) {
 	require.Contains(t, c.Note, "variant: b")
 	require.Contains(t, c.Note, "c: no such shape")
 	require.Equal(t, k.workingSet(), byName["kernels.add.1g.shmsteer_ns"].WorkingSet)
-	require.Equal(t, int64(1<<30+KernelD*4), k.workingSet())
+	require.Equal(t, int64(1<<30+kernelD*4), k.workingSet())
 	bw := byName["kernels.add.1g.bw_fraction"]
 	require.InDelta(t, 0.9, bw.Value, 1e-12)
 	require.Equal(t, "x", bw.Unit)
 	require.Contains(t, bw.Note, "2 GiB per call")
 	require.Contains(t, bw.Note, "copy 180.00 ms, copy64k 400.00 ms")
 
-	all := kernelFigures(KernelSizes[0])([]Figure{{Name: "kernels.add.16k.c_ns#a", Skipped: "no cgo"}})
-	require.Equal(t, []Figure{{Name: "kernels.add.16k.c_ns", Unit: "ns/op", Skipped: "no cgo"}}, all)
+	all := kernelFigures(kernelSizes[0])([]figure{{Name: "kernels.add.16k.c_ns#a", Skipped: "no cgo"}})
+	require.Equal(t, []figure{{Name: "kernels.add.16k.c_ns", Unit: "ns/op", Skipped: "no cgo"}}, all)
 }
 
 func TestQuickSkipsHugeCases(t *testing.T) {
 	cfg := tiny()
 	cfg.Quick = true
 	cfg.Only = []string{"kernels.add.1g", "keys.get.cold"}
-	rep := Run(cfg, fakeSources())
+	rep := runFigures(cfg, fakeSources())
 	require.Empty(t, rep.Measured())
 	require.Len(t, rep.Figures, 7)
 	for _, f := range rep.Figures {
@@ -427,9 +427,9 @@ func TestGoLoopAdd(t *testing.T) {
 	h, v := kernelData(3)
 	want := append([]float32(nil), h...)
 	for i := range want {
-		want[i] += 0.5 * v[i%KernelD]
+		want[i] += 0.5 * v[i%kernelD]
 	}
-	goLoopAdd(h, KernelD, 0.5, v)
+	goLoopAdd(h, kernelD, 0.5, v)
 	require.Equal(t, want, h)
 }
 
@@ -437,30 +437,30 @@ func TestColdIndexUniform(t *testing.T) {
 	state := uint64(1)
 	var buckets [16]int
 	for range 1 << 16 {
-		i := ColdIndex(&state)
+		i := coldIndex(&state)
 		require.GreaterOrEqual(t, i, 0)
-		require.Less(t, i, ColdNumKeys)
+		require.Less(t, i, coldNumKeys)
 		buckets[i>>16]++
 	}
 	for _, n := range buckets {
 		require.InDelta(t, 4096, n, 400)
 	}
-	keys := ColdKeys()
-	require.Len(t, keys, ColdNumKeys)
+	keys := coldKeys()
+	require.Len(t, keys, coldNumKeys)
 	require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`, keys[12345])
-	require.Equal(t, keys[7], ColdKeys()[7])
+	require.Equal(t, keys[7], coldKeys()[7])
 }
 
 // TestPairedRatio checks Finish's ratio of two figures measured in one alternation: the median
 // of the per-round ratios (not the ratio of the medians) with their spread, and the plain
 // ratio of values for figures of different groups or without rounds.
 func TestPairedRatio(t *testing.T) {
-	ours := Figure{Name: "kernels.add.16k.shmsteer_ns", Value: 110, Group: 1, Samples: []float64{100, 110, 300, 90, 120}}
-	base := Figure{Name: "kernels.add.16k.c_ns", Value: 100, Group: 1, Samples: []float64{100, 100, 250, 100, 60}}
-	rep := &Report{}
+	ours := figure{Name: "kernels.add.16k.shmsteer_ns", Value: 110, Group: 1, Samples: []float64{100, 110, 300, 90, 120}}
+	base := figure{Name: "kernels.add.16k.c_ns", Value: 100, Group: 1, Samples: []float64{100, 100, 250, 100, 60}}
+	rep := &report{}
 	rep.Add(ours, base)
 	rep.Finish()
-	got := rep.Figures[slices.IndexFunc(rep.Figures, func(f Figure) bool { return f.Name == ours.Name })]
+	got := rep.Figures[slices.IndexFunc(rep.Figures, func(f figure) bool { return f.Name == ours.Name })]
 	// Per-round ratios 1, 1.1, 1.2, 0.9, 2: median 1.1, quartiles 1 and 1.2.
 	require.True(t, got.RatioPaired)
 	require.InDelta(t, 1.1, got.Ratio, 1e-12)
@@ -470,10 +470,10 @@ func TestPairedRatio(t *testing.T) {
 	// that slowed both.
 	ours.Samples, ours.Value = []float64{120, 240, 360}, 240
 	base.Samples, base.Value = []float64{120, 240, 200}, 200
-	rep = &Report{}
+	rep = &report{}
 	rep.Add(ours, base)
 	rep.Finish()
-	got = rep.Figures[slices.IndexFunc(rep.Figures, func(f Figure) bool { return f.Name == ours.Name })]
+	got = rep.Figures[slices.IndexFunc(rep.Figures, func(f figure) bool { return f.Name == ours.Name })]
 	require.InDelta(t, 1.0, got.Ratio, 1e-12)
 
 	for _, tc := range []struct {
@@ -482,10 +482,10 @@ func TestPairedRatio(t *testing.T) {
 	}{{"other group", 2}, {"no group", 0}} {
 		b := base
 		b.Group = tc.group
-		rep = &Report{}
+		rep = &report{}
 		rep.Add(ours, b)
 		rep.Finish()
-		got = rep.Figures[slices.IndexFunc(rep.Figures, func(f Figure) bool { return f.Name == ours.Name })]
+		got = rep.Figures[slices.IndexFunc(rep.Figures, func(f figure) bool { return f.Name == ours.Name })]
 		require.False(t, got.RatioPaired, tc.name)
 		require.InDelta(t, 1.2, got.Ratio, 1e-12, tc.name)
 	}
@@ -494,29 +494,29 @@ func TestPairedRatio(t *testing.T) {
 // TestAlternateRotates checks that a rotating alternation starts round r at contender r.
 func TestAlternateRotates(t *testing.T) {
 	var order []string
-	mk := func(name string) Contender {
-		return Contender{name + "_ns", func() (Op, func() error, error) {
+	mk := func(name string) contender {
+		return contender{name + "_ns", func() (Op, func() error, error) {
 			return func(n int) (time.Duration, error) {
 				order = append(order, name)
 				return time.Duration(n) * time.Millisecond, nil
 			}, nil, nil
 		}}
 	}
-	_, warns := alternate(Config{Rounds: 4, Target: time.Millisecond}, nil, []Contender{mk("a"), mk("b"), mk("c")}, true)
+	_, warns := alternate(runConfig{Rounds: 4, Target: time.Millisecond}, nil, []contender{mk("a"), mk("b"), mk("c")}, true)
 	require.Empty(t, warns)
 	// One calibration batch each, then a b c, b c a, c a b, a b c.
 	require.Equal(t, strings.Split("abcabcbcacababc", ""), order)
 }
 
-// TestCPUOp checks CPUOp's clock: a batch that sleeps 30 ms costs its thread almost no CPU
+// TestCPUOp checks cpuOp's clock: a batch that sleeps 30 ms costs its thread almost no CPU
 // time, a batch that spins for 30 ms costs about that, and with the wall clock the sleep
 // counts.
 func TestCPUOp(t *testing.T) {
 	if _, ok := threadCPU(); !ok {
 		t.Skip("no thread CPU clock on this system: CPUOp is GoOp here")
 	}
-	sleep := CPUOp(func(int) error { time.Sleep(30 * time.Millisecond); return nil })
-	spin := CPUOp(func(int) error {
+	sleep := cpuOp(func(int) error { time.Sleep(30 * time.Millisecond); return nil })
+	spin := cpuOp(func(int) error {
 		for start := time.Now(); time.Since(start) < 30*time.Millisecond; {
 		}
 		return nil
@@ -536,7 +536,7 @@ func TestCPUOp(t *testing.T) {
 	require.GreaterOrEqual(t, d, 30*time.Millisecond, "with the wall clock the sleep counts")
 }
 
-// TestCPUOpChunks checks that a CPUOp batch runs in chunks of about yieldEvery once it knows
+// TestCPUOpChunks checks that a cpuOp batch runs in chunks of about yieldEvery once it knows
 // the time per op (from its previous batch), that the chunks add up to the batch, and that
 // the time between chunks (the yield) is not counted.
 func TestCPUOpChunks(t *testing.T) {
@@ -545,10 +545,10 @@ func TestCPUOpChunks(t *testing.T) {
 	}
 	const perOp = 500 * time.Microsecond
 	var chunks []int
-	op := CPUOp(func(n int) error {
+	op := cpuOp(func(n int) error {
 		chunks = append(chunks, n)
 		// Spin for n*perOp of this thread's CPU time, so a busy machine does not change the
-		// time per op CPUOp sees.
+		// time per op cpuOp sees.
 		start, _ := threadCPU()
 		for now, _ := threadCPU(); now-start < time.Duration(n)*perOp; now, _ = threadCPU() {
 		}

@@ -26,12 +26,12 @@ var (
 )
 
 func init() {
-	at := slices.Index(FigureNames, "keys.get.syncmanager_ns")
-	FigureNames = slices.Insert(FigureNames, at, "keys.get.python_ns", "keys.get.python_ctypes_ns", "keys.get.capi_ns", "keys.get.capi_many_ns")
-	Baselines["keys.get.python_ns"] = "keys.get.syncmanager_ns"
-	Baselines["keys.get.python_ctypes_ns"] = "keys.get.python_ns"
-	Baselines["keys.get.capi_ns"] = "keys.get.shmsteer_ns"
-	Baselines["keys.get.capi_many_ns"] = "keys.get.shmsteer_ns"
+	at := slices.Index(figureNames, "keys.get.syncmanager_ns")
+	figureNames = slices.Insert(figureNames, at, "keys.get.python_ns", "keys.get.python_ctypes_ns", "keys.get.capi_ns", "keys.get.capi_many_ns")
+	baselines["keys.get.python_ns"] = "keys.get.syncmanager_ns"
+	baselines["keys.get.python_ctypes_ns"] = "keys.get.python_ns"
+	baselines["keys.get.capi_ns"] = "keys.get.shmsteer_ns"
+	baselines["keys.get.capi_many_ns"] = "keys.get.shmsteer_ns"
 }
 
 // pythonDir finds the directory holding the shmsteer Python package with its built library:
@@ -64,13 +64,13 @@ func pythonDir() (string, error) {
 // keys[id], through its _fastkeys extension when built) and keys.get.python_ctypes_ns (op
 // "getctypes": the same gets through the package's ctypes path), alternating in one process.
 func newPythonKeys() *shared {
-	return &shared{start: func() (*Proc, func() error, error) {
+	return &shared{start: func() (*proc, func() error, error) {
 		dir, err := pythonDir()
 		if err != nil {
 			return nil, nil, err
 		}
 		return startScript("python_keys_bench.py", pythonKeysScript, "",
-			strconv.Itoa(NumKeys), strconv.Itoa(ValueSize), dir)
+			strconv.Itoa(numKeys), strconv.Itoa(valueSize), dir)
 	}}
 }
 
@@ -78,7 +78,7 @@ func newPythonKeys() *shared {
 // keys.get.capi_many_ns (op "getmany": shmsteer_reader_key_get_many over batches of 64 ids, a
 // decode step's requests, timed per key): it compiles capi_keys_bench.c with gcc against the
 // built library and header.
-func capiKeysSetup(op string) Setup {
+func capiKeysSetup(op string) setupFunc {
 	return func() (Op, func() error, error) { return capiKeys(op) }
 }
 
@@ -109,7 +109,7 @@ func capiKeys(op string) (Op, func() error, error) {
 		_ = os.RemoveAll(tmp)
 		return nil, nil, fmt.Errorf("shmsteer: bench: compiling capi_keys_bench.c: %v: %s", err, out)
 	}
-	p, err := StartProc("capi_keys_bench", exec.Command(bin, "owner", strconv.Itoa(NumKeys), strconv.Itoa(ValueSize)), childTimeout)
+	p, err := startProc("capi_keys_bench", exec.Command(bin, "owner", strconv.Itoa(numKeys), strconv.Itoa(valueSize)), childTimeout)
 	if err != nil {
 		_ = os.RemoveAll(tmp)
 		return nil, nil, err

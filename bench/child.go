@@ -24,10 +24,10 @@ var ErrChildTimeout = errors.New("shmsteer: bench: child process timed out")
 // ErrUnknownRole reports a child started with a role nobody registered.
 var ErrUnknownRole = errors.New("shmsteer: bench: unknown child role")
 
-// ChildEnv selects the child role of a re-executed binary. cmd/shmsteer must
+// childEnv selects the child role of a re-executed binary. cmd/shmsteer must
 // call [RunChildIfRequested] first thing in main, before parsing flags, so a
 // bench child never runs the CLI.
-const ChildEnv = "SHMSTEER_BENCH_CHILD"
+const childEnv = "SHMSTEER_BENCH_CHILD"
 
 // The round protocol, shared by Go children and the Python scripts:
 //
@@ -48,8 +48,8 @@ type reply struct {
 	Info  string `json:"info"`
 }
 
-// Proc is a running child process driven by the round protocol.
-type Proc struct {
+// proc is a running child process driven by the round protocol.
+type proc struct {
 	name    string
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
@@ -66,12 +66,12 @@ type Proc struct {
 	Info string
 }
 
-// StartProc starts cmd (which must not have Stdin/Stdout/Stderr set) and
+// startProc starts cmd (which must not have Stdin/Stdout/Stderr set) and
 // waits for its ready line. timeout bounds the ready wait and every later
 // command. The child gets its own process group and, on Linux, dies with the
 // parent, so an interrupted bench leaves nothing behind.
-func StartProc(name string, cmd *exec.Cmd, timeout time.Duration) (*Proc, error) {
-	p := &Proc{name: name, cmd: cmd, lines: make(chan string, 1), stderr: &tail{max: 4096}, timeout: timeout, waited: make(chan struct{})}
+func startProc(name string, cmd *exec.Cmd, timeout time.Duration) (*proc, error) {
+	p := &proc{name: name, cmd: cmd, lines: make(chan string, 1), stderr: &tail{max: 4096}, timeout: timeout, waited: make(chan struct{})}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrChild, name, err)
@@ -111,7 +111,7 @@ func StartProc(name string, cmd *exec.Cmd, timeout time.Duration) (*Proc, error)
 }
 
 // read waits for one reply line.
-func (p *Proc) read() (reply, error) {
+func (p *proc) read() (reply, error) {
 	var r reply
 	select {
 	case line, ok := <-p.lines:
@@ -136,13 +136,13 @@ func (p *Proc) read() (reply, error) {
 	}
 }
 
-// Run asks the child to run op n times and returns the duration it measured.
-func (p *Proc) Run(op string, n int) (time.Duration, error) {
+// runFigures asks the child to run op n times and returns the duration it measured.
+func (p *proc) Run(op string, n int) (time.Duration, error) {
 	return p.command(op + " " + strconv.Itoa(n))
 }
 
 // command sends one command line and waits for the child's duration.
-func (p *Proc) command(cmd string) (time.Duration, error) {
+func (p *proc) command(cmd string) (time.Duration, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -161,21 +161,21 @@ func (p *Proc) command(cmd string) (time.Duration, error) {
 // RunAt is Run with an aligned start: the child waits until the wall-clock instant at, runs op
 // n times, and returns the time from at to its last op (so a child scheduled late pays for it).
 // Children started at one instant measure one shared window; Go children only.
-func (p *Proc) RunAt(op string, n int, at time.Time) (time.Duration, error) {
+func (p *proc) RunAt(op string, n int, at time.Time) (time.Duration, error) {
 	return p.command(op + " " + strconv.Itoa(n) + " at=" + strconv.FormatInt(at.UnixNano(), 10))
 }
 
 // Pid is the child's process id, e.g. to read its /proc files.
-func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+func (p *proc) Pid() int { return p.cmd.Process.Pid }
 
 // Op returns the child's op as an [Op].
-func (p *Proc) Op(op string) Op {
+func (p *proc) Op(op string) Op {
 	return func(n int) (time.Duration, error) { return p.Run(op, n) }
 }
 
 // Close ends the child: EOF on its stdin, then a kill of its process group
 // if it has not exited within a few seconds. It waits for the exit either way.
-func (p *Proc) Close() error {
+func (p *proc) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -198,7 +198,7 @@ func (p *Proc) Close() error {
 	return nil
 }
 
-func (p *Proc) kill() error {
+func (p *proc) kill() error {
 	err := killGroup(p.cmd)
 	<-p.waited
 	return err
@@ -235,18 +235,18 @@ func (t *tail) String() string {
 // name, plus an optional cleanup. It runs inside the child process.
 type ChildFunc func(args []string) (ops map[string]Op, cleanup func() error, err error)
 
-// StartChild re-executes the running binary as a child in the given role,
+// startChild re-executes the running binary as a child in the given role,
 // with args as its os.Args[1:], and waits for it to be ready. The binary's
 // main must call [RunChildIfRequested] with a map that has the role (the
 // built-in roles are always there).
-func StartChild(role string, args ...string) (*Proc, error) {
+func startChild(role string, args ...string) (*proc, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrChild, role, err)
 	}
 	cmd := exec.Command(exe, args...)
-	cmd.Env = append(os.Environ(), ChildEnv+"="+role)
-	return StartProc(role, cmd, childTimeout)
+	cmd.Env = append(os.Environ(), childEnv+"="+role)
+	return startProc(role, cmd, childTimeout)
 }
 
 // childTimeout bounds one child command. Rounds last tens of milliseconds;
@@ -259,13 +259,13 @@ var builtinRoles = map[string]ChildFunc{
 	keysChildRole: keysChild,
 }
 
-// RunChildIfRequested returns at once unless ChildEnv is set. If it is, this
+// RunChildIfRequested returns at once unless childEnv is set. If it is, this
 // process is a bench child: it sets up the role from roles (or a built-in
 // role), serves the round protocol on stdin/stdout and exits the process, so
 // it never returns. Call it first thing in main. Anything the role prints to
 // stdout breaks the protocol; log to stderr.
 func RunChildIfRequested(roles map[string]ChildFunc) {
-	role, ok := os.LookupEnv(ChildEnv)
+	role, ok := os.LookupEnv(childEnv)
 	if !ok {
 		return
 	}

@@ -19,25 +19,25 @@ var ErrNotWired = errors.New("shmsteer: bench: not wired")
 var ErrBadOp = errors.New("shmsteer: bench: op reported no elapsed time")
 
 // Op runs the measured operation n times and returns how long the n runs took.
-// Ops that run in this process time themselves with [GoOp]; ops that run in a
+// Ops that run in this process time themselves with [goOp]; ops that run in a
 // child process return the duration the child measured, so the pipe round
 // trip to the child is not part of the figure.
 type Op func(n int) (time.Duration, error)
 
-// Setup prepares a contender: it returns the op and a cleanup (which may be
+// setupFunc prepares a contender: it returns the op and a cleanup (which may be
 // nil). An error marks the contender as skipped, with the error as reason.
-type Setup func() (op Op, cleanup func() error, err error)
+type setupFunc func() (op Op, cleanup func() error, err error)
 
-// Contender is one measured thing. Name is the figure name, e.g.
+// contender is one measured thing. Name is the figure name, e.g.
 // "keys.get.gomap_ns"; its suffix decides the unit (see [unitOf]).
-type Contender struct {
+type contender struct {
 	Name  string
-	Setup Setup
+	Setup setupFunc
 }
 
-// GoOp turns a function that runs an operation n times into an [Op] timed
+// goOp turns a function that runs an operation n times into an [Op] timed
 // with the monotonic clock around the whole batch.
-func GoOp(f func(n int) error) Op {
+func goOp(f func(n int) error) Op {
 	return func(n int) (time.Duration, error) {
 		start := time.Now()
 		err := f(n)
@@ -45,11 +45,11 @@ func GoOp(f func(n int) error) Op {
 	}
 }
 
-// CPUOp is GoOp for an operation that only computes on its goroutine (no blocking call, no
+// cpuOp is goOp for an operation that only computes on its goroutine (no blocking call, no
 // other goroutine's or process's work): the batch runs locked to one OS thread and is timed
 // with that thread's CPU time, so the time other processes of a shared machine hold the CPU
 // is not in the figure, while stalls on memory and the caches other processes evict still
-// are. Config.WallClock (and a system without the thread clock) time it by the monotonic
+// are. runConfig.WallClock (and a system without the thread clock) time it by the monotonic
 // clock. The kernel and step figures use it: on a loaded 2-core machine their batches' wall
 // time swung 2-3x from round to round while their CPU time stayed within a few percent.
 //
@@ -60,7 +60,7 @@ func GoOp(f func(n int) error) Op {
 // each of sysmon's wake-ups until one lands in Go code: that storm cost the add kernel 6-8%
 // of its time at 256 KiB and 4 MiB (bench against GODEBUG=asyncpreemptoff=1, 1.065-1.099x
 // gcc against 0.983-1.011x), while gcc's loop, inside a cgo call, gets none.
-func CPUOp(f func(n int) error) Op {
+func cpuOp(f func(n int) error) Op {
 	var perOp time.Duration // of the last batch; sizes the chunks
 	return func(n int) (time.Duration, error) {
 		now, yield := monotonic(), runtime.Gosched
@@ -83,12 +83,12 @@ func CPUOp(f func(n int) error) Op {
 	}
 }
 
-// SliceOp is GoOp, by the monotonic clock, for a loop of compute-only calls run in chunks as
-// CPUOp runs its batches: the key reads, whose batches otherwise run past the 10 ms slice,
+// sliceOp is goOp, by the monotonic clock, for a loop of compute-only calls run in chunks as
+// cpuOp runs its batches: the key reads, whose batches otherwise run past the 10 ms slice,
 // and of which the engine's spends part of its time in assembly and the runtime's memmove
 // and memequal, where the preemption signal cannot land (BenchmarkClientReaderGet's profile:
 // about a sixth), and a Go map's lookup less.
-func SliceOp(f func(n int) error) Op {
+func sliceOp(f func(n int) error) Op {
 	var perOp time.Duration
 	return func(n int) (time.Duration, error) { return runChunked(f, n, &perOp, monotonic(), runtime.Gosched) }
 }
@@ -128,16 +128,16 @@ func runChunked(f func(n int) error, n int, perOp *time.Duration, now func() (ti
 	return total, nil
 }
 
-// yieldEvery is how long a CPUOp batch computes between yields: well inside the runtime's
-// 10 ms scheduling slice (see CPUOp).
+// yieldEvery is how long a cpuOp batch computes between yields: well inside the runtime's
+// 10 ms scheduling slice (see cpuOp).
 const yieldEvery = 2 * time.Millisecond
 
-// wallClock is the run's Config.WallClock, read by CPUOp.
+// wallClock is the run's runConfig.WallClock, read by cpuOp.
 var wallClock atomic.Bool
 
-// Config controls a run. The zero value is not useful; see [DefaultConfig]
-// and [QuickConfig].
-type Config struct {
+// runConfig controls a run. The zero value is not useful; see [defaultConfig]
+// and [quickConfig].
+type runConfig struct {
 	// Rounds is how many times each contender is measured, alternating with
 	// the other contenders of its group; the figure is the median.
 	Rounds int
@@ -154,20 +154,20 @@ type Config struct {
 	// Quick leaves out the figures that need gigabytes or a 1M-key region
 	// (reported as skipped, with ErrQuickSkip).
 	Quick bool
-	// WallClock times the compute-only ops (CPUOp: the kernel and step figures) by wall time
+	// WallClock times the compute-only ops (cpuOp: the kernel and step figures) by wall time
 	// instead of their thread's CPU time.
 	WallClock bool
 }
 
-// DefaultConfig is the full run: 11 rounds (odd, so the median is a sample)
+// defaultConfig is the full run: 11 rounds (odd, so the median is a sample)
 // of batches of at least 20 ms.
-func DefaultConfig() Config { return Config{Rounds: 11, Target: 20 * time.Millisecond} }
+func defaultConfig() runConfig { return runConfig{Rounds: 11, Target: 20 * time.Millisecond} }
 
-// QuickConfig keeps the baselines' share of a run to a few seconds, for
+// quickConfig keeps the baselines' share of a run to a few seconds, for
 // `shmsteer bench --quick` and CI.
-func QuickConfig() Config { return Config{Rounds: 7, Target: 5 * time.Millisecond, Quick: true} }
+func quickConfig() runConfig { return runConfig{Rounds: 7, Target: 5 * time.Millisecond, Quick: true} }
 
-func (c Config) wants(name string) bool {
+func (c runConfig) wants(name string) bool {
 	if len(c.Only) == 0 {
 		return true
 	}
@@ -265,22 +265,22 @@ type live struct {
 	skipped string
 }
 
-// Alternate measures the contenders of one group in a single run: after each
+// alternateAll measures the contenders of one group in a single run: after each
 // contender's setup and calibration, round r measures every live contender
 // once, in order (A B C A B C …), so drift of a noisy machine lands on all of
 // them alike. It returns one figure per contender, in input order, skipped
 // ones carrying the reason, and warnings from failed cleanups. Cleanups run
 // before it returns, even when an op panics.
-func Alternate(cfg Config, cs ...Contender) (figs []Figure, warnings []string) {
+func alternateAll(cfg runConfig, cs ...contender) (figs []figure, warnings []string) {
 	return alternate(cfg, nil, cs, false)
 }
 
-// alternate is Alternate; with rotate, round r starts at the r-th contender (A B C, B C A,
+// alternate is alternateAll; with rotate, round r starts at the r-th contender (A B C, B C A,
 // C A B, …), so no contender always runs first in its round and a pair's order flips from
 // round to round. With three or more, the order within a round stays cyclic: a contender runs
 // right after the same one (a cache-polluting Go loop, another process) in every round but the
 // one it starts.
-func alternate(cfg Config, prog *progress, cs []Contender, rotate bool) (figs []Figure, warnings []string) {
+func alternate(cfg runConfig, prog *progress, cs []contender, rotate bool) (figs []figure, warnings []string) {
 	ls := make([]*live, len(cs))
 	type named struct {
 		name string
@@ -343,7 +343,7 @@ func alternate(cfg Config, prog *progress, cs []Contender, rotate bool) (figs []
 		}
 	}
 	for _, l := range ls {
-		f := Figure{Name: l.name, Unit: unitOf(l.name), Skipped: l.skipped}
+		f := figure{Name: l.name, Unit: unitOf(l.name), Skipped: l.skipped}
 		if l.skipped == "" {
 			if len(l.nsPerOp) == 0 {
 				f.Skipped = "no rounds run"
@@ -360,7 +360,7 @@ func alternate(cfg Config, prog *progress, cs []Contender, rotate bool) (figs []
 
 // safeSetup turns a panicking setup into a skipped contender: a half-written
 // engine hook must not take the baselines down with it.
-func safeSetup(s Setup) (op Op, cleanup func() error, err error) {
+func safeSetup(s setupFunc) (op Op, cleanup func() error, err error) {
 	if s == nil {
 		return nil, nil, ErrNotWired
 	}

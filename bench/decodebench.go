@@ -32,7 +32,7 @@ var decodeModel = steer.ModelConfig{Hidden: stepD, Layers: decodeLayers}
 // idx the row of each batch row (0 for an unsteered request).
 type decodeFixture struct {
 	region *shm.Region
-	engine *steer.Engine
+	engine *steer.Owner
 	batch  []steer.Span
 	h      []float32
 	table  [][]float32
@@ -162,7 +162,7 @@ func (f *decodeFixture) kernelStep(h []float32) {
 // the batch bound once (Bind, ApplyBound: the goal figures, what a worker applying one batch at
 // every site does); otherwise passed to Apply at every site, which compares it each time (the
 // _apply_ns diagnostics).
-func decodeMixed(sparse, bound bool) Setup {
+func decodeMixed(sparse, bound bool) setupFunc {
 	return func() (Op, func() error, error) {
 		f, release, err := decodeEngines[sparseIndex(sparse)].acquire(sparse)
 		if err != nil {
@@ -177,7 +177,7 @@ func decodeMixed(sparse, bound bool) Setup {
 		if err := step(st); err != nil {
 			return nil, nil, errors.Join(err, cleanup())
 		}
-		return CPUOp(func(n int) error {
+		return cpuOp(func(n int) error {
 			for range n {
 				if err := step(st); err != nil {
 					return err
@@ -197,7 +197,7 @@ func decodeMixed(sparse, bound bool) Setup {
 // table per site in the heap, as before), it measured where its 160 MiB happened to lie as
 // much as the step's cost: two such copies of the same tables in one process, timed in paired
 // rounds, take up to a third longer one than the other, by process (BenchmarkHeapPlacement).
-func decodeKernel(sparse bool) Setup {
+func decodeKernel(sparse bool) setupFunc {
 	return func() (Op, func() error, error) {
 		f, release, err := decodeEngines[sparseIndex(sparse)].acquire(sparse)
 		if err != nil {
@@ -209,7 +209,7 @@ func decodeKernel(sparse bool) Setup {
 		}
 		cleanup := func() error { k.close(); return release() }
 		k.step(f.h)
-		return CPUOp(func(n int) error {
+		return cpuOp(func(n int) error {
 			for range n {
 				k.step(f.h)
 			}
@@ -408,7 +408,7 @@ func decodeKernelScattered() (Op, func() error, error) {
 		return nil, nil, err
 	}
 	f.step(f.h)
-	return CPUOp(func(n int) error {
+	return cpuOp(func(n int) error {
 		for range n {
 			f.step(f.h)
 		}

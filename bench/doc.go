@@ -5,7 +5,7 @@
 // It owns the measurement core (alternating A B A B rounds, rotated per round for the kernel
 // sizes and step pairs, auto-calibrated batches, medians, ratios paired round by round within
 // one alternation; the compute-only kernel and step ops timed by their thread's CPU time, see
-// CPUOp),
+// cpuOp),
 // the child-process round driver (re-exec of the running binary, or a Python script, driven
 // one round at a time over stdin/stdout), every baseline contender (a Go map, Python's
 // multiprocessing SyncManager dict read from a spawned child, Redis over loopback, numpy and a
@@ -20,6 +20,6 @@
 //
 // To start: cmd/shmsteer's `bench` command binds [BindFlags] and calls [Main]; a binary that
 // runs the bench calls [RunChildIfRequested] first thing in main, since the bench re-executes
-// it for its children. A new figure is a contender in Run's groups (bench.go) and, for the
+// it for its children. A new figure is a contender in runFigures' groups (bench.go) and, for the
 // engine side, a field of sources filled by engineSources (wired.go).
 package bench

@@ -23,10 +23,10 @@ func baseName(name string) string {
 // kernelFigures turns one size's raw figures into the reported ones: the C figure is the
 // fastest gcc variant (the note names it and lists the others), every add figure carries its
 // working set, and at 1g the copy reference becomes kernels.add.1g.bw_fraction.
-func kernelFigures(k KernelSize) func([]Figure) []Figure {
-	return func(raw []Figure) []Figure {
+func kernelFigures(k kernelSize) func([]figure) []figure {
+	return func(raw []figure) []figure {
 		cName := "kernels.add." + k.Tag + ".c_ns"
-		var out, cs, copies []Figure
+		var out, cs, copies []figure
 		for i := range raw {
 			f := raw[i]
 			switch base := baseName(f.Name); {
@@ -53,7 +53,7 @@ func kernelFigures(k KernelSize) func([]Figure) []Figure {
 
 // bestVariant reports the fastest measured variant as name, noting which won and what each
 // variant measured; skipped only when every variant was.
-func bestVariant(name string, cs []Figure, k KernelSize) Figure {
+func bestVariant(name string, cs []figure, k kernelSize) figure {
 	best := -1
 	var notes, skips []string
 	for i, f := range cs {
@@ -68,8 +68,8 @@ func bestVariant(name string, cs []Figure, k KernelSize) Figure {
 		}
 	}
 	if best < 0 {
-		f := Figure{Name: name, Unit: unitOf(name), Skipped: strings.Join(skips, "; ")}
-		if !slices.ContainsFunc(cs, func(g Figure) bool { return g.Skipped != cs[0].Skipped }) {
+		f := figure{Name: name, Unit: unitOf(name), Skipped: strings.Join(skips, "; ")}
+		if !slices.ContainsFunc(cs, func(g figure) bool { return g.Skipped != cs[0].Skipped }) {
 			f.Skipped = cs[0].Skipped // one reason for all, said once
 		}
 		return f
@@ -100,8 +100,8 @@ func bestVariant(name string, cs []Figure, k KernelSize) Figure {
 // are then biased low, and every ratio to it high (TestLeaveOneOutBest). A real difference
 // between variants still decides every round. picks names the variants chosen and how often;
 // ok is false unless every measured variant has the same number (at least 3) of rounds.
-func leaveOneOutBest(cs []Figure) (samples []float64, picks string, ok bool) {
-	var ok2 []Figure
+func leaveOneOutBest(cs []figure) (samples []float64, picks string, ok bool) {
+	var ok2 []figure
 	for _, f := range cs {
 		if f.Skipped == "" {
 			ok2 = append(ok2, f)
@@ -141,8 +141,8 @@ func leaveOneOutBest(cs []Figure) (samples []float64, picks string, ok bool) {
 // fastestPerRound merges measurements of one quantity by different methods into one figure
 // whose every round is the fastest method of that round; its Note lists each method's median.
 // Skipped only when every method was.
-func fastestPerRound(fs []Figure) Figure {
-	var ok []Figure
+func fastestPerRound(fs []figure) figure {
+	var ok []figure
 	var notes []string
 	for _, f := range fs {
 		_, method, _ := strings.Cut(f.Name, variantSep)
@@ -173,10 +173,10 @@ func fastestPerRound(fs []Figure) Figure {
 // median reported. A copy's stores may also read each
 // destination line first (a read-for-ownership the in-place add does not pay), so the
 // fraction can exceed 1.
-func bandwidthFraction(k KernelSize, figs []Figure, cp Figure) Figure {
+func bandwidthFraction(k kernelSize, figs []figure, cp figure) figure {
 	name := "kernels.add." + k.Tag + ".bw_fraction"
-	f := Figure{Name: name, Unit: unitOf(name)}
-	i := slices.IndexFunc(figs, func(f Figure) bool { return f.Name == "kernels.add."+k.Tag+".shmsteer_ns" })
+	f := figure{Name: name, Unit: unitOf(name)}
+	i := slices.IndexFunc(figs, func(f figure) bool { return f.Name == "kernels.add."+k.Tag+".shmsteer_ns" })
 	switch {
 	case cp.Skipped != "":
 		f.Skipped = "copy reference: " + cp.Skipped
@@ -188,7 +188,7 @@ func bandwidthFraction(k KernelSize, figs []Figure, cp Figure) Figure {
 		// Paired round by round (the copy runs right after the add in each round, so both
 		// see the machine's load of the moment), then the median over rounds.
 		add := figs[i]
-		moved := 2 * float64(k.T) * KernelD * 4
+		moved := 2 * float64(k.T) * kernelD * 4
 		var ratios []float64
 		for r := range min(len(add.Samples), len(cp.Samples)) {
 			ratios = append(ratios, cp.Samples[r]/add.Samples[r])
@@ -200,7 +200,7 @@ func bandwidthFraction(k KernelSize, figs []Figure, cp Figure) Figure {
 		f.Rounds, f.Batch = len(ratios), add.Batch
 		f.Spread = (quantile(ratios, 0.75) - quantile(ratios, 0.25)) / f.Value
 		f.Note = fmt.Sprintf("median of per-round ratios; add moves %s per call (read + write h) at %.2f GB/s (median); Go copy() of h into a second %s buffer (whole, or 64 KiB at a time), right after the add each round, at %.2f GB/s (bytes counted as STREAM does; the copy may also pay a read-for-ownership of its destination)",
-			formatBytes(int64(moved)), moved/add.Value, formatBytes(int64(k.T)*KernelD*4), moved/cp.Value) +
+			formatBytes(int64(moved)), moved/add.Value, formatBytes(int64(k.T)*kernelD*4), moved/cp.Value) +
 			"; the faster copy each round, of: " + cp.Note
 	}
 	return f
@@ -211,9 +211,9 @@ func bandwidthFraction(k KernelSize, figs []Figure, cp Figure) Figure {
 // its last read; "#2" starts two readers at one instant with the same count each and times
 // to the last read of either. Readers that ran one after the other take twice the window, so
 // only a real overlap scores above 1. throughputFigure turns the two into the ratio.
-func throughputContenders(name string, start func(k int) ([]*Proc, func() error, error)) []Contender {
+func throughputContenders(name string, start func(k int) ([]*proc, func() error, error)) []contender {
 	var mu sync.Mutex
-	var procs []*Proc
+	var procs []*proc
 	one := func() (Op, func() error, error) {
 		if start == nil {
 			return nil, nil, ErrNotWired
@@ -240,7 +240,7 @@ func throughputContenders(name string, start func(k int) ([]*Proc, func() error,
 	}
 	// The cleanup of the first setup ends both readers, after both contenders are done:
 	// alternate runs cleanups last, in reverse order.
-	return []Contender{{name + variantSep + "1", one}, {name + variantSep + "2", two}}
+	return []contender{{name + variantSep + "1", one}, {name + variantSep + "2", two}}
 }
 
 // alignLead is how far ahead of the commands the aligned start is set: enough for every
@@ -249,7 +249,7 @@ const alignLead = 5 * time.Millisecond
 
 // alignedOp runs "get" n times in each of ps, all starting at one wall-clock instant, and
 // returns the time from that instant to the end of the last one.
-func alignedOp(ps []*Proc) Op {
+func alignedOp(ps []*proc) Op {
 	return func(n int) (time.Duration, error) {
 		at := time.Now().Add(alignLead)
 		ds := make([]time.Duration, len(ps))
@@ -268,11 +268,11 @@ func alignedOp(ps []*Proc) Op {
 
 // throughputFigures turns the contenders of throughputContenders, for each of names, into
 // throughputFigure; other figures pass through.
-func throughputFigures(names ...string) func([]Figure) []Figure {
-	return func(figs []Figure) []Figure {
-		var out []Figure
+func throughputFigures(names ...string) func([]figure) []figure {
+	return func(figs []figure) []figure {
+		var out []figure
 		for _, name := range names {
-			var mine []Figure
+			var mine []figure
 			for _, f := range figs {
 				if baseName(f.Name) == name {
 					mine = append(mine, f)
@@ -302,7 +302,7 @@ const (
 // throughputPlausible warns of a throughput figure outside the plausible bounds: the bench
 // reports it with the figure (a timed bound belongs in the bench, where the machine's load is
 // part of the result, not in a test that would fail with it).
-func throughputPlausible(figs []Figure) []string {
+func throughputPlausible(figs []figure) []string {
 	var out []string
 	for _, f := range figs {
 		if f.Skipped != "" || !strings.HasPrefix(f.Name, "keys.get.throughput_") {
@@ -319,8 +319,8 @@ func throughputPlausible(figs []Figure) []string {
 // throughputFigure is 2 × (one reader's time per read) / (two readers' window per read each):
 // the aggregate throughput of two readers in one window over one reader's. 2.0 is perfect
 // scaling, 1.0 none.
-func throughputFigure(name string, figs []Figure) Figure {
-	f := Figure{Name: name, Unit: unitOf(name)}
+func throughputFigure(name string, figs []figure) figure {
+	f := figure{Name: name, Unit: unitOf(name)}
 	switch {
 	case len(figs) < 2:
 		f.Skipped = "not run"
@@ -341,8 +341,8 @@ func throughputFigure(name string, figs []Figure) Figure {
 
 // gomapProcs starts k children each reading a private Go map: the machine's control for the
 // 2-reader throughput (no sharing at all, so it scales only as far as the cores and caches do).
-func gomapProcs(k int) ([]*Proc, func() error, error) {
-	var procs []*Proc
+func gomapProcs(k int) ([]*proc, func() error, error) {
+	var procs []*proc
 	closeAll := func() error {
 		var errs []error
 		for _, p := range procs {
@@ -351,7 +351,7 @@ func gomapProcs(k int) ([]*Proc, func() error, error) {
 		return errors.Join(errs...)
 	}
 	for range k {
-		p, err := StartChild("bench.gomap")
+		p, err := startChild("bench.gomap")
 		if err != nil {
 			return nil, closeAll, err
 		}
@@ -360,22 +360,22 @@ func gomapProcs(k int) ([]*Proc, func() error, error) {
 	return procs, closeAll, nil
 }
 
-// latency turns a LatencySetup into a contender of its group whose rounds keep every per-call
+// latency turns a latencySetup into a contender of its group whose rounds keep every per-call
 // duration; post reports the median (p50) and the 99th percentile over the timed rounds.
 type latency struct {
 	rounds   int
 	p50, p99 string
-	setup    LatencySetup
+	setup    latencySetup
 	mu       sync.Mutex
 	calls    [][]time.Duration
 }
 
-func newLatency(cfg Config, p50, p99 string, s LatencySetup) *latency {
+func newLatency(cfg runConfig, p50, p99 string, s latencySetup) *latency {
 	return &latency{rounds: cfg.Rounds, p50: p50, p99: p99, setup: s}
 }
 
-func (l *latency) contender() Contender {
-	return Contender{l.p50, func() (Op, func() error, error) {
+func (l *latency) contender() contender {
+	return contender{l.p50, func() (Op, func() error, error) {
 		if l.setup == nil {
 			return nil, nil, ErrNotWired
 		}
@@ -400,12 +400,12 @@ func (l *latency) contender() Contender {
 	}}
 }
 
-func (l *latency) post(figs []Figure) []Figure {
-	i := slices.IndexFunc(figs, func(f Figure) bool { return f.Name == l.p50 })
+func (l *latency) post(figs []figure) []figure {
+	i := slices.IndexFunc(figs, func(f figure) bool { return f.Name == l.p50 })
 	if i < 0 {
 		return figs
 	}
-	p99 := Figure{Name: l.p99, Unit: unitOf(l.p99), Skipped: figs[i].Skipped}
+	p99 := figure{Name: l.p99, Unit: unitOf(l.p99), Skipped: figs[i].Skipped}
 	if figs[i].Skipped == "" {
 		// The timed rounds are the last calls; the ones before were calibration.
 		calls := l.calls[max(0, len(l.calls)-figs[i].Rounds):]

@@ -11,7 +11,7 @@ import (
 func TestLeaveOneOutBest(t *testing.T) {
 	// b is faster in most rounds; round 2's figure is a's because without round 2, a's median
 	// (10) is below b's (10.5).
-	cs := []Figure{
+	cs := []figure{
 		{Name: "kernels.add.16k.c_ns#a", Samples: []float64{10, 10, 10, 10}},
 		{Name: "kernels.add.16k.c_ns#b", Samples: []float64{9, 12, 9, 12}},
 		{Name: "kernels.add.16k.c_ns#c", Skipped: "no such shape"},
@@ -20,9 +20,9 @@ func TestLeaveOneOutBest(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, []float64{10, 12, 10, 12}, samples)
 	require.Equal(t, "a in 2, b in 2", picks)
-	_, _, ok = leaveOneOutBest([]Figure{{Name: "x#a", Samples: []float64{1, 2}}})
+	_, _, ok = leaveOneOutBest([]figure{{Name: "x#a", Samples: []float64{1, 2}}})
 	require.False(t, ok, "too few rounds")
-	_, _, ok = leaveOneOutBest([]Figure{{Name: "x#a", Samples: []float64{1, 2, 3}}, {Name: "x#b", Samples: []float64{1, 2}}})
+	_, _, ok = leaveOneOutBest([]figure{{Name: "x#a", Samples: []float64{1, 2, 3}}, {Name: "x#b", Samples: []float64{1, 2}}})
 	require.False(t, ok, "unequal rounds")
 
 	// Statistically equal variants: ours and four gcc variants drawn from one distribution
@@ -44,11 +44,11 @@ func TestLeaveOneOutBest(t *testing.T) {
 		for i := range load {
 			load[i] = math.Exp(0.2 * r.NormFloat64())
 		}
-		ours := Figure{Name: "kernels.add.16k.shmsteer_ns", Group: 1, Samples: draw(load)}
-		var cs []Figure
+		ours := figure{Name: "kernels.add.16k.shmsteer_ns", Group: 1, Samples: draw(load)}
+		var cs []figure
 		best := 0
 		for v := range variants {
-			cs = append(cs, Figure{Name: "kernels.add.16k.c_ns#" + string(rune('a'+v)), Group: 1, Samples: draw(load)})
+			cs = append(cs, figure{Name: "kernels.add.16k.c_ns#" + string(rune('a'+v)), Group: 1, Samples: draw(load)})
 			cs[v].Value = median(cs[v].Samples)
 			if cs[v].Value < cs[best].Value {
 				best = v
@@ -57,7 +57,7 @@ func TestLeaveOneOutBest(t *testing.T) {
 		old, _, ok := pairedRatio(ours, cs[best])
 		require.True(t, ok)
 		inSample += math.Log(old)
-		c := bestVariant("kernels.add.16k.c_ns", cs, KernelSizes[0])
+		c := bestVariant("kernels.add.16k.c_ns", cs, kernelSizes[0])
 		c.Group = 1
 		now, _, ok := pairedRatio(ours, c)
 		require.True(t, ok)

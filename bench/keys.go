@@ -9,15 +9,15 @@ import (
 // Key workload shared by every keys.* contender: per-request keys are
 // 36-character UUID-like strings, values are 32 bytes, looked up round-robin.
 const (
-	NumKeys   = 1024 // a power of two, so round-robin is a mask
-	ValueSize = 32
+	numKeys   = 1024 // a power of two, so round-robin is a mask
+	valueSize = 32
 )
 
-// Keys returns the deterministic key set: NumKeys UUID-shaped strings
+// benchKeys returns the deterministic key set: numKeys UUID-shaped strings
 // (8-4-4-4-12 lowercase hex), the same in every process that asks.
-func Keys() []string {
+func benchKeys() []string {
 	r := rand.New(rand.NewPCG(6, 6))
-	keys := make([]string, NumKeys)
+	keys := make([]string, numKeys)
 	for i := range keys {
 		hi, lo := r.Uint64(), r.Uint64()
 		h := fmt.Sprintf("%016x%016x", hi, lo)
@@ -26,9 +26,9 @@ func Keys() []string {
 	return keys
 }
 
-// Value returns the ValueSize-byte value stored under key i.
-func Value(i int) []byte {
-	v := make([]byte, ValueSize)
+// keyValue returns the valueSize-byte value stored under key i.
+func keyValue(i int) []byte {
+	v := make([]byte, valueSize)
 	for j := range v {
 		v[j] = byte(i*31 + j)
 	}
@@ -46,18 +46,18 @@ var sink atomic.Uint32
 // request; with the very same strings the map's compare would short-cut on pointer equality
 // and never read the key bytes.
 func gomapOp() Op {
-	stored, lookup := Keys(), Keys()
+	stored, lookup := benchKeys(), benchKeys()
 	m := make(map[string][]byte, len(stored))
 	for i, k := range stored {
-		m[k] = Value(i)
+		m[k] = keyValue(i)
 	}
-	buf := make([]byte, 0, ValueSize)
+	buf := make([]byte, 0, valueSize)
 	pos := 0 // across batches and their chunks, so the keys are read in one sequence
-	return SliceOp(func(n int) error {
+	return sliceOp(func(n int) error {
 		var acc byte
 		for i := pos; i < pos+n; i++ {
-			buf = append(buf[:0], m[lookup[i&(NumKeys-1)]]...)
-			acc ^= buf[i&(ValueSize-1)]
+			buf = append(buf[:0], m[lookup[i&(numKeys-1)]]...)
+			acc ^= buf[i&(valueSize-1)]
 		}
 		pos += n
 		sink.Store(uint32(acc))
@@ -75,15 +75,15 @@ func gomapChild([]string) (map[string]Op, func() error, error) {
 	return map[string]Op{"get": gomapOp()}, nil, nil
 }
 
-// The cold key workload: ColdNumKeys keys, looked up uniform at random, so almost every read
+// The cold key workload: coldNumKeys keys, looked up uniform at random, so almost every read
 // misses the caches (the hot case's 1,024 keys fit in L2).
-const ColdNumKeys = 1 << 20
+const coldNumKeys = 1 << 20
 
-// ColdKeys returns the deterministic cold key set: ColdNumKeys UUID-shaped strings, the same in
-// every process that asks (a different seed from Keys).
-func ColdKeys() []string {
+// coldKeys returns the deterministic cold key set: coldNumKeys UUID-shaped strings, the same in
+// every process that asks (a different seed from benchKeys).
+func coldKeys() []string {
 	r := rand.New(rand.NewPCG(13, 13))
-	keys := make([]string, ColdNumKeys)
+	keys := make([]string, coldNumKeys)
 	const hexdigits = "0123456789abcdef"
 	var b [36]byte
 	for i := range keys {
@@ -105,10 +105,10 @@ func ColdKeys() []string {
 	return keys
 }
 
-// ColdIndex advances the xorshift state and returns the next uniform index in [0,
-// ColdNumKeys). Both cold contenders draw their keys with it, so they pay the same few
+// coldIndex advances the xorshift state and returns the next uniform index in [0,
+// coldNumKeys). Both cold contenders draw their keys with it, so they pay the same few
 // nanoseconds for the randomness. The state must start non-zero.
-func ColdIndex(state *uint64) int {
+func coldIndex(state *uint64) int {
 	x := *state
 	x ^= x << 13
 	x ^= x >> 7
@@ -117,22 +117,22 @@ func ColdIndex(state *uint64) int {
 	return int(x >> (64 - 20))
 }
 
-// gomapColdSetup is keys.get.cold.gomap_ns: a Go map of the ColdNumKeys keys, read uniform at
+// gomapColdSetup is keys.get.cold.gomap_ns: a Go map of the coldNumKeys keys, read uniform at
 // random with separately allocated ids, copying the value as a Get does.
 func gomapColdSetup() (Op, func() error, error) {
-	stored, lookup := ColdKeys(), ColdKeys()
+	stored, lookup := coldKeys(), coldKeys()
 	m := make(map[string][]byte, len(stored))
 	for i, k := range stored {
-		m[k] = Value(i)
+		m[k] = keyValue(i)
 	}
 	stored = nil
-	buf := make([]byte, 0, ValueSize)
+	buf := make([]byte, 0, valueSize)
 	state := uint64(0x9e3779b97f4a7c15)
-	return SliceOp(func(n int) error {
+	return sliceOp(func(n int) error {
 		var acc byte
 		for i := range n {
-			buf = append(buf[:0], m[lookup[ColdIndex(&state)]]...)
-			acc ^= buf[i&(ValueSize-1)]
+			buf = append(buf[:0], m[lookup[coldIndex(&state)]]...)
+			acc ^= buf[i&(valueSize-1)]
 		}
 		sink.Store(uint32(acc))
 		return nil

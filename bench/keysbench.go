@@ -36,13 +36,13 @@ func benchSecret() error {
 }
 
 // newKeysOwner starts an owner in a fresh namespace holding the bench's 1024 keys of 32 bytes.
-func newKeysOwner() (*ipc.Owner, *keys.Registry, string, error) {
-	return newOwnerWithKeys(shm.Config{IndexSlots: 4096, ArenaBytes: 8 << 20}, Keys())
+func newKeysOwner() (*ipc.Owner, *keys.Owner, string, error) {
+	return newOwnerWithKeys(shm.Config{IndexSlots: 4096, ArenaBytes: 8 << 20}, benchKeys())
 }
 
 // newOwner starts an owner of a region of config rc in a fresh namespace, and its key
 // registry.
-func newOwner(rc shm.Config) (*ipc.Owner, *keys.Registry, string, error) {
+func newOwner(rc shm.Config) (*ipc.Owner, *keys.Owner, string, error) {
 	if err := benchSecret(); err != nil {
 		return nil, nil, "", err
 	}
@@ -68,14 +68,14 @@ func newOwner(rc shm.Config) (*ipc.Owner, *keys.Registry, string, error) {
 }
 
 // newOwnerWithKeys starts an owner of a region of config rc holding the keys ids, key i with
-// value Value(i).
-func newOwnerWithKeys(rc shm.Config, ids []string) (*ipc.Owner, *keys.Registry, string, error) {
+// value keyValue(i).
+func newOwnerWithKeys(rc shm.Config, ids []string) (*ipc.Owner, *keys.Owner, string, error) {
 	o, reg, ns, err := newOwner(rc)
 	if err != nil {
 		return nil, nil, "", err
 	}
 	for i, k := range ids {
-		if err := reg.Set(k, Value(i)); err != nil {
+		if err := reg.Set(k, keyValue(i)); err != nil {
 			o.Close()
 			return nil, nil, "", err
 		}
@@ -97,7 +97,7 @@ func keysFromChildren(op string, k int) ([]Op, func() error, error) {
 }
 
 // keyReaderProcs starts an owner of the hot keys and k attached child processes.
-func keyReaderProcs(k int) ([]*Proc, func() error, error) {
+func keyReaderProcs(k int) ([]*proc, func() error, error) {
 	o, _, ns, err := newKeysOwner()
 	if err != nil {
 		return nil, nil, err
@@ -107,8 +107,8 @@ func keyReaderProcs(k int) ([]*Proc, func() error, error) {
 
 // startAttached starts k children attached to o's namespace with args, and a cleanup that
 // closes them and then o.
-func startAttached(o *ipc.Owner, k int, args ...string) ([]*Proc, func() error, error) {
-	var procs []*Proc
+func startAttached(o *ipc.Owner, k int, args ...string) ([]*proc, func() error, error) {
+	var procs []*proc
 	cleanup := func() error {
 		var errs []error
 		for _, p := range procs {
@@ -117,7 +117,7 @@ func startAttached(o *ipc.Owner, k int, args ...string) ([]*Proc, func() error, 
 		return errors.Join(append(errs, o.Close())...)
 	}
 	for range k {
-		p, err := StartChild(keysChildRole, args...)
+		p, err := startChild(keysChildRole, args...)
 		if err != nil {
 			_ = cleanup()
 			return nil, nil, err
@@ -127,7 +127,7 @@ func startAttached(o *ipc.Owner, k int, args ...string) ([]*Proc, func() error, 
 	return procs, cleanup, nil
 }
 
-func keysChildSetup(op string) Setup {
+func keysChildSetup(op string) setupFunc {
 	return func() (Op, func() error, error) {
 		ops, cleanup, err := keysFromChildren(op, 1)
 		if err != nil {
@@ -154,7 +154,7 @@ func keysSetOwner() (func([]time.Duration) error, func() error, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	val := Value(7)
+	val := keyValue(7)
 	next := 0
 	run := func(lat []time.Duration) error {
 		for i := range lat {
@@ -177,7 +177,7 @@ func keysSetOwner() (func([]time.Duration) error, func() error, error) {
 // coldIndexSlots slots (2 per key) and an arena for 1M values of 32 bytes (each costs its
 // value, its 36-byte key and a 40-byte header, rounded up to 128 bytes).
 func keysGetCold() (Op, func() error, error) {
-	o, _, ns, err := newOwnerWithKeys(shm.Config{IndexSlots: coldIndexSlots, ArenaBytes: coldArenaBytes}, ColdKeys())
+	o, _, ns, err := newOwnerWithKeys(shm.Config{IndexSlots: coldIndexSlots, ArenaBytes: coldArenaBytes}, coldKeys())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -190,7 +190,7 @@ func keysGetCold() (Op, func() error, error) {
 
 const (
 	coldIndexSlots = 1 << 21
-	coldArenaBytes = ColdNumKeys * 128 * 3 / 2
+	coldArenaBytes = coldNumKeys * 128 * 3 / 2
 )
 
 // keysChild is the child side: attach with the inherited secret, then serve "get" (through a
@@ -223,24 +223,24 @@ func keysChild(args []string) (map[string]Op, func() error, error) {
 		c.Close()
 		return nil, nil, err
 	}
-	keys := Keys() // allocated here: separate from anything the owner stored
-	buf := make([]byte, 0, ValueSize)
-	val := Value(3)
+	keys := benchKeys() // allocated here: separate from anything the owner stored
+	buf := make([]byte, 0, valueSize)
+	val := keyValue(3)
 	pos := 0 // as gomapOp's
 	ops := map[string]Op{
-		"get": SliceOp(func(n int) error {
+		"get": sliceOp(func(n int) error {
 			for i := pos; i < pos+n; i++ {
 				var err error
-				if buf, err = kr.Get(keys[i&(NumKeys-1)], buf[:0]); err != nil {
+				if buf, err = kr.Get(keys[i&(numKeys-1)], buf[:0]); err != nil {
 					return err
 				}
 			}
 			pos += n
 			return nil
 		}),
-		"set": GoOp(func(n int) error {
+		"set": goOp(func(n int) error {
 			for i := range n {
-				if err := reg.Set(keys[i&(NumKeys-1)], val); err != nil {
+				if err := reg.Set(keys[i&(numKeys-1)], val); err != nil {
 					return err
 				}
 			}
@@ -251,20 +251,20 @@ func keysChild(args []string) (map[string]Op, func() error, error) {
 }
 
 // coldChild serves "get": uniform random Gets over the cold keys through a keys.Reader.
-func coldChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, error) {
+func coldChild(c *ipc.Client, reg *keys.Worker) (map[string]Op, func() error, error) {
 	kr, err := reg.NewReader()
 	if err != nil {
 		c.Close()
 		return nil, nil, err
 	}
-	keys := ColdKeys()
-	buf := make([]byte, 0, ValueSize)
+	keys := coldKeys()
+	buf := make([]byte, 0, valueSize)
 	state := uint64(0x9e3779b97f4a7c15)
 	ops := map[string]Op{
-		"get": SliceOp(func(n int) error {
+		"get": sliceOp(func(n int) error {
 			for range n {
 				var err error
-				if buf, err = kr.Get(keys[ColdIndex(&state)], buf[:0]); err != nil {
+				if buf, err = kr.Get(keys[coldIndex(&state)], buf[:0]); err != nil {
 					return err
 				}
 			}

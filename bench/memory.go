@@ -35,18 +35,18 @@ func memoryRatios() (overhead float64, held int64, err error) {
 	defer r.Close()
 	var payload int64
 	_, err = r.Update(func(tx *shm.Tx) error {
-		for i, k := range Keys() {
-			v := Value(i)
+		for i, k := range benchKeys() {
+			v := keyValue(i)
 			payload += int64(len(v))
 			if err := tx.Put(memKindKV, k, v); err != nil {
 				return err
 			}
 		}
-		vec := make([]float32, KernelD)
+		vec := make([]float32, kernelD)
 		for s := 0; s < memSets; s++ {
 			for j := 0; j < memVecs; j++ {
 				for i := range vec {
-					vec[i] = float32(s*j+i) / KernelD
+					vec[i] = float32(s*j+i) / kernelD
 				}
 				payload += int64(4 * len(vec))
 				if err := tx.PutFloat32(memKindSV, fmt.Sprintf("set-%02d/layer-%02d/hook-%d", s, j/2, j%2), vec); err != nil {

@@ -39,7 +39,7 @@ func splitFigure(name string) (group, contender string) {
 // decades (a map lookup to a 64 MiB add), so bars show log10(ns) on a linear
 // axis labelled in time units: gonum's log scale cannot draw bars, which
 // start at zero.
-func (r *Report) Plot(path string) error {
+func (r *report) Plot(path string) error {
 	var groups, contenders []string
 	val := map[[2]string]float64{}
 	for _, f := range r.Measured() {

@@ -29,10 +29,10 @@ var (
 	numpyScript []byte
 )
 
-// Interpreters are probed in this order. A Debian python3-numpy lands in
+// interpreters are probed in this order. A Debian python3-numpy lands in
 // /usr/bin/python3's dist-packages, not in a pyenv python3 that shadows it
 // on PATH, so both are tried.
-var Interpreters = []string{"python3", "/usr/bin/python3"}
+var interpreters = []string{"python3", "/usr/bin/python3"}
 
 // findPython returns the first interpreter that runs `import <module>`
 // (module "" just checks that it runs), or why none did.
@@ -42,7 +42,7 @@ func findPython(module string) (string, error) {
 		code = "import " + module
 	}
 	var reasons []string
-	for _, py := range Interpreters {
+	for _, py := range interpreters {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		out, err := exec.CommandContext(ctx, py, "-c", code).CombinedOutput()
 		cancel()
@@ -67,7 +67,7 @@ func findPython(module string) (string, error) {
 
 // startScript writes script to a fresh temp dir and starts it under the
 // first interpreter that can import module. The temp dir goes with Close.
-func startScript(name string, script []byte, module string, args ...string) (*Proc, func() error, error) {
+func startScript(name string, script []byte, module string, args ...string) (*proc, func() error, error) {
 	py, err := findPython(module)
 	if err != nil {
 		return nil, nil, err
@@ -85,7 +85,7 @@ func startScript(name string, script []byte, module string, args ...string) (*Pr
 	// workers re-import the script by path, so it must stay on disk until
 	// the process is closed.
 	cmd := exec.Command(py, append([]string{"-u", path}, args...)...)
-	p, err := StartProc(name, cmd, childTimeout)
+	p, err := startProc(name, cmd, childTimeout)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, err
@@ -100,17 +100,17 @@ func startScript(name string, script []byte, module string, args ...string) (*Pr
 // releases it, so contenders measured alternately (get and set of one
 // SyncManager, or the four numpy sizes) share one process.
 type shared struct {
-	start func() (*Proc, func() error, error)
+	start func() (*proc, func() error, error)
 
 	mu    sync.Mutex
 	refs  int
-	p     *Proc
+	p     *proc
 	close func() error
 	err   error
-	info  string // the last process's ready-line info (Proc.Info), kept after it closes
+	info  string // the last process's ready-line info (proc.Info), kept after it closes
 }
 
-func (s *shared) acquire() (*Proc, func() error, error) {
+func (s *shared) acquire() (*proc, func() error, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.p == nil && s.err == nil {
@@ -140,8 +140,8 @@ func (s *shared) release() error {
 	return c()
 }
 
-// opOf turns a shared process into a Setup for one of its ops.
-func (s *shared) opOf(op string) Setup {
+// opOf turns a shared process into a setupFunc for one of its ops.
+func (s *shared) opOf(op string) setupFunc {
 	return func() (Op, func() error, error) {
 		p, release, err := s.acquire()
 		if err != nil {
@@ -152,16 +152,16 @@ func (s *shared) opOf(op string) Setup {
 }
 
 func newSyncManager() *shared {
-	return &shared{start: func() (*Proc, func() error, error) {
+	return &shared{start: func() (*proc, func() error, error) {
 		return startScript("syncmanager_bench.py", syncManagerScript, "",
-			strconv.Itoa(NumKeys), strconv.Itoa(ValueSize))
+			strconv.Itoa(numKeys), strconv.Itoa(valueSize))
 	}}
 }
 
 // newNumpy is a numpy process holding an h of each of sizes.
-func newNumpy(sizes ...KernelSize) *shared {
-	return &shared{start: func() (*Proc, func() error, error) {
-		args := []string{strconv.Itoa(KernelD)}
+func newNumpy(sizes ...kernelSize) *shared {
+	return &shared{start: func() (*proc, func() error, error) {
+		args := []string{strconv.Itoa(kernelD)}
 		for _, k := range sizes {
 			args = append(args, k.Tag+":"+strconv.Itoa(k.T))
 		}
@@ -173,8 +173,8 @@ func newNumpy(sizes ...KernelSize) *shared {
 // name → op) gets a note naming the path its gets took in the worker (python_keys_bench.py's
 // op_path: the _fastkeys extension or ctypes, through the C reader or shared slots), as the
 // ready line's info says ("...; op get: PATH; op getctypes: PATH"), ahead of any note it had.
-func (s *shared) notePaths(ops map[string]string) func([]Figure) []Figure {
-	return func(figs []Figure) []Figure {
+func (s *shared) notePaths(ops map[string]string) func([]figure) []figure {
+	return func(figs []figure) []figure {
 		s.mu.Lock()
 		info := s.info
 		s.mu.Unlock()
@@ -205,8 +205,8 @@ func opPath(info, op string) string {
 }
 
 // thenPost runs a group's posts in order (nil ones skipped).
-func thenPost(posts ...func([]Figure) []Figure) func([]Figure) []Figure {
-	return func(figs []Figure) []Figure {
+func thenPost(posts ...func([]figure) []figure) func([]figure) []figure {
+	return func(figs []figure) []figure {
 		for _, p := range posts {
 			if p != nil {
 				figs = p(figs)

@@ -12,7 +12,7 @@ import (
 func TestPythonPathNotes(t *testing.T) {
 	s := &shared{info: "python 3.12.3, /usr/bin/python3; op get: the _fastkeys extension, through the thread's reader (the C reader answers live keys); op getctypes: ctypes, through the thread's reader (the C reader answers live keys)"}
 	ops := map[string]string{"keys.get.python_ns": "get", "keys.get.python_ctypes_ns": "getctypes"}
-	figs := s.notePaths(ops)([]Figure{
+	figs := s.notePaths(ops)([]figure{
 		{Name: "keys.get.python_ns", Note: "earlier"},
 		{Name: "keys.get.python_ctypes_ns"},
 		{Name: "keys.get.capi_ns"},
@@ -20,10 +20,10 @@ func TestPythonPathNotes(t *testing.T) {
 	require.Equal(t, "get path: the _fastkeys extension, through the thread's reader (the C reader answers live keys); earlier", figs[0].Note)
 	require.Equal(t, "get path: ctypes, through the thread's reader (the C reader answers live keys)", figs[1].Note)
 	require.Empty(t, figs[2].Note)
-	figs = (&shared{}).notePaths(ops)([]Figure{{Name: "keys.get.python_ns"}, {Name: "keys.get.python_ctypes_ns", Skipped: "no python"}})
+	figs = (&shared{}).notePaths(ops)([]figure{{Name: "keys.get.python_ns"}, {Name: "keys.get.python_ctypes_ns", Skipped: "no python"}})
 	require.Equal(t, "get path: not reported by the worker", figs[0].Note)
 	require.Empty(t, figs[1].Note)
-	require.Equal(t, []Figure{{Name: "x", Note: "a"}}, thenPost(nil, func(f []Figure) []Figure { f[0].Note = "a"; return f })([]Figure{{Name: "x"}}))
+	require.Equal(t, []figure{{Name: "x", Note: "a"}}, thenPost(nil, func(f []figure) []figure { f[0].Note = "a"; return f })([]figure{{Name: "x"}}))
 }
 
 // TestPythonKeysDriver runs python_keys_bench.py against the library built in the repository:

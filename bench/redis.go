@@ -96,10 +96,10 @@ func startRedisOnce(bin string) (*redisServer, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	keys := Keys()
+	keys := benchKeys()
 	ctx := context.Background()
 	for i, k := range keys {
-		if err := s.client.Set(ctx, k, Value(i), 0).Err(); err != nil {
+		if err := s.client.Set(ctx, k, keyValue(i), 0).Err(); err != nil {
 			_ = s.stop()
 			return nil, fmt.Errorf("%w: load: %w", ErrRedisStart, err)
 		}
@@ -136,7 +136,7 @@ type redisShared struct {
 	err  error
 }
 
-func (r *redisShared) setup(op string) Setup {
+func (r *redisShared) setup(op string) setupFunc {
 	return func() (Op, func() error, error) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -147,20 +147,20 @@ func (r *redisShared) setup(op string) Setup {
 			return nil, nil, r.err
 		}
 		r.refs++
-		c, keys := r.s.client, Keys()
+		c, keys := r.s.client, benchKeys()
 		ctx := context.Background()
-		val := Value(7)
+		val := keyValue(7)
 		var f func(n int) error
 		switch op {
 		case "get":
 			f = func(n int) error {
 				var acc byte
 				for i := range n {
-					v, err := c.Get(ctx, keys[i&(NumKeys-1)]).Bytes()
+					v, err := c.Get(ctx, keys[i&(numKeys-1)]).Bytes()
 					if err != nil {
 						return err
 					}
-					acc ^= v[i&(ValueSize-1)]
+					acc ^= v[i&(valueSize-1)]
 				}
 				sink.Store(uint32(acc))
 				return nil
@@ -168,14 +168,14 @@ func (r *redisShared) setup(op string) Setup {
 		case "set":
 			f = func(n int) error {
 				for i := range n {
-					if err := c.Set(ctx, keys[i&(NumKeys-1)], val, 0).Err(); err != nil {
+					if err := c.Set(ctx, keys[i&(numKeys-1)], val, 0).Err(); err != nil {
 						return err
 					}
 				}
 				return nil
 			}
 		}
-		return GoOp(f), r.release, nil
+		return goOp(f), r.release, nil
 	}
 }
 

@@ -9,9 +9,9 @@ import (
 	"text/tabwriter"
 )
 
-// Figure is one reported number. Skipped figures carry the reason and no
+// figure is one reported number. Skipped figures carry the reason and no
 // value; they are printed but never written to JSON or plotted.
-type Figure struct {
+type figure struct {
 	Name     string  `json:"name"`
 	Value    float64 `json:"value"`
 	Unit     string  `json:"unit"`
@@ -49,9 +49,9 @@ type Figure struct {
 	Note string `json:"note,omitempty"`
 }
 
-// FigureNames is the spec of the report: every figure `shmsteer
-// bench` knows, in report order. <size> stands for each of [KernelSizes].
-var FigureNames = []string{
+// figureNames is the spec of the report: every figure `shmsteer
+// bench` knows, in report order. <size> stands for each of [kernelSizes].
+var figureNames = []string{
 	"keys.get.shmsteer_ns",
 	"keys.get.gomap_ns",
 	"keys.get.cold.shmsteer_ns",
@@ -83,13 +83,13 @@ var FigureNames = []string{
 	"mem.tp8_ratio",
 }
 
-// Baselines maps each shmsteer figure to the figure it is compared with;
+// baselines maps each shmsteer figure to the figure it is compared with;
 // Ratio = ours / baseline, so below 1 means shmsteer is faster (or smaller).
 // Key reads compare with the Go map (the goal: at most 1.5x), key
 // writes with the seed design (SyncManager), the add kernel with the best gcc
 // variant (the bar for a hand-written kernel) and each step with the bare
 // gather-add of the same vectors.
-var Baselines = map[string]string{
+var baselines = map[string]string{
 	"keys.get.shmsteer_ns":           "keys.get.gomap_ns",
 	"keys.get.cold.shmsteer_ns":      "keys.get.cold.gomap_ns",
 	"keys.get.throughput_2readers_x": "keys.get.throughput_2gomaps_x",
@@ -106,8 +106,8 @@ var Baselines = map[string]string{
 }
 
 func init() {
-	for _, k := range KernelSizes {
-		Baselines["kernels.add."+k.Tag+".shmsteer_ns"] = "kernels.add." + k.Tag + ".c_ns"
+	for _, k := range kernelSizes {
+		baselines["kernels.add."+k.Tag+".shmsteer_ns"] = "kernels.add." + k.Tag + ".c_ns"
 	}
 }
 
@@ -124,12 +124,12 @@ func unitOf(name string) string {
 	return ""
 }
 
-// reportOrder expands FigureNames: the <size> entries become one entry per
+// reportOrder expands figureNames: the <size> entries become one entry per
 // size and contender, grouped by size, where the first of them stood.
 func reportOrder() []string {
 	var out, templates []string
 	at := -1
-	for _, n := range FigureNames {
+	for _, n := range figureNames {
 		if strings.Contains(n, "<size>") {
 			if at < 0 {
 				at = len(out)
@@ -140,7 +140,7 @@ func reportOrder() []string {
 		out = append(out, n)
 	}
 	var kernel []string
-	for _, k := range KernelSizes {
+	for _, k := range kernelSizes {
 		for _, t := range templates {
 			kernel = append(kernel, strings.Replace(t, "<size>", k.Tag, 1))
 		}
@@ -156,26 +156,26 @@ func rank(name string) int {
 	return 1 << 20
 }
 
-// Report collects the figures of a run.
-type Report struct {
-	Figures  []Figure
+// report collects the figures of a run.
+type report struct {
+	Figures  []figure
 	Warnings []string
 }
 
 // Add appends figures; Finish orders them and fills in ratios.
-func (r *Report) Add(figs ...Figure) { r.Figures = append(r.Figures, figs...) }
+func (r *report) Add(figs ...figure) { r.Figures = append(r.Figures, figs...) }
 
 // Finish sorts the figures into report order and sets Baseline and Ratio for
 // every measured figure whose baseline was measured too; a ratio against a
 // skipped baseline is left out rather than guessed.
-func (r *Report) Finish() {
-	slices.SortStableFunc(r.Figures, func(a, b Figure) int {
+func (r *report) Finish() {
+	slices.SortStableFunc(r.Figures, func(a, b figure) int {
 		if c := rank(a.Name) - rank(b.Name); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	byName := map[string]Figure{}
+	byName := map[string]figure{}
 	for _, f := range r.Figures {
 		if f.Skipped == "" {
 			byName[f.Name] = f
@@ -184,7 +184,7 @@ func (r *Report) Finish() {
 	for i := range r.Figures {
 		f := &r.Figures[i]
 		f.Baseline, f.Ratio, f.RatioPaired, f.RatioSpread = "", 0, false, 0
-		base, ok := byName[Baselines[f.Name]]
+		base, ok := byName[baselines[f.Name]]
 		if f.Skipped != "" || !ok || base.Value == 0 {
 			continue
 		}
@@ -198,7 +198,7 @@ func (r *Report) Finish() {
 // pairedRatio is the median over rounds of f's value over base's in the same round, and the
 // interquartile range of those ratios over it, when both were measured round by round in one
 // alternation.
-func pairedRatio(f, base Figure) (ratio, spread float64, ok bool) {
+func pairedRatio(f, base figure) (ratio, spread float64, ok bool) {
 	n := len(f.Samples)
 	if f.Group == 0 || f.Group != base.Group || n == 0 || len(base.Samples) != n {
 		return 0, 0, false
@@ -215,8 +215,8 @@ func pairedRatio(f, base Figure) (ratio, spread float64, ok bool) {
 }
 
 // Measured returns the figures that have a value, i.e. what the JSON holds.
-func (r *Report) Measured() []Figure {
-	var out []Figure
+func (r *report) Measured() []figure {
+	var out []figure
 	for _, f := range r.Figures {
 		if f.Skipped == "" {
 			out = append(out, f)
@@ -227,10 +227,10 @@ func (r *Report) Measured() []Figure {
 
 // WriteJSON writes the measured figures as a JSON array, one record per
 // figure; skipped figures are absent.
-func (r *Report) WriteJSON(w io.Writer) error {
+func (r *report) WriteJSON(w io.Writer) error {
 	figs := r.Measured()
 	if figs == nil {
-		figs = []Figure{} // "[]", not "null", for readers that expect an array
+		figs = []figure{} // "[]", not "null", for readers that expect an array
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -239,7 +239,7 @@ func (r *Report) WriteJSON(w io.Writer) error {
 
 // WriteTable prints the measured figures as an aligned table, then one line
 // per skipped figure with its reason, then the warnings.
-func (r *Report) WriteTable(w io.Writer) error {
+func (r *report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "name\tvalue\tunit\tbaseline\tratio\tiqr/median\trounds x batch\n")
 	for _, f := range r.Measured() {
@@ -287,7 +287,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	return nil
 }
 
-func formatValue(f Figure) string {
+func formatValue(f figure) string {
 	switch {
 	case f.Unit != "ns/op":
 		return fmt.Sprintf("%.3f", f.Value)

@@ -22,9 +22,9 @@ func TestBenchSmoke(t *testing.T) {
 	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 	raw, err := os.ReadFile(out)
 	require.NoError(t, err)
-	var recs []Figure
+	var recs []figure
 	require.NoError(t, json.Unmarshal(raw, &recs))
-	got := map[string]Figure{}
+	got := map[string]figure{}
 	for _, r := range recs {
 		got[r.Name] = r
 	}

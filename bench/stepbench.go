@@ -18,7 +18,7 @@ const stepT, stepD, stepRequests = 256, 4096, 16
 
 type stepFixture struct {
 	region *shm.Region
-	engine *steer.Engine
+	engine *steer.Owner
 	batch  []steer.Span
 	h      []float32
 }
@@ -130,7 +130,7 @@ func stepMixed() (Op, func() error, error) {
 	if err := step(); err != nil { // compose once: the figure is the steady state
 		return nil, nil, err
 	}
-	op := CPUOp(func(n int) error {
+	op := cpuOp(func(n int) error {
 		for range n {
 			if err := step(); err != nil {
 				return err
@@ -151,7 +151,7 @@ func stepKernel() (Op, func() error, error) {
 	for t := range idx {
 		idx[t] = int32(1 + t*stepRequests/stepT)
 	}
-	return CPUOp(func(n int) error {
+	return cpuOp(func(n int) error {
 		for range n {
 			kernels.GatherAdd(h, stepD, table, idx)
 		}

@@ -17,17 +17,17 @@ import (
 // and in how many runs it was met, then every figure's median, per-run values and ratio. The
 // README's performance tables are this output.
 
-// Goal is one of the engine's performance targets: a figure's ratio to its baseline (Ratio) or
+// goal is one of the engine's performance targets: a figure's ratio to its baseline (Ratio) or
 // its value, at most Max.
-type Goal struct {
+type goal struct {
 	Text   string  // what the goal says, as the README's table names it
 	Figure string  // the figure it is read from
 	Ratio  bool    // compare the figure's ratio to its baseline, else its value
 	Max    float64 // the bound, in the figure's unit (ns for _ns figures)
 }
 
-// Goals are the targets the bench checks (issue 21's list), in the README's order.
-var Goals = []Goal{
+// goals are the targets the bench checks (issue 21's list), in the README's order.
+var goals = []goal{
 	{"key Get from a worker ≤ 1.5× a Go map (hot)", "keys.get.shmsteer_ns", true, 1.5},
 	{"key Get ≤ 1.3× a Go map, cold (uniform over 1M keys)", "keys.get.cold.shmsteer_ns", true, 1.3},
 	{"C key Get ≤ 1.5× the Go Get, one call per key", "keys.get.capi_ns", true, 1.5},
@@ -51,9 +51,9 @@ var ErrBadRun = errors.New("shmsteer: bench: not a run's JSON")
 // maxRunBytes bounds a run's JSON file; a run holds about a hundred figures.
 const maxRunBytes = 16 << 20
 
-// ReadRun decodes the JSON --json wrote: an array of figures, each with a name and a finite
+// readRun decodes the JSON --json wrote: an array of figures, each with a name and a finite
 // value; anything else is ErrBadRun.
-func ReadRun(r io.Reader) ([]Figure, error) {
+func readRun(r io.Reader) ([]figure, error) {
 	b, err := io.ReadAll(io.LimitReader(r, maxRunBytes+1))
 	if err != nil {
 		return nil, err
@@ -61,7 +61,7 @@ func ReadRun(r io.Reader) ([]Figure, error) {
 	if len(b) > maxRunBytes {
 		return nil, fmt.Errorf("%w: larger than %d bytes", ErrBadRun, maxRunBytes)
 	}
-	var figs []Figure
+	var figs []figure
 	if err := json.Unmarshal(b, &figs); err != nil {
 		return nil, fmt.Errorf("%w: %v (write one with shmsteer bench --json FILE)", ErrBadRun, err)
 	}
@@ -82,16 +82,16 @@ func ReadRun(r io.Reader) ([]Figure, error) {
 	return figs, nil
 }
 
-// Summarize writes the Markdown summary of runs (each as ReadRun returns it): the goal table
+// summarize writes the Markdown summary of runs (each as readRun returns it): the goal table
 // and the figure table.
-func Summarize(w io.Writer, runs [][]Figure) error {
+func summarize(w io.Writer, runs [][]figure) error {
 	if len(runs) == 0 {
 		return fmt.Errorf("%w: no runs to summarize", ErrUsage)
 	}
-	by := make([]map[string]Figure, len(runs))
+	by := make([]map[string]figure, len(runs))
 	names := map[string]bool{}
 	for i, run := range runs {
-		by[i] = map[string]Figure{}
+		by[i] = map[string]figure{}
 		for _, f := range run {
 			by[i][f.Name] = f
 			names[f.Name] = true
@@ -99,10 +99,10 @@ func Summarize(w io.Writer, runs [][]Figure) error {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "| goal | per run | median | met (runs) |\n|---|---|---|---|\n")
-	for _, g := range Goals {
+	for _, g := range goals {
 		var vals []float64
 		var cells []string
-		var unit Figure // a run's figure, for the median's unit: the first run may lack it
+		var unit figure // a run's figure, for the median's unit: the first run may lack it
 		met := 0
 		for i := range runs {
 			f, ok := by[i][g.Figure]
@@ -138,7 +138,7 @@ func Summarize(w io.Writer, runs [][]Figure) error {
 	for _, n := range order {
 		var vals, ratios []float64
 		var cells []string
-		var any Figure
+		var any figure
 		base := ""
 		for i := range runs {
 			f, ok := by[i][n]
@@ -166,7 +166,7 @@ func Summarize(w io.Writer, runs [][]Figure) error {
 }
 
 // goalValue prints v, a goal's ratio or value, as the goal table shows it.
-func goalValue(g Goal, f Figure, v float64) string {
+func goalValue(g goal, f figure, v float64) string {
 	if g.Ratio {
 		return fmt.Sprintf("%.3f", v)
 	}
@@ -174,7 +174,7 @@ func goalValue(g Goal, f Figure, v float64) string {
 }
 
 // humanValue prints v in f's unit: times in ns, µs or ms, other units with three decimals and ×.
-func humanValue(f Figure, v float64) string {
+func humanValue(f figure, v float64) string {
 	if f.Unit != "ns/op" {
 		return fmt.Sprintf("%.3f×", v)
 	}
@@ -189,18 +189,18 @@ func humanValue(f Figure, v float64) string {
 
 // summarizeFiles reads the runs in files and writes their summary.
 func summarizeFiles(w io.Writer, files []string) error {
-	var runs [][]Figure
+	var runs [][]figure
 	for _, name := range files {
 		f, err := os.Open(name)
 		if err != nil {
 			return fmt.Errorf("shmsteer: bench: --summarize: %w", err)
 		}
-		run, err := ReadRun(f)
+		run, err := readRun(f)
 		f.Close()
 		if err != nil {
 			return fmt.Errorf("%w (in %s)", err, name)
 		}
 		runs = append(runs, run)
 	}
-	return Summarize(w, runs)
+	return summarize(w, runs)
 }

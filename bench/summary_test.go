@@ -12,21 +12,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func runOf(figs ...Figure) []Figure { return figs }
+func runOf(figs ...figure) []figure { return figs }
 
 func TestSummarize(t *testing.T) {
-	hot := func(r float64) Figure {
-		return Figure{Name: "keys.get.shmsteer_ns", Value: 40, Unit: "ns/op", Baseline: "keys.get.gomap_ns", Ratio: r, RatioPaired: true}
+	hot := func(r float64) figure {
+		return figure{Name: "keys.get.shmsteer_ns", Value: 40, Unit: "ns/op", Baseline: "keys.get.gomap_ns", Ratio: r, RatioPaired: true}
 	}
-	p99 := func(v float64) Figure { return Figure{Name: "keys.set.owner_p99_ns", Value: v, Unit: "ns/op"} }
-	py := func(v float64) Figure { return Figure{Name: "keys.get.python_ns", Value: v, Unit: "ns/op"} }
-	runs := [][]Figure{
-		runOf(hot(1.4), p99(2500), Figure{Name: "mem.tp8_ratio", Value: 0.2, Unit: "x"}),
+	p99 := func(v float64) figure { return figure{Name: "keys.set.owner_p99_ns", Value: v, Unit: "ns/op"} }
+	py := func(v float64) figure { return figure{Name: "keys.get.python_ns", Value: v, Unit: "ns/op"} }
+	runs := [][]figure{
+		runOf(hot(1.4), p99(2500), figure{Name: "mem.tp8_ratio", Value: 0.2, Unit: "x"}),
 		runOf(hot(1.6), p99(3500), py(47.8)),
 		runOf(hot(1.45), p99(2900), py(46.2)),
 	}
 	var out bytes.Buffer
-	require.NoError(t, Summarize(&out, runs))
+	require.NoError(t, summarize(&out, runs))
 	got := out.String()
 	require.Contains(t, got, "| key Get from a worker ≤ 1.5× a Go map (hot) | 1.400, 1.600, 1.450 | 1.450 | 2 of 3 |")
 	require.Contains(t, got, "| owner Set p99 ≤ 3 µs | 2.50 µs, 3.50 µs, 2.90 µs | 2.90 µs | 2 of 3 |")
@@ -36,14 +36,14 @@ func TestSummarize(t *testing.T) {
 	require.Contains(t, got, "| `keys.get.shmsteer_ns` | 40.0 ns | 40.0 ns, 40.0 ns, 40.0 ns | `keys.get.gomap_ns` | 1.450 |")
 	require.Less(t, strings.Index(got, "`keys.get.shmsteer_ns`"), strings.Index(got, "`keys.set.owner_p99_ns`"), "report order")
 
-	require.ErrorIs(t, Summarize(&out, nil), ErrUsage)
+	require.ErrorIs(t, summarize(&out, nil), ErrUsage)
 }
 
 func TestReadRun(t *testing.T) {
-	good := []Figure{{Name: "keys.get.shmsteer_ns", Value: 40, Unit: "ns/op", Baseline: "keys.get.gomap_ns", Ratio: 1.2}}
+	good := []figure{{Name: "keys.get.shmsteer_ns", Value: 40, Unit: "ns/op", Baseline: "keys.get.gomap_ns", Ratio: 1.2}}
 	b, err := json.Marshal(good)
 	require.NoError(t, err)
-	figs, err := ReadRun(bytes.NewReader(b))
+	figs, err := readRun(bytes.NewReader(b))
 	require.NoError(t, err)
 	require.Equal(t, good[0].Ratio, figs[0].Ratio)
 
@@ -55,7 +55,7 @@ func TestReadRun(t *testing.T) {
 		"ratio, no base": `[{"name": "x", "value": 1, "ratio": 2}]`,
 		"overflow":       `[{"name": "x", "value": 1e999}]`,
 	} {
-		_, err := ReadRun(strings.NewReader(in))
+		_, err := readRun(strings.NewReader(in))
 		require.ErrorIs(t, err, ErrBadRun, name)
 	}
 }
@@ -65,7 +65,7 @@ func TestSummarizeFiles(t *testing.T) {
 	dir := t.TempDir()
 	var files []string
 	for i, r := range []float64{1.1, 1.2} {
-		rep := Report{Figures: []Figure{{Name: "steer.step.prefill.mixed_ns", Value: 100 * r, Unit: "ns/op"}, {Name: "steer.step.prefill.kernel_ns", Value: 100, Unit: "ns/op"}}}
+		rep := report{Figures: []figure{{Name: "steer.step.prefill.mixed_ns", Value: 100 * r, Unit: "ns/op"}, {Name: "steer.step.prefill.kernel_ns", Value: 100, Unit: "ns/op"}}}
 		rep.Finish()
 		name := filepath.Join(dir, "run"+string(rune('1'+i))+".json")
 		require.NoError(t, writeFile(name, rep.WriteJSON))
@@ -94,11 +94,11 @@ func FuzzReadRun(f *testing.F) {
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`[{"name": "mem.tp8_ratio", "value": -1}]`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		figs, err := ReadRun(bytes.NewReader(b))
+		figs, err := readRun(bytes.NewReader(b))
 		if err != nil {
 			require.ErrorIs(t, err, ErrBadRun)
 			return
 		}
-		require.NoError(t, Summarize(&bytes.Buffer{}, [][]Figure{figs, figs}))
+		require.NoError(t, summarize(&bytes.Buffer{}, [][]figure{figs, figs}))
 	})
 }

@@ -48,11 +48,11 @@ func tp8Ratio() (float64, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	o, _, ns, err := newOwnerWithKeys(rc, Keys())
+	o, _, ns, err := newOwnerWithKeys(rc, benchKeys())
 	if err != nil {
 		return 0, "", err
 	}
-	payload := int64(NumKeys * ValueSize)
+	payload := int64(numKeys * valueSize)
 	eng, err := steer.Open(o.Region(), &cfg, steer.Options{Clients: o.Clients})
 	if err != nil {
 		o.Close()
@@ -86,7 +86,7 @@ func tp8Ratio() (float64, string, error) {
 	return ratio, note, errors.Join(err, cleanup())
 }
 
-func measureRanks(o *ipc.Owner, procs []*Proc, payload int64) (float64, string, error) {
+func measureRanks(o *ipc.Owner, procs []*proc, payload int64) (float64, string, error) {
 	// Each rank settles through the round protocol right before its first reading, so the
 	// protocol's own buffers (the command scanner's, the reply encoder's) are in place too.
 	for _, p := range procs {
@@ -190,13 +190,13 @@ func parseSmaps(b []byte) (pss, error) {
 // of the region and apply the steering of every request at every (hook, layer) to one row
 // each, then return the freed heap to the OS so that only what the rank keeps counts in its
 // Pss.
-func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, error) {
+func rankChild(c *ipc.Client, reg *keys.Worker) (map[string]Op, func() error, error) {
 	cfg, err := steer.ConfigOf(c.Region())
 	if err != nil {
 		c.Close()
 		return nil, nil, err
 	}
-	eng, err := steer.Open(c.Region(), &cfg, steer.Options{Caller: c})
+	eng, err := steer.Attach(c.Region(), &cfg, steer.Options{Caller: c})
 	if err != nil {
 		c.Close()
 		return nil, nil, err
@@ -214,8 +214,8 @@ func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, 
 	for i := range h {
 		h[i] = 1
 	}
-	keys := Keys()
-	buf := make([]byte, 0, ValueSize)
+	keys := benchKeys()
+	buf := make([]byte, 0, valueSize)
 	read := func() error {
 		for _, k := range keys {
 			var err error
@@ -254,12 +254,12 @@ func rankChild(c *ipc.Client, reg *keys.Registry) (map[string]Op, func() error, 
 		debug.FreeOSMemory()
 		return nil
 	}
-	ops := map[string]Op{"settle": GoOp(func(n int) error {
+	ops := map[string]Op{"settle": goOp(func(n int) error {
 		for range n {
 			settleRuntime()
 		}
 		return nil
-	}), "read": GoOp(func(n int) error {
+	}), "read": goOp(func(n int) error {
 		for range n {
 			if err := read(); err != nil {
 				return err

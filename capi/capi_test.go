@@ -64,7 +64,7 @@ func fixtureVector() []float32 {
 
 // startGoOwner starts an owner and steering engine and writes the fixture: key "req-1",
 // "req-1-revoked" revoked, named vector "v1" (post_block, layer 1, scale 1, data i*0.25).
-func startGoOwner(secret, ns string) (*ipc.Owner, *steer.Engine, error) {
+func startGoOwner(secret, ns string) (*ipc.Owner, *steer.Owner, error) {
 	rc, err := steer.RegionConfig(fixtureModel, shm.Config{IndexSlots: 1 << 12, ArenaBytes: 16 << 20})
 	if err != nil {
 		return nil, nil, err

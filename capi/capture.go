@@ -293,9 +293,7 @@ func shmsteerGo_capture_serve(h C.uint64_t, consumers *C.char) C.int {
 	ops := map[uint16]func([]byte) ([]byte, error){}
 	hub.Serve(func(op uint16, hf func([]byte) ([]byte, error)) { o.Handle(op, hf); ops[op] = hf })
 	inst.hub, inst.hubOps = hub, ops
-	if inst.eng != nil {
-		inst.eng.SetCaptureConsumers(validators) // admissions may name them from now on
-	}
+	o.steer.SetCaptureConsumers(validators) // admissions may name them from now on
 	return C.SHMSTEER_OK
 }
 

@@ -24,10 +24,11 @@ func shmsteerGo_capture_global(h C.uint64_t, name *C.char, nameLen C.size_t, spe
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
-	if _, ok := inst.side.(ownerSide); !ok {
+	o, ok := inst.side.(ownerSide)
+	if !ok {
 		return fail(steer.ErrNotOwner)
 	}
-	if inst.hub == nil || inst.eng == nil {
+	if inst.hub == nil {
 		return fail(capture.ErrNoHub)
 	}
 	n, ok := cstr(name, nameLen)
@@ -51,7 +52,7 @@ func shmsteerGo_capture_global(h C.uint64_t, name *C.char, nameLen C.size_t, spe
 	for k, v := range g {
 		merged[k] = v
 	}
-	if err := inst.eng.SetCaptureGlobal(merged); err != nil {
+	if err := o.steer.SetCaptureGlobal(merged); err != nil {
 		return fail(err)
 	}
 	inst.global = merged

@@ -33,10 +33,16 @@ type follower struct {
 // clientInstance is the instance of an attached client.
 func clientInstance(c *ipc.Client) *instance {
 	inst := &instance{side: clientSide{c}, region: c.Region(), ownerPD: c.OwnerPID()}
-	inst.keys, inst.keysErr = keys.Attach(c)
-	inst.eng, inst.engErr = steer.Open(c.Region(), nil, steer.Options{Caller: c, Logf: func(string, ...any) {}})
-	if inst.eng != nil {
-		inst.cfg = inst.eng.Config()
+	if kw, err := keys.Attach(c); err != nil {
+		inst.keysErr = err
+	} else {
+		inst.keys = kw.Registry
+	}
+	w, err := steer.Attach(c.Region(), nil, steer.Options{Caller: c, Logf: func(string, ...any) {}})
+	if err != nil {
+		inst.engErr = err
+	} else {
+		inst.eng, inst.cfg = w.Engine, w.Config()
 	}
 	return inst
 }

@@ -53,10 +53,24 @@ type side interface {
 	IsOwner() bool
 }
 
-type ownerSide struct{ *ipc.Owner }
+// ownerSide is the owner started in this process, with its steering engine's owner side (the
+// instance's eng is its Engine).
+type ownerSide struct {
+	*ipc.Owner
+	steer *steer.Owner
+}
 
 func (ownerSide) Ping() error   { return nil }
 func (ownerSide) IsOwner() bool { return true }
+
+// steerOwner is the owner's steering engine for an owner-only operation (op names it in the
+// error): ErrNotOwner in a client.
+func (inst *instance) steerOwner(op string) (*steer.Owner, error) {
+	if o, ok := inst.side.(ownerSide); ok {
+		return o.steer, nil
+	}
+	return nil, fmt.Errorf("%w: %s runs in the owner (scheduler)", steer.ErrNotOwner, op)
+}
 
 type clientSide struct{ *ipc.Client }
 
@@ -169,7 +183,7 @@ func shmsteerGo_owner_start(ns *C.char, secret unsafe.Pointer, secretLen C.size_
 		return fail(err)
 	}
 	eng.Serve(func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) })
-	inst := &instance{side: ownerSide{o}, region: o.Region(), keys: reg, eng: eng, cfg: mc, ownerPD: os.Getpid()}
+	inst := &instance{side: ownerSide{o, eng}, region: o.Region(), keys: reg.Registry, eng: eng.Engine, cfg: mc, ownerPD: os.Getpid()}
 	if code := store(inst, out); code != C.SHMSTEER_OK {
 		o.Close()
 		return code

@@ -139,7 +139,7 @@ extern "C" {
 #define SHMSTEER_E_REMOTE 69             /* steer.ErrRemote */
 #define SHMSTEER_E_OVERFLOW 70           /* steer.ErrOverflow: magnitude beyond steer.MaxMagnitude */
 #define SHMSTEER_E_UNKNOWN_REQUEST 71    /* steer.ErrUnknownRequest: a strict request the owner does not know */
-#define SHMSTEER_E_NOT_SERVED 72         /* steer.ErrNotServed: the owner never called Engine.Serve */
+#define SHMSTEER_E_NOT_SERVED 72         /* steer.ErrNotServed: the owner never called Owner.Serve */
 #define SHMSTEER_E_LATCH_STATE 73        /* steer.ErrLatchState: restored latch state does not fit */
 #define SHMSTEER_E_PROBE_SITE 74         /* steer.ErrProbeSite: a probe names exactly one (hook, layer) */
 #define SHMSTEER_E_BATCH_CAPACITY 75     /* steer.ErrBatchCapacity: a batch does not fit the tables: raise max_slots / max_clamps */
@@ -528,6 +528,34 @@ typedef struct {
  * version in out->version. Re-admitting a live id replaces it (out->replaced = 1). */
 int shmsteer_request_admit_result(shmsteer_t *h, const char *id, size_t id_len, const char *json,
                                   size_t json_len, shmsteer_admitted *out);
+
+/* Tiers of shmsteer_admit_vector: base (prefill and decode rows), prefill, decode. */
+#define SHMSTEER_TIER_BASE 0
+#define SHMSTEER_TIER_PREFILL 1
+#define SHMSTEER_TIER_DECODE 2
+
+/* An inline vector of an admission's override, passed by address: at (hook, layer) of tier,
+ * add scale * data[0:len] to the request's rows. */
+typedef struct {
+  uint32_t tier;     /* SHMSTEER_TIER_* */
+  uint32_t hook;     /* hook id (shmsteer_hook_id) */
+  int32_t layer;
+  float scale;       /* 1: the floats as given */
+  const float *data; /* caller memory, read (copied once) during the call only */
+  size_t len;        /* = the hidden size */
+} shmsteer_admit_vector;
+
+/* shmsteer_request_admit_result with the override's inline vectors passed as float32 buffers
+ * instead of JSON float lists: json is the admission JSON (may be empty) for everything else
+ * (tenant, conversation, override refs, clamps and compose, steering, capture, prompt_len), and
+ * vectors[0:n_vectors] are appended to the override's tiers after any vectors it lists (an
+ * override is made when json has none). Validated as the JSON vectors are, in the same pass.
+ * Errors: INVALID_ARGUMENT (NULL vectors with n_vectors > 0, NULL data with len > 0, a tier
+ * not SHMSTEER_TIER_*), UNKNOWN_HOOK, HIDDEN_SIZE (len), LAYER_RANGE, NON_FINITE, DUPLICATE,
+ * and every refusal of shmsteer_request_admit_json; nothing is admitted then. */
+int shmsteer_request_admit_binary(shmsteer_t *h, const char *id, size_t id_len, const char *json,
+                                  size_t json_len, const shmsteer_admit_vector *vectors,
+                                  size_t n_vectors, shmsteer_admitted *out);
 
 /* End request id: its steering entry is removed (owner only). */
 int shmsteer_request_end(shmsteer_t *h, const char *id, size_t id_len, uint64_t *version);

@@ -150,7 +150,7 @@ type admissionJSON struct {
 
 //export shmsteerGo_request_admit_json
 func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t, version *C.uint64_t) C.int {
-	ad, rc := admit(h, id, idLen, js, jsLen)
+	ad, rc := admitWith(h, id, idLen, js, jsLen, nil)
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
@@ -159,7 +159,12 @@ func shmsteerGo_request_admit_json(h C.uint64_t, id *C.char, idLen C.size_t, js 
 
 //export shmsteerGo_request_admit_result
 func shmsteerGo_request_admit_result(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t, out *C.shmsteer_admitted) C.int {
-	ad, rc := admit(h, id, idLen, js, jsLen)
+	ad, rc := admitWith(h, id, idLen, js, jsLen, nil)
+	return admittedOut(ad, rc, out)
+}
+
+// admittedOut ends an admission: rc, with what it did in *out (nil: nothing) when rc is OK.
+func admittedOut(ad steer.Admitted, rc C.int, out *C.shmsteer_admitted) C.int {
 	if rc != C.SHMSTEER_OK || out == nil {
 		return rc
 	}
@@ -177,8 +182,11 @@ func shmsteerGo_request_admit_result(h C.uint64_t, id *C.char, idLen C.size_t, j
 	return C.SHMSTEER_OK
 }
 
-// admit decodes an admission JSON and admits it (shmsteer_request_admit_json and _result).
-func admit(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t) (steer.Admitted, C.int) {
+// admitWith decodes an admission JSON and admits it: every admission entry's one path
+// (shmsteer_request_admit_json, _result and _binary). vectors, when not nil, adds the binary
+// entry's inline vectors to the override (made when the JSON has none) before anything is
+// validated, so they are validated with the JSON's, in one pass.
+func admitWith(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t, vectors func(*instance, *steer.Steering) C.int) (steer.Admitted, C.int) {
 	inst, rc := engineOf(h)
 	if rc != C.SHMSTEER_OK {
 		return steer.Admitted{}, rc
@@ -191,6 +199,14 @@ func admit(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t)
 	if jsLen > 0 {
 		if err := decodeJSON(js, jsLen, &a); err != nil {
 			return steer.Admitted{}, fail(err)
+		}
+	}
+	if vectors != nil {
+		if a.Override == nil {
+			a.Override = &steer.Steering{}
+		}
+		if rc := vectors(inst, a.Override); rc != C.SHMSTEER_OK {
+			return steer.Admitted{}, rc
 		}
 	}
 	gates, err := steer.DecodeGates(a.Steering, gateUnpack)
@@ -208,7 +224,11 @@ func admit(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t)
 	}
 	adm := steer.Admission{RequestID: strings.Clone(sid), Conversation: steer.ConvKey{Tenant: a.Tenant, ID: a.Conversation}, Override: a.Override, Gates: gates,
 		Capture: caps, PromptLen: a.PromptLen}
-	ad, err := inst.eng.Admit(adm)
+	o, err := inst.steerOwner("admission")
+	if err != nil {
+		return steer.Admitted{}, fail(err)
+	}
+	ad, err := o.Admit(adm)
 	if err != nil {
 		return ad, fail(err)
 	}
@@ -228,7 +248,11 @@ func shmsteerGo_request_end(h C.uint64_t, id *C.char, idLen C.size_t, version *C
 	if !ok {
 		return badArg("id")
 	}
-	v, err := inst.eng.End(strings.Clone(sid))
+	o, err := inst.steerOwner("a request's end")
+	if err != nil {
+		return fail(err)
+	}
+	v, err := o.End(strings.Clone(sid))
 	if err == nil && inst.hub != nil {
 		inst.hub.End(sid)
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 // newOwner opens an owner engine over a new region of cfg, declaring decl's consumers.
-func newOwner(t testing.TB, cfg steer.ModelConfig, decl map[string]string) *steer.Engine {
+func newOwner(t testing.TB, cfg steer.ModelConfig, decl map[string]string) *steer.Owner {
 	t.Helper()
 	v, err := Validators(decl)
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 
 // openGlobal opens an owner engine of cfg declaring decl's consumers with global's global
 // specs (raw JSON by consumer name), returning Open's error.
-func openGlobal(t testing.TB, cfg steer.ModelConfig, decl map[string]string, global map[string]string) (*steer.Engine, *shm.Region, error) {
+func openGlobal(t testing.TB, cfg steer.ModelConfig, decl map[string]string, global map[string]string) (*steer.Owner, *shm.Region, error) {
 	t.Helper()
 	v, err := Validators(decl)
 	if err != nil {

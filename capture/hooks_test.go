@@ -149,7 +149,7 @@ func runHooks(t *testing.T, cfg steer.ModelConfig, decl map[string]string, reqs 
 
 // admitHookReqs resolves each request's capture specs into its plans and admits it, steered at
 // every site so that a capture after the add would differ.
-func admitHookReqs(t *testing.T, e *steer.Engine, cfg steer.ModelConfig, reqs []hookReq) {
+func admitHookReqs(t *testing.T, e *steer.Owner, cfg steer.ModelConfig, reqs []hookReq) {
 	t.Helper()
 	var vecs []steer.Vector
 	for h := range cfg.NumHooks() {

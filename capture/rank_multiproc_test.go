@@ -94,7 +94,7 @@ func rankChild() {
 	if err != nil {
 		fail(err)
 	}
-	e, err := steer.Open(reg, &rankCfg, steer.Options{})
+	e, err := steer.Attach(reg, &rankCfg, steer.Options{})
 	if err != nil {
 		fail(err)
 	}
@@ -102,7 +102,7 @@ func rankChild() {
 	if err != nil {
 		fail(err)
 	}
-	stats, err := rankSteps(e, rank, NewRingSink(ring.Writer(10*time.Second)))
+	stats, err := rankSteps(e.Engine, rank, NewRingSink(ring.Writer(10*time.Second)))
 	if err != nil {
 		fail(err)
 	}

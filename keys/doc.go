@@ -2,7 +2,7 @@
 // region every shmsteer process maps (the replacement for the seed's shared dict), with its
 // revocation sentinels, their purge after a grace period, the bound on one key, the RPC ops
 // that carry a worker's writes to the owner (internal/proto's table) and the change hook a
-// mirror subscribes to (Registry.OnChange).
+// mirror subscribes to (Owner.OnChange).
 //
 // It sits above the transport: it reads the region through package shm's exported API and
 // reaches the owner through package ipc's generic RPC (ipc.Owner.Handle, ipc.Client.Call); ipc
@@ -11,9 +11,12 @@
 // error or a panic; frames and buffers that held keys are zeroed.
 //
 // To start: the owner calls Open once, right after ipc.NewOwner and before workers attach (the
-// registry lives until the owner closes); each worker calls Attach with its ipc.Client (or with
-// each client an ipc.Follower hands out). Both then Get, Set and Remove; a worker's step loop
-// reads through a Reader of its own (NewReader).
+// registry lives until the owner closes): an *Owner; each worker calls Attach with its
+// ipc.Client (or with each client an ipc.Follower hands out): a *Worker. Both embed a
+// *Registry, the side both share: Get, Set, Remove, Count, Range, MaxKeyBytes, and NewReader
+// (a worker's step loop reads through a Reader of its own). The owner's own operations
+// (OnChange, RevokedInArena, RevokedWithoutSentinel) are methods of Owner only, so a worker
+// cannot call them; code that serves either side takes the *Registry.
 //
 // # Entries
 //

@@ -61,12 +61,12 @@ func (e testEnv) clientOpts() ipc.ClientOptions {
 // testOwner is an owner and its registry; testClient a client and its.
 type testOwner struct {
 	*ipc.Owner
-	reg *Registry
+	reg *Owner
 }
 
 type testClient struct {
 	*ipc.Client
-	reg *Registry
+	reg *Worker
 }
 
 func newTestOwner(t testing.TB, opts ownerOpts) testOwner {
@@ -144,7 +144,7 @@ func TestHelperProcess(t *testing.T) {
 		opts.SpinWait = d
 	}
 	c, err := ipc.Attach(opts)
-	var keys *Registry
+	var keys *Worker
 	if err == nil {
 		keys, err = Attach(c)
 	}

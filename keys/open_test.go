@@ -98,7 +98,7 @@ func TestRegistryPrintsNoKey(t *testing.T) {
 	o := newTestOwner(t, env.ownerOpts())
 	c := attach(t, env.clientOpts())
 	require.NoError(t, o.reg.Set("req", []byte("KEY-BYTES-xyz")))
-	for _, k := range []*Registry{o.reg, c.reg} {
+	for _, k := range []*Registry{o.reg.Registry, c.reg.Registry} {
 		for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q", "%x"} {
 			out := sprintf(verb, k) + sprintf(verb, *k)
 			require.NotContains(t, out, "KEY-BYTES")

@@ -42,11 +42,20 @@ var (
 	opened   = map[*ipc.Owner]bool{}
 )
 
+// Owner is the key registry of the region's owner: its only writer. Besides what a worker has
+// (the embedded Registry) it tells observers of every write, whichever process made it
+// (OnChange), purges revoked sentinels after the grace period and counts the revocations that
+// found no room for a sentinel; none of these exist on a Worker.
+type Owner struct {
+	*Registry
+	l *local
+}
+
 // Open starts the key registry of an owner: it serves workers' key writes (Attach) and purges
 // revoked sentinels after Options.Grace until the owner closes (ipc.Owner.OnClose). Call it
 // once per owner, before workers attach. shm.ErrBadConfig for options out of range or a second
 // Open of the same owner.
-func Open(o *ipc.Owner, opt Options) (*Registry, error) {
+func Open(o *ipc.Owner, opt Options) (*Owner, error) {
 	l := &local{
 		region: o.Region(),
 		owner:  o,
@@ -70,9 +79,8 @@ func Open(o *ipc.Owner, opt Options) (*Registry, error) {
 	opened[o] = true
 	openedMu.Unlock()
 
-	k := &Registry{region: l.region, maxKey: maxKey, w: l, observers: new(observe.List[Change])}
-	l.reg = k
-	serve(o, k)
+	k := &Owner{Registry: &Registry{region: l.region, maxKey: maxKey, w: l}, l: l}
+	serve(o, k.Registry)
 	l.wg.Add(1)
 	go l.purgeLoop()
 	o.OnClose(func() {
@@ -90,9 +98,10 @@ func Open(o *ipc.Owner, opt Options) (*Registry, error) {
 type local struct {
 	region *shm.Region
 	owner  *ipc.Owner
-	reg    *Registry // whose observers each write notifies
 	log    *slog.Logger
 	grace  time.Duration
+
+	observers observe.List[Change] // OnChange's callbacks, notified by each write
 
 	mu     sync.Mutex
 	purges purgeQueue
@@ -106,9 +115,21 @@ type local struct {
 
 func (l *local) String() string { return l.owner.String() }
 
-func (l *local) revocations() (inArena, unmarked uint64) {
-	return l.revokeInArena.Load(), l.revokeUnmarked.Load()
-}
+// OnChange registers fn to be called after every successful Set and Remove, whichever process
+// asked for it (a worker's write arrives as an RPC), in the order of the writes and with the
+// registry's write lock held: fn must be quick and must not write keys (a mirror enqueues the
+// change and returns). The returned function removes fn.
+func (k *Owner) OnChange(fn func(Change)) (remove func()) { return k.l.observers.Add(fn) }
+
+// RevokedWithoutSentinel counts the revocations that deleted a key but found no room for a
+// revoked sentinel, neither in the mark table nor in the arena, so readers saw ErrNotFound for
+// it instead of ErrRevoked. Non-zero means shm.Config.MarkSlots (and ArenaBytes) are too small
+// for the revocation rate and grace.
+func (k *Owner) RevokedWithoutSentinel() uint64 { return k.l.revokeUnmarked.Load() }
+
+// RevokedInArena counts the revocations whose sentinel went in the arena because the mark
+// table was full (readers still see ErrRevoked).
+func (k *Owner) RevokedInArena() uint64 { return k.l.revokeInArena.Load() }
 
 // set writes a live key, lifts a revoked sentinel of the id and cancels its pending purge.
 func (l *local) set(id string, key []byte, opts writeOpts) error {
@@ -132,7 +153,7 @@ func (l *local) set(id string, key []byte, opts writeOpts) error {
 		return err
 	}
 	l.purges.cancel(id)
-	l.reg.observers.Notify(Change{RequestID: id, Origin: opts.origin})
+	l.observers.Notify(Change{RequestID: id, Origin: opts.origin})
 	return nil
 }
 
@@ -162,7 +183,7 @@ func (l *local) remove(id string, opts writeOpts) (err error) {
 	}
 	defer func() { // the key is gone from here on, whatever sentinel could be left
 		if err == nil {
-			l.reg.observers.Notify(Change{RequestID: id, Revoked: true, Origin: opts.origin})
+			l.observers.Notify(Change{RequestID: id, Revoked: true, Origin: opts.origin})
 		}
 	}()
 	v, err := l.region.Update(func(tx *shm.Tx) error {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/shmsteer/shmsteer/internal/observe"
 	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 )
@@ -25,9 +24,11 @@ const (
 )
 
 // Registry maps request ids to secret keys, in the region every process maps: the
-// replacement for the seed's shared dict. Reads (Get, Len, Range) are lock-free loads from the
-// mapping in every process. Writes (Set, Remove) are direct in the owner (Open) and RPCs to the
-// owner in a worker (Attach). Its methods are safe for concurrent use.
+// replacement for the seed's shared dict. It is what both sides share: an Owner (Open) and a
+// Worker (Attach) embed it; code that serves either side takes the *Registry (Owner.Registry,
+// Worker.Registry). Reads (Get, Count, Range) are lock-free loads from the mapping in every
+// process. Writes (Set, Remove) are direct in the owner and RPCs to the owner in a worker.
+// Its methods are safe for concurrent use.
 //
 // Remove deletes the key and leaves a revoked sentinel, so a generation step still in flight
 // gets ErrRevoked rather than ErrNotFound; the owner purges the sentinel after the grace
@@ -38,8 +39,6 @@ type Registry struct {
 	region *shm.Region
 	maxKey int
 	w      writer // the owner's local writes or a worker's RPCs, chosen by Open or Attach
-
-	observers *observe.List[Change] // OnChange callbacks; notified by the owner's writer only
 }
 
 // writer carries a Registry's writes: *local writes the region under its lock (and schedules
@@ -49,9 +48,6 @@ type writer interface {
 	remove(id string, o writeOpts) error
 	// revokedIDs lists the ids whose sentinel waits for its purge (known only to the owner).
 	revokedIDs() []string
-	// revocations counts revocations whose sentinel went in the arena and those left without
-	// one (see RevokedInArena); zero in a worker.
-	revocations() (inArena, unmarked uint64)
 	String() string
 }
 
@@ -93,13 +89,6 @@ func writeOptsOf(opts []Option) writeOpts {
 	return *o
 }
 
-// OnChange registers fn to be called after every successful Set and Remove in the owner,
-// whichever process asked for it, in the order of the writes and with the registry's write lock
-// held: fn must be quick and must not write keys (a mirror enqueues the change and returns).
-// In a worker it is never called (a worker's writes are announced in the owner). The returned
-// function removes fn.
-func (k *Registry) OnChange(fn func(Change)) (remove func()) { return k.observers.Add(fn) }
-
 // errOwnerOnly is the error of Origin or If in a worker.
 var errOwnerOnly = fmt.Errorf("%w: keys.Origin and keys.If apply in the owner only", shm.ErrBadConfig)
 
@@ -115,8 +104,8 @@ func checkID(id string) error {
 func (k *Registry) MaxKeyBytes() int { return k.maxKey }
 
 // Set registers key for requestID, replacing any key or revoked sentinel it has (and cancelling
-// the sentinel's purge). The registry keeps its own copy; key may be zeroed on return. In the
-// owner the write is announced to OnChange's observers.
+// the sentinel's purge). The registry keeps its own copy; key may be zeroed on return. The
+// owner announces the write to its OnChange observers, whichever process made it.
 func (k *Registry) Set(requestID string, key []byte, opts ...Option) error {
 	if err := checkID(requestID); err != nil {
 		return err
@@ -212,7 +201,7 @@ func (kr *Reader) Descriptor() uintptr { return kr.rd.Descriptor() }
 // Remove revokes requestID's key: from now on Get returns ErrRevoked, and the owner purges
 // the sentinel after the grace period (after which Get returns ErrNotFound). Removing a
 // revoked id again is a no-op that keeps the first deadline; an unknown id gives ErrNotFound.
-// In the owner the revocation is announced to OnChange's observers.
+// The owner announces the revocation to its OnChange observers, whichever process made it.
 func (k *Registry) Remove(requestID string, opts ...Option) error {
 	if err := checkID(requestID); err != nil {
 		return err
@@ -263,20 +252,4 @@ func (k *Registry) Range(fn func(requestID string, revoked bool) bool) error {
 		}
 	}
 	return nil
-}
-
-// RevokedWithoutSentinel counts the owner's revocations that deleted a key but found no room
-// for a revoked sentinel, neither in the mark table nor in the arena, so readers saw
-// ErrNotFound for it instead of ErrRevoked. Non-zero means shm.Config.MarkSlots (and
-// ArenaBytes) are too small for the revocation rate and grace. Zero in a worker.
-func (k *Registry) RevokedWithoutSentinel() uint64 {
-	_, n := k.w.revocations()
-	return n
-}
-
-// RevokedInArena counts the owner's revocations whose sentinel went in the arena because the
-// mark table was full (readers still see ErrRevoked). Zero in a worker.
-func (k *Registry) RevokedInArena() uint64 {
-	n, _ := k.w.revocations()
-	return n
 }

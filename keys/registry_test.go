@@ -66,7 +66,7 @@ func TestRegistrySemantics(t *testing.T) {
 	o := newTestOwner(t, opts)
 	c := attach(t, env.clientOpts())
 
-	for name, k := range map[string]*Registry{"owner": o.reg, "client": c.reg} {
+	for name, k := range map[string]*Registry{"owner": o.reg.Registry, "client": c.reg.Registry} {
 		t.Run(name, func(t *testing.T) {
 			id := "req-" + name
 			tests := []struct {
@@ -158,7 +158,7 @@ func TestReader(t *testing.T) {
 		{"empty id", "", []byte("keep"), "keep", ErrRequestIDTooLong},
 		{"long id", strings.Repeat("x", MaxRequestIDLen+1), []byte("keep"), "keep", ErrRequestIDTooLong},
 	}
-	for name, k := range map[string]*Registry{"owner": o.reg, "client": c.reg} {
+	for name, k := range map[string]*Registry{"owner": o.reg.Registry, "client": c.reg.Registry} {
 		t.Run(name, func(t *testing.T) {
 			kr, err := k.NewReader()
 			require.NoError(t, err)

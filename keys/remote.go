@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/shmsteer/shmsteer/internal/observe"
 	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/ipc"
 )
@@ -21,11 +20,18 @@ const (
 	opLimits = proto.OpKeyLimits
 )
 
+// Worker is the key registry of a process attached to the owner: it reads c's mapping and
+// sends its writes to the owner, one RPC each. What it has is its Registry's: OnChange, the
+// purge and the revocation counters belong to the Owner.
+type Worker struct {
+	*Registry
+}
+
 // Attach returns the key registry of the owner c is attached to: reads from c's mapping,
 // writes as RPCs to the owner. It asks the owner for its MaxKeyBytes (one RPC), so an oversize
 // Set fails here with ErrTooLarge before any RPC. An error wrapping ipc.ErrUnknownOp means the
 // owner never called Open; ipc's errors (ErrOwnerGone, ErrTimeout) mean it could not answer.
-func Attach(c *ipc.Client) (*Registry, error) {
+func Attach(c *ipc.Client) (*Worker, error) {
 	resp, err := c.Call(opLimits, nil)
 	if errors.Is(err, ipc.ErrUnknownOp) {
 		return nil, fmt.Errorf("shmsteer: the owner serves no key registry (it must call keys.Open): %w", err)
@@ -36,8 +42,7 @@ func Attach(c *ipc.Client) (*Registry, error) {
 	if len(resp) != 4 {
 		return nil, fmt.Errorf("%w: key limits reply of %d bytes", ipc.ErrProtocol, len(resp))
 	}
-	return &Registry{region: c.Region(), maxKey: int(binary.LittleEndian.Uint32(resp)), w: &remote{c: c},
-		observers: new(observe.List[Change])}, nil
+	return &Worker{&Registry{region: c.Region(), maxKey: int(binary.LittleEndian.Uint32(resp)), w: &remote{c: c}}}, nil
 }
 
 // remote sends a worker's writes to the owner.
@@ -72,8 +77,6 @@ func (r *remote) remove(id string, o writeOpts) error {
 
 // revokedIDs is the owner's knowledge: a worker lists none.
 func (*remote) revokedIDs() []string { return nil }
-
-func (*remote) revocations() (inArena, unmarked uint64) { return 0, 0 }
 
 // serve registers the owner's handlers of the registry's ops.
 func serve(o *ipc.Owner, k *Registry) {

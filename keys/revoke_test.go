@@ -33,13 +33,13 @@ func TestRevokeWhenFull(t *testing.T) {
 	require.Contains(t, full.Error(), "ArenaBytes", "says which setting to raise")
 	require.Greater(t, len(ids), 100)
 	for i, id := range ids {
-		k := o.reg
+		k := o.reg.Registry
 		if i%2 == 1 {
-			k = c.reg
+			k = c.reg.Registry
 		}
 		require.NoError(t, k.Remove(id), "revoke %d of %d with the arena full", i, len(ids))
 	}
-	for _, k := range []*Registry{o.reg, c.reg} {
+	for _, k := range []*Registry{o.reg.Registry, c.reg.Registry} {
 		for _, id := range ids {
 			_, err := k.Get(id, nil)
 			require.ErrorIs(t, err, ErrRevoked, id)

@@ -57,7 +57,7 @@
 //	p.<base64url(name)>   a probe vector (steer.KindProbe, kind "probe"), same format
 //	g                     the global tiers, same format
 //	c.<base64url(tenant NUL id)>  a conversation's rest_of_conversation gates with their
-//	                      engaged state (steer.Engine.GateConversation's encoding), applied
+//	                      engaged state (steer.Owner.GateConversation's encoding), applied
 //	                      with RestoreGateConversation under the latch map's caps; an entry
 //	                      evicted by its host is deleted, its tombstone purged as a key's
 //	                      is (KeyPurgeAfter). Bucket readers see conversation ids
@@ -94,12 +94,12 @@
 // # Local first
 //
 // Reads and writes of the local region never wait for NATS. The owner's writes reach the
-// mirror through steer.Engine.OnChange (key writes through keys.Registry.OnChange, whoever made them); the mirror queues the
+// mirror through steer.Owner.OnChange (key writes through keys.Owner.OnChange, whoever made them); the mirror queues the
 // entry's name, coalescing repeats, and a publisher reads the newest value from the region when
 // it sends. The queue is bounded (Options.QueueLimit entries): when it is full a change is not
 // mirrored, ErrQueueFull is logged and counted (Status.QueueFull), and the local write stands.
 // Changes the mirror applies from the bucket are written with steer's origin tag
-// (Register, Unregister and SetGlobal with steer.Origin and steer.If) and straight to the keys.Registry, so they are
+// (Register, Unregister and SetGlobal with steer.Origin and steer.If) and straight to the keys.Owner, so they are
 // never published back.
 //
 // # What it must not touch

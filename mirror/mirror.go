@@ -55,11 +55,11 @@ type Options struct {
 	// under a key derived from it (HKDF), and keys are sealed under another, so every host must
 	// use the same one. Values of hosts with another secret are refused.
 	Secret *ipc.Secret
-	// Engine is the owner's steering engine (required): its changes are published, and the
-	// other hosts' changes applied to it.
-	Engine *steer.Engine
+	// Engine is the owner's steering engine (required; steer.Open): its changes are
+	// published, and the other hosts' changes applied to it.
+	Engine *steer.Owner
 	// Keys is the owner's key registry (keys.Open); needed with MirrorKeys.
-	Keys *keys.Registry
+	Keys *keys.Owner
 	// QueueLimit bounds the distinct changes waiting to be published; 0 means
 	// DefaultQueueLimit. Repeated changes of one entry take one place.
 	QueueLimit int
@@ -253,10 +253,7 @@ func checkOptions(opt *Options) error {
 		return fmt.Errorf("%w: URL is empty (nats://HOST:PORT)", ErrBadOptions)
 	}
 	if opt.Engine == nil {
-		return fmt.Errorf("%w: Engine is nil (the owner's steer.Engine)", ErrBadOptions)
-	}
-	if !opt.Engine.Region().IsOwner() {
-		return fmt.Errorf("%w: Engine is not the region's owner: run the mirror in the owner", ErrBadOptions)
+		return fmt.Errorf("%w: Engine is nil (the owner's steer.Owner)", ErrBadOptions)
 	}
 	if opt.Bucket == "" {
 		opt.Bucket = DefaultBucket

@@ -46,8 +46,8 @@ func lineLoop(do func(f []string) string) {
 // hostProc is the "host" role: an ipc owner with a steer engine, a key registry and a mirror.
 type hostProc struct {
 	owner *ipc.Owner
-	eng   *steer.Engine
-	reg   *keys.Registry
+	eng   *steer.Owner
+	reg   *keys.Owner
 	m     *Mirror
 	load  sync.WaitGroup
 }
@@ -232,7 +232,7 @@ func (m *Mirror) idle() bool {
 // and a key reader.
 type workerProc struct {
 	c   *ipc.Client
-	eng *steer.Engine
+	eng *steer.Worker
 	kr  *keys.Reader
 }
 
@@ -252,7 +252,7 @@ func startWorkerProc() (*workerProc, error) {
 	if w.c, err = ipc.Attach(ipc.ClientOptions{Namespace: os.Getenv(nsEnv), Timeout: 20 * time.Second}); err != nil {
 		return nil, err
 	}
-	if w.eng, err = steer.Open(w.c.Region(), &testCfg, steer.Options{Caller: w.c}); err != nil {
+	if w.eng, err = steer.Attach(w.c.Region(), &testCfg, steer.Options{Caller: w.c}); err != nil {
 		return nil, err
 	}
 	reg, err := keys.Attach(w.c)

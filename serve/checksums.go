@@ -58,8 +58,8 @@ func (c *checksums) handle(req []byte) ([]byte, error) {
 	return nil, nil
 }
 
-// WorkerChecksum is one worker's last report.
-type WorkerChecksum struct {
+// workerChecksum is one worker's last report.
+type workerChecksum struct {
 	Worker     string  `json:"worker"`
 	Step       uint64  `json:"step"`
 	Checksum   string  `json:"checksum"`
@@ -68,17 +68,17 @@ type WorkerChecksum struct {
 
 // report lists the reports and whether the workers at the newest step agree (nil with fewer
 // than two such workers).
-func (c *checksums) report() ([]WorkerChecksum, *bool) {
+func (c *checksums) report() ([]workerChecksum, *bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := []WorkerChecksum{}
+	out := []workerChecksum{}
 	var top uint64
 	for _, r := range c.m {
 		top = max(top, r.step)
 	}
 	n, agree, first := 0, true, uint64(0)
 	for w, r := range c.m {
-		out = append(out, WorkerChecksum{Worker: w, Step: r.step, Checksum: fmt.Sprintf("%016x", r.sum), AgeSeconds: time.Since(r.at).Seconds()})
+		out = append(out, workerChecksum{Worker: w, Step: r.step, Checksum: fmt.Sprintf("%016x", r.sum), AgeSeconds: time.Since(r.at).Seconds()})
 		if r.step == top {
 			if n == 0 {
 				first = r.sum

@@ -21,8 +21,8 @@ import (
 // ClientSession is a CLI command attached to a running owner as an ipc client.
 type ClientSession struct {
 	Client *ipc.Client
-	Keys   *keys.Registry
-	Engine *steer.Engine
+	Keys   *keys.Worker
+	Engine *steer.Worker
 
 	namespace string
 }
@@ -47,7 +47,7 @@ func AttachClient(namespace, secretFile string) (*ClientSession, error) {
 		c.Close()
 		return nil, err
 	}
-	eng, err := steer.Open(c.Region(), nil, steer.Options{Caller: c})
+	eng, err := steer.Attach(c.Region(), nil, steer.Options{Caller: c})
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -60,13 +60,13 @@ func (cs *ClientSession) Close() error { return cs.Client.Close() }
 
 // PrintStatus writes the status as JSON or as aligned text.
 func (cs *ClientSession) PrintStatus(w io.Writer, asJSON bool) error {
-	st, err := RegionStatus(cs.Engine)
+	st, err := regionStatus(cs.Engine.Engine)
 	if err != nil {
 		return err
 	}
 	st.APIKeys = -1
 	st.Namespace = cs.namespace
-	if gw, err := ReadGateWork(cs.Client); err == nil { // serve collects them; another owner does not
+	if gw, err := readGateWork(cs.Client); err == nil { // serve collects them; another owner does not
 		st.GateWork = &gw
 	}
 	if asJSON {
@@ -133,7 +133,7 @@ func (cs *ClientSession) KeysList(w io.Writer) error {
 
 // VectorsList prints the named vectors: steering vectors, then probes.
 func (cs *ClientSession) VectorsList(w io.Writer) error {
-	list, err := ListVectors(cs.Engine, func(string) bool { return true })
+	list, err := vectorSummaries(cs.Engine.Engine, func(string) bool { return true })
 	if err != nil {
 		return err
 	}
@@ -173,7 +173,7 @@ func (cs *ClientSession) VectorShow(w io.Writer, name string) error {
 // GlobalSetFromFile sets global steering from a JSON file in the /v1/steering/set format
 // ("-" reads stdin) plus refs "name" or "name=strength".
 func (cs *ClientSession) GlobalSet(file string, refs []string, replace bool) (uint64, error) {
-	var req SetRequest
+	var req setRequest
 	if file != "" {
 		var b []byte
 		var err error

@@ -3,7 +3,6 @@ package serve
 import (
 	"errors"
 	"fmt"
-	"github.com/shmsteer/shmsteer/capture"
 	"net/url"
 	"os"
 	"reflect"
@@ -11,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shmsteer/shmsteer/capture"
 
 	"github.com/BurntSushi/toml"
 	"github.com/spf13/pflag"

@@ -1,5 +1,5 @@
 // Package serve is shmsteer's long-lived owner as operators run it (`shmsteer serve`): it owns
-// the region (through ipc.Owner and steer.Engine), a JSON control API over HTTP compatible with
+// the region (through ipc.Owner and steer.Owner), a JSON control API over HTTP compatible with
 // the steering API of the seed's vLLM fork, Prometheus metrics, and the state that survives a
 // restart (named vectors with their model hints, global tiers, steering modules, the latch map
 // and the conversations' rest_of_conversation gates, in --state-dir).
@@ -41,7 +41,7 @@
 // quotas sum to no more than max_conversations and max_latched_bytes; tenant_max_vectors and
 // tenant_max_vector_bytes on the named vectors their keys register, tenant_max_capture_bytes on
 // the capture specs their admitted requests not yet ended hold, 429 "quota" beyond), and
-// GET /v1/status shows a tenant's key only its tenant's counts and quotas (TenantStatus).
+// GET /v1/status shows a tenant's key only its tenant's counts and quotas.
 //
 // What HTTP clients can make serve hold is bounded: the bytes of bodies being read at once, in
 // total (max_inflight_body_bytes) and per tenant (max_tenant_body_bytes; beyond each body's
@@ -176,7 +176,7 @@
 // They report their Steppers' gate counts with steer.ReportGates (RPC OpReportGates; C
 // shmsteer_stepper_report_gates, Python Stepper.report_gates): serve keeps each worker's last
 // report and sums the increments (a worker whose counts went down restarted), and a client
-// reads the totals with ReadGateWork (RPC OpGateWork).
+// reads the totals with RPC OpGateWork (`shmsteer status` does).
 //
 // # Several hosts
 //

@@ -20,7 +20,7 @@ func Example_worker() {
 	defer f.Close()
 	var (
 		client *ipc.Client
-		eng    *steer.Engine
+		eng    *steer.Worker
 		st     *steer.Stepper
 	)
 	for step := uint64(1); step <= 3; step++ {
@@ -29,7 +29,7 @@ func Example_worker() {
 				st.Close()
 			}
 			client = c
-			if eng, err = steer.Open(c.Region(), nil, steer.Options{Caller: c}); err != nil {
+			if eng, err = steer.Attach(c.Region(), nil, steer.Options{Caller: c}); err != nil {
 				log.Fatal(err)
 			}
 			st = eng.NewStepper()

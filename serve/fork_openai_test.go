@@ -231,8 +231,8 @@ func clampEntry(axis int, value float64, hidden int) map[string]any {
 	return map[string]any{"vector": v, "value": value}
 }
 
-// clampSpec is a clamp spec with one direction of width hidden at post_block, layer.
-func clampSpec(layer string, hidden int) map[string]any {
+// clampAt is a clamp spec with one direction of width hidden at post_block, layer.
+func clampAt(layer string, hidden int) map[string]any {
 	return map[string]any{hp: map[string]any{layer: []any{clampEntry(0, 2, hidden)}}}
 }
 
@@ -375,7 +375,7 @@ func openAINameCases() []forkCase {
 func openAIClampCases() []forkCase {
 	c := fClamps + "::"
 	entry := clampEntry
-	clamps := clampSpec
+	clamps := clampAt
 	return []forkCase{
 		forkCase{epOpenAI, c + "TestFromObjIngestionShapes::test_none_and_empty", func(t *testing.T, f *forkServer) {
 			for _, v := range []any{nil, map[string]any{}} {
@@ -448,7 +448,7 @@ func openAIClampCases() []forkCase {
 func openAIClampGateCases() []forkCase {
 	c := fClamps + "::"
 	entry := clampEntry
-	clamps := clampSpec
+	clamps := clampAt
 	fill := filledRow
 	return []forkCase{
 		forkCase{epModReg, c + "TestRegistryClamps::test_register_clamp_only_module", func(t *testing.T, f *forkServer) {

@@ -14,12 +14,13 @@ import (
 // counts went down was restarted: its new counts are all new), shown in /v1/status, `shmsteer
 // status` (RPC OpGateWork), GET /v1/steering/dynamic and /metrics.
 
-// OpGateWork is the RPC op by which a client reads serve's gate totals (a JSON GateWork).
+// OpGateWork is the RPC op by which a client reads serve's gate totals (JSON: the gate_work
+// of GET /v1/status).
 const OpGateWork uint16 = proto.OpGateWork
 
-// GateWork is the gate counts of serve's workers, summed: per scope, probe evaluations, fires
-// (this_token: per row) and engagements (a next_step pulse, a rest_of_ gate engaging).
-type GateWork struct {
+// gateWorkTotals is the gate counts of serve's workers, summed: per scope, probe evaluations,
+// fires (this_token: per row) and engagements (a next_step pulse, a rest_of_ gate engaging).
+type gateWorkTotals struct {
 	Workers       int               `json:"workers"` // workers that reported
 	Evaluations   map[string]uint64 `json:"evaluations"`
 	Fires         map[string]uint64 `json:"fires"`
@@ -72,10 +73,10 @@ func restarted(prev, r steer.GateReport) bool {
 	return r.ReportsMissed < prev.ReportsMissed
 }
 
-func (g *gateWork) snapshot() GateWork {
+func (g *gateWork) snapshot() gateWorkTotals {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := GateWork{Workers: len(g.last), Evaluations: map[string]uint64{}, Fires: map[string]uint64{}, Engaged: map[string]uint64{},
+	out := gateWorkTotals{Workers: len(g.last), Evaluations: map[string]uint64{}, Fires: map[string]uint64{}, Engaged: map[string]uint64{},
 		ReportsMissed: g.total.ReportsMissed}
 	for s, t := range g.total.Scopes {
 		name := steer.GateScope(s).String()
@@ -88,9 +89,9 @@ func (g *gateWork) handleQuery([]byte) ([]byte, error) {
 	return json.Marshal(g.snapshot())
 }
 
-// ReadGateWork asks serve (over a worker's or the CLI's connection) for its gate totals.
-func ReadGateWork(c steer.Caller) (GateWork, error) {
-	var out GateWork
+// readGateWork asks serve (over a worker's or the CLI's connection) for its gate totals.
+func readGateWork(c steer.Caller) (gateWorkTotals, error) {
+	var out gateWorkTotals
 	b, err := c.Call(OpGateWork, nil)
 	if err != nil {
 		return out, err

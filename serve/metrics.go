@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// metrics is serve's Prometheus registry: a collector that reads Status and the region's
+// metrics is serve's Prometheus registry: a collector that reads statusReply and the region's
 // counters at each scrape, and latency histograms for HTTP and RPC calls.
 type metrics struct {
 	reg  *prometheus.Registry

@@ -65,10 +65,10 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 		}
 		out.Steering = raw
 	}
-	var req SetRequest
+	var req setRequest
 	vecFields := []struct {
 		name string
-		dst  *VectorSpec
+		dst  *vectorSpec
 	}{{"steering_vectors", &req.Vectors}, {"prefill_steering_vectors", &req.PrefillVectors}, {"decode_steering_vectors", &req.DecodeVectors}}
 	for _, f := range vecFields {
 		spec, err := packedOnly(fields[f.name], f.name)
@@ -79,7 +79,7 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 	}
 	clampFields := []struct {
 		name string
-		dst  *ClampSpec
+		dst  *clampSpec
 	}{{"steering_clamps", &req.Clamps}, {"prefill_steering_clamps", &req.PrefillClamps}, {"decode_steering_clamps", &req.DecodeClamps}}
 	for _, f := range clampFields {
 		raw, ok := fields[f.name]
@@ -89,7 +89,7 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 		if jsonKind(raw) != "dict" {
 			return out, badInput("%s: Input should be a valid dictionary, got %s", f.name, jsonKind(raw))
 		}
-		var spec ClampSpec
+		var spec clampSpec
 		if err := json.Unmarshal(raw, &spec); err != nil {
 			return out, badInput("%s: %s", f.name, describeJSONError(err))
 		}
@@ -111,14 +111,14 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 
 // packedOnly reads a per-request vector tier: {hook: SteeringHookPacked} only (the fork's
 // pydantic type refuses the list-of-floats and {vector, scale} forms here).
-func packedOnly(raw json.RawMessage, field string) (VectorSpec, error) {
+func packedOnly(raw json.RawMessage, field string) (vectorSpec, error) {
 	if len(raw) == 0 || jsonKind(raw) == "NoneType" {
 		return nil, nil
 	}
 	if jsonKind(raw) != "dict" {
 		return nil, badInput("%s: Input should be a valid dictionary, got %s", field, jsonKind(raw))
 	}
-	var spec VectorSpec
+	var spec vectorSpec
 	if err := json.Unmarshal(raw, &spec); err != nil {
 		return nil, badInput("%s: %s", field, describeJSONError(err))
 	}
@@ -136,19 +136,39 @@ func packedOnly(raw json.RawMessage, field string) (VectorSpec, error) {
 	return spec, nil
 }
 
+// openAIVectorFields and openAIClampFields name each tier's field in the request body.
+var (
+	openAIVectorFields = map[steer.Phase]string{steer.PhaseBase: "steering_vectors", steer.PhasePrefill: "prefill_steering_vectors", steer.PhaseDecode: "decode_steering_vectors"}
+	openAIClampFields  = map[steer.Phase]string{steer.PhaseBase: "steering_clamps", steer.PhasePrefill: "prefill_steering_clamps", steer.PhaseDecode: "decode_steering_clamps"}
+)
+
 // openAISteering parses and checks the tiers as the fork's SamplingParams and input processor
 // do, in their order.
-func openAISteering(req *SetRequest, cfg steer.ModelConfig, opt OpenAIOptions) (steer.Steering, error) {
+func openAISteering(req *setRequest, cfg steer.ModelConfig, opt OpenAIOptions) (steer.Steering, error) {
+	st, err := parseOpenAITiers(req, cfg)
+	if err != nil {
+		return st, err
+	}
+	if err := checkOverlapWidths(&st); err != nil {
+		return st, err
+	}
+	if err := checkOpenAIWidths(&st, cfg); err != nil {
+		return st, err
+	}
+	return st, checkOpenAIClamps(&st, cfg, opt)
+}
+
+// parseOpenAITiers is unpack_steering_vectors (to_sampling_params), then SamplingParams' hook
+// checks, for the vectors and then the clamps of every tier.
+func parseOpenAITiers(req *setRequest, cfg steer.ModelConfig) (steer.Steering, error) {
 	valid := make([]string, cfg.NumHooks())
 	for i := range valid {
 		valid[i] = cfg.HookName(steer.HookID(i))
 	}
 	sort.Strings(valid)
 	var st steer.Steering
-	vecField := map[steer.Phase]string{steer.PhaseBase: "steering_vectors", steer.PhasePrefill: "prefill_steering_vectors", steer.PhaseDecode: "decode_steering_vectors"}
-	// unpack_steering_vectors (to_sampling_params), then SamplingParams' hook checks.
 	for _, t := range req.tiers() {
-		field := vecField[t.phase]
+		field := openAIVectorFields[t.phase]
 		for _, hook := range sortedKeys(t.vecs) {
 			if !slices.Contains(valid, hook) {
 				return st, fmt.Errorf("%w: %s key %s is not a valid hook point. Valid values: %s", steer.ErrUnknownHook, field, pyStr(hook), pyList(valid))
@@ -160,20 +180,25 @@ func openAISteering(req *SetRequest, cfg steer.ModelConfig, opt OpenAIOptions) (
 		}
 		st.Tier(t.phase).Vectors = vs
 	}
-	clampField := map[steer.Phase]string{steer.PhaseBase: "steering_clamps", steer.PhasePrefill: "prefill_steering_clamps", steer.PhaseDecode: "decode_steering_clamps"}
 	for _, t := range req.tiers() {
-		cs, err := parseClampSpec(t.cl, clampField[t.phase])
+		field := openAIClampFields[t.phase]
+		cs, err := parseClampSpec(t.cl, field)
 		if err != nil {
 			return st, err
 		}
 		for _, c := range cs {
 			if !slices.Contains(valid, c.Hook) {
-				return st, fmt.Errorf("%w: %s key %s is not a valid hook point. Valid values: %s", steer.ErrUnknownHook, clampField[t.phase], pyStr(c.Hook), pyList(valid))
+				return st, fmt.Errorf("%w: %s key %s is not a valid hook point. Valid values: %s", steer.ErrUnknownHook, field, pyStr(c.Hook), pyList(valid))
 			}
 		}
 		st.Tier(t.phase).Clamps = cs
 	}
-	// SamplingParams: overlapping (hook, layer) entries of the tiers have one width.
+	return st, nil
+}
+
+// checkOverlapWidths is SamplingParams' rule: overlapping (hook, layer) entries of the tiers
+// have one width.
+func checkOverlapWidths(st *steer.Steering) error {
 	width := func(vs []steer.Vector) map[site]int {
 		m := map[site]int{}
 		for _, v := range vs {
@@ -192,35 +217,47 @@ func openAISteering(req *SetRequest, cfg steer.ModelConfig, opt OpenAIOptions) (
 		for _, v := range pair.vs {
 			k := site{v.Hook, v.Layer}
 			if w, ok := pair.b[k]; ok && w != pair.a[k] {
-				return st, badInput("%s[%s][%d] has dimension %d but %s[%s][%d] has dimension %d. Overlapping entries must have matching dimensions.",
+				return badInput("%s[%s][%d] has dimension %d but %s[%s][%d] has dimension %d. Overlapping entries must have matching dimensions.",
 					pair.an, pyStr(v.Hook), v.Layer, pair.a[k], pair.bn, pyStr(v.Hook), v.Layer, w)
 			}
 		}
 	}
-	// The input processor: widths against the model, then the clamp budget.
-	phases := []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode}
-	for _, ph := range phases {
+	return nil
+}
+
+// openAIPhases are the tiers in the order the input processor checks them.
+var openAIPhases = []steer.Phase{steer.PhaseBase, steer.PhasePrefill, steer.PhaseDecode}
+
+// checkOpenAIWidths is the input processor's first check: every vector is as wide as the model.
+func checkOpenAIWidths(st *steer.Steering, cfg steer.ModelConfig) error {
+	for _, ph := range openAIPhases {
 		for _, v := range st.Tier(ph).Vectors {
 			if len(v.Data) != cfg.Hidden {
-				return st, fmt.Errorf("%w: %s[%s][%d]: vector width %d != expected steering row width %d (model hidden size)", steer.ErrHiddenSize, vecField[ph], pyStr(v.Hook), v.Layer, len(v.Data), cfg.Hidden)
+				return fmt.Errorf("%w: %s[%s][%d]: vector width %d != expected steering row width %d (model hidden size)", steer.ErrHiddenSize, openAIVectorFields[ph], pyStr(v.Hook), v.Layer, len(v.Data), cfg.Hidden)
 			}
 		}
 	}
-	hasClamps := len(st.Base.Clamps)+len(st.Prefill.Clamps)+len(st.Decode.Clamps) > 0
-	if !hasClamps {
-		return st, nil
+	return nil
+}
+
+// checkOpenAIClamps is the input processor's clamp checks: clamping enabled, directions as
+// wide as the model, then at most opt.MaxClampDirections (default 4) directions per
+// (hook, layer) in the base tier plus each of prefill and decode.
+func checkOpenAIClamps(st *steer.Steering, cfg steer.ModelConfig, opt OpenAIOptions) error {
+	if len(st.Base.Clamps)+len(st.Prefill.Clamps)+len(st.Decode.Clamps) == 0 {
+		return nil
 	}
 	k := opt.MaxClampDirections
 	if k < 0 {
 		k = 4
 	}
 	if k == 0 {
-		return st, badInput("Per-request clamps were provided but clamping is disabled (steering_config.max_clamp_directions=0).")
+		return badInput("Per-request clamps were provided but clamping is disabled (steering_config.max_clamp_directions=0).")
 	}
-	for _, ph := range phases {
+	for _, ph := range openAIPhases {
 		for _, c := range st.Tier(ph).Clamps {
 			if len(c.Dir) != cfg.Hidden {
-				return st, fmt.Errorf("%w: %s[%s]: clamp direction width %d does not match the model hidden size (%d)", steer.ErrHiddenSize, clampField[ph], pyStr(c.Hook), len(c.Dir), cfg.Hidden)
+				return fmt.Errorf("%w: %s[%s]: clamp direction width %d does not match the model hidden size (%d)", steer.ErrHiddenSize, openAIClampFields[ph], pyStr(c.Hook), len(c.Dir), cfg.Hidden)
 			}
 		}
 	}
@@ -240,8 +277,8 @@ func openAISteering(req *SetRequest, cfg steer.ModelConfig, opt OpenAIOptions) (
 				return over[i].hook < over[j].hook || over[i].hook == over[j].hook && over[i].layer < over[j].layer
 			})
 			s := over[0]
-			return st, fmt.Errorf("%w: Clamp spec [%s][%d] has %d directions, exceeding max_clamp_directions=%d", steer.ErrBadClamp, pyStr(s.hook), s.layer, count[s], k)
+			return fmt.Errorf("%w: Clamp spec [%s][%d] has %d directions, exceeding max_clamp_directions=%d", steer.ErrBadClamp, pyStr(s.hook), s.layer, count[s], k)
 		}
 	}
-	return st, nil
+	return nil
 }

@@ -124,9 +124,9 @@ func (s *Server) admitCounted(p principal, a steer.Admission) (steer.Admitted, e
 	return s.eng.Admit(a)
 }
 
-// TenantStatus is GET /v1/status for a tenant's key: its own counts and quotas, nothing of the
+// tenantStatus is GET /v1/status for a tenant's key: its own counts and quotas, nothing of the
 // namespace, the state directory or other tenants.
-type TenantStatus struct {
+type tenantStatus struct {
 	Tenant               string `json:"tenant"`
 	LatchedConversations int    `json:"latched_conversations"`
 	LatchedBytes         int64  `json:"latched_bytes"`
@@ -141,13 +141,13 @@ type TenantStatus struct {
 	MaxCaptureBytes      int64  `json:"tenant_max_capture_bytes"`
 }
 
-// statusFor is GET /v1/status: the whole Status for an admin key, the tenant's own for a
+// statusFor is GET /v1/status: the whole statusReply for an admin key, the tenant's own for a
 // tenant's key.
 func (s *Server) statusFor(p principal) (any, error) {
 	if p.admin() {
 		return s.status()
 	}
-	out := TenantStatus{Tenant: p.tenant, MaxLatches: s.cfg.TenantMaxLatches, MaxLatchedBytes: s.cfg.TenantMaxLatchedBytes,
+	out := tenantStatus{Tenant: p.tenant, MaxLatches: s.cfg.TenantMaxLatches, MaxLatchedBytes: s.cfg.TenantMaxLatchedBytes,
 		MaxVectors: s.cfg.TenantMaxVectors, MaxVectorBytes: s.cfg.TenantMaxVectorBytes, MaxCaptureBytes: s.cfg.TenantMaxCaptureBytes}
 	out.LatchedConversations, out.LatchedBytes = s.eng.Latches().TenantUse(p.tenant)
 	var err error

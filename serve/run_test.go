@@ -167,7 +167,7 @@ func TestRunStateTooLargeForRegion(t *testing.T) {
 func packedJSON(t *testing.T, row string) string {
 	var v []float32
 	require.NoError(t, json.Unmarshal([]byte(row), &v))
-	p := PackVectors([]steer.Vector{{Layer: 0, Scale: 1, Data: v}})
+	p := packVectors([]steer.Vector{{Layer: 0, Scale: 1, Data: v}})
 	b, err := json.Marshal(p)
 	require.NoError(t, err)
 	return string(b)

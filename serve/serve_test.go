@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/shmsteer/shmsteer/steer"
+	"github.com/shmsteer/shmsteer/steer/vecfile"
 )
 
 var cfg8 = steer.ModelConfig{Hidden: 4, Layers: 3, Hooks: steer.DefaultHooks}
@@ -43,7 +44,7 @@ func packBytes(dtype string, vals []float64) string {
 func TestPackedDtypes(t *testing.T) {
 	vals := []float64{1, -2, 0.5, 4, 8, -16, 0.25, 2}
 	for _, dt := range []string{"float16", "bfloat16", "float32", "float64"} {
-		p := Packed{Dtype: dt, Shape: []int{2, 4}, LayerIndices: []int{2, 0}, Data: packBytes(dt, vals), Scales: []float64{1, 3}}
+		p := vecfile.Packed{Dtype: dt, Shape: []int{2, 4}, LayerIndices: []int{2, 0}, Data: packBytes(dt, vals), Scales: []float64{1, 3}}
 		vs, err := packedVectors(&p, "pre_attn")
 		require.NoError(t, err, dt)
 		require.Equal(t, []float32{1, -2, 0.5, 4}, vs[0].Data, dt)
@@ -51,7 +52,7 @@ func TestPackedDtypes(t *testing.T) {
 		require.Equal(t, 2, vs[0].Layer)
 		require.Equal(t, float32(3), vs[1].Scale)
 	}
-	for name, p := range map[string]Packed{
+	for name, p := range map[string]vecfile.Packed{
 		"dtype":  {Dtype: "int8", Shape: []int{1, 4}, LayerIndices: []int{0}},
 		"shape":  {Dtype: "float32", Shape: []int{4}, LayerIndices: []int{0}},
 		"layers": {Dtype: "float32", Shape: []int{1, 4}, LayerIndices: []int{0, 1}, Data: packBytes("float32", make([]float64, 4))},
@@ -73,7 +74,7 @@ func TestSetRequestSteering(t *testing.T) {
 		"clamps":{"mlp_in":{"0":[{"vector":[1,0,0,0],"value":0},{"vector":[0,1,0,0],"min":-1}]}},
 		"prefill_clamps":{"mlp_in":{"2":{"vector":[1,1,0,0],"max":3,"strength":0.5}}},
 		"vector_refs":{"b":1,"a":0.5},"replace":true}`
-	var req SetRequest
+	var req setRequest
 	require.NoError(t, decodePayload([]byte(body), &req))
 	st, err := req.Steering(cfg8)
 	require.NoError(t, err)
@@ -107,7 +108,7 @@ func TestSetRequestSteering(t *testing.T) {
 		"hook not object": `{"vectors":{"pre_attn":[1,2]}}`,
 		"packed clamp n":  `{"clamps":{"mlp_in":{"dtype":"float32","shape":[1,4],"layer_indices":[0,1],"data":"` + packBytes("float32", []float64{1, 0, 0, 0}) + `","bounds":[[0,1]],"strengths":[1]}}}`,
 	} {
-		var req SetRequest
+		var req setRequest
 		err := decodePayload([]byte(b), &req)
 		if err == nil {
 			_, err = req.Steering(cfg8)
@@ -119,13 +120,13 @@ func TestSetRequestSteering(t *testing.T) {
 		require.Contains(t, err.Error(), "Malformed steering payload", name)
 		require.NotContains(t, err.Error(), "Go ", name)
 		require.NotContains(t, err.Error(), "json:", name)
-		require.NotContains(t, err.Error(), "SetRequest", name)
+		require.NotContains(t, err.Error(), "setRequest", name)
 	}
 
 	// Packed clamps (the fork's ClampHookPacked): rows may share a layer, null bounds are open.
 	body = `{"decode_clamps":{"mlp_in":{"dtype":"float64","shape":[3,4],"layer_indices":[1,0,1],"data":"` +
 		packBytes("float64", []float64{1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 2, 0}) + `","bounds":[[null,2],[-1,null],[0.5,0.5]],"strengths":[1,0.5,0]}}}`
-	req = SetRequest{}
+	req = setRequest{}
 	require.NoError(t, decodePayload([]byte(body), &req))
 	st, err = req.Steering(cfg8)
 	require.NoError(t, err)
@@ -154,7 +155,7 @@ func FuzzSetRequest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var req SetRequest
+		var req setRequest
 		if err := decodePayload(b, &req); err != nil {
 			noDecoderInternals(t, err)
 			return

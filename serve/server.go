@@ -46,8 +46,8 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	owner  *ipc.Owner
-	reg    *keys.Registry // the owner's key registry
-	eng    *steer.Engine
+	reg    *keys.Owner // the owner's key registry
+	eng    *steer.Owner
 	keys   apiKeys
 	store  *stateStore // nil without --state-dir
 	met    *metrics

@@ -1,11 +1,19 @@
 package shm
 
 // This file and unsafe_linux.go (one mmap call) are the only files of package shm that use
-// package unsafe (elsewhere in shmsteer: the C ABI, capi, and the C comparison,
-// internal/ccompare, for cgo; kernels, for its assembly and prefetches; steer's
-// spans_unsafe.go, for one comparison of span bytes). Every function here takes a byte slice
-// and an offset the caller has already bounds-checked; each re-checks the bound so a mistake
-// panics instead of reading out of range.
+// package unsafe. Every function here takes a byte slice and an offset the caller has already
+// bounds-checked; each re-checks the bound so a mistake panics instead of reading out of range.
+//
+// The files of shmsteer that import unsafe, tests aside (TestUnsafeFilesListed checks this
+// list against the tree, both ways):
+//
+//   - shm/unsafe.go, shm/unsafe_linux.go: the region's atomic words, its views and its mmap;
+//   - capture/ring_unsafe.go: the capture ring's shared words, for sync/atomic;
+//   - steer/spans_unsafe.go: one comparison of two batches' bytes;
+//   - kernels/apart.go, kernels/prefetch.go, kernels/stream_amd64.go: addresses for the
+//     scratch placement and the prefetches, and the assembly's pointers;
+//   - internal/ccompare/ccompare_cgo.go: the C comparison, for cgo;
+//   - capi/*.go: the C ABI, for cgo.
 
 import (
 	"sync/atomic"

@@ -263,7 +263,7 @@ func (b *Batch) Resolve(version uint64, batch []Span, rows int) error {
 		s.End()
 		return err
 	}
-	if err := b.plan1(batch); err != nil {
+	if err := b.planSlots(batch); err != nil {
 		s.End()
 		return err
 	}
@@ -277,8 +277,8 @@ func (b *Batch) Resolve(version uint64, batch []Span, rows int) error {
 	return nil
 }
 
-// plan1 assigns slots to the spans and computes the updates, without changing any slot.
-func (b *Batch) plan1(batch []Span) error {
+// planSlots assigns slots to the spans and computes the updates, without changing any slot.
+func (b *Batch) planSlots(batch []Span) error {
 	s := b.s
 	b.tick++
 	b.spanSlot = b.spanSlot[:0]
@@ -397,7 +397,7 @@ func (b *Batch) diff(j int, k slotKey) error {
 			p.g[site], p.r[site] = 0, 0
 			continue
 		}
-		ix := site*2 + int(k.phase) - 1
+		ix := site*2 + int(k.phase) - 1 // its site entry
 		gv, gcl, ga := s.global.at(ix)
 		var rvec []float32
 		var rcl []byte

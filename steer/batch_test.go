@@ -90,7 +90,7 @@ func indexOfSite(sites []int32, s int32) int {
 
 // checkBatchStep resolves batch and compares, at every site, the device tables' apply with
 // Stepper.Apply on the same random input.
-func checkBatchStep(t *testing.T, e *Engine, st *Stepper, b *Batch, dev *devTables, rng *rand.Rand, batch []Span, rows int, what string) {
+func checkBatchStep(t *testing.T, e *Owner, st *Stepper, b *Batch, dev *devTables, rng *rand.Rand, batch []Span, rows int, what string) {
 	t.Helper()
 	cfg := e.Config()
 	d := cfg.Hidden
@@ -204,10 +204,10 @@ func TestBatchChecksumDeterministic(t *testing.T) {
 		defer st.End()
 		return b.Checksum
 	}
-	a := sum(e, false)
+	a := sum(e.Engine, false)
 	require.NotZero(t, a)
-	require.Equal(t, a, sum(e, true))
-	require.Equal(t, a, sum(newReader(t, e, Options{}), false))
+	require.Equal(t, a, sum(e.Engine, true))
+	require.Equal(t, a, sum(newReader(t, e, Options{}).Engine, false))
 }
 
 func TestBatchBadInputChangesNothing(t *testing.T) {

@@ -111,8 +111,8 @@ func TestBindErrors(t *testing.T) {
 // TestBindReplans binds one decode batch step after step while the owner changes what it
 // steers between steps (a request ended and admitted again with other vectors, the global
 // steering moved to other sites, a request ended for good, its reqState recycled for another
-// id) and requires ApplyBound to match Apply at every site each step: a bound plan is reused
-// only while nothing it was planned from changed.
+// id) and requires ApplyBound to match Apply at every site each step: a site's program is
+// reused only while nothing it was built from changed.
 func TestBindReplans(t *testing.T) {
 	e, cfg := mixedDecodeEngine(t)
 	d := cfg.Hidden
@@ -153,12 +153,12 @@ func TestBindReplans(t *testing.T) {
 	}
 	for step, change := range changes {
 		change()
-		for range 2 { // the second step of each state reuses the plan
+		for range 2 { // the second step of each state reuses the program
 			h0 := randVec(rng, len(batch)*d)
 			require.NoError(t, ap.Begin(0))
 			require.NoError(t, bd.Begin(0))
 			require.NoError(t, bd.Bind(batch, len(batch)))
-			require.True(t, bd.samePlan(), "a plan just made or reused is the plan")
+			require.True(t, bd.reuseProgram(), "a program just built or reused is current")
 			requireBoundMatchesApply(t, cfg, ap, bd, h0, batch, fmt.Sprint("change ", step), nil)
 			require.Equal(t, ap.End(), bd.End(), "checksum after change %d", step)
 		}

@@ -173,7 +173,7 @@ func (e *Engine) checkGlobal() error { return e.checkGlobalOf(e.opt.CaptureGloba
 // Open checks them (a typed error changes nothing), for an owner that starts serving capture
 // after Open (the C ABI's shmsteer_capture_global). Requests admitted earlier keep what they
 // were admitted with.
-func (e *Engine) SetCaptureGlobal(global map[string]CaptureGlobalSpec) error {
+func (e *Owner) SetCaptureGlobal(global map[string]CaptureGlobalSpec) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := e.checkGlobalOf(global); err != nil {
@@ -301,7 +301,7 @@ func (e *Engine) admitCapture(a *Admission) ([]byte, AdmittedCapture, error) {
 // SetCaptureConsumers replaces the capture consumers the owner declares
 // (Options.CaptureConsumers), for an owner that starts serving capture after Open (the C ABI's
 // shmsteer_capture_serve). Requests admitted earlier keep what they were admitted with.
-func (e *Engine) SetCaptureConsumers(consumers map[string]CaptureValidator) {
+func (e *Owner) SetCaptureConsumers(consumers map[string]CaptureValidator) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.opt.CaptureConsumers = consumers

@@ -81,7 +81,7 @@ func TestAdmitCaptureRefused(t *testing.T) {
 	e := newOwner(t, smallCfg, Options{CaptureConsumers: map[string]CaptureValidator{"fs": testValidator}})
 	none := newOwner(t, smallCfg, Options{})
 	for _, c := range []struct {
-		e    *Engine
+		e    *Owner
 		a    Admission
 		want error
 	}{

@@ -17,7 +17,7 @@ import (
 )
 
 // newOwnerColumns is newOwner with a column pool of n columns (negative: none).
-func newOwnerColumns(t testing.TB, cfg ModelConfig, n int) *Engine {
+func newOwnerColumns(t testing.TB, cfg ModelConfig, n int) *Owner {
 	t.Helper()
 	rc, err := RegionConfig(cfg, shm.Config{IndexSlots: 1 << 12, ArenaBytes: 32 << 20, ReaderSlots: 64, Columns: n})
 	require.NoError(t, err)
@@ -130,29 +130,28 @@ func TestColumnsFallbacks(t *testing.T) {
 		require.NoError(t, err)
 	}
 	admit(0, colSteering(cfg, 0)) // the pool's one column
-	require.Zero(t, fallbacks(e))
+	require.Zero(t, fallbacks(e.Engine))
 	withRef := colSteering(cfg, 2)
 	withRef.Base.Refs = []Ref{{Name: "n", Strength: 1}}
 	admit(1, withRef) // the pool is full: in its entry
-	require.EqualValues(t, 1, fallbacks(e))
+	require.EqualValues(t, 1, fallbacks(e.Engine))
 	require.EqualValues(t, 1, e.ColumnsFallbacks())
-	require.EqualValues(t, 1, fallbacks(rd), "a reader sees the owner's count")
-	require.Zero(t, rd.ColumnsFallbacks(), "the engine's own count is the owner's only")
+	require.EqualValues(t, 1, fallbacks(rd.Engine), "a reader sees the owner's count")
 	admit(2, &Steering{Base: Tier{Refs: []Ref{{Name: "n", Strength: 1}}}}) // no own vectors: no column wanted
-	require.EqualValues(t, 1, fallbacks(e))
+	require.EqualValues(t, 1, fallbacks(e.Engine))
 
 	// c-1 is recomposed when n changes: the pool is still full.
 	_, err = e.Register("n", []Vector{{Hook: "mlp_in", Layer: 2, Scale: 1, Data: filled(cfg.Hidden, 7)}})
 	require.NoError(t, err)
-	require.EqualValues(t, 2, fallbacks(e))
+	require.EqualValues(t, 2, fallbacks(e.Engine))
 
 	// c-0 ends: once reclaimed, its column takes the next request.
 	_, err = e.End("c-0")
 	require.NoError(t, err)
 	require.NoError(t, e.Region().Reclaim())
 	admit(3, colSteering(cfg, 4)) // equal phases: one column
-	require.EqualValues(t, 2, fallbacks(e))
-	require.EqualValues(t, 2, fallbacks(rd))
+	require.EqualValues(t, 2, fallbacks(e.Engine))
+	require.EqualValues(t, 2, fallbacks(rd.Engine))
 
 	// Without a pool, vectors in their entries are the layout, not a fallback.
 	e2 := newOwnerColumns(t, cfg, -1)
@@ -160,7 +159,7 @@ func TestColumnsFallbacks(t *testing.T) {
 		_, err := e2.Admit(Admission{RequestID: fmt.Sprint("c-", n), Override: colSteering(cfg, n)})
 		require.NoError(t, err)
 	}
-	require.Zero(t, fallbacks(e2))
+	require.Zero(t, fallbacks(e2.Engine))
 }
 
 // TestColumnsPlacement: a request's own vectors are read from the column pool, cell (hook,
@@ -267,7 +266,7 @@ func colReaderRun() {
 	if err != nil {
 		fail(err)
 	}
-	e, err := Open(reg, nil, Options{})
+	e, err := Attach(reg, nil, Options{})
 	if err != nil {
 		fail(err)
 	}
@@ -512,7 +511,7 @@ func checkColumnRunRows(t *testing.T, d, hk, l int, h0, h []float32, batch []Spa
 // mixedDecodeEngine is an engine whose requests mix what a decode step's walk meets: requests
 // in columns (one and two each), two stored in their entries (the pool is full), a clamp at one
 // site, a request steered at one site only, an unsteered one, and a global vector at one site.
-func mixedDecodeEngine(t testing.TB) (*Engine, ModelConfig) {
+func mixedDecodeEngine(t testing.TB) (*Owner, ModelConfig) {
 	cfg := ModelConfig{Hidden: 64, Layers: 3}
 	d := cfg.Hidden
 	e := newOwnerColumns(t, cfg, 6)

@@ -70,7 +70,7 @@ func lookupAt(s *shm.Snapshot, name string, b []byte) func(string) ([]byte, bool
 // columns of the region's column pool, attached to the entry (composed.go's Columns section);
 // when the pool has no room (shm.ErrColumnsFull) or does not fit the model, they stay in the
 // entry.
-func (e *Engine) putComposed(tx *shm.Tx, kind shm.Kind, key string, w *wire, lookup func(string) ([]byte, bool), set string) error {
+func (e *Owner) putComposed(tx *shm.Tx, kind shm.Kind, key string, w *wire, lookup func(string) ([]byte, bool), set string) error {
 	c, err := compose(e.cfg, w, lookup, set)
 	if err != nil {
 		return err
@@ -91,7 +91,7 @@ func (e *Engine) putComposed(tx *shm.Tx, kind shm.Kind, key string, w *wire, loo
 // placeColumns reserves the columns c's own vectors take, in tx, and writes them there. It
 // returns nil, leaving c unplaced, for the global composition, a pool that does not fit the
 // model, or a full pool (columns already reserved are freed when tx commits unattached).
-func (e *Engine) placeColumns(tx *shm.Tx, c *composition, kind shm.Kind) ([]int, error) {
+func (e *Owner) placeColumns(tx *shm.Tx, c *composition, kind shm.Kind) ([]int, error) {
 	if kind != KindComposed || !e.poolFits {
 		return nil, nil
 	}
@@ -125,7 +125,7 @@ func (e *Engine) placeColumns(tx *shm.Tx, c *composition, kind shm.Kind) ([]int,
 // recomposeDependents rewrites, in tx, the compositions of every set that references name,
 // whose encoding becomes b (nil: unregistered), except the global steering when skipGlobal.
 // s is a snapshot taken before tx.
-func (e *Engine) recomposeDependents(tx *shm.Tx, s *shm.Snapshot, name string, b []byte, skipGlobal bool) error {
+func (e *Owner) recomposeDependents(tx *shm.Tx, s *shm.Snapshot, name string, b []byte, skipGlobal bool) error {
 	lookup := lookupAt(s, name, b)
 	for id := range e.deps.byName[name] {
 		kind, key, src, set := KindComposed, id, KindRequest, fmt.Sprintf("request %q", id)
@@ -156,7 +156,7 @@ func (e *Engine) recomposeDependents(tx *shm.Tx, s *shm.Snapshot, name string, b
 // unregistered) and recomposes it, or deletes it if nothing else is left. It returns the names
 // the global steering still references and whether it was deleted. s is a snapshot taken
 // before tx.
-func (e *Engine) dropGlobalRefs(tx *shm.Tx, s *shm.Snapshot, name string) (refs []string, deleted bool, err error) {
+func (e *Owner) dropGlobalRefs(tx *shm.Tx, s *shm.Snapshot, name string) (refs []string, deleted bool, err error) {
 	raw, _, err := s.View(KindGlobal, globalKey)
 	if err != nil {
 		return nil, false, err
@@ -199,7 +199,7 @@ func (e *Engine) dropGlobalRefs(tx *shm.Tx, s *shm.Snapshot, name string) (refs 
 // transaction: a step sees the old vector and old compositions, or the new ones. Deleting a
 // vector the global steering references also drops those references from the global steering
 // in the same transaction (see Unregister), and the observers then get a ChangeGlobal too.
-func (e *Engine) writeNamed(name string, b []byte, o writeOpts) (v uint64, err error) {
+func (e *Owner) writeNamed(name string, b []byte, o writeOpts) (v uint64, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	_, dropGlobal := e.deps.byName[name][globalDep]

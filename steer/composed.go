@@ -89,15 +89,16 @@ const (
 
 // composition is a steering set's terms summed per site, as the owner builds it.
 type composition struct {
-	sites   int
-	d       int
-	slot    []int32 // per site: index of its vector in vecs, or -1
-	act     []uint64
-	vecs    []float32 // vectors, d floats each
-	clamps  []clampAct
-	dirs    []float32 // clamp directions, d floats each
-	missing int
-	digest  Digest
+	sites     int
+	d         int
+	slot      []int32 // per site: index of its sum in vecs, or -1 (no term, or one read in place)
+	act       []uint64
+	vecs      []float32 // vectors, d floats each
+	clamps    []clampAct
+	dirs      []float32 // clamp directions, d floats each
+	missing   int
+	termSites int // sites with at least one term
+	digest    Digest
 	// Per site: how many terms were added, the last one and its coefficient; inPlace is the
 	// index in terms of the site's single coefficient-1 term (-1: the site stores its vector).
 	nterms  []int32
@@ -125,138 +126,19 @@ type clampAct struct {
 	hash        uint64
 }
 
-// compose sums the terms of w (a steering set: inline vectors, references, clamps) per site.
-// lookup returns a named vector's encoding (false: not registered, the term does not apply).
-// Every composed component is checked against MaxMagnitude (ErrOverflow naming set).
-func compose(cfg ModelConfig, w *wire, lookup func(name string) ([]byte, bool), set string) (*composition, error) {
-	sites := cfg.NumHooks() * cfg.Layers * 2
-	d := cfg.Hidden
-	c := &composition{sites: sites, d: d, slot: make([]int32, sites), act: make([]uint64, sites), digest: w.digest, w: w,
-		nterms: make([]int32, sites), last: make([]termRef, sites), coef: make([]float32, sites), inPlace: make([]int32, sites)}
-	for i := range c.slot {
-		c.slot[i], c.inPlace[i] = -1, -1
-	}
-	note := func(ix int, t termRef, coef float32) {
-		c.nterms[ix]++
-		c.last[ix], c.coef[ix] = t, coef
-	}
-	target := func(ix int) []float32 {
-		if c.slot[ix] < 0 {
-			c.slot[ix] = int32(len(c.vecs) / d)
-			c.vecs = append(c.vecs, make([]float32, d)...)
-		}
-		o := int(c.slot[ix]) * d
-		return c.vecs[o : o+d]
-	}
-	phases := func(p Phase) []Phase {
-		switch p {
-		case PhasePrefill:
-			return []Phase{PhasePrefill}
-		case PhaseDecode:
-			return []Phase{PhaseDecode}
-		}
-		return []Phase{PhasePrefill, PhaseDecode}
-	}
-	siteOf := func(hook HookID, layer int, p Phase) int { return (int(hook)*cfg.Layers+layer)*2 + int(p) - 1 }
-	// Each action hash names where a contribution came from: the set's digest and the term's
-	// index for inline data, the named vector's digest and the strength for references.
-	for ti, v := range w.vecs {
-		for _, p := range phases(v.phase) {
-			ix := siteOf(v.hook, v.layer, p)
-			kernels.Axpy(target(ix), v.scale, v.data)
-			note(ix, termRef{termInline, uint32(ti), 0}, v.scale)
-			c.act[ix] = mix64(mix64(c.act[ix], digest64(c.digest)), uint64(ti)<<32|uint64(p))
-		}
-	}
-	for ri, r := range w.refs {
-		nb, ok := lookup(r.name)
-		if !ok { // unregistered since admission: the term no longer applies (last writer wins)
-			c.missing++
-			continue
-		}
-		nw, err := decode(nb, cfg, false)
-		if err != nil {
-			return nil, fmt.Errorf("named vector %q: %w", r.name, err)
-		}
-		for j, v := range nw.vecs {
-			for _, p := range phases(r.phase) {
-				ix := siteOf(v.hook, v.layer, p)
-				kernels.Axpy(target(ix), r.strength*v.scale, v.data)
-				note(ix, termRef{termNamed, uint32(ri), uint32(j)}, r.strength*v.scale)
-				c.act[ix] = mix64(mix64(c.act[ix], digest64(nw.digest)), uint64(math.Float32bits(r.strength))<<32|uint64(p))
-			}
-		}
-	}
-	for ix, o := range c.slot {
-		if o < 0 {
-			continue
-		}
-		for i, f := range c.vecs[int(o)*d : int(o)*d+d] {
-			// The owner sums in float32; stepperMargin leaves room for its rounding over a
-			// composition that checkMagnitude accepted in float64.
-			if !(math.Abs(float64(f)) <= stepperMargin*MaxMagnitude) {
-				site := ix / 2
-				return nil, magnitudeError(set, Phase(ix%2+1), cfg, HookID(site/cfg.Layers), site%cfg.Layers,
-					fmt.Sprintf("composed component %d", i), float64(f))
-			}
-		}
-	}
-	// Sites whose composition is one term at coefficient 1 read that term in place.
-	idx := map[termRef]int32{}
-	for ix, o := range c.slot {
-		if o < 0 || c.nterms[ix] != 1 || c.coef[ix] != 1 {
-			continue
-		}
-		t := c.last[ix]
-		k, ok := idx[t]
-		if !ok {
-			k = int32(len(c.terms))
-			idx[t] = k
-			c.terms = append(c.terms, t)
-		}
-		c.inPlace[ix] = k
-	}
-	for _, cl := range w.clamps {
-		for _, p := range phases(cl.phase) {
-			ix := siteOf(cl.hook, cl.layer, p)
-			h := mix64(mix64(digest64(c.digest), uint64(math.Float32bits(cl.lo))<<32|uint64(math.Float32bits(cl.hi))), uint64(math.Float32bits(cl.str))<<32|uint64(p))
-			c.clamps = append(c.clamps, clampAct{site: int32(ix), dir: int32(len(c.dirs) / d), lo: cl.lo, hi: cl.hi, str: cl.str, hash: h})
-			c.dirs = append(c.dirs, cl.dir...)
-		}
-	}
-	// Group clamps by site, keeping their order within each, and fold them into act.
-	slices.SortStableFunc(c.clamps, func(a, b clampAct) int { return int(a.site) - int(b.site) })
-	for _, k := range c.clamps {
-		c.act[k.site] = mix64(c.act[k.site], k.hash)
-	}
-	// A site with only clamps still needs a non-zero act; a zero act means "nothing to do".
-	for ix := range c.act {
-		if c.act[ix] == 0 && c.slot[ix] >= 0 {
-			c.act[ix] = 1
-		}
-	}
-	for _, k := range c.clamps {
-		if c.act[k.site] == 0 {
-			c.act[k.site] = 1
-		}
-	}
-	return c, nil
-}
-
-func (c *composition) empty() bool { return len(c.vecs) == 0 && len(c.clamps) == 0 }
+func (c *composition) empty() bool { return c.termSites == 0 && len(c.clamps) == 0 }
 
 // columnData is the vector site ix would put in a column: its composed sum, or the floats of
-// its in-place inline term (the set's own, copied exactly); nil for a site with no vector or
-// one read in place from a named vector (shared by every request referencing it).
+// its single coefficient-1 inline term (the set's own, copied exactly); nil for a site with no
+// vector or one read in place from a named vector (shared by every request referencing it).
 func (c *composition) columnData(ix int) []float32 {
-	if k := c.inPlace[ix]; k >= 0 {
-		if t := c.terms[k]; t.source == termInline && c.w != nil && int(t.i) < len(c.w.vecs) {
-			return c.w.vecs[t.i].data
-		}
-		return nil
-	}
 	if o := c.slot[ix]; o >= 0 {
 		return c.vecs[int(o)*c.d : int(o+1)*c.d]
+	}
+	if c.nterms[ix] == 1 && c.coef[ix] == 1 {
+		if t := c.last[ix]; t.source == termInline && c.w != nil && int(t.i) < len(c.w.vecs) {
+			return c.w.vecs[t.i].data
+		}
 	}
 	return nil
 }
@@ -354,32 +236,7 @@ func (c *composition) writeColumns(cell func(slot, cell int) ([]float32, error))
 // stores one vector for both phases.
 func (c *composition) encode(cols []int) []byte {
 	stride := int(roundUp64(uint64(c.d) * 4))
-	// out[i] is the stored index of composed vector i; equal phase pairs share one.
-	out := make([]int32, len(c.vecs)/c.d)
-	for i := range out {
-		out[i] = -1
-	}
-	inCol := func(ix int) bool { return c.colSlot != nil && c.colSlot[ix] >= 0 }
-	var keep []int32 // composed vectors stored, in stored order
-	for ix := 0; ix+1 < c.sites; ix += 2 {
-		p, q := c.slot[ix], c.slot[ix+1]
-		if c.inPlace[ix] >= 0 || inCol(ix) {
-			p = -1 // read in place or from a column: nothing stored
-		}
-		if c.inPlace[ix+1] >= 0 || inCol(ix+1) {
-			q = -1
-		}
-		for _, v := range []int32{p, q} {
-			if v >= 0 && out[v] < 0 {
-				if v == q && p >= 0 && slices.Equal(c.vecs[int(p)*c.d:int(p+1)*c.d], c.vecs[int(q)*c.d:int(q+1)*c.d]) {
-					out[q] = out[p]
-					continue
-				}
-				out[v] = int32(len(keep))
-				keep = append(keep, v)
-			}
-		}
-	}
+	out, keep := c.storedVectors()
 	if c.colSlot == nil {
 		cols = nil
 	}
@@ -410,38 +267,8 @@ func (c *composition) encode(cols []int) []byte {
 	if sites == 0 {
 		return b
 	}
-	start := 0
-	for ix := 0; ix < sites; ix++ {
-		e := b[tableOff+ix*siteEntry:]
-		if inCol(ix) {
-			le.PutUint32(e, colFlag|uint32(c.colSlot[ix]))
-		} else if k := c.inPlace[ix]; k >= 0 {
-			le.PutUint32(e[12:], uint32(k)+1)
-		} else if o := c.slot[ix]; o >= 0 {
-			le.PutUint32(e, uint32(out[o])+1)
-		}
-		end := start
-		for end < len(c.clamps) && int(c.clamps[end].site) == ix {
-			end++
-		}
-		le.PutUint32(e[4:], uint32(start))
-		le.PutUint32(e[8:], uint32(end))
-		le.PutUint64(e[16:], c.act[ix])
-		start = end
-	}
-	for i, k := range c.clamps {
-		e := b[clampOff+i*clampRec:]
-		le.PutUint32(e, math.Float32bits(k.lo))
-		le.PutUint32(e[4:], math.Float32bits(k.hi))
-		le.PutUint32(e[8:], math.Float32bits(k.str))
-		le.PutUint32(e[12:], uint32(nadd)+uint32(k.dir))
-	}
-	for i, t := range c.terms {
-		e := b[termOff+i*termRec:]
-		e[0] = t.source
-		le.PutUint32(e[4:], t.i)
-		le.PutUint32(e[8:], t.j)
-	}
+	c.putTable(b[tableOff:clampOff], out)
+	c.putRecords(b[clampOff:colOff], uint32(nadd))
 	for i, k := range cols {
 		le.PutUint32(b[colOff+4*i:], uint32(k))
 	}
@@ -458,6 +285,81 @@ func (c *composition) encode(cols []int) []byte {
 		put(nadd+i, c.dirs[i*c.d:(i+1)*c.d])
 	}
 	return b
+}
+
+// storedVectors lists the composed sums the entry stores (keep, in stored order: not read in
+// place nor from a column) and, per sum, its stored index (out; -1: not stored). A decode sum
+// equal to its prefill one shares it.
+func (c *composition) storedVectors() (out, keep []int32) {
+	out = make([]int32, len(c.vecs)/c.d)
+	for i := range out {
+		out[i] = -1
+	}
+	for ix := 0; ix+1 < c.sites; ix += 2 {
+		p, q := c.slot[ix], c.slot[ix+1]
+		if c.inPlace[ix] >= 0 || c.inColumn(ix) {
+			p = -1 // read in place or from a column: nothing stored
+		}
+		if c.inPlace[ix+1] >= 0 || c.inColumn(ix+1) {
+			q = -1
+		}
+		for _, v := range []int32{p, q} {
+			if v >= 0 && out[v] < 0 {
+				if v == q && p >= 0 && slices.Equal(c.vecs[int(p)*c.d:int(p+1)*c.d], c.vecs[int(q)*c.d:int(q+1)*c.d]) {
+					out[q] = out[p]
+					continue
+				}
+				out[v] = int32(len(keep))
+				keep = append(keep, v)
+			}
+		}
+	}
+	return out, keep
+}
+
+// inColumn reports whether assignColumns placed site ix's vector in a column.
+func (c *composition) inColumn(ix int) bool { return c.colSlot != nil && c.colSlot[ix] >= 0 }
+
+// putTable writes the site table (siteEntry bytes a site) into t; out is storedVectors'.
+func (c *composition) putTable(t []byte, out []int32) {
+	start := 0
+	for ix := 0; ix < c.sites; ix++ {
+		e := t[ix*siteEntry:]
+		if c.inColumn(ix) {
+			le.PutUint32(e, colFlag|uint32(c.colSlot[ix]))
+		} else if k := c.inPlace[ix]; k >= 0 {
+			le.PutUint32(e[12:], uint32(k)+1)
+		} else if o := c.slot[ix]; o >= 0 {
+			le.PutUint32(e, uint32(out[o])+1)
+		}
+		end := start
+		for end < len(c.clamps) && int(c.clamps[end].site) == ix {
+			end++
+		}
+		le.PutUint32(e[4:], uint32(start))
+		le.PutUint32(e[8:], uint32(end))
+		le.PutUint64(e[16:], c.act[ix])
+		start = end
+	}
+}
+
+// putRecords writes the clamp records, then the term records, into r; a clamp's direction is
+// stored after the nadd composed sums.
+func (c *composition) putRecords(r []byte, nadd uint32) {
+	for i, k := range c.clamps {
+		e := r[i*clampRec:]
+		le.PutUint32(e, math.Float32bits(k.lo))
+		le.PutUint32(e[4:], math.Float32bits(k.hi))
+		le.PutUint32(e[8:], math.Float32bits(k.str))
+		le.PutUint32(e[12:], nadd+uint32(k.dir))
+	}
+	r = r[len(c.clamps)*clampRec:]
+	for i, t := range c.terms {
+		e := r[i*termRec:]
+		e[0] = t.source
+		le.PutUint32(e[4:], t.i)
+		le.PutUint32(e[8:], t.j)
+	}
 }
 
 // composedView reads a composition in place (zero-copy): its vectors alias the region, those

@@ -109,7 +109,7 @@ func benchVec(d, seed int) []float32 {
 
 // admitDecodeBatch admits reqs one-row decode requests, the first steered of them with a vector
 // at every site, and returns their batch.
-func admitDecodeBatch(b *testing.B, e *Engine, cfg ModelConfig, reqs, steered int) []Span {
+func admitDecodeBatch(b *testing.B, e *Owner, cfg ModelConfig, reqs, steered int) []Span {
 	batch := make([]Span, reqs)
 	hooks, layers := cfg.NumHooks(), cfg.Layers
 	for i := range batch {

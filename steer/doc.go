@@ -3,11 +3,17 @@
 // per-step apply over hidden states. The gorgonia tensor adapter is package steer/dense, kept
 // apart so that a worker steering plain []float32 blocks does not compile gorgonia.
 //
-// To start: the owner opens an Engine over the region it owns (Open with the model config) and
-// serves workers' writes (Serve); a worker opens one over the region it attached to (Open with a
-// nil config: the region's is read) with its transport to the owner as Options.Caller. Each
-// goroutine that steers takes a Stepper (NewStepper) and, per step, Begin at the version the
-// scheduler handed out, Apply at each hook, End. A worker that applies one batch at every hook
+// To start: the owner opens its side over the region it created (Open with the model config:
+// an *Owner) and serves workers' writes (Owner.Serve); a worker opens its side over the region
+// it attached to (Attach: a *Worker; a nil config reads the region's) with its transport to
+// the owner as Options.Caller. Opening the other side's region is ErrNotOwner. Both embed an
+// *Engine, what the sides share: the reads, the writes a worker sends to the owner (Register,
+// Unregister, the probe writes, SetGlobal) and the Steppers; the owner's own operations
+// (Admit, End, DropConversation, Latches, RestoreLatches, the conversations' gates, the capture
+// consumers, OnChange, Serve) are methods of Owner only, so a worker cannot call them. Code
+// that serves either side takes the *Engine (Owner.Engine, Worker.Engine). Each goroutine that
+// steers takes a Stepper (NewStepper) and, per step, Begin at the version the scheduler handed
+// out, Apply at each hook, End. A worker that applies one batch at every hook
 // of a step binds it once after Begin (Bind) and calls ApplyBound at each hook, which does not
 // compare the batch again (bound.go). Both run one executor: the batch layout's program, a list
 // of operations per site (runs, pairs, clamps, gated spans, capture) built at the site's first
@@ -59,10 +65,16 @@
 //     compositions that found the column pool full (Status.ColumnsFallbacks), so Status reads
 //     the same numbers in every process.
 //   - KindComposed (20), key = request id, and KindComposedGlobal (21), key "global": the
-//     request's and the global steering composed per (hook, layer, phase) by the owner; a
-//     request's own vectors sit in the region's column pool (shm.ColumnPool), in the columns
-//     its entry names and owns.
-//   - KindCapture (24), key = request id: the request's capture specs as the owner validated
+//     request's and the global steering composed by the owner per site entry (site and
+//     phase); a request's own vectors sit in the region's column pool (shm.ColumnPool), in
+//     the columns its entry names and owns.
+//   - KindProbe (22), key = name: a named probe vector, read by gates and never added, in the
+//     steering wire format with one base vector at its one site (probe.go).
+//   - KindGates (23), key = request id: the request's gates as the owner resolved them at
+//     Admit, the vectors they name included, written with its steering (gates_admit.go).
+//   - KindVectorMeta (24), key = name: a named steering vector's metadata (its model hint),
+//     written with the vector and only when there is any (vmeta.go).
+//   - KindCapture (25), key = request id: the request's capture specs as the owner validated
 //     them at Admit against its declared consumers (Options.CaptureConsumers): each
 //     consumer's raw spec, sites and positions, and the prompt length (capture.go;
 //     Engine.Capture reads it).

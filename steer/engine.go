@@ -4,15 +4,11 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"sync"
-	"sync/atomic"
-
-	"github.com/shmsteer/shmsteer/internal/observe"
 	"github.com/shmsteer/shmsteer/internal/proto"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
-// Options configure an Engine.
+// Options configure an Owner (Open) or a Worker (Attach).
 type Options struct {
 	// Latch bounds the conversation latch map (owner only).
 	Latch LatchConfig
@@ -42,27 +38,23 @@ type Options struct {
 	CaptureGlobal map[string]CaptureGlobalSpec
 }
 
-// Engine is the steering state of one process on one region: the owner (which writes it and
-// runs the latches) or a worker (which reads it and sends writes to the owner). Safe for
-// concurrent use; step apply goes through a Stepper per goroutine.
+// Engine is what the owner and a worker have in common on one region: the reads (named
+// vectors, probes, the global tiers, a request's gates and capture, Status), the writes both
+// sides make (Register, Unregister, RegisterProbe, UnregisterProbe, SetGlobal: a local
+// transaction in the owner, an RPC to it in a worker) and the Steppers. A process gets one
+// through its side: an Owner (Open) or a Worker (Attach), which embed it; a function that
+// serves either side takes the *Engine (Owner.Engine, Worker.Engine). Safe for concurrent use;
+// step apply goes through a Stepper per goroutine.
 type Engine struct {
 	r   *shm.Region
 	cfg ModelConfig
 	opt Options
 	// pool is the region's column pool; poolFits whether it fits the model (one cell per
 	// (hook, layer), hidden floats a cell), so the owner puts requests' vectors there.
-	// columnsFallbacks is Status.ColumnsFallbacks, counted by the owner.
-	pool             shm.ColumnPool
-	poolFits         bool
-	columnsFallbacks atomic.Uint64
+	pool     shm.ColumnPool
+	poolFits bool
 
-	w        writer     // how writes reach the region (writer.go), chosen once by Open
-	mu       sync.Mutex // owner: serializes steering writes (latch order is the call order)
-	latches  *Latches   // owner only
-	deps     deps       // owner only: which sets reference which named vectors
-	gateConv gateConvs  // owner only: conversations' rest_of_conversation gates (gates_conv.go)
-
-	observers observe.List[Change] // OnChange callbacks (observe.go)
+	w writer // how writes reach the region (writer.go), chosen once by Open or Attach
 }
 
 // VectorInfo identifies one version of a named vector.
@@ -74,9 +66,10 @@ type VectorInfo struct {
 	ModelHint string
 }
 
-// Open binds an engine to a region. The region must have been created with RegionConfig; if
-// want is not nil the recorded config must equal it, else ErrIncompatible naming both configs.
-func Open(r *shm.Region, want *ModelConfig, opt Options) (*Engine, error) {
+// openEngine binds the side-independent part to a region. The region must have been created
+// with RegionConfig; if want is not nil the recorded config must equal it, else ErrIncompatible
+// naming both configs. The caller sets the writer.
+func openEngine(r *shm.Region, want *ModelConfig, opt Options) (*Engine, error) {
 	cfg, err := ConfigOf(r)
 	if err != nil {
 		return nil, err
@@ -89,22 +82,6 @@ func Open(r *shm.Region, want *ModelConfig, opt Options) (*Engine, error) {
 	if n, cells, b := e.pool.Geometry(); n > 0 && cells == cfg.NumHooks()*cfg.Layers && b >= 4*cfg.Hidden {
 		e.poolFits = true
 	}
-	if err := e.checkGlobal(); err != nil {
-		return nil, err
-	}
-	switch {
-	case r.IsOwner():
-		lc := opt.Latch
-		if lc.Logf == nil {
-			lc.Logf = opt.Logf
-		}
-		e.latches = NewLatches(lc)
-		e.w = local{e}
-	case opt.Caller != nil:
-		e.w = remote{e, opt.Caller}
-	default:
-		e.w = readOnly{}
-	}
 	return e, nil
 }
 
@@ -113,9 +90,6 @@ func (e *Engine) Config() ModelConfig { return e.cfg }
 
 // Region is the underlying region.
 func (e *Engine) Region() *shm.Region { return e.r }
-
-// Latches is the owner's latch map (nil in workers).
-func (e *Engine) Latches() *Latches { return e.latches }
 
 // Register validates vecs (finite values, hidden size, known hooks, layers in range, no
 // duplicate (hook, layer), name ≤ MaxNameLen bytes) and stores them under name, replacing any
@@ -196,7 +170,7 @@ type Admission struct {
 	// Override is the request's own steering; nil (or empty) inherits the conversation's latch.
 	Override *Steering
 	// Gates are the request's declarative gates (the fork's "steering" field; see Gate),
-	// resolved and validated by the owner and stored with the request (Engine.Gates).
+	// resolved and validated by the owner and stored with the request (Engine.Gates, on either side).
 	Gates []Gate
 	// Capture is the request's activation capture, {consumer name: that consumer's raw spec}
 	// (the fork's "capture" field): each consumer must be declared by the owner
@@ -250,13 +224,6 @@ type Admitted struct {
 	Capture AdmittedCapture
 }
 
-// Admit decides the steering of a request (owner only): its override, its conversation's latch,
-// or both (Override.Compose), runs the latch operation, and publishes the result under
-// KindRequest so every rank reads it. A request with no request steering gets an empty entry
-// (64 bytes), so Steppers can tell it from an id that was never admitted (StepStats). Invalid overrides fail with a typed error before anything
-// changes.
-func (e *Engine) Admit(a Admission) (Admitted, error) { return e.w.admit(a) }
-
 // pinsOf lists the digest of every named vector final references (each name once, in order).
 func pinsOf(final *Steering, digestOf func(string) (Digest, bool)) []Pin {
 	var pins []Pin
@@ -274,12 +241,6 @@ func pinsOf(final *Steering, digestOf func(string) (Digest, bool)) []Pin {
 	}
 	return pins
 }
-
-// End removes a finished request's steering (owner only). Its conversation's latch stays.
-func (e *Engine) End(requestID string) (uint64, error) { return e.w.end(requestID) }
-
-// DropConversation removes a conversation's latch (owner only), e.g. when it is closed.
-func (e *Engine) DropConversation(k ConvKey) (bool, error) { return e.w.dropConversation(k) }
 
 // Status is a point-in-time summary of the steering state, the same from any process (the latch
 // counters are published by the owner at each admission).
@@ -347,16 +308,15 @@ func (e *Engine) Status() (Status, error) {
 	if e.opt.Clients != nil {
 		st.AttachedClients = e.opt.Clients()
 	}
-	if b, _, err := s.View(KindStatus, statusKey); err == nil {
+	b, _, err := s.View(KindStatus, statusKey)
+	if err == nil {
 		ls, fallbacks := decodeLatchStats(b)
 		st.ColumnsFallbacks = fallbacks
 		st.LatchedConversations, st.LatchedBytes = ls.Conversations, ls.Bytes
 		st.Evictions, st.OversizeRefusals, st.Triggers, st.Bridges, st.BridgeDrops = ls.Evictions, ls.OversizeRefusals, ls.Triggers, ls.Bridges, ls.BridgeDrops
 		st.LatchingOff = ls.Off
-	} else if e.latches != nil {
-		// No admission yet: the owner still knows whether latching is off.
-		st.LatchingOff = e.latches.Stats().Off
 	}
+	e.w.ownStatus(&st, err == nil) // the owner's own counters
 	for _, c := range []struct {
 		k shm.Kind
 		n *int
@@ -378,18 +338,11 @@ func (e *Engine) Status() (Status, error) {
 	st.RevokedKeys = int(rs.Marks)
 	st.IndexSlots, st.MarkEntries, st.MarkSlots = rs.IndexSlots, rs.MarkEntries, rs.MarkSlots
 	st.Columns, st.ColumnsUsed, st.ColumnsRetired = rs.Columns, rs.ColumnsUsed, rs.ColumnsRetired
-	if e.r.IsOwner() {
-		st.ColumnsFallbacks = e.ColumnsFallbacks()
-	}
 	if p := rs.OldestPin; p.Version != 0 {
 		st.OldestPin = &PinStatus{Slot: p.Slot, PID: p.PID, Version: p.Version, AgeSeconds: p.Age.Seconds()}
 	}
 	return st, nil
 }
-
-// ColumnsFallbacks is Status.ColumnsFallbacks without reading the rest of the state: the
-// owner's count (0 in other processes).
-func (e *Engine) ColumnsFallbacks() uint64 { return e.columnsFallbacks.Load() }
 
 // encodeLatchStats encodes the status entry the owner publishes: the latch counters and
 // columnsFallbacks (Status.ColumnsFallbacks).

@@ -74,6 +74,24 @@ func TestOpenIncompatible(t *testing.T) {
 	require.True(t, rd.Config().Equal(smallCfg))
 }
 
+// Each side opens its own kind of region: the owner the one it created, a worker one it
+// attached to; the other way round is ErrNotOwner, whose message names the right call.
+func TestOpenWrongSide(t *testing.T) {
+	e := newOwner(t, smallCfg, Options{})
+	_, err := Attach(e.Region(), nil, Options{})
+	require.ErrorIs(t, err, ErrNotOwner)
+	require.Contains(t, err.Error(), "steer.Open")
+	r, err := shm.Open(e.Region().Files())
+	require.NoError(t, err)
+	defer r.Close()
+	_, err = Open(r, nil, Options{})
+	require.ErrorIs(t, err, ErrNotOwner)
+	require.Contains(t, err.Error(), "steer.Attach")
+	w, err := Attach(r, &smallCfg, Options{})
+	require.NoError(t, err)
+	require.True(t, w.Config().Equal(e.Config()))
+}
+
 func TestRegisterReadUnregister(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	e := newOwner(t, smallCfg, Options{})
@@ -200,8 +218,6 @@ func TestWorkerWritesThroughOwner(t *testing.T) {
 
 	lone := newReader(t, owner, Options{})
 	_, err := lone.Register("x", []Vector{{Hook: "pre_attn", Scale: 1, Data: randVec(rng, 40)}})
-	require.ErrorIs(t, err, ErrNotOwner)
-	_, err = lone.Admit(Admission{RequestID: "r"})
 	require.ErrorIs(t, err, ErrNotOwner)
 
 	w := newReader(t, owner, Options{Caller: lb})

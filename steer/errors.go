@@ -36,9 +36,11 @@ var (
 	// ErrBadEncoding means bytes read from the region or an RPC are not valid steering wire
 	// format; the message says what failed.
 	ErrBadEncoding = errors.New("shmsteer: bad steering encoding")
-	// ErrNotOwner means a write was attempted in a process that is neither the region's owner
-	// nor connected to it through a Caller.
-	ErrNotOwner = errors.New("shmsteer: steering writes need the owner or a client connection")
+	// ErrNotOwner means an operation on the wrong side of a region: Open (the owner's side) on
+	// a region this process attached to, Attach (a worker's side) on one it created, or a
+	// write from a Worker that has no Caller to reach the owner (or with an owner-only option:
+	// Origin, If).
+	ErrNotOwner = errors.New("shmsteer: wrong side of the region: the owner opens the region it created (steer.Open); a worker the one it attached to (steer.Attach), and writes through its client connection")
 	// ErrNoStep means Apply was called on a Stepper outside Begin/End, or ApplyBound in a
 	// step with no batch bound (call Bind after Begin).
 	ErrNoStep = errors.New("shmsteer: no step begun")
@@ -48,9 +50,9 @@ var (
 	// ErrUnknownRequest means a span names a request with no admitted entry (never admitted,
 	// already ended, or a mistyped id) while Options.StrictRequests is set.
 	ErrUnknownRequest = errors.New("shmsteer: span names a request that was not admitted")
-	// ErrNotServed means the owner has no handler for steering writes: call Engine.Serve in the
+	// ErrNotServed means the owner has no handler for steering writes: call Owner.Serve in the
 	// owner (with its ipc.Owner's Handle) before workers register vectors.
-	ErrNotServed = errors.New("shmsteer: the owner does not serve steering writes: call Engine.Serve(func(op uint16, h func([]byte) ([]byte, error)) { owner.Handle(op, h) }) in the owner")
+	ErrNotServed = errors.New("shmsteer: the owner does not serve steering writes: call Owner.Serve(func(op uint16, h func([]byte) ([]byte, error)) { owner.Handle(op, h) }) in the owner")
 	// ErrShape means a hidden-state block's length or shape does not fit the model.
 	ErrShape = errors.New("shmsteer: bad hidden-state shape")
 	// ErrRemote means the owner answered an RPC with an error this build does not know.

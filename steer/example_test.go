@@ -14,9 +14,11 @@ import (
 
 // The whole wiring, owner and worker in one process for the example (in production they are
 // separate processes sharing SHMSTEER_SECRET): the owner creates the region with the model
-// config and serves steering writes; the worker attaches, registers a named vector through the
-// owner, the owner (the scheduler) admits a request that references it, and the worker applies
-// a step to its hidden states.
+// config, opens its side (steer.Open: a *steer.Owner) and serves steering writes; the worker
+// attaches and opens its side (steer.Attach: a *steer.Worker), registers a named vector
+// through the owner, the owner (the scheduler) admits a request that references it, and the
+// worker applies a step to its hidden states. Admit exists on the Owner only: a worker's
+// admission does not compile.
 func Example() {
 	secret := ipc.NewSecret([]byte(rand.Text())) // usually SHMSTEER_SECRET: leave Secret nil
 	ns := "example-" + rand.Text()
@@ -45,7 +47,7 @@ func Example() {
 		panic(err)
 	}
 	defer client.Close()
-	worker, err := steer.Open(client.Region(), &model, steer.Options{Caller: client})
+	worker, err := steer.Attach(client.Region(), &model, steer.Options{Caller: client})
 	if err != nil {
 		panic(err)
 	}
@@ -122,7 +124,7 @@ func ExampleStepper_Apply() {
 
 // A conversation's steering latches: its later requests without an override inherit it (a
 // bridge) until another override replaces it.
-func ExampleEngine_Admit() {
+func ExampleOwner_Admit() {
 	model := steer.ModelConfig{Hidden: 2, Layers: 1}
 	rc, _ := steer.RegionConfig(model, shm.Config{IndexSlots: 64, ArenaBytes: 1 << 16})
 	r, err := shm.Create(rc)

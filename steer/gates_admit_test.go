@@ -12,7 +12,7 @@ import (
 
 // gateFixture registers probe "p" at (post_block, 1) and steering vector "s" at pre_attn 2
 // and post_block 2.
-func gateFixture(t *testing.T) (*Engine, VectorInfo, VectorInfo) {
+func gateFixture(t *testing.T) (*Owner, VectorInfo, VectorInfo) {
 	rng := rand.New(rand.NewPCG(23, 1))
 	e := newOwner(t, smallCfg, Options{})
 	pi, err := e.RegisterProbe("p", []Vector{{Hook: "post_block", Layer: 1, Scale: 1, Data: randVec(rng, smallCfg.Hidden)}})
@@ -25,7 +25,7 @@ func gateFixture(t *testing.T) (*Engine, VectorInfo, VectorInfo) {
 	return e, pi, si
 }
 
-func gatesAt(t *testing.T, e *Engine, id string) []AdmittedGate {
+func gatesAt(t *testing.T, e *Owner, id string) []AdmittedGate {
 	s, err := e.Region().Snapshot()
 	require.NoError(t, err)
 	defer s.Close()

@@ -108,7 +108,7 @@ func checkGateBound(cfg ModelConfig, w *wire, named func(string) (wire, bool), e
 
 // checkAdmissionGates checks admission a's stored gates (enc) against the steering Admit would
 // publish for it, read without touching the latches (so a refusal changes nothing).
-func (e *Engine) checkAdmissionGates(a *Admission, digestOf func(string) (Digest, bool), named func(string) (wire, bool), enc []byte, set string) error {
+func (e *Owner) checkAdmissionGates(a *Admission, digestOf func(string) (Digest, bool), named func(string) (wire, bool), enc []byte, set string) error {
 	if enc == nil {
 		return nil
 	}

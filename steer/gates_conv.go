@@ -57,7 +57,7 @@ const (
 	maxTenantLen = 256
 )
 
-// gateConvs is the owner's table, guarded by Engine.mu.
+// gateConvs is the owner's table, guarded by Owner.mu.
 type gateConvs struct {
 	m     map[ConvKey]*gateConv
 	order []ConvKey          // oldest first
@@ -101,7 +101,7 @@ func ParseGateConversationName(s string) (ConvKey, bool) {
 // admitGates resolves an admission's gates plus, for a conversation, the rest_of_conversation
 // gates it carries, and encodes them. It changes nothing: commit records the admission's own
 // rest_of_conversation gates in the owner's table (call it once the admission is decided).
-func (e *Engine) admitGates(s *shm.Snapshot, a *Admission, set string) (enc []byte, commit func(), err error) {
+func (e *Owner) admitGates(s *shm.Snapshot, a *Admission, set string) (enc []byte, commit func(), err error) {
 	commit = func() {}
 	res, err := e.resolveGates(s, a.Gates, set)
 	if err != nil {
@@ -160,7 +160,7 @@ func (c *gateConv) isEngaged(key uint64) bool {
 
 // putGateConv stores c as conversation k's entry (the newest) and evicts to the caps, under
 // e.mu; observers hear of it and of each eviction with origin.
-func (e *Engine) putGateConv(k ConvKey, c *gateConv, origin string) {
+func (e *Owner) putGateConv(k ConvKey, c *gateConv, origin string) {
 	t := &e.gateConv
 	if t.m == nil {
 		t.m, t.byKey, t.use = map[ConvKey]*gateConv{}, map[uint64]ConvKey{}, map[string]int{}
@@ -198,7 +198,7 @@ func (e *Engine) putGateConv(k ConvKey, c *gateConv, origin string) {
 }
 
 // dropGateConvLocked removes conversation k's entry, reporting whether there was one.
-func (e *Engine) dropGateConvLocked(k ConvKey) bool {
+func (e *Owner) dropGateConvLocked(k ConvKey) bool {
 	t := &e.gateConv
 	c, ok := t.m[k]
 	if !ok {
@@ -226,7 +226,7 @@ func (e *Engine) dropGateConvLocked(k ConvKey) bool {
 
 // gateEngaged marks the gates of keys engaged (owner; OpGateEngaged). A key of no entry (an
 // evicted conversation, a gate replaced since) is ignored.
-func (e *Engine) gateEngaged(keys []uint64) {
+func (e *Owner) gateEngaged(keys []uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	t := &e.gateConv
@@ -255,12 +255,9 @@ func (e *Engine) reportEngaged(key uint64) {
 	}()
 }
 
-// GateConversation encodes conversation k's rest_of_conversation gates (SGCV; owner only).
+// GateConversation encodes conversation k's rest_of_conversation gates (SGCV).
 // found is false when the owner keeps none for k.
-func (e *Engine) GateConversation(k ConvKey) (b []byte, found bool, err error) {
-	if e.latches == nil {
-		return nil, false, errOwnerOnly
-	}
+func (e *Owner) GateConversation(k ConvKey) (b []byte, found bool, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c, ok := e.gateConv.m[k]
@@ -271,12 +268,9 @@ func (e *Engine) GateConversation(k ConvKey) (b []byte, found bool, err error) {
 	return b, err == nil, err
 }
 
-// GateConversations encodes every conversation's entry, oldest first (owner only), for a
+// GateConversations encodes every conversation's entry, oldest first, for a
 // restore in the same order.
-func (e *Engine) GateConversations() ([][]byte, error) {
-	if e.latches == nil {
-		return nil, errOwnerOnly
-	}
+func (e *Owner) GateConversations() ([][]byte, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out := make([][]byte, 0, len(e.gateConv.order))
@@ -291,13 +285,10 @@ func (e *Engine) GateConversations() ([][]byte, error) {
 }
 
 // RestoreGateConversation decodes an SGCV entry (GateConversation's) and stores it as its
-// conversation's newest, evicting to the caps (owner only). A named source keeps the digest it
+// conversation's newest, evicting to the caps. A named source keeps the digest it
 // was latched with: an admission drops it if the vector registered now has another. Origin
 // and If qualify it as they do a Register. Nothing changes on error (ErrBadEncoding, ErrBadGate).
-func (e *Engine) RestoreGateConversation(b []byte, opts ...WriteOption) error {
-	if e.latches == nil {
-		return errOwnerOnly
-	}
+func (e *Owner) RestoreGateConversation(b []byte, opts ...WriteOption) error {
 	k, c, err := decodeGateConv(b, e.cfg)
 	if err != nil {
 		return err
@@ -312,12 +303,9 @@ func (e *Engine) RestoreGateConversation(b []byte, opts ...WriteOption) error {
 	return nil
 }
 
-// DropGateConversation removes conversation k's entry (owner only), reporting whether there
+// DropGateConversation removes conversation k's entry, reporting whether there
 // was one; Origin and If as for RestoreGateConversation.
-func (e *Engine) DropGateConversation(k ConvKey, opts ...WriteOption) (bool, error) {
-	if e.latches == nil {
-		return false, errOwnerOnly
-	}
+func (e *Owner) DropGateConversation(k ConvKey, opts ...WriteOption) (bool, error) {
 	o := writeOptsOf(opts)
 	e.mu.Lock()
 	defer e.mu.Unlock()

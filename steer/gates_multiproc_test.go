@@ -23,7 +23,7 @@ var gatedIDs = []string{"g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7"}
 
 // gatedScenario registers a probe and a steering vector and admits gatedIDs with gates of every
 // scope (and static steering), in the owner.
-func gatedScenario(t *testing.T, e *Engine) {
+func gatedScenario(t *testing.T, e *Owner) {
 	rng := rand.New(rand.NewPCG(40, 41))
 	_, err := e.RegisterProbe("p", []Vector{{Hook: "post_attn", Layer: 1, Scale: 1, Data: randVec(rng, smallCfg.Hidden)}})
 	require.NoError(t, err)
@@ -88,12 +88,12 @@ func gatesRankRun() childResult {
 		return r
 	}
 	defer reg.Close()
-	e, err := Open(reg, &smallCfg, Options{})
+	e, err := Attach(reg, &smallCfg, Options{})
 	if err != nil {
 		r.ErrorMsg = err.Error()
 		return r
 	}
-	r.Sums, r.Floats, r.Fires, err = gatedSteps(e, 12)
+	r.Sums, r.Floats, r.Fires, err = gatedSteps(e.Engine, 12)
 	if err != nil {
 		r.ErrorMsg = err.Error()
 	}
@@ -108,7 +108,7 @@ func TestGatesEqualAcrossRanks(t *testing.T) {
 	}
 	e := newOwner(t, smallCfg, Options{})
 	gatedScenario(t, e)
-	want, wantFloats, fires, err := gatedSteps(e, 12)
+	want, wantFloats, fires, err := gatedSteps(e.Engine, 12)
 	require.NoError(t, err)
 	require.NotZero(t, fires)
 	data, readers := e.Region().Files()
@@ -122,7 +122,7 @@ func TestGatesEqualAcrossRanks(t *testing.T) {
 		_, err := e.Admit(Admission{RequestID: id, Override: gateTableSteering()})
 		require.NoError(t, err)
 	}
-	ungated, _, _, err := gatedSteps(e, 12)
+	ungated, _, _, err := gatedSteps(e.Engine, 12)
 	require.NoError(t, err)
 	require.NotEqual(t, want, ungated, "the checksums fold the gates")
 }

@@ -107,7 +107,7 @@ func TestGateTables(t *testing.T) {
 	}
 }
 
-func gateTableEngine(t testing.TB) *Engine {
+func gateTableEngine(t testing.TB) *Owner {
 	e := newOwner(t, smallCfg, Options{})
 	unit := func(i int) []float32 {
 		v := make([]float32, smallCfg.Hidden)

@@ -12,7 +12,7 @@ import (
 
 var smallCfg = ModelConfig{Hidden: 40, Layers: 3}
 
-func newOwner(t testing.TB, cfg ModelConfig, opt Options) *Engine {
+func newOwner(t testing.TB, cfg ModelConfig, opt Options) *Owner {
 	t.Helper()
 	rc, err := RegionConfig(cfg, shm.Config{IndexSlots: 1 << 12, ArenaBytes: 32 << 20, ReaderSlots: 64})
 	require.NoError(t, err)
@@ -28,12 +28,12 @@ func newOwner(t testing.TB, cfg ModelConfig, opt Options) *Engine {
 }
 
 // newReader opens the owner's region again as a reader (as a worker would after attach).
-func newReader(t testing.TB, owner *Engine, opt Options) *Engine {
+func newReader(t testing.TB, owner *Owner, opt Options) *Worker {
 	t.Helper()
 	r, err := shm.Open(owner.Region().Files())
 	require.NoError(t, err)
 	t.Cleanup(func() { r.Close() })
-	e, err := Open(r, nil, opt)
+	e, err := Attach(r, nil, opt)
 	require.NoError(t, err)
 	return e
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // local writes the region in the owner.
-type local struct{ e *Engine }
+type local struct{ e *Owner }
 
 func (l local) putNamed(kind shm.Kind, name string, b []byte, d Digest, o writeOpts) (VectorInfo, error) {
 	write, what := l.e.writeNamed, "register %q: %w"
@@ -110,8 +110,6 @@ func (l local) admit(a Admission) (Admitted, error) {
 	defer snap.Close()
 	digestOf := digestAt(&snap)
 	var out Admitted
-	var final Steering
-	override := a.Override != nil && !a.Override.Empty()
 	named := namedAt(&snap, e.cfg)
 	set := fmt.Sprintf("request %q", a.RequestID)
 	capture, admittedCapture, err := e.admitCapture(&a) // before admitGates, which changes the owner's table
@@ -126,55 +124,9 @@ func (l local) admit(a Admission) (Admitted, error) {
 	if err := e.checkAdmissionGates(&a, digestOf, named, gates, set); err != nil {
 		return Admitted{}, err
 	}
-	if override {
-		w, err := resolveSteering(e.cfg, a.Override, digestOf, false)
-		if err != nil {
-			return Admitted{}, err
-		}
-		if err := checkMagnitude(e.cfg, &w, named, set); err != nil {
-			return Admitted{}, err
-		}
-		// The override composed with its conversation's latch must fit as well; check before
-		// any latch operation so a refusal changes nothing.
-		if a.Override.Compose == ComposeAdd && !a.Conversation.zero() {
-			if prev, ok := e.latches.peek(a.Conversation, digestOf); ok {
-				m := mergeSteering(&prev, a.Override)
-				mw, err := resolveSteering(e.cfg, &m, digestOf, true)
-				if err == nil {
-					err = checkMagnitude(e.cfg, &mw, named, set+" (latched steering + override)")
-				}
-				if err != nil {
-					return Admitted{}, err
-				}
-			}
-		}
-		final, out.Source = *a.Override, SourceOverride
-		if !a.Conversation.zero() {
-			if a.Override.Compose == ComposeAdd {
-				if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
-					final, out.Source = mergeSteering(&prev, a.Override), SourceComposed
-				}
-			}
-			pins := pinsOf(&final, digestOf)
-			out.Latched, out.Refused = e.latches.trigger(a.Conversation, &final, pins)
-		}
-	} else if !a.Conversation.zero() {
-		if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
-			final, out.Source = prev, SourceLatch
-		}
-	}
-	// An empty steering set marks a request admitted without request steering.
-	w, err := resolveSteering(e.cfg, &Steering{}, nil, false)
+	w, err := e.admitSteering(&a, &out, digestOf, named, set)
 	if err != nil {
-		return out, err
-	}
-	if out.Source != SourceNone {
-		if w, err = resolveSteering(e.cfg, &final, digestOf, true); err == nil {
-			err = checkMagnitude(e.cfg, &w, named, set)
-		}
-		if err != nil {
-			return out, err // cannot happen: every part was validated
-		}
+		return Admitted{}, err
 	}
 	enc, err := w.encode(e.cfg.Hidden)
 	if err != nil {
@@ -208,6 +160,71 @@ func (l local) admit(a Admission) (Admitted, error) {
 	}
 	e.deps.set(a.RequestID, refNames(&w))
 	return out, nil
+}
+
+// admitSteering decides a's request steering (its override, its conversation's latch, or both
+// composed), checks it, runs the latch operations (out.Source, Latched, Refused) and returns
+// the set resolved (empty when the request has none). Every refusal comes before any latch
+// operation, so it changes nothing.
+func (e *Owner) admitSteering(a *Admission, out *Admitted, digestOf func(string) (Digest, bool), named func(string) (wire, bool), set string) (wire, error) {
+	var final Steering
+	var w wire
+	if a.Override != nil && !a.Override.Empty() {
+		var err error
+		if w, err = e.checkOverride(a, digestOf, named, set); err != nil {
+			return wire{}, err
+		}
+		final, out.Source = *a.Override, SourceOverride
+		if !a.Conversation.zero() {
+			if a.Override.Compose == ComposeAdd {
+				if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
+					final, out.Source = mergeSteering(&prev, a.Override), SourceComposed
+				}
+			}
+			pins := pinsOf(&final, digestOf)
+			out.Latched, out.Refused = e.latches.trigger(a.Conversation, &final, pins)
+		}
+	} else if !a.Conversation.zero() {
+		if prev, ok := e.latches.Bridge(a.Conversation, digestOf); ok {
+			final, out.Source = prev, SourceLatch
+		}
+	}
+	switch out.Source {
+	case SourceNone: // an empty steering set marks a request admitted without request steering
+		return resolveSteering(e.cfg, &Steering{}, nil, false)
+	case SourceOverride:
+		return w, nil // resolved and checked by checkOverride
+	}
+	w, err := resolveSteering(e.cfg, &final, digestOf, true)
+	if err == nil {
+		err = checkMagnitude(e.cfg, &w, named, set)
+	}
+	return w, err // an error cannot happen: every part was validated
+}
+
+// checkOverride resolves and checks a's override, and with its conversation's latch when it
+// composes onto it (ComposeAdd): the sum must fit as well.
+func (e *Owner) checkOverride(a *Admission, digestOf func(string) (Digest, bool), named func(string) (wire, bool), set string) (wire, error) {
+	w, err := resolveSteering(e.cfg, a.Override, digestOf, false)
+	if err != nil {
+		return wire{}, err
+	}
+	if err := checkMagnitude(e.cfg, &w, named, set); err != nil {
+		return wire{}, err
+	}
+	if a.Override.Compose == ComposeAdd && !a.Conversation.zero() {
+		if prev, ok := e.latches.peek(a.Conversation, digestOf); ok {
+			m := mergeSteering(&prev, a.Override)
+			mw, err := resolveSteering(e.cfg, &m, digestOf, true)
+			if err == nil {
+				err = checkMagnitude(e.cfg, &mw, named, set+" (latched steering + override)")
+			}
+			if err != nil {
+				return wire{}, err
+			}
+		}
+	}
+	return w, nil
 }
 
 func (l local) end(requestID string) (uint64, error) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/shmsteer/shmsteer/kernels"
 	"github.com/shmsteer/shmsteer/shm"
 )
 
@@ -56,7 +57,75 @@ func overBound(x float64) bool { return !(math.Abs(x) <= MaxMagnitude) }
 // the way the Stepper composes in float32. named returns the named vector a ref uses (ok false:
 // not registered, contributes nothing). set names the steering set in messages ("global
 // steering", "request \"r1\"", "named vector \"x\"").
+//
+// A set whose bound (magnitudeBounded) is within half of MaxMagnitude passes without the exact
+// float64 composition: that is every set steering real models (it costs one SIMD norm per term);
+// any other is checked exactly, so the errors are the same either way.
 func checkMagnitude(cfg ModelConfig, w *wire, named func(string) (wire, bool), set string) error {
+	if !magnitudeBounded(cfg, w, named) {
+		if err := checkTermsExact(cfg, w, named, set); err != nil {
+			return err
+		}
+	}
+	return checkClamps(cfg, w, set)
+}
+
+// magnitudeBounded reports whether every coefficient, term and composed component of w is
+// provably within MaxMagnitude/2, hence within MaxMagnitude, without composing: per site and
+// phase it sums |coefficient| × ‖data‖₂ (kernels.Norm, which bounds every |component| from
+// above) over the terms that apply there. The factor 2 leaves room, many times over, for the
+// float64 rounding of the bound itself. false means only "not proven": checkTermsExact decides.
+func magnitudeBounded(cfg ModelConfig, w *wire, named func(string) (wire, bool)) bool {
+	const limit = MaxMagnitude / 2
+	if len(w.vecs) == 0 && len(w.refs) == 0 {
+		return true
+	}
+	bound := make([]float64, cfg.NumHooks()*cfg.Layers*2) // per site and phase, as compose's
+	add := func(p Phase, hook HookID, layer int, coef float64, data []float32) bool {
+		coef = math.Abs(coef)
+		t := coef * kernels.Norm(data)
+		if !(coef <= limit) || !(t <= limit) {
+			return false
+		}
+		ix := (int(hook)*cfg.Layers + layer) * 2
+		if p != PhaseDecode {
+			bound[ix] += t
+		}
+		if p != PhasePrefill {
+			bound[ix+1] += t
+		}
+		return true
+	}
+	for _, v := range w.vecs {
+		if !add(v.phase, v.hook, v.layer, float64(v.scale), v.data) {
+			return false
+		}
+	}
+	if len(w.refs) > 0 && named == nil {
+		return false
+	}
+	for _, r := range w.refs {
+		nw, ok := named(r.name)
+		if !ok {
+			continue
+		}
+		for _, v := range nw.vecs {
+			if !add(r.phase, v.hook, v.layer, float64(r.strength)*float64(v.scale), v.data) {
+				return false
+			}
+		}
+	}
+	for _, b := range bound {
+		if !(b <= limit) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkTermsExact checks w's coefficients, terms and composed components against MaxMagnitude
+// exactly, composing in float64 (checkMagnitude's slow path).
+func checkTermsExact(cfg ModelConfig, w *wire, named func(string) (wire, bool), set string) error {
 	d := cfg.Hidden
 	// sums holds the composition of each site-phase touched, ix = ((hook*layers)+layer)*2 + phase-1.
 	sums := map[int][]float64{}
@@ -114,6 +183,11 @@ func checkMagnitude(cfg ModelConfig, w *wire, named func(string) (wire, bool), s
 			}
 		}
 	}
+	return nil
+}
+
+// checkClamps checks w's clamp bounds against MaxMagnitude and their strengths (in [0, 1]).
+func checkClamps(cfg ModelConfig, w *wire, set string) error {
 	for i, c := range w.clamps {
 		bound := math.Max(math.Abs(float64(c.lo)), math.Abs(float64(c.hi)))
 		if overBound(bound) {

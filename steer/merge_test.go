@@ -38,7 +38,7 @@ func mergeRun() childResult {
 		return r
 	}
 	defer c.Close()
-	e, err := Open(c.Region(), &mergeCfg, Options{Caller: c})
+	e, err := Attach(c.Region(), &mergeCfg, Options{Caller: c})
 	if err != nil {
 		r.ErrorMsg = err.Error()
 		return r

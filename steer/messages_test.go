@@ -76,7 +76,7 @@ func TestUnknownRequestCountedOrRefused(t *testing.T) {
 			err = st.Apply(0, 0, h, []Span{{ID: tc.id, Start: 0, End: 1, Phase: PhaseDecode}})
 			if tc.wantErr != nil {
 				require.ErrorIs(t, err, tc.wantErr)
-				require.Contains(t, err.Error(), "Engine.Admit")
+				require.Contains(t, err.Error(), "Owner.Admit")
 			} else {
 				require.NoError(t, err)
 			}
@@ -100,7 +100,7 @@ func TestUnknownOpIsProtos(t *testing.T) {
 	require.ErrorIs(t, ipc.ErrUnknownOp, proto.ErrUnknownOp)
 }
 
-// A worker's Register when the owner never called Engine.Serve says to call it.
+// A worker's Register when the owner never called Owner.Serve says to call it.
 func TestRegisterWithoutServeNamesServe(t *testing.T) {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
@@ -117,12 +117,12 @@ func TestRegisterWithoutServeNamesServe(t *testing.T) {
 	client, err := ipc.Attach(ipc.ClientOptions{Secret: &secret, Namespace: ns})
 	require.NoError(t, err)
 	defer client.Close()
-	w, err := Open(client.Region(), &smallCfg, Options{Caller: client})
+	w, err := Attach(client.Region(), &smallCfg, Options{Caller: client})
 	require.NoError(t, err)
 	_, err = w.Register("v", []Vector{{Hook: "pre_attn", Scale: 1, Data: filled(smallCfg.Hidden, 1)}})
 	require.ErrorIs(t, err, ErrNotServed)
 	require.ErrorIs(t, err, ipc.ErrUnknownOp)
-	require.Contains(t, err.Error(), "Engine.Serve")
+	require.Contains(t, err.Error(), "Owner.Serve")
 	_, err = w.Unregister("v")
 	require.ErrorIs(t, err, ErrNotServed)
 }

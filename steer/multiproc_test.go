@@ -67,7 +67,7 @@ func determinismRun() childResult {
 	}
 	_, ids, err := scenario(e, 5)
 	if err == nil {
-		r.Sums, r.Floats, err = runSteps(e, 5, ids, 4, 0, nil)
+		r.Sums, r.Floats, err = runSteps(e.Engine, 5, ids, 4, 0, nil)
 	}
 	if err != nil {
 		r.ErrorMsg = err.Error()
@@ -87,13 +87,13 @@ func applyRun() childResult {
 		return r
 	}
 	defer reg.Close()
-	e, err := Open(reg, &smallCfg, Options{})
+	e, err := Attach(reg, &smallCfg, Options{})
 	if err != nil {
 		r.ErrorMsg = err.Error()
 		return r
 	}
 	v, _ := strconv.ParseUint(os.Getenv("STEER_TEST_VERSION"), 10, 64)
-	r.Sums, r.Floats, err = runSteps(e, 9, strings.Split(os.Getenv("STEER_TEST_IDS"), ","), 6, v, nil)
+	r.Sums, r.Floats, err = runSteps(e.Engine, 9, strings.Split(os.Getenv("STEER_TEST_IDS"), ","), 6, v, nil)
 	if err != nil {
 		r.ErrorMsg = err.Error()
 	}
@@ -145,7 +145,7 @@ func TestApplyEqualAcrossProcesses(t *testing.T) {
 	require.NoError(t, st.Begin(0)) // hold the version so it cannot be reclaimed
 	pinned := st.Version()
 	defer st.Close()
-	want, wantFloats, err := runSteps(e, 9, ids, 6, pinned, nil)
+	want, wantFloats, err := runSteps(e.Engine, 9, ids, 6, pinned, nil)
 	require.NoError(t, err)
 
 	// The owner keeps writing: the children must still see the pinned state.
@@ -162,7 +162,7 @@ func TestApplyEqualAcrossProcesses(t *testing.T) {
 		require.Equal(t, want, r.Sums)
 		require.Equal(t, wantFloats, r.Floats)
 	}
-	now, _, err := runSteps(e, 9, ids, 6, 0, nil)
+	now, _, err := runSteps(e.Engine, 9, ids, 6, 0, nil)
 	require.NoError(t, err)
 	require.NotEqual(t, want, now, "the current state differs from the pinned one")
 }

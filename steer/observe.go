@@ -35,9 +35,9 @@ type Change struct {
 // must be quick and must not call the engine's writes (it would deadlock): a mirror enqueues
 // the change and returns. The returned function removes fn. Workers' writes reach fn through
 // the owner's Serve handlers, which make the same writes in the owner.
-func (e *Engine) OnChange(fn func(Change)) (remove func()) { return e.observers.Add(fn) }
+func (e *Owner) OnChange(fn func(Change)) (remove func()) { return e.observers.Add(fn) }
 
-func (e *Engine) notify(c Change) { e.observers.Notify(c) }
+func (e *Owner) notify(c Change) { e.observers.Notify(c) }
 
 // Encoding returns the stored encoding (the steering wire format, see DecodeSteering) of the
 // entry a Change names, as of snapshot s, and the region version that wrote it; found is false

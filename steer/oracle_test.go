@@ -49,8 +49,8 @@ func oraclePlanRuns(s *Stepper) bool {
 	if !s.runs {
 		return false
 	}
-	for i := range s.plan {
-		if p := &s.plan[i]; p.gated || p.end-p.start != 1 {
+	for i := range s.steered {
+		if p := &s.steered[i]; p.gated || p.end-p.start != 1 {
 			return false
 		}
 	}
@@ -74,7 +74,7 @@ func oracleColAct(v *composedView, ix int) (act uint64, col int) {
 	return act, -1
 }
 
-// oracleWalk is the old Apply at (hook, layer) once its arguments are checked and s.plan is
+// oracleWalk is the old Apply at (hook, layer) once its arguments are checked and s.steered is
 // the batch's: the general walk, which hands a decode batch's runs to oracleRuns.
 func (s *Stepper) oracleWalk(hook HookID, layer int, h []float32) {
 	d := s.d
@@ -92,7 +92,7 @@ func (s *Stepper) oracleWalk(hook HookID, layer int, h []float32) {
 		gv[1], gcl[1], gAct[1] = s.global.at(site + 1)
 	}
 	// Request vectors are read one span ahead, their site entries siteAhead spans ahead.
-	plan := s.plan
+	plan := s.steered
 	if oraclePlanRuns(s) && gv[0] == nil && gv[1] == nil && len(gcl[0]) == 0 && len(gcl[1]) == 0 {
 		// A batch of one-row, ungated spans at a site without global steering: the spans
 		// whose vectors are cells of the pool are walked by oracleRuns; the rest of the plan,
@@ -174,7 +174,7 @@ func (s *Stepper) oracleWalk(hook HookID, layer int, h []float32) {
 // oracleFold folds one span into the checksum: mix64 of the site, the request, its rows, its
 // phase and the two act words; the span's three fixed words were multiplied once, when the
 // batch was resolved.
-func (s *Stepper) oracleFold(p *planSpan, hook HookID, layer int, ga, rAct uint64) {
+func (s *Stepper) oracleFold(p *steeredSpan, hook HookID, layer int, ga, rAct uint64) {
 	x := mix64(s.sum, uint64(hook)<<32|uint64(layer))
 	x = mixPre(x, p.idMul)
 	x = mixPre(x, p.rowsMul)
@@ -192,7 +192,7 @@ func (s *Stepper) oracleFold(p *planSpan, hook HookID, layer int, ga, rAct uint6
 // that has clamps, after adding the runs before it, and returns that span's index in the plan
 // (len(plan) when it walked them all), from which Apply's general loop goes on.
 func (s *Stepper) oracleRuns(h []float32, site int, hookLayer uint64) int {
-	plan := s.plan
+	plan := s.steered
 	var run oracleColRun
 	sum := s.sum
 	hl := hookLayer * mixK1
@@ -269,7 +269,7 @@ const oracleRunAhead = 16
 
 // oracleAfter is the old walk's work on a span after its adds: its gates' adds, its global
 // clamps, its request's clamps.
-func (s *Stepper) oracleAfter(p *planSpan, site int, blk []float32, f float32, gc, rcl []byte) {
+func (s *Stepper) oracleAfter(p *steeredSpan, site int, blk []float32, f float32, gc, rcl []byte) {
 	if p.gated {
 		s.gatesAdd(p.st.gates, site/2, blk, p.start, f)
 	}

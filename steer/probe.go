@@ -99,7 +99,7 @@ func (e *Engine) UnregisterProbe(name string, opts ...WriteOption) (uint64, erro
 }
 
 // writeProbe stores (b != nil) or deletes a probe vector, under the write lock.
-func (e *Engine) writeProbe(name string, b []byte, o writeOpts) (v uint64, err error) {
+func (e *Owner) writeProbe(name string, b []byte, o writeOpts) (v uint64, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer o.done(e, &err, Change{Kind: ChangeProbe, Name: name, Deleted: b == nil}, &v)

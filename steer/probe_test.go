@@ -103,7 +103,7 @@ func TestProbeVectors(t *testing.T) {
 // checkProbeSiteRefused checks that a probe names exactly one site, checked in the worker w and
 // again by the owner (through lb), and that a failed write changes nothing: probe "p" keeps
 // digest.
-func checkProbeSiteRefused(t *testing.T, rng *rand.Rand, owner, w *Engine, lb loopback, site, steerVec []Vector, digest Digest) {
+func checkProbeSiteRefused(t *testing.T, rng *rand.Rand, owner *Owner, w *Worker, lb loopback, site, steerVec []Vector, digest Digest) {
 	t.Helper()
 	two := append(append([]Vector(nil), site...), steerVec...)
 	_, err := w.RegisterProbe("p", two)

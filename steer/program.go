@@ -2,12 +2,12 @@ package steer
 
 // The step's program: what Apply and ApplyBound run at a site.
 //
-// A batch layout, resolved (Stepper.resolve: the steered spans in Stepper.plan), is turned into
+// A batch layout, resolved (Stepper.resolve: the steered spans in Stepper.steered), is turned into
 // a list of operations per site, each site's built at its first apply and kept while the
 // layout and every composition it read keep their versions (an entry's version names its bytes
 // and the pool cells it names: any change rewrites it under a new version), so a decode batch
 // whose requests stay in their rows builds each site once and then only runs it, step after
-// step. A site's program is, in plan order:
+// step. A site's program is, in span order:
 //
 //   - folds: one per span the site steers (a global or request action word, or gates), the
 //     checksum words; a gated span's fold carries its gated operation (gatedOp), run in order
@@ -18,7 +18,7 @@ package steer
 //   - clamps: a span's global clamps, then its request's, after its adds.
 //
 // The executor (Stepper.exec) captures the site's rows first (before any add), folds, adds,
-// clamps: the bits and the checksum of the old walk of the plan (kept as the test oracle,
+// clamps: the bits and the checksum of the old walk of the steered spans (kept as the test oracle,
 // oracle_test.go), whatever the order of the adds of distinct spans (spans do not overlap, and
 // a span's gates and clamps read only its own rows).
 
@@ -35,7 +35,7 @@ type program struct {
 	folds  []foldOp
 	gated  []gatedOp
 	clamps []clampOp
-	// What the current generation was built for: per span of the plan, its rows, phase and
+	// What the current generation was built for: per steered span, its rows, phase and
 	// the composition its request's view read; the global composition.
 	key         []progKey
 	global      uint64
@@ -68,8 +68,8 @@ const (
 	addPair
 )
 
-// foldOp is a steered span of a site, for the checksum: its plan index, its gated operation
-// (-1: none) and the global and request action words, multiplied by mixK1.
+// foldOp is a steered span of a site, for the checksum: its index in Stepper.steered, its
+// gated operation (-1: none) and the global and request action words, multiplied by mixK1.
 type foldOp struct {
 	p, gated int32
 	gaM, raM uint64
@@ -88,7 +88,7 @@ type clampOp struct {
 	gcl, rcl []byte
 }
 
-// progKey is what a site's program depends on, per span of the plan.
+// progKey is what a site's program depends on, per steered span.
 type progKey struct {
 	st             *reqState
 	id             string
@@ -97,16 +97,16 @@ type progKey struct {
 	known, gated   bool
 }
 
-// samePlan reports whether the resolved plan is the one the program was built for, with the
-// same compositions and the same global one (a decode batch whose requests stay in their rows
-// from step to step): its sites are then still right. Otherwise it starts a new generation of
-// the program for this plan: every site is built again at its next apply.
-func (s *Stepper) samePlan() bool {
+// reuseProgram reports whether the resolved steered spans are the ones the program was built
+// for, with the same compositions and the same global one (a decode batch whose requests stay
+// in their rows from step to step): its sites are then still right. Otherwise it starts a new
+// generation of the program for these spans: every site is built again at its next apply.
+func (s *Stepper) reuseProgram() bool {
 	pr := &s.prog
-	same := pr.valid && len(pr.key) == len(s.plan) && pr.global == s.global.version && pr.globalSites == s.global.sites
+	same := pr.valid && len(pr.key) == len(s.steered) && pr.global == s.global.version && pr.globalSites == s.global.sites
 	if same {
-		for i := range s.plan {
-			p, k := &s.plan[i], &pr.key[i]
+		for i := range s.steered {
+			p, k := &s.steered[i], &pr.key[i]
 			if p.st != k.st || p.st.view.version != k.ver || p.st.known != k.known || p.start != k.start || p.end != k.end || p.ph != k.ph || p.gated != k.gated || p.st.id != k.id {
 				same = false
 				break
@@ -117,8 +117,8 @@ func (s *Stepper) samePlan() bool {
 		return true
 	}
 	pr.key = pr.key[:0]
-	for i := range s.plan {
-		p := &s.plan[i]
+	for i := range s.steered {
+		p := &s.steered[i]
 		pr.key = append(pr.key, progKey{st: p.st, id: p.st.id, ver: p.st.view.version, start: p.start, end: p.end, ph: p.ph, known: p.st.known, gated: p.gated})
 	}
 	pr.global, pr.globalSites, pr.valid = s.global.version, s.global.sites, true
@@ -131,7 +131,7 @@ func (s *Stepper) samePlan() bool {
 // | layer, times mixK1), the request, its rows, its phase and the two action words (global,
 // request; times mixK1). The checksum's one fold of a span; the gates fold their decisions
 // in gates_step.go.
-func foldSpan(sum, hl uint64, p *planSpan, gaM, raM uint64) uint64 {
+func foldSpan(sum, hl uint64, p *steeredSpan, gaM, raM uint64) uint64 {
 	x := mixPre(sum, hl)
 	x = mixPre(x, p.idMul)
 	x = mixPre(x, p.rowsMul)
@@ -148,10 +148,10 @@ func (s *Stepper) exec(hook HookID, layer int, h []float32) {
 		s.captureSite(hook, layer, shm.Float32Bytes(h), CaptureF32, false) // before the adds
 	}
 	pr := &s.prog
-	cell := int(hook)*s.layers + layer
-	sp := &pr.sites[cell]
+	site := int(hook)*s.layers + layer
+	sp := &pr.sites[site]
 	if sp.gen != pr.gen {
-		s.build(cell)
+		s.build(site)
 	}
 	s.stats.ColumnRuns += uint64(sp.colRuns)
 	s.stats.RunRows += uint64(sp.runRows)
@@ -163,10 +163,10 @@ func (s *Stepper) exec(hook HookID, layer int, h []float32) {
 	if sp.gated {
 		for i := range folds {
 			f := &folds[i]
-			p := &s.plan[f.p]
+			p := &s.steered[f.p]
 			if f.gated >= 0 {
 				s.sum = sum
-				s.runGated(&pr.gated[f.gated], p, cell, h)
+				s.runGated(&pr.gated[f.gated], p, site, h)
 				sum = s.sum
 			}
 			sum = foldSpan(sum, hl, p, f.gaM, f.raM)
@@ -174,7 +174,7 @@ func (s *Stepper) exec(hook HookID, layer int, h []float32) {
 	} else {
 		for i := range folds {
 			f := &folds[i]
-			sum = foldSpan(sum, hl, &s.plan[f.p], f.gaM, f.raM)
+			sum = foldSpan(sum, hl, &s.steered[f.p], f.gaM, f.raM)
 		}
 	}
 	s.sum = sum
@@ -207,13 +207,13 @@ func (s *Stepper) exec(hook HookID, layer int, h []float32) {
 		}
 	}
 	for _, c := range pr.clamps[sp.clampLo:sp.clampHi] {
-		p := &s.plan[c.p]
+		p := &s.steered[c.p]
 		s.clamp(p, h[p.start*d:p.end*d], c.gcl, c.rcl)
 	}
 }
 
 // clamp runs a span's global clamps gcl, then its request's rcl, over its rows blk.
-func (s *Stepper) clamp(p *planSpan, blk []float32, gcl, rcl []byte) {
+func (s *Stepper) clamp(p *steeredSpan, blk []float32, gcl, rcl []byte) {
 	if len(gcl) != 0 {
 		s.global.applyClamps(blk, s.d, gcl)
 	}
@@ -222,12 +222,13 @@ func (s *Stepper) clamp(p *planSpan, blk []float32, gcl, rcl []byte) {
 	}
 }
 
-// runGated applies a gated decode span at site cell: its probes read before its steering, the
-// request's vector times the attenuation, the global one, the gates' adds, the clamps.
-func (s *Stepper) runGated(g *gatedOp, p *planSpan, cell int, h []float32) {
+// runGated applies a gated decode span at site (hook*layers + layer): its probes read before
+// its steering, the request's vector times the attenuation, the global one, the gates' adds,
+// the clamps.
+func (s *Stepper) runGated(g *gatedOp, p *steeredSpan, site int, h []float32) {
 	d := s.d
 	blk := h[p.start*d : p.end*d]
-	f := s.gatesBefore(p.st.gates, cell, blk, p.start)
+	f := s.gatesBefore(p.st.gates, site, blk, p.start)
 	switch {
 	case g.rv != nil && g.g != nil:
 		if p.end-p.start == 1 {
@@ -240,37 +241,38 @@ func (s *Stepper) runGated(g *gatedOp, p *planSpan, cell int, h []float32) {
 	case g.g != nil:
 		kernels.AddRows(blk, d, 1, g.g)
 	}
-	s.gatesAdd(p.st.gates, cell, blk, p.start, f)
+	s.gatesAdd(p.st.gates, site, blk, p.start, f)
 	s.clamp(p, blk, g.gcl, g.rcl)
 }
 
-// build makes site cell's program for the current generation from the resolved plan.
-func (s *Stepper) build(cell int) {
+// build makes site's program (site: hook*layers + layer) for the current generation from
+// the steered spans.
+func (s *Stepper) build(site int) {
 	pr := &s.prog
-	site := cell * 2
-	// The global composition's entries at this site, one per phase (nil when there is none).
+	ent := site * 2 // the site's first site entry (prefill; decode is ent + 1)
+	// The global composition's site entries at this site, one per phase (nil when there is none).
 	var gv [2][]float32
 	var gcl [2][]byte
 	var gAct [2]uint64
 	if s.global.sites != 0 {
-		gv[0], gcl[0], gAct[0] = s.global.at(site)
-		gv[1], gcl[1], gAct[1] = s.global.at(site + 1)
+		gv[0], gcl[0], gAct[0] = s.global.at(ent)
+		gv[1], gcl[1], gAct[1] = s.global.at(ent + 1)
 	}
 	sp := siteProg{gen: pr.gen, addLo: int32(len(pr.adds)), foldLo: int32(len(pr.folds)), clampLo: int32(len(pr.clamps))}
-	plan := s.plan
+	spans := s.steered
 	// Each span's site entry is asked for siteAhead spans ahead: every request's lies in its
 	// own entry of the region.
-	for n := range min(siteAhead, len(plan)) {
-		plan[n].st.view.prefetchSite(site + plan[n].ph)
+	for n := range min(siteAhead, len(spans)) {
+		spans[n].st.view.prefetchSite(ent + spans[n].ph)
 	}
 	lastRun := -1
-	for i := range plan {
-		p := &plan[i]
-		if i+siteAhead < len(plan) {
-			q := &plan[i+siteAhead]
-			q.st.view.prefetchSite(site + q.ph)
+	for i := range spans {
+		p := &spans[i]
+		if i+siteAhead < len(spans) {
+			q := &spans[i+siteAhead]
+			q.st.view.prefetchSite(ent + q.ph)
 		}
-		rv, rcl, rAct := p.st.view.at(site + p.ph)
+		rv, rcl, rAct := p.st.view.at(ent + p.ph)
 		g, gc, ga := gv[p.ph], gcl[p.ph], gAct[p.ph]
 		if ga == 0 && rAct == 0 && !p.gated {
 			continue
@@ -294,7 +296,7 @@ func (s *Stepper) build(cell int) {
 			if !s.runs || p.end-p.start != 1 || len(gc) != 0 || len(rcl) != 0 {
 				break
 			}
-			col := p.st.view.colOf(site + p.ph)
+			col := p.st.view.colOf(ent + p.ph)
 			if col < 0 {
 				break
 			}
@@ -323,12 +325,12 @@ func (s *Stepper) build(cell int) {
 	for i := sp.addLo; i < sp.addHi; i++ {
 		if r := &pr.adds[i]; r.kind == addRun && r.end-r.start > 1 {
 			// Stepper.runs: cells of exactly Hidden floats, so n adjacent columns of one cell
-			// are n rows.
+			// are n rows. A composition's column holds site s's vector in the pool's cell s.
 			n := r.end - r.start
-			r.v = s.e.pool.CellsFloat32(int(r.col), int(n), cell)
+			r.v = s.e.pool.CellsFloat32(int(r.col), int(n), site)
 			sp.colRuns++
 			sp.runRows += n
 		}
 	}
-	pr.sites[cell] = sp
+	pr.sites[site] = sp
 }

@@ -23,7 +23,7 @@ var oracleIDs = []string{"c-0", "c-1", "c-2", "c-3", "one-site", "entry-a", "nam
 // place), an unsteered one, requests with gates of every scope (this_token probe adds, always
 // adds, next_step and rest_of_request probes, an attenuation), and a global steering with a
 // decode vector at some sites, a prefill vector at others and a clamp.
-func oracleEngine(t testing.TB) *Engine {
+func oracleEngine(t testing.TB) *Owner {
 	cfg := oracleCfg
 	d := cfg.Hidden
 	e := newOwnerColumns(t, cfg, 6)
@@ -77,7 +77,7 @@ type oracleSteppers struct {
 	apply, bound, oracle *Stepper
 }
 
-func newOracleSteppers(e *Engine) *oracleSteppers {
+func newOracleSteppers(e *Owner) *oracleSteppers {
 	return &oracleSteppers{e.NewStepper(), e.NewStepper(), e.NewStepper()}
 }
 

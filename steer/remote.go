@@ -22,7 +22,7 @@ type Caller interface {
 //	func(op uint16, h func([]byte) ([]byte, error)) { o.Handle(op, h) }
 type HandleFunc func(op uint16, h func(req []byte) ([]byte, error))
 
-// RPC ops served by Engine.Serve (internal/proto's table).
+// RPC ops served by Owner.Serve (internal/proto's table).
 const (
 	OpRegister        uint16 = proto.OpRegister
 	OpUnregister      uint16 = proto.OpUnregister
@@ -105,10 +105,7 @@ func (r remote) setGlobal(g Steering, o writeOpts) (uint64, error) {
 	return r.callVersion(OpSetGlobal, req, "set-global")
 }
 
-func (remote) admit(Admission) (Admitted, error)             { return Admitted{}, errOwnerOnly }
-func (remote) end(string) (uint64, error)                    { return 0, errOwnerOnly }
-func (remote) dropConversation(ConvKey) (bool, error)        { return false, errOwnerOnly }
-func (remote) restoreLatches([]LatchEntry, LatchStats) error { return errOwnerOnly }
+func (remote) ownStatus(*Status, bool) {}
 
 func (r remote) gateEngaged(keys []uint64) error {
 	req := make([]byte, 0, 8*len(keys))
@@ -148,7 +145,7 @@ func (r remote) call(op uint16, req []byte) ([]byte, error) {
 // Serve registers the owner's handlers for every write a worker sends (the ops above). The
 // owner re-validates everything it receives: a worker's bytes are not trusted. A handler's
 // error reaches the worker as the same sentinel (internal/proto's codes, bound below).
-func (e *Engine) Serve(handle HandleFunc) {
+func (e *Owner) Serve(handle HandleFunc) {
 	handle(OpRegister, e.serveRegister(KindVector))
 	handle(OpUnregister, e.serveUnregister(KindVector))
 	handle(OpRegisterProbe, e.serveRegister(KindProbe))
@@ -162,7 +159,7 @@ const maxEngagedKeys = 4096
 
 // serveGateEngaged is the owner's handler of OpGateEngaged: u64 gate keys (unknown keys are
 // ignored: a worker can only mark gates the owner latched).
-func (e *Engine) serveGateEngaged(req []byte) ([]byte, error) {
+func (e *Owner) serveGateEngaged(req []byte) ([]byte, error) {
 	if len(req) == 0 || len(req)%8 != 0 || len(req) > 8*maxEngagedKeys {
 		return nil, fmt.Errorf("%w: gate-engaged request of %d bytes", ErrBadEncoding, len(req))
 	}
@@ -176,7 +173,7 @@ func (e *Engine) serveGateEngaged(req []byte) ([]byte, error) {
 
 // serveRegister is the owner's handler of a register RPC: it decodes (name, encoding),
 // re-validates it and registers it as a named vector of kind.
-func (e *Engine) serveRegister(kind shm.Kind) func([]byte) ([]byte, error) {
+func (e *Owner) serveRegister(kind shm.Kind) func([]byte) ([]byte, error) {
 	reg := e.Register
 	if kind == KindProbe {
 		reg = e.RegisterProbe
@@ -219,7 +216,7 @@ func (e *Engine) serveRegister(kind shm.Kind) func([]byte) ([]byte, error) {
 }
 
 // serveUnregister is the owner's handler of an unregister RPC (the request is the name).
-func (e *Engine) serveUnregister(kind shm.Kind) func([]byte) ([]byte, error) {
+func (e *Owner) serveUnregister(kind shm.Kind) func([]byte) ([]byte, error) {
 	unreg := e.Unregister
 	if kind == KindProbe {
 		unreg = e.UnregisterProbe
@@ -235,7 +232,7 @@ func (e *Engine) serveUnregister(kind shm.Kind) func([]byte) ([]byte, error) {
 
 // serveSetGlobal is the owner's handler of OpSetGlobal: a flags byte, then the steering's
 // encoding (none: clear). A merge is applied here, under the owner's write lock.
-func (e *Engine) serveSetGlobal(req []byte) ([]byte, error) {
+func (e *Owner) serveSetGlobal(req []byte) ([]byte, error) {
 	if len(req) == 0 || req[0]&^globalMerge != 0 {
 		return nil, fmt.Errorf("%w: set-global request without a valid flags byte", ErrBadEncoding)
 	}

@@ -83,7 +83,7 @@ func TestStepNoticesLayoutChange(t *testing.T) {
 }
 
 // sameLayoutSteered is what Applies at layers 0 and 1 of one step steer in h0 for batch.
-func sameLayoutSteered(t *testing.T, e *Engine, hook HookID, h0 []float32, batch []Span) []float32 {
+func sameLayoutSteered(t *testing.T, e *Owner, hook HookID, h0 []float32, batch []Span) []float32 {
 	st := e.NewStepper()
 	defer st.Close()
 	require.NoError(t, st.Begin(0))

@@ -90,6 +90,6 @@ func (l *Latches) Export() ([]LatchEntry, LatchStats) {
 // engine's caps, hold no duplicate key, and agree with st's conversation and byte counts;
 // else ErrLatchState and nothing changes. Each entry's steering is validated against the
 // model (sizes, hooks, layers, finite values).
-func (e *Engine) RestoreLatches(entries []LatchEntry, st LatchStats) error {
-	return e.w.restoreLatches(entries, st)
+func (e *Owner) RestoreLatches(entries []LatchEntry, st LatchStats) error {
+	return local{e}.restoreLatches(entries, st)
 }

@@ -86,16 +86,16 @@ type Stepper struct {
 	// is applied at every (hook, layer) of a step, so later Applies only compare it.
 	last []Span
 	cur  []*reqState
-	// resolved: last, cur and plan are a batch resolved in this step (a refused batch leaves
+	// resolved: last, cur and steered are a batch resolved in this step (a refused batch leaves
 	// them partly filled).
 	resolved bool
-	// plan lists the spans of that batch that anything steers (a request composition, or
+	// steered lists the spans of that batch that anything steers (a request composition, or
 	// the global one for non-empty spans), with what the program needs of them: unsteered
 	// requests cost nothing per site. lastEnd is the largest End of the batch's spans.
-	plan    []planSpan
+	steered []steeredSpan
 	lastEnd int
-	// prog is the plan's operations per site, kept from step to step while the plan and its
-	// compositions keep their versions (program.go).
+	// prog is the steered spans' operations per site, kept from step to step while the spans
+	// and their compositions keep their versions (program.go).
 	prog program
 	// bound: Bind bound the batch in s.last for ApplyBound, a block of boundRows rows.
 	bound     bool
@@ -261,10 +261,10 @@ func (s *Stepper) checkApply(hook HookID, layer int) error {
 // siteAhead is how many spans ahead a site's build asks for a request's site entry.
 const siteAhead = 4
 
-// planSpan is one active span of the resolved batch, as the program reads it: its rows, its
-// request, the site-index offset of its phase, whether it is gated, and its fixed checksum
-// words already multiplied by mix64's first constant.
-type planSpan struct {
+// steeredSpan is one steered span of the resolved batch, as the program reads it: its rows,
+// its request, the site-entry offset of its phase (0 prefill, 1 decode), whether it is
+// gated, and its fixed checksum words already multiplied by mix64's first constant.
+type steeredSpan struct {
 	st                       *reqState
 	start, end, ph           int
 	gated                    bool
@@ -301,7 +301,7 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 	s.bound, s.resolved = false, false
 	s.last = s.last[:0]
 	s.cur = s.cur[:0]
-	s.plan = s.plan[:0]
+	s.steered = s.steered[:0]
 	maxEnd, lastEnd := 0, 0
 	for i := range batch {
 		sp := &batch[i]
@@ -330,7 +330,7 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 		}
 		s.cur = append(s.cur, st)
 		if sp.Start < sp.End && (st.view.sites != 0 || s.global.sites != 0 || st.gates != nil) {
-			s.plan = append(s.plan, planSpan{
+			s.steered = append(s.steered, steeredSpan{
 				st: st, start: sp.Start, end: sp.End, ph: int(sp.Phase) - 1,
 				gated:   st.gates != nil && sp.Phase == PhaseDecode,
 				idMul:   st.idHash * mixK1,
@@ -347,7 +347,7 @@ func (s *Stepper) resolve(batch []Span, rows int) error {
 	s.last = append(s.last, batch...)
 	s.lastEnd = lastEnd
 	s.resolved = true
-	s.samePlan()
+	s.reuseProgram()
 	return nil
 }
 
@@ -400,7 +400,7 @@ func (s *Stepper) request(id string) (*reqState, error) {
 	case errors.Is(err, shm.ErrNotFound):
 		s.stats.UnknownRequests++
 		if s.e.opt.StrictRequests || s.strict {
-			return nil, fmt.Errorf("%w: %q has no entry at version %d (call Engine.Admit for every request in a batch, and End only after its last step)", ErrUnknownRequest, id, s.snap.Version())
+			return nil, fmt.Errorf("%w: %q has no entry at version %d (call Owner.Admit for every request in a batch, and End only after its last step)", ErrUnknownRequest, id, s.snap.Version())
 		}
 		st.view, st.known = composedView{}, false
 	case err != nil:

@@ -16,7 +16,7 @@ import (
 // vectors, references, clamps (one ablation), phases, conversations and both compose modes,
 // all from seed. It returns the reference model (with the admitted steering read back from the
 // region) and the request ids.
-func scenario(e *Engine, seed uint64) (*refModel, []string, error) {
+func scenario(e *Owner, seed uint64) (*refModel, []string, error) {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	cfg := e.Config()
 	d := cfg.Hidden
@@ -165,7 +165,7 @@ func TestStepMatchesReference(t *testing.T) {
 	require.NoError(t, err)
 	ids = append(ids, "unknown-request")
 	checked := 0
-	sums, _, err := runSteps(e, 1, ids, 5, 0, func(hook string, layer int, in, out []float32, batch []Span) {
+	sums, _, err := runSteps(e.Engine, 1, ids, 5, 0, func(hook string, layer int, in, out []float32, batch []Span) {
 		requireClose(t, m.apply(hook, layer, in, batch), out, fmt.Sprint(hook, layer))
 		checked++
 	})
@@ -175,9 +175,9 @@ func TestStepMatchesReference(t *testing.T) {
 
 	// A worker process would see the same: a reader engine gives identical floats and sums.
 	rd := newReader(t, e, Options{})
-	sums2, fh2, err := runSteps(rd, 1, ids, 5, 0, nil)
+	sums2, fh2, err := runSteps(rd.Engine, 1, ids, 5, 0, nil)
 	require.NoError(t, err)
-	_, fh1, err := runSteps(e, 1, ids, 5, 0, nil)
+	_, fh1, err := runSteps(e.Engine, 1, ids, 5, 0, nil)
 	require.NoError(t, err)
 	require.Equal(t, sums, sums2)
 	require.Equal(t, fh1, fh2)

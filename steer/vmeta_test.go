@@ -34,7 +34,7 @@ func TestModelHintStoredWithVector(t *testing.T) {
 		}
 		return m.ModelHint, listed
 	}
-	for _, e := range []*Engine{owner, worker} {
+	for _, e := range []*Engine{owner.Engine, worker.Engine} {
 		info, err := e.Register("v", vecs, ModelHint("llama"))
 		require.NoError(t, err)
 		require.Equal(t, "llama", info.ModelHint)

@@ -205,8 +205,14 @@ func (w *wire) encode(hidden int) ([]byte, error) {
 	off := uint64(hdrSize)
 	slot := dataOff
 	putData := func(v []float32) {
-		for i, f := range v {
-			le.PutUint32(b[slot+uint64(i)*4:], math.Float32bits(f))
+		// Vectors are read back in place as float32s in the machine's order (decode's view,
+		// shm.AsFloat32), which is the little-endian of the layout: copy them as such.
+		if dst := shm.AsFloat32(b[slot : slot+uint64(len(v))*4]); dst != nil {
+			copy(dst, v)
+		} else {
+			for i, f := range v {
+				le.PutUint32(b[slot+uint64(i)*4:], math.Float32bits(f))
+			}
 		}
 		slot += stride
 	}
@@ -263,107 +269,179 @@ func wireDigest(b []byte) (Digest, error) {
 // float is finite (the owner validated what it wrote; verify is for untrusted bytes).
 func decode(b []byte, cfg ModelConfig, verify bool) (wire, error) {
 	var w wire
-	bad := func(format string, args ...any) (wire, error) {
-		return wire{}, fmt.Errorf("%w: "+format, append([]any{ErrBadEncoding}, args...)...)
+	lay, err := decodeHeader(b, cfg, &w)
+	if err != nil {
+		return wire{}, err
 	}
+	if err := checkWireBody(b, lay, w.digest, verify); err != nil {
+		return wire{}, err
+	}
+	r := wireReader{b: b, cfg: cfg, verify: verify, lay: lay, off: hdrSize, slot: lay.dataOff}
+	if w.vecs, err = r.vectors(); err != nil {
+		return wire{}, err
+	}
+	if w.refs, err = r.refs(); err != nil {
+		return wire{}, err
+	}
+	if w.clamps, err = r.clamps(); err != nil {
+		return wire{}, err
+	}
+	return w, nil
+}
+
+// badWire is an ErrBadEncoding with what is wrong.
+func badWire(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrBadEncoding}, args...)...)
+}
+
+// wireLayout is an encoding's entry counts and where its sections start, from its header.
+type wireLayout struct {
+	nv, nr, nc, nn    uint64 // vectors, refs, clamps, name bytes
+	namesOff, dataOff uint64
+	stride            uint64 // bytes per data row
+}
+
+// decodeHeader checks b's header against cfg and len(b), sets w's compose mode and recorded
+// digest, and returns the layout.
+func decodeHeader(b []byte, cfg ModelConfig, w *wire) (wireLayout, error) {
+	var lay wireLayout
 	if len(b) < hdrSize || string(b[:4]) != wireMagic {
-		return bad("no header")
+		return lay, badWire("no header")
 	}
 	if v := le.Uint16(b[4:]); v != wireVersion {
-		return bad("format version %d, this build reads %d", v, wireVersion)
+		return lay, badWire("format version %d, this build reads %d", v, wireVersion)
 	}
 	flags := le.Uint16(b[6:])
 	if flags&^flagAdd != 0 || le.Uint32(b[28:]) != 0 {
-		return bad("unknown flags")
+		return lay, badWire("unknown flags")
 	}
 	if flags&flagAdd != 0 {
 		w.compose = ComposeAdd
 	}
 	if h := le.Uint32(b[8:]); int(h) != cfg.Hidden {
-		return bad("hidden size %d, model has %d", h, cfg.Hidden)
+		return lay, badWire("hidden size %d, model has %d", h, cfg.Hidden)
 	}
-	nv, nr, nc, nn := uint64(le.Uint32(b[12:])), uint64(le.Uint32(b[16:])), uint64(le.Uint32(b[20:])), uint64(le.Uint32(b[24:]))
+	lay.nv, lay.nr, lay.nc, lay.nn = uint64(le.Uint32(b[12:])), uint64(le.Uint32(b[16:])), uint64(le.Uint32(b[20:])), uint64(le.Uint32(b[24:]))
 	copy(w.digest[:], b[32:64])
-	stride := roundUp64(uint64(cfg.Hidden) * 4)
-	namesOff := hdrSize + nv*vecEntry + nr*refEntry + nc*clampEntry // < 2^39, no overflow
-	dataOff := roundUp64(namesOff + nn)
-	if total := dataOff + (nv+nc)*stride; total != uint64(len(b)) {
-		return bad("length %d, header implies %d", len(b), total)
+	lay.stride = roundUp64(uint64(cfg.Hidden) * 4)
+	lay.namesOff = hdrSize + lay.nv*vecEntry + lay.nr*refEntry + lay.nc*clampEntry // < 2^39, no overflow
+	lay.dataOff = roundUp64(lay.namesOff + lay.nn)
+	if total := lay.dataOff + (lay.nv+lay.nc)*lay.stride; total != uint64(len(b)) {
+		return lay, badWire("length %d, header implies %d", len(b), total)
 	}
+	return lay, nil
+}
+
+// checkWireBody checks the digest (with verify) and that the padding after the names is zero.
+func checkWireBody(b []byte, lay wireLayout, digest Digest, verify bool) error {
 	if verify {
 		h := sha256.New()
 		h.Write(b[:32])
 		h.Write(make([]byte, 32))
 		h.Write(b[64:])
-		if Digest(h.Sum(nil)) != w.digest {
-			return bad("digest mismatch")
+		if Digest(h.Sum(nil)) != digest {
+			return badWire("digest mismatch")
 		}
 	}
-	for i := namesOff + nn; i < dataOff; i++ {
+	for i := lay.namesOff + lay.nn; i < lay.dataOff; i++ {
 		if b[i] != 0 {
-			return bad("nonzero padding")
+			return badWire("nonzero padding")
 		}
 	}
-	phaseOK := func(p byte) bool { return p <= byte(PhaseDecode) }
-	site := func(e []byte) (HookID, int, bool) {
-		hook, layer := HookID(le.Uint16(e[2:])), le.Uint32(e[4:])
-		return hook, int(layer), int(hook) < cfg.NumHooks() && uint64(layer) < uint64(cfg.Layers)
-	}
-	slot := dataOff
-	view := func() ([]float32, bool) {
-		v := shm.AsFloat32(b[slot : slot+uint64(cfg.Hidden)*4])
-		slot += stride
-		return v, v != nil && (!verify || allFinite(v))
-	}
-	off := uint64(hdrSize)
-	w.vecs = make([]wireVec, 0, nv)
-	for i := range nv {
-		e := b[off : off+vecEntry]
-		off += vecEntry
-		hook, layer, ok := site(e)
-		if !phaseOK(e[0]) || e[1] != 0 || !ok || le.Uint32(e[12:]) != 0 {
-			return bad("vector %d: bad phase, hook or layer", i)
+	return nil
+}
+
+// wireReader walks an encoding's entries (off) and data rows (slot) in order, after
+// decodeHeader has checked that every section lies within b.
+type wireReader struct {
+	b         []byte
+	cfg       ModelConfig
+	verify    bool
+	lay       wireLayout
+	off, slot uint64
+}
+
+// entry returns the next n-byte entry.
+func (r *wireReader) entry(n uint64) []byte {
+	e := r.b[r.off : r.off+n]
+	r.off += n
+	return e
+}
+
+// site reads an entry's (hook, layer) and whether the model has them.
+func (r *wireReader) site(e []byte) (HookID, int, bool) {
+	hook, layer := HookID(le.Uint16(e[2:])), le.Uint32(e[4:])
+	return hook, int(layer), int(hook) < r.cfg.NumHooks() && uint64(layer) < uint64(r.cfg.Layers)
+}
+
+// view returns the next data row, false if misaligned or (with verify) not finite.
+func (r *wireReader) view() ([]float32, bool) {
+	v := shm.AsFloat32(r.b[r.slot : r.slot+uint64(r.cfg.Hidden)*4])
+	r.slot += r.lay.stride
+	return v, v != nil && (!r.verify || allFinite(v))
+}
+
+// wirePhaseOK reports whether p is a phase (base, prefill or decode).
+func wirePhaseOK(p byte) bool { return p <= byte(PhaseDecode) }
+
+// vectors reads the vector entries and their data rows.
+func (r *wireReader) vectors() ([]wireVec, error) {
+	vecs := make([]wireVec, 0, r.lay.nv)
+	for i := range r.lay.nv {
+		e := r.entry(vecEntry)
+		hook, layer, ok := r.site(e)
+		if !wirePhaseOK(e[0]) || e[1] != 0 || !ok || le.Uint32(e[12:]) != 0 {
+			return nil, badWire("vector %d: bad phase, hook or layer", i)
 		}
 		scale := math.Float32frombits(le.Uint32(e[8:]))
-		data, ok := view()
-		if !ok || (verify && !finite(scale)) {
-			return bad("vector %d: misaligned or non-finite data", i)
+		data, ok := r.view()
+		if !ok || (r.verify && !finite(scale)) {
+			return nil, badWire("vector %d: misaligned or non-finite data", i)
 		}
-		w.vecs = append(w.vecs, wireVec{phase: Phase(e[0]), hook: hook, layer: layer, scale: scale, data: data})
+		vecs = append(vecs, wireVec{phase: Phase(e[0]), hook: hook, layer: layer, scale: scale, data: data})
 	}
-	w.refs = make([]wireRef, 0, nr)
-	for i := range nr {
-		e := b[off : off+refEntry]
-		off += refEntry
+	return vecs, nil
+}
+
+// refs reads the reference entries and their names.
+func (r *wireReader) refs() ([]wireRef, error) {
+	refs := make([]wireRef, 0, r.lay.nr)
+	nn, namesOff := r.lay.nn, r.lay.namesOff
+	for i := range r.lay.nr {
+		e := r.entry(refEntry)
 		nl, no := uint64(le.Uint16(e[2:])), uint64(le.Uint32(e[4:]))
-		if !phaseOK(e[0]) || e[1] != 0 || nl == 0 || nl > MaxNameLen || no > nn || nl > nn-no || le.Uint32(e[12:]) != 0 {
-			return bad("ref %d: bad phase or name", i)
+		if !wirePhaseOK(e[0]) || e[1] != 0 || nl == 0 || nl > MaxNameLen || no > nn || nl > nn-no || le.Uint32(e[12:]) != 0 {
+			return nil, badWire("ref %d: bad phase or name", i)
 		}
-		r := wireRef{phase: Phase(e[0]), name: string(b[namesOff+no : namesOff+no+nl]), strength: math.Float32frombits(le.Uint32(e[8:]))}
-		if verify && !finite(r.strength) {
-			return bad("ref %d: non-finite strength", i)
+		ref := wireRef{phase: Phase(e[0]), name: string(r.b[namesOff+no : namesOff+no+nl]), strength: math.Float32frombits(le.Uint32(e[8:]))}
+		if r.verify && !finite(ref.strength) {
+			return nil, badWire("ref %d: non-finite strength", i)
 		}
-		copy(r.digest[:], e[16:48])
-		w.refs = append(w.refs, r)
+		copy(ref.digest[:], e[16:48])
+		refs = append(refs, ref)
 	}
-	w.clamps = make([]wireClamp, 0, nc)
-	for i := range nc {
-		e := b[off : off+clampEntry]
-		off += clampEntry
-		hook, layer, ok := site(e)
-		if !phaseOK(e[0]) || e[1] != 0 || !ok || le.Uint32(e[20:]) != 0 || le.Uint64(e[24:]) != 0 {
-			return bad("clamp %d: bad phase, hook or layer", i)
+	return refs, nil
+}
+
+// clamps reads the clamp entries and their direction rows.
+func (r *wireReader) clamps() ([]wireClamp, error) {
+	clamps := make([]wireClamp, 0, r.lay.nc)
+	for i := range r.lay.nc {
+		e := r.entry(clampEntry)
+		hook, layer, ok := r.site(e)
+		if !wirePhaseOK(e[0]) || e[1] != 0 || !ok || le.Uint32(e[20:]) != 0 || le.Uint64(e[24:]) != 0 {
+			return nil, badWire("clamp %d: bad phase, hook or layer", i)
 		}
 		c := wireClamp{phase: Phase(e[0]), hook: hook, layer: layer,
 			lo: math.Float32frombits(le.Uint32(e[8:])), hi: math.Float32frombits(le.Uint32(e[12:])), str: math.Float32frombits(le.Uint32(e[16:]))}
-		dir, ok := view()
-		if !ok || (verify && (!finite(c.lo) || !finite(c.hi) || !finite(c.str) || c.lo > c.hi)) {
-			return bad("clamp %d: misaligned or non-finite data or bounds", i)
+		dir, ok := r.view()
+		if !ok || (r.verify && (!finite(c.lo) || !finite(c.hi) || !finite(c.str) || c.lo > c.hi)) {
+			return nil, badWire("clamp %d: misaligned or non-finite data or bounds", i)
 		}
 		c.dir = dir
-		w.clamps = append(w.clamps, c)
+		clamps = append(clamps, c)
 	}
-	return w, nil
+	return clamps, nil
 }
 
 // steering converts a decoded wire back to the public form (data still aliasing the input).

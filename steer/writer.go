@@ -6,10 +6,11 @@ import (
 	"github.com/shmsteer/shmsteer/shm"
 )
 
-// writer carries an Engine's writes to the region. Open chooses it once: local (local.go) in
-// the owner, a transaction under the engine's write mutex; remote (remote.go) in a worker with
-// a Caller, one RPC per operation, which the owner's Serve handlers turn into the same local
-// calls; readOnly in a process with neither. Each public write validates its input in the
+// writer carries the writes both sides make to the region. It is chosen once: local (local.go)
+// by Open, a transaction under the owner's write mutex; remote (remote.go) by Attach with a
+// Caller, one RPC per operation, which the owner's Serve handlers turn into the same local
+// calls; readOnly by Attach without one. The owner-only writes (Admit, End, the latches and
+// conversations' gates) are methods of Owner and never pass through a writer. Each public write validates its input in the
 // calling process, then hands it to the writer; the owner validates again what a worker sent.
 type writer interface {
 	// putNamed stores the validated encoding b (digest d) as named vector name of kind
@@ -17,12 +18,11 @@ type writer interface {
 	putNamed(kind shm.Kind, name string, b []byte, d Digest, o writeOpts) (VectorInfo, error)
 	deleteNamed(kind shm.Kind, name string, o writeOpts) (uint64, error)
 	setGlobal(g Steering, o writeOpts) (uint64, error)
-	admit(a Admission) (Admitted, error)
-	end(requestID string) (uint64, error)
-	dropConversation(k ConvKey) (bool, error)
-	restoreLatches(entries []LatchEntry, st LatchStats) error
 	// gateEngaged tells the owner which rest_of_conversation gates engaged (gates_conv.go).
 	gateEngaged(keys []uint64) error
+	// ownStatus fills the Status fields only the owner knows (published: the status entry
+	// was read); elsewhere it leaves them as read from the region.
+	ownStatus(st *Status, published bool)
 }
 
 // WriteOption qualifies one write of Register, Unregister, RegisterProbe, UnregisterProbe or
@@ -74,7 +74,7 @@ func (o writeOpts) check() error {
 
 // done notifies the observers of a successful write, with the write lock still held (deferred
 // after the unlock, so it runs before it).
-func (o writeOpts) done(e *Engine, err *error, c Change, v *uint64) {
+func (o writeOpts) done(e *Owner, err *error, c Change, v *uint64) {
 	if *err == nil {
 		c.Version, c.Origin = *v, o.origin
 		e.notify(c)
@@ -84,7 +84,7 @@ func (o writeOpts) done(e *Engine, err *error, c Change, v *uint64) {
 // errOwnerOnly is the error of an owner-only operation elsewhere.
 var errOwnerOnly = fmt.Errorf("%w: this operation runs in the owner (scheduler)", ErrNotOwner)
 
-// readOnly is the writer of a process that is neither the owner nor connected to it.
+// readOnly is the writer of a worker that has no connection to the owner.
 type readOnly struct{}
 
 func (readOnly) putNamed(shm.Kind, string, []byte, Digest, writeOpts) (VectorInfo, error) {
@@ -92,8 +92,5 @@ func (readOnly) putNamed(shm.Kind, string, []byte, Digest, writeOpts) (VectorInf
 }
 func (readOnly) deleteNamed(shm.Kind, string, writeOpts) (uint64, error) { return 0, ErrNotOwner }
 func (readOnly) setGlobal(Steering, writeOpts) (uint64, error)           { return 0, errOwnerOnly }
-func (readOnly) admit(Admission) (Admitted, error)                       { return Admitted{}, errOwnerOnly }
-func (readOnly) end(string) (uint64, error)                              { return 0, errOwnerOnly }
-func (readOnly) dropConversation(ConvKey) (bool, error)                  { return false, errOwnerOnly }
-func (readOnly) restoreLatches([]LatchEntry, LatchStats) error           { return errOwnerOnly }
 func (readOnly) gateEngaged([]uint64) error                              { return nil } // no owner to tell
+func (readOnly) ownStatus(*Status, bool)                                 {}

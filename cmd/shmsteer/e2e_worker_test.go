@@ -37,19 +37,19 @@ func TestWorkerFollowsServeRestart(t *testing.T) {
 
 	var (
 		mu      sync.Mutex
-		engines = map[*ipc.Client]*steer.Engine{}
+		engines = map[*ipc.Client]*steer.Worker{}
 		stop    atomic.Bool
 		readErr atomic.Pointer[string]
 		reads   [3]atomic.Uint64 // by generation
 		dead    atomic.Uint64
 	)
-	engineOf := func(c *ipc.Client) (*steer.Engine, error) {
+	engineOf := func(c *ipc.Client) (*steer.Worker, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if e := engines[c]; e != nil {
 			return e, nil
 		}
-		e, err := steer.Open(c.Region(), nil, steer.Options{Caller: c})
+		e, err := steer.Attach(c.Region(), nil, steer.Options{Caller: c})
 		engines[c] = e
 		return e, err
 	}
@@ -121,7 +121,7 @@ func TestWorkerStepsWithAPISteering(t *testing.T) {
 	f, err := ipc.Follow(ipc.FollowOptions{Client: ipc.ClientOptions{Secret: &sec, Namespace: s.ns}, Ready: serve.IsReady})
 	require.NoError(t, err)
 	defer f.Close()
-	eng, err := steer.Open(f.Client().Region(), nil, steer.Options{Caller: f.Client()})
+	eng, err := steer.Attach(f.Client().Region(), nil, steer.Options{Caller: f.Client()})
 	require.NoError(t, err)
 	st := eng.NewStepper()
 	defer st.Close()

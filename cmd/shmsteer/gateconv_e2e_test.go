@@ -51,7 +51,7 @@ func admitConv(s *served, id, conv string, gated bool) {
 type convWorker struct {
 	t   *testing.T
 	c   *ipc.Client
-	eng *steer.Engine
+	eng *steer.Worker
 	st  *steer.Stepper
 }
 
@@ -59,7 +59,7 @@ func attachConvWorker(t *testing.T, s *served) *convWorker {
 	sec := ipc.NewSecret([]byte(e2eSecret))
 	c, err := ipc.Attach(ipc.ClientOptions{Secret: &sec, Namespace: s.ns})
 	require.NoError(t, err)
-	eng, err := steer.Open(c.Region(), nil, steer.Options{Caller: c})
+	eng, err := steer.Attach(c.Region(), nil, steer.Options{Caller: c})
 	require.NoError(t, err)
 	w := &convWorker{t: t, c: c, eng: eng, st: eng.NewStepper()}
 	t.Cleanup(w.close)

@@ -41,7 +41,7 @@ func TestGateCountsReachStatusAndMetrics(t *testing.T) {
 	f, err := ipc.Follow(ipc.FollowOptions{Client: ipc.ClientOptions{Secret: &sec, Namespace: s.ns}, Ready: serve.IsReady})
 	require.NoError(t, err)
 	defer f.Close()
-	eng, err := steer.Open(f.Client().Region(), nil, steer.Options{Caller: f.Client()})
+	eng, err := steer.Attach(f.Client().Region(), nil, steer.Options{Caller: f.Client()})
 	require.NoError(t, err)
 	st := eng.NewStepper()
 	defer st.Close()

@@ -220,7 +220,7 @@ func (c *cli) vectorsCmd() *cobra.Command {
 		})}
 	vecRm := &cobra.Command{Use: "rm NAME", Short: "Unregister a named vector", Args: args(1),
 		RunE: c.withClient(func(cs *serve.ClientSession, _ *cobra.Command, a []string) error {
-			_, dropped, err := serve.UnregisterVector(cs.Engine, a[0])
+			_, dropped, err := serve.UnregisterVector(cs.Engine.Engine, a[0])
 			if err == nil && len(dropped) > 0 {
 				fmt.Fprintf(c.stdout, "unregistered %s; its references were dropped from: %s\n", a[0], strings.Join(dropped, ", "))
 			}

@@ -172,7 +172,7 @@ func checkUploadSteers(t *testing.T, s *served, dirs map[int][]float32) {
 	sec := ipc.NewSecret([]byte(e2eSecret))
 	c, err := ipc.Attach(ipc.ClientOptions{Secret: &sec, Namespace: s.ns})
 	require.NoError(t, err)
-	eng, err := steer.Open(c.Region(), nil, steer.Options{Caller: c})
+	eng, err := steer.Attach(c.Region(), nil, steer.Options{Caller: c})
 	require.NoError(t, err)
 	st := eng.NewStepper()
 	apply := func(hook string, layer int) []float32 {

@@ -39,7 +39,7 @@ func run(ns, secretFile, id string, promptLen, decode int, tryResize bool) error
 		return err
 	}
 	defer cl.Close()
-	eng, err := steer.Open(cl.Region(), nil, steer.Options{Caller: cl})
+	eng, err := steer.Attach(cl.Region(), nil, steer.Options{Caller: cl})
 	if err != nil {
 		return err
 	}

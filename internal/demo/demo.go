@@ -158,8 +158,8 @@ type cluster struct {
 	cfg     steer.ModelConfig
 	secret  string // hex, handed to the workers in their environment
 	owner   *ipc.Owner
-	keys    *keys.Registry
-	eng     *steer.Engine
+	keys    *keys.Owner
+	eng     *steer.Owner
 	workers []*worker
 	names   []string
 	stderr  io.Writer
@@ -438,8 +438,8 @@ func randVec(rng *mrand.Rand, d int, scale float64) []float32 {
 // driver is the synthetic scheduler: it admits and ends requests, sets and removes their keys,
 // and lays out each step's batch.
 type driver struct {
-	eng    *steer.Engine
-	keys   *keys.Registry
+	eng    *steer.Owner
+	keys   *keys.Owner
 	cfg    steer.ModelConfig
 	names  []string
 	p      params
@@ -454,7 +454,7 @@ type request struct {
 	decoding int // decode steps left
 }
 
-func newDriver(eng *steer.Engine, keys *keys.Registry, cfg steer.ModelConfig, names []string, p params, rng *mrand.Rand) *driver {
+func newDriver(eng *steer.Owner, keys *keys.Owner, cfg steer.ModelConfig, names []string, p params, rng *mrand.Rand) *driver {
 	return &driver{eng: eng, keys: keys, cfg: cfg, names: names, p: p, rng: rng, active: map[string]*request{}}
 }
 

@@ -32,6 +32,8 @@ func RunWorkerIfRequested() {
 	os.Exit(0)
 }
 
+// workerMain is one demo worker: attach, register a vector of its own, then answer every
+// step message on stdin with a reply on enc until stdin ends or a message says quit.
 func workerMain(id int, enc *json.Encoder) error {
 	var p params
 	if err := json.Unmarshal([]byte(os.Getenv("SHMSTEER_DEMO_PARAMS")), &p); err != nil {
@@ -47,7 +49,7 @@ func workerMain(id int, enc *json.Encoder) error {
 		return fmt.Errorf("worker %d: attach: %w", id, err)
 	}
 	cfg := steer.ModelConfig{Hidden: p.Hidden, Layers: p.Layers}
-	eng, err := steer.Open(client.Region(), &cfg, steer.Options{Caller: client})
+	eng, err := steer.Attach(client.Region(), &cfg, steer.Options{Caller: client})
 	if err != nil {
 		return err
 	}
@@ -60,82 +62,117 @@ func workerMain(id int, enc *json.Encoder) error {
 	if err := enc.Encode(reply{Worker: id, Registered: name}); err != nil {
 		return err
 	}
-
-	// Hidden states come from one pool drawn from the shared seed, so every worker steers the
-	// same inputs and their outputs (and checksums) must agree exactly.
-	d := p.Hidden
-	block := p.Tokens * d
-	pool := randVec(mrand.New(mrand.NewPCG(p.Seed, 3)), max(1<<20, 2*block), 1)
-	h, in, bare := make([]float32, block), make([]float32, block), make([]float32, block)
-	bareVec := randVec(rng, d, 0.1)
-	keyBuf := make([]byte, 0, 64)
-	st := eng.NewStepper()
-	defer st.Close()
+	w := newStepWorker(id, p, cfg, client, reg, eng, rng)
+	defer w.st.Close()
 	dec := json.NewDecoder(os.Stdin)
 	for {
 		var m stepMsg
 		if err := dec.Decode(&m); err != nil || m.Quit {
 			return nil
 		}
-		r := reply{Worker: id, Step: m.Step}
-		rows := 0
-		for _, sp := range m.Batch {
-			rows = max(rows, sp.End)
-		}
-		r.Rows = rows
-		// Key lookups, as a worker does for every request at every step.
-		t0 := time.Now()
-		for range 16 {
-			for _, sp := range m.Batch {
-				keyBuf, _ = reg.Get(sp.ID, keyBuf[:0])
-				r.Lookups++
-			}
-		}
-		r.LookupNs = time.Since(t0).Nanoseconds()
-
-		if err := st.Begin(m.Version); err != nil {
-			return err
-		}
-		snap, err := client.Region().SnapshotAt(m.Version)
+		r, err := w.step(m)
 		if err != nil {
 			return err
 		}
-		ref, err := newReference(eng, &snap, m.Batch)
-		if err != nil {
-			snap.Close()
-			return err
-		}
-		for l := range p.Layers {
-			for hk := range cfg.NumHooks() {
-				off := int((uint64(m.Step)*7919 + uint64(l)*104729 + uint64(hk)*1299709) % uint64(len(pool)-block))
-				copy(h[:rows*d], pool[off:])
-				copy(in[:rows*d], h[:rows*d])
-				copy(bare[:rows*d], h[:rows*d])
-				t := time.Now()
-				if err := st.Apply(steer.HookID(hk), l, h[:rows*d], m.Batch); err != nil {
-					snap.Close()
-					return err
-				}
-				r.ApplyNs += time.Since(t).Nanoseconds()
-				t = time.Now()
-				if rows > 0 {
-					kernels.AddRows(bare[:rows*d], d, 1, bareVec)
-				}
-				r.BareNs += time.Since(t).Nanoseconds()
-				if bad := ref.check(steer.HookID(hk), l, in[:rows*d], h[:rows*d], m.Batch); bad != "" {
-					r.Mismatches++
-					if r.FirstBad == "" {
-						r.FirstBad = bad
-					}
-				}
-			}
-		}
-		r.Sum = st.End()
-		snap.Close()
 		if err := enc.Encode(r); err != nil {
 			return err
 		}
 	}
+}
+
+// stepWorker is a worker's state across steps: its stepper and its hidden-state buffers.
+type stepWorker struct {
+	id     int
+	layers int
+	cfg    steer.ModelConfig
+	client *ipc.Client
+	reg    *keys.Worker
+	eng    *steer.Worker
+	st     *steer.Stepper
+	// Hidden states come from one pool drawn from the shared seed, so every worker steers the
+	// same inputs and their outputs (and checksums) must agree exactly.
+	pool, h, in, bare, bareVec []float32
+	keyBuf                     []byte
+}
+
+func newStepWorker(id int, p params, cfg steer.ModelConfig, client *ipc.Client, reg *keys.Worker, eng *steer.Worker, rng *mrand.Rand) *stepWorker {
+	block := p.Tokens * p.Hidden
+	return &stepWorker{
+		id: id, layers: p.Layers, cfg: cfg, client: client, reg: reg, eng: eng, st: eng.NewStepper(),
+		pool: randVec(mrand.New(mrand.NewPCG(p.Seed, 3)), max(1<<20, 2*block), 1),
+		h:    make([]float32, block), in: make([]float32, block), bare: make([]float32, block),
+		bareVec: randVec(rng, p.Hidden, 0.1),
+		keyBuf:  make([]byte, 0, 64),
+	}
+}
+
+// step runs one step message: the key lookups, then every site applied and checked against
+// the reference at the message's version.
+func (w *stepWorker) step(m stepMsg) (reply, error) {
+	r := reply{Worker: w.id, Step: m.Step}
+	for _, sp := range m.Batch {
+		r.Rows = max(r.Rows, sp.End)
+	}
+	// Key lookups, as a worker does for every request at every step.
+	t0 := time.Now()
+	for range 16 {
+		for _, sp := range m.Batch {
+			w.keyBuf, _ = w.reg.Get(sp.ID, w.keyBuf[:0])
+			r.Lookups++
+		}
+	}
+	r.LookupNs = time.Since(t0).Nanoseconds()
+
+	if err := w.st.Begin(m.Version); err != nil {
+		return r, err
+	}
+	snap, err := w.client.Region().SnapshotAt(m.Version)
+	if err != nil {
+		return r, err
+	}
+	defer snap.Close()
+	ref, err := newReference(w.eng.Engine, &snap, m.Batch)
+	if err != nil {
+		return r, err
+	}
+	for l := range w.layers {
+		for hk := range w.cfg.NumHooks() {
+			if err := w.site(m, ref, steer.HookID(hk), l, &r); err != nil {
+				return r, err
+			}
+		}
+	}
+	r.Sum = w.st.End()
+	return r, nil
+}
+
+// site applies the step's steering at (hook, layer) to a slice of the pool, times it against
+// a bare add of one vector, and counts a mismatch with the reference.
+func (w *stepWorker) site(m stepMsg, ref *reference, hook steer.HookID, layer int, r *reply) error {
+	d, rows := w.cfg.Hidden, r.Rows
+	block := len(w.h)
+	off := int((uint64(m.Step)*7919 + uint64(layer)*104729 + uint64(hook)*1299709) % uint64(len(w.pool)-block))
+	h, in, bare := w.h[:rows*d], w.in[:rows*d], w.bare[:rows*d]
+	copy(h, w.pool[off:])
+	copy(in, h)
+	copy(bare, h)
+	t := time.Now()
+	if err := w.st.Apply(hook, layer, h, m.Batch); err != nil {
+		return err
+	}
+	r.ApplyNs += time.Since(t).Nanoseconds()
+	t = time.Now()
+	if rows > 0 {
+		kernels.AddRows(bare, d, 1, w.bareVec)
+	}
+	r.BareNs += time.Since(t).Nanoseconds()
+	if bad := ref.check(hook, layer, in, h, m.Batch); bad != "" {
+		r.Mismatches++
+		if r.FirstBad == "" {
+			r.FirstBad = bad
+		}
+	}
+	return nil
 }
 
 // reference is the plain computation of the steering model from what the region holds at the

@@ -1,6 +1,6 @@
 // Package observe owns the one way a room's owner announces its writes to observers: a List of
 // callbacks of one change type, which the room calls after each successful write (steer's
-// Engine.OnChange, keys' Registry.OnChange; the mirror subscribes to both).
+// Owner.OnChange, keys' Owner.OnChange; the mirror subscribes to both).
 //
 // It holds no state of the rooms and knows nothing of what a change means: it must not grow
 // filtering, queueing or goroutines (an observer that needs them, as the mirror does, enqueues

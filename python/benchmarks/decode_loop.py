@@ -23,10 +23,12 @@ time descheduled on a shared machine is not counted; ``--wall`` times wall clock
 Reported per contender: the median decode-step time (steps with no prefill rows) and, against
 ``unhooked`` (``device`` for ``device_gated``), the ratio of medians and the median of per-round
 ratios. Admission from Python is timed too (``Owner.admit`` of an inline override of 32 layers x
-4096 floats, of a named reference, and of no steering). The goals are printed with each figure,
+4096 floats as numpy arrays, of a named reference, and of no steering; ``--admission-only`` times
+only those, and the same override as JSON float lists). The goals are printed with each figure,
 met or not: the bench reports, no test times anything.
 
     PYTHONPATH=python python python/benchmarks/decode_loop.py [--rounds 11] [--json]
+    PYTHONPATH=python python python/benchmarks/decode_loop.py --admission-only [--admissions 15]
 """
 
 from __future__ import annotations
@@ -267,26 +269,57 @@ def time_loop(runs: Dict[str, Runner], rounds: int, clock: Callable[[], float]) 
     return {"ms_per_decode_step": med, "ratio": ratios}
 
 
-def time_admission(reps: int) -> Dict[str, float]:
-    """Owner.admit from Python at the issue's shape: 32 layers x 4096 floats."""
+def time_admission(reps: int, with_json: bool = False) -> Dict[str, float]:
+    """Owner.admit from Python at the issue's shape, 32 layers x 4096 floats (median ms of reps
+    rounds, the kinds alternated within each round): ``inline``, the override's vectors as
+    numpy arrays (by address, shmsteer_request_admit_binary); ``named``, a reference to a named
+    vector of that shape; ``none``, no steering; with ``with_json``, ``inline_json`` too, the
+    same override as JSON float lists (the path before binary admission), timed after the
+    others."""
     ns, secret = "bench-admit-" + uuid.uuid4().hex, uuid.uuid4().hex.encode()
     hidden, layers = 4096, 32
     with shmsteer.Owner(ns, secret=secret, hidden=hidden, layers=layers, arena_bytes=1 << 30) as owner:
         rng = np.random.default_rng(2)
         data = [(rng.standard_normal(hidden) * 0.01).astype(np.float32) for _ in range(layers)]
         owner.register_vector("named", [("post_block", l, 1.0, d) for l, d in enumerate(data)])
-        inline = {"decode": {"vectors": [{"hook": "post_block", "layer": l, "scale": 1.0, "data": d.tolist()}
-                                         for l, d in enumerate(data)]}}
-        named = {"decode": {"refs": [{"name": "named", "strength": 1.0}]}}
-        out: Dict[str, List[float]] = {"inline": [], "named": [], "none": []}
+        kinds: Dict[str, Callable[[], Optional[Dict[str, Any]]]] = {
+            "inline": lambda: {"decode": {"vectors": [{"hook": "post_block", "layer": l, "scale": 1.0, "data": d}
+                                                      for l, d in enumerate(data)]}},
+            "named": lambda: {"decode": {"refs": [{"name": "named", "strength": 1.0}]}},
+            "none": lambda: None,
+        }
+        out: Dict[str, List[float]] = {k: [] for k in kinds}
+
+        def timed(kind: str, make: Callable[[], Optional[Dict[str, Any]]], i: int) -> None:
+            rid = f"{kind}-{i}"
+            t0 = time.perf_counter()
+            over = make()
+            owner.admit(rid, override=over) if over is not None else owner.admit(rid)
+            out[kind].append((time.perf_counter() - t0) * 1e3)
+            owner.end(rid)
+
         for i in range(reps):
-            for kind, over in (("inline", inline), ("named", named), ("none", None)):
-                rid = f"{kind}-{i}"
-                t0 = time.perf_counter()
-                owner.admit(rid, override=over) if over is not None else owner.admit(rid)
-                out[kind].append((time.perf_counter() - t0) * 1e3)
-                owner.end(rid)
+            for kind, make in kinds.items():
+                timed(kind, make, i)
+        if with_json:  # after the others: its garbage (~50 MB a call) would slow them down
+            out["inline_json"] = []
+            lists = lambda: {"decode": {"vectors": [{"hook": "post_block", "layer": l, "scale": 1.0,  # noqa: E731
+                                                     "data": d.tolist()} for l, d in enumerate(data)]}}
+            for i in range(reps):
+                timed("inline_json", lists, i)  # the float lists built in the timed call, from the arrays
         return {k: statistics.median(v) for k, v in out.items()}
+
+
+def admission_only(reps: int) -> None:
+    """--admission-only: the admission times alone, a small table then one JSON line."""
+    ms = time_admission(reps, with_json=True)
+    goals = {"inline": GOALS["admit_inline_ms"], "named": GOALS["admit_named_ms"]}
+    print(f"admission from Python, 32 layers x 4096 floats, median of {reps} rounds (ms):")
+    for k, v in ms.items():
+        goal = f"  goal <= {goals[k]}: {'met' if v <= goals[k] else 'NOT met'}" if k in goals else ""
+        print(f"  {k:12s} {v:9.3f}{goal}")
+    print(json.dumps({"admit_ms": ms, "rounds": reps, "goals": goals,
+                      "json_over_binary": ms["inline_json"] / ms["inline"]}))
 
 
 def main() -> None:
@@ -297,7 +330,12 @@ def main() -> None:
     ap.add_argument("--admissions", type=int, default=7, help="admissions timed per kind")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--wall", action="store_true", help="time steps by wall clock, not the thread's CPU time")
+    ap.add_argument("--admission-only", action="store_true",
+                    help="time only the admissions (--admissions rounds), JSON float lists included")
     args = ap.parse_args()
+    if args.admission_only:
+        admission_only(args.admissions)
+        return
     clock = time.perf_counter if args.wall else time.thread_time
     torch.set_num_threads(1)
     torch.manual_seed(0)

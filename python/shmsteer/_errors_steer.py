@@ -152,7 +152,7 @@ class UnknownRequestError(ShmsteerError, LookupError):
 
 class NotServedError(ShmsteerError):
     """Mirrors Go's steer.ErrNotServed (code 72, SHMSTEER_E_NOT_SERVED): the owner never called
-    Engine.Serve."""
+    Owner.Serve."""
 
     code = 72
     go_name = "steer.ErrNotServed"

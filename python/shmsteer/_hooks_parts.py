@@ -6,7 +6,7 @@ they only call :mod:`shmsteer.ops` on what they loaded.
 
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -15,25 +15,59 @@ from . import ops
 from .device import CapturePlan, GateTables, ResolvedGates, StepBatch
 
 
+class _ProbeSite(NamedTuple):
+    """A site's probe gates this step: its distinct probe rows ``[U, hidden]`` (float32), each
+    column's row in it ``pick [cols, rows]`` and where the column probes here ``here``."""
+    probes: torch.Tensor
+    pick: torch.Tensor
+    here: torch.Tensor
+
+
+class _AddSite(NamedTuple):
+    """A site's gated adds this step: its distinct non-zero add rows ``[V, hidden]`` (the hidden
+    dtype) and each column's row in it ``pick [cols, rows]`` (V: the column adds nothing here)."""
+    adds: torch.Tensor
+    pick: torch.Tensor
+
+
+def _first_of(keys: List[Any]) -> Tuple[np.ndarray, List[int]]:
+    """For each key, the index of its distinct value (in order of first appearance), and the
+    position of each distinct value's first key."""
+    seen: Dict[Any, int] = {}
+    first: List[int] = []
+    ids = np.empty(len(keys), np.int64)
+    for i, k in enumerate(keys):
+        u = seen.get(k)
+        if u is None:
+            u = seen[k] = len(first)
+            first.append(i)
+        ids[i] = u
+    return ids, first
+
+
 class EagerGates:
     """A step's probe gates on the device path: the gate tables (kept current from resolves) and
-    the step's columns, column-major ``[cols, rows]``: each row's gate slot, its probe site,
-    threshold / sharpness / per-row factor, and the gate and score the sites compute."""
+    the step's columns, column-major ``[cols, rows]`` (threshold / sharpness / per-row factor,
+    the gate and score the sites compute), and per site a compact table: the distinct probe rows
+    the columns read there (equal probes read once: one pass over the rows per distinct probe,
+    not one per column) and the distinct add rows they add there. All of it is rebuilt only when
+    the step's columns, factors or the tables change: a steady gated batch uploads nothing."""
 
     def __init__(self, hidden: int) -> None:
         self.hidden = hidden
         self.tables: Optional[GateTables] = None
         self.cols = 0  #: gate columns of the step (0: no probe gate)
         self.awaiting = False  #: the step awaits its scores (StepBatch.report)
-        self._probe_sites: FrozenSet[int] = frozenset()
-        self._add_sites: FrozenSet[int] = frozenset()
-        self._slots = self._sites = self._params = self._gate = self._score = torch.zeros(0)
-        self._site_t: Dict[int, torch.Tensor] = {}  # each site as a 0-dim tensor on the tables' device
+        self.builds = 0  #: times the per-site tables were rebuilt
+        self._key = b""  # the columns, factors and table uploads the site tables were built for
+        self._probe: Dict[int, _ProbeSite] = {}
+        self._add: Dict[int, _AddSite] = {}
+        self._params = self._gate = self._score = torch.zeros(0)
+        self._scratch: List[torch.Tensor] = []  # the operators' float32 [rows, hidden] products
 
     def load(self, g: ResolvedGates, n: int, device: torch.device, dtype: torch.dtype) -> None:
         """Bring the gate tables up to date with a resolve of ``n`` rows and set up its columns."""
         self.awaiting, self.cols = g.report, g.cols
-        self._probe_sites = self._add_sites = frozenset()
         if g.cols == 0 and not len(g.updates) and not len(g.adds):
             return
         if self.tables is None:
@@ -42,34 +76,62 @@ class EagerGates:
         gt.update(g)
         if g.cols == 0:
             return
-        rows = np.ascontiguousarray(g.rows[:n].T, dtype=np.int64)  # [cols, n]
-        self._probe_sites = frozenset(s for s in np.unique(gt.site_host[rows]).tolist() if s >= 0)
-        self._add_sites = frozenset(s for s, nz in gt.adds_host.items() if nz[rows].any())
-        idx = torch.from_numpy(rows).to(device)
-        flat = idx.view(-1)
-        self._slots = idx
-        self._sites = gt.site.index_select(0, flat).view(g.cols, n)
+        rows, factor = g.rows[:n], g.factor[:n]
+        key = np.array([n, g.cols, gt.uploads], np.int64).tobytes() + rows.tobytes() + factor.tobytes()
+        if key == self._key:
+            self._gate.zero_()
+            self._score.zero_()
+            return
+        self._build(rows, factor, n, device)
+        self._key = key
+
+    def _build(self, rows: np.ndarray, factor: np.ndarray, n: int, device: torch.device) -> None:
+        gt = self.tables
+        assert gt is not None
+        cols = rows.shape[1]
+        slots = np.ascontiguousarray(rows.T, dtype=np.int64)  # [cols, n]
+        site_of = gt.site_host[slots]
+        self._probe = {}
+        for site in np.unique(site_of[site_of >= 0]).tolist():
+            here = site_of == site
+            used = np.unique(slots[here])
+            ids, first = _first_of([gt.probe_bytes.get(s, s) for s in used.tolist()])
+            lut = np.zeros(gt.capacity, np.int64)
+            lut[used] = ids
+            probes = gt.probe.index_select(0, torch.from_numpy(used[first]).to(device))
+            self._probe[site] = _ProbeSite(probes, torch.from_numpy(lut[slots]).to(device), torch.from_numpy(here).to(device))
+        self._add = {}
+        for site, nonzero in gt.adds_host.items():
+            hit = nonzero[slots]
+            if not hit.any():
+                continue
+            used = np.unique(slots[hit])
+            lut = np.full(gt.capacity, len(used), np.int64)
+            lut[used] = np.arange(len(used))
+            adds = gt.adds[site].index_select(0, torch.from_numpy(used).to(device))
+            self._add[site] = _AddSite(adds, torch.from_numpy(lut[slots]).to(device))
+        flat = torch.from_numpy(slots).to(device).view(-1)
         self._params = torch.stack((gt.thr.index_select(0, flat), gt.sharp.index_select(0, flat),
-                                    gt.per_row.index_select(0, flat))).view(3, g.cols, n)
-        factor = np.ascontiguousarray(g.factor[:n].T)
-        self._params[2].mul_(torch.from_numpy(factor).to(device))  # the rows' attenuation
-        self._gate = torch.zeros(g.cols, n, dtype=torch.float32, device=device)
-        self._score = torch.zeros(g.cols, n, dtype=torch.float32, device=device)
+                                    gt.per_row.index_select(0, flat))).view(3, cols, n)
+        self._params[2].mul_(torch.from_numpy(np.ascontiguousarray(factor.T)).to(device))  # the rows' attenuation
+        self._gate = torch.zeros(cols, n, dtype=torch.float32, device=device)
+        self._score = torch.zeros(cols, n, dtype=torch.float32, device=device)
+        sc = self._scratch[0] if self._scratch else None
+        if sc is None or sc.shape[0] < n or sc.device != device:
+            self._scratch = [torch.empty(max(n, 1), self.hidden, dtype=torch.float32, device=device)]
+        self.builds += 1
 
     def probe(self, t: torch.Tensor, site: int) -> None:
         """Before the site's gather-add: the columns probing here read their probes."""
-        if site in self._probe_sites:
-            assert self.tables is not None
-            st = self._site_t.get(site)
-            if st is None:
-                st = self._site_t[site] = torch.tensor(site, dtype=torch.int64, device=self.tables.device)
-            ops.gate_probe_(t, self.tables.probe, self._slots, self._sites, st, self._params, self._gate, self._score)
+        e = self._probe.get(site)
+        if e is not None:
+            ops.site_gate_probe_(t, e.probes, e.pick, e.here, self._params, self._gate, self._score, self._scratch)
 
     def add(self, t: torch.Tensor, site: int) -> None:
         """After the site's gather-add: every column's gated add rows of this site."""
-        if site in self._add_sites:
-            assert self.tables is not None
-            ops.gate_add_(t, self.tables.adds[site], self._slots, self._gate)
+        e = self._add.get(site)
+        if e is not None:
+            ops.site_gate_add_(t, e.adds, e.pick, self._gate, self._scratch)
 
     def scores(self) -> Optional[torch.Tensor]:
         """The step's scores, ``[rows, cols]`` (None without columns)."""

@@ -17,6 +17,8 @@ from .errors import BufferTooSmallError, error_for
 ABI_VERSION = 4
 PHASE_PREFILL = 1
 PHASE_DECODE = 2
+#: shmsteer_admit_vector.tier: SHMSTEER_TIER_BASE, _PREFILL, _DECODE.
+TIER_BASE, TIER_PREFILL, TIER_DECODE = 0, 1, 2
 #: shmsteer_follow flag: switch to a restarted owner once `shmsteer serve` restored its state.
 FOLLOW_READY_SERVE = 1
 
@@ -56,6 +58,13 @@ class AdmittedC(Structure):
 
     _fields_ = [("version", c_uint64), ("source", c_int32), ("latched", c_uint8), ("refused", c_uint8),
                 ("replaced", c_uint8), ("reserved", c_uint8), ("digest", c_uint8 * 32)]
+
+
+class AdmitVectorC(Structure):
+    """shmsteer_admit_vector: an override's inline vector passed by address."""
+
+    _fields_ = [("tier", c_uint32), ("hook", c_uint32), ("layer", c_int32), ("scale", c_float),
+                ("data", POINTER(c_float)), ("len", c_size_t)]
 
 
 class CaptureOptionsC(Structure):
@@ -125,6 +134,8 @@ def _load() -> ctypes.CDLL:
         "shmsteer_global_set_json": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_request_admit_json": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_request_admit_result": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(AdmittedC)]),
+        "shmsteer_request_admit_binary": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(AdmitVectorC), c_size_t,
+                                                  P(AdmittedC)]),
         "shmsteer_request_end": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_stepper_new": (c_int, [h, P(h)]),
         "shmsteer_stepper_free": (c_int, [h]),
@@ -198,5 +209,5 @@ def read_json(fn, handle) -> bytes:
 
 
 __all__ = ["lib", "fast", "check", "last_error", "error_name", "read_json", "OwnerConfig", "VectorEntry",
-           "VectorInfo", "Span", "AdmittedC", "CaptureOptionsC", "EffectiveC", "PHASE_PREFILL", "PHASE_DECODE",
-           "ABI_VERSION", "c_char"]
+           "VectorInfo", "Span", "AdmittedC", "AdmitVectorC", "CaptureOptionsC", "EffectiveC", "PHASE_PREFILL",
+           "PHASE_DECODE", "TIER_BASE", "TIER_PREFILL", "TIER_DECODE", "ABI_VERSION", "c_char"]

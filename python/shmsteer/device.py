@@ -510,6 +510,7 @@ class GateTables:
         self.per_row = torch.zeros(capacity, dtype=f32, device=self.device)
         self.site = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
         self.site_host = np.full(capacity, -1, np.int64)  #: the probe site of each slot, on the host
+        self.probe_bytes: Dict[int, bytes] = {}  #: each written slot's probe row, its bytes (equal bytes, equal scores)
         self.adds: Dict[int, torch.Tensor] = {}
         self.adds_host: Dict[int, np.ndarray] = {}  #: per site, which slots' add rows are non-zero
         self.uploads = 0  #: gate slots and add rows written
@@ -559,6 +560,8 @@ class GateTables:
             self.per_row.index_copy_(0, slots, torch.from_numpy(u[:, 2].astype(np.float32)).to(dev))
             self.site.index_copy_(0, slots, torch.from_numpy(u[:, 1].astype(np.int64)).to(dev))
             self.site_host[u[:, 0]] = u[:, 1]
+            for slot, row in zip(u[:, 0].tolist(), g.probe):
+                self.probe_bytes[slot] = row.tobytes()
             self.uploads += len(u)
         a = g.adds
         if len(a):

@@ -44,6 +44,7 @@ STRUCTS = {
     "shmsteer_capture_rec": "capture:_Rec",
     "shmsteer_capture_stats": "capture:_Stats",
     "shmsteer_admitted": "_lib:AdmittedC",
+    "shmsteer_admit_vector": "_lib:AdmitVectorC",
 }
 
 #: Header structs Python does not mirror, and why.

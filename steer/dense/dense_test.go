@@ -13,7 +13,7 @@ import (
 
 var smallCfg = steer.ModelConfig{Hidden: 40, Layers: 3}
 
-func newOwner(t testing.TB, cfg steer.ModelConfig) *steer.Engine {
+func newOwner(t testing.TB, cfg steer.ModelConfig) *steer.Owner {
 	t.Helper()
 	rc, err := steer.RegionConfig(cfg, shm.Config{IndexSlots: 1 << 10, ArenaBytes: 1 << 20, ReaderSlots: 16})
 	require.NoError(t, err)

@@ -55,7 +55,7 @@ func worker() {
 	check(err)
 	key, err := reg.Get("r1", nil)
 	check(err)
-	eng, err := steer.Open(client.Region(), &model, steer.Options{Caller: client})
+	eng, err := steer.Attach(client.Region(), &model, steer.Options{Caller: client})
 	check(err)
 	_, err = eng.Register("from-worker", []steer.Vector{{Hook: "mlp_out", Layer: 0, Scale: 2, Data: []float32{0, 1, 0, 0}}})
 	check(err)

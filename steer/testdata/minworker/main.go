@@ -29,7 +29,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	eng, err := steer.Open(client.Region(), nil, steer.Options{Caller: client})
+	eng, err := steer.Attach(client.Region(), nil, steer.Options{Caller: client})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

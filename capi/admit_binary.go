@@ -1,0 +1,67 @@
+package main
+
+// Binary admission (shmsteer_request_admit_binary): an override's inline vectors passed as the
+// caller's float32 buffers, not as JSON float lists. A 32-layer × 4096 override is 512 KiB of
+// floats; as JSON it is ~2.7 MB of text to print and parse.
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+#include "shmsteer.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+//export shmsteerGo_request_admit_binary
+func shmsteerGo_request_admit_binary(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t,
+	vectors *C.shmsteer_admit_vector, n C.size_t, out *C.shmsteer_admitted) C.int {
+	add := func(inst *instance, s *steer.Steering) C.int { return addBinaryVectors(inst, s, vectors, n) }
+	ad, rc := admitWith(h, id, idLen, js, jsLen, add)
+	return admittedOut(ad, rc, out)
+}
+
+// addBinaryVectors appends vectors[0:n] to the tiers of s. Every pointer, length, tier and hook
+// is checked before any float is read; the floats are then copied once, into one Go block, so
+// that what is validated is what is stored even if the caller's buffers change meanwhile (a
+// Python thread may run while the call is in Go).
+func addBinaryVectors(inst *instance, s *steer.Steering, vectors *C.shmsteer_admit_vector, n C.size_t) C.int {
+	if n == 0 {
+		return C.SHMSTEER_OK
+	}
+	if vectors == nil || uint64(n) > math.MaxInt32 {
+		return badArg(fmt.Sprintf("vectors (NULL or n_vectors %d)", uint64(n)))
+	}
+	in := unsafe.Slice(vectors, int(n))
+	hidden := inst.cfg.Hidden
+	for i := range in {
+		e := &in[i]
+		if e.tier > C.SHMSTEER_TIER_DECODE {
+			return badArg(fmt.Sprintf("vector %d: tier %d (SHMSTEER_TIER_BASE, _PREFILL or _DECODE)", i, uint32(e.tier)))
+		}
+		if uint64(e.hook) > math.MaxUint16 || inst.cfg.HookName(steer.HookID(e.hook)) == "" {
+			return fail(fmt.Errorf("%w: hook id %d in vector %d", steer.ErrUnknownHook, uint32(e.hook), i))
+		}
+		if e.data == nil && e.len > 0 {
+			return badArg(fmt.Sprintf("vector %d: NULL data with len %d", i, uint64(e.len)))
+		}
+		if uint64(e.len) != uint64(hidden) {
+			return fail(fmt.Errorf("%w: vector %d has %d floats, hidden size is %d", steer.ErrHiddenSize, i, uint64(e.len), hidden))
+		}
+	}
+	floats := make([]float32, len(in)*hidden)
+	for i := range in {
+		e := &in[i]
+		data := floats[i*hidden : (i+1)*hidden : (i+1)*hidden]
+		copy(data, unsafe.Slice((*float32)(unsafe.Pointer(e.data)), hidden))
+		t := s.Tier(steer.Phase(e.tier)) // SHMSTEER_TIER_* are steer's phases: base 0, prefill 1, decode 2
+		t.Vectors = append(t.Vectors, steer.Vector{Hook: inst.cfg.HookName(steer.HookID(e.hook)), Layer: int(e.layer), Scale: float32(e.scale), Data: data})
+	}
+	return C.SHMSTEER_OK
+}

@@ -1,0 +1,56 @@
+//go:build cgo
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// shmsteer_request_admit_binary, called from C: the same override admitted as JSON float lists
+// and as float32 buffers publishes the same request entry (equal digests), the vectors alone
+// make an override, and every bad pointer, length, tier, hook, layer or value is refused with
+// its typed error, the region unchanged.
+func TestAdmitBinary(t *testing.T) {
+	gcc := requireTool(t, "gcc")
+	lib := buildLibrary(t)
+	bin := filepath.Join(t.TempDir(), "admit_binary")
+	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I", ".", filepath.Join("testdata", "admit_binary.c"),
+		"-L", lib, "-lshmsteer", "-Wl,-rpath,"+lib, "-lm", "-o", bin).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	ns := fmt.Sprintf("capi-admit-binary-%d-%d", os.Getpid(), time.Now().UnixNano())
+	out, err = exec.Command(bin, ns).CombinedOutput()
+	got := string(out)
+	t.Log(got)
+	require.NoError(t, err)
+	for _, want := range []string{
+		"json: ok source=1\n",
+		"binary: ok source=1 latched=1\n",
+		"digests equal\n",
+		"bare: ok source=1\n",
+		"null vectors: capi.ErrInvalidArgument unchanged\n",
+		"null data: capi.ErrInvalidArgument unchanged\n",
+		"tier 3: capi.ErrInvalidArgument unchanged\n",
+		"hook 5: steer.ErrUnknownHook unchanged\n",
+		"hook 65538: steer.ErrUnknownHook unchanged\n",
+		"short: steer.ErrHiddenSize unchanged\n",
+		"huge len: steer.ErrHiddenSize unchanged\n",
+		"layer 2: steer.ErrLayerRange unchanged\n",
+		"layer -1: steer.ErrLayerRange unchanged\n",
+		"nan: steer.ErrNonFinite unchanged\n",
+		"inf scale: steer.ErrNonFinite unchanged\n",
+		"overflow: steer.ErrOverflow unchanged\n",
+		"duplicate: steer.ErrDuplicate unchanged\n",
+		"duplicate of json: steer.ErrDuplicate unchanged\n",
+		"bad json: capi.ErrInvalidArgument unchanged\n",
+		"closed: ok\n",
+	} {
+		require.Contains(t, got, want)
+	}
+}

@@ -1,0 +1,149 @@
+"""Binary admission: an override's inline vectors passed to the engine as float32 buffers.
+
+:meth:`shmsteer.Owner.admit` takes an override in the engine's steering JSON shape. A vector
+whose ``data`` is a float list goes as JSON, as before; one whose ``data`` is a numpy array, a
+torch tensor or another buffer of numbers goes by address through
+``shmsteer_request_admit_binary``: no float list is built, no float is printed or parsed, and
+the engine copies the floats once. A 32-layer x 4096 override is 512 KiB as float32 and about
+2.7 MB as JSON text.
+
+The buffer of a vector must be 1-D with the model's hidden size; float32 C-contiguous CPU memory
+is used in place, anything else (float64, float16, bfloat16, a strided view, a CUDA tensor)
+is converted to it first (numpy's and torch's rounding: nearest, ties to even). Bool, complex
+and object data are refused (:class:`~shmsteer.errors.InvalidArgumentError`), as are keys other
+than ``hook``, ``layer``, ``scale`` and ``data`` (the JSON's rule). A vector's hook is a name
+(or an id), its layer an integer, its scale a number (left out: 0, as in the JSON).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import numbers
+from ctypes import POINTER, c_float
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from . import _lib
+from .errors import HiddenSizeError, InvalidArgumentError
+
+try:  # numpy is optional: without it only torch tensors (and float lists) are taken
+    import numpy as _np
+except ImportError:  # pragma: no cover - exercised only where numpy is missing
+    _np = None
+
+#: An override tier's name -> its SHMSTEER_TIER_* value.
+TIERS = {"base": _lib.TIER_BASE, "prefill": _lib.TIER_PREFILL, "decode": _lib.TIER_DECODE}
+
+_KEYS = frozenset(("hook", "layer", "scale", "data"))
+_F32 = _np.dtype(_np.float32) if _np is not None else None
+_I32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _bad(msg: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"shmsteer: invalid argument: {msg}")
+
+
+def _is_list(data: Any) -> bool:
+    return isinstance(data, (list, tuple))
+
+
+def _torch_buffer(where: str, t: Any) -> Tuple[int, int, Any]:
+    """(address, floats, owner) of a torch tensor as 1-D float32 contiguous CPU memory."""
+    if t.dim() != 1:
+        raise _bad(f"{where}: data must be 1-D (the hidden size), got shape {tuple(t.shape)}")
+    if t.dtype.is_complex or not (t.dtype.is_floating_point or t.dtype in _torch_ints()):
+        raise _bad(f"{where}: data must be real numbers, got {t.dtype}")
+    t = t.detach()
+    if t.device.type != "cpu" or t.dtype != _torch().float32:
+        t = t.to(device="cpu", dtype=_torch().float32)
+    t = t.contiguous()
+    return t.data_ptr(), t.numel(), t
+
+
+def _torch() -> Any:
+    import torch
+    return torch
+
+
+def _torch_ints() -> Tuple[Any, ...]:
+    torch = _torch()
+    return (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def _is_tensor(data: Any) -> bool:
+    mod = type(data).__module__
+    return mod.startswith("torch") and hasattr(data, "data_ptr") and hasattr(data, "dim")
+
+
+def _buffer(where: str, data: Any) -> Tuple[int, int, Any]:
+    """(address, floats, owner) of ``data`` as 1-D float32 C-contiguous memory: the caller keeps
+    ``owner`` alive until the engine has read it."""
+    if _np is not None and type(data) is _np.ndarray and data.dtype == _F32 and data.ndim == 1 \
+            and data.flags.c_contiguous:  # the common case, used in place
+        return data.ctypes.data, data.size, data
+    if _is_tensor(data):
+        return _torch_buffer(where, data)
+    if _np is None:
+        raise _bad(f"{where}: data must be a float list or a torch tensor (numpy is not installed)")
+    try:
+        a = _np.asarray(data)
+    except (TypeError, ValueError) as e:
+        raise _bad(f"{where}: data is not an array of numbers: {e}") from None
+    if a.dtype.kind not in "fiu":
+        raise _bad(f"{where}: data must be real numbers, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise _bad(f"{where}: data must be 1-D (the hidden size), got shape {a.shape}")
+    a = _np.ascontiguousarray(a, dtype=_np.float32)
+    return a.ctypes.data, a.size, a
+
+
+def _vector(where: str, v: Any, tier: int, hook_id: Callable[[Union[str, int]], int], hidden: int,
+            out: Any, keep: List[Any]) -> None:
+    """Fill ``out`` (an AdmitVectorC) from the vector dict ``v`` of an override tier."""
+    if not _KEYS.issuperset(v):
+        raise _bad(f"{where}: unknown keys {sorted(set(v) - _KEYS)} (a vector has hook, layer, scale, data)")
+    layer, scale = v.get("layer", 0), v.get("scale", 0.0)
+    if type(layer) is not int and (isinstance(layer, bool) or not isinstance(layer, numbers.Integral)) \
+            or not _I32[0] <= int(layer) <= _I32[1]:
+        raise _bad(f"{where}: layer must be a 32-bit integer, got {layer!r}")
+    if type(scale) is not float and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise _bad(f"{where}: scale must be a number, got {type(scale).__name__}")
+    ptr, n, owner = _buffer(where, v.get("data"))
+    if n != hidden:
+        raise HiddenSizeError(f"shmsteer: vector length is not the hidden size: {where} has {n} floats, "
+                              f"hidden size is {hidden}")
+    keep.append(owner)
+    out.tier, out.hook, out.layer, out.scale = tier, hook_id(v.get("hook", "")), int(layer), float(scale)
+    out.data, out.len = ctypes.cast(ptr, POINTER(c_float)), n
+
+
+def split_override(override: Any, hook_id: Callable[[Union[str, int]], int], hidden: int
+                   ) -> Tuple[Any, Optional[ctypes.Array], List[Any]]:
+    """Take the buffer vectors out of ``override``: (the override left for the JSON, the
+    shmsteer_admit_vector array of the taken ones or None, the objects owning their memory).
+    ``hook_id`` maps a hook name to its id; ``hidden`` is the model's hidden size.
+
+    ``override`` itself is not changed. Anything that is not the shape the engine reads (not a
+    dict, a tier that is not a dict, vectors that are not a list) is left in the JSON for the
+    engine to judge."""
+    if not isinstance(override, dict):
+        return override, None, []
+    taken: List[Tuple[str, int, Dict[str, Any]]] = []
+    rest = dict(override)
+    for name, tier in TIERS.items():
+        t = override.get(name)
+        if not isinstance(t, dict) or not isinstance(t.get("vectors"), list):
+            continue
+        vecs = t["vectors"]
+        binary = [i for i, v in enumerate(vecs) if isinstance(v, dict) and "data" in v and not _is_list(v["data"])]
+        if not binary:
+            continue
+        moved = set(binary)
+        rest[name] = dict(t, vectors=[v for i, v in enumerate(vecs) if i not in moved])
+        taken += [(f"override {name} vector {i}", tier, vecs[i]) for i in binary]
+    if not taken:
+        return override, None, []
+    arr = (_lib.AdmitVectorC * len(taken))()
+    keep: List[Any] = []
+    for k, (where, tier, v) in enumerate(taken):
+        _vector(where, v, tier, hook_id, hidden, arr[k], keep)
+    return rest, arr, keep
