@@ -399,7 +399,7 @@ func TestPythonWheel(t *testing.T) {
 	for _, f := range z.File {
 		names = append(names, f.Name)
 	}
-	want := []string{"shmsteer/libshmsteer.so", "shmsteer/shmsteer.h", "shmsteer/py.typed", "shmsteer/errors.py"}
+	want := []string{"shmsteer/libshmsteer.so", "shmsteer/shmsteer.h", "shmsteer/py.typed", "shmsteer/errors.py", "shmsteer/_errors_base.py", "shmsteer/_errors_steer.py"}
 	if _, err := os.Stat(filepath.Join("..", "python", "shmsteer", "_fastkeys.abi3.so")); err == nil {
 		want = append(want, "shmsteer/_fastkeys.abi3.so") // built by go generate with python3-dev
 	}

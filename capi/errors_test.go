@@ -112,7 +112,16 @@ func TestErrorTableCoversSentinels(t *testing.T) {
 func TestErrorTablesGenerated(t *testing.T) {
 	out, err := errtable.Outputs(".")
 	require.NoError(t, err)
-	require.Len(t, out, 5+len(readErrorTable(t).BindDirs()), "the C, Python and proto tables and each binding package's wire_gen.go")
+	tab := readErrorTable(t)
+	py, err := tab.Python()
+	require.NoError(t, err)
+	require.Len(t, out, 4+len(py)+len(tab.BindDirs()), "the C and proto tables, errors.py and its parts, and each binding package's wire_gen.go")
+	// A part no longer generated (its package's codes gone) is stale too.
+	parts, err := filepath.Glob(filepath.Join("..", "python", "shmsteer", "_errors_*.py"))
+	require.NoError(t, err)
+	for _, p := range parts {
+		require.Contains(t, out, p, "%s is not generated from errors.tab any more: remove it", p)
+	}
 	for path, want := range out {
 		got, err := os.ReadFile(path)
 		require.NoError(t, err)

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -16,10 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -30,7 +26,6 @@ import (
 
 	"github.com/shmsteer/shmsteer/ipc"
 	"github.com/shmsteer/shmsteer/serve"
-	"github.com/shmsteer/shmsteer/steer"
 )
 
 // binPath is the shmsteer binary TestMain builds.
@@ -279,87 +274,33 @@ func TestCLIHelpAndExitCodes(t *testing.T) {
 	}
 }
 
-func TestServeAuth(t *testing.T) {
-	s := startServe(t, ns(t), "")
-	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
-		code, _ := s.call("GET", path, "", nil)
-		require.Equal(t, http.StatusOK, code, path)
-	}
-	for _, tc := range []struct {
-		name, method, path, key string
-		body                    any
-		code                    int
-	}{
-		{"no key", "GET", "/v1/status", "", nil, 401},
-		{"no key vectors", "GET", "/v1/steering/vectors", "", nil, 401},
-		{"no key unknown path", "GET", "/v1/nothing", "", nil, 401},
-		{"wrong key", "GET", "/v1/status", "not-a-key-0123456789abcdef", nil, 401},
-		{"key prefix", "GET", "/v1/status", adminKey[:10], nil, 401},
-		{"basic scheme", "GET", "/v1/status", "", nil, 401},
-		{"admin", "GET", "/v1/status", adminKey, nil, 200},
-		{"rotated admin", "GET", "/v1/status", adminKey2, nil, 200},
-		{"tenant reads", "GET", "/v1/steering", acmeKey, nil, 200},
-		{"tenant sets global", "POST", "/v1/steering/set", acmeKey, map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"0": vec(1)}}}, 403},
-		{"tenant clears global", "POST", "/v1/steering/clear", acmeKey, nil, 403},
-		{"tenant registers another's name", "POST", "/v1/steering/vectors/register", acmeKey,
-			map[string]any{"name": "other/v", "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 403},
-		{"tenant registers unscoped name", "POST", "/v1/steering/vectors/register", acmeKey,
-			map[string]any{"name": "v", "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 403},
-		{"tenant registers own", "POST", "/v1/steering/vectors/register", acmeKey,
-			map[string]any{"name": "acme/v", "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(2)})}}, 200},
-		{"other tenant removes it", "POST", "/v1/steering/vectors/unregister", otherKey, map[string]any{"name": "acme/v", "kind": "steer"}, 403},
-		{"other tenant drops its conversation", "DELETE", "/v1/conversations/acme/c1", otherKey, nil, 403},
-		{"other tenant admits as acme", "POST", "/v1/requests/admit", otherKey, map[string]any{"request_id": "r", "tenant": "acme", "conversation": "c1"}, 403},
-		{"other tenant refs acme's vector", "POST", "/v1/requests/admit", otherKey,
-			map[string]any{"request_id": "other/r", "conversation": "c1", "override": map[string]any{"vector_refs": map[string]float32{"acme/v": 1}}}, 403},
-		{"tenant admits an unscoped request id", "POST", "/v1/requests/admit", acmeKey, map[string]any{"request_id": "r", "conversation": "c1"}, 403},
-		{"tenant admits its own", "POST", "/v1/requests/admit", acmeKey,
-			map[string]any{"request_id": "acme/r", "conversation": "c1", "override": map[string]any{"vector_refs": map[string]float32{"acme/v": 1}}}, 200},
-		{"other tenant ends it", "POST", "/v1/requests/end", otherKey, map[string]any{"request_id": "acme/r"}, 403},
-		{"tenant drops its conversation", "DELETE", "/v1/conversations/acme/c1", acmeKey, nil, 200},
-		{"tenant ends its request", "POST", "/v1/requests/end", acmeKey, map[string]any{"request_id": "acme/r"}, 200},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			req, _ := http.NewRequest(tc.method, s.addr+tc.path, nil)
-			if tc.body != nil {
-				b, _ := json.Marshal(tc.body)
-				req, _ = http.NewRequest(tc.method, s.addr+tc.path, bytes.NewReader(b))
-			}
-			if tc.key != "" {
-				req.Header.Set("Authorization", "Bearer "+tc.key)
-			} else if tc.name == "basic scheme" {
-				req.SetBasicAuth("admin", adminKey)
-			}
-			resp, err := http.DefaultClient.Do(req)
-			require.NoError(t, err)
-			var m map[string]any
-			json.NewDecoder(resp.Body).Decode(&m)
-			resp.Body.Close()
-			require.Equal(t, tc.code, resp.StatusCode, "%v", m)
-			if tc.code >= 400 {
-				require.NotEmpty(t, m["error"])
-				require.NotEmpty(t, m["type"])
-			}
-		})
-	}
-	// Tenants see only their own vectors; the admin sees all.
-	_, m := s.call("GET", "/v1/steering/vectors", otherKey, nil)
-	require.EqualValues(t, 0, m["count"])
-	_, m = s.call("GET", "/v1/steering/vectors", acmeKey, nil)
-	require.EqualValues(t, 1, m["count"])
-	require.EqualValues(t, 1, s.ok("GET", "/v1/steering/vectors", nil)["count"])
-}
-
 // TestServeEndpoints drives every endpoint's happy path and bad paths; a bad request changes
 // nothing (the region version and the global steering stay the same).
 func TestServeEndpoints(t *testing.T) {
 	s := startServe(t, ns(t), "", "--max-body-bytes", "65536")
+	bad := refusedUnchanged(t, s)
+	endpointsGlobal(t, s, bad)
+	endpointsVectors(t, s, bad)
+	endpointsModulesAdmissions(t, s, bad)
+	s.ok("POST", "/v1/steering/modules/unregister", map[string]any{"name": "mod"})
+	s.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "happy", "kind": "steer"})
+	s.ok("POST", "/v1/steering/clear", nil)
+	require.Empty(t, s.ok("GET", "/v1/steering", nil)["active_layers"])
+	require.NoError(t, s.stop(syscall.SIGTERM))
+}
+
+// refusedFunc runs one bad request as subtest "bad/"+name: it must get code and error type typ.
+type refusedFunc func(name, method, path string, body any, code int, typ string)
+
+// refusedUnchanged is TestServeEndpoints' bad-request check: the refused request also changes
+// neither the region version nor the global steering.
+func refusedUnchanged(t *testing.T, s *served) refusedFunc {
 	state := func() (float64, map[string]any) {
 		st := s.ok("GET", "/v1/status", nil)
 		g := s.ok("GET", "/v1/steering", nil)
 		return st["version"].(float64), g["active_layers"].(map[string]any)
 	}
-	bad := func(name, method, path string, body any, code int, typ string) {
+	return func(name, method, path string, body any, code int, typ string) {
 		t.Run("bad/"+name, func(t *testing.T) {
 			v0, g0 := state()
 			c, m := s.call(method, path, adminKey, body)
@@ -370,7 +311,12 @@ func TestServeEndpoints(t *testing.T) {
 			require.Equal(t, g0, g1)
 		})
 	}
+}
 
+// endpointsGlobal: global steering in the plain form, every packed dtype and clamps; replace;
+// set's and clear's bad requests.
+func endpointsGlobal(t *testing.T, s *served, bad refusedFunc) {
+	t.Helper()
 	// Global steering in the plain form, every packed dtype and clamps.
 	m := s.ok("POST", "/v1/steering/set", map[string]any{
 		"vectors":         map[string]any{"pre_attn": map[string]any{"0": vec(1), "1": map[string]any{"vector": vec(2), "scale": 2}}},
@@ -421,14 +367,18 @@ func TestServeEndpoints(t *testing.T) {
 	bad("unknown ref", "POST", "/v1/steering/set", map[string]any{"vector_refs": map[string]float32{"nope": 1}}, 400, "unknown_vector")
 	bad("body too large", "POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"pre_attn": map[string]any{"0": make([]float32, 40000)}}}, 413, "too_large")
 	bad("clear unknown field", "POST", "/v1/steering/clear", map[string]any{"x": 1}, 400, "bad_request")
+}
 
+// endpointsVectors: the layers map and named vectors.
+func endpointsVectors(t *testing.T, s *served, bad refusedFunc) {
+	t.Helper()
 	// Layers: the fork's flat map.
 	lay := s.ok("GET", "/v1/steering/layers", nil)["layers"].(map[string]any)
 	require.Len(t, lay, e2eLayers)
 	require.Equal(t, []any{"mlp_in", "mlp_out", "post_attn", "post_block", "pre_attn"}, lay["0"].(map[string]any)["hook_points"])
 
 	// Named vectors.
-	m = s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "happy", "kind": "steer",
+	m := s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "happy", "kind": "steer",
 		"packed": map[string]any{"pre_attn": packed("float32", []int{0, 1}, [][]float32{vec(10), vec(11)}), "mlp_out": packed("float16", []int{3}, [][]float32{vec(12)})}})
 	require.Equal(t, "happy", m["name"])
 	list := s.ok("GET", "/v1/steering/vectors?details=1", nil)
@@ -447,9 +397,14 @@ func TestServeEndpoints(t *testing.T) {
 	require.Equal(t, map[string]any{"probe": []any{"happy"}, "steer": []any{"happy"}}, list["vectors"])
 	s.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "happy", "kind": "probe"})
 	s.ok("POST", "/v1/steering/set", map[string]any{"vector_refs": map[string]float32{"happy": 0.5}})
+}
 
+// endpointsModulesAdmissions: modules, and admissions that latch conversations (DELETE drops
+// them).
+func endpointsModulesAdmissions(t *testing.T, s *served, bad refusedFunc) {
+	t.Helper()
 	// Modules.
-	m = s.ok("POST", "/v1/steering/modules/register", map[string]any{"name": "mod", "vectors": map[string]any{"pre_attn": map[string]any{"2": vec(13)}},
+	m := s.ok("POST", "/v1/steering/modules/register", map[string]any{"name": "mod", "vectors": map[string]any{"pre_attn": map[string]any{"2": vec(13)}},
 		"decode_clamps": map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": vec(14), "value": 0}}}})
 	require.Equal(t, []any{"mod"}, m["modules"])
 	require.EqualValues(t, 1, s.ok("GET", "/v1/steering/modules", nil)["count"])
@@ -479,12 +434,6 @@ func TestServeEndpoints(t *testing.T) {
 	require.EqualValues(t, 1, s.ok("GET", "/v1/steering/dynamic", nil)["latches"].(map[string]any)["latched_conversations"])
 	bad("drop unknown conversation", "DELETE", "/v1/conversations/acme/c1", nil, 404, "not_found")
 	bad("wrong method", "GET", "/v1/steering/set", nil, 404, "not_found")
-
-	s.ok("POST", "/v1/steering/modules/unregister", map[string]any{"name": "mod"})
-	s.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"name": "happy", "kind": "steer"})
-	s.ok("POST", "/v1/steering/clear", nil)
-	require.Empty(t, s.ok("GET", "/v1/steering", nil)["active_layers"])
-	require.NoError(t, s.stop(syscall.SIGTERM))
 }
 
 // TestServeMetricsMatchStatus parses /metrics and checks it against /v1/status.
@@ -602,154 +551,6 @@ func TestServeColumnsFull(t *testing.T) {
 	require.Contains(t, log, "columns_fallbacks=1")
 }
 
-// snapshotState reads what must survive a restart.
-func snapshotState(s *served) map[string]any {
-	vecs := s.ok("GET", "/v1/steering/vectors?details=1", nil)["details"].([]any)
-	for _, v := range vecs {
-		delete(v.(map[string]any), "version") // region versions restart; digests must not change
-	}
-	// Admitted requests and workers' checksum reports are per run, like keys.
-	dyn := s.ok("GET", "/v1/steering/dynamic", nil)["latches"].(map[string]any)
-	delete(dyn, "requests_with_steering")
-	return map[string]any{
-		"vectors": vecs,
-		"global":  s.ok("GET", "/v1/steering", nil)["active_layers"],
-		"modules": s.ok("GET", "/v1/steering/modules", nil)["modules"],
-		"latches": dyn,
-	}
-}
-
-func populate(t *testing.T, s *served) {
-	for i := range 3 {
-		s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": fmt.Sprintf("v%d", i),
-			"packed": map[string]any{"pre_attn": packed("float32", []int{0, 2}, [][]float32{vec(uint64(10 * i)), vec(uint64(10*i + 1))})}})
-	}
-	// Probes persist like steering vectors: one with its own name, one that shares a steering
-	// vector's name and content (one vector file).
-	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "probe", "name": "p",
-		"packed": map[string]any{"post_block": packed("float32", []int{3}, [][]float32{vec(60)})}})
-	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "probe", "name": "v9",
-		"packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(61)})}})
-	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": "v9",
-		"packed": map[string]any{"pre_attn": packed("float32", []int{0}, [][]float32{vec(61)})}})
-	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"mlp_out": map[string]any{"1": vec(50)}},
-		"decode_clamps":       map[string]any{"mlp_in": map[string]any{"0": map[string]any{"vector": vec(51), "max": 0.5}}},
-		"prefill_vector_refs": map[string]float32{"v1": 0.25}})
-	s.ok("POST", "/v1/steering/modules/register", map[string]any{"name": "m", "vectors": map[string]any{"pre_attn": map[string]any{"3": vec(52)}}})
-	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "a", "tenant": "acme", "conversation": "c1", "module": "m"})
-	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "b", "tenant": "acme", "conversation": "c2",
-		"override": map[string]any{"vector_refs": map[string]float32{"v2": 1}, "vectors": map[string]any{"post_attn": map[string]any{"0": vec(53)}}}})
-	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "c", "tenant": "acme", "conversation": "c1"})
-}
-
-// waitPersisted waits until the latch changes of admissions are on disk.
-func waitPersisted(t *testing.T, s *served) {
-	require.Eventually(t, func() bool { return s.ok("GET", "/v1/status", nil)["state_dirty"] == false }, 10*time.Second, 20*time.Millisecond)
-}
-
-func TestServeRestartKeepsState(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "state")
-	s := startServe(t, ns(t), dir)
-	populate(t, s)
-	cs, err := serve.AttachClient(s.ns, secretFile(t))
-	require.NoError(t, err)
-	require.NoError(t, cs.Keys.Set("req-1", []byte("secret-key-bytes")))
-	cs.Close()
-	require.EqualValues(t, 1, s.ok("GET", "/v1/status", nil)["keys"])
-	before := snapshotState(s)
-	require.NotEmpty(t, before["global"])
-	require.EqualValues(t, 2, before["latches"].(map[string]any)["latched_conversations"])
-	require.Equal(t, map[string]any{"probe": []any{"p", "v9"}, "steer": []any{"v0", "v1", "v2", "v9"}}, s.ok("GET", "/v1/steering/vectors", nil)["vectors"])
-	require.NoError(t, s.stop(syscall.SIGTERM), "serve must exit 0 on SIGTERM:\n%s", s.stderr)
-
-	raw, err := os.ReadFile(filepath.Join(dir, "state.bin"))
-	require.NoError(t, err)
-	require.NotContains(t, string(raw), "secret-key-bytes", "keys must never be persisted")
-
-	s2 := startServe(t, ns(t), dir)
-	require.Equal(t, before, snapshotState(s2))
-	require.EqualValues(t, 0, s2.ok("GET", "/v1/status", nil)["keys"], "keys must not survive a restart")
-	// The restored latch still bridges, and its named vector's digest still matches.
-	m := s2.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "d", "tenant": "acme", "conversation": "c2"})
-	require.Equal(t, "latch", m["source"])
-	require.NoError(t, s2.stop(syscall.SIGINT))
-}
-
-func TestServeKill9KeepsLastPersisted(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "state")
-	s := startServe(t, ns(t), dir)
-	populate(t, s)
-	waitPersisted(t, s)
-	before := snapshotState(s)
-	require.NoError(t, s.cmd.Process.Kill())
-	<-s.done
-
-	s2 := startServe(t, ns(t), dir)
-	require.Equal(t, before, snapshotState(s2))
-	// A synchronous mutation is on disk before its reply, whatever follows: through the API,
-	// and through the owner's RPCs from the CLI.
-	s2.ok("POST", "/v1/steering/vectors/unregister", map[string]any{"kind": "steer", "name": "v0"})
-	cli := exec.Command(binPath, "steer", "global", "set", "--namespace", s2.ns, "--ref", "v2=0.75")
-	cli.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
-	out, err := cli.CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	cli = exec.Command(binPath, "vectors", "rm", "v1", "--namespace", s2.ns)
-	cli.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
-	out, err = cli.CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	after := snapshotState(s2)
-	require.Contains(t, fmt.Sprint(after["global"]), "pre_attn")
-	require.Len(t, after["vectors"], 4, "v2 and v9, and the probes p and v9")
-	require.NoError(t, s2.cmd.Process.Kill())
-	<-s2.done
-	s3 := startServe(t, ns(t), dir)
-	require.Equal(t, after, snapshotState(s3))
-}
-
-func TestServeRefusesBadState(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "state")
-	s := startServe(t, ns(t), dir)
-	populate(t, s)
-	require.NoError(t, s.stop(syscall.SIGTERM))
-	path := filepath.Join(dir, "state.bin")
-	good, err := os.ReadFile(path)
-	require.NoError(t, err)
-
-	run := func(extra ...string) (int, string) {
-		args := append([]string{"serve", "--http", "127.0.0.1:0", "--namespace", ns(t), "--hidden", fmt.Sprint(e2eHidden),
-			"--layers", fmt.Sprint(e2eLayers), "--arena-bytes", fmt.Sprint(64 << 20), "--state-dir", dir}, extra...)
-		cmd := exec.Command(binPath, args...)
-		cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		require.NotContains(t, stdout.String(), "listening on")
-		ee, ok := err.(*exec.ExitError)
-		require.True(t, ok, "serve started on bad state: %v", err)
-		return ee.ExitCode(), stderr.String()
-	}
-	flipped := append([]byte(nil), good...)
-	flipped[len(flipped)/2] ^= 1
-	require.NoError(t, os.WriteFile(path, flipped, 0o600))
-	code, msg := run()
-	require.Equal(t, 1, code)
-	require.Contains(t, msg, "state file corrupt")
-	require.NoError(t, os.WriteFile(path, good[:len(good)-7], 0o600))
-	_, msg = run()
-	require.Contains(t, msg, "state file corrupt")
-	require.NoError(t, os.WriteFile(path, good, 0o600))
-	code, msg = run("--layers", fmt.Sprint(e2eLayers+1))
-	require.Equal(t, 1, code)
-	require.Contains(t, msg, "state file incompatible")
-	// A vector file that went missing is an error too, not a partial state.
-	ents, err := os.ReadDir(filepath.Join(dir, "vectors"))
-	require.NoError(t, err)
-	require.NotEmpty(t, ents)
-	require.NoError(t, os.Remove(filepath.Join(dir, "vectors", ents[0].Name())))
-	_, msg = run()
-	require.Contains(t, msg, "state file corrupt")
-}
-
 // TestCLIClientCommands runs the client commands against a live serve.
 func TestCLIClientCommands(t *testing.T) {
 	s := startServe(t, ns(t), "")
@@ -836,203 +637,6 @@ func TestCLIClientCommands(t *testing.T) {
 	require.Equal(t, 1, code, errOut)
 }
 
-func TestServeUnixSocketAndKeyReload(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "api.sock")
-	keys := writeKeys(t)
-	cmd := exec.Command(binPath, "serve", "--http", "unix:"+sock, "--namespace", ns(t), "--hidden", "8", "--layers", "2",
-		"--arena-bytes", fmt.Sprint(16<<20), "--api-key-file", keys, "--log-format", "json")
-	cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	require.Equal(t, "listening on unix:"+sock+"\n", line)
-	st, err := os.Stat(sock)
-	require.NoError(t, err)
-	require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
-	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
-	get := func(key string) int {
-		req, _ := http.NewRequest("GET", "http://unix/v1/status", nil)
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := c.Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	require.Equal(t, 200, get(adminKey))
-	// Rotation: replace the key file and send SIGHUP.
-	require.NoError(t, os.WriteFile(keys, []byte(adminKey2+"\n"), 0o600))
-	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
-	require.Eventually(t, func() bool { return get(adminKey) == 401 }, 5*time.Second, 20*time.Millisecond)
-	require.Equal(t, 200, get(adminKey2))
-	// A file with no key locks every caller out: the reload says so at WARN.
-	require.NoError(t, os.WriteFile(keys, []byte("# rotated away\n"), 0o600))
-	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
-	require.Eventually(t, func() bool { return get(adminKey2) == 401 }, 5*time.Second, 20*time.Millisecond)
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, cmd.Wait())
-	_, err = os.Stat(sock)
-	require.True(t, os.IsNotExist(err), "socket left behind")
-	// JSON logs: every line an object with a message; the reload is logged, no key or secret.
-	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
-	require.NotEmpty(t, lines)
-	for _, l := range lines {
-		var rec map[string]any
-		require.NoError(t, json.Unmarshal([]byte(l), &rec), l)
-		require.NotEmpty(t, rec["msg"])
-	}
-	require.Contains(t, logs.String(), `"msg":"API keys reloaded"`)
-	require.Regexp(t, `"level":"WARN","msg":"API keys reloaded: the file holds no key, so every /v1/ call is refused`, logs.String())
-	for _, k := range []string{adminKey, adminKey2, e2eSecret} {
-		require.NotContains(t, logs.String(), k)
-	}
-}
-
-// TestWorkerFollowsServeRestart: a worker (this process) reads a named vector through an
-// ipc.Follower from several goroutines while serve is stopped with SIGTERM and started again
-// on its state dir; the worker keeps reading the dead region (flagged), re-attaches by itself,
-// and every read, before, during and after, is the whole registered vector.
-func TestWorkerFollowsServeRestart(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "state")
-	name := ns(t)
-	s := startServe(t, name, dir)
-	want := [][]float32{vec(100), vec(101)}
-	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"name": "v", "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0, 3}, want)}})
-	sec := ipc.NewSecret([]byte(e2eSecret))
-	f, err := ipc.Follow(ipc.FollowOptions{Client: ipc.ClientOptions{Secret: &sec, Namespace: name}, Poll: 10 * time.Millisecond,
-		MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, Retire: time.Second, Ready: serve.IsReady})
-	require.NoError(t, err)
-	defer f.Close()
-	firstRegion := f.Client().Region().ID()
-
-	var (
-		mu      sync.Mutex
-		engines = map[*ipc.Client]*steer.Worker{}
-		stop    atomic.Bool
-		readErr atomic.Pointer[string]
-		reads   [3]atomic.Uint64 // by generation
-		dead    atomic.Uint64
-	)
-	engineOf := func(c *ipc.Client) (*steer.Worker, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if e := engines[c]; e != nil {
-			return e, nil
-		}
-		e, err := steer.Attach(c.Region(), nil, steer.Options{Caller: c})
-		engines[c] = e
-		return e, err
-	}
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			fail := func(err error) { msg := err.Error(); readErr.Store(&msg) }
-			for !stop.Load() {
-				gen, isDead := f.Generation(), f.Dead()
-				c := f.Client()
-				eng, err := engineOf(c)
-				if err != nil {
-					fail(err)
-					return
-				}
-				snap, err := c.Region().Snapshot()
-				if err != nil {
-					fail(err)
-					return
-				}
-				nv, err := eng.Vector(&snap, "v")
-				if err == nil && (len(nv.Vectors) != 2 || !slices.Equal(nv.Vectors[0].Data, want[0]) || !slices.Equal(nv.Vectors[1].Data, want[1])) {
-					err = fmt.Errorf("torn or wrong vector read: %d entries", len(nv.Vectors))
-				}
-				snap.Close()
-				if err != nil {
-					fail(err)
-					return
-				}
-				if gen < 3 {
-					reads[gen].Add(1)
-				}
-				if isDead {
-					dead.Add(1)
-				}
-				time.Sleep(50 * time.Microsecond)
-			}
-		}()
-	}
-	require.Eventually(t, func() bool { return reads[1].Load() > 50 }, 10*time.Second, time.Millisecond)
-	require.NoError(t, s.stop(syscall.SIGTERM))
-	require.Eventually(t, f.Dead, 10*time.Second, time.Millisecond)
-	require.ErrorIs(t, f.Err(), ipc.ErrDeadRegion)
-	require.Eventually(t, func() bool { return dead.Load() > 20 }, 10*time.Second, time.Millisecond)
-	startServe(t, name, dir)
-	require.Eventually(t, func() bool { return f.Generation() == 2 && !f.Dead() }, 10*time.Second, time.Millisecond)
-	require.NotEqual(t, firstRegion, f.Client().Region().ID())
-	require.Eventually(t, func() bool { return reads[2].Load() > 50 || readErr.Load() != nil }, 10*time.Second, time.Millisecond)
-	stop.Store(true)
-	wg.Wait()
-	if e := readErr.Load(); e != nil {
-		t.Fatal(*e)
-	}
-	t.Logf("reads: %d before, %d from the dead region, %d after the restart", reads[1].Load(), dead.Load(), reads[2].Load())
-}
-
-// TestWorkerStepsWithAPISteering is the README's quick start: serve runs, a worker attaches,
-// and steering changed through the control API changes what the worker's next step adds.
-func TestWorkerStepsWithAPISteering(t *testing.T) {
-	s := startServe(t, ns(t), "")
-	g, r := vec(200), vec(201)
-	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"post_block": map[string]any{"1": g}}})
-	s.ok("POST", "/v1/steering/vectors/register", map[string]any{"kind": "steer", "name": "polite", "packed": map[string]any{"post_block": packed("float32", []int{1}, [][]float32{r})}})
-	s.ok("POST", "/v1/requests/admit", map[string]any{"request_id": "r1", "override": map[string]any{"decode_vector_refs": map[string]float32{"polite": 0.5}}})
-
-	sec := ipc.NewSecret([]byte(e2eSecret))
-	f, err := ipc.Follow(ipc.FollowOptions{Client: ipc.ClientOptions{Secret: &sec, Namespace: s.ns}, Ready: serve.IsReady})
-	require.NoError(t, err)
-	defer f.Close()
-	eng, err := steer.Attach(f.Client().Region(), nil, steer.Options{Caller: f.Client()})
-	require.NoError(t, err)
-	st := eng.NewStepper()
-	defer st.Close()
-	hook, err := eng.Config().Hook("post_block")
-	require.NoError(t, err)
-	step := func(n uint64) []float32 {
-		h := make([]float32, 2*e2eHidden)
-		require.NoError(t, st.Begin(0))
-		require.NoError(t, st.Apply(hook, 1, h, []steer.Span{{ID: "r1", Start: 0, End: 2, Phase: steer.PhaseDecode}}))
-		require.NoError(t, serve.ReportChecksum(f.Client(), "rank0", n, st.End()))
-		return h
-	}
-	h := step(1)
-	for i := range e2eHidden {
-		want := g[i] + 0.5*r[i]
-		require.InDelta(t, want, h[i], 1e-5)
-		require.InDelta(t, want, h[e2eHidden+i], 1e-5)
-	}
-	// Steering changed through the API: the next step adds the new global vector.
-	g2 := vec(202)
-	s.ok("POST", "/v1/steering/set", map[string]any{"vectors": map[string]any{"post_block": map[string]any{"1": map[string]any{"vector": g2, "scale": 2}}}})
-	h = step(2)
-	for i := range e2eHidden {
-		require.InDelta(t, 2*g2[i]+0.5*r[i], h[i], 1e-5)
-	}
-	s.ok("POST", "/v1/steering/clear", nil)
-	h = step(3)
-	for i := range e2eHidden {
-		require.InDelta(t, 0.5*r[i], h[i], 1e-5)
-	}
-	w := s.ok("GET", "/v1/steering/dynamic", nil)["workers"].([]any)
-	require.Len(t, w, 1)
-	require.EqualValues(t, 3, w[0].(map[string]any)["step"])
-}
-
 // TestServeSIGTERMAnswersInFlight: a request whose body is still arriving when SIGTERM comes is
 // answered, and what it registered is in the persisted state.
 func TestServeSIGTERMAnswersInFlight(t *testing.T) {
@@ -1062,78 +666,4 @@ func TestServeSIGTERMAnswersInFlight(t *testing.T) {
 	}
 	s2 := startServe(t, ns(t), dir)
 	require.EqualValues(t, 1, s2.ok("GET", "/v1/steering/vectors", nil)["count"])
-}
-
-// TestServeKilledAtRandomPoints SIGKILLs serve at random moments while it registers vectors
-// one after another; each restart must load a whole state holding every acknowledged
-// registration and at most the one in flight.
-func TestServeKilledAtRandomPoints(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "state")
-	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
-	acked := 0
-	for round := range 6 {
-		s := startServe(t, ns(t), dir)
-		n := s.ok("GET", "/v1/steering/vectors", nil)["count"].(float64)
-		require.True(t, int(n) == acked || int(n) == acked+1, "round %d: %v vectors after a kill, %d acknowledged", round, n, acked)
-		acked = int(n)
-		stop := make(chan struct{})
-		done := make(chan int)
-		go func() {
-			got := acked
-			defer func() { done <- got }()
-			for i := acked; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				b, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("v%04d", i), "kind": "steer", "packed": map[string]any{"pre_attn": packed("float32", []int{0, 1, 2}, [][]float32{vec(uint64(i)), vec(uint64(i + 1)), vec(uint64(i + 2))})}})
-				req, _ := http.NewRequest("POST", s.addr+"/v1/steering/vectors/register", bytes.NewReader(b))
-				req.Header.Set("Authorization", "Bearer "+adminKey)
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					return // killed mid-request: not acknowledged
-				}
-				resp.Body.Close()
-				if resp.StatusCode != 200 {
-					return
-				}
-				got = i + 1
-			}
-		}()
-		time.Sleep(time.Duration(20+r.IntN(200)) * time.Millisecond)
-		s.cmd.Process.Kill()
-		<-s.done
-		close(stop)
-		acked = <-done
-	}
-	s := startServe(t, ns(t), dir)
-	n := s.ok("GET", "/v1/steering/vectors", nil)["count"].(float64)
-	require.True(t, int(n) == acked || int(n) == acked+1, "%v vectors, %d acknowledged", n, acked)
-	require.Greater(t, acked, 6)
-}
-
-// TestServeSecretFileOneRule: serve's --secret-file and a worker's SHMSTEER_SECRET_FILE read one
-// file through ipc's one reader, so they agree on its secret whatever its trailing newlines (serve
-// used to strip them all, ipc one); a file open to group or others is still refused.
-func TestServeSecretFileOneRule(t *testing.T) {
-	sf := filepath.Join(t.TempDir(), "secret")
-	require.NoError(t, os.WriteFile(sf, []byte(e2eSecret+"\n\n"), 0o600))
-	s := startServe(t, ns(t), "", "--secret-file", sf)
-	c, err := ipc.Attach(ipc.ClientOptions{Namespace: s.ns, SecretFile: sf})
-	require.NoError(t, err, "a worker reading the same file attaches")
-	require.NoError(t, c.Ping())
-	c.Close()
-	cs, err := serve.AttachClient(s.ns, sf) // the CLI's reader
-	require.NoError(t, err)
-	cs.Close()
-
-	open := filepath.Join(t.TempDir(), "open")
-	require.NoError(t, os.WriteFile(open, []byte(e2eSecret), 0o644))
-	cmd := exec.Command(binPath, "serve", "--http", "127.0.0.1:0", "--namespace", ns(t)+"-open", "--hidden", "8", "--layers", "2",
-		"--api-key-file", writeKeys(t), "--secret-file", open)
-	out, err := cmd.CombinedOutput()
-	require.Error(t, err)
-	require.Contains(t, string(out), "chmod 600")
-	require.NotContains(t, string(out), e2eSecret)
 }

@@ -69,31 +69,7 @@ func TestGateCountsReachStatusAndMetrics(t *testing.T) {
 	require.Equal(t, want(3), s.ok("GET", "/v1/status", nil)["gate_work"])
 	require.Equal(t, want(3), s.ok("GET", "/v1/steering/dynamic", nil)["gate_work"])
 
-	metric := func(name, scope string) float64 {
-		resp, err := http.Get(s.addr + "/metrics")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		var p expfmt.TextParser
-		fams, err := p.TextToMetricFamilies(resp.Body)
-		require.NoError(t, err)
-		fam, ok := fams[name]
-		require.True(t, ok, "missing %s", name)
-		for _, m := range fam.GetMetric() {
-			if scope == "" {
-				if m.Counter != nil {
-					return m.Counter.GetValue()
-				}
-				return m.Gauge.GetValue()
-			}
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "scope" && l.GetValue() == scope {
-					return m.Counter.GetValue()
-				}
-			}
-		}
-		t.Fatalf("%s has no scope %q", name, scope)
-		return 0
-	}
+	metric := func(name, scope string) float64 { return metricValue(t, s.addr, name, scope) }
 	require.EqualValues(t, 3, metric("shmsteer_gate_evaluations_total", "this_token"))
 	require.EqualValues(t, 3, metric("shmsteer_gate_fires_total", "next_step"))
 	require.EqualValues(t, 3, metric("shmsteer_gate_engaged_total", "next_step"))
@@ -130,4 +106,33 @@ func TestGateCountsReachStatusAndMetrics(t *testing.T) {
 	_, err = f.Client().Call(steer.OpReportGates, []byte("short"))
 	require.Error(t, err)
 	require.Equal(t, want(6), s.ok("GET", "/v1/status", nil)["gate_work"])
+}
+
+// metricValue scrapes addr's /metrics: the value of the metric name, the one labelled scope
+// (scope "": the family's first metric, counter or gauge).
+func metricValue(t *testing.T, addr, name, scope string) float64 {
+	t.Helper()
+	resp, err := http.Get(addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var p expfmt.TextParser
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	fam, ok := fams[name]
+	require.True(t, ok, "missing %s", name)
+	for _, m := range fam.GetMetric() {
+		if scope == "" {
+			if m.Counter != nil {
+				return m.Counter.GetValue()
+			}
+			return m.Gauge.GetValue()
+		}
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "scope" && l.GetValue() == scope {
+				return m.Counter.GetValue()
+			}
+		}
+	}
+	t.Fatalf("%s has no scope %q", name, scope)
+	return 0
 }

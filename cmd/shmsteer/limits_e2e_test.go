@@ -63,42 +63,12 @@ func TestServeConnectionFloodKeepsDescriptorsForWorkers(t *testing.T) {
 	fds0 := openFDs(t, pid)
 
 	// 2,000 keep-alive connections, each after one request, left idle.
-	var idle []net.Conn
+	idle, served := openIdleConns(host, 2000)
 	defer func() {
 		for _, c := range idle {
 			c.Close()
 		}
 	}()
-	served, failed := 0, 0
-	for range 2000 {
-		if failed >= 20 {
-			break // serve stopped answering: 20 connections in a row timed out
-		}
-		c, err := net.DialTimeout("tcp", host, 2*time.Second)
-		if err != nil {
-			failed++
-			continue
-		}
-		idle = append(idle, c)
-		c.SetDeadline(time.Now().Add(2 * time.Second))
-		resp, err := func() (*http.Response, error) {
-			if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-				return nil, err
-			}
-			return http.ReadResponse(bufio.NewReader(c), nil)
-		}()
-		if err != nil {
-			failed++
-			continue
-		}
-		failed = 0
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode == 200 {
-			served++
-		}
-		c.SetDeadline(time.Time{})
-	}
 	fdsIdle := openFDs(t, pid)
 	t.Logf("serve fds: %d at start, %d under 2,000 idle keep-alive connections (%d of them answered)", fds0, fdsIdle, served)
 	require.Equal(t, 2000, served, "every connection is answered: the cap closes idle ones to make room")
@@ -248,4 +218,40 @@ func TestServeRefusesTooManyColumns(t *testing.T) {
 	require.NoDirExists(t, dir, "nothing created")
 	_, err = serve.AttachClient(ns(t), secretFile(t))
 	require.ErrorIs(t, err, ipc.ErrNotYetInitialized, "no owner answers")
+}
+
+// openIdleConns opens n keep-alive connections to host, each left idle after one GET /healthz,
+// and counts the answered ones (200); it stops early once 20 connections in a row time out.
+func openIdleConns(host string, n int) (idle []net.Conn, served int) {
+	failed := 0
+	for range n {
+		if failed >= 20 {
+			break // serve stopped answering: 20 connections in a row timed out
+		}
+		c, err := net.DialTimeout("tcp", host, 2*time.Second)
+		if err != nil {
+			failed++
+			continue
+		}
+		idle = append(idle, c)
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		resp, err := func() (*http.Response, error) {
+			if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+				return nil, err
+			}
+			return http.ReadResponse(bufio.NewReader(c), nil)
+		}()
+		if err != nil {
+			failed++
+			continue
+		}
+		failed = 0
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			served++
+		}
+		c.SetDeadline(time.Time{})
+	}
+	return idle, served
 }

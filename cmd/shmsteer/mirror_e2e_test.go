@@ -208,32 +208,8 @@ func TestServeMirrorTwoHosts(t *testing.T) {
 	require.ErrorIs(t, err, keys.ErrRevoked)
 
 	// Status and metrics show the mirror on both hosts; readiness does not depend on it.
-	for _, h := range []struct {
-		s        *served
-		id       string
-		pub, app float64
-	}{{a, "host-a", 2, 1}, {b, "host-b", 2, 2}} {
-		st := h.s.ok("GET", "/v1/status", nil)
-		m, ok := st["mirror"].(map[string]any)
-		require.True(t, ok, "no mirror in /v1/status: %v", st)
-		require.Equal(t, h.id, m["host_id"])
-		require.Equal(t, bucket, m["bucket"])
-		require.Equal(t, true, m["connected"])
-		require.Equal(t, true, m["initial_sync"])
-		fams := h.s.metrics()
-		for _, name := range mirrorSeries {
-			f, ok := fams["shmsteer_mirror_"+name]
-			require.True(t, ok, "%s: no shmsteer_mirror_%s", h.id, name)
-			require.NotEmpty(t, f.help, "shmsteer_mirror_%s has no HELP", name)
-		}
-		require.Equal(t, 1.0, fams["shmsteer_mirror_connected"].value, h.id)
-		require.Equal(t, 0.0, fams["shmsteer_mirror_queue_depth"].value, h.id)
-		require.GreaterOrEqual(t, fams["shmsteer_mirror_published_total"].value, h.pub, h.id)
-		require.GreaterOrEqual(t, fams["shmsteer_mirror_applied_total"].value, h.app, h.id)
-		require.Zero(t, fams["shmsteer_mirror_rejected_total"].value, h.id)
-		code, _ := h.s.call("GET", "/readyz", "", nil)
-		require.Equal(t, http.StatusOK, code)
-	}
+	checkMirrorShown(t, a, "host-a", bucket, 2, 1)
+	checkMirrorShown(t, b, "host-b", bucket, 2, 2)
 
 	// Changes applied from another host are persisted like local ones (within
 	// persist_interval, with no local write to trigger it): after a SIGKILL, B restarted
@@ -273,4 +249,31 @@ func TestServeMirrorOff(t *testing.T) {
 	require.ErrorAs(t, err, &ee, "%s", out)
 	require.Equal(t, 2, ee.ExitCode(), "%s", out)
 	require.Contains(t, string(out), "need mirror")
+}
+
+// checkMirrorShown checks that /v1/status and /metrics of s show the mirror of host id on
+// bucket, connected and synced, with at least pub changes published and app applied, and that
+// s is ready.
+func checkMirrorShown(t *testing.T, s *served, id, bucket string, pub, app float64) {
+	t.Helper()
+	st := s.ok("GET", "/v1/status", nil)
+	m, ok := st["mirror"].(map[string]any)
+	require.True(t, ok, "no mirror in /v1/status: %v", st)
+	require.Equal(t, id, m["host_id"])
+	require.Equal(t, bucket, m["bucket"])
+	require.Equal(t, true, m["connected"])
+	require.Equal(t, true, m["initial_sync"])
+	fams := s.metrics()
+	for _, name := range mirrorSeries {
+		f, ok := fams["shmsteer_mirror_"+name]
+		require.True(t, ok, "%s: no shmsteer_mirror_%s", id, name)
+		require.NotEmpty(t, f.help, "shmsteer_mirror_%s has no HELP", name)
+	}
+	require.Equal(t, 1.0, fams["shmsteer_mirror_connected"].value, id)
+	require.Equal(t, 0.0, fams["shmsteer_mirror_queue_depth"].value, id)
+	require.GreaterOrEqual(t, fams["shmsteer_mirror_published_total"].value, pub, id)
+	require.GreaterOrEqual(t, fams["shmsteer_mirror_applied_total"].value, app, id)
+	require.Zero(t, fams["shmsteer_mirror_rejected_total"].value, id)
+	code, _ := s.call("GET", "/readyz", "", nil)
+	require.Equal(t, http.StatusOK, code)
 }

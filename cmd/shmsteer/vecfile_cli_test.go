@@ -27,42 +27,13 @@ func TestCLIVectorFiles(t *testing.T) {
 	}
 	gguf := filepath.Join(dir, "happy.gguf")
 	require.NoError(t, vecfile.ExportFile(gguf, vecfile.FormatGGUF, cfg, src, vecfile.ExportOptions{ModelHint: "llama"}))
-	cli := func(args ...string) (int, string, string) {
-		cmd := exec.Command(binPath, append(args, "--namespace", s.ns)...)
-		cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode(), stdout.String(), stderr.String()
-		}
-		return 0, stdout.String(), stderr.String()
-	}
+	cli := func(args ...string) (int, string, string) { return runCLIIn(s.ns, args...) }
 
 	code, out, errOut := cli("vectors", "import", gguf, "--name", "happy", "--scale", "0.5", "--layers", "1-2")
 	require.Zero(t, code, errOut)
 	require.Contains(t, out, "registered happy: 2 vectors")
 	require.Contains(t, out, `model hint "llama" stored with it (GGUF controlvector.model_hint; export writes it back)`)
-	cs, err := serve.AttachClient(s.ns, secretFile(t))
-	require.NoError(t, err)
-	defer cs.Close()
-	snap, err := cs.Engine.Region().Snapshot()
-	require.NoError(t, err)
-	nv, err := cs.Engine.Vector(&snap, "happy")
-	require.NoError(t, err)
-	require.Len(t, nv.Vectors, 2)
-	for i, v := range nv.Vectors {
-		require.Equal(t, "post_block", v.Hook)
-		require.Equal(t, i+1, v.Layer, "layers 1-2 only")
-		for j, f := range v.Data {
-			require.Equal(t, 0.5*src[i].Data[j], f, "scaled as llama.cpp does at load")
-		}
-	}
-	want := make([][]float32, len(nv.Vectors))
-	for i, v := range nv.Vectors {
-		want[i] = append([]float32(nil), v.Data...)
-	}
-	snap.Close()
+	want := checkImportedHappy(t, s, src)
 
 	for _, ext := range []string{"npy", "npz", "safetensors", "gguf"} {
 		out := filepath.Join(dir, "back."+ext)
@@ -118,4 +89,45 @@ func TestCLIVectorFiles(t *testing.T) {
 		require.Contains(t, errOut, tt.msg, "%v", tt.args)
 	}
 	require.EqualValues(t, 1, s.ok("GET", "/v1/steering/vectors", nil)["count"], "refused imports changed nothing")
+}
+
+// runCLIIn runs the shmsteer binary with args in namespace ns (with the e2e secret): its exit
+// code, stdout and stderr.
+func runCLIIn(ns string, args ...string) (int, string, string) {
+	cmd := exec.Command(binPath, append(args, "--namespace", ns)...)
+	cmd.Env = append(os.Environ(), ipc.SecretEnv+"="+e2eSecret)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), stdout.String(), stderr.String()
+	}
+	return 0, stdout.String(), stderr.String()
+}
+
+// checkImportedHappy checks the vector "happy" imported from src with --scale 0.5 --layers 1-2
+// (layers 1 and 2 of post_block, scaled) and returns its rows.
+func checkImportedHappy(t *testing.T, s *served, src []steer.Vector) [][]float32 {
+	t.Helper()
+	cs, err := serve.AttachClient(s.ns, secretFile(t))
+	require.NoError(t, err)
+	defer cs.Close()
+	snap, err := cs.Engine.Region().Snapshot()
+	require.NoError(t, err)
+	nv, err := cs.Engine.Vector(&snap, "happy")
+	require.NoError(t, err)
+	require.Len(t, nv.Vectors, 2)
+	for i, v := range nv.Vectors {
+		require.Equal(t, "post_block", v.Hook)
+		require.Equal(t, i+1, v.Layer, "layers 1-2 only")
+		for j, f := range v.Data {
+			require.Equal(t, 0.5*src[i].Data[j], f, "scaled as llama.cpp does at load")
+		}
+	}
+	want := make([][]float32, len(nv.Vectors))
+	for i, v := range nv.Vectors {
+		want[i] = append([]float32(nil), v.Data...)
+	}
+	snap.Close()
+	return want
 }

@@ -119,127 +119,14 @@ func TestServeVectorFileUpload(t *testing.T) {
 	require.Equal(t, "llama", m["model_hint"], "the GGUF's controlvector.model_hint")
 	digest := m["digest"].(string)
 
-	// It steers: a worker applying the global steering (happy at strength 1) adds 0.5*direction.N
-	// to post_block at layers 1 and 2, and nothing at layer 3 or at another hook.
-	s.ok("POST", "/v1/steering/set", map[string]any{"vector_refs": map[string]any{"happy": 1}})
-	sec := ipc.NewSecret([]byte(e2eSecret))
-	c, err := ipc.Attach(ipc.ClientOptions{Secret: &sec, Namespace: s.ns})
-	require.NoError(t, err)
-	eng, err := steer.Attach(c.Region(), nil, steer.Options{Caller: c})
-	require.NoError(t, err)
-	st := eng.NewStepper()
-	apply := func(hook string, layer int) []float32 {
-		id, err := eng.Config().Hook(hook)
-		require.NoError(t, err)
-		h := make([]float32, e2eHidden)
-		require.NoError(t, st.Begin(0))
-		require.NoError(t, st.Apply(id, layer, h, []steer.Span{{ID: "any", Start: 0, End: 1, Phase: steer.PhaseDecode}}))
-		st.End()
-		return h
-	}
-	for layer := range e2eLayers {
-		h := apply("post_block", layer)
-		for i := range e2eHidden {
-			want := float32(0)
-			if layer == 1 || layer == 2 {
-				want = 0.5 * dirs[layer][i]
-			}
-			require.InDelta(t, want, h[i], 1e-6, "post_block layer %d", layer)
-		}
-	}
-	require.Equal(t, make([]float32, e2eHidden), apply("mlp_out", 1))
-	st.Close()
-	c.Close()
-	s.ok("POST", "/v1/steering/clear", nil)
-
-	// Refusals change nothing.
-	before := vectorsState(s)
-	big := make([]byte, 5000)
-	copy(big, cv)
-	shortDir := ggufControlVector(e2eHidden-1, map[int][]float32{1: vec(1)[:e2eHidden-1]})
-	for _, tc := range []struct {
-		name, query, key string
-		body             io.Reader
-		code             int
-		typ, says        string
-	}{
-		{"truncated", "name=bad&filename=cut.gguf", adminKey, bytes.NewReader(cv[:len(cv)-9]), 422, "corrupt_file", "cut.gguf"},
-		{"garbage", "name=bad&filename=x.bin", adminKey, strings.NewReader("not a vector file at all"), 400, "unknown_format", "x.bin"},
-		{"hidden size", "name=bad&filename=short.gguf", adminKey, bytes.NewReader(shortDir), 422, "shape", "direction.1"},
-		{"oversize", "name=bad", adminKey, bytes.NewReader(big), 413, "too_large", "4096"},
-		{"oversize chunked", "name=bad", adminKey, noLength{bytes.NewReader(big)}, 413, "too_large", "4096"},
-		{"layer range", "name=bad&layers=3-1", adminKey, bytes.NewReader(cv), 400, "bad_options", "3-1"},
-		{"scale", "name=bad&scale=inf", adminKey, bytes.NewReader(cv), 400, "bad_request", "scale"},
-		{"unknown hook", "name=bad&hook=nope", adminKey, bytes.NewReader(cv), 400, "unknown_hook", "nope"},
-		{"format", "name=bad&format=pickle", adminKey, bytes.NewReader(cv), 400, "unknown_format", "pickle"},
-		{"no name", "filename=a.gguf", adminKey, bytes.NewReader(cv), 400, "bad_request", "name"},
-		{"unknown param", "name=bad&file=a", adminKey, bytes.NewReader(cv), 400, "bad_request", "file"},
-		{"model hint", "name=happy&model_hint=two%0Alines", adminKey, bytes.NewReader(cv), 400, "bad_model_hint", "non-printable"},
-		{"tenant scope", "name=bad", acmeKey, bytes.NewReader(cv), 403, "forbidden", "acme/"},
-		{"no key", "name=bad", "", bytes.NewReader(cv), 401, "unauthorized", ""},
-	} {
-		code, _, m := s.raw("POST", "/v1/steering/vectors/import?"+tc.query, tc.key, tc.body)
-		require.Equal(t, tc.code, code, "%s: %v", tc.name, m)
-		require.Equal(t, tc.typ, m["type"], "%s: %v", tc.name, m)
-		require.Contains(t, m["error"], tc.says, tc.name)
-		require.Equal(t, before, vectorsState(s), "%s changed the state", tc.name)
-	}
+	checkUploadSteers(t, s, dirs)
+	checkUploadRefusals(t, s, cv)
 	// A tenant key may create its own names.
 	code, _, m = s.raw("POST", "/v1/steering/vectors/import?name=acme/happy&layers=1-2&scale=0.5", acmeKey, bytes.NewReader(cv))
 	require.Equal(t, http.StatusOK, code, "%v", m)
 	require.Equal(t, digest, m["digest"])
 
-	// Export: every format reimports to the same digest (bitwise), and the GGUF export holds
-	// exactly 0.5*direction.N for N in 1..2.
-	for _, f := range []string{"gguf", "npy", "npz", "safetensors"} {
-		code, file, m := s.raw("GET", "/v1/steering/vectors/happy/export?format="+f, adminKey, nil)
-		require.Equal(t, http.StatusOK, code, "%s: %v", f, m)
-		code, _, m = s.raw("POST", "/v1/steering/vectors/import?name=rt-"+f+"&format="+f, adminKey, bytes.NewReader(file))
-		require.Equal(t, http.StatusOK, code, "%s: %v", f, m)
-		require.Equal(t, digest, m["digest"], "%s round trip is not bitwise", f)
-		if f == "gguf" {
-			vecs, err := vecfile.ImportBytes(file, "export.gguf", steer.ModelConfig{Hidden: e2eHidden, Layers: e2eLayers}, vecfile.ImportOptions{})
-			require.NoError(t, err)
-			require.Len(t, vecs, 2)
-			for _, v := range vecs {
-				for i, x := range v.Data {
-					require.Equal(t, math.Float32bits(0.5*dirs[v.Layer][i]), math.Float32bits(x))
-				}
-			}
-		}
-	}
-	// The hint is stored with the vector: listed, and written back by a GGUF export unless
-	// model_hint= gives another ("" for none); an import of that file stores that one.
-	require.Equal(t, "llama", hintListed(s, "happy"))
-	for q, want := range map[string]string{"": "llama", "&model_hint=qwen2": "qwen2", "&model_hint=": ""} {
-		code, file, m := s.raw("GET", "/v1/steering/vectors/happy/export?format=gguf"+q, adminKey, nil)
-		require.Equal(t, http.StatusOK, code, "%v", m)
-		require.Equal(t, want, vecfile.ModelHint(file), "export%s", q)
-		code, _, m = s.raw("POST", "/v1/steering/vectors/import?name=hinted", adminKey, bytes.NewReader(file))
-		require.Equal(t, http.StatusOK, code, "%v", m)
-		require.Equal(t, want, m["model_hint"])
-		require.Equal(t, want, hintListed(s, "hinted"))
-	}
-	code, _, m = s.raw("POST", "/v1/steering/vectors/import?name=hinted&model_hint=gemma2", adminKey, bytes.NewReader(cv))
-	require.Equal(t, http.StatusOK, code, "%v", m)
-	require.Equal(t, "gemma2", hintListed(s, "hinted"), "model_hint= replaces the file's")
-	code, _, m = s.raw("GET", "/v1/steering/vectors/acme/happy/export", acmeKey, nil)
-	require.Equal(t, http.StatusOK, code, "%v", m)
-	code, _, m = s.raw("GET", "/v1/steering/vectors/acme%2Fhappy/export?format=npz", acmeKey, nil)
-	require.Equal(t, http.StatusOK, code, "%v", m)
-	for _, tc := range []struct {
-		path, key string
-		code      int
-	}{
-		{"/v1/steering/vectors/happy/export", acmeKey, 404}, // another tenant's name
-		{"/v1/steering/vectors/nope/export", adminKey, 404},
-		{"/v1/steering/vectors/happy/export?format=xml", adminKey, 400},
-		{"/v1/steering/vectors/happy/export?fmt=npy", adminKey, 400},
-		{"/v1/steering/vectors/happy/other", adminKey, 404},
-	} {
-		code, _, m := s.raw("GET", tc.path, tc.key, nil)
-		require.Equal(t, tc.code, code, "%s: %v", tc.path, m)
-	}
+	checkUploadExports(t, s, cv, dirs, digest)
 
 	// Persisted like other named vectors.
 	require.NoError(t, s.stop(syscall.SIGTERM))
@@ -274,4 +161,135 @@ func hintListed(s *served, name string) string {
 		}
 	}
 	return "<not listed>"
+}
+
+// checkUploadSteers checks that the uploaded "happy" (dirs at 0.5, layers 1-2), set as the
+// global steering at strength 1, makes a worker add 0.5*direction.N to post_block at layers 1
+// and 2, and nothing at layer 3 or at another hook; it clears the global steering after.
+func checkUploadSteers(t *testing.T, s *served, dirs map[int][]float32) {
+	t.Helper()
+	s.ok("POST", "/v1/steering/set", map[string]any{"vector_refs": map[string]any{"happy": 1}})
+	sec := ipc.NewSecret([]byte(e2eSecret))
+	c, err := ipc.Attach(ipc.ClientOptions{Secret: &sec, Namespace: s.ns})
+	require.NoError(t, err)
+	eng, err := steer.Attach(c.Region(), nil, steer.Options{Caller: c})
+	require.NoError(t, err)
+	st := eng.NewStepper()
+	apply := func(hook string, layer int) []float32 {
+		id, err := eng.Config().Hook(hook)
+		require.NoError(t, err)
+		h := make([]float32, e2eHidden)
+		require.NoError(t, st.Begin(0))
+		require.NoError(t, st.Apply(id, layer, h, []steer.Span{{ID: "any", Start: 0, End: 1, Phase: steer.PhaseDecode}}))
+		st.End()
+		return h
+	}
+	for layer := range e2eLayers {
+		h := apply("post_block", layer)
+		for i := range e2eHidden {
+			want := float32(0)
+			if layer == 1 || layer == 2 {
+				want = 0.5 * dirs[layer][i]
+			}
+			require.InDelta(t, want, h[i], 1e-6, "post_block layer %d", layer)
+		}
+	}
+	require.Equal(t, make([]float32, e2eHidden), apply("mlp_out", 1))
+	st.Close()
+	c.Close()
+	s.ok("POST", "/v1/steering/clear", nil)
+}
+
+// checkUploadRefusals checks that corrupt, mis-shaped, oversize and out-of-scope uploads (cv is
+// a valid one) are refused with their status and change nothing.
+func checkUploadRefusals(t *testing.T, s *served, cv []byte) {
+	t.Helper()
+	before := vectorsState(s)
+	big := make([]byte, 5000)
+	copy(big, cv)
+	shortDir := ggufControlVector(e2eHidden-1, map[int][]float32{1: vec(1)[:e2eHidden-1]})
+	for _, tc := range []struct {
+		name, query, key string
+		body             io.Reader
+		code             int
+		typ, says        string
+	}{
+		{"truncated", "name=bad&filename=cut.gguf", adminKey, bytes.NewReader(cv[:len(cv)-9]), 422, "corrupt_file", "cut.gguf"},
+		{"garbage", "name=bad&filename=x.bin", adminKey, strings.NewReader("not a vector file at all"), 400, "unknown_format", "x.bin"},
+		{"hidden size", "name=bad&filename=short.gguf", adminKey, bytes.NewReader(shortDir), 422, "shape", "direction.1"},
+		{"oversize", "name=bad", adminKey, bytes.NewReader(big), 413, "too_large", "4096"},
+		{"oversize chunked", "name=bad", adminKey, noLength{bytes.NewReader(big)}, 413, "too_large", "4096"},
+		{"layer range", "name=bad&layers=3-1", adminKey, bytes.NewReader(cv), 400, "bad_options", "3-1"},
+		{"scale", "name=bad&scale=inf", adminKey, bytes.NewReader(cv), 400, "bad_request", "scale"},
+		{"unknown hook", "name=bad&hook=nope", adminKey, bytes.NewReader(cv), 400, "unknown_hook", "nope"},
+		{"format", "name=bad&format=pickle", adminKey, bytes.NewReader(cv), 400, "unknown_format", "pickle"},
+		{"no name", "filename=a.gguf", adminKey, bytes.NewReader(cv), 400, "bad_request", "name"},
+		{"unknown param", "name=bad&file=a", adminKey, bytes.NewReader(cv), 400, "bad_request", "file"},
+		{"model hint", "name=happy&model_hint=two%0Alines", adminKey, bytes.NewReader(cv), 400, "bad_model_hint", "non-printable"},
+		{"tenant scope", "name=bad", acmeKey, bytes.NewReader(cv), 403, "forbidden", "acme/"},
+		{"no key", "name=bad", "", bytes.NewReader(cv), 401, "unauthorized", ""},
+	} {
+		code, _, m := s.raw("POST", "/v1/steering/vectors/import?"+tc.query, tc.key, tc.body)
+		require.Equal(t, tc.code, code, "%s: %v", tc.name, m)
+		require.Equal(t, tc.typ, m["type"], "%s: %v", tc.name, m)
+		require.Contains(t, m["error"], tc.says, tc.name)
+		require.Equal(t, before, vectorsState(s), "%s changed the state", tc.name)
+	}
+}
+
+// checkUploadExports checks the exports of "happy" (dirs at 0.5, layers 1-2, digest): every
+// format reimports bitwise, the model hint goes with the vector, and bad export paths fail.
+func checkUploadExports(t *testing.T, s *served, cv []byte, dirs map[int][]float32, digest string) {
+	t.Helper()
+	// Export: every format reimports to the same digest (bitwise), and the GGUF export holds
+	// exactly 0.5*direction.N for N in 1..2.
+	for _, f := range []string{"gguf", "npy", "npz", "safetensors"} {
+		code, file, m := s.raw("GET", "/v1/steering/vectors/happy/export?format="+f, adminKey, nil)
+		require.Equal(t, http.StatusOK, code, "%s: %v", f, m)
+		code, _, m = s.raw("POST", "/v1/steering/vectors/import?name=rt-"+f+"&format="+f, adminKey, bytes.NewReader(file))
+		require.Equal(t, http.StatusOK, code, "%s: %v", f, m)
+		require.Equal(t, digest, m["digest"], "%s round trip is not bitwise", f)
+		if f == "gguf" {
+			vecs, err := vecfile.ImportBytes(file, "export.gguf", steer.ModelConfig{Hidden: e2eHidden, Layers: e2eLayers}, vecfile.ImportOptions{})
+			require.NoError(t, err)
+			require.Len(t, vecs, 2)
+			for _, v := range vecs {
+				for i, x := range v.Data {
+					require.Equal(t, math.Float32bits(0.5*dirs[v.Layer][i]), math.Float32bits(x))
+				}
+			}
+		}
+	}
+	// The hint is stored with the vector: listed, and written back by a GGUF export unless
+	// model_hint= gives another ("" for none); an import of that file stores that one.
+	require.Equal(t, "llama", hintListed(s, "happy"))
+	for q, want := range map[string]string{"": "llama", "&model_hint=qwen2": "qwen2", "&model_hint=": ""} {
+		code, file, m := s.raw("GET", "/v1/steering/vectors/happy/export?format=gguf"+q, adminKey, nil)
+		require.Equal(t, http.StatusOK, code, "%v", m)
+		require.Equal(t, want, vecfile.ModelHint(file), "export%s", q)
+		code, _, m = s.raw("POST", "/v1/steering/vectors/import?name=hinted", adminKey, bytes.NewReader(file))
+		require.Equal(t, http.StatusOK, code, "%v", m)
+		require.Equal(t, want, m["model_hint"])
+		require.Equal(t, want, hintListed(s, "hinted"))
+	}
+	code, _, m := s.raw("POST", "/v1/steering/vectors/import?name=hinted&model_hint=gemma2", adminKey, bytes.NewReader(cv))
+	require.Equal(t, http.StatusOK, code, "%v", m)
+	require.Equal(t, "gemma2", hintListed(s, "hinted"), "model_hint= replaces the file's")
+	code, _, m = s.raw("GET", "/v1/steering/vectors/acme/happy/export", acmeKey, nil)
+	require.Equal(t, http.StatusOK, code, "%v", m)
+	code, _, m = s.raw("GET", "/v1/steering/vectors/acme%2Fhappy/export?format=npz", acmeKey, nil)
+	require.Equal(t, http.StatusOK, code, "%v", m)
+	for _, tc := range []struct {
+		path, key string
+		code      int
+	}{
+		{"/v1/steering/vectors/happy/export", acmeKey, 404}, // another tenant's name
+		{"/v1/steering/vectors/nope/export", adminKey, 404},
+		{"/v1/steering/vectors/happy/export?format=xml", adminKey, 400},
+		{"/v1/steering/vectors/happy/export?fmt=npy", adminKey, 400},
+		{"/v1/steering/vectors/happy/other", adminKey, 404},
+	} {
+		code, _, m := s.raw("GET", tc.path, tc.key, nil)
+		require.Equal(t, tc.code, code, "%s: %v", tc.path, m)
+	}
 }

@@ -39,14 +39,17 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Tuple
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
 from shmsteer.capture import Begin, Consumer, Record, RecordRun
 
 
-def main() -> None:
+Times = Tuple[float, float]  # (thread CPU seconds, wall seconds)
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--reqs", type=int, default=64)
@@ -57,9 +60,13 @@ def main() -> None:
     ap.add_argument("--modes", default="copy,view,batch", help="comma-separated: copy, view, batch, next")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    modes = a.modes.split(",")
-    if not set(modes) <= {"copy", "view", "batch", "next"}:
+    if not set(a.modes.split(",")) <= {"copy", "view", "batch", "next"}:
         sys.exit(f"--modes {a.modes}: want copy, view, batch or next")
+    return a
+
+
+def start_owner() -> Tuple[subprocess.Popen, str, str]:
+    """The capi test binary in its capture role; its namespace and secret."""
     binary = os.environ.get("SHMSTEER_GO_OWNER_BIN")
     if not binary:
         sys.exit("set SHMSTEER_GO_OWNER_BIN to the capi test binary (go test -c -o /tmp/capi.test ./capi)")
@@ -67,90 +74,103 @@ def main() -> None:
     env = dict(os.environ, SHMSTEER_CAPI_ROLE="capture", SHMSTEER_TEST_NS=ns, SHMSTEER_SECRET=secret)
     p = subprocess.Popen([binary], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline() == "ready\n"
+    return p, ns, secret
 
-    def cmd(line: str) -> None:
-        p.stdin.write(line + "\n")
-        p.stdin.flush()
-        out = p.stdout.readline()
+
+def now() -> Times:
+    return time.thread_time(), time.perf_counter()
+
+
+def since(t0: Times) -> Times:
+    return time.thread_time() - t0[0], time.perf_counter() - t0[1]
+
+
+class Bench:
+    """The contenders: a consumer reading one step the owner p appends, and the baselines."""
+
+    def __init__(self, a: argparse.Namespace, p: subprocess.Popen, c: Consumer) -> None:
+        self.a, self.p, self.c = a, p, c
+        self.n, self.rec_bytes = a.reqs * a.layers, a.width * 4
+        self.step = self.n * self.rec_bytes
+        self.dst = np.empty(self.step, dtype=np.uint8)
+        self.dst[:] = 1  # its pages faulted in before any round
+        fd = os.memfd_create("capbench")
+        os.ftruncate(fd, self.step)
+        self.src = np.frombuffer(mmap.mmap(fd, self.step), dtype=np.uint8)
+        self.pattern = np.arange(self.rec_bytes, dtype=np.uint8)
+
+    def cmd(self, line: str) -> None:
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        out = self.p.stdout.readline()
         assert out == "ok\n", out
 
-    n, rec_bytes = a.reqs * a.layers, a.width * 4
-    step = n * rec_bytes
-    dst = np.empty(step, dtype=np.uint8)
-    dst[:] = 1  # its pages faulted in before any round
-    fd = os.memfd_create("capbench")
-    os.ftruncate(fd, step)
-    src = np.frombuffer(mmap.mmap(fd, step), dtype=np.uint8)
-    pattern = np.arange(rec_bytes, dtype=np.uint8)
-    with Consumer(ns, "py", secret=secret.encode()) as c:
-        def now() -> Tuple[float, float]:
-            return time.thread_time(), time.perf_counter()
-
-        def since(t0: Tuple[float, float]) -> Tuple[float, float]:
-            return time.thread_time() - t0[0], time.perf_counter() - t0[1]
-
-        def read(mode: str) -> Tuple[float, float]:
-            cmd(f"step {a.reqs} {a.layers} {a.width}")
-            t0 = now()
-            off = got = 0
-            while got < n:
-                if mode == "copy":
-                    run = c.copy_run(dst[off:], max_records=a.run, timeout=5.0)
-                    if isinstance(run, RecordRun):
-                        off += run.data.nbytes
-                        got += len(run)
+    def read(self, mode: str) -> Times:
+        a, c, dst = self.a, self.c, self.dst
+        self.cmd(f"step {a.reqs} {a.layers} {a.width}")
+        t0 = now()
+        off = got = 0
+        while got < self.n:
+            if mode == "copy":
+                run = c.copy_run(dst[off:], max_records=a.run, timeout=5.0)
+                if isinstance(run, RecordRun):
+                    off += run.data.nbytes
+                    got += len(run)
+                continue
+            if mode == "view":
+                run = c.next_run(max_records=a.run, timeout=5.0)
+                if isinstance(run, RecordRun):
+                    m = run.data.nbytes
+                    np.copyto(dst[off:off + m].view(run.data.dtype).reshape(run.data.shape), run.data)
+                    off += m
+                    got += len(run)
+                continue
+            evs = c.next_batch(a.batch, timeout=5.0) if mode == "batch" else [c.next(timeout=5.0)]
+            for ev in evs:
+                if isinstance(ev, Begin):
                     continue
-                if mode == "view":
-                    run = c.next_run(max_records=a.run, timeout=5.0)
-                    if isinstance(run, RecordRun):
-                        m = run.data.nbytes
-                        np.copyto(dst[off:off + m].view(run.data.dtype).reshape(run.data.shape), run.data)
-                        off += m
-                        got += len(run)
-                    continue
-                evs = c.next_batch(a.batch, timeout=5.0) if mode == "batch" else [c.next(timeout=5.0)]
-                for ev in evs:
-                    if isinstance(ev, Begin):
-                        continue
-                    assert isinstance(ev, Record), ev
-                    d = ev.data.view(np.uint8).reshape(-1)
-                    dst[off:off + d.size] = d
-                    off += d.size
-                    got += 1
-            c.release()
-            assert got == n and off == step, (got, off)
-            return since(t0)
+                assert isinstance(ev, Record), ev
+                d = ev.data.view(np.uint8).reshape(-1)
+                dst[off:off + d.size] = d
+                off += d.size
+                got += 1
+        c.release()
+        assert got == self.n and off == self.step, (got, off)
+        return since(t0)
 
-        def fresh() -> None:
-            for o in range(0, step, rec_bytes):  # rewritten as the worker writes the ring
-                src[o:o + rec_bytes] = pattern
+    def fresh(self) -> None:
+        for o in range(0, self.step, self.rec_bytes):  # rewritten as the worker writes the ring
+            self.src[o:o + self.rec_bytes] = self.pattern
 
-        def memcpy() -> Tuple[float, float]:  # one copy of the same bytes, no per-record step
-            fresh()
-            t0 = now()
-            np.copyto(dst, src)
-            return since(t0)
+    def memcpy(self) -> Times:  # one copy of the same bytes, no per-record step
+        self.fresh()
+        t0 = now()
+        np.copyto(self.dst, self.src)
+        return since(t0)
 
-        def memcpy_records() -> Tuple[float, float]:
-            fresh()
-            t0 = now()
-            for o in range(0, step, rec_bytes):
-                dst[o:o + rec_bytes] = src[o:o + rec_bytes]
-            return since(t0)
+    def memcpy_records(self) -> Times:
+        self.fresh()
+        t0 = now()
+        for o in range(0, self.step, self.rec_bytes):
+            self.dst[o:o + self.rec_bytes] = self.src[o:o + self.rec_bytes]
+        return since(t0)
 
+    def rounds(self, modes: List[str]) -> Dict[str, List[Times]]:
+        """Every contender's times over --rounds rounds, the order rotated each round."""
         for m in modes:
-            read(m)  # warm-up: the begins, the ring's pages
-        contenders = {m: (lambda m=m: read(m)) for m in modes}
-        contenders["memcpy"], contenders["memcpy_records"] = memcpy, memcpy_records
-        times: dict = {k: [] for k in contenders}
+            self.read(m)  # warm-up: the begins, the ring's pages
+        contenders: Dict[str, Callable[[], Times]] = {m: (lambda m=m: self.read(m)) for m in modes}
+        contenders["memcpy"], contenders["memcpy_records"] = self.memcpy, self.memcpy_records
+        times: Dict[str, List[Times]] = {k: [] for k in contenders}
         names = list(contenders)
-        for i in range(a.rounds):
-            k = i % len(names)  # rotate the order each round
+        for i in range(self.a.rounds):
+            k = i % len(names)
             for name in names[k:] + names[:k]:
                 times[name].append(contenders[name]())
-    p.stdin.close()
-    p.wait(timeout=10)
+        return times
 
+
+def report(a: argparse.Namespace, modes: List[str], times: Dict[str, List[Times]], n: int, step: int) -> dict:
     def spread(x: list) -> list:
         return [round(statistics.median(x), 3), round(min(x), 3), round(max(x), 3)]
 
@@ -172,6 +192,19 @@ def main() -> None:
         res[f"{m}_over_memcpy"] = spread([b / r for b, r in zip(base, t)])  # median, min, max
         res[f"{m}_over_memcpy_wall"] = spread([b / r for b, r in zip(wall("memcpy"), wall(m))])
         res[f"{m}_over_memcpy_records"] = spread([b / r for b, r in zip(base_r, t)])
+    return res
+
+
+def main() -> None:
+    a = parse_args()
+    modes = a.modes.split(",")
+    p, ns, secret = start_owner()
+    with Consumer(ns, "py", secret=secret.encode()) as c:
+        b = Bench(a, p, c)
+        times = b.rounds(modes)
+    p.stdin.close()
+    p.wait(timeout=10)
+    res = report(a, modes, times, b.n, b.step)
     print(json.dumps(res) if a.json else "\n".join(f"{k}: {v}" for k, v in res.items()))
 
 

@@ -9,895 +9,144 @@ a :class:`KeyError`, a bad argument a :class:`ValueError`, a dead owner a
 subclasses here: :class:`IncompatibleError` (ipc) is a :class:`LayoutIncompatibleError` (shm), and
 :class:`MarkedError` a :class:`NotFoundError`.
 
-This file is generated from capi/errors.tab (``go generate ./capi``): add a code there.
+The classes are defined in this module's parts, one per Go package (``_errors_<package>.py``,
+and ``_errors_base.py`` for the bases); import them from here, where they are this module's
+own. This module and its parts are generated from capi/errors.tab (``go generate ./capi``): add
+a code there.
 """
 
 from __future__ import annotations
 
 from typing import Dict, Type
 
-
-class ShmsteerError(Exception):
-    """Base of every shmsteer error.
-
-    Attributes:
-        code: the ``SHMSTEER_E_*`` code of ``shmsteer.h``.
-        go_name: the Go sentinel it mirrors, e.g. ``"ipc.ErrOwnerGone"``.
-    """
-
-    code: int = 0
-    go_name: str = ""
-
-    def __str__(self) -> str:  # KeyError would otherwise repr() its message
-        return str(self.args[0]) if self.args else self.go_name
-
-
-class VectorFileError(ShmsteerError, ValueError):
-    """Base of the errors of package steer/vecfile (codes 80..99): a vector file that cannot be
-    imported or exported. A ``ValueError``; the message names the file, the tensor and the
-    expected shape. (A file whose tensor does not fit the model raises steer's class instead,
-    e.g. :class:`HiddenSizeError`, as the C ABI reports steer's code first.)"""
-
-
-class ForkedError(ShmsteerError):
-    """Mirrors Go's capi.ErrForked (code 1, SHMSTEER_E_FORKED): called in a child forked after the
-    library was loaded."""
-
-    code = 1
-    go_name = "capi.ErrForked"
-
-
-class BufferTooSmallError(ShmsteerError):
-    """Mirrors Go's capi.ErrBufferTooSmall (code 2, SHMSTEER_E_BUFFER_TOO_SMALL): *len holds the
-    bytes needed; nothing was written."""
-
-    code = 2
-    go_name = "capi.ErrBufferTooSmall"
-
-
-class InvalidArgumentError(ShmsteerError, ValueError):
-    """Mirrors Go's capi.ErrInvalidArgument (code 3, SHMSTEER_E_INVALID_ARGUMENT): NULL pointer,
-    negative size, bad JSON, bad phase."""
-
-    code = 3
-    go_name = "capi.ErrInvalidArgument"
-
-
-class BadHandleError(ShmsteerError):
-    """Mirrors Go's capi.ErrBadHandle (code 4, SHMSTEER_E_BAD_HANDLE): NULL, closed or foreign
-    handle."""
-
-    code = 4
-    go_name = "capi.ErrBadHandle"
-
-
-class OtherError(ShmsteerError):
-    """Mirrors Go's capi.ErrOther (code 5, SHMSTEER_E_OTHER): an error matching no sentinel (e.g. a
-    file read)."""
-
-    code = 5
-    go_name = "capi.ErrOther"
-
-
-class NotFoundError(ShmsteerError, LookupError):
-    """Mirrors Go's shm.ErrNotFound (code 10, SHMSTEER_E_NOT_FOUND)."""
-
-    code = 10
-    go_name = "shm.ErrNotFound"
-
-
-class RegionFullError(ShmsteerError):
-    """Mirrors Go's shm.ErrRegionFull (code 11, SHMSTEER_E_REGION_FULL): nothing changed; enlarge."""
-
-    code = 11
-    go_name = "shm.ErrRegionFull"
-
-
-class KeyTooLongError(ShmsteerError, ValueError):
-    """Mirrors Go's shm.ErrKeyTooLong (code 12, SHMSTEER_E_SHM_KEY_TOO_LONG)."""
-
-    code = 12
-    go_name = "shm.ErrKeyTooLong"
-
-
-class BadKindError(ShmsteerError, ValueError):
-    """Mirrors Go's shm.ErrBadKind (code 13, SHMSTEER_E_BAD_KIND)."""
-
-    code = 13
-    go_name = "shm.ErrBadKind"
-
-
-class RegionConfigError(ShmsteerError, ValueError):
-    """Mirrors Go's shm.ErrBadConfig (code 14, SHMSTEER_E_SHM_BAD_CONFIG): a region size is out of
-    range."""
-
-    code = 14
-    go_name = "shm.ErrBadConfig"
-
-
-class NotRegionError(ShmsteerError):
-    """Mirrors Go's shm.ErrNotRegion (code 15, SHMSTEER_E_NOT_REGION)."""
-
-    code = 15
-    go_name = "shm.ErrNotRegion"
-
-
-class LayoutIncompatibleError(ShmsteerError):
-    """Mirrors Go's shm.ErrIncompatible (code 16, SHMSTEER_E_SHM_INCOMPATIBLE): layout version
-    mismatch."""
-
-    code = 16
-    go_name = "shm.ErrIncompatible"
-
-
-class CorruptError(ShmsteerError):
-    """Mirrors Go's shm.ErrCorrupt (code 17, SHMSTEER_E_CORRUPT)."""
-
-    code = 17
-    go_name = "shm.ErrCorrupt"
-
-
-class ReadOnlyError(ShmsteerError):
-    """Mirrors Go's shm.ErrReadOnly (code 18, SHMSTEER_E_READ_ONLY)."""
-
-    code = 18
-    go_name = "shm.ErrReadOnly"
-
-
-class BusyError(ShmsteerError):
-    """Mirrors Go's shm.ErrBusy (code 19, SHMSTEER_E_BUSY): snapshots still open at close."""
-
-    code = 19
-    go_name = "shm.ErrBusy"
-
-
-class ReaderBusyError(ShmsteerError):
-    """Mirrors Go's shm.ErrReaderBusy (code 20, SHMSTEER_E_READER_BUSY)."""
-
-    code = 20
-    go_name = "shm.ErrReaderBusy"
-
-
-class ClosedError(ShmsteerError):
-    """Mirrors Go's shm.ErrClosed (code 21, SHMSTEER_E_CLOSED): the same value as ipc.ErrClosed."""
-
-    code = 21
-    go_name = "shm.ErrClosed"
-
-
-class NoReaderSlotError(ShmsteerError):
-    """Mirrors Go's shm.ErrNoReaderSlot (code 22, SHMSTEER_E_NO_READER_SLOT): close idle
-    snapshots/readers."""
-
-    code = 22
-    go_name = "shm.ErrNoReaderSlot"
-
-
-class SnapshotTooOldError(ShmsteerError):
-    """Mirrors Go's shm.ErrSnapshotTooOld (code 23, SHMSTEER_E_SNAPSHOT_TOO_OLD)."""
-
-    code = 23
-    go_name = "shm.ErrSnapshotTooOld"
-
-
-class SnapshotFutureError(ShmsteerError):
-    """Mirrors Go's shm.ErrSnapshotFuture (code 24, SHMSTEER_E_SNAPSHOT_FUTURE)."""
-
-    code = 24
-    go_name = "shm.ErrSnapshotFuture"
-
-
-class ValueTooLargeError(ShmsteerError, ValueError):
-    """Mirrors Go's shm.ErrValueTooLarge (code 25, SHMSTEER_E_VALUE_TOO_LARGE)."""
-
-    code = 25
-    go_name = "shm.ErrValueTooLarge"
-
-
-class UnsupportedError(ShmsteerError):
-    """Mirrors Go's shm.ErrUnsupported (code 26, SHMSTEER_E_UNSUPPORTED): needs Linux memfd."""
-
-    code = 26
-    go_name = "shm.ErrUnsupported"
-
-
-class LeaseUnavailableError(ShmsteerError):
-    """Mirrors Go's shm.ErrLeaseUnavailable (code 27, SHMSTEER_E_LEASE_UNAVAILABLE): mount /proc
-    (reader lease)."""
-
-    code = 27
-    go_name = "shm.ErrLeaseUnavailable"
-
-
-class MarkedError(NotFoundError):
-    """Mirrors Go's shm.ErrMarked (code 28, SHMSTEER_E_MARKED): a marked key has no value; the key
-    registry reports KEY_REVOKED."""
-
-    code = 28
-    go_name = "shm.ErrMarked"
-
-
-class ReclaimStalledError(ShmsteerError):
-    """Mirrors Go's shm.ErrReclaimStalled (code 29, SHMSTEER_E_RECLAIM_STALLED): the owner died
-    mid-pass; read at the current version."""
-
-    code = 29
-    go_name = "shm.ErrReclaimStalled"
-
-
-class AuthSecretNotDefinedError(ShmsteerError):
-    """Mirrors Go's ipc.ErrAuthSecretNotDefined (code 30, SHMSTEER_E_AUTH_SECRET_NOT_DEFINED): set
-    SHMSTEER_SECRET."""
-
-    code = 30
-    go_name = "ipc.ErrAuthSecretNotDefined"
-
-
-class NotYetInitializedError(ShmsteerError):
-    """Mirrors Go's ipc.ErrNotYetInitialized (code 31, SHMSTEER_E_NOT_YET_INITIALIZED): no owner
-    answers."""
-
-    code = 31
-    go_name = "ipc.ErrNotYetInitialized"
-
-
-class PreviouslyInitializedError(ShmsteerError):
-    """Mirrors Go's ipc.ErrPreviouslyInitialized (code 32, SHMSTEER_E_PREVIOUSLY_INITIALIZED): owner
-    exists."""
-
-    code = 32
-    go_name = "ipc.ErrPreviouslyInitialized"
-
-
-class AuthFailedError(ShmsteerError, PermissionError):
-    """Mirrors Go's ipc.ErrAuthFailed (code 33, SHMSTEER_E_AUTH_FAILED): wrong secret or uid."""
-
-    code = 33
-    go_name = "ipc.ErrAuthFailed"
-
-
-class OwnerGoneError(ShmsteerError, ConnectionError):
-    """Mirrors Go's ipc.ErrOwnerGone (code 34, SHMSTEER_E_OWNER_GONE): reads work, writes cannot."""
-
-    code = 34
-    go_name = "ipc.ErrOwnerGone"
-
-
-class OwnerTimeoutError(ShmsteerError, TimeoutError):
-    """Mirrors Go's ipc.ErrTimeout (code 35, SHMSTEER_E_TIMEOUT)."""
-
-    code = 35
-    go_name = "ipc.ErrTimeout"
-
-
-class IncompatibleError(LayoutIncompatibleError):
-    """Mirrors Go's ipc.ErrIncompatible (code 36, SHMSTEER_E_INCOMPATIBLE): protocol mismatch."""
-
-    code = 36
-    go_name = "ipc.ErrIncompatible"
-
-
-class KeyNotFoundError(ShmsteerError, KeyError):
-    """Mirrors Go's keys.ErrNotFound (code 37, SHMSTEER_E_KEY_NOT_FOUND): never set, or purged."""
-
-    code = 37
-    go_name = "keys.ErrNotFound"
-
-
-class KeyRevokedError(ShmsteerError):
-    """Mirrors Go's keys.ErrRevoked (code 38, SHMSTEER_E_KEY_REVOKED): removed, sentinel stands."""
-
-    code = 38
-    go_name = "keys.ErrRevoked"
-
-
-class RequestIDTooLongError(ShmsteerError, ValueError):
-    """Mirrors Go's keys.ErrRequestIDTooLong (code 39, SHMSTEER_E_REQUEST_ID_TOO_LONG): empty or >
-    256 B."""
-
-    code = 39
-    go_name = "keys.ErrRequestIDTooLong"
-
-
-class KeyTooLargeError(ShmsteerError, ValueError):
-    """Mirrors Go's keys.ErrTooLarge (code 40, SHMSTEER_E_KEY_TOO_LARGE)."""
-
-    code = 40
-    go_name = "keys.ErrTooLarge"
-
-
-class FrameTooLargeError(ShmsteerError, ValueError):
-    """Mirrors Go's ipc.ErrFrameTooLarge (code 41, SHMSTEER_E_FRAME_TOO_LARGE)."""
-
-    code = 41
-    go_name = "ipc.ErrFrameTooLarge"
-
-
-class UnknownOpError(ShmsteerError):
-    """Mirrors Go's ipc.ErrUnknownOp (code 42, SHMSTEER_E_UNKNOWN_OP)."""
-
-    code = 42
-    go_name = "ipc.ErrUnknownOp"
-
-
-class ProtocolError(ShmsteerError):
-    """Mirrors Go's ipc.ErrProtocol (code 43, SHMSTEER_E_PROTOCOL)."""
-
-    code = 43
-    go_name = "ipc.ErrProtocol"
-
-
-class SecretFileError(ShmsteerError, OSError):
-    """Mirrors Go's ipc.ErrSecretFile (code 44, SHMSTEER_E_SECRET_FILE): unreadable, not a file, too
-    large."""
-
-    code = 44
-    go_name = "ipc.ErrSecretFile"
-
-
-class SecretConflictError(ShmsteerError, ValueError):
-    """Mirrors Go's ipc.ErrSecretConflict (code 45, SHMSTEER_E_SECRET_CONFLICT): secret given twice."""
-
-    code = 45
-    go_name = "ipc.ErrSecretConflict"
-
-
-class RendezvousTakenError(ShmsteerError):
-    """Mirrors Go's ipc.ErrRendezvousTaken (code 46, SHMSTEER_E_RENDEZVOUS_TAKEN): squatted names
-    (message names holders)."""
-
-    code = 46
-    go_name = "ipc.ErrRendezvousTaken"
-
-
-class OwnerBusyError(ShmsteerError, ConnectionError):
-    """Mirrors Go's ipc.ErrBusy (code 47, SHMSTEER_E_OWNER_BUSY): frame buffer budget or
-    FrameTimeout."""
-
-    code = 47
-    go_name = "ipc.ErrBusy"
-
-
-class DeadRegionError(ShmsteerError, ConnectionError):
-    """Mirrors Go's ipc.ErrDeadRegion (code 48, SHMSTEER_E_DEAD_REGION): a Follower reads a dead
-    owner's region."""
-
-    code = 48
-    go_name = "ipc.ErrDeadRegion"
-
-
-class SteeringIncompatibleError(ShmsteerError):
-    """Mirrors Go's steer.ErrIncompatible (code 50, SHMSTEER_E_STEER_INCOMPATIBLE): model config
-    mismatch."""
-
-    code = 50
-    go_name = "steer.ErrIncompatible"
-
-
-class SteeringConfigError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrBadConfig (code 51, SHMSTEER_E_STEER_BAD_CONFIG)."""
-
-    code = 51
-    go_name = "steer.ErrBadConfig"
-
-
-class BadNameError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrBadName (code 52, SHMSTEER_E_BAD_NAME)."""
-
-    code = 52
-    go_name = "steer.ErrBadName"
-
-
-class NonFiniteError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrNonFinite (code 53, SHMSTEER_E_NON_FINITE)."""
-
-    code = 53
-    go_name = "steer.ErrNonFinite"
-
-
-class HiddenSizeError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrHiddenSize (code 54, SHMSTEER_E_HIDDEN_SIZE)."""
-
-    code = 54
-    go_name = "steer.ErrHiddenSize"
-
-
-class UnknownHookError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrUnknownHook (code 55, SHMSTEER_E_UNKNOWN_HOOK)."""
-
-    code = 55
-    go_name = "steer.ErrUnknownHook"
-
-
-class LayerRangeError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrLayerRange (code 56, SHMSTEER_E_LAYER_RANGE)."""
-
-    code = 56
-    go_name = "steer.ErrLayerRange"
-
-
-class DuplicateError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrDuplicate (code 57, SHMSTEER_E_DUPLICATE)."""
-
-    code = 57
-    go_name = "steer.ErrDuplicate"
-
-
-class EmptySetError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrEmptySet (code 58, SHMSTEER_E_EMPTY_SET)."""
-
-    code = 58
-    go_name = "steer.ErrEmptySet"
-
-
-class BadClampError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrBadClamp (code 59, SHMSTEER_E_BAD_CLAMP)."""
-
-    code = 59
-    go_name = "steer.ErrBadClamp"
-
-
-class UnknownVectorError(ShmsteerError, LookupError):
-    """Mirrors Go's steer.ErrUnknownVector (code 60, SHMSTEER_E_UNKNOWN_VECTOR)."""
-
-    code = 60
-    go_name = "steer.ErrUnknownVector"
-
-
-class BadRequestIDError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrBadRequestID (code 61, SHMSTEER_E_BAD_REQUEST_ID)."""
-
-    code = 61
-    go_name = "steer.ErrBadRequestID"
-
-
-class BadEncodingError(ShmsteerError):
-    """Mirrors Go's steer.ErrBadEncoding (code 62, SHMSTEER_E_BAD_ENCODING)."""
-
-    code = 62
-    go_name = "steer.ErrBadEncoding"
-
-
-class NotOwnerError(ShmsteerError):
-    """Mirrors Go's steer.ErrNotOwner (code 63, SHMSTEER_E_NOT_OWNER)."""
-
-    code = 63
-    go_name = "steer.ErrNotOwner"
-
-
-class NoStepError(ShmsteerError):
-    """Mirrors Go's steer.ErrNoStep (code 64, SHMSTEER_E_NO_STEP)."""
-
-    code = 64
-    go_name = "steer.ErrNoStep"
-
-
-class BadBatchError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrBadBatch (code 65, SHMSTEER_E_BAD_BATCH)."""
-
-    code = 65
-    go_name = "steer.ErrBadBatch"
-
-
-class ShapeError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrShape (code 66, SHMSTEER_E_SHAPE)."""
-
-    code = 66
-    go_name = "steer.ErrShape"
-
-
-class RemoteError(ShmsteerError):
-    """Mirrors Go's steer.ErrRemote (code 69, SHMSTEER_E_REMOTE)."""
-
-    code = 69
-    go_name = "steer.ErrRemote"
-
-
-class OverflowSteeringError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrOverflow (code 70, SHMSTEER_E_OVERFLOW): magnitude beyond
-    steer.MaxMagnitude."""
-
-    code = 70
-    go_name = "steer.ErrOverflow"
-
-
-class UnknownRequestError(ShmsteerError, LookupError):
-    """Mirrors Go's steer.ErrUnknownRequest (code 71, SHMSTEER_E_UNKNOWN_REQUEST): a strict request
-    the owner does not know."""
-
-    code = 71
-    go_name = "steer.ErrUnknownRequest"
-
-
-class NotServedError(ShmsteerError):
-    """Mirrors Go's steer.ErrNotServed (code 72, SHMSTEER_E_NOT_SERVED): the owner never called
-    Owner.Serve."""
-
-    code = 72
-    go_name = "steer.ErrNotServed"
-
-
-class LatchStateError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrLatchState (code 73, SHMSTEER_E_LATCH_STATE): restored latch state does
-    not fit."""
-
-    code = 73
-    go_name = "steer.ErrLatchState"
-
-
-class ProbeSiteError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrProbeSite (code 74, SHMSTEER_E_PROBE_SITE): a probe names exactly one
-    (hook, layer)."""
-
-    code = 74
-    go_name = "steer.ErrProbeSite"
-
-
-class BatchCapacityError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrBatchCapacity (code 75, SHMSTEER_E_BATCH_CAPACITY): a batch does not
-    fit the tables: raise max_slots / max_clamps."""
-
-    code = 75
-    go_name = "steer.ErrBatchCapacity"
-
-
-class BadGateError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrBadGate (code 76, SHMSTEER_E_BAD_GATE): a malformed steering gate (the
-    message names the gate and field)."""
-
-    code = 76
-    go_name = "steer.ErrBadGate"
-
-
-class GateUnsupportedError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrGateUnsupported (code 77, SHMSTEER_E_GATE_UNSUPPORTED): attenuate +
-    probe + this_token: use next_step or rest_of_request."""
-
-    code = 77
-    go_name = "steer.ErrGateUnsupported"
-
-
-class BadModelHintError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrBadModelHint (code 78, SHMSTEER_E_BAD_MODEL_HINT): a model hint over
-    256 bytes, not UTF-8 or not printable."""
-
-    code = 78
-    go_name = "steer.ErrBadModelHint"
-
-
-class CaptureConsumerError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrCaptureConsumer (code 79, SHMSTEER_E_CAPTURE_CONSUMER): a capture names
-    a consumer the owner does not declare."""
-
-    code = 79
-    go_name = "steer.ErrCaptureConsumer"
-
-
-class VectorFileTooLargeError(VectorFileError):
-    """Mirrors Go's vecfile.ErrTooLarge (code 80, SHMSTEER_E_FILE_TOO_LARGE): above max_bytes;
-    nothing was read."""
-
-    code = 80
-    go_name = "vecfile.ErrTooLarge"
-
-
-class UnknownFormatError(VectorFileError):
-    """Mirrors Go's vecfile.ErrUnknownFormat (code 81, SHMSTEER_E_UNKNOWN_FORMAT): not gguf, npy,
-    npz, safetensors."""
-
-    code = 81
-    go_name = "vecfile.ErrUnknownFormat"
-
-
-class VectorFileCorruptError(VectorFileError):
-    """Mirrors Go's vecfile.ErrCorrupt (code 82, SHMSTEER_E_FILE_CORRUPT): truncated or malformed
-    file."""
-
-    code = 82
-    go_name = "vecfile.ErrCorrupt"
-
-
-class DtypeError(VectorFileError):
-    """Mirrors Go's vecfile.ErrDtype (code 83, SHMSTEER_E_FILE_DTYPE): element type not converted."""
-
-    code = 83
-    go_name = "vecfile.ErrDtype"
-
-
-class VectorFileShapeError(VectorFileError):
-    """Mirrors Go's vecfile.ErrShape (code 84, SHMSTEER_E_FILE_SHAPE): not [hidden] or [layers,
-    hidden]."""
-
-    code = 84
-    go_name = "vecfile.ErrShape"
-
-
-class ValueRangeError(VectorFileError):
-    """Mirrors Go's vecfile.ErrValueRange (code 85, SHMSTEER_E_VALUE_RANGE): a float64 beyond
-    float32."""
-
-    code = 85
-    go_name = "vecfile.ErrValueRange"
-
-
-class TensorNameError(VectorFileError):
-    """Mirrors Go's vecfile.ErrTensorName (code 86, SHMSTEER_E_TENSOR_NAME): names no hook and
-    layer."""
-
-    code = 86
-    go_name = "vecfile.ErrTensorName"
-
-
-class NeedLayersError(VectorFileError):
-    """Mirrors Go's vecfile.ErrNeedLayers (code 87, SHMSTEER_E_NEED_LAYERS): a [hidden] array needs
-    "layers"."""
-
-    code = 87
-    go_name = "vecfile.ErrNeedLayers"
-
-
-class NoVectorsError(VectorFileError):
-    """Mirrors Go's vecfile.ErrNoVectors (code 88, SHMSTEER_E_NO_VECTORS): the file steers nothing."""
-
-    code = 88
-    go_name = "vecfile.ErrNoVectors"
-
-
-class UnrepresentableError(VectorFileError):
-    """Mirrors Go's vecfile.ErrUnrepresentable (code 89, SHMSTEER_E_UNREPRESENTABLE): pick another
-    format."""
-
-    code = 89
-    go_name = "vecfile.ErrUnrepresentable"
-
-
-class VectorFileOptionsError(VectorFileError):
-    """Mirrors Go's vecfile.ErrBadOptions (code 90, SHMSTEER_E_FILE_OPTIONS): bad scale, layers or
-    max_bytes."""
-
-    code = 90
-    go_name = "vecfile.ErrBadOptions"
-
-
-class CaptureSpecError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrBadSpec (code 100, SHMSTEER_E_CAPTURE_BAD_SPEC): a capture spec is
-    not its consumer's JSON."""
-
-    code = 100
-    go_name = "capture.ErrBadSpec"
-
-
-class CaptureConsumerNameError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrBadConsumer (code 101, SHMSTEER_E_CAPTURE_BAD_CONSUMER): a consumer
-    name outside [a-zA-Z0-9._-] or too long."""
-
-    code = 101
-    go_name = "capture.ErrBadConsumer"
-
-
-class CaptureSlugError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrBadSlug (code 102, SHMSTEER_E_CAPTURE_BAD_SLUG): a tag or request_id
-    cannot name a directory."""
-
-    code = 102
-    go_name = "capture.ErrBadSlug"
-
-
-class CaptureHookError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrUnknownHook (code 103, SHMSTEER_E_CAPTURE_UNKNOWN_HOOK): a spec names
-    a hook the model does not have."""
-
-    code = 103
-    go_name = "capture.ErrUnknownHook"
-
-
-class CaptureLayerRangeError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrLayerRange (code 104, SHMSTEER_E_CAPTURE_LAYER_RANGE): a spec's layer
-    or range is outside the model."""
-
-    code = 104
-    go_name = "capture.ErrLayerRange"
-
-
-class CaptureEmptySelectorError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrEmptySelector (code 105, SHMSTEER_E_CAPTURE_EMPTY_SELECTOR): a hook
-    or position selector selects nothing."""
-
-    code = 105
-    go_name = "capture.ErrEmptySelector"
-
-
-class CapturePositionsError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrBadPositions (code 106, SHMSTEER_E_CAPTURE_BAD_POSITIONS): an unknown
-    positions selector."""
-
-    code = 106
-    go_name = "capture.ErrBadPositions"
-
-
-class CapturePositionRangeError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrPositionRange (code 107, SHMSTEER_E_CAPTURE_POSITION_RANGE): a
-    position outside the prompt, or prompt_len < 1."""
-
-    code = 107
-    go_name = "capture.ErrPositionRange"
-
-
-class CaptureLayoutError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrBadLayout (code 108, SHMSTEER_E_CAPTURE_BAD_LAYOUT): layout is not
-    per_file or packed."""
-
-    code = 108
-    go_name = "capture.ErrBadLayout"
-
-
-class CaptureRecordError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrBadRecord (code 109, SHMSTEER_E_CAPTURE_BAD_RECORD): a captured
-    record does not describe its bytes."""
-
-    code = 109
-    go_name = "capture.ErrBadRecord"
-
-
-class CaptureFinishedError(ShmsteerError):
-    """Mirrors Go's capture.ErrFinished (code 110, SHMSTEER_E_CAPTURE_FINISHED): a request's capture
-    files were already finished."""
-
-    code = 110
-    go_name = "capture.ErrFinished"
-
-
-class CaptureWriteError(ShmsteerError, OSError):
-    """Mirrors Go's capture.ErrWrite (code 111, SHMSTEER_E_CAPTURE_WRITE): a capture file could not
-    be written (space, permissions)."""
-
-    code = 111
-    go_name = "capture.ErrWrite"
-
-
-class CaptureConsumerTypeError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrConsumerType (code 112, SHMSTEER_E_CAPTURE_CONSUMER_TYPE): a
-    declaration NAME=TYPE names an unknown type."""
-
-    code = 112
-    go_name = "capture.ErrConsumerType"
-
-
-class RingLayoutError(ShmsteerError):
-    """Mirrors Go's capture.ErrRingLayout (code 113, SHMSTEER_E_RING_LAYOUT): not a capture ring of
-    this version."""
-
-    code = 113
-    go_name = "capture.ErrRingLayout"
-
-
-class RingCorruptError(ShmsteerError):
-    """Mirrors Go's capture.ErrRingCorrupt (code 114, SHMSTEER_E_RING_CORRUPT): a ring frame does
-    not fit the ring."""
-
-    code = 114
-    go_name = "capture.ErrRingCorrupt"
-
-
-class CaptureDroppedError(ShmsteerError):
-    """Mirrors Go's capture.ErrDropped (code 115, SHMSTEER_E_CAPTURE_DROPPED): a record was dropped
-    for a lagging consumer."""
-
-    code = 115
-    go_name = "capture.ErrDropped"
-
-
-class RecordTooLargeError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrRecordTooLarge (code 116, SHMSTEER_E_RECORD_TOO_LARGE): a record
-    larger than half the ring."""
-
-    code = 116
-    go_name = "capture.ErrRecordTooLarge"
-
-
-class NoRingSlotError(ShmsteerError):
-    """Mirrors Go's capture.ErrNoSlot (code 117, SHMSTEER_E_NO_RING_SLOT): every consumer slot of
-    the ring is taken."""
-
-    code = 117
-    go_name = "capture.ErrNoSlot"
-
-
-class CapturePolicyError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrBadPolicy (code 118, SHMSTEER_E_BAD_POLICY): a consumer's policy is
-    not block or drop, or its bound is negative."""
-
-    code = 118
-    go_name = "capture.ErrBadPolicy"
-
-
-class CaptureResultError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrBadResult (code 119, SHMSTEER_E_CAPTURE_BAD_RESULT): a published
-    result with a bad status, payload or request id."""
-
-    code = 119
-    go_name = "capture.ErrBadResult"
-
-
-class UnknownConsumerError(ShmsteerError, LookupError):
-    """Mirrors Go's capture.ErrUnknownConsumer (code 120, SHMSTEER_E_UNKNOWN_CONSUMER): an attaching
-    consumer names none the owner declares."""
-
-    code = 120
-    go_name = "capture.ErrUnknownConsumer"
-
-
-class ConsumerTakenError(ShmsteerError):
-    """Mirrors Go's capture.ErrConsumerTaken (code 121, SHMSTEER_E_CONSUMER_TAKEN): a consumer of
-    that name is attached already."""
-
-    code = 121
-    go_name = "capture.ErrConsumerTaken"
-
-
-class NoHubError(ShmsteerError):
-    """Mirrors Go's capture.ErrNoHub (code 122, SHMSTEER_E_NO_HUB): the owner serves no capture:
-    declare a consumer."""
-
-    code = 122
-    go_name = "capture.ErrNoHub"
-
-
-class HubProtocolError(ShmsteerError):
-    """Mirrors Go's capture.ErrHubProtocol (code 123, SHMSTEER_E_HUB_PROTOCOL): a capture
-    connection's message does not parse."""
-
-    code = 123
-    go_name = "capture.ErrHubProtocol"
-
-
-class HubGoneError(ShmsteerError, ConnectionError):
-    """Mirrors Go's capture.ErrHubGone (code 124, SHMSTEER_E_HUB_GONE): the owner's hub closed the
-    capture connection; attach again."""
-
-    code = 124
-    go_name = "capture.ErrHubGone"
-
-
-class CaptureRunError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrBadRun (code 125, SHMSTEER_E_CAPTURE_BAD_RUN): a run's bounds are out
-    of range (max records, bytes or rows)."""
-
-    code = 125
-    go_name = "capture.ErrBadRun"
-
-
-class CaptureRunTooLargeError(ShmsteerError, ValueError):
-    """Mirrors Go's capture.ErrRunTooLarge (code 126, SHMSTEER_E_CAPTURE_RUN_TOO_LARGE): the next
-    record is larger than the reader's buffers; nothing was consumed."""
-
-    code = 126
-    go_name = "capture.ErrRunTooLarge"
-
-
-class ColumnsFullError(ShmsteerError):
-    """Mirrors Go's shm.ErrColumnsFull (code 140, SHMSTEER_E_COLUMNS_FULL): no free column (or no
-    pool); end requests, unpin, or raise Columns."""
-
-    code = 140
-    go_name = "shm.ErrColumnsFull"
-
-
-class BadColumnError(ShmsteerError, ValueError):
-    """Mirrors Go's shm.ErrBadColumn (code 141, SHMSTEER_E_BAD_COLUMN): a column not reserved by
-    this transaction, or a cell out of range."""
-
-    code = 141
-    go_name = "shm.ErrBadColumn"
-
-
-class CaptureSpecTooLargeError(ShmsteerError, ValueError):
-    """Mirrors Go's steer.ErrCaptureSpecTooLarge (code 150, SHMSTEER_E_CAPTURE_SPEC_TOO_LARGE): a
-    consumer's capture spec is larger than steer.MaxCaptureSpec."""
-
-    code = 150
-    go_name = "steer.ErrCaptureSpecTooLarge"
-
+from ._errors_base import ShmsteerError, VectorFileError
+from ._errors_capi import (
+    ForkedError,
+    BufferTooSmallError,
+    InvalidArgumentError,
+    BadHandleError,
+    OtherError,
+)
+from ._errors_shm import (
+    NotFoundError,
+    RegionFullError,
+    KeyTooLongError,
+    BadKindError,
+    RegionConfigError,
+    NotRegionError,
+    LayoutIncompatibleError,
+    CorruptError,
+    ReadOnlyError,
+    BusyError,
+    ReaderBusyError,
+    ClosedError,
+    NoReaderSlotError,
+    SnapshotTooOldError,
+    SnapshotFutureError,
+    ValueTooLargeError,
+    UnsupportedError,
+    LeaseUnavailableError,
+    MarkedError,
+    ReclaimStalledError,
+    ColumnsFullError,
+    BadColumnError,
+)
+from ._errors_ipc import (
+    AuthSecretNotDefinedError,
+    NotYetInitializedError,
+    PreviouslyInitializedError,
+    AuthFailedError,
+    OwnerGoneError,
+    OwnerTimeoutError,
+    IncompatibleError,
+    FrameTooLargeError,
+    UnknownOpError,
+    ProtocolError,
+    SecretFileError,
+    SecretConflictError,
+    RendezvousTakenError,
+    OwnerBusyError,
+    DeadRegionError,
+)
+from ._errors_keys import (
+    KeyNotFoundError,
+    KeyRevokedError,
+    RequestIDTooLongError,
+    KeyTooLargeError,
+)
+from ._errors_steer import (
+    SteeringIncompatibleError,
+    SteeringConfigError,
+    BadNameError,
+    NonFiniteError,
+    HiddenSizeError,
+    UnknownHookError,
+    LayerRangeError,
+    DuplicateError,
+    EmptySetError,
+    BadClampError,
+    UnknownVectorError,
+    BadRequestIDError,
+    BadEncodingError,
+    NotOwnerError,
+    NoStepError,
+    BadBatchError,
+    ShapeError,
+    RemoteError,
+    OverflowSteeringError,
+    UnknownRequestError,
+    NotServedError,
+    LatchStateError,
+    ProbeSiteError,
+    BatchCapacityError,
+    BadGateError,
+    GateUnsupportedError,
+    BadModelHintError,
+    CaptureConsumerError,
+    CaptureSpecTooLargeError,
+)
+from ._errors_vecfile import (
+    VectorFileTooLargeError,
+    UnknownFormatError,
+    VectorFileCorruptError,
+    DtypeError,
+    VectorFileShapeError,
+    ValueRangeError,
+    TensorNameError,
+    NeedLayersError,
+    NoVectorsError,
+    UnrepresentableError,
+    VectorFileOptionsError,
+)
+from ._errors_capture import (
+    CaptureSpecError,
+    CaptureConsumerNameError,
+    CaptureSlugError,
+    CaptureHookError,
+    CaptureLayerRangeError,
+    CaptureEmptySelectorError,
+    CapturePositionsError,
+    CapturePositionRangeError,
+    CaptureLayoutError,
+    CaptureRecordError,
+    CaptureFinishedError,
+    CaptureWriteError,
+    CaptureConsumerTypeError,
+    RingLayoutError,
+    RingCorruptError,
+    CaptureDroppedError,
+    RecordTooLargeError,
+    NoRingSlotError,
+    CapturePolicyError,
+    CaptureResultError,
+    UnknownConsumerError,
+    ConsumerTakenError,
+    NoHubError,
+    HubProtocolError,
+    HubGoneError,
+    CaptureRunError,
+    CaptureRunTooLargeError,
+)
 
 # Every class by its code.
 BY_CODE: Dict[int, Type[ShmsteerError]] = {
@@ -1135,6 +384,12 @@ __all__ = [
     "BadColumnError",
     "CaptureSpecTooLargeError",
 ]
+
+# The classes are defined in the parts: they are this module's own (their repr, pickling and
+# the docs name shmsteer.errors).
+for _cls in (ShmsteerError, VectorFileError, *BY_CODE.values()):
+    _cls.__module__ = __name__
+del _cls
 
 
 def error_for(code: int, message: str) -> ShmsteerError:

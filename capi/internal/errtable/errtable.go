@@ -1,8 +1,8 @@
 // Package errtable reads capi/errors.tab, the one source table of the module's error codes (the
 // C ABI's and the wire's), and renders every table made from it: the SHMSTEER_E_* block of
 // shmsteer.h, capi's Go table of sentinels (errors_gen.go), the C table behind
-// shmsteer_error_name (errnames_gen.c), the Python exception classes
-// (python/shmsteer/errors.py), internal/proto's wire codes (codes_gen.go) and each binding
+// shmsteer_error_name (errnames_gen.c), the Python exception classes (python/shmsteer/errors.py
+// and its parts, see python.go), internal/proto's wire codes (codes_gen.go) and each binding
 // package's proto.Bind (wire_gen.go, see wire.go).
 //
 // It owns the table's syntax (documented at the top of errors.tab) and its checks: unique
@@ -415,128 +415,6 @@ func (t *Table) Header(hdr []byte) ([]byte, error) {
 	return []byte(b.String()), nil
 }
 
-// Python renders python/shmsteer/errors.py.
-func (t *Table) Python() []byte {
-	var b bytes.Buffer
-	b.WriteString(pyHead)
-	// Classes by code, each after its shmsteer base.
-	done := map[string]bool{}
-	rows := t.byCode()
-	var order []Row
-	for len(order) < len(rows) {
-		for _, r := range rows {
-			if done[r.PyClass] {
-				continue
-			}
-			if p, ok := t.parentRow(r); ok && !done[p.PyClass] {
-				continue
-			}
-			done[r.PyClass] = true
-			order = append(order, r)
-		}
-	}
-	for _, r := range order {
-		bases := r.PyBases
-		if len(bases) == 0 || pyBuiltins[bases[0]] {
-			bases = append([]string{"ShmsteerError"}, bases...)
-		}
-		doc := fmt.Sprintf("Mirrors Go's %s (code %d, SHMSTEER_E_%s).", r.GoName(), r.Code, r.Name)
-		if r.Doc != "" {
-			doc = fmt.Sprintf("Mirrors Go's %s (code %d, SHMSTEER_E_%s): %s.", r.GoName(), r.Code, r.Name, r.Doc)
-		}
-		fmt.Fprintf(&b, "\n\nclass %s(%s):\n    %s\n\n    code = %d\n    go_name = %q\n",
-			r.PyClass, strings.Join(bases, ", "), pyDocstring(doc), r.Code, r.GoName())
-	}
-	b.WriteString("\n\n# Every class by its code.\nBY_CODE: Dict[int, Type[ShmsteerError]] = {\n")
-	for _, r := range rows {
-		fmt.Fprintf(&b, "    %d: %s,\n", r.Code, r.PyClass)
-	}
-	b.WriteString("}\n\n__all__ = [\n    \"ShmsteerError\",\n    \"VectorFileError\",\n    \"BY_CODE\",\n    \"error_for\",\n")
-	for _, r := range rows {
-		fmt.Fprintf(&b, "    %q,\n", r.PyClass)
-	}
-	b.WriteString("]\n")
-	b.WriteString(pyTail)
-	return b.Bytes()
-}
-
-// pyDocstring wraps a one-paragraph docstring at 100 columns (4 spaces of indent).
-func pyDocstring(s string) string {
-	s = strings.ReplaceAll(s, `\`, `\\`)
-	words := strings.Fields(s)
-	var lines []string
-	line := `"""`
-	for _, w := range words {
-		if len(line)+1+len(w) > 96 && line != `"""` {
-			lines = append(lines, line)
-			line = w
-			continue
-		}
-		if line == `"""` {
-			line += w
-		} else {
-			line += " " + w
-		}
-	}
-	if len(lines) == 0 {
-		return line + `"""`
-	}
-	lines = append(lines, line+`"""`)
-	return strings.Join(lines, "\n    ")
-}
-
-const pyHead = `# ` + generated + `
-"""Exceptions mirroring the Go sentinel errors of shmsteer.
-
-Every error code of ` + "``shmsteer.h``" + ` has one class here, named after its Go sentinel
-(` + "``ipc.ErrOwnerGone``" + ` -> :class:` + "`OwnerGoneError`" + `). All derive from :class:` + "`ShmsteerError`" + `;
-several also derive from the built-in exception a Python caller would expect (a missing key is
-a :class:` + "`KeyError`" + `, a bad argument a :class:` + "`ValueError`" + `, a dead owner a
-:class:` + "`ConnectionError`" + `). Sentinels that match one another with ` + "``errors.Is``" + ` in Go are
-subclasses here: :class:` + "`IncompatibleError`" + ` (ipc) is a :class:` + "`LayoutIncompatibleError`" + ` (shm), and
-:class:` + "`MarkedError`" + ` a :class:` + "`NotFoundError`" + `.
-
-This file is generated from capi/errors.tab (` + "``go generate ./capi``" + `): add a code there.
-"""
-
-from __future__ import annotations
-
-from typing import Dict, Type
-
-
-class ShmsteerError(Exception):
-    """Base of every shmsteer error.
-
-    Attributes:
-        code: the ` + "``SHMSTEER_E_*``" + ` code of ` + "``shmsteer.h``" + `.
-        go_name: the Go sentinel it mirrors, e.g. ` + "``\"ipc.ErrOwnerGone\"``" + `.
-    """
-
-    code: int = 0
-    go_name: str = ""
-
-    def __str__(self) -> str:  # KeyError would otherwise repr() its message
-        return str(self.args[0]) if self.args else self.go_name
-
-
-class VectorFileError(ShmsteerError, ValueError):
-    """Base of the errors of package steer/vecfile (codes 80..99): a vector file that cannot be
-    imported or exported. A ` + "``ValueError``" + `; the message names the file, the tensor and the
-    expected shape. (A file whose tensor does not fit the model raises steer's class instead,
-    e.g. :class:` + "`HiddenSizeError`" + `, as the C ABI reports steer's code first.)"""
-`
-
-const pyTail = `
-
-def error_for(code: int, message: str) -> ShmsteerError:
-    """The exception for a ` + "``SHMSTEER_E_*``" + ` code, carrying the library's message."""
-    cls = BY_CODE.get(code, ShmsteerError)
-    err = cls(message or cls.go_name or f"shmsteer error {code}")
-    if cls is ShmsteerError:
-        err.code = code
-    return err
-`
-
 // Outputs reads errors.tab and shmsteer.h from the capi directory dir and returns every
 // generated file by its path relative to dir.
 func Outputs(dir string) (map[string][]byte, error) {
@@ -568,8 +446,14 @@ func Outputs(dir string) (map[string][]byte, error) {
 		"shmsteer.h":     h,
 		"errors_gen.go":  t.Go(),
 		"errnames_gen.c": t.C(),
-		filepath.Join("..", "python", "shmsteer", "errors.py"):   t.Python(),
 		filepath.Join("..", "internal", "proto", "codes_gen.go"): t.Proto(),
+	}
+	py, err := t.Python()
+	if err != nil {
+		return nil, err
+	}
+	for name, src := range py {
+		out[filepath.Join("..", "python", "shmsteer", name)] = src
 	}
 	for d, src := range t.Binds(module) {
 		out[filepath.Join("..", filepath.FromSlash(d), "wire_gen.go")] = src

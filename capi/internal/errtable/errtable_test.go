@@ -1,6 +1,7 @@
 package errtable
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -31,14 +32,45 @@ func TestParseAndRender(t *testing.T) {
 	require.Contains(t, string(h), "#define SHMSTEER_E_LIMIT 100\n"+headerEnd+"\ny\n")
 	require.NotContains(t, string(h), "old")
 
-	py := string(tab.Python())
+	files, err := tab.Python()
+	require.NoError(t, err)
+	require.Equal(t, []string{"_errors_base.py", "_errors_capi.py", "_errors_shm.py", "errors.py"}, sortedNames(files))
+	py := string(files["_errors_shm.py"])
+	require.Contains(t, py, "from ._errors_base import ShmsteerError\n")
 	require.Contains(t, py, "class MarkedError(NotFoundError):")
 	require.Contains(t, py, "class NotFoundError(ShmsteerError, LookupError):")
 	require.Less(t, strings.Index(py, "class NotFoundError"), strings.Index(py, "class MarkedError"))
-	require.Contains(t, py, "    11: MarkedError,\n")
+	index := string(files["errors.py"])
+	require.Contains(t, index, "from ._errors_shm import (\n    NotFoundError,\n    MarkedError,\n)\n")
+	require.Contains(t, index, "    11: MarkedError,\n")
 	require.Contains(t, string(tab.Go()), `{C.SHMSTEER_E_FORKED, "capi.ErrForked", ErrForked},`)
 	require.Contains(t, string(tab.Go()), `{C.SHMSTEER_E_MARKED, "shm.ErrMarked", shm.ErrMarked},`)
 	require.Contains(t, string(tab.C()), `[SHMSTEER_E_NOT_FOUND] = "shm.ErrNotFound",`)
+}
+
+// A class deriving from another package's imports it from that package's part; packages whose
+// classes derive from each other in a loop are refused.
+func TestPythonParts(t *testing.T) {
+	tab, err := Parse([]byte(good + "package ipc x 30-39\n30 INCOMPATIBLE ipc.ErrIncompatible IncompatibleError(MarkedError)\n"))
+	require.NoError(t, err)
+	files, err := tab.Python()
+	require.NoError(t, err)
+	require.Contains(t, string(files["_errors_ipc.py"]), "from ._errors_shm import MarkedError\n")
+	require.Contains(t, string(files["_errors_ipc.py"]), "class IncompatibleError(MarkedError):")
+
+	tab, err = Parse([]byte(good + "package ipc x 30-39\n30 A ipc.ErrA AError(MarkedError)\n13 B shm.ErrB BError(AError)\n"))
+	require.NoError(t, err)
+	_, err = tab.Python()
+	require.ErrorContains(t, err, "packages shm -> ipc -> shm derive from each other in a loop")
+}
+
+func sortedNames(m map[string][]byte) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
 }
 
 func TestParseRefuses(t *testing.T) {
