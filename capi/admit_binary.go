@@ -45,7 +45,7 @@ func addBinaryVectors(inst *instance, s *steer.Steering, vectors *C.shmsteer_adm
 		if e.tier > C.SHMSTEER_TIER_DECODE {
 			return badArg(fmt.Sprintf("vector %d: tier %d (SHMSTEER_TIER_BASE, _PREFILL or _DECODE)", i, uint32(e.tier)))
 		}
-		if uint64(e.hook) > math.MaxUint16 || inst.cfg.HookName(steer.HookID(e.hook)) == "" {
+		if e.hook > math.MaxUint16 || inst.cfg.HookName(steer.HookID(e.hook)) == "" { // not its low 16 bits' hook
 			return fail(fmt.Errorf("%w: hook id %d in vector %d", steer.ErrUnknownHook, uint32(e.hook), i))
 		}
 		if e.data == nil && e.len > 0 {

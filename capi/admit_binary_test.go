@@ -16,7 +16,8 @@ import (
 // shmsteer_request_admit_binary, called from C: the same override admitted as JSON float lists
 // and as float32 buffers publishes the same request entry (equal digests), the vectors alone
 // make an override, and every bad pointer, length, tier, hook, layer or value is refused with
-// its typed error, the region unchanged.
+// its typed error, the region unchanged; a hook id beyond 16 bits is no hook at register (it
+// was cut to its low 16 bits there: 65538 registered post_block) and apply.
 func TestAdmitBinary(t *testing.T) {
 	gcc := requireTool(t, "gcc")
 	lib := buildLibrary(t)
@@ -49,6 +50,9 @@ func TestAdmitBinary(t *testing.T) {
 		"duplicate: steer.ErrDuplicate unchanged\n",
 		"duplicate of json: steer.ErrDuplicate unchanged\n",
 		"bad json: capi.ErrInvalidArgument unchanged\n",
+		"register hook 65538: steer.ErrUnknownHook unchanged\n",
+		"apply hook 65539: capi.ErrInvalidArgument rows untouched\n",
+		"apply hook 3: ok rows steered\n",
 		"closed: ok\n",
 	} {
 		require.Contains(t, got, want)

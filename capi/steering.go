@@ -77,7 +77,7 @@ func vectorRegister(kind steer.VectorKind, h C.uint64_t, name *C.char, nameLen C
 	vecs := make([]steer.Vector, len(in))
 	for i, e := range in {
 		hookName := inst.cfg.HookName(steer.HookID(e.hook))
-		if hookName == "" {
+		if e.hook > math.MaxUint16 || hookName == "" { // not its low 16 bits' hook
 			return fail(fmt.Errorf("%w: hook id %d in entry %d", steer.ErrUnknownHook, e.hook, i))
 		}
 		if e.data == nil && e.len > 0 || uint64(e.len) > math.MaxInt32 {

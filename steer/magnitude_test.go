@@ -113,3 +113,37 @@ func TestComposeChecksInPlaceSites(t *testing.T) {
 	require.Contains(t, err.Error(), "composed component 0")
 	require.Equal(t, v0, e.Region().Version(), "nothing changed")
 }
+
+// allFinite (a SIMD norm for long slices) agrees with the element loop on every length 0-300,
+// with a NaN, +Inf or -Inf at each kind of position, among values up to float32's largest.
+func TestAllFiniteAgrees(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	loop := func(v []float32) bool {
+		for _, f := range v {
+			if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+				return false
+			}
+		}
+		return true
+	}
+	bad := []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))}
+	for n := range 301 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32((2*rng.Float64() - 1) * []float64{1, 1e-30, math.MaxFloat32}[rng.IntN(3)])
+		}
+		require.Equal(t, loop(v), allFinite(v), "n %d, finite", n)
+		require.True(t, allFinite(v), "n %d: values up to float32's largest are finite", n)
+		for _, b := range bad {
+			if n == 0 {
+				continue
+			}
+			for _, at := range []int{0, n - 1, rng.IntN(n)} {
+				w := append([]float32(nil), v...)
+				w[at] = b
+				require.Equal(t, loop(w), allFinite(w), "n %d, %g at %d", n, b, at)
+				require.False(t, allFinite(w))
+			}
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+
+	"github.com/shmsteer/shmsteer/kernels"
 )
 
 // Phase is the generation phase of a request's rows. Tiers are kept per phase: the base tier
@@ -114,7 +116,15 @@ type NamedVector struct {
 
 func finite(f float32) bool { return !math.IsNaN(float64(f)) && !math.IsInf(float64(f), 0) }
 
+// allFinite reports whether no element of v is NaN or ±Inf. A long v goes through the SIMD
+// norm: its squares, summed in float64, cannot overflow (float32's largest squared, times
+// any slice length that fits memory, is far below float64's range), so the norm is finite
+// exactly when every element is.
 func allFinite(v []float32) bool {
+	if len(v) >= 64 {
+		n := kernels.Norm(v)
+		return !math.IsNaN(n) && !math.IsInf(n, 0)
+	}
 	for _, f := range v {
 		// f-f is NaN for NaN and ±Inf and 0 otherwise: one branch per element.
 		if f-f != 0 {

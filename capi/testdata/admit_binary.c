@@ -1,6 +1,7 @@
 // Exercises shmsteer_request_admit_binary (TestAdmitBinary): an owner in this process admits the
 // same override as JSON float lists and as float32 buffers and prints both entries' digests;
-// then every bad input, each printed with its error's name and whether the region changed.
+// then every bad input, each printed with its error's name and whether the region changed; then
+// a hook id beyond 16 bits at register and apply: refused, not taken for its low bits' hook.
 
 #include <math.h>
 #include <stdint.h>
@@ -104,6 +105,21 @@ int main(int argc, char **argv) {
   refused("duplicate", NULL, twice, 2);
   refused("duplicate of json", js, vs, 1);
   refused("bad json", "{\"override\": 1}", vs, 1);
+  uint64_t before = version();
+  shmsteer_vector_entry e = {.hook = 65536 + post_block, .layer = 0, .scale = 1, .data = a, .len = HIDDEN};
+  rc = shmsteer_vector_register(owner, "v", 1, &e, 1, NULL);
+  printf("register hook 65538: %s %s\n", shmsteer_error_name(rc), version() == before ? "unchanged" : "CHANGED");
+  shmsteer_stepper_t *st = NULL;
+  rc = shmsteer_stepper_new(owner, &st);
+  if (rc == SHMSTEER_OK) rc = shmsteer_stepper_begin(st, 0, NULL);
+  float rows[HIDDEN] = {0};
+  shmsteer_span span = {.id = "r-bare", .id_len = 6, .start = 0, .end = 1, .phase = SHMSTEER_PHASE_DECODE};
+  if (rc == SHMSTEER_OK) rc = shmsteer_stepper_apply(st, 65536 + mlp_in, 1, rows, HIDDEN, &span, 1);
+  printf("apply hook 65539: %s rows %s\n", shmsteer_error_name(rc), rows[1] == 0 ? "untouched" : "WRITTEN");
+  rc = shmsteer_stepper_apply(st, mlp_in, 1, rows, HIDDEN, &span, 1);
+  printf("apply hook 3: %s rows %s\n", shmsteer_error_name(rc), rows[1] == b[1] ? "steered" : "NOT STEERED");
+  shmsteer_stepper_end(st, NULL);
+  shmsteer_stepper_free(st);
   printf("closed: %s\n", shmsteer_error_name(shmsteer_close(owner)));
   return 0;
 }

@@ -35,6 +35,19 @@ TIERS = {"base": _lib.TIER_BASE, "prefill": _lib.TIER_PREFILL, "decode": _lib.TI
 
 _KEYS = frozenset(("hook", "layer", "scale", "data"))
 _F32 = _np.dtype(_np.float32) if _np is not None else None
+
+
+def _rec_dtype() -> Any:
+    """The numpy dtype laid out as shmsteer_admit_vector (AdmitVectorC): offsets from ctypes."""
+    if _np is None:  # pragma: no cover - exercised only where numpy is missing
+        return None
+    S = _lib.AdmitVectorC
+    kinds = {"tier": "<u4", "hook": "<u4", "layer": "<i4", "scale": "<f4", "data": _np.uintp, "len": _np.uintp}
+    return _np.dtype({"names": list(kinds), "formats": list(kinds.values()),
+                      "offsets": [getattr(S, n).offset for n in kinds], "itemsize": ctypes.sizeof(S)})
+
+
+_REC = _rec_dtype()
 _I32 = (-(1 << 31), (1 << 31) - 1)
 
 
@@ -97,8 +110,9 @@ def _buffer(where: str, data: Any) -> Tuple[int, int, Any]:
 
 
 def _vector(where: str, v: Any, tier: int, hook_id: Callable[[Union[str, int]], int], hidden: int,
-            out: Any, keep: List[Any]) -> None:
-    """Fill ``out`` (an AdmitVectorC) from the vector dict ``v`` of an override tier."""
+            keep: List[Any]) -> Tuple[int, int, int, float, int, int]:
+    """The shmsteer_admit_vector fields (tier, hook, layer, scale, data address, len) of the
+    vector dict ``v`` of an override tier; the object owning its floats goes to ``keep``."""
     if not _KEYS.issuperset(v):
         raise _bad(f"{where}: unknown keys {sorted(set(v) - _KEYS)} (a vector has hook, layer, scale, data)")
     layer, scale = v.get("layer", 0), v.get("scale", 0.0)
@@ -112,8 +126,19 @@ def _vector(where: str, v: Any, tier: int, hook_id: Callable[[Union[str, int]], 
         raise HiddenSizeError(f"shmsteer: vector length is not the hidden size: {where} has {n} floats, "
                               f"hidden size is {hidden}")
     keep.append(owner)
-    out.tier, out.hook, out.layer, out.scale = tier, hook_id(v.get("hook", "")), int(layer), float(scale)
-    out.data, out.len = ctypes.cast(ptr, POINTER(c_float)), n
+    return tier, hook_id(v.get("hook", "")), int(layer), float(scale), ptr, n
+
+
+def _records(fields: List[Tuple[int, int, int, float, int, int]]) -> ctypes.Array:
+    """A shmsteer_admit_vector array of ``fields``: filled in one numpy assignment (setting
+    ctypes fields one by one costs more than the rest of an admission's Python side)."""
+    arr = (_lib.AdmitVectorC * len(fields))()
+    if _REC is not None:
+        _np.frombuffer(arr, dtype=_REC)[:] = fields
+        return arr
+    for e, (tier, hook, layer, scale, ptr, n) in zip(arr, fields):  # pragma: no cover - without numpy
+        e.tier, e.hook, e.layer, e.scale, e.data, e.len = tier, hook, layer, scale, ctypes.cast(ptr, POINTER(c_float)), n
+    return arr
 
 
 def split_override(override: Any, hook_id: Callable[[Union[str, int]], int], hidden: int
@@ -142,8 +167,6 @@ def split_override(override: Any, hook_id: Callable[[Union[str, int]], int], hid
         taken += [(f"override {name} vector {i}", tier, vecs[i]) for i in binary]
     if not taken:
         return override, None, []
-    arr = (_lib.AdmitVectorC * len(taken))()
     keep: List[Any] = []
-    for k, (where, tier, v) in enumerate(taken):
-        _vector(where, v, tier, hook_id, hidden, arr[k], keep)
-    return rest, arr, keep
+    fields = [_vector(where, v, tier, hook_id, hidden, keep) for where, tier, v in taken]
+    return rest, _records(fields), keep
