@@ -66,10 +66,14 @@ class EagerGates:
         self._probe: Dict[int, _ProbeSite] = {}
         self._add: Dict[int, _AddSite] = {}
         self._params = self._gs = self._gate = self._score = torch.zeros(0)
-        self._scratch: List[torch.Tensor] = []  # the operators' float32 [rows, hidden] products
+        self._scratch: List[torch.Tensor] = []  # the operators' float32 [>= rows, hidden] products this step
+        self._own_scratch: List[torch.Tensor] = []  # ours, when the hooks share none
 
-    def load(self, g: ResolvedGates, n: int, device: torch.device, dtype: torch.dtype) -> None:
-        """Bring the gate tables up to date with a resolve of ``n`` rows and set up its columns."""
+    def load(self, g: ResolvedGates, n: int, device: torch.device, dtype: torch.dtype,
+             share: Optional[torch.Tensor] = None) -> None:
+        """Bring the gate tables up to date with a resolve of ``n`` rows and set up its columns.
+        ``share``: a float32 buffer of at least ``n`` rows on the device, free while the
+        operators run (the step's gather buffer), for their products; else their own."""
         self.awaiting, self.cols = g.report, g.cols
         if g.cols == 0 and not len(g.updates) and not len(g.adds):
             return
@@ -83,9 +87,15 @@ class EagerGates:
         key = (n, g.cols, gt.uploads, rows.tobytes(), factor.tobytes())
         if key == self._key:
             self._gs.zero_()  # the step's gates and scores
-            return
-        self._build(rows, factor, n, device)
-        self._key = key
+        else:
+            self._build(rows, factor, n, device)
+            self._key = key
+        if share is not None:
+            self._scratch = [share]
+        elif not self._own_scratch or self._own_scratch[0].shape[0] < n or self._own_scratch[0].device != device:
+            self._scratch = self._own_scratch = [torch.empty(max(n, 1), self.hidden, dtype=torch.float32, device=device)]
+        else:
+            self._scratch = self._own_scratch
 
     def _build(self, rows: np.ndarray, factor: np.ndarray, n: int, device: torch.device) -> None:
         gt = self.tables
@@ -123,9 +133,6 @@ class EagerGates:
         self._params[2].mul_(torch.from_numpy(np.ascontiguousarray(factor.T)).to(device))  # the rows' attenuation
         self._gs = torch.zeros(2, cols, n, dtype=torch.float32, device=device)
         self._gate, self._score = self._gs[0], self._gs[1]
-        sc = self._scratch[0] if self._scratch else None
-        if sc is None or sc.shape[0] < n or sc.device != device:
-            self._scratch = [torch.empty(max(n, 1), self.hidden, dtype=torch.float32, device=device)]
         self.builds += 1
 
     def probe(self, t: torch.Tensor, site: int) -> None:
