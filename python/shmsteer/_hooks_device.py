@@ -97,10 +97,15 @@ class DeviceHooks(SteeringHooks):
         and index equal the last one's (a steady decode batch) reuses them."""
         tb = self._tables
         assert tb is not None
-        changed = len(res.updates) > 0
         tb.update(res)
         self._pending = False
-        self._gates.load(res.gates, self._rows, tb.device, tb.dtype)
+        self._load_index(res, tb)
+        g = self._gather  # a float32 gather buffer doubles as the gates' products (fewer lines touched a step)
+        share = g if g is not None and g.dtype is torch.float32 and g.shape[0] >= self._rows else None
+        self._gates.load(res.gates, self._rows, tb.device, tb.dtype, share)
+
+    def _load_index(self, res: Resolved, tb: DeviceTables) -> None:
+        changed = len(res.updates) > 0
         sites_key = res.sites.tobytes() + res.site_clamps.tobytes()
         if changed or sites_key != self._sites_key:
             self._ops = {}

@@ -17,17 +17,20 @@ from .device import CapturePlan, GateTables, ResolvedGates, StepBatch
 
 class _ProbeSite(NamedTuple):
     """A site's probe gates this step: its distinct probe rows ``[U, hidden]`` (float32), each
-    column's row in it ``pick [cols, rows]`` and where the column probes here ``here``."""
+    column's row in it ``pick [cols, rows]`` and where the column probes here ``here`` (None:
+    every column in every row)."""
     probes: torch.Tensor
     pick: torch.Tensor
-    here: torch.Tensor
+    here: Optional[torch.Tensor]
 
 
 class _AddSite(NamedTuple):
     """A site's gated adds this step: its distinct non-zero add rows ``[V, hidden]`` (the hidden
-    dtype) and each column's row in it ``pick [cols, rows]`` (V: the column adds nothing here)."""
+    dtype) and each column's row in it ``pick [cols, rows]`` (V: the column adds nothing here);
+    pick None: only ``column`` adds here, ``adds[0]`` in every row."""
     adds: torch.Tensor
-    pick: torch.Tensor
+    pick: Optional[torch.Tensor]
+    column: int
 
 
 def _first_of(keys: List[Any]) -> Tuple[np.ndarray, List[int]]:
@@ -59,14 +62,18 @@ class EagerGates:
         self.cols = 0  #: gate columns of the step (0: no probe gate)
         self.awaiting = False  #: the step awaits its scores (StepBatch.report)
         self.builds = 0  #: times the per-site tables were rebuilt
-        self._key = b""  # the columns, factors and table uploads the site tables were built for
+        self._key: Tuple[Any, ...] = ()  # the rows, columns, table uploads and factors the site tables were built for
         self._probe: Dict[int, _ProbeSite] = {}
         self._add: Dict[int, _AddSite] = {}
-        self._params = self._gate = self._score = torch.zeros(0)
-        self._scratch: List[torch.Tensor] = []  # the operators' float32 [rows, hidden] products
+        self._params = self._gs = self._gate = self._score = torch.zeros(0)
+        self._scratch: List[torch.Tensor] = []  # the operators' float32 [>= rows, hidden] products this step
+        self._own_scratch: List[torch.Tensor] = []  # ours, when the hooks share none
 
-    def load(self, g: ResolvedGates, n: int, device: torch.device, dtype: torch.dtype) -> None:
-        """Bring the gate tables up to date with a resolve of ``n`` rows and set up its columns."""
+    def load(self, g: ResolvedGates, n: int, device: torch.device, dtype: torch.dtype,
+             share: Optional[torch.Tensor] = None) -> None:
+        """Bring the gate tables up to date with a resolve of ``n`` rows and set up its columns.
+        ``share``: a float32 buffer of at least ``n`` rows on the device, free while the
+        operators run (the step's gather buffer), for their products; else their own."""
         self.awaiting, self.cols = g.report, g.cols
         if g.cols == 0 and not len(g.updates) and not len(g.adds):
             return
@@ -77,13 +84,18 @@ class EagerGates:
         if g.cols == 0:
             return
         rows, factor = g.rows[:n], g.factor[:n]
-        key = np.array([n, g.cols, gt.uploads], np.int64).tobytes() + rows.tobytes() + factor.tobytes()
+        key = (n, g.cols, gt.uploads, rows.tobytes(), factor.tobytes())
         if key == self._key:
-            self._gate.zero_()
-            self._score.zero_()
-            return
-        self._build(rows, factor, n, device)
-        self._key = key
+            self._gs.zero_()  # the step's gates and scores
+        else:
+            self._build(rows, factor, n, device)
+            self._key = key
+        if share is not None:
+            self._scratch = [share]
+        elif not self._own_scratch or self._own_scratch[0].shape[0] < n or self._own_scratch[0].device != device:
+            self._scratch = self._own_scratch = [torch.empty(max(n, 1), self.hidden, dtype=torch.float32, device=device)]
+        else:
+            self._scratch = self._own_scratch
 
     def _build(self, rows: np.ndarray, factor: np.ndarray, n: int, device: torch.device) -> None:
         gt = self.tables
@@ -99,7 +111,8 @@ class EagerGates:
             lut = np.zeros(gt.capacity, np.int64)
             lut[used] = ids
             probes = gt.probe.index_select(0, torch.from_numpy(used[first]).to(device))
-            self._probe[site] = _ProbeSite(probes, torch.from_numpy(lut[slots]).to(device), torch.from_numpy(here).to(device))
+            here_t = None if here.all() else torch.from_numpy(here).to(device)
+            self._probe[site] = _ProbeSite(probes, torch.from_numpy(lut[slots]).to(device), here_t)
         self._add = {}
         for site, nonzero in gt.adds_host.items():
             hit = nonzero[slots]
@@ -109,16 +122,17 @@ class EagerGates:
             lut = np.full(gt.capacity, len(used), np.int64)
             lut[used] = np.arange(len(used))
             adds = gt.adds[site].index_select(0, torch.from_numpy(used).to(device))
-            self._add[site] = _AddSite(adds, torch.from_numpy(lut[slots]).to(device))
+            adding = np.flatnonzero(hit.any(axis=1))
+            if len(used) == 1 and len(adding) == 1 and hit[adding[0]].all():  # one column, one row: no weights to sum
+                self._add[site] = _AddSite(adds, None, int(adding[0]))
+            else:
+                self._add[site] = _AddSite(adds, torch.from_numpy(lut[slots]).to(device), -1)
         flat = torch.from_numpy(slots).to(device).view(-1)
         self._params = torch.stack((gt.thr.index_select(0, flat), gt.sharp.index_select(0, flat),
                                     gt.per_row.index_select(0, flat))).view(3, cols, n)
         self._params[2].mul_(torch.from_numpy(np.ascontiguousarray(factor.T)).to(device))  # the rows' attenuation
-        self._gate = torch.zeros(cols, n, dtype=torch.float32, device=device)
-        self._score = torch.zeros(cols, n, dtype=torch.float32, device=device)
-        sc = self._scratch[0] if self._scratch else None
-        if sc is None or sc.shape[0] < n or sc.device != device:
-            self._scratch = [torch.empty(max(n, 1), self.hidden, dtype=torch.float32, device=device)]
+        self._gs = torch.zeros(2, cols, n, dtype=torch.float32, device=device)
+        self._gate, self._score = self._gs[0], self._gs[1]
         self.builds += 1
 
     def probe(self, t: torch.Tensor, site: int) -> None:
@@ -131,7 +145,7 @@ class EagerGates:
         """After the site's gather-add: every column's gated add rows of this site."""
         e = self._add.get(site)
         if e is not None:
-            ops.site_gate_add_(t, e.adds, e.pick, self._gate, self._scratch)
+            ops.site_gate_add_(t, e.adds, e.pick, e.column, self._gate, self._scratch)
 
     def scores(self) -> Optional[torch.Tensor]:
         """The step's scores, ``[rows, cols]`` (None without columns)."""

@@ -257,6 +257,8 @@ class StepBatch:
         self.max_gate_slots, self.max_row_gates = max_gate_slots, max_row_gates
         self._info = BatchInfoC()
         self._gsum = c_uint64()
+        self._scores = np.empty(0, np.float32)  # report()'s float32 copy of the scores
+        self._scores_ptr: Any = None
         self.resolves = 0  #: engine calls made by resolve()
         self.reports = 0  #: engine calls made by report()
         self.gate_checksum = 0  #: the last reported step's gate decisions (Stepper.GateChecksum)
@@ -338,8 +340,13 @@ class StepBatch:
             raise ClosedError("shmsteer: batch closed")
         ptr, n = None, 0
         if scores is not None and scores.size:
-            scores = np.ascontiguousarray(scores, dtype=np.float32)
-            ptr, n = scores.ctypes.data_as(POINTER(c_float)), scores.size
+            n = scores.size
+            buf = self._scores
+            if buf.size < n:  # one buffer, its pointer made once (data_as costs ~10 us a call)
+                buf = self._scores = np.empty(n, np.float32)
+                self._scores_ptr = buf.ctypes.data_as(POINTER(c_float))
+            np.copyto(buf[:n].reshape(scores.shape), scores, casting="unsafe")
+            ptr = self._scores_ptr
         self.reports += 1
         st = self._stepper
         st._enter("batch report")

@@ -23,16 +23,18 @@ buffers) by the per-step work outside the forward (``SteeringHooks.step`` / ``pr
     After the site's add: ``h[t] += gate[k, t] * adds[slots[k, t]]`` for every column ``k``.
 ``torch.ops.shmsteer.site_gate_probe_(hidden, probes, pick, here, params, gate, score, scratch)``
     The probe gates of one site through its compact probe table ``probes [U, H]`` (float32; the
-    distinct probe rows the step's columns read at this site): one pass over the rows per table
-    row, ``S[t, u] = sum(h[t] * probes[u])`` in float32 (the product summed along the row, as
-    ``gate_probe_`` computes each dot, so scores and decisions are the same bits); then, where
-    ``here[k, t]`` (bool ``[G, n]``), ``score[k, t] = S[t, pick[k, t]]`` and ``gate[k, t]`` as
-    ``gate_probe_``. ``n = pick.shape[1]`` rows; other entries keep their values.
-``torch.ops.shmsteer.site_gate_add_(hidden, adds, pick, gate, scratch)``
-    The gated adds of one site through its compact add table ``adds [V, H]`` (the hidden dtype):
-    ``w[t, v] = sum of gate[k, t] over the columns k with pick[k, t] == v`` (``V``: no add here),
-    then ``h[t] += w[t, v] * adds[v]`` for each table row (one broadcast pass over the rows, the
-    product in float32 as ``gate_add_``).
+    distinct probe rows the step's columns read at this site), over the first ``n`` rows, where
+    ``pick``, ``here``, ``params[i]``, ``gate`` and ``score`` are ``[G, n]``: one pass over the
+    rows per table row, ``S[t, u] = sum(h[t] * probes[u])`` in float32 (the product summed
+    along the row, as ``gate_probe_`` computes each dot, so scores and decisions are the same
+    bits); then, where ``here[k, t]`` (bool; None: everywhere), ``score[k, t] = S[t, pick[k,
+    t]]`` and ``gate[k, t]`` as ``gate_probe_``; other entries keep their values.
+``torch.ops.shmsteer.site_gate_add_(hidden, adds, pick, column, gate, scratch)``
+    The gated adds of one site through its compact add table ``adds [V, H]`` (the hidden dtype),
+    over the first ``n`` rows (``gate [G, n]``): ``w[t, v] = sum of gate[k, t] over the columns
+    k with pick[k, t] == v`` (``V``: the column adds nothing here), then ``h[t] += w[t, v] *
+    adds[v]`` for each table row (one broadcast pass over the rows, the product in float32 as
+    ``gate_add_``). ``pick`` None: column ``column`` adds ``adds[0]`` in every row, and only it.
 ``torch.ops.shmsteer.capture_(hidden, src, dst, buf, scratch)``
     Before the site's add: ``buf[dst[i]] = h[src[i]]`` for the first ``min(rows, len(src))``
     entries (a capture consumer's rows, copied to the host after the forward).
@@ -167,41 +169,50 @@ def _gate_add_kernel(hidden: Tensor, adds: Tensor, slots: Tensor, gate: Tensor, 
             rows.add_(a.float().mul_(w))
 
 
-def _site_gate_probe_kernel(hidden: Tensor, probes: Tensor, pick: Tensor, here: Tensor, params: Tensor, gate: Tensor,
-                            score: Tensor, scratch: List[Tensor]) -> None:
-    h = hidden.view(-1, probes.shape[1])
-    n = pick.shape[1]
-    hf = h[:n] if h.dtype is torch.float32 else h[:n].float()
+def _site_gate_probe_kernel(hidden: Tensor, probes: Tensor, pick: Tensor, here: Optional[Tensor], params: Tensor,
+                            gate: Tensor, score: Tensor, scratch: List[Tensor]) -> None:
+    n = gate.shape[1]
+    h = hidden if hidden.dim() == 2 else hidden.view(-1, probes.shape[1])
+    if h.shape[0] != n:
+        h = h[:n]
+    hf = h if h.dtype is torch.float32 else h.float()
     # scratch: p (float32 [>= n, hidden]), the products; without it they are allocated.
-    p = scratch[0][:n] if scratch else torch.empty_like(hf)
+    p = (scratch[0] if scratch[0].shape[0] == n else scratch[0][:n]) if scratch else torch.empty_like(hf)
     u_rows = probes.shape[0]
-    s = torch.empty(u_rows, n, dtype=torch.float32, device=hf.device)
-    for u in range(u_rows):
-        torch.mul(hf, probes[u], out=p)
-        torch.sum(p, 1, out=s[u])
-    vals = s.expand(pick.shape[0], n) if u_rows == 1 else torch.gather(s, 0, pick)
-    sc, g = score[:, :n], gate[:, :n]
-    torch.where(here, vals, sc, out=sc)
-    v = torch.sub(vals, params[0, :, :n]).mul_(params[1, :, :n]).sigmoid_().mul_(params[2, :, :n])
-    torch.where(here, v, g, out=g)
+    if u_rows == 1:
+        vals = torch.sum(torch.mul(hf, probes[0], out=p), 1)  # [n], every column's (broadcast)
+    else:
+        s = torch.empty(u_rows, n, dtype=torch.float32, device=hf.device)
+        for u in range(u_rows):
+            torch.sum(torch.mul(hf, probes[u], out=p), 1, out=s[u])
+        vals = torch.gather(s, 0, pick)
+    if here is None:  # every column probes here
+        score.copy_(vals)
+        torch.sub(vals, params[0], out=gate).mul_(params[1]).sigmoid_().mul_(params[2])
+        return
+    torch.where(here, vals, score, out=score)
+    v = torch.sub(vals, params[0]).mul_(params[1]).sigmoid_().mul_(params[2])
+    torch.where(here, v, gate, out=gate)
 
 
-def _site_gate_add_kernel(hidden: Tensor, adds: Tensor, pick: Tensor, gate: Tensor, scratch: List[Tensor]) -> None:
-    h = hidden.view(-1, adds.shape[1])
-    n = pick.shape[1]
-    rows = h[:n]
-    v_rows = adds.shape[0]
-    w = torch.zeros(n, v_rows + 1, dtype=torch.float32, device=h.device)  # column V: the columns adding nothing here
-    w.scatter_add_(1, pick.t(), gate[:, :n].t())
-    for v in range(v_rows):
-        wv = w[:, v:v + 1]
+def _site_gate_add_kernel(hidden: Tensor, adds: Tensor, pick: Optional[Tensor], column: int, gate: Tensor,
+                          scratch: List[Tensor]) -> None:
+    n = gate.shape[1]
+    h = hidden if hidden.dim() == 2 else hidden.view(-1, adds.shape[1])
+    rows = h if h.shape[0] == n else h[:n]
+    if pick is None:  # one column adds adds[0] in every row: its gate is the weight
+        terms = [(gate[column].unsqueeze(1), adds[0])]
+    else:
+        v_rows = adds.shape[0]
+        w = torch.zeros(n, v_rows + 1, dtype=torch.float32, device=h.device)  # column V: the columns adding nothing here
+        w.scatter_add_(1, pick.t(), gate.t())
+        terms = [(w[:, v:v + 1], adds[v]) for v in range(v_rows)]
+    for wv, a in terms:
         if rows.dtype is torch.float32:
-            rows.addcmul_(wv, adds[v])
-        else:  # scratch: f (float32 [>= n, hidden])
-            f = scratch[0][:n] if scratch else torch.empty(n, adds.shape[1], dtype=torch.float32, device=h.device)
-            f.copy_(adds[v].expand(n, -1))
-            f.mul_(wv)
-            rows.add_(f)
+            rows.addcmul_(wv, a)
+        else:  # the product in float32; scratch: f (float32 [>= n, hidden])
+            f = (scratch[0] if scratch[0].shape[0] == n else scratch[0][:n]) if scratch else None
+            rows.add_(torch.mul(a, wv, out=f) if f is not None else torch.mul(a, wv))
 
 
 def _capture_kernel(hidden: Tensor, src: Tensor, dst: Tensor, buf: Tensor, scratch: List[Tensor]) -> None:
@@ -250,24 +261,26 @@ def _gate_add_fake(hidden: Tensor, adds: Tensor, slots: Tensor, gate: Tensor, sc
 
 
 @torch.library.custom_op("shmsteer::site_gate_probe_", mutates_args=("gate", "score", "scratch"))
-def _site_gate_probe_op(hidden: Tensor, probes: Tensor, pick: Tensor, here: Tensor, params: Tensor, gate: Tensor,
-                        score: Tensor, scratch: List[Tensor]) -> None:
+def _site_gate_probe_op(hidden: Tensor, probes: Tensor, pick: Tensor, here: Optional[Tensor], params: Tensor,
+                        gate: Tensor, score: Tensor, scratch: List[Tensor]) -> None:
     _site_gate_probe_kernel(hidden, probes, pick, here, params, gate, score, scratch)
 
 
 @_site_gate_probe_op.register_fake
-def _site_gate_probe_fake(hidden: Tensor, probes: Tensor, pick: Tensor, here: Tensor, params: Tensor, gate: Tensor,
-                          score: Tensor, scratch: List[Tensor]) -> None:
+def _site_gate_probe_fake(hidden: Tensor, probes: Tensor, pick: Tensor, here: Optional[Tensor], params: Tensor,
+                          gate: Tensor, score: Tensor, scratch: List[Tensor]) -> None:
     return None
 
 
 @torch.library.custom_op("shmsteer::site_gate_add_", mutates_args=("hidden", "scratch"))
-def _site_gate_add_op(hidden: Tensor, adds: Tensor, pick: Tensor, gate: Tensor, scratch: List[Tensor]) -> None:
-    _site_gate_add_kernel(hidden, adds, pick, gate, scratch)
+def _site_gate_add_op(hidden: Tensor, adds: Tensor, pick: Optional[Tensor], column: int, gate: Tensor,
+                      scratch: List[Tensor]) -> None:
+    _site_gate_add_kernel(hidden, adds, pick, column, gate, scratch)
 
 
 @_site_gate_add_op.register_fake
-def _site_gate_add_fake(hidden: Tensor, adds: Tensor, pick: Tensor, gate: Tensor, scratch: List[Tensor]) -> None:
+def _site_gate_add_fake(hidden: Tensor, adds: Tensor, pick: Optional[Tensor], column: int, gate: Tensor,
+                        scratch: List[Tensor]) -> None:
     return None
 
 
@@ -311,8 +324,8 @@ def gate_add_(hidden: Tensor, adds: Tensor, slots: Tensor, gate: Tensor, scratch
         _gate_add_kernel(hidden, adds, slots, gate, scratch)
 
 
-def site_gate_probe_(hidden: Tensor, probes: Tensor, pick: Tensor, here: Tensor, params: Tensor, gate: Tensor,
-                     score: Tensor, scratch: List[Tensor] = _NONE) -> None:
+def site_gate_probe_(hidden: Tensor, probes: Tensor, pick: Tensor, here: Optional[Tensor], params: Tensor,
+                     gate: Tensor, score: Tensor, scratch: List[Tensor] = _NONE) -> None:
     """``torch.ops.shmsteer.site_gate_probe_`` (its kernel directly when not compiling)."""
     if torch.compiler.is_compiling():
         torch.ops.shmsteer.site_gate_probe_(hidden, probes, pick, here, params, gate, score, scratch)
@@ -320,12 +333,13 @@ def site_gate_probe_(hidden: Tensor, probes: Tensor, pick: Tensor, here: Tensor,
         _site_gate_probe_kernel(hidden, probes, pick, here, params, gate, score, scratch)
 
 
-def site_gate_add_(hidden: Tensor, adds: Tensor, pick: Tensor, gate: Tensor, scratch: List[Tensor] = _NONE) -> None:
+def site_gate_add_(hidden: Tensor, adds: Tensor, pick: Optional[Tensor], column: int, gate: Tensor,
+                   scratch: List[Tensor] = _NONE) -> None:
     """``torch.ops.shmsteer.site_gate_add_`` (its kernel directly when not compiling)."""
     if torch.compiler.is_compiling():
-        torch.ops.shmsteer.site_gate_add_(hidden, adds, pick, gate, scratch)
+        torch.ops.shmsteer.site_gate_add_(hidden, adds, pick, column, gate, scratch)
     else:
-        _site_gate_add_kernel(hidden, adds, pick, gate, scratch)
+        _site_gate_add_kernel(hidden, adds, pick, column, gate, scratch)
 
 
 def capture_(hidden: Tensor, src: Tensor, dst: Tensor, buf: Tensor, scratch: List[Tensor] = _NONE) -> None:

@@ -101,13 +101,36 @@ def test_site_gate_add_same_as_per_column(dtype, n, hidden, both_add):
     ops._gate_add_kernel(want, adds, slots, gate, [])
     for scratch in ([], [torch.empty(n, hidden)]):
         got = h.clone()
-        ops.site_gate_add_(got, adds[used] if used else adds[:0], pick, gate, scratch)
+        ops.site_gate_add_(got, adds[used] if used else adds[:0], pick, -1, gate, scratch)
         if both_add:
             tol = 1e-6 if dtype is torch.float32 else 1e-2
             torch.testing.assert_close(got, want, rtol=tol, atol=tol)
         else:
             assert torch.equal(got, want)
     assert not torch.equal(want, h) or not used
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_site_gate_fast_forms_same_bits(dtype):
+    """Every column probing here (here None) and one column adding one row everywhere (pick
+    None): the same bits as the per-column ops."""
+    n, hidden = 33, 4096
+    h, probe, slots, _, params = _case(n, hidden, dtype, seed=9)
+    slots = torch.stack((torch.full((n,), 1), torch.full((n,), 3)))  # equal probes: one table row
+    sites = torch.full((2, n), SITE)
+    want_g, want_s = torch.zeros(2, n), torch.zeros(2, n)
+    ops._gate_probe_kernel(h, probe, slots, sites, torch.tensor(SITE), params, want_g, want_s, [])
+    got_g, got_s = torch.zeros(2, n), torch.zeros(2, n)
+    ops.site_gate_probe_(h, probe[1:2], torch.zeros(2, n, dtype=torch.long), None, params, got_g, got_s,
+                         [torch.empty(n, hidden)])
+    assert torch.equal(got_s, want_s) and torch.equal(got_g, want_g)
+    adds = torch.zeros(3, hidden, dtype=dtype)
+    adds[2] = torch.randn(hidden).to(dtype)
+    aslots = torch.stack((torch.zeros(n, dtype=torch.long), torch.full((n,), 2)))  # column 1 adds row 2
+    want, got = h.clone(), h.clone()
+    ops._gate_add_kernel(want, adds, aslots, want_g, [])
+    ops.site_gate_add_(got, adds[2:3], None, 1, got_g, [])
+    assert torch.equal(got, want) and not torch.equal(got, h)
 
 
 def test_site_gate_ops_pass_opcheck():
@@ -119,13 +142,15 @@ def test_site_gate_ops_pass_opcheck():
     cases = [
         (torch.ops.shmsteer.site_gate_probe_.default, (h, probes, pick, here, params, gate, score, [])),
         (torch.ops.shmsteer.site_gate_probe_.default, (h, probes, pick, here, params, gate, score, [torch.zeros(5, 8)])),
-        (torch.ops.shmsteer.site_gate_add_.default, (h.clone(), adds, apick, gate.uniform_(), [])),
-        (torch.ops.shmsteer.site_gate_add_.default, (h.clone().bfloat16(), adds.bfloat16(), apick, gate, [torch.zeros(5, 8)])),
+        (torch.ops.shmsteer.site_gate_add_.default, (h.clone(), adds, apick, -1, gate.uniform_(), [])),
+        (torch.ops.shmsteer.site_gate_add_.default, (h.clone(), adds, None, 1, gate, [])),
+        (torch.ops.shmsteer.site_gate_probe_.default, (h, probes, pick, None, params, gate, score, [])),
+        (torch.ops.shmsteer.site_gate_add_.default, (h.clone().bfloat16(), adds.bfloat16(), apick, -1, gate, [torch.zeros(5, 8)])),
     ]
     for op, args in cases:
         torch.library.opcheck(op, args)
     x = h.clone()
-    torch.ops.shmsteer.site_gate_add_(x, adds, apick, gate, [])
+    torch.ops.shmsteer.site_gate_add_(x, adds, apick, -1, gate, [])
     want = h.clone()
     ops._gate_add_kernel(want, torch.cat((adds, torch.zeros(1, 8))), apick, gate, [])
     torch.testing.assert_close(x, want, rtol=0, atol=0)
