@@ -20,16 +20,20 @@ import torch
 
 from vllm_e2e_run import HIDDEN, _hook, make_model, packed, vector
 
-NAMED = "e2e-named"
+NAMED, PROBE, CALM = "e2e-named", "e2e-probe", "e2e-calm"
+GATE_THRESHOLD, GATE_STRENGTH = 0.0, 1.0
 # name -> (prompt length, max_tokens, config, step at which it is added)
 # configs: "inline" (packed post_block L0, vector(seed)), "named" (mlp_out L1 via a Client),
 # "clamp" (projection on a unit direction set to CLAMP_VALUE at post_block L1), "conv" (inline pre_attn L1 with a
-# conversation_id), "conv2" (same conversation, no steering), None (unsteered).
+# conversation_id), "conv2" (same conversation, no steering), "gate" (a this_token probe gate:
+# probe PROBE read at post_block L0, CALM added at post_block L1 on the decode rows where it
+# fires), None (unsteered).
 REQS: List[Tuple[str, int, int, Optional[str], int]] = [
     ("a0", 20, 9, "inline", 0), ("a1", 7, 5, "inline", 0),
     ("n0", 12, 7, "named", 0), ("n1", 5, 10, "named", 0),
     ("c0", 16, 6, "clamp", 0), ("c1", 9, 8, "clamp", 0),
     ("u0", 11, 8, None, 0), ("d0", 13, 6, "conv", 0),
+    ("g0", 14, 9, "gate", 0), ("g1", 9, 10, "gate", 2),
     ("a2", 6, 7, "inline", 3), ("n2", 15, 5, "named", 4), ("u1", 8, 9, None, 5), ("c2", 10, 6, "clamp", 6),
 ]
 CONV_NEXT = ("d1", 10, 7)  # added once d0 has finished
@@ -51,6 +55,11 @@ def direction() -> torch.Tensor:
     return d / d.norm()
 
 
+def probe() -> torch.Tensor:
+    d = vector(600)
+    return d / d.norm()
+
+
 def extra(name: str, cfg: Optional[str]) -> Optional[Dict[str, Any]]:
     if cfg == "inline":
         return {"steering_vectors": packed("post_block", 0, vector(seed(name)))}
@@ -60,6 +69,12 @@ def extra(name: str, cfg: Optional[str]) -> Optional[Dict[str, Any]]:
         return {"steering_clamps": json.dumps({"post_block": {"1": [{"vector": direction().tolist(), "value": CLAMP_VALUE}]}})}
     if cfg == "conv":
         return {"steering_vectors": packed("pre_attn", 1, vector(900)), "conversation_id": CONV_ID}
+    if cfg == "gate":
+        return {"steering": json.dumps([{
+            "when": {"kind": "probe", "probe": {"kind": "name", "name": PROBE}, "threshold": GATE_THRESHOLD,
+                     "sharpness": 50.0},
+            "scope": "this_token",
+            "apply": {"kind": "add", "steer": {"kind": "name", "name": CALM}, "strength": GATE_STRENGTH}}])}
     if cfg == "conv2":
         return {"conversation_id": CONV_ID}
     return None
@@ -81,6 +96,8 @@ def run_vllm(path: str) -> Dict[str, Any]:
               enable_prefix_caching=False, seed=0)
     with shmsteer.Client(ns, secret) as c:
         c.register_vector(NAMED, [("mlp_out", 1, 1.0, vector(700).numpy())])
+        c.register_vector(PROBE, [("post_block", 0, 1.0, probe().numpy())], kind="probe")
+        c.register_vector(CALM, [("post_block", 1, 1.0, vector(800).numpy())])
     eng = llm.llm_engine
 
     def add(name: str, n: int, mt: int, cfg: Optional[str]) -> None:
@@ -130,15 +147,51 @@ def _clamp(model: Any, layer: int, d: torch.Tensor) -> Any:
     return model.model.layers[layer].register_forward_hook(f)
 
 
+def _gated(model: Any, ids: List[int], n: int) -> Tuple[List[int], List[bool]]:
+    """Greedy decoding with the gate done by plain hooks: the last row's projection on probe()
+    at layer 0's output decides, on decode forwards only (the first forward is the prefill),
+    whether GATE_STRENGTH·vector(800) is added to layer 1's output on that row. Only the last
+    row matters: layer 1 is the last layer, so the add reaches nothing but that row's logits."""
+    fired: List[bool] = []
+    state = {"decode": False, "fire": False}
+
+    def read(_m: Any, _a: Any, o: Any) -> None:
+        h = o[0] if isinstance(o, tuple) else o
+        state["fire"] = state["decode"] and float(h[0, -1] @ probe()) > GATE_THRESHOLD
+
+    def add(_m: Any, _a: Any, o: Any) -> Any:
+        if not state["fire"]:
+            return o
+        h = (o[0] if isinstance(o, tuple) else o).clone()
+        h[0, -1] += GATE_STRENGTH * vector(800)
+        return (h,) + tuple(o[1:]) if isinstance(o, tuple) else h
+
+    hs = [model.model.layers[0].register_forward_hook(read), model.model.layers[1].register_forward_hook(add)]
+    ids = list(ids)
+    with torch.no_grad():
+        for k in range(n):
+            state["decode"] = k > 0
+            ids.append(int(torch.argmax(model(torch.tensor([ids])).logits[0, -1])))
+            if k > 0:
+                fired.append(bool(state["fire"]))
+    for h in hs:
+        h.remove()
+    return ids[-n:], fired
+
+
 def run_hf(path: str) -> Dict[str, Any]:
     from transformers import LlamaForCausalLM
     model = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     tokens: Dict[str, List[int]] = {}
     unsteered: Dict[str, List[int]] = {}
+    fired: Dict[str, List[bool]] = {}
     rows = [(r[0], r[1], r[2], r[3]) for r in REQS] + [(CONV_NEXT[0], CONV_NEXT[1], CONV_NEXT[2], "conv2")]
     for name, n, mt, cfg in rows:
         p = prompt(name, n)
         unsteered[name] = _greedy(model, p, mt)
+        if cfg == "gate":
+            tokens[name], fired[name] = _gated(model, p, mt)
+            continue
         if cfg == "inline":
             h = _hook(model, "post_block", 0, vector(seed(name)))
         elif cfg == "named":
@@ -152,7 +205,8 @@ def run_hf(path: str) -> Dict[str, Any]:
         tokens[name] = _greedy(model, p, mt)
         if h is not None:
             h.remove()
-    return {"tokens": tokens, "unsteered": unsteered, "configs": {r[0]: r[3] for r in rows}}
+    return {"tokens": tokens, "unsteered": unsteered, "configs": {r[0]: r[3] for r in rows},
+            "gate_fired": fired}
 
 
 def main() -> None:
