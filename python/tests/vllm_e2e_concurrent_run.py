@@ -21,13 +21,13 @@ import torch
 from vllm_e2e_run import HIDDEN, _hook, make_model, packed, vector
 
 NAMED, PROBE, CALM = "e2e-named", "e2e-probe", "e2e-calm"
-GATE_THRESHOLD, GATE_STRENGTH = 0.0, 1.0
+GATE_THRESHOLD, GATE_SHARPNESS, GATE_STRENGTH = 0.0, 50.0, 1.0
 # name -> (prompt length, max_tokens, config, step at which it is added)
 # configs: "inline" (packed post_block L0, vector(seed)), "named" (mlp_out L1 via a Client),
 # "clamp" (projection on a unit direction set to CLAMP_VALUE at post_block L1), "conv" (inline pre_attn L1 with a
 # conversation_id), "conv2" (same conversation, no steering), "gate" (a this_token probe gate:
-# probe PROBE read at post_block L0, CALM added at post_block L1 on the decode rows where it
-# fires), None (unsteered).
+# probe PROBE read at post_block L0, CALM added at post_block L1 on decode rows times the gate),
+# None (unsteered).
 REQS: List[Tuple[str, int, int, Optional[str], int]] = [
     ("a0", 20, 9, "inline", 0), ("a1", 7, 5, "inline", 0),
     ("n0", 12, 7, "named", 0), ("n1", 5, 10, "named", 0),
@@ -72,7 +72,7 @@ def extra(name: str, cfg: Optional[str]) -> Optional[Dict[str, Any]]:
     if cfg == "gate":
         return {"steering": json.dumps([{
             "when": {"kind": "probe", "probe": {"kind": "name", "name": PROBE}, "threshold": GATE_THRESHOLD,
-                     "sharpness": 50.0},
+                     "sharpness": GATE_SHARPNESS},
             "scope": "this_token",
             "apply": {"kind": "add", "steer": {"kind": "name", "name": CALM}, "strength": GATE_STRENGTH}}])}
     if cfg == "conv2":
@@ -147,23 +147,23 @@ def _clamp(model: Any, layer: int, d: torch.Tensor) -> Any:
     return model.model.layers[layer].register_forward_hook(f)
 
 
-def _gated(model: Any, ids: List[int], n: int) -> Tuple[List[int], List[bool]]:
-    """Greedy decoding with the gate done by plain hooks: the last row's projection on probe()
-    at layer 0's output decides, on decode forwards only (the first forward is the prefill),
-    whether GATE_STRENGTH·vector(800) is added to layer 1's output on that row. Only the last
-    row matters: layer 1 is the last layer, so the add reaches nothing but that row's logits."""
-    fired: List[bool] = []
-    state = {"decode": False, "fire": False}
+def _gated(model: Any, ids: List[int], n: int) -> Tuple[List[int], List[float]]:
+    """Greedy decoding with the gate done by plain hooks as the device path (SteeringHooks,
+    torch_hook.py) documents it: on decode forwards only (the first forward is the prefill), the
+    last row's gate = sigmoid(sharpness·(h·probe − threshold)), h layer 0's output, and
+    gate·GATE_STRENGTH·vector(800) is added to layer 1's output on that row. Only the last row
+    matters: layer 1 is the last layer, so the add reaches nothing but that row's logits."""
+    gates: List[float] = []
+    state = {"decode": False, "gate": 0.0}
 
     def read(_m: Any, _a: Any, o: Any) -> None:
         h = o[0] if isinstance(o, tuple) else o
-        state["fire"] = state["decode"] and float(h[0, -1] @ probe()) > GATE_THRESHOLD
+        score = h[0, -1] @ probe()
+        state["gate"] = float(torch.sigmoid(GATE_SHARPNESS * (score - GATE_THRESHOLD))) if state["decode"] else 0.0
 
     def add(_m: Any, _a: Any, o: Any) -> Any:
-        if not state["fire"]:
-            return o
         h = (o[0] if isinstance(o, tuple) else o).clone()
-        h[0, -1] += GATE_STRENGTH * vector(800)
+        h[0, -1] += state["gate"] * GATE_STRENGTH * vector(800)
         return (h,) + tuple(o[1:]) if isinstance(o, tuple) else h
 
     hs = [model.model.layers[0].register_forward_hook(read), model.model.layers[1].register_forward_hook(add)]
@@ -173,10 +173,10 @@ def _gated(model: Any, ids: List[int], n: int) -> Tuple[List[int], List[bool]]:
             state["decode"] = k > 0
             ids.append(int(torch.argmax(model(torch.tensor([ids])).logits[0, -1])))
             if k > 0:
-                fired.append(bool(state["fire"]))
+                gates.append(state["gate"])
     for h in hs:
         h.remove()
-    return ids[-n:], fired
+    return ids[-n:], gates
 
 
 def run_hf(path: str) -> Dict[str, Any]:
@@ -184,13 +184,13 @@ def run_hf(path: str) -> Dict[str, Any]:
     model = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     tokens: Dict[str, List[int]] = {}
     unsteered: Dict[str, List[int]] = {}
-    fired: Dict[str, List[bool]] = {}
+    gates: Dict[str, List[float]] = {}
     rows = [(r[0], r[1], r[2], r[3]) for r in REQS] + [(CONV_NEXT[0], CONV_NEXT[1], CONV_NEXT[2], "conv2")]
     for name, n, mt, cfg in rows:
         p = prompt(name, n)
         unsteered[name] = _greedy(model, p, mt)
         if cfg == "gate":
-            tokens[name], fired[name] = _gated(model, p, mt)
+            tokens[name], gates[name] = _gated(model, p, mt)
             continue
         if cfg == "inline":
             h = _hook(model, "post_block", 0, vector(seed(name)))
@@ -206,7 +206,7 @@ def run_hf(path: str) -> Dict[str, Any]:
         if h is not None:
             h.remove()
     return {"tokens": tokens, "unsteered": unsteered, "configs": {r[0]: r[3] for r in rows},
-            "gate_fired": fired}
+            "gates": gates}
 
 
 def main() -> None:
