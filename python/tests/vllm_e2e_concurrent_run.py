@@ -66,7 +66,8 @@ def extra(name: str, cfg: Optional[str]) -> Optional[Dict[str, Any]]:
     if cfg == "named":
         return {"steering_name": NAMED}
     if cfg == "clamp":
-        return {"steering_clamps": json.dumps({"post_block": {"1": [{"vector": direction().tolist(), "value": CLAMP_VALUE}]}})}
+        clamp = {"vector": direction().tolist(), "value": CLAMP_VALUE}
+        return {"steering_clamps": json.dumps({"post_block": {"1": [clamp]}})}
     if cfg == "conv":
         return {"steering_vectors": packed("pre_attn", 1, vector(900)), "conversation_id": CONV_ID}
     if cfg == "gate":
@@ -101,7 +102,8 @@ def run_vllm(path: str) -> Dict[str, Any]:
     eng = llm.llm_engine
 
     def add(name: str, n: int, mt: int, cfg: Optional[str]) -> None:
-        sp = SamplingParams(temperature=0.0, max_tokens=mt, ignore_eos=True, detokenize=False, extra_args=extra(name, cfg))
+        sp = SamplingParams(temperature=0.0, max_tokens=mt, ignore_eos=True, detokenize=False,
+                            extra_args=extra(name, cfg))
         eng.add_request(name, TokensPrompt(prompt_token_ids=prompt(name, n)), sp)
 
     out: Dict[str, List[int]] = {}
