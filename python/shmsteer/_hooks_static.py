@@ -276,10 +276,10 @@ class StaticHooks(SteeringHooks):
             self.report()
         res = self._resolve(packed, self.max_tokens, version, end=True)
         self._tables.update(res)
-        cplan = None
+        capture_plan = None
         if self._scap is not None:
-            cplan = self.batch.capture_plan() if self._capturing else None
-            self._scap.check(cplan)  # BatchCapacityError before any copy
+            capture_plan = self.batch.capture_plan() if self._capturing else None
+            self._scap.check(capture_plan)  # BatchCapacityError before any copy
         if self._copied is not None:
             # The last step's index copy reads the pinned host buffer asynchronously: it must
             # have run before the buffer is rewritten (normally long done; outside the graph).
@@ -287,7 +287,7 @@ class StaticHooks(SteeringHooks):
         self._sidx_host.numpy()[:] = res.index
         self._sidx.copy_(self._sidx_host, non_blocking=True)
         if self._scap is not None:
-            self._scap.plan(cplan)
+            self._scap.plan(capture_plan)
         g = res.gates
         self._gates.awaiting, self._gates.cols = g.report, g.cols
         self._gates.check(g)
