@@ -19,31 +19,17 @@ Needs vLLM importable (docs/vllm.md); skipped otherwise. vLLM runs in a fresh in
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from test_vllm_e2e import HERE, NO_VLLM, entry_point_installed
+from test_vllm_e2e import NO_VLLM, run_script
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    model = str(tmp_path_factory.mktemp("tiny-llama"))
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-               PYTHONPATH=os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for k in ("SHMSTEER_NAMESPACE", "SHMSTEER_SECRET", "SHMSTEER_SECRET_FILE"):
-        env.pop(k, None)
-    env["SHMSTEER_E2E_ENTRY_POINT"] = "1" if entry_point_installed() else "0"
-    p = subprocess.run([sys.executable, os.path.join(HERE, "vllm_e2e_concurrent_run.py"), model], env=env,
-                       capture_output=True, text=True, timeout=1500)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, f"rc {p.returncode}\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_script("vllm_e2e_concurrent_run.py", str(tmp_path_factory.mktemp("tiny-llama")))
 
 
 def test_every_request_equals_transformers(result):
