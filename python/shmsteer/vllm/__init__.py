@@ -7,6 +7,8 @@ process vLLM loads its plugins in (API server, engine core, workers), :func:`reg
 once per process:
 
 * the frontend's check of the fork's request fields (a refused body is a 400 with the fork's text),
+* the frontend's request events under vLLM's internal ids (:func:`shmsteer.vllm.requests.on_request`,
+  :func:`shmsteer.vllm.requests.bind_key_registry` for the seed's key registry),
 * the owner and the admissions beside vLLM's scheduler (:mod:`shmsteer.vllm.engine`),
 * the workers' steering at the fork's hook points (:mod:`shmsteer.vllm.worker`,
   :mod:`shmsteer.vllm.layers`), spans resolved once per step from the runner's batch
@@ -66,6 +68,7 @@ def register() -> None:
     if method != "spawn":
         log.warning("shmsteer: VLLM_WORKER_MULTIPROC_METHOD=%s; libshmsteer needs spawn in processes it runs in", method)
     engine.patch_frontend()
+    engine.patch_output_processor()
     engine.patch_scheduler()
     worker.patch_runners()
     _registered = True

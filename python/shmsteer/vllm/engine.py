@@ -21,7 +21,10 @@ What is patched, in the process that runs it (each patch installs once):
 
 * ``InputProcessor._validate_params`` (the API server / ``LLM`` process): the fork's request checks
   (:func:`~shmsteer.vllm.requests.admission_for` against the model's width and layers), so a
-  refused body is a ``ValueError``, which vLLM's OpenAI server answers with a 400 and its text.
+  refused body is a ``ValueError``, which vLLM's OpenAI server answers with a 400 and its text;
+  a ``steering_name`` naming no registered vector is refused there too, with the fork's
+  "Unknown steering module" text (:func:`check_named_refs`: the process reads the owner's named
+  vectors, through a :class:`shmsteer.Client` when the owner lives in another process).
 * ``Scheduler.__init__``: the owner. ``Scheduler.add_request``: the admission; a refusal the
   frontend could not see (an unknown named vector, a gate the owner refuses) finishes that
   request with ``FINISHED_ERROR`` at the next step's output (it may have run that one step
@@ -32,17 +35,18 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..openai import DEFAULT_HOOKS, SteeringRequestError
 from .errors import PluginConfigError
-from .requests import Admissions, admission_for
+from .requests import Admissions, RequestStart, admission_for, request_ended, request_started
 
-__all__ = ["owner_mode", "namespace", "patch_frontend", "patch_scheduler", "engine_admissions"]
+__all__ = ["owner_mode", "namespace", "patch_frontend", "patch_scheduler", "patch_output_processor",
+           "engine_admissions", "check_named_refs", "client_error"]
 
 log = logging.getLogger("shmsteer.vllm")
 
-_state: Dict[str, Any] = {"admissions": None, "owner": None}
+_state: Dict[str, Any] = {"admissions": None, "owner": None, "frontend_client": None}
 
 
 def owner_mode() -> str:
@@ -75,6 +79,31 @@ def _dp(vllm_config: Any) -> Tuple[int, int]:
     return int(getattr(pc, "data_parallel_rank", 0) or 0), int(getattr(pc, "data_parallel_size", 1) or 1)
 
 
+_client_errors: Dict[type, type] = {}
+
+
+def client_error(err: ValueError) -> Exception:
+    """``err`` as a refusal vLLM's OpenAI server answers with a 400 and ``str(err)``: an instance
+    of a subclass of both ``type(err)`` (callers catching :class:`SteeringRequestError` or
+    ``ValueError``, as ``LLM.generate``'s, still do) and vLLM's ``VLLMValidationError``. A plain
+    ``ValueError`` raised while ``AsyncLLM.generate`` takes a request is wrapped into
+    ``EngineGenerateError``, a 500 without text; ``VLLMClientError``\ s pass as 400s."""
+    from vllm.exceptions import VLLMClientError, VLLMValidationError
+    if isinstance(err, VLLMClientError):
+        return err
+    base = type(err)
+    cls = _client_errors.get(base)
+    if cls is None:
+        cls = type(base.__name__, (base, VLLMValidationError), {"__module__": base.__module__,
+                                                                 "__doc__": base.__doc__})
+        _client_errors[base] = cls
+    out = cls.__new__(cls, str(err))
+    Exception.__init__(out, str(err))
+    out.__dict__.update(err.__dict__)
+    out.parameter, out.value = None, None
+    return out
+
+
 def patch_frontend() -> None:
     """Check the fork's request fields where vLLM validates ``SamplingParams`` (a 400)."""
     from vllm.v1.engine.input_processor import InputProcessor
@@ -87,11 +116,83 @@ def patch_frontend() -> None:
         extra = getattr(params, "extra_args", None)
         if extra:
             hidden, layers = _model_dims(self.model_config)
-            admission_for(extra, 0, (hidden, layers, DEFAULT_HOOKS))  # SteeringRequestError: a ValueError
+            try:
+                kw = admission_for(extra, 0, (hidden, layers, DEFAULT_HOOKS))
+                if kw is not None:
+                    check_named_refs(kw, getattr(self, "vllm_config", None))
+            except SteeringRequestError as e:
+                raise client_error(e) from None
         return out
 
     InputProcessor._validate_params = _validate_params
     InputProcessor._shmsteer_patched = True
+
+
+def _ref_names(kw: Dict[str, Any]) -> List[str]:
+    """The named vectors an admission's override references (``steering_name``), in order."""
+    names: List[str] = []
+    for tier in (kw.get("override") or {}).values():
+        for ref in tier.get("refs", ()) if isinstance(tier, dict) else ():
+            if ref.get("name") not in names:
+                names.append(ref["name"])
+    return names
+
+
+def _frontend_reader(vllm_config: Any) -> Optional[Any]:
+    """What this process reads named vectors through: the owner when it lives here (offline
+    ``LLM`` with the engine in process), else a :class:`shmsteer.Client` of the owner's namespace,
+    attached on first use and kept (None when no owner answers yet, or under data parallelism,
+    where the engine that gets the request is not known here)."""
+    adm = _state["admissions"]
+    if adm is not None:
+        return adm.owner
+    client = _state.get("frontend_client")
+    if client is not None:
+        return client
+    dp_rank, dp_size = _dp(vllm_config) if vllm_config is not None else (0, 1)
+    if dp_size > 1:
+        return None
+    from ..client import Client
+    from ..errors import ShmsteerError
+    try:
+        client = Client(namespace())
+    except ShmsteerError as e:
+        log.warning("shmsteer: frontend cannot attach to namespace %r to check named vectors: %s", namespace(), e)
+        return None
+    _state["frontend_client"] = client
+    return client
+
+
+def check_named_refs(kw: Dict[str, Any], vllm_config: Any = None) -> None:
+    """Refuse an admission whose ``steering_name`` names no registered vector, with the fork's
+    text for an unknown steering module (a :class:`SteeringRequestError`, so vLLM answers 400):
+    ``Unknown steering module 'x'. Available: ['a', 'b']`` (``none`` when nothing is registered).
+
+    Checked in the process that validates requests, against the owner's current version; a vector
+    removed between this check and the scheduler's admission fails the request there instead
+    (``finish_reason`` ``error``). Nothing is checked when no owner can be read from here."""
+    names = _ref_names(kw)
+    if not names:
+        return
+    from ..errors import ShmsteerError
+    for attempt in (0, 1):
+        reader = _frontend_reader(vllm_config)
+        if reader is None:
+            return
+        try:
+            with reader.snapshot() as snap:
+                have = sorted(v["name"] for v in snap.vectors())
+            break
+        except ShmsteerError as e:  # the owner restarted or left: attach again once
+            if _state.get("frontend_client") is not reader or attempt == 1:
+                log.warning("shmsteer: frontend cannot read named vectors: %s", e)
+                return
+            _state["frontend_client"] = None
+            reader.close()
+    for name in names:
+        if name not in have:
+            avail = "[" + ", ".join(repr(n) for n in have) + "]" if have else "none"
+            raise SteeringRequestError(f"Unknown steering module {name!r}. Available: {avail}")
 
 
 def _make_owner(vllm_config: Any) -> Optional[Admissions]:
@@ -169,3 +270,52 @@ def patch_scheduler() -> None:
     Scheduler.add_request = add_request
     Scheduler._free_request = _free_request
     Scheduler._shmsteer_patched = True
+
+
+def patch_output_processor() -> None:
+    """Tell :func:`shmsteer.vllm.requests.on_request`'s listeners when a request enters and leaves
+    vLLM's engine, in the frontend process, under vLLM's internal id.
+
+    ``OutputProcessor.add_request`` (AsyncLLM and LLMEngine call it with the ``EngineCoreRequest``
+    after ``InputProcessor.assign_request_id`` made the internal id, before sending it to the
+    engine core): a new id starts. ``_finish_request`` (the last output) and ``abort_requests``
+    (the ids it removed): it ends."""
+    from vllm.v1.engine.output_processor import OutputProcessor
+    if getattr(OutputProcessor, "_shmsteer_patched", False):
+        return
+    orig_add, orig_finish, orig_abort = (OutputProcessor.add_request, OutputProcessor._finish_request,
+                                         OutputProcessor.abort_requests)
+
+    def add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        rid = request.request_id
+        if rid not in self.request_states:
+            sp = getattr(request, "sampling_params", None)
+            extra = getattr(sp, "extra_args", None) if sp is not None else None
+            try:
+                request_started(RequestStart(rid, getattr(request, "external_req_id", None) or rid,
+                                             dict(extra or {})))
+            except ValueError as e:  # a listener's refusal: a 400, not AsyncLLM's text-less 500
+                raise client_error(e) from e
+        try:
+            return orig_add(self, request, *args, **kwargs)
+        except BaseException:
+            if rid not in self.request_states:
+                request_ended(rid)
+            raise
+
+    def _finish_request(self: Any, req_state: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig_finish(self, req_state, *args, **kwargs)
+        request_ended(req_state.request_id)
+        return out
+
+    def abort_requests(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = set(self.request_states)
+        out = orig_abort(self, *args, **kwargs)
+        for rid in before - set(self.request_states):
+            request_ended(rid)
+        return out
+
+    OutputProcessor.add_request = add_request
+    OutputProcessor._finish_request = _finish_request
+    OutputProcessor.abort_requests = abort_requests
+    OutputProcessor._shmsteer_patched = True

@@ -13,6 +13,12 @@ into the request body the fork's frontend would have seen; :func:`admission_for`
 with :func:`shmsteer.openai.admission_from_request` (the fork's checks and 400 texts) and adds
 ``capture`` and the prompt's length. :class:`Admissions` admits and ends the requests of one
 owner, keyed by vLLM's internal request id (the id workers see), remembering the client's id.
+
+The frontend's request events: :func:`on_request` calls listeners when a request enters vLLM's
+engine (with its internal id, which vLLM's frontend makes: the client's id plus a random suffix)
+and when it leaves; :func:`bind_key_registry` keeps the seed's key registry
+(:mod:`shmsteer.keyregistry`) in step with them, so a worker reads a request's key under the id
+it sees.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, MutableMapping, Optional, Sequence, Set, Tuple
 
 from ..openai import SteeringRequestError, admission_from_request
 
-__all__ = ["STRUCTURED_FIELDS", "STRING_FIELDS", "steering_body", "admission_for", "Admissions"]
+__all__ = ["STRUCTURED_FIELDS", "STRING_FIELDS", "steering_body", "admission_for", "Admissions", "RequestStart",
+           "on_request", "bind_key_registry", "request_started", "request_ended"]
 
 log = logging.getLogger("shmsteer.vllm")
 
@@ -141,3 +149,124 @@ class Admissions:
         """A copy of the live admissions: internal id -> client id."""
         with self._lock:
             return dict(self._live)
+
+
+@dataclass(frozen=True)
+class RequestStart:
+    """A request as the frontend hands it to vLLM's engine.
+
+    Attributes:
+        request_id: vLLM's internal id, the client's id plus a random suffix: the id the
+            scheduler, the engine-core process and every worker see (``input_batch.req_ids``,
+            ``SchedulerOutput.num_scheduled_tokens``).
+        external_id: the client's id (the OpenAI server's ``cmpl-...-<index>``, ``LLM``'s counter).
+        extra_args: the request's ``SamplingParams.extra_args`` (``vllm_xargs``), ``{}`` without.
+    """
+
+    request_id: str
+    external_id: str
+    extra_args: Mapping[str, Any]
+
+
+StartListener = Callable[[RequestStart], None]
+EndListener = Callable[[str], None]
+
+
+class _Listeners:
+    """The frontend's request listeners, and the internal ids started and not yet ended."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pairs: List[Tuple[Optional[StartListener], Optional[EndListener]]] = []
+        self.live: Set[str] = set()
+
+    def started(self, start: RequestStart) -> None:
+        with self.lock:
+            pairs = list(self.pairs)
+            self.live.add(start.request_id)
+        try:
+            for fn, _ in pairs:
+                if fn is not None:
+                    fn(start)
+        except BaseException:  # refused: undo what the listeners before it did, then refuse
+            self.ended(start.request_id)
+            raise
+
+    def ended(self, request_id: str) -> None:
+        with self.lock:
+            if request_id not in self.live:
+                return
+            self.live.remove(request_id)
+            pairs = list(self.pairs)
+        for _, fn in pairs:
+            if fn is None:
+                continue
+            try:
+                fn(request_id)
+            except Exception:  # an end listener must not break vLLM's output loop
+                log.exception("shmsteer: request end listener failed for %s", request_id)
+
+
+_listeners = _Listeners()
+
+
+def on_request(start: Optional[StartListener] = None, end: Optional[EndListener] = None) -> Callable[[], None]:
+    """Call ``start(RequestStart)`` when a request enters vLLM's engine and ``end(request_id)``
+    when it finishes or is aborted, in the frontend process (the OpenAI server's API process, or
+    ``LLM``'s), keyed by vLLM's internal request id. Returns a function that removes the pair.
+
+    ``start`` runs in the frontend before the request is sent to the engine core, so whatever it
+    publishes (a key in :mod:`shmsteer.keyregistry`, say) is visible to every worker at the
+    request's first step; an exception from it refuses the request (a ``ValueError`` is a 400),
+    with nothing sent to the engine. ``end`` runs once per started request, after its last output
+    (finished, stopped, aborted or disconnected); its exceptions are logged. Needs the plugin
+    installed in this process (``SHMSTEER_VLLM=1``; :func:`shmsteer.vllm.register`)."""
+    pair = (start, end)
+    with _listeners.lock:
+        _listeners.pairs.append(pair)
+
+    def remove() -> None:
+        with _listeners.lock:
+            if pair in _listeners.pairs:
+                _listeners.pairs.remove(pair)
+    return remove
+
+
+def request_started(start: RequestStart) -> None:
+    """What the plugin's frontend patch calls for a new request (runs the start listeners)."""
+    _listeners.started(start)
+
+
+def request_ended(request_id: str) -> None:
+    """What the plugin's frontend patch calls when a request leaves (runs the end listeners once
+    per started id; ids never started are ignored)."""
+    _listeners.ended(request_id)
+
+
+def bind_key_registry(registry: MutableMapping[str, Optional[bytes]],
+                      key_for: Callable[[RequestStart], Optional[bytes]]) -> Callable[[], None]:
+    """Keep a per-request key registry (the seed's, :func:`shmsteer.keyregistry.get_shared_registry`)
+    in step with vLLM's requests, keyed by the id workers see.
+
+    When a request starts, ``registry[request_id] = key_for(start)`` (nothing when it returns
+    None); when it ends, ``registry[request_id] = None``: revoked, so a worker's step still in
+    flight reads the sentinel, never a missing key; shmsteer's registry purges the sentinel after
+    its grace period (60 s). Returns the function that unbinds (:func:`on_request`'s).
+
+    Example, in the API server process (the seed's alternative entrypoint)::
+
+        manager = keyregistry.registry_manager_main_process(); next(manager)
+        bind_key_registry(keyregistry.get_shared_registry(), lambda r: derive_key(r.external_id))
+        # then start vLLM's server in this process; a worker reads
+        # keyregistry.get_shared_registry()[req_id] for the req_ids of its batch
+    """
+    def start(req: RequestStart) -> None:
+        key = key_for(req)
+        if key is not None:
+            registry[req.request_id] = key
+
+    def end(request_id: str) -> None:
+        if request_id in registry:
+            registry[request_id] = None
+
+    return on_request(start, end)

@@ -1,0 +1,111 @@
+"""The plugin's frontend pieces that need no vLLM: request events (``on_request``), the key
+registry kept in step with them (``bind_key_registry``), and the named-vector check that makes an
+unknown ``steering_name`` a 400 with the fork's text (``check_named_refs``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import shmsteer
+from shmsteer import keyregistry
+from shmsteer.openai import SteeringRequestError
+from shmsteer.vllm import engine
+from shmsteer.vllm.requests import RequestStart, bind_key_registry, on_request, request_ended, request_started
+
+
+def _start(rid: str, **extra) -> RequestStart:
+    return RequestStart(rid, rid.rsplit("-", 1)[0], extra)
+
+
+def test_listeners_run_once_per_started_request_and_can_be_removed():
+    seen = []
+    remove = on_request(lambda r: seen.append(("start", r.request_id, r.external_id)),
+                        lambda rid: seen.append(("end", rid)))
+    try:
+        request_started(_start("cmpl-1-0-abcd1234"))
+        request_ended("cmpl-1-0-abcd1234")
+        request_ended("cmpl-1-0-abcd1234")  # an abort after the finish: ended once
+        request_ended("never-started")
+    finally:
+        remove()
+    request_started(_start("cmpl-2-0-abcd1234"))
+    request_ended("cmpl-2-0-abcd1234")
+    assert seen == [("start", "cmpl-1-0-abcd1234", "cmpl-1-0"), ("end", "cmpl-1-0-abcd1234")]
+
+
+def test_a_refusing_start_listener_undoes_the_others_and_raises():
+    reg = {}
+    remove_keys = bind_key_registry(reg, lambda r: b"k" * 8)
+
+    def refuse(_r):
+        raise ValueError("no key for this tenant")
+
+    remove_refuse = on_request(refuse)
+    try:
+        with pytest.raises(ValueError, match="no key for this tenant"):
+            request_started(_start("cmpl-3-0-abcd1234"))
+        assert reg == {"cmpl-3-0-abcd1234": None}, "the key set by the first listener was revoked"
+    finally:
+        remove_refuse()
+        remove_keys()
+
+
+def test_an_end_listener_error_is_logged_not_raised(caplog):
+    remove = on_request(None, lambda rid: 1 / 0)
+    try:
+        request_started(_start("cmpl-4-0-abcd1234"))
+        request_ended("cmpl-4-0-abcd1234")
+    finally:
+        remove()
+    assert "end listener failed" in caplog.text
+
+
+def test_bind_key_registry_sets_and_revokes_in_the_shared_registry(ns, secret, monkeypatch):
+    monkeypatch.setenv("SHMSTEER_SECRET", secret.decode())
+    monkeypatch.setenv("SHMSTEER_KEY_REGISTRY_NAMESPACE", ns)
+    key = os.urandom(32)
+    with keyregistry.registry_manager_main_process():
+        registry = keyregistry.get_shared_registry()
+        remove = bind_key_registry(registry, lambda r: key if r.extra_args.get("keyed") else None)
+        try:
+            request_started(_start("cmpl-5-0-abcd1234", keyed=1))
+            request_started(_start("cmpl-6-0-abcd1234"))
+            with shmsteer.Client(ns, secret=secret) as worker:  # what a worker reads, by the id it sees
+                assert worker.keys.get_bytes("cmpl-5-0-abcd1234") == key
+                assert "cmpl-6-0-abcd1234" not in worker.keys
+                request_ended("cmpl-5-0-abcd1234")
+                request_ended("cmpl-6-0-abcd1234")
+                with pytest.raises(shmsteer.errors.KeyRevokedError):
+                    worker.keys.get_bytes("cmpl-5-0-abcd1234")
+            assert registry["cmpl-5-0-abcd1234"] is None
+            assert "cmpl-6-0-abcd1234" not in registry
+        finally:
+            remove()
+
+
+def test_unknown_named_vector_is_refused_with_the_forks_text(ns, secret, monkeypatch):
+    monkeypatch.setitem(engine._state, "admissions", None)
+    monkeypatch.setitem(engine._state, "frontend_client", None)
+    monkeypatch.setenv("SHMSTEER_SECRET", secret.decode())
+    monkeypatch.setenv("SHMSTEER_NAMESPACE", ns)
+    kw = {"override": {"base": {"refs": [{"name": "calm", "strength": 1.0}]}}}
+    engine.check_named_refs(kw)  # no owner answers: nothing to check here, the scheduler refuses
+    with shmsteer.Owner(ns, secret=secret, hidden=8, layers=2) as owner:
+        with pytest.raises(SteeringRequestError, match=r"^Unknown steering module 'calm'. Available: none$"):
+            engine.check_named_refs(kw)
+        owner.register_vector("happy", [("post_block", 1, 1.0, np.ones(8, np.float32))])
+        owner.register_vector("apt", [("post_block", 0, 1.0, np.ones(8, np.float32))])
+        with pytest.raises(SteeringRequestError,
+                           match=r"^Unknown steering module 'calm'. Available: \['apt', 'happy'\]$") as e:
+            engine.check_named_refs(kw)
+        assert e.value.status == 400 and isinstance(e.value, ValueError)
+        owner.register_vector("calm", [("post_block", 0, 1.0, np.ones(8, np.float32))])
+        engine.check_named_refs(kw)
+        engine.check_named_refs({"override": {"base": {"vectors": []}}})
+    client = engine._state["frontend_client"]
+    if client is not None:
+        client.close()
