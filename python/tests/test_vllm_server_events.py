@@ -1,10 +1,12 @@
-"""The plugin's frontend pieces that need no vLLM: request events (``on_request``), the key
-registry kept in step with them (``bind_key_registry``), and the named-vector check that makes an
-unknown ``steering_name`` a 400 with the fork's text (``check_named_refs``).
+"""The plugin's frontend pieces: request events (``on_request``), the key registry kept in step
+with them (``bind_key_registry``), and the named-vector check that makes an unknown
+``steering_name`` a 400 with the fork's text (``check_named_refs``), without vLLM; and the events
+from vLLM's own ``OutputProcessor``, patched, where vLLM is importable (skipped otherwise).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -15,6 +17,8 @@ from shmsteer import keyregistry
 from shmsteer.openai import SteeringRequestError
 from shmsteer.vllm import engine
 from shmsteer.vllm.requests import RequestStart, bind_key_registry, on_request, request_ended, request_started
+
+NO_VLLM = "vllm is not importable in this interpreter (bash .ci/pyenv-vllm makes one that has it; docs/vllm.md)"
 
 
 def _start(rid: str, **extra) -> RequestStart:
@@ -109,3 +113,54 @@ def test_unknown_named_vector_is_refused_with_the_forks_text(ns, secret, monkeyp
     client = engine._state["frontend_client"]
     if client is not None:
         client.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
+def test_vllms_output_processor_reports_start_abort_and_refusal():
+    """vLLM's own OutputProcessor, patched: a request starts under the internal id that
+    InputProcessor.assign_request_id makes, ends once when aborted by the client's id, and a
+    listener's ValueError refuses it as vLLM's 400 (VLLMValidationError) with nothing added."""
+    import time
+
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.engine.input_processor import InputProcessor
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    engine.patch_output_processor()
+    op = OutputProcessor(None, log_stats=False)
+
+    def request(rid: str, **extra) -> EngineCoreRequest:
+        sp = SamplingParams(max_tokens=4, detokenize=False, extra_args=extra or None)
+        r = EngineCoreRequest(rid, [5, 6, 7], None, sp, None, time.time(), None, None, None)
+        InputProcessor.assign_request_id(r)
+        return r
+
+    seen = []
+    remove = on_request(lambda r: seen.append(("start", r.request_id, r.external_id, dict(r.extra_args))),
+                        lambda rid: seen.append(("end", rid)))
+    try:
+        r = request("cmpl-7-0", output_key="ab")
+        op.add_request(r, None)
+        assert r.request_id.startswith("cmpl-7-0-") and r.request_id != "cmpl-7-0"
+        assert seen == [("start", r.request_id, "cmpl-7-0", {"output_key": "ab"})]
+        assert op.abort_requests(["cmpl-7-0"], internal=False) == [r.request_id]
+        op.abort_requests([r.request_id], internal=True)  # again: no second end
+        assert seen[1:] == [("end", r.request_id)]
+
+        def refuse(_r):
+            raise ValueError("no key for this tenant")
+
+        remove_refuse = on_request(refuse)
+        try:
+            bad = request("cmpl-8-0")
+            with pytest.raises(VLLMValidationError, match="no key for this tenant") as e:
+                op.add_request(bad, None)
+            assert isinstance(e.value, ValueError)
+            assert not op.has_request(bad.request_id)
+            assert seen[-2:] == [("start", bad.request_id, "cmpl-8-0", {}), ("end", bad.request_id)]
+        finally:
+            remove_refuse()
+    finally:
+        remove()

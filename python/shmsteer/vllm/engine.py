@@ -87,7 +87,7 @@ def client_error(err: ValueError) -> Exception:
     of a subclass of both ``type(err)`` (callers catching :class:`SteeringRequestError` or
     ``ValueError``, as ``LLM.generate``'s, still do) and vLLM's ``VLLMValidationError``. A plain
     ``ValueError`` raised while ``AsyncLLM.generate`` takes a request is wrapped into
-    ``EngineGenerateError``, a 500 without text; ``VLLMClientError``\ s pass as 400s."""
+    ``EngineGenerateError``, a 500 without text; a ``VLLMClientError`` passes as a 400."""
     from vllm.exceptions import VLLMClientError, VLLMValidationError
     if isinstance(err, VLLMClientError):
         return err
