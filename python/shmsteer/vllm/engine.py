@@ -13,6 +13,9 @@ appended under data parallelism: one engine core, one owner) with the secret of
 ``SHMSTEER_SECRET`` / ``SHMSTEER_SECRET_FILE``. Other processes reach it as any owner: a
 :class:`shmsteer.Client` registers named vectors and sets global tiers.
 
+The owner declares the capture consumers of ``SHMSTEER_VLLM_CAPTURE`` and, with
+``SHMSTEER_VLLM_CAPTURE_DIR``, runs the filesystem consumer here (:mod:`shmsteer.vllm.capture`).
+
 ``SHMSTEER_VLLM_OWNER=external``: an owner runs elsewhere (``shmsteer serve``); workers attach to
 it and global tiers, named vectors and latches steer, but per-request fields cannot be admitted
 from here yet (such a request fails with an error).
@@ -100,10 +103,14 @@ def _make_owner(vllm_config: Any) -> Optional[Admissions]:
     if _state["admissions"] is not None:
         return _state["admissions"]
     from ..client import Owner
+    from .capture import owner_capture, start_consumer
     hidden, layers = _model_dims(vllm_config.model_config)
     ns = namespace(*_dp(vllm_config))
-    owner = Owner(ns, hidden=hidden, layers=layers)
+    consumers, global_specs, capture_dir = owner_capture()
+    owner = Owner(ns, hidden=hidden, layers=layers, capture_consumers=consumers, capture_global=global_specs)
     _state["owner"] = owner
+    if capture_dir is not None:
+        start_consumer(ns, capture_dir)
     _state["admissions"] = Admissions(owner)
     log.info("shmsteer: owner of namespace %r in the engine process (hidden %d, %d layers)", ns, hidden, layers)
     return _state["admissions"]
