@@ -210,7 +210,7 @@ def main() -> None:
     res: Dict[str, Any] = {"vllm": run_vllm(path, root)}
     res["files"] = read_captures(root)
     res["hf"] = run_hf(path, res["vllm"]["tokens"])
-    print("RESULT " + json.dumps(res), flush=True)
+    print("\nRESULT " + json.dumps(res), flush=True)  # on a line of its own, whatever was written before
 
 
 if __name__ == "__main__":
