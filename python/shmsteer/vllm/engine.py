@@ -25,6 +25,8 @@ What is patched, in the process that runs it (each patch installs once):
 * ``InputProcessor._validate_params`` (the API server / ``LLM`` process): the fork's request checks
   (:func:`~shmsteer.vllm.requests.admission_for` against the model's width and layers), so a
   refused body is a ``ValueError``, which vLLM's OpenAI server answers with a 400 and its text.
+* ``Scheduler.schedule``: the region version the step's ranks steer at, as
+  ``SchedulerOutput.shmsteer_version`` (it travels with the batch to every tensor-parallel rank).
 * ``Scheduler.__init__``: the owner. ``Scheduler.add_request``: the admission; a refusal the
   frontend could not see (an unknown named vector, a gate the owner refuses) finishes that
   request with ``FINISHED_ERROR`` at the next step's output (it may have run that one step
@@ -172,7 +174,17 @@ def patch_scheduler() -> None:
             adm.end(request.request_id)
         return out
 
+    orig_schedule = Scheduler.schedule
+
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig_schedule(self, *args, **kwargs)
+        adm: Optional[Admissions] = getattr(self, "_shmsteer", None)
+        if adm is not None:  # the version every rank steers this step at (it travels with the batch)
+            out.shmsteer_version = adm.owner.version
+        return out
+
     Scheduler.__init__ = __init__
     Scheduler.add_request = add_request
     Scheduler._free_request = _free_request
+    Scheduler.schedule = schedule
     Scheduler._shmsteer_patched = True

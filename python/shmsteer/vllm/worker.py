@@ -87,6 +87,7 @@ class WorkerSteering:
         self._open: Any = None  # the step context a V2 forward pre-hook entered
         self.steps = 0  #: real steps run through the hooks
         self.capturing = False  #: whether the hooks capture (the owner serves capture)
+        self.version = 0  #: the version the last V1 step was handed (0: none, the current one)
 
     def _make_follower(self) -> Any:
         from ..client import Follower
@@ -130,11 +131,13 @@ class WorkerSteering:
             self.hooks.close()
             self.hooks = None
 
-    def run(self, spans: Sequence[Span], rows: int, forward: Callable[[], Any]) -> Any:
-        """Run ``forward()`` as one steered step over ``rows`` rows laid out by ``spans``."""
+    def run(self, spans: Sequence[Span], rows: int, forward: Callable[[], Any], version: int = 0) -> Any:
+        """Run ``forward()`` as one steered step over ``rows`` rows laid out by ``spans``, pinned
+        at the region ``version`` the scheduler handed every rank (0: the current one)."""
         hooks = self.ensure()
         assert self.sites is not None
-        with hooks.step(list(spans), rows=rows):
+        self.version = version
+        with hooks.step(list(spans), version=version, rows=rows):
             self.sites.active = True
             try:
                 return forward()
@@ -203,9 +206,17 @@ def _patch_v1() -> None:
         st = _steering(self)
         rows = _rows(kwargs)
         spans = spans_from_v1(self, rows)
-        return st.run(spans, rows, lambda: orig(self, **kwargs))
+        return st.run(spans, rows, lambda: orig(self, **kwargs), self.__dict__.get("_shmsteer_version", 0))
+
+    orig_execute = GPUModelRunner.execute_model
+
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        # The scheduler's version for this step (engine.patch_scheduler), read by _model_forward.
+        self._shmsteer_version = int(getattr(scheduler_output, "shmsteer_version", 0) or 0)
+        return orig_execute(self, scheduler_output, *args, **kwargs)
 
     GPUModelRunner._model_forward = _model_forward
+    GPUModelRunner.execute_model = execute_model
     GPUModelRunner._shmsteer_patched = True
 
 
