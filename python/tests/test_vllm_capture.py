@@ -199,3 +199,30 @@ def test_vllm_undeclared_consumer_fails_that_request(result):
     v = result["vllm"]
     assert v["undeclared"] == "error", v["undeclared"]
     assert len(v["after"]) == 8
+
+
+def test_scheduler_pins_each_steps_version(ns, secret):
+    """Tensor parallelism: the version the scheduler hands a step's ranks stays pinned for the
+    last PINNED_STEPS steps (a rank beginning late never finds it reclaimed), older ones are
+    released."""
+    from types import SimpleNamespace
+
+    from shmsteer.vllm.engine import PINNED_STEPS, _pin
+    sched = SimpleNamespace()
+    with shmsteer.Owner(ns, secret=secret, hidden=8, layers=2) as o:
+        versions = []
+        for i in range(PINNED_STEPS + 2):
+            o.admit(f"r{i}", override={"base": {"vectors": [{"hook": "post_block", "layer": 0, "scale": 1.0,
+                                                             "data": [float(i)] * 8}]}})
+            versions.append(_pin(sched, o))
+            assert versions[-1] == o.version
+        assert versions == sorted(set(versions)), versions  # each step a newer version
+        pins = list(sched._shmsteer_pins)
+        assert [p.version for p in pins] == versions[-PINNED_STEPS:]
+        assert all(p.pinned for p in pins)
+        st = o.stepper()
+        st.begin(versions[-PINNED_STEPS])  # the oldest pinned version is still readable
+        st.end()
+        st.close()
+        for p in pins:
+            p.close()

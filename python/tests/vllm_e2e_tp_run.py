@@ -24,9 +24,10 @@ from typing import Any, Dict, List
 from vllm_e2e_capture_run import TAG, read_captures
 from vllm_e2e_run import MAX_TOKENS, PROMPTS, make_model, packed, vector
 
-# (prompt index, steering (hook, layer) or None, capture hooks or None)
-CASES = [(0, ("post_block", 0), {"post_block": [0, 1]}), (2, ("mlp_out", 1), None), (3, None, {"pre_attn": [1]}),
-         (1, None, None)]
+# (prompt index, steering (hook, layer) or None, capture hooks or None). The last is scheduled
+# last and finishes last: the last step steers rows (its checksums are not those of no work).
+CASES = [(0, ("post_block", 0), {"post_block": [0, 1]}), (3, None, {"pre_attn": [1]}), (1, None, None),
+         (2, ("mlp_out", 1), None)]
 
 
 def rank_state(worker: Any) -> Dict[str, Any]:

@@ -26,7 +26,8 @@ What is patched, in the process that runs it (each patch installs once):
   (:func:`~shmsteer.vllm.requests.admission_for` against the model's width and layers), so a
   refused body is a ``ValueError``, which vLLM's OpenAI server answers with a 400 and its text.
 * ``Scheduler.schedule``: the region version the step's ranks steer at, as
-  ``SchedulerOutput.shmsteer_version`` (it travels with the batch to every tensor-parallel rank).
+  ``SchedulerOutput.shmsteer_version`` (it travels with the batch to every tensor-parallel rank),
+  kept pinned for the last :data:`PINNED_STEPS` steps so no rank finds it reclaimed.
 * ``Scheduler.__init__``: the owner. ``Scheduler.add_request``: the admission; a refusal the
   frontend could not see (an unknown named vector, a gate the owner refuses) finishes that
   request with ``FINISHED_ERROR`` at the next step's output (it may have run that one step
@@ -37,7 +38,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, Optional, Tuple
+from collections import deque
+from typing import Any, Deque, Dict, Optional, Tuple
 
 from ..openai import DEFAULT_HOOKS, SteeringRequestError
 from .errors import PluginConfigError
@@ -130,6 +132,21 @@ def _fail(scheduler: Any, request_id: str) -> None:
     scheduler.finish_requests(request_id, RequestStatus.FINISHED_ERROR)
 
 
+PINNED_STEPS = 4
+"""Steps whose versions the scheduler keeps pinned: a step's version cannot be reclaimed before
+its ranks begin it (vLLM runs at most 2 steps ahead: its batch queue under async scheduling)."""
+
+
+def _pin(scheduler: Any, owner: Any) -> int:
+    """Pin the current version for a step (the last PINNED_STEPS stay pinned) and return it."""
+    pins: Deque[Any] = scheduler.__dict__.setdefault("_shmsteer_pins", deque())
+    snap = owner.snapshot()
+    pins.append(snap)
+    while len(pins) > PINNED_STEPS:
+        pins.popleft().close()
+    return int(snap.version)
+
+
 def patch_scheduler() -> None:
     """Admit at ``add_request``, end at ``_free_request``, own the region from ``__init__``."""
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -180,7 +197,7 @@ def patch_scheduler() -> None:
         out = orig_schedule(self, *args, **kwargs)
         adm: Optional[Admissions] = getattr(self, "_shmsteer", None)
         if adm is not None:  # the version every rank steers this step at (it travels with the batch)
-            out.shmsteer_version = adm.owner.version
+            out.shmsteer_version = _pin(self, adm.owner)
         return out
 
     Scheduler.__init__ = __init__
