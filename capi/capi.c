@@ -514,6 +514,22 @@ SHMSTEER_API int shmsteer_capture_serve(shmsteer_t *owner, const char *consumers
   return shmsteerGo_capture_serve(H(owner), (char *)consumers);
 }
 
+SHMSTEER_API int shmsteer_capture_fs_start(const char *ns, const void *secret, size_t secret_len,
+                                           const char *secret_file, const shmsteer_capture_fs_options *opt,
+                                           shmsteer_capture_fs_t **out) {
+  ENTER();
+  shmsteer_env_secret(&secret, &secret_len, &secret_file);
+  OUT_HANDLE(shmsteer_capture_fs_t,
+             shmsteerGo_capture_fs_start((char *)ns, (void *)secret, secret_len, (char *)secret_file,
+                                         (shmsteer_capture_fs_options *)opt, &hv),
+             out);
+}
+
+SHMSTEER_API int shmsteer_capture_fs_stop(shmsteer_capture_fs_t *fs, shmsteer_capture_fs_stats *out) {
+  ENTER();
+  return shmsteerGo_capture_fs_stop(H(fs), out);
+}
+
 SHMSTEER_API int shmsteer_capture_global(shmsteer_t *owner, const char *name, size_t name_len, const char *spec_json,
                                           size_t spec_len) {
   ENTER();

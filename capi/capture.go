@@ -14,6 +14,7 @@ import "C"
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"time"
@@ -274,13 +275,9 @@ func shmsteerGo_capture_serve(h C.uint64_t, consumers *C.char) C.int {
 	if inst.hub != nil {
 		return badArg("the owner serves capture already")
 	}
-	decl := map[string]string{}
-	for _, d := range strings.Split(goString(consumers), ",") {
-		name, typ, ok := strings.Cut(strings.TrimSpace(d), "=")
-		if !ok || name == "" || typ == "" {
-			return badArg("consumers: want NAME=TYPE[,NAME=TYPE...]")
-		}
-		decl[name] = typ
+	decl, err := parseDeclarations(goString(consumers))
+	if err != nil {
+		return fail(err)
 	}
 	validators, err := capture.Validators(decl)
 	if err != nil {
@@ -295,6 +292,28 @@ func shmsteerGo_capture_serve(h C.uint64_t, consumers *C.char) C.int {
 	inst.hub, inst.hubOps = hub, ops
 	o.steer.SetCaptureConsumers(validators) // admissions may name them from now on
 	return C.SHMSTEER_OK
+}
+
+// parseDeclarations reads shmsteer_capture_serve's "NAME=TYPE[,NAME=TYPE...]" as serve reads
+// its --capture-consumer list (capture.ParseDeclaration each): ErrInvalidArgument for an empty
+// list, capture.ErrConsumerType for an entry without "=" or of an unknown type,
+// capture.ErrBadConsumer for a bad name or one declared twice.
+func parseDeclarations(list string) (map[string]string, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, fmt.Errorf("%w: consumers: declare at least one, NAME=TYPE[,NAME=TYPE...]", ErrInvalidArgument)
+	}
+	decl := map[string]string{}
+	for _, d := range strings.Split(list, ",") {
+		name, typ, err := capture.ParseDeclaration(strings.TrimSpace(d))
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := decl[name]; ok {
+			return nil, fmt.Errorf("%w: consumer %q declared twice", capture.ErrBadConsumer, name)
+		}
+		decl[name] = typ
+	}
+	return decl, nil
 }
 
 //export shmsteerGo_capture_result_json

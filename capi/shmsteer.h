@@ -915,7 +915,11 @@ int shmsteer_capture_stats_get(shmsteer_capture_t *c, shmsteer_capture_stats *ou
 /* Detach from every ring and the owner (its requests not published end with status error). */
 int shmsteer_capture_close(shmsteer_capture_t *c);
 
-/* Owner: serve capture consumers, declared as "NAME=TYPE[,NAME=TYPE...]" (type filesystem). */
+/* Owner: serve capture consumers, declared as "NAME=TYPE[,NAME=TYPE...]" (type filesystem), as
+ * serve's --capture-consumer: admissions may name them from now on. Errors, the owner unchanged
+ * (it serves no capture; a later call may declare again): INVALID_ARGUMENT (an empty list, or
+ * the owner serves capture already), CAPTURE_CONSUMER_TYPE (an entry without "=" or of an
+ * unknown type), CAPTURE_BAD_CONSUMER (a bad name, one declared twice, too many), NOT_OWNER. */
 int shmsteer_capture_serve(shmsteer_t *owner, const char *consumers);
 /* Owner, after shmsteer_capture_serve: give declared consumer name a global spec (JSON), applied
  * to every request admitted from now on that does not name it (a request's own spec replaces
@@ -929,6 +933,40 @@ int shmsteer_capture_global(shmsteer_t *owner, const char *name, size_t name_len
  * into (buf, cap); *len is set (BUFFER_TOO_SMALL: retry with *len). */
 int shmsteer_capture_result_json(shmsteer_t *owner, const char *request_id, size_t request_id_len, char *buf,
                                  size_t cap, size_t *len);
+
+/* ---- The filesystem consumer in this process ----
+ *
+ * What `shmsteer capture fs` runs, on threads of the library: a consumer attached to the owner of
+ * (secret, ns) that writes each captured request under root/{tag}/{request_id}/ in the vLLM
+ * fork's layout and publishes the paths it wrote as the request's result; when the owner
+ * restarts or drops it, it attaches again. For hosts without the command (the Python package). */
+typedef struct shmsteer_capture_fs shmsteer_capture_fs_t;
+
+typedef struct {
+  const char *root;   /* C string: the directory the files go under (created; required) */
+  const char *name;   /* C string: the consumer name the owner declares; NULL or "" = "fs" */
+  const char *layout; /* C string: "per_file" or "packed", for specs that name none; NULL = per_file */
+  int32_t policy;     /* SHMSTEER_CAPTURE_BLOCK or _DROP */
+  int64_t bound_ns;   /* longest a worker's append waits for it (BLOCK); 0: the worker's */
+  int32_t fsync;      /* nonzero: fsync each file and its directory before publishing it */
+} shmsteer_capture_fs_options;
+
+typedef struct {
+  uint64_t requests, ok, partial, failed; /* requests begun; their results */
+  uint64_t records, bytes;                /* records and bytes written */
+} shmsteer_capture_fs_stats;
+
+/* Attach and start writing; the secret as for shmsteer_attach. .tmp files a killed consumer
+ * left under root are removed first. Errors: INVALID_ARGUMENT (NULL opt or out, no root),
+ * CAPTURE_BAD_LAYOUT, BAD_POLICY, CAPTURE_WRITE (root cannot be made), and
+ * shmsteer_capture_attach's (UNKNOWN_CONSUMER, CONSUMER_TAKEN, NO_HUB, ...). Stop it with
+ * shmsteer_capture_fs_stop. */
+int shmsteer_capture_fs_start(const char *ns, const void *secret, size_t secret_len, const char *secret_file,
+                              const shmsteer_capture_fs_options *opt, shmsteer_capture_fs_t **out);
+/* Stop and free fs: requests not ended are abandoned (their .tmp files removed); *out (may be
+ * NULL) gets the counters. An error that stopped it earlier (a secret the owner refuses, say) is
+ * returned here. */
+int shmsteer_capture_fs_stop(shmsteer_capture_fs_t *fs, shmsteer_capture_fs_stats *out);
 
 #ifdef __cplusplus
 }

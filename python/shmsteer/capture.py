@@ -61,7 +61,7 @@ from .errors import (AuthFailedError, AuthSecretNotDefinedError, BufferTooSmallE
                      OwnerGoneError, SecretConflictError, SecretFileError, ShmsteerError, UnknownConsumerError)
 
 __all__ = ["Consumer", "Begin", "Record", "RecordRun", "End", "Reattached", "Event", "CaptureClosedError",
-           "capture_result", "serve_capture", "BLOCK", "DROP"]
+           "FilesystemConsumer", "capture_result", "serve_capture", "BLOCK", "DROP"]
 
 #: Backpressure policies: a worker waits up to the bound for a lagging consumer, then drops.
 BLOCK = "block"
@@ -115,6 +115,16 @@ class _Stats(Structure):
                 ("lag", c_uint64)]
 
 
+class _FSOptions(Structure):
+    _fields_ = [("root", c_char_p), ("name", c_char_p), ("layout", c_char_p), ("policy", c_int32),
+                ("bound_ns", c_int64), ("fsync", c_int32)]
+
+
+class _FSStats(Structure):
+    _fields_ = [("requests", c_uint64), ("ok", c_uint64), ("partial", c_uint64), ("failed", c_uint64),
+                ("records", c_uint64), ("bytes", c_uint64)]
+
+
 _h = c_void_p
 for _name, (_res, _args) in {
     "shmsteer_capture_attach": (c_int, [c_char_p, c_char_p, c_size_t, c_char_p, c_char_p, c_int32, c_int64,
@@ -131,6 +141,8 @@ for _name, (_res, _args) in {
     "shmsteer_capture_serve": (c_int, [_h, c_char_p]),
     "shmsteer_capture_global": (c_int, [_h, c_char_p, c_size_t, c_char_p, c_size_t]),
     "shmsteer_capture_result_json": (c_int, [_h, c_char_p, c_size_t, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "shmsteer_capture_fs_start": (c_int, [c_char_p, c_char_p, c_size_t, c_char_p, POINTER(_FSOptions), POINTER(_h)]),
+    "shmsteer_capture_fs_stop": (c_int, [_h, POINTER(_FSStats)]),
 }.items():
     _fn = getattr(lib, _name)
     _fn.restype, _fn.argtypes = _res, _args
@@ -566,6 +578,78 @@ class Consumer:
             pass
 
 
+class FilesystemConsumer:
+    """The filesystem consumer (what ``shmsteer capture fs`` runs) on threads of the library in
+    this process: attached to the owner as ``name``, it writes each captured request under
+    ``root/{tag}/{request_id}/`` in the vLLM fork's layout (per_file ``{layer}_{hook}.bin`` and
+    ``.json`` sidecars, or ``packed.bin`` and ``packed.json``; ``layout`` for specs that name
+    none) and publishes the paths it wrote as the request's result (:func:`capture_result`).
+    When the owner restarts or drops it, it attaches again. For a process without the
+    ``shmsteer`` command (the vLLM plugin's engine process runs one for
+    ``SHMSTEER_VLLM_CAPTURE_DIR``).
+
+    Args:
+        namespace, secret, secret_file: as for :class:`shmsteer.Client`.
+        root: the directory the files go under (created; ``.tmp`` files a killed consumer left
+            there are removed first).
+        name, policy, bound: as for :class:`Consumer`.
+        layout: ``"per_file"`` or ``"packed"``.
+        fsync: fsync each file and its directory before publishing it.
+
+    Raises:
+        CaptureLayoutError, CapturePolicyError, CaptureWriteError (``root`` cannot be made),
+        and :class:`Consumer`'s attach errors (UnknownConsumerError, ConsumerTakenError,
+        NoHubError, ...); ValueError for a policy name or bound out of range.
+    """
+
+    def __init__(self, namespace: str, root: str, secret: Secret = None, secret_file: Optional[str] = None, *,
+                 name: str = "fs", layout: str = "per_file", policy: str = BLOCK, bound: float = 0.0,
+                 fsync: bool = True) -> None:
+        if policy not in _POLICIES:
+            raise ValueError(f"policy {policy!r}: want {BLOCK!r} or {DROP!r}")
+        if not isinstance(bound, (int, float)) or bound < 0 or bound > 3600:
+            raise ValueError(f"bound {bound!r}: want seconds in [0, 3600]")
+        sb, sl, sf = _secret_args(secret, secret_file)
+        opt = _FSOptions(_b(root), _b(name), _b(layout), _POLICIES[policy], int(bound * 1e9), int(bool(fsync)))
+        out = c_void_p()
+        self._h: Optional[int] = None
+        check(lib.shmsteer_capture_fs_start(_b(namespace), sb, sl, sf, byref(opt), byref(out)))
+        self._h = out.value
+        self.root, self.name = root, name
+        #: The counters :meth:`stop` returned (None while it runs).
+        self.stats: Optional[Dict[str, int]] = None
+
+    def stop(self) -> Dict[str, int]:
+        """Stop (requests not ended are abandoned) and return the counters: ``requests``, their
+        results ``ok``, ``partial``, ``failed``, and the ``records`` and ``bytes`` written.
+        Idempotent: later calls return the same counters.
+
+        Raises:
+            the error that stopped the consumer earlier, if one did (a secret the owner refused
+            on re-attaching, say).
+        """
+        if self._h is None:
+            return dict(self.stats or {})
+        h, self._h = self._h, None
+        st = _FSStats()
+        rc = lib.shmsteer_capture_fs_stop(h, byref(st))
+        self.stats = {k: int(getattr(st, k)) for k, _ in _FSStats._fields_}
+        check(rc)
+        return dict(self.stats)
+
+    def __enter__(self) -> "FilesystemConsumer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        try:
+            self.stop()
+        except Exception:
+            pass
+
+
 def serve_capture(owner: Owner, consumers: Dict[str, str], global_specs: Optional[Dict[str, Any]] = None) -> None:
     """Make a Python-hosted :class:`shmsteer.Owner` serve capture consumers, declared as
     ``{name: type}`` (type ``"filesystem"``), with ``global_specs`` (``{name: spec}``) the
@@ -577,12 +661,20 @@ def serve_capture(owner: Owner, consumers: Dict[str, str], global_specs: Optiona
     ``"global": true`` in :func:`capture_result`.
 
     Raises:
-        ValueError for an empty declaration; InvalidArgumentError, BadConsumerError; for a bad
-        global spec the typed error a request's spec gets (CaptureSpecError, CaptureHookError,
-        ...), the specs given before it kept.
+        ValueError for an empty declaration, TypeError for a name or type not a str;
+        CaptureConsumerNameError (a bad name, too many), CaptureConsumerTypeError (an unknown
+        type), InvalidArgumentError (the owner serves capture already); for a bad global spec
+        the typed error a request's spec gets (CaptureSpecError, CaptureHookError, ...), the
+        specs given before it kept.
     """
     if not consumers:
         raise ValueError("declare at least one consumer")
+    for n, t in consumers.items():
+        if not isinstance(n, str) or not isinstance(t, str):
+            raise TypeError(f"capture consumer {n!r}={t!r}: want str names and types")
+        if any(c in n for c in ",= \t\n") or not n:
+            # The declaration list is "NAME=TYPE,...": such a name would be read as another.
+            raise CaptureConsumerNameError(f"shmsteer: capture consumer name {n!r}: want [a-zA-Z0-9._-]+")
     decl = ",".join(f"{n}={t}" for n, t in consumers.items())
     check(lib.shmsteer_capture_serve(owner.handle, decl.encode()))
     for name, spec in (global_specs or {}).items():

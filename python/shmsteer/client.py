@@ -19,7 +19,7 @@ import os
 import threading
 import weakref
 from ctypes import byref, c_int, c_uint32, c_uint64, c_void_p
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from . import _lib
 from ._common import (I32, I64, PHASES, U32, U64, BadPhaseError, _b, _int,  # noqa: F401 (PHASES, U64: re-exported)
@@ -496,15 +496,30 @@ class Owner(_Handle):
         hidden, layers, hooks: the model steered (hooks None: the five default hooks).
         grace: seconds a removed key's revoked sentinel stands before it is purged (60).
         index_slots, arena_bytes, reader_slots, max_key_bytes: region sizes (0: defaults).
+        capture_consumers: the activation-capture consumers admissions may name, ``{name:
+            type}`` (type ``"filesystem"``; serve's ``--capture-consumer NAME=TYPE``); None or
+            empty: no capture is served (:func:`shmsteer.capture.serve_capture` can still
+            declare them later).
+        capture_global: declared consumers' global specs, ``{name: spec}`` (serve's
+            ``--capture-global``; see :func:`shmsteer.capture.serve_capture`).
 
     Raises:
-        PreviouslyInitializedError if an owner already serves this secret and namespace.
+        PreviouslyInitializedError if an owner already serves this secret and namespace;
+        for a bad capture declaration CaptureConsumerTypeError (an unknown type) or
+        CaptureConsumerNameError (a bad name), for a bad global spec the typed error a
+        request's spec gets (CaptureSpecError, CaptureHookError, ...), ValueError for
+        ``capture_global`` without ``capture_consumers``: the owner is stopped again (the
+        namespace is free), nothing is served.
     """
 
     def __init__(self, namespace: str = "", secret: Secret = None, secret_file: Optional[str] = None, *,
                  hidden: int = 1, layers: int = 1, hooks: Optional[Sequence[str]] = None,
                  grace: float = 60.0, index_slots: int = 0, arena_bytes: int = 0,
-                 reader_slots: int = 0, max_key_bytes: int = 0) -> None:
+                 reader_slots: int = 0, max_key_bytes: int = 0,
+                 capture_consumers: Optional[Mapping[str, str]] = None,
+                 capture_global: Optional[Mapping[str, Any]] = None) -> None:
+        if capture_global and not capture_consumers:
+            raise ValueError("capture_global names consumers: declare them in capture_consumers")
         sb, sl, sf = _secret_args(secret, secret_file)
         cfg = _lib.OwnerConfig(_int("hidden", hidden, I32), _int("layers", layers, I32),
                                (",".join(hooks).encode() if hooks else None),
@@ -515,6 +530,13 @@ class Owner(_Handle):
         check(lib.shmsteer_owner_start(_b(namespace), sb, sl, sf, byref(cfg), byref(out)))
         super().__init__(out.value, owner=True)
         self._hook_index: Optional[Dict[str, int]] = None
+        if capture_consumers:
+            from .capture import serve_capture  # numpy: only an owner that serves capture needs it
+            try:
+                serve_capture(self, dict(capture_consumers), dict(capture_global or {}))
+            except BaseException:
+                self.close()
+                raise
 
     def admit(self, request_id: str, override: Optional[Dict[str, Any]] = None,
               tenant: str = "", conversation: str = "",

@@ -43,6 +43,8 @@ STRUCTS = {
     "shmsteer_capture_event": "capture:_Event",
     "shmsteer_capture_rec": "capture:_Rec",
     "shmsteer_capture_stats": "capture:_Stats",
+    "shmsteer_capture_fs_options": "capture:_FSOptions",
+    "shmsteer_capture_fs_stats": "capture:_FSStats",
     "shmsteer_admitted": "_lib:AdmittedC",
     "shmsteer_admit_vector": "_lib:AdmitVectorC",
 }

@@ -13,6 +13,9 @@ appended under data parallelism: one engine core, one owner) with the secret of
 ``SHMSTEER_SECRET`` / ``SHMSTEER_SECRET_FILE``. Other processes reach it as any owner: a
 :class:`shmsteer.Client` registers named vectors and sets global tiers.
 
+The owner declares the capture consumers of ``SHMSTEER_VLLM_CAPTURE`` and, with
+``SHMSTEER_VLLM_CAPTURE_DIR``, runs the filesystem consumer here (:mod:`shmsteer.vllm.capture`).
+
 ``SHMSTEER_VLLM_OWNER=external``: an owner runs elsewhere (``shmsteer serve``); workers attach to
 it and global tiers, named vectors and latches steer, but per-request fields cannot be admitted
 from here yet (such a request fails with an error).
@@ -25,6 +28,9 @@ What is patched, in the process that runs it (each patch installs once):
   a ``steering_name`` naming no registered vector is refused there too, with the fork's
   "Unknown steering module" text (:func:`check_named_refs`: the process reads the owner's named
   vectors, through a :class:`shmsteer.Client` when the owner lives in another process).
+* ``Scheduler.schedule``: the region version the step's ranks steer at, as
+  ``SchedulerOutput.shmsteer_version`` (it travels with the batch to every tensor-parallel rank),
+  kept pinned for the last :data:`PINNED_STEPS` steps so no rank finds it reclaimed.
 * ``Scheduler.__init__``: the owner. ``Scheduler.add_request``: the admission; a refusal the
   frontend could not see (an unknown named vector, a gate the owner refuses) finishes that
   request with ``FINISHED_ERROR`` at the next step's output (it may have run that one step
@@ -35,7 +41,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from ..openai import DEFAULT_HOOKS, SteeringRequestError
 from .errors import PluginConfigError
@@ -201,10 +208,14 @@ def _make_owner(vllm_config: Any) -> Optional[Admissions]:
     if _state["admissions"] is not None:
         return _state["admissions"]
     from ..client import Owner
+    from .capture import owner_capture, start_consumer
     hidden, layers = _model_dims(vllm_config.model_config)
     ns = namespace(*_dp(vllm_config))
-    owner = Owner(ns, hidden=hidden, layers=layers)
+    consumers, global_specs, capture_dir = owner_capture()
+    owner = Owner(ns, hidden=hidden, layers=layers, capture_consumers=consumers, capture_global=global_specs)
     _state["owner"] = owner
+    if capture_dir is not None:
+        start_consumer(ns, capture_dir)
     _state["admissions"] = Admissions(owner)
     log.info("shmsteer: owner of namespace %r in the engine process (hidden %d, %d layers)", ns, hidden, layers)
     return _state["admissions"]
@@ -220,6 +231,21 @@ def _fail(scheduler: Any, request_id: str) -> None:
         return
     from vllm.v1.request import RequestStatus
     scheduler.finish_requests(request_id, RequestStatus.FINISHED_ERROR)
+
+
+PINNED_STEPS = 4
+"""Steps whose versions the scheduler keeps pinned: a step's version cannot be reclaimed before
+its ranks begin it (vLLM runs at most 2 steps ahead: its batch queue under async scheduling)."""
+
+
+def _pin(scheduler: Any, owner: Any) -> int:
+    """Pin the current version for a step (the last PINNED_STEPS stay pinned) and return it."""
+    pins: Deque[Any] = scheduler.__dict__.setdefault("_shmsteer_pins", deque())
+    snap = owner.snapshot()
+    pins.append(snap)
+    while len(pins) > PINNED_STEPS:
+        pins.popleft().close()
+    return int(snap.version)
 
 
 def patch_scheduler() -> None:
@@ -266,9 +292,19 @@ def patch_scheduler() -> None:
             adm.end(request.request_id)
         return out
 
+    orig_schedule = Scheduler.schedule
+
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig_schedule(self, *args, **kwargs)
+        adm: Optional[Admissions] = getattr(self, "_shmsteer", None)
+        if adm is not None:  # the version every rank steers this step at (it travels with the batch)
+            out.shmsteer_version = _pin(self, adm.owner)
+        return out
+
     Scheduler.__init__ = __init__
     Scheduler.add_request = add_request
     Scheduler._free_request = _free_request
+    Scheduler.schedule = schedule
     Scheduler._shmsteer_patched = True
 
 

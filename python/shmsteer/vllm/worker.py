@@ -6,7 +6,9 @@ namespace ``SHMSTEER_NAMESPACE``, ``-dp<rank>`` under data parallelism; secret f
 ``SHMSTEER_SECRET`` or ``SHMSTEER_SECRET_FILE``), builds a :class:`~shmsteer.torch_hook.SteeringHooks`
 on the follower's client and attaches :class:`~shmsteer.vllm.layers.LayerSites` to the model's
 decoder layers (the hooks of ``SHMSTEER_VLLM_HOOKS``, default every hook point the owner's model
-config has). When the owner restarts, the next step re-attaches to the new one.
+config has). When the owner restarts, the next step re-attaches to the new one. If the owner
+serves capture, the hooks capture too (:func:`~shmsteer.vllm.capture.start_worker_capture`:
+tensor-parallel rank 0 writes).
 
 Per step, the spans are resolved once from the runner's batch, before the forward pass
 (:mod:`shmsteer.vllm.spans`), and the forward runs inside ``SteeringHooks.step(spans, rows=...)``
@@ -30,6 +32,7 @@ import logging
 import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from .capture import start_worker_capture
 from .errors import CompiledModelError, PluginConfigError, UnsupportedModelError
 from .layers import HOOK_POINTS, LayerSites
 from .spans import Span, spans_from_v1, spans_from_v2
@@ -83,6 +86,8 @@ class WorkerSteering:
         self.sites: Optional[LayerSites] = None
         self._open: Any = None  # the step context a V2 forward pre-hook entered
         self.steps = 0  #: real steps run through the hooks
+        self.capturing = False  #: whether the hooks capture (the owner serves capture)
+        self.version = 0  #: the version the last V1 step was handed (0: none, the current one)
 
     def _make_follower(self) -> Any:
         from ..client import Follower
@@ -113,7 +118,9 @@ class WorkerSteering:
         hooks = SteeringHooks(client)
         self.sites = LayerSites(self.model, hooks.apply, client.hook_id, _hooks_setting(owner_hooks))
         self.hooks, self._gen = hooks, gen
-        log.info("shmsteer: worker attached (generation %d), %d sites", gen, len(self.sites.sites))
+        self.capturing = start_worker_capture(hooks)
+        log.info("shmsteer: worker attached (generation %d), %d sites%s", gen, len(self.sites.sites),
+                 ", capturing" if self.capturing else "")
         return hooks
 
     def _teardown(self) -> None:
@@ -124,11 +131,13 @@ class WorkerSteering:
             self.hooks.close()
             self.hooks = None
 
-    def run(self, spans: Sequence[Span], rows: int, forward: Callable[[], Any]) -> Any:
-        """Run ``forward()`` as one steered step over ``rows`` rows laid out by ``spans``."""
+    def run(self, spans: Sequence[Span], rows: int, forward: Callable[[], Any], version: int = 0) -> Any:
+        """Run ``forward()`` as one steered step over ``rows`` rows laid out by ``spans``, pinned
+        at the region ``version`` the scheduler handed every rank (0: the current one)."""
         hooks = self.ensure()
         assert self.sites is not None
-        with hooks.step(list(spans), rows=rows):
+        self.version = version
+        with hooks.step(list(spans), version=version, rows=rows):
             self.sites.active = True
             try:
                 return forward()
@@ -197,9 +206,17 @@ def _patch_v1() -> None:
         st = _steering(self)
         rows = _rows(kwargs)
         spans = spans_from_v1(self, rows)
-        return st.run(spans, rows, lambda: orig(self, **kwargs))
+        return st.run(spans, rows, lambda: orig(self, **kwargs), self.__dict__.get("_shmsteer_version", 0))
+
+    orig_execute = GPUModelRunner.execute_model
+
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        # The scheduler's version for this step (engine.patch_scheduler), read by _model_forward.
+        self._shmsteer_version = int(getattr(scheduler_output, "shmsteer_version", 0) or 0)
+        return orig_execute(self, scheduler_output, *args, **kwargs)
 
     GPUModelRunner._model_forward = _model_forward
+    GPUModelRunner.execute_model = execute_model
     GPUModelRunner._shmsteer_patched = True
 
 
