@@ -1,0 +1,71 @@
+"""A step that stays warm in a serving loop (issue 43, item 1): what a steady or advancing
+decode batch reuses from the last step (its span packing, the resolve's views, the device
+path's tables and index), and that the reuse never hands out a stale value."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch not importable (apt-get install python3-torch)")
+
+import shmsteer  # noqa: E402
+from shmsteer.device import SpanPacker  # noqa: E402
+from shmsteer.errors import InvalidArgumentError  # noqa: E402
+from shmsteer.torch_hook import SteeringHooks  # noqa: E402
+
+from steering_ref import HIDDEN, HOOKS, LAYERS, Chain, Scenario, attach  # noqa: E402
+
+
+@pytest.fixture
+def owner(ns, secret):
+    with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=LAYERS, hooks=list(HOOKS) + ["mlp_out"]) as o:
+        yield o
+
+
+def test_packer_advances_positions_in_place():
+    p = SpanPacker()
+    a = p.pack([("a", 0, 1, "decode", 7), ("b", 1, 2, "decode", 3)])
+    assert p.packs == 1 and list(a.arr["first_position"]) == [7, 3]
+    b = p.pack([("a", 0, 1, "decode", 8), ("b", 1, 2, "decode", 4)])
+    assert b is a and p.packs == 1, "positions only: the packing is reused"
+    assert list(b.arr["first_position"]) == [8, 4]
+    assert p.pack([("a", 0, 1, "decode", 8), ("b", 1, 2, "decode", 4)]) is a and p.packs == 1
+    # Anything else about a span packs again: its row range, its phase, its id, their number.
+    for spans in ([("a", 0, 1, "decode", 9), ("b", 1, 3, "decode", 5)],
+                  [("a", 0, 1, "prefill", 9), ("b", 1, 3, "decode", 5)],
+                  [("c", 0, 1, "prefill", 9), ("b", 1, 3, "decode", 5)],
+                  [("c", 0, 1, "prefill", 9)]):
+        before = p.packs
+        got = p.pack(spans)
+        assert p.packs == before + 1
+        assert [tuple(r) for r in got.arr[["start", "end", "first_position"]].tolist()] == [s[1:3] + (s[4],) for s in spans]
+    # A bad position is refused by the full packing, as before (nothing reused).
+    p.pack([("a", 0, 1, "decode", 1)])
+    with pytest.raises(InvalidArgumentError):
+        p.pack([("a", 0, 1, "decode", 1 << 31)])
+    with pytest.raises(InvalidArgumentError):
+        p.pack([("a", 0, 1, "decode", 2.0)])
+    # Spans given as lists, mutated by the caller between steps, are packed again.
+    spans = [["a", 0, 1, "decode", 1]]
+    p.pack(spans)
+    spans[0][4] = 2
+    assert list(p.pack(spans).arr["first_position"]) == [2]
+
+
+def test_resolve_views_reused_and_current(owner):
+    Scenario(owner)
+    hooks = SteeringHooks(owner, force_device_path=True)
+    attach(hooks, Chain())
+    b = hooks.batch
+    spans = [("a", 0, 3, "decode"), ("b", 3, 5, "decode")]
+    r1 = b.resolve(hooks._packer.pack(spans), 5, end=True)
+    idx1 = r1.index.copy()
+    r2 = b.resolve(hooks._packer.pack(spans), 5, end=True)
+    assert r2.index is r1.index, "a steady batch makes no new view"
+    assert (r2.index == idx1).all() and len(r2.updates) == 0
+    # Another layout: the views show the new results, not the cached ones.
+    swapped = [("b", 0, 2, "decode"), ("a", 2, 5, "decode")]
+    r3 = b.resolve(hooks._packer.pack(swapped), 5, end=True)
+    assert list(r3.index) == [idx1[3]] * 2 + [idx1[0]] * 3
+    r4 = b.resolve(hooks._packer.pack(swapped[:1]), 2, end=True)
+    assert r4.index.shape == (2,) and list(r4.index) == [idx1[3]] * 2
