@@ -202,6 +202,8 @@ class StaticHooks(SteeringHooks):
         self._tdev = self._sidx.get_device()  # -1 on the CPU
         self._numel = max_tokens * self.hidden  # the most elements a hooked output may have
         self._sidx_host = torch.zeros(max_tokens, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        self._sidx_np = self._sidx_host.numpy()
+        self._sidx_key = bytes(4 * max_tokens)  # the index the device buffer holds (int32 bytes; all slot 0)
         self._copied = torch.cuda.Event() if dev.type == "cuda" else None  # after the last index copy
         sites = None if gate_sites is None else frozenset(self.site_of(hk, layer) for hk, layer in gate_sites)
         self._gates = StaticGates(self.hidden, dev, dtype, max_tokens, self.max_row_gates, max_gate_slots, sites)
@@ -281,11 +283,14 @@ class StaticHooks(SteeringHooks):
             capture_plan = self.batch.capture_plan() if self._capturing else None
             self._scap.check(capture_plan)  # BatchCapacityError before any copy
         if self._copied is not None:
-            # The last step's index copy reads the pinned host buffer asynchronously: it must
-            # have run before the buffer is rewritten (normally long done; outside the graph).
+            # The last step's copies read the pinned host buffers asynchronously: they must
+            # have run before the buffers are rewritten (normally long done; outside the graph).
             self._copied.synchronize()
-        self._sidx_host.numpy()[:] = res.index
-        self._sidx.copy_(self._sidx_host, non_blocking=True)
+        idx_key = res.index.tobytes()
+        if idx_key != self._sidx_key:  # a steady or advancing decode batch copies nothing
+            self._sidx_np[:] = res.index
+            self._sidx.copy_(self._sidx_host, non_blocking=True)
+            self._sidx_key = idx_key
         if self._scap is not None:
             self._scap.plan(capture_plan)
         g = res.gates

@@ -4,6 +4,7 @@ path's tables and index), and that the reuse never hands out a stale value."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch not importable (apt-get install python3-torch)")
@@ -69,3 +70,39 @@ def test_resolve_views_reused_and_current(owner):
     assert list(r3.index) == [idx1[3]] * 2 + [idx1[0]] * 3
     r4 = b.resolve(hooks._packer.pack(swapped[:1]), 2, end=True)
     assert r4.index.shape == (2,) and list(r4.index) == [idx1[3]] * 2
+
+
+def _steered(hooks, chain, x, spans):
+    y = x.clone()
+    with torch.no_grad(), hooks.step(spans):
+        chain(y)
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_device_addends_follow_layout_and_tables(owner, dtype):
+    """The device path's kept gathered rows give what the gather gives (the native path's
+    result), and are remade when the layout or a table row changes."""
+    sc = Scenario(owner, clamps=False)
+    chain_d, chain_n = Chain(), Chain()
+    dev = SteeringHooks(owner, force_device_path=True)
+    nat = SteeringHooks(owner)
+    attach(dev, chain_d)
+    attach(nat, chain_n)
+    x = torch.randn(6, HIDDEN).to(dtype)
+    steps = [[("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)],
+             [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 4)],  # advancing: addends kept
+             [("b", 0, 1, "decode", 5), ("a", 1, 2, "decode", 7)],  # swapped rows: remade
+             [("b", 0, 1, "decode", 6), ("a", 1, 2, "decode", 8)]]
+    for i, spans in enumerate(steps):
+        if i == 3:
+            sc.register("n0", [("post_block", l, 2.0, np.full(HIDDEN, 0.25 * (l + 1), np.float32)) for l in range(LAYERS)])
+        kept = dict(dev._addends)
+        got = _steered(dev, chain_d, x, spans)
+        want = _steered(nat, chain_n, x, spans)
+        tol = 1e-5 if dtype is torch.float32 else 0.05
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+        assert dev._addends, "clamp-free sites keep their gathered rows"
+        same = bool(kept) and all(dev._addends[s] is kept.get(s) for s in dev._addends)
+        assert same == (i == 1), f"step {i}: addends {'kept' if same else 'remade'}"
+    assert not torch.equal(got, x)
