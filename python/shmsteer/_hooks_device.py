@@ -9,17 +9,11 @@ import numpy as np
 import torch
 
 from . import ops
-from ._hooks_base import DeviceMismatchError, SteeringHooks
+from ._hooks_base import ADDEND_BYTES, DeviceMismatchError, SteeringHooks
 from ._hooks_parts import EagerCapture, EagerGates
 from .client import SpanLike
 from .device import DeviceTables, Resolved, check_hidden
 from .errors import ShapeError
-
-
-#: The most bytes of gathered rows (steered rows x hidden, all sites together) the device path
-#: keeps from step to step, so that a site of a steady batch adds without gathering: 16 MiB,
-#: e.g. 64 decode rows x 4096 x 2 bytes at 32 sites.
-ADDEND_BYTES = 16 << 20
 
 
 class _SiteOp(NamedTuple):

@@ -61,7 +61,9 @@ outside the graph, once per step: one engine call, then copies into those static
 (changed table rows, the index; rows past the batch get slot 0). The hooked forward does only
 fixed device work on them, through the operators of :mod:`shmsteer.ops` — no engine call, no
 host sync, no branch on data: every attached site does its gather-add (an unsteered row gathers
-row 0, zeros) and, with ``max_clamps`` > 0, its ``max_clamps`` clamp passes. Static mode is also
+row 0, zeros) and, with ``max_clamps`` > 0, its ``max_clamps`` clamp passes; with ``max_clamps=0``
+a site (while all sites' ``[max_tokens, hidden]`` rows fit 16 MiB) adds rows that ``prepare``
+gathered into a persistent buffer when the index or the tables changed. Static mode is also
 the ``torch.compile`` mode: the hooks read only persistent tensors that ``prepare`` updates in
 place, so ``torch.compile(model, fullgraph=True)`` traces the hooks into the graph once (no graph
 break, no recompile per step; call ``start_capture`` before compiling, so that the capture work

@@ -106,3 +106,32 @@ def test_device_addends_follow_layout_and_tables(owner, dtype):
         same = bool(kept) and all(dev._addends[s] is kept.get(s) for s in dev._addends)
         assert same == (i == 1), f"step {i}: addends {'kept' if same else 'remade'}"
     assert not torch.equal(got, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_static_addends_follow_layout_and_tables(owner, dtype):
+    """Static mode without clamps adds rows prepare gathered: equal to the native path's result
+    over an advancing, a reordered and a re-registered step, and rows past the batch untouched."""
+    sc = Scenario(owner, clamps=False)
+    chain_s, chain_n = Chain(), Chain()
+    st = SteeringHooks(owner, static=True, max_tokens=4, device="cpu", dtype=dtype, max_clamps=0)
+    nat = SteeringHooks(owner)
+    attach(st, chain_s)
+    attach(nat, chain_n)
+    assert st._addends, "clamp-free static sites add prepared rows"
+    x = torch.randn(3, HIDDEN).to(dtype)
+    steps = [[("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)],
+             [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 4)],
+             [("b", 0, 1, "decode", 5), ("a", 1, 2, "decode", 7)],
+             [("b", 0, 1, "decode", 6), ("a", 1, 2, "decode", 8)]]
+    tol = 1e-5 if dtype is torch.float32 else 0.05
+    for i, spans in enumerate(steps):
+        if i == 3:
+            sc.register("n0", [("post_block", l, 2.0, np.full(HIDDEN, 0.25 * (l + 1), np.float32)) for l in range(LAYERS)])
+        y = x.clone()
+        with torch.no_grad():
+            st.prepare(spans)
+            chain_s(y)
+        want = _steered(nat, chain_n, x, spans)
+        torch.testing.assert_close(y.float(), want.float(), rtol=tol, atol=tol)
+        assert torch.equal(y[2], x[2]), "a row past the batch is not steered"
