@@ -196,10 +196,19 @@ class _Views:
     a steady batch makes no view (making one costs about 7 us of Python, twelve of them most of
     a resolve before this cache)."""
 
-    __slots__ = ("_at",)
+    __slots__ = ("_at", "_no_gates")
 
     def __init__(self) -> None:
         self._at: Dict[str, Tuple[Optional[int], Tuple[int, ...], np.ndarray]] = {}
+        self._no_gates: Optional[Tuple[int, int, "ResolvedGates"]] = None
+
+    def no_gates(self, g: "BatchGatesC", rows: int, hidden: int) -> "ResolvedGates":
+        """The gates of a resolve that has none (no column, update, add, site or report)."""
+        e = self._no_gates
+        slots = int(g.slots)
+        if e is None or e[0] != rows or e[1] != slots:
+            e = self._no_gates = (rows, slots, ResolvedGates(g, rows, hidden, _Views()))
+        return e[2]
 
     def get(self, name: str, addr: Optional[int], dtype: Any, shape: Tuple[int, ...]) -> np.ndarray:
         e = self._at.get(name)
@@ -278,7 +287,11 @@ class Resolved:
         ns = info.n_sites
         self.sites = v.get("sites", info.sites, np.int32, (ns,))
         self.site_clamps = v.get("site_clamps", info.site_clamps, np.int32, (ns,))
-        self.gates = ResolvedGates(info.gates, info.rows, hidden, v)
+        g = info.gates
+        if g.cols or g.n_updates or g.n_adds or g.n_sites or g.report:
+            self.gates = ResolvedGates(g, info.rows, hidden, v)
+        else:  # no gate in the step (the usual case): one object per (rows, slots), kept
+            self.gates = v.no_gates(g, info.rows, hidden)
         nu = info.n_updates
         self.updates = v.get("updates", info.updates, np.int32, (nu, 4))
         if nu == 0:  # a steady batch: nothing staged
