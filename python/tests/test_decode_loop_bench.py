@@ -1,9 +1,11 @@
 """The serving-loop benchmark runs (one round of a short schedule): every steered contender gives
 the plain table hook's output (the script checks that before timing) and the report carries every
-figure the goals name. No timing is checked here."""
+figure the goals name; its goal check (what CI's --check fails on) is tested on made-up figures.
+No timing is checked here."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,8 +20,37 @@ def test_decode_loop_bench_runs() -> None:
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert set(r["loop"]) == {"float32", "bfloat16"}
-    assert {"table", "native", "device", "static", "device_gated"} <= set(r["loop"]["float32"]["ratio"])
-    assert {"table", "device", "static", "device_gated"} <= set(r["loop"]["bfloat16"]["ratio"])
+    for dt in ("float32", "bfloat16"):
+        assert {"table", "native", "device", "static", "device_gated"} <= set(r["loop"][dt]["ratio"])
     assert r["loop"]["float32"]["ratio"]["device_gated"]["against"] == "device"
     assert set(r["admit_ms"]) == {"inline", "named", "none"}
     assert r["shape"]["decode_steps"] > 0
+    assert isinstance(r["missed"], list) and r["slack"] == 1.0
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("decode_loop_bench", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ratio(x: float, against: str = "unhooked"):
+    return {"of_medians": x + 0.01, "median_of_rounds": x, "rounds_min_max": [x - 0.02, x + 0.03], "against": against}
+
+
+def test_goal_check_names_each_miss() -> None:
+    bench = _bench()
+    report = {"loop": {"bfloat16": {"ratio": {"table": _ratio(1.5), "device": _ratio(1.02), "static": _ratio(1.04),
+                                              "device_gated": _ratio(1.10, "device")}}},
+              "admit_ms": {"inline": 4.0, "named": 1.2, "none": 0.1}}
+    report["loop"]["float32"] = {"ratio": {"device": _ratio(1.2), "device_gated": _ratio(1.2, "device")}}
+    got = bench.missed(report, 1.0)
+    assert any(m.startswith("float32 device_gated: 1.200x device") for m in got), got
+    got = [m for m in got if not m.startswith("float32")]  # float32's step is reported, not a goal
+    assert len(got) == 2, got  # the table hook is a baseline, not a goal
+    assert got[0].startswith("bfloat16 static: 1.040x unhooked") and "goal 1.03" in got[0]
+    assert got[1].startswith("admission named: 1.200 ms")
+    assert bench.missed(report, 1.25) == []  # 1.04 <= 1.03 x 1.25, 1.2 <= 1.0 x 1.25, 1.2 <= 1.15 x 1.25
+    assert len(bench.missed(report, 0.5)) == 6
