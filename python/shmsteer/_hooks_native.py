@@ -28,7 +28,6 @@ class NativeHooks(SteeringHooks):
         self._rows = 0
         self._numel = 0  # the elements a hooked output of this step has at least (rows x hidden)
         self._h = 0  # the stepper's handle, read once a step
-        self._f32 = torch.empty(0)  # the float32 copy of a bfloat16 / float16 site's rows
 
     @property
     def mode(self) -> str:
@@ -63,7 +62,7 @@ class NativeHooks(SteeringHooks):
             # The stepper is this object's own (one thread at a time, as the hooks are): the
             # kernels run on the tensor's memory, or on a float32 copy for bf16/f16 (captured
             # first from their own bytes: the apply of the copy does not capture the site
-            # again), made in one buffer the hooks keep, so a step allocates nothing.
+            # again).
             if t.dtype is f32:
                 rc = lib.shmsteer_stepper_apply(self._h, hook_id, layer, t.data_ptr(), t.numel(), p.ptr, p.n)
                 if rc:
@@ -72,13 +71,8 @@ class NativeHooks(SteeringHooks):
             if self._capturing:
                 check(lib.shmsteer_stepper_capture(self._h, hook_id, layer, t.data_ptr(),
                                                    t.numel() * t.element_size(), CAPTURE_DTYPES[t.dtype], p.ptr, p.n))
-            n = t.numel()
-            buf = self._f32
-            if buf.numel() < n:
-                buf = self._f32 = torch.empty(n, dtype=f32)
-            t32 = buf[:n].view(t.shape)
-            t32.copy_(t)
-            rc = lib.shmsteer_stepper_apply(self._h, hook_id, layer, t32.data_ptr(), n, p.ptr, p.n)
+            t32 = t.float()  # a new tensor: cheaper than a view of a kept buffer (a slice and a view)
+            rc = lib.shmsteer_stepper_apply(self._h, hook_id, layer, t32.data_ptr(), t32.numel(), p.ptr, p.n)
             if rc:
                 check(rc)
             t.copy_(t32)
