@@ -26,8 +26,6 @@ class NativeHooks(SteeringHooks):
         super().__init__(handle, force_device_path, **kw)
         self._packed: Optional[PackedSpans] = None  # the open step's spans
         self._rows = 0
-        self._numel = 0  # the elements a hooked output of this step has at least (rows x hidden)
-        self._h = 0  # the stepper's handle, read once a step
 
     @property
     def mode(self) -> str:
@@ -40,7 +38,7 @@ class NativeHooks(SteeringHooks):
         # The resolve begins the step (one engine call, the step left open for the applies): the
         # batch checksum of this step, as on the device path.
         self._resolve(packed, n, version, end=False)
-        self._packed, self._rows, self._numel, self._h = packed, n, n * self.hidden, self.stepper.handle
+        self._packed, self._rows = packed, n
         try:
             yield self
         finally:
@@ -50,37 +48,14 @@ class NativeHooks(SteeringHooks):
 
     def _site_fn(self, site: int) -> Callable[[torch.Tensor], None]:
         hook_id, layer = divmod(site, self.layers)
-        hidden, f32 = self.hidden, torch.float32
 
         def apply(t: torch.Tensor) -> None:
-            p = self._packed
-            # The checks of _check, fast when they pass (this runs at every site of every step).
-            if (p is None or not t.is_cpu or t.dtype not in CAPTURE_DTYPES or t.dim() == 0 or t.shape[-1] != hidden
-                    or not t.is_contiguous() or t.numel() < self._numel):
-                self._check(t)
-                assert p is not None
-            # The stepper is this object's own (one thread at a time, as the hooks are): the
-            # kernels run on the tensor's memory, or on a float32 copy for bf16/f16 (captured
-            # first from their own bytes: the apply of the copy does not capture the site
-            # again).
-            if t.dtype is f32:
-                rc = lib.shmsteer_stepper_apply(self._h, hook_id, layer, t.data_ptr(), t.numel(), p.ptr, p.n)
-                if rc:
-                    check(rc)
-                return
-            if self._capturing:
-                check(lib.shmsteer_stepper_capture(self._h, hook_id, layer, t.data_ptr(),
-                                                   t.numel() * t.element_size(), CAPTURE_DTYPES[t.dtype], p.ptr, p.n))
-            t32 = t.float()  # a new tensor: cheaper than a view of a kept buffer (a slice and a view)
-            rc = lib.shmsteer_stepper_apply(self._h, hook_id, layer, t32.data_ptr(), t32.numel(), p.ptr, p.n)
-            if rc:
-                check(rc)
-            t.copy_(t32)
+            self._apply(t, hook_id, layer)
         return apply
 
-    def _check(self, t: torch.Tensor) -> None:
-        """Refuse a hooked output the step cannot steer, before anything changes."""
-        if self._packed is None:
+    def _apply(self, t: torch.Tensor, hook_id: int, layer: int) -> None:
+        p = self._packed
+        if p is None:
             raise RuntimeError("shmsteer: steering hook ran outside SteeringHooks.step()")
         check_hidden(t, self.hidden)
         if t.device.type != "cpu":
@@ -88,6 +63,16 @@ class NativeHooks(SteeringHooks):
                                       f"SteeringHooks(handle, device={str(t.device)!r}) for the device path")
         if t.numel() // self.hidden < self._rows:
             raise ShapeError(f"shmsteer: the spans cover {self._rows} rows, the hooked output has {t.numel() // self.hidden}")
+        # The stepper is this object's own (one thread at a time, as the hooks are): the kernels
+        # run on the tensor's memory, or on a float32 copy for bf16/f16 (captured first from
+        # their own bytes: the apply of the copy does not capture the site again).
+        if self._capturing and t.dtype is not torch.float32:
+            check(lib.shmsteer_stepper_capture(self.stepper.handle, hook_id, layer, t.data_ptr(),
+                                               t.numel() * t.element_size(), CAPTURE_DTYPES[t.dtype], p.ptr, p.n))
+        t32 = t if t.dtype is torch.float32 else t.float()
+        check(lib.shmsteer_stepper_apply(self.stepper.handle, hook_id, layer, t32.data_ptr(), t32.numel(), p.ptr, p.n))
+        if t32 is not t:
+            t.copy_(t32)
 
 
 __all__ = ["NativeHooks"]
