@@ -31,7 +31,8 @@ The goals (issue 43) are printed with each figure, met or not: a steered path's 
 goal (float32 is reported, with no goal) and the gated step's goal in each dtype, on the
 median of per-round ratios (a slow round moves the ratio of medians, printed beside it, not the
 median of rounds). Every goal missed is printed as ``goal missed: ...`` with its figures on
-stderr; with ``--check`` the bench then exits 1. ``--slack F`` multiplies every goal by F for
+stderr; with ``--check`` the bench then exits 1, except for the goals named by ``--known-miss
+DTYPE.CONTENDER`` (printed as missed all the same). ``--slack F`` multiplies every goal by F for
 that check, and (slack above 1) raises a step goal to the plain table hook's ratio of the same
 run when that is higher: CI (.ci/run) runs ``--dtypes bfloat16 --rounds 5 --check --slack
 1.05``, which fails on a regression beyond a loaded machine's noise, not on a ratio within 5%
@@ -279,7 +280,8 @@ def time_loop(runs: Dict[str, Runner], rounds: int, clock: Callable[[], float]) 
     return {"ms_per_decode_step": med, "ratio": ratios}
 
 
-def time_admission(reps: int, with_json: bool = False, clock: Callable[[], float] = time.process_time) -> Dict[str, float]:
+def time_admission(reps: int, with_json: bool = False,
+                   clock: Callable[[], float] = time.process_time) -> Dict[str, float]:
     """Owner.admit from Python at the issue's shape, 32 layers x 4096 floats (median ms of reps
     rounds, the kinds alternated within each round): ``inline``, the override's vectors as
     numpy arrays (by address, shmsteer_request_admit_binary); ``named``, a reference to a named
@@ -348,6 +350,9 @@ def main() -> None:
                     help="exit 1 when a goal is missed (each step goal on the median of per-round ratios)")
     ap.add_argument("--slack", type=float, default=1.0,
                     help="with --check, each goal times this factor (CI: 1.05, for a loaded machine's noise)")
+    ap.add_argument("--known-miss", action="append", default=[], metavar="DTYPE.CONTENDER",
+                    help="a goal known to be missed (e.g. bfloat16.native): still printed as missed, "
+                         "but --check does not fail on it")
     args = ap.parse_args()
     if args.admission_only:
         admission_only(args.admissions, time.perf_counter if args.wall else time.process_time)
@@ -383,10 +388,24 @@ def main() -> None:
         print(json.dumps(report, indent=1))
     else:
         print_report(report, args.rounds)
-    for m in report["missed"]:
-        print(f"goal missed: {m}", file=sys.stderr)
-    if args.check and report["missed"]:
+    bad = failing(report["missed"], args.known_miss)
+    if args.check and bad:
         sys.exit(1)
+
+
+def failing(missed_goals: List[str], known: List[str]) -> List[str]:
+    """Print each missed goal on stderr and return those --check fails on: all but the known
+    misses (``dtype.contender``, ``admission.kind``), which are marked as such."""
+    out = []
+    names = [m.split(":")[0].replace(" ", ".") for m in missed_goals]
+    for m, name in zip(missed_goals, names):
+        print(f"goal missed{' (known, not failing --check)' if name in known else ''}: {m}", file=sys.stderr)
+        if name not in known:
+            out.append(m)
+    for k in known:
+        if k not in names:
+            print(f"known miss {k} passed this run's check: drop --known-miss {k} once it holds", file=sys.stderr)
+    return out
 
 
 def goal_of(dtype: str, contender: str) -> Optional[float]:
