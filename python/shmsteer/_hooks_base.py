@@ -25,6 +25,12 @@ from .device import Resolved, SpanPacker, StepBatch, UnsupportedDtypeError
 from .errors import LayerRangeError
 
 
+#: The most bytes of gathered rows (rows x hidden, all sites together) the device path and
+#: static mode keep from step to step, so that a clamp-free site of a steady batch adds its rows
+#: without gathering them again: 16 MiB, e.g. 64 decode rows x 4096 x 2 bytes at 32 sites.
+ADDEND_BYTES = 16 << 20
+
+
 class DeviceMismatchError(UnsupportedDtypeError):
     """A hooked output on a device the hooks were not built for (a CUDA tensor reaching native
     CPU hooks, or a site on another device or in another dtype than the tables). Nothing was
@@ -236,4 +242,4 @@ class SteeringHooks:
         self.stepper.close()
 
 
-__all__ = ["SteeringHooks", "DeviceMismatchError"]
+__all__ = ["SteeringHooks", "DeviceMismatchError", "ADDEND_BYTES"]

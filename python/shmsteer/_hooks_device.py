@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from . import ops
-from ._hooks_base import DeviceMismatchError, SteeringHooks
+from ._hooks_base import ADDEND_BYTES, DeviceMismatchError, SteeringHooks
 from ._hooks_parts import EagerCapture, EagerGates
 from .client import SpanLike
 from .device import DeviceTables, Resolved, check_hidden
@@ -27,9 +27,11 @@ class _SiteOp(NamedTuple):
 class DeviceHooks(SteeringHooks):
     """The device path (CUDA tensors, or CPU ones with ``force_device_path``): per site a table
     ``[slots + 1, hidden]`` in the hidden state's dtype (made on the first hooked site, on its
-    device), updated only for the rows whose content changed; per step the row index uploaded
-    once; per site one ``torch.ops.shmsteer.steer_`` (gather-add, then clamps), with the gate and
-    capture operators where the step has them. Each step is one engine call (the resolve, which
+    device), updated only for the rows whose content changed; the row index uploaded when the
+    batch layout changes; per site one ``torch.ops.shmsteer.steer_`` (gather-add, then clamps),
+    or, at a clamp-free site of a batch whose layout and tables did not change since the last
+    step, one add of the rows gathered then (``ADDEND_BYTES``); with the gate and capture
+    operators where the step has them. Each step is one engine call (the resolve, which
     ends the step), plus one report when the step has probe gates. One dtype on one device per
     hooks object (another is :class:`DeviceMismatchError`)."""
 
@@ -55,6 +57,7 @@ class DeviceHooks(SteeringHooks):
         self._rowsel: Optional[torch.Tensor] = None  # the steered rows (None: every row)
         self._gather: Optional[torch.Tensor] = None  # the gather buffer every site of a step reuses
         self._scratch: List[torch.Tensor] = []  # ops.steer_'s: the gather buffer's view of the steered rows
+        self._addends: Dict[int, torch.Tensor] = {}  # per clamp-free site, its gathered rows (_make_addends)
 
     @property
     def mode(self) -> str:
@@ -113,13 +116,21 @@ class DeviceHooks(SteeringHooks):
                 st = tb.sites[site]
                 self._ops[site] = _SiteOp(st.vec, k, st.dirs if k else None, st.params if k else None)
             self._sites_key = sites_key
+            changed = True
         if not self._ops:
             self._idx_key = b""
+            self._addends = {}
             return
         idx = res.index
         idx_key = idx.tobytes()
-        if idx_key == self._idx_key:
-            return  # the same rows and slots as the last step: nothing to upload
+        if idx_key != self._idx_key:
+            self._upload_index(idx, tb)
+            self._idx_key = idx_key
+            changed = True
+        if changed:
+            self._make_addends()
+
+    def _upload_index(self, idx: np.ndarray, tb: DeviceTables) -> None:
         nz = np.flatnonzero(idx)
         if len(nz) == len(idx):
             self._rowsel = None
@@ -127,13 +138,28 @@ class DeviceHooks(SteeringHooks):
         else:
             both = torch.from_numpy(np.stack((nz, idx[nz])).astype(np.int64)).to(tb.device)  # one upload
             self._rowsel, self._idx = both[0], both[1]
-        self._idx_key = idx_key
         # One gather buffer for every site of the step (and the next steps of its size): the
         # sites allocate nothing for the add.
         g = self._gather
         if g is None or g.shape[0] < len(nz) or g.dtype != tb.dtype or g.device != tb.device:
             g = self._gather = torch.empty(max(len(nz), 1), self.hidden, dtype=tb.dtype, device=tb.device)
         self._scratch = [g[: len(nz)]]
+
+    def _make_addends(self) -> None:
+        """Each clamp-free site's gathered rows ``table[index]``, made once per batch layout or
+        table change (a steady or advancing decode batch keeps them): its hook then does one
+        add, not a gather and an add. Only while they fit ``ADDEND_BYTES`` together; the sites
+        past it gather at each step."""
+        self._addends = {}
+        budget = ADDEND_BYTES
+        for site, op in self._ops.items():
+            if op.clamps:
+                continue
+            need = self._idx.shape[0] * op.vec.shape[1] * op.vec.element_size()
+            if need > budget:
+                break
+            budget -= need
+            self._addends[site] = op.vec.index_select(0, self._idx)
 
     def _first_site(self, t: torch.Tensor) -> DeviceTables:
         """The first hooked site: tables on its device, in its dtype, loaded with this step."""
@@ -149,7 +175,7 @@ class DeviceHooks(SteeringHooks):
         hidden, capture, gates = self.hidden, self._capture, self._gates
 
         def apply(t: torch.Tensor) -> None:
-            tb = self._tables
+            tb, addends = self._tables, self._addends
             # The checks of _check, fast when they pass (this runs at every site of every step).
             if (tb is None or not self._in_step or t.dtype is not tb.dtype or t.get_device() != self._tdev
                     or t.dim() == 0 or t.shape[-1] != hidden or not t.is_contiguous() or t.numel() < self._numel):
@@ -159,9 +185,20 @@ class DeviceHooks(SteeringHooks):
                 capture.site(t, site)  # before the add: captures see the unsteered rows
             if gates.cols:
                 gates.probe(t, site)
-            op = self._ops.get(site)
-            if op is not None:
-                ops.steer_(t, op.vec, self._idx, self._rowsel, op.dirs, op.params, op.clamps, self._scratch)
+            add = addends.get(site)
+            if add is not None:  # a clamp-free site whose rows are gathered already (_make_addends)
+                rowsel = self._rowsel
+                h = t if t.dim() == 2 else t.view(-1, hidden)
+                if rowsel is not None:
+                    h.index_add_(0, rowsel, add)
+                elif h.shape[0] == add.shape[0]:
+                    h.add_(add)
+                else:
+                    h[: add.shape[0]].add_(add)
+            else:
+                op = self._ops.get(site)
+                if op is not None:
+                    ops.steer_(t, op.vec, self._idx, self._rowsel, op.dirs, op.params, op.clamps, self._scratch)
             if gates.cols:
                 gates.add(t, site)
         return apply

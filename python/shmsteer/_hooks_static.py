@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from . import ops
-from ._hooks_base import DeviceMismatchError, SteeringHooks
+from ._hooks_base import ADDEND_BYTES, DeviceMismatchError, SteeringHooks
 from .client import SpanLike
 from .device import CapturePlan, DeviceTables, GateTables, ResolvedGates, UnsupportedDtypeError, check_hidden
 from .errors import BatchCapacityError, ShapeError
@@ -181,7 +181,9 @@ class StaticHooks(SteeringHooks):
     row index ``[max_tokens]`` and the gate buffers are allocated up front and never move.
     :meth:`prepare`, outside the forward, resolves the step and writes into them; the hooked
     forward does the same fixed sequence of :mod:`shmsteer.ops` calls on them every step (the
-    capture, the probe gates, the gather-add and clamps, the gated adds): no engine call, no
+    capture, the probe gates, the gather-add and clamps, the gated adds; without clamps, within
+    ``ADDEND_BYTES``, one add of the site's rows, which prepare gathers into a persistent buffer
+    when the index or the tables change): no engine call, no
     branch on data, no host sync, so it can be captured in a CUDA graph or compiled with
     ``torch.compile(fullgraph=True)`` once and replayed every step."""
 
@@ -202,6 +204,8 @@ class StaticHooks(SteeringHooks):
         self._tdev = self._sidx.get_device()  # -1 on the CPU
         self._numel = max_tokens * self.hidden  # the most elements a hooked output may have
         self._sidx_host = torch.zeros(max_tokens, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        self._sidx_np = self._sidx_host.numpy()
+        self._sidx_key = bytes(4 * max_tokens)  # the index the device buffer holds (int32 bytes; all slot 0)
         self._copied = torch.cuda.Event() if dev.type == "cuda" else None  # after the last index copy
         sites = None if gate_sites is None else frozenset(self.site_of(hk, layer) for hk, layer in gate_sites)
         self._gates = StaticGates(self.hidden, dev, dtype, max_tokens, self.max_row_gates, max_gate_slots, sites)
@@ -210,6 +214,10 @@ class StaticHooks(SteeringHooks):
         # float32 copy of the rows and the clamp passes' buffers.
         T, H, K, f32 = max_tokens, self.hidden, self.max_clamps, torch.float32
         self._scratch = [torch.zeros(T, H, dtype=dtype, device=dev)]
+        # Without clamps, each attached site's rows gathered by prepare (when the index or the
+        # tables change) while they fit ADDEND_BYTES: such a site's forward is one add.
+        self._addends: Dict[int, torch.Tensor] = {}
+        self._addend_budget = ADDEND_BYTES if K == 0 else 0
         if K > 0:
             self._scratch += [torch.zeros(T, K, H, dtype=f32, device=dev), torch.zeros(T, K, 3, dtype=f32, device=dev),
                               torch.zeros(T, H, dtype=f32, device=dev), torch.zeros(T, H, dtype=f32, device=dev),
@@ -236,6 +244,12 @@ class StaticHooks(SteeringHooks):
         vec, dirs, params, k, index, scratch = st.vec, st.dirs, st.params, self.max_clamps, self._sidx, self._scratch
         adds = g.tables.add_table(site) if g.gated(site) else None
         probe, site_t = g.tables.probe, g.site_tensor(site)
+        addend = self._addends.get(site)
+        need = self.max_tokens * self.hidden * vec.element_size()
+        if addend is None and need <= self._addend_budget:
+            self._addend_budget -= need
+            addend = self._addends[site] = torch.index_select(vec, 0, index)
+        hidden = self.hidden
 
         def apply(t: torch.Tensor) -> None:
             self._check(t)
@@ -245,7 +259,11 @@ class StaticHooks(SteeringHooks):
                 ops.capture_(t, src, dst, sc.buf, sc.scratch)
             if adds is not None:
                 ops.gate_probe_(t, probe, g.slots, g.site, site_t, g.params, g.gate, g.score, g.probe_scratch)
-            ops.steer_(t, vec, index, None, dirs, params, k, scratch)
+            if addend is not None:
+                h = t if t.dim() == 2 else t.view(-1, hidden)
+                h.add_(addend if h.shape[0] == addend.shape[0] else addend[: h.shape[0]])
+            else:
+                ops.steer_(t, vec, index, None, dirs, params, k, scratch)
             if adds is not None:
                 ops.gate_add_(t, adds, g.slots, g.gate, g.add_scratch)
         return apply
@@ -281,11 +299,19 @@ class StaticHooks(SteeringHooks):
             capture_plan = self.batch.capture_plan() if self._capturing else None
             self._scap.check(capture_plan)  # BatchCapacityError before any copy
         if self._copied is not None:
-            # The last step's index copy reads the pinned host buffer asynchronously: it must
-            # have run before the buffer is rewritten (normally long done; outside the graph).
+            # The last step's copies read the pinned host buffers asynchronously: they must
+            # have run before the buffers are rewritten (normally long done; outside the graph).
             self._copied.synchronize()
-        self._sidx_host.numpy()[:] = res.index
-        self._sidx.copy_(self._sidx_host, non_blocking=True)
+        idx_key = res.index.tobytes()
+        changed = len(res.updates) > 0
+        if idx_key != self._sidx_key:  # a steady or advancing decode batch copies nothing
+            self._sidx_np[:] = res.index
+            self._sidx.copy_(self._sidx_host, non_blocking=True)
+            self._sidx_key = idx_key
+            changed = True
+        if changed:
+            for site, addend in self._addends.items():
+                torch.index_select(self._tables.sites[site].vec, 0, self._sidx, out=addend)
         if self._scap is not None:
             self._scap.plan(capture_plan)
         g = res.gates

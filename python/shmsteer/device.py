@@ -51,21 +51,23 @@ class BatchOptionsC(Structure):
                 ("max_row_gates", c_int32)]
 
 
+# The result pointers are c_void_p (an address as an int, None for NULL): the views of them are
+# cached by address (_Views), and reading a typed POINTER field makes an object per read.
 class BatchGatesC(Structure):
-    _fields_ = [("cols", c_uint32), ("slots", c_uint32), ("rows", POINTER(c_int32)),
-                ("updates", POINTER(c_int32)), ("n_updates", c_size_t),
-                ("probe", POINTER(c_float)), ("params", POINTER(c_float)),
-                ("adds", POINTER(c_int32)), ("n_adds", c_size_t), ("add_stage", POINTER(c_float)),
-                ("sites", POINTER(c_int32)), ("n_sites", c_size_t), ("report", c_uint32),
-                ("factor", POINTER(c_float))]
+    _fields_ = [("cols", c_uint32), ("slots", c_uint32), ("rows", c_void_p),
+                ("updates", c_void_p), ("n_updates", c_size_t),
+                ("probe", c_void_p), ("params", c_void_p),
+                ("adds", c_void_p), ("n_adds", c_size_t), ("add_stage", c_void_p),
+                ("sites", c_void_p), ("n_sites", c_size_t), ("report", c_uint32),
+                ("factor", c_void_p)]
 
 
 class BatchInfoC(Structure):
     _fields_ = [("version", c_uint64), ("checksum", c_uint64),
-                ("index", POINTER(c_int32)), ("rows", c_size_t), ("slots", c_uint32),
-                ("sites", POINTER(c_int32)), ("site_clamps", POINTER(c_int32)), ("n_sites", c_size_t),
-                ("updates", POINTER(c_int32)), ("n_updates", c_size_t),
-                ("stage", POINTER(c_float)), ("clamp_dirs", POINTER(c_float)), ("clamp_params", POINTER(c_float)),
+                ("index", c_void_p), ("rows", c_size_t), ("slots", c_uint32),
+                ("sites", c_void_p), ("site_clamps", c_void_p), ("n_sites", c_size_t),
+                ("updates", c_void_p), ("n_updates", c_size_t),
+                ("stage", c_void_p), ("clamp_dirs", c_void_p), ("clamp_params", c_void_p),
                 ("n_clamps", c_size_t), ("gates", BatchGatesC)]
 
 
@@ -115,13 +117,16 @@ class PackedSpans:
 
 
 class SpanPacker:
-    """Packs (request id, start, end, phase[, first_position]) spans once per distinct layout: a step whose spans
-    equal the previous step's reuses its packing (decode batches often do)."""
+    """Packs (request id, start, end, phase[, first_position]) spans once per distinct layout: a
+    step whose spans equal the previous step's reuses its packing, and so does a step whose spans
+    differ from the previous step's only in their first positions (a decode batch advancing by a
+    token: the positions are written into the packing in place, nothing else is packed again)."""
 
     def __init__(self) -> None:
         self._ids: Dict[str, Tuple[bytes, int]] = {}
-        self._last: Optional[List[Any]] = None
+        self._last: Optional[List[Any]] = None  # the spans packed last, as tuples
         self._packed: Optional[PackedSpans] = None
+        self.packs = 0  #: layouts packed from scratch (not reused, not advanced)
 
     def _id(self, rid: str) -> Tuple[bytes, int]:
         ent = self._ids.get(rid)
@@ -134,29 +139,87 @@ class SpanPacker:
         return ent
 
     def pack(self, spans: Sequence[Any]) -> PackedSpans:
-        if self._packed is not None and self._last == spans:
-            return self._packed
+        packed, last = self._packed, self._last
+        if packed is not None and last is not None:
+            if last == spans:
+                return packed
+            pos = _advanced(spans, last)
+            if pos is not None:
+                packed.arr["first_position"] = pos
+                self._last = list(spans)
+                return packed
         recs = []
         for i, sp in enumerate(spans):
-            rid, start, end, phase, pos = span_fields(i, sp)
+            rid, start, end, phase, p = span_fields(i, sp)
             b, addr = self._id(rid)
             recs.append((addr, len(b), operator.index(start), operator.index(end), PHASES[phase],
-                         _int(f"span {i} first_position", pos, I32)))
+                         _int(f"span {i} first_position", p, I32)))
         self._packed = PackedSpans(np.array(recs, dtype=_SPAN))
-        self._last = list(spans)
+        self._last = [tuple(sp) for sp in spans]  # tuples: a caller's list mutated later cannot equal them
+        self.packs += 1
         return self._packed
 
 
+def _advanced(spans: Sequence[Any], last: List[Any]) -> Optional[List[int]]:
+    """The first positions of spans when they are 5-tuples equal to last's but for those (ints in
+    0..2^31-1); else None."""
+    if len(spans) != len(last):
+        return None
+    pos = []
+    for a, b in zip(spans, last):
+        if (type(a) is not tuple or len(a) != 5 or len(b) != 5 or a[0] != b[0] or a[1] != b[1] or a[2] != b[2]
+                or a[3] != b[3]):
+            return None
+        p = a[4]
+        if type(p) is not int or not 0 <= p <= I32[1]:
+            return None
+        pos.append(p)
+    return pos
+
+
 def _np_view(ptr: Any, n: int, dtype: Any, shape: Tuple[int, ...]) -> np.ndarray:
-    """A numpy view of n elements at ptr (empty when n is 0). Valid until the next resolve."""
+    """A numpy view of n elements at ptr (an address or a ctypes pointer; an empty array when n
+    is 0). Valid until the next resolve."""
     if n == 0:
         return np.zeros(shape, dtype=dtype)
-    addr = ctypes.cast(ptr, c_void_p).value
+    addr = ptr if isinstance(ptr, int) else ctypes.cast(ptr, c_void_p).value
     buf = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(addr)
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
 _EMPTY = np.zeros((0, 0), np.float32)
+
+
+class _Views:
+    """A batch's numpy views of the engine's result buffers, one per field, each remade only when
+    its buffer moves or changes shape: the engine reuses its buffers from resolve to resolve, so
+    a steady batch makes no view (making one costs about 7 us of Python, twelve of them most of
+    a resolve before this cache)."""
+
+    __slots__ = ("_at", "_no_gates")
+
+    def __init__(self) -> None:
+        self._at: Dict[str, Tuple[Optional[int], Tuple[int, ...], np.ndarray]] = {}
+        self._no_gates: Optional[Tuple[int, int, "ResolvedGates"]] = None
+
+    def no_gates(self, g: "BatchGatesC", rows: int, hidden: int) -> "ResolvedGates":
+        """The gates of a resolve that has none (no column, update, add, site or report)."""
+        e = self._no_gates
+        slots = int(g.slots)
+        if e is None or e[0] != rows or e[1] != slots:
+            e = self._no_gates = (rows, slots, ResolvedGates(g, rows, hidden, _Views()))
+        return e[2]
+
+    def get(self, name: str, addr: Optional[int], dtype: Any, shape: Tuple[int, ...]) -> np.ndarray:
+        e = self._at.get(name)
+        if e is not None and e[0] == addr and e[1] == shape:
+            return e[2]
+        n = 1
+        for d in shape:
+            n *= d
+        v = _np_view(addr, n, dtype, shape) if addr else np.zeros(shape, dtype=dtype)
+        self._at[name] = (addr, shape, v)
+        return v
 
 
 class ResolvedGates:
@@ -179,18 +242,20 @@ class ResolvedGates:
 
     __slots__ = ("cols", "slots", "rows", "factor", "updates", "probe", "params", "adds", "add_stage", "sites", "report")
 
-    def __init__(self, g: BatchGatesC, rows: int, hidden: int) -> None:
-        self.cols = int(g.cols)
+    def __init__(self, g: BatchGatesC, rows: int, hidden: int, views: Optional[_Views] = None) -> None:
+        v = views if views is not None else _Views()
+        self.cols = cols = int(g.cols)
         self.slots = int(g.slots)
         self.report = bool(g.report)
-        self.rows = _np_view(g.rows, rows * self.cols, np.int32, (rows, self.cols))
-        self.factor = _np_view(g.factor, rows * self.cols, np.float32, (rows, self.cols))
-        self.updates = _np_view(g.updates, g.n_updates * 4, np.int32, (g.n_updates, 4))
-        self.probe = _np_view(g.probe, g.n_updates * hidden, np.float32, (g.n_updates, hidden))
-        self.params = _np_view(g.params, g.n_updates * 2, np.float32, (g.n_updates, 2))
-        self.adds = _np_view(g.adds, g.n_adds * 2, np.int32, (g.n_adds, 2))
-        self.add_stage = _np_view(g.add_stage, g.n_adds * hidden, np.float32, (g.n_adds, hidden))
-        self.sites = _np_view(g.sites, g.n_sites, np.int32, (g.n_sites,))
+        nu, na = g.n_updates, g.n_adds
+        self.rows = v.get("g.rows", g.rows, np.int32, (rows, cols))
+        self.factor = v.get("g.factor", g.factor, np.float32, (rows, cols))
+        self.updates = v.get("g.updates", g.updates, np.int32, (nu, 4))
+        self.probe = v.get("g.probe", g.probe, np.float32, (nu, hidden))
+        self.params = v.get("g.params", g.params, np.float32, (nu, 2))
+        self.adds = v.get("g.adds", g.adds, np.int32, (na, 2))
+        self.add_stage = v.get("g.add_stage", g.add_stage, np.float32, (na, hidden))
+        self.sites = v.get("g.sites", g.sites, np.int32, (g.n_sites,))
 
 
 class Resolved:
@@ -213,21 +278,29 @@ class Resolved:
     __slots__ = ("version", "checksum", "index", "slots", "sites", "site_clamps", "updates", "stage",
                  "clamp_dirs", "clamp_params", "gates")
 
-    def __init__(self, info: BatchInfoC, hidden: int) -> None:
+    def __init__(self, info: BatchInfoC, hidden: int, views: Optional[_Views] = None) -> None:
+        v = views if views is not None else _Views()
         self.version = info.version
         self.checksum = info.checksum
-        self.index = _np_view(info.index, info.rows, np.int32, (info.rows,))
+        self.index = v.get("index", info.index, np.int32, (info.rows,))
         self.slots = int(info.slots)
-        self.sites = _np_view(info.sites, info.n_sites, np.int32, (info.n_sites,))
-        self.site_clamps = _np_view(info.site_clamps, info.n_sites, np.int32, (info.n_sites,))
-        self.gates = ResolvedGates(info.gates, info.rows, hidden)
-        self.updates = _np_view(info.updates, info.n_updates * 4, np.int32, (info.n_updates, 4))
-        if info.n_updates == 0:  # a steady batch: nothing staged
+        ns = info.n_sites
+        self.sites = v.get("sites", info.sites, np.int32, (ns,))
+        self.site_clamps = v.get("site_clamps", info.site_clamps, np.int32, (ns,))
+        g = info.gates
+        if g.cols or g.n_updates or g.n_adds or g.n_sites or g.report:
+            self.gates = ResolvedGates(g, info.rows, hidden, v)
+        else:  # no gate in the step (the usual case): one object per (rows, slots), kept
+            self.gates = v.no_gates(g, info.rows, hidden)
+        nu = info.n_updates
+        self.updates = v.get("updates", info.updates, np.int32, (nu, 4))
+        if nu == 0:  # a steady batch: nothing staged
             self.stage = self.clamp_dirs = self.clamp_params = _EMPTY
             return
-        self.stage = _np_view(info.stage, info.n_updates * hidden, np.float32, (info.n_updates, hidden))
-        self.clamp_dirs = _np_view(info.clamp_dirs, info.n_clamps * hidden, np.float32, (info.n_clamps, hidden))
-        self.clamp_params = _np_view(info.clamp_params, info.n_clamps * 3, np.float32, (info.n_clamps, 3))
+        nc = info.n_clamps
+        self.stage = v.get("stage", info.stage, np.float32, (nu, hidden))
+        self.clamp_dirs = v.get("clamp_dirs", info.clamp_dirs, np.float32, (nc, hidden))
+        self.clamp_params = v.get("clamp_params", info.clamp_params, np.float32, (nc, 3))
 
 
 class StepBatch:
@@ -256,6 +329,7 @@ class StepBatch:
         self.max_slots, self.max_clamps = max_slots, max_clamps
         self.max_gate_slots, self.max_row_gates = max_gate_slots, max_row_gates
         self._info = BatchInfoC()
+        self._views = _Views()  # the result buffers' views, reused while the engine reuses the buffers
         self._gsum = c_uint64()
         self._scores = np.empty(0, np.float32)  # report()'s float32 copy of the scores
         self._scores_ptr: Any = None
@@ -300,7 +374,7 @@ class StepBatch:
             st._step_thread = None if end else threading.get_ident()
         finally:
             st._busy.release()
-        return Resolved(self._info, self.hidden)
+        return Resolved(self._info, self.hidden, self._views)
 
     def capture_plan(self) -> Optional["CapturePlan"]:
         """The last resolve's capture plan (None: nothing to capture): numpy copies of the sites

@@ -32,9 +32,11 @@ never loops over requests.
   table ``[slots + 1, hidden]`` in the hidden state's dtype (row 0 zeros, row ``s`` the composed
   global + request vector of slot ``s``) is updated only for the rows whose content changed (one
   host-to-device copy of the changed rows per step, none in a steady batch); the per-row slot index
-  is uploaded once per step; the apply is one ``torch.ops.shmsteer.steer_`` (:mod:`shmsteer.ops`):
-  a gather-add over the steered rows, then the clamps (projection clamp and directional
-  ablation, in float32, global clamps first, as the CPU path).
+  is uploaded when the batch layout changes; the apply is one ``torch.ops.shmsteer.steer_``
+  (:mod:`shmsteer.ops`): a gather-add over the steered rows, then the clamps (projection clamp
+  and directional ablation, in float32, global clamps first, as the CPU path). A clamp-free site
+  keeps its gathered rows while the layout and its table rows stay (a steady or advancing decode
+  batch) and only adds them.
   Unsteered sites cost nothing. The checksum of the CPU applies does not cover the device's
   arithmetic; :attr:`SteeringHooks.batch_checksum` is the determinism checksum of what the step
   resolved (span layout and the action hashes of every steered site's content), equal across ranks
@@ -59,7 +61,9 @@ outside the graph, once per step: one engine call, then copies into those static
 (changed table rows, the index; rows past the batch get slot 0). The hooked forward does only
 fixed device work on them, through the operators of :mod:`shmsteer.ops` — no engine call, no
 host sync, no branch on data: every attached site does its gather-add (an unsteered row gathers
-row 0, zeros) and, with ``max_clamps`` > 0, its ``max_clamps`` clamp passes. Static mode is also
+row 0, zeros) and, with ``max_clamps`` > 0, its ``max_clamps`` clamp passes; with ``max_clamps=0``
+a site (while all sites' ``[max_tokens, hidden]`` rows fit 16 MiB) adds rows that ``prepare``
+gathered into a persistent buffer when the index or the tables changed. Static mode is also
 the ``torch.compile`` mode: the hooks read only persistent tensors that ``prepare`` updates in
 place, so ``torch.compile(model, fullgraph=True)`` traces the hooks into the graph once (no graph
 break, no recompile per step; call ``start_capture`` before compiling, so that the capture work

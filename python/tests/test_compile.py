@@ -83,14 +83,18 @@ def _steps(sc: Scenario, o: shmsteer.Owner):
         yield spans
 
 
-def test_compiled_hooks_no_graph_break_equal_eager_no_recompile(owner):
-    sc = Scenario(owner, seed=2)
+@pytest.mark.parametrize("addends", [False, True], ids=["gather", "addends"])
+def test_compiled_hooks_no_graph_break_equal_eager_no_recompile(owner, addends):
+    """addends: the compiled hooks without clamps (each site adds the rows prepare gathered)
+    against eager hooks that gather at each site, over a scenario without clamps."""
+    sc = Scenario(owner, seed=2, clamps=not addends)
     eager_m, comp_m, plain_m = Decoder(), Decoder(), Decoder()
     kw = dict(static=True, max_tokens=T, device="cpu", dtype=torch.float32, max_row_gates=1)
-    he, hc = SteeringHooks(owner, **kw), SteeringHooks(owner, **kw)
+    he, hc = SteeringHooks(owner, **kw), SteeringHooks(owner, **kw, **({"max_clamps": 0} if addends else {}))
     assert isinstance(hc, StaticHooks)
     _attach(he, eager_m)
     _attach(hc, comp_m)
+    assert bool(hc._addends) == addends and not he._addends
     gen = torch.Generator().manual_seed(1)
     x0 = torch.randn(T, HIDDEN, generator=gen)
     hc.prepare([("a", 0, 3, "prefill"), ("b", 3, 4, "decode")])

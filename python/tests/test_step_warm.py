@@ -1,0 +1,137 @@
+"""A step that stays warm in a serving loop (issue 43, item 1): what a steady or advancing
+decode batch reuses from the last step (its span packing, the resolve's views, the device
+path's tables and index), and that the reuse never hands out a stale value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch not importable (apt-get install python3-torch)")
+
+import shmsteer  # noqa: E402
+from shmsteer.device import SpanPacker  # noqa: E402
+from shmsteer.errors import InvalidArgumentError  # noqa: E402
+from shmsteer.torch_hook import SteeringHooks  # noqa: E402
+
+from steering_ref import HIDDEN, HOOKS, LAYERS, Chain, Scenario, attach  # noqa: E402
+
+
+@pytest.fixture
+def owner(ns, secret):
+    with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=LAYERS, hooks=list(HOOKS) + ["mlp_out"]) as o:
+        yield o
+
+
+def test_packer_advances_positions_in_place():
+    p = SpanPacker()
+    a = p.pack([("a", 0, 1, "decode", 7), ("b", 1, 2, "decode", 3)])
+    assert p.packs == 1 and list(a.arr["first_position"]) == [7, 3]
+    b = p.pack([("a", 0, 1, "decode", 8), ("b", 1, 2, "decode", 4)])
+    assert b is a and p.packs == 1, "positions only: the packing is reused"
+    assert list(b.arr["first_position"]) == [8, 4]
+    assert p.pack([("a", 0, 1, "decode", 8), ("b", 1, 2, "decode", 4)]) is a and p.packs == 1
+    # Anything else about a span packs again: its row range, its phase, its id, their number.
+    for spans in ([("a", 0, 1, "decode", 9), ("b", 1, 3, "decode", 5)],
+                  [("a", 0, 1, "prefill", 9), ("b", 1, 3, "decode", 5)],
+                  [("c", 0, 1, "prefill", 9), ("b", 1, 3, "decode", 5)],
+                  [("c", 0, 1, "prefill", 9)]):
+        before = p.packs
+        got = p.pack(spans)
+        assert p.packs == before + 1
+        assert [tuple(r) for r in got.arr[["start", "end", "first_position"]].tolist()] == [s[1:3] + (s[4],) for s in spans]
+    # A bad position is refused by the full packing, as before (nothing reused).
+    p.pack([("a", 0, 1, "decode", 1)])
+    with pytest.raises(InvalidArgumentError):
+        p.pack([("a", 0, 1, "decode", 1 << 31)])
+    with pytest.raises(InvalidArgumentError):
+        p.pack([("a", 0, 1, "decode", 2.0)])
+    # Spans given as lists, mutated by the caller between steps, are packed again.
+    spans = [["a", 0, 1, "decode", 1]]
+    p.pack(spans)
+    spans[0][4] = 2
+    assert list(p.pack(spans).arr["first_position"]) == [2]
+
+
+def test_resolve_views_reused_and_current(owner):
+    Scenario(owner)
+    hooks = SteeringHooks(owner, force_device_path=True)
+    attach(hooks, Chain())
+    b = hooks.batch
+    spans = [("a", 0, 3, "decode"), ("b", 3, 5, "decode")]
+    r1 = b.resolve(hooks._packer.pack(spans), 5, end=True)
+    idx1 = r1.index.copy()
+    r2 = b.resolve(hooks._packer.pack(spans), 5, end=True)
+    assert r2.index is r1.index, "a steady batch makes no new view"
+    assert (r2.index == idx1).all() and len(r2.updates) == 0
+    # Another layout: the views show the new results, not the cached ones.
+    swapped = [("b", 0, 2, "decode"), ("a", 2, 5, "decode")]
+    r3 = b.resolve(hooks._packer.pack(swapped), 5, end=True)
+    assert list(r3.index) == [idx1[3]] * 2 + [idx1[0]] * 3
+    r4 = b.resolve(hooks._packer.pack(swapped[:1]), 2, end=True)
+    assert r4.index.shape == (2,) and list(r4.index) == [idx1[3]] * 2
+
+
+def _steered(hooks, chain, x, spans):
+    y = x.clone()
+    with torch.no_grad(), hooks.step(spans):
+        chain(y)
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_device_addends_follow_layout_and_tables(owner, dtype):
+    """The device path's kept gathered rows give what the gather gives (the native path's
+    result), and are remade when the layout or a table row changes."""
+    sc = Scenario(owner, clamps=False)
+    chain_d, chain_n = Chain(), Chain()
+    dev = SteeringHooks(owner, force_device_path=True)
+    nat = SteeringHooks(owner)
+    attach(dev, chain_d)
+    attach(nat, chain_n)
+    x = torch.randn(6, HIDDEN).to(dtype)
+    steps = [[("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)],
+             [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 4)],  # advancing: addends kept
+             [("b", 0, 1, "decode", 5), ("a", 1, 2, "decode", 7)],  # swapped rows: remade
+             [("b", 0, 1, "decode", 6), ("a", 1, 2, "decode", 8)]]
+    for i, spans in enumerate(steps):
+        if i == 3:
+            sc.register("n0", [("post_block", l, 2.0, np.full(HIDDEN, 0.25 * (l + 1), np.float32)) for l in range(LAYERS)])
+        kept = dict(dev._addends)
+        got = _steered(dev, chain_d, x, spans)
+        want = _steered(nat, chain_n, x, spans)
+        tol = 1e-5 if dtype is torch.float32 else 0.05
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+        assert dev._addends, "clamp-free sites keep their gathered rows"
+        same = bool(kept) and all(dev._addends[s] is kept.get(s) for s in dev._addends)
+        assert same == (i == 1), f"step {i}: addends {'kept' if same else 'remade'}"
+    assert not torch.equal(got, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_static_addends_follow_layout_and_tables(owner, dtype):
+    """Static mode without clamps adds rows prepare gathered: equal to the native path's result
+    over an advancing, a reordered and a re-registered step, and rows past the batch untouched."""
+    sc = Scenario(owner, clamps=False)
+    chain_s, chain_n = Chain(), Chain()
+    st = SteeringHooks(owner, static=True, max_tokens=4, device="cpu", dtype=dtype, max_clamps=0)
+    nat = SteeringHooks(owner)
+    attach(st, chain_s)
+    attach(nat, chain_n)
+    assert st._addends, "clamp-free static sites add prepared rows"
+    x = torch.randn(3, HIDDEN).to(dtype)
+    steps = [[("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)],
+             [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 4)],
+             [("b", 0, 1, "decode", 5), ("a", 1, 2, "decode", 7)],
+             [("b", 0, 1, "decode", 6), ("a", 1, 2, "decode", 8)]]
+    tol = 1e-5 if dtype is torch.float32 else 0.05
+    for i, spans in enumerate(steps):
+        if i == 3:
+            sc.register("n0", [("post_block", l, 2.0, np.full(HIDDEN, 0.25 * (l + 1), np.float32)) for l in range(LAYERS)])
+        y = x.clone()
+        with torch.no_grad():
+            st.prepare(spans)
+            chain_s(y)
+        want = _steered(nat, chain_n, x, spans)
+        torch.testing.assert_close(y.float(), want.float(), rtol=tol, atol=tol)
+        assert torch.equal(y[2], x[2]), "a row past the batch is not steered"
