@@ -1,25 +1,32 @@
 """A torch.compile'd small Llama in bfloat16 decoding a batch of 8, steered on every request,
-against the same compiled model unsteered (issue 39's figure: at most 1.05x), on the CPU.
+against the same compiled model unsteered (issue 39's figure: at most 1.05x).
 
 The model (random weights from a ``LlamaConfig``: hidden 256, 4 layers, 8 heads, vocab 1024) has
 a ``StaticCache``; its ``forward`` is compiled (``torch.compile(model.forward, fullgraph=...)``),
 so the model's own forward hooks (:class:`shmsteer.hf.HFSteering`'s per-step work: the spans,
 the resolve, the table copies) run eagerly around the compiled graph while the hook points'
-work is traced into it. Steered: 8 requests, each with its own vector at ``post_block`` of every
-layer plus a global vector at ``mlp_out`` of layer 1, through static hooks
-(``SteeringHooks(static=True)``: the forward reads only static buffers). Each contender
-prefills the batch (eagerly timed apart, not reported), then decodes ``--steps`` tokens; the two
-contenders alternate round by round (in a shuffled order each round) and each round's decode is
-timed by wall time. Reported: the median ms per decode step of each, and the ratio.
+work is traced into it (static mode's gather-add as aten ops the compiler fuses, see
+:func:`shmsteer.ops.steer_`). Steered: 8 requests, each with its own vector at ``post_block`` of
+every layer plus a global vector at ``mlp_out`` of layer 1, through static hooks
+(``SteeringHooks(static=True)``: the forward reads only static buffers). ``--op-contender`` adds
+a steered twin whose sites call the opaque ``torch.ops.shmsteer.steer_`` instead (an A/B of the
+two forms in one run). Each contender prefills the batch (not timed), then decodes ``--steps``
+tokens; the contenders alternate round by round (in a shuffled order each round) and each
+round's decode is timed by wall time and by this thread's CPU time. Reported, per clock: the
+median ms per decode step of each, the ratio of the medians and the per-round ratios' median,
+min and max. On a shared, loaded machine run ``--threads 1`` and read the CPU-time figures:
+torch then computes in this thread, and its CPU time is the work whatever else runs.
 
     $SHMSTEER_PYTHON python/benchmarks/hf_compile.py [--rounds 9] [--steps 32] [--hidden 256] [--layers 4]
-        [--points post_block,mlp_out] [--no-fullgraph] [--json]
+        [--points post_block,mlp_out] [--device cpu] [--backend inductor] [--threads N] [--op-contender]
+        [--no-fullgraph] [--json]
 
 Before timing it checks that the compiled steered model steers as the eager one (the first
 decode step's logits nearer the eager steered forward's than half the steering's effect; a
-graph without the hooks is exactly the unsteered model) and exits 1 otherwise. Dynamo does not guard on module hooks by default, so the script
-sets ``torch._dynamo.config.skip_nnmodule_hook_guards = False``: without it the steered twin
-reuses the plain model's graph and runs unsteered.
+graph without the hooks is exactly the unsteered model) and exits 1 otherwise. Dynamo does not
+guard on module hooks by default, so the script sets ``skip_nnmodule_hook_guards = False``
+while it runs: without it the steered twin reuses the plain model's graph and runs unsteered.
+The GPU check (``gpu_check.py``) runs :func:`measure` on its device.
 
 ``--explain`` prints ``torch._dynamo.explain``'s graph and graph-break counts of one steered
 decode step and exits.
@@ -228,16 +235,19 @@ def summary(times: Dict[str, List[float]]) -> Dict[str, Any]:
 
 
 def measure(device: torch.device, rounds: int, steps: int, backend: str = "inductor", fullgraph: bool = True,
-            points: Sequence[str] = ("post_block", "mlp_out"), op_contender: bool = False) -> Dict[str, Any]:
-    """Build, check and time the contenders (see the module doc); the result :func:`main` prints."""
+            points: Sequence[str] = ("post_block", "mlp_out"), op_contender: bool = False, hidden: int = 256,
+            layers: int = 4) -> Dict[str, Any]:
+    """Build, check and time the contenders (see the module doc) on a model of ``hidden`` and
+    ``layers``; the result :func:`main` prints."""
+    global HIDDEN, LAYERS
+    HIDDEN, LAYERS = hidden, layers
     # Dynamo does not guard on module hooks by default: the steered twin would reuse the plain
-    # model's graph (the same code object, the same guards) and run unsteered.
-    torch._dynamo.config.skip_nnmodule_hook_guards = False
-    # The twins share LlamaForCausalLM.forward's code: 3 graphs each (prefill into an empty and
-    # into a used cache, decode); dynamo moves the entry it hits to the front of the list.
-    torch._dynamo.config.recompile_limit = 16
+    # model's graph (the same code object, the same guards) and run unsteered. The twins share
+    # LlamaForCausalLM.forward's code: 3 graphs each (prefill into an empty and into a used
+    # cache, decode).
     ns = "hfbench-" + uuid.uuid4().hex
-    with shmsteer.Owner(ns, secret=uuid.uuid4().hex.encode(), hidden=HIDDEN, layers=LAYERS) as owner:
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, recompile_limit=16), \
+            shmsteer.Owner(ns, secret=uuid.uuid4().hex.encode(), hidden=HIDDEN, layers=LAYERS) as owner:
         bench = Bench(owner, steps, fullgraph, list(points), device, backend, op_contender)
         try:
             with torch.no_grad():
@@ -301,9 +311,9 @@ def main() -> None:
     points = a.points.split(",")
     device = torch.device(a.device)
     if a.explain:
-        torch._dynamo.config.skip_nnmodule_hook_guards = False
-        with shmsteer.Owner("hfbench-" + uuid.uuid4().hex, secret=uuid.uuid4().hex.encode(), hidden=HIDDEN,
-                            layers=LAYERS) as owner:
+        ns = "hfbench-" + uuid.uuid4().hex
+        with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), \
+                shmsteer.Owner(ns, secret=uuid.uuid4().hex.encode(), hidden=HIDDEN, layers=LAYERS) as owner:
             bench = Bench(owner, a.steps, not a.no_fullgraph, points, device, a.backend)
             try:
                 with torch.no_grad():
@@ -311,7 +321,7 @@ def main() -> None:
             finally:
                 bench.close()
         return
-    res = measure(device, a.rounds, a.steps, a.backend, not a.no_fullgraph, points, a.op_contender)
+    res = measure(device, a.rounds, a.steps, a.backend, not a.no_fullgraph, points, a.op_contender, a.hidden, a.layers)
     ok = res["check"]["compiled_steers"]
     if a.json:
         print(json.dumps(res))
