@@ -44,7 +44,9 @@ call): empty, and the kernels allocate what they need; static mode passes persis
 ``max_tokens`` rows so its forward allocates nothing (see each kernel for the list it takes).
 
 Each has a fake (meta) kernel, so ``torch.compile(model, fullgraph=True)`` traces a model with
-the hooks attached without a graph break, and the captured graph calls the operators. Eagerly
+the hooks attached without a graph break, and the captured graph calls the operators, except
+static mode's ``steer_`` (no ``rowsel``): compiled, it traces its arithmetic as aten ops, which
+the compiler fuses into the loops around the site (:func:`steer_`). Eagerly
 (not compiling) the hooks call the same kernels directly (:func:`steer_` etc. below): the
 dispatcher's Python round trip of a ``custom_op`` costs tens of microseconds a call, more than a
 decode step's gather-add at a small batch, and the arithmetic is the same code either way.
