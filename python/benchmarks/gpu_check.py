@@ -20,7 +20,10 @@ JSON next to it (``report.json``), and prints the report. Sections:
 (d) a small model with the hooks attached, ``torch._dynamo.explain``'s graph breaks, and the
     ``torch.compile``'d model against eager over changing steps (device path and static mode;
     once the package registers its ``shmsteer::`` operators, static mode, the compile mode, is
-    compiled with ``fullgraph=True`` and a graph break there fails);
+    compiled with ``fullgraph=True`` and a graph break there fails); then issue 39's figure, a
+    compiled small Llama in bf16 decoding a batch of 8 steered on every request against the same
+    compiled model unsteered (``hf_compile.py``: ms per step, the ratio, its goal of 1.05x met
+    or not; with --quick a 1-layer hidden-64 model, a few rounds, not judged);
 (e) the Hugging Face generate check: ``shmsteer.hf`` steering greedy ``generate()`` of a small
     random Llama against a plain torch hook adding the same vectors, unsteered rows against an
     unsteered run ("not available" when ``shmsteer.hf`` or ``transformers`` does not import).
@@ -540,6 +543,30 @@ def section_compile(cfg: Config, sec: Section) -> None:
         r, lines = compile_mode(cfg, mode, strict and mode == "static")
         sec.data[mode] = r
         sec.lines += lines
+    compiled_llama(cfg, sec)
+
+
+def compiled_llama(cfg: Config, sec: Section) -> None:
+    """Issue 39's figure: a compiled small Llama in bf16 decoding a batch of 8, every request
+    steered, against the same compiled model unsteered (``hf_compile.py``; with --quick a
+    smaller model and few rounds, the figure then only shows the path runs)."""
+    try:
+        import transformers  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means the figure cannot be made here
+        sec.lines.append(f"compiled Llama figure: not available (`import transformers` failed: {type(e).__name__}: {e})")
+        return
+    import hf_compile  # this script's directory is on sys.path
+    size = dict(hidden=64, layers=1, rounds=3, steps=4) if cfg.quick else dict(hidden=256, layers=4, rounds=9, steps=32)
+    res = hf_compile.measure(cfg.device, size["rounds"], size["steps"], backend=cfg.backend, hidden=size["hidden"],
+                             layers=size["layers"])
+    torch._dynamo.reset()
+    sec.data["compiled_llama"] = res
+    sec.lines += hf_compile.lines(res)
+    if not res["check"]["compiled_steers"]:
+        raise CheckFailure("compiled Llama: the compiled steered model's logits are not the eager steered model's")
+    r = res["ratio"]
+    verdict = "not judged (--quick: a smaller model)" if cfg.quick else ("met" if r <= hf_compile.GOAL else "not met")
+    sec.lines.append(f"compiled Llama goal (steered <= {hf_compile.GOAL}x unsteered, wall-time medians): {r:.4f}x, {verdict}")
 
 
 # ---- (e) Hugging Face generate -------------------------------------------------------------------

@@ -201,35 +201,35 @@ class _Requests:
         self.seen = np.zeros(len(self.ids), dtype=np.int64)
 
     def spans(self, batch: int, seq: int, mask: Optional[torch.Tensor]) -> Tuple[List[SpanLike], np.ndarray]:
-        """This forward's spans (5-tuples) and each row's real token count in it."""
+        """This forward's spans (5-tuples) and each row's real token count in it. Once per
+        forward, on the host around the (possibly compiled) model: whole-array numpy, then one
+        loop over the rows on Python ints."""
         if batch != len(self.ids):
             raise RequestBatchError(f"shmsteer.hf: the forward has {batch} batch rows, the requests are {len(self.ids)} "
                                     "(one request a row: no beam search or num_return_sequences > 1)")
         if mask is None:
-            cur = np.ones((batch, seq), dtype=np.int64)
+            q = np.full(batch, seq, dtype=np.int64)
             total = self.seen + seq
         else:
             m = mask.detach().to("cpu").numpy()
-            if m.ndim != 2 or m.shape[0] != batch or m.shape[1] < seq or not np.isin(m, (0, 1)).all():
+            if m.ndim != 2 or m.shape[0] != batch or m.shape[1] < seq or ((m != 0) & (m != 1)).any():
                 raise RequestBatchError(f"shmsteer.hf: attention_mask of shape {tuple(m.shape)} for a [{batch}, {seq}] "
                                         "forward: want [batch, length >= seq] of zeros and ones")
-            m = m.astype(np.int64)
+            m = m.astype(np.int64, copy=False)
             cur = m[:, m.shape[1] - seq:]
-            if (np.diff(cur, axis=1) < 0).any():
+            if seq > 1 and (cur[:, 1:] < cur[:, :-1]).any():
                 raise RequestBatchError("shmsteer.hf: right padding in the forward's tokens: tokenize with "
                                         "padding_side='left'")
+            q = cur.sum(axis=1)
             total = m.sum(axis=1)
-        q = cur.sum(axis=1)
-        first = total - q
         if self.prompt is None:
             self.prompt = total.copy()  # the first forward holds the whole prompt
         out: List[SpanLike] = []
-        for i, rid in enumerate(self.ids):
-            n = int(q[i])
+        for i, (rid, n, p0, plen) in enumerate(zip(self.ids, q.tolist(), (total - q).tolist(), self.prompt.tolist())):
             if rid is None or n == 0:
                 continue
-            start, end, p0 = i * seq + seq - n, (i + 1) * seq, int(first[i])
-            pre = min(max(int(self.prompt[i]) - p0, 0), n)
+            start, end = i * seq + seq - n, (i + 1) * seq
+            pre = min(max(plen - p0, 0), n)
             if pre:
                 out.append((rid, start, start + pre, "prefill", p0))
             if pre < n:

@@ -44,7 +44,9 @@ call): empty, and the kernels allocate what they need; static mode passes persis
 ``max_tokens`` rows so its forward allocates nothing (see each kernel for the list it takes).
 
 Each has a fake (meta) kernel, so ``torch.compile(model, fullgraph=True)`` traces a model with
-the hooks attached without a graph break, and the captured graph calls the operators. Eagerly
+the hooks attached without a graph break, and the captured graph calls the operators, except
+static mode's ``steer_`` (no ``rowsel``): compiled, it traces its arithmetic as aten ops, which
+the compiler fuses into the loops around the site (:func:`steer_`). Eagerly
 (not compiling) the hooks call the same kernels directly (:func:`steer_` etc. below): the
 dispatcher's Python round trip of a ``custom_op`` costs tens of microseconds a call, more than a
 decode step's gather-add at a small batch, and the arithmetic is the same code either way.
@@ -297,14 +299,41 @@ def _capture_fake(hidden: Tensor, src: Tensor, dst: Tensor, buf: Tensor, scratch
 _NONE: List[Tensor] = []  # no scratch: the kernels allocate their temporaries
 
 
+def _steer_traced(hidden: Tensor, table: Tensor, index: Tensor, dirs: Optional[Tensor], params: Optional[Tensor],
+                  clamps: int) -> None:
+    """``steer_`` without ``rowsel`` as the aten operations ``torch.compile`` traces (no scratch:
+    the compiler plans its own temporaries): the gather and the add, then the clamps in float32.
+    Inductor fuses the gather-add with the ops around the site into one loop over the rows, where
+    the opaque operator is a call through the dispatcher into Python (about 10 aten calls and
+    0.1 ms a site on a CPU) that also keeps the site's neighbours from fusing."""
+    h = hidden if hidden.dim() == 2 else hidden.view(-1, table.shape[1])
+    m, n = index.shape[0], h.shape[0]
+    idx, dst = (index, h) if m == n else ((index, h[:m]) if m < n else (index[:n], h))
+    dst.add_(table[idx])
+    if clamps <= 0 or dirs is None or params is None:
+        return
+    x = dst.float()
+    d, p = dirs[idx], params[idx]
+    for j in range(clamps):  # as apply_clamps: p = h.u; h += strength * (clip(p, lo, hi) - p) * u
+        u = d[:, j]
+        dot = (x * u).sum(1)
+        c = torch.minimum(torch.maximum(dot, p[:, j, 0]), p[:, j, 1])
+        x = x + ((c - dot) * p[:, j, 2]).unsqueeze(1) * u
+    dst.copy_(x)
+
+
 def steer_(hidden: Tensor, table: Tensor, index: Tensor, rowsel: Optional[Tensor] = None,
            dirs: Optional[Tensor] = None, params: Optional[Tensor] = None, clamps: int = 0,
            scratch: List[Tensor] = _NONE) -> None:
-    """``torch.ops.shmsteer.steer_`` (its kernel directly when not compiling)."""
-    if torch.compiler.is_compiling():
-        torch.ops.shmsteer.steer_(hidden, table, index, rowsel, dirs, params, clamps, scratch)
-    else:
+    """``torch.ops.shmsteer.steer_`` (its kernel directly when not compiling). Compiled without
+    ``rowsel`` (static mode's form) it traces the same arithmetic as aten operations
+    (:func:`_steer_traced`), which the compiler fuses into the graph around the site."""
+    if not torch.compiler.is_compiling():
         _steer_kernel(hidden, table, index, rowsel, dirs, params, clamps, scratch)
+    elif rowsel is None:
+        _steer_traced(hidden, table, index, dirs, params, clamps)
+    else:
+        torch.ops.shmsteer.steer_(hidden, table, index, rowsel, dirs, params, clamps, scratch)
 
 
 def gate_probe_(hidden: Tensor, probe: Tensor, slots: Tensor, sites: Tensor, site: Tensor, params: Tensor,

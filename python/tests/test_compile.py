@@ -128,6 +128,40 @@ def test_compiled_hooks_no_graph_break_equal_eager_no_recompile(owner, addends):
     assert he.stepper.stats()["gate_evaluations"] > 0
 
 
+def test_compiled_static_sites_trace_aten_ops_not_the_operator(owner):
+    """Compiled, static mode's gather-add is traced as aten ops (fused by the compiler), not a
+    call of the opaque shmsteer::steer_ (a Python round trip at every site); same results."""
+    Scenario(owner, seed=2, clamps=False)
+    targets = []
+
+    def backend(gm, _inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
+        return gm.forward
+
+    kw = dict(static=True, max_tokens=T, device="cpu", dtype=torch.float32, max_clamps=0)
+    he, hc = SteeringHooks(owner, **kw), SteeringHooks(owner, **kw)
+    eager_m, comp_m = Decoder(), Decoder()
+    _attach(he, eager_m)
+    _attach(hc, comp_m)
+    spans = [("a", 0, 3, "prefill"), ("b", 3, 4, "decode")]
+    x = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(5))
+    he.prepare(spans)
+    hc.prepare(spans)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = eager_m(x.clone())
+        got = torch.compile(comp_m, backend=backend, fullgraph=True)(x.clone())
+        plain = Decoder()(x.clone())
+    he.report()
+    hc.report()
+    assert targets and not [t for t in targets if "shmsteer" in t], targets
+    assert "add_" in targets
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(want, plain, atol=1e-3)
+    he.close()
+    hc.close()
+
+
 def test_ops_pass_opcheck():
     """torch.library.opcheck of each operator (schema and mutations, fake kernel, AOT dispatch)
     on small inputs, the scratch-free (eager) and the scratch (static) forms; run through
