@@ -147,16 +147,19 @@ func buildLibrary(t *testing.T) string {
 	return libDir
 }
 
-// The library exports exactly the functions shmsteer.h declares: the Go functions behind them
-// stay internal, so no caller can bypass the fork check.
+// The library exports exactly the functions shmsteer.h (with the headers it includes) declares:
+// the Go functions behind them stay internal, so no caller can bypass the fork check.
 func TestExportsMatchHeader(t *testing.T) {
 	lib := buildLibrary(t)
-	hdr, err := os.ReadFile("shmsteer.h")
-	require.NoError(t, err)
 	var declared []string
-	for _, m := range regexp.MustCompile(`(?m)^[a-z].*?\b(shmsteer_[a-z0-9_]+)\(`).FindAllSubmatch(hdr, -1) {
-		declared = append(declared, string(m[1]))
+	for _, name := range headerFiles(t) {
+		hdr, err := os.ReadFile(name)
+		require.NoError(t, err)
+		for _, m := range regexp.MustCompile(`(?m)^[a-z].*?\b(shmsteer_[a-z0-9_]+)\(`).FindAllSubmatch(hdr, -1) {
+			declared = append(declared, string(m[1]))
+		}
 	}
+	require.Contains(t, declared, "shmsteer_capture_attach", "the capture part is read")
 	f, err := elf.Open(filepath.Join(lib, "libshmsteer.so"))
 	require.NoError(t, err)
 	defer f.Close()
@@ -173,6 +176,21 @@ func TestExportsMatchHeader(t *testing.T) {
 	require.Equal(t, declared, exported)
 	_, err = os.Stat(filepath.Join(lib, "libshmsteer.h"))
 	require.True(t, os.IsNotExist(err), "cgo's header declaring internal functions is removed")
+}
+
+// headerFiles returns the C ABI's headers: shmsteer.h and the headers of this directory it
+// includes (its generated error codes, its capture part), the files go generate copies into
+// the Python package.
+func headerFiles(t *testing.T) []string {
+	t.Helper()
+	hdr, err := os.ReadFile("shmsteer.h")
+	require.NoError(t, err)
+	files := []string{"shmsteer.h"}
+	for _, m := range regexp.MustCompile(`(?m)^#include "([^"]+)"`).FindAllSubmatch(hdr, -1) {
+		files = append(files, string(m[1]))
+	}
+	require.Contains(t, files, "shmsteer_errors.h")
+	return files
 }
 
 func TestHandleTable(t *testing.T) {
@@ -367,7 +385,7 @@ func TestPythonVenvInstall(t *testing.T) {
 
 // The Python package builds, with Debian's setuptools and wheel and no package index, into a
 // wheel tagged for this platform (it carries libshmsteer.so) whose version is the package's
-// one version string, and ships the library, its header and py.typed.
+// one version string, and ships the library, its headers and py.typed.
 func TestPythonWheel(t *testing.T) {
 	py := "/usr/bin/python3"
 	if out, err := exec.Command(py, "-c", "import setuptools, wheel, pip").CombinedOutput(); err != nil {
@@ -399,7 +417,10 @@ func TestPythonWheel(t *testing.T) {
 	for _, f := range z.File {
 		names = append(names, f.Name)
 	}
-	want := []string{"shmsteer/libshmsteer.so", "shmsteer/shmsteer.h", "shmsteer/py.typed", "shmsteer/errors.py", "shmsteer/_errors_base.py", "shmsteer/_errors_steer.py"}
+	want := []string{"shmsteer/libshmsteer.so", "shmsteer/py.typed", "shmsteer/errors.py", "shmsteer/_errors_base.py", "shmsteer/_errors_steer.py"}
+	for _, h := range headerFiles(t) {
+		want = append(want, "shmsteer/"+h)
+	}
 	if _, err := os.Stat(filepath.Join("..", "python", "shmsteer", "_fastkeys.abi3.so")); err == nil {
 		want = append(want, "shmsteer/_fastkeys.abi3.so") // built by go generate with python3-dev
 	}

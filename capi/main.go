@@ -6,9 +6,10 @@
 // reader itself, translated to C from the one source both are generated from (keys_fast.c;
 // see internal/shmlayout).
 //
-// `go generate ./capi` builds the library and copies its header into python/shmsteer/, where
-// the Python package loads it (cgo's own generated header, which declares the internal
-// functions, is removed).
+// `go generate ./capi` builds the library and copies its header (shmsteer.h, with the two it
+// includes: shmsteer_errors.h and shmsteer_capture.h) into python/shmsteer/, where the Python
+// package loads it (cgo's own generated header, which declares the internal functions, is
+// removed).
 //
 // # Layers
 //
@@ -23,9 +24,10 @@
 // # Error codes
 //
 // errors.tab is the one source of the codes: `go generate ./capi` (errgen.go, with
-// internal/errtable) renders it into the SHMSTEER_E_* block of shmsteer.h, the Go table of
-// sentinels (errors_gen.go), the names behind shmsteer_error_name (errnames_gen.c) and the
-// Python exception classes (python/shmsteer/errors.py). To add a sentinel to shm, ipc, steer or
+// internal/errtable) renders it into the SHMSTEER_E_* codes of shmsteer_errors.h (which
+// shmsteer.h includes), the Go table of sentinels (errors_gen.go), the names behind
+// shmsteer_error_name (errnames_gen.c) and the Python exception classes
+// (python/shmsteer/errors.py). To add a sentinel to shm, ipc, steer or
 // steer/vecfile, add one row to its package's block of errors.tab (the next free code of the
 // package's range, its SHMSTEER_E_ name, the Go name, the Python class and its bases, one line
 // of meaning) and run `go generate ./capi`. TestErrorTableCoversSentinels fails while a
@@ -44,7 +46,8 @@ package main
 // (exports.map: only the shmsteer_* functions of shmsteer.h are exported).
 //go:generate sh -c "go build -buildmode=c-shared -ldflags=-extldflags=-Wl,--version-script=$DOLLAR(pwd)/exports.map -o ../python/shmsteer/libshmsteer.so ."
 //go:generate rm -f ../python/shmsteer/libshmsteer.h
-//go:generate cp shmsteer.h ../python/shmsteer/shmsteer.h
+// The header and the two it includes (its generated error codes, its capture part).
+//go:generate cp shmsteer.h shmsteer_errors.h shmsteer_capture.h ../python/shmsteer/
 // The Python package's key get extension (python/shmsteer/_fastkeys.c), beside the library; a
 // message and no extension without python3-dev (the package then uses ctypes).
 //go:generate sh pyext.sh

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,13 +30,14 @@ const (
 // its limit: remove it when its owner splits it.
 var allowList = []string{}
 
-// TestSizes checks every .go and .py file under the repository root against maxFileLines and
-// every function in them against maxFuncLines.
+// TestSizes checks every .go, .py, .c and .h file under the repository root against
+// maxFileLines and every Go and Python function against maxFuncLines (C functions are not
+// checked).
 func TestSizes(t *testing.T) {
 	root := repoRoot(t)
-	goFiles, pyFiles := sourceFiles(t, root)
+	goFiles, pyFiles, cFiles := sourceFiles(t, root)
 	over := map[string]int{}
-	for _, rel := range append(append([]string(nil), goFiles...), pyFiles...) {
+	for _, rel := range slices.Concat(goFiles, pyFiles, cFiles) {
 		n := countLines(t, filepath.Join(root, rel))
 		if n > maxFileLines {
 			over[rel] = n
@@ -88,9 +90,9 @@ func repoRoot(t *testing.T) string {
 	}
 }
 
-// sourceFiles lists the .go and .py files under root, relative and slash-separated, skipping the
-// directories skipDir names.
-func sourceFiles(t *testing.T, root string) (goFiles, pyFiles []string) {
+// sourceFiles lists the .go, .py and C (.c and .h) files under root, relative and
+// slash-separated, skipping the directories skipDir names.
+func sourceFiles(t *testing.T, root string) (goFiles, pyFiles, cFiles []string) {
 	t.Helper()
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -112,6 +114,8 @@ func sourceFiles(t *testing.T, root string) (goFiles, pyFiles []string) {
 			goFiles = append(goFiles, filepath.ToSlash(rel))
 		case ".py":
 			pyFiles = append(pyFiles, filepath.ToSlash(rel))
+		case ".c", ".h":
+			cFiles = append(cFiles, filepath.ToSlash(rel))
 		}
 		return nil
 	})
@@ -121,7 +125,10 @@ func sourceFiles(t *testing.T, root string) (goFiles, pyFiles []string) {
 	if len(goFiles) == 0 {
 		t.Fatalf("no .go files under %s", root)
 	}
-	return goFiles, pyFiles
+	if len(cFiles) == 0 {
+		t.Fatalf("no .c or .h files under %s", root)
+	}
+	return goFiles, pyFiles, cFiles
 }
 
 // skipDir reports directories that hold no source of the project's own: hidden ones (.git,

@@ -1,6 +1,7 @@
 """The C compiler's view of capi/shmsteer.h, and the comparison of ctypes types with it.
 
-Used by test_abi.py. The header is preprocessed by the C compiler (``cc -E``, its own
+Used by test_abi.py. The header, with the headers of its own it includes (shmsteer_errors.h,
+shmsteer_capture.h) inlined, is preprocessed by the C compiler (``cc -E``, its standard
 ``#include`` lines dropped so the standard typedefs stay names), then parsed: it is our own,
 regular header, with typedef'd structs, opaque handle typedefs and plain function declarations.
 The parse is then checked by the compiler itself (:func:`compiler_program` asserts every parsed
@@ -170,11 +171,34 @@ def compiler() -> Optional[str]:
     return None
 
 
+def _without_system_includes(path: str) -> str:
+    """The text of header path with its ``#include "x"`` lines replaced by x's text (recursively,
+    each file once, x beside path) and its ``#include <x>`` lines dropped, so the standard
+    typedefs stay names: the parse sees ``uint32_t``, not what it expands to."""
+    seen: set[str] = set()
+
+    def expand(p: str) -> List[str]:
+        p = os.path.normpath(p)
+        if p in seen:
+            return []
+        seen.add(p)
+        out: List[str] = []
+        with open(p) as f:
+            for line in f:
+                m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
+                if m:
+                    out.extend(expand(os.path.join(os.path.dirname(p), m.group(1))))
+                elif not re.match(r"\s*#\s*include\b", line):
+                    out.append(line)
+        return out
+
+    return "".join(expand(path))
+
+
 def preprocess(cc: str, header: str = HEADER) -> str:
-    """The header through ``cc -E -P`` without its #include lines (the standard typedefs stay
-    names, so the parse sees ``uint32_t``, not what it expands to)."""
-    with open(header) as f:
-        src = "".join(line for line in f if not line.lstrip().startswith("#include"))
+    """The header, with the headers of its own it includes, through ``cc -E -P`` without the
+    standard #include lines (see :func:`_without_system_includes`)."""
+    src = _without_system_includes(header)
     r = subprocess.run([cc, "-E", "-P", "-x", "c", "-"], input=src, capture_output=True, text=True, check=False)
     if r.returncode:
         raise CompilerError(f"{cc} -E {header}: {r.stderr}")

@@ -1,6 +1,6 @@
 // Package errtable reads capi/errors.tab, the one source table of the module's error codes (the
-// C ABI's and the wire's), and renders every table made from it: the SHMSTEER_E_* block of
-// shmsteer.h, capi's Go table of sentinels (errors_gen.go), the C table behind
+// C ABI's and the wire's), and renders every table made from it: the SHMSTEER_E_* codes of
+// shmsteer_errors.h (included by shmsteer.h), capi's Go table of sentinels (errors_gen.go), the C table behind
 // shmsteer_error_name (errnames_gen.c), the Python exception classes (python/shmsteer/errors.py
 // and its parts, see python.go), internal/proto's wire codes (codes_gen.go) and each binding
 // package's proto.Bind (wire_gen.go, see wire.go).
@@ -10,8 +10,8 @@
 // must not know any sentinel's value (capi's tests check those against the table) and it does
 // not build anything.
 //
-// Start with capi/errgen.go, which `go generate ./capi` runs: Outputs reads errors.tab and the
-// hand-written rest of shmsteer.h from a capi directory and returns each generated file.
+// Start with capi/errgen.go, which `go generate ./capi` runs: Outputs reads errors.tab from a
+// capi directory and returns each generated file.
 package errtable
 
 import (
@@ -355,23 +355,14 @@ func (t *Table) C() []byte {
 	return b.Bytes()
 }
 
-// Header markers: the lines between them in shmsteer.h are generated.
-const (
-	headerBegin = "/* BEGIN ERROR CODES: generated from capi/errors.tab by `go generate ./capi`; do not edit */"
-	headerEnd   = "/* END ERROR CODES */"
-)
-
-// Header returns hdr (shmsteer.h) with the block between its markers rendered from the table.
-func (t *Table) Header(hdr []byte) ([]byte, error) {
-	s := string(hdr)
-	i := strings.Index(s, headerBegin)
-	j := strings.Index(s, headerEnd)
-	if i < 0 || j < i {
-		return nil, fmt.Errorf("shmsteer.h: no %q ... %q block", headerBegin, headerEnd)
-	}
+// ErrorsHeader renders shmsteer_errors.h, the SHMSTEER_E_* codes that shmsteer.h includes (the
+// meaning of the codes is documented there, beside the #include).
+func (t *Table) ErrorsHeader() []byte {
 	var b strings.Builder
-	b.WriteString(s[:i+len(headerBegin)])
-	b.WriteString("\n#define SHMSTEER_OK 0\n")
+	fmt.Fprintf(&b, "/* %s */\n", generated)
+	b.WriteString("/* The error codes of the C ABI: include shmsteer.h, which includes this file. */\n")
+	b.WriteString("#ifndef SHMSTEER_ERRORS_H\n#define SHMSTEER_ERRORS_H\n\n")
+	b.WriteString("#define SHMSTEER_OK 0\n")
 	type item struct {
 		code      int
 		def, note string
@@ -411,26 +402,18 @@ func (t *Table) Header(hdr []byte) ([]byte, error) {
 	}
 	b.WriteString("/* One past the largest code. */\n")
 	fmt.Fprintf(&b, "#define SHMSTEER_E_LIMIT %d\n", t.Limit)
-	b.WriteString(s[j:])
-	return []byte(b.String()), nil
+	b.WriteString("\n#endif /* SHMSTEER_ERRORS_H */\n")
+	return []byte(b.String())
 }
 
-// Outputs reads errors.tab and shmsteer.h from the capi directory dir and returns every
-// generated file by its path relative to dir.
+// Outputs reads errors.tab from the capi directory dir and returns every generated file by its
+// path relative to dir.
 func Outputs(dir string) (map[string][]byte, error) {
 	src, err := os.ReadFile(filepath.Join(dir, "errors.tab"))
 	if err != nil {
 		return nil, err
 	}
 	t, err := Parse(src)
-	if err != nil {
-		return nil, err
-	}
-	hdr, err := os.ReadFile(filepath.Join(dir, "shmsteer.h"))
-	if err != nil {
-		return nil, err
-	}
-	h, err := t.Header(hdr)
 	if err != nil {
 		return nil, err
 	}
@@ -443,9 +426,9 @@ func Outputs(dir string) (map[string][]byte, error) {
 		return nil, fmt.Errorf("go.mod: no module line")
 	}
 	out := map[string][]byte{
-		"shmsteer.h":     h,
-		"errors_gen.go":  t.Go(),
-		"errnames_gen.c": t.C(),
+		"shmsteer_errors.h": t.ErrorsHeader(),
+		"errors_gen.go":     t.Go(),
+		"errnames_gen.c":    t.C(),
 		filepath.Join("..", "internal", "proto", "codes_gen.go"): t.Proto(),
 	}
 	py, err := t.Python()

@@ -25,12 +25,11 @@ func TestParseAndRender(t *testing.T) {
 	require.Equal(t, "shm.ErrNotFound", tab.Parent(tab.Rows[2]))
 	require.Equal(t, "", tab.Parent(tab.Rows[1]))
 
-	h, err := tab.Header([]byte("x\n" + headerBegin + "\nold\n" + headerEnd + "\ny\n"))
-	require.NoError(t, err)
-	require.Contains(t, string(h), "#define SHMSTEER_E_MARKED 11    /* shm.ErrMarked */")
-	require.Contains(t, string(h), "/* 12: retired (shm.ErrGone, never returned) */")
-	require.Contains(t, string(h), "#define SHMSTEER_E_LIMIT 100\n"+headerEnd+"\ny\n")
-	require.NotContains(t, string(h), "old")
+	h := string(tab.ErrorsHeader())
+	require.Contains(t, h, "#define SHMSTEER_E_MARKED 11    /* shm.ErrMarked */")
+	require.Contains(t, h, "/* 12: retired (shm.ErrGone, never returned) */")
+	require.Contains(t, h, "#define SHMSTEER_E_LIMIT 100\n\n#endif /* SHMSTEER_ERRORS_H */\n")
+	require.True(t, strings.HasPrefix(h, "/* "+generated+" */\n"), "marked generated")
 
 	files, err := tab.Python()
 	require.NoError(t, err)
