@@ -58,8 +58,9 @@ extern "C" {
 
 /*
  * ERROR CODES. Codes 1..9 belong to the C ABI; every other code is exactly one Go sentinel error
- * of package shm (10..29), ipc (30..49), steer (50..79) or steer/vecfile (80..99): the error a
- * call returned matches it with errors.Is. shmsteer_error_name gives the Go name
+ * of package shm (10..29, 140..149), ipc (30..36, 41..49), keys (37..40), steer (50..79,
+ * 150..169), steer/vecfile (80..99) or capture (100..139), as shmsteer_errors.h lists them: the
+ * error a call returned matches it with errors.Is. shmsteer_error_name gives the Go name
  * ("keys.ErrRevoked"). An error matching several sentinels gets the code of the first in
  * capi/errors.tab's order: ipc, then steer, then vecfile (a vector file whose tensor has the
  * wrong hidden size is HIDDEN_SIZE, though it is also vecfile.ErrShape), then shm; a sentinel
