@@ -262,13 +262,15 @@ func isPacked(fields map[string]json.RawMessage, clamp bool) bool {
 	return d && t && (!clamp || b)
 }
 
-// parseVectorSpec reads one tier; vectors come out sorted by hook then layer.
+// parseVectorSpec reads one tier; vectors come out sorted by hook then layer. spec's values
+// are decoded JSON (json.RawMessage from encoding/json or the fast reader), so their strings
+// are not validated again.
 func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
 	var out []steer.Vector
 	for _, hook := range sortedKeys(spec) {
 		raw := spec[hook]
-		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		fields, ok := rawObject(raw, true) // raw comes from decoded JSON
+		if !ok && (json.Unmarshal(raw, &fields) != nil || fields == nil) {
 			return nil, malformed("", "Steering tier %s in %s must map layer indices to entries, got %s", pyStr(hook), field, jsonKind(raw))
 		}
 		if isPacked(fields, false) {
@@ -437,6 +439,9 @@ func packedError(path string, err error) error {
 
 // packedVectors is p.Vectors(hook) with the fork's wording of its errors.
 func packedVectors(p *vecfile.Packed, hook string) ([]steer.Vector, error) {
+	if vs, ok := fastPackedVectors(p, hook); ok {
+		return vs, nil
+	}
 	vs, err := p.Vectors(hook)
 	return vs, packedError("", err)
 }

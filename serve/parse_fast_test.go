@@ -1,0 +1,217 @@
+package serve
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/steer"
+	"github.com/shmsteer/shmsteer/steer/vecfile"
+)
+
+// packedBody is an admit body with an inline override of layers × hidden float32 rows, packed.
+func packedBody(t testing.TB, layers, hidden int) []byte {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var raw []byte
+	idx := make([]int, layers)
+	for l := range layers {
+		idx[l] = l
+		for range hidden {
+			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(float32(rng.NormFloat64())))
+		}
+	}
+	b, err := json.Marshal(map[string]any{"request_id": "r", "conversation": "c", "override": map[string]any{
+		"decode_vectors": map[string]any{"post_block": map[string]any{"dtype": "float32", "shape": []int{layers, hidden},
+			"layer_indices": idx, "data": base64.StdEncoding.EncodeToString(raw)}},
+		"vector_refs": map[string]float32{"n": 0.5}}, "steering": nil, "prompt_len": 3})
+	require.NoError(t, err)
+	return b
+}
+
+// sameAsStrict checks the fast reader's answer for body against decodeStrict's: where it takes
+// a body, encoding/json takes it too, with the same result.
+func sameAsStrict(t *testing.T, body []byte) bool {
+	fast, ok := fastAdmitRequest(body)
+	var slow AdmitRequest
+	err := decodeStrict(body, &slow)
+	if !ok {
+		return false
+	}
+	if err != nil {
+		t.Fatalf("fast reader took %q, decodeStrict refuses it: %v", body, err)
+	}
+	require.Equal(t, slow, fast, "%s", body)
+	return true
+}
+
+func TestFastAdmitRequestMatchesStrict(t *testing.T) {
+	require.True(t, sameAsStrict(t, packedBody(t, 4, 8)), "the packed body takes the fast path")
+	for _, c := range []struct {
+		body string
+		fast bool
+	}{
+		{`{}`, true},
+		{` {"request_id":"a","tenant":"t","module":"m","compose":"add","prompt_len":-1} `, true},
+		{`{"override":null,"steering":null,"capture":{"x":[1,2.5e-3,true,false,null]}}`, true},
+		{`{"override":{"vectors":{},"clamps":null,"replace":true,"decode_vector_refs":{"a":1}}}`, true},
+		{`{"override":{"vectors":{"pre_attn":{"1":[1,2,3,4]},"pre_attn":[]}}}`, true},
+		{`{"request_id":"caf\u00e9\n","steering":[{"when":{"kind":"always"}}]}`, true},
+		{"{\"request_id\":\"\xff\xfe\"}", true},
+		{`{"Request_ID":"a"}`, false},                  // encoding/json matches other cases too
+		{`{"request_id":"a","request_id":"b"}`, false}, // duplicate: the slow path's last-wins
+		{`{"req\u0075est_id":"a"}`, false},             // escaped key
+		{`{"unknown":1}`, false},
+		{`{"prompt_len":1.5}`, false},
+		{`{"prompt_len":"1"}`, false},
+		{`{"override":[]}`, false},
+		{`{"override":{"vectors":{"pre_\u0061ttn":{}}}}`, false},
+		{`{} {}`, false},
+		{`{}]`, false},
+		{`{"request_id":"a\x01"}`, false},
+		{`{"request_id":"a\q"}`, false},
+		{`{"capture":[01]}`, false},
+		{`{"capture":[1.]}`, false},
+		{`{"capture":[-]}`, false},
+		{`{"capture":tru}`, false},
+		{`{"capture":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`, false},
+		{`[]`, false},
+		{``, false},
+	} {
+		require.Equal(t, c.fast, sameAsStrict(t, []byte(c.body)), "%s", c.body)
+	}
+}
+
+// FuzzFastAdmitRequest holds the fast reader to encoding/json: whatever it takes, decodeStrict
+// takes with the same AdmitRequest (anything else goes to decodeStrict, which words the error).
+func FuzzFastAdmitRequest(f *testing.F) {
+	f.Add(packedBody(f, 2, 4))
+	for _, s := range []string{`{"override":{"vectors":{"pre_attn":{"1":[1,2,3,4]}}},"prompt_len":2}`,
+		`{"request_id":"a\"b\\c\u0041","capture":{"x":{"y":[1e5,-0.5E-2]}}}`, `{"Override":null}`,
+		`{"override":{"decode_vectors":{"h":{"data":"QUJD","dtype":"float32"}},"replace":false}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) { sameAsStrict(t, b) })
+}
+
+// FuzzRawObject holds rawObject to json.Unmarshal into a map[string]json.RawMessage: validating,
+// on any bytes; trusted, on valid JSON.
+func FuzzRawObject(f *testing.F) {
+	for _, s := range []string{`{"a":1,"b":"x\"}","a":[{"}":"\\"}]}`, `{}`, `{"a":"\u00e9"}`, ` {"k" : null } `} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var want map[string]json.RawMessage
+		err := json.Unmarshal(b, &want)
+		for _, trusted := range []bool{false, true} {
+			if trusted && !json.Valid(b) {
+				continue
+			}
+			got, ok := rawObject(b, trusted)
+			if !ok {
+				continue
+			}
+			if err != nil || want == nil {
+				t.Fatalf("rawObject(trusted=%v) took %q, encoding/json refuses it: %v", trusted, b, err)
+			}
+			require.Equal(t, len(want), len(got))
+			for k, v := range want {
+				require.Equal(t, string(v), string(got[k]), "key %q", k)
+			}
+		}
+	})
+}
+
+// vectorsEqual compares decoded vectors bit for bit (NaN payloads included).
+func vectorsEqual(t *testing.T, want, got []steer.Vector) {
+	require.Equal(t, len(want), len(got))
+	for i := range want {
+		w, g := want[i], got[i]
+		require.Equal(t, [3]any{w.Hook, w.Layer, math.Float32bits(w.Scale)}, [3]any{g.Hook, g.Layer, math.Float32bits(g.Scale)})
+		require.Equal(t, len(w.Data), len(g.Data))
+		for j := range w.Data {
+			if math.Float32bits(w.Data[j]) != math.Float32bits(g.Data[j]) {
+				t.Fatalf("vector %d float %d: %#x, vecfile %#x", i, j, math.Float32bits(g.Data[j]), math.Float32bits(w.Data[j]))
+			}
+		}
+	}
+}
+
+// checkFastPacked compares fastPackedVectors with vecfile's decoder; it reports whether the
+// fast decoder took p.
+func checkFastPacked(t *testing.T, p *vecfile.Packed) bool {
+	got, ok := fastPackedVectors(p, "h")
+	want, err := p.Vectors("h")
+	if !ok {
+		return false
+	}
+	if err != nil {
+		t.Fatalf("fast decoder took %+v, vecfile refuses it: %v", p, err)
+	}
+	vectorsEqual(t, want, got)
+	return true
+}
+
+func TestFastPackedVectorsMatch(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, dt := range []string{"float32", "bfloat16", "float64"} {
+		size := map[string]int{"float32": 4, "bfloat16": 2, "float64": 8}[dt]
+		for _, shape := range [][2]int{{1, 1}, {1, 2}, {2, 3}, {3, 5}, {32, 64}} {
+			raw := make([]byte, shape[0]*shape[1]*size)
+			for i := range raw {
+				raw[i] = byte(rng.Uint32())
+			}
+			idx := make([]int, shape[0])
+			for i := range idx {
+				idx[i] = 2 * i
+			}
+			p := vecfile.Packed{Dtype: dt, Shape: shape[:], LayerIndices: idx, Data: base64.StdEncoding.EncodeToString(raw)}
+			require.True(t, checkFastPacked(t, &p), "%s %v", dt, shape)
+			p.Scales = make([]float64, shape[0])
+			for i := range p.Scales {
+				p.Scales[i] = rng.NormFloat64()
+			}
+			require.True(t, checkFastPacked(t, &p), "%s %v scales", dt, shape)
+			enc := p.Data
+			// what the fast decoder leaves to vecfile (whose errors stay the API's)
+			for _, bad := range []string{enc[:len(enc)-4], enc + "AAAA", strings.TrimRight(enc, "="), "!" + enc[1:],
+				enc[:len(enc)/2] + "\n" + enc[len(enc)/2+1:], enc[:len(enc)-1] + "\n"} {
+				if bad == enc {
+					continue // no padding to trim
+				}
+				p.Data = bad
+				require.False(t, checkFastPacked(t, &p), "%q", bad)
+			}
+			p.Data = enc
+		}
+	}
+	p := vecfile.Packed{Dtype: "float16", Shape: []int{1, 2}, LayerIndices: []int{0}, Data: "ADwAPA=="}
+	require.False(t, checkFastPacked(t, &p), "float16 is vecfile's")
+}
+
+// FuzzFastPackedVectors holds fastPackedVectors to vecfile's decoder on any blob.
+func FuzzFastPackedVectors(f *testing.F) {
+	f.Add(uint8(0), 1, 2, "AACAPwAAAEA=", -1)
+	f.Add(uint8(1), 2, 3, "AAAAAAAAAAAAAAAA", 0)
+	f.Add(uint8(2), 1, 1, "AAAAAAAA8D8=", 3)
+	f.Add(uint8(0), 1, 1, "AACAP w==", 0)
+	f.Fuzz(func(t *testing.T, dt uint8, rows, hidden int, data string, layer int) {
+		dtypes := []string{"float32", "bfloat16", "float64", "float16", "int8"}
+		p := vecfile.Packed{Dtype: dtypes[int(dt)%len(dtypes)], Shape: []int{rows, hidden}, Data: data}
+		if rows >= 0 && rows < 64 {
+			p.LayerIndices = make([]int, rows)
+			for i := range p.LayerIndices {
+				p.LayerIndices[i] = layer + i
+			}
+			if layer%2 == 0 {
+				p.Scales = make([]float64, rows)
+			}
+		}
+		checkFastPacked(t, &p)
+	})
+}
