@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"math"
+	"math/bits"
 
 	"github.com/shmsteer/shmsteer/steer"
 	"github.com/shmsteer/shmsteer/steer/vecfile"
@@ -60,6 +61,46 @@ func decodeBase64(dst []byte, src string) bool {
 	return err == nil && copy(dst[body/4*3:], tail[:n]) == n && body/4*3+n == len(dst)
 }
 
+// decodeFloat32 decodes src, the padded standard encoding of len(dst) little-endian float32,
+// into dst without an intermediate byte buffer: 16 characters are 12 bytes, 3 floats. false
+// as decodeBase64's.
+func decodeFloat32(dst []float32, src string) bool {
+	if len(src) != base64.StdEncoding.EncodedLen(4*len(dst)) {
+		return false
+	}
+	groups := len(dst) / 3
+	if len(dst)%3 == 0 && groups > 0 {
+		groups-- // the last group holds the final quantum: decodeBase64 reads it
+	}
+	t0, t1, t2, t3 := &b64Quad[0], &b64Quad[1], &b64Quad[2], &b64Quad[3]
+	var bad uint32
+	for g := range groups {
+		s := src[16*g : 16*g+16]
+		q0 := t0[s[0]] | t1[s[1]] | t2[s[2]] | t3[s[3]]
+		q1 := t0[s[4]] | t1[s[5]] | t2[s[6]] | t3[s[7]]
+		q2 := t0[s[8]] | t1[s[9]] | t2[s[10]] | t3[s[11]]
+		q3 := t0[s[12]] | t1[s[13]] | t2[s[14]] | t3[s[15]]
+		bad |= q0 | q1 | q2 | q3
+		// bytes q0[2..0] q1[2..0] q2[2..0] q3[2..0], read as three little-endian words
+		d := dst[3*g : 3*g+3 : 3*g+3]
+		d[0] = math.Float32frombits(bits.ReverseBytes32(q0<<8 | q1>>16&0xff))
+		d[1] = math.Float32frombits(bits.ReverseBytes32(q1<<16 | q2>>8&0xffff))
+		d[2] = math.Float32frombits(bits.ReverseBytes32(q2<<24 | q3&0xffffff))
+	}
+	if bad&b64Bad != 0 {
+		return false
+	}
+	rest := dst[3*groups:]
+	var tail [12]byte
+	if !decodeBase64(tail[:4*len(rest)], src[16*groups:]) {
+		return false
+	}
+	for i := range rest {
+		rest[i] = math.Float32frombits(binary.LittleEndian.Uint32(tail[4*i:]))
+	}
+	return true
+}
+
 // fastDtypes are the dtypes fastPackedVectors converts: element size and converter.
 var fastDtypes = map[string]struct {
 	size int
@@ -98,12 +139,18 @@ func fastPackedVectors(p *vecfile.Packed, hook string) ([]steer.Vector, bool) {
 			return nil, false
 		}
 	}
-	raw := make([]byte, rows*h*dt.size)
-	if !decodeBase64(raw, p.Data) {
-		return nil, false
-	}
 	flat := make([]float32, rows*h)
-	dt.conv(flat, raw)
+	if p.Dtype == "float32" {
+		if !decodeFloat32(flat, p.Data) {
+			return nil, false
+		}
+	} else {
+		raw := make([]byte, rows*h*dt.size)
+		if !decodeBase64(raw, p.Data) {
+			return nil, false
+		}
+		dt.conv(flat, raw)
+	}
 	out := make([]steer.Vector, rows)
 	for r := range out {
 		out[r] = steer.Vector{Hook: hook, Layer: p.LayerIndices[r], Scale: 1, Data: flat[r*h : (r+1)*h : (r+1)*h]}

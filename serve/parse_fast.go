@@ -41,33 +41,35 @@ func specialWord(w uint64) bool {
 }
 
 // skipString validates the JSON string starting at b[i] == '"' and returns the index after
-// its closing quote; plain reports whether it holds no escape. A trusted string (in a value
-// already validated) is only searched for its closing quote.
-func skipString(b []byte, i int, trusted bool) (end int, plain, ok bool) {
+// its closing quote. A trusted string (in a value already validated) is only searched for its
+// closing quote.
+func skipString(b []byte, i int, trusted bool) (int, bool) {
 	if trusted {
 		return skipTrustedString(b, i)
 	}
 	i++
-	plain = true
 	for {
+		for i+16 <= len(b) && !specialWord(binary.LittleEndian.Uint64(b[i:])) &&
+			!specialWord(binary.LittleEndian.Uint64(b[i+8:])) {
+			i += 16
+		}
 		for i+8 <= len(b) && !specialWord(binary.LittleEndian.Uint64(b[i:])) {
 			i += 8
 		}
 		if i >= len(b) {
-			return 0, false, false
+			return 0, false
 		}
 		switch c := b[i]; {
 		case c == '"':
-			return i + 1, plain, true
+			return i + 1, true
 		case c == '\\':
-			plain = false
 			n, ok := skipEscape(b, i)
 			if !ok {
-				return 0, false, false
+				return 0, false
 			}
 			i = n
 		case c < 0x20:
-			return 0, false, false
+			return 0, false
 		default:
 			i++
 		}
@@ -76,26 +78,21 @@ func skipString(b []byte, i int, trusted bool) (end int, plain, ok bool) {
 
 // skipTrustedString finds the end of the valid JSON string at b[i] == '"': the first quote
 // after it not escaped by an odd run of backslashes.
-func skipTrustedString(b []byte, i int) (end int, plain, ok bool) {
-	plain = true
+func skipTrustedString(b []byte, i int) (int, bool) {
 	for j := i + 1; ; {
 		k := bytes.IndexByte(b[j:], '"')
 		if k < 0 {
-			return 0, false, false
+			return 0, false
 		}
 		q := j + k
-		if bytes.IndexByte(b[j:q], '\\') >= 0 {
-			plain = false
-			n := 0
-			for q-1-n > i && b[q-1-n] == '\\' {
-				n++
-			}
-			if n%2 == 1 {
-				j = q + 1
-				continue
-			}
+		n := 0
+		for q-1-n > i && b[q-1-n] == '\\' {
+			n++
 		}
-		return q + 1, plain, true
+		if n%2 == 0 {
+			return q + 1, true
+		}
+		j = q + 1
 	}
 }
 
@@ -178,8 +175,7 @@ func skipValue(b []byte, i, depth int, trusted bool) (int, bool) {
 	}
 	switch c := b[i]; {
 	case c == '"':
-		end, _, ok := skipString(b, i, trusted)
-		return end, ok
+		return skipString(b, i, trusted)
 	case c == '{' || c == '[':
 		return skipContainer(b, i, depth+1, trusted)
 	case c == '-' || isDigit(c):
@@ -213,7 +209,7 @@ func skipContainer(b []byte, i, depth int, trusted bool) (int, bool) {
 			if i >= len(b) || b[i] != '"' {
 				return 0, false
 			}
-			if i, _, ok = skipString(b, i, trusted); !ok {
+			if i, ok = skipString(b, i, trusted); !ok {
 				return 0, false
 			}
 			if i = skipSpace(b, i); i >= len(b) || b[i] != ':' {
@@ -267,8 +263,8 @@ func splitObject(b []byte, trusted bool) ([]rawField, bool) {
 		if i >= len(b) || b[i] != '"' {
 			return nil, false
 		}
-		end, plain, ok := skipString(b, i, trusted)
-		if !ok || !plain || !plainKey(b[i+1:end-1]) {
+		end, ok := skipString(b, i, trusted)
+		if !ok || !plainKey(b[i+1:end-1]) {
 			return nil, false
 		}
 		key := string(b[i+1 : end-1])
