@@ -31,48 +31,56 @@ const (
 	msb8 = 0x8080808080808080
 )
 
-// specialWord reports whether any of the 8 bytes in w is '"', '\\' or below 0x20 (it may
-// report a word that has none; the caller then looks byte by byte).
-func specialWord(w uint64) bool {
-	quote := w ^ (lsb8 * '"')
-	slash := w ^ (lsb8 * '\\')
-	zero := func(x uint64) uint64 { return (x - lsb8) &^ x & msb8 }
-	return (zero(quote) | zero(slash) | (w-lsb8*0x20)&^w&msb8) != 0
+// hasControl reports whether s holds a byte below 0x20 (not allowed unescaped in a JSON
+// string), 8 bytes a step.
+func hasControl(s []byte) bool {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		w := binary.LittleEndian.Uint64(s[i:])
+		if (w-lsb8*0x20)&^w&msb8 != 0 {
+			return true
+		}
+	}
+	for ; i < len(s); i++ {
+		if s[i] < 0x20 {
+			return true
+		}
+	}
+	return false
 }
 
 // skipString validates the JSON string starting at b[i] == '"' and returns the index after
-// its closing quote. A trusted string (in a value already validated) is only searched for its
-// closing quote.
+// its closing quote. The quotes and backslashes are found with bytes.IndexByte; the text
+// between them is checked for control bytes 8 at a time. Each byte is searched a bounded
+// number of times: q, the next quote, is searched for again only after an escape took it.
+// A trusted string (in a value already validated) is only searched for its closing quote.
 func skipString(b []byte, i int, trusted bool) (int, bool) {
 	if trusted {
 		return skipTrustedString(b, i)
 	}
 	i++
+	q := -1
 	for {
-		for i+16 <= len(b) && !specialWord(binary.LittleEndian.Uint64(b[i:])) &&
-			!specialWord(binary.LittleEndian.Uint64(b[i+8:])) {
-			i += 16
-		}
-		for i+8 <= len(b) && !specialWord(binary.LittleEndian.Uint64(b[i:])) {
-			i += 8
-		}
-		if i >= len(b) {
-			return 0, false
-		}
-		switch c := b[i]; {
-		case c == '"':
-			return i + 1, true
-		case c == '\\':
-			n, ok := skipEscape(b, i)
-			if !ok {
+		if q < i {
+			k := bytes.IndexByte(b[i:], '"')
+			if k < 0 {
 				return 0, false
 			}
-			i = n
-		case c < 0x20:
-			return 0, false
-		default:
-			i++
+			q = i + k
 		}
+		seg := b[i:q]
+		bs := bytes.IndexByte(seg, '\\')
+		if bs < 0 {
+			return q + 1, !hasControl(seg)
+		}
+		if hasControl(seg[:bs]) {
+			return 0, false
+		}
+		n, ok := skipEscape(b, i+bs)
+		if !ok {
+			return 0, false
+		}
+		i = n
 	}
 }
 
