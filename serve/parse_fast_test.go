@@ -215,3 +215,20 @@ func FuzzFastPackedVectors(f *testing.F) {
 		checkFastPacked(t, &p)
 	})
 }
+
+// FuzzAdmissionFromRequestFast holds AdmissionFromRequest with the fast reader to the same
+// translation with encoding/json splitting the body: the same AdmitRequest or the same error.
+func FuzzAdmissionFromRequestFast(f *testing.F) {
+	f.Add([]byte(`{"model":"m","steering_vectors":{"post_block":{"dtype":"float32","shape":[1,8],"layer_indices":[2],"data":"AACAPwAAgD8AAIA/AACAPwAAgD8AAIA/AACAPwAAgD8="}},"conversation_id":"c"}`))
+	f.Add([]byte(`{"steering_clamps":{"post_block":{"dtype":"float16","shape":[1,8],"layer_indices":[0],"data":"ADwAPAA8ADwAPAA8ADwAPA==","bounds":[[null,1]],"strengths":[0.5]}}}`))
+	f.Add([]byte(`{"steering_name":"m","steering":[{"when":{"kind":"always"}}],"decode_steering_vectors":null} x`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		opt := OpenAIOptions{MaxClampDirections: -1}
+		fast, ferr := admissionFromRequest(b, forkCfg, opt, true)
+		slow, serr := admissionFromRequest(b, forkCfg, opt, false)
+		if (ferr == nil) != (serr == nil) || ferr != nil && ferr.Error() != serr.Error() {
+			t.Fatalf("fast: %v, encoding/json: %v", ferr, serr)
+		}
+		require.Equal(t, slow, fast)
+	})
+}
