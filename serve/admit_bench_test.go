@@ -131,7 +131,7 @@ func BenchmarkPackedDecode(b *testing.B) {
 	})
 	b.Run("fast", func(b *testing.B) {
 		for b.Loop() {
-			if _, ok := fastPackedVectors(&p, "post_block"); !ok {
+			if _, ok := fastPackedVectors(&p, p.Data, "post_block"); !ok {
 				b.Fatal("not taken")
 			}
 		}

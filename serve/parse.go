@@ -278,7 +278,7 @@ func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
 			if err != nil {
 				return nil, err
 			}
-			vs, err := packedVectors(&p, hook)
+			vs, err := p.vectors(hook)
 			if err != nil {
 				return nil, fmt.Errorf("%s[%s]: %w", field, pyStr(hook), err)
 			}
@@ -311,12 +311,18 @@ func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
 	return out, nil
 }
 
+// packedBlob is a packed blob read from a body: data is its base64 when taken straight from
+// between its quotes (no escape: base64 needs none), and Packed.Data is then set only if vecfile
+// must decode it. That saves copying, or decoding, a multi-megabyte string.
+type packedBlob struct {
+	vecfile.Packed
+	data []byte
+}
+
 // packedFrom builds a packed blob from an object already split into fields, refusing unknown
 // ones.
-// The base64 data is taken straight from between its quotes when it holds no escape (base64
-// needs none), which saves decoding a multi-megabyte string twice.
-func packedFrom(fields map[string]json.RawMessage, path string) (vecfile.Packed, error) {
-	var p vecfile.Packed
+func packedFrom(fields map[string]json.RawMessage, path string) (packedBlob, error) {
+	var p packedBlob
 	for k, v := range fields {
 		var dst any
 		switch k {
@@ -330,7 +336,7 @@ func packedFrom(fields map[string]json.RawMessage, path string) (vecfile.Packed,
 			dst = &p.Scales
 		case "data":
 			if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' && bytes.IndexByte(v, '\\') < 0 {
-				p.Data = string(v[1 : len(v)-1])
+				p.data = v[1 : len(v)-1 : len(v)-1]
 				continue
 			}
 			dst = &p.Data
@@ -342,6 +348,17 @@ func packedFrom(fields map[string]json.RawMessage, path string) (vecfile.Packed,
 		}
 	}
 	return p, nil
+}
+
+// vectors is packedVectors of the blob.
+func (p *packedBlob) vectors(hook string) ([]steer.Vector, error) {
+	if p.data != nil {
+		if vs, ok := fastPackedVectors(&p.Packed, p.data, hook); ok {
+			return vs, nil
+		}
+		p.Data, p.data = string(p.data), nil
+	}
+	return packedVectors(&p.Packed, hook)
 }
 
 // parseFloats reads a JSON array of numbers, with the fork's messages for anything else.
@@ -439,7 +456,7 @@ func packedError(path string, err error) error {
 
 // packedVectors is p.Vectors(hook) with the fork's wording of its errors.
 func packedVectors(p *vecfile.Packed, hook string) ([]steer.Vector, error) {
-	if vs, ok := fastPackedVectors(p, hook); ok {
+	if vs, ok := fastPackedVectors(p, p.Data, hook); ok {
 		return vs, nil
 	}
 	vs, err := p.Vectors(hook)

@@ -39,7 +39,7 @@ var b64Quad = func() (t [4][256]uint32) {
 
 // decodeBase64 decodes src, the padded standard encoding of exactly len(dst) bytes, into dst;
 // false if src is not that (the caller asks encoding/base64 for the error).
-func decodeBase64(dst []byte, src string) bool {
+func decodeBase64[S ~string | ~[]byte](dst []byte, src S) bool {
 	if len(src) != base64.StdEncoding.EncodedLen(len(dst)) || len(src) == 0 {
 		return false
 	}
@@ -64,7 +64,7 @@ func decodeBase64(dst []byte, src string) bool {
 // decodeFloat32 decodes src, the padded standard encoding of len(dst) little-endian float32,
 // into dst without an intermediate byte buffer: 16 characters are 12 bytes, 3 floats. false
 // as decodeBase64's.
-func decodeFloat32(dst []float32, src string) bool {
+func decodeFloat32[S ~string | ~[]byte](dst []float32, src S) bool {
 	if len(src) != base64.StdEncoding.EncodedLen(4*len(dst)) {
 		return false
 	}
@@ -123,8 +123,9 @@ var fastDtypes = map[string]struct {
 	}},
 }
 
-// fastPackedVectors is p.Vectors(hook) for a well-formed blob, or !ok (see above).
-func fastPackedVectors(p *vecfile.Packed, hook string) ([]steer.Vector, bool) {
+// fastPackedVectors is p.Vectors(hook) for a well-formed blob whose base64 is data (p.Data,
+// or the bytes taken from a body), or !ok (see above).
+func fastPackedVectors[S ~string | ~[]byte](p *vecfile.Packed, data S, hook string) ([]steer.Vector, bool) {
 	dt, ok := fastDtypes[p.Dtype]
 	if !ok || len(p.Shape) != 2 {
 		return nil, false
@@ -141,12 +142,12 @@ func fastPackedVectors(p *vecfile.Packed, hook string) ([]steer.Vector, bool) {
 	}
 	flat := make([]float32, rows*h)
 	if p.Dtype == "float32" {
-		if !decodeFloat32(flat, p.Data) {
+		if !decodeFloat32(flat, data) {
 			return nil, false
 		}
 	} else {
 		raw := make([]byte, rows*h*dt.size)
-		if !decodeBase64(raw, p.Data) {
+		if !decodeBase64(raw, data) {
 			return nil, false
 		}
 		dt.conv(flat, raw)

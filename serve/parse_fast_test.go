@@ -145,11 +145,14 @@ func vectorsEqual(t *testing.T, want, got []steer.Vector) {
 // checkFastPacked compares fastPackedVectors with vecfile's decoder; it reports whether the
 // fast decoder took p.
 func checkFastPacked(t *testing.T, p *vecfile.Packed) bool {
-	got, ok := fastPackedVectors(p, "h")
+	got, ok := fastPackedVectors(p, p.Data, "h")
+	gotb, okb := fastPackedVectors(p, []byte(p.Data), "h")
 	want, err := p.Vectors("h")
+	require.Equal(t, ok, okb)
 	if !ok {
 		return false
 	}
+	vectorsEqual(t, got, gotb)
 	if err != nil {
 		t.Fatalf("fast decoder took %+v, vecfile refuses it: %v", p, err)
 	}
