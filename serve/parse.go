@@ -363,6 +363,9 @@ func (p *packedBlob) vectors(hook string) ([]steer.Vector, error) {
 
 // parseFloats reads a JSON array of numbers, with the fork's messages for anything else.
 func parseFloats(raw json.RawMessage, path string) ([]float32, error) {
+	if d, ok := fastFloats(raw); ok {
+		return d, nil
+	}
 	var d []float32
 	if err := json.Unmarshal(raw, &d); err == nil {
 		return d, nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"strconv"
 )
 
 // A fast reader for the bodies that carry packed blobs. encoding/json runs every byte of a
@@ -328,4 +329,41 @@ func (s *fieldSet) add(i int) bool {
 	}
 	*s |= bit
 	return true
+}
+
+// fastFloats is json.Unmarshal(raw, &d) for d a []float32 when raw is an array of numbers
+// that all fit float32 (ok false otherwise: null elements, other types, overflow, bad JSON),
+// without encoding/json's scanner: each number is checked against JSON's grammar and parsed
+// by strconv.ParseFloat(s, 32), as encoding/json parses it.
+func fastFloats(raw []byte) ([]float32, bool) {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, false
+	}
+	d := make([]float32, 0, len(raw)/8)
+	if i = skipSpace(raw, i+1); i < len(raw) && raw[i] == ']' {
+		return d, skipSpace(raw, i+1) == len(raw)
+	}
+	for {
+		j, ok := skipNumber(raw, i)
+		if !ok {
+			return nil, false
+		}
+		f, err := strconv.ParseFloat(string(raw[i:j]), 32)
+		if err != nil {
+			return nil, false
+		}
+		d = append(d, float32(f))
+		if i = skipSpace(raw, j); i >= len(raw) {
+			return nil, false
+		}
+		switch raw[i] {
+		case ',':
+			i = skipSpace(raw, i+1)
+		case ']':
+			return d, skipSpace(raw, i+1) == len(raw)
+		default:
+			return nil, false
+		}
+	}
 }

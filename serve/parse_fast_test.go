@@ -77,6 +77,7 @@ func TestFastAdmitRequestMatchesStrict(t *testing.T) {
 		{`{"request_id":"a\q"}`, false},
 		{`{"capture":[01]}`, false},
 		{`{"capture":[1.]}`, false},
+		{`{"override":{"vectors":{"pre_attn":{"0":[1, -2.5e-3, 3.4028235e38, -0]}}}}`, true},
 		{`{"capture":[-]}`, false},
 		{`{"capture":tru}`, false},
 		{`{"capture":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`, false},
@@ -234,4 +235,36 @@ func FuzzAdmissionFromRequestFast(f *testing.F) {
 		}
 		require.Equal(t, slow, fast)
 	})
+}
+
+// FuzzFastFloats holds fastFloats to json.Unmarshal into a []float32.
+func FuzzFastFloats(f *testing.F) {
+	for _, s := range []string{`[1, -2.5e-3 ,0,-0, 3.4028235e38]`, `[]`, ` [ ] `, `[1e39]`, `[1,null]`, `[01]`, `[1.5,]`, `[1] x`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := fastFloats(b)
+		if !ok {
+			return
+		}
+		var want []float32
+		if err := json.Unmarshal(b, &want); err != nil {
+			t.Fatalf("fastFloats took %q, encoding/json refuses it: %v", b, err)
+		}
+		require.Equal(t, len(want), len(got))
+		for i := range want {
+			require.Equal(t, math.Float32bits(want[i]), math.Float32bits(got[i]), "float %d of %q", i, b)
+		}
+	})
+}
+
+func TestFastFloatsTakesNumberLists(t *testing.T) {
+	d, ok := fastFloats([]byte(` [1, -2.5e-3 , 3.4028235e38,-0] `))
+	require.True(t, ok)
+	require.Equal(t, []float32{1, -2.5e-3, math.MaxFloat32, float32(math.Copysign(0, -1))}, d)
+	require.Equal(t, uint32(0x80000000), math.Float32bits(d[3]))
+	for _, s := range []string{`[1e39]`, `[1,null]`, `[01]`, `[1.5,]`, `[1] x`, `["1"]`, `{}`} {
+		_, ok := fastFloats([]byte(s))
+		require.False(t, ok, s)
+	}
 }
