@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -266,5 +267,24 @@ func TestFastFloatsTakesNumberLists(t *testing.T) {
 	for _, s := range []string{`[1e39]`, `[1,null]`, `[01]`, `[1.5,]`, `[1] x`, `["1"]`, `{}`} {
 		_, ok := fastFloats([]byte(s))
 		require.False(t, ok, s)
+	}
+}
+
+// TestFastReaderKnowsEveryField keeps the fast reader in step with AdmitRequest and setRequest:
+// a field it does not know would send every body that gives it down the encoding/json path.
+func TestFastReaderKnowsEveryField(t *testing.T) {
+	names := func(v any) []string {
+		var out []string
+		rt := reflect.TypeOf(v)
+		for i := range rt.NumField() {
+			out = append(out, strings.Split(rt.Field(i).Tag.Get("json"), ",")[0])
+		}
+		return out
+	}
+	for _, n := range names(AdmitRequest{}) {
+		require.True(t, sameAsStrict(t, []byte(`{"`+n+`":null}`)), n)
+	}
+	for _, n := range names(setRequest{}) {
+		require.True(t, sameAsStrict(t, []byte(`{"override":{"`+n+`":null}}`)), n)
 	}
 }
