@@ -287,7 +287,8 @@ func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
 		}
 		layers := make([]int, 0, len(fields))
 		byLayer := map[int]json.RawMessage{}
-		for k, v := range fields {
+		for _, k := range sortedKeys(fields) { // the first bad key in a fixed order
+			v := fields[k]
 			l, err := parseLayerKey(field, hook, k)
 			if err != nil {
 				return nil, err
@@ -323,7 +324,8 @@ type packedBlob struct {
 // ones.
 func packedFrom(fields map[string]json.RawMessage, path string) (packedBlob, error) {
 	var p packedBlob
-	for k, v := range fields {
+	for _, k := range sortedKeys(fields) { // the first bad field in a fixed order
+		v := fields[k]
 		var dst any
 		switch k {
 		case "dtype":
