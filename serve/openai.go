@@ -89,7 +89,7 @@ func admissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions,
 		if jsonKind(raw) != "dict" {
 			return out, badInput("%s: Input should be a valid dictionary, got %s", f.name, jsonKind(raw))
 		}
-		spec, ok := rawObject(raw, true)
+		spec, ok := rawObject(raw)
 		if !ok {
 			if err := json.Unmarshal(raw, &spec); err != nil {
 				return out, badInput("%s: %s", f.name, describeJSONError(err))
@@ -114,7 +114,7 @@ func admissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions,
 // openAIFields splits an OpenAI body into its fields, with the fast reader first if fast
 // (each value a copy, as encoding/json's).
 func openAIFields(body []byte, fast bool) (map[string]json.RawMessage, error) {
-	if fields, ok := rawObject(body, false); fast && ok {
+	if fields, ok := rawObject(body); fast && ok {
 		for k, v := range fields {
 			fields[k] = slices.Clone(v)
 		}
@@ -141,14 +141,14 @@ func packedOnly(raw json.RawMessage, field string) (tierVectors, error) {
 	if jsonKind(raw) != "dict" {
 		return nil, badInput("%s: Input should be a valid dictionary, got %s", field, jsonKind(raw))
 	}
-	spec, ok := rawObject(raw, true)
+	spec, ok := rawObject(raw)
 	if !ok {
 		if err := json.Unmarshal(raw, &spec); err != nil {
 			return nil, badInput("%s: %s", field, describeJSONError(err))
 		}
 	}
 	for _, hook := range sortedKeys(spec) {
-		blob, ok := rawObject(spec[hook], true)
+		blob, ok := rawObject(spec[hook])
 		if !ok && (json.Unmarshal(spec[hook], &blob) != nil || blob == nil) {
 			return nil, badInput("%s.%s: Input should be a valid dictionary (a SteeringHookPacked blob), got %s", field, hook, jsonKind(spec[hook]))
 		}

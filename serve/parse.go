@@ -269,7 +269,7 @@ func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
 	var out []steer.Vector
 	for _, hook := range sortedKeys(spec) {
 		raw := spec[hook]
-		fields, ok := rawObject(raw, true) // raw comes from decoded JSON
+		fields, ok := rawObject(raw)
 		if !ok && (json.Unmarshal(raw, &fields) != nil || fields == nil) {
 			return nil, malformed("", "Steering tier %s in %s must map layer indices to entries, got %s", pyStr(hook), field, jsonKind(raw))
 		}

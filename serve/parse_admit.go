@@ -19,18 +19,16 @@ func decodeAdmitRequest(body []byte) (AdmitRequest, error) {
 }
 
 // fastAdmitRequest decodes body as decodeStrict would, or reports !ok. Keys must be the
-// fields' exact names (encoding/json also takes other cases), each given once.
+// fields' exact names (encoding/json also takes other cases), each given once. One jsonReader
+// walks the body down to the override's hooks, whose values alias body.
 func fastAdmitRequest(body []byte) (AdmitRequest, bool) {
 	var req AdmitRequest
-	fields, ok := splitObject(body, false)
-	if !ok {
-		return req, false
-	}
+	r := newJSONReader(body)
 	var seen fieldSet
-	for _, f := range fields {
+	ok := r.object(func(key string) bool {
 		var dst any
 		i := 0
-		switch f.key {
+		switch key {
 		case "request_id":
 			dst = &req.RequestID
 		case "tenant":
@@ -44,63 +42,58 @@ func fastAdmitRequest(body []byte) (AdmitRequest, bool) {
 		case "prompt_len":
 			i, dst = 5, &req.PromptLen
 		case "steering":
-			i, req.Steering = 6, slices.Clone(json.RawMessage(f.val))
+			i, dst = 6, &req.Steering
 		case "capture":
-			i, req.Capture = 7, slices.Clone(json.RawMessage(f.val))
+			i, dst = 7, &req.Capture
 		case "override":
-			i = 8
-			if !isNull(f.val) {
-				if req.Override, ok = fastSetRequest(f.val); !ok {
-					return req, false
-				}
+			if r.null() {
+				return seen.add(8)
 			}
+			var ok bool
+			req.Override, ok = fastSetRequest(r)
+			return ok && seen.add(8)
 		default:
-			return req, false
+			return false
 		}
-		if !seen.add(i) {
-			return req, false
-		}
-		if dst != nil && json.Unmarshal(f.val, dst) != nil {
-			return req, false
-		}
-	}
-	return req, true
+		v, ok := r.value()
+		return ok && seen.add(i) && json.Unmarshal(v, dst) == nil
+	})
+	return req, ok && r.end()
 }
 
 // setRequestFields are setRequest's JSON names, in fastSetRequest's order.
 var setRequestFields = []string{"vectors", "prefill_vectors", "decode_vectors", "clamps", "prefill_clamps",
 	"decode_clamps", "vector_refs", "prefill_vector_refs", "decode_vector_refs", "replace"}
 
-// fastSetRequest decodes an object into a setRequest as decodeStrict would, or reports !ok.
-// b was validated by the caller's splitObject; the tiers' raw values alias it (the request
-// lives no longer than its body).
-func fastSetRequest(b []byte) (*setRequest, bool) {
-	fields, ok := splitObject(b, true)
-	if !ok {
-		return nil, false
-	}
-	r := &setRequest{}
-	tiers := []*map[string]json.RawMessage{(*map[string]json.RawMessage)(&r.Vectors),
-		(*map[string]json.RawMessage)(&r.PrefillVectors), (*map[string]json.RawMessage)(&r.DecodeVectors),
-		(*map[string]json.RawMessage)(&r.Clamps), (*map[string]json.RawMessage)(&r.PrefillClamps),
-		(*map[string]json.RawMessage)(&r.DecodeClamps)}
-	others := []any{&r.VectorRefs, &r.PrefillVectorRefs, &r.DecodeVectorRefs, &r.Replace}
+// fastSetRequest reads an object into a setRequest as decodeStrict would, or reports !ok. The
+// tiers' raw values alias r's document (the request lives no longer than its body).
+func fastSetRequest(r *jsonReader) (*setRequest, bool) {
+	s := &setRequest{}
+	tiers := []*map[string]json.RawMessage{(*map[string]json.RawMessage)(&s.Vectors),
+		(*map[string]json.RawMessage)(&s.PrefillVectors), (*map[string]json.RawMessage)(&s.DecodeVectors),
+		(*map[string]json.RawMessage)(&s.Clamps), (*map[string]json.RawMessage)(&s.PrefillClamps),
+		(*map[string]json.RawMessage)(&s.DecodeClamps)}
+	others := []any{&s.VectorRefs, &s.PrefillVectorRefs, &s.DecodeVectorRefs, &s.Replace}
 	var seen fieldSet
-	for _, f := range fields {
-		i := slices.Index(setRequestFields, f.key)
+	ok := r.object(func(key string) bool {
+		i := slices.Index(setRequestFields, key)
 		if i < 0 || !seen.add(i) {
-			return nil, false
+			return false
 		}
-		switch {
-		case i >= len(tiers):
-			if json.Unmarshal(f.val, others[i-len(tiers)]) != nil {
-				return nil, false
-			}
-		case !isNull(f.val):
-			if *tiers[i], ok = rawObject(f.val, true); !ok {
-				return nil, false
-			}
+		if i >= len(tiers) {
+			v, ok := r.value()
+			return ok && json.Unmarshal(v, others[i-len(tiers)]) == nil
 		}
-	}
-	return r, true
+		if r.null() {
+			return true
+		}
+		m := map[string]json.RawMessage{}
+		*tiers[i] = m
+		return r.object(func(hook string) bool {
+			v, ok := r.value()
+			m[hook] = v
+			return ok
+		})
+	})
+	return s, ok
 }
