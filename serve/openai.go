@@ -199,7 +199,7 @@ func parseOpenAITiers(req *setRequest, cfg steer.ModelConfig) (steer.Steering, e
 				return st, fmt.Errorf("%w: %s key %s is not a valid hook point. Valid values: %s", steer.ErrUnknownHook, field, pyStr(hook), pyList(valid))
 			}
 		}
-		vs, err := parseVectorSpec(t.vecs, field)
+		vs, err := parseVectorSpec(t.vecs, field, nil)
 		if err != nil {
 			return st, err
 		}

@@ -172,6 +172,10 @@ type setRequest struct {
 	PrefillVectorRefs map[string]float32 `json:"prefill_vector_refs,omitempty"`
 	DecodeVectorRefs  map[string]float32 `json:"decode_vector_refs,omitempty"`
 	Replace           bool               `json:"replace,omitempty"`
+
+	// split is the fast reader's split of the vector tiers' hook objects into their fields,
+	// by the address of the object's first byte in the body (nil from encoding/json).
+	split map[*byte]map[string]json.RawMessage
 }
 
 // decodeStrict decodes one JSON value, refusing unknown fields and trailing data; the error
@@ -213,7 +217,7 @@ func (r *setRequest) Steering(cfg steer.ModelConfig) (steer.Steering, error) {
 	var s steer.Steering
 	for _, t := range r.tiers() {
 		tier := s.Tier(t.phase)
-		vs, err := parseVectorSpec(t.vecs, t.vecField)
+		vs, err := parseVectorSpec(t.vecs, t.vecField, r.split)
 		if err != nil {
 			return s, err
 		}
@@ -262,14 +266,20 @@ func isPacked(fields map[string]json.RawMessage, clamp bool) bool {
 	return d && t && (!clamp || b)
 }
 
-// parseVectorSpec reads one tier; vectors come out sorted by hook then layer. spec's values
-// are decoded JSON (json.RawMessage from encoding/json or the fast reader), so their strings
-// are not validated again.
-func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
+// parseVectorSpec reads one tier; vectors come out sorted by hook then layer. split (nil or
+// setRequest.split) has hook objects the fast reader split already: they are not read again.
+func parseVectorSpec(spec tierVectors, field string, split map[*byte]map[string]json.RawMessage) ([]steer.Vector, error) {
 	var out []steer.Vector
 	for _, hook := range sortedKeys(spec) {
 		raw := spec[hook]
-		fields, ok := rawObject(raw)
+		var fields map[string]json.RawMessage
+		ok := false
+		if len(raw) > 0 {
+			fields, ok = split[&raw[0]]
+		}
+		if !ok {
+			fields, ok = rawObject(raw)
+		}
 		if !ok && (json.Unmarshal(raw, &fields) != nil || fields == nil) {
 			return nil, malformed("", "Steering tier %s in %s must map layer indices to entries, got %s", pyStr(hook), field, jsonKind(raw))
 		}

@@ -66,9 +66,11 @@ var setRequestFields = []string{"vectors", "prefill_vectors", "decode_vectors", 
 	"decode_clamps", "vector_refs", "prefill_vector_refs", "decode_vector_refs", "replace"}
 
 // fastSetRequest reads an object into a setRequest as decodeStrict would, or reports !ok. The
-// tiers' raw values alias r's document (the request lives no longer than its body).
+// tiers' raw values alias r's document (the request lives no longer than its body); a vector
+// hook's object is split into its fields on the way (setRequest.split), so that a packed blob's
+// data is scanned once.
 func fastSetRequest(r *jsonReader) (*setRequest, bool) {
-	s := &setRequest{}
+	s := &setRequest{split: map[*byte]map[string]json.RawMessage{}}
 	tiers := []*map[string]json.RawMessage{(*map[string]json.RawMessage)(&s.Vectors),
 		(*map[string]json.RawMessage)(&s.PrefillVectors), (*map[string]json.RawMessage)(&s.DecodeVectors),
 		(*map[string]json.RawMessage)(&s.Clamps), (*map[string]json.RawMessage)(&s.PrefillClamps),
@@ -90,8 +92,16 @@ func fastSetRequest(r *jsonReader) (*setRequest, bool) {
 		m := map[string]json.RawMessage{}
 		*tiers[i] = m
 		return r.object(func(hook string) bool {
-			v, ok := r.value()
-			m[hook] = v
+			if i >= 3 || r.d.PeekKind() != '{' {
+				v, ok := r.value()
+				m[hook] = v
+				return ok
+			}
+			v, fields, ok := r.fields()
+			if ok {
+				m[hook] = v
+				s.split[&v[0]] = fields
+			}
 			return ok
 		})
 	})

@@ -93,18 +93,30 @@ func plainKey(k []byte) bool {
 	return true
 }
 
-// rawObject is json.Unmarshal(b, &m) for m a map[string]json.RawMessage, with one pass of
-// jsontext over b: a later duplicate key wins; the values alias b (encoding/json copies them).
-// ok is false for anything but one object with plainKey keys (the caller then asks
-// encoding/json).
-func rawObject(b []byte) (map[string]json.RawMessage, bool) {
-	r := newJSONReader(b)
+// fields reads an object into a map of its members' values (a later duplicate key wins, as
+// with encoding/json), giving also the object's bytes in the document.
+func (r *jsonReader) fields() ([]byte, map[string]json.RawMessage, bool) {
+	start := int(r.d.InputOffset()) // the end of what was read before: space, ':' or ',' follow
 	m := map[string]json.RawMessage{}
 	ok := r.object(func(key string) bool {
 		v, ok := r.value()
 		m[key] = v
 		return ok
 	})
+	if !ok {
+		return nil, nil, false
+	}
+	end := int(r.d.InputOffset())
+	return bytes.TrimLeft(r.doc[start:end:end], " \t\r\n:,"), m, true
+}
+
+// rawObject is json.Unmarshal(b, &m) for m a map[string]json.RawMessage, with one pass of
+// jsontext over b: a later duplicate key wins; the values alias b (encoding/json copies them).
+// ok is false for anything but one object with plainKey keys (the caller then asks
+// encoding/json).
+func rawObject(b []byte) (map[string]json.RawMessage, bool) {
+	r := newJSONReader(b)
+	_, m, ok := r.fields()
 	return m, ok && r.end()
 }
 
