@@ -157,3 +157,27 @@ func BenchmarkAdmitParse(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAdmissionFromRequest times AdmissionFromRequest of an OpenAI body whose
+// decode_steering_vectors hold one packed blob of 32 layers × 4096 float32 (700 KB of base64).
+// Run:
+//
+//	go test -run '^$' -bench BenchmarkAdmissionFromRequest -count 5 ./serve/
+func BenchmarkAdmissionFromRequest(b *testing.B) {
+	var admit struct {
+		Override struct {
+			DecodeVectors json.RawMessage `json:"decode_vectors"`
+		} `json:"override"`
+	}
+	require.NoError(b, json.Unmarshal(packedBody(b, 32, 4096), &admit))
+	body, err := json.Marshal(map[string]any{"model": "m", "conversation_id": "c",
+		"decode_steering_vectors": admit.Override.DecodeVectors})
+	require.NoError(b, err)
+	cfg := steer.ModelConfig{Hidden: 4096, Layers: 32}
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := AdmissionFromRequest(body, cfg, OpenAIOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

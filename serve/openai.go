@@ -65,13 +65,13 @@ func admissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions,
 		}
 		out.Steering = raw
 	}
-	var req setRequest
+	req := setRequest{split: map[*byte]map[string]json.RawMessage{}}
 	vecFields := []struct {
 		name string
 		dst  *tierVectors
 	}{{"steering_vectors", &req.Vectors}, {"prefill_steering_vectors", &req.PrefillVectors}, {"decode_steering_vectors", &req.DecodeVectors}}
 	for _, f := range vecFields {
-		spec, err := packedOnly(fields[f.name], f.name)
+		spec, err := packedOnly(fields[f.name], f.name, req.split)
 		if err != nil {
 			return out, err
 		}
@@ -98,6 +98,7 @@ func admissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions,
 		*f.dst = spec
 	}
 	st, err := openAISteering(&req, cfg, opt)
+	req.split = nil // read: the admission carries the tiers only
 	if err != nil {
 		var pe *payloadError
 		if errors.As(err, &pe) {
@@ -134,21 +135,23 @@ func openAIFields(body []byte, fast bool) (map[string]json.RawMessage, error) {
 
 // packedOnly reads a per-request vector tier: {hook: SteeringHookPacked} only (the fork's
 // pydantic type refuses the list-of-floats and {vector, scale} forms here).
-func packedOnly(raw json.RawMessage, field string) (tierVectors, error) {
+func packedOnly(raw json.RawMessage, field string, split map[*byte]map[string]json.RawMessage) (tierVectors, error) {
 	if len(raw) == 0 || jsonKind(raw) == "NoneType" {
 		return nil, nil
 	}
 	if jsonKind(raw) != "dict" {
 		return nil, badInput("%s: Input should be a valid dictionary, got %s", field, jsonKind(raw))
 	}
-	spec, ok := rawObject(raw)
-	if !ok {
+	r := newJSONReader(raw)
+	spec, ok := r.hooks(split)
+	if !ok || !r.end() {
+		spec = nil
 		if err := json.Unmarshal(raw, &spec); err != nil {
 			return nil, badInput("%s: %s", field, describeJSONError(err))
 		}
 	}
 	for _, hook := range sortedKeys(spec) {
-		blob, ok := rawObject(spec[hook])
+		blob, ok := split[&spec[hook][0]]
 		if !ok && (json.Unmarshal(spec[hook], &blob) != nil || blob == nil) {
 			return nil, badInput("%s.%s: Input should be a valid dictionary (a SteeringHookPacked blob), got %s", field, hook, jsonKind(spec[hook]))
 		}
@@ -199,7 +202,7 @@ func parseOpenAITiers(req *setRequest, cfg steer.ModelConfig) (steer.Steering, e
 				return st, fmt.Errorf("%w: %s key %s is not a valid hook point. Valid values: %s", steer.ErrUnknownHook, field, pyStr(hook), pyList(valid))
 			}
 		}
-		vs, err := parseVectorSpec(t.vecs, field, nil)
+		vs, err := parseVectorSpec(t.vecs, field, req.split)
 		if err != nil {
 			return st, err
 		}

@@ -89,21 +89,13 @@ func fastSetRequest(r *jsonReader) (*setRequest, bool) {
 		if r.null() {
 			return true
 		}
-		m := map[string]json.RawMessage{}
-		*tiers[i] = m
-		return r.object(func(hook string) bool {
-			if i >= 3 || r.d.PeekKind() != '{' {
-				v, ok := r.value()
-				m[hook] = v
-				return ok
-			}
-			v, fields, ok := r.fields()
-			if ok {
-				m[hook] = v
-				s.split[&v[0]] = fields
-			}
-			return ok
-		})
+		split := s.split
+		if i >= 3 {
+			split = nil // clamp tiers: parseClampSpec reads them
+		}
+		var ok bool
+		*tiers[i], ok = r.hooks(split)
+		return ok
 	})
 	return s, ok
 }

@@ -116,6 +116,27 @@ func (r *jsonReader) fields() ([]byte, map[string]json.RawMessage, bool) {
 	return bytes.TrimLeft(r.doc[start:end:end], " \t\r\n:,"), m, true
 }
 
+// hooks reads a tier, an object of hooks, into a map of its values; each value that is an
+// object is split into its fields into split on the way (by the address of its first byte),
+// unless split is nil.
+func (r *jsonReader) hooks(split map[*byte]map[string]json.RawMessage) (map[string]json.RawMessage, bool) {
+	m := map[string]json.RawMessage{}
+	ok := r.object(func(hook string) bool {
+		if split == nil || r.d.PeekKind() != '{' {
+			v, ok := r.value()
+			m[hook] = v
+			return ok
+		}
+		v, fields, ok := r.fields()
+		if ok {
+			m[hook] = v
+			split[&v[0]] = fields
+		}
+		return ok
+	})
+	return m, ok
+}
+
 // rawObject is json.Unmarshal(b, &m) for m a map[string]json.RawMessage, with one pass of
 // jsontext over b: a later duplicate key wins; the values alias b (encoding/json copies them).
 // ok is false for anything but one object with plainKey keys (the caller then asks
