@@ -19,6 +19,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/steer"
+	"github.com/shmsteer/shmsteer/steer/vecfile"
 )
 
 // BenchmarkAdmitHTTP times POST /v1/requests/admit (a serve in this process, over loopback
@@ -103,5 +106,78 @@ func BenchmarkAdmitHTTP(b *testing.B) {
 				b.StartTimer()
 			}
 		})
+	}
+}
+
+// BenchmarkPackedDecode times one hook's packed blob of 32 layers × 4096 float32 decoded to
+// vectors: by vecfile (encoding/base64, then a conversion pass) and by fastPackedVectors
+// (serve's table decoder), alternated by -count. Run:
+//
+//	go test -run '^$' -bench BenchmarkPackedDecode -count 5 ./serve/
+func BenchmarkPackedDecode(b *testing.B) {
+	var body struct {
+		Override struct {
+			DecodeVectors map[string]vecfile.Packed `json:"decode_vectors"`
+		} `json:"override"`
+	}
+	require.NoError(b, json.Unmarshal(packedBody(b, 32, 4096), &body))
+	p := body.Override.DecodeVectors["post_block"]
+	b.Run("vecfile", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := p.Vectors("post_block"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fast", func(b *testing.B) {
+		for b.Loop() {
+			if _, ok := fastPackedVectors(&p, p.Data, "post_block"); !ok {
+				b.Fatal("not taken")
+			}
+		}
+	})
+}
+
+// BenchmarkAdmitParse times the parse of an admit body with an inline packed override of 32
+// layers × 4096 float32 (700 KB of base64), without HTTP and the engine: decodeAdmitRequest
+// and the override's Steering. Run:
+//
+//	go test -run '^$' -bench BenchmarkAdmitParse -count 5 ./serve/
+func BenchmarkAdmitParse(b *testing.B) {
+	body := packedBody(b, 32, 4096)
+	cfg := steer.ModelConfig{Hidden: 4096, Layers: 32}
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		req, err := decodeAdmitRequest(body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := req.Override.Steering(cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAdmissionFromRequest times AdmissionFromRequest of an OpenAI body whose
+// decode_steering_vectors hold one packed blob of 32 layers × 4096 float32 (700 KB of base64).
+// Run:
+//
+//	go test -run '^$' -bench BenchmarkAdmissionFromRequest -count 5 ./serve/
+func BenchmarkAdmissionFromRequest(b *testing.B) {
+	var admit struct {
+		Override struct {
+			DecodeVectors json.RawMessage `json:"decode_vectors"`
+		} `json:"override"`
+	}
+	require.NoError(b, json.Unmarshal(packedBody(b, 32, 4096), &admit))
+	body, err := json.Marshal(map[string]any{"model": "m", "conversation_id": "c",
+		"decode_steering_vectors": admit.Override.DecodeVectors})
+	require.NoError(b, err)
+	cfg := steer.ModelConfig{Hidden: 4096, Layers: 32}
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if _, err := AdmissionFromRequest(body, cfg, OpenAIOptions{}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

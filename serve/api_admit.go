@@ -32,8 +32,8 @@ type AdmitRequest struct {
 var sourceNames = []string{"none", "override", "latch", "composed"}
 
 func (s *Server) admit(_ *http.Request, p principal, body []byte) (any, error) {
-	var req AdmitRequest
-	if err := decodeStrict(body, &req); err != nil {
+	req, err := decodeAdmitRequest(body)
+	if err != nil {
 		return nil, err
 	}
 	if !p.admin() {

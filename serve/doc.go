@@ -130,6 +130,13 @@
 // the shmsteer_capture_* series. AdmissionFromRequest turns the steering fields of an OpenAI request body into an admit
 // body, validated as the fork's frontend validates them (package doc of AdmissionFromRequest).
 //
+// Admit and OpenAI bodies go through a fast JSON reader first (parse_fast.go): one pass of
+// jsontext (github.com/go-json-experiment/json, the proposed encoding/json/v2's syntax layer)
+// that hands out values as slices of the body, and packed float32/bfloat16/float64 rows
+// decoded by a table decoder straight into floats (parse_base64.go). It takes only what
+// encoding/json and vecfile take, with the same result; everything else (and every error) goes
+// the encoding/json way, so the answers are unchanged.
+//
 // Where serve differs from the fork, on purpose: it has no model engine, so it checks hooks,
 // layers and widths against its configured model at the API (the fork asks its workers) and has
 // no prefix cache to reset; the default auth is closed (an open control API is a choice, --auth

@@ -18,7 +18,7 @@ func unpackHook(hook string, raw json.RawMessage) ([]steer.Vector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return packedVectors(&p, hook)
+	return p.vectors(hook)
 }
 
 // parseGates reads an admission's "steering" field (the fork's declarative gates) and checks

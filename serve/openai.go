@@ -31,15 +31,16 @@ type OpenAIOptions struct {
 // (steer.ErrBadGate, ErrGateUnsupported, ErrNonFinite) and passed on as the admission's
 // Steering, whose names and sites the owner checks when it admits. A body with no steering field gives an AdmitRequest with no override.
 func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions) (AdmitRequest, error) {
+	return admissionFromRequest(body, cfg, opt, true)
+}
+
+// admissionFromRequest is AdmissionFromRequest; fast says whether the body's fields are split
+// by the fast reader first (FuzzAdmissionFromRequestFast compares the two).
+func admissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions, fast bool) (AdmitRequest, error) {
 	var out AdmitRequest
-	var fields map[string]json.RawMessage
-	d := json.NewDecoder(bytes.NewReader(body))
-	if err := d.Decode(&fields); err != nil || fields == nil {
-		msg := "want a JSON object"
-		if err != nil {
-			msg = describeJSONError(err)
-		}
-		return out, badInput("request body: %s", msg)
+	fields, err := openAIFields(body, fast)
+	if err != nil {
+		return out, err
 	}
 	str := func(k string) (string, error) {
 		raw, ok := fields[k]
@@ -52,7 +53,6 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 		}
 		return s, nil
 	}
-	var err error
 	if out.Module, err = str("steering_name"); err != nil {
 		return out, err
 	}
@@ -65,13 +65,13 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 		}
 		out.Steering = raw
 	}
-	var req setRequest
+	req := setRequest{split: map[*byte]map[string]json.RawMessage{}}
 	vecFields := []struct {
 		name string
 		dst  *tierVectors
 	}{{"steering_vectors", &req.Vectors}, {"prefill_steering_vectors", &req.PrefillVectors}, {"decode_steering_vectors", &req.DecodeVectors}}
 	for _, f := range vecFields {
-		spec, err := packedOnly(fields[f.name], f.name)
+		spec, err := packedOnly(fields[f.name], f.name, req.split)
 		if err != nil {
 			return out, err
 		}
@@ -89,13 +89,16 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 		if jsonKind(raw) != "dict" {
 			return out, badInput("%s: Input should be a valid dictionary, got %s", f.name, jsonKind(raw))
 		}
-		var spec tierClamps
-		if err := json.Unmarshal(raw, &spec); err != nil {
-			return out, badInput("%s: %s", f.name, describeJSONError(err))
+		spec, ok := rawObject(raw)
+		if !ok {
+			if err := json.Unmarshal(raw, &spec); err != nil {
+				return out, badInput("%s: %s", f.name, describeJSONError(err))
+			}
 		}
 		*f.dst = spec
 	}
 	st, err := openAISteering(&req, cfg, opt)
+	req.split = nil // read: the admission carries the tiers only
 	if err != nil {
 		var pe *payloadError
 		if errors.As(err, &pe) {
@@ -109,22 +112,47 @@ func AdmissionFromRequest(body []byte, cfg steer.ModelConfig, opt OpenAIOptions)
 	return out, nil
 }
 
+// openAIFields splits an OpenAI body into its fields, with the fast reader first if fast
+// (each value a copy, as encoding/json's).
+func openAIFields(body []byte, fast bool) (map[string]json.RawMessage, error) {
+	if fields, ok := rawObject(body); fast && ok {
+		for k, v := range fields {
+			fields[k] = slices.Clone(v)
+		}
+		return fields, nil
+	}
+	var fields map[string]json.RawMessage
+	d := json.NewDecoder(bytes.NewReader(body))
+	if err := d.Decode(&fields); err != nil || fields == nil {
+		msg := "want a JSON object"
+		if err != nil {
+			msg = describeJSONError(err)
+		}
+		return nil, badInput("request body: %s", msg)
+	}
+	return fields, nil
+}
+
 // packedOnly reads a per-request vector tier: {hook: SteeringHookPacked} only (the fork's
 // pydantic type refuses the list-of-floats and {vector, scale} forms here).
-func packedOnly(raw json.RawMessage, field string) (tierVectors, error) {
+func packedOnly(raw json.RawMessage, field string, split map[*byte]map[string]json.RawMessage) (tierVectors, error) {
 	if len(raw) == 0 || jsonKind(raw) == "NoneType" {
 		return nil, nil
 	}
 	if jsonKind(raw) != "dict" {
 		return nil, badInput("%s: Input should be a valid dictionary, got %s", field, jsonKind(raw))
 	}
-	var spec tierVectors
-	if err := json.Unmarshal(raw, &spec); err != nil {
-		return nil, badInput("%s: %s", field, describeJSONError(err))
+	r := newJSONReader(raw)
+	spec, ok := r.hooks(split)
+	if !ok || !r.end() {
+		spec = nil
+		if err := json.Unmarshal(raw, &spec); err != nil {
+			return nil, badInput("%s: %s", field, describeJSONError(err))
+		}
 	}
 	for _, hook := range sortedKeys(spec) {
-		var blob map[string]json.RawMessage
-		if json.Unmarshal(spec[hook], &blob) != nil || blob == nil {
+		blob, ok := split[&spec[hook][0]]
+		if !ok && (json.Unmarshal(spec[hook], &blob) != nil || blob == nil) {
 			return nil, badInput("%s.%s: Input should be a valid dictionary (a SteeringHookPacked blob), got %s", field, hook, jsonKind(spec[hook]))
 		}
 		for _, k := range []string{"dtype", "shape", "layer_indices", "data"} {
@@ -174,7 +202,7 @@ func parseOpenAITiers(req *setRequest, cfg steer.ModelConfig) (steer.Steering, e
 				return st, fmt.Errorf("%w: %s key %s is not a valid hook point. Valid values: %s", steer.ErrUnknownHook, field, pyStr(hook), pyList(valid))
 			}
 		}
-		vs, err := parseVectorSpec(t.vecs, field)
+		vs, err := parseVectorSpec(t.vecs, field, req.split)
 		if err != nil {
 			return st, err
 		}

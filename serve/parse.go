@@ -172,6 +172,10 @@ type setRequest struct {
 	PrefillVectorRefs map[string]float32 `json:"prefill_vector_refs,omitempty"`
 	DecodeVectorRefs  map[string]float32 `json:"decode_vector_refs,omitempty"`
 	Replace           bool               `json:"replace,omitempty"`
+
+	// split is the fast reader's split of the vector tiers' hook objects into their fields,
+	// by the address of the object's first byte in the body (nil from encoding/json).
+	split map[*byte]map[string]json.RawMessage
 }
 
 // decodeStrict decodes one JSON value, refusing unknown fields and trailing data; the error
@@ -213,7 +217,7 @@ func (r *setRequest) Steering(cfg steer.ModelConfig) (steer.Steering, error) {
 	var s steer.Steering
 	for _, t := range r.tiers() {
 		tier := s.Tier(t.phase)
-		vs, err := parseVectorSpec(t.vecs, t.vecField)
+		vs, err := parseVectorSpec(t.vecs, t.vecField, r.split)
 		if err != nil {
 			return s, err
 		}
@@ -262,13 +266,21 @@ func isPacked(fields map[string]json.RawMessage, clamp bool) bool {
 	return d && t && (!clamp || b)
 }
 
-// parseVectorSpec reads one tier; vectors come out sorted by hook then layer.
-func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
+// parseVectorSpec reads one tier; vectors come out sorted by hook then layer. split (nil or
+// setRequest.split) has hook objects the fast reader split already: they are not read again.
+func parseVectorSpec(spec tierVectors, field string, split map[*byte]map[string]json.RawMessage) ([]steer.Vector, error) {
 	var out []steer.Vector
 	for _, hook := range sortedKeys(spec) {
 		raw := spec[hook]
 		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		ok := false
+		if len(raw) > 0 {
+			fields, ok = split[&raw[0]]
+		}
+		if !ok {
+			fields, ok = rawObject(raw)
+		}
+		if !ok && (json.Unmarshal(raw, &fields) != nil || fields == nil) {
 			return nil, malformed("", "Steering tier %s in %s must map layer indices to entries, got %s", pyStr(hook), field, jsonKind(raw))
 		}
 		if isPacked(fields, false) {
@@ -276,7 +288,7 @@ func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
 			if err != nil {
 				return nil, err
 			}
-			vs, err := packedVectors(&p, hook)
+			vs, err := p.vectors(hook)
 			if err != nil {
 				return nil, fmt.Errorf("%s[%s]: %w", field, pyStr(hook), err)
 			}
@@ -285,7 +297,8 @@ func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
 		}
 		layers := make([]int, 0, len(fields))
 		byLayer := map[int]json.RawMessage{}
-		for k, v := range fields {
+		for _, k := range sortedKeys(fields) { // the first bad key in a fixed order
+			v := fields[k]
 			l, err := parseLayerKey(field, hook, k)
 			if err != nil {
 				return nil, err
@@ -309,13 +322,20 @@ func parseVectorSpec(spec tierVectors, field string) ([]steer.Vector, error) {
 	return out, nil
 }
 
+// packedBlob is a packed blob read from a body: data is its base64 when taken straight from
+// between its quotes (no escape: base64 needs none), and Packed.Data is then set only if vecfile
+// must decode it. That saves copying, or decoding, a multi-megabyte string.
+type packedBlob struct {
+	vecfile.Packed
+	data []byte
+}
+
 // packedFrom builds a packed blob from an object already split into fields, refusing unknown
 // ones.
-// The base64 data is taken straight from between its quotes when it holds no escape (base64
-// needs none), which saves decoding a multi-megabyte string twice.
-func packedFrom(fields map[string]json.RawMessage, path string) (vecfile.Packed, error) {
-	var p vecfile.Packed
-	for k, v := range fields {
+func packedFrom(fields map[string]json.RawMessage, path string) (packedBlob, error) {
+	var p packedBlob
+	for _, k := range sortedKeys(fields) { // the first bad field in a fixed order
+		v := fields[k]
 		var dst any
 		switch k {
 		case "dtype":
@@ -328,7 +348,7 @@ func packedFrom(fields map[string]json.RawMessage, path string) (vecfile.Packed,
 			dst = &p.Scales
 		case "data":
 			if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' && bytes.IndexByte(v, '\\') < 0 {
-				p.Data = string(v[1 : len(v)-1])
+				p.data = v[1 : len(v)-1 : len(v)-1]
 				continue
 			}
 			dst = &p.Data
@@ -342,8 +362,22 @@ func packedFrom(fields map[string]json.RawMessage, path string) (vecfile.Packed,
 	return p, nil
 }
 
+// vectors is packedVectors of the blob.
+func (p *packedBlob) vectors(hook string) ([]steer.Vector, error) {
+	if p.data != nil {
+		if vs, ok := fastPackedVectors(&p.Packed, p.data, hook); ok {
+			return vs, nil
+		}
+		p.Data, p.data = string(p.data), nil
+	}
+	return packedVectors(&p.Packed, hook)
+}
+
 // parseFloats reads a JSON array of numbers, with the fork's messages for anything else.
 func parseFloats(raw json.RawMessage, path string) ([]float32, error) {
+	if d, ok := fastFloats(raw); ok {
+		return d, nil
+	}
 	var d []float32
 	if err := json.Unmarshal(raw, &d); err == nil {
 		return d, nil
@@ -437,6 +471,9 @@ func packedError(path string, err error) error {
 
 // packedVectors is p.Vectors(hook) with the fork's wording of its errors.
 func packedVectors(p *vecfile.Packed, hook string) ([]steer.Vector, error) {
+	if vs, ok := fastPackedVectors(p, p.Data, hook); ok {
+		return vs, nil
+	}
 	vs, err := p.Vectors(hook)
 	return vs, packedError("", err)
 }

@@ -36,7 +36,8 @@ func parseClampSpec(spec tierClamps, field string) ([]steer.Clamp, error) {
 		}
 		var layers []int
 		byLayer := map[int]json.RawMessage{}
-		for k, v := range fields {
+		for _, k := range sortedKeys(fields) { // the first bad key in a fixed order
+			v := fields[k]
 			l, err := strconv.Atoi(k)
 			if err != nil || l < 0 {
 				return nil, malformed("", "%s has invalid layer index %s; expected a non-negative integer", path, pyStr(k))

@@ -25,7 +25,8 @@ Reported per contender: the median decode-step time (steps with no prefill rows)
 ``unhooked`` (``device`` for ``device_gated``), the ratio of medians and the median of per-round
 ratios. Admission from Python is timed too (``Owner.admit`` of an inline override of 32 layers x
 4096 floats as numpy arrays, of a named reference, and of no steering; ``--admission-only`` times
-only those, and the same override as JSON float lists).
+only those, the same override as JSON float lists, and as the fork's packed field of an OpenAI
+body through ``shmsteer.openai.admission_from_request``).
 
 The goals (issue 43) are printed with each figure, met or not: a steered path's bfloat16 step
 goal (float32 is reported, with no goal) and the gated step's goal in each dtype, on the
@@ -46,6 +47,7 @@ docs/performance.md quotes. No test times anything.
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import json
 import os
@@ -62,6 +64,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import shmsteer  # noqa: E402
+from shmsteer.openai import admission_from_request  # noqa: E402
 from shmsteer.torch_hook import SteeringHooks  # noqa: E402
 
 HIDDEN, HEADS, BLOCKS, NAMED = 256, 4, 4, 4
@@ -280,14 +283,17 @@ def time_loop(runs: Dict[str, Runner], rounds: int, clock: Callable[[], float]) 
     return {"ms_per_decode_step": med, "ratio": ratios}
 
 
-def time_admission(reps: int, with_json: bool = False,
+def time_admission(reps: int, with_json: bool = False, fork: bool = False,
                    clock: Callable[[], float] = time.process_time) -> Dict[str, float]:
     """Owner.admit from Python at the issue's shape, 32 layers x 4096 floats (median ms of reps
     rounds, the kinds alternated within each round): ``inline``, the override's vectors as
     numpy arrays (by address, shmsteer_request_admit_binary); ``named``, a reference to a named
     vector of that shape; ``none``, no steering; with ``with_json``, ``inline_json`` too, the
     same override as JSON float lists (the path before binary admission), timed after the
-    others. Timed by ``clock``: the process's CPU time (every thread's, the Go runtime's too; time
+    others; with ``fork``, ``fork_packed`` too: the same floats as the fork's packed field of an
+    OpenAI body (``decode_steering_vectors``, float32, base64), through
+    ``shmsteer.openai.admission_from_request`` and ``Owner.admit`` (the vLLM plugin's path).
+    Timed by ``clock``: the process's CPU time (every thread's, the Go runtime's too; time
     descheduled on a shared machine is not counted), or wall time with ``--wall``."""
     ns, secret = "bench-admit-" + uuid.uuid4().hex, uuid.uuid4().hex.encode()
     hidden, layers = 4096, 32
@@ -301,6 +307,11 @@ def time_admission(reps: int, with_json: bool = False,
             "named": lambda: {"decode": {"refs": [{"name": "named", "strength": 1.0}]}},
             "none": lambda: None,
         }
+        if fork:
+            packed = {"dtype": "float32", "shape": [layers, hidden], "layer_indices": list(range(layers)),
+                      "data": base64.b64encode(np.stack(data).astype("<f4").tobytes()).decode()}
+            body = {"model": "m", "prompt": "x", "decode_steering_vectors": {"post_block": packed}}
+            kinds["fork_packed"] = lambda: admission_from_request(body, model=owner.model)["override"]
         out: Dict[str, List[float]] = {k: [] for k in kinds}
 
         def timed(kind: str, make: Callable[[], Optional[Dict[str, Any]]], i: int) -> None:
@@ -325,7 +336,7 @@ def time_admission(reps: int, with_json: bool = False,
 
 def admission_only(reps: int, clock: Callable[[], float]) -> None:
     """--admission-only: the admission times alone, a small table then one JSON line."""
-    ms = time_admission(reps, with_json=True, clock=clock)
+    ms = time_admission(reps, with_json=True, fork=True, clock=clock)
     goals = {"inline": GOALS["admit_inline_ms"], "named": GOALS["admit_named_ms"]}
     print(f"admission from Python, 32 layers x 4096 floats, median of {reps} rounds (ms):")
     for k, v in ms.items():

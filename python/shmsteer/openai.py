@@ -18,7 +18,10 @@ modules, so it becomes a reference (strength 1) to the named vector of that name
 (serve's Go ``AdmissionFromRequest`` maps it to a serve module instead). ``steering`` (the fork's
 declarative gates) is passed on as ``steering=``: ``Owner.admit`` checks it (typed errors).
 
-Only the standard library is used (base64 and struct decode the packed rows).
+A vector tier's rows come out as numpy float32 arrays (1-D read-only views of one array per
+blob), which ``Owner.admit`` passes to the engine by address (:mod:`shmsteer.admission`): no
+float list is built or printed. Without numpy they are float lists, as clamp directions always
+are (base64 and struct decode those).
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ import binascii
 import math
 import struct
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+try:  # numpy is optional: without it the vectors' rows are float lists
+    import numpy as _np
+except ImportError:  # pragma: no cover - exercised only where numpy is missing
+    _np = None
 
 __all__ = ["SteeringRequestError", "admission_from_request", "DEFAULT_HOOKS", "DEFAULT_MAX_CLAMP_DIRECTIONS"]
 
@@ -65,8 +73,10 @@ def _tuple(shape: Sequence[Any]) -> str:
     return "(" + ", ".join(str(x) for x in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
-def _decode_rows(blob: Mapping[str, Any], what: str, path: str) -> List[List[float]]:
-    """Decode a packed blob's base64 little-endian rows of shape [n, width] to floats."""
+def _decode_rows(blob: Mapping[str, Any], what: str, path: str, arrays: bool = False) -> Any:
+    """Decode a packed blob's base64 little-endian rows of shape [n, width]: to lists of floats
+    at the blob's precision, or with ``arrays`` (and numpy) to one read-only ``(n, width)``
+    float32 array, converted once (round to nearest, ties to even)."""
     dtype = blob.get("dtype")
     if dtype not in _DTYPES:
         raise SteeringRequestError(f"{path}: {what}.dtype {dtype!r}: want float16, bfloat16, float32 or float64")
@@ -80,20 +90,48 @@ def _decode_rows(blob: Mapping[str, Any], what: str, path: str) -> List[List[flo
     data = blob.get("data")
     if not isinstance(data, str):
         raise SteeringRequestError(f"{path}: {what}.data: want a base64 string, got {_kind(data)}")
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise SteeringRequestError(f"{path}: {what}.data is not base64: {e}") from None
+    raw = _b64decode(data, what, path)
     want = n * width * size
     if len(raw) != want:
         raise SteeringRequestError(f"{what}.data length {len(raw)} != expected {want} "
                                    f"(shape={_tuple(shape)}, dtype={dtype})")
+    if arrays and _np is not None:
+        return _rows_array(raw, dtype, n, width)
     if code is None:  # bfloat16: the high half of a float32
         halves = struct.unpack(f"<{n * width}H", raw)
         flat = list(struct.unpack(f"<{n * width}f", struct.pack(f"<{n * width}I", *(h << 16 for h in halves))))
     else:
         flat = list(struct.unpack(f"<{n * width}{code}", raw))
     return [flat[r * width:(r + 1) * width] for r in range(n)]
+
+
+def _b64decode(data: str, what: str, path: str) -> bytes:
+    """``base64.b64decode(data, validate=True)`` without its regular-expression pass over the
+    string: binascii's strict mode takes only what that takes, with the same bytes; anything
+    it refuses is decoded (or refused, with the same text as before) the old way."""
+    try:
+        return binascii.a2b_base64(data, strict_mode=True)
+    except (binascii.Error, ValueError):
+        pass
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise SteeringRequestError(f"{path}: {what}.data is not base64: {e}") from None
+
+
+def _rows_array(raw: bytes, dtype: str, n: int, width: int) -> Any:
+    """The (n, width) float32 array of raw little-endian rows of dtype (numpy present): float32
+    rows are a read-only view of ``raw``; the others are converted into a new array."""
+    if dtype == "float32":
+        a = _np.frombuffer(raw, dtype="<f4")
+    elif dtype == "bfloat16":  # the high half of a float32
+        a = (_np.frombuffer(raw, dtype="<u2").astype(_np.uint32) << 16).view(_np.float32)
+    else:
+        with _np.errstate(over="ignore"):  # beyond float32: inf, refused by the engine as non-finite
+            a = _np.frombuffer(raw, dtype="<f2" if dtype == "float16" else "<f8").astype(_np.float32)
+    a = a.reshape(n, width)
+    a.flags.writeable = False
+    return a
 
 
 def _layer(v: Any) -> bool:
@@ -121,7 +159,7 @@ def _vectors(field: str, spec: Any, hooks: Sequence[str]) -> List[Dict[str, Any]
         if hook not in hooks:
             raise SteeringRequestError(f"{field} key {hook!r} is not a valid hook point. Valid values: {sorted(hooks)}")
         blob = spec[hook]
-        rows = _decode_rows(blob, "SteeringHookPacked", f"{field}[{hook!r}]")
+        rows = _decode_rows(blob, "SteeringHookPacked", f"{field}[{hook!r}]", arrays=True)
         idx, scales = blob["layer_indices"], blob.get("scales")
         if not isinstance(idx, list) or len(idx) != len(rows):
             got = len(idx) if isinstance(idx, list) else _kind(idx)
@@ -282,7 +320,10 @@ def admission_from_request(body: Mapping[str, Any], model: Optional[Tuple[int, i
     ``hooks`` (without it, the fork's hook names and no width check). ``max_clamp_directions``
     is the per-(hook, layer) clamp budget after the base and phase tiers are concatenated (0
     disables clamps). Returns ``{"override": steering, "conversation": id, "steering": gates}``
-    with only the keys the body gives (``{}`` for a body without steering). Raises :class:`SteeringRequestError`
+    with only the keys the body gives (``{}`` for a body without steering). A vector's
+    ``data`` is a 1-D read-only numpy float32 array (a float list without numpy): float32,
+    float16 and bfloat16 rows bit for bit, float64 rows rounded to float32 once (to nearest,
+    ties to even, as serve's Go decoder does). Raises :class:`SteeringRequestError`
     with the fork's text, in the fork's order: field types, unpacking and hook names, clamp
     entries, overlapping widths across tiers, widths against the model, the clamp budget.
     """

@@ -169,3 +169,108 @@ def test_every_packed_dtype(dtype):
     assert vec(admit(CHAT, steering_vectors={"mlp_out": blob})["override"], "base", "mlp_out", 3) == vals
     with pytest.raises(SteeringRequestError, match="dtype"):
         admit(CHAT, steering_vectors={"mlp_out": {**blob, "dtype": "int8"}})
+
+
+def _lists_form(monkeypatch, body, **kw):
+    """admission_from_request as it was before binary admission: vector rows as float lists."""
+    with monkeypatch.context() as m:
+        m.setattr(shmsteer.openai, "_np", None)
+        return admission_from_request(body, **kw)
+
+
+def _random_blob(rng, dtype, layers, hidden):
+    vals = rng.standard_normal((len(layers), hidden)) * 0.5
+    if dtype == "bfloat16":
+        raw = (vals.astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+    else:
+        raw = vals.astype({"float16": "<f2", "float32": "<f4", "float64": "<f8"}[dtype]).tobytes()
+    return {"dtype": dtype, "shape": [len(layers), hidden], "layer_indices": list(layers),
+            "data": base64.b64encode(raw).decode(), "scales": [0.5 + i for i in range(len(layers))]}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_vector_rows_are_float32_arrays(monkeypatch, dtype):
+    """Rows come out as read-only 1-D float32 arrays with the floats the list form gave (float64:
+    rounded once, as the engine rounded the lists' floats)."""
+    rng = np.random.default_rng(5)
+    body = {**CHAT, "steering_vectors": {"pre_attn": _random_blob(rng, dtype, [3, 1], HIDDEN)},
+            "decode_steering_vectors": {"mlp_out": _random_blob(rng, dtype, [0], HIDDEN)}}
+    new, old = admit(body), _lists_form(monkeypatch, body, model=MODEL)
+    assert new.keys() == old.keys() == {"override"}
+    for tier in ("base", "decode"):
+        nv, ov = new["override"][tier]["vectors"], old["override"][tier]["vectors"]
+        assert [(v["hook"], v["layer"], v["scale"]) for v in nv] == [(v["hook"], v["layer"], v["scale"]) for v in ov]
+        for a, b in zip(nv, ov):
+            d = a["data"]
+            assert type(d) is np.ndarray and d.dtype == np.float32 and d.shape == (HIDDEN,)
+            assert d.flags.c_contiguous and not d.flags.writeable
+            assert isinstance(b["data"], list)
+            np.testing.assert_array_equal(d.view(np.uint32), np.array(b["data"], np.float32).view(np.uint32))
+
+
+def test_float64_ties_round_to_even():
+    """A float64 halfway between two float32 rounds to the even one, as serve's Go decoder does."""
+    vals = [1 + 2.0 ** -24, 1 + 3 * 2.0 ** -24, -(1 + 2.0 ** -24), 1e300, 1.0, 0.0, -0.0, 2.0 ** -149]
+    blob = {"dtype": "float64", "shape": [1, 8], "layer_indices": [0], "data": base64.b64encode(struct.pack("<8d", *vals)).decode()}
+    d = admit(CHAT, steering_vectors={"pre_attn": blob})["override"]["base"]["vectors"][0]["data"]
+    want = np.array([1.0, 1 + 4 * 2.0 ** -24, -1.0, np.inf, 1.0, 0.0, -0.0, 2.0 ** -149], np.float32)
+    np.testing.assert_array_equal(d.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("numpy_rows", [True, False], ids=["arrays", "lists"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_arrays_steer_as_the_lists_did(ns, secret, monkeypatch, dtype, numpy_rows):
+    """Admitted through Owner.admit (arrays by address, lists as JSON), both forms add the same
+    floats, bit for bit; the arrays take the binary path."""
+    from shmsteer.admission import split_override
+    rng = np.random.default_rng(6)
+    body = {**CHAT, "steering_vectors": {"pre_attn": _random_blob(rng, dtype, [2, 0], HIDDEN)},
+            "prefill_steering_vectors": {"pre_attn": _random_blob(rng, dtype, [2], HIDDEN)},
+            "decode_steering_vectors": {"post_block": _random_blob(rng, dtype, [5], HIDDEN)}, "conversation_id": "c"}
+    with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=24) as owner:
+        kw_new = admission_from_request(body, model=owner.model)
+        kw_old = _lists_form(monkeypatch, body, model=owner.model)
+        _, vecs, _ = split_override(kw_new["override"], owner._hook_ids(), HIDDEN)
+        assert vecs is not None and len(vecs) == 4
+        owner.admit("new", **(kw_new if numpy_rows else kw_old))
+        owner.admit("old", **kw_old)
+        with owner.stepper() as st:
+            st.begin()
+            for hook, layer in (("pre_attn", 2), ("pre_attn", 0), ("post_block", 5)):
+                for phase in ("prefill", "decode"):
+                    rows = np.zeros((2, HIDDEN), np.float32)
+                    st.apply(hook, layer, rows, [("new", 0, 1, phase), ("old", 1, 2, phase)])
+                    assert rows.any() == ((hook, phase) != ("post_block", "prefill"))  # decode tier only
+                    np.testing.assert_array_equal(rows[0].view(np.uint32), rows[1].view(np.uint32))
+            st.end()
+
+
+@pytest.mark.parametrize("kw", [
+    {"steering_vectors": {"pre_attn": {**pack({0: [1.0] * HIDDEN}), "data": "!!!!"}}},
+    {"steering_vectors": {"pre_attn": {**pack({0: [1.0] * HIDDEN}), "shape": [2, HIDDEN]}}},
+    {"steering_vectors": {"pre_attn": {**pack({0: [1.0] * HIDDEN}), "dtype": "int8"}}},
+    {"steering_vectors": {"pre_attn": {**pack({0: [1.0] * HIDDEN}), "layer_indices": [0, 1]}}},
+    {"steering_vectors": {"pre_attn": {**pack({0: [1.0] * HIDDEN}), "scales": [float("inf")]}}},
+    {"steering_vectors": {"pre_attn": pack({1: [1.0, 2.0, 3.0]})}},
+    {"steering_vectors": {"pre_attn": pack({0: [1.0] * HIDDEN})}, "decode_steering_vectors": {"pre_attn": pack({0: [1.0] * 4})}},
+])
+def test_refusals_unchanged_by_arrays(monkeypatch, kw):
+    with pytest.raises(SteeringRequestError) as new:
+        admit(CHAT, **kw)
+    with pytest.raises(SteeringRequestError) as old:
+        _lists_form(monkeypatch, {**CHAT, **kw}, model=MODEL)
+    assert str(new.value) == str(old.value) and new.value.status == old.value.status == 400
+
+
+@pytest.mark.parametrize("data", ["!!!!", "QUJD=", "QUJ=D", "=QUJD", "QUJDRA===", "QU JD", "QUJ\nD", "caf\u00e9", "QUI"])
+def test_base64_refusals_word_as_b64decode(data):
+    """Strict binascii first, base64.b64decode(validate=True) for what it refuses: the texts stay."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (ValueError, TypeError) as e:
+        want = f"steering_vectors['pre_attn']: SteeringHookPacked.data is not base64: {e}"
+    else:
+        want = f"SteeringHookPacked.data length {len(raw)} != expected 32 (shape=(1, 8), dtype=float32)"
+    with pytest.raises(SteeringRequestError) as err:
+        admit(CHAT, steering_vectors={"pre_attn": {**pack({0: [1.0] * HIDDEN}), "data": data}})
+    assert str(err.value) == want
