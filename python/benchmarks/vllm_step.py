@@ -9,6 +9,10 @@ at each of the five hook points and at both layers, a two-layer packed blob, pre
 decode-only vectors, two named vectors registered through a ``shmsteer.Client``, a projection
 clamp, a clamp plus a vector, a ``this_token`` probe gate, a vector with a conversation id.
 
+With ``--compile`` the model runs under vLLM's torch.compile (``compilation_config={"mode": 3}``,
+on the CPU ``DYNAMO_TRACE_ONCE`` with inductor) and the plugin's compiled sites; only ``steered``
+and ``unsteered`` run (the sites are in the graph: they cannot be switched off in the process).
+
 Contenders, alternated round by round (the order rotates each round), each one
 ``llm.generate`` of the 32 requests:
 
@@ -22,7 +26,9 @@ Contenders, alternated round by round (the order rotates each round), each one
 
 Time per output token = the contender's wall time / the output tokens (the prefill steps
 included); beside it the process's CPU time per output token (every thread of this process: the
-engine and the worker run here), which other processes' load on a shared machine disturbs less.
+engine and the worker run here), which other processes' load on a shared machine disturbs less,
+and the main thread's CPU time per output token (vLLM's CPU worker runs torch on one thread
+here, in this thread: the forward and the plugin's work, without background threads).
 Reported for both: per contender the median over rounds; ``steered`` / ``unsteered``,
 ``steered`` / ``off`` and ``unsteered`` / ``off`` as the median of the per-round ratios and as
 the ratio of the medians, with min and max of the per-round ratios. With ``--profile``, one extra steered generate is
@@ -30,7 +36,7 @@ timed by parts (the per-step span resolve and step end, the hooks' applies, the 
 plugin's own functions, wrapped with timers.
 
     SHMSTEER_LIB=... PYTHONPATH=python ~/.cache/shmsteer/vllm-venv/bin/python \\
-        python/benchmarks/vllm_step.py [--rounds 7] [--max-tokens 32] [--json out.json] [--profile]
+        python/benchmarks/vllm_step.py [--rounds 15] [--max-tokens 16] [--json out.json] [--profile] [--compile]
 """
 
 from __future__ import annotations
@@ -146,6 +152,8 @@ def profile(llm: Any, run: Callable[[], int]) -> Dict[str, float]:
     cls = type(hooks)
     orig_step, orig_fold, orig_spans = cls.step, layers._fold, worker.spans_from_v1
     orig_apply = hooks.apply
+    client = hooks._handle
+    want = worker._hooks_setting(client.model[2])
 
     def timed(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def f(*a: Any, **k: Any) -> Any:
@@ -175,11 +183,8 @@ def profile(llm: Any, run: Callable[[], int]) -> Dict[str, float]:
         cls.step = step
         layers._fold = timed("fold", orig_fold)
         worker.spans_from_v1 = timed("spans", orig_spans)
-        st.sites._apply = timed("apply", orig_apply)
         st.sites.remove()
-        from shmsteer.vllm.worker import _hooks_setting
-        client = hooks._handle
-        st.sites = layers.LayerSites(st.model, st.sites._apply, client.hook_id, _hooks_setting(client.model[2]))
+        st.sites = layers.LayerSites(st.model, timed("apply", orig_apply), client.hook_id, want)
         steps0 = st.steps
         t0 = time.perf_counter()
         tokens = run()
@@ -187,8 +192,9 @@ def profile(llm: Any, run: Callable[[], int]) -> Dict[str, float]:
     finally:
         cls.step, layers._fold, worker.spans_from_v1 = orig_step, orig_fold, orig_spans
         st.sites.remove()
-        st.sites = layers.LayerSites(st.model, orig_apply, client.hook_id, _hooks_setting(client.model[2]))
+        st.sites = layers.LayerSites(st.model, orig_apply, client.hook_id, want)
     steps = st.steps - steps0
+    assert acc["apply"] > 0, "the profiled run went through the timed apply"
     out = {k: v / steps * 1e3 for k, v in acc.items()}
     out["plugin"] = sum(out.values())
     out["plugin_share"] = out["plugin"] / (total / steps * 1e3)
@@ -198,15 +204,20 @@ def profile(llm: Any, run: Callable[[], int]) -> Dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--model", default="", help="model directory (made there when it has no config.json)")
     ap.add_argument("--no-off", action="store_true", help="leave out the plugin-off contender")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--compile", action="store_true",
+                    help="vLLM's torch.compile (mode 3; DYNAMO_TRACE_ONCE + inductor on the CPU): the plugin's compiled "
+                         "sites; no off contender and no profile (the sites are in the graph)")
     ap.add_argument("--json", default="", help="write the results there")
     a = ap.parse_args()
+    if a.compile:
+        a.no_off, a.profile = True, False
     if a.hidden < 1024 or a.hidden % HEADS or a.hidden // HEADS < 32:
         ap.error("the figure's model has hidden >= 1024 and a head size >= 32 (hidden / 16)")
 
@@ -224,8 +235,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=path, skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-              compilation_config={"mode": 0}, max_model_len=256, max_num_seqs=32, max_num_batched_tokens=1024,
+    llm = LLM(model=path, skip_tokenizer_init=True, dtype="float32", enforce_eager=not a.compile,
+              compilation_config={"mode": 3 if a.compile else 0}, max_model_len=256, max_num_seqs=32, max_num_batched_tokens=1024,
               enable_prefix_caching=False, seed=0)
     with shmsteer.Client(ns, secret) as c:
         c.register_vector(NAMED_A, [("post_block", 0, 1.0, vector(40, a.hidden, 0.5).numpy())])
@@ -250,33 +261,36 @@ def main() -> None:
 
     gen(steered_p, "steered")  # warm: the worker attaches, the tables fill
     gen(plain_p, "unsteered")
-    toggle = Toggle(llm)
+    toggle = None if a.no_off else Toggle(llm)
     names = ["steered", "unsteered"] + ([] if a.no_off else ["off"])
     wall: Dict[str, List[float]] = {n: [] for n in names}
     cpu: Dict[str, List[float]] = {n: [] for n in names}
+    thread: Dict[str, List[float]] = {n: [] for n in names}
     for r in range(a.rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for n in order:
-            if n == "off":
+            if n == "off" and toggle is not None:
                 toggle.off()
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
             toks = gen(steered_p if n == "steered" else plain_p, n)
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
-            if n == "off":
+            dt, dc, dh = time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - h0
+            if n == "off" and toggle is not None:
                 toggle.on()
             wall[n].append(dt / toks * 1e3)
             cpu[n].append(dc / toks * 1e3)
+            thread[n].append(dh / toks * 1e3)
 
     res: Dict[str, Any] = {
         "model": {"hidden": a.hidden, "layers": a.layers, "heads": HEADS, "vocab": VOCAB, "dtype": "float32"},
-        "requests": 32, "configs": 16, "max_tokens": a.max_tokens, "rounds": a.rounds,
+        "requests": 32, "configs": 16, "max_tokens": a.max_tokens, "rounds": a.rounds, "compiled": a.compile,
         "unsteered_equals_off": outs["unsteered"] == outs["off"] if "off" in outs else None,
         "steered_changes_tokens": outs["steered"] != outs["unsteered"],
         "torch_threads": torch.get_num_threads(),
-        "wall": summary(wall), "cpu": summary(cpu),
+        "wall": summary(wall), "cpu": summary(cpu), "thread": summary(thread),
     }
     if a.profile:
         res["profile_ms_per_step"] = profile(llm, lambda: gen(steered_p, "profiled"))
+        assert outs["profiled"] == outs["steered"], "the profiled run steered as the timed ones"
     print(table(res))
     print("RESULT " + json.dumps(res), flush=True)
     if a.json:
@@ -301,8 +315,9 @@ def summary(times: Dict[str, List[float]]) -> Dict[str, Any]:
 
 def table(res: Dict[str, Any]) -> str:
     lines = [f"hidden {res['model']['hidden']} x {res['model']['layers']} layers, {res['requests']} requests, "
-             f"{res['configs']} configs, {res['max_tokens']} tokens each, {res['rounds']} rounds"]
-    for clock in ("wall", "cpu"):
+             f"{res['configs']} configs, {res['max_tokens']} tokens each, {res['rounds']} rounds, "
+             f"{'torch.compile' if res['compiled'] else 'eager'}"]
+    for clock in ("wall", "cpu", "thread"):
         lines.append(f"{clock + ' contender':<16} {'median ms/token':>16} {'min':>8} {'max':>8}")
         for n, v in res[clock]["ms_per_token"].items():
             lines.append(f"{'  ' + n:<16} {v['median']:>16.3f} {v['min']:>8.3f} {v['max']:>8.3f}")
