@@ -47,6 +47,16 @@ def test_every_request_equals_transformers(result):
         assert v["tokens"][name] == toks, f"request {name} ({hf['configs'][name]})"
 
 
+def test_post_attn_and_mlp_in_equal_transformers(result):
+    """The hook points the scenario leaves out: post_attn (the norm's pre-hook, the fold with a
+    zero residual) and mlp_in (the MLP's input, mutated in place in the graph)."""
+    v, hf = result["more_vllm"], result["more_hf"]
+    assert sorted(v) == sorted(hf["tokens"]) == ["mi0", "mi1", "pa0", "pa1"]
+    for name, toks in hf["tokens"].items():
+        assert v[name] == toks, name
+        assert toks != hf["unsteered"][name], f"{name}: the vector changes nothing"
+
+
 def test_steering_changes_the_tokens(result):
     hf = result["hf"]
     steered = [n for n, cfg in hf["configs"].items() if cfg is not None]

@@ -16,23 +16,24 @@ pre_attn      the stream entering layer L: ``hidden_states + residual`` of the l
               its stream (``residual = stream``, ``input_layernorm(stream)``), exactly.
 post_attn     the stream after attention's output is added: the inputs of
               ``post_attention_layernorm(attn_out, residual)``. A forward pre-hook on that norm
-              folds ``attn_out + residual``, steers it and passes ``(stream, zeros)``: the fused
-              add then yields the steered stream as ``residual`` and normalises it.
+              folds ``attn_out`` into ``residual``, steers it and passes ``(zeros, stream)``: the
+              fused add then yields the steered stream as ``residual`` and normalises it.
 mlp_in        the normalised MLP input: the first input of ``layer.mlp``, steered in place by a
               forward pre-hook.
 mlp_out       the MLP branch's output after the down-projection (and its all-reduce under
               tensor parallelism), before the residual add: ``layer.mlp``'s output, in place.
 post_block    the block's output, the stream entering layer L+1: ``hidden_states + residual``
               of the layer's outputs. A forward hook folds the two, steers the sum and returns
-              ``(stream, zeros)``; the next layer's fused add (or the final norm) gives back
+              ``(zeros, stream)``; the next layer's fused add (or the final norm) gives back
               the steered stream.
 ============  ==============================================================================
 
 Folding is what makes the stream sites right for everything but a plain add: a projection clamp,
 an ablation, a probe gate and capture see the residual stream itself (``hidden + residual``),
-never the MLP branch alone. A fold costs one add and one zero fill of the site's rows; it happens
-only at attached sites, and only in a step (:attr:`LayerSites.active`), so vLLM's dummy and
-profiling runs are untouched. Under tensor parallelism every rank holds the whole stream
+never the MLP branch alone. A fold costs one add and one zero fill of the site's rows, in place
+(``residual += hidden``, ``hidden = 0``: no allocation); it happens
+only at attached sites, and eagerly only in a step (:attr:`LayerSites.active`), so vLLM's dummy
+and profiling runs are untouched (compiled, below, the fold is in the graph: the same bits). Under tensor parallelism every rank holds the whole stream
 (``hidden_states`` comes out of the all-reduce of ``o_proj`` and ``down_proj``), so every rank
 folds and steers the same rows.
 
@@ -114,8 +115,11 @@ def decoder_layers(model: torch.nn.Module) -> List[Tuple[int, torch.nn.Module]]:
 
 
 def _fold(hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
-    """The residual stream as one new tensor (the inputs are not changed)."""
-    return hidden.clone() if residual is None else hidden + residual
+    """The residual stream in one tensor: ``residual += hidden`` in place, returned (the same bits
+    as the fused add it replaces: ``a + b == b + a``); layer 0's input (``residual`` None) as a
+    copy. In place, as vLLM's own fused add-norm updates ``residual``: no allocation (a new tensor
+    of a prefill's rows is a fresh mapping and its page faults, at every site)."""
+    return hidden.clone() if residual is None else residual.add_(hidden)
 
 
 _LIVE: Dict[int, "LayerSites"] = {}  # compiled sites by token: what the operator's kernel steers
@@ -249,7 +253,7 @@ class LayerSites:
                 x, residual = args[0], args[1]
                 s = _fold(x, residual)
                 steer(s)
-                return (s, torch.zeros_like(residual)) + tuple(args[2:])
+                return (x.zero_(), s) + tuple(args[2:])  # the norm's fused add: 0 + s
             h = layer.post_attention_layernorm.register_forward_pre_hook(post_attn)
         elif hook == "mlp_in":
             def mlp_in(_m: Any, args: Tuple[Any, ...]) -> None:
@@ -270,7 +274,7 @@ class LayerSites:
                 hidden, residual = out[0], out[1]
                 s = _fold(hidden, residual)
                 steer(s)
-                return (s, torch.zeros_like(s)) + tuple(out[2:])
+                return (hidden.zero_(), s) + tuple(out[2:])  # the next fused add: 0 + s
             h = layer.register_forward_hook(post_block)
         self._handles.append(h)
 
