@@ -27,13 +27,13 @@ Contenders, alternated round by round (the order rotates each round), each one
 Time per output token = the contender's wall time / the output tokens (the prefill steps
 included); beside it the process's CPU time per output token (every thread of this process: the
 engine and the worker run here), which other processes' load on a shared machine disturbs less,
-and the main thread's CPU time per output token (vLLM's CPU worker runs torch on one thread
-here, in this thread: the forward and the plugin's work, without background threads).
-Reported for both: per contender the median over rounds; ``steered`` / ``unsteered``,
-``steered`` / ``off`` and ``unsteered`` / ``off`` as the median of the per-round ratios and as
-the ratio of the medians, with min and max of the per-round ratios. With ``--profile``, one extra steered generate is
-timed by parts (the per-step span resolve and step end, the hooks' applies, the folds) from the
-plugin's own functions, wrapped with timers.
+and the main thread's CPU time per output token (the engine loop, the plugin's work and the
+forward's share of torch's threads). Reported for each clock: per contender the median over
+rounds; ``steered`` / ``unsteered``, ``steered`` / ``off`` and ``unsteered`` / ``off`` as the
+median of the per-round ratios and as the ratio of the medians, with min and max of the
+per-round ratios. With ``--profile``, one extra steered generate and one unsteered are timed by
+parts (the per-step span resolve and step end, the spans, the hooks' applies, the folds;
+compiled, the operator's kernel) from the plugin's own functions, wrapped with timers.
 
     SHMSTEER_LIB=... PYTHONPATH=python ~/.cache/shmsteer/vllm-venv/bin/python \\
         python/benchmarks/vllm_step.py [--rounds 15] [--max-tokens 16] [--json out.json] [--profile] [--compile]
@@ -99,7 +99,8 @@ def configs(hidden: int, layers: int) -> List[Dict[str, Any]]:
              "scope": "this_token", "apply": {"kind": "add", "steer": {"kind": "name", "name": CALM}, "strength": 1.0}}]
     out = [sv("pre_attn", 0, 1), sv("post_attn", 0, 2), sv("mlp_in", 0, 3), sv("mlp_out", 0, 4), sv("post_block", 0, 5),
            sv("pre_attn", last, 6), sv("mlp_out", last, 7), sv("post_block", last, 8),
-           {"steering_vectors": json.dumps(packed("post_block", [(l, vector(20 + l, hidden, 0.3)) for l in range(layers)]))},
+           {"steering_vectors": json.dumps(packed("post_block", [(i, vector(20 + i, hidden, 0.3))
+                                                                 for i in range(layers)]))},
            {"prefill_steering_vectors": json.dumps(packed("post_block", [(0, vector(30, hidden, 0.5))]))},
            {"decode_steering_vectors": json.dumps(packed("mlp_out", [(last, vector(31, hidden, 0.5))]))},
            {"steering_name": NAMED_A},
@@ -144,13 +145,16 @@ class Toggle:
 
 
 def profile(llm: Any, run: Callable[[], int]) -> Dict[str, float]:
-    """One steered generate with the plugin's parts timed (seconds, summed over its steps)."""
+    """One generate with the plugin's parts timed (ms per step): the step's resolve and end, the
+    spans, the applies, the folds (eager: compiled, they are in the graph) and, compiled, the
+    operator's whole kernel (``site``, the applies included)."""
     from shmsteer.vllm import layers, worker
-    st = Toggle(llm).runner.__dict__["_shmsteer"]
+    runner = Toggle(llm).runner
+    st = runner.__dict__["_shmsteer"]
     hooks = st.hooks
-    acc = {"resolve": 0.0, "end": 0.0, "apply": 0.0, "fold": 0.0, "spans": 0.0}
+    acc = {"resolve": 0.0, "end": 0.0, "spans": 0.0, "apply": 0.0, "fold": 0.0, "site": 0.0}
     cls = type(hooks)
-    orig_step, orig_fold, orig_spans = cls.step, layers._fold, worker.spans_from_v1
+    orig_step, orig_fold, orig_spans, orig_run = cls.step, layers._fold, worker.spans_from_v1, layers.LayerSites.run
     orig_apply = hooks.apply
     client = hooks._handle
     want = worker._hooks_setting(client.model[2])
@@ -183,20 +187,21 @@ def profile(llm: Any, run: Callable[[], int]) -> Dict[str, float]:
         cls.step = step
         layers._fold = timed("fold", orig_fold)
         worker.spans_from_v1 = timed("spans", orig_spans)
-        st.sites.remove()
-        st.sites = layers.LayerSites(st.model, timed("apply", orig_apply), client.hook_id, want)
+        layers.LayerSites.run = timed("site", orig_run)  # type: ignore[method-assign]  # the operator's kernel calls it
+        st.sites.bind(timed("apply", orig_apply), client.hook_id, want)
         steps0 = st.steps
         t0 = time.perf_counter()
         tokens = run()
         total = time.perf_counter() - t0
     finally:
         cls.step, layers._fold, worker.spans_from_v1 = orig_step, orig_fold, orig_spans
-        st.sites.remove()
-        st.sites = layers.LayerSites(st.model, orig_apply, client.hook_id, want)
+        layers.LayerSites.run = orig_run  # type: ignore[method-assign]
+        st.sites.bind(orig_apply, client.hook_id, want)
     steps = st.steps - steps0
     assert acc["apply"] > 0, "the profiled run went through the timed apply"
     out = {k: v / steps * 1e3 for k, v in acc.items()}
-    out["plugin"] = sum(out.values())
+    parts = ("resolve", "end", "spans", "site", "fold") if st.compiled else ("resolve", "end", "spans", "apply", "fold")
+    out["plugin"] = sum(out[k] for k in parts)
     out["plugin_share"] = out["plugin"] / (total / steps * 1e3)
     out.update(step_ms=total / steps * 1e3, steps=steps, tokens=tokens, sites=len(st.sites.sites))
     return out
@@ -212,12 +217,12 @@ def main() -> None:
     ap.add_argument("--no-off", action="store_true", help="leave out the plugin-off contender")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--compile", action="store_true",
-                    help="vLLM's torch.compile (mode 3; DYNAMO_TRACE_ONCE + inductor on the CPU): the plugin's compiled "
-                         "sites; no off contender and no profile (the sites are in the graph)")
+                    help="vLLM's torch.compile (mode 3; DYNAMO_TRACE_ONCE + inductor on the CPU): the plugin's "
+                         "compiled sites; no off contender (the sites are in the graph)")
     ap.add_argument("--json", default="", help="write the results there")
     a = ap.parse_args()
     if a.compile:
-        a.no_off, a.profile = True, False
+        a.no_off = True
     if a.hidden < 1024 or a.hidden % HEADS or a.hidden // HEADS < 32:
         ap.error("the figure's model has hidden >= 1024 and a head size >= 32 (hidden / 16)")
 
@@ -236,11 +241,13 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=path, skip_tokenizer_init=True, dtype="float32", enforce_eager=not a.compile,
-              compilation_config={"mode": 3 if a.compile else 0}, max_model_len=256, max_num_seqs=32, max_num_batched_tokens=1024,
+              compilation_config={"mode": 3 if a.compile else 0}, max_model_len=256, max_num_seqs=32,
+              max_num_batched_tokens=1024,
               enable_prefix_caching=False, seed=0)
     with shmsteer.Client(ns, secret) as c:
         c.register_vector(NAMED_A, [("post_block", 0, 1.0, vector(40, a.hidden, 0.5).numpy())])
-        c.register_vector(NAMED_B, [("mlp_out", l, 1.0, vector(41 + l, a.hidden, 0.3).numpy()) for l in range(a.layers)])
+        c.register_vector(NAMED_B, [("mlp_out", i, 1.0, vector(41 + i, a.hidden, 0.3).numpy())
+                                    for i in range(a.layers)])
         c.register_vector(PROBE, [("post_block", 0, 1.0, unit(60, a.hidden).numpy())], kind="probe")
         c.register_vector(CALM, [("post_block", a.layers - 1, 1.0, vector(61, a.hidden, 0.5).numpy())])
 
@@ -291,6 +298,7 @@ def main() -> None:
     if a.profile:
         res["profile_ms_per_step"] = profile(llm, lambda: gen(steered_p, "profiled"))
         assert outs["profiled"] == outs["steered"], "the profiled run steered as the timed ones"
+        res["profile_unsteered_ms_per_step"] = profile(llm, lambda: gen(plain_p, "profiled"))
     print(table(res))
     print("RESULT " + json.dumps(res), flush=True)
     if a.json:
@@ -326,9 +334,10 @@ def table(res: Dict[str, Any]) -> str:
                 r = res[clock][k]
                 lines.append(f"  {k:<20} median of ratios {r['median_of_ratios']:.3f}  ratio of medians "
                              f"{r['ratio_of_medians']:.3f}  [{r['min']:.3f}, {r['max']:.3f}]")
-    if "profile_ms_per_step" in res:
-        lines.append("profile (ms per step): " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                                         for k, v in res["profile_ms_per_step"].items()))
+    for key in ("profile_ms_per_step", "profile_unsteered_ms_per_step"):
+        if key in res:
+            lines.append(f"{key}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                                for k, v in res[key].items()))
     return "\n".join(lines)
 
 

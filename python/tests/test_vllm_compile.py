@@ -118,7 +118,8 @@ def test_removed_compiled_sites_steer_nothing():
 
 
 def _config(mode: int, cudagraph: str) -> SimpleNamespace:
-    return SimpleNamespace(compilation_config=SimpleNamespace(mode=mode, cudagraph_mode=SimpleNamespace(name=cudagraph)))
+    cc = SimpleNamespace(mode=mode, cudagraph_mode=SimpleNamespace(name=cudagraph))
+    return SimpleNamespace(compilation_config=cc)
 
 
 def test_compile_mode_and_cuda_graphs_refused():

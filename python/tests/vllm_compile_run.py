@@ -81,7 +81,8 @@ def more_hf(path: str) -> Dict[str, Dict[str, List[int]]]:
         out["unsteered"][name] = scenario._greedy(model, p, 8)
         v = vector(50 + i)
         if hook == "post_attn":
-            h = model.model.layers[layer].self_attn.register_forward_hook(lambda _m, _a, o, v=v: (o[0] + v,) + tuple(o[1:]))
+            attn = model.model.layers[layer].self_attn
+            h = attn.register_forward_hook(lambda _m, _a, o, v=v: (o[0] + v,) + tuple(o[1:]))
         else:
             h = _hook(model, hook, layer, v)
         out["tokens"][name] = scenario._greedy(model, p, 8)

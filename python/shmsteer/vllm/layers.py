@@ -31,9 +31,10 @@ post_block    the block's output, the stream entering layer L+1: ``hidden_states
 Folding is what makes the stream sites right for everything but a plain add: a projection clamp,
 an ablation, a probe gate and capture see the residual stream itself (``hidden + residual``),
 never the MLP branch alone. A fold costs one add and one zero fill of the site's rows, in place
-(``residual += hidden``, ``hidden = 0``: no allocation); it happens
-only at attached sites, and eagerly only in a step (:attr:`LayerSites.active`), so vLLM's dummy
-and profiling runs are untouched (compiled, below, the fold is in the graph: the same bits). Under tensor parallelism every rank holds the whole stream
+(``residual += hidden``, ``hidden = 0``: no allocation); it happens only at attached sites, and
+eagerly only in a step (:attr:`LayerSites.active`), so vLLM's dummy and profiling runs are
+untouched (compiled, below, the fold is in the graph: the same bits). Under tensor parallelism
+every rank holds the whole stream
 (``hidden_states`` comes out of the all-reduce of ``o_proj`` and ``down_proj``), so every rank
 folds and steers the same rows.
 

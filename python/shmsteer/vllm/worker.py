@@ -215,7 +215,8 @@ def _key_compile_cache(vllm_config: Any) -> None:
         return
     os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
     log.warning("shmsteer: additional_config is a %s, not a dict: vLLM's compile cache turned off "
-                "(VLLM_DISABLE_COMPILE_CACHE=1) so that no graph without the compiled sites is loaded", type(ac).__name__)
+                "(VLLM_DISABLE_COMPILE_CACHE=1) so that no graph without the compiled sites is loaded",
+                type(ac).__name__)
 
 
 def _wrap_load_model(cls: Any) -> None:
@@ -230,7 +231,7 @@ def _wrap_load_model(cls: Any) -> None:
         if self.__dict__.get("_shmsteer_sites") is None and compile_mode(self.vllm_config):
             self._shmsteer_sites = LayerSites(self.get_model(), compiled=True)
             _key_compile_cache(self.vllm_config)
-            log.info("shmsteer: compiled sites attached at load (%d)", len(HOOK_POINTS) * len(decoder_layers(self.get_model())))
+            log.info("shmsteer: compiled sites attached at load (%d layers)", len(decoder_layers(self.get_model())))
         return out
 
     load_model._shmsteer = True  # type: ignore[attr-defined]
