@@ -80,13 +80,17 @@ def test_register_patches_vllm_once(monkeypatch):
     assert V2._shmsteer_patched
 
 
-def test_check_eager_refuses_compiled_configs():
+def test_compile_mode_of_vllm_configs():
+    """vLLM's own CompilationConfig: a Dynamo mode is compiled, CUDA graphs are refused."""
     from vllm.config import CompilationConfig
     from shmsteer.vllm import CompiledModelError
-    from shmsteer.vllm.worker import check_eager
+    from shmsteer.vllm.worker import compile_mode
 
     class Cfg:
-        compilation_config = CompilationConfig(mode=3)
+        def __init__(self, **kw):
+            self.compilation_config = CompilationConfig(**kw)
 
+    assert compile_mode(Cfg(mode=0, cudagraph_mode="NONE")) is False
+    assert compile_mode(Cfg(mode=3, cudagraph_mode="NONE")) is True
     with pytest.raises(CompiledModelError):
-        check_eager(Cfg())
+        compile_mode(Cfg(mode=3, cudagraph_mode="PIECEWISE"))

@@ -24,9 +24,10 @@ class UnsupportedModelError(VllmPluginError, TypeError):
 
 
 class CompiledModelError(VllmPluginError, RuntimeError):
-    """The model runs under ``torch.compile`` (or CUDA graphs), where the plugin's Python forward
-    hooks cannot run: start vLLM with ``compilation_config={"mode": 0}`` and ``enforce_eager=True``
-    (``-O0 --enforce-eager``) until the apply is a torch custom op."""
+    """The model's compiled form cannot be steered: it runs CUDA graphs (a replay skips the
+    plugin's operator; start vLLM with ``compilation_config={"cudagraph_mode": "NONE"}`` or
+    ``--enforce-eager``), or it is compiled but the plugin's compiled sites were not attached
+    before vLLM traced it (a runner whose ``load_model`` the plugin does not wrap)."""
 
 
 class PluginConfigError(VllmPluginError, ValueError):

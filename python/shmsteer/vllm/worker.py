@@ -21,9 +21,13 @@ with the padded row count, so padding rows are never steered:
   pre-hook on the model opens the step and a forward hook closes it (``execute_model`` is wrapped
   to close a step a failed forward left open).
 
-Eager only: the hooks are Python, so the model must not run under ``torch.compile`` or CUDA graphs
-(:class:`~shmsteer.vllm.errors.CompiledModelError` at the first step otherwise) until the apply is
-a torch custom op.
+Eager or compiled: under vLLM's ``torch.compile`` (compilation mode above NONE; on the CPU backend
+``VLLM_COMPILE`` runs as ``DYNAMO_TRACE_ONCE`` with inductor) the runner's ``load_model`` is
+wrapped to attach compiled :class:`~shmsteer.vllm.layers.LayerSites` as soon as the model loads,
+before vLLM's first (traced) forward; each site is one ``torch.ops.shmsteer.vllm_site_`` call in
+the graph, and the worker binds them to the owner's hooks at its first step. CUDA graphs are
+refused (:class:`~shmsteer.vllm.errors.CompiledModelError` at the first step): a replay would skip
+the operator's Python kernel.
 """
 
 from __future__ import annotations
@@ -34,26 +38,31 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .capture import start_worker_capture
 from .errors import CompiledModelError, PluginConfigError, UnsupportedModelError
-from .layers import HOOK_POINTS, LayerSites
+from .layers import HOOK_POINTS, LayerSites, decoder_layers
 from .spans import Span, spans_from_v1, spans_from_v2
 
-__all__ = ["WorkerSteering", "patch_runners", "check_eager"]
+__all__ = ["WorkerSteering", "patch_runners", "compile_mode"]
 
 log = logging.getLogger("shmsteer.vllm")
 
 
-def check_eager(vllm_config: Any) -> None:
-    """Raise :class:`CompiledModelError` unless the model runs eagerly (compilation mode NONE and
-    no CUDA graphs)."""
+def compile_mode(vllm_config: Any) -> bool:
+    """Whether the model runs under vLLM's ``torch.compile`` (compilation mode above NONE).
+
+    Raises:
+        CompiledModelError: the model runs CUDA graphs (``cudagraph_mode`` other than NONE).
+    """
     cc = vllm_config.compilation_config
     mode = getattr(cc, "mode", None)
     mode = getattr(mode, "value", mode)
     cg = getattr(cc, "cudagraph_mode", None)
     cg_name = getattr(cg, "name", str(cg))
-    if mode not in (0, None) or cg_name not in ("NONE", "None"):
+    if cg_name not in ("NONE", "None"):
         raise CompiledModelError(
-            f"shmsteer.vllm: the model runs with compilation mode {mode} and cudagraph mode {cg_name}; the "
-            "plugin's hooks need eager mode: compilation_config={'mode': 0} and enforce_eager=True (-O0 --enforce-eager)")
+            f"shmsteer.vllm: the model runs with cudagraph mode {cg_name}; the plugin steers eagerly or under "
+            "torch.compile without CUDA graphs: compilation_config={'cudagraph_mode': 'NONE'} "
+            "(-cc.cudagraph_mode=NONE) or --enforce-eager")
+    return mode not in (0, None)
 
 
 def _hooks_setting(owner_hooks: Sequence[str]) -> List[str]:
@@ -76,14 +85,19 @@ class WorkerSteering:
             environment, attached at the first step).
     """
 
-    def __init__(self, model: Any, vllm_config: Any, follower: Any = None) -> None:
-        check_eager(vllm_config)
+    def __init__(self, model: Any, vllm_config: Any, follower: Any = None,
+                 sites: Optional[LayerSites] = None) -> None:
+        self.compiled = compile_mode(vllm_config)
+        if self.compiled and (sites is None or not sites.compiled):
+            raise CompiledModelError(
+                "shmsteer.vllm: the model is compiled but no compiled sites were attached when it loaded (the "
+                "runner's load_model was not wrapped): steering would be skipped; run it with -O0 --enforce-eager")
         self.model = model
         self.vllm_config = vllm_config
         self._follower = follower
         self._gen = -1
         self.hooks: Any = None
-        self.sites: Optional[LayerSites] = None
+        self.sites: Optional[LayerSites] = sites  # compiled: attached at load, bound here
         self._open: Any = None  # the step context a V2 forward pre-hook entered
         self.steps = 0  #: real steps run through the hooks
         self.capturing = False  #: whether the hooks capture (the owner serves capture)
@@ -116,7 +130,11 @@ class WorkerSteering:
             raise UnsupportedModelError(f"shmsteer.vllm: the owner steers hidden {hidden} x {layers} layers, the model "
                                         f"is {hf.hidden_size} x {hf.num_hidden_layers}")
         hooks = SteeringHooks(client)
-        self.sites = LayerSites(self.model, hooks.apply, client.hook_id, _hooks_setting(owner_hooks))
+        if self.compiled:
+            assert self.sites is not None
+            self.sites.bind(hooks.apply, client.hook_id, _hooks_setting(owner_hooks))
+        else:
+            self.sites = LayerSites(self.model, hooks.apply, client.hook_id, _hooks_setting(owner_hooks))
         self.hooks, self._gen = hooks, gen
         self.capturing = start_worker_capture(hooks)
         log.info("shmsteer: worker attached (generation %d), %d sites%s", gen, len(self.sites.sites),
@@ -124,7 +142,9 @@ class WorkerSteering:
         return hooks
 
     def _teardown(self) -> None:
-        if self.sites is not None:
+        if self.sites is not None and self.compiled:
+            self.sites.unbind()  # traced into the graph: they stay, steering nothing until bound again
+        elif self.sites is not None:
             self.sites.remove()
             self.sites = None
         if self.hooks is not None:
@@ -172,6 +192,9 @@ class WorkerSteering:
         """Remove the hooks, close the stepper and stop following."""
         self.close()
         self._teardown()
+        if self.sites is not None:
+            self.sites.remove()
+            self.sites = None
         if self._follower is not None and hasattr(self._follower, "close"):
             self._follower.close()
 
@@ -179,8 +202,49 @@ class WorkerSteering:
 def _steering(runner: Any) -> WorkerSteering:
     st = runner.__dict__.get("_shmsteer")
     if st is None:
-        st = runner._shmsteer = WorkerSteering(runner.get_model(), runner.vllm_config)
+        st = runner._shmsteer = WorkerSteering(runner.get_model(), runner.vllm_config,
+                                               sites=runner.__dict__.get("_shmsteer_sites"))
     return st
+
+
+COMPILE_CACHE_KEY = "compiled-sites-1"
+"""What the plugin adds to ``vllm_config.additional_config["shmsteer_vllm"]`` with compiled sites."""
+
+
+def _key_compile_cache(vllm_config: Any) -> None:
+    """Make vLLM's compile cache tell graphs with the compiled sites from graphs without them.
+
+    vLLM saves the compiled model (``torch_compile_cache/torch_aot_compile/<hash>``) under a hash
+    of its config and the model's forward, not of the hooks Dynamo traced: a graph compiled with
+    the plugin off, loaded with it on, would steer nothing, silently. ``additional_config`` is in
+    that hash. Where it is not a dict, the cache is turned off instead."""
+    ac = vllm_config.additional_config
+    if isinstance(ac, dict):
+        ac["shmsteer_vllm"] = COMPILE_CACHE_KEY
+        return
+    os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+    log.warning("shmsteer: additional_config is a %s, not a dict: vLLM's compile cache turned off "
+                "(VLLM_DISABLE_COMPILE_CACHE=1) so that no graph without the compiled sites is loaded",
+                type(ac).__name__)
+
+
+def _wrap_load_model(cls: Any) -> None:
+    """Wrap ``cls.load_model`` (where cls defines it) to attach compiled sites to the loaded model
+    when it will run under torch.compile: before vLLM's first forward traces it."""
+    orig = cls.__dict__.get("load_model")
+    if orig is None or getattr(orig, "_shmsteer", False):
+        return
+
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        if self.__dict__.get("_shmsteer_sites") is None and compile_mode(self.vllm_config):
+            self._shmsteer_sites = LayerSites(self.get_model(), compiled=True)
+            _key_compile_cache(self.vllm_config)
+            log.info("shmsteer: compiled sites attached at load (%d layers)", len(decoder_layers(self.get_model())))
+        return out
+
+    load_model._shmsteer = True  # type: ignore[attr-defined]
+    cls.load_model = load_model
 
 
 def _rows(kwargs: Any) -> int:
@@ -217,6 +281,12 @@ def _patch_v1() -> None:
 
     GPUModelRunner._model_forward = _model_forward
     GPUModelRunner.execute_model = execute_model
+    _wrap_load_model(GPUModelRunner)
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+        _wrap_load_model(CPUModelRunner)  # its own load_model, not calling the GPU runner's
+    except ImportError as e:
+        log.info("shmsteer: CPU model runner not patched: %s", e)
     GPUModelRunner._shmsteer_patched = True
 
 
@@ -251,6 +321,7 @@ def _patch_v2() -> None:
 
     V2.prepare_inputs = prepare_inputs
     V2.execute_model = execute_model
+    _wrap_load_model(V2)
     V2._shmsteer_patched = True
 
 
