@@ -83,7 +83,7 @@ def test_register_patches_vllm_once(monkeypatch):
 def test_compile_mode_of_vllm_configs():
     """vLLM's own CompilationConfig: a Dynamo mode is compiled, CUDA graphs are refused."""
     from vllm.config import CompilationConfig
-    from shmsteer.vllm import CompiledModelError
+    from shmsteer.vllm import CudaGraphModeError
     from shmsteer.vllm.worker import compile_mode
 
     class Cfg:
@@ -92,5 +92,5 @@ def test_compile_mode_of_vllm_configs():
 
     assert compile_mode(Cfg(mode=0, cudagraph_mode="NONE")) is False
     assert compile_mode(Cfg(mode=3, cudagraph_mode="NONE")) is True
-    with pytest.raises(CompiledModelError):
+    with pytest.raises(CudaGraphModeError):
         compile_mode(Cfg(mode=3, cudagraph_mode="PIECEWISE"))

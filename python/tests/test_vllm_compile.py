@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from shmsteer.vllm import CompiledModelError
+from shmsteer.vllm import CompiledModelError, CudaGraphModeError, SitesNotAttachedError
 from shmsteer.vllm.layers import HOOK_POINTS, LayerSites
 from shmsteer.vllm.worker import WorkerSteering, compile_mode
 
@@ -126,17 +126,18 @@ def test_compile_mode_and_cuda_graphs_refused():
     assert compile_mode(_config(0, "NONE")) is False
     assert compile_mode(_config(2, "NONE")) is True
     assert compile_mode(_config(3, "NONE")) is True
-    with pytest.raises(CompiledModelError, match="cudagraph mode PIECEWISE"):
+    with pytest.raises(CudaGraphModeError, match="cudagraph mode PIECEWISE"):
         compile_mode(_config(3, "PIECEWISE"))
-    with pytest.raises(CompiledModelError, match="cudagraph mode FULL"):
+    with pytest.raises(CudaGraphModeError, match="cudagraph mode FULL"):
         compile_mode(_config(0, "FULL"))
+    assert issubclass(CudaGraphModeError, CompiledModelError) and issubclass(SitesNotAttachedError, CompiledModelError)
 
 
 def test_compiled_worker_needs_sites_attached_at_load():
     m = _Model(1)
-    with pytest.raises(CompiledModelError, match="no compiled sites"):
+    with pytest.raises(SitesNotAttachedError, match="no compiled sites"):
         WorkerSteering(m, _config(2, "NONE"))
-    with pytest.raises(CompiledModelError, match="no compiled sites"):
+    with pytest.raises(SitesNotAttachedError, match="no compiled sites"):
         WorkerSteering(m, _config(2, "NONE"), sites=LayerSites(m, _Adds(), IDS.get))  # eager sites
     sites = LayerSites(m, compiled=True)
     st = WorkerSteering(m, _config(2, "NONE"), sites=sites)

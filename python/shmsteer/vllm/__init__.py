@@ -39,9 +39,11 @@ from __future__ import annotations
 import logging
 import os
 
-from .errors import BatchLayoutError, CompiledModelError, PluginConfigError, UnsupportedModelError, VllmPluginError
+from .errors import (BatchLayoutError, CompiledModelError, CudaGraphModeError, PluginConfigError, SitesNotAttachedError,
+                     UnsupportedModelError, VllmPluginError)
 
 __all__ = ["register", "enabled", "VllmPluginError", "BatchLayoutError", "CompiledModelError",
+           "CudaGraphModeError", "SitesNotAttachedError",
            "PluginConfigError", "UnsupportedModelError"]
 
 log = logging.getLogger("shmsteer.vllm")

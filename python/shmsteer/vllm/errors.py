@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import ShmsteerError
 
 __all__ = ["VllmPluginError", "BatchLayoutError", "UnsupportedModelError", "CompiledModelError",
-           "PluginConfigError"]
+           "CudaGraphModeError", "SitesNotAttachedError", "PluginConfigError"]
 
 
 class VllmPluginError(ShmsteerError):
@@ -24,10 +24,19 @@ class UnsupportedModelError(VllmPluginError, TypeError):
 
 
 class CompiledModelError(VllmPluginError, RuntimeError):
-    """The model's compiled form cannot be steered: it runs CUDA graphs (a replay skips the
-    plugin's operator; start vLLM with ``compilation_config={"cudagraph_mode": "NONE"}`` or
-    ``--enforce-eager``), or it is compiled but the plugin's compiled sites were not attached
-    before vLLM traced it (a runner whose ``load_model`` the plugin does not wrap)."""
+    """Base of the errors of a compiled model the plugin cannot steer (one subclass per failure)."""
+
+
+class CudaGraphModeError(CompiledModelError):
+    """The model runs CUDA graphs: a replay would skip the plugin's operator. Start vLLM with
+    ``compilation_config={"cudagraph_mode": "NONE"}`` (``-cc.cudagraph_mode=NONE``) or
+    ``--enforce-eager``."""
+
+
+class SitesNotAttachedError(CompiledModelError):
+    """The model is compiled but the plugin's compiled sites were not attached before vLLM traced
+    it (a runner whose ``load_model`` the plugin does not wrap): steering would be skipped. Run
+    it with ``-O0 --enforce-eager``."""
 
 
 class PluginConfigError(VllmPluginError, ValueError):

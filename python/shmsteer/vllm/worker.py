@@ -26,7 +26,7 @@ Eager or compiled: under vLLM's ``torch.compile`` (compilation mode above NONE; 
 wrapped to attach compiled :class:`~shmsteer.vllm.layers.LayerSites` as soon as the model loads,
 before vLLM's first (traced) forward; each site is one ``torch.ops.shmsteer.vllm_site_`` call in
 the graph, and the worker binds them to the owner's hooks at its first step. CUDA graphs are
-refused (:class:`~shmsteer.vllm.errors.CompiledModelError` at the first step): a replay would skip
+refused (:class:`~shmsteer.vllm.errors.CudaGraphModeError` at the first step): a replay would skip
 the operator's Python kernel.
 """
 
@@ -37,7 +37,7 @@ import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .capture import start_worker_capture
-from .errors import CompiledModelError, PluginConfigError, UnsupportedModelError
+from .errors import CudaGraphModeError, PluginConfigError, SitesNotAttachedError, UnsupportedModelError
 from .layers import HOOK_POINTS, LayerSites, decoder_layers
 from .spans import Span, spans_from_v1, spans_from_v2
 
@@ -50,7 +50,7 @@ def compile_mode(vllm_config: Any) -> bool:
     """Whether the model runs under vLLM's ``torch.compile`` (compilation mode above NONE).
 
     Raises:
-        CompiledModelError: the model runs CUDA graphs (``cudagraph_mode`` other than NONE).
+        CudaGraphModeError: the model runs CUDA graphs (``cudagraph_mode`` other than NONE).
     """
     cc = vllm_config.compilation_config
     mode = getattr(cc, "mode", None)
@@ -58,7 +58,7 @@ def compile_mode(vllm_config: Any) -> bool:
     cg = getattr(cc, "cudagraph_mode", None)
     cg_name = getattr(cg, "name", str(cg))
     if cg_name not in ("NONE", "None"):
-        raise CompiledModelError(
+        raise CudaGraphModeError(
             f"shmsteer.vllm: the model runs with cudagraph mode {cg_name}; the plugin steers eagerly or under "
             "torch.compile without CUDA graphs: compilation_config={'cudagraph_mode': 'NONE'} "
             "(-cc.cudagraph_mode=NONE) or --enforce-eager")
@@ -89,7 +89,7 @@ class WorkerSteering:
                  sites: Optional[LayerSites] = None) -> None:
         self.compiled = compile_mode(vllm_config)
         if self.compiled and (sites is None or not sites.compiled):
-            raise CompiledModelError(
+            raise SitesNotAttachedError(
                 "shmsteer.vllm: the model is compiled but no compiled sites were attached when it loaded (the "
                 "runner's load_model was not wrapped): steering would be skipped; run it with -O0 --enforce-eager")
         self.model = model
