@@ -634,7 +634,9 @@ def _gates_for_abi(steering: Any) -> Any:
             packed = src["packed"]
             out: Dict[str, Any] = {}
             for v in _vectors("steering", packed, tuple(packed)):
-                out.setdefault(v["hook"], []).append({"layer": v["layer"], "scale": v["scale"], "data": v["data"]})
+                data = v["data"]  # float32 arrays from the packed blob; the gates' form is JSON lists
+                out.setdefault(v["hook"], []).append({"layer": v["layer"], "scale": v["scale"],
+                                                      "data": data.tolist() if hasattr(data, "tolist") else data})
             return {"kind": "inline", "packed": out}
         return src
 

@@ -36,7 +36,7 @@ def test_openai_vllm_xargs_reach_an_admission():
     sp = req.to_sampling_params(max_tokens=4)
     kw = admission_for(sp.extra_args, 3, MODEL)
     assert kw["conversation"] == "chat-7" and kw["prompt_len"] == 3
-    assert kw["override"]["base"]["vectors"][0]["data"] == [0.25] * HIDDEN
+    assert list(kw["override"]["base"]["vectors"][0]["data"]) == [0.25] * HIDDEN
 
 
 def test_chat_vllm_xargs_refusal_is_a_value_error():
