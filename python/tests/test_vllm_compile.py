@@ -122,7 +122,7 @@ def _config(mode: int, cudagraph: str) -> SimpleNamespace:
     return SimpleNamespace(compilation_config=cc)
 
 
-def test_compile_mode_and_cuda_graphs_refused():
+def test_compile_mode_and_graph_replay_refused():
     assert compile_mode(_config(0, "NONE")) is False
     assert compile_mode(_config(2, "NONE")) is True
     assert compile_mode(_config(3, "NONE")) is True
