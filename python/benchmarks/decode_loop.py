@@ -36,11 +36,11 @@ stderr; with ``--check`` the bench then exits 1, except for the goals named by `
 DTYPE.CONTENDER`` (printed as missed all the same). ``--slack F`` multiplies every goal by F for
 that check, and (slack above 1) raises a step goal to the plain table hook's ratio of the same
 run when that is higher: CI (.ci/run) runs ``--dtypes bfloat16 --rounds 5 --check --slack
-1.05``, which fails on a regression beyond a loaded machine's noise, not on a ratio within 5%
+1.10``, which fails on a regression beyond a loaded machine's noise, not on a ratio within 10%
 of its goal or of the table hook; a full run (``--rounds 11``, no slack) is what
 docs/performance.md quotes. No test times anything.
 
-    PYTHONPATH=python python python/benchmarks/decode_loop.py [--rounds 11] [--json] [--check [--slack 1.05]]
+    PYTHONPATH=python python python/benchmarks/decode_loop.py [--rounds 11] [--json] [--check [--slack 1.10]]
     PYTHONPATH=python python python/benchmarks/decode_loop.py --admission-only [--admissions 15]
 """
 
@@ -360,7 +360,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when a goal is missed (each step goal on the median of per-round ratios)")
     ap.add_argument("--slack", type=float, default=1.0,
-                    help="with --check, each goal times this factor (CI: 1.05, for a loaded machine's noise)")
+                    help="with --check, each goal times this factor (CI: 1.10, for a loaded machine's noise)")
     ap.add_argument("--known-miss", action="append", default=[], metavar="DTYPE.CONTENDER",
                     help="a goal known to be missed (e.g. bfloat16.native): still printed as missed, "
                          "but --check does not fail on it")
