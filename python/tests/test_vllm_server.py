@@ -32,7 +32,7 @@ from test_vllm_e2e import NO_VLLM
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
 
-MAX_TOKENS = 8
+MAX_TOKENS = 8  # as vllm_e2e_run.MAX_TOKENS, which its _greedy (the reference) decodes
 PROMPTS = [[(5 * i + 11 * j + 7) % 250 + 3 for j in range(n)] for i, n in enumerate((9, 17, 6, 12, 7))]
 # (hook, layer) of an inline vector per request, "named" for steering_name, None unsteered
 STEER: List[Any] = [("post_block", 0), None, ("mlp_out", 1), "named", None]
@@ -88,7 +88,7 @@ def reference(server) -> Dict[str, Any]:
     """transformers on the same weights: each prompt unsteered and with its vector by a plain hook."""
     import torch
     from transformers import LlamaForCausalLM
-    from vllm_e2e_run import _hook, vector
+    from vllm_e2e_run import _greedy, _hook, vector
     model = LlamaForCausalLM.from_pretrained(server["model"], torch_dtype=torch.float32).eval()
     out: Dict[str, Any] = {"tokens": [], "logprobs": [], "unsteered": []}
     for i, (prompt, s) in enumerate(zip(PROMPTS, STEER)):
@@ -104,18 +104,6 @@ def reference(server) -> Dict[str, Any]:
         out["tokens"].append(toks)
         out["logprobs"].append(lps)
     return out
-
-
-def _greedy(model: Any, prompt: List[int]) -> Tuple[List[int], List[float]]:
-    import torch
-    ids, lps = list(prompt), []
-    with torch.no_grad():
-        for _ in range(MAX_TOKENS):
-            logits = model(torch.tensor([ids])).logits[0, -1]
-            t = int(torch.argmax(logits))
-            lps.append(float(torch.log_softmax(logits.double(), -1)[t]))
-            ids.append(t)
-    return ids[len(prompt):], lps
 
 
 def _hook_any(model: Any, hook: str, layer: int, v: Any) -> Any:
