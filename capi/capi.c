@@ -354,6 +354,12 @@ SHMSTEER_API int shmsteer_stepper_apply(shmsteer_stepper_t *st, uint32_t hook, i
   return shmsteerGo_stepper_apply(H(st), hook, layer, rows, n_floats, (shmsteer_span *)spans, n_spans);
 }
 
+SHMSTEER_API int shmsteer_stepper_apply_bf16(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, uint16_t *rows,
+                                             size_t n_values, const shmsteer_span *spans, size_t n_spans) {
+  ENTER();
+  return shmsteerGo_stepper_apply_bf16(H(st), hook, layer, rows, n_values, (shmsteer_span *)spans, n_spans);
+}
+
 SHMSTEER_API int shmsteer_stepper_bind(shmsteer_stepper_t *st, const shmsteer_span *spans, size_t n_spans,
                                        size_t n_rows) {
   ENTER();

@@ -469,6 +469,15 @@ int shmsteer_stepper_begin(shmsteer_stepper_t *st, uint64_t version, uint64_t *p
 int shmsteer_stepper_apply(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, float *rows,
                            size_t n_floats, const shmsteer_span *spans, size_t n_spans);
 
+/* shmsteer_stepper_apply on a bfloat16 block: rows[0:n_values], T x hidden bfloat16 values
+ * (uint16 bit patterns, a torch.bfloat16 tensor's memory). The spanned rows are widened to
+ * float32 inside the library, steered as shmsteer_stepper_apply steers them, and narrowed back
+ * rounding to nearest even (the bits of .float(), apply and copy_ back), in one call; elements
+ * the steering leaves unchanged and rows outside every span keep their bits. Capture records
+ * the rows as bfloat16. The same errors, checksum and counts as shmsteer_stepper_apply. */
+int shmsteer_stepper_apply_bf16(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, uint16_t *rows,
+                                size_t n_values, const shmsteer_span *spans, size_t n_spans);
+
 /* Bind spans, the batch of a block of n_rows rows, as the current step's batch for
  * shmsteer_stepper_apply_bound: validated as shmsteer_stepper_apply validates it
  * (INVALID_ARGUMENT, BAD_BATCH, SHAPE, NO_STEP; after BAD_BATCH or SHAPE no batch is bound) and

@@ -177,6 +177,31 @@ func shmsteerGo_stepper_apply(h C.uint64_t, hook C.uint32_t, layer C.int32_t, ro
 	return C.SHMSTEER_OK
 }
 
+//export shmsteerGo_stepper_apply_bf16
+func shmsteerGo_stepper_apply_bf16(h C.uint64_t, hook C.uint32_t, layer C.int32_t, rows *C.uint16_t, nValues C.size_t, spans *C.shmsteer_span, nSpans C.size_t) C.int {
+	st, rc := stepperOf(h)
+	if rc != C.SHMSTEER_OK {
+		return rc
+	}
+	if (rows == nil && nValues > 0) || (spans == nil && nSpans > 0) || uint64(nValues) > math.MaxInt/2 || uint64(nSpans) > math.MaxInt32 || hook > math.MaxUint16 {
+		return badArg("rows, spans or hook")
+	}
+	var rc2 C.int
+	if st.spans, rc2 = goSpans(st, st.spans, spans, nSpans); rc2 != C.SHMSTEER_OK {
+		return rc2
+	}
+	var raw []byte
+	if nValues > 0 {
+		raw = unsafe.Slice((*byte)(unsafe.Pointer(rows)), 2*int(nValues))
+	}
+	err := st.st.ApplyBF16(steer.HookID(hook), int(layer), raw, st.spans)
+	runtime.KeepAlive(rows)
+	if err != nil {
+		return fail(err)
+	}
+	return C.SHMSTEER_OK
+}
+
 //export shmsteerGo_stepper_bind
 func shmsteerGo_stepper_bind(h C.uint64_t, spans *C.shmsteer_span, nSpans C.size_t, nRows C.size_t) C.int {
 	st, rc := stepperOf(h)

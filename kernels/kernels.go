@@ -1,6 +1,7 @@
 // Package kernels owns the in-place float32 vector arithmetic used by
 // steering: the row-wise adds, gathers, projections and reductions that run
-// at every hook of every generation step.
+// at every hook of every generation step, and the bfloat16 widening and
+// narrowing (bf16.go, pure Go) that lets a bfloat16 block use them.
 //
 // It knows nothing about shared-memory regions, steering vectors, layers or
 // hooks: callers hand it plain []float32 slices (which may alias a mapped

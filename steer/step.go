@@ -103,6 +103,8 @@ type Stepper struct {
 	// pair is scratch for a request's and the global vector summed for a span
 	// (kernels.SumAddRows: a row and kernels.ScratchPad).
 	pair []float32
+	// wide is ApplyBF16's float32 copy of a block's spanned rows.
+	wide []float32
 	// runs: the region's column pool fits the model with cells of exactly Hidden floats, so a
 	// run of adjacent cells is one block of rows (addRun).
 	runs bool

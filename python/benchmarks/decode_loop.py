@@ -11,8 +11,8 @@ the model (same weights, same token ids), in float32 and in bfloat16:
 * ``table``: a plain forward hook adding each row's vector gathered from a prebuilt table (row 0
   zeros, row 1+i named vector i), with the per-step row index built from the batch: what a
   runner writes without shmsteer;
-* ``native``, ``device``, ``static``: ``SteeringHooks`` on the native CPU path (float32; bfloat16
-  goes through a float32 copy), the device path on CPU tensors, and static (CUDA-graph) mode
+* ``native``, ``device``, ``static``: ``SteeringHooks`` on the native CPU path (the engine's
+  kernels on the tensor's memory; bfloat16 widened and narrowed inside the library), the device path on CPU tensors, and static (CUDA-graph) mode
   with ``prepare`` per step;
 * ``device_gated``: the device path where every request also carries a ``this_token`` probe
   gate (probe at block 1, adds at blocks 2-3), against ``device``.
@@ -240,7 +240,7 @@ def contenders(owner: shmsteer.Owner, base: Decoder, dtype: torch.dtype, steps: 
             tables[l][1 + i] = torch.from_numpy(d).to(dtype)
     max_rows = max(sum(n for _, n, _, _ in s) for s in steps)
     out = {"unhooked": Runner(model(), dtype, steps), "table": Runner(model(), dtype, steps, table=(tables, which))}
-    out["native"] = hooked()  # bfloat16 through a float32 copy of the rows
+    out["native"] = hooked()  # bfloat16 through the library's float32 scratch
     out["device"] = hooked(force_device_path=True)
     out["static"] = hooked(static=True, max_tokens=max_rows, device="cpu", dtype=dtype, max_clamps=0)
     out["device_gated"] = hooked(prefix="g", force_device_path=True)

@@ -10,13 +10,14 @@ import torch
 from ._hooks_base import DeviceMismatchError, SteeringHooks
 from ._lib import check, lib
 from .client import SpanLike
-from .device import CAPTURE_DTYPES, PackedSpans, check_hidden
+from .device import CAPTURE_DTYPES, DTYPES, PackedSpans, check_hidden
 from .errors import ShapeError
 
 
 class NativeHooks(SteeringHooks):
     """CPU tensors: per site one library call whose AVX-512/AVX2 kernels add and clamp in place
-    (float32 on the tensor's memory, bfloat16 and float16 through a float32 copy). Each step is
+    (float32 on the tensor's memory; bfloat16 on it too, widened and narrowed inside the
+    library; float16 through a float32 copy). Each step is
     one resolve (:attr:`batch_checksum`, the same a device-path step of the same batch gives)
     left open for the applies, and one end (:attr:`checksum`, the applies' determinism
     checksum). A hooked tensor not on the CPU is :class:`DeviceMismatchError`: build the hooks
@@ -57,22 +58,37 @@ class NativeHooks(SteeringHooks):
         p = self._packed
         if p is None:
             raise RuntimeError("shmsteer: steering hook ran outside SteeringHooks.step()")
-        check_hidden(t, self.hidden)
-        if t.device.type != "cpu":
+        # Few calls into torch a site (each one misses cache between a model's steps): the
+        # typed errors come from check_hidden once something is off.
+        dt, hidden = t.dtype, self.hidden
+        try:
+            width = t.size(-1)
+        except IndexError:  # a 0-d tensor
+            width = -1
+        if width != hidden or dt not in DTYPES or not t.is_contiguous():
+            check_hidden(t, hidden)
+        if not t.is_cpu:
             raise DeviceMismatchError(f"shmsteer: native CPU hooks got a tensor on {t.device}: build them with "
                                       f"SteeringHooks(handle, device={str(t.device)!r}) for the device path")
-        if t.numel() // self.hidden < self._rows:
-            raise ShapeError(f"shmsteer: the spans cover {self._rows} rows, the hooked output has {t.numel() // self.hidden}")
+        n = t.numel()
+        if n // hidden < self._rows:
+            raise ShapeError(f"shmsteer: the spans cover {self._rows} rows, the hooked output has {n // hidden}")
         # The stepper is this object's own (one thread at a time, as the hooks are): the kernels
-        # run on the tensor's memory, or on a float32 copy for bf16/f16 (captured first from
-        # their own bytes: the apply of the copy does not capture the site again).
-        if self._capturing and t.dtype is not torch.float32:
+        # run on the tensor's memory; bfloat16 is widened and narrowed inside the library (one
+        # call, no copy here); float16 goes through a float32 copy, captured first from its own
+        # bytes (the apply of the copy does not capture the site again).
+        if dt is torch.float32:
+            check(lib.shmsteer_stepper_apply(self.stepper.handle, hook_id, layer, t.data_ptr(), n, p.ptr, p.n))
+            return
+        if dt is torch.bfloat16:
+            check(lib.shmsteer_stepper_apply_bf16(self.stepper.handle, hook_id, layer, t.data_ptr(), n, p.ptr, p.n))
+            return
+        if self._capturing:
             check(lib.shmsteer_stepper_capture(self.stepper.handle, hook_id, layer, t.data_ptr(),
-                                               t.numel() * t.element_size(), CAPTURE_DTYPES[t.dtype], p.ptr, p.n))
-        t32 = t if t.dtype is torch.float32 else t.float()
+                                               t.numel() * t.element_size(), CAPTURE_DTYPES[dt], p.ptr, p.n))
+        t32 = t.float()
         check(lib.shmsteer_stepper_apply(self.stepper.handle, hook_id, layer, t32.data_ptr(), t32.numel(), p.ptr, p.n))
-        if t32 is not t:
-            t.copy_(t32)
+        t.copy_(t32)
 
 
 __all__ = ["NativeHooks"]

@@ -143,6 +143,7 @@ def _load() -> ctypes.CDLL:
         "shmsteer_stepper_begin": (c_int, [h, c_uint64, P(c_uint64)]),
         "shmsteer_stepper_apply": (c_int, [h, c_uint32, c_int32, c_void_p, c_size_t, P(Span), c_size_t]),
         "shmsteer_stepper_bind": (c_int, [h, P(Span), c_size_t, c_size_t]),
+        "shmsteer_stepper_apply_bf16": (c_int, [h, c_uint32, c_int32, c_void_p, c_size_t, P(Span), c_size_t]),
         "shmsteer_stepper_apply_bound": (c_int, [h, c_uint32, c_int32, c_void_p, c_size_t]),
         "shmsteer_stepper_effective": (c_int, [h, c_char_p, c_size_t, c_uint32, c_int32, c_int32, P(EffectiveC)]),
         "shmsteer_stepper_end": (c_int, [h, P(c_uint64)]),

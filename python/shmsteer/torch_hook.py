@@ -25,8 +25,8 @@ kernels apply it, one to end it; a hooked site never calls into the engine to re
 never loops over requests.
 
 * Native (CPU tensors; the default): the native kernels (AVX-512/AVX2) run on the
-  tensor's own memory, no copy, one library call per site; bfloat16 and float16 CPU tensors go
-  through a float32 copy. The step's determinism checksum (:attr:`SteeringHooks.checksum`)
+  tensor's own memory, no copy, one library call per site (bfloat16 widened to float32 and
+  narrowed back inside it); float16 CPU tensors go through a float32 copy. The step's determinism checksum (:attr:`SteeringHooks.checksum`)
   covers these applies; a tensor on another device is :class:`DeviceMismatchError`.
 * The device path (``device="cuda"``, or any tensor with ``force_device_path``): per site a persistent
   table ``[slots + 1, hidden]`` in the hidden state's dtype (row 0 zeros, row ``s`` the composed
