@@ -109,6 +109,21 @@ func goSpans(st *stepper, dst []steer.Span, spans *C.shmsteer_span, nSpans C.siz
 	return dst, C.SHMSTEER_OK
 }
 
+// resolveNative is shmsteerGo_batch_resolve with SHMSTEER_BATCH_NATIVE: only the version and
+// checksum, no pointer pinned.
+func resolveNative(st *stepper, b *batch, version C.uint64_t, rows int, flags C.uint32_t, out *C.shmsteer_batch_info) C.int {
+	if err := b.b.ResolveNative(uint64(version), b.spans, rows); err != nil {
+		return fail(err)
+	}
+	b.pin.Unpin()
+	*out = C.shmsteer_batch_info{}
+	out.version, out.checksum = C.uint64_t(b.b.Version), C.uint64_t(b.b.Checksum)
+	if flags&C.SHMSTEER_BATCH_END != 0 {
+		st.st.End()
+	}
+	return C.SHMSTEER_OK
+}
+
 //export shmsteerGo_batch_resolve
 func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmsteer_span, nSpans C.size_t, rows C.int64_t, flags C.uint32_t, out *C.shmsteer_batch_info) C.int {
 	b, ok := getAs[*batch](uint64(h))
@@ -119,7 +134,7 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 	if rc != C.SHMSTEER_OK {
 		return badHandle("the batch's stepper was freed")
 	}
-	if out == nil || rows < 0 || rows > math.MaxInt32 || flags&^(C.SHMSTEER_BATCH_END|C.SHMSTEER_BATCH_RESET) != 0 {
+	if out == nil || rows < 0 || rows > math.MaxInt32 || flags&^(C.SHMSTEER_BATCH_END|C.SHMSTEER_BATCH_RESET|C.SHMSTEER_BATCH_NATIVE) != 0 {
 		return badArg("out, rows or flags")
 	}
 	var rc2 C.int
@@ -129,6 +144,9 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 	}
 	if flags&C.SHMSTEER_BATCH_RESET != 0 {
 		b.b.Reset()
+	}
+	if flags&C.SHMSTEER_BATCH_NATIVE != 0 {
+		return resolveNative(st, b, version, int(rows), flags, out)
 	}
 	err := b.b.Resolve(uint64(version), b.spans, int(rows))
 	if err != nil {

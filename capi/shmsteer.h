@@ -558,6 +558,11 @@ int shmsteer_batch_sites(shmsteer_batch_t *b, const int32_t *sites, size_t n);
 
 #define SHMSTEER_BATCH_END 1u   /* end the step after resolving (no CPU apply follows) */
 #define SHMSTEER_BATCH_RESET 2u /* shmsteer_batch_reset first (the worker's tables are new) */
+/* A native step: resolve for shmsteer_stepper_apply and shmsteer_stepper_apply_bf16 only. out
+ * gets version and checksum (the checksum a full resolve of the same batch and sites gives),
+ * every other field zero; no slot, staged row, gate or capture plan changes. A CPU worker's
+ * resolve touches a fraction of the memory a device worker's does. */
+#define SHMSTEER_BATCH_NATIVE 4u
 
 /* A resolve's declarative gates (steer/batch_gates.go). What a step's gates do to a request's
  * rows as a whole (attenuation, engaged adds) is already in the tables above; what depends on

@@ -130,6 +130,9 @@ type Batch struct {
 	Gates                                   BatchGates
 	gate                                    batchGates
 
+	// sums caches ResolveNative's content sums (batch_native.go).
+	sums map[slotKey]keySum
+
 	// scratch
 	local    map[slotKey]int32
 	taken    map[int32]bool
@@ -225,6 +228,7 @@ func (b *Batch) SetSites(sites []int32) error {
 		}
 	}
 	b.mask = mask
+	clear(b.sums)
 	b.gate.setSites(mask)
 	return nil
 }
@@ -236,6 +240,7 @@ func (b *Batch) Reset() {
 		b.slots[i] = slotState{}
 	}
 	clear(b.byKey)
+	clear(b.sums)
 	b.gate.reset()
 	b.free = b.free[:0]
 	for i := b.opt.MaxSlots; i >= 1; i-- {

@@ -37,8 +37,9 @@ class NativeHooks(SteeringHooks):
         packed = self._packer.pack(spans)
         n = rows if rows is not None else packed.rows
         # The resolve begins the step (one engine call, the step left open for the applies): the
-        # batch checksum of this step, as on the device path.
-        self._resolve(packed, n, version, end=False)
+        # batch checksum of this step, as on the device path, without the device's tables.
+        self.engine_calls += 1
+        self.batch_checksum = self.batch.resolve_native(packed, n, version)
         self._packed, self._rows = packed, n
         try:
             yield self

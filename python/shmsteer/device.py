@@ -39,6 +39,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 BATCH_END = 1
 BATCH_RESET = 2
+BATCH_NATIVE = 4
 
 
 class UnsupportedDtypeError(ShmsteerError, TypeError):
@@ -375,6 +376,24 @@ class StepBatch:
         finally:
             st._busy.release()
         return Resolved(self._info, self.hidden, self._views)
+
+    def resolve_native(self, spans: PackedSpans, rows: int, version: int = 0) -> int:
+        """Begin a step of the stepper at ``version`` and resolve ``spans`` over ``rows`` rows for
+        the stepper's own applies (``SHMSTEER_BATCH_NATIVE``): the step stays open; returns the
+        batch checksum (what :meth:`resolve` of the same batch gives) and builds none of the
+        device path's tables, views or plans."""
+        if self._h is None:
+            from .errors import ClosedError
+            raise ClosedError("shmsteer: batch closed")
+        self.resolves += 1
+        st = self._stepper
+        st._enter("batch resolve")  # the stepper's one-thread guard
+        try:
+            check(lib.shmsteer_batch_resolve(self._h, version, spans.ptr, spans.n, rows, BATCH_NATIVE, byref(self._info)))
+            st._step_thread = threading.get_ident()
+        finally:
+            st._busy.release()
+        return int(self._info.checksum)
 
     def capture_plan(self) -> Optional["CapturePlan"]:
         """The last resolve's capture plan (None: nothing to capture): numpy copies of the sites
