@@ -7,6 +7,7 @@ Each probe gate's threshold is chosen from transformers' own probe scores so tha
 holds at some decode steps and fires at others, and so that it changes the request's tokens;
 the reference's decisions are asserted here, so the equalities cannot hold with the gate off.
 
+Each test runs twice: vLLM eager, and under vLLM's torch.compile (the plugin's compiled sites).
 Needs vLLM importable (docs/vllm.md); skipped otherwise. vLLM runs in a fresh interpreter.
 """
 
@@ -23,9 +24,21 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 LOGPROB_TOL = 1e-4  # float32; the largest difference measured: 1.0e-6
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    return run_script("vllm_e2e_gates_run.py", str(tmp_path_factory.mktemp("tiny-llama")))
+@pytest.fixture(scope="module", params=["eager", "compile"])
+def result(request, tmp_path_factory):
+    """The run eagerly (``-O0``) and under vLLM's torch.compile (the plugin's compiled sites)."""
+    res = run_script("vllm_e2e_gates_run.py", str(tmp_path_factory.mktemp("tiny-llama")), request.param)
+    res["mode"] = request.param
+    return res
+
+
+def test_the_model_ran_as_asked(result):
+    c = result["vllm"]["compiled"]
+    if result["mode"] == "compile":
+        assert c["mode"] == "DYNAMO_TRACE_ONCE" and c["sites_compiled"], c
+    else:
+        assert c["mode"] == "NONE" and not c["sites_compiled"], c
+    assert c["steps"] > 10, c
 
 
 def _gate(name: str):

@@ -22,7 +22,11 @@ attenuate multiplies the request's own steering by max(0, strength) on decode ro
 
 Run by test_vllm_gates.py in a fresh interpreter of the environment that has vLLM. By hand::
 
-    VLLM_CPU_KVCACHE_SPACE=1 python3 python/tests/vllm_e2e_gates_run.py /tmp/model-dir
+    VLLM_CPU_KVCACHE_SPACE=1 python3 python/tests/vllm_e2e_gates_run.py /tmp/model-dir [compile]
+
+With ``compile`` vLLM compiles the model (``compilation_config={"mode": 3}``, which the CPU
+backend runs as ``DYNAMO_TRACE_ONCE`` with inductor): the gates run through the plugin's
+compiled sites, one operator call per site in the graph.
 """
 
 from __future__ import annotations
@@ -249,7 +253,7 @@ def extra(name: str, r: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return out or None
 
 
-def run_vllm(path: str, reqs: Dict[str, Any]) -> Dict[str, Any]:
+def run_vllm(path: str, reqs: Dict[str, Any], compiled: bool = False) -> Dict[str, Any]:
     os.environ.setdefault("SHMSTEER_VLLM", "1")
     ns = os.environ.setdefault("SHMSTEER_NAMESPACE", "e2eg-" + uuid.uuid4().hex[:12])
     secret = os.environ.setdefault("SHMSTEER_SECRET", uuid.uuid4().hex)
@@ -260,9 +264,9 @@ def run_vllm(path: str, reqs: Dict[str, Any]) -> Dict[str, Any]:
     import shmsteer
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
-    llm = LLM(model=path, skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-              compilation_config={"mode": 0}, max_model_len=128, max_num_seqs=16, max_num_batched_tokens=48,
-              enable_prefix_caching=False, seed=0)
+    llm = LLM(model=path, skip_tokenizer_init=True, dtype="float32", enforce_eager=not compiled,
+              compilation_config={"mode": 3 if compiled else 0}, max_model_len=128, max_num_seqs=16,
+              max_num_batched_tokens=48, enable_prefix_caching=False, seed=0)
     with shmsteer.Client(ns, secret) as c:
         c.register_vector(PROBE, [("post_block", 0, 1.0, probe().numpy())], kind="probe")
         c.register_vector(PROBE_NEG, [("post_block", 0, 1.0, probe(-1).numpy())], kind="probe")
@@ -288,7 +292,19 @@ def run_vllm(path: str, reqs: Dict[str, Any]) -> Dict[str, Any]:
     from shmsteer.vllm.engine import engine_admissions
     adm = engine_admissions()
     out["live_after"] = None if adm is None else adm.live()
+    out["compiled"] = compiled_facts(llm)
     return out
+
+
+def compiled_facts(llm: Any) -> Dict[str, Any]:
+    """How the worker's model ran: vLLM's compilation mode and whether the plugin's sites are the
+    compiled ones (one operator call each in the graph) or eager hooks."""
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    mode = runner.vllm_config.compilation_config.mode
+    st = runner.__dict__.get("_shmsteer")
+    sites = None if st is None else st.sites
+    return {"mode": getattr(mode, "name", str(mode)), "sites_compiled": bool(sites is not None and sites.compiled),
+            "steps": None if st is None else st.steps}
 
 
 def refused(llm: Any, sp: Any, ids: List[int]) -> Dict[str, Any]:
@@ -319,7 +335,7 @@ def main() -> None:
         make_model(path)
     reqs = plan(path)
     res = {"hf": {n: {k: v for k, v in r.items()} for n, r in reqs.items()}}
-    res["vllm"] = run_vllm(path, reqs)
+    res["vllm"] = run_vllm(path, reqs, compiled=sys.argv[2:] == ["compile"])
     print("RESULT " + json.dumps(res), flush=True)
 
 
