@@ -177,8 +177,10 @@ def _margin_ok(scores: List[Optional[float]], thr: float, upto: int) -> bool:
 
 
 def _threshold(base: List[float], scope: str) -> Optional[float]:
-    """A threshold that holds at the first decode step and fires at a later one, early enough
-    that what it does reaches a token (host scopes act from the next step)."""
+    """A threshold for the scores ``base`` of the request's decode steps without its gate:
+    this_token, just under their median (fires at about half); the host scopes, halfway from
+    the first step's score to the highest of the steps after it but the last, so the gate holds
+    at the first step and fires at one whose effect (from the next step on) reaches a token."""
     if len(base) < 4:
         return None
     if scope == "this_token":
