@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import numpy as np
 import pytest
@@ -98,6 +99,54 @@ def test_start_consumer_writes_and_stops(env, ns, secret, tmp_path):
         vcap.start_consumer(ns, str(tmp_path))
         assert vcap.stop_consumer() == {"requests": 0, "ok": 0, "partial": 0, "failed": 0, "records": 0, "bytes": 0}
         assert vcap.stop_consumer() is None
+
+
+def _engine_config(dp_rank: int, dp_size: int):
+    from types import SimpleNamespace
+    hf = SimpleNamespace(hidden_size=8, num_hidden_layers=2)
+    return SimpleNamespace(model_config=SimpleNamespace(hf_text_config=hf),
+                           parallel_config=SimpleNamespace(data_parallel_rank=dp_rank, data_parallel_size=dp_size))
+
+
+def test_data_parallel_engines_keep_each_others_files(env, ns, secret, tmp_path):
+    """Two data-parallel engines with one SHMSTEER_VLLM_CAPTURE_DIR: the second engine's start
+    (its consumer removes the .tmp files under its root) leaves the first engine's files in
+    flight alone, because each engine writes under a directory of its own (dp0, dp1)."""
+    from shmsteer.vllm import engine
+    env.setenv("SHMSTEER_SECRET", secret.decode())
+    env.setenv("SHMSTEER_NAMESPACE", ns)
+    env.setenv("SHMSTEER_VLLM_CAPTURE_DIR", str(tmp_path))
+    env.delenv("SHMSTEER_VLLM_OWNER", raising=False)
+    owners, roots = [], []
+    try:
+        for rank in (0, 1):  # each engine core is a process of its own: its module state is fresh
+            env.setitem(engine._state, "admissions", None)
+            env.setitem(engine._state, "owner", None)
+            assert engine._make_owner(_engine_config(rank, 2)) is not None
+            owners.append(engine._state["owner"])
+            root = vcap._state["fs"].root
+            roots.append(root)
+            if rank == 0:  # engine 0 is writing a request: its unpublished file
+                inflight = os.path.join(root, "tag", "req-0", "0_post_block.bin.tmp")
+                os.makedirs(os.path.dirname(inflight))
+                with open(inflight, "wb") as f:
+                    f.write(b"\0" * 64)
+        assert os.path.exists(inflight), "engine 1's start removed engine 0's file in flight"
+        assert roots == [str(tmp_path / "dp0"), str(tmp_path / "dp1")]
+    finally:
+        vcap.stop_consumer()
+        for o in owners:
+            o.close()
+
+
+def test_single_engine_writes_under_the_dir_itself(tmp_path):
+    """One engine keeps the layout {dir}/{tag}/{request_id}/; a rank outside the engine count
+    is a PluginConfigError."""
+    assert vcap.consumer_root(str(tmp_path)) == str(tmp_path)
+    assert vcap.consumer_root(str(tmp_path), 3, 4) == str(tmp_path / "dp3")
+    for rank, size in ((1, 1), (-1, 2), (0, 0)):
+        with pytest.raises(PluginConfigError, match="data-parallel rank"):
+            vcap.consumer_root(str(tmp_path), rank, size)
 
 
 def test_worker_capture_rank0_writes(ns, secret):

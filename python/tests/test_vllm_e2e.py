@@ -33,16 +33,16 @@ def entry_point_installed() -> bool:
     return any(ep.value == "shmsteer.vllm:register" for ep in entry_points(group="vllm.general_plugins"))
 
 
-def run_script(script: str, model: str) -> dict:
-    """Runs tests/<script> on model in a fresh interpreter (an engine is built once per process)
-    and returns its RESULT line's JSON."""
+def run_script(script: str, model: str, *args: str) -> dict:
+    """Runs tests/<script> on model (and args) in a fresh interpreter (an engine is built once
+    per process) and returns its RESULT line's JSON."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                PYTHONPATH=os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for k in ("SHMSTEER_NAMESPACE", "SHMSTEER_SECRET", "SHMSTEER_SECRET_FILE"):
         env.pop(k, None)
     # Installed (.ci/pyenv-vllm installs it), vLLM loads the plugin through its entry point.
     env["SHMSTEER_E2E_ENTRY_POINT"] = "1" if entry_point_installed() else "0"
-    p = subprocess.run([sys.executable, os.path.join(HERE, script), model], env=env,
+    p = subprocess.run([sys.executable, os.path.join(HERE, script), model, *args], env=env,
                        capture_output=True, text=True, timeout=1500)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, f"rc {p.returncode}\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}"

@@ -15,8 +15,12 @@ engine``):
     a directory: the owner declares consumer ``fs`` (type ``filesystem``) and the engine process
     runs the filesystem consumer (:class:`shmsteer.capture.FilesystemConsumer`, what
     ``shmsteer capture fs`` runs) writing under it, ``{dir}/{tag}/{request_id}/`` in the fork's
-    layout, which the fork's reader reads unchanged. Without it, run a consumer beside vLLM:
-    ``shmsteer capture fs --namespace NS --root DIR`` (``SHMSTEER_SECRET`` set as for vLLM).
+    layout, which the fork's reader reads unchanged. Under data parallelism each engine has its
+    own owner and consumer, and writes under ``{dir}/dp{rank}/`` (:func:`consumer_root`): a
+    consumer removes the ``.tmp`` files under its root when it starts (what a killed one left),
+    so engines sharing one root would delete the files a sibling is writing. Without it, run a
+    consumer beside vLLM: ``shmsteer capture fs --namespace NS --root DIR`` (``SHMSTEER_SECRET``
+    set as for vLLM; one per engine under data parallelism, each with its own root).
 ``SHMSTEER_VLLM_CAPTURE_GLOBAL``
     declared consumers' global specs, ``NAME=@FILE[,NAME=@FILE...]`` (serve's
     ``--capture-global``): every request that does not name that consumer is captured with the
@@ -41,7 +45,8 @@ from typing import Any, Dict, Optional, Tuple
 
 from .errors import PluginConfigError
 
-__all__ = ["FS_CONSUMER", "owner_capture", "start_consumer", "stop_consumer", "start_worker_capture"]
+__all__ = ["FS_CONSUMER", "owner_capture", "consumer_root", "start_consumer", "stop_consumer",
+           "start_worker_capture"]
 
 log = logging.getLogger("shmsteer.vllm")
 
@@ -92,11 +97,23 @@ def owner_capture() -> Tuple[Dict[str, str], Dict[str, Any], Optional[str]]:
     return consumers, specs, root
 
 
-def start_consumer(namespace: str, root: str) -> Any:
-    """Run the filesystem consumer ``fs`` writing under ``root`` in this process (the owner's,
-    which must declare it), stopped at exit."""
+def consumer_root(root: str, dp_rank: int = 0, dp_size: int = 1) -> str:
+    """The directory the filesystem consumer of data-parallel engine ``dp_rank`` (of
+    ``dp_size``) writes under: ``root`` for one engine, ``root/dp{dp_rank}`` for several, so
+    that no engine's start-up cleaning (the consumer removes every ``.tmp`` file under its
+    root) reaches a sibling's files in flight."""
+    if dp_size < 1 or not 0 <= dp_rank < dp_size:
+        raise PluginConfigError(f"data-parallel rank {dp_rank} of {dp_size}: want 0 <= rank < size")
+    return os.path.join(root, f"dp{dp_rank}") if dp_size > 1 else root
+
+
+def start_consumer(namespace: str, root: str, dp_rank: int = 0, dp_size: int = 1) -> Any:
+    """Run the filesystem consumer ``fs`` in this process (the owner's, which must declare it)
+    writing under :func:`consumer_root` of ``root`` for data-parallel engine ``dp_rank`` of
+    ``dp_size``, stopped at exit."""
     from ..capture import FilesystemConsumer
     stop_consumer()
+    root = consumer_root(root, dp_rank, dp_size)
     _state["fs"] = FilesystemConsumer(namespace, root, name=FS_CONSUMER)
     atexit.register(stop_consumer)
     log.info("shmsteer: capture consumer %r writing under %s", FS_CONSUMER, root)

@@ -210,12 +210,13 @@ def _make_owner(vllm_config: Any) -> Optional[Admissions]:
     from ..client import Owner
     from .capture import owner_capture, start_consumer
     hidden, layers = _model_dims(vllm_config.model_config)
-    ns = namespace(*_dp(vllm_config))
+    dp = _dp(vllm_config)
+    ns = namespace(*dp)
     consumers, global_specs, capture_dir = owner_capture()
     owner = Owner(ns, hidden=hidden, layers=layers, capture_consumers=consumers, capture_global=global_specs)
     _state["owner"] = owner
     if capture_dir is not None:
-        start_consumer(ns, capture_dir)
+        start_consumer(ns, capture_dir, *dp)  # under data parallelism: a directory per engine
     _state["admissions"] = Admissions(owner)
     log.info("shmsteer: owner of namespace %r in the engine process (hidden %d, %d layers)", ns, hidden, layers)
     return _state["admissions"]

@@ -1,0 +1,113 @@
+"""End to end, declarative gates: stock vLLM's CPU build steered by the shmsteer plugin, every
+gate scope (this_token, next_step, rest_of_request, rest_of_conversation) and both apply kinds
+(add, attenuate) in one ``LLM.generate`` batch, against transformers with the gate computed by
+hand (tests/vllm_e2e_gates_run.py has the rules and the requests).
+
+Each probe gate's threshold is chosen from transformers' own probe scores so that the gate
+holds at some decode steps and fires at others, and so that it changes the request's tokens;
+the reference's decisions are asserted here, so the equalities cannot hold with the gate off.
+
+Each test runs twice: vLLM eager, and under vLLM's torch.compile (the plugin's compiled sites).
+Needs vLLM importable (docs/vllm.md); skipped otherwise. vLLM runs in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from test_vllm_e2e import NO_VLLM, run_script
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason=NO_VLLM)
+
+LOGPROB_TOL = 1e-4  # float32; the largest difference measured: 1.0e-6
+
+
+@pytest.fixture(scope="module", params=["eager", "compile"])
+def result(request, tmp_path_factory):
+    """The run eagerly (``-O0``) and under vLLM's torch.compile (the plugin's compiled sites)."""
+    res = run_script("vllm_e2e_gates_run.py", str(tmp_path_factory.mktemp("tiny-llama")), request.param)
+    res["mode"] = request.param
+    return res
+
+
+def test_the_model_ran_as_asked(result):
+    c = result["vllm"]["compiled"]
+    if result["mode"] == "compile":
+        assert c["mode"] == "DYNAMO_TRACE_ONCE" and c["sites_compiled"], c
+    else:
+        assert c["mode"] == "NONE" and not c["sites_compiled"], c
+    assert c["steps"] > 10, c
+
+
+def _gate(name: str):
+    from vllm_e2e_gates_run import REQS, TURN2
+    return REQS["rc" if name == TURN2[0] else name][3]
+
+
+def test_every_request_equals_transformers(result):
+    v, hf = result["vllm"], result["hf"]
+    assert sorted(v["tokens"]) == sorted(hf), "every request finished"
+    for name, r in hf.items():
+        assert v["tokens"][name] == r["ref"]["tokens"], f"request {name} gate {_gate(name)} thr {r['thr']}"
+        for i, (a, b) in enumerate(zip(v["logprobs"][name], r["ref"]["logprobs"])):
+            assert abs(a - b) < LOGPROB_TOL, f"request {name} token {i}: logprob {a} vs {b}"
+
+
+@pytest.mark.parametrize("name", ["tt", "ns", "rr", "rc", "an", "ar"])
+def test_probe_gate_holds_and_fires(result, name):
+    """The reference's gate holds at some decode steps and fires at others, so vLLM's equality
+    above checks both decisions."""
+    fired = result["hf"][name]["ref"]["fired"]
+    assert any(fired) and not all(fired), fired
+
+
+def test_host_scopes_apply_from_the_next_step(result):
+    """next_step engages on the step after each firing only; rest_of_request from the step after
+    the first firing to the end (the reference's own bookkeeping, read back)."""
+    for name in ("ns", "an"):
+        ref = result["hf"][name]["ref"]
+        assert ref["engaged"] == [False] + ref["fired"][:-1], name
+    for name in ("rr", "ar", "rc"):
+        ref = result["hf"][name]["ref"]
+        first = ref["fired"].index(True)
+        assert ref["engaged"] == [i > first for i in range(len(ref["fired"]))], name
+
+
+def test_every_gate_changes_the_tokens(result):
+    """Without this the equalities could hold with gates silently off: each gated request's
+    tokens differ from the same request with its gate inert (its own steering kept)."""
+    hf = result["hf"]
+    for name, r in hf.items():
+        if _gate(name) is None:
+            assert r["ref"]["tokens"] == r["base"]["tokens"]
+        elif "base" in r:
+            assert r["ref"]["tokens"] != r["base"]["tokens"], f"request {name}: its gate changes nothing"
+    assert hf["o0"]["ref"]["tokens"] != hf["o0"]["unsteered"], "the attenuated vector steers"
+    assert hf["u0"]["ref"]["tokens"] == hf["u0"]["unsteered"] == result["vllm"]["tokens"]["u0"]
+
+
+def test_conversation_turn_starts_engaged(result):
+    """rest_of_conversation: the first turn's gate engaged, so the second turn, which carries
+    only the conversation id, inherits the gate engaged from its first decode step; the same
+    gate evaluated afresh gives other tokens."""
+    v, hf = result["vllm"], result["hf"]
+    assert any(hf["rc"]["ref"]["fired"])
+    r2 = hf["rc2"]
+    assert all(r2["ref"]["engaged"]) and r2["ref"]["tokens"] != r2["fresh"]["tokens"]
+    assert v["tokens"]["rc2"] == r2["ref"]["tokens"]
+
+
+def test_attenuate_with_a_this_token_probe_is_refused(result):
+    """The owner refuses attenuate × this_token × probe (steer.ErrGateUnsupported): that request
+    finishes with ``error`` and the engine's log says why; the request beside it is served."""
+    refused, hf = result["vllm"]["refused"], result["hf"]
+    assert refused["finish_reason"] == "error", refused
+    assert any("shmsteer: unsupported steering gate: attenuate with when=probe and scope=this_token" in m
+               for m in refused["logged"]), refused
+    assert refused["other"] == hf["u0"]["unsteered"][:4]
+
+
+def test_every_admitted_request_was_ended(result):
+    assert result["vllm"]["live_after"] == {}
