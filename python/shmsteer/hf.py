@@ -199,6 +199,8 @@ class _Requests:
             raise RequestBatchError(f"shmsteer.hf: {len(prompt_lens)} prompt lengths for {len(self.ids)} requests")
         self.prompt = None if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int64)
         self.seen = np.zeros(len(self.ids), dtype=np.int64)
+        self._full_key: Tuple[int, int] = (-1, -1)
+        self._full_q = np.zeros(0, dtype=np.int64)
 
     def spans(self, batch: int, seq: int, mask: Optional[torch.Tensor]) -> Tuple[List[SpanLike], np.ndarray]:
         """This forward's spans (5-tuples) and each row's real token count in it. Once per
@@ -207,9 +209,8 @@ class _Requests:
         if batch != len(self.ids):
             raise RequestBatchError(f"shmsteer.hf: the forward has {batch} batch rows, the requests are {len(self.ids)} "
                                     "(one request a row: no beam search or num_return_sequences > 1)")
-        if mask is None:
-            q = np.full(batch, seq, dtype=np.int64)
-            total = self.seen + seq
+        if mask is None:  # a forward of whole rows (the usual compiled decode): Python ints only
+            return self._whole_rows(seq), self._full(batch, seq)
         else:
             m = mask.detach().to("cpu").numpy()
             if m.ndim != 2 or m.shape[0] != batch or m.shape[1] < seq or ((m != 0) & (m != 1)).any():
@@ -235,6 +236,35 @@ class _Requests:
             if pre < n:
                 out.append((rid, start + pre, end, "decode", p0 + pre))
         return out, q
+
+
+    def _whole_rows(self, seq: int) -> List[SpanLike]:
+        """The spans of a forward without a mask: every row's seq tokens are real (two numpy
+        calls, then Python ints: this runs once a step, between the model's steps, where every
+        numpy call misses cache)."""
+        seen = self.seen.tolist()
+        if self.prompt is None:
+            self.prompt = self.seen + seq  # the first forward holds the whole prompt
+        out: List[SpanLike] = []
+        for i, (rid, p0, plen) in enumerate(zip(self.ids, seen, self.prompt.tolist())):
+            if rid is None or seq == 0:
+                continue
+            start, end = i * seq, (i + 1) * seq
+            pre = min(max(plen - p0, 0), seq)
+            if pre:
+                out.append((rid, start, start + pre, "prefill", p0))
+            if pre < seq:
+                out.append((rid, start + pre, end, "decode", p0 + pre))
+        return out
+
+    def _full(self, batch: int, seq: int) -> np.ndarray:
+        """Each row's real tokens when all are real, one read-only array per shape."""
+        key = (batch, seq)
+        if self._full_key != key:
+            self._full_q = np.full(batch, seq, dtype=np.int64)
+            self._full_q.flags.writeable = False
+            self._full_key = key
+        return self._full_q
 
 
 class HFSteering:
@@ -313,10 +343,10 @@ class HFSteering:
         b, s = int(x.shape[0]), int(x.shape[1])
         if self._open:  # a forward whose end hook did not run: close its step
             self._close_step()
-        spans: List[SpanLike] = []
-        rows = np.zeros(b, dtype=np.int64)
         if self._batch is not None:
             spans, rows = self._batch.spans(b, s, kwargs.get("attention_mask"))
+        else:
+            spans, rows = [], np.zeros(b, dtype=np.int64)
         step = None
         if self.hooks.static:  # CUDA graphs, torch.compile: the forward only reads static buffers
             self.hooks.prepare(spans, version=self._version)

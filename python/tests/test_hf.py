@@ -395,6 +395,23 @@ def test_spans_of_a_forward() -> None:
         first.spans(1, 1, torch.tensor([[0, 2, 1]]))
 
 
+def test_spans_without_a_mask_equal_an_all_ones_mask() -> None:
+    """A forward without a mask (the compiled decode's path, on Python ints) gives the spans and
+    row counts an all-ones mask gives, through prefill, a forward crossing the prompt's end, and
+    decode, with an unowned row."""
+    from shmsteer.hf import _Requests
+    a, b = _Requests(["x", None, "y"], prompt_lens=[4, 2, 6]), _Requests(["x", None, "y"], prompt_lens=[4, 2, 6])
+    total = 0
+    for seq in (3, 2, 1, 1, 4, 1):
+        total += seq
+        got, q = a.spans(3, seq, None)
+        want, wq = b.spans(3, seq, torch.ones(3, total, dtype=torch.int64))
+        assert got == want and q.tolist() == wq.tolist(), (seq, got, want)
+        a.seen += q
+        b.seen += wq
+    assert any(s[3] == "prefill" for s in got) is False and len(got) == 2
+
+
 def test_refusals(models, ns, secret):
     """Right padding, a batch that is not one request a row, a model of another width, a model
     of no known layout, a point the engine does not name: typed errors. A forward outside
