@@ -64,6 +64,11 @@ func shmsteerGo_batch_reset(h C.uint64_t) C.int {
 	if !ok {
 		return badHandle("not a live shmsteer_batch_t")
 	}
+	if st, ok := getAs[*stepper](b.sth); ok {
+		if rc := st.settle(false); rc != C.SHMSTEER_OK {
+			return rc
+		}
+	}
 	b.b.Reset()
 	return C.SHMSTEER_OK
 }
@@ -73,6 +78,11 @@ func shmsteerGo_batch_sites(h C.uint64_t, sites *C.int32_t, n C.size_t) C.int {
 	b, ok := getAs[*batch](uint64(h))
 	if !ok {
 		return badHandle("not a live shmsteer_batch_t")
+	}
+	if st, ok := getAs[*stepper](b.sth); ok {
+		if rc := st.settle(false); rc != C.SHMSTEER_OK {
+			return rc
+		}
 	}
 	if sites == nil && n > 0 || n > 1<<24 {
 		return badArg("sites")
@@ -110,8 +120,9 @@ func goSpans(st *stepper, dst []steer.Span, spans *C.shmsteer_span, nSpans C.siz
 }
 
 // resolveNative is shmsteerGo_batch_resolve with SHMSTEER_BATCH_NATIVE: only the version and
-// checksum, no pointer pinned.
-func resolveNative(st *stepper, b *batch, version C.uint64_t, rows int, flags C.uint32_t, out *C.shmsteer_batch_info) C.int {
+// checksum, no pointer pinned. The step left open, the stepper's plan opens for its batch
+// (spans, as C passed them): its plain sites then run in C (plan.go).
+func resolveNative(st *stepper, b *batch, version C.uint64_t, rows int, flags C.uint32_t, spans *C.shmsteer_span, nSpans C.size_t, out *C.shmsteer_batch_info) C.int {
 	if err := b.b.ResolveNative(uint64(version), b.spans, rows); err != nil {
 		return fail(err)
 	}
@@ -120,6 +131,8 @@ func resolveNative(st *stepper, b *batch, version C.uint64_t, rows int, flags C.
 	out.version, out.checksum = C.uint64_t(b.b.Version), C.uint64_t(b.b.Checksum)
 	if flags&C.SHMSTEER_BATCH_END != 0 {
 		st.st.End()
+	} else {
+		st.planOpen(spans, nSpans)
 	}
 	return C.SHMSTEER_OK
 }
@@ -146,7 +159,7 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 		b.b.Reset()
 	}
 	if flags&C.SHMSTEER_BATCH_NATIVE != 0 {
-		return resolveNative(st, b, version, int(rows), flags, out)
+		return resolveNative(st, b, version, int(rows), flags, spans, nSpans, out)
 	}
 	err := b.b.Resolve(uint64(version), b.spans, int(rows))
 	if err != nil {
@@ -186,6 +199,8 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 	}
 	if flags&C.SHMSTEER_BATCH_END != 0 {
 		st.st.End()
+	} else {
+		st.planOpen(spans, nSpans)
 	}
 	return C.SHMSTEER_OK
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "shmsteer.h"
+#include "plan.h"
 #include "_cgo_export.h"
 
 #define SHMSTEER_API __attribute__((visibility("default")))
@@ -351,12 +352,14 @@ SHMSTEER_API int shmsteer_stepper_begin(shmsteer_stepper_t *st, uint64_t version
 SHMSTEER_API int shmsteer_stepper_apply(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, float *rows,
                                         size_t n_floats, const shmsteer_span *spans, size_t n_spans) {
   ENTER();
+  if (capi_plan_apply(H(st), hook, layer, rows, n_floats, 0, spans, n_spans)) return SHMSTEER_OK; // plan.c
   return shmsteerGo_stepper_apply(H(st), hook, layer, rows, n_floats, (shmsteer_span *)spans, n_spans);
 }
 
 SHMSTEER_API int shmsteer_stepper_apply_bf16(shmsteer_stepper_t *st, uint32_t hook, int32_t layer, uint16_t *rows,
                                              size_t n_values, const shmsteer_span *spans, size_t n_spans) {
   ENTER();
+  if (capi_plan_apply(H(st), hook, layer, rows, n_values, 1, spans, n_spans)) return SHMSTEER_OK; // plan.c
   return shmsteerGo_stepper_apply_bf16(H(st), hook, layer, rows, n_values, (shmsteer_span *)spans, n_spans);
 }
 

@@ -6,6 +6,7 @@ package main
 #include <stdint.h>
 #include <stdlib.h>
 #include "shmsteer.h"
+#include "plan.h"
 */
 import "C"
 
@@ -25,6 +26,10 @@ type stepper struct {
 	st    *steer.Stepper
 	spans []steer.Span
 	ids   map[string]string // interned request ids: Stepper keeps the strings it is given
+	// plan is its plain sites in C (plan.c; nil: none), layers the model's, adds scratch.
+	plan   *C.capi_plan
+	layers int
+	adds   []steer.PlainAdd
 }
 
 //export shmsteerGo_stepper_new
@@ -36,7 +41,12 @@ func shmsteerGo_stepper_new(h C.uint64_t, out *C.uint64_t) C.int {
 	if out == nil {
 		return badArg("out must not be NULL")
 	}
-	return store(&stepper{inst: inst, st: inst.eng.NewStepper(), ids: map[string]string{}}, out)
+	st := &stepper{inst: inst, st: inst.eng.NewStepper(), ids: map[string]string{}}
+	if rc := store(st, out); rc != C.SHMSTEER_OK {
+		return rc
+	}
+	st.planRegister(uint64(*out))
+	return C.SHMSTEER_OK
 }
 
 //export shmsteerGo_stepper_free
@@ -45,6 +55,7 @@ func shmsteerGo_stepper_free(h C.uint64_t) C.int {
 	if !ok || !handles.remove(uint64(h)) {
 		return badHandle("shmsteer_stepper_free")
 	}
+	C.capi_plan_unregister(st.plan)
 	st.st.Close()
 	if st.capw != nil {
 		st.capw.Close()
@@ -62,10 +73,20 @@ func shmsteerGo_stepper_set_strict(h C.uint64_t, strict C.int32_t) C.int {
 	return C.SHMSTEER_OK
 }
 
+// stepperOf returns the stepper behind h, its C applies replayed and its plan closed (plan.go):
+// what every call but an apply needs before it reads or changes the step.
 func stepperOf(h C.uint64_t) (*stepper, C.int) {
+	return stepperSettled(h, false)
+}
+
+// stepperSettled is stepperOf, the plan kept open when keep (an apply: planAfterApply decides).
+func stepperSettled(h C.uint64_t, keep bool) (*stepper, C.int) {
 	st, ok := getAs[*stepper](uint64(h))
 	if !ok {
 		return nil, badHandle("not a live shmsteer_stepper_t")
+	}
+	if rc := st.settle(keep); rc != C.SHMSTEER_OK {
+		return nil, rc
 	}
 	return st, C.SHMSTEER_OK
 }
@@ -154,7 +175,7 @@ func (st *stepper) intern(b []byte) string {
 
 //export shmsteerGo_stepper_apply
 func shmsteerGo_stepper_apply(h C.uint64_t, hook C.uint32_t, layer C.int32_t, rows *C.float, nFloats C.size_t, spans *C.shmsteer_span, nSpans C.size_t) C.int {
-	st, rc := stepperOf(h)
+	st, rc := stepperSettled(h, true)
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
@@ -171,6 +192,7 @@ func shmsteerGo_stepper_apply(h C.uint64_t, hook C.uint32_t, layer C.int32_t, ro
 	}
 	err := st.st.Apply(steer.HookID(hook), int(layer), h32, st.spans)
 	runtime.KeepAlive(rows)
+	st.planAfterApply(err == nil, hook, layer, spans, nSpans)
 	if err != nil {
 		return fail(err)
 	}
@@ -179,7 +201,7 @@ func shmsteerGo_stepper_apply(h C.uint64_t, hook C.uint32_t, layer C.int32_t, ro
 
 //export shmsteerGo_stepper_apply_bf16
 func shmsteerGo_stepper_apply_bf16(h C.uint64_t, hook C.uint32_t, layer C.int32_t, rows *C.uint16_t, nValues C.size_t, spans *C.shmsteer_span, nSpans C.size_t) C.int {
-	st, rc := stepperOf(h)
+	st, rc := stepperSettled(h, true)
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
@@ -196,6 +218,7 @@ func shmsteerGo_stepper_apply_bf16(h C.uint64_t, hook C.uint32_t, layer C.int32_
 	}
 	err := st.st.ApplyBF16(steer.HookID(hook), int(layer), raw, st.spans)
 	runtime.KeepAlive(rows)
+	st.planAfterApply(err == nil, hook, layer, spans, nSpans)
 	if err != nil {
 		return fail(err)
 	}

@@ -1,0 +1,242 @@
+//go:build cgo
+
+// The site apply that does not enter the Go runtime. A stepper's plain sites (steer.PlainSite:
+// a site whose whole program is adds, no gate, clamp or capture) are kept here, in C memory,
+// once Go has applied them (plan.go exports each after its Go apply); while the step's batch
+// and the program's generation hold, shmsteer_stepper_apply and shmsteer_stepper_apply_bf16
+// run such a site here and note it in the plan's trail. Go replays the trail (steer's Replay:
+// the checksum fold and the stats) before anything else reads or changes the stepper, and
+// closes the plan whenever the step's state moves (an end, a begin, another batch, capture, a
+// device-path resolve, an error). Every check the Go apply makes is made here first (the
+// site's range, the block's shape and rows, the same spans as the resolved batch, byte for
+// byte); whatever fails one goes to Go, which answers it as before.
+//
+// Plans are indexed like the Go handle table (handles.go: slot index + 1 in the low 32 bits)
+// and never freed: a stale or foreign handle reads a live plan whose handle differs. A stepper
+// belongs to one thread at a time (shmsteer.h), so a plan has one user at a time.
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+typedef struct {
+  uint64_t gen; // the program generation it was exported at (0: none)
+  uint32_t lo, hi;
+} capi_plan_site;
+
+struct capi_plan {
+  _Atomic uint64_t h; // the stepper's handle; 0: none
+  int32_t open;
+  int32_t d, layers, nsites;
+  int64_t last_end; // the rows the batch's spans reach: a block needs at least these
+  uint64_t gen;     // the program generation the open step runs
+  capi_plan_site *sites;
+  capi_plan_add *adds;
+  uint32_t nadds, cap_adds;
+  shmsteer_span *spans; // the resolved batch, as the caller passed it
+  size_t nspans, cap_spans;
+  char *ids; // its ids' bytes
+  size_t cap_ids;
+  uint32_t *trail; // sites applied here since Go last looked, in order
+  uint32_t ntrail, cap_trail;
+};
+
+#define CAPI_PLANS 65536 /* handles.go's maxHandles */
+static capi_plan *_Atomic capi_plans[CAPI_PLANS];
+
+static int capi_grow(void **buf, size_t *cap, size_t want, size_t elem) {
+  if (want <= *cap) return 1;
+  size_t n = *cap ? *cap : 8;
+  while (n < want) n *= 2;
+  void *b = realloc(*buf, n * elem);
+  if (b == NULL) return 0;
+  *buf = b;
+  *cap = n;
+  return 1;
+}
+
+capi_plan *capi_plan_register(uint64_t h, int32_t d, int32_t layers, int32_t nsites) {
+  uint32_t i = (uint32_t)h - 1;
+  if (i >= CAPI_PLANS || d <= 0 || layers <= 0 || nsites <= 0) return NULL;
+  capi_plan *p = atomic_load_explicit(&capi_plans[i], memory_order_acquire);
+  if (p == NULL) {
+    p = calloc(1, sizeof *p);
+    if (p == NULL) return NULL;
+    atomic_store_explicit(&capi_plans[i], p, memory_order_release);
+  }
+  atomic_store_explicit(&p->h, 0, memory_order_release);
+  p->open = 0;
+  capi_plan_site *sites = realloc(p->sites, (size_t)nsites * sizeof *sites);
+  uint32_t *trail = realloc(p->trail, (size_t)nsites * 2 * sizeof *trail);
+  if (sites) p->sites = sites;
+  if (trail) p->trail = trail;
+  if (sites == NULL || trail == NULL) return NULL;
+  memset(p->sites, 0, (size_t)nsites * sizeof *sites);
+  p->d = d;
+  p->layers = layers;
+  p->nsites = nsites;
+  p->cap_trail = (uint32_t)nsites * 2;
+  p->ntrail = 0;
+  p->nadds = 0;
+  p->gen = 0;
+  atomic_store_explicit(&p->h, h, memory_order_release);
+  return p;
+}
+
+void capi_plan_unregister(capi_plan *p) {
+  if (p == NULL) return;
+  p->open = 0;
+  p->ntrail = 0;
+  atomic_store_explicit(&p->h, 0, memory_order_release);
+}
+
+int capi_plan_open(capi_plan *p, uint64_t gen, const shmsteer_span *spans, size_t n) {
+  p->open = 0;
+  size_t idn = 0;
+  int64_t last = 0;
+  for (size_t i = 0; i < n; i++) {
+    idn += spans[i].id_len;
+    if (spans[i].end > last) last = spans[i].end;
+  }
+  if (!capi_grow((void **)&p->spans, &p->cap_spans, n ? n : 1, sizeof *p->spans) ||
+      !capi_grow((void **)&p->ids, &p->cap_ids, idn ? idn : 1, 1))
+    return 0;
+  if (n) memcpy(p->spans, spans, n * sizeof *spans);
+  for (size_t i = 0, o = 0; i < n; i++) {
+    if (spans[i].id_len) memcpy(p->ids + o, spans[i].id, spans[i].id_len);
+    o += spans[i].id_len;
+  }
+  p->nspans = n;
+  p->last_end = last;
+  if (gen != p->gen) { // a new program: every site is Go's again until exported
+    p->gen = gen;
+    p->nadds = 0;
+    memset(p->sites, 0, (size_t)p->nsites * sizeof *p->sites);
+  }
+  p->open = 1;
+  return 1;
+}
+
+void capi_plan_close(capi_plan *p) { p->open = 0; }
+
+int capi_plan_is_open(const capi_plan *p) { return p->open; }
+
+uint64_t capi_plan_gen(const capi_plan *p) { return p->gen; }
+
+int capi_plan_spans_equal(const capi_plan *p, const shmsteer_span *spans, size_t n) {
+  if (n != p->nspans) return 0;
+  if (n == 0) return 1;
+  if (spans == NULL || memcmp(spans, p->spans, n * sizeof *spans) != 0) return 0;
+  // The same pointers: the bytes behind them may still have changed.
+  for (size_t i = 0, o = 0; i < n; i++) {
+    size_t l = spans[i].id_len;
+    if (l && memcmp(spans[i].id, p->ids + o, l) != 0) return 0;
+    o += l;
+  }
+  return 1;
+}
+
+capi_plan_add *capi_plan_site_reserve(capi_plan *p, uint32_t n) {
+  size_t cap = p->cap_adds;
+  if ((uint64_t)p->nadds + n > UINT32_MAX / 2 ||
+      !capi_grow((void **)&p->adds, &cap, (size_t)p->nadds + (n ? n : 1), sizeof *p->adds))
+    return NULL;
+  p->cap_adds = (uint32_t)cap;
+  return p->adds + p->nadds;
+}
+
+void capi_plan_site_commit(capi_plan *p, uint32_t site, uint32_t n) {
+  if (site >= (uint32_t)p->nsites) return;
+  capi_plan_site *s = &p->sites[site];
+  s->lo = p->nadds;
+  s->hi = p->nadds + n;
+  s->gen = p->gen;
+  p->nadds += n;
+}
+
+int capi_plan_site_ready(const capi_plan *p, uint32_t site) {
+  return site < (uint32_t)p->nsites && p->gen != 0 && p->sites[site].gen == p->gen;
+}
+
+uint32_t capi_plan_trail(capi_plan *p, const uint32_t **sites) {
+  uint32_t n = p->ntrail;
+  *sites = p->trail;
+  p->ntrail = 0;
+  return n;
+}
+
+// The adds, in float32 and in bfloat16 (widened, added in float32, narrowed to nearest even;
+// an element whose sum is its old value widened keeps its bytes, a NaN stays a NaN, as
+// kernels.F32ToBF16). Elementwise, so any vector width gives the same bits.
+
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void capi_add_f32(float *restrict h,
+                                                                                     const float *restrict v,
+                                                                                     const float *restrict g,
+                                                                                     size_t n) {
+  if (g) {
+    for (size_t j = 0; j < n; j++) h[j] += v[j] + g[j];
+  } else {
+    for (size_t j = 0; j < n; j++) h[j] += v[j];
+  }
+}
+
+static inline uint16_t capi_bf16_narrow(float f, uint16_t old) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  uint16_t r = (b & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((b >> 16) | 0x40) : (uint16_t)((b + 0x7fffu + ((b >> 16) & 1)) >> 16);
+  return b == (uint32_t)old << 16 ? old : r;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void capi_add_bf16(uint16_t *restrict h,
+                                                                                      const float *restrict v,
+                                                                                      const float *restrict g,
+                                                                                      size_t n) {
+  for (size_t j = 0; j < n; j++) {
+    uint32_t w = (uint32_t)h[j] << 16;
+    float f;
+    memcpy(&f, &w, 4);
+    f += g ? v[j] + g[j] : v[j];
+    h[j] = capi_bf16_narrow(f, h[j]);
+  }
+}
+
+#pragma GCC pop_options
+
+static void capi_run_adds(const capi_plan *p, const capi_plan_site *s, void *rows, int bf16) {
+  size_t d = (size_t)p->d;
+  for (uint32_t i = s->lo; i < s->hi; i++) {
+    const capi_plan_add *a = &p->adds[i];
+    for (int64_t r = a->start; r < a->end; r++) {
+      const float *v = a->kind == CAPI_ADD_BLOCK ? a->v + (size_t)(r - a->start) * d : a->v;
+      const float *g = a->kind == CAPI_ADD_PAIR ? a->g : NULL;
+      if (bf16)
+        capi_add_bf16((uint16_t *)rows + (size_t)r * d, v, g, d);
+      else
+        capi_add_f32((float *)rows + (size_t)r * d, v, g, d);
+    }
+  }
+}
+
+int capi_plan_apply(uint64_t h, uint32_t hook, int32_t layer, void *rows, size_t n, int bf16,
+                    const shmsteer_span *spans, size_t n_spans) {
+  uint32_t i = (uint32_t)h - 1;
+  if (i >= CAPI_PLANS) return 0;
+  capi_plan *p = atomic_load_explicit(&capi_plans[i], memory_order_acquire);
+  if (p == NULL || atomic_load_explicit(&p->h, memory_order_acquire) != h || !p->open) return 0;
+  if (layer < 0 || layer >= p->layers || hook >= (uint32_t)(p->nsites / p->layers)) return 0;
+  uint32_t site = hook * (uint32_t)p->layers + (uint32_t)layer;
+  const capi_plan_site *s = &p->sites[site];
+  size_t d = (size_t)p->d;
+  if (s->gen != p->gen || p->gen == 0 || p->ntrail >= p->cap_trail || n % d != 0 || n / d < (uint64_t)p->last_end ||
+      (rows == NULL && n > 0) || !capi_plan_spans_equal(p, spans, n_spans))
+    return 0;
+  capi_run_adds(p, s, rows, bf16);
+  p->trail[p->ntrail++] = site;
+  return 1;
+}

@@ -1,0 +1,42 @@
+// The C plan of a stepper's plain sites (plan.c): internal to the library, shared by capi.c's
+// wrappers and the Go side (plan.go). Not part of the ABI.
+#ifndef SHMSTEER_PLAN_H
+#define SHMSTEER_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shmsteer.h"
+
+// One add of a plain site (steer.PlainAdd): rows [start, end) of the block get v (kind
+// CAPI_ADD_EACH: to each row; CAPI_ADD_BLOCK: v holds end-start rows, row to row) or v + g
+// (CAPI_ADD_PAIR), each sum rounded to float32 once. v and g point into the region's mapping.
+typedef struct {
+  const float *v, *g;
+  int64_t start, end;
+  int32_t kind;
+  int32_t reserved;
+} capi_plan_add;
+
+enum { CAPI_ADD_EACH = 0, CAPI_ADD_BLOCK = 1, CAPI_ADD_PAIR = 2 };
+
+typedef struct capi_plan capi_plan; // opaque to Go
+
+capi_plan *capi_plan_register(uint64_t h, int32_t d, int32_t layers, int32_t nsites);
+void capi_plan_unregister(capi_plan *p);
+int capi_plan_open(capi_plan *p, uint64_t gen, const shmsteer_span *spans, size_t n);
+void capi_plan_close(capi_plan *p);
+int capi_plan_is_open(const capi_plan *p);
+uint64_t capi_plan_gen(const capi_plan *p);
+int capi_plan_spans_equal(const capi_plan *p, const shmsteer_span *spans, size_t n);
+capi_plan_add *capi_plan_site_reserve(capi_plan *p, uint32_t n);
+void capi_plan_site_commit(capi_plan *p, uint32_t site, uint32_t n);
+int capi_plan_site_ready(const capi_plan *p, uint32_t site);
+uint32_t capi_plan_trail(capi_plan *p, const uint32_t **sites);
+
+// The wrappers' fast path: 1 when the plan applied (hook, layer) to rows (float32, or bfloat16
+// when bf16), 0 when Go must.
+int capi_plan_apply(uint64_t h, uint32_t hook, int32_t layer, void *rows, size_t n, int bf16,
+                    const shmsteer_span *spans, size_t n_spans);
+
+#endif

@@ -1,0 +1,197 @@
+//go:build cgo && linux
+
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/shm"
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// planOwner is an owner of a model of hidden 64 x 3 layers with a column pool of 4: requests
+// c-0..c-2 in columns (runs of adjacent cells), "entry" in its entry (the pool is full),
+// "clamped" with a clamp at pre_attn layer 1, "plain" unsteered, "other" (an id as long as
+// "entry"), and a global decode vector at hook 2 layer 0 (pairs with the requests').
+func planOwner(t *testing.T) (*steer.Owner, steer.ModelConfig) {
+	cfg := steer.ModelConfig{Hidden: 64, Layers: 3}
+	rc, err := steer.RegionConfig(cfg, shm.Config{IndexSlots: 1 << 12, ArenaBytes: 32 << 20, ReaderSlots: 64, Columns: 4})
+	require.NoError(t, err)
+	r, err := shm.Create(rc)
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close() })
+	o, err := steer.Open(r, &cfg, steer.Options{Logf: t.Logf})
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, id := range []string{"c-0", "c-1", "c-2", "entry", "clamped", "other"} {
+		planAdmit(t, o, cfg, rng, id)
+	}
+	_, err = o.Admit(steer.Admission{RequestID: "plain"})
+	require.NoError(t, err)
+	var g steer.Steering
+	g.Decode.Vectors = []steer.Vector{{Hook: cfg.HookName(2), Layer: 0, Scale: 1, Data: planVec(rng, cfg.Hidden)}}
+	_, err = o.SetGlobal(g)
+	require.NoError(t, err)
+	return o, cfg
+}
+
+func planVec(rng *rand.Rand, d int) []float32 {
+	v := make([]float32, d)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+	}
+	return v
+}
+
+// planAdmit admits id with a random vector at every site (base tier; "clamped" adds a clamp).
+func planAdmit(t *testing.T, o *steer.Owner, cfg steer.ModelConfig, rng *rand.Rand, id string) {
+	var s steer.Steering
+	for hk := range cfg.NumHooks() {
+		for l := range cfg.Layers {
+			s.Base.Vectors = append(s.Base.Vectors, steer.Vector{Hook: cfg.HookName(steer.HookID(hk)), Layer: l, Scale: 1, Data: planVec(rng, cfg.Hidden)})
+		}
+	}
+	if id == "clamped" {
+		dir := make([]float32, cfg.Hidden)
+		dir[0] = 1
+		s.Base.Clamps = []steer.Clamp{{Hook: "pre_attn", Layer: 1, Dir: dir, Min: -0.5, Max: 0.5, Strength: 1}}
+	}
+	_, err := o.Admit(steer.Admission{RequestID: id, Override: &s})
+	require.NoError(t, err)
+}
+
+// planBlock is rows x d random values: float32, or bfloat16 bytes (bf16).
+func planBlock(rng *rand.Rand, n int, bf16 bool) []byte {
+	if !bf16 {
+		b := make([]byte, 4*n)
+		for i := range n {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(rng.NormFloat64())))
+		}
+		return b
+	}
+	b := make([]byte, 2*n)
+	for i := range n {
+		binary.LittleEndian.PutUint16(b[2*i:], uint16(math.Float32bits(float32(rng.NormFloat64()))>>16))
+	}
+	return b
+}
+
+// TestPlanMatchesGo steps the same batches through two steppers of one engine: one whose plain
+// sites run in C (plan.c), one without a plan (every apply in Go). Float32 and bfloat16: the
+// same bytes at every site, the same checksums and counts; from a batch's second step on, the
+// plain sites run in C and the clamped one in Go; a batch whose only change is its positions
+// stays in C; a request admitted again (a new program), spans of other rows, a span's id
+// rewritten in place (the same pointer) and a block too short for the batch all leave C and
+// give Go's answer.
+func TestPlanMatchesGo(t *testing.T) {
+	for _, bf16 := range []bool{false, true} {
+		t.Run(fmt.Sprint("bf16=", bf16), func(t *testing.T) { testPlanMatchesGo(t, bf16) })
+	}
+}
+
+func testPlanMatchesGo(t *testing.T, bf16 bool) {
+	o, cfg := planOwner(t)
+	d, elem := cfg.Hidden, 4
+	if bf16 {
+		elem = 2
+	}
+	ref, fast := probeStepper(o.Engine, false), probeStepper(o.Engine, true)
+	defer probeFree(ref)
+	defer probeFree(fast)
+	decode := func(pos int, ids ...string) []steer.Span {
+		var b []steer.Span
+		for i, id := range ids {
+			b = append(b, steer.Span{ID: id, Start: i, End: i + 1, Phase: steer.PhaseDecode, Pos: 10 + pos})
+		}
+		return b
+	}
+	ids := []string{"c-0", "c-1", "c-2", "entry", "clamped", "plain"}
+	type step struct {
+		spans  []steer.Span
+		before func(*cSpans) // after site (1, 0), a plain one before a plain one
+		inC    bool          // its plain sites run in C after the first site
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	steps := []step{
+		{spans: decode(0, ids...)},
+		{spans: decode(0, ids...), inC: true},
+		{spans: decode(1, ids...), inC: true}, // positions advance
+		{spans: decode(2, ids...), inC: true},
+		{spans: decode(3, ids...), before: func(*cSpans) { planAdmit(t, o, cfg, rng, "c-1") }}, // the version of the step is pinned: still C
+		{spans: decode(4, ids...)}, // the new composition: a new program
+		{spans: decode(5, ids...), inC: true},
+		{spans: []steer.Span{{ID: "c-2", Start: 0, End: 3, Phase: steer.PhasePrefill}, {ID: "c-0", Start: 3, End: 4, Phase: steer.PhaseDecode}, {ID: "entry", Start: 5, End: 7, Phase: steer.PhasePrefill}}},
+		{spans: decode(6, ids...)},
+		{spans: decode(7, ids...), inC: true, before: func(c *cSpans) { c.setID(3, "other") }},
+	}
+	rows := 8
+	sawC, sawGo := 0, 0
+	for si, stp := range steps {
+		what := fmt.Sprintf("step %d", si)
+		cs := newCSpans(stp.spans)
+		require.Zero(t, probeBegin(ref), what)
+		require.Zero(t, probeBegin(fast), what)
+		first := true
+		for hk := range cfg.NumHooks() {
+			for l := range cfg.Layers {
+				where := fmt.Sprintf("%s site %d/%d", what, hk, l)
+				want := planBlock(rng, rows*d, bf16)
+				got := slices.Clone(want)
+				n := len(want) / elem
+				rcRef, refC := probeApply(ref, uint32(hk), int32(l), unsafe.Pointer(&want[0]), n, bf16, cs)
+				rc, inC := probeApply(fast, uint32(hk), int32(l), unsafe.Pointer(&got[0]), n, bf16, cs)
+				require.Zero(t, rcRef, where)
+				require.Zero(t, rc, where)
+				require.False(t, refC, where)
+				require.Equal(t, want, got, where)
+				clamped := hk == 0 && l == 1
+				switch {
+				case first || clamped:
+					require.False(t, inC, where)
+				case stp.inC:
+					require.True(t, inC, where)
+				}
+				if inC {
+					sawC++
+				} else {
+					sawGo++
+				}
+				if hk == 1 && l == 0 && stp.before != nil {
+					stp.before(cs)
+					if si == len(steps)-1 {
+						stp.inC = false // the id changed under the same pointer: Go again
+					}
+				}
+				first = false
+			}
+		}
+		// A block shorter than the batch's rows: Go's refusal, from both.
+		short := make([]byte, elem*d)
+		rcRef, _ := probeApply(ref, 1, 0, unsafe.Pointer(&short[0]), d, bf16, cs)
+		rc, inC := probeApply(fast, 1, 0, unsafe.Pointer(&short[0]), d, bf16, cs)
+		require.NotZero(t, rc, what)
+		require.Equal(t, rcRef, rc, what)
+		require.False(t, inC, what)
+		sumRef, rcRef := probeEnd(ref)
+		sum, rc := probeEnd(fast)
+		require.Zero(t, rcRef)
+		require.Zero(t, rc)
+		require.Equal(t, sumRef, sum, "%s checksum", what)
+		a, b := probeStats(ref), probeStats(fast)
+		require.Equal(t, a.Applies, b.Applies, what)
+		require.Equal(t, a.ColumnRuns, b.ColumnRuns, what)
+		require.Equal(t, a.RunRows, b.RunRows, what)
+		cs.free()
+	}
+	require.Greater(t, sawC, 4*cfg.NumHooks()*cfg.Layers, "plain sites ran in C")
+	require.Positive(t, probeStats(fast).ColumnRuns, "runs of pool cells")
+	t.Logf("C applies %d, Go applies %d", sawC, sawGo)
+}
