@@ -307,6 +307,11 @@ SHMSTEER_API int shmsteer_global_set_json(shmsteer_t *h, const char *json, size_
   return shmsteerGo_global_set_json(H(h), (char *)json, json_len, version);
 }
 
+SHMSTEER_API int shmsteer_gates_check(const char *json, size_t json_len, size_t *n_gates) {
+  ENTER();
+  return shmsteerGo_gates_check((char *)json, json_len, n_gates);
+}
+
 SHMSTEER_API int shmsteer_request_admit_json(shmsteer_t *h, const char *id, size_t id_len, const char *json,
                                              size_t json_len, uint64_t *version) {
   ENTER();

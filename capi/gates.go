@@ -1,9 +1,16 @@
 package main
 
+/*
+#include <stdlib.h>
+#include "shmsteer.h"
+*/
+import "C"
+
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"unsafe"
 
 	"github.com/shmsteer/shmsteer/steer"
 	"github.com/shmsteer/shmsteer/steer/vecfile"
@@ -32,4 +39,49 @@ func gateUnpack(hook string, raw json.RawMessage) ([]steer.Vector, error) {
 		vs[i].Hook = hook
 	}
 	return vs, nil
+}
+
+// checkGates is the admission's reading of its "steering" value, without an engine: the JSON
+// decoded as admitWith decodes the admission's (ErrInvalidArgument for text that is not one
+// JSON value), then steer.DecodeGates with the admission's unpacker (gateUnpack). It returns the
+// number of gates; what it refuses, an admission of the same value refuses with the same error.
+func checkGates(js string) (int, error) {
+	var raw json.RawMessage
+	if js != "" {
+		if err := decodeJSONString(js, &raw); err != nil {
+			return 0, err
+		}
+	}
+	gates, err := steer.DecodeGates(raw, gateUnpack)
+	return len(gates), err
+}
+
+//export shmsteerGo_gates_check
+func shmsteerGo_gates_check(js *C.char, jsLen C.size_t, n *C.size_t) C.int {
+	s, ok := cstr(js, jsLen)
+	if !ok {
+		return badArg("json pointer or length")
+	}
+	count, err := checkGates(s)
+	if err != nil {
+		return fail(err)
+	}
+	if n != nil {
+		*n = C.size_t(count)
+	}
+	return C.SHMSTEER_OK
+}
+
+// callGatesCheck calls shmsteer_gates_check through its C wrapper, as a C caller does (for the
+// tests, which cannot use cgo): the status, the gate count and shmsteer_last_error().
+func callGatesCheck(js string, withCount bool) (rc int, count int, msg string) {
+	p := C.CString(js)
+	defer C.free(unsafe.Pointer(p))
+	var n C.size_t = 12345
+	np := &n
+	if !withCount {
+		np = nil
+	}
+	rc = int(C.shmsteer_gates_check(p, C.size_t(len(js)), np))
+	return rc, int(n), C.GoString(C.shmsteer_last_error())
 }

@@ -379,6 +379,21 @@ int shmsteer_global_set_json(shmsteer_t *h, const char *json, size_t json_len, u
 int shmsteer_request_admit_json(shmsteer_t *h, const char *id, size_t id_len, const char *json,
                                 size_t json_len, uint64_t *version);
 
+/* Check a request's gates without an engine or a model: json[0:json_len] is the admission
+ * JSON's "steering" value (a list of gates as above, null, or empty: no gates), read exactly as
+ * an admission reads it (steer.DecodeGates, inline sources packed or in the vector form), so a
+ * value refused here is refused by every owner's admission with the same code and message, and
+ * one accepted here is refused at admission only for what needs the owner and its model: a
+ * named vector it does not have (UNKNOWN_VECTOR), a probe not at one site (PROBE_SITE), an
+ * inline vector's hook, layer, width or values, an add's magnitude. *n_gates (NULL: not
+ * written) gets the number of gates. Errors: BAD_GATE (a malformed gate, a value that is not a
+ * list, more than 64 gates, an inline source that does not unpack), GATE_UNSUPPORTED (attenuate
+ * with a this_token probe), NON_FINITE (a threshold, sharpness or strength), BAD_NAME (a vector
+ * name too long), INVALID_ARGUMENT (text that is not one JSON value, NULL json with json_len >
+ * 0); the message names the gate and the field. Usable in any process that loaded the library,
+ * owner or not (a frontend checking a request before it reaches the owner). */
+int shmsteer_gates_check(const char *json, size_t json_len, size_t *n_gates);
+
 /* What an admission did (steer.Admitted). source: where the request's steering came from,
  * SHMSTEER_SOURCE_NONE (no request steering), _OVERRIDE (its own), _LATCH (its conversation's
  * latch, bridged), _COMPOSED (the latch bridged with its override added). */

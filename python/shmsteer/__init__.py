@@ -28,8 +28,9 @@ from .client import (Admitted, BadPhaseError, Client, Effective, Follower, Impor
                      Snapshot, Stepper, StepperBusyError, VectorEntry)
 from .errors import *  # noqa: F401,F403 - the exception classes mirror the Go sentinels
 from .errors import ShmsteerError
+from .gates import check_gates
 
 __all__ = ["__version__", "Client", "Owner", "Keys", "Snapshot", "NamedVector", "ImportedVector", "VectorEntry",
            "Stepper", "StepperBusyError", "Effective", "errors", "ShmsteerError", "PHASE_PREFILL", "PHASE_DECODE",
-           "Admitted", "BadPhaseError"]
+           "Admitted", "BadPhaseError", "check_gates"]
 __all__ += [n for n in errors.__all__ if n not in __all__]

@@ -28,6 +28,7 @@ from ._lib import check, lib
 from .errors import ForkedError, InvalidArgumentError
 from .keys import THREAD_READERS, Keys, close_readers, new_keys  # noqa: F401 (THREAD_READERS: re-exported)
 from .admission import split_override
+from .gates import gates_for_abi
 from .snapshot import ImportedVector, NamedVector, Snapshot, VectorEntry, _Lifetime
 from .stepper import Effective, SpanLike, Stepper, StepperBusyError, span_fields  # noqa: F401 (re-exported)
 
@@ -581,7 +582,7 @@ class Owner(_Handle):
         if override is not None:
             a["override"], vecs, keep = split_override(override, self._hook_ids(), self.model[0])
         if steering is not None:
-            a["steering"] = _gates_for_abi(steering)
+            a["steering"] = gates_for_abi(steering)
         js = json.dumps(a).encode()
         rid = _b(request_id)
         out = _lib.AdmittedC()
@@ -622,35 +623,6 @@ class Owner(_Handle):
         """
         from .capture import capture_result
         return capture_result(self, request_id)
-
-
-def _gates_for_abi(steering: Any) -> Any:
-    """The gates with every inline source's packed blobs decoded into the C ABI's vector form
-    ``{hook: [{"layer", "scale", "data"}]}``; anything else is passed on for the engine to judge."""
-    from .openai import _vectors
-
-    def source(src: Any) -> Any:
-        if isinstance(src, dict) and src.get("kind") == "inline" and isinstance(src.get("packed"), dict) and src["packed"]:
-            packed = src["packed"]
-            out: Dict[str, Any] = {}
-            for v in _vectors("steering", packed, tuple(packed)):
-                data = v["data"]  # float32 arrays from the packed blob; the gates' form is JSON lists
-                out.setdefault(v["hook"], []).append({"layer": v["layer"], "scale": v["scale"],
-                                                      "data": data.tolist() if hasattr(data, "tolist") else data})
-            return {"kind": "inline", "packed": out}
-        return src
-
-    if not isinstance(steering, (list, tuple)):
-        return steering
-    gates = []
-    for g in steering:
-        if isinstance(g, dict):
-            g = dict(g)
-            for part, key in (("when", "probe"), ("apply", "steer")):
-                if isinstance(g.get(part), dict) and key in g[part]:
-                    g[part] = dict(g[part], **{key: source(g[part][key])})
-        gates.append(g)
-    return gates
 
 
 def _float_ptr(data: Any) -> Tuple[int, int, Any]:

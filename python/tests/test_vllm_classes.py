@@ -94,3 +94,38 @@ def test_compile_mode_of_vllm_configs():
     assert compile_mode(Cfg(mode=3, cudagraph_mode="NONE")) is True
     with pytest.raises(CudaGraphModeError):
         compile_mode(Cfg(mode=3, cudagraph_mode="PIECEWISE"))
+
+
+def test_frontend_refuses_a_gate_the_owner_refuses(monkeypatch):
+    """The patched InputProcessor._validate_params runs the owner's gate check (the C ABI's):
+    attenuate with a this_token probe raises the engine's GateUnsupportedError, also vLLM's
+    VLLMValidationError (its OpenAI server answers 400 with the text; LLM.generate raises it); a
+    malformed gate raises BadGateError; an accepted gate and no gates pass."""
+    from types import SimpleNamespace
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine.input_processor import InputProcessor
+    from shmsteer import errors
+    from shmsteer.vllm import engine
+    monkeypatch.setattr(InputProcessor, "_validate_params", lambda self, params, *a, **k: None)
+    monkeypatch.setattr(InputProcessor, "_shmsteer_patched", False, raising=False)
+    engine.patch_frontend()
+    proc = SimpleNamespace(model_config=SimpleNamespace(hf_text_config=SimpleNamespace(hidden_size=HIDDEN,
+                                                                                       num_hidden_layers=4)),
+                           vllm_config=None)
+    probe = {"kind": "probe", "probe": {"kind": "name", "name": "p"}, "threshold": 0.0}
+    attenuate = {"kind": "attenuate", "strength": 0.5}
+
+    def validate(gates):
+        InputProcessor._validate_params(proc, SamplingParams(max_tokens=2, extra_args={"steering": json.dumps(gates)}))
+
+    with pytest.raises(errors.GateUnsupportedError) as e:
+        validate([{"when": probe, "scope": "this_token", "apply": attenuate}])
+    assert isinstance(e.value, VLLMValidationError)
+    assert str(e.value).startswith("steering[0]: shmsteer: unsupported steering gate: attenuate with when=probe")
+    with pytest.raises(errors.BadGateError, match="scope: \"forever\" is not one of") as e:
+        validate([{"when": probe, "scope": "forever", "apply": attenuate}])
+    assert isinstance(e.value, VLLMValidationError)
+    validate([{"when": probe, "scope": "next_step", "apply": attenuate}])
+    validate([])
+    InputProcessor._validate_params(proc, SamplingParams(max_tokens=2))

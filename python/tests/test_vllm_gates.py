@@ -100,12 +100,16 @@ def test_conversation_turn_starts_engaged(result):
 
 
 def test_attenuate_with_a_this_token_probe_is_refused(result):
-    """The owner refuses attenuate × this_token × probe (steer.ErrGateUnsupported): that request
-    finishes with ``error`` and the engine's log says why; the request beside it is served."""
+    """A gate the owner refuses (attenuate × this_token × probe, steer.ErrGateUnsupported) is
+    refused by the frontend's check: LLM.generate raises the engine's typed error (also vLLM's
+    VLLMValidationError, a 400 over HTTP) with its text, the request never reaches the engine
+    (nothing logged, no output), and the next request is served as usual."""
     refused, hf = result["vllm"]["refused"], result["hf"]
-    assert refused["finish_reason"] == "error", refused
-    assert any("shmsteer: unsupported steering gate: attenuate with when=probe and scope=this_token" in m
-               for m in refused["logged"]), refused
+    assert refused["raised"] is not None, refused
+    assert "GateUnsupportedError" in refused["raised"] and "VLLMValidationError" in refused["raised"], refused
+    assert refused["message"].startswith("steering[0]: shmsteer: unsupported steering gate: attenuate with "
+                                         "when=probe and scope=this_token"), refused
+    assert refused["finish_reason"] is None and refused["logged"] == [], refused
     assert refused["other"] == hf["u0"]["unsteered"][:4]
 
 

@@ -8,8 +8,9 @@ text, and ``steering_name`` naming a vector registered through a ``shmsteer.Clie
 together so steered and unsteered requests share batches. Each steered request's greedy tokens
 must equal transformers with the vector added by a plain hook, logprobs within float32's
 tolerance; unsteered ones equal transformers unsteered. Refused steering (a bad dtype, a wrong
-shape, an unknown hook, an unknown named vector, JSON that does not parse) is a 400 with the
-fork's text, and the server answers the next request as before. The server's process group is
+shape, an unknown hook, an unknown named vector, JSON that does not parse, a gate the owner
+refuses: attenuate with a this_token probe, an unknown scope) is a 400 with the fork's text (the
+engine's, for gates), and the server answers the next request as before. The server's process group is
 stopped at the end.
 
 Needs vLLM importable (docs/vllm.md); skipped otherwise. About 3 to 4 minutes on the 2-core VM,
@@ -148,6 +149,13 @@ def _packed_raw(hook: str, dtype: str, shape: List[int], data: bytes) -> str:
                               "data": base64.b64encode(data).decode("ascii")}})
 
 
+_PROBE = {"kind": "probe", "probe": {"kind": "name", "name": "srv-probe"}, "threshold": 0.0}
+
+
+def _gate(scope: str, when: Dict[str, Any], apply: Dict[str, Any]) -> Dict[str, Any]:
+    return {"when": when, "scope": scope, "apply": apply}
+
+
 REFUSED = {
     "bad dtype": ({"steering_vectors": _packed_raw("post_block", "int8", [1, 256], bytes(256))},
                   "SteeringHookPacked.dtype 'int8': want float16, bfloat16, float32 or float64"),
@@ -162,6 +170,13 @@ REFUSED = {
     "unknown named vector": ({"steering_name": "no-such-vector"},
                              "Unknown steering module 'no-such-vector'. Available: ['srv-named']"),
     "not JSON": ({"steering_vectors": "{not json"}, "steering_vectors: vllm_xargs value is not JSON"),
+    # gates the owner refuses for their form: the frontend's check is the owner's (shmsteer_gates_check)
+    "unsupported gate": ({"steering": json.dumps([_gate("this_token", _PROBE, {"kind": "attenuate", "strength": 0.5})])},
+                         "steering[0]: shmsteer: unsupported steering gate: attenuate with when=probe and "
+                         "scope=this_token is not supported"),
+    "bad gate": ({"steering": json.dumps([_gate("forever", {"kind": "always"}, {"kind": "attenuate", "strength": 0})])},
+                 'steering[0]: shmsteer: bad steering gate: scope: "forever" is not one of this_token, next_step, '
+                 "rest_of_request, rest_of_conversation"),
 }
 
 

@@ -310,8 +310,10 @@ def compiled_facts(llm: Any) -> Dict[str, Any]:
 
 
 def refused(llm: Any, sp: Any, ids: List[int]) -> Dict[str, Any]:
-    """A gate the owner refuses (attenuate with a this_token probe) in a batch with an unsteered
-    request: what the refused request finished with, what the engine logged, the other's tokens."""
+    """A gate the owner refuses (attenuate with a this_token probe), submitted alone: what
+    LLM.generate raised (the frontend's gate check refuses it before it reaches the engine, with
+    the engine's typed error), what the engine logged about it, and the tokens of an unsteered
+    request generated next."""
     from vllm.inputs import TokensPrompt
     logged: List[str] = []
 
@@ -319,15 +321,20 @@ def refused(llm: Any, sp: Any, ids: List[int]) -> Dict[str, Any]:
         def emit(self, record: logging.LogRecord) -> None:
             logged.append(record.getMessage())
 
+    out: Dict[str, Any] = {"raised": None, "message": None, "finish_reason": None}
     h = Keep(logging.WARNING)
     logging.getLogger("shmsteer.vllm").addHandler(h)
     try:
-        res = llm.generate([TokensPrompt(prompt_token_ids=ids)] * 2,
-                           [sp(4, {"steering": gate_json(REFUSED, 0.0)}), sp(4, None)])
+        res = llm.generate([TokensPrompt(prompt_token_ids=ids)], [sp(4, {"steering": gate_json(REFUSED, 0.0)})])
+        out["finish_reason"] = res[0].outputs[0].finish_reason
+    except ValueError as e:
+        out["raised"], out["message"] = [c.__name__ for c in type(e).__mro__], str(e)
     finally:
         logging.getLogger("shmsteer.vllm").removeHandler(h)
-    return {"finish_reason": res[0].outputs[0].finish_reason, "logged": [m for m in logged if "refused" in m],
-            "other": list(res[1].outputs[0].token_ids)}
+    res = llm.generate([TokensPrompt(prompt_token_ids=ids)], [sp(4, None)])
+    out["logged"] = [m for m in logged if "refused" in m]
+    out["other"] = list(res[0].outputs[0].token_ids)
+    return out
 
 
 def main() -> None:

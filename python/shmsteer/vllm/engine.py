@@ -24,16 +24,20 @@ What is patched, in the process that runs it (each patch installs once):
 
 * ``InputProcessor._validate_params`` (the API server / ``LLM`` process): the fork's request checks
   (:func:`~shmsteer.vllm.requests.admission_for` against the model's width and layers), so a
-  refused body is a ``ValueError``, which vLLM's OpenAI server answers with a 400 and its text;
-  a ``steering_name`` naming no registered vector is refused there too, with the fork's
+  refused body is a ``ValueError``, which vLLM's OpenAI server answers with a 400 and its text
+  (``LLM.generate`` raises it); the request's gates through the owner's own config-free check
+  (:func:`shmsteer.check_gates`, ``shmsteer_gates_check``), so a gate the owner would refuse for
+  its form (``BadGateError``, ``GateUnsupportedError``, ...) is a 400 with the engine's text; a
+  ``steering_name`` naming no registered vector is refused there too, with the fork's
   "Unknown steering module" text (:func:`check_named_refs`: the process reads the owner's named
   vectors, through a :class:`shmsteer.Client` when the owner lives in another process).
 * ``Scheduler.schedule``: the region version the step's ranks steer at, as
   ``SchedulerOutput.shmsteer_version`` (it travels with the batch to every tensor-parallel rank),
   kept pinned for the last :data:`PINNED_STEPS` steps so no rank finds it reclaimed.
 * ``Scheduler.__init__``: the owner. ``Scheduler.add_request``: the admission; a refusal the
-  frontend could not see (an unknown named vector, a gate the owner refuses) finishes that
-  request with ``FINISHED_ERROR`` at the next step's output (it may have run that one step
+  frontend could not see (what needs the owner's vectors or model: a vector a gate names that the
+  owner does not have, a named vector removed since the frontend's check, a gate's probe not at
+  one site, an inline gate vector's hook, layer or width) finishes that request with ``FINISHED_ERROR`` at the next step's output (it may have run that one step
   unsteered), never the engine. ``Scheduler._free_request``: the end.
 """
 
@@ -44,6 +48,8 @@ import os
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
+from ..errors import ShmsteerError
+from ..gates import check_gates
 from ..openai import DEFAULT_HOOKS, SteeringRequestError
 from .errors import PluginConfigError
 from .requests import Admissions, RequestStart, admission_for, request_ended, request_started
@@ -126,8 +132,14 @@ def patch_frontend() -> None:
             try:
                 kw = admission_for(extra, 0, (hidden, layers, DEFAULT_HOOKS))
                 if kw is not None:
+                    if kw.get("steering") is not None:
+                        check_gates(kw["steering"])  # the owner's own check (the C ABI), as the owner will get them
                     check_named_refs(kw, getattr(self, "vllm_config", None))
             except SteeringRequestError as e:
+                raise client_error(e) from None
+            except ShmsteerError as e:  # a gate refused for its form: BadGateError, GateUnsupportedError, ...
+                if not isinstance(e, ValueError):
+                    raise
                 raise client_error(e) from None
         return out
 
