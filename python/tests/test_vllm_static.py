@@ -141,6 +141,13 @@ def test_static_worker_equals_the_eager_plugin_across_a_restart(ns, secret, monk
                 assert not torch.allclose(got[0][:3], plain(xs[0].clone())[:3]), f"owner {gen}: steered"
                 torch.testing.assert_close(got[0][3:], plain(xs[0].clone())[3:])  # unsteered and padding rows
         assert st.hooks is hooks and st.steps == 6
+        # The V2 runner's path: open() prepares (in prepare_inputs), a replay, close() reports.
+        st.open(SPANS, 6)
+        with torch.no_grad():
+            v2 = run_static(xs[0].clone())
+        st.close()
+        torch.testing.assert_close(v2, got[0])
+        assert st.steps == 7 and st._open is None
         st.shutdown()
         eager.shutdown()
         with shmsteer.Owner(ns + "-3", secret=secret, hidden=HIDDEN, layers=LAYERS, hooks=["post_block"]) as o3:

@@ -19,7 +19,8 @@ with the padded row count, so padding rows are never steered:
 * V2 runner (``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` and its CPU subclass):
   ``prepare_inputs`` is wrapped to resolve the spans of the ``InputBatch`` it returns; a forward
   pre-hook on the model opens the step and a forward hook closes it (``execute_model`` is wrapped
-  to close a step a failed forward left open).
+  to close a step a failed forward left open). In static mode ``prepare_inputs`` opens the step
+  itself (a full-graph replay skips the model's hooks) and ``execute_model`` closes it.
 
 Eager or compiled: under vLLM's ``torch.compile`` (compilation mode above NONE; on the CPU backend
 ``VLLM_COMPILE`` runs as ``DYNAMO_TRACE_ONCE`` with inductor) the runner's ``load_model`` is
@@ -357,12 +358,18 @@ def _patch_v2() -> None:
             model.register_forward_pre_hook(lambda _m, _a: _v2_open(self))
             model.register_forward_hook(lambda _m, _a, _o: st.close())
             self._shmsteer_hooked = True
-        self._shmsteer_pending = spans_from_v2(batch)
+        if st.static:
+            # A full-graph replay (cudagraph_manager.run_fullgraph) bypasses the model's forward
+            # hooks: static mode prepares the step here, outside the graph, and reports at the
+            # end of execute_model (or at the next prepare).
+            st.open(*spans_from_v2(batch))
+        else:
+            self._shmsteer_pending = spans_from_v2(batch)
         return batch
 
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return orig_execute(self, *args, **kwargs)
+            out = orig_execute(self, *args, **kwargs)
         except BaseException as e:
             st = self.__dict__.get("_shmsteer")
             if st is not None:
@@ -370,6 +377,10 @@ def _patch_v2() -> None:
             raise
         finally:
             self._shmsteer_pending = None
+        st = self.__dict__.get("_shmsteer")
+        if st is not None and st.static:
+            st.close()  # the step prepare_inputs opened (none when the forward hook closed it)
+        return out
 
     V2.prepare_inputs = prepare_inputs
     V2.execute_model = execute_model
