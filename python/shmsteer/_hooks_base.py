@@ -87,23 +87,33 @@ class SteeringHooks:
                  max_row_gates: Optional[int] = None, gate_sites: Optional[Sequence[Tuple[str, int]]] = None) -> None:
         self._handle = handle
         self.hidden, self.layers, _ = handle.model
-        self.stepper: Stepper = handle.stepper()
         if max_row_gates is None:
             max_row_gates = 0 if static else 4
         self.max_row_gates = max_row_gates
-        self.batch = StepBatch(self.stepper, self.hidden, max_slots, max_clamps, max_gate_slots, max_row_gates)
+        self._batch_opts = (max_slots, max_clamps, max_gate_slots, max_row_gates)
+        self._sites: List[int] = []  # attached sites: the batch stages only these
+        # A static layout (static mode's buffers before any owner) has no stepper until bind().
+        if not getattr(handle, "detached", False):
+            self._connect(handle)
         self._packer = SpanPacker()
         self.force_device_path = static or _wants_device_path(force_device_path, device)
         self.max_clamps = max_clamps
         self.max_tokens = max_tokens  #: static mode's largest batch (rows); 0 in the eager modes
         self.static = static
         self._removables: List[Any] = []
-        self._sites: List[int] = []  # attached sites: the batch stages only these
         self._capturing = False
         self.checksum = 0  #: determinism checksum of the last step's CPU applies
         self.batch_checksum = 0  #: determinism checksum of what the last step resolved
         self.gate_checksum = 0  #: the gate decisions of the last reported step (Stepper.GateChecksum)
         self.engine_calls = 0  #: calls that resolve, end or report steps (resolve, begin, end, report)
+
+    def _connect(self, handle: _Handle) -> None:
+        """Make this hooks' stepper and step batch on ``handle`` (restricted to the attached sites)."""
+        self._handle = handle
+        self.stepper: Stepper = handle.stepper()
+        self.batch = StepBatch(self.stepper, self.hidden, *self._batch_opts)
+        if self._sites:
+            self.batch.set_sites(self._sites)
 
     @property
     def uploads(self) -> int:
@@ -127,10 +137,7 @@ class SteeringHooks:
     def attach(self, module: torch.nn.Module, hook: str, layer: int) -> Any:
         """Register a forward hook applying (hook, layer) to module's output; returns its handle."""
         site = self.site_of(hook, layer)
-        if site not in self._sites:
-            self._check_new_site()
-            self._sites.append(site)
-            self.batch.set_sites(self._sites)
+        self._add_site(site)
         apply = self._site_fn(site)
 
         def fn(_mod: torch.nn.Module, _inputs: Any, output: Any) -> None:
@@ -139,6 +146,20 @@ class SteeringHooks:
         r = module.register_forward_hook(fn)
         self._removables.append(r)
         return r
+
+    def _add_site(self, site: int) -> None:
+        """Attach site (once): the batch stages the attached sites only."""
+        if site not in self._sites:
+            self._check_new_site()
+            self._sites.append(site)
+            if self.bound:
+                self.batch.set_sites(self._sites)
+
+    @property
+    def bound(self) -> bool:
+        """Whether the hooks have a stepper (False only for static hooks built on a layout
+        before :meth:`~shmsteer._hooks_static.StaticHooks.bind`)."""
+        return "batch" in self.__dict__
 
     def _check_new_site(self) -> None:
         """Refuse a site attached too late (static capture's buffers are sized already)."""
@@ -212,10 +233,14 @@ class SteeringHooks:
             site is attached or for a negative ``max_rows``.
         """
         self._check_capture_start(max_rows)
+        self._check_bound("start_capture")
         self.stepper.capture_start(rank, writer_rank, ring_bytes, wait)
         self._capturing = rank == writer_rank
         if self._capturing:
             self._capture_started(max_rows)
+
+    def _check_bound(self, what: str) -> None:
+        """Static hooks on a layout: NotBoundError until bind() (the eager modes are always bound)."""
 
     def _check_capture_start(self, max_rows: int) -> None:
         """Refuse start_capture's arguments before the ring is made."""
@@ -226,6 +251,7 @@ class SteeringHooks:
     def stop_capture(self) -> None:
         """Stop capturing (the ring is closed). In static mode the graphs keep their capture
         work, writing nowhere from the next :meth:`prepare` on."""
+        self._check_bound("stop_capture")
         self._capture_stopping()
         self.stepper.capture_stop()
         self._capturing = False
@@ -236,6 +262,9 @@ class SteeringHooks:
     def close(self) -> None:
         """Remove the hooks and free the batch and the stepper (after handing a static step's
         last captured rows to the engine)."""
+        if not self.bound:
+            self.remove()
+            return
         self._capture_stopping()
         self.remove()
         self.batch.close()

@@ -12,7 +12,52 @@ from . import ops
 from ._hooks_base import ADDEND_BYTES, DeviceMismatchError, SteeringHooks
 from .client import SpanLike
 from .device import CapturePlan, DeviceTables, GateTables, ResolvedGates, UnsupportedDtypeError, check_hidden
-from .errors import BatchCapacityError, ShapeError
+from .errors import BatchCapacityError, ShapeError, ShmsteerError
+
+#: The owner's default hook order (``Owner(hooks=None)``, :data:`shmsteer.openai.DEFAULT_HOOKS`):
+#: the hook ids a :class:`StaticLayout` assumes by default.
+LAYOUT_HOOKS: Tuple[str, ...] = ("pre_attn", "post_attn", "post_block", "mlp_in", "mlp_out")
+
+
+class StaticLayoutError(ShmsteerError, ValueError):
+    """The handle bound to static hooks does not match the layout their buffers were built for
+    (hidden size, layers, or the id of an attached site's hook): nothing was changed."""
+
+
+class NotBoundError(ShmsteerError, RuntimeError):
+    """Static hooks built on a :class:`StaticLayout` were asked to step or capture before
+    :meth:`StaticHooks.bind` gave them an owner's handle."""
+
+
+class StaticCaptureError(ShmsteerError, RuntimeError):
+    """The owner serves capture, but the static hooks were sealed (their graphs may be captured)
+    without capture buffers: :meth:`StaticHooks.capture_buffers` before :meth:`StaticHooks.seal`.
+    The capture ring was closed again; nothing is captured."""
+
+
+class StaticLayout:
+    """What static hooks need to allocate their buffers before any owner exists: the model's
+    hidden size and layers and the hook names in id order (default :data:`LAYOUT_HOOKS`, the
+    owner's default). ``SteeringHooks(StaticLayout(...), static=True, ...)`` builds hooks that run
+    (adding zeros) but cannot step until :meth:`StaticHooks.bind` gives them an owner's handle
+    with the same layout."""
+
+    detached = True
+
+    def __init__(self, hidden: int, layers: int, hooks: Sequence[str] = LAYOUT_HOOKS) -> None:
+        if hidden <= 0 or layers <= 0 or not hooks:
+            raise ValueError(f"shmsteer: static layout hidden {hidden}, layers {layers}, hooks {list(hooks)}")
+        self.model = (int(hidden), int(layers), list(hooks))
+
+    def hook_id(self, hook: Any) -> int:
+        """The id of a hook name (its index in the layout's hooks; ints pass through)."""
+        if not isinstance(hook, str):
+            return int(hook)
+        try:
+            return self.model[2].index(hook)
+        except ValueError:
+            from .errors import UnknownHookError
+            raise UnknownHookError(f"shmsteer: hook {hook!r} not in the static layout {self.model[2]}") from None
 
 
 class StaticGates:
@@ -196,6 +241,9 @@ class StaticHooks(SteeringHooks):
             raise UnsupportedDtypeError(f"shmsteer: static tables in {dtype}; use float32, bfloat16 or float16")
         super().__init__(handle, force_device_path, max_tokens=max_tokens, device=device, dtype=dtype,
                          max_slots=max_slots, max_gate_slots=max_gate_slots, **kw)
+        self._hook_names = {handle.hook_id(h): h for h in handle.model[2]}  # the layout's ids
+        self._fns: Dict[int, Callable[[torch.Tensor], None]] = {}  # each registered site's apply
+        self._sealed = False
         dev = torch.device(device)
         self.dtype = dtype
         self._tables = DeviceTables(self.hidden, dev, dtype, self.max_clamps, capacity=max_slots + 1, static=True)
@@ -231,7 +279,78 @@ class StaticHooks(SteeringHooks):
     def uploads(self) -> int:
         return self._tables.uploads
 
+    # ---- a layout's hooks: buffers first, the owner later ------------------------------------
+
+    def register(self, hook: str, layer: int) -> int:
+        """Attach site (hook, layer) without a module hook (the caller calls :meth:`apply`):
+        its tables and buffers are allocated now. Returns the site number."""
+        site = self.site_of(hook, layer)
+        self._add_site(site)
+        if site not in self._fns:
+            self._fns[site] = self._site_fn(site)
+        return site
+
+    def apply(self, t: torch.Tensor, hook_id: int, layer: int) -> None:
+        site = hook_id * self.layers + layer
+        fn = self._fns.get(site)
+        if fn is None:
+            self._add_site(site)
+            fn = self._fns[site] = self._site_fn(site)
+        fn(t)
+
+    def capture_buffers(self, max_rows: int = 0) -> None:
+        """Allocate the capture buffers now (before :meth:`seal` and any graph capture; without
+        a stepper): a later :meth:`start_capture` uses them. ``max_rows`` as start_capture's."""
+        self._check_capture_start(max_rows)
+        self._capture_started(max_rows)
+
+    def seal(self) -> None:
+        """No buffer is allocated from now on (the graphs may be captured): a new site or capture
+        buffers are refused with a typed error instead."""
+        self._sealed = True
+
+    def bind(self, handle: Any) -> None:
+        """Step through ``handle`` (a Client or Owner) from now on, keeping every buffer: built on
+        a :class:`StaticLayout`, or again after the owner restarted. The previous handle's step
+        state is dropped (its stepper closed, its capture stopped).
+
+        Raises:
+            StaticLayoutError: the handle's hidden size or layers differ, or an attached site's
+                hook has another id there (nothing changed).
+        """
+        hidden, layers, _ = handle.model
+        if (hidden, layers) != (self.hidden, self.layers):
+            raise StaticLayoutError(f"shmsteer: static buffers are for hidden {self.hidden} x {self.layers} layers, "
+                                    f"the owner's model is {hidden} x {layers}")
+        for hid in sorted({s // self.layers for s in self._sites}):
+            name = self._hook_names[hid]
+            try:
+                got = handle.hook_id(name)
+            except ShmsteerError as e:
+                raise StaticLayoutError(f"shmsteer: the owner has no hook {name!r} the static sites use: {e}") from None
+            if got != hid:
+                raise StaticLayoutError(f"shmsteer: hook {name!r} has id {got} in the owner, {hid} in the static "
+                                        f"layout {[self._hook_names[i] for i in sorted(self._hook_names)]}: make "
+                                        "the owner with that hook order")
+        if self.bound:
+            if self._capturing:
+                self.stepper.capture_stop()
+            self.batch.close()
+            self.stepper.close()
+        self._capturing = False
+        self._gates.awaiting, self._gates.cols = False, 0
+        if self._scap is not None:
+            self._scap.pending, self._scap._key = False, None
+        self._connect(handle)
+
+    def _check_bound(self, what: str) -> None:
+        if not self.bound:
+            raise NotBoundError(f"shmsteer: {what}: static hooks built on a layout have no owner yet: bind(handle) first")
+
     def _check_new_site(self) -> None:
+        if self._sealed:
+            raise RuntimeError("shmsteer: static hooks are sealed (their graphs may be captured): register every "
+                               "site before seal()")
         if self._scap is not None:
             raise RuntimeError("shmsteer: static capture's buffers hold the sites attached before start_capture; "
                                "attach every site first")
@@ -289,6 +408,7 @@ class StaticHooks(SteeringHooks):
         gate columns, the capture plan; rows past the batch get slot 0). Returns the pinned
         version. The previous step's scores and captured rows are handed back first when
         :meth:`report` was not called."""
+        self._check_bound("prepare")
         packed = self._packer.pack(spans)
         if self._gates.awaiting or (self._scap is not None and self._scap.pending):
             self.report()
@@ -346,9 +466,16 @@ class StaticHooks(SteeringHooks):
             raise ValueError(f"shmsteer: max_rows {max_rows} is negative")
 
     def _capture_started(self, max_rows: int) -> None:
+        if self._scap is None and self._sealed:
+            if self.bound:
+                self.stepper.capture_stop()
+            self._capturing = False
+            raise StaticCaptureError("shmsteer: the owner serves capture but the static hooks were sealed without "
+                                     "capture buffers (capture_buffers() before seal()): nothing is captured")
         if self._scap is None:
             self._scap = StaticCapture(self._sites, self.max_tokens, max_rows or self.max_tokens * len(self._sites),
                                        self.hidden, self.dtype, self._device)
 
 
-__all__ = ["StaticHooks", "StaticGates", "StaticCapture"]
+__all__ = ["StaticHooks", "StaticGates", "StaticCapture", "StaticLayout", "StaticLayoutError", "NotBoundError",
+           "StaticCaptureError", "LAYOUT_HOOKS"]

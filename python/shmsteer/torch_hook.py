@@ -101,6 +101,8 @@ from __future__ import annotations
 from ._hooks_base import DeviceMismatchError, SteeringHooks
 from ._hooks_device import DeviceHooks
 from ._hooks_native import NativeHooks
-from ._hooks_static import StaticCapture, StaticHooks
+from ._hooks_static import (LAYOUT_HOOKS, NotBoundError, StaticCapture, StaticCaptureError, StaticHooks, StaticLayout,
+                            StaticLayoutError)
 
-__all__ = ["SteeringHooks", "NativeHooks", "DeviceHooks", "StaticHooks", "StaticCapture", "DeviceMismatchError"]
+__all__ = ["SteeringHooks", "NativeHooks", "DeviceHooks", "StaticHooks", "StaticCapture", "DeviceMismatchError",
+           "StaticLayout", "StaticLayoutError", "NotBoundError", "StaticCaptureError", "LAYOUT_HOOKS"]

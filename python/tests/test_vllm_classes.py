@@ -80,8 +80,11 @@ def test_register_patches_vllm_once(monkeypatch):
     assert V2._shmsteer_patched
 
 
-def test_compile_mode_of_vllm_configs():
-    """vLLM's own CompilationConfig: a Dynamo mode is compiled, CUDA graphs are refused."""
+def test_compile_mode_of_vllm_configs(monkeypatch):
+    """vLLM's own CompilationConfig: a Dynamo mode is compiled, CUDA graphs are refused without
+    static mode and turn it on by default."""
+    from shmsteer.vllm.static import static_mode
+    monkeypatch.delenv("SHMSTEER_VLLM_STATIC", raising=False)
     from vllm.config import CompilationConfig
     from shmsteer.vllm import CudaGraphModeError
     from shmsteer.vllm.worker import compile_mode
@@ -92,6 +95,10 @@ def test_compile_mode_of_vllm_configs():
 
     assert compile_mode(Cfg(mode=0, cudagraph_mode="NONE")) is False
     assert compile_mode(Cfg(mode=3, cudagraph_mode="NONE")) is True
+    assert not static_mode(Cfg(mode=3, cudagraph_mode="NONE"))
+    assert static_mode(Cfg(mode=3, cudagraph_mode="PIECEWISE")) and static_mode(Cfg(mode=3, cudagraph_mode="FULL"))
+    assert compile_mode(Cfg(mode=3, cudagraph_mode="PIECEWISE")) is True
+    monkeypatch.setenv("SHMSTEER_VLLM_STATIC", "0")
     with pytest.raises(CudaGraphModeError):
         compile_mode(Cfg(mode=3, cudagraph_mode="PIECEWISE"))
 

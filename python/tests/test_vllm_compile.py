@@ -122,7 +122,9 @@ def _config(mode: int, cudagraph: str) -> SimpleNamespace:
     return SimpleNamespace(compilation_config=cc)
 
 
-def test_compile_mode_and_graph_replay_refused():
+def test_compile_mode_and_graph_replay_refused(monkeypatch):
+    """CUDA graphs without static mode (SHMSTEER_VLLM_STATIC=0; test_vllm_static.py: with it)."""
+    monkeypatch.setenv("SHMSTEER_VLLM_STATIC", "0")
     assert compile_mode(_config(0, "NONE")) is False
     assert compile_mode(_config(2, "NONE")) is True
     assert compile_mode(_config(3, "NONE")) is True

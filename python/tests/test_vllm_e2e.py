@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Dict, Optional
 
 import pytest
 
@@ -33,13 +34,14 @@ def entry_point_installed() -> bool:
     return any(ep.value == "shmsteer.vllm:register" for ep in entry_points(group="vllm.general_plugins"))
 
 
-def run_script(script: str, model: str, *args: str) -> dict:
+def run_script(script: str, model: str, *args: str, extra_env: Optional[Dict[str, str]] = None) -> dict:
     """Runs tests/<script> on model (and args) in a fresh interpreter (an engine is built once
-    per process) and returns its RESULT line's JSON."""
+    per process), with ``extra_env`` set there, and returns its RESULT line's JSON."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                PYTHONPATH=os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for k in ("SHMSTEER_NAMESPACE", "SHMSTEER_SECRET", "SHMSTEER_SECRET_FILE"):
+    for k in ("SHMSTEER_NAMESPACE", "SHMSTEER_SECRET", "SHMSTEER_SECRET_FILE", "SHMSTEER_VLLM_STATIC"):
         env.pop(k, None)
+    env.update(extra_env or {})
     # Installed (.ci/pyenv-vllm installs it), vLLM loads the plugin through its entry point.
     env["SHMSTEER_E2E_ENTRY_POINT"] = "1" if entry_point_installed() else "0"
     p = subprocess.run([sys.executable, os.path.join(HERE, script), model, *args], env=env,

@@ -7,7 +7,8 @@ Each probe gate's threshold is chosen from transformers' own probe scores so tha
 holds at some decode steps and fires at others, and so that it changes the request's tokens;
 the reference's decisions are asserted here, so the equalities cannot hold with the gate off.
 
-Each test runs twice: vLLM eager, and under vLLM's torch.compile (the plugin's compiled sites).
+Each test runs three times: vLLM eager, under vLLM's torch.compile (the plugin's compiled sites),
+and eagerly in static mode (``SHMSTEER_VLLM_STATIC=1``).
 Needs vLLM importable (docs/vllm.md); skipped otherwise. vLLM runs in a fresh interpreter.
 """
 
@@ -24,10 +25,13 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 LOGPROB_TOL = 1e-4  # float32; the largest difference measured: 1.0e-6
 
 
-@pytest.fixture(scope="module", params=["eager", "compile"])
+@pytest.fixture(scope="module", params=["eager", "compile", "static"])
 def result(request, tmp_path_factory):
-    """The run eagerly (``-O0``) and under vLLM's torch.compile (the plugin's compiled sites)."""
-    res = run_script("vllm_e2e_gates_run.py", str(tmp_path_factory.mktemp("tiny-llama")), request.param)
+    """The run eagerly (``-O0``), under vLLM's torch.compile (the plugin's compiled sites) and
+    eagerly in static mode (``SHMSTEER_VLLM_STATIC=1``: the gates' persistent buffers)."""
+    static = request.param == "static"
+    res = run_script("vllm_e2e_gates_run.py", str(tmp_path_factory.mktemp("tiny-llama")),
+                     "eager" if static else request.param, extra_env={"SHMSTEER_VLLM_STATIC": "1"} if static else None)
     res["mode"] = request.param
     return res
 
@@ -38,6 +42,7 @@ def test_the_model_ran_as_asked(result):
         assert c["mode"] == "DYNAMO_TRACE_ONCE" and c["sites_compiled"], c
     else:
         assert c["mode"] == "NONE" and not c["sites_compiled"], c
+    assert (c["hooks_mode"] == "static") == (result["mode"] == "static"), c
     assert c["steps"] > 10, c
 
 

@@ -108,7 +108,9 @@ def compiled_facts() -> Dict[str, Any]:
             "compilation_time_s": float(getattr(cc, "compilation_time", 0.0) or 0.0),
             "sites_compiled": bool(sites is not None and sites.compiled),
             "sites_bound": 0 if sites is None else len(sites.sites),
-            "steps": None if st is None else st.steps, "op_calls": _seen["op_calls"]}
+            "steps": None if st is None else st.steps, "op_calls": _seen["op_calls"],
+            "hooks_mode": None if st is None or st.hooks is None else st.hooks.mode,
+            "sites_static": bool(sites is not None and sites.static)}
 
 
 def main() -> None:

@@ -122,6 +122,7 @@ def run_vllm(path: str, root: str) -> Dict[str, Any]:
     try:
         runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
         res["capturing"] = runner.__dict__["_shmsteer"].capturing
+        res["hooks_mode"] = runner.__dict__["_shmsteer"].hooks.mode
     except (AttributeError, KeyError) as e:
         res["capturing"] = f"not found: {e}"
     return res

@@ -306,7 +306,8 @@ def compiled_facts(llm: Any) -> Dict[str, Any]:
     st = runner.__dict__.get("_shmsteer")
     sites = None if st is None else st.sites
     return {"mode": getattr(mode, "name", str(mode)), "sites_compiled": bool(sites is not None and sites.compiled),
-            "steps": None if st is None else st.steps}
+            "steps": None if st is None else st.steps,
+            "hooks_mode": None if st is None or st.hooks is None else st.hooks.mode}
 
 
 def refused(llm: Any, sp: Any, ids: List[int]) -> Dict[str, Any]:

@@ -94,6 +94,7 @@ def run_vllm(path: str) -> Dict[str, Any]:
         runner = core.model_executor.driver_worker.worker.model_runner
         runner_kind = type(runner).__module__ + "." + type(runner).__name__
         res["steps"] = runner.__dict__["_shmsteer"].steps
+        res["hooks_mode"] = runner.__dict__["_shmsteer"].hooks.mode
     except AttributeError as e:
         res["steps"] = f"not found: {e}"
     res["runner"], res["vllm"] = runner_kind, vllm.__version__

@@ -28,7 +28,8 @@ and served: ``SHMSTEER_VLLM=1 SHMSTEER_SECRET=... vllm serve DIR -O0 --enforce-e
 steering fields in ``vllm_xargs`` (structured fields as JSON text, see
 :mod:`shmsteer.vllm.requests`). Settings: ``SHMSTEER_NAMESPACE`` (default ``vllm``),
 ``SHMSTEER_SECRET`` / ``SHMSTEER_SECRET_FILE``, ``SHMSTEER_VLLM_OWNER`` (``engine`` or
-``external``), ``SHMSTEER_VLLM_HOOKS`` (hook points to attach), ``SHMSTEER_VLLM_ATTACH_TIMEOUT``.
+``external``), ``SHMSTEER_VLLM_HOOKS`` (hook points to attach), ``SHMSTEER_VLLM_ATTACH_TIMEOUT``,
+``SHMSTEER_VLLM_STATIC`` (static mode, for CUDA graphs: :mod:`shmsteer.vllm.static`).
 
 The Go runtime in libshmsteer does not survive ``fork``: :func:`register` makes vLLM start its
 processes with ``spawn`` (``VLLM_WORKER_MULTIPROC_METHOD``) unless it was set.

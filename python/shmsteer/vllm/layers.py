@@ -57,8 +57,11 @@ calls only ``SteeringHooks.apply``), in one of two modes:
   inductor fuses them; a fold gives the same bits as the fused add it replaces.
 
 The operator runs Python at run time, so it works under ``torch.compile`` without CUDA graphs
-(vLLM's CPU backend has none); a CUDA-graph replay would skip it. See docs/vllm.md for what CUDA
-graphs need (static mode's persistent tables, written by ``prepare`` outside the graph).
+(vLLM's CPU backend has none); a CUDA-graph replay runs only the kernels it launched while the
+graph was captured. In static mode (:mod:`shmsteer.vllm.static`, ``static=True``) those kernels
+read persistent buffers that ``StaticHooks.prepare`` writes outside the graph, and the hooks steer
+at every forward (eager ones too: no :attr:`LayerSites.active` check), so a replay steers the
+step that was prepared.
 """
 
 from __future__ import annotations
@@ -154,18 +157,22 @@ class LayerSites:
         layers: the global layer indices to attach (default: every layer this rank holds).
         compiled: attach the compiled mode's hooks (see the module doc): before vLLM traces the
             model, never after.
+        static: the hooks steer at every forward, in a step or not (static mode,
+            :mod:`shmsteer.vllm.static`: what a captured CUDA graph replays must not depend on
+            :attr:`active`; outside a step the static buffers hold zeros or the last step's rows).
 
     Set :attr:`active` for the forward passes of real steps only.
     """
 
     def __init__(self, model: torch.nn.Module, apply: Optional[Apply] = None,
                  hook_id: Optional[Callable[[str], int]] = None, hooks: Sequence[str] = HOOK_POINTS,
-                 layers: Optional[Sequence[int]] = None, compiled: bool = False) -> None:
+                 layers: Optional[Sequence[int]] = None, compiled: bool = False, static: bool = False) -> None:
         for h in hooks:
             if h not in HOOK_POINTS:
                 raise UnsupportedModelError(f"shmsteer.vllm: hook {h!r}: this plugin places {', '.join(HOOK_POINTS)}")
         self.active = False
         self.compiled = compiled
+        self.static = static
         self.token = next(_TOKENS)  #: the operator's handle on these sites (compiled mode)
         self._apply: Optional[Apply] = None
         self._ids: List[Optional[int]] = [None] * len(HOOK_POINTS)  # bound hook id per hook point
@@ -201,7 +208,7 @@ class LayerSites:
 
     def run(self, t: torch.Tensor, hook: int, layer: int) -> None:
         """Steer t in place at (HOOK_POINTS[hook], layer) in a step; nothing outside one."""
-        if not self.active:
+        if not self.active and not self.static:
             return
         hid = self._ids[hook]
         if hid is not None and self._apply is not None:
@@ -226,7 +233,7 @@ class LayerSites:
     def _attach(self, layer: torch.nn.Module, hook: str, idx: int) -> None:
         steer, sites = self._site(hook, idx), self
         # Eager hooks return at once outside a step; compiled ones have no branch on it (traced).
-        eager = not self.compiled
+        eager = not self.compiled and not self.static
 
         if hook == "pre_attn":
             def pre_attn(_m: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:

@@ -19,15 +19,23 @@ with the padded row count, so padding rows are never steered:
 * V2 runner (``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` and its CPU subclass):
   ``prepare_inputs`` is wrapped to resolve the spans of the ``InputBatch`` it returns; a forward
   pre-hook on the model opens the step and a forward hook closes it (``execute_model`` is wrapped
-  to close a step a failed forward left open).
+  to close a step a failed forward left open). In static mode ``prepare_inputs`` opens the step
+  itself (a full-graph replay skips the model's hooks) and ``execute_model`` closes it.
 
 Eager or compiled: under vLLM's ``torch.compile`` (compilation mode above NONE; on the CPU backend
 ``VLLM_COMPILE`` runs as ``DYNAMO_TRACE_ONCE`` with inductor) the runner's ``load_model`` is
 wrapped to attach compiled :class:`~shmsteer.vllm.layers.LayerSites` as soon as the model loads,
 before vLLM's first (traced) forward; each site is one ``torch.ops.shmsteer.vllm_site_`` call in
-the graph, and the worker binds them to the owner's hooks at its first step. CUDA graphs are
-refused (:class:`~shmsteer.vllm.errors.CudaGraphModeError` at the first step): a replay would skip
-the operator's Python kernel.
+the graph, and the worker binds them to the owner's hooks at its first step.
+
+Static mode (:mod:`shmsteer.vllm.static`: CUDA graphs, or ``SHMSTEER_VLLM_STATIC=1``): the
+wrapped ``load_model`` also builds :class:`~shmsteer.torch_hook.StaticHooks` on a fixed layout
+with every buffer allocated, before any graph is captured, and sites that steer at every forward
+through them; per step the worker calls ``prepare(spans)`` in place of the step's resolve and
+``report()`` after the forward, and binds the hooks to the owner (again after a restart) without
+reallocating anything. Without static mode CUDA graphs are refused
+(:class:`~shmsteer.vllm.errors.CudaGraphModeError` at the first step): a replay would skip the
+operator's Python kernel.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from .capture import start_worker_capture
 from .errors import CudaGraphModeError, PluginConfigError, SitesNotAttachedError, UnsupportedModelError
 from .layers import HOOK_POINTS, LayerSites, decoder_layers
 from .spans import Span, spans_from_v1, spans_from_v2
+from .static import build as build_static
+from .static import static_mode
 
 __all__ = ["WorkerSteering", "patch_runners", "compile_mode"]
 
@@ -50,18 +60,19 @@ def compile_mode(vllm_config: Any) -> bool:
     """Whether the model runs under vLLM's ``torch.compile`` (compilation mode above NONE).
 
     Raises:
-        CudaGraphModeError: the model runs CUDA graphs (``cudagraph_mode`` other than NONE).
+        CudaGraphModeError: the model runs CUDA graphs (``cudagraph_mode`` other than NONE) and
+            static mode is off (``SHMSTEER_VLLM_STATIC=0``).
     """
     cc = vllm_config.compilation_config
     mode = getattr(cc, "mode", None)
     mode = getattr(mode, "value", mode)
     cg = getattr(cc, "cudagraph_mode", None)
     cg_name = getattr(cg, "name", str(cg))
-    if cg_name not in ("NONE", "None"):
+    if cg_name not in ("NONE", "None") and not static_mode(vllm_config):
         raise CudaGraphModeError(
             f"shmsteer.vllm: the model runs with cudagraph mode {cg_name}; the plugin steers eagerly or under "
-            "torch.compile without CUDA graphs: compilation_config={'cudagraph_mode': 'NONE'} "
-            "(-cc.cudagraph_mode=NONE) or --enforce-eager")
+            "torch.compile without CUDA graphs unless static mode is on (SHMSTEER_VLLM_STATIC unset or 1): "
+            "compilation_config={'cudagraph_mode': 'NONE'} (-cc.cudagraph_mode=NONE) or --enforce-eager")
     return mode not in (0, None)
 
 
@@ -86,8 +97,15 @@ class WorkerSteering:
     """
 
     def __init__(self, model: Any, vllm_config: Any, follower: Any = None,
-                 sites: Optional[LayerSites] = None) -> None:
+                 sites: Optional[LayerSites] = None, static: Any = None) -> None:
         self.compiled = compile_mode(vllm_config)
+        self.static = static_mode(vllm_config)
+        if self.static and (static is None or sites is None or not sites.static):
+            raise SitesNotAttachedError(
+                "shmsteer.vllm: static mode is on but no static hooks were built when the model loaded (the "
+                "runner's load_model was not wrapped): a captured graph would not steer; SHMSTEER_VLLM_STATIC=0 "
+                "with -O0 --enforce-eager")
+        self.static_hooks: Any = static  #: static mode's hooks, built at load (buffers sealed)
         if self.compiled and (sites is None or not sites.compiled):
             raise SitesNotAttachedError(
                 "shmsteer.vllm: the model is compiled but no compiled sites were attached when it loaded (the "
@@ -129,11 +147,15 @@ class WorkerSteering:
         if (hf.hidden_size, hf.num_hidden_layers) != (hidden, layers):
             raise UnsupportedModelError(f"shmsteer.vllm: the owner steers hidden {hidden} x {layers} layers, the model "
                                         f"is {hf.hidden_size} x {hf.num_hidden_layers}")
-        hooks = SteeringHooks(client)
-        if self.compiled:
+        if self.static:  # the sites were bound at load with the layout's hook ids, which bind() checks
+            hooks = self.static_hooks
+            hooks.bind(client)  # StaticLayoutError for an owner of another layout
+        elif self.compiled:
+            hooks = SteeringHooks(client)
             assert self.sites is not None
             self.sites.bind(hooks.apply, client.hook_id, _hooks_setting(owner_hooks))
         else:
+            hooks = SteeringHooks(client)
             self.sites = LayerSites(self.model, hooks.apply, client.hook_id, _hooks_setting(owner_hooks))
         self.hooks, self._gen = hooks, gen
         self.capturing = start_worker_capture(hooks)
@@ -142,6 +164,8 @@ class WorkerSteering:
         return hooks
 
     def _teardown(self) -> None:
+        if self.static:
+            return  # the buffers stay (a captured graph reads them); bind() drops the old stepper
         if self.sites is not None and self.compiled:
             self.sites.unbind()  # traced into the graph: they stay, steering nothing until bound again
         elif self.sites is not None:
@@ -157,6 +181,16 @@ class WorkerSteering:
         hooks = self.ensure()
         assert self.sites is not None
         self.version = version
+        if self.static:
+            hooks.prepare(list(spans), version=version)
+            self.sites.active = True
+            try:
+                out = forward()
+            finally:
+                self.sites.active = False
+                self.steps += 1
+            hooks.report()
+            return out
         with hooks.step(list(spans), version=version, rows=rows):
             self.sites.active = True
             try:
@@ -170,6 +204,11 @@ class WorkerSteering:
         self.close()
         hooks = self.ensure()
         assert self.sites is not None
+        if self.static:
+            hooks.prepare(list(spans))
+            self._open = hooks
+            self.sites.active = True
+            return
         ctx = hooks.step(list(spans), rows=rows)
         ctx.__enter__()
         self._open = ctx
@@ -183,6 +222,10 @@ class WorkerSteering:
         if self.sites is not None:
             self.sites.active = False
         self.steps += 1
+        if self.static:
+            if exc is None:
+                ctx.report()
+            return
         if exc is None:
             ctx.__exit__(None, None, None)
         else:
@@ -192,6 +235,9 @@ class WorkerSteering:
         """Remove the hooks, close the stepper and stop following."""
         self.close()
         self._teardown()
+        if self.static and self.static_hooks is not None:
+            self.static_hooks.close()
+            self.static_hooks = self.hooks = None
         if self.sites is not None:
             self.sites.remove()
             self.sites = None
@@ -203,7 +249,8 @@ def _steering(runner: Any) -> WorkerSteering:
     st = runner.__dict__.get("_shmsteer")
     if st is None:
         st = runner._shmsteer = WorkerSteering(runner.get_model(), runner.vllm_config,
-                                               sites=runner.__dict__.get("_shmsteer_sites"))
+                                               sites=runner.__dict__.get("_shmsteer_sites"),
+                                               static=runner.__dict__.get("_shmsteer_static"))
     return st
 
 
@@ -237,8 +284,14 @@ def _wrap_load_model(cls: Any) -> None:
 
     def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, *args, **kwargs)
-        if self.__dict__.get("_shmsteer_sites") is None and compile_mode(self.vllm_config):
+        if self.__dict__.get("_shmsteer_sites") is not None:
+            return out
+        compiled = compile_mode(self.vllm_config)
+        if static_mode(self.vllm_config):
+            self._shmsteer_static, self._shmsteer_sites = build_static(self.get_model(), self.vllm_config, compiled)
+        elif compiled:
             self._shmsteer_sites = LayerSites(self.get_model(), compiled=True)
+        if compiled:
             _key_compile_cache(self.vllm_config)
             log.info("shmsteer: compiled sites attached at load (%d layers)", len(decoder_layers(self.get_model())))
         return out
@@ -305,12 +358,18 @@ def _patch_v2() -> None:
             model.register_forward_pre_hook(lambda _m, _a: _v2_open(self))
             model.register_forward_hook(lambda _m, _a, _o: st.close())
             self._shmsteer_hooked = True
-        self._shmsteer_pending = spans_from_v2(batch)
+        if st.static:
+            # A full-graph replay (cudagraph_manager.run_fullgraph) bypasses the model's forward
+            # hooks: static mode prepares the step here, outside the graph, and reports at the
+            # end of execute_model (or at the next prepare).
+            st.open(*spans_from_v2(batch))
+        else:
+            self._shmsteer_pending = spans_from_v2(batch)
         return batch
 
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return orig_execute(self, *args, **kwargs)
+            out = orig_execute(self, *args, **kwargs)
         except BaseException as e:
             st = self.__dict__.get("_shmsteer")
             if st is not None:
@@ -318,6 +377,10 @@ def _patch_v2() -> None:
             raise
         finally:
             self._shmsteer_pending = None
+        st = self.__dict__.get("_shmsteer")
+        if st is not None and st.static:
+            st.close()  # the step prepare_inputs opened (none when the forward hook closed it)
+        return out
 
     V2.prepare_inputs = prepare_inputs
     V2.execute_model = execute_model
