@@ -410,37 +410,59 @@ class StaticHooks(SteeringHooks):
         :meth:`report` was not called."""
         self._check_bound("prepare")
         packed = self._packer.pack(spans)
-        if self._gates.awaiting or (self._scap is not None and self._scap.pending):
+        gates, sc = self._gates, self._scap
+        if gates.awaiting or (sc is not None and sc.pending):
             self.report()
         res = self._resolve(packed, self.max_tokens, version, end=True)
+        g = res.gates
+        if (sc is None and gates.columns == 0 and not g.cols and not g.report and len(res.updates) == 0
+                and res.slots <= self._tables.capacity):
+            # The usual steady or advancing decode step: no table row, gate column or capture
+            # plan to write, only the index when it changed.
+            gates.awaiting, gates.cols = False, 0
+            idx_key = res.index.tobytes()
+            if idx_key != self._sidx_key:
+                self._wait_copies()
+                self._upload_index(res, idx_key)
+                if self._copied is not None:
+                    self._copied.record()
+            return res.version
         self._tables.update(res)
         capture_plan = None
-        if self._scap is not None:
+        if sc is not None:
             capture_plan = self.batch.capture_plan() if self._capturing else None
-            self._scap.check(capture_plan)  # BatchCapacityError before any copy
-        if self._copied is not None:
-            # The last step's copies read the pinned host buffers asynchronously: they must
-            # have run before the buffers are rewritten (normally long done; outside the graph).
-            self._copied.synchronize()
+            sc.check(capture_plan)  # BatchCapacityError before any copy
+        self._wait_copies()
         idx_key = res.index.tobytes()
-        changed = len(res.updates) > 0
         if idx_key != self._sidx_key:  # a steady or advancing decode batch copies nothing
-            self._sidx_np[:] = res.index
-            self._sidx.copy_(self._sidx_host, non_blocking=True)
-            self._sidx_key = idx_key
-            changed = True
-        if changed:
-            for site, addend in self._addends.items():
-                torch.index_select(self._tables.sites[site].vec, 0, self._sidx, out=addend)
-        if self._scap is not None:
-            self._scap.plan(capture_plan)
-        g = res.gates
-        self._gates.awaiting, self._gates.cols = g.report, g.cols
-        self._gates.check(g)
-        self._gates.load(g)
+            self._upload_index(res, idx_key)
+        elif len(res.updates) > 0:
+            self._gather_addends()
+        if sc is not None:
+            sc.plan(capture_plan)
+        gates.awaiting, gates.cols = g.report, g.cols
+        gates.check(g)
+        gates.load(g)
         if self._copied is not None:
             self._copied.record()
         return res.version
+
+    def _wait_copies(self) -> None:
+        """The last step's copies read the pinned host buffers asynchronously: they must have run
+        before the buffers are rewritten (normally long done; outside the graph)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def _upload_index(self, res: Any, idx_key: bytes) -> None:
+        """The step's row index into the device buffer, then the addends it selects."""
+        self._sidx_np[:] = res.index
+        self._sidx.copy_(self._sidx_host, non_blocking=True)
+        self._sidx_key = idx_key
+        self._gather_addends()
+
+    def _gather_addends(self) -> None:
+        for site, addend in self._addends.items():
+            torch.index_select(self._tables.sites[site].vec, 0, self._sidx, out=addend)
 
     def report(self) -> None:
         """After the replay: hand the last prepared step's gate scores and captured rows back

@@ -72,6 +72,10 @@ class BatchInfoC(Structure):
                 ("n_clamps", c_size_t), ("gates", BatchGatesC)]
 
 
+#: Where BatchInfoC's fields past the version and checksum begin.
+_INFO_TAIL = BatchInfoC.checksum.offset + ctypes.sizeof(c_uint64)
+
+
 class BatchCapturePlanC(Structure):
     _fields_ = [("sites", POINTER(c_int32)), ("n_sites", c_size_t), ("start", POINTER(c_int32)),
                 ("rows", POINTER(c_int32)), ("n_rows", c_size_t)]
@@ -121,7 +125,9 @@ class SpanPacker:
     """Packs (request id, start, end, phase[, first_position]) spans once per distinct layout: a
     step whose spans equal the previous step's reuses its packing, and so does a step whose spans
     differ from the previous step's only in their first positions (a decode batch advancing by a
-    token: the positions are written into the packing in place, nothing else is packed again)."""
+    token: the positions are written into the packing in place, nothing else is packed again).
+    Spans already packed (a :class:`PackedSpans`, whose id addresses its maker keeps alive) pass
+    through as they are, and leave this packer's own reuse as it was."""
 
     def __init__(self) -> None:
         self._ids: Dict[str, Tuple[bytes, int]] = {}
@@ -140,6 +146,8 @@ class SpanPacker:
         return ent
 
     def pack(self, spans: Sequence[Any]) -> PackedSpans:
+        if type(spans) is PackedSpans:  # packed by the caller (hf's decode steps): as it is
+            return spans
         packed, last = self._packed, self._last
         if packed is not None and last is not None:
             if last == spans:
@@ -331,6 +339,8 @@ class StepBatch:
         self.max_gate_slots, self.max_row_gates = max_gate_slots, max_row_gates
         self._info = BatchInfoC()
         self._views = _Views()  # the result buffers' views, reused while the engine reuses the buffers
+        self._last: Optional[Resolved] = None  # the last resolve's result and its info's bytes
+        self._last_info = b""
         self._gsum = c_uint64()
         self._scores = np.empty(0, np.float32)  # report()'s float32 copy of the scores
         self._scores_ptr: Any = None
@@ -375,7 +385,22 @@ class StepBatch:
             st._step_thread = None if end else threading.get_ident()
         finally:
             st._busy.release()
-        return Resolved(self._info, self.hidden, self._views)
+        return self._result()
+
+    def _result(self) -> Resolved:
+        """The resolve's :class:`Resolved`: the last one, its version and checksum updated, when
+        every other byte of the engine's answer (each buffer's address and length, the counts,
+        the gate fields) is the last resolve's, for then it would be made of the same views (the
+        views show the buffers' current content either way)."""
+        info = self._info
+        raw = bytes(info)
+        last = self._last
+        if last is not None and raw[_INFO_TAIL:] == self._last_info[_INFO_TAIL:]:
+            last.version, last.checksum = info.version, info.checksum
+            return last
+        self._last = res = Resolved(info, self.hidden, self._views)
+        self._last_info = raw
+        return res
 
     def resolve_native(self, spans: PackedSpans, rows: int, version: int = 0) -> int:
         """Begin a step of the stepper at ``version`` and resolve ``spans`` over ``rows`` rows for

@@ -72,7 +72,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ._common import I32
 from .client import SpanLike, _Handle
+from .device import PackedSpans, SpanPacker
 from .errors import HiddenSizeError, LayerRangeError, ShmsteerError, UnknownHookError
 from .torch_hook import SteeringHooks
 
@@ -201,6 +203,26 @@ class _Requests:
         self.seen = np.zeros(len(self.ids), dtype=np.int64)
         self._full_key: Tuple[int, int] = (-1, -1)
         self._full_q = np.zeros(0, dtype=np.int64)
+        self._packer = SpanPacker()  # keeps the packed ids alive
+        self._decode: Optional[_Decode] = None  # the packed layout of a whole-row decode forward
+
+    def forward_spans(self, batch: int, seq: int, mask: Optional[torch.Tensor]) -> Tuple[Any, np.ndarray]:
+        """This forward's spans, as :meth:`spans` gives them, or packed
+        (:class:`~shmsteer.device.PackedSpans`) for a forward without a mask whose steered rows
+        all decode: the layout packed at the first such forward of this seq, its first positions
+        rewritten from ``seen`` (one numpy copy); every other forward goes through :meth:`spans`
+        and drops the layout."""
+        d = self._decode
+        if mask is None and d is not None and d.seq == seq and batch == len(self.ids) and d.left > 0:
+            d.left -= 1
+            d.first[:] = self.seen if d.rows is None else self.seen[d.rows]
+            return d.packed, self._full(batch, seq)
+        self._decode = None
+        spans, q = self.spans(batch, seq, mask)
+        if mask is None and spans and seq > 0 and all(sp[3] == "decode" and sp[2] - sp[1] == seq for sp in spans):
+            self._decode = _Decode(self, seq, spans)
+            return self._decode.packed, q
+        return spans, q
 
     def spans(self, batch: int, seq: int, mask: Optional[torch.Tensor]) -> Tuple[List[SpanLike], np.ndarray]:
         """This forward's spans (5-tuples) and each row's real token count in it. Once per
@@ -265,6 +287,24 @@ class _Requests:
             self._full_q.flags.writeable = False
             self._full_key = key
         return self._full_q
+
+
+class _Decode:
+    """A whole-row decode forward's packed spans (one decode span per steered row), reused by
+    the next forwards of the same seq: only their first positions change (each row's ``seen``),
+    written into the packing's own field; ``left`` forwards more keep every position an int32
+    (then the layout is packed again, which refuses a position past it)."""
+
+    __slots__ = ("seq", "packed", "first", "rows", "left")
+
+    def __init__(self, reqs: _Requests, seq: int, spans: List[SpanLike]) -> None:
+        self.seq = seq
+        self.packed: PackedSpans = reqs._packer.pack(spans)
+        self.first = self.packed.arr["first_position"]
+        rows = [int(sp[1]) // seq for sp in spans]
+        self.rows = None if rows == list(range(len(reqs.ids))) else np.asarray(rows, dtype=np.int64)
+        top = max(int(sp[4]) for sp in spans)  # type: ignore[misc]
+        self.left = (I32[1] - top) // seq
 
 
 class HFSteering:
@@ -343,8 +383,9 @@ class HFSteering:
         b, s = int(x.shape[0]), int(x.shape[1])
         if self._open:  # a forward whose end hook did not run: close its step
             self._close_step()
+        spans: Any
         if self._batch is not None:
-            spans, rows = self._batch.spans(b, s, kwargs.get("attention_mask"))
+            spans, rows = self._batch.forward_spans(b, s, kwargs.get("attention_mask"))
         else:
             spans, rows = [], np.zeros(b, dtype=np.int64)
         step = None

@@ -467,3 +467,91 @@ def test_cuda_generate_matches_plain_torch_hooks(models, ns, secret):
         check(got, want)
     finally:
         m.cpu()
+
+
+def test_decode_forwards_reuse_their_packing() -> None:
+    """A forward without a mask whose steered rows all decode hands the packed layout of the
+    first such forward on, its first positions each row's tokens so far (never the last
+    step's); a forward with a mask or of another seq gives the spans again and drops it."""
+    from shmsteer.device import PackedSpans
+    from shmsteer.hf import _Requests
+    for ids in (["x", "y", "z"], ["x", None, "y"]):
+        fast, ref = _Requests(ids, prompt_lens=[4, 2, 3]), _Requests(ids, prompt_lens=[4, 2, 3])
+        total, packs = 0, []
+        for seq, masked in ((4, False), (1, False), (1, False), (1, True), (1, False), (2, False), (2, False), (1, False)):
+            total += seq
+            mask = torch.ones(3, total, dtype=torch.int64) if masked else None
+            got, q = fast.forward_spans(3, seq, mask)
+            want, wq = ref.spans(3, seq, None)
+            if isinstance(got, PackedSpans):
+                packs.append(got)
+                assert [(int(r["start"]), int(r["end"]), int(r["first_position"])) for r in got.arr] == \
+                    [(s[1], s[2], s[4]) for s in want] and all(s[3] == "decode" for s in want)
+            else:
+                assert got == want
+            assert q.tolist() == wq.tolist()
+            fast.seen += q
+            ref.seen += wq
+        # Packed: the decodes of seq 1 (the first reused by the next) and of seq 2, after the mask.
+        assert len(packs) == 6 and packs[0] is packs[1] and packs[2] is not packs[3]
+
+
+def test_decode_packing_refuses_a_position_past_int32() -> None:
+    """The reused layout ends before a position would leave int32: packing it again refuses."""
+    from shmsteer.errors import InvalidArgumentError
+    from shmsteer.hf import _Requests
+    r = _Requests(["x"], prompt_lens=[1])
+    r.seen[:] = (1 << 31) - 3
+    first, _ = r.forward_spans(1, 1, None)
+    for _ in range(2):
+        r.seen += 1
+        got, _ = r.forward_spans(1, 1, None)
+        assert got is first and int(got.arr["first_position"][0]) == int(r.seen[0])
+    r.seen += 1
+    with pytest.raises(InvalidArgumentError, match="first_position"):
+        r.forward_spans(1, 1, None)
+
+
+def _decode_loop(model: Any, o: Any, reuse: bool, change: bool) -> Tuple[torch.Tensor, bool]:
+    """A prefill then 4 decode forwards without a mask through static hooks (the compiled
+    decode's path), the global vector changed before the third when ``change``; the logits and
+    whether the packed layout was reused."""
+    from shmsteer.hf import _Requests
+    hooks = SteeringHooks(o, static=True, max_tokens=IDS.numel(), device="cpu", dtype=torch.float32)
+    steer = HFSteering(model, o, hooks=hooks)
+    real = _Requests.forward_spans
+    reused = False
+    out = []
+    try:
+        if not reuse:
+            _Requests.forward_spans = lambda self, b, s, m: self.spans(b, s, m)  # type: ignore[method-assign]
+        with torch.no_grad(), steer.requests(["a", None, "b"]):
+            cache = transformers.DynamicCache(config=model.config)
+            r = model(input_ids=torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13]]), cache=cache, use_cache=True)
+            tok = r.logits[:, -1].argmax(-1, keepdim=True)
+            for i in range(4):
+                if change and i == 2:
+                    o.set_global(override({"base": {("post_block", 1): rand(20)}, "decode": {("mlp_in", 0): rand(21)}}))
+                r = model(input_ids=tok, cache=cache, use_cache=True)
+                out.append(r.logits[:, -1])
+                tok = r.logits[:, -1].argmax(-1, keepdim=True)
+                reused = reused or (steer._batch is not None and steer._batch._decode is not None)
+    finally:
+        _Requests.forward_spans = real  # type: ignore[method-assign]
+        steer.close()
+    return torch.stack(out), reused
+
+
+def test_static_decode_reusing_its_packing_steers_as_the_spans(models, ns, secret):
+    """The decode forwards that reuse their packed layout (and static mode's steady-step fast
+    path) steer as the spans built every forward, with the global vector changed mid-decode."""
+    model = models("llama")
+    got = {}
+    for reuse in (True, False):
+        for change in (True, False):
+            with owner(ns + str(reuse) + str(change), secret, GLOBAL, STEER) as o:
+                got[reuse, change] = _decode_loop(model, o, reuse, change)
+    assert got[True, True][1] and not got[False, True][1]
+    torch.testing.assert_close(got[True, True][0], got[False, True][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[True, False][0], got[False, False][0], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got[True, True][0][2:], got[True, False][0][2:]), "the change steers"

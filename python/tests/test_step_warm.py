@@ -135,3 +135,87 @@ def test_static_addends_follow_layout_and_tables(owner, dtype):
         want = _steered(nat, chain_n, x, spans)
         torch.testing.assert_close(y.float(), want.float(), rtol=tol, atol=tol)
         assert torch.equal(y[2], x[2]), "a row past the batch is not steered"
+
+
+def test_packer_passes_packed_spans_through():
+    """Spans already packed are the packing (nothing packed again), and leave the packer's own
+    reuse as it was: its next list of spans still compares with the last list it packed."""
+    p, other = SpanPacker(), SpanPacker()
+    a = p.pack([("a", 0, 1, "decode", 7)])
+    theirs = other.pack([("b", 0, 2, "prefill", 0)])
+    assert p.pack(theirs) is theirs and p.packs == 1
+    again = p.pack([("a", 0, 1, "decode", 8)])
+    assert again is a and p.packs == 1 and list(again.arr["first_position"]) == [8]
+    assert list(theirs.arr["first_position"]) == [0], "a packing passed through is not written"
+
+
+def test_resolve_result_reused_only_while_the_answer_is_the_same(owner):
+    """A resolve whose answer (buffers, lengths, counts) is the last one's hands back the same
+    Resolved, its version and checksum current; positions advancing, a row leaving or joining,
+    a vector changing version are each seen (never a stale index, update list or checksum)."""
+    sc = Scenario(owner, clamps=False)
+    hooks = SteeringHooks(owner, force_device_path=True)
+    attach(hooks, Chain())
+    b = hooks.batch
+
+    def resolve(spans):
+        return b.resolve(hooks._packer.pack(spans), sum(s[2] - s[1] for s in spans), end=True)
+
+    r0 = resolve([("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)])
+    v0 = r0.version
+    assert len(r0.updates) > 0, "the first step writes the tables"
+    r1 = resolve([("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)])
+    assert r1 is not r0 and len(r1.updates) == 0
+    idx1, sum1 = r1.index.copy(), r1.checksum
+    r2 = resolve([("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)])
+    assert r2 is r1 and r2.checksum == sum1 and len(r2.updates) == 0
+    r3 = resolve([("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 4)])  # advancing
+    assert r3 is r1 and r3.checksum == b._info.checksum and list(r3.index) == list(idx1)
+    owner.register_vector("unused", [("post_block", 0, 1.0, np.ones(HIDDEN, np.float32))])  # a new version
+    r3b = resolve([("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 4)])
+    assert r3b is r1 and r3b.version == b._info.version and r3b.version > v0
+    r4 = resolve([("b", 0, 1, "decode", 5)])  # a leaves
+    assert r4 is not r1 and list(r4.index) == [idx1[1]]
+    r5 = resolve([("b", 0, 1, "decode", 6), ("a", 1, 2, "decode", 7)])  # a joins again, swapped
+    assert list(r5.index) == [idx1[1], idx1[0]]
+    sc.register("n1", [("post_block", 1, 2.0, np.full(HIDDEN, 0.5, np.float32))])  # a's vector changes
+    r6 = resolve([("b", 0, 1, "decode", 7), ("a", 1, 2, "decode", 8)])
+    assert len(r6.updates) > 0 and r6.checksum == b._info.checksum
+    r7 = resolve([("b", 0, 1, "decode", 8), ("a", 1, 2, "decode", 9)])
+    assert len(r7.updates) == 0, "the update list is the resolve's, not the last one's"
+
+
+def test_static_prepare_fast_path_follows_the_batch(owner, monkeypatch):
+    """Static mode's steady-step fast path (no table row, gate or capture: only the index when
+    it changed) steers as the native path over an advancing step, a request leaving, one
+    joining, rows swapped and a vector changing; the tables are written only for the change."""
+    sc = Scenario(owner, clamps=False)
+    chain_s, chain_n = Chain(), Chain()
+    st = SteeringHooks(owner, static=True, max_tokens=4, device="cpu", dtype=torch.float32, max_clamps=0)
+    nat = SteeringHooks(owner)
+    attach(st, chain_s)
+    attach(nat, chain_n)
+    updates: list = []
+    real = st._tables.update
+    monkeypatch.setattr(st._tables, "update", lambda r: (updates.append(len(r.updates)), real(r)))
+    x = torch.randn(3, HIDDEN)
+    steps = [[("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)],
+             [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 4)],
+             [("b", 0, 1, "decode", 5)],
+             [("b", 0, 1, "decode", 6), ("c", 1, 2, "decode", 2)],
+             [("c", 0, 1, "decode", 3), ("b", 1, 2, "decode", 7)],
+             [("c", 0, 1, "decode", 4), ("b", 1, 2, "decode", 8)]]
+    for i, spans in enumerate(steps):
+        if i == 5:
+            sc.register("n0", [("post_block", l, 2.0, np.full(HIDDEN, 0.25 * (l + 1), np.float32)) for l in range(LAYERS)])
+        before = len(updates)
+        y = x.clone()
+        with torch.no_grad():
+            st.prepare(spans)
+            chain_s(y)
+        want = _steered(nat, chain_n, x, spans)
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+        if i in (1, 2, 4):
+            assert len(updates) == before, f"step {i}: the fast path writes no table"
+        assert not torch.equal(y[0], x[0]), f"step {i}: row 0 steered"
+    assert updates[-1] > 0, "the changed vector's rows were written"
