@@ -18,13 +18,7 @@ import (
 func TestApplyBoundMatchesApply(t *testing.T) {
 	e, cfg := mixedDecodeEngine(t)
 	d := cfg.Hidden
-	decode := func(ids ...string) []Span {
-		var b []Span
-		for i, id := range ids {
-			b = append(b, Span{ID: id, Start: i, End: i + 1, Phase: PhaseDecode})
-		}
-		return b
-	}
+	decode := decodeRows
 	batches := [][]Span{
 		decode("c-0", "c-1", "c-2", "c-3", "one-site"),
 		decode("c-0", "c-1", "entry-a", "c-2", "c-3", "plain", "one-site", "entry-b"),

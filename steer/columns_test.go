@@ -539,6 +539,15 @@ func mixedDecodeEngine(t testing.TB) (*Owner, ModelConfig) {
 	return e, cfg
 }
 
+// decodeRows is a decode batch of one row per id, in order.
+func decodeRows(ids ...string) []Span {
+	var b []Span
+	for i, id := range ids {
+		b = append(b, Span{ID: id, Start: i, End: i + 1, Phase: PhaseDecode})
+	}
+	return b
+}
+
 // TestStepApplyRunsMatchesGeneral steps a decode batch through a program with runs of adjacent
 // cells (a Stepper as made) and without (a Stepper whose runs are off) and requires the same
 // rows, bit for bit, at every site, and the same checksum. The batch mixes what runs join and

@@ -39,13 +39,7 @@ func runPlain(h []float32, d int, adds []PlainAdd) {
 func TestPlainSitesMatchApply(t *testing.T) {
 	e, cfg := mixedDecodeEngine(t)
 	d := cfg.Hidden
-	decode := func(ids ...string) []Span {
-		var b []Span
-		for i, id := range ids {
-			b = append(b, Span{ID: id, Start: i, End: i + 1, Phase: PhaseDecode})
-		}
-		return b
-	}
+	decode := decodeRows
 	first := decode("c-0", "c-1", "c-2", "c-3", "one-site")
 	batches := [][]Span{
 		first, first, first,
