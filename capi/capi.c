@@ -312,6 +312,12 @@ SHMSTEER_API int shmsteer_gates_check(const char *json, size_t json_len, size_t 
   return shmsteerGo_gates_check((char *)json, json_len, n_gates);
 }
 
+SHMSTEER_API int shmsteer_gates_check_at(shmsteer_snapshot_t *s, const char *id, size_t id_len, const char *json,
+                                         size_t json_len, size_t *n_gates) {
+  ENTER();
+  return shmsteerGo_gates_check_at(H(s), (char *)id, id_len, (char *)json, json_len, n_gates);
+}
+
 SHMSTEER_API int shmsteer_request_admit_json(shmsteer_t *h, const char *id, size_t id_len, const char *json,
                                              size_t json_len, uint64_t *version) {
   ENTER();

@@ -46,14 +46,40 @@ func gateUnpack(hook string, raw json.RawMessage) ([]steer.Vector, error) {
 // JSON value), then steer.DecodeGates with the admission's unpacker (gateUnpack). It returns the
 // number of gates; what it refuses, an admission of the same value refuses with the same error.
 func checkGates(js string) (int, error) {
+	gates, err := decodeGatesJSON(js)
+	return len(gates), err
+}
+
+// decodeGatesJSON decodes an admission's "steering" value as admitWith does.
+func decodeGatesJSON(js string) ([]steer.Gate, error) {
 	var raw json.RawMessage
 	if js != "" {
 		if err := decodeJSONString(js, &raw); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
-	gates, err := steer.DecodeGates(raw, gateUnpack)
-	return len(gates), err
+	return steer.DecodeGates(raw, gateUnpack)
+}
+
+// checkGatesAt is checkGates plus what an admission checks against the vectors registered at
+// snapshot sn and its model (steer.Engine.CheckGatesAt); id, when not empty, names the request
+// in the errors as an admission of that id does.
+func checkGatesAt(sn *snapshot, id, js string) (int, error) {
+	if sn.inst.eng == nil {
+		return 0, fmt.Errorf("the region records no steering model: %w", sn.inst.engErr)
+	}
+	gates, err := decodeGatesJSON(js)
+	if err != nil {
+		return 0, err
+	}
+	set := ""
+	if id != "" {
+		set = fmt.Sprintf("request %q", id)
+	}
+	if err := sn.inst.eng.CheckGatesAt(&sn.snap, gates, set); err != nil {
+		return 0, err
+	}
+	return len(gates), nil
 }
 
 //export shmsteerGo_gates_check
@@ -63,6 +89,30 @@ func shmsteerGo_gates_check(js *C.char, jsLen C.size_t, n *C.size_t) C.int {
 		return badArg("json pointer or length")
 	}
 	count, err := checkGates(s)
+	if err != nil {
+		return fail(err)
+	}
+	if n != nil {
+		*n = C.size_t(count)
+	}
+	return C.SHMSTEER_OK
+}
+
+//export shmsteerGo_gates_check_at
+func shmsteerGo_gates_check_at(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t, n *C.size_t) C.int {
+	sn, ok := getAs[*snapshot](uint64(h))
+	if !ok {
+		return badHandle("not a live shmsteer_snapshot_t")
+	}
+	rid, ok := cstr(id, idLen)
+	if !ok {
+		return badArg("id pointer or length")
+	}
+	s, ok := cstr(js, jsLen)
+	if !ok {
+		return badArg("json pointer or length")
+	}
+	count, err := checkGatesAt(sn, rid, s)
 	if err != nil {
 		return fail(err)
 	}

@@ -394,6 +394,21 @@ int shmsteer_request_admit_json(shmsteer_t *h, const char *id, size_t id_len, co
  * owner or not (a frontend checking a request before it reaches the owner). */
 int shmsteer_gates_check(const char *json, size_t json_len, size_t *n_gates);
 
+/* shmsteer_gates_check, plus what an admission checks against the vectors registered at
+ * snapshot s and the region's model (steer.Engine.CheckGatesAt), changing nothing: every named
+ * source registered at s (a probe vector for a probe, a steering vector for an add:
+ * UNKNOWN_VECTOR), each probe at exactly one (hook, layer) (PROBE_SITE), every inline vector's
+ * hook, layer, width and values (UNKNOWN_HOOK, LAYER_RANGE, HIDDEN_SIZE, NON_FINITE, ...), an
+ * add's magnitude (OVERFLOW). id[0:id_len] (may be empty) names the request in the messages as
+ * an admission of that id does (`request "id": steering[0]...`); empty names none
+ * (`steering[0]...`). A value refused here is refused by an admission at s with the same code
+ * and message; an admission also bounds the request's steering and gates together (OVERFLOW),
+ * which needs the owner's latches. Usable with a snapshot of an owner or of a client (a frontend
+ * checking a request before it reaches the owner). *n_gates (NULL: not written) gets the
+ * number of gates. */
+int shmsteer_gates_check_at(shmsteer_snapshot_t *s, const char *id, size_t id_len, const char *json,
+                            size_t json_len, size_t *n_gates);
+
 /* What an admission did (steer.Admitted). source: where the request's steering came from,
  * SHMSTEER_SOURCE_NONE (no request steering), _OVERRIDE (its own), _LATCH (its conversation's
  * latch, bridged), _COMPOSED (the latch bridged with its override added). */

@@ -77,9 +77,16 @@ func (e *Engine) resolveGates(s *shm.Snapshot, gates []Gate, set string) ([]reso
 		return nil, nil
 	}
 	if len(gates) > MaxGates {
-		return nil, fmt.Errorf("%w: %s has %d gates, at most %d", ErrBadGate, set, len(gates), MaxGates)
+		name := set
+		if name == "" {
+			name = "the request"
+		}
+		return nil, fmt.Errorf("%w: %s has %d gates, at most %d", ErrBadGate, name, len(gates), MaxGates)
 	}
 	if err := CheckGates(gates); err != nil {
+		if set == "" {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%s: %w", set, err)
 	}
 	named := namedAt(s, e.cfg)
@@ -88,7 +95,10 @@ func (e *Engine) resolveGates(s *shm.Snapshot, gates []Gate, set string) ([]reso
 		g := &gates[i]
 		r := &res[i]
 		r.g = g
-		where := fmt.Sprintf("%s: steering[%d]", set, i)
+		where := fmt.Sprintf("steering[%d]", i)
+		if set != "" {
+			where = set + ": " + where
+		}
 		if g.When.Kind == WhenProbe {
 			b, err := e.gateSource(s, KindProbe, &g.When.Probe, where+".when.probe")
 			if err != nil {
@@ -128,6 +138,19 @@ func (e *Engine) resolveGates(s *shm.Snapshot, gates []Gate, set string) ([]reso
 		}
 	}
 	return res, nil
+}
+
+// CheckGatesAt checks gates as an admission at snapshot s resolves them, and changes nothing:
+// every named source registered at s (a probe vector for a probe, a steering vector for an
+// add: ErrUnknownVector), each probe at exactly one (hook, layer) (ErrProbeSite), every inline
+// vector against the model (ErrUnknownHook, ErrLayerRange, ErrHiddenSize, ErrNonFinite, ...)
+// and each add's magnitude (ErrOverflow), after the gates' form (CheckGates). set names the
+// request in the errors as an admission does (`request "id"`); "" names none. What it refuses,
+// an admission of the same gates at s refuses with the same error; an admission also bounds the
+// request's steering and gates together (checkGateBound), which needs the owner's latches.
+func (e *Engine) CheckGatesAt(s *shm.Snapshot, gates []Gate, set string) error {
+	_, err := e.resolveGates(s, gates, set)
+	return err
 }
 
 // gateSource returns the wire encoding of a source: a registered vector of kind (copied out of

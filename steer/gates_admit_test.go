@@ -135,15 +135,23 @@ func TestAdmitGatesRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			v := e.Region().Version()
 			ok := Gate{Scope: ScopeNextStep, Apply: add}
+			s, err := e.Region().Snapshot()
+			require.NoError(t, err)
+			defer s.Close()
 			for _, id := range []string{"new", "kept"} {
 				_, err := e.Admit(Admission{RequestID: id, Gates: []Gate{ok, tc.g}})
 				require.ErrorIs(t, err, tc.want)
 				require.Contains(t, err.Error(), `request "`+id+`"`)
+				// CheckGatesAt refuses it with the admission's error, text and all.
+				checked := e.CheckGatesAt(&s, []Gate{ok, tc.g}, `request "`+id+`"`)
+				require.ErrorIs(t, checked, tc.want)
+				require.Equal(t, err.Error(), checked.Error())
 			}
+			checked := e.CheckGatesAt(&s, []Gate{ok, tc.g}, "") // no request named
+			require.ErrorIs(t, checked, tc.want)
+			require.NotContains(t, checked.Error(), `request "`)
+			require.Contains(t, checked.Error(), "steering[1]")
 			require.Equal(t, v, e.Region().Version(), "nothing written")
-			s, err := e.Region().Snapshot()
-			require.NoError(t, err)
-			defer s.Close()
 			_, _, err = s.View(KindRequest, "new")
 			require.ErrorIs(t, err, shm.ErrNotFound)
 			_, _, err = s.View(KindRequest, "kept")
@@ -157,6 +165,12 @@ func TestAdmitGatesRefused(t *testing.T) {
 	}
 	_, err = e.Admit(Admission{RequestID: "new", Gates: many})
 	require.ErrorIs(t, err, ErrBadGate)
+	s, err := e.Region().Snapshot()
+	require.NoError(t, err)
+	defer s.Close()
+	require.ErrorIs(t, e.CheckGatesAt(&s, many, ""), ErrBadGate)
+	require.NoError(t, e.CheckGatesAt(&s, many[:MaxGates], ""), "what an admission accepts")
+	require.NoError(t, e.CheckGatesAt(&s, nil, ""))
 }
 
 // FuzzDecodeGateEntry: region bytes never crash the decoder, and what decodes is in range.

@@ -133,6 +133,7 @@ def _load() -> ctypes.CDLL:
         "shmsteer_vector_model_hint": (c_int, [h, c_char_p, c_size_t, c_void_p, c_size_t, P(c_size_t)]),
         "shmsteer_global_set_json": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_gates_check": (c_int, [c_char_p, c_size_t, P(c_size_t)]),
+        "shmsteer_gates_check_at": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(c_size_t)]),
         "shmsteer_request_admit_json": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_request_admit_result": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(AdmittedC)]),
         "shmsteer_request_admit_binary": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(AdmitVectorC), c_size_t,

@@ -5,8 +5,10 @@
 a gate :meth:`shmsteer.Owner.admit` would refuse for its form (a malformed gate, attenuate with a
 ``this_token`` probe, a non-finite threshold) is refused here with the same exception and
 message, before the request reaches the owner. What needs the owner and its model (a named
-vector it does not have, a probe not at one site, an inline vector's width or layer) is still
-checked only when it admits the request. The vLLM plugin's frontend calls it, so such a gate
+vector it does not have, a probe not at one site, an inline vector's width or layer) is checked
+with a snapshot of the owner's region, ``check_gates(gates, at=snapshot)``
+(``shmsteer_gates_check_at``: the admission's own resolution of the gates at that version,
+from any process attached to the owner). The vLLM plugin's frontend calls both, so such a gate
 is a 400 (docs/vllm.md, "Gates").
 """
 
@@ -14,9 +16,12 @@ from __future__ import annotations
 
 import json
 from ctypes import byref, c_size_t
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from ._lib import check, lib
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .snapshot import Snapshot
 
 __all__ = ["check_gates", "gates_for_abi"]
 
@@ -51,7 +56,7 @@ def gates_for_abi(steering: Any) -> Any:
     return gates
 
 
-def check_gates(steering: Any) -> int:
+def check_gates(steering: Any, at: Optional["Snapshot"] = None, request_id: str = "") -> int:
     """Check a request's gates as an admission would, without an owner; returns their number.
 
     Args:
@@ -59,6 +64,12 @@ def check_gates(steering: Any) -> int:
             ``{"when", "scope", "apply"}`` dicts; None: no gates), sent exactly as it sends
             them; or the JSON text of the fork's ``steering`` value (str or bytes), read as is
             (packed inline blobs are unpacked by the library).
+        at: a snapshot of an owner or a client (``owner.snapshot()``, ``client.snapshot()``):
+            also check what an admission at that version checks against the owner's vectors
+            and model (``shmsteer_gates_check_at``), so every refusal below is the admission's,
+            message included; None: the gates' form only.
+        request_id: with ``at``, the messages name the request as an admission of that id does
+            (``request "id": steering[0]...``); empty: no request named.
 
     Raises:
         BadGateError: a malformed gate (the message names the gate and the field), a value
@@ -69,6 +80,12 @@ def check_gates(steering: Any) -> int:
         InvalidArgumentError: text that is not one JSON value.
         SteeringRequestError: a packed blob of a list that does not decode in Python (as in
             ``Owner.admit``).
+
+        With ``at`` also: UnknownVectorError (a gate names a vector the owner does not have: a
+        probe vector for a probe, a steering vector for an add), ProbeSiteError (an inline probe
+        not at exactly one site), UnknownHookError, LayerRangeError, HiddenSizeError,
+        DuplicateError, NonFiniteError (an inline vector that does not fit the model),
+        OverflowSteeringError (an add's strength times its vectors beyond the bound).
     """
     if isinstance(steering, str):
         js = steering.encode()
@@ -77,5 +94,9 @@ def check_gates(steering: Any) -> int:
     else:
         js = json.dumps(gates_for_abi(steering)).encode()
     n = c_size_t(0)
-    check(lib.shmsteer_gates_check(js, len(js), byref(n)))
+    if at is None:
+        check(lib.shmsteer_gates_check(js, len(js), byref(n)))
+    else:
+        rid = request_id.encode()
+        check(lib.shmsteer_gates_check_at(at._handle(), rid, len(rid), js, len(js), byref(n)))
     return n.value
