@@ -9,8 +9,9 @@ together so steered and unsteered requests share batches. Each steered request's
 must equal transformers with the vector added by a plain hook, logprobs within float32's
 tolerance; unsteered ones equal transformers unsteered. Refused steering (a bad dtype, a wrong
 shape, an unknown hook, an unknown named vector, JSON that does not parse, a gate the owner
-refuses: attenuate with a this_token probe, an unknown scope) is a 400 with the fork's text (the
-engine's, for gates), and the server answers the next request as before. The server's process group is
+refuses: attenuate with a this_token probe, an unknown scope, a gate naming a vector the owner
+does not have, an inline probe at two sites, an inline gate vector of the wrong width) is a 400
+with the fork's text (the engine's, for gates), and the server answers the next request as before. The server's process group is
 stopped at the end.
 
 Needs vLLM importable (docs/vllm.md); skipped otherwise. About 3 to 4 minutes on the 2-core VM,
@@ -144,8 +145,8 @@ def test_the_vectors_change_the_tokens(reference):
             assert reference["tokens"][i] != reference["unsteered"][i], f"request {i}: {s} changes nothing"
 
 
-def _packed_raw(hook: str, dtype: str, shape: List[int], data: bytes) -> str:
-    return json.dumps({hook: {"dtype": dtype, "shape": shape, "layer_indices": [0],
+def _packed_raw(hook: str, dtype: str, shape: List[int], data: bytes, layers: Tuple[int, ...] = (0,)) -> str:
+    return json.dumps({hook: {"dtype": dtype, "shape": shape, "layer_indices": list(layers),
                               "data": base64.b64encode(data).decode("ascii")}})
 
 
@@ -177,6 +178,23 @@ REFUSED = {
     "bad gate": ({"steering": json.dumps([_gate("forever", {"kind": "always"}, {"kind": "attenuate", "strength": 0})])},
                  'steering[0]: shmsteer: bad steering gate: scope: "forever" is not one of this_token, next_step, '
                  "rest_of_request, rest_of_conversation"),
+    # gates the owner refuses for its vectors and model: the frontend checks them at the owner's
+    # current version (shmsteer_gates_check_at), the owner's text without the internal request id
+    "gate naming an unknown vector": (
+        {"steering": json.dumps([_gate("next_step", {"kind": "always"},
+                                       {"kind": "add", "steer": {"kind": "name", "name": "no-such-vector"}})])},
+        'shmsteer: unknown named vector: steering[0].apply.steer: unknown steering vector name "no-such-vector"'),
+    "probe at two sites": (
+        {"steering": json.dumps([_gate("next_step", {**_PROBE, "probe": {"kind": "inline", "packed": json.loads(
+            _packed_raw("post_block", "float32", [2, 256], bytes(2048), (0, 1)))}},
+            {"kind": "attenuate", "strength": 0.5})])},
+        "shmsteer: a probe vector must name exactly one (hook, layer): steering[0].when.probe: an inline probe names "
+        "2 sites"),
+    "gate vector of the wrong width": (
+        {"steering": json.dumps([_gate("next_step", {"kind": "always"}, {"kind": "add", "steer": {
+            "kind": "inline", "packed": json.loads(_packed_raw("post_block", "float32", [1, 8], bytes(32)))}})])},
+        "steering[0].apply.steer: shmsteer: vector length is not the hidden size: base vector 0 has 8 floats, "
+        "hidden size is 256"),
 }
 
 

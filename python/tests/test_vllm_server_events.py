@@ -1,6 +1,7 @@
 """The plugin's frontend pieces: request events (``on_request``), the key registry kept in step
-with them (``bind_key_registry``), and the named-vector check that makes an unknown
-``steering_name`` a 400 with the fork's text (``check_named_refs``), without vLLM; and the events
+with them (``bind_key_registry``), and the checks against the owner that make an unknown
+``steering_name`` a 400 with the fork's text and a gate the owner refuses (an unknown vector, a
+probe's sites, an inline vector's width) a 400 with the owner's (``check_named_refs``), without vLLM; and the events
 from vLLM's own ``OutputProcessor``, patched, where vLLM is importable (skipped otherwise).
 """
 
@@ -110,6 +111,71 @@ def test_unknown_named_vector_is_refused_with_the_forks_text(ns, secret, monkeyp
         owner.register_vector("calm", [("post_block", 0, 1.0, np.ones(8, np.float32))])
         engine.check_named_refs(kw)
         engine.check_named_refs({"override": {"base": {"vectors": []}}})
+    client = engine._state["frontend_client"]
+    if client is not None:
+        client.close()
+
+
+def _packed(layers, width: int):
+    import base64
+    rows = np.ones((len(layers), width), np.float32)
+    return {"dtype": "float32", "shape": [len(layers), width], "layer_indices": list(layers),
+            "data": base64.b64encode(rows.tobytes()).decode()}
+
+
+def test_gates_the_owner_refuses_are_refused_with_its_text(ns, secret, monkeypatch):
+    """check_named_refs checks a request's gates as the owner's admission does, at the owner's
+    current version (shmsteer_gates_check_at, through a Client here): a gate naming a vector the
+    owner does not have, an inline probe at two sites, an inline vector of the wrong width are
+    refused with the owner's typed error and its text, the request's id left out; without an
+    owner only the gates' form is checked."""
+    from shmsteer import errors
+    monkeypatch.setitem(engine._state, "admissions", None)
+    monkeypatch.setitem(engine._state, "frontend_client", None)
+    monkeypatch.setenv("SHMSTEER_SECRET", secret.decode())
+    monkeypatch.setenv("SHMSTEER_NAMESPACE", ns)
+    always, probe = {"kind": "always"}, {"kind": "probe", "probe": {"kind": "name", "name": "p"}, "threshold": 0.0}
+    add = {"kind": "add", "steer": {"kind": "name", "name": "calm"}, "strength": 1.0}
+
+    def gates(when, apply):
+        return {"steering": [{"when": when, "scope": "next_step", "apply": apply}]}
+
+    unknown = gates(always, add)
+    engine.check_named_refs(unknown)  # no owner answers: the form only, the scheduler refuses the rest
+    with pytest.raises(errors.BadGateError):
+        engine.check_named_refs(gates(always, {"kind": "scale"}))
+    refused = {
+        "unknown steering name": (unknown, errors.UnknownVectorError,
+                                  'shmsteer: unknown named vector: steering[0].apply.steer: unknown steering vector '
+                                  'name "calm"'),
+        "unknown probe name": (gates(probe, {"kind": "attenuate", "strength": 0.5}), errors.UnknownVectorError,
+                               'shmsteer: unknown named vector: steering[0].when.probe: unknown probe vector name "p"'),
+        "probe at two sites": (gates({**probe, "probe": {"kind": "inline", "packed": {"post_block": _packed([0, 1], 8)}}},
+                                     {"kind": "attenuate", "strength": 0.5}), errors.ProbeSiteError,
+                               "shmsteer: a probe vector must name exactly one (hook, layer): steering[0].when.probe: "
+                               "an inline probe names 2 sites"),
+        "wrong width": (gates(always, {"kind": "add", "steer": {"kind": "inline", "packed": {"post_block": _packed([0], 7)}}}),
+                        errors.HiddenSizeError, "steering[0].apply.steer: shmsteer: vector length is not the hidden size: "
+                        "base vector 0 has 7 floats, hidden size is 8"),
+    }
+    with shmsteer.Owner(ns, secret=secret, hidden=8, layers=2) as owner:
+        for case, (kw, exc, text) in refused.items():
+            with pytest.raises(exc) as e:
+                engine.check_named_refs(kw)
+            assert str(e.value) == text, case
+            assert isinstance(e.value, (ValueError, LookupError))
+            with pytest.raises(exc) as admitted:
+                owner.admit("r-1", steering=kw["steering"])
+            assert str(admitted.value).replace('request "r-1": ', "") == text, case
+        owner.register_vector("calm", [("post_block", 0, 1.0, np.ones(8, np.float32))])
+        owner.register_vector("p", [("post_block", 1, 1.0, np.ones(8, np.float32))], kind="probe")
+        engine.check_named_refs(unknown)  # registered since: admitted
+        engine.check_named_refs(refused["unknown probe name"][0])
+        with pytest.raises(SteeringRequestError, match="^Unknown steering module 'x'"):  # gates first, then names
+            engine.check_named_refs({**unknown, "override": {"base": {"refs": [{"name": "x", "strength": 1.0}]}}})
+        with pytest.raises(errors.ProbeSiteError):
+            engine.check_named_refs({**refused["probe at two sites"][0],
+                                     "override": {"base": {"refs": [{"name": "x", "strength": 1.0}]}}})
     client = engine._state["frontend_client"]
     if client is not None:
         client.close()

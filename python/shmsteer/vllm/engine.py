@@ -25,20 +25,27 @@ What is patched, in the process that runs it (each patch installs once):
 * ``InputProcessor._validate_params`` (the API server / ``LLM`` process): the fork's request checks
   (:func:`~shmsteer.vllm.requests.admission_for` against the model's width and layers), so a
   refused body is a ``ValueError``, which vLLM's OpenAI server answers with a 400 and its text
-  (``LLM.generate`` raises it); the request's gates through the owner's own config-free check
-  (:func:`shmsteer.check_gates`, ``shmsteer_gates_check``), so a gate the owner would refuse for
-  its form (``BadGateError``, ``GateUnsupportedError``, ...) is a 400 with the engine's text; a
-  ``steering_name`` naming no registered vector is refused there too, with the fork's
-  "Unknown steering module" text (:func:`check_named_refs`: the process reads the owner's named
-  vectors, through a :class:`shmsteer.Client` when the owner lives in another process).
+  (``LLM.generate`` raises it). Then :func:`check_named_refs`, at the owner's current version
+  (the process reads the owner's region, through a :class:`shmsteer.Client` when the owner lives
+  in another process): the request's gates through the owner's own resolution
+  (:func:`shmsteer.check_gates` with ``at``, ``shmsteer_gates_check_at``), so a gate the owner
+  would refuse, for its form (``BadGateError``, ``GateUnsupportedError``, ...) or for its vectors
+  and model (a vector a gate names that the owner does not have, ``UnknownVectorError``; an
+  inline probe not at one site, ``ProbeSiteError``; an inline gate vector whose hook, layer or
+  width does not fit, ``UnknownHookError``, ``LayerRangeError``, ``HiddenSizeError``), is a 400
+  with the engine's text (less the ``request "<id>": `` an admission names, an id not known
+  yet); and a ``steering_name`` naming no registered vector, with the fork's "Unknown steering
+  module" text. When no owner can be read from here, only the gates' form is checked
+  (:func:`shmsteer.check_gates`).
 * ``Scheduler.schedule``: the region version the step's ranks steer at, as
   ``SchedulerOutput.shmsteer_version`` (it travels with the batch to every tensor-parallel rank),
   kept pinned for the last :data:`PINNED_STEPS` steps so no rank finds it reclaimed.
 * ``Scheduler.__init__``: the owner. ``Scheduler.add_request``: the admission; a refusal the
-  frontend could not see (what needs the owner's vectors or model: a vector a gate names that the
-  owner does not have, a named vector removed since the frontend's check, a gate's probe not at
-  one site, an inline gate vector's hook, layer or width) finishes that request with ``FINISHED_ERROR`` at the next step's output (it may have run that one step
-  unsteered), never the engine. ``Scheduler._free_request``: the end.
+  frontend could not see (a named vector, or a vector a gate names, removed since the
+  frontend's check; the bound of the request's steering and gates together, which needs the
+  owner's latches; anything the owner refuses when the frontend could not read its region)
+  finishes that request with ``FINISHED_ERROR`` at the next step's output (it may have run that
+  one step unsteered), never the engine. ``Scheduler._free_request``: the end.
 """
 
 from __future__ import annotations
@@ -95,10 +102,11 @@ def _dp(vllm_config: Any) -> Tuple[int, int]:
 _client_errors: Dict[type, type] = {}
 
 
-def client_error(err: ValueError) -> Exception:
-    """``err`` as a refusal vLLM's OpenAI server answers with a 400 and ``str(err)``: an instance
-    of a subclass of both ``type(err)`` (callers catching :class:`SteeringRequestError` or
-    ``ValueError``, as ``LLM.generate``'s, still do) and vLLM's ``VLLMValidationError``. A plain
+def client_error(err: Exception) -> Exception:
+    """``err`` (a ``ValueError``, or the owner's ``LookupError`` for an unknown vector) as a
+    refusal vLLM's OpenAI server answers with a 400 and ``str(err)``: an instance of a subclass
+    of both ``type(err)`` (callers catching :class:`SteeringRequestError`, ``ValueError`` or
+    ``UnknownVectorError``, as ``LLM.generate``'s, still do) and vLLM's ``VLLMValidationError``. A plain
     ``ValueError`` raised while ``AsyncLLM.generate`` takes a request is wrapped into
     ``EngineGenerateError``, a 500 without text; a ``VLLMClientError`` passes as a 400."""
     from vllm.exceptions import VLLMClientError, VLLMValidationError
@@ -132,13 +140,11 @@ def patch_frontend() -> None:
             try:
                 kw = admission_for(extra, 0, (hidden, layers, DEFAULT_HOOKS))
                 if kw is not None:
-                    if kw.get("steering") is not None:
-                        check_gates(kw["steering"])  # the owner's own check (the C ABI), as the owner will get them
                     check_named_refs(kw, getattr(self, "vllm_config", None))
             except SteeringRequestError as e:
                 raise client_error(e) from None
-            except ShmsteerError as e:  # a gate refused for its form: BadGateError, GateUnsupportedError, ...
-                if not isinstance(e, ValueError):
+            except ShmsteerError as e:  # a gate the owner refuses: BadGateError, UnknownVectorError, ...
+                if not isinstance(e, _REFUSALS):
                     raise
                 raise client_error(e) from None
         return out
@@ -182,32 +188,68 @@ def _frontend_reader(vllm_config: Any) -> Optional[Any]:
     return client
 
 
+_REFUSALS = (ValueError, LookupError)
+"""The bases of the owner's refusals of a request (BadGateError, UnknownVectorError, ...): what
+the frontend answers with a 400; any other ShmsteerError is a failure of its own."""
+
+
+def _gates_refusal(snap: Any, steering: Any) -> Optional[Exception]:
+    """The owner's refusal of the gates at ``snap`` (:func:`shmsteer.check_gates` with ``at``,
+    ``shmsteer_gates_check_at``), returned, or None when it would admit them."""
+    if steering is None:
+        return None
+    try:
+        check_gates(steering, at=snap)
+    except SteeringRequestError as e:
+        return e
+    except ShmsteerError as e:
+        if not isinstance(e, _REFUSALS):
+            raise
+        return e
+    return None
+
+
 def check_named_refs(kw: Dict[str, Any], vllm_config: Any = None) -> None:
-    """Refuse an admission whose ``steering_name`` names no registered vector, with the fork's
+    """Refuse an admission the owner would refuse for what only it has: its gates
+    (``kw["steering"]``) checked as the owner's admission checks them against its vectors and
+    model (:func:`shmsteer.check_gates` at a snapshot: a gate naming a vector the owner does not
+    have, a probe not at one site, an inline vector whose hook, layer or width does not fit),
+    raising the owner's typed error with its text (``request "id": `` left out: the internal id
+    is not known here); then a ``steering_name`` naming no registered vector, with the fork's
     text for an unknown steering module (a :class:`SteeringRequestError`, so vLLM answers 400):
     ``Unknown steering module 'x'. Available: ['a', 'b']`` (``none`` when nothing is registered).
 
     Checked in the process that validates requests, against the owner's current version; a vector
     removed between this check and the scheduler's admission fails the request there instead
-    (``finish_reason`` ``error``). Nothing is checked when no owner can be read from here."""
+    (``finish_reason`` ``error``). When no owner can be read from here only the gates' form is
+    checked (:func:`shmsteer.check_gates` without a snapshot)."""
     names = _ref_names(kw)
-    if not names:
+    steering = kw.get("steering")
+    if not names and steering is None:
         return
-    from ..errors import ShmsteerError
+    have: Optional[List[str]] = None
+    refused: Optional[Exception] = None
     for attempt in (0, 1):
         reader = _frontend_reader(vllm_config)
         if reader is None:
-            return
+            break
         try:
             with reader.snapshot() as snap:
-                have = sorted(v["name"] for v in snap.vectors())
+                refused = _gates_refusal(snap, steering)
+                have = sorted(v["name"] for v in snap.vectors()) if names else []
             break
         except ShmsteerError as e:  # the owner restarted or left: attach again once
             if _state.get("frontend_client") is not reader or attempt == 1:
-                log.warning("shmsteer: frontend cannot read named vectors: %s", e)
-                return
+                log.warning("shmsteer: frontend cannot read the owner's vectors: %s", e)
+                break
             _state["frontend_client"] = None
             reader.close()
+    if refused is not None:
+        raise refused
+    if have is None:  # no owner read: the gates' form only, the scheduler checks the rest
+        if steering is not None:
+            check_gates(steering)
+        return
     for name in names:
         if name not in have:
             avail = "[" + ", ".join(repr(n) for n in have) + "]" if have else "none"
