@@ -94,6 +94,9 @@ func shmsteerGo_batch_sites(h C.uint64_t, sites *C.int32_t, n C.size_t) C.int {
 	if err := b.b.SetSites(ss); err != nil {
 		return fail(err)
 	}
+	if st, ok := getAs[*stepper](b.sth); ok {
+		st.exported = 0 // new sites: the next native resolve hands them to the plan
+	}
 	return C.SHMSTEER_OK
 }
 
@@ -133,6 +136,8 @@ func resolveNative(st *stepper, b *batch, version C.uint64_t, rows int, flags C.
 		st.st.End()
 	} else {
 		st.planOpen(spans, nSpans)
+		st.planExport(b.b.AppliedSites())
+		st.planPin()
 	}
 	return C.SHMSTEER_OK
 }

@@ -395,6 +395,7 @@ SHMSTEER_API int shmsteer_stepper_effective(shmsteer_stepper_t *st, const char *
 
 SHMSTEER_API int shmsteer_stepper_end(shmsteer_stepper_t *st, uint64_t *checksum) {
   ENTER();
+  if (capi_plan_end(H(st), checksum)) return SHMSTEER_OK; // plan.c
   return shmsteerGo_stepper_end(H(st), checksum);
 }
 

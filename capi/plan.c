@@ -11,6 +11,14 @@
 // site's range, the block's shape and rows, the same spans as the resolved batch, byte for
 // byte); whatever fails one goes to Go, which answers it as before.
 //
+// A native step (a native resolve, SHMSTEER_BATCH_NATIVE) whose every apply ran here ends here
+// too (shmsteer_stepper_end, capi_plan_end), while its applies are the same sites in the same
+// order as those of the last such step Go ended in the same program generation: its checksum
+// is that step's (the fold depends on the sites, the steered spans and their actions, all fixed
+// by the generation), and its pin is released by zeroing the pin word, as Go's Snapshot.Close
+// does. Go ends the step for its own state (EndReleased: gates, counters, the snapshot
+// forgotten) at its next call, after the trail.
+//
 // Plans are indexed like the Go handle table (handles.go: slot index + 1 in the low 32 bits)
 // and never freed: a stale or foreign handle reads a live plan whose handle differs. A stepper
 // belongs to one thread at a time (shmsteer.h), so a plan has one user at a time.
@@ -42,6 +50,19 @@ struct capi_plan {
   size_t cap_ids;
   uint32_t *trail; // sites applied here since Go last looked, in order
   uint32_t ntrail, cap_trail;
+  // The end of a native step in C. fresh: no call into Go since the plan opened, so the trail
+  // is every apply of the step. pin: the open step's pin word (its snapshot's reader slot in
+  // the region's mapping), holding pin_ver; NULL unless a native resolve opened the plan. A
+  // step of generation end_gen whose applies were end_trail ends with checksum end_sum (Go's
+  // end of such a step armed it: end_ok). ended: C ended the step (stored zero in its pin
+  // word); Go ends it at its next call (EndReleased).
+  int32_t fresh, ended;
+  _Atomic uint64_t *pin;
+  uint64_t pin_ver;
+  int32_t end_ok;
+  uint32_t end_ntrail;
+  uint64_t end_gen, end_sum;
+  uint32_t *end_trail;
 };
 
 #define CAPI_PLANS 65536 /* handles.go's maxHandles */
@@ -69,11 +90,15 @@ capi_plan *capi_plan_register(uint64_t h, int32_t d, int32_t layers, int32_t nsi
   }
   atomic_store_explicit(&p->h, 0, memory_order_release);
   p->open = 0;
+  p->fresh = p->ended = p->end_ok = 0;
+  p->pin = NULL;
   capi_plan_site *sites = realloc(p->sites, (size_t)nsites * sizeof *sites);
   uint32_t *trail = realloc(p->trail, (size_t)nsites * 2 * sizeof *trail);
+  uint32_t *end_trail = realloc(p->end_trail, (size_t)nsites * 2 * sizeof *end_trail);
   if (sites) p->sites = sites;
   if (trail) p->trail = trail;
-  if (sites == NULL || trail == NULL) return NULL;
+  if (end_trail) p->end_trail = end_trail;
+  if (sites == NULL || trail == NULL || end_trail == NULL) return NULL;
   memset(p->sites, 0, (size_t)nsites * sizeof *sites);
   p->d = d;
   p->layers = layers;
@@ -90,11 +115,14 @@ void capi_plan_unregister(capi_plan *p) {
   if (p == NULL) return;
   p->open = 0;
   p->ntrail = 0;
+  p->fresh = p->ended = p->end_ok = 0;
+  p->pin = NULL;
   atomic_store_explicit(&p->h, 0, memory_order_release);
 }
 
 int capi_plan_open(capi_plan *p, uint64_t gen, const shmsteer_span *spans, size_t n) {
   p->open = 0;
+  p->pin = NULL;
   size_t idn = 0;
   int64_t last = 0;
   for (size_t i = 0; i < n; i++) {
@@ -117,10 +145,14 @@ int capi_plan_open(capi_plan *p, uint64_t gen, const shmsteer_span *spans, size_
     memset(p->sites, 0, (size_t)p->nsites * sizeof *p->sites);
   }
   p->open = 1;
+  p->fresh = 1;
   return 1;
 }
 
-void capi_plan_close(capi_plan *p) { p->open = 0; }
+void capi_plan_close(capi_plan *p) {
+  p->open = 0;
+  p->pin = NULL;
+}
 
 int capi_plan_is_open(const capi_plan *p) { return p->open; }
 
@@ -165,7 +197,53 @@ uint32_t capi_plan_trail(capi_plan *p, const uint32_t **sites) {
   uint32_t n = p->ntrail;
   *sites = p->trail;
   p->ntrail = 0;
+  p->fresh = 0; // Go is in: what the step does from here on, C no longer sees whole
   return n;
+}
+
+void capi_plan_set_pin(capi_plan *p, uint64_t *pin, uint64_t ver) {
+  if (!p->open) return;
+  p->pin = (_Atomic uint64_t *)pin;
+  p->pin_ver = ver;
+}
+
+int capi_plan_arm_end(capi_plan *p) {
+  // A step C did not see whole leaves the armed end as it was: still right for its sites.
+  if (!p->open || !p->fresh || p->pin == NULL || p->gen == 0 || p->ntrail == 0) return 0;
+  p->end_ok = 0; // until capi_plan_end_sum
+  memcpy(p->end_trail, p->trail, p->ntrail * sizeof *p->trail);
+  p->end_ntrail = p->ntrail;
+  p->end_gen = p->gen;
+  return 1;
+}
+
+void capi_plan_end_sum(capi_plan *p, uint64_t sum) {
+  p->end_sum = sum;
+  p->end_ok = 1;
+}
+
+int capi_plan_take_ended(capi_plan *p) {
+  int e = p->ended;
+  p->ended = 0;
+  return e;
+}
+
+int capi_plan_end(uint64_t h, uint64_t *checksum) {
+  uint32_t i = (uint32_t)h - 1;
+  if (i >= CAPI_PLANS) return 0;
+  capi_plan *p = atomic_load_explicit(&capi_plans[i], memory_order_acquire);
+  if (p == NULL || atomic_load_explicit(&p->h, memory_order_acquire) != h || !p->open || !p->fresh ||
+      p->pin == NULL || !p->end_ok || p->end_gen != p->gen || p->ntrail != p->end_ntrail ||
+      memcmp(p->trail, p->end_trail, p->ntrail * sizeof *p->trail) != 0)
+    return 0;
+  if (atomic_load_explicit(p->pin, memory_order_relaxed) != p->pin_ver) return 0;
+  // What Go's Snapshot.Close does: zero the slot's pin word (the owner's reclamation scans it).
+  atomic_store_explicit(p->pin, 0, memory_order_release);
+  p->open = 0;
+  p->pin = NULL;
+  p->ended = 1;
+  if (checksum) *checksum = p->end_sum;
+  return 1;
 }
 
 // The adds, in float32 and in bfloat16 (widened, added in float32, narrowed to nearest even;

@@ -44,16 +44,46 @@ func (st *stepper) settle(keep bool) C.int {
 	}
 	var sites *C.uint32_t
 	n := C.capi_plan_trail(p, &sites)
-	if n == 0 {
-		return C.SHMSTEER_OK
-	}
+	var err error
 	for _, site := range unsafe.Slice((*uint32)(unsafe.Pointer(sites)), int(n)) {
-		if err := st.st.Replay(steer.HookID(int(site)/st.layers), int(site)%st.layers); err != nil {
+		if err = st.st.Replay(steer.HookID(int(site)/st.layers), int(site)%st.layers); err != nil {
 			C.capi_plan_close(p)
-			return fail(err)
+			break
 		}
 	}
+	if C.capi_plan_take_ended(p) != 0 {
+		st.st.EndReleased() // C ended the step and released its pin (capi_plan_end)
+	}
+	if err != nil {
+		return fail(err)
+	}
 	return C.SHMSTEER_OK
+}
+
+// planPin lets C end the native step a resolve just opened (capi_plan_end): the plan gets its
+// pin word.
+func (st *stepper) planPin() {
+	if p := st.plan; p != nil {
+		if w := st.st.PinWord(); w != nil {
+			C.capi_plan_set_pin(p, (*C.uint64_t)(unsafe.Pointer(w)), C.uint64_t(st.st.Version()))
+		}
+	}
+}
+
+// planEnd is Go's end of the stepper's step: when every apply of a native step ran in C and
+// ending it only releases its pin, the plan keeps its sites and checksum, so that the next
+// steps of the same program whose applies are the same end in C (capi_plan_end).
+func (st *stepper) planEnd() (uint64, C.int) {
+	p := st.plan
+	armed := p != nil && st.st.EndReleases() && C.capi_plan_arm_end(p) != 0
+	if rc := st.settle(false); rc != C.SHMSTEER_OK {
+		return 0, rc
+	}
+	sum := st.st.End()
+	if armed {
+		C.capi_plan_end_sum(p, C.uint64_t(sum))
+	}
+	return sum, C.SHMSTEER_OK
 }
 
 // planAfterApply runs after a Go apply of (hook, layer) with spans: the plan opens for the
@@ -83,6 +113,25 @@ func (st *stepper) planAfterApply(ok bool, hook C.uint32_t, layer C.int32_t, spa
 func (st *stepper) planOpen(spans *C.shmsteer_span, nSpans C.size_t) {
 	if p := st.plan; p != nil && st.st.PlainStep() {
 		C.capi_plan_open(p, C.uint64_t(st.st.Generation()), spans, nSpans)
+	}
+}
+
+// planExport hands the open plan the plain sites among sites (the batch's SetSites; nil: none)
+// once per program generation, so that a native step of a new batch runs its plain sites in C
+// from its first apply on: their programs are built here, inside the resolve's one crossing,
+// instead of in one crossing into Go per site.
+func (st *stepper) planExport(sites []int32) {
+	p := st.plan
+	if p == nil || len(sites) == 0 || C.capi_plan_is_open(p) == 0 {
+		return
+	}
+	gen := st.st.Generation()
+	if st.exported == gen {
+		return
+	}
+	st.exported = gen
+	for _, s := range sites {
+		st.planSite(C.uint32_t(int(s)/st.layers), C.int32_t(int(s)%st.layers))
 	}
 }
 

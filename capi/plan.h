@@ -33,6 +33,14 @@ capi_plan_add *capi_plan_site_reserve(capi_plan *p, uint32_t n);
 void capi_plan_site_commit(capi_plan *p, uint32_t site, uint32_t n);
 int capi_plan_site_ready(const capi_plan *p, uint32_t site);
 uint32_t capi_plan_trail(capi_plan *p, const uint32_t **sites);
+void capi_plan_set_pin(capi_plan *p, uint64_t *pin, uint64_t ver);
+int capi_plan_arm_end(capi_plan *p);
+void capi_plan_end_sum(capi_plan *p, uint64_t sum);
+int capi_plan_take_ended(capi_plan *p);
+
+// shmsteer_stepper_end's fast path: 1 when the plan ended the native step (checksum set), 0
+// when Go must.
+int capi_plan_end(uint64_t h, uint64_t *checksum);
 
 // The wrappers' fast path: 1 when the plan applied (hook, layer) to rows (float32, or bfloat16
 // when bf16), 0 when Go must.

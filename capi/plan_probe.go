@@ -13,6 +13,7 @@ package main
 import "C"
 
 import (
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/shmsteer/shmsteer/steer"
@@ -99,4 +100,59 @@ func probeStats(h uint64) steer.StepStats {
 		return steer.StepStats{}
 	}
 	return st.st.Stats()
+}
+
+// probeBatch is shmsteer_batch_new on stepper h with the default options, restricted to sites
+// (shmsteer_batch_sites; nil: every site); 0 on failure.
+func probeBatch(h uint64, sites []int32) uint64 {
+	var out C.uint64_t
+	if shmsteerGo_batch_new(C.uint64_t(h), nil, &out) != C.SHMSTEER_OK {
+		return 0
+	}
+	if probeSetSites(uint64(out), sites) != 0 {
+		return 0
+	}
+	return uint64(out)
+}
+
+// probeSetSites is shmsteer_batch_sites.
+func probeSetSites(b uint64, sites []int32) int {
+	var p *C.int32_t
+	if len(sites) > 0 {
+		p = (*C.int32_t)(unsafe.Pointer(&sites[0]))
+	}
+	return int(shmsteerGo_batch_sites(C.uint64_t(b), p, C.size_t(len(sites))))
+}
+
+// probeResolveNative is shmsteer_batch_resolve with SHMSTEER_BATCH_NATIVE at the current
+// version: the step begun and left open for the stepper's applies; its batch checksum.
+func probeResolveNative(b uint64, spans *cSpans, rows int) (uint64, int) {
+	var info C.shmsteer_batch_info
+	rc := shmsteerGo_batch_resolve(C.uint64_t(b), 0, spans.p, C.size_t(spans.n), C.int64_t(rows), C.SHMSTEER_BATCH_NATIVE, &info)
+	return uint64(info.checksum), int(rc)
+}
+
+// probeEndC is shmsteer_stepper_end: the plan's end first (capi_plan_end), then Go's; inC
+// reports that the plan ended the step.
+func probeEndC(h uint64) (sum uint64, rc int, inC bool) {
+	var s C.uint64_t
+	if C.capi_plan_end(C.uint64_t(h), &s) != 0 {
+		return uint64(s), 0, true
+	}
+	rc = int(shmsteerGo_stepper_end(C.uint64_t(h), &s))
+	return uint64(s), rc, false
+}
+
+// probePin reads the pin word of stepper h's step as Go last saw it open (ok false: Go sees no
+// open step), without settling the stepper.
+func probePin(h uint64) (pin uint64, ok bool) {
+	st, found := getAs[*stepper](h)
+	if !found {
+		return 0, false
+	}
+	w := st.st.PinWord()
+	if w == nil {
+		return 0, false
+	}
+	return atomic.LoadUint64(w), true
 }

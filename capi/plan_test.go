@@ -195,3 +195,229 @@ func testPlanMatchesGo(t *testing.T, bf16 bool) {
 	require.Positive(t, probeStats(fast).ColumnRuns, "runs of pool cells")
 	t.Logf("C applies %d, Go applies %d", sawC, sawGo)
 }
+
+// TestPlanNativeResolveExportsSites steps batches through native resolves (SHMSTEER_BATCH_NATIVE)
+// on a stepper with a plan and one without, the batches restricted to some sites: each new
+// batch's plain sites among them run in C from the step's first apply (the resolve handed them
+// to the plan), a site outside them goes to Go at its first apply of a program and to C after,
+// a site with a clamped span stays in Go; the bytes, the batch and step checksums and the
+// counts equal the stepper's without a plan.
+func TestPlanNativeResolveExportsSites(t *testing.T) {
+	for _, bf16 := range []bool{false, true} {
+		t.Run(fmt.Sprint("bf16=", bf16), func(t *testing.T) { testPlanNativeResolve(t, bf16) })
+	}
+}
+
+func testPlanNativeResolve(t *testing.T, bf16 bool) {
+	o, cfg := planOwner(t)
+	d, elem := cfg.Hidden, 4
+	if bf16 {
+		elem = 2
+	}
+	L := int32(cfg.Layers)
+	attached := []int32{2*L + 0, 1*L + 2, 0*L + 1, 4*L + 1} // (2,0) pairs with the global vector; (0,1) clamps "clamped"
+	outside := 3*L + 2
+	ref, fast := probeStepper(o.Engine, false), probeStepper(o.Engine, true)
+	defer probeFree(ref)
+	defer probeFree(fast)
+	bRef, bFast := probeBatch(ref, attached), probeBatch(fast, attached)
+	require.NotZero(t, bRef)
+	require.NotZero(t, bFast)
+	decode := func(pos int, ids ...string) []steer.Span {
+		var b []steer.Span
+		for i, id := range ids {
+			b = append(b, steer.Span{ID: id, Start: i, End: i + 1, Phase: steer.PhaseDecode, Pos: 10 + pos})
+		}
+		return b
+	}
+	all := []string{"c-0", "c-1", "c-2", "entry", "clamped", "plain"}
+	mixed := []steer.Span{{ID: "c-2", Start: 0, End: 3, Phase: steer.PhasePrefill}, {ID: "c-0", Start: 3, End: 4, Phase: steer.PhaseDecode}, {ID: "entry", Start: 5, End: 7, Phase: steer.PhasePrefill}}
+	steps := [][]steer.Span{decode(0, all...), decode(1, all...), mixed, decode(2, "entry", "c-1", "c-0"), decode(3, "entry", "c-1", "c-0"), decode(4, all...)}
+	rng := rand.New(rand.NewPCG(3, 4))
+	rows := 8
+	var outsideGo, outsideC int
+	for si, spans := range steps {
+		what := fmt.Sprintf("step %d", si)
+		cs := newCSpans(spans)
+		sumRef, rcRef := probeResolveNative(bRef, cs, rows)
+		sum, rc := probeResolveNative(bFast, cs, rows)
+		require.Zero(t, rcRef, what)
+		require.Zero(t, rc, what)
+		require.Equal(t, sumRef, sum, "%s batch checksum", what)
+		clamped := slices.ContainsFunc(spans, func(s steer.Span) bool { return s.ID == "clamped" })
+		for _, site := range append([]int32{outside}, attached...) {
+			hk, l := uint32(site/L), site%L
+			where := fmt.Sprintf("%s site %d/%d", what, hk, l)
+			for rep := range 2 { // a site applied twice in a step (a model calling a module twice)
+				want := planBlock(rng, rows*d, bf16)
+				got := slices.Clone(want)
+				n := len(want) / elem
+				rcRef, refC := probeApply(ref, hk, l, unsafe.Pointer(&want[0]), n, bf16, cs)
+				rc, inC := probeApply(fast, hk, l, unsafe.Pointer(&got[0]), n, bf16, cs)
+				require.Zero(t, rcRef, where)
+				require.Zero(t, rc, where)
+				require.False(t, refC, where)
+				require.Equal(t, want, got, where)
+				switch {
+				case site == 0*L+1 && clamped:
+					require.False(t, inC, "%s: a clamped span's site stays in Go", where)
+				case site == outside && rep == 0:
+					if inC {
+						outsideC++
+					} else {
+						outsideGo++
+					}
+				default:
+					require.True(t, inC, "%s (apply %d): plain, in C from the step's first apply", where, rep)
+				}
+			}
+		}
+		stepRef, rcRef := probeEnd(ref)
+		step, rc := probeEnd(fast)
+		require.Zero(t, rcRef)
+		require.Zero(t, rc)
+		require.Equal(t, stepRef, step, "%s step checksum", what)
+		a, b := probeStats(ref), probeStats(fast)
+		require.Equal(t, a.Applies, b.Applies, what)
+		require.Equal(t, a.ColumnRuns, b.ColumnRuns, what)
+		require.Equal(t, a.RunRows, b.RunRows, what)
+		cs.free()
+	}
+	// Steps 1 and 4 keep their predecessor's program: the outside site's exported apply holds.
+	require.Equal(t, 4, outsideGo, "the outside site goes to Go at each new program")
+	require.Equal(t, 2, outsideC, "and stays in C while the program holds")
+
+	// Sites added between steps of one program are handed to the plan at the next resolve.
+	added := int32(3*L + 0)
+	var sites []int32
+	for _, s := range append(slices.Clone(attached), added) {
+		if s != 0*L+1 {
+			sites = append(sites, s)
+		}
+	}
+	require.Zero(t, probeSetSites(bFast, sites))
+	cs := newCSpans(decode(5, all...))
+	defer cs.free()
+	_, rc := probeResolveNative(bFast, cs, rows)
+	require.Zero(t, rc)
+	block := planBlock(rng, rows*d, bf16)
+	rc, inC := probeApply(fast, uint32(added/L), added%L, unsafe.Pointer(&block[0]), len(block)/elem, bf16, cs)
+	require.Zero(t, rc)
+	require.True(t, inC, "a site added to the batch runs in C from its first apply")
+	_, rc = probeEnd(fast)
+	require.Zero(t, rc)
+}
+
+// TestPlanNativeEndInC ends native steps through the plan first, as shmsteer_stepper_end does,
+// on a stepper with a plan and one without: a native step whose every apply ran in C ends in
+// C (its pin word zeroed, Go's step still open until its next call) when its sites are the last
+// Go-ended step's of the same program, in the same order; a step with a Go apply, other sites
+// or a new program ends in Go. The bytes, the checksums and the counts equal the stepper's
+// without a plan at every step, and an owner write between steps that keeps the program
+// changes nothing of that.
+func TestPlanNativeEndInC(t *testing.T) {
+	for _, bf16 := range []bool{false, true} {
+		t.Run(fmt.Sprint("bf16=", bf16), func(t *testing.T) { testPlanNativeEnd(t, bf16) })
+	}
+}
+
+func testPlanNativeEnd(t *testing.T, bf16 bool) {
+	o, cfg := planOwner(t)
+	d, elem := cfg.Hidden, 4
+	if bf16 {
+		elem = 2
+	}
+	L := int32(cfg.Layers)
+	attached := []int32{2*L + 0, 1*L + 2, 4*L + 1}
+	outside := 3*L + 2
+	ref, fast := probeStepper(o.Engine, false), probeStepper(o.Engine, true)
+	defer probeFree(ref)
+	defer probeFree(fast)
+	bRef, bFast := probeBatch(ref, attached), probeBatch(fast, attached)
+	require.NotZero(t, bRef)
+	require.NotZero(t, bFast)
+	ids := []string{"c-0", "entry", "c-2", "plain", "clamped"}
+	clampSite := 0*L + 1 // "clamped"'s clamp: never plain, always Go
+	decode := func(pos int) []steer.Span {
+		var b []steer.Span
+		for i, id := range ids {
+			b = append(b, steer.Span{ID: id, Start: i, End: i + 1, Phase: steer.PhaseDecode, Pos: 10 + pos})
+		}
+		return b
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	type step struct {
+		sites  []int32
+		before func() // between the resolve and the applies' end, after the previous step
+		inC    bool   // ends in C
+	}
+	late := func() {
+		_, err := o.Admit(steer.Admission{RequestID: "late"}) // a new version, the same program
+		require.NoError(t, err)
+	}
+	readmit := func() { planAdmit(t, o, cfg, rng, "c-0") } // a new composition: a new program
+	steps := []step{
+		{sites: attached},            // a new program: Go ends it, and arms the plan
+		{sites: attached, inC: true}, // positions advance
+		{sites: attached, inC: true}, // again
+		{sites: attached, before: late, inC: true},
+		{sites: attached[:2]},                                     // other sites: Go (arms for these)
+		{sites: attached},                                         // other again: Go
+		{sites: attached, inC: true},                              // C
+		{sites: append([]int32{clampSite}, attached...)},          // a Go apply, then the armed sites in C: Go
+		{sites: attached, inC: true},                              // C
+		{sites: attached, before: readmit},                        // the same sites in a new program: Go
+		{sites: attached, inC: true},                              // C
+		{sites: []int32{attached[2], attached[1], attached[0]}},   // the same sites in another order: Go
+		{sites: attached},                                         // and back: Go
+		{sites: attached, inC: true},                              // C
+		{sites: append([]int32{outside}, attached...)},            // the outside site's first apply is Go's, before the C ones: Go
+		{sites: append([]int32{outside}, attached...)},            // every apply in C, but not armed for it yet: Go
+		{sites: append([]int32{outside}, attached...), inC: true}, // C
+	}
+	rows := 6
+	for si, stp := range steps {
+		what := fmt.Sprintf("step %d", si)
+		if stp.before != nil {
+			stp.before()
+		}
+		cs := newCSpans(decode(si))
+		sumRef, rcRef := probeResolveNative(bRef, cs, rows)
+		sum, rc := probeResolveNative(bFast, cs, rows)
+		require.Zero(t, rcRef, what)
+		require.Zero(t, rc, what)
+		require.Equal(t, sumRef, sum, "%s batch checksum", what)
+		for _, site := range stp.sites {
+			hk, l := uint32(site/L), site%L
+			want := planBlock(rng, rows*d, bf16)
+			got := slices.Clone(want)
+			n := len(want) / elem
+			rcRef, _ := probeApply(ref, hk, l, unsafe.Pointer(&want[0]), n, bf16, cs)
+			rc, _ := probeApply(fast, hk, l, unsafe.Pointer(&got[0]), n, bf16, cs)
+			require.Zero(t, rcRef, what)
+			require.Zero(t, rc, what)
+			require.Equal(t, want, got, "%s site %d", what, site)
+		}
+		pin, open := probePin(fast)
+		require.True(t, open, what)
+		require.NotZero(t, pin, "%s: the step is pinned", what)
+		stepRef, rcRef := probeEnd(ref)
+		step, rc, inC := probeEndC(fast)
+		require.Zero(t, rcRef, what)
+		require.Zero(t, rc, what)
+		require.Equal(t, stp.inC, inC, "%s ends in C", what)
+		require.Equal(t, stepRef, step, "%s step checksum", what)
+		pin, open = probePin(fast)
+		if inC {
+			require.True(t, open, "%s: Go ends the step at its next call", what)
+			require.Zero(t, pin, "%s: C released the pin", what)
+		} else {
+			require.False(t, open, what)
+		}
+		a, b := probeStats(ref), probeStats(fast) // settles fast: Go ends what C ended
+		require.Equal(t, a, b, what)
+		_, open = probePin(fast)
+		require.False(t, open, "%s: ended in Go after its next call", what)
+		cs.free()
+	}
+}

@@ -30,6 +30,9 @@ type stepper struct {
 	plan   *C.capi_plan
 	layers int
 	adds   []steer.PlainAdd
+	// exported is the program generation whose plain sites a native resolve last handed the
+	// plan (planExport; 0: none).
+	exported uint64
 }
 
 //export shmsteerGo_stepper_new
@@ -55,6 +58,7 @@ func shmsteerGo_stepper_free(h C.uint64_t) C.int {
 	if !ok || !handles.remove(uint64(h)) {
 		return badHandle("shmsteer_stepper_free")
 	}
+	st.settle(false) // a step C ended is ended in Go first: Close must not unpin its slot again
 	C.capi_plan_unregister(st.plan)
 	st.st.Close()
 	if st.capw != nil {
@@ -108,11 +112,14 @@ func shmsteerGo_stepper_begin(h C.uint64_t, version C.uint64_t, pinned *C.uint64
 
 //export shmsteerGo_stepper_end
 func shmsteerGo_stepper_end(h C.uint64_t, checksum *C.uint64_t) C.int {
-	st, rc := stepperOf(h)
+	st, ok := getAs[*stepper](uint64(h))
+	if !ok {
+		return badHandle("not a live shmsteer_stepper_t")
+	}
+	sum, rc := st.planEnd()
 	if rc != C.SHMSTEER_OK {
 		return rc
 	}
-	sum := st.st.End()
 	if checksum != nil {
 		*checksum = C.uint64_t(sum)
 	}

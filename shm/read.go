@@ -502,6 +502,31 @@ func (s *Snapshot) Close() {
 	}
 }
 
+// PinWord is the reader-slot word holding this snapshot's pin, for a caller that releases the
+// pin outside Go (the C ABI ends a native step in C: capi's plan.c stores zero there, as Close
+// does) and then calls Forget. Nil for a closed snapshot or one pinned through a Reader.
+func (s *Snapshot) PinWord() *uint64 {
+	if s.r == nil || s.owner != nil {
+		return nil
+	}
+	return word64(s.r.readers, s.slot+slotPin)
+}
+
+// Forget drops a snapshot whose pin the caller released through PinWord: Close without the
+// unpin (the slot is left alone: another snapshot may pin it already). A snapshot pinned
+// through a Reader, which has no PinWord, is closed.
+func (s *Snapshot) Forget() {
+	if s.r == nil {
+		return
+	}
+	if s.owner != nil {
+		s.Close()
+		return
+	}
+	s.r.snapPins.Add(-1)
+	s.r = nil
+}
+
 func (s *Snapshot) find(kind Kind, key string) (blob, error) {
 	if s.r == nil {
 		return blob{}, ErrClosed

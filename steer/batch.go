@@ -37,6 +37,7 @@ package steer
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // BatchOptions sizes a Batch's tables.
@@ -109,7 +110,8 @@ type Batch struct {
 	free   []int32 // unassigned slots, highest first (lowest popped first)
 	tick   uint64
 	stats  BatchStats
-	mask   []bool // sites the worker applies (nil: all)
+	mask   []bool  // sites the worker applies (nil: all)
+	sites  []int32 // the same, as SetSites listed them (nil: all)
 
 	// Results of the last Resolve.
 	Index       []int32 // slot of every row
@@ -228,10 +230,18 @@ func (b *Batch) SetSites(sites []int32) error {
 		}
 	}
 	b.mask = mask
+	b.sites = nil
+	if mask != nil {
+		b.sites = slices.Clone(sites)
+	}
 	clear(b.sums)
 	b.gate.setSites(mask)
 	return nil
 }
+
+// AppliedSites lists the sites SetSites restricted the batch to (nil: every site). The caller
+// must not modify it.
+func (b *Batch) AppliedSites() []int32 { return b.sites }
 
 // Reset forgets what the worker's tables hold: the next Resolve reports every steered row of
 // its batch for upload (after the worker reallocated its tables, say).

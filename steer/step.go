@@ -185,10 +185,36 @@ func (s *Stepper) Checksum() uint64 { return s.sum }
 
 // End finishes the step, unpins its snapshot and returns its checksum. Views read during the
 // step must not be used afterwards.
-func (s *Stepper) End() uint64 {
+func (s *Stepper) End() uint64 { return s.end(false) }
+
+// PinWord is the open step's pin (its snapshot's reader-slot word, holding Version), for the C
+// ABI, which ends a native step outside Go when EndReleases holds (capi's plan.c): it stores
+// zero there and the next call into Go ends the step with EndReleased. Nil outside a step.
+func (s *Stepper) PinWord() *uint64 {
+	if !s.open {
+		return nil
+	}
+	return s.snap.PinWord()
+}
+
+// EndReleases reports whether ending the open step would only release its snapshot and return
+// the checksum: no gated request decoded in it, no capture, no device-path gate report awaited.
+func (s *Stepper) EndReleases() bool {
+	return s.open && len(s.gated) == 0 && !s.cap.on && (s.devGates == nil || !s.devGates.awaiting)
+}
+
+// EndReleased is End for a step whose pin the caller already released through PinWord: the
+// snapshot is forgotten, not unpinned.
+func (s *Stepper) EndReleased() uint64 { return s.end(true) }
+
+func (s *Stepper) end(released bool) uint64 {
 	if s.open {
 		s.advanceGates()
-		s.snap.Close()
+		if released {
+			s.snap.Forget()
+		} else {
+			s.snap.Close()
+		}
 		s.open = false
 		s.last = s.last[:0]
 		s.bound, s.resolved = false, false
