@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -67,8 +66,7 @@ class DeviceHooks(SteeringHooks):
     def uploads(self) -> int:
         return self._tables.uploads if self._tables is not None else 0
 
-    @contextlib.contextmanager
-    def step(self, spans: Sequence[SpanLike], version: int = 0, rows: Optional[int] = None) -> Iterator["DeviceHooks"]:
+    def _step_begin(self, spans: Sequence[SpanLike], version: int, rows: Optional[int]) -> None:
         packed = self._packer.pack(spans)
         n = rows if rows is not None else packed.rows
         self._rows = n  # before the load: the gate columns are this step's rows
@@ -79,12 +77,8 @@ class DeviceHooks(SteeringHooks):
         if self._tables is not None:
             self._load(res)
         self._in_step, self._ran = True, False
-        try:
-            yield self
-        finally:
-            self._end_step()
 
-    def _end_step(self) -> None:
+    def _step_end(self) -> None:
         self._in_step = False
         self._capture.flush(self.batch)
         if self._gates.awaiting:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -32,8 +31,7 @@ class NativeHooks(SteeringHooks):
     def mode(self) -> str:
         return "native"
 
-    @contextlib.contextmanager
-    def step(self, spans: Sequence[SpanLike], version: int = 0, rows: Optional[int] = None) -> Iterator["NativeHooks"]:
+    def _step_begin(self, spans: Sequence[SpanLike], version: int, rows: Optional[int]) -> None:
         packed = self._packer.pack(spans)
         n = rows if rows is not None else packed.rows
         # The resolve begins the step (one engine call, the step left open for the applies): the
@@ -41,18 +39,36 @@ class NativeHooks(SteeringHooks):
         self.engine_calls += 1
         self.batch_checksum = self.batch.resolve_native(packed, n, version)
         self._packed, self._rows = packed, n
-        try:
-            yield self
-        finally:
-            self._packed = None
-            self.checksum = self.stepper.end()
-            self.engine_calls += 1
+
+    def _step_end(self) -> None:
+        self._packed = None
+        self.checksum = self.stepper.end()
+        self.engine_calls += 1
 
     def _site_fn(self, site: int) -> Callable[[torch.Tensor], None]:
+        # One frame a site for the common case (a contiguous CPU bfloat16 or float32 block of the
+        # model's width, inside a step): the hook runs after the model's kernels have evicted
+        # the interpreter's lines, so each call and attribute it skips saves a miss. Anything
+        # else goes to _apply, which checks and raises the typed errors.
         hook_id, layer = divmod(site, self.layers)
+        hidden, slow = self.hidden, self._apply
+        bf16, f32 = torch.bfloat16, torch.float32
 
         def apply(t: torch.Tensor) -> None:
-            self._apply(t, hook_id, layer)
+            p = self._packed
+            dt = t.dtype
+            if p is None or (dt is not bf16 and dt is not f32) or not t.is_cpu or t.dim() == 0 \
+                    or t.size(-1) != hidden or not t.is_contiguous():
+                slow(t, hook_id, layer)
+                return
+            n = t.numel()
+            if n // hidden < self._rows:
+                slow(t, hook_id, layer)
+                return
+            fn = lib.shmsteer_stepper_apply_bf16 if dt is bf16 else lib.shmsteer_stepper_apply
+            rc = fn(self.stepper.handle, hook_id, layer, t.data_ptr(), n, p.ptr, p.n)
+            if rc:
+                check(rc)
         return apply
 
     def _apply(self, t: torch.Tensor, hook_id: int, layer: int) -> None:

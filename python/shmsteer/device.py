@@ -109,10 +109,11 @@ assert _SPAN.itemsize == ctypes.sizeof(_lib.Span), "shmsteer_span layout"
 class PackedSpans:
     """Spans in ``shmsteer_span`` layout (a numpy record array the C calls read in place)."""
 
-    __slots__ = ("arr", "ptr", "n", "rows")
+    __slots__ = ("arr", "ptr", "n", "rows", "positions")
 
     def __init__(self, arr: np.ndarray) -> None:
         self.arr = arr
+        self.positions = arr["first_position"]  # a view: a decode step writes its positions here
         self.n = len(arr)
         self.ptr = arr.ctypes.data_as(POINTER(_lib.Span)) if self.n else None
         self.rows = int(arr["end"].max()) if self.n else 0
@@ -154,7 +155,7 @@ class SpanPacker:
                 return packed
             pos = _advanced(spans, last)
             if pos is not None:
-                packed.arr["first_position"] = pos
+                packed.positions[:] = pos
                 self._last = list(spans)
                 return packed
         recs = []

@@ -103,6 +103,8 @@ class Stepper:
         self._busy = threading.Lock()  # held during each call
         self._step_thread: Optional[int] = None  # the thread whose step is open (begin to end)
         self._strict = False
+        self._end_out = c_uint64()  # end()'s out-parameter, made once (each call holds _busy)
+        self._end_ptr = ctypes.pointer(self._end_out)
 
     @property
     def strict(self) -> bool:
@@ -202,14 +204,13 @@ class Stepper:
 
     def end(self) -> int:
         """End the step; returns its determinism checksum."""
-        s = c_uint64()
         h = self._enter("end()")
         try:
             self._step_thread = None
-            check(lib.shmsteer_stepper_end(h, byref(s)))
+            check(lib.shmsteer_stepper_end(h, self._end_ptr))
+            return self._end_out.value
         finally:
             self._busy.release()
-        return s.value
 
     def _id(self, rid: str) -> bytes:
         b = self._ids.get(rid)
