@@ -51,7 +51,14 @@ func shmsteerGo_batch_new(h C.uint64_t, opt *C.shmsteer_batch_options, out *C.ui
 //export shmsteerGo_batch_free
 func shmsteerGo_batch_free(h C.uint64_t) C.int {
 	b, ok := getAs[*batch](uint64(h))
-	if !ok || !handles.remove(uint64(h)) {
+	if !ok {
+		return badHandle("shmsteer_batch_free")
+	}
+	if st, ok := getAs[*stepper](b.sth); ok {
+		st.settle(false) // a step C began on this batch is taken over (and ended by the stepper's next begin)
+		st.planDisarm()
+	}
+	if !handles.remove(uint64(h)) {
 		return badHandle("shmsteer_batch_free")
 	}
 	b.pin.Unpin()
@@ -68,6 +75,7 @@ func shmsteerGo_batch_reset(h C.uint64_t) C.int {
 		if rc := st.settle(false); rc != C.SHMSTEER_OK {
 			return rc
 		}
+		st.planDisarm()
 	}
 	b.b.Reset()
 	return C.SHMSTEER_OK
@@ -96,6 +104,7 @@ func shmsteerGo_batch_sites(h C.uint64_t, sites *C.int32_t, n C.size_t) C.int {
 	}
 	if st, ok := getAs[*stepper](b.sth); ok {
 		st.exported = 0 // new sites: the next native resolve hands them to the plan
+		st.planDisarm() // and the batch checksum counts other sites
 	}
 	return C.SHMSTEER_OK
 }
@@ -125,7 +134,7 @@ func goSpans(st *stepper, dst []steer.Span, spans *C.shmsteer_span, nSpans C.siz
 // resolveNative is shmsteerGo_batch_resolve with SHMSTEER_BATCH_NATIVE: only the version and
 // checksum, no pointer pinned. The step left open, the stepper's plan opens for its batch
 // (spans, as C passed them): its plain sites then run in C (plan.go).
-func resolveNative(st *stepper, b *batch, version C.uint64_t, rows int, flags C.uint32_t, spans *C.shmsteer_span, nSpans C.size_t, out *C.shmsteer_batch_info) C.int {
+func resolveNative(h C.uint64_t, st *stepper, b *batch, version C.uint64_t, rows int, flags C.uint32_t, spans *C.shmsteer_span, nSpans C.size_t, out *C.shmsteer_batch_info) C.int {
 	if err := b.b.ResolveNative(uint64(version), b.spans, rows); err != nil {
 		return fail(err)
 	}
@@ -138,6 +147,9 @@ func resolveNative(st *stepper, b *batch, version C.uint64_t, rows int, flags C.
 		st.planOpen(spans, nSpans)
 		st.planExport(b.b.AppliedSites())
 		st.planPin()
+		if flags == C.SHMSTEER_BATCH_NATIVE && version == 0 {
+			st.planArm(h, rows, b.b.Version, b.b.Checksum)
+		}
 	}
 	return C.SHMSTEER_OK
 }
@@ -152,6 +164,7 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 	if rc != C.SHMSTEER_OK {
 		return badHandle("the batch's stepper was freed")
 	}
+	st.planDisarm() // a native resolve arms it again
 	if out == nil || rows < 0 || rows > math.MaxInt32 || flags&^(C.SHMSTEER_BATCH_END|C.SHMSTEER_BATCH_RESET|C.SHMSTEER_BATCH_NATIVE) != 0 {
 		return badArg("out, rows or flags")
 	}
@@ -164,7 +177,7 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 		b.b.Reset()
 	}
 	if flags&C.SHMSTEER_BATCH_NATIVE != 0 {
-		return resolveNative(st, b, version, int(rows), flags, spans, nSpans, out)
+		return resolveNative(h, st, b, version, int(rows), flags, spans, nSpans, out)
 	}
 	err := b.b.Resolve(uint64(version), b.spans, int(rows))
 	if err != nil {

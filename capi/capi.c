@@ -427,6 +427,7 @@ SHMSTEER_API int shmsteer_batch_sites(shmsteer_batch_t *b, const int32_t *sites,
 SHMSTEER_API int shmsteer_batch_resolve(shmsteer_batch_t *b, uint64_t version, const shmsteer_span *spans,
                                         size_t n_spans, int64_t rows, uint32_t flags, shmsteer_batch_info *out) {
   ENTER();
+  if (capi_plan_resolve(H(b), version, spans, n_spans, rows, flags, out)) return SHMSTEER_OK; // plan.c
   return shmsteerGo_batch_resolve(H(b), version, (shmsteer_span *)spans, n_spans, rows, flags, out);
 }
 

@@ -6,6 +6,7 @@ package main
 #include <stdint.h>
 #include <stdlib.h>
 #include "shmsteer.h"
+#include "plan.h"
 */
 import "C"
 
@@ -14,7 +15,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -44,6 +47,32 @@ type instance struct {
 	global map[string]steer.CaptureGlobalSpec // the consumers' global specs (shmsteer_capture_global)
 	// readers are the shmsteer_reader_t opened on it and not yet closed: closed with it.
 	readers readerSet
+	// plans are its steppers' C plans (plan.c), which keep words of its mapping: disarmed when
+	// it closes.
+	plansMu sync.Mutex
+	plans   []*C.capi_plan
+}
+
+// trackPlan records a stepper's plan, to disarm when the instance closes.
+func (inst *instance) trackPlan(p *C.capi_plan) {
+	if p == nil {
+		return
+	}
+	inst.plansMu.Lock()
+	defer inst.plansMu.Unlock()
+	if !slices.Contains(inst.plans, p) {
+		inst.plans = append(inst.plans, p)
+	}
+}
+
+// disarmPlans stops every plan of the instance's steppers touching its mapping (plan.c keeps
+// its pin, version and horizon words, and the step's vectors).
+func (inst *instance) disarmPlans() {
+	inst.plansMu.Lock()
+	defer inst.plansMu.Unlock()
+	for _, p := range inst.plans {
+		C.capi_plan_disarm(p, 1)
+	}
 }
 
 // side is the process's end of the region: the owner, or a client attached to it.
@@ -198,6 +227,7 @@ func shmsteerGo_close(h C.uint64_t) C.int {
 		return badHandle("shmsteer_close")
 	}
 	inst.readers.closeAll() // before the region they read goes
+	inst.disarmPlans()
 	if inst.hub != nil {
 		inst.hub.Close()
 	}

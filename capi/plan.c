@@ -19,6 +19,20 @@
 // does. Go ends the step for its own state (EndReleased: gates, counters, the snapshot
 // forgotten) at its next call, after the trail.
 //
+// And the next steps of the same batch begin here (shmsteer_batch_resolve, capi_plan_resolve)
+// while they are that step advanced by their first positions (the same ids, rows, phases and
+// block rows) at the same region version, which a native resolve of Go armed (it stays armed
+// through Go's end of that step, and any other call into Go disarms it): the checksum is the
+// armed one, and the version is pinned here with pinCurrent's protocol on the armed step's
+// reader slot (shm.Snapshot.PinWords): with the version word at the armed version, the slot's
+// pin word goes from zero to it, and the pin holds if the horizon has not passed it; anything
+// else (a write since, the slot busy, the horizon moved) goes to Go. A step begun and ended
+// here is counted by Go at its next call (steer's Batch.CountSteps); one Go is called into
+// while it is open is taken over (adopt in plan.go: Go pins the version itself before C's pin
+// is released, resolves the same spans, and replays the step's applies). A steady decode batch
+// then steps without entering the Go runtime, whose cold re-entry after a model's forward
+// (sysmon woken from deep sleep, the runtime's lines) cost 25-50 µs a crossing.
+//
 // Plans are indexed like the Go handle table (handles.go: slot index + 1 in the low 32 bits)
 // and never freed: a stale or foreign handle reads a live plan whose handle differs. A stepper
 // belongs to one thread at a time (shmsteer.h), so a plan has one user at a time.
@@ -63,10 +77,26 @@ struct capi_plan {
   uint32_t end_ntrail;
   uint64_t end_gen, end_sum;
   uint32_t *end_trail;
+  uint32_t *arm_trail, arm_ntrail; // the step Go is ending, until capi_plan_end_sum installs it
+  // The begin of a native step in C (capi_plan_resolve), armed by Go's native resolve
+  // (capi_plan_arm_resolve): batch res_batch over res_rows rows, at version res_ver, checksum
+  // res_sum, its spans p->spans but for their first positions; slot_pin a reader slot's pin
+  // word, ver_word and horizon_word the region's (shm.Snapshot.PinWords).
+  int32_t res_ok;
+  uint64_t res_batch, res_ver, res_sum;
+  int64_t res_rows;
+  _Atomic uint64_t *slot_pin, *ver_word, *horizon_word;
+  // Steps C began: copen, one is open (its applies from trail[cbase] on); csteps, steps it
+  // began and ended (each with end_trail's applies) since Go last looked.
+  int32_t copen;
+  uint32_t cbase;
+  uint64_t csteps;
 };
 
 #define CAPI_PLANS 65536 /* handles.go's maxHandles */
 static capi_plan *_Atomic capi_plans[CAPI_PLANS];
+// The plan a batch's native resolve may begin in C, by the batch's handle (res_batch checks it).
+static capi_plan *_Atomic capi_batch_plans[CAPI_PLANS];
 
 static int capi_grow(void **buf, size_t *cap, size_t want, size_t elem) {
   if (want <= *cap) return 1;
@@ -90,15 +120,18 @@ capi_plan *capi_plan_register(uint64_t h, int32_t d, int32_t layers, int32_t nsi
   }
   atomic_store_explicit(&p->h, 0, memory_order_release);
   p->open = 0;
-  p->fresh = p->ended = p->end_ok = 0;
+  p->fresh = p->ended = p->end_ok = p->res_ok = p->copen = 0;
+  p->csteps = 0;
   p->pin = NULL;
   capi_plan_site *sites = realloc(p->sites, (size_t)nsites * sizeof *sites);
   uint32_t *trail = realloc(p->trail, (size_t)nsites * 2 * sizeof *trail);
   uint32_t *end_trail = realloc(p->end_trail, (size_t)nsites * 2 * sizeof *end_trail);
+  uint32_t *arm_trail = realloc(p->arm_trail, (size_t)nsites * 2 * sizeof *arm_trail);
   if (sites) p->sites = sites;
   if (trail) p->trail = trail;
   if (end_trail) p->end_trail = end_trail;
-  if (sites == NULL || trail == NULL || end_trail == NULL) return NULL;
+  if (arm_trail) p->arm_trail = arm_trail;
+  if (sites == NULL || trail == NULL || end_trail == NULL || arm_trail == NULL) return NULL;
   memset(p->sites, 0, (size_t)nsites * sizeof *sites);
   p->d = d;
   p->layers = layers;
@@ -115,7 +148,8 @@ void capi_plan_unregister(capi_plan *p) {
   if (p == NULL) return;
   p->open = 0;
   p->ntrail = 0;
-  p->fresh = p->ended = p->end_ok = 0;
+  p->fresh = p->ended = p->end_ok = p->res_ok = p->copen = 0;
+  p->csteps = 0;
   p->pin = NULL;
   atomic_store_explicit(&p->h, 0, memory_order_release);
 }
@@ -209,15 +243,18 @@ void capi_plan_set_pin(capi_plan *p, uint64_t *pin, uint64_t ver) {
 
 int capi_plan_arm_end(capi_plan *p) {
   // A step C did not see whole leaves the armed end as it was: still right for its sites.
-  if (!p->open || !p->fresh || p->pin == NULL || p->gen == 0 || p->ntrail == 0) return 0;
-  p->end_ok = 0; // until capi_plan_end_sum
-  memcpy(p->end_trail, p->trail, p->ntrail * sizeof *p->trail);
-  p->end_ntrail = p->ntrail;
-  p->end_gen = p->gen;
+  uint32_t base = p->copen ? p->cbase : 0; // a step C began: its applies follow the last step's
+  if (!p->open || !p->fresh || p->pin == NULL || p->gen == 0 || p->ntrail <= base) return 0;
+  // Staged: the armed end stays as it is while Go counts the steps C ended with it.
+  memcpy(p->arm_trail, p->trail + base, (p->ntrail - base) * sizeof *p->trail);
+  p->arm_ntrail = p->ntrail - base;
   return 1;
 }
 
 void capi_plan_end_sum(capi_plan *p, uint64_t sum) {
+  memcpy(p->end_trail, p->arm_trail, p->arm_ntrail * sizeof *p->trail);
+  p->end_ntrail = p->arm_ntrail;
+  p->end_gen = p->gen;
   p->end_sum = sum;
   p->end_ok = 1;
 }
@@ -233,16 +270,122 @@ int capi_plan_end(uint64_t h, uint64_t *checksum) {
   if (i >= CAPI_PLANS) return 0;
   capi_plan *p = atomic_load_explicit(&capi_plans[i], memory_order_acquire);
   if (p == NULL || atomic_load_explicit(&p->h, memory_order_acquire) != h || !p->open || !p->fresh ||
-      p->pin == NULL || !p->end_ok || p->end_gen != p->gen || p->ntrail != p->end_ntrail ||
-      memcmp(p->trail, p->end_trail, p->ntrail * sizeof *p->trail) != 0)
+      p->pin == NULL || !p->end_ok || p->end_gen != p->gen)
+    return 0;
+  uint32_t base = p->copen ? p->cbase : 0; // a step C began: its applies follow the last step's
+  if (p->ntrail - base != p->end_ntrail ||
+      memcmp(p->trail + base, p->end_trail, p->end_ntrail * sizeof *p->trail) != 0)
     return 0;
   if (atomic_load_explicit(p->pin, memory_order_relaxed) != p->pin_ver) return 0;
   // What Go's Snapshot.Close does: zero the slot's pin word (the owner's reclamation scans it).
   atomic_store_explicit(p->pin, 0, memory_order_release);
   p->open = 0;
   p->pin = NULL;
-  p->ended = 1;
+  if (p->copen) { // Go never saw it: it counts it (Batch.CountSteps), the applies with it
+    p->copen = 0;
+    p->ntrail = base;
+    p->csteps++;
+  } else {
+    p->ended = 1;
+  }
   if (checksum) *checksum = p->end_sum;
+  return 1;
+}
+
+void capi_plan_arm_resolve(capi_plan *p, uint64_t batch, int64_t rows, uint64_t ver, uint64_t sum,
+                           uint64_t *ver_word, uint64_t *horizon_word) {
+  p->res_ok = 0;
+  uint32_t i = (uint32_t)batch - 1;
+  if (!p->open || p->pin == NULL || i >= CAPI_PLANS || ver == 0) return;
+  p->res_batch = batch;
+  p->res_rows = rows;
+  p->res_ver = ver;
+  p->res_sum = sum;
+  p->slot_pin = p->pin;
+  p->ver_word = (_Atomic uint64_t *)ver_word;
+  p->horizon_word = (_Atomic uint64_t *)horizon_word;
+  p->res_ok = 1;
+  atomic_store_explicit(&capi_batch_plans[i], p, memory_order_release);
+}
+
+void capi_plan_disarm(capi_plan *p, int all) {
+  p->res_ok = 0;
+  if (!all) return;
+  p->end_ok = 0; // the region goes: nothing of its mapping is touched from here on
+  p->open = 0;
+  p->pin = NULL;
+}
+
+int capi_plan_res_ok(const capi_plan *p) { return p->res_ok; }
+
+void capi_plan_rearm(capi_plan *p) { p->res_ok = p->res_batch != 0 && p->res_ver != 0; }
+
+uint32_t capi_plan_cbase(const capi_plan *p) { return p->copen ? p->cbase : UINT32_MAX; }
+
+uint64_t capi_plan_take_csteps(capi_plan *p, const uint32_t **sites, uint32_t *n) {
+  uint64_t k = p->csteps;
+  p->csteps = 0;
+  *sites = p->end_trail;
+  *n = p->end_ntrail;
+  return k;
+}
+
+const shmsteer_span *capi_plan_step(const capi_plan *p, size_t *n, const char **ids, uint64_t *batch, int64_t *rows,
+                                    uint64_t *ver) {
+  *n = p->nspans;
+  *ids = p->ids;
+  *batch = p->res_batch;
+  *rows = p->res_rows;
+  *ver = p->res_ver;
+  return p->spans;
+}
+
+void capi_plan_adopted(capi_plan *p) {
+  if (!p->copen) return;
+  if (p->slot_pin != NULL) atomic_store_explicit(p->slot_pin, 0, memory_order_release);
+  p->copen = 0;
+  p->pin = NULL;
+}
+
+// capi_spans_advanced: spans are the plan's but for their first positions (the same ids, rows
+// and phases: a decode batch one token on).
+static int capi_spans_advanced(const capi_plan *p, const shmsteer_span *spans, size_t n) {
+  if (n != p->nspans || (n > 0 && spans == NULL)) return 0;
+  for (size_t i = 0, o = 0; i < n; i++) {
+    const shmsteer_span *a = &spans[i], *b = &p->spans[i];
+    if (a->id_len != b->id_len || a->start != b->start || a->end != b->end || a->phase != b->phase ||
+        a->first_position < 0 || (a->id_len && memcmp(a->id, p->ids + o, a->id_len) != 0))
+      return 0;
+    o += a->id_len;
+  }
+  return 1;
+}
+
+int capi_plan_resolve(uint64_t bh, uint64_t version, const shmsteer_span *spans, size_t n, int64_t rows, uint32_t flags,
+                      shmsteer_batch_info *out) {
+  uint32_t i = (uint32_t)bh - 1;
+  if (flags != SHMSTEER_BATCH_NATIVE || version != 0 || out == NULL || i >= CAPI_PLANS) return 0;
+  capi_plan *p = atomic_load_explicit(&capi_batch_plans[i], memory_order_acquire);
+  if (p == NULL || atomic_load_explicit(&p->h, memory_order_acquire) == 0 || !p->res_ok || p->res_batch != bh ||
+      p->open || p->copen || rows != p->res_rows || p->ntrail > p->cap_trail / 2 || !capi_spans_advanced(p, spans, n))
+    return 0;
+  // pinCurrent's protocol on the armed slot, at the armed version only (a write since: Go).
+  uint64_t v = atomic_load_explicit(p->ver_word, memory_order_acquire), zero = 0;
+  if (v != p->res_ver || !atomic_compare_exchange_strong(p->slot_pin, &zero, v)) return 0;
+  if (atomic_load(p->horizon_word) > v) {
+    atomic_store_explicit(p->slot_pin, 0, memory_order_release);
+    return 0;
+  }
+  if (n) memcpy(p->spans, spans, n * sizeof *spans);
+  p->open = 1;
+  p->fresh = 1;
+  p->pin = p->slot_pin;
+  p->pin_ver = v;
+  p->copen = 1;
+  p->cbase = p->ntrail;
+  memset(out, 0, sizeof *out);
+  out->version = v;
+  out->checksum = p->res_sum;
   return 1;
 }
 

@@ -9,6 +9,8 @@ package main
 import "C"
 
 import (
+	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/shmsteer/shmsteer/steer"
@@ -30,41 +32,153 @@ func (st *stepper) planRegister(h uint64) {
 	cfg := st.inst.eng.Config()
 	st.layers = cfg.Layers
 	st.plan = C.capi_plan_register(C.uint64_t(h), C.int32_t(cfg.Hidden), C.int32_t(cfg.Layers), C.int32_t(cfg.NumHooks()*cfg.Layers))
+	st.inst.trackPlan(st.plan)
 }
 
-// settle replays the sites C applied since Go last saw this stepper, in the order they ran,
-// and closes the plan unless keep: called before anything reads or changes the stepper.
+// settle brings Go up to what C did with this stepper since Go last saw it, in order, and
+// closes the plan unless keep: called before anything reads or changes the stepper. The trail
+// holds the applies C made in the step Go began (or in a step C began after it: from cbase
+// on); then come the end C made of Go's step (EndReleased), the steps C began and ended
+// (Batch.CountSteps), and a step C began that is still open, which Go takes over (adopt).
 func (st *stepper) settle(keep bool) C.int {
 	p := st.plan
 	if p == nil {
 		return C.SHMSTEER_OK
 	}
 	if !keep {
+		// Any call but an apply: C begins no step until a native resolve arms it again.
 		C.capi_plan_close(p)
+		C.capi_plan_disarm(p, 0)
 	}
+	cbase := uint32(C.capi_plan_cbase(p)) // MaxUint32: no step C began is open
 	var sites *C.uint32_t
 	n := C.capi_plan_trail(p, &sites)
-	var err error
-	for _, site := range unsafe.Slice((*uint32)(unsafe.Pointer(sites)), int(n)) {
-		if err = st.st.Replay(steer.HookID(int(site)/st.layers), int(site)%st.layers); err != nil {
-			C.capi_plan_close(p)
-			break
-		}
+	trail := unsafe.Slice((*uint32)(unsafe.Pointer(sites)), int(n))
+	mine, open := trail, []uint32(nil)
+	if cbase != math.MaxUint32 {
+		mine, open = trail[:cbase], trail[cbase:]
 	}
+	err := st.replay(mine)
 	if C.capi_plan_take_ended(p) != 0 {
 		st.st.EndReleased() // C ended the step and released its pin (capi_plan_end)
 	}
+	var cs *C.uint32_t
+	var cn C.uint32_t
+	if k := uint64(C.capi_plan_take_csteps(p, &cs, &cn)); k > 0 {
+		if b := st.planBatch(); b != nil {
+			if e := b.b.CountSteps(k, unsafe.Slice((*uint32)(unsafe.Pointer(cs)), int(cn))); err == nil {
+				err = e
+			}
+		}
+	}
+	if cbase != math.MaxUint32 {
+		if e := st.adopt(); e != nil {
+			if err == nil {
+				err = e
+			}
+		} else if e := st.replay(open); err == nil {
+			err = e
+		}
+	}
 	if err != nil {
+		C.capi_plan_close(p)
+		st.planDisarm()
 		return fail(err)
 	}
 	return C.SHMSTEER_OK
+}
+
+// replay records the applies C made of sites, in order (steer's Replay).
+func (st *stepper) replay(sites []uint32) error {
+	for _, site := range sites {
+		if err := st.st.Replay(steer.HookID(int(site)/st.layers), int(site)%st.layers); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// planBatch is the batch the plan's armed resolve belongs to (nil: none, or freed).
+func (st *stepper) planBatch() *batch {
+	var n C.size_t
+	var ids *C.char
+	var bh C.uint64_t
+	var rows C.int64_t
+	var ver C.uint64_t
+	C.capi_plan_step(st.plan, &n, &ids, &bh, &rows, &ver)
+	b, ok := getAs[*batch](uint64(bh))
+	if !ok {
+		return nil
+	}
+	return b
+}
+
+// adopt takes over the step C began (capi_plan_resolve): Go resolves the same spans at the
+// same version (its own pin taken before C's is released, so the version is never unpinned),
+// which gives the checksum C gave.
+func (st *stepper) adopt() error {
+	p := st.plan
+	defer C.capi_plan_adopted(p)
+	var n C.size_t
+	var ids *C.char
+	var bh C.uint64_t
+	var rows C.int64_t
+	var ver C.uint64_t
+	cs := unsafe.Slice(C.capi_plan_step(p, &n, &ids, &bh, &rows, &ver), int(n))
+	b, ok := getAs[*batch](uint64(bh))
+	if !ok {
+		return fmt.Errorf("%w: the batch of a step begun in C was freed", steer.ErrBadBatch)
+	}
+	total := 0
+	for i := range cs {
+		total += int(cs[i].id_len)
+	}
+	var idb []byte // the ids' bytes, as the plan copied them (the caller's may be gone)
+	if total > 0 {
+		idb = unsafe.Slice((*byte)(unsafe.Pointer(ids)), total)
+	}
+	b.spans = b.spans[:0]
+	for i, o := 0, 0; i < len(cs); i++ {
+		c := &cs[i]
+		l := int(c.id_len)
+		b.spans = append(b.spans, steer.Span{ID: st.intern(idb[o : o+l]), Start: int(c.start), End: int(c.end), Phase: steer.Phase(c.phase), Pos: int(c.first_position)})
+		o += l
+	}
+	if err := b.b.ResolveNative(uint64(ver), b.spans, int(rows)); err != nil {
+		return err
+	}
+	b.pin.Unpin()
+	return nil
+}
+
+// planArm lets C begin the next steps of batch h while they are this one advanced (the same
+// spans but for their first positions, rows rows) at the same version (capi_plan_resolve): the
+// step's version and checksum, and the words to pin its snapshot's slot with. Only for a step
+// whose end only releases its pin (no gate, no capture).
+func (st *stepper) planArm(h C.uint64_t, rows int, version, sum uint64) {
+	p := st.plan
+	if p == nil || !st.st.EndReleases() {
+		return
+	}
+	_, vw, hw := st.st.PinWords()
+	if vw == nil {
+		return
+	}
+	C.capi_plan_arm_resolve(p, h, C.int64_t(rows), C.uint64_t(version), C.uint64_t(sum), (*C.uint64_t)(unsafe.Pointer(vw)), (*C.uint64_t)(unsafe.Pointer(hw)))
+}
+
+// planDisarm stops C beginning this stepper's steps until a native resolve arms it again.
+func (st *stepper) planDisarm() {
+	if p := st.plan; p != nil {
+		C.capi_plan_disarm(p, 0)
+	}
 }
 
 // planPin lets C end the native step a resolve just opened (capi_plan_end): the plan gets its
 // pin word.
 func (st *stepper) planPin() {
 	if p := st.plan; p != nil {
-		if w := st.st.PinWord(); w != nil {
+		if w, _, _ := st.st.PinWords(); w != nil {
 			C.capi_plan_set_pin(p, (*C.uint64_t)(unsafe.Pointer(w)), C.uint64_t(st.st.Version()))
 		}
 	}
@@ -75,13 +189,20 @@ func (st *stepper) planPin() {
 // steps of the same program whose applies are the same end in C (capi_plan_end).
 func (st *stepper) planEnd() (uint64, C.int) {
 	p := st.plan
-	armed := p != nil && st.st.EndReleases() && C.capi_plan_arm_end(p) != 0
+	armed := p != nil && C.capi_plan_arm_end(p) != 0 // the trail, before settle replays it
+	resolved := p != nil && C.capi_plan_res_ok(p) != 0
 	if rc := st.settle(false); rc != C.SHMSTEER_OK {
 		return 0, rc
 	}
+	releases := st.st.EndReleases() // a step C began is Go's only now
 	sum := st.st.End()
-	if armed {
+	if armed && releases {
 		C.capi_plan_end_sum(p, C.uint64_t(sum))
+	}
+	if resolved && releases {
+		// Nothing but this end since the native resolve that armed C's begin: it holds for
+		// the batch's next step.
+		C.capi_plan_rearm(p)
 	}
 	return sum, C.SHMSTEER_OK
 }

@@ -38,9 +38,25 @@ int capi_plan_arm_end(capi_plan *p);
 void capi_plan_end_sum(capi_plan *p, uint64_t sum);
 int capi_plan_take_ended(capi_plan *p);
 
+void capi_plan_arm_resolve(capi_plan *p, uint64_t batch, int64_t rows, uint64_t ver, uint64_t sum,
+                           uint64_t *ver_word, uint64_t *horizon_word);
+void capi_plan_disarm(capi_plan *p, int all);
+int capi_plan_res_ok(const capi_plan *p);
+void capi_plan_rearm(capi_plan *p);
+uint32_t capi_plan_cbase(const capi_plan *p);
+uint64_t capi_plan_take_csteps(capi_plan *p, const uint32_t **sites, uint32_t *n);
+const shmsteer_span *capi_plan_step(const capi_plan *p, size_t *n, const char **ids, uint64_t *batch, int64_t *rows,
+                                    uint64_t *ver);
+void capi_plan_adopted(capi_plan *p);
+
 // shmsteer_stepper_end's fast path: 1 when the plan ended the native step (checksum set), 0
 // when Go must.
 int capi_plan_end(uint64_t h, uint64_t *checksum);
+
+// shmsteer_batch_resolve's fast path: 1 when the plan began the native step of batch handle bh
+// (out set), 0 when Go must.
+int capi_plan_resolve(uint64_t bh, uint64_t version, const shmsteer_span *spans, size_t n, int64_t rows, uint32_t flags,
+                      shmsteer_batch_info *out);
 
 // The wrappers' fast path: 1 when the plan applied (hook, layer) to rows (float32, or bfloat16
 // when bf16), 0 when Go must.

@@ -150,9 +150,22 @@ func probePin(h uint64) (pin uint64, ok bool) {
 	if !found {
 		return 0, false
 	}
-	w := st.st.PinWord()
+	w, _, _ := st.st.PinWords()
 	if w == nil {
 		return 0, false
 	}
 	return atomic.LoadUint64(w), true
 }
+
+// probeResolveC is shmsteer_batch_resolve with SHMSTEER_BATCH_NATIVE at the current version:
+// the plan's begin first (capi_plan_resolve), then Go's; inC reports that the plan began it.
+func probeResolveC(b uint64, spans *cSpans, rows int) (sum uint64, rc int, inC bool) {
+	var info C.shmsteer_batch_info
+	if C.capi_plan_resolve(C.uint64_t(b), 0, spans.p, C.size_t(spans.n), C.int64_t(rows), C.SHMSTEER_BATCH_NATIVE, &info) != 0 {
+		return uint64(info.checksum), 0, true
+	}
+	rc = int(shmsteerGo_batch_resolve(C.uint64_t(b), 0, spans.p, C.size_t(spans.n), C.int64_t(rows), C.SHMSTEER_BATCH_NATIVE, &info))
+	return uint64(info.checksum), rc, false
+}
+
+func probeBatchFree(b uint64) int { return int(shmsteerGo_batch_free(C.uint64_t(b))) }

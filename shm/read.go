@@ -502,19 +502,23 @@ func (s *Snapshot) Close() {
 	}
 }
 
-// PinWord is the reader-slot word holding this snapshot's pin, for a caller that releases the
-// pin outside Go (the C ABI ends a native step in C: capi's plan.c stores zero there, as Close
-// does) and then calls Forget. Nil for a closed snapshot or one pinned through a Reader.
-func (s *Snapshot) PinWord() *uint64 {
+// PinWords are the words of the mapping a caller outside Go needs to release this snapshot's
+// pin and to pin its slot again (capi's plan.c, which ends and begins the steps of a steady
+// native batch in C): the slot's pin word (Close stores zero there; then call Forget), the
+// region's version word and its reclamation horizon. Pinning again is pinCurrent's protocol on
+// this one slot: with the version word at v, compare-and-swap the pin word from zero to v,
+// then the pin holds if the horizon is at most v, else store zero. Nil for a closed snapshot
+// or one pinned through a Reader. The words stay valid while the Region is open.
+func (s *Snapshot) PinWords() (pin, version, horizon *uint64) {
 	if s.r == nil || s.owner != nil {
-		return nil
+		return nil, nil, nil
 	}
-	return word64(s.r.readers, s.slot+slotPin)
+	return word64(s.r.readers, s.slot+slotPin), word64(s.r.data, hVersion), word64(s.r.data, hHorizon)
 }
 
-// Forget drops a snapshot whose pin the caller released through PinWord: Close without the
+// Forget drops a snapshot whose pin the caller released through PinWords: Close without the
 // unpin (the slot is left alone: another snapshot may pin it already). A snapshot pinned
-// through a Reader, which has no PinWord, is closed.
+// through a Reader, which has no PinWords, is closed.
 func (s *Snapshot) Forget() {
 	if s.r == nil {
 		return

@@ -103,3 +103,49 @@ func (s *Stepper) Replay(hook HookID, layer int) error {
 	s.sum = sum
 	return nil
 }
+
+// CountSteps records k steps a caller ran outside Go after the last step (the C ABI begins
+// and ends the steps of a steady native batch in C: capi's plan.c): each a native resolve of
+// the batch this Batch resolved last, at the same version (so the same checksum), whose
+// applies were sites (hook*layers + layer), in order, from PlainSite's adds of the program's
+// current generation, ended with nothing but its pin released. The counters, and the requests'
+// recency, move as Begin, ResolveNative, Replay and End would have moved them. ErrBadBatch in a
+// step, or for a site not plain in the current program (nothing counted).
+func (b *Batch) CountSteps(k uint64, sites []uint32) error {
+	s := b.s
+	if s.open || !s.resolved && len(s.cur) == 0 {
+		return fmt.Errorf("%w: %d steps counted in a step or before any resolve", ErrBadBatch, k)
+	}
+	pr := &s.prog
+	var runs, rows uint64
+	for _, site := range sites {
+		if int(site) >= len(pr.sites) {
+			return fmt.Errorf("%w: site %d counted, the model has %d", ErrBadBatch, site, len(pr.sites))
+		}
+		sp := &pr.sites[site]
+		if sp.gen != pr.gen || sp.gated || sp.clampHi > sp.clampLo {
+			return fmt.Errorf("%w: site %d counted without its plain program", ErrBadBatch, site)
+		}
+		runs += uint64(sp.colRuns)
+		rows += uint64(sp.runRows)
+	}
+	if k == 0 {
+		return nil
+	}
+	before := s.step
+	s.step += k
+	s.stats.Steps += k
+	s.stats.Applies += k * uint64(len(sites))
+	s.stats.ColumnRuns += k * runs
+	s.stats.RunRows += k * rows
+	b.stats.Resolves += k
+	for _, st := range s.cur {
+		if st != nil {
+			st.seen = s.step
+		}
+	}
+	if s.step/64 != before/64 {
+		s.evictIdle()
+	}
+	return nil
+}

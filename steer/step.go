@@ -187,14 +187,15 @@ func (s *Stepper) Checksum() uint64 { return s.sum }
 // step must not be used afterwards.
 func (s *Stepper) End() uint64 { return s.end(false) }
 
-// PinWord is the open step's pin (its snapshot's reader-slot word, holding Version), for the C
-// ABI, which ends a native step outside Go when EndReleases holds (capi's plan.c): it stores
-// zero there and the next call into Go ends the step with EndReleased. Nil outside a step.
-func (s *Stepper) PinWord() *uint64 {
+// PinWords are the open step's snapshot's words (shm.Snapshot.PinWords: its pin word, holding
+// Version, and the region's version and horizon), for the C ABI, which ends a native step
+// outside Go when EndReleases holds (capi's plan.c): it stores zero in the pin word and the
+// next call into Go ends the step with EndReleased. Nil outside a step.
+func (s *Stepper) PinWords() (pin, version, horizon *uint64) {
 	if !s.open {
-		return nil
+		return nil, nil, nil
 	}
-	return s.snap.PinWord()
+	return s.snap.PinWords()
 }
 
 // EndReleases reports whether ending the open step would only release its snapshot and return
@@ -203,7 +204,7 @@ func (s *Stepper) EndReleases() bool {
 	return s.open && len(s.gated) == 0 && !s.cap.on && (s.devGates == nil || !s.devGates.awaiting)
 }
 
-// EndReleased is End for a step whose pin the caller already released through PinWord: the
+// EndReleased is End for a step whose pin the caller already released through PinWords: the
 // snapshot is forgotten, not unpinned.
 func (s *Stepper) EndReleased() uint64 { return s.end(true) }
 

@@ -4,6 +4,7 @@ workers, a worker SIGKILLed mid-read, the owner SIGKILLed, and a forked child.""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 
@@ -123,3 +124,42 @@ def test_go_owner_sigkilled_and_wrong_secret(go_owner, ns, secret):
         # A new attach finds no owner.
         with pytest.raises(errors.NotYetInitializedError):
             shmsteer.Client(ns, secret=secret)
+
+
+def test_native_worker_sigkilled_mid_step(spawn, ns, secret):
+    """A worker whose steady native steps begin and end in C (holding the version's pin there)
+    is SIGKILLed at random points: the owner frees its reader slots each time, writes and
+    reclaims on, and a new worker steers with the latest vectors."""
+    pytest.importorskip("torch")
+    rng = random.Random(7)
+    with shmsteer.Owner(ns, secret=secret, hidden=16, layers=2) as o:
+        o.register_vector("v", [("post_block", 0, 1.0, [1.0] * 16), ("post_block", 1, 1.0, [1.0] * 16)])
+        over = {"decode": {"refs": [{"name": "v", "strength": 1.0}]}}
+        for i in range(3):
+            o.admit("r%d" % i, override=over)
+        base = o.status()["region"]["ReadersClaimed"]
+        for round_ in range(3):
+            started = spawn.Event()
+            w = spawn.Process(target=workers.native_steps, args=(ns, secret, started))
+            w.start()
+            assert started.wait(60)
+            time.sleep(rng.uniform(0, 0.05))
+            os.kill(w.pid, signal.SIGKILL)
+            w.join(30)
+            assert w.exitcode == -signal.SIGKILL
+            deadline = time.time() + 20
+            while o.status()["region"]["ReadersClaimed"] > base and time.time() < deadline:
+                time.sleep(0.05)
+            assert o.status()["region"]["ReadersClaimed"] == base, f"round {round_}: the dead worker's slots"
+            for k in range(20):  # writes and reclamation go on past the dead pins
+                o.register_vector("v", [("post_block", 0, 1.0, [float(k)] * 16), ("post_block", 1, 1.0, [float(k)] * 16)])
+        for i in range(3):
+            o.admit("r%d" % i, override=over)  # composed from the latest "v"
+        q, ran = spawn.Queue(), spawn.Event()  # kept: the child unpickles them after start()
+        w = spawn.Process(target=workers.native_steps, args=(ns, secret, ran, q))
+        w.start()
+        total, checksum = q.get(timeout=120)
+        w.join(30)
+        assert w.exitcode == 0
+        assert total == 19.0 * 16 * 2 * 3  # 3 rows, both layers add the latest (19.0 each)
+        assert checksum != 0

@@ -145,3 +145,31 @@ def wait_forked(pid: int, seconds: float = 20) -> int:
             os.waitpid(pid, 0)
             raise AssertionError("forked child hung")
         time.sleep(0.01)
+
+
+def native_steps(ns: str, secret: bytes, started, q=None) -> None:
+    """Step a steady decode batch through native hooks (its steps begin and end in C, pinning
+    the region's version there) until killed; with q, run 200 steps and report the last
+    output's sum and the hooks' checksum instead."""
+    import torch
+
+    import shmsteer
+    from shmsteer.torch_hook import SteeringHooks
+    c = shmsteer.Client(ns, secret=secret)
+    hooks = SteeringHooks(c)
+    blocks = torch.nn.ModuleList([torch.nn.Identity() for _ in range(2)])
+    for layer, b in enumerate(blocks):
+        hooks.attach(b, "post_block", layer)
+    n = 0
+    out = torch.zeros(0)
+    while q is None or n < 200:
+        x = torch.zeros(3, 16, dtype=torch.bfloat16)
+        spans = [("r%d" % i, i, i + 1, "decode", 10 + n) for i in range(3)]
+        with torch.no_grad(), hooks.step(spans):
+            out = x
+            for b in blocks:
+                out = b(out)
+        n += 1
+        if n == 100:
+            started.set()
+    q.put((float(out.float().sum()), hooks.checksum))

@@ -1,0 +1,163 @@
+//go:build cgo && linux
+
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/shmsteer/shmsteer/steer"
+)
+
+// TestPlanNativeStepsInC runs native steps through the C ABI's order, the plan first (resolve,
+// applies, end), against a stepper without a plan that Go runs: once a native resolve armed it
+// and a step ended in C, the next steps of the same batch (positions advanced) begin and end in
+// C without Go, holding the version's pin from begin to end; an owner write, a Go call in the
+// middle of a step C began (which Go then takes over), other sites at the end, and a freed
+// batch leave C. At every step the bytes, the batch and step checksums and, once Go counts
+// what C did, every counter equal the stepper's without a plan.
+func TestPlanNativeStepsInC(t *testing.T) {
+	for _, bf16 := range []bool{false, true} {
+		t.Run(fmt.Sprint("bf16=", bf16), func(t *testing.T) { testPlanNativeSteps(t, bf16) })
+	}
+}
+
+func testPlanNativeSteps(t *testing.T, bf16 bool) {
+	o, cfg := planOwner(t)
+	region := o.Engine.Region()
+	d, elem := cfg.Hidden, 4
+	if bf16 {
+		elem = 2
+	}
+	L := int32(cfg.Layers)
+	attached := []int32{2*L + 0, 1*L + 2, 4*L + 1}
+	ref, fast := probeStepper(o.Engine, false), probeStepper(o.Engine, true)
+	defer probeFree(ref)
+	defer probeFree(fast)
+	bRef, bFast := probeBatch(ref, attached), probeBatch(fast, attached)
+	require.NotZero(t, bRef)
+	require.NotZero(t, bFast)
+	ids := []string{"c-0", "entry", "c-2", "plain"}
+	rows := 5
+	rng := rand.New(rand.NewPCG(9, 10))
+	type step struct {
+		sites        []int32
+		late         bool // an owner write before it
+		statsMid     bool // a Go call (stats) between its resolve and its applies
+		pad          int  // rows past the spans' (a padded block)
+		swap         bool // two requests' rows exchanged (ids of the same length)
+		begin, endIn bool // begins in C, ends in C
+	}
+	steps := []step{
+		{sites: attached}, // Go: a new program; Go's resolve arms C's begin
+		{sites: attached, begin: true, endIn: true}, // all in C
+		{sites: attached, begin: true, endIn: true},
+		{sites: attached, begin: true, endIn: true},
+		{sites: attached, late: true, endIn: true}, // a new version: Go begins
+		{sites: attached, begin: true, endIn: true},
+		{sites: attached, begin: true, statsMid: true}, // Go takes the step over: Go ends it
+		{sites: attached, endIn: true},                 // the Go call disarmed C's begin, not its end
+		{sites: attached, begin: true, endIn: true},
+		{sites: attached, begin: true, endIn: true},
+		{sites: attached[:2], begin: true},              // other sites: Go ends it
+		{sites: attached[:2], begin: true, endIn: true}, // armed for these now
+		{sites: attached[:2], begin: true, endIn: true},
+		{sites: attached, begin: true}, // back: Go ends
+		{sites: attached, begin: true, endIn: true},
+		{sites: attached, begin: true, endIn: true},
+		{sites: attached, swap: true},                           // other ids in the rows: Go, a new program
+		{sites: attached, swap: true, begin: true, endIn: true}, // Go's end armed both
+		{sites: attached, swap: true, begin: true, endIn: true},
+		{sites: attached},                      // swapped back: Go, a new program
+		{sites: attached, pad: 2, endIn: true}, // a block of other rows: Go begins
+		{sites: attached, pad: 2, begin: true, endIn: true},
+	}
+	for si, stp := range steps {
+		what := fmt.Sprintf("step %d", si)
+		if stp.late {
+			_, err := o.Admit(steer.Admission{RequestID: fmt.Sprint("late-", si)})
+			require.NoError(t, err)
+		}
+		var spans []steer.Span
+		order := ids
+		if stp.swap {
+			order = []string{ids[2], ids[1], ids[0], ids[3]}
+		}
+		for i, id := range order {
+			spans = append(spans, steer.Span{ID: id, Start: i, End: i + 1, Phase: steer.PhaseDecode, Pos: 20 + si})
+		}
+		cs := newCSpans(spans)
+		rows := rows + stp.pad
+		sumRef, rcRef := probeResolveNative(bRef, cs, rows)
+		sum, rc, inC := probeResolveC(bFast, cs, rows)
+		require.Zero(t, rcRef, what)
+		require.Zero(t, rc, what)
+		require.Equal(t, stp.begin, inC, "%s begins in C", what)
+		require.Equal(t, sumRef, sum, "%s batch checksum", what)
+		if inC {
+			require.EqualValues(t, 2, region.Stats().ReadersPinned, "%s: both steps pinned, C's too", what)
+		}
+		if stp.statsMid {
+			require.Equal(t, probeStats(ref).Steps, probeStats(fast).Steps, what)
+		}
+		for _, site := range stp.sites {
+			want := planBlock(rng, rows*d, bf16)
+			got := slices.Clone(want)
+			rcRef, _ := probeApply(ref, uint32(site/L), site%L, unsafe.Pointer(&want[0]), len(want)/elem, bf16, cs)
+			rc, _ := probeApply(fast, uint32(site/L), site%L, unsafe.Pointer(&got[0]), len(got)/elem, bf16, cs)
+			require.Zero(t, rcRef, what)
+			require.Zero(t, rc, what)
+			require.Equal(t, want, got, "%s site %d", what, site)
+		}
+		stepRef, rcRef := probeEnd(ref)
+		step, rc, endC := probeEndC(fast)
+		require.Zero(t, rcRef, what)
+		require.Zero(t, rc, what)
+		require.Equal(t, stp.endIn, endC, "%s ends in C", what)
+		require.Equal(t, stepRef, step, "%s step checksum", what)
+		require.Zero(t, region.Stats().ReadersPinned, "%s: no pin left after the end", what)
+		cs.free()
+	}
+	// Fewer rows than the spans reach: Go's refusal, not C's begin.
+	short := newCSpans([]steer.Span{{ID: "c-0", Start: 0, End: 1, Phase: steer.PhaseDecode, Pos: 98}, {ID: "entry", Start: 1, End: 2, Phase: steer.PhaseDecode, Pos: 98}, {ID: "c-2", Start: 2, End: 3, Phase: steer.PhaseDecode, Pos: 98}, {ID: "plain", Start: 3, End: 4, Phase: steer.PhaseDecode, Pos: 98}})
+	_, rcRef := probeResolveNative(bRef, short, 2)
+	_, rc, inC := probeResolveC(bFast, short, 2)
+	require.NotZero(t, rc, "rows short of the spans")
+	require.Equal(t, rcRef, rc)
+	require.False(t, inC)
+	short.free()
+	require.Equal(t, probeStats(ref), probeStats(fast), "every counter, once Go counted C's steps")
+	// A batch freed after a step C began: Go takes it over, then the batch goes.
+	cs := newCSpans([]steer.Span{{ID: "c-0", Start: 0, End: 1, Phase: steer.PhaseDecode, Pos: 99}, {ID: "entry", Start: 1, End: 2, Phase: steer.PhaseDecode, Pos: 99}, {ID: "c-2", Start: 2, End: 3, Phase: steer.PhaseDecode, Pos: 99}, {ID: "plain", Start: 3, End: 4, Phase: steer.PhaseDecode, Pos: 99}})
+	defer cs.free()
+	applyAll := func() {
+		for _, site := range attached {
+			block := planBlock(rng, rows*d, bf16)
+			rc, _ := probeApply(fast, uint32(site/L), site%L, unsafe.Pointer(&block[0]), len(block)/elem, bf16, cs)
+			require.Zero(t, rc)
+		}
+	}
+	_, rc, inC = probeResolveC(bFast, cs, rows) // the refusal disarmed C's begin: Go
+	require.Zero(t, rc)
+	require.False(t, inC)
+	applyAll()
+	_, rc, inC = probeEndC(fast)
+	require.Zero(t, rc)
+	require.True(t, inC, "the armed end: C")
+	_, rc, inC = probeResolveC(bFast, cs, rows)
+	require.Zero(t, rc)
+	require.True(t, inC, "the batch's next step begins in C")
+	applyAll()
+	require.Zero(t, probeBatchFree(bFast))
+	_, rc, inC = probeResolveC(bFast, cs, rows)
+	require.NotZero(t, rc, "a freed batch")
+	require.False(t, inC)
+	_, rc, _ = probeEndC(fast)
+	require.Zero(t, rc)
+	require.Zero(t, region.Stats().ReadersPinned, "no pin left")
+}
