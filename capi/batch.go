@@ -4,6 +4,7 @@ package main
 #include <stdint.h>
 #include <stdlib.h>
 #include "shmsteer.h"
+#include "plan.h"
 */
 import "C"
 
@@ -216,11 +217,25 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 		og.report = 1
 	}
 	if flags&C.SHMSTEER_BATCH_END != 0 {
+		_, vw, hw := st.st.PinWords()
 		st.st.End()
+		if st.plan != nil && flags == C.SHMSTEER_BATCH_END && vw != nil && steadyDevice(b, out) {
+			C.capi_plan_arm_device(st.plan, h, rows, C.uint64_t(r.Version), (*C.uint64_t)(unsafe.Pointer(vw)), (*C.uint64_t)(unsafe.Pointer(hw)), spans, nSpans, out)
+		}
 	} else {
 		st.planOpen(spans, nSpans)
 	}
 	return C.SHMSTEER_OK
+}
+
+// steadyDevice reports whether a device-path resolve's answer leaves the worker nothing to do
+// but its gather-adds: no table row or clamp record to write, no gate, no capture. The same
+// batch advanced at the same version would give the same answer (capi_plan_resolve gives it
+// in C).
+func steadyDevice(b *batch, out *C.shmsteer_batch_info) bool {
+	g := &out.gates
+	return out.n_updates == 0 && out.n_clamps == 0 && g.cols == 0 && g.n_updates == 0 && g.n_adds == 0 &&
+		g.n_sites == 0 && g.report == 0 && len(b.b.CaptureSites) == 0
 }
 
 // pinned pins p (the first element of an n-element slice) for C and returns it; NULL for n = 0.

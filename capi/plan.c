@@ -33,6 +33,13 @@
 // then steps without entering the Go runtime, whose cold re-entry after a model's forward
 // (sysmon woken from deep sleep, the runtime's lines) cost 25-50 µs a crossing.
 //
+// A device-path step (SHMSTEER_BATCH_END: resolved and ended in one call) is answered here
+// too (capi_plan_device) when Go's last answer for the batch left the worker nothing to write
+// (no table row, clamp record, gate or capture): the same batch advanced by its first positions
+// at the same version (the current one, still the armed one; or the armed one named, not yet
+// reclaimed) gets the same answer, whose buffers Go keeps pinned until its next resolve. Go
+// counts those steps at its next call.
+//
 // Plans are indexed like the Go handle table (handles.go: slot index + 1 in the low 32 bits)
 // and never freed: a stale or foreign handle reads a live plan whose handle differs. A stepper
 // belongs to one thread at a time (shmsteer.h), so a plan has one user at a time.
@@ -91,6 +98,20 @@ struct capi_plan {
   int32_t copen;
   uint32_t cbase;
   uint64_t csteps;
+  // A device-path step in C (capi_plan_resolve with SHMSTEER_BATCH_END), armed by Go's resolve
+  // of batch dev_batch over dev_rows rows at version dev_ver that left nothing to do between
+  // steps (no table row, clamp record, gate or capture: dev_info, its answer): while the spans
+  // are dev_spans advanced by their first positions and the version word still reads dev_ver,
+  // the answer is dev_info again. dsteps: such steps since Go last looked.
+  int32_t dev_ok;
+  uint64_t dev_batch, dev_ver, dsteps;
+  int64_t dev_rows;
+  _Atomic uint64_t *dev_ver_word, *dev_horizon_word;
+  shmsteer_batch_info dev_info;
+  shmsteer_span *dev_spans;
+  size_t dev_nspans, dev_cap_spans;
+  char *dev_ids;
+  size_t dev_cap_ids;
 };
 
 #define CAPI_PLANS 65536 /* handles.go's maxHandles */
@@ -120,8 +141,8 @@ capi_plan *capi_plan_register(uint64_t h, int32_t d, int32_t layers, int32_t nsi
   }
   atomic_store_explicit(&p->h, 0, memory_order_release);
   p->open = 0;
-  p->fresh = p->ended = p->end_ok = p->res_ok = p->copen = 0;
-  p->csteps = 0;
+  p->fresh = p->ended = p->end_ok = p->res_ok = p->copen = p->dev_ok = 0;
+  p->csteps = p->dsteps = 0;
   p->pin = NULL;
   capi_plan_site *sites = realloc(p->sites, (size_t)nsites * sizeof *sites);
   uint32_t *trail = realloc(p->trail, (size_t)nsites * 2 * sizeof *trail);
@@ -148,29 +169,37 @@ void capi_plan_unregister(capi_plan *p) {
   if (p == NULL) return;
   p->open = 0;
   p->ntrail = 0;
-  p->fresh = p->ended = p->end_ok = p->res_ok = p->copen = 0;
-  p->csteps = 0;
+  p->fresh = p->ended = p->end_ok = p->res_ok = p->copen = p->dev_ok = 0;
+  p->csteps = p->dsteps = 0;
   p->pin = NULL;
   atomic_store_explicit(&p->h, 0, memory_order_release);
+}
+
+// capi_copy_spans copies n spans and their ids' bytes into *dst and *ids (grown as needed); 0
+// when out of memory. *last gets the rows the spans reach.
+static int capi_copy_spans(shmsteer_span **dst, size_t *cap, char **ids, size_t *cap_ids, const shmsteer_span *spans,
+                           size_t n, int64_t *last) {
+  size_t idn = 0;
+  *last = 0;
+  for (size_t i = 0; i < n; i++) {
+    idn += spans[i].id_len;
+    if (spans[i].end > *last) *last = spans[i].end;
+  }
+  if (!capi_grow((void **)dst, cap, n ? n : 1, sizeof **dst) || !capi_grow((void **)ids, cap_ids, idn ? idn : 1, 1))
+    return 0;
+  if (n) memcpy(*dst, spans, n * sizeof *spans);
+  for (size_t i = 0, o = 0; i < n; i++) {
+    if (spans[i].id_len) memcpy(*ids + o, spans[i].id, spans[i].id_len);
+    o += spans[i].id_len;
+  }
+  return 1;
 }
 
 int capi_plan_open(capi_plan *p, uint64_t gen, const shmsteer_span *spans, size_t n) {
   p->open = 0;
   p->pin = NULL;
-  size_t idn = 0;
-  int64_t last = 0;
-  for (size_t i = 0; i < n; i++) {
-    idn += spans[i].id_len;
-    if (spans[i].end > last) last = spans[i].end;
-  }
-  if (!capi_grow((void **)&p->spans, &p->cap_spans, n ? n : 1, sizeof *p->spans) ||
-      !capi_grow((void **)&p->ids, &p->cap_ids, idn ? idn : 1, 1))
-    return 0;
-  if (n) memcpy(p->spans, spans, n * sizeof *spans);
-  for (size_t i = 0, o = 0; i < n; i++) {
-    if (spans[i].id_len) memcpy(p->ids + o, spans[i].id, spans[i].id_len);
-    o += spans[i].id_len;
-  }
+  int64_t last;
+  if (!capi_copy_spans(&p->spans, &p->cap_spans, &p->ids, &p->cap_ids, spans, n, &last)) return 0;
   p->nspans = n;
   p->last_end = last;
   if (gen != p->gen) { // a new program: every site is Go's again until exported
@@ -310,6 +339,7 @@ void capi_plan_arm_resolve(capi_plan *p, uint64_t batch, int64_t rows, uint64_t 
 
 void capi_plan_disarm(capi_plan *p, int all) {
   p->res_ok = 0;
+  p->dev_ok = 0;
   if (!all) return;
   p->end_ok = 0; // the region goes: nothing of its mapping is touched from here on
   p->open = 0;
@@ -349,25 +379,71 @@ void capi_plan_adopted(capi_plan *p) {
 
 // capi_spans_advanced: spans are the plan's but for their first positions (the same ids, rows
 // and phases: a decode batch one token on).
-static int capi_spans_advanced(const capi_plan *p, const shmsteer_span *spans, size_t n) {
-  if (n != p->nspans || (n > 0 && spans == NULL)) return 0;
+static int capi_spans_advanced(const shmsteer_span *had, size_t nhad, const char *ids, const shmsteer_span *spans,
+                               size_t n) {
+  if (n != nhad || (n > 0 && spans == NULL)) return 0;
   for (size_t i = 0, o = 0; i < n; i++) {
-    const shmsteer_span *a = &spans[i], *b = &p->spans[i];
+    const shmsteer_span *a = &spans[i], *b = &had[i];
     if (a->id_len != b->id_len || a->start != b->start || a->end != b->end || a->phase != b->phase ||
-        a->first_position < 0 || (a->id_len && memcmp(a->id, p->ids + o, a->id_len) != 0))
+        a->first_position < 0 || (a->id_len && memcmp(a->id, ids + o, a->id_len) != 0))
       return 0;
     o += a->id_len;
   }
   return 1;
 }
 
+void capi_plan_arm_device(capi_plan *p, uint64_t batch, int64_t rows, uint64_t ver, uint64_t *ver_word,
+                          uint64_t *horizon_word, const shmsteer_span *spans, size_t n, const shmsteer_batch_info *info) {
+  p->dev_ok = 0;
+  uint32_t i = (uint32_t)batch - 1;
+  int64_t last;
+  if (i >= CAPI_PLANS || ver == 0 || ver_word == NULL || horizon_word == NULL ||
+      !capi_copy_spans(&p->dev_spans, &p->dev_cap_spans, &p->dev_ids, &p->dev_cap_ids, spans, n, &last))
+    return;
+  p->dev_nspans = n;
+  p->dev_batch = batch;
+  p->dev_rows = rows;
+  p->dev_ver = ver;
+  p->dev_ver_word = (_Atomic uint64_t *)ver_word;
+  p->dev_horizon_word = (_Atomic uint64_t *)horizon_word;
+  p->dev_info = *info;
+  p->dev_ok = 1;
+  atomic_store_explicit(&capi_batch_plans[i], p, memory_order_release);
+}
+
+uint64_t capi_plan_take_dsteps(capi_plan *p, uint64_t *batch) {
+  uint64_t k = p->dsteps;
+  p->dsteps = 0;
+  *batch = p->dev_batch;
+  return k;
+}
+
+// capi_plan_device is capi_plan_resolve for a device-path step (SHMSTEER_BATCH_END) at version
+// (0: the current one, which must still be the armed one; else the armed one, not reclaimed,
+// as Go's SnapshotAt requires): no pin is taken (the step ends in the call, as Go's does); the
+// answer's buffers are the Go batch's, pinned until its next resolve in Go.
+static int capi_plan_device(capi_plan *p, uint64_t bh, uint64_t version, const shmsteer_span *spans, size_t n,
+                            int64_t rows, shmsteer_batch_info *out) {
+  if (!p->dev_ok || p->dev_batch != bh || p->open || p->copen || rows != p->dev_rows ||
+      !capi_spans_advanced(p->dev_spans, p->dev_nspans, p->dev_ids, spans, n))
+    return 0;
+  if (version == 0 ? atomic_load_explicit(p->dev_ver_word, memory_order_acquire) != p->dev_ver
+                   : version != p->dev_ver || atomic_load(p->dev_horizon_word) > version)
+    return 0;
+  *out = p->dev_info;
+  p->dsteps++;
+  return 1;
+}
+
 int capi_plan_resolve(uint64_t bh, uint64_t version, const shmsteer_span *spans, size_t n, int64_t rows, uint32_t flags,
                       shmsteer_batch_info *out) {
   uint32_t i = (uint32_t)bh - 1;
-  if (flags != SHMSTEER_BATCH_NATIVE || version != 0 || out == NULL || i >= CAPI_PLANS) return 0;
+  if (out == NULL || i >= CAPI_PLANS) return 0;
   capi_plan *p = atomic_load_explicit(&capi_batch_plans[i], memory_order_acquire);
-  if (p == NULL || atomic_load_explicit(&p->h, memory_order_acquire) == 0 || !p->res_ok || p->res_batch != bh ||
-      p->open || p->copen || rows != p->res_rows || p->ntrail > p->cap_trail / 2 || !capi_spans_advanced(p, spans, n))
+  if (p == NULL || atomic_load_explicit(&p->h, memory_order_acquire) == 0) return 0;
+  if (flags == SHMSTEER_BATCH_END) return capi_plan_device(p, bh, version, spans, n, rows, out);
+  if (flags != SHMSTEER_BATCH_NATIVE || version != 0 || !p->res_ok || p->res_batch != bh || p->open || p->copen ||
+      rows != p->res_rows || p->ntrail > p->cap_trail / 2 || !capi_spans_advanced(p->spans, p->nspans, p->ids, spans, n))
     return 0;
   // pinCurrent's protocol on the armed slot, at the armed version only (a write since: Go).
   uint64_t v = atomic_load_explicit(p->ver_word, memory_order_acquire), zero = 0;

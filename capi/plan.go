@@ -71,6 +71,14 @@ func (st *stepper) settle(keep bool) C.int {
 			}
 		}
 	}
+	var dbh C.uint64_t
+	if k := uint64(C.capi_plan_take_dsteps(p, &dbh)); k > 0 {
+		if b, ok := getAs[*batch](uint64(dbh)); ok {
+			if e := b.b.CountSteps(k, nil); err == nil {
+				err = e
+			}
+		}
+	}
 	if cbase != math.MaxUint32 {
 		if e := st.adopt(); e != nil {
 			if err == nil {

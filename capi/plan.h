@@ -48,13 +48,16 @@ uint64_t capi_plan_take_csteps(capi_plan *p, const uint32_t **sites, uint32_t *n
 const shmsteer_span *capi_plan_step(const capi_plan *p, size_t *n, const char **ids, uint64_t *batch, int64_t *rows,
                                     uint64_t *ver);
 void capi_plan_adopted(capi_plan *p);
+void capi_plan_arm_device(capi_plan *p, uint64_t batch, int64_t rows, uint64_t ver, uint64_t *ver_word,
+                          uint64_t *horizon_word, const shmsteer_span *spans, size_t n, const shmsteer_batch_info *info);
+uint64_t capi_plan_take_dsteps(capi_plan *p, uint64_t *batch);
 
 // shmsteer_stepper_end's fast path: 1 when the plan ended the native step (checksum set), 0
 // when Go must.
 int capi_plan_end(uint64_t h, uint64_t *checksum);
 
-// shmsteer_batch_resolve's fast path: 1 when the plan began the native step of batch handle bh
-// (out set), 0 when Go must.
+// shmsteer_batch_resolve's fast path: 1 when the plan began the native step of batch handle bh,
+// or answered its device-path step (out set), 0 when Go must.
 int capi_plan_resolve(uint64_t bh, uint64_t version, const shmsteer_span *spans, size_t n, int64_t rows, uint32_t flags,
                       shmsteer_batch_info *out);
 

@@ -169,3 +169,52 @@ func probeResolveC(b uint64, spans *cSpans, rows int) (sum uint64, rc int, inC b
 }
 
 func probeBatchFree(b uint64) int { return int(shmsteerGo_batch_free(C.uint64_t(b))) }
+
+// probeDevice is what a device-path resolve answered, copied out of C memory.
+type probeDevice struct {
+	Version, Checksum  uint64
+	Slots              uint32
+	Index, Sites       []int32
+	Updates, Clamps    int
+	GateCols, GateRept uint32
+	IndexAt            uintptr // the index buffer's address (the Go batch's, pinned)
+}
+
+// probeResolveDevice is shmsteer_batch_resolve with flags at version (0: current): the plan's
+// answer first (capi_plan_resolve), then Go's; inC reports that the plan answered.
+func probeResolveDevice(b uint64, spans *cSpans, rows int, flags uint32, version uint64) (r probeDevice, rc int, inC bool) {
+	var info C.shmsteer_batch_info
+	v := C.uint64_t(version)
+	if C.capi_plan_resolve(C.uint64_t(b), v, spans.p, C.size_t(spans.n), C.int64_t(rows), C.uint32_t(flags), &info) != 0 {
+		inC = true
+	} else {
+		rc = int(shmsteerGo_batch_resolve(C.uint64_t(b), v, spans.p, C.size_t(spans.n), C.int64_t(rows), C.uint32_t(flags), &info))
+	}
+	r = probeDevice{Version: uint64(info.version), Checksum: uint64(info.checksum), Slots: uint32(info.slots),
+		Updates: int(info.n_updates), Clamps: int(info.n_clamps), GateCols: uint32(info.gates.cols), GateRept: uint32(info.gates.report),
+		IndexAt: uintptr(unsafe.Pointer(info.index))}
+	if info.rows > 0 {
+		r.Index = append([]int32(nil), unsafe.Slice((*int32)(unsafe.Pointer(info.index)), int(info.rows))...)
+	}
+	if info.n_sites > 0 {
+		r.Sites = append([]int32(nil), unsafe.Slice((*int32)(unsafe.Pointer(info.sites)), int(info.n_sites))...)
+	}
+	return r, rc, inC
+}
+
+// probeBatchStats is batch b's counters after its stepper counted what C did.
+func probeBatchStats(b uint64) steer.BatchStats {
+	bt, ok := getAs[*batch](b)
+	if !ok {
+		return steer.BatchStats{}
+	}
+	if _, rc := stepperOf(C.uint64_t(bt.sth)); rc != C.SHMSTEER_OK {
+		return steer.BatchStats{}
+	}
+	return bt.b.Stats()
+}
+
+const (
+	probeFlagEnd   = uint32(C.SHMSTEER_BATCH_END)
+	probeFlagReset = uint32(C.SHMSTEER_BATCH_RESET)
+)
