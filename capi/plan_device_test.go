@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/shmsteer/shmsteer/shm"
 	"github.com/shmsteer/shmsteer/steer"
 )
 
@@ -70,10 +71,16 @@ func TestPlanDeviceStepsInC(t *testing.T) {
 	}
 	var last probeDevice
 	var versions []uint64
+	var held []shm.Snapshot
 	for si, stp := range steps {
 		what := fmt.Sprintf("step %d", si)
 		if stp.late {
-			_, err := o.Admit(steer.Admission{RequestID: fmt.Sprint("late-", si)})
+			// The version before the write stays pinned, as a scheduler pins the versions it
+			// hands out (step 22 names it).
+			snap, err := o.Engine.Region().Snapshot()
+			require.NoError(t, err)
+			held = append(held, snap)
+			_, err = o.Admit(steer.Admission{RequestID: fmt.Sprint("late-", si)})
 			require.NoError(t, err)
 		}
 		if stp.stats {
@@ -107,6 +114,9 @@ func TestPlanDeviceStepsInC(t *testing.T) {
 		}
 		last = got
 		versions = append(versions, got.Version)
+	}
+	for i := range held {
+		held[i].Close()
 	}
 	// The armed version reclaimed: Go's refusal (too old), not C's answer.
 	armed := versions[len(versions)-1]

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
@@ -160,4 +161,127 @@ func testPlanNativeSteps(t *testing.T, bf16 bool) {
 	_, rc, _ = probeEndC(fast)
 	require.Zero(t, rc)
 	require.Zero(t, region.Stats().ReadersPinned, "no pin left")
+}
+
+// TestPlanStepsUnderWrites steps a steady batch through the plan (begin, apply, end; in C
+// whenever the version holds) while an owner goroutine rewrites request "c-0"'s steering at
+// random moments (every element of the k-th write is k) and reclaims: the row "c-0" gets is
+// always one whole written vector, never a mix of two or a reused cell, and k never goes back;
+// the other rows get their unchanging steering; some steps ran wholly in C; no pin is left.
+func TestPlanStepsUnderWrites(t *testing.T) {
+	o, cfg := planOwner(t)
+	d, L := cfg.Hidden, int32(cfg.Layers)
+	site := 1*L + 2
+	fast := probeStepper(o.Engine, true)
+	defer probeFree(fast)
+	b := probeBatch(fast, []int32{site})
+	require.NotZero(t, b)
+	admitK := func(k int) error {
+		var s steer.Steering
+		for hk := range cfg.NumHooks() {
+			for l := range cfg.Layers {
+				v := make([]float32, d)
+				for i := range v {
+					v[i] = float32(k)
+				}
+				s.Base.Vectors = append(s.Base.Vectors, steer.Vector{Hook: cfg.HookName(steer.HookID(hk)), Layer: l, Scale: 1, Data: v})
+			}
+		}
+		_, err := o.Admit(steer.Admission{RequestID: "c-0", Override: &s})
+		return err
+	}
+	require.NoError(t, admitK(1))
+	// A step C began keeps its version while the owner writes and reclaims under it.
+	step := func(pos int, between func()) (k float32, began bool) {
+		spans := []steer.Span{{ID: "c-0", Start: 0, End: 1, Phase: steer.PhaseDecode, Pos: pos}, {ID: "c-1", Start: 1, End: 2, Phase: steer.PhaseDecode, Pos: pos}, {ID: "plain", Start: 2, End: 3, Phase: steer.PhaseDecode, Pos: pos}}
+		cs := newCSpans(spans)
+		defer cs.free()
+		_, rc, began := probeResolveC(b, cs, 3)
+		require.Zero(t, rc)
+		if between != nil {
+			between()
+		}
+		block := make([]float32, 3*d)
+		rc, _ = probeApply(fast, uint32(site/L), site%L, unsafe.Pointer(&block[0]), len(block), false, cs)
+		require.Zero(t, rc)
+		_, rc, _ = probeEndC(fast)
+		require.Zero(t, rc)
+		return block[0], began
+	}
+	step(0, nil) // Go arms
+	k, began := step(1, nil)
+	require.True(t, began)
+	require.Equal(t, float32(1), k)
+	k, began = step(2, func() {
+		for w := 100; w < 104; w++ {
+			require.NoError(t, admitK(w))
+			require.NoError(t, o.Engine.Region().Reclaim())
+		}
+	})
+	require.True(t, began)
+	require.Equal(t, float32(1), k, "the version C pinned: its cells were not reclaimed")
+	k, began = step(3, nil)
+	require.False(t, began, "a new version: Go")
+	require.Equal(t, float32(103), k)
+	stop, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(11, 12))
+		for k := 200; ; k++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			time.Sleep(time.Duration(rng.IntN(400)) * time.Microsecond)
+			if err := admitK(k); err != nil {
+				done <- err
+				return
+			}
+			if k%3 == 0 {
+				if err := o.Engine.Region().Reclaim(); err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+	}()
+	var row1 []float32
+	last, whole := float32(103), 0
+	steps := 3000
+	if testing.Short() {
+		steps = 800
+	}
+	for step := range steps {
+		spans := []steer.Span{{ID: "c-0", Start: 0, End: 1, Phase: steer.PhaseDecode, Pos: step}, {ID: "c-1", Start: 1, End: 2, Phase: steer.PhaseDecode, Pos: step}, {ID: "plain", Start: 2, End: 3, Phase: steer.PhaseDecode, Pos: step}}
+		cs := newCSpans(spans)
+		_, rc, began := probeResolveC(b, cs, 3)
+		require.Zero(t, rc, "step %d", step)
+		block := make([]float32, 3*d)
+		rc, _ = probeApply(fast, uint32(site/L), site%L, unsafe.Pointer(&block[0]), len(block), false, cs)
+		require.Zero(t, rc, "step %d", step)
+		_, rc, ended := probeEndC(fast)
+		require.Zero(t, rc, "step %d", step)
+		cs.free()
+		k := block[0]
+		for j := range d {
+			require.Equal(t, k, block[j], "step %d: c-0's row is one whole write", step)
+		}
+		require.GreaterOrEqual(t, k, last, "step %d: a write never goes back", step)
+		last = k
+		if row1 == nil {
+			row1 = slices.Clone(block[d : 2*d])
+		}
+		require.Equal(t, row1, block[d:2*d], "step %d: c-1's steering", step)
+		require.Equal(t, make([]float32, d), block[2*d:], "step %d: an unsteered row", step)
+		if began && ended {
+			whole++
+		}
+	}
+	close(stop)
+	require.NoError(t, <-done)
+	t.Logf("%d of %d steps wholly in C; the last write seen %v", whole, steps, last)
+	require.Positive(t, whole, "steps wholly in C")
+	require.Greater(t, last, float32(200), "writes seen")
+	require.Zero(t, o.Engine.Region().Stats().ReadersPinned, "no pin left")
 }
