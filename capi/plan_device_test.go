@@ -30,45 +30,7 @@ func TestPlanDeviceStepsInC(t *testing.T) {
 	bRef, bFast := probeBatch(ref, attached), probeBatch(fast, attached)
 	require.NotZero(t, bRef)
 	require.NotZero(t, bFast)
-	ids := []string{"c-0", "entry", "c-2", "plain"}
-	type step struct {
-		ids         []string
-		flags       uint32 // beside END
-		late, stats bool   // an owner write before it; a Go call (stats) before it
-		pad         int
-		at          int // an explicit version: that of step at-1's answer (0: the current one)
-		inC         bool
-	}
-	swapped := []string{"c-2", "entry", "c-0", "plain"}
-	clamped := []string{"c-0", "clamped", "c-2", "plain"}
-	steps := []step{
-		{ids: ids},            // new slots: rows to write
-		{ids: ids},            // steady: Go answers and arms C
-		{ids: ids, inC: true}, // positions advanced
-		{ids: ids, inC: true},
-		{ids: ids, late: true},            // a new version: Go
-		{ids: ids, inC: true},             // (the write changed nothing of the batch)
-		{ids: ids, flags: probeFlagReset}, // a reset: Go, rows to write again
-		{ids: ids},
-		{ids: ids, inC: true},
-		{ids: ids, stats: true}, // a Go call disarms
-		{ids: ids, inC: true},   // re-armed by that step's Go answer
-		{ids: swapped},          // other ids in the rows (their slots are written already): Go arms
-		{ids: swapped, inC: true},
-		{ids: swapped, inC: true},
-		{ids: swapped, pad: 3}, // other rows
-		{ids: swapped, pad: 3, inC: true},
-		{ids: clamped},            // a new slot, its row and clamp records to write: Go
-		{ids: clamped},            // written: Go arms
-		{ids: clamped, inC: true}, // clamp records come with a slot's row only
-		{ids: ids},
-		{ids: ids, inC: true},
-		{ids: ids, at: 21, inC: true}, // the armed version, explicit (a scheduler's)
-		{ids: ids, at: 4},             // an older one (before step 4's write): Go, armed at it
-		{ids: ids, at: 23, inC: true}, // that one again
-		{ids: ids},                    // the current one: not the armed one, Go
-		{ids: ids, inC: true},
-	}
+	steps := deviceSteps()
 	var last probeDevice
 	var versions []uint64
 	var held []shm.Snapshot
@@ -118,8 +80,60 @@ func TestPlanDeviceStepsInC(t *testing.T) {
 	for i := range held {
 		held[i].Close()
 	}
-	// The armed version reclaimed: Go's refusal (too old), not C's answer.
-	armed := versions[len(versions)-1]
+	reclaimedArmed(t, o, bRef, bFast, versions[len(versions)-1])
+	require.Equal(t, probeStats(ref), probeStats(fast), "the stepper's counters")
+	require.Equal(t, probeBatchStats(bRef), probeBatchStats(bFast), "the batch's counters")
+	require.Zero(t, o.Engine.Region().Stats().ReadersPinned, "no pin left")
+}
+
+// deviceStep is a step of TestPlanDeviceStepsInC.
+type deviceStep struct {
+	ids         []string
+	flags       uint32 // beside END
+	late, stats bool   // an owner write before it; a Go call (stats) before it
+	pad         int
+	at          int // an explicit version: that of step at-1's answer (0: the current one)
+	inC         bool
+}
+
+func deviceSteps() []deviceStep {
+	ids := []string{"c-0", "entry", "c-2", "plain"}
+	swapped := []string{"c-2", "entry", "c-0", "plain"}
+	clamped := []string{"c-0", "clamped", "c-2", "plain"}
+	return []deviceStep{
+		{ids: ids},            // new slots: rows to write
+		{ids: ids},            // steady: Go answers and arms C
+		{ids: ids, inC: true}, // positions advanced
+		{ids: ids, inC: true},
+		{ids: ids, late: true},            // a new version: Go
+		{ids: ids, inC: true},             // (the write changed nothing of the batch)
+		{ids: ids, flags: probeFlagReset}, // a reset: Go, rows to write again
+		{ids: ids},
+		{ids: ids, inC: true},
+		{ids: ids, stats: true}, // a Go call disarms
+		{ids: ids, inC: true},   // re-armed by that step's Go answer
+		{ids: swapped},          // other ids in the rows (their slots are written already): Go arms
+		{ids: swapped, inC: true},
+		{ids: swapped, inC: true},
+		{ids: swapped, pad: 3}, // other rows
+		{ids: swapped, pad: 3, inC: true},
+		{ids: clamped},            // a new slot, its row and clamp records to write: Go
+		{ids: clamped},            // written: Go arms
+		{ids: clamped, inC: true}, // clamp records come with a slot's row only
+		{ids: ids},
+		{ids: ids, inC: true},
+		{ids: ids, at: 21, inC: true}, // the armed version, explicit (a scheduler's)
+		{ids: ids, at: 4},             // an older one (before step 4's write): Go, armed at it
+		{ids: ids, at: 23, inC: true}, // that one again
+		{ids: ids},                    // the current one: not the armed one, Go
+		{ids: ids, inC: true},
+	}
+}
+
+// reclaimedArmed reclaims the armed version and resolves at it: Go's refusal (too old) from
+// both batches, not C's answer.
+func reclaimedArmed(t *testing.T, o *steer.Owner, bRef, bFast uint64, armed uint64) {
+
 	for i := range 3 {
 		_, err := o.Admit(steer.Admission{RequestID: fmt.Sprint("later-", i)})
 		require.NoError(t, err)
@@ -133,7 +147,4 @@ func TestPlanDeviceStepsInC(t *testing.T) {
 	require.NotZero(t, rcRef, "too old")
 	require.Equal(t, rcRef, rc)
 	require.False(t, inC)
-	require.Equal(t, probeStats(ref), probeStats(fast), "the stepper's counters")
-	require.Equal(t, probeBatchStats(bRef), probeBatchStats(bFast), "the batch's counters")
-	require.Zero(t, o.Engine.Region().Stats().ReadersPinned, "no pin left")
 }

@@ -29,32 +29,35 @@ func TestPlanNativeStepsInC(t *testing.T) {
 }
 
 func testPlanNativeSteps(t *testing.T, bf16 bool) {
-	o, cfg := planOwner(t)
-	region := o.Engine.Region()
-	d, elem := cfg.Hidden, 4
-	if bf16 {
-		elem = 2
+	pp := newPlanPair(t, bf16)
+	for si, stp := range nativeSteps(pp.attached) {
+		pp.nativeStep(si, stp)
 	}
-	L := int32(cfg.Layers)
-	attached := []int32{2*L + 0, 1*L + 2, 4*L + 1}
-	ref, fast := probeStepper(o.Engine, false), probeStepper(o.Engine, true)
-	defer probeFree(ref)
-	defer probeFree(fast)
-	bRef, bFast := probeBatch(ref, attached), probeBatch(fast, attached)
-	require.NotZero(t, bRef)
-	require.NotZero(t, bFast)
-	ids := []string{"c-0", "entry", "c-2", "plain"}
-	rows := 5
-	rng := rand.New(rand.NewPCG(9, 10))
-	type step struct {
-		sites        []int32
-		late         bool // an owner write before it
-		statsMid     bool // a Go call (stats) between its resolve and its applies
-		pad          int  // rows past the spans' (a padded block)
-		swap         bool // two requests' rows exchanged (ids of the same length)
-		begin, endIn bool // begins in C, ends in C
-	}
-	steps := []step{
+	// Fewer rows than the spans reach: Go's refusal, not C's begin.
+	short := pp.spans(98, "c-0", "entry", "c-2", "plain")
+	_, rcRef := probeResolveNative(pp.bRef, short, 2)
+	_, rc, inC := probeResolveC(pp.bFast, short, 2)
+	require.NotZero(t, rc, "rows short of the spans")
+	require.Equal(t, rcRef, rc)
+	require.False(t, inC)
+	short.free()
+	require.Equal(t, probeStats(pp.ref), probeStats(pp.fast), "every counter, once Go counted C's steps")
+	pp.freedBatch()
+}
+
+// nativeStep is a step of TestPlanNativeStepsInC: the sites applied, what happens before it,
+// and where it begins and ends.
+type nativeStep struct {
+	sites        []int32
+	late         bool // an owner write before it
+	statsMid     bool // a Go call (stats) between its resolve and its applies
+	pad          int  // rows past the spans' (a padded block)
+	swap         bool // two requests' rows exchanged (ids of the same length)
+	begin, endIn bool // begins in C, ends in C
+}
+
+func nativeSteps(attached []int32) []nativeStep {
+	return []nativeStep{
 		{sites: attached}, // Go: a new program; Go's resolve arms C's begin
 		{sites: attached, begin: true, endIn: true}, // all in C
 		{sites: attached, begin: true, endIn: true},
@@ -78,89 +81,122 @@ func testPlanNativeSteps(t *testing.T, bf16 bool) {
 		{sites: attached, pad: 2, endIn: true}, // a block of other rows: Go begins
 		{sites: attached, pad: 2, begin: true, endIn: true},
 	}
-	for si, stp := range steps {
-		what := fmt.Sprintf("step %d", si)
-		if stp.late {
-			_, err := o.Admit(steer.Admission{RequestID: fmt.Sprint("late-", si)})
-			require.NoError(t, err)
-		}
-		var spans []steer.Span
-		order := ids
-		if stp.swap {
-			order = []string{ids[2], ids[1], ids[0], ids[3]}
-		}
-		for i, id := range order {
-			spans = append(spans, steer.Span{ID: id, Start: i, End: i + 1, Phase: steer.PhaseDecode, Pos: 20 + si})
-		}
-		cs := newCSpans(spans)
-		rows := rows + stp.pad
-		sumRef, rcRef := probeResolveNative(bRef, cs, rows)
-		sum, rc, inC := probeResolveC(bFast, cs, rows)
-		require.Zero(t, rcRef, what)
-		require.Zero(t, rc, what)
-		require.Equal(t, stp.begin, inC, "%s begins in C", what)
-		require.Equal(t, sumRef, sum, "%s batch checksum", what)
-		if inC {
-			require.EqualValues(t, 2, region.Stats().ReadersPinned, "%s: both steps pinned, C's too", what)
-		}
-		if stp.statsMid {
-			require.Equal(t, probeStats(ref).Steps, probeStats(fast).Steps, what)
-		}
-		for _, site := range stp.sites {
-			want := planBlock(rng, rows*d, bf16)
-			got := slices.Clone(want)
-			rcRef, _ := probeApply(ref, uint32(site/L), site%L, unsafe.Pointer(&want[0]), len(want)/elem, bf16, cs)
-			rc, _ := probeApply(fast, uint32(site/L), site%L, unsafe.Pointer(&got[0]), len(got)/elem, bf16, cs)
-			require.Zero(t, rcRef, what)
-			require.Zero(t, rc, what)
-			require.Equal(t, want, got, "%s site %d", what, site)
-		}
-		stepRef, rcRef := probeEnd(ref)
-		step, rc, endC := probeEndC(fast)
-		require.Zero(t, rcRef, what)
-		require.Zero(t, rc, what)
-		require.Equal(t, stp.endIn, endC, "%s ends in C", what)
-		require.Equal(t, stepRef, step, "%s step checksum", what)
-		require.Zero(t, region.Stats().ReadersPinned, "%s: no pin left after the end", what)
-		cs.free()
+}
+
+// planPair is a stepper with a plan and one without on one owner (planOwner), each with a
+// batch restricted to the same sites.
+type planPair struct {
+	t                      *testing.T
+	o                      *steer.Owner
+	bf16                   bool
+	d, elem, rows          int
+	L                      int32
+	attached               []int32
+	ref, fast, bRef, bFast uint64
+	rng                    *rand.Rand
+}
+
+func newPlanPair(t *testing.T, bf16 bool) *planPair {
+	o, cfg := planOwner(t)
+	pp := &planPair{t: t, o: o, bf16: bf16, d: cfg.Hidden, elem: 4, rows: 5, L: int32(cfg.Layers), rng: rand.New(rand.NewPCG(9, 10))}
+	if bf16 {
+		pp.elem = 2
 	}
-	// Fewer rows than the spans reach: Go's refusal, not C's begin.
-	short := newCSpans([]steer.Span{{ID: "c-0", Start: 0, End: 1, Phase: steer.PhaseDecode, Pos: 98}, {ID: "entry", Start: 1, End: 2, Phase: steer.PhaseDecode, Pos: 98}, {ID: "c-2", Start: 2, End: 3, Phase: steer.PhaseDecode, Pos: 98}, {ID: "plain", Start: 3, End: 4, Phase: steer.PhaseDecode, Pos: 98}})
-	_, rcRef := probeResolveNative(bRef, short, 2)
-	_, rc, inC := probeResolveC(bFast, short, 2)
-	require.NotZero(t, rc, "rows short of the spans")
-	require.Equal(t, rcRef, rc)
-	require.False(t, inC)
-	short.free()
-	require.Equal(t, probeStats(ref), probeStats(fast), "every counter, once Go counted C's steps")
-	// A batch freed after a step C began: Go takes it over, then the batch goes.
-	cs := newCSpans([]steer.Span{{ID: "c-0", Start: 0, End: 1, Phase: steer.PhaseDecode, Pos: 99}, {ID: "entry", Start: 1, End: 2, Phase: steer.PhaseDecode, Pos: 99}, {ID: "c-2", Start: 2, End: 3, Phase: steer.PhaseDecode, Pos: 99}, {ID: "plain", Start: 3, End: 4, Phase: steer.PhaseDecode, Pos: 99}})
+	pp.attached = []int32{2*pp.L + 0, 1*pp.L + 2, 4*pp.L + 1}
+	pp.ref, pp.fast = probeStepper(o.Engine, false), probeStepper(o.Engine, true)
+	t.Cleanup(func() { probeFree(pp.ref); probeFree(pp.fast) })
+	pp.bRef, pp.bFast = probeBatch(pp.ref, pp.attached), probeBatch(pp.fast, pp.attached)
+	require.NotZero(t, pp.bRef)
+	require.NotZero(t, pp.bFast)
+	return pp
+}
+
+// spans is a decode batch of one row per id, at position pos, in C memory.
+func (pp *planPair) spans(pos int, ids ...string) *cSpans {
+	var spans []steer.Span
+	for i, id := range ids {
+		spans = append(spans, steer.Span{ID: id, Start: i, End: i + 1, Phase: steer.PhaseDecode, Pos: pos})
+	}
+	return newCSpans(spans)
+}
+
+// nativeStep runs step si on both steppers (resolve, applies, end; the plan's first) and checks
+// where it ran and that both gave the same.
+func (pp *planPair) nativeStep(si int, stp nativeStep) {
+	t, region := pp.t, pp.o.Engine.Region()
+	what := fmt.Sprintf("step %d", si)
+	if stp.late {
+		_, err := pp.o.Admit(steer.Admission{RequestID: fmt.Sprint("late-", si)})
+		require.NoError(t, err)
+	}
+	ids := []string{"c-0", "entry", "c-2", "plain"}
+	if stp.swap {
+		ids = []string{"c-2", "entry", "c-0", "plain"}
+	}
+	cs := pp.spans(20+si, ids...)
+	defer cs.free()
+	rows := pp.rows + stp.pad
+	sumRef, rcRef := probeResolveNative(pp.bRef, cs, rows)
+	sum, rc, inC := probeResolveC(pp.bFast, cs, rows)
+	require.Zero(t, rcRef, what)
+	require.Zero(t, rc, what)
+	require.Equal(t, stp.begin, inC, "%s begins in C", what)
+	require.Equal(t, sumRef, sum, "%s batch checksum", what)
+	if inC {
+		require.EqualValues(t, 2, region.Stats().ReadersPinned, "%s: both steps pinned, C's too", what)
+	}
+	if stp.statsMid {
+		require.Equal(t, probeStats(pp.ref).Steps, probeStats(pp.fast).Steps, what)
+	}
+	for _, site := range stp.sites {
+		want := planBlock(pp.rng, rows*pp.d, pp.bf16)
+		got := slices.Clone(want)
+		rcRef, _ := probeApply(pp.ref, uint32(site/pp.L), site%pp.L, unsafe.Pointer(&want[0]), len(want)/pp.elem, pp.bf16, cs)
+		rc, _ := probeApply(pp.fast, uint32(site/pp.L), site%pp.L, unsafe.Pointer(&got[0]), len(got)/pp.elem, pp.bf16, cs)
+		require.Zero(t, rcRef, what)
+		require.Zero(t, rc, what)
+		require.Equal(t, want, got, "%s site %d", what, site)
+	}
+	stepRef, rcRef := probeEnd(pp.ref)
+	step, rc, endC := probeEndC(pp.fast)
+	require.Zero(t, rcRef, what)
+	require.Zero(t, rc, what)
+	require.Equal(t, stp.endIn, endC, "%s ends in C", what)
+	require.Equal(t, stepRef, step, "%s step checksum", what)
+	require.Zero(t, region.Stats().ReadersPinned, "%s: no pin left after the end", what)
+}
+
+// freedBatch frees the fast batch while a step C began is open: Go takes the step over, then
+// the batch goes, and nothing is left pinned.
+func (pp *planPair) freedBatch() {
+	t := pp.t
+	cs := pp.spans(99, "c-0", "entry", "c-2", "plain")
 	defer cs.free()
 	applyAll := func() {
-		for _, site := range attached {
-			block := planBlock(rng, rows*d, bf16)
-			rc, _ := probeApply(fast, uint32(site/L), site%L, unsafe.Pointer(&block[0]), len(block)/elem, bf16, cs)
+		for _, site := range pp.attached {
+			block := planBlock(pp.rng, pp.rows*pp.d, pp.bf16)
+			rc, _ := probeApply(pp.fast, uint32(site/pp.L), site%pp.L, unsafe.Pointer(&block[0]), len(block)/pp.elem, pp.bf16, cs)
 			require.Zero(t, rc)
 		}
 	}
-	_, rc, inC = probeResolveC(bFast, cs, rows) // the refusal disarmed C's begin: Go
+	_, rc, inC := probeResolveC(pp.bFast, cs, pp.rows) // the last Go call disarmed C's begin: Go
 	require.Zero(t, rc)
 	require.False(t, inC)
 	applyAll()
-	_, rc, inC = probeEndC(fast)
+	_, rc, inC = probeEndC(pp.fast)
 	require.Zero(t, rc)
 	require.True(t, inC, "the armed end: C")
-	_, rc, inC = probeResolveC(bFast, cs, rows)
+	_, rc, inC = probeResolveC(pp.bFast, cs, pp.rows)
 	require.Zero(t, rc)
 	require.True(t, inC, "the batch's next step begins in C")
 	applyAll()
-	require.Zero(t, probeBatchFree(bFast))
-	_, rc, inC = probeResolveC(bFast, cs, rows)
+	require.Zero(t, probeBatchFree(pp.bFast))
+	_, rc, inC = probeResolveC(pp.bFast, cs, pp.rows)
 	require.NotZero(t, rc, "a freed batch")
 	require.False(t, inC)
-	_, rc, _ = probeEndC(fast)
+	_, rc, _ = probeEndC(pp.fast)
 	require.Zero(t, rc)
-	require.Zero(t, region.Stats().ReadersPinned, "no pin left")
+	require.Zero(t, pp.o.Engine.Region().Stats().ReadersPinned, "no pin left")
 }
 
 // TestPlanStepsUnderWrites steps a steady batch through the plan (begin, apply, end; in C
@@ -169,100 +205,35 @@ func testPlanNativeSteps(t *testing.T, bf16 bool) {
 // always one whole written vector, never a mix of two or a reused cell, and k never goes back;
 // the other rows get their unchanging steering; some steps ran wholly in C; no pin is left.
 func TestPlanStepsUnderWrites(t *testing.T) {
-	o, cfg := planOwner(t)
-	d, L := cfg.Hidden, int32(cfg.Layers)
-	site := 1*L + 2
-	fast := probeStepper(o.Engine, true)
-	defer probeFree(fast)
-	b := probeBatch(fast, []int32{site})
-	require.NotZero(t, b)
-	admitK := func(k int) error {
-		var s steer.Steering
-		for hk := range cfg.NumHooks() {
-			for l := range cfg.Layers {
-				v := make([]float32, d)
-				for i := range v {
-					v[i] = float32(k)
-				}
-				s.Base.Vectors = append(s.Base.Vectors, steer.Vector{Hook: cfg.HookName(steer.HookID(hk)), Layer: l, Scale: 1, Data: v})
-			}
-		}
-		_, err := o.Admit(steer.Admission{RequestID: "c-0", Override: &s})
-		return err
-	}
-	require.NoError(t, admitK(1))
+	w := newWrittenStepper(t)
+	require.NoError(t, w.admitK(1))
 	// A step C began keeps its version while the owner writes and reclaims under it.
-	step := func(pos int, between func()) (k float32, began bool) {
-		spans := []steer.Span{{ID: "c-0", Start: 0, End: 1, Phase: steer.PhaseDecode, Pos: pos}, {ID: "c-1", Start: 1, End: 2, Phase: steer.PhaseDecode, Pos: pos}, {ID: "plain", Start: 2, End: 3, Phase: steer.PhaseDecode, Pos: pos}}
-		cs := newCSpans(spans)
-		defer cs.free()
-		_, rc, began := probeResolveC(b, cs, 3)
-		require.Zero(t, rc)
-		if between != nil {
-			between()
-		}
-		block := make([]float32, 3*d)
-		rc, _ = probeApply(fast, uint32(site/L), site%L, unsafe.Pointer(&block[0]), len(block), false, cs)
-		require.Zero(t, rc)
-		_, rc, _ = probeEndC(fast)
-		require.Zero(t, rc)
-		return block[0], began
-	}
-	step(0, nil) // Go arms
-	k, began := step(1, nil)
+	w.step(0, nil) // Go arms
+	k, began, _ := w.step(1, nil)
 	require.True(t, began)
-	require.Equal(t, float32(1), k)
-	k, began = step(2, func() {
-		for w := 100; w < 104; w++ {
-			require.NoError(t, admitK(w))
-			require.NoError(t, o.Engine.Region().Reclaim())
+	require.Equal(t, float32(1), k[0])
+	k, began, _ = w.step(2, func() {
+		for v := 100; v < 104; v++ {
+			require.NoError(t, w.admitK(v))
+			require.NoError(t, w.o.Engine.Region().Reclaim())
 		}
 	})
 	require.True(t, began)
-	require.Equal(t, float32(1), k, "the version C pinned: its cells were not reclaimed")
-	k, began = step(3, nil)
+	require.Equal(t, float32(1), k[0], "the version C pinned: its cells were not reclaimed")
+	k, began, _ = w.step(3, nil)
 	require.False(t, began, "a new version: Go")
-	require.Equal(t, float32(103), k)
+	require.Equal(t, float32(103), k[0])
+
 	stop, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		rng := rand.New(rand.NewPCG(11, 12))
-		for k := 200; ; k++ {
-			select {
-			case <-stop:
-				done <- nil
-				return
-			default:
-			}
-			time.Sleep(time.Duration(rng.IntN(400)) * time.Microsecond)
-			if err := admitK(k); err != nil {
-				done <- err
-				return
-			}
-			if k%3 == 0 {
-				if err := o.Engine.Region().Reclaim(); err != nil {
-					done <- err
-					return
-				}
-			}
-		}
-	}()
+	go w.write(200, stop, done)
 	var row1 []float32
-	last, whole := float32(103), 0
+	last, whole, d := float32(103), 0, w.d
 	steps := 3000
 	if testing.Short() {
 		steps = 800
 	}
 	for step := range steps {
-		spans := []steer.Span{{ID: "c-0", Start: 0, End: 1, Phase: steer.PhaseDecode, Pos: step}, {ID: "c-1", Start: 1, End: 2, Phase: steer.PhaseDecode, Pos: step}, {ID: "plain", Start: 2, End: 3, Phase: steer.PhaseDecode, Pos: step}}
-		cs := newCSpans(spans)
-		_, rc, began := probeResolveC(b, cs, 3)
-		require.Zero(t, rc, "step %d", step)
-		block := make([]float32, 3*d)
-		rc, _ = probeApply(fast, uint32(site/L), site%L, unsafe.Pointer(&block[0]), len(block), false, cs)
-		require.Zero(t, rc, "step %d", step)
-		_, rc, ended := probeEndC(fast)
-		require.Zero(t, rc, "step %d", step)
-		cs.free()
+		block, began, ended := w.step(step, nil)
 		k := block[0]
 		for j := range d {
 			require.Equal(t, k, block[j], "step %d: c-0's row is one whole write", step)
@@ -283,5 +254,86 @@ func TestPlanStepsUnderWrites(t *testing.T) {
 	t.Logf("%d of %d steps wholly in C; the last write seen %v", whole, steps, last)
 	require.Positive(t, whole, "steps wholly in C")
 	require.Greater(t, last, float32(200), "writes seen")
-	require.Zero(t, o.Engine.Region().Stats().ReadersPinned, "no pin left")
+	require.Zero(t, w.o.Engine.Region().Stats().ReadersPinned, "no pin left")
+}
+
+// writtenStepper is a stepper with a plan stepping "c-0", "c-1" and "plain" at one site while
+// the owner rewrites "c-0" (admitK: every element k).
+type writtenStepper struct {
+	t       *testing.T
+	o       *steer.Owner
+	cfg     steer.ModelConfig
+	d       int
+	L, site int32
+	fast, b uint64
+}
+
+func newWrittenStepper(t *testing.T) *writtenStepper {
+	o, cfg := planOwner(t)
+	w := &writtenStepper{t: t, o: o, cfg: cfg, d: cfg.Hidden, L: int32(cfg.Layers)}
+	w.site = 1*w.L + 2
+	w.fast = probeStepper(o.Engine, true)
+	t.Cleanup(func() { probeFree(w.fast) })
+	w.b = probeBatch(w.fast, []int32{w.site})
+	require.NotZero(t, w.b)
+	return w
+}
+
+func (w *writtenStepper) admitK(k int) error {
+	var s steer.Steering
+	for hk := range w.cfg.NumHooks() {
+		for l := range w.cfg.Layers {
+			v := make([]float32, w.d)
+			for i := range v {
+				v[i] = float32(k)
+			}
+			s.Base.Vectors = append(s.Base.Vectors, steer.Vector{Hook: w.cfg.HookName(steer.HookID(hk)), Layer: l, Scale: 1, Data: v})
+		}
+	}
+	_, err := w.o.Admit(steer.Admission{RequestID: "c-0", Override: &s})
+	return err
+}
+
+// step runs a step at position pos through the plan first (between runs after its resolve)
+// and returns the steered block (zeros before) and whether it began and ended in C.
+func (w *writtenStepper) step(pos int, between func()) (block []float32, began, ended bool) {
+	t := w.t
+	spans := []steer.Span{{ID: "c-0", Start: 0, End: 1, Phase: steer.PhaseDecode, Pos: pos}, {ID: "c-1", Start: 1, End: 2, Phase: steer.PhaseDecode, Pos: pos}, {ID: "plain", Start: 2, End: 3, Phase: steer.PhaseDecode, Pos: pos}}
+	cs := newCSpans(spans)
+	defer cs.free()
+	_, rc, began := probeResolveC(w.b, cs, 3)
+	require.Zero(t, rc, "step %d", pos)
+	if between != nil {
+		between()
+	}
+	block = make([]float32, 3*w.d)
+	rc, _ = probeApply(w.fast, uint32(w.site/w.L), w.site%w.L, unsafe.Pointer(&block[0]), len(block), false, cs)
+	require.Zero(t, rc, "step %d", pos)
+	_, rc, ended = probeEndC(w.fast)
+	require.Zero(t, rc, "step %d", pos)
+	return block, began, ended
+}
+
+// write rewrites "c-0" from k on, at random moments, reclaiming every third write, until stop.
+func (w *writtenStepper) write(k int, stop <-chan struct{}, done chan<- error) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for ; ; k++ {
+		select {
+		case <-stop:
+			done <- nil
+			return
+		default:
+		}
+		time.Sleep(time.Duration(rng.IntN(400)) * time.Microsecond)
+		if err := w.admitK(k); err != nil {
+			done <- err
+			return
+		}
+		if k%3 == 0 {
+			if err := w.o.Engine.Region().Reclaim(); err != nil {
+				done <- err
+				return
+			}
+		}
+	}
 }
