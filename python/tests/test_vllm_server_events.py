@@ -116,6 +116,32 @@ def test_unknown_named_vector_is_refused_with_the_forks_text(ns, secret, monkeyp
         client.close()
 
 
+def test_a_restarted_owner_is_read_not_the_old_region(ns, secret, monkeypatch):
+    """The frontend's client of an owner that left reads the restarted owner's vectors: a
+    snapshot of the old region would still read (its mapping outlives the owner), so the client
+    asks the owner first and attaches again when it is gone."""
+    monkeypatch.setitem(engine._state, "admissions", None)
+    monkeypatch.setitem(engine._state, "frontend_client", None)
+    monkeypatch.setenv("SHMSTEER_SECRET", secret.decode())
+    monkeypatch.setenv("SHMSTEER_NAMESPACE", ns)
+    calm = {"override": {"base": {"refs": [{"name": "calm", "strength": 1.0}]}}}
+    zen = {"override": {"base": {"refs": [{"name": "zen", "strength": 1.0}]}}}
+    with shmsteer.Owner(ns, secret=secret, hidden=8, layers=2) as owner:
+        owner.register_vector("calm", [("post_block", 0, 1.0, np.ones(8, np.float32))])
+        engine.check_named_refs(calm)
+        first = engine._state["frontend_client"]
+        assert first is not None
+    with shmsteer.Owner(ns, secret=secret, hidden=8, layers=2) as owner:
+        owner.register_vector("zen", [("post_block", 0, 1.0, np.ones(8, np.float32))])
+        engine.check_named_refs(zen)  # the restarted owner's vector
+        with pytest.raises(SteeringRequestError, match=r"^Unknown steering module 'calm'. Available: \['zen'\]$"):
+            engine.check_named_refs(calm)
+        assert engine._state["frontend_client"] is not first
+    client = engine._state["frontend_client"]
+    if client is not None:
+        client.close()
+
+
 def _packed(layers, width: int):
     import base64
     rows = np.ones((len(layers), width), np.float32)

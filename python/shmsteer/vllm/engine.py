@@ -222,7 +222,8 @@ def check_named_refs(kw: Dict[str, Any], vllm_config: Any = None) -> None:
     Checked in the process that validates requests, against the owner's current version; a vector
     removed between this check and the scheduler's admission fails the request there instead
     (``finish_reason`` ``error``). When no owner can be read from here only the gates' form is
-    checked (:func:`shmsteer.check_gates` without a snapshot)."""
+    checked (:func:`shmsteer.check_gates` without a snapshot). A client whose owner left (a
+    ping fails) attaches again once, so a restarted owner's vectors are the ones checked."""
     names = _ref_names(kw)
     steering = kw.get("steering")
     if not names and steering is None:
@@ -234,6 +235,10 @@ def check_named_refs(kw: Dict[str, Any], vllm_config: Any = None) -> None:
         if reader is None:
             break
         try:
+            if reader is _state.get("frontend_client"):
+                # A client's snapshot of an owner that left still reads its old region (the
+                # mapping outlives it): ask the owner first (OwnerGoneError: attach again).
+                reader.ping()
             with reader.snapshot() as snap:
                 refused = _gates_refusal(snap, steering)
                 have = sorted(v["name"] for v in snap.vectors()) if names else []
