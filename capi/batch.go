@@ -56,8 +56,7 @@ func shmsteerGo_batch_free(h C.uint64_t) C.int {
 		return badHandle("shmsteer_batch_free")
 	}
 	if st, ok := getAs[*stepper](b.sth); ok {
-		st.settle(false) // a step C began on this batch is taken over (and ended by the stepper's next begin)
-		st.planDisarm()
+		st.settle(false) // a step C began on this batch is taken over; C's begin is disarmed
 	}
 	if !handles.remove(uint64(h)) {
 		return badHandle("shmsteer_batch_free")
@@ -76,7 +75,6 @@ func shmsteerGo_batch_reset(h C.uint64_t) C.int {
 		if rc := st.settle(false); rc != C.SHMSTEER_OK {
 			return rc
 		}
-		st.planDisarm()
 	}
 	b.b.Reset()
 	return C.SHMSTEER_OK
@@ -104,8 +102,7 @@ func shmsteerGo_batch_sites(h C.uint64_t, sites *C.int32_t, n C.size_t) C.int {
 		return fail(err)
 	}
 	if st, ok := getAs[*stepper](b.sth); ok {
-		st.exported = 0 // new sites: the next native resolve hands them to the plan
-		st.planDisarm() // and the batch checksum counts other sites
+		st.exported = 0 // new sites: the next native resolve hands them to the plan (settle disarmed C's begin)
 	}
 	return C.SHMSTEER_OK
 }
@@ -165,7 +162,6 @@ func shmsteerGo_batch_resolve(h C.uint64_t, version C.uint64_t, spans *C.shmstee
 	if rc != C.SHMSTEER_OK {
 		return badHandle("the batch's stepper was freed")
 	}
-	st.planDisarm() // a native resolve arms it again
 	if out == nil || rows < 0 || rows > math.MaxInt32 || flags&^(C.SHMSTEER_BATCH_END|C.SHMSTEER_BATCH_RESET|C.SHMSTEER_BATCH_NATIVE) != 0 {
 		return badArg("out, rows or flags")
 	}

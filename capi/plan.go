@@ -106,14 +106,17 @@ func (st *stepper) replay(sites []uint32) error {
 	return nil
 }
 
+// planStep is the step C began or armed: its spans (ids in the plan's copy), its batch's
+// handle, rows and version.
+func (st *stepper) planStep() (spans []C.shmsteer_span, ids *C.char, bh C.uint64_t, rows C.int64_t, ver C.uint64_t) {
+	var n C.size_t
+	cs := C.capi_plan_step(st.plan, &n, &ids, &bh, &rows, &ver)
+	return unsafe.Slice(cs, int(n)), ids, bh, rows, ver
+}
+
 // planBatch is the batch the plan's armed resolve belongs to (nil: none, or freed).
 func (st *stepper) planBatch() *batch {
-	var n C.size_t
-	var ids *C.char
-	var bh C.uint64_t
-	var rows C.int64_t
-	var ver C.uint64_t
-	C.capi_plan_step(st.plan, &n, &ids, &bh, &rows, &ver)
+	_, _, bh, _, _ := st.planStep()
 	b, ok := getAs[*batch](uint64(bh))
 	if !ok {
 		return nil
@@ -125,14 +128,8 @@ func (st *stepper) planBatch() *batch {
 // same version (its own pin taken before C's is released, so the version is never unpinned),
 // which gives the checksum C gave.
 func (st *stepper) adopt() error {
-	p := st.plan
-	defer C.capi_plan_adopted(p)
-	var n C.size_t
-	var ids *C.char
-	var bh C.uint64_t
-	var rows C.int64_t
-	var ver C.uint64_t
-	cs := unsafe.Slice(C.capi_plan_step(p, &n, &ids, &bh, &rows, &ver), int(n))
+	defer C.capi_plan_adopted(st.plan)
+	cs, ids, bh, rows, ver := st.planStep()
 	b, ok := getAs[*batch](uint64(bh))
 	if !ok {
 		return fmt.Errorf("%w: the batch of a step begun in C was freed", steer.ErrBadBatch)

@@ -24,12 +24,7 @@ func TestPlanDeviceStepsInC(t *testing.T) {
 	o, cfg := planOwner(t)
 	L := int32(cfg.Layers)
 	attached := []int32{2*L + 0, 1*L + 2, 4*L + 1, 0*L + 1} // (0,1): "clamped"'s clamp
-	ref, fast := probeStepper(o.Engine, false), probeStepper(o.Engine, true)
-	defer probeFree(ref)
-	defer probeFree(fast)
-	bRef, bFast := probeBatch(ref, attached), probeBatch(fast, attached)
-	require.NotZero(t, bRef)
-	require.NotZero(t, bFast)
+	ref, fast, bRef, bFast := planSteppers(t, o, attached)
 	steps := deviceSteps()
 	var last probeDevice
 	var versions []uint64

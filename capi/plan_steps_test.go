@@ -103,11 +103,7 @@ func newPlanPair(t *testing.T, bf16 bool) *planPair {
 		pp.elem = 2
 	}
 	pp.attached = []int32{2*pp.L + 0, 1*pp.L + 2, 4*pp.L + 1}
-	pp.ref, pp.fast = probeStepper(o.Engine, false), probeStepper(o.Engine, true)
-	t.Cleanup(func() { probeFree(pp.ref); probeFree(pp.fast) })
-	pp.bRef, pp.bFast = probeBatch(pp.ref, pp.attached), probeBatch(pp.fast, pp.attached)
-	require.NotZero(t, pp.bRef)
-	require.NotZero(t, pp.bFast)
+	pp.ref, pp.fast, pp.bRef, pp.bFast = planSteppers(t, o, pp.attached)
 	return pp
 }
 

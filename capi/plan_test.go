@@ -217,12 +217,7 @@ func testPlanNativeResolve(t *testing.T, bf16 bool) {
 	L := int32(cfg.Layers)
 	attached := []int32{2*L + 0, 1*L + 2, 0*L + 1, 4*L + 1} // (2,0) pairs with the global vector; (0,1) clamps "clamped"
 	outside := 3*L + 2
-	ref, fast := probeStepper(o.Engine, false), probeStepper(o.Engine, true)
-	defer probeFree(ref)
-	defer probeFree(fast)
-	bRef, bFast := probeBatch(ref, attached), probeBatch(fast, attached)
-	require.NotZero(t, bRef)
-	require.NotZero(t, bFast)
+	ref, fast, bRef, bFast := planSteppers(t, o, attached)
 	decode := func(pos int, ids ...string) []steer.Span {
 		var b []steer.Span
 		for i, id := range ids {
@@ -330,12 +325,7 @@ func testPlanNativeEnd(t *testing.T, bf16 bool) {
 	L := int32(cfg.Layers)
 	attached := []int32{2*L + 0, 1*L + 2, 4*L + 1}
 	outside := 3*L + 2
-	ref, fast := probeStepper(o.Engine, false), probeStepper(o.Engine, true)
-	defer probeFree(ref)
-	defer probeFree(fast)
-	bRef, bFast := probeBatch(ref, attached), probeBatch(fast, attached)
-	require.NotZero(t, bRef)
-	require.NotZero(t, bFast)
+	ref, fast, bRef, bFast := planSteppers(t, o, attached)
 	ids := []string{"c-0", "entry", "c-2", "plain", "clamped"}
 	clampSite := 0*L + 1 // "clamped"'s clamp: never plain, always Go
 	decode := func(pos int) []steer.Span {
@@ -420,4 +410,15 @@ func testPlanNativeEnd(t *testing.T, bf16 bool) {
 		require.False(t, open, "%s: ended in Go after its next call", what)
 		cs.free()
 	}
+}
+
+// planSteppers makes a stepper without a plan (ref) and one with (fast) on o's engine, each
+// with a batch restricted to sites; freed when the test ends.
+func planSteppers(t *testing.T, o *steer.Owner, sites []int32) (ref, fast, bRef, bFast uint64) {
+	ref, fast = probeStepper(o.Engine, false), probeStepper(o.Engine, true)
+	t.Cleanup(func() { probeFree(ref); probeFree(fast) })
+	bRef, bFast = probeBatch(ref, sites), probeBatch(fast, sites)
+	require.NotZero(t, bRef)
+	require.NotZero(t, bFast)
+	return ref, fast, bRef, bFast
 }

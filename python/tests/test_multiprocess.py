@@ -66,6 +66,14 @@ def test_python_owner_killed_readers_keep_reading(spawn, ns, secret):
             c.ping()
 
 
+def _wait_slots_freed(o, base: int) -> None:
+    """Wait (20 s at most) for the owner to free a dead worker's reader slots, back to base."""
+    deadline = time.time() + 20
+    while o.status()["region"]["ReadersClaimed"] > base and time.time() < deadline:
+        time.sleep(0.05)
+    assert o.status()["region"]["ReadersClaimed"] == base, "the dead worker's reader slots"
+
+
 def test_worker_sigkilled_mid_read(spawn, ns, secret):
     with shmsteer.Owner(ns, secret=secret, hidden=16, layers=2) as o:
         o.keys["k1"] = b"value-1"
@@ -80,10 +88,7 @@ def test_worker_sigkilled_mid_read(spawn, ns, secret):
         w.join(30)
         assert w.exitcode == -signal.SIGKILL
         # The owner frees the dead worker's reader slots; writes and reclamation go on.
-        deadline = time.time() + 20
-        while o.status()["region"]["ReadersClaimed"] > base and time.time() < deadline:
-            time.sleep(0.05)
-        assert o.status()["region"]["ReadersClaimed"] == base
+        _wait_slots_freed(o, base)
         for i in range(50):
             o.register_vector("v", [("post_block", 0, 1.0, [float(i)] * 16)])
         with shmsteer.Client(ns, secret=secret) as c:
@@ -147,10 +152,7 @@ def test_native_worker_sigkilled_mid_step(spawn, ns, secret):
             os.kill(w.pid, signal.SIGKILL)
             w.join(30)
             assert w.exitcode == -signal.SIGKILL
-            deadline = time.time() + 20
-            while o.status()["region"]["ReadersClaimed"] > base and time.time() < deadline:
-                time.sleep(0.05)
-            assert o.status()["region"]["ReadersClaimed"] == base, f"round {round_}: the dead worker's slots"
+            _wait_slots_freed(o, base)
             for k in range(20):  # writes and reclamation go on past the dead pins
                 o.register_vector("v", [("post_block", 0, 1.0, [float(k)] * 16), ("post_block", 1, 1.0, [float(k)] * 16)])
         for i in range(3):
