@@ -6,7 +6,7 @@ they only call :mod:`shmsteer.ops` on what they loaded.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -25,12 +25,15 @@ class _ProbeSite(NamedTuple):
 
 
 class _AddSite(NamedTuple):
-    """A site's gated adds this step: its distinct non-zero add rows ``[V, hidden]`` (the hidden
-    dtype) and each column's row in it ``pick [cols, rows]`` (V: the column adds nothing here);
-    pick None: only ``column`` adds here, ``adds[0]`` in every row."""
+    """A site's gated adds this step: its distinct non-zero add rows then a row of zeros
+    ``[V + 1, hidden]`` (float32) and each column's row in it ``pick [cols, rows]`` (V: the
+    column adds nothing here); pick None: only ``column`` adds here, ``adds[0]`` in every row.
+    ``probes``: the sites whose probes set the gates of what adds here (until one of them has
+    run in the step, every such gate is still 0: the site adds nothing)."""
     adds: torch.Tensor
     pick: Optional[torch.Tensor]
     column: int
+    probes: FrozenSet[int]
 
 
 def _first_of(keys: List[Any]) -> Tuple[np.ndarray, List[int]]:
@@ -65,6 +68,7 @@ class EagerGates:
         self._key: Tuple[Any, ...] = ()  # the rows, columns, table uploads and factors the site tables were built for
         self._probe: Dict[int, _ProbeSite] = {}
         self._add: Dict[int, _AddSite] = {}
+        self._probed: Set[int] = set()  # the probe sites run in this step
         self._params = self._gs = self._gate = self._score = torch.zeros(0)
         self._scratch: List[torch.Tensor] = []  # the operators' float32 [>= rows, hidden] products this step
         self._own_scratch: List[torch.Tensor] = []  # ours, when the hooks share none
@@ -75,6 +79,7 @@ class EagerGates:
         ``share``: a float32 buffer of at least ``n`` rows on the device, free while the
         operators run (the step's gather buffer), for their products; else their own."""
         self.awaiting, self.cols = g.report, g.cols
+        self._probed.clear()
         if g.cols == 0 and not len(g.updates) and not len(g.adds):
             return
         if self.tables is None:
@@ -118,15 +123,17 @@ class EagerGates:
             hit = nonzero[slots]
             if not hit.any():
                 continue
+            probes = frozenset(site_of[hit & (site_of >= 0)].tolist())
             used = np.unique(slots[hit])
             lut = np.full(gt.capacity, len(used), np.int64)
             lut[used] = np.arange(len(used))
-            adds = gt.adds[site].index_select(0, torch.from_numpy(used).to(device))
+            adds = torch.zeros(len(used) + 1, self.hidden, dtype=torch.float32, device=device)
+            adds[:-1] = gt.adds[site].index_select(0, torch.from_numpy(used).to(device))
             adding = np.flatnonzero(hit.any(axis=1))
             if len(used) == 1 and len(adding) == 1 and hit[adding[0]].all():  # one column, one row: no weights to sum
-                self._add[site] = _AddSite(adds, None, int(adding[0]))
+                self._add[site] = _AddSite(adds, None, int(adding[0]), probes)
             else:
-                self._add[site] = _AddSite(adds, torch.from_numpy(lut[slots]).to(device), -1)
+                self._add[site] = _AddSite(adds, torch.from_numpy(lut[slots]).to(device), -1, probes)
         flat = torch.from_numpy(slots).to(device).view(-1)
         self._params = torch.stack((gt.thr.index_select(0, flat), gt.sharp.index_select(0, flat),
                                     gt.per_row.index_select(0, flat))).view(3, cols, n)
@@ -139,12 +146,13 @@ class EagerGates:
         """Before the site's gather-add: the columns probing here read their probes."""
         e = self._probe.get(site)
         if e is not None:
+            self._probed.add(site)
             ops.site_gate_probe_(t, e.probes, e.pick, e.here, self._params, self._gate, self._score, self._scratch)
 
     def add(self, t: torch.Tensor, site: int) -> None:
         """After the site's gather-add: every column's gated add rows of this site."""
         e = self._add.get(site)
-        if e is not None:
+        if e is not None and not e.probes.isdisjoint(self._probed):
             ops.site_gate_add_(t, e.adds, e.pick, e.column, self._gate, self._scratch)
 
     def scores(self) -> Optional[torch.Tensor]:

@@ -86,7 +86,7 @@ class StaticGates:
         self.probe_scratch = [torch.zeros(R, hidden, dtype=f32, device=device), torch.zeros(R, hidden, dtype=f32, device=device),
                               torch.zeros(R, dtype=f32, device=device), torch.zeros(R, dtype=f32, device=device),
                               torch.zeros(R, dtype=torch.bool, device=device)]
-        self.add_scratch = [torch.zeros(R, hidden, dtype=dtype, device=device), torch.zeros(R, hidden, dtype=f32, device=device)]
+        self.add_scratch = [torch.zeros(R, hidden, dtype=dtype, device=device)]
         self.site_t: Dict[int, torch.Tensor] = {}  #: each gated site as a 0-dim tensor
 
     def site_tensor(self, site: int) -> torch.Tensor:

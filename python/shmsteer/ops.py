@@ -20,7 +20,8 @@ buffers) by the per-step work outside the forward (``SteeringHooks.step`` / ``pr
     (score - params[0, k, t]))`` (threshold, sharpness, per-row factor); other entries keep
     their values (``site`` is a 0-dim int64 tensor). Mutates ``gate`` and ``score``.
 ``torch.ops.shmsteer.gate_add_(hidden, adds, slots, gate, scratch)``
-    After the site's add: ``h[t] += gate[k, t] * adds[slots[k, t]]`` for every column ``k``.
+    After the site's add: ``h[t] += gate[k, t] * adds[slots[k, t]]`` for every column ``k``, in
+    column order, each in float32 rounded once to the hidden dtype (one ``addcmul_``).
 ``torch.ops.shmsteer.site_gate_probe_(hidden, probes, pick, here, params, gate, score, scratch)``
     The probe gates of one site through its compact probe table ``probes [U, H]`` (float32; the
     distinct probe rows the step's columns read at this site), over the first ``n`` rows, where
@@ -30,11 +31,12 @@ buffers) by the per-step work outside the forward (``SteeringHooks.step`` / ``pr
     bits); then, where ``here[k, t]`` (bool; None: everywhere), ``score[k, t] = S[t, pick[k,
     t]]`` and ``gate[k, t]`` as ``gate_probe_``; other entries keep their values.
 ``torch.ops.shmsteer.site_gate_add_(hidden, adds, pick, column, gate, scratch)``
-    The gated adds of one site through its compact add table ``adds [V, H]`` (the hidden dtype),
-    over the first ``n`` rows (``gate [G, n]``): ``w[t, v] = sum of gate[k, t] over the columns
-    k with pick[k, t] == v`` (``V``: the column adds nothing here), then ``h[t] += w[t, v] *
-    adds[v]`` for each table row (one broadcast pass over the rows, the product in float32 as
-    ``gate_add_``). ``pick`` None: column ``column`` adds ``adds[0]`` in every row, and only it.
+    The gated adds of one site through its compact add table ``adds [V + 1, H]`` (float32: the
+    distinct non-zero add rows the step's columns add here, then a row of zeros), over the
+    first ``n`` rows (``gate [G, n]``): for each column ``k``, ``h[t] += gate[k, t] *
+    adds[pick[k, t]]`` (``V``: the column adds nothing here): one gather of the table and one
+    multiply-add over the rows per column, as ``gate_add_`` (the same bits). ``pick`` None:
+    column ``column`` adds ``adds[0]`` in every row, and only it.
 ``torch.ops.shmsteer.capture_(hidden, src, dst, buf, scratch)``
     Before the site's add: ``buf[dst[i]] = h[src[i]]`` for the first ``min(rows, len(src))``
     entries (a capture consumer's rows, copied to the host after the forward).
@@ -154,21 +156,12 @@ def _gate_add_kernel(hidden: Tensor, adds: Tensor, slots: Tensor, gate: Tensor, 
     n = min(h.shape[0], slots.shape[1])
     rows = h[:n]
     for k in range(slots.shape[0]):
-        w = gate[k, :n].unsqueeze(1)
-        if scratch:  # static mode: a ([T, hidden], the table's dtype), f (float32 [T, hidden])
+        if scratch:  # static mode: a ([T, hidden], the table's dtype)
             a = scratch[0][:n]
             torch.index_select(adds, 0, slots[k, :n], out=a)
         else:
             a = adds.index_select(0, slots[k, :n])
-        if rows.dtype is torch.float32:
-            rows.addcmul_(w, a)
-        elif scratch:
-            f = scratch[1][:n]
-            f.copy_(a)
-            f.mul_(w)
-            rows.add_(f)
-        else:
-            rows.add_(a.float().mul_(w))
+        rows.addcmul_(gate[k, :n].unsqueeze(1), a)  # in float32 (the gate's), rounded once to the hidden's dtype
 
 
 def _site_gate_probe_kernel(hidden: Tensor, probes: Tensor, pick: Tensor, here: Optional[Tensor], params: Tensor,
@@ -202,19 +195,14 @@ def _site_gate_add_kernel(hidden: Tensor, adds: Tensor, pick: Optional[Tensor], 
     n = gate.shape[1]
     h = hidden if hidden.dim() == 2 else hidden.view(-1, adds.shape[1])
     rows = h if h.shape[0] == n else h[:n]
-    if pick is None:  # one column adds adds[0] in every row: its gate is the weight
-        terms = [(gate[column].unsqueeze(1), adds[0])]
-    else:
-        v_rows = adds.shape[0]
-        w = torch.zeros(n, v_rows + 1, dtype=torch.float32, device=h.device)  # column V: the columns adding nothing here
-        w.scatter_add_(1, pick.t(), gate.t())
-        terms = [(w[:, v:v + 1], adds[v]) for v in range(v_rows)]
-    for wv, a in terms:
-        if rows.dtype is torch.float32:
-            rows.addcmul_(wv, a)
-        else:  # the product in float32; scratch: f (float32 [>= n, hidden])
-            f = (scratch[0] if scratch[0].shape[0] == n else scratch[0][:n]) if scratch else None
-            rows.add_(torch.mul(a, wv, out=f) if f is not None else torch.mul(a, wv))
+    if pick is None:  # one column adds adds[0] in every row
+        rows.addcmul_(gate[column].unsqueeze(1), adds[0])
+        return
+    # scratch: a (float32 [>= n, hidden]), each column's gathered rows
+    a = (scratch[0] if scratch[0].shape[0] == n else scratch[0][:n]) if scratch else None
+    for k in range(pick.shape[0]):
+        rows.addcmul_(gate[k].unsqueeze(1), torch.index_select(adds, 0, pick[k], out=a) if a is not None
+                      else adds.index_select(0, pick[k]))
 
 
 def _capture_kernel(hidden: Tensor, src: Tensor, dst: Tensor, buf: Tensor, scratch: List[Tensor]) -> None:

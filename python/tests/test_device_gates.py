@@ -281,3 +281,29 @@ def test_static_gate_sites(owner):
                        gate_sites=[("post_block", 1)])
     with pytest.raises(BatchCapacityError, match="gate_sites"):
         h2.prepare([("r", 0, 2, "decode")])
+
+
+@pytest.mark.parametrize("order", ["forward", "reversed"])
+def test_gated_adds_skip_sites_before_their_probe(owner, monkeypatch, order):
+    """A site whose gated adds' probes have not run yet in the step adds nothing (every gate is
+    still 0), so the eager device path skips its add operator; in any order of the sites, the
+    output is the native path's."""
+    from shmsteer import _hooks_parts, ops
+    owner.admit("r", steering=[{"when": PROBE, "scope": "this_token", "apply": ADD}])
+    nat, cn = _hooks(owner, "native", torch.float32, 2)
+    dev, cd = _hooks(owner, "device", torch.float32, 2)
+    if order == "reversed":
+        for c in (cn, cd):
+            c.points = torch.nn.ModuleList(reversed(list(c.points)))
+    at: List[int] = []  # the site of the running EagerGates.add
+    calls: List[int] = []  # the sites that ran the add operator
+    add, op = _hooks_parts.EagerGates.add, ops.site_gate_add_
+    monkeypatch.setattr(_hooks_parts.EagerGates, "add", lambda self, t, site: (at.append(site), add(self, t, site))[1])
+    monkeypatch.setattr(ops, "site_gate_add_", lambda *a: (calls.append(at[-1]), op(*a))[1])
+    x = _input(MIXED, torch.float32)
+    want = _run(nat, cn, x, [("r", 0, 2, "decode")])
+    got = _run(dev, cd, x, [("r", 0, 2, "decode")])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert len(at) == 3  # every site asked
+    layer = {site: i for i, site in enumerate(at if order == "forward" else reversed(at))}
+    assert [layer[s] for s in calls] == ([1, 2] if order == "forward" else [1, 0]), calls
