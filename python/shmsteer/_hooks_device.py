@@ -185,10 +185,8 @@ class DeviceHooks(SteeringHooks):
                 h = t if t.dim() == 2 else t.view(-1, hidden)
                 if rowsel is not None:
                     h.index_add_(0, rowsel, add)
-                elif h.shape[0] == add.shape[0]:
-                    h.add_(add)
                 else:
-                    h[: add.shape[0]].add_(add)
+                    ops.add_rows_(h if h.shape[0] == add.shape[0] else h[: add.shape[0]], add)
             else:
                 op = self._ops.get(site)
                 if op is not None:

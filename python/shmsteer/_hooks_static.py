@@ -380,7 +380,7 @@ class StaticHooks(SteeringHooks):
                 ops.gate_probe_(t, probe, g.slots, g.site, site_t, g.params, g.gate, g.score, g.probe_scratch)
             if addend is not None:
                 h = t if t.dim() == 2 else t.view(-1, hidden)
-                h.add_(addend if h.shape[0] == addend.shape[0] else addend[: h.shape[0]])
+                ops.add_rows_(h, addend if h.shape[0] == addend.shape[0] else addend[: h.shape[0]])
             else:
                 ops.steer_(t, vec, index, None, dirs, params, k, scratch)
             if adds is not None:

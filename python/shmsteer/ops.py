@@ -60,6 +60,8 @@ from typing import List, Optional
 
 import torch
 
+_HALF = (torch.bfloat16, torch.float16)
+
 from ._torchreq import require_torch
 
 require_torch(torch.__version__)
@@ -287,6 +289,18 @@ def _capture_fake(hidden: Tensor, src: Tensor, dst: Tensor, buf: Tensor, scratch
 _NONE: List[Tensor] = []  # no scratch: the kernels allocate their temporaries
 
 
+def add_rows_(h: Tensor, rows: Tensor) -> None:
+    """``h += rows`` in place, as ``add_``. Compiled, a half dtype adds in float32 and rounds
+    once, which is what ``add_`` computes (the same bits), written so that inductor does not
+    fold the add with a preceding matmul into an ``addmm``: on a CPU a bf16 ``addmm`` costs more
+    than the ``mm`` and the add fused into the next loop (a steered ``mlp_out``, the output of
+    a ``Linear``, otherwise cost 2-4% of a small Llama's compiled decode step)."""
+    if h.dtype in _HALF and torch.compiler.is_compiling():
+        h.copy_(h.float() + rows.float())
+    else:
+        h.add_(rows)
+
+
 def _steer_traced(hidden: Tensor, table: Tensor, index: Tensor, dirs: Optional[Tensor], params: Optional[Tensor],
                   clamps: int) -> None:
     """``steer_`` without ``rowsel`` as the aten operations ``torch.compile`` traces (no scratch:
@@ -297,7 +311,7 @@ def _steer_traced(hidden: Tensor, table: Tensor, index: Tensor, dirs: Optional[T
     h = hidden if hidden.dim() == 2 else hidden.view(-1, table.shape[1])
     m, n = index.shape[0], h.shape[0]
     idx, dst = (index, h) if m == n else ((index, h[:m]) if m < n else (index[:n], h))
-    dst.add_(table[idx])
+    add_rows_(dst, table[idx])
     if clamps <= 0 or dirs is None or params is None:
         return
     x = dst.float()

@@ -162,6 +162,45 @@ def test_compiled_static_sites_trace_aten_ops_not_the_operator(owner):
     hc.close()
 
 
+@pytest.mark.parametrize("static", [True, False], ids=["static", "device"])
+def test_compiled_bf16_add_after_a_matmul_is_not_an_addmm(ns, secret, static):
+    """A steered site on a bias-free Linear's output, in bf16, compiled by inductor: the add is
+    not folded into an addmm (slower than the mm and a fused add on a CPU), and the result is
+    the eager hooks' to the bit (the add computed in float32 and rounded once, as add_)."""
+    from torch._inductor.utils import run_and_get_code
+    rng = np.random.default_rng(4)
+    with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=1, hooks=["mlp_out"]) as o:
+        o.admit("a", override={"decode": {"vectors": [{"hook": "mlp_out", "layer": 0, "scale": 1.0,
+                                                       "data": rng.standard_normal(HIDDEN).tolist()}]}})
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(HIDDEN, HIDDEN, bias=False).to(torch.bfloat16)
+        kw = dict(static=True, max_tokens=T, device="cpu", dtype=torch.bfloat16, max_clamps=0) if static else \
+            dict(force_device_path=True)
+        h = SteeringHooks(o, **kw)
+        h.attach(lin, "mlp_out", 0)
+        x = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+        spans = [("a", 0, T, "decode")]
+        torch._dynamo.reset()
+        compiled = torch.compile(lin, fullgraph=static)
+
+        def run(f):
+            with torch.no_grad():
+                if static:
+                    h.prepare(spans)
+                    y = f(x)
+                    h.report()
+                    return y
+                with h.step(spans):
+                    return f(x)
+
+        want = run(lin)
+        got, code = run_and_get_code(run, compiled)
+        h.close()
+    assert not torch.equal(want, x @ lin.weight.t())  # steered
+    assert torch.equal(got, want)
+    assert code and not any("addmm" in c for c in code), [c for c in code if "addmm" in c][0][:2000]
+
+
 def test_ops_pass_opcheck():
     """torch.library.opcheck of each operator (schema and mutations, fake kernel, AOT dispatch)
     on small inputs, the scratch-free (eager) and the scratch (static) forms; run through
