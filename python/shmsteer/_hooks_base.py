@@ -36,6 +36,54 @@ class DeviceMismatchError(UnsupportedDtypeError):
     changed."""
 
 
+def _sited_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """A module's forward with its steering sites (:class:`SiteHandle`): the forward it
+    replaced, then each site on the output. A method bound to the module (not a closure), so a
+    ``copy.deepcopy`` of the module binds its copy."""
+    sites, inner = self.__dict__["_shmsteer_sites"]
+    out = type(self).forward(self, *args, **kwargs) if inner is None else inner(*args, **kwargs)
+    t = out[0] if isinstance(out, (tuple, list)) else out
+    for f in sites:
+        f(t)
+    return out
+
+
+class SiteHandle:
+    """One site attached to a module by :meth:`SteeringHooks.attach`; ``remove()`` detaches it.
+
+    The module's ``forward`` becomes :func:`_sited_forward` bound to it (an instance attribute),
+    which calls the forward it replaced (the class's, or an instance attribute set before),
+    then each attached site on the output, in the order attached. Removing the last site
+    restores the forward it replaced, unless something has replaced the module's forward since
+    (then that stays, and the sited forward it may call runs no site)."""
+
+    __slots__ = ("_module", "_fn", "_sites")
+
+    def __init__(self, module: torch.nn.Module, fn: Callable[[torch.Tensor], None]) -> None:
+        cur = module.__dict__.get("forward")
+        if getattr(cur, "__func__", None) is not _sited_forward:
+            module.__dict__["_shmsteer_sites"] = ([], cur)  # cur None: the class's forward
+            module.forward = _sited_forward.__get__(module)  # type: ignore[method-assign]
+        sites: List[Callable[[torch.Tensor], None]] = module.__dict__["_shmsteer_sites"][0]
+        sites.append(fn)
+        self._module, self._fn, self._sites = module, fn, sites
+
+    def remove(self) -> None:
+        """Detach the site (idempotent)."""
+        if self._fn in self._sites:
+            self._sites.remove(self._fn)
+        d = self._module.__dict__
+        if self._sites or d.get("_shmsteer_sites", (None,))[0] is not self._sites:
+            return
+        if getattr(d.get("forward"), "__func__", None) is _sited_forward:
+            inner = d["_shmsteer_sites"][1]
+            if inner is None:
+                del d["forward"]
+            else:
+                d["forward"] = inner
+            del d["_shmsteer_sites"]
+
+
 def _wants_device_path(force_device_path: bool, device: Any) -> bool:
     return force_device_path or (device is not None and torch.device(device).type != "cpu")
 
@@ -152,16 +200,15 @@ class SteeringHooks:
             raise LayerRangeError(f"shmsteer: layer {layer}, model has {self.layers}")
         return hook_id * self.layers + layer
 
-    def attach(self, module: torch.nn.Module, hook: str, layer: int) -> Any:
-        """Register a forward hook applying (hook, layer) to module's output; returns its handle."""
+    def attach(self, module: torch.nn.Module, hook: str, layer: int) -> "SiteHandle":
+        """Apply (hook, layer) to module's output (its first element when a tuple or list) as
+        its forward returns, before the module's forward hooks run; returns a handle whose
+        ``remove()`` detaches it. The sites of one module share one wrapper of its ``forward``
+        (an instance attribute): a forward hook would cost the call torch's hook dispatch, about
+        1.2 µs a module warm and 6-8 µs in a decode loop, against 0.1 µs."""
         site = self.site_of(hook, layer)
         self._add_site(site)
-        apply = self._site_fn(site)
-
-        def fn(_mod: torch.nn.Module, _inputs: Any, output: Any) -> None:
-            apply(output[0] if isinstance(output, (tuple, list)) else output)
-
-        r = module.register_forward_hook(fn)
+        r = SiteHandle(module, self._site_fn(site))
         self._removables.append(r)
         return r
 

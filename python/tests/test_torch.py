@@ -152,3 +152,50 @@ def test_cuda_path_matches_go_stepper(steered):
     with torch.no_grad(), hooks.step(SPANS):
         got = mc(x.cuda()).cpu()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("device_path", [False, True], ids=["cpu-native", "device-path-on-cpu"])
+def test_attach_wraps_forward_in_order_and_remove_restores_it(steered, device_path):
+    """attach makes the module's forward call the sites after it (no forward hook: torch's hook
+    dispatch costs the call more than the wrapper); a forward hook on the module sees the steered
+    output; two hooks objects' sites on one module run in attach order; removing every site
+    restores the forward the module had, class or instance attribute; a deep copy of an attached
+    model computes with its own weights."""
+    import copy
+    _, c = steered
+    m = model()
+    x = torch.randn(6, HIDDEN)
+    want = go_reference(c, m, x)
+    a = SteeringHooks(c, force_device_path=device_path)
+    b = SteeringHooks(c, force_device_path=device_path)
+    own = m[3].forward
+    lam = m[3].forward = lambda t, f=own: f(t)  # an instance forward set before attaching
+    seen = []
+    m[1].register_forward_hook(lambda _m, _i, out: seen.append(out.clone()))
+    handles = {}
+    for i, layer in enumerate(m):
+        handles[i] = (a if i % 2 else b).attach(layer, "post_block", i)
+        assert not layer._forward_hooks or i == 1
+    twin = copy.deepcopy(m)
+    with torch.no_grad():
+        twin[0].weight.mul_(2)
+    with torch.no_grad(), a.step(SPANS), b.step(SPANS):
+        got = m(x)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    # The hook on layer 1 saw layer 1's steered output: one more steered pass through 0 and 1.
+    with torch.no_grad(), a.step(SPANS), b.step(SPANS):
+        h1 = m[1](m[0](x))
+    assert torch.equal(seen[-1], h1)
+    with torch.no_grad(), a.step(SPANS), b.step(SPANS):
+        other = twin(x)
+    assert not torch.allclose(other, got)  # the copy's own layer 0
+    # The second hooks' site on layer 0 runs after the first's: both add, in attach order.
+    extra = a.attach(m[0], "post_block", 0)
+    assert m[0].__dict__["_shmsteer_sites"][0][1] is extra._fn
+    extra.remove()
+    a.remove()
+    b.remove()
+    assert "forward" not in m[0].__dict__ and "_shmsteer_sites" not in m[0].__dict__
+    assert m[3].__dict__["forward"] is lam
+    assert torch.equal(unsteered(m, x), m(x).detach())
+    handles[0].remove()  # idempotent
