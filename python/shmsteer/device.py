@@ -101,6 +101,7 @@ for _name, (_res, _args) in {
     _fn.restype, _fn.argtypes = _res, _args
 
 
+_PHASE_NAMES = {"prefill": PHASES["prefill"], "decode": PHASES["decode"]}
 _SPAN = np.dtype([("id", np.uint64), ("id_len", np.uint64), ("start", np.int64), ("end", np.int64),
                   ("phase", np.int32), ("first_position", np.int32)])
 assert _SPAN.itemsize == ctypes.sizeof(_lib.Span), "shmsteer_span layout"
@@ -158,16 +159,36 @@ class SpanPacker:
                 packed.positions[:] = pos
                 self._last = list(spans)
                 return packed
-        recs = []
-        for i, sp in enumerate(spans):
-            rid, start, end, phase, p = span_fields(i, sp)
-            b, addr = self._id(rid)
-            recs.append((addr, len(b), operator.index(start), operator.index(end), PHASES[phase],
-                         _int(f"span {i} first_position", p, I32)))
+        recs = self._records(spans)
+        if recs is None:
+            recs = []
+            for i, sp in enumerate(spans):
+                rid, start, end, phase, p = span_fields(i, sp)
+                b, addr = self._id(rid)
+                recs.append((addr, len(b), operator.index(start), operator.index(end), PHASES[phase],
+                             _int(f"span {i} first_position", p, I32)))
         self._packed = PackedSpans(np.array(recs, dtype=_SPAN))
         self._last = [tuple(sp) for sp in spans]  # tuples: a caller's list mutated later cannot equal them
         self.packs += 1
         return self._packed
+
+    def _records(self, spans: Sequence[Any]) -> Optional[List[Tuple[int, int, int, int, int, int]]]:
+        """The records of spans that are all 5-tuples of Python ints and a phase name, with ids
+        packed before (a batch that changed: one request joined or left); None for anything
+        else, which the general loop above converts and checks."""
+        recs = []
+        ids, hi = self._ids, I32[1]
+        for sp in spans:
+            if type(sp) is not tuple or len(sp) != 5:
+                return None
+            rid, start, end, phase, p = sp
+            ent = ids.get(rid)
+            ph = _PHASE_NAMES.get(phase) if type(phase) is str else None
+            if (ent is None or ph is None or type(start) is not int or type(end) is not int or type(p) is not int
+                    or not 0 <= p <= hi):
+                return None
+            recs.append((ent[1], len(ent[0]), start, end, ph, p))
+        return recs
 
 
 def _advanced(spans: Sequence[Any], last: List[Any]) -> Optional[List[int]]:
@@ -210,15 +231,18 @@ class _Views:
 
     def __init__(self) -> None:
         self._at: Dict[str, Tuple[Optional[int], Tuple[int, ...], np.ndarray]] = {}
-        self._no_gates: Optional[Tuple[int, int, "ResolvedGates"]] = None
+        self._no_gates: Dict[Tuple[int, int], "ResolvedGates"] = {}
 
     def no_gates(self, g: "BatchGatesC", rows: int, hidden: int) -> "ResolvedGates":
-        """The gates of a resolve that has none (no column, update, add, site or report)."""
-        e = self._no_gates
-        slots = int(g.slots)
-        if e is None or e[0] != rows or e[1] != slots:
-            e = self._no_gates = (rows, slots, ResolvedGates(g, rows, hidden, _Views()))
-        return e[2]
+        """The gates of a resolve that has none (no column, update, add, site or report): one
+        object per (rows, slots), kept (a batch whose size goes back and forth makes none)."""
+        key = (rows, int(g.slots))
+        e = self._no_gates.get(key)
+        if e is None:
+            if len(self._no_gates) >= 64:
+                self._no_gates.clear()
+            e = self._no_gates[key] = ResolvedGates(g, rows, hidden, _Views())
+        return e
 
     def get(self, name: str, addr: Optional[int], dtype: Any, shape: Tuple[int, ...]) -> np.ndarray:
         e = self._at.get(name)

@@ -53,6 +53,32 @@ def test_packer_advances_positions_in_place():
     assert list(p.pack(spans).arr["first_position"]) == [2]
 
 
+def test_packer_fast_records_equal_the_general_ones():
+    """A changed batch of 5-tuples with ids packed before takes the packer's short loop
+    (``_records``); it packs what the general loop packs, and anything it does not take (a new
+    id, numpy ints, a bool, a phase constant, a negative position, a bad phase or position) goes to the general loop,
+    with its typed errors."""
+    from shmsteer import PHASE_DECODE
+    p = SpanPacker()
+    p.pack([("a", 0, 1, "prefill", 0), ("b", 1, 2, "decode", 3)])  # the ids, packed once
+    spans = [("b", 0, 2, "decode", 4), ("a", 2, 3, "decode", 9)]
+    assert p._records(spans) is not None
+    fast = p.pack(spans).arr.copy()
+    fresh = SpanPacker()
+    assert fresh._records(spans) is None  # ids not packed before: the general loop
+    slow = fresh.pack(spans).arr
+    assert fast[["id_len", "start", "end", "phase", "first_position"]].tolist() == \
+        slow[["id_len", "start", "end", "phase", "first_position"]].tolist()
+    for odd in ([("a", np.int64(0), 1, "decode", 1)], [("a", 0, 1, PHASE_DECODE, 1)], [("a", 0, True, "decode", 1)],
+                [("c", 0, 1, "decode", 1)], [("a", 0, 1, "decode", -1)]):
+        assert p._records(odd) is None
+        assert p.pack(odd).arr["end"].tolist() == [1]
+    for bad in ([("a", 0, 1, "decoding", 1)], [("a", 0, 1, "decode", 1 << 31)], [("a", 0, 1, "decode", 1.0)]):
+        assert p._records(bad) is None
+        with pytest.raises(InvalidArgumentError):
+            p.pack(bad)
+
+
 def test_resolve_views_reused_and_current(owner):
     Scenario(owner)
     hooks = SteeringHooks(owner, force_device_path=True)
@@ -219,3 +245,18 @@ def test_static_prepare_fast_path_follows_the_batch(owner, monkeypatch):
             assert len(updates) == before, f"step {i}: the fast path writes no table"
         assert not torch.equal(y[0], x[0]), f"step {i}: row 0 steered"
     assert updates[-1] > 0, "the changed vector's rows were written"
+
+
+def test_gateless_resolves_keep_one_gates_object_per_size(owner):
+    """A batch without gates whose size goes back and forth makes its empty gates once per size."""
+    Scenario(owner, clamps=False)
+    hooks = SteeringHooks(owner, force_device_path=True)
+    attach(hooks, Chain())
+    b = hooks.batch
+    two = [("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)]
+    one = [("a", 0, 1, "decode", 6)]
+    g2 = b.resolve(hooks._packer.pack(two), 2, end=True).gates
+    g1 = b.resolve(hooks._packer.pack(one), 1, end=True).gates
+    again = b.resolve(hooks._packer.pack(two), 2, end=True).gates
+    assert g1 is not g2 and again is g2
+    assert g2.cols == 0 and g2.rows.shape == (2, 0) and g1.rows.shape == (1, 0)
