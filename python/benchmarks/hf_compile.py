@@ -23,10 +23,9 @@ torch then computes in this thread, and its CPU time is the work whatever else r
 
 Before timing it checks that the compiled steered model steers as the eager one (the first
 decode step's logits nearer the eager steered forward's than half the steering's effect; a
-graph without the hooks is exactly the unsteered model) and exits 1 otherwise. Dynamo does not
-guard on module hooks by default, so the script sets ``skip_nnmodule_hook_guards = False``
-while it runs: without it the steered twin reuses the plain model's graph and runs unsteered.
-The GPU check (``gpu_check.py``) runs :func:`measure` on its device.
+graph without the hooks is exactly the unsteered model) and exits 1 otherwise. The sites wrap
+the layers' ``forward`` (not module hooks), so dynamo gives the steered twin its own graphs with
+its default settings. The GPU check (``gpu_check.py``) runs :func:`measure` on its device.
 
 ``--explain`` prints ``torch._dynamo.explain``'s graph and graph-break counts of one steered
 decode step and exits.
@@ -241,12 +240,10 @@ def measure(device: torch.device, rounds: int, steps: int, backend: str = "induc
     ``layers``; the result :func:`main` prints."""
     global HIDDEN, LAYERS
     HIDDEN, LAYERS = hidden, layers
-    # Dynamo does not guard on module hooks by default: the steered twin would reuse the plain
-    # model's graph (the same code object, the same guards) and run unsteered. The twins share
-    # LlamaForCausalLM.forward's code: 3 graphs each (prefill into an empty and into a used
-    # cache, decode).
+    # The twins share LlamaForCausalLM.forward's code: 3 graphs each (prefill into an empty and
+    # into a used cache, decode); the sites (forward wrappers, guarded) tell the twins apart.
     ns = "hfbench-" + uuid.uuid4().hex
-    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, recompile_limit=16), \
+    with torch._dynamo.config.patch(recompile_limit=16), \
             shmsteer.Owner(ns, secret=uuid.uuid4().hex.encode(), hidden=HIDDEN, layers=LAYERS) as owner:
         bench = Bench(owner, steps, fullgraph, list(points), device, backend, op_contender)
         try:
@@ -312,7 +309,7 @@ def main() -> None:
     device = torch.device(a.device)
     if a.explain:
         ns = "hfbench-" + uuid.uuid4().hex
-        with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), \
+        with torch._dynamo.config.patch(recompile_limit=16), \
                 shmsteer.Owner(ns, secret=uuid.uuid4().hex.encode(), hidden=HIDDEN, layers=LAYERS) as owner:
             bench = Bench(owner, a.steps, not a.no_fullgraph, points, device, a.backend)
             try:

@@ -37,14 +37,20 @@ class DeviceMismatchError(UnsupportedDtypeError):
 
 
 def _sited_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """A module's forward with its steering sites (:class:`SiteHandle`): the forward it
-    replaced, then each site on the output. A method bound to the module (not a closure), so a
-    ``copy.deepcopy`` of the module binds its copy."""
-    sites, inner = self.__dict__["_shmsteer_sites"]
+    """A module's forward with its steering sites (:class:`SiteHandle`): the input sites on its
+    first input, the forward it replaced, then the output sites on its output. A method bound to
+    the module (not a closure), so a ``copy.deepcopy`` of the module binds its copy."""
+    out_sites, inner, in_sites = self.__dict__["_shmsteer_sites"]
+    if in_sites:
+        x = args[0] if args else next(iter(kwargs.values()), None)
+        if isinstance(x, torch.Tensor):
+            for f in in_sites:
+                f(x)
     out = type(self).forward(self, *args, **kwargs) if inner is None else inner(*args, **kwargs)
-    t = out[0] if isinstance(out, (tuple, list)) else out
-    for f in sites:
-        f(t)
+    if out_sites:
+        t = out[0] if isinstance(out, (tuple, list)) else out
+        for f in out_sites:
+            f(t)
     return out
 
 
@@ -52,19 +58,22 @@ class SiteHandle:
     """One site attached to a module by :meth:`SteeringHooks.attach`; ``remove()`` detaches it.
 
     The module's ``forward`` becomes :func:`_sited_forward` bound to it (an instance attribute),
-    which calls the forward it replaced (the class's, or an instance attribute set before),
-    then each attached site on the output, in the order attached. Removing the last site
-    restores the forward it replaced, unless something has replaced the module's forward since
-    (then that stays, and the sited forward it may call runs no site)."""
+    which runs the input sites on the first input, calls the forward it replaced (the class's,
+    or an instance attribute set before), then runs the output sites on the output, each in the
+    order attached. Not a module hook: dynamo guards the forward a compiled graph traced, so
+    sites attached or removed after compiling recompile it. Removing the last site restores the
+    forward it replaced, unless something has replaced the module's forward since (then that
+    stays, and the sited forward it may call runs no site)."""
 
     __slots__ = ("_module", "_fn", "_sites")
 
-    def __init__(self, module: torch.nn.Module, fn: Callable[[torch.Tensor], None]) -> None:
+    def __init__(self, module: torch.nn.Module, fn: Callable[[torch.Tensor], None], input: bool = False) -> None:
         cur = module.__dict__.get("forward")
         if getattr(cur, "__func__", None) is not _sited_forward:
-            module.__dict__["_shmsteer_sites"] = ([], cur)  # cur None: the class's forward
+            module.__dict__["_shmsteer_sites"] = ([], cur, [])  # cur None: the class's forward
             module.forward = _sited_forward.__get__(module)  # type: ignore[method-assign]
-        sites: List[Callable[[torch.Tensor], None]] = module.__dict__["_shmsteer_sites"][0]
+        state = module.__dict__["_shmsteer_sites"]
+        sites: List[Callable[[torch.Tensor], None]] = state[2] if input else state[0]
         sites.append(fn)
         self._module, self._fn, self._sites = module, fn, sites
 
@@ -73,14 +82,14 @@ class SiteHandle:
         if self._fn in self._sites:
             self._sites.remove(self._fn)
         d = self._module.__dict__
-        if self._sites or d.get("_shmsteer_sites", (None,))[0] is not self._sites:
+        state = d.get("_shmsteer_sites")
+        if state is None or self._sites not in (state[0], state[2]) or state[0] or state[2]:
             return
         if getattr(d.get("forward"), "__func__", None) is _sited_forward:
-            inner = d["_shmsteer_sites"][1]
-            if inner is None:
+            if state[1] is None:
                 del d["forward"]
             else:
-                d["forward"] = inner
+                d["forward"] = state[1]
             del d["_shmsteer_sites"]
 
 
@@ -200,15 +209,17 @@ class SteeringHooks:
             raise LayerRangeError(f"shmsteer: layer {layer}, model has {self.layers}")
         return hook_id * self.layers + layer
 
-    def attach(self, module: torch.nn.Module, hook: str, layer: int) -> "SiteHandle":
+    def attach(self, module: torch.nn.Module, hook: str, layer: int, input: bool = False) -> "SiteHandle":
         """Apply (hook, layer) to module's output (its first element when a tuple or list) as
-        its forward returns, before the module's forward hooks run; returns a handle whose
-        ``remove()`` detaches it. The sites of one module share one wrapper of its ``forward``
-        (an instance attribute): a forward hook would cost the call torch's hook dispatch, about
-        1.2 µs a module warm and 6-8 µs in a decode loop, against 0.1 µs."""
+        its forward returns, before the module's forward hooks run; with ``input``, to its first
+        input (in place) before its forward. Returns a handle whose ``remove()`` detaches it.
+        The sites of one module share one wrapper of its ``forward`` (:class:`SiteHandle`): a
+        forward hook would cost the call torch's hook dispatch (about 1.2 µs a module warm and
+        6-8 µs in a decode loop, against 0.1 µs), and a compiled graph would not see a hook
+        attached after compiling."""
         site = self.site_of(hook, layer)
         self._add_site(site)
-        r = SiteHandle(module, self._site_fn(site))
+        r = SiteHandle(module, self._site_fn(site), input)
         self._removables.append(r)
         return r
 

@@ -52,10 +52,9 @@ itself (a CUDA graph, a ``torch.compile``d ``model.forward``) only reads their s
 ``max_tokens`` must hold the largest forward's ``batch * seq`` rows (the prefill's). To compile,
 attach first, then compile the forward, not the module (``model.forward =
 torch.compile(model.forward, fullgraph=True)``), so that this object's per-forward work on the
-model itself runs eagerly around the graph (``python/benchmarks/hf_compile.py``). Dynamo does not
-guard on module hooks by default (``torch._dynamo.config.skip_nnmodule_hook_guards``): a forward
-compiled before the hooks were attached, or a twin of the same class compiled without them in the
-same process, silently runs a graph without them; set that flag to False to recompile instead.
+model itself runs eagerly around the graph (``python/benchmarks/hf_compile.py``). The sites are
+wrappers of the modules' ``forward`` (not module hooks, which dynamo does not guard by default),
+so a forward compiled before attaching, or an unsteered twin of the same class, recompiles.
 
 Supported ``model_type``: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2 (see
 :data:`LAYOUTS`); another decoder with the same sequential pre-norm block takes a
@@ -171,25 +170,6 @@ def decoder_blocks(model: torch.nn.Module, layout: Optional[Layout] = None) -> L
         raise UnsupportedModelError(f"shmsteer.hf: {layout.layers!r} is not a non-empty ModuleList")
     return [Block(layer, _get(layer, layout.attn_norm, "attention norm"), _get(layer, layout.mlp_norm, "MLP norm"),
                   _get(layer, layout.mlp_out or layout.mlp, "MLP output module")) for layer in layers]
-
-
-class _Tap(torch.nn.Module):
-    """The identity: a module whose output is a tensor another module takes as input, so that
-    :meth:`SteeringHooks.attach` steers it (in place, the tensor itself)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-
-def _tap_input(tap: _Tap) -> Any:
-    """A forward pre-hook handing its module's first input to tap (steered in place)."""
-
-    def pre(_mod: torch.nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-        x = args[0] if args else next(iter(kwargs.values()), None)
-        if isinstance(x, torch.Tensor):
-            tap(x)
-
-    return pre
 
 
 class _Requests:
@@ -350,7 +330,6 @@ class HFSteering:
         self.hooks = hooks if hooks is not None else SteeringHooks(handle, **hook_options)
         self.points: Tuple[str, ...] = tuple(points)
         self._handles: List[Any] = []
-        self._taps: List[_Tap] = []
         self._batch: Optional[_Requests] = None
         self._version = 0
         self._open = False  # a forward's step is open
@@ -363,12 +342,8 @@ class HFSteering:
 
     def _attach_layer(self, b: Block, i: int) -> None:
         for p in self.points:
-            if p in ("pre_attn", "post_attn"):
-                tap = _Tap()
-                self._taps.append(tap)
-                self.hooks.attach(tap, p, i)
-                norm = b.attn_norm if p == "pre_attn" else b.mlp_norm
-                self._handles.append(norm.register_forward_pre_hook(_tap_input(tap), with_kwargs=True))
+            if p in ("pre_attn", "post_attn"):  # the norm's input: the residual stream, in place
+                self.hooks.attach(b.attn_norm if p == "pre_attn" else b.mlp_norm, p, i, input=True)
             else:
                 self.hooks.attach({"mlp_in": b.mlp_norm, "mlp_out": b.mlp_out, "post_block": b.layer}[p], p, i)
 

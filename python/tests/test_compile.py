@@ -201,6 +201,37 @@ def test_compiled_bf16_add_after_a_matmul_is_not_an_addmm(ns, secret, static):
     assert code and not any("addmm" in c for c in code), [c for c in code if "addmm" in c][0][:2000]
 
 
+def test_sites_attached_after_compiling_are_traced_and_removed(owner):
+    """Sites wrap the module's forward (not module hooks, which dynamo does not guard by
+    default): a model compiled before attaching recompiles and steers as the eager hooks do, and
+    after remove() runs its unsteered graph again; no dynamo setting needed."""
+    assert torch._dynamo.config.skip_nnmodule_hook_guards  # the default: hooks are not guarded
+    Scenario(owner, seed=2, clamps=False)
+    comp_m, eager_m = Decoder(), Decoder()
+    x = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(7))
+    torch._dynamo.reset()
+    compiled = torch.compile(comp_m, fullgraph=True)
+    kw = dict(static=True, max_tokens=T, device="cpu", dtype=torch.float32, max_clamps=0)
+    hc, he = SteeringHooks(owner, **kw), SteeringHooks(owner, **kw)
+    spans = [("a", 0, 3, "prefill"), ("b", 3, 4, "decode")]
+    with torch.no_grad():
+        plain = compiled(x.clone())
+        _attach(hc, comp_m)
+        _attach(he, eager_m)
+        hc.prepare(spans)
+        he.prepare(spans)
+        got, want = compiled(x.clone()), eager_m(x.clone())
+        hc.report()
+        he.report()
+        hc.remove()
+        again = compiled(x.clone())
+    assert not torch.allclose(got, plain, atol=1e-3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again, plain, rtol=0, atol=0)
+    hc.close()
+    he.close()
+
+
 def test_ops_pass_opcheck():
     """torch.library.opcheck of each operator (schema and mutations, fake kernel, AOT dispatch)
     on small inputs, the scratch-free (eager) and the scratch (static) forms; run through

@@ -199,3 +199,29 @@ def test_attach_wraps_forward_in_order_and_remove_restores_it(steered, device_pa
     assert m[3].__dict__["forward"] is lam
     assert torch.equal(unsteered(m, x), m(x).detach())
     handles[0].remove()  # idempotent
+
+
+@pytest.mark.parametrize("device_path", [False, True], ids=["cpu-native", "device-path-on-cpu"])
+def test_attach_input_steers_the_first_input_before_the_forward(steered, device_path):
+    """attach(..., input=True) steers the module's first input in place before its forward
+    (positional or keyword), as a site on an identity's output would; remove() detaches it."""
+    _, c = steered
+    lin = model()[0]
+    x = torch.randn(6, HIDDEN)
+    ident = torch.nn.Identity()
+    ref = SteeringHooks(c, force_device_path=device_path)
+    ref.attach(ident, "post_block", 0)
+    with torch.no_grad(), ref.step(SPANS):
+        want_in = ident(x.clone())
+    h = SteeringHooks(c, force_device_path=device_path)
+    r = h.attach(lin, "post_block", 0, input=True)
+    for call in (lambda t: lin(t), lambda t: lin(input=t)):
+        xi = x.clone()
+        with torch.no_grad(), h.step(SPANS):
+            got = call(xi)
+        assert torch.equal(xi, want_in)  # steered in place
+        assert torch.equal(got, torch.nn.functional.linear(want_in, lin.weight, lin.bias))
+    r.remove()
+    assert "forward" not in lin.__dict__
+    with torch.no_grad():
+        assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
