@@ -352,7 +352,10 @@ func (r *Region) Close() error {
 	for s := range r.claimed {
 		r.releaseSlot(s)
 	}
-	if pinlessGet && len(r.open) > 0 {
+	// A Get of one of them may still read the mapping: unpinned where pinlessGet holds, and
+	// where it does not, it loads the version word before its pin is stored (so the scan above
+	// cannot see it). Their ranges stay mapped (park) until the last of them is closed.
+	if len(r.open) > 0 {
 		r.parked = true
 		return r.park()
 	}
