@@ -83,8 +83,8 @@ class SiteHandle:
             self._sites.remove(self._fn)
         d = self._module.__dict__
         state = d.get("_shmsteer_sites")
-        if state is None or self._sites not in (state[0], state[2]) or state[0] or state[2]:
-            return
+        if state is None or (self._sites is not state[0] and self._sites is not state[2]) or state[0] or state[2]:
+            return  # another generation of sites, or sites still attached
         if getattr(d.get("forward"), "__func__", None) is _sited_forward:
             if state[1] is None:
                 del d["forward"]

@@ -60,8 +60,6 @@ from typing import List, Optional
 
 import torch
 
-_HALF = (torch.bfloat16, torch.float16)
-
 from ._torchreq import require_torch
 
 require_torch(torch.__version__)
@@ -287,6 +285,7 @@ def _capture_fake(hidden: Tensor, src: Tensor, dst: Tensor, buf: Tensor, scratch
 
 
 _NONE: List[Tensor] = []  # no scratch: the kernels allocate their temporaries
+_HALF = (torch.bfloat16, torch.float16)
 
 
 def add_rows_(h: Tensor, rows: Tensor) -> None:
