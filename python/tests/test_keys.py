@@ -220,11 +220,12 @@ def test_c_reader_after_its_handle_closed(ns, secret):
     CLOSED from the handle table until shmsteer_reader_close); closing it then does nothing, and
     a reader of a later handle never answers to it."""
     lib = shmsteer._lib.lib
-    get = lib.shmsteer_reader_key_get
+    own = ctypes.CDLL(lib._name)  # prototypes of its own: the package's function objects keep theirs
+    get = own.shmsteer_reader_key_get
     get.restype = ctypes.c_int
     get.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                     ctypes.POINTER(ctypes.c_size_t)]
-    get_tls = lib.shmsteer_reader_key_get_tls
+    get_tls = own.shmsteer_reader_key_get_tls
     get_tls.restype = ctypes.c_int64
     get_tls.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     bad = errors.BadHandleError.code
