@@ -10,12 +10,15 @@ work is traced into it (static mode's gather-add as aten ops the compiler fuses,
 every layer plus a global vector at ``mlp_out`` of layer 1, through static hooks
 (``SteeringHooks(static=True)``: the forward reads only static buffers). ``--op-contender`` adds
 a steered twin whose sites call the opaque ``torch.ops.shmsteer.steer_`` instead (an A/B of the
-two forms in one run). Each contender prefills the batch (not timed), then decodes ``--steps``
-tokens; the contenders alternate round by round (in a shuffled order each round) and each
-round's decode is timed by wall time and by this thread's CPU time. Reported, per clock: the
-median ms per decode step of each, the ratio of the medians and the per-round ratios' median,
-min and max. On a shared, loaded machine run ``--threads 1`` and read the CPU-time figures:
-torch then computes in this thread, and its CPU time is the work whatever else runs.
+two forms in one run). Each round, every contender prefills the batch (not timed), then they
+decode ``--steps`` tokens step by step: at each step every contender runs its step, in a shuffled
+order, each timed by wall time and by this thread's CPU time, so the contenders' steps of one
+step index share the machine's moment (a shared machine's drift, which moved whole rounds by
+0.7-1.5x, cancels in the pairs). Reported, per clock: the median ms per decode step of each, the
+ratio of the medians, and the median, min and max of the paired ratios (each steered step over
+the unsteered step of the same round and index). On a shared, loaded machine run ``--threads 1``
+and read the CPU-time figures: torch then computes in this thread, and its CPU time is the work
+whatever else runs.
 
     $SHMSTEER_PYTHON python/benchmarks/hf_compile.py [--rounds 9] [--steps 32] [--hidden 256] [--layers 4]
         [--points post_block,mlp_out] [--device cpu] [--backend inductor] [--threads N] [--op-contender]
@@ -34,6 +37,7 @@ decode step and exits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -41,7 +45,7 @@ import statistics
 import sys
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -92,17 +96,22 @@ class Decoder:
         tok = self.prefill()
         return self.model(input_ids=tok, position_ids=self.pos[0], cache=self.cache, use_cache=True).logits[:, -1].float()
 
-    def decode(self) -> Tuple[float, float]:
-        """Prefill, then the decode steps; returns the decode's wall time and this thread's CPU
-        time per step (s). The CPU time is the work itself when torch runs one thread on the
-        CPU (--threads 1), whatever else the machine runs; on a GPU it is the host's share."""
+    def decode(self) -> None:
+        """Prefill, then the decode steps (the warm-up)."""
         tok = self.prefill()
-        sync(self.device)
-        t0, c0 = time.perf_counter(), time.thread_time()
         for i in range(self.steps):
             tok = self.step(tok, i)
         sync(self.device)
-        return (time.perf_counter() - t0) / self.steps, (time.thread_time() - c0) / self.steps
+
+    def timed_step(self, tok: torch.Tensor, i: int) -> Tuple[torch.Tensor, float, float]:
+        """Decode step ``i``: its next token, wall time and this thread's CPU time (s). The CPU
+        time is the work itself when torch runs one thread on the CPU (--threads 1), whatever
+        else the machine runs; on a GPU it is the host's share."""
+        sync(self.device)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        tok = self.step(tok, i)
+        sync(self.device)
+        return tok, time.perf_counter() - t0, time.thread_time() - c0
 
 
 def sync(device: torch.device) -> None:
@@ -136,12 +145,14 @@ class Bench:
         self.plain = Decoder(plain_model, steps, device)
         self.model, self.steer, self.steered = self._twin(owner, steps, points, device)
         self.eager = self.steer.eager
-        self.runs: Dict[str, Callable[[], Tuple[float, float]]] = {"unsteered": self.plain.decode,
-                                                                   "steered": self.steered_decode}
+        # Each contender: its decoder, its steering (None: unsteered) and whether its steps run
+        # with the opaque operator traced at its sites.
+        self.contenders: Dict[str, Tuple[Decoder, Optional[HFSteering], bool]] = {
+            "unsteered": (self.plain, None, False), "steered": (self.steered, self.steer, False)}
         self.op: Optional[Tuple[Any, HFSteering, Decoder]] = None
         if op_contender:
             self.op = self._twin(owner, steps, points, device)
-            self.runs["steered-op"] = self.op_decode
+            self.contenders["steered-op"] = (self.op[2], self.op[1], True)
 
     def _twin(self, owner: shmsteer.Owner, steps: int, points: List[str], device: torch.device) -> Tuple[Any, HFSteering, Decoder]:
         model = build_model().to(device)
@@ -157,17 +168,27 @@ class Bench:
         if self.op is not None:
             self.op[1].close()
 
-    def steered_decode(self) -> Tuple[float, float]:
-        with self.steer.requests(self.ids):  # one batch of requests from its prefill on
-            return self.steered.decode()
+    @contextlib.contextmanager
+    def batch(self, name: str) -> Iterator[Decoder]:
+        """Contender ``name``'s decoder, its requests open (one batch from its prefill on)."""
+        dec, steer, _ = self.contenders[name]
+        if steer is None:
+            yield dec
+        else:
+            with steer.requests(self.ids):
+                yield dec
 
-    def op_decode(self) -> Tuple[float, float]:
-        assert self.op is not None
+    @contextlib.contextmanager
+    def sites(self, name: str) -> Iterator[None]:
+        """Around a call of contender ``name``'s model: the steered-op twin's sites traced (at
+        its first call) with the operator, and its graph's guard on the traced function held."""
+        if not self.contenders[name][2]:
+            yield
+            return
         traced = ops._steer_traced
-        ops._steer_traced = _steer_as_op  # traced (at its first call) with the operator at every site
+        ops._steer_traced = _steer_as_op
         try:
-            with self.op[1].requests(self.ids):
-                return self.op[2].decode()
+            yield
         finally:
             ops._steer_traced = traced
 
@@ -193,24 +214,32 @@ class Bench:
 
     def run(self, rounds: int) -> Dict[str, Any]:
         t0 = time.perf_counter()
-        for fn in self.runs.values():  # compile (the prefill's and the decode's shapes) and warm up
-            fn()
-            fn()
+        for name in self.contenders:  # compile (the prefill's and the decode's shapes) and warm up
+            for _ in range(2):
+                with self.batch(name) as dec, self.sites(name):
+                    dec.decode()
         warm = time.perf_counter() - t0
         # The compiled graph steers as the eager forward does: its logits are the eager ones up
         # to bf16 rounding, far from the unsteered model's.
         got = self.steered_first()
         check = {"max_abs_compiled_vs_eager_steered": float((got - self.steered_first(compiled=False)).abs().max()),
                  "max_abs_steered_vs_unsteered": float((got - self.plain.first_logits()).abs().max())}
-        wall: Dict[str, List[float]] = {k: [] for k in self.runs}
-        cpu: Dict[str, List[float]] = {k: [] for k in self.runs}
+        wall: Dict[str, List[float]] = {k: [] for k in self.contenders}
+        cpu: Dict[str, List[float]] = {k: [] for k in self.contenders}
+        names = list(self.contenders)
         for _ in range(rounds):
-            order = list(self.runs)
-            random.shuffle(order)
-            for k in order:
-                w, c = self.runs[k]()
-                wall[k].append(w)
-                cpu[k].append(c)
+            with contextlib.ExitStack() as stack:
+                decs = {k: stack.enter_context(self.batch(k)) for k in names}
+                toks = {}
+                for k in names:
+                    with self.sites(k):
+                        toks[k] = decs[k].prefill()
+                for i in range(self.plain.steps):
+                    for k in random.sample(names, len(names)):
+                        with self.sites(k):
+                            toks[k], w, c = decs[k].timed_step(toks[k], i)
+                        wall[k].append(w)
+                        cpu[k].append(c)
         return {"warmup_s": round(warm, 1), "wall": wall, "cpu": cpu, "check": check}
 
 
@@ -221,15 +250,16 @@ def _steer_as_op(hidden: torch.Tensor, table: torch.Tensor, index: torch.Tensor,
 
 def summary(times: Dict[str, List[float]]) -> Dict[str, Any]:
     """Medians (ms a step) of each contender and, against the unsteered model, the ratio of the
-    medians and the median, min and max of the per-round ratios (the same round's runs)."""
+    medians and the median, min and max of the paired ratios (the steps of the same round and
+    index)."""
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     out: Dict[str, Any] = {"ms_per_step": {k: round(v, 4) for k, v in med.items()}}
     for k in times:
         if k == "unsteered":
             continue
         per = [s / u for s, u in zip(times[k], times["unsteered"])]
-        out[k] = {"ratio_of_medians": round(med[k] / med["unsteered"], 4), "per_round_median": round(statistics.median(per), 4),
-                  "per_round_min": round(min(per), 4), "per_round_max": round(max(per), 4)}
+        out[k] = {"ratio_of_medians": round(med[k] / med["unsteered"], 4), "paired_median": round(statistics.median(per), 4),
+                  "paired_min": round(min(per), 4), "paired_max": round(max(per), 4)}
     return out
 
 
@@ -278,8 +308,8 @@ def lines(res: Dict[str, Any]) -> List[str]:
         out.append(f"  {clock}: " + ", ".join(f"{k} {v:.3f}" for k, v in sm["ms_per_step"].items()) + " ms/step (medians)")
         for k, r in sm.items():
             if k != "ms_per_step":
-                out.append(f"    {k}/unsteered: ratio of medians {r['ratio_of_medians']:.4f}, per round median "
-                           f"{r['per_round_median']:.4f} ({r['per_round_min']:.3f}-{r['per_round_max']:.3f}) (goal <= {GOAL})")
+                out.append(f"    {k}/unsteered: ratio of medians {r['ratio_of_medians']:.4f}, paired steps' median "
+                           f"{r['paired_median']:.4f} ({r['paired_min']:.3f}-{r['paired_max']:.3f}) (goal <= {GOAL})")
     out.append("  first decode step's logits, max |compiled - eager| steered: {max_abs_compiled_vs_eager_steered:.4g}, "
                "max |steered - unsteered|: {max_abs_steered_vs_unsteered:.4g}".format(**res["check"]))
     return out
