@@ -369,18 +369,20 @@ func TestPythonVenvInstall(t *testing.T) {
 		require.NoError(t, err, "%s\n%s", l, out)
 	}
 	cmd := exec.Command(filepath.Join(dir, ".venv", "bin", "python"), "-c",
-		"import os, shmsteer, numpy; d = os.path.dirname(shmsteer.__file__); print(d); print(os.path.exists(os.path.join(d, 'libshmsteer.so'))); print(shmsteer.keys.FAST_KEYS)")
+		"import os, shmsteer, numpy; d = os.path.dirname(shmsteer.__file__); print(d); print(os.path.exists(os.path.join(d, 'libshmsteer.so'))); print(shmsteer.keys.FAST_KEYS); print(os.path.exists(os.path.join(d, '_faststep.abi3.so')))")
 	cmd.Dir = t.TempDir()
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	got := strings.Fields(string(out))
-	require.Len(t, got, 3, "%s", out)
+	require.Len(t, got, 4, "%s", out)
 	require.True(t, strings.HasPrefix(got[0], filepath.Join(dir, ".venv")), "imported from the venv: %s", got[0])
 	require.Equal(t, "True", got[1], "the library is installed with the package")
 	// The key get extension, where go generate built it (python3-dev installed), is installed
 	// with the package and in use.
 	_, err = os.Stat(filepath.Join("..", "python", "shmsteer", "_fastkeys.abi3.so"))
 	require.Equal(t, map[bool]string{true: "True", false: "False"}[err == nil], got[2], "shmsteer.keys.FAST_KEYS in the venv")
+	_, err = os.Stat(filepath.Join("..", "python", "shmsteer", "_faststep.abi3.so"))
+	require.Equal(t, map[bool]string{true: "True", false: "False"}[err == nil], got[3], "the resolve extension installed in the venv")
 }
 
 // The Python package builds, with Debian's setuptools and wheel and no package index, into a
@@ -421,8 +423,10 @@ func TestPythonWheel(t *testing.T) {
 	for _, h := range headerFiles(t) {
 		want = append(want, "shmsteer/"+h)
 	}
-	if _, err := os.Stat(filepath.Join("..", "python", "shmsteer", "_fastkeys.abi3.so")); err == nil {
-		want = append(want, "shmsteer/_fastkeys.abi3.so") // built by go generate with python3-dev
+	for _, ext := range []string{"_fastkeys.abi3.so", "_faststep.abi3.so"} {
+		if _, err := os.Stat(filepath.Join("..", "python", "shmsteer", ext)); err == nil {
+			want = append(want, "shmsteer/"+ext) // built by go generate with python3-dev
+		}
 	}
 	for _, w := range want {
 		require.Contains(t, names, w)

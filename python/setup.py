@@ -1,8 +1,9 @@
 """The wheel carries libshmsteer.so, native code for one platform: tag it for this platform
 (any Python 3, no Python ABI: the library is loaded with ctypes). It also carries the key get
-extension _fastkeys.abi3.so when `go generate ./capi` built it (CPython >= 3.10's stable ABI);
-the tag stays py3-none, since an interpreter that cannot load the extension reads keys through
-ctypes instead (shmsteer.keys). Everything else is in
+extension _fastkeys.abi3.so and the resolve extension _faststep.abi3.so when `go generate
+./capi` built them (CPython >= 3.10's stable ABI); the tag stays py3-none, since an interpreter
+that cannot load them reads keys and resolves steps through ctypes instead (shmsteer.keys,
+shmsteer.device). Everything else is in
 pyproject.toml. Builds with Debian's python3-setuptools and python3-wheel, no package index:
 
     python3 -m pip wheel --no-index --no-build-isolation --no-deps -w dist ./python

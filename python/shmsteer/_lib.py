@@ -8,7 +8,9 @@ non-zero status into the matching exception of :mod:`shmsteer.errors`.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
+from typing import Any, Tuple
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_float, c_int, c_int32, c_int64,
                     c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
@@ -19,6 +21,8 @@ PHASE_PREFILL = 1
 PHASE_DECODE = 2
 #: shmsteer_admit_vector.tier: SHMSTEER_TIER_BASE, _PREFILL, _DECODE.
 TIER_BASE, TIER_PREFILL, TIER_DECODE = 0, 1, 2
+#: Set (not "0") to resolve steps through ctypes, not the ``shmsteer._faststep`` extension.
+STEP_CTYPES_ENV = "SHMSTEER_STEP_CTYPES"
 #: shmsteer_follow flag: switch to a restarted owner once `shmsteer serve` restored its state.
 FOLLOW_READY_SERVE = 1
 
@@ -214,3 +218,30 @@ def read_json(fn, handle) -> bytes:
 __all__ = ["lib", "fast", "check", "last_error", "error_name", "read_json", "OwnerConfig", "VectorEntry",
            "VectorInfo", "Span", "AdmittedC", "AdmitVectorC", "CaptureOptionsC", "EffectiveC", "PHASE_PREFILL",
            "PHASE_DECODE", "TIER_BASE", "TIER_PREFILL", "TIER_DECODE", "ABI_VERSION", "c_char"]
+
+
+def extension(name: str, env: str) -> Tuple[Any, str]:
+    """(the package's C extension ``name``, "") or (None, why the ctypes path is used): ``$env``
+    set (not "0"), the extension not built, or built for another interpreter."""
+    if os.environ.get(env, "") not in ("", "0"):
+        return None, f"${env} is set"
+    try:
+        return importlib.import_module(f"{__package__}.{name}"), ""
+    except ModuleNotFoundError:
+        return None, f"shmsteer.{name} is not built: `go generate ./capi` builds it when python3-dev is installed"
+    except ImportError as e:  # built for another interpreter, say
+        return None, f"shmsteer.{name} does not load ({e}): rebuild it with `go generate ./capi`"
+
+
+def faststep(info_bytes: int) -> Tuple[Any, str]:
+    """(the ``shmsteer._faststep`` extension, bound to this library, "") or (None, why
+    ``StepBatch.resolve`` uses ctypes). ``info_bytes``: ctypes' size of shmsteer_batch_info,
+    which must be the extension's."""
+    mod, why = extension("_faststep", STEP_CTYPES_ENV)
+    if mod is None:
+        return None, why
+    if mod.INFO_BYTES != info_bytes:
+        return None, (f"shmsteer._faststep was built for a shmsteer_batch_info of {mod.INFO_BYTES} bytes, "
+                      f"not {info_bytes}: rebuild it (go generate ./capi)")
+    mod.bind(ctypes.cast(lib.shmsteer_batch_resolve, c_void_p).value)
+    return mod, ""

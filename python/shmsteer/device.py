@@ -30,7 +30,7 @@ from ._torchreq import require_torch
 require_torch(torch.__version__)
 
 from . import _lib  # noqa: E402
-from ._lib import check, lib  # noqa: E402
+from ._lib import check, faststep, lib  # noqa: E402
 from .client import I32, PHASES, _int, span_fields  # noqa: E402
 from .errors import ShapeError, ShmsteerError  # noqa: E402
 
@@ -74,6 +74,10 @@ class BatchInfoC(Structure):
 
 #: Where BatchInfoC's fields past the version and checksum begin.
 _INFO_TAIL = BatchInfoC.checksum.offset + ctypes.sizeof(c_uint64)
+#: The extension behind :meth:`StepBatch.resolve` (None: ctypes; :data:`FAST_STEP_REASON` says why).
+_faststep, FAST_STEP_REASON = faststep(ctypes.sizeof(BatchInfoC))
+#: True when :meth:`StepBatch.resolve` calls the engine through ``shmsteer._faststep``.
+FAST_STEP: bool = _faststep is not None
 
 
 class BatchCapturePlanC(Structure):
@@ -110,14 +114,24 @@ assert _SPAN.itemsize == ctypes.sizeof(_lib.Span), "shmsteer_span layout"
 class PackedSpans:
     """Spans in ``shmsteer_span`` layout (a numpy record array the C calls read in place)."""
 
-    __slots__ = ("arr", "ptr", "n", "rows", "positions")
+    __slots__ = ("arr", "_ptr", "addr", "n", "rows", "positions")
 
-    def __init__(self, arr: np.ndarray) -> None:
+    def __init__(self, arr: np.ndarray, rows: Optional[int] = None) -> None:
         self.arr = arr
         self.positions = arr["first_position"]  # a view: a decode step writes its positions here
         self.n = len(arr)
-        self.ptr = arr.ctypes.data_as(POINTER(_lib.Span)) if self.n else None
-        self.rows = int(arr["end"].max()) if self.n else 0
+        self._ptr: Any = None
+        self.addr: int = arr.ctypes.data if self.n else 0  # the records' address (the _faststep extension's)
+        self.rows = rows if rows is not None else (int(arr["end"].max()) if self.n else 0)  #: the highest end
+
+    @property
+    def ptr(self) -> Any:
+        """The records as a ctypes pointer (None when there are none), made at the first use:
+        the ctypes calls take it, the extension the address."""
+        p = self._ptr
+        if p is None and self.n:
+            p = self._ptr = self.arr.ctypes.data_as(POINTER(_lib.Span))
+        return p
 
     def __len__(self) -> int:
         return self.n
@@ -167,7 +181,7 @@ class SpanPacker:
                 b, addr = self._id(rid)
                 recs.append((addr, len(b), operator.index(start), operator.index(end), PHASES[phase],
                              _int(f"span {i} first_position", p, I32)))
-        self._packed = PackedSpans(np.array(recs, dtype=_SPAN))
+        self._packed = PackedSpans(np.array(recs, dtype=_SPAN), max([r[3] for r in recs]) if recs else 0)
         self._last = [tuple(sp) for sp in spans]  # tuples: a caller's list mutated later cannot equal them
         self.packs += 1
         return self._packed
@@ -208,14 +222,23 @@ def _advanced(spans: Sequence[Any], last: List[Any]) -> Optional[List[int]]:
     return pos
 
 
+class _Memory:
+    """Memory at an address as numpy's array interface (the view keeps this object as its base):
+    no ctypes array type per length, which costs about 16 us for each new one."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, addr: int, shape: Tuple[int, ...], dtype: np.dtype) -> None:
+        self.__array_interface__ = {"data": (addr, False), "shape": shape, "typestr": dtype.str, "version": 3}
+
+
 def _np_view(ptr: Any, n: int, dtype: Any, shape: Tuple[int, ...]) -> np.ndarray:
     """A numpy view of n elements at ptr (an address or a ctypes pointer; an empty array when n
-    is 0). Valid until the next resolve."""
+    is 0), of the given shape (n elements). Valid until the next resolve."""
     if n == 0:
         return np.zeros(shape, dtype=dtype)
     addr = ptr if isinstance(ptr, int) else ctypes.cast(ptr, c_void_p).value
-    buf = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(addr)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    return np.asarray(_Memory(addr, shape, np.dtype(dtype)))
 
 
 _EMPTY = np.zeros((0, 0), np.float32)
@@ -366,6 +389,8 @@ class StepBatch:
         self._views = _Views()  # the result buffers' views, reused while the engine reuses the buffers
         self._last: Optional[Resolved] = None  # the last resolve's result and its info's bytes
         self._last_info = b""
+        # The resolve without ctypes (shmsteer._faststep), which compares the answers itself.
+        self._fast: Any = None if _faststep is None else _faststep.Resolver(self._h, ctypes.addressof(self._info))
         self._gsum = c_uint64()
         self._scores = np.empty(0, np.float32)  # report()'s float32 copy of the scores
         self._scores_ptr: Any = None
@@ -406,25 +431,37 @@ class StepBatch:
         st = self._stepper
         st._enter("batch resolve")  # the stepper's one-thread guard
         try:
-            check(lib.shmsteer_batch_resolve(self._h, version, spans.ptr, spans.n, rows, flags, byref(self._info)))
+            fast = self._fast
+            if fast is not None:
+                same = fast.resolve(version, spans.addr, spans.n, rows, flags)
+                if same > 0:
+                    check(same)
+            else:
+                check(lib.shmsteer_batch_resolve(self._h, version, spans.ptr, spans.n, rows, flags, byref(self._info)))
+                same = None
             st._step_thread = None if end else threading.get_ident()
         finally:
             st._busy.release()
-        return self._result()
+        return self._result(same)
 
-    def _result(self) -> Resolved:
+    def _result(self, same: Optional[int]) -> Resolved:
         """The resolve's :class:`Resolved`: the last one, its version and checksum updated, when
         every other byte of the engine's answer (each buffer's address and length, the counts,
         the gate fields) is the last resolve's, for then it would be made of the same views (the
-        views show the buffers' current content either way)."""
+        views show the buffers' current content either way). ``same``: the extension's
+        comparison (its SAME, -1: equal; CHANGED, 0), None to compare here."""
         info = self._info
-        raw = bytes(info)
         last = self._last
-        if last is not None and raw[_INFO_TAIL:] == self._last_info[_INFO_TAIL:]:
+        if same is None:
+            raw = bytes(info)
+            if last is not None and raw[_INFO_TAIL:] == self._last_info[_INFO_TAIL:]:
+                last.version, last.checksum = info.version, info.checksum
+                return last
+            self._last_info = raw
+        elif same < 0 and last is not None:
             last.version, last.checksum = info.version, info.checksum
             return last
         self._last = res = Resolved(info, self.hidden, self._views)
-        self._last_info = raw
         return res
 
     def resolve_native(self, spans: PackedSpans, rows: int, version: int = 0) -> int:

@@ -19,7 +19,6 @@ Both call only the C ABI (shmsteer.h); neither knows the region's layout.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import os
 import threading
@@ -240,14 +239,9 @@ class Keys(MutableMapping):
 
 def _load_fast() -> Tuple[Optional[Type[Keys]], str]:
     """(the extension's Keys class, "") or (None, why the ctypes get is used)."""
-    if os.environ.get(KEYS_CTYPES_ENV, "") not in ("", "0"):
-        return None, f"${KEYS_CTYPES_ENV} is set"
-    try:
-        _fastkeys: Any = importlib.import_module(__package__ + "._fastkeys")
-    except ModuleNotFoundError:
-        return None, "shmsteer._fastkeys is not built: `go generate ./capi` builds it when python3-dev is installed"
-    except ImportError as e:  # built for another interpreter, say
-        return None, f"shmsteer._fastkeys does not load ({e}): rebuild it with `go generate ./capi`"
+    _fastkeys, why = _lib.extension("_fastkeys", KEYS_CTYPES_ENV)
+    if _fastkeys is None:
+        return None, why
     if _fastkeys.KEY_BUFFER_BYTES != _lib.KEY_BUFFER_BYTES:
         return None, f"shmsteer._fastkeys was built for a key buffer of {_fastkeys.KEY_BUFFER_BYTES} bytes: rebuild it (go generate ./capi)"
     _fastkeys.bind(ctypes.cast(lib.shmsteer_reader_key_get, c_void_p).value,

@@ -83,7 +83,7 @@ def _package_modules() -> Dict[str, ModuleType]:
     mods = {"": shmsteer}
     for info in pkgutil.iter_modules([PKG_DIR]):
         if not os.path.exists(os.path.join(PKG_DIR, info.name + ".py")):
-            continue  # libshmsteer.so, the _fastkeys extension: no ctypes declarations
+            continue  # libshmsteer.so, the _fastkeys and _faststep extensions: no ctypes declarations
         try:
             mods[info.name] = importlib.import_module(f"shmsteer.{info.name}")
         except ModuleNotFoundError as e:

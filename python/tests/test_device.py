@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="torch not importable (apt-get insta
 
 import shmsteer  # noqa: E402
 from shmsteer import _lib  # noqa: E402
-from shmsteer.device import UnsupportedDtypeError  # noqa: E402
+from shmsteer.device import FAST_STEP_REASON, UnsupportedDtypeError  # noqa: E402
 from shmsteer.errors import BadBatchError, BatchCapacityError, ShapeError  # noqa: E402
 from shmsteer.torch_hook import SteeringHooks  # noqa: E402
 
@@ -137,7 +137,19 @@ def test_static_equals_eager_over_changing_steps(owner):
     assert static.uploads == eager.uploads > 0
 
 
-def test_one_engine_crossing_per_step_none_at_sites(owner, monkeypatch):
+class _CountedResolver:
+    """A _faststep.Resolver whose engine calls are counted as the ctypes ones are."""
+
+    def __init__(self, inner, calls):
+        self.inner, self.calls = inner, calls
+
+    def resolve(self, *a):
+        self.calls.append("shmsteer_batch_resolve")
+        return self.inner.resolve(*a)
+
+
+@pytest.mark.parametrize("resolver", ["extension", "ctypes"])
+def test_one_engine_crossing_per_step_none_at_sites(owner, monkeypatch, resolver):
     Scenario(owner)
     chain = Chain()
     hooks = SteeringHooks(owner, force_device_path=True)
@@ -153,6 +165,10 @@ def test_one_engine_crossing_per_step_none_at_sites(owner, monkeypatch):
                 calls.append(_name)
                 return _fn(*a)
             monkeypatch.setattr(_lib.lib, name, counted)
+    fast = hooks.batch._fast
+    if resolver == "extension" and fast is None:
+        pytest.skip(f"the _faststep extension is not in use: {FAST_STEP_REASON}")
+    monkeypatch.setattr(hooks.batch, "_fast", None if fast is None or resolver == "ctypes" else _CountedResolver(fast, calls))
     y = x.clone()
     for _ in range(3):
         with torch.no_grad(), hooks.step(SPANS):

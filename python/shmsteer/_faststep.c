@@ -1,0 +1,172 @@
+/* _faststep: a device worker's one engine call per step (shmsteer_batch_resolve) as a CPython
+ * method, and the comparison of its answer with the last one, so a steady decode step runs no
+ * ctypes call and builds no Python object of the answer.
+ *
+ * It calls the exported C ABI only (shmsteer.h: shmsteer_batch_resolve), through the function
+ * pointer shmsteer._lib hands to bind() from the library it loaded with ctypes (one copy of
+ * libshmsteer.so, the one whose ABI version _lib checked). It knows nothing of the engine: the
+ * library answers; this file only compares answers.
+ *
+ * A Resolver belongs to one shmsteer.device.StepBatch, which keeps everything else: the
+ * stepper's one-thread guard, the error mapping (an error code comes back as it is and the
+ * caller raises from the thread's last error), the Resolved views. Resolver.resolve(version,
+ * spans, n, rows, flags) calls the library with the GIL released (as ctypes.CDLL does: a
+ * resolve may enter Go and build the step's tables) into the caller's shmsteer_batch_info
+ * (the ctypes structure StepBatch owns, passed by address once), then returns
+ *   a positive error code (nothing compared or kept: the next success is compared with the
+ *     last success, as the ctypes path does),
+ *   CHANGED (0): the answer's buffers or counts differ from the last success's, or
+ *   SAME (-1): every field but version and checksum is the last success's: the same buffers
+ *     and counts (whose content the library may have rewritten), so the caller's views of the
+ *     last answer are this one's.
+ *
+ * Built by `go generate ./capi` (capi/pyext.sh) against the stable ABI (Python >= 3.10).
+ */
+#define Py_LIMITED_API 0x030A0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "shmsteer.h"
+
+/* The library's function, set by bind(); its prototype checked against shmsteer.h. */
+static __typeof__(&shmsteer_batch_resolve) batch_resolve;
+
+enum { CHANGED = 0, SAME = -1 };
+
+/* The part of an answer that must equal the last one for SAME: all but version and checksum. */
+#define TAIL_OFF offsetof(shmsteer_batch_info, index)
+#define TAIL_LEN (sizeof(shmsteer_batch_info) - TAIL_OFF)
+
+typedef struct {
+  PyObject_HEAD
+  shmsteer_batch_t *batch;
+  shmsteer_batch_info *info; /* the caller's structure: kept alive by the caller */
+  shmsteer_batch_info last;  /* the last success's answer */
+  int have_last;
+} Resolver;
+
+static int Resolver_init(PyObject *self_, PyObject *args, PyObject *kwds) {
+  Resolver *self = (Resolver *)self_;
+  unsigned long long batch, info;
+  if (kwds != NULL && PyDict_Size(kwds) != 0) {
+    PyErr_SetString(PyExc_TypeError, "shmsteer: _faststep.Resolver takes no keyword arguments");
+    return -1;
+  }
+  if (!PyArg_ParseTuple(args, "KK", &batch, &info)) return -1;
+  if (batch == 0 || info == 0) {
+    PyErr_SetString(PyExc_ValueError, "shmsteer: _faststep.Resolver: a NULL batch or info address");
+    return -1;
+  }
+  self->batch = (shmsteer_batch_t *)(uintptr_t)batch;
+  self->info = (shmsteer_batch_info *)(uintptr_t)info;
+  self->have_last = 0;
+  return 0;
+}
+
+static void Resolver_dealloc(PyObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+  tp_free(self);
+  Py_DECREF(tp);
+}
+
+/* The answer just written against the last success's; it becomes the last. */
+static long outcome(Resolver *self) {
+  const shmsteer_batch_info *in = self->info;
+  if (self->have_last && memcmp((const char *)in + TAIL_OFF, (const char *)&self->last + TAIL_OFF, TAIL_LEN) == 0)
+    return SAME;
+  memcpy(&self->last, in, sizeof *in);
+  self->have_last = 1;
+  return CHANGED;
+}
+
+static PyObject *Resolver_resolve(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+  Resolver *self = (Resolver *)self_;
+  if (batch_resolve == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "shmsteer: _faststep used before bind()");
+    return NULL;
+  }
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "shmsteer: Resolver.resolve(version, spans, n, rows, flags)");
+    return NULL;
+  }
+  unsigned long long version = PyLong_AsUnsignedLongLong(args[0]);
+  unsigned long long spans = PyLong_AsUnsignedLongLong(args[1]);
+  unsigned long long n = PyLong_AsUnsignedLongLong(args[2]);
+  long long rows = PyLong_AsLongLong(args[3]);
+  unsigned long flags = PyLong_AsUnsignedLong(args[4]);
+  if (PyErr_Occurred()) return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = batch_resolve(self->batch, version, (const shmsteer_span *)(uintptr_t)spans, (size_t)n, rows,
+                     (uint32_t)flags, self->info);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(rc != 0 ? rc : outcome(self));
+}
+
+static PyMethodDef Resolver_methods[] = {
+    {"resolve", (PyCFunction)(void (*)(void))Resolver_resolve, METH_FASTCALL,
+     "resolve(version, spans, n, rows, flags): shmsteer_batch_resolve into the info structure; a positive "
+     "error code, or CHANGED or SAME against the last success (spans: an address, 0 for none)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyType_Slot Resolver_slots[] = {
+    {Py_tp_doc, "Resolver(batch, info): a shmsteer_batch_t's resolve into the shmsteer_batch_info at info "
+                "(addresses; the caller keeps both alive)"},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, Resolver_init},
+    {Py_tp_dealloc, Resolver_dealloc},
+    {Py_tp_methods, Resolver_methods},
+    {0, NULL}};
+
+static PyType_Spec Resolver_spec = {"shmsteer._faststep.Resolver", sizeof(Resolver), 0, Py_TPFLAGS_DEFAULT,
+                                    Resolver_slots};
+
+static PyObject *bind(PyObject *mod, PyObject *args) {
+  (void)mod;
+  unsigned long long resolve;
+  if (!PyArg_ParseTuple(args, "K", &resolve)) return NULL;
+  if (resolve == 0) {
+    PyErr_SetString(PyExc_ValueError, "shmsteer: _faststep.bind: a NULL function address");
+    return NULL;
+  }
+  batch_resolve = (__typeof__(batch_resolve))(uintptr_t)resolve;
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS,
+     "bind(batch_resolve): the address of the loaded library's shmsteer_batch_resolve, before any resolve"},
+    {NULL, NULL, 0, NULL}};
+
+static int exec_module(PyObject *m) {
+  PyObject *tp = PyType_FromSpec(&Resolver_spec);
+  if (tp == NULL) return -1;
+  if (PyModule_AddObject(m, "Resolver", tp) < 0) {
+    Py_DECREF(tp);
+    return -1;
+  }
+  if (PyModule_AddIntConstant(m, "CHANGED", CHANGED) < 0 || PyModule_AddIntConstant(m, "SAME", SAME) < 0 ||
+      PyModule_AddIntConstant(m, "INFO_BYTES", (long)sizeof(shmsteer_batch_info)) < 0)
+    return -1;
+  return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {{Py_mod_exec, exec_module}, {0, NULL}};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "shmsteer._faststep",
+    "A device worker's per-step resolve without ctypes (see _faststep.c).",
+    0,
+    methods,
+    module_slots,
+    NULL,
+    NULL,
+    NULL};
+
+PyMODINIT_FUNC PyInit__faststep(void) { return PyModuleDef_Init(&module); }

@@ -1,0 +1,135 @@
+"""Both resolve paths of shmsteer.device.StepBatch: the extension's (shmsteer._faststep, which
+calls shmsteer_batch_resolve and compares the answer with the last one in C) and the ctypes one.
+They must give the same answers, reuse the same Resolved objects, and raise the same exceptions
+with the same messages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from typing import Any, List, Tuple
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch not importable (apt-get install python3-torch)")
+
+import shmsteer  # noqa: E402
+from shmsteer import _lib  # noqa: E402
+from shmsteer import device as D  # noqa: E402
+from shmsteer.torch_hook import SteeringHooks  # noqa: E402
+
+from steering_ref import HIDDEN, HOOKS, LAYERS, Chain, Scenario, attach  # noqa: E402
+
+PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(shmsteer.__file__)))
+
+
+def _need_fast() -> None:
+    if D.FAST_STEP:
+        return
+    headers = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+    if headers and not os.environ.get(_lib.STEP_CTYPES_ENV):
+        pytest.fail(f"Python.h is installed but the resolve extension is not in use: {D.FAST_STEP_REASON}")
+    pytest.skip(f"the resolve extension is not in use: {D.FAST_STEP_REASON}")
+
+
+@pytest.fixture
+def owner(ns, secret):
+    with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=LAYERS, hooks=list(HOOKS) + ["mlp_out"]) as o:
+        yield o
+
+
+def _hooks(owner: Any, fast: bool) -> SteeringHooks:
+    hooks = SteeringHooks(owner, force_device_path=True)
+    attach(hooks, Chain())
+    if not fast:
+        hooks.batch._fast = None
+    elif hooks.batch._fast is None:
+        _need_fast()
+    return hooks
+
+
+def test_batches_use_the_extension_when_built(owner):
+    _need_fast()
+    hooks = _hooks(owner, True)
+    assert isinstance(hooks.batch._fast, shmsteer._faststep.Resolver)
+
+
+def test_env_forces_the_ctypes_resolve():
+    code = ("import shmsteer.device as D\n"
+            "print(D.FAST_STEP, D.FAST_STEP_REASON)\n")
+    env = dict(os.environ, PYTHONPATH=PKG_DIR, **{_lib.STEP_CTYPES_ENV: "1"})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"False ${_lib.STEP_CTYPES_ENV} is set\n"
+
+
+def test_resolver_refuses_bad_arguments():
+    _need_fast()
+    ext = shmsteer._faststep
+    with pytest.raises(ValueError, match="NULL"):
+        ext.Resolver(0, 1)
+    with pytest.raises(TypeError):
+        ext.Resolver(1, 2, info=3)
+    r = ext.Resolver(1, 2)  # never called with these addresses
+    with pytest.raises(TypeError, match="resolve"):
+        r.resolve(0, 0, 0)
+    with pytest.raises(OverflowError):
+        r.resolve(-1, 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="NULL"):
+        ext.bind(0)
+
+
+def _outcome(fn: Any) -> Tuple[str, Any]:
+    try:
+        return "value", fn()
+    except Exception as e:  # the type and the message are part of the answer
+        return type(e).__name__, str(e)
+
+
+def _content(res: D.Resolved) -> Tuple[Any, ...]:
+    return (res.checksum, res.index.tolist(), res.slots, res.sites.tolist(), res.site_clamps.tolist(),
+            res.updates.tolist(), np.asarray(res.stage).tolist(), res.gates.cols)
+
+
+def test_both_paths_answer_alike(owner):
+    """The same steps on two device-path hooks of one owner, one resolving through the
+    extension and one through ctypes: the same answers, the same Resolved reuse (a new one
+    exactly when the answer's buffers or counts changed), the same errors (after which the
+    next answer is compared with the last success's)."""
+    sc = Scenario(owner, clamps=False)
+    fast, slow = _hooks(owner, True), _hooks(owner, False)
+    steps: List[Tuple[List[Any], int]] = [
+        ([("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)], 2),
+        ([("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)], 2),
+        ([("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 4)], 2),
+        ([("a", 0, 1, "decode", 7), ("b", 1, 3, "decode", 5)], 2),  # rows past the block: an error
+        ([("a", 0, 1, "decode", 7), ("b", 1, 2, "decode", 5)], 2),  # the answer before the error again
+        ([("b", 0, 1, "decode", 6)], 1),
+        ([("b", 0, 1, "decode", 7), ("a", 1, 3, "prefill", 0)], 3),
+        ([("b", 0, 1, "decode", 8), ("a", 1, 2, "decode", 2)], 2),
+        ([("b", 0, 1, "decode", 9), ("a", 1, 2, "decode", 3)], 2),
+        ([("b", 0, 1, "decode", 10), ("a", 1, 2, "decode", 4)], 2),
+        ([("b", 0, 1, "decode", 11), ("a", 1, 2, "decode", 5)], 2),
+    ]
+    last = {id(fast): None, id(slow): None}
+    for i, (spans, rows) in enumerate(steps):
+        if i == 8:
+            sc.register("n1", [("post_block", 1, 2.0, np.full(HIDDEN, 0.5, np.float32))])
+        got = []
+        for h in (fast, slow):
+            packed = h._packer.pack(spans)
+            kind, res = _outcome(lambda: h.batch.resolve(packed, rows, end=True))
+            if kind != "value":
+                got.append((kind, res, None))
+                continue
+            reused = res is last[id(h)]
+            last[id(h)] = res
+            got.append((kind, _content(res), reused))
+        assert got[0] == got[1], f"step {i}: extension {got[0]}, ctypes {got[1]}"
+        if i == 3:
+            assert got[0][0] == "BadBatchError", got[0]
+        if i in (2, 10):
+            assert got[0][2] is True, f"step {i}: the same buffers and counts reuse the last Resolved"
