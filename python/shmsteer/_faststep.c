@@ -1,11 +1,12 @@
-/* _faststep: a device worker's one engine call per step (shmsteer_batch_resolve) as a CPython
- * method, and the comparison of its answer with the last one, so a steady decode step runs no
- * ctypes call and builds no Python object of the answer.
+/* _faststep: a device worker's engine calls per step (shmsteer_batch_resolve, and
+ * shmsteer_batch_report when the step has probe gates) as CPython methods, and the comparison
+ * of the resolve's answer with the last one, so a steady decode step runs no ctypes call and
+ * builds no Python object of the answer.
  *
- * It calls the exported C ABI only (shmsteer.h: shmsteer_batch_resolve), through the function
- * pointer shmsteer._lib hands to bind() from the library it loaded with ctypes (one copy of
- * libshmsteer.so, the one whose ABI version _lib checked). It knows nothing of the engine: the
- * library answers; this file only compares answers.
+ * It calls the exported C ABI only (shmsteer.h: shmsteer_batch_resolve, shmsteer_batch_report),
+ * through the function pointers shmsteer._lib hands to bind() from the library it loaded with
+ * ctypes (one copy of libshmsteer.so, the one whose ABI version _lib checked). It knows nothing
+ * of the engine: the library answers; this file only compares answers.
  *
  * A Resolver belongs to one shmsteer.device.StepBatch, which keeps everything else: the
  * stepper's one-thread guard, the error mapping (an error code comes back as it is and the
@@ -19,6 +20,8 @@
  *   SAME (-1): every field but version and checksum is the last success's: the same buffers
  *     and counts (whose content the library may have rewritten), so the caller's views of the
  *     last answer are this one's.
+ * Resolver.report(scores, n) calls shmsteer_batch_report on n float32 scores at the address
+ * scores (0: none), the GIL released, and returns (error code, gate checksum).
  *
  * Built by `go generate ./capi` (capi/pyext.sh) against the stable ABI (Python >= 3.10).
  */
@@ -32,8 +35,9 @@
 
 #include "shmsteer.h"
 
-/* The library's function, set by bind(); its prototype checked against shmsteer.h. */
+/* The library's functions, set by bind(); their prototypes checked against shmsteer.h. */
 static __typeof__(&shmsteer_batch_resolve) batch_resolve;
+static __typeof__(&shmsteer_batch_report) batch_report;
 
 enum { CHANGED = 0, SAME = -1 };
 
@@ -108,10 +112,34 @@ static PyObject *Resolver_resolve(PyObject *self_, PyObject *const *args, Py_ssi
   return PyLong_FromLong(rc != 0 ? rc : outcome(self));
 }
 
+static PyObject *Resolver_report(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+  Resolver *self = (Resolver *)self_;
+  if (batch_report == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "shmsteer: _faststep used before bind()");
+    return NULL;
+  }
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "shmsteer: Resolver.report(scores, n)");
+    return NULL;
+  }
+  unsigned long long scores = PyLong_AsUnsignedLongLong(args[0]);
+  unsigned long long n = PyLong_AsUnsignedLongLong(args[1]);
+  if (PyErr_Occurred()) return NULL;
+  uint64_t sum = 0;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = batch_report(self->batch, (const float *)(uintptr_t)scores, (size_t)n, &sum);
+  Py_END_ALLOW_THREADS
+  return Py_BuildValue("(iK)", rc, (unsigned long long)sum);
+}
+
 static PyMethodDef Resolver_methods[] = {
     {"resolve", (PyCFunction)(void (*)(void))Resolver_resolve, METH_FASTCALL,
      "resolve(version, spans, n, rows, flags): shmsteer_batch_resolve into the info structure; a positive "
      "error code, or CHANGED or SAME against the last success (spans: an address, 0 for none)"},
+    {"report", (PyCFunction)(void (*)(void))Resolver_report, METH_FASTCALL,
+     "report(scores, n): shmsteer_batch_report of n float32 scores at the address scores (0: none); "
+     "(error code, gate checksum)"},
     {NULL, NULL, 0, NULL}};
 
 static PyType_Slot Resolver_slots[] = {
@@ -128,19 +156,21 @@ static PyType_Spec Resolver_spec = {"shmsteer._faststep.Resolver", sizeof(Resolv
 
 static PyObject *bind(PyObject *mod, PyObject *args) {
   (void)mod;
-  unsigned long long resolve;
-  if (!PyArg_ParseTuple(args, "K", &resolve)) return NULL;
-  if (resolve == 0) {
+  unsigned long long resolve, report;
+  if (!PyArg_ParseTuple(args, "KK", &resolve, &report)) return NULL;
+  if (resolve == 0 || report == 0) {
     PyErr_SetString(PyExc_ValueError, "shmsteer: _faststep.bind: a NULL function address");
     return NULL;
   }
   batch_resolve = (__typeof__(batch_resolve))(uintptr_t)resolve;
+  batch_report = (__typeof__(batch_report))(uintptr_t)report;
   Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
-     "bind(batch_resolve): the address of the loaded library's shmsteer_batch_resolve, before any resolve"},
+     "bind(batch_resolve, batch_report): the addresses of the loaded library's shmsteer_batch_resolve and "
+     "shmsteer_batch_report, before any call"},
     {NULL, NULL, 0, NULL}};
 
 static int exec_module(PyObject *m) {

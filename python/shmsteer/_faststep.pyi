@@ -11,6 +11,8 @@ class Resolver:
     def __init__(self, batch: int, info: int) -> None: ...
     def resolve(self, version: int, spans: int, n: int, rows: int, flags: int) -> int:
         """A positive error code, or CHANGED or SAME against the last success."""
+    def report(self, scores: int, n: int) -> tuple[int, int]:
+        """shmsteer_batch_report of n float32 scores at ``scores`` (0: none): (error code, gate checksum)."""
 
-def bind(batch_resolve: int) -> None:
-    """The loaded library's shmsteer_batch_resolve address."""
+def bind(batch_resolve: int, batch_report: int) -> None:
+    """The loaded library's shmsteer_batch_resolve and shmsteer_batch_report addresses."""

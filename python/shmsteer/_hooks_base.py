@@ -288,7 +288,7 @@ class SteeringHooks:
     def _report(self, scores: Optional[torch.Tensor]) -> None:
         """Hand the step's probe scores ([rows, cols] float32, on any device) back."""
         self.engine_calls += 1
-        self.gate_checksum = self.batch.report(None if scores is None else scores.cpu().numpy())
+        self.gate_checksum = self.batch.report_tensor(scores)
 
     # ---- capture --------------------------------------------------------------------------
 

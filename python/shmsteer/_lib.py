@@ -243,5 +243,5 @@ def faststep(info_bytes: int) -> Tuple[Any, str]:
     if mod.INFO_BYTES != info_bytes:
         return None, (f"shmsteer._faststep was built for a shmsteer_batch_info of {mod.INFO_BYTES} bytes, "
                       f"not {info_bytes}: rebuild it (go generate ./capi)")
-    mod.bind(ctypes.cast(lib.shmsteer_batch_resolve, c_void_p).value)
+    mod.bind(ctypes.cast(lib.shmsteer_batch_resolve, c_void_p).value, ctypes.cast(lib.shmsteer_batch_report, c_void_p).value)
     return mod, ""

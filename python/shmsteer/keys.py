@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import threading
 from collections.abc import MutableMapping
 from ctypes import byref, c_size_t, c_void_p

@@ -79,7 +79,7 @@ def test_resolver_refuses_bad_arguments():
     with pytest.raises(OverflowError):
         r.resolve(-1, 0, 0, 0, 0)
     with pytest.raises(ValueError, match="NULL"):
-        ext.bind(0)
+        ext.bind(0, 0)
 
 
 def _outcome(fn: Any) -> Tuple[str, Any]:
@@ -133,3 +133,43 @@ def test_both_paths_answer_alike(owner):
             assert got[0][0] == "BadBatchError", got[0]
         if i in (2, 10):
             assert got[0][2] is True, f"step {i}: the same buffers and counts reuse the last Resolved"
+
+
+@pytest.fixture
+def gates_owner(ns, secret):
+    import test_device_gates as G
+    with shmsteer.Owner(ns, secret=secret, hidden=G.D, layers=G.LAYERS) as o:
+        o.register_vector("p", [("post_block", 1, 1.0, G._unit(0))], kind="probe")
+        o.register_vector("s", [("post_block", l, 1.0, G._unit(1)) for l in range(G.LAYERS)])
+        yield o
+
+
+def test_gate_reports_alike(gates_owner):
+    """Every gate case of test_device_gates on two device-path hooks, one reporting its scores
+    through the extension (the tensor's memory as it is) and one through ctypes (a numpy copy):
+    the same outputs, gate checksums and counts at every step, both equal to the native path."""
+    import test_device_gates as G
+    if not D.FAST_STEP:
+        _need_fast()
+    for c, (name, gates, steps) in enumerate(G.CASES):
+        rid = f"r{c}"
+        gates_owner.admit(rid, override=G._own_steering(), steering=gates, conversation=f"c{c}")
+        nat, cn = G._hooks(gates_owner, "native", torch.float32, 2)
+        fast, cf = G._hooks(gates_owner, "device", torch.float32, 2)
+        slow, cs = G._hooks(gates_owner, "device", torch.float32, 2)
+        slow.batch._fast = None
+        assert fast.batch._fast is not None
+        for i, (h0, phase) in enumerate(steps):
+            x = G._input(h0, torch.float32)
+            spans = [(rid, 0, len(h0), phase)]
+            want = G._run(nat, cn, x, spans)
+            got_fast, got_slow = G._run(fast, cf, x, spans), G._run(slow, cs, x, spans)
+            assert torch.equal(got_fast, got_slow), f"{name} step {i}"
+            torch.testing.assert_close(got_fast, want, rtol=0, atol=1e-5, msg=f"{name} step {i}")
+            assert fast.gate_checksum == slow.gate_checksum, f"{name} step {i}"
+            sf, ss, sn = fast.stepper.stats(), slow.stepper.stats(), nat.stepper.stats()
+            assert sf == ss and sf["gate_checksum"] == sn["gate_checksum"], f"{name} step {i}"
+        assert fast.batch.reports == slow.batch.reports
+        for h in (nat, fast, slow):
+            h.close()
+        gates_owner.end(rid)
