@@ -1,9 +1,11 @@
-/* _faststep: a device worker's engine calls per step (shmsteer_batch_resolve, and
- * shmsteer_batch_report when the step has probe gates) as CPython methods, and the comparison
- * of the resolve's answer with the last one, so a steady decode step runs no ctypes call and
- * builds no Python object of the answer.
+/* _faststep: a worker's engine calls per step as CPython methods: on the device path the
+ * resolve (shmsteer_batch_resolve) and the report of a step with probe gates
+ * (shmsteer_batch_report), with the comparison of the resolve's answer with the last one; on
+ * the native path the resolve that begins the step (SHMSTEER_BATCH_NATIVE) and each site's apply
+ * (shmsteer_stepper_apply, shmsteer_stepper_apply_bf16). A steady decode step then runs no
+ * ctypes call and builds no Python object of the answer.
  *
- * It calls the exported C ABI only (shmsteer.h: shmsteer_batch_resolve, shmsteer_batch_report),
+ * It calls the exported C ABI only (shmsteer.h: those four functions),
  * through the function pointers shmsteer._lib hands to bind() from the library it loaded with
  * ctypes (one copy of libshmsteer.so, the one whose ABI version _lib checked). It knows nothing
  * of the engine: the library answers; this file only compares answers.
@@ -22,6 +24,9 @@
  *     last answer are this one's.
  * Resolver.report(scores, n) calls shmsteer_batch_report on n float32 scores at the address
  * scores (0: none), the GIL released, and returns (error code, gate checksum).
+ * Resolver.begin(version, spans, n, rows) is the native resolve (the checksum in the info
+ * structure, nothing compared or kept), and apply(stepper, hook, layer, rows, n, spans, n_spans,
+ * bf16) a native site's apply; both return the error code, the GIL released around the call.
  *
  * Built by `go generate ./capi` (capi/pyext.sh) against the stable ABI (Python >= 3.10).
  */
@@ -38,6 +43,8 @@
 /* The library's functions, set by bind(); their prototypes checked against shmsteer.h. */
 static __typeof__(&shmsteer_batch_resolve) batch_resolve;
 static __typeof__(&shmsteer_batch_report) batch_report;
+static __typeof__(&shmsteer_stepper_apply) stepper_apply;
+static __typeof__(&shmsteer_stepper_apply_bf16) stepper_apply_bf16;
 
 enum { CHANGED = 0, SAME = -1 };
 
@@ -88,40 +95,53 @@ static long outcome(Resolver *self) {
   return CHANGED;
 }
 
-static PyObject *Resolver_resolve(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
-  Resolver *self = (Resolver *)self_;
-  if (batch_resolve == NULL) {
+/* 0 when fn is bound and the call has want arguments; else -1 with the exception set. */
+static int ready(const void *fn, Py_ssize_t nargs, Py_ssize_t want, const char *usage) {
+  if (fn == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "shmsteer: _faststep used before bind()");
-    return NULL;
+    return -1;
   }
-  if (nargs != 5) {
-    PyErr_SetString(PyExc_TypeError, "shmsteer: Resolver.resolve(version, spans, n, rows, flags)");
-    return NULL;
+  if (nargs != want) {
+    PyErr_Format(PyExc_TypeError, "shmsteer: %s", usage);
+    return -1;
   }
+  return 0;
+}
+
+/* The resolve of args (version, spans, n, rows) with flags into the info structure, the GIL
+ * released: 0 with *rc set, or -1 with a Python exception. */
+static int call_resolve(Resolver *self, PyObject *const *args, unsigned long flags, int *rc) {
   unsigned long long version = PyLong_AsUnsignedLongLong(args[0]);
   unsigned long long spans = PyLong_AsUnsignedLongLong(args[1]);
   unsigned long long n = PyLong_AsUnsignedLongLong(args[2]);
   long long rows = PyLong_AsLongLong(args[3]);
-  unsigned long flags = PyLong_AsUnsignedLong(args[4]);
-  if (PyErr_Occurred()) return NULL;
-  int rc;
+  if (PyErr_Occurred()) return -1;
   Py_BEGIN_ALLOW_THREADS
-  rc = batch_resolve(self->batch, version, (const shmsteer_span *)(uintptr_t)spans, (size_t)n, rows,
-                     (uint32_t)flags, self->info);
+  *rc = batch_resolve(self->batch, version, (const shmsteer_span *)(uintptr_t)spans, (size_t)n, rows,
+                      (uint32_t)flags, self->info);
   Py_END_ALLOW_THREADS
+  return 0;
+}
+
+static PyObject *Resolver_resolve(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+  Resolver *self = (Resolver *)self_;
+  if (ready((const void *)batch_resolve, nargs, 5, "Resolver.resolve(version, spans, n, rows, flags)") < 0) return NULL;
+  unsigned long flags = PyLong_AsUnsignedLong(args[4]);
+  int rc;
+  if ((flags == (unsigned long)-1 && PyErr_Occurred()) || call_resolve(self, args, flags, &rc) < 0) return NULL;
   return PyLong_FromLong(rc != 0 ? rc : outcome(self));
+}
+
+static PyObject *Resolver_begin(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+  if (ready((const void *)batch_resolve, nargs, 4, "Resolver.begin(version, spans, n, rows)") < 0) return NULL;
+  int rc;
+  if (call_resolve((Resolver *)self_, args, SHMSTEER_BATCH_NATIVE, &rc) < 0) return NULL;
+  return PyLong_FromLong(rc);
 }
 
 static PyObject *Resolver_report(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
   Resolver *self = (Resolver *)self_;
-  if (batch_report == NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "shmsteer: _faststep used before bind()");
-    return NULL;
-  }
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "shmsteer: Resolver.report(scores, n)");
-    return NULL;
-  }
+  if (ready((const void *)batch_report, nargs, 2, "Resolver.report(scores, n)") < 0) return NULL;
   unsigned long long scores = PyLong_AsUnsignedLongLong(args[0]);
   unsigned long long n = PyLong_AsUnsignedLongLong(args[1]);
   if (PyErr_Occurred()) return NULL;
@@ -137,6 +157,9 @@ static PyMethodDef Resolver_methods[] = {
     {"resolve", (PyCFunction)(void (*)(void))Resolver_resolve, METH_FASTCALL,
      "resolve(version, spans, n, rows, flags): shmsteer_batch_resolve into the info structure; a positive "
      "error code, or CHANGED or SAME against the last success (spans: an address, 0 for none)"},
+    {"begin", (PyCFunction)(void (*)(void))Resolver_begin, METH_FASTCALL,
+     "begin(version, spans, n, rows): the native resolve (SHMSTEER_BATCH_NATIVE) into the info structure; the "
+     "error code (nothing compared or kept)"},
     {"report", (PyCFunction)(void (*)(void))Resolver_report, METH_FASTCALL,
      "report(scores, n): shmsteer_batch_report of n float32 scores at the address scores (0: none); "
      "(error code, gate checksum)"},
@@ -154,23 +177,59 @@ static PyType_Slot Resolver_slots[] = {
 static PyType_Spec Resolver_spec = {"shmsteer._faststep.Resolver", sizeof(Resolver), 0, Py_TPFLAGS_DEFAULT,
                                     Resolver_slots};
 
+/* apply(stepper, hook, layer, rows, n, spans, n_spans, bf16): a native site's apply. */
+static PyObject *apply(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+  (void)mod;
+  if (ready((const void *)stepper_apply_bf16, nargs, 8, "apply(stepper, hook, layer, rows, n, spans, n_spans, bf16)") < 0)
+    return NULL;
+  unsigned long long st = PyLong_AsUnsignedLongLong(args[0]);
+  unsigned long hook = PyLong_AsUnsignedLong(args[1]);
+  long layer = PyLong_AsLong(args[2]);
+  unsigned long long rows = PyLong_AsUnsignedLongLong(args[3]);
+  unsigned long long n = PyLong_AsUnsignedLongLong(args[4]);
+  unsigned long long spans = PyLong_AsUnsignedLongLong(args[5]);
+  unsigned long long nspans = PyLong_AsUnsignedLongLong(args[6]);
+  int bf16 = PyObject_IsTrue(args[7]);
+  if (PyErr_Occurred() || bf16 < 0) return NULL;
+  if (hook > UINT32_MAX || layer < INT32_MIN || layer > INT32_MAX) {
+    PyErr_SetString(PyExc_OverflowError, "shmsteer: apply: hook or layer out of range");
+    return NULL;
+  }
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  if (bf16)
+    rc = stepper_apply_bf16((shmsteer_stepper_t *)(uintptr_t)st, (uint32_t)hook, (int32_t)layer,
+                            (uint16_t *)(uintptr_t)rows, (size_t)n, (const shmsteer_span *)(uintptr_t)spans,
+                            (size_t)nspans);
+  else
+    rc = stepper_apply((shmsteer_stepper_t *)(uintptr_t)st, (uint32_t)hook, (int32_t)layer, (float *)(uintptr_t)rows,
+                       (size_t)n, (const shmsteer_span *)(uintptr_t)spans, (size_t)nspans);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(rc);
+}
+
 static PyObject *bind(PyObject *mod, PyObject *args) {
   (void)mod;
-  unsigned long long resolve, report;
-  if (!PyArg_ParseTuple(args, "KK", &resolve, &report)) return NULL;
-  if (resolve == 0 || report == 0) {
+  unsigned long long resolve, report, ap, ap16;
+  if (!PyArg_ParseTuple(args, "KKKK", &resolve, &report, &ap, &ap16)) return NULL;
+  if (resolve == 0 || report == 0 || ap == 0 || ap16 == 0) {
     PyErr_SetString(PyExc_ValueError, "shmsteer: _faststep.bind: a NULL function address");
     return NULL;
   }
   batch_resolve = (__typeof__(batch_resolve))(uintptr_t)resolve;
   batch_report = (__typeof__(batch_report))(uintptr_t)report;
+  stepper_apply = (__typeof__(stepper_apply))(uintptr_t)ap;
+  stepper_apply_bf16 = (__typeof__(stepper_apply_bf16))(uintptr_t)ap16;
   Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
-     "bind(batch_resolve, batch_report): the addresses of the loaded library's shmsteer_batch_resolve and "
-     "shmsteer_batch_report, before any call"},
+     "bind(batch_resolve, batch_report, stepper_apply, stepper_apply_bf16): the addresses of the loaded "
+     "library's functions, before any call"},
+    {"apply", (PyCFunction)(void (*)(void))apply, METH_FASTCALL,
+     "apply(stepper, hook, layer, rows, n, spans, n_spans, bf16): shmsteer_stepper_apply (or _bf16) on n "
+     "elements at the address rows; the error code"},
     {NULL, NULL, 0, NULL}};
 
 static int exec_module(PyObject *m) {

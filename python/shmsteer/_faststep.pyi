@@ -11,8 +11,13 @@ class Resolver:
     def __init__(self, batch: int, info: int) -> None: ...
     def resolve(self, version: int, spans: int, n: int, rows: int, flags: int) -> int:
         """A positive error code, or CHANGED or SAME against the last success."""
+    def begin(self, version: int, spans: int, n: int, rows: int) -> int:
+        """The native resolve (SHMSTEER_BATCH_NATIVE) into the info structure: the error code."""
     def report(self, scores: int, n: int) -> tuple[int, int]:
         """shmsteer_batch_report of n float32 scores at ``scores`` (0: none): (error code, gate checksum)."""
 
-def bind(batch_resolve: int, batch_report: int) -> None:
-    """The loaded library's shmsteer_batch_resolve and shmsteer_batch_report addresses."""
+def bind(batch_resolve: int, batch_report: int, stepper_apply: int, stepper_apply_bf16: int) -> None:
+    """The loaded library's functions' addresses."""
+
+def apply(stepper: int, hook: int, layer: int, rows: int, n: int, spans: int, n_spans: int, bf16: bool) -> int:
+    """shmsteer_stepper_apply (or _bf16) on n elements at the address rows: the error code."""

@@ -9,7 +9,7 @@ import torch
 from ._hooks_base import DeviceMismatchError, SteeringHooks
 from ._lib import check, lib
 from .client import SpanLike
-from .device import CAPTURE_DTYPES, DTYPES, PackedSpans, check_hidden
+from .device import CAPTURE_DTYPES, DTYPES, FAST_APPLY, PackedSpans, check_hidden
 from .errors import ShapeError
 
 
@@ -26,6 +26,7 @@ class NativeHooks(SteeringHooks):
         super().__init__(handle, force_device_path, **kw)
         self._packed: Optional[PackedSpans] = None  # the open step's spans
         self._rows = 0
+        self._fast_apply: Any = FAST_APPLY  # the extension's apply (None: ctypes)
 
     @property
     def mode(self) -> str:
@@ -65,8 +66,12 @@ class NativeHooks(SteeringHooks):
             if n // hidden < self._rows:
                 slow(t, hook_id, layer)
                 return
-            fn = lib.shmsteer_stepper_apply_bf16 if dt is bf16 else lib.shmsteer_stepper_apply
-            rc = fn(self.stepper.handle, hook_id, layer, t.data_ptr(), n, p.ptr, p.n)
+            fast = self._fast_apply
+            if fast is not None:
+                rc = fast(self.stepper.handle, hook_id, layer, t.data_ptr(), n, p.addr, p.n, dt is bf16)
+            else:
+                fn = lib.shmsteer_stepper_apply_bf16 if dt is bf16 else lib.shmsteer_stepper_apply
+                rc = fn(self.stepper.handle, hook_id, layer, t.data_ptr(), n, p.ptr, p.n)
             if rc:
                 check(rc)
         return apply

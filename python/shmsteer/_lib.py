@@ -234,8 +234,8 @@ def extension(name: str, env: str) -> Tuple[Any, str]:
 
 
 def faststep(info_bytes: int) -> Tuple[Any, str]:
-    """(the ``shmsteer._faststep`` extension, bound to this library, "") or (None, why
-    ``StepBatch.resolve`` uses ctypes). ``info_bytes``: ctypes' size of shmsteer_batch_info,
+    """(the ``shmsteer._faststep`` extension, bound to this library, "") or (None, why a step's
+    resolve, report and native applies use ctypes). ``info_bytes``: ctypes' size of shmsteer_batch_info,
     which must be the extension's."""
     mod, why = extension("_faststep", STEP_CTYPES_ENV)
     if mod is None:
@@ -243,5 +243,6 @@ def faststep(info_bytes: int) -> Tuple[Any, str]:
     if mod.INFO_BYTES != info_bytes:
         return None, (f"shmsteer._faststep was built for a shmsteer_batch_info of {mod.INFO_BYTES} bytes, "
                       f"not {info_bytes}: rebuild it (go generate ./capi)")
-    mod.bind(ctypes.cast(lib.shmsteer_batch_resolve, c_void_p).value, ctypes.cast(lib.shmsteer_batch_report, c_void_p).value)
+    mod.bind(*(ctypes.cast(getattr(lib, f), c_void_p).value for f in (
+        "shmsteer_batch_resolve", "shmsteer_batch_report", "shmsteer_stepper_apply", "shmsteer_stepper_apply_bf16")))
     return mod, ""

@@ -77,6 +77,9 @@ _INFO_TAIL = BatchInfoC.checksum.offset + ctypes.sizeof(c_uint64)
 _faststep, FAST_STEP_REASON = faststep(ctypes.sizeof(BatchInfoC))
 #: True when :meth:`StepBatch.resolve` calls the engine through ``shmsteer._faststep``.
 FAST_STEP: bool = _faststep is not None
+#: The extension's native site apply (``apply(stepper, hook, layer, rows, n, spans, n_spans,
+#: bf16)``: the error code), None without it.
+FAST_APPLY: Any = None if _faststep is None else _faststep.apply
 
 
 class BatchCapturePlanC(Structure):
@@ -358,7 +361,11 @@ class StepBatch:
         st = self._stepper
         st._enter("batch resolve")  # the stepper's one-thread guard
         try:
-            check(lib.shmsteer_batch_resolve(self._h, version, spans.ptr, spans.n, rows, BATCH_NATIVE, byref(self._info)))
+            fast = self._fast
+            if fast is not None:
+                check(fast.begin(version, spans.addr, spans.n, rows))
+            else:
+                check(lib.shmsteer_batch_resolve(self._h, version, spans.ptr, spans.n, rows, BATCH_NATIVE, byref(self._info)))
             st._step_thread = threading.get_ident()
         finally:
             st._busy.release()

@@ -3,6 +3,8 @@ float64 reference of the composed steering; one engine crossing per step; bad in
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -147,6 +149,10 @@ class _CountedResolver:
         self.calls.append("shmsteer_batch_resolve")
         return self.inner.resolve(*a)
 
+    def begin(self, *a):
+        self.calls.append("shmsteer_batch_resolve")
+        return self.inner.begin(*a)
+
 
 @pytest.mark.parametrize("resolver", ["extension", "ctypes"])
 def test_one_engine_crossing_per_step_none_at_sites(owner, monkeypatch, resolver):
@@ -156,6 +162,7 @@ def test_one_engine_crossing_per_step_none_at_sites(owner, monkeypatch, resolver
     attach(hooks, chain)
     x = torch.randn(ROWS, HIDDEN)
     run(hooks, chain, x, SPANS)  # warm: tables made, rows uploaded
+    gc.collect()  # other tests' batches freed now, not by a collection inside the counted steps
     calls = []
     for name in dir(_lib.lib):
         if name.startswith("shmsteer_"):
@@ -178,13 +185,15 @@ def test_one_engine_crossing_per_step_none_at_sites(owner, monkeypatch, resolver
     assert calls == ["shmsteer_batch_resolve"] * 3, calls  # one call per step, ending it
 
 
-def test_native_path_calls_the_kernels_only(owner, monkeypatch):
+@pytest.mark.parametrize("resolver", ["extension", "ctypes"])
+def test_native_path_calls_the_kernels_only(owner, monkeypatch, resolver):
     Scenario(owner)
     chain = Chain()
     hooks = SteeringHooks(owner)
     attach(hooks, chain)
     x = torch.randn(ROWS, HIDDEN)
     run(hooks, chain, x, SPANS)  # warm
+    gc.collect()  # other tests' batches freed now, not by a collection inside the counted step
     calls = []
     for name in dir(_lib.lib):
         if name.startswith("shmsteer_"):
@@ -194,6 +203,18 @@ def test_native_path_calls_the_kernels_only(owner, monkeypatch):
                 calls.append(_name)
                 return _fn(*a)
             monkeypatch.setattr(_lib.lib, name, counted)
+    fast, apply = hooks.batch._fast, hooks._fast_apply
+    if resolver == "extension" and (fast is None or apply is None):
+        pytest.skip(f"the _faststep extension is not in use: {FAST_STEP_REASON}")
+    if resolver == "ctypes":
+        monkeypatch.setattr(hooks.batch, "_fast", None)
+        monkeypatch.setattr(hooks, "_fast_apply", None)
+    else:
+        def counted_apply(*a):
+            calls.append("shmsteer_stepper_apply_bf16" if a[-1] else "shmsteer_stepper_apply")
+            return apply(*a)
+        monkeypatch.setattr(hooks.batch, "_fast", _CountedResolver(fast, calls))
+        monkeypatch.setattr(hooks, "_fast_apply", counted_apply)
     run(hooks, chain, x, SPANS)
     sites = LAYERS * len(HOOKS)
     # The step's resolve begins it (and gives its batch checksum); the sites call the kernels.

@@ -78,8 +78,16 @@ def test_resolver_refuses_bad_arguments():
         r.resolve(0, 0, 0)
     with pytest.raises(OverflowError):
         r.resolve(-1, 0, 0, 0, 0)
+    with pytest.raises(TypeError, match="begin"):
+        r.begin(0, 0)
+    with pytest.raises(TypeError, match="report"):
+        r.report(0)
+    with pytest.raises(TypeError, match="apply"):
+        ext.apply(1, 0, 0, 0, 0, 0, 0)
+    with pytest.raises(OverflowError):
+        ext.apply(1, 1 << 33, 0, 0, 0, 0, 0, False)
     with pytest.raises(ValueError, match="NULL"):
-        ext.bind(0, 0)
+        ext.bind(0, 0, 0, 0)
 
 
 def _outcome(fn: Any) -> Tuple[str, Any]:
@@ -133,6 +141,48 @@ def test_both_paths_answer_alike(owner):
             assert got[0][0] == "BadBatchError", got[0]
         if i in (2, 10):
             assert got[0][2] is True, f"step {i}: the same buffers and counts reuse the last Resolved"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_native_steps_alike(owner, dtype):
+    """The native path through the extension (its resolve and its applies) and through ctypes:
+    the same rows, batch checksums and step checksums over steps that advance, change and
+    repeat; the same error code for an apply outside a step."""
+    _need_fast()
+    sc = Scenario(owner, clamps=True)
+    fast, slow = SteeringHooks(owner), SteeringHooks(owner)
+    chain_f, chain_s = Chain(), Chain()
+    attach(fast, chain_f)
+    attach(slow, chain_s)
+    slow._fast_apply = None
+    slow.batch._fast = None
+    assert fast.batch._fast is not None and fast._fast_apply is not None
+    x = torch.randn(4, HIDDEN).to(dtype)
+    steps = [[("a", 0, 1, "decode", 5), ("b", 1, 3, "prefill", 0)],
+             [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 2)],
+             [("a", 0, 1, "decode", 7), ("b", 1, 2, "decode", 3)],
+             [("b", 0, 1, "decode", 4)],
+             [("b", 0, 1, "decode", 5), ("a", 1, 4, "prefill", 0)]]
+    for i, spans in enumerate(steps):
+        if i == 3:
+            sc.register("n0", [("post_block", l, 2.0, np.full(HIDDEN, 0.25, np.float32)) for l in range(LAYERS)])
+        out = []
+        for h, chain in ((fast, chain_f), (slow, chain_s)):
+            y = x.clone()
+            with torch.no_grad(), h.step(spans):
+                chain(y)
+            out.append((y, h.batch_checksum, h.checksum))
+        assert not torch.equal(out[0][0], x), f"step {i}: steered"
+        assert torch.equal(out[0][0], out[1][0]), f"step {i}"
+        assert out[0][1:] == out[1][1:], f"step {i}"
+    # Outside a step the library refuses an apply, through either path, with the same code.
+    y = x.clone()
+    p = fast._packer.pack(steps[0])
+    bf16 = dtype is torch.bfloat16
+    got = D.FAST_APPLY(fast.stepper.handle, 0, 0, y.data_ptr(), y.numel(), p.addr, p.n, bf16)
+    fn = _lib.lib.shmsteer_stepper_apply_bf16 if bf16 else _lib.lib.shmsteer_stepper_apply
+    want = fn(fast.stepper.handle, 0, 0, y.data_ptr(), y.numel(), p.ptr, p.n)
+    assert got == want != 0 and torch.equal(y, x)
 
 
 @pytest.fixture
