@@ -5,7 +5,8 @@ This package loads libshmsteer.so (the Go engine built as a C library by ``go ge
 placed next to this file) with ctypes; it needs only the standard library and uses numpy and
 torch when they are importable. The key get uses the ``_fastkeys`` extension that ``go generate
 ./capi`` builds beside the library when Python's headers are installed (see :mod:`shmsteer.keys`),
-and ctypes without it.
+and a worker's per-step engine calls the ``_faststep`` one (see :mod:`shmsteer.device`); each
+falls back to ctypes without it.
 
 Start worker processes with the ``spawn`` start method: the Go runtime does not survive
 ``fork``, and every call in a child forked after the library was loaded raises

@@ -12,6 +12,10 @@ these two.
 The composed rows are summed in float32 by the engine and converted once, when uploaded; the
 clamp directions and bounds stay in float32 and the clamps are computed in float32 (as the
 engine's CPU kernels do) whatever the hidden state's dtype.
+
+The engine calls a step makes (the resolve, a gated step's report, the native path's resolve and
+applies) go through the ``shmsteer._faststep`` extension when it is built (:data:`FAST_STEP`),
+else through ctypes (``SHMSTEER_STEP_CTYPES=1`` forces that), with the same answers and errors.
 """
 
 from __future__ import annotations
