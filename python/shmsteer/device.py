@@ -279,6 +279,7 @@ class StepBatch:
         self._last: Optional[Resolved] = None  # the last resolve's result and its info's bytes
         self._last_info = b""
         # The resolve without ctypes (shmsteer._faststep), which compares the answers itself.
+        # Chosen here, once: set to None (the ctypes path) before the first resolve, if at all.
         self._fast: Any = None if _faststep is None else _faststep.Resolver(self._h, ctypes.addressof(self._info))
         self._gsum = c_uint64()
         self._scores = np.empty(0, np.float32)  # report()'s float32 copy of the scores
@@ -350,6 +351,8 @@ class StepBatch:
         elif same < 0 and last is not None:
             last.version, last.checksum = info.version, info.checksum
             return last
+        else:
+            self._last_info = b""  # no ctypes comparison may match a Resolved it did not make
         self._last = res = Resolved(info, self.hidden, self._views)
         return res
 

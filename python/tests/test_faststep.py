@@ -86,6 +86,8 @@ def test_resolver_refuses_bad_arguments():
         ext.apply(1, 0, 0, 0, 0, 0, 0)
     with pytest.raises(OverflowError):
         ext.apply(1, 1 << 33, 0, 0, 0, 0, 0, False)
+    with pytest.raises(OverflowError):
+        ext.apply(1, 0, -(1 << 40), 0, 0, 0, 0, False)
     with pytest.raises(ValueError, match="NULL"):
         ext.bind(0, 0, 0, 0)
 
@@ -95,6 +97,19 @@ def _outcome(fn: Any) -> Tuple[str, Any]:
         return "value", fn()
     except Exception as e:  # the type and the message are part of the answer
         return type(e).__name__, str(e)
+
+
+def test_bad_reports_refused_alike(owner):
+    """A report no step awaits raises the same exception with the same message through the
+    extension and through ctypes, for float32 scores (the tensor's memory) and float64 ones
+    (the numpy copy either way); the reports counted stay equal."""
+    Scenario(owner, clamps=False)
+    fast, slow = _hooks(owner, True), _hooks(owner, False)
+    got = [_outcome(lambda: h.batch.report_tensor(torch.zeros(2, 1))) for h in (fast, slow)]
+    assert got[0] == got[1] and got[0][0] == "NoStepError", got
+    got = [_outcome(lambda: h.batch.report_tensor(torch.zeros(2, 1, dtype=torch.float64))) for h in (fast, slow)]
+    assert got[0] == got[1] and got[0][0] == "NoStepError", got
+    assert fast.batch.reports == slow.batch.reports
 
 
 def _content(res: D.Resolved) -> Tuple[Any, ...]:
