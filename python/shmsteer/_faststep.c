@@ -28,6 +28,11 @@
  * structure, nothing compared or kept), and apply(stepper, hook, layer, rows, n, spans, n_spans,
  * bf16) a native site's apply; both return the error code, the GIL released around the call.
  *
+ * Two helpers of the same steps call nothing: pack() writes a step's spans as shmsteer_span
+ * records (the header's layout) and compares them with the last step's, for
+ * shmsteer._spans.SpanPacker; index_rows() turns a resolve's row index into the device path's
+ * int64 row and slot lists.
+ *
  * Built by `go generate ./capi` (capi/pyext.sh) against the stable ABI (Python >= 3.10).
  */
 #define Py_LIMITED_API 0x030A0000
@@ -208,6 +213,182 @@ static PyObject *apply(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
   return PyLong_FromLong(rc);
 }
 
+/* pack(spans, ids, scratch, cap, last, last_n): a step's spans in shmsteer_span layout, for
+ * shmsteer._spans.SpanPacker. spans: a list or tuple of 5-tuples (request id: str, start: int,
+ * end: int, phase: "prefill" or "decode", first position: int), with 0 <= start, end <= 2^31-1
+ * and 0 <= first position <= 2^31-1; ids: the packer's dict of str -> (UTF-8 bytes, their
+ * address), which keeps each record's id alive (an id missing is added, as the packer adds it);
+ * scratch: the address of cap records (cap >= len(spans)); last, last_n: the packer's last
+ * records (last_n -1: none). The records are written to scratch, then compared with last:
+ *   PACK_SAME (0): equal to last's, byte for byte (nothing else written);
+ *   PACK_ADVANCED (1): equal but for their first positions, which are written into last;
+ *   (records, address, rows): new records: a bytearray of len(spans) records copied from
+ *     scratch, the address of its bytes, and the highest end;
+ *   PACK_FALLBACK (-1): anything else (another span form, a value out of those ranges, more
+ *     spans than cap, more than 2^14 ids): nothing compared (ids may hold the ids of the spans
+ *     before the one refused); the packer packs in Python, which checks and raises as it
+ *     always did.
+ * Nothing it reads runs Python code but a lookup in ids (a str key's own comparison). */
+enum { PACK_FALLBACK = -1, PACK_SAME = 0, PACK_ADVANCED = 1 };
+#define MAX_IDS (1 << 14)
+#define POS_OFF offsetof(shmsteer_span, first_position)
+
+static PyObject *s_prefill, *s_decode; /* interned phase names */
+
+/* A Python int in [0, 2^31-1] into *out: 0, or -1 (an exception cleared) for anything else. */
+static int small_index(PyObject *o, int64_t *out) {
+  if (!PyLong_CheckExact(o)) return -1;
+  long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return -1;
+  }
+  if (v < 0 || v > INT32_MAX) return -1;
+  *out = v;
+  return 0;
+}
+
+/* The phase code of a phase name, 0 for anything else. */
+static int32_t phase_code(PyObject *o) {
+  if (o == s_decode) return SHMSTEER_PHASE_DECODE;
+  if (o == s_prefill) return SHMSTEER_PHASE_PREFILL;
+  if (!PyUnicode_CheckExact(o)) return 0;
+  if (PyUnicode_CompareWithASCIIString(o, "decode") == 0) return SHMSTEER_PHASE_DECODE;
+  if (PyUnicode_CompareWithASCIIString(o, "prefill") == 0) return SHMSTEER_PHASE_PREFILL;
+  return 0;
+}
+
+/* rid's (bytes, address) entry in ids (borrowed; made when missing): NULL for a fallback (an
+ * exception cleared). */
+static PyObject *id_entry(PyObject *ids, PyObject *rid) {
+  PyObject *e = PyDict_GetItemWithError(ids, rid);
+  if (e == NULL) {
+    if (PyErr_Occurred() || PyDict_Size(ids) > MAX_IDS) goto fail;
+    PyObject *b = PyUnicode_AsUTF8String(rid);
+    if (b == NULL) goto fail;
+    PyObject *addr = PyLong_FromVoidPtr(PyBytes_AsString(b));
+    e = addr == NULL ? NULL : PyTuple_Pack(2, b, addr);
+    Py_DECREF(b);
+    Py_XDECREF(addr);
+    if (e == NULL) goto fail;
+    int rc = PyDict_SetItem(ids, rid, e);
+    Py_DECREF(e); /* the dict holds it */
+    if (rc < 0) goto fail;
+  }
+  if (!PyTuple_CheckExact(e) || PyTuple_Size(e) != 2 || !PyBytes_CheckExact(PyTuple_GetItem(e, 0))) return NULL;
+  return e;
+fail:
+  PyErr_Clear();
+  return NULL;
+}
+
+/* One span into *r: 0, or -1 for a fallback. */
+static int pack_one(PyObject *ids, PyObject *sp, shmsteer_span *r) {
+  if (!PyTuple_CheckExact(sp) || PyTuple_Size(sp) != 5) return -1;
+  PyObject *rid = PyTuple_GetItem(sp, 0);
+  int64_t start, end, pos;
+  int32_t phase = phase_code(PyTuple_GetItem(sp, 3));
+  if (!PyUnicode_CheckExact(rid) || phase == 0 || small_index(PyTuple_GetItem(sp, 1), &start) < 0 ||
+      small_index(PyTuple_GetItem(sp, 2), &end) < 0 || small_index(PyTuple_GetItem(sp, 4), &pos) < 0)
+    return -1;
+  PyObject *e = id_entry(ids, rid);
+  if (e == NULL) return -1;
+  PyObject *b = PyTuple_GetItem(e, 0);
+  memset(r, 0, sizeof *r);
+  r->id = PyBytes_AsString(b);
+  r->id_len = (size_t)PyBytes_Size(b);
+  r->start = start;
+  r->end = end;
+  r->phase = phase;
+  r->first_position = (int32_t)pos;
+  return 0;
+}
+
+/* The records just packed against last's: PACK_SAME, PACK_ADVANCED (positions written into
+ * last) or -1 (they differ otherwise). */
+static long compare_last(const shmsteer_span *rec, shmsteer_span *last, Py_ssize_t n) {
+  int moved = 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    if (memcmp(&rec[i], &last[i], POS_OFF) != 0) return -1;
+    moved |= rec[i].first_position != last[i].first_position;
+  }
+  if (!moved) return PACK_SAME;
+  for (Py_ssize_t i = 0; i < n; i++) last[i].first_position = rec[i].first_position;
+  return PACK_ADVANCED;
+}
+
+static PyObject *pack(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+  (void)mod;
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "shmsteer: pack(spans, ids, scratch, cap, last, last_n)");
+    return NULL;
+  }
+  PyObject *spans = args[0], *ids = args[1];
+  unsigned long long scratch = PyLong_AsUnsignedLongLong(args[2]);
+  long long cap = PyLong_AsLongLong(args[3]);
+  unsigned long long last = PyLong_AsUnsignedLongLong(args[4]);
+  long long last_n = PyLong_AsLongLong(args[5]);
+  if (PyErr_Occurred()) return NULL;
+  if (!PyDict_CheckExact(ids) || scratch == 0) {
+    PyErr_SetString(PyExc_TypeError, "shmsteer: pack: ids must be a dict and scratch an address");
+    return NULL;
+  }
+  int list = PyList_CheckExact(spans);
+  if (!list && !PyTuple_CheckExact(spans)) return PyLong_FromLong(PACK_FALLBACK);
+  Py_ssize_t n = list ? PyList_Size(spans) : PyTuple_Size(spans);
+  if (n > cap) return PyLong_FromLong(PACK_FALLBACK);
+  shmsteer_span *rec = (shmsteer_span *)(uintptr_t)scratch;
+  int64_t rows = 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    /* A str key's comparison in ids may run code that changes a list: its size is read again. */
+    if (list && PyList_Size(spans) != n) return PyLong_FromLong(PACK_FALLBACK);
+    PyObject *sp = list ? PyList_GetItem(spans, i) : PyTuple_GetItem(spans, i);
+    Py_INCREF(sp);
+    int rc = pack_one(ids, sp, &rec[i]);
+    Py_DECREF(sp);
+    if (rc < 0) return PyLong_FromLong(PACK_FALLBACK);
+    if (rec[i].end > rows) rows = rec[i].end;
+  }
+  if (last_n == (long long)n && (n == 0 || last != 0)) {
+    long same = compare_last(rec, (shmsteer_span *)(uintptr_t)last, n);
+    if (same >= 0) return PyLong_FromLong(same);
+  }
+  PyObject *recs = PyByteArray_FromStringAndSize((const char *)rec, n * (Py_ssize_t)sizeof *rec);
+  if (recs == NULL) return NULL;
+  return Py_BuildValue("(NKL)", recs, (unsigned long long)(uintptr_t)PyByteArray_AsString(recs), (long long)rows);
+}
+
+/* index_rows(index, n, out, cap): the steered rows of a resolve's index (n int32 slots at the
+ * address index, 0: unsteered) as int64 at out: out[0:k] the rows, out[cap:cap+k] their slots;
+ * returns k (n <= cap). */
+static PyObject *index_rows(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+  (void)mod;
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "shmsteer: index_rows(index, n, out, cap)");
+    return NULL;
+  }
+  unsigned long long index = PyLong_AsUnsignedLongLong(args[0]);
+  unsigned long long n = PyLong_AsUnsignedLongLong(args[1]);
+  unsigned long long out = PyLong_AsUnsignedLongLong(args[2]);
+  unsigned long long cap = PyLong_AsUnsignedLongLong(args[3]);
+  if (PyErr_Occurred()) return NULL;
+  if (n > cap || (n > 0 && (index == 0 || out == 0))) {
+    PyErr_SetString(PyExc_ValueError, "shmsteer: index_rows: n past cap, or a NULL address");
+    return NULL;
+  }
+  const int32_t *idx = (const int32_t *)(uintptr_t)index;
+  int64_t *o = (int64_t *)(uintptr_t)out;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (idx[i] != 0) {
+      o[k] = (int64_t)i;
+      o[cap + k] = idx[i];
+      k++;
+    }
+  }
+  return PyLong_FromSize_t(k);
+}
+
 static PyObject *bind(PyObject *mod, PyObject *args) {
   (void)mod;
   unsigned long long resolve, report, ap, ap16;
@@ -230,6 +411,12 @@ static PyMethodDef methods[] = {
     {"apply", (PyCFunction)(void (*)(void))apply, METH_FASTCALL,
      "apply(stepper, hook, layer, rows, n, spans, n_spans, bf16): shmsteer_stepper_apply (or _bf16) on n "
      "elements at the address rows; the error code"},
+    {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL,
+     "pack(spans, ids, scratch, cap, last, last_n): a step's 5-tuple spans as shmsteer_span records (see "
+     "_faststep.c); PACK_SAME, PACK_ADVANCED, PACK_FALLBACK or (records, address, rows)"},
+    {"index_rows", (PyCFunction)(void (*)(void))index_rows, METH_FASTCALL,
+     "index_rows(index, n, out, cap): the steered rows of n int32 slots at index as int64 rows at out[:k] "
+     "and slots at out[cap:cap+k]; k"},
     {NULL, NULL, 0, NULL}};
 
 static int exec_module(PyObject *m) {
@@ -240,8 +427,14 @@ static int exec_module(PyObject *m) {
     return -1;
   }
   if (PyModule_AddIntConstant(m, "CHANGED", CHANGED) < 0 || PyModule_AddIntConstant(m, "SAME", SAME) < 0 ||
-      PyModule_AddIntConstant(m, "INFO_BYTES", (long)sizeof(shmsteer_batch_info)) < 0)
+      PyModule_AddIntConstant(m, "INFO_BYTES", (long)sizeof(shmsteer_batch_info)) < 0 ||
+      PyModule_AddIntConstant(m, "SPAN_BYTES", (long)sizeof(shmsteer_span)) < 0 ||
+      PyModule_AddIntConstant(m, "PACK_FALLBACK", PACK_FALLBACK) < 0 ||
+      PyModule_AddIntConstant(m, "PACK_SAME", PACK_SAME) < 0 ||
+      PyModule_AddIntConstant(m, "PACK_ADVANCED", PACK_ADVANCED) < 0)
     return -1;
+  if (s_prefill == NULL && (s_prefill = PyUnicode_InternFromString("prefill")) == NULL) return -1;
+  if (s_decode == NULL && (s_decode = PyUnicode_InternFromString("decode")) == NULL) return -1;
   return 0;
 }
 

@@ -3,6 +3,10 @@
 CHANGED: int
 SAME: int
 INFO_BYTES: int
+SPAN_BYTES: int
+PACK_FALLBACK: int
+PACK_SAME: int
+PACK_ADVANCED: int
 
 class Resolver:
     """A shmsteer_batch_t's resolve into the shmsteer_batch_info at ``info`` (addresses; the
@@ -21,3 +25,14 @@ def bind(batch_resolve: int, batch_report: int, stepper_apply: int, stepper_appl
 
 def apply(stepper: int, hook: int, layer: int, rows: int, n: int, spans: int, n_spans: int, bf16: bool) -> int:
     """shmsteer_stepper_apply (or _bf16) on n elements at the address rows: the error code."""
+
+def pack(spans: object, ids: dict[object, tuple[bytes, int]], scratch: int, cap: int, last: int,
+         last_n: int) -> int | tuple[bytearray, int, int]:
+    """A step's 5-tuple spans as shmsteer_span records at ``scratch`` (``cap`` of them),
+    compared with the ``last_n`` records at ``last`` (-1: none): PACK_SAME, PACK_ADVANCED (the
+    positions written into last), PACK_FALLBACK (spans it does not take), or new records
+    (a bytearray of them, its address, the highest end)."""
+
+def index_rows(index: int, n: int, out: int, cap: int) -> int:
+    """The steered rows of n int32 slots at ``index``, as int64 rows at out[:k] and their slots
+    at out[cap:cap+k]: k."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -11,7 +11,7 @@ from . import ops
 from ._hooks_base import ADDEND_BYTES, DeviceMismatchError, SteeringHooks
 from ._hooks_parts import EagerCapture, EagerGates
 from .client import SpanLike
-from .device import DeviceTables, Resolved, check_hidden
+from .device import INDEX_ROWS, DeviceTables, Resolved, check_hidden
 from .errors import ShapeError
 
 
@@ -27,9 +27,10 @@ class DeviceHooks(SteeringHooks):
     """The device path (CUDA tensors, or CPU ones with ``force_device_path``): per site a table
     ``[slots + 1, hidden]`` in the hidden state's dtype (made on the first hooked site, on its
     device), updated only for the rows whose content changed; the row index uploaded when the
-    batch layout changes; per site one ``torch.ops.shmsteer.steer_`` (gather-add, then clamps),
-    or, at a clamp-free site of a batch whose layout and tables did not change since the last
-    step, one add of the rows gathered then (``ADDEND_BYTES``); with the gate and capture
+    batch layout changes (its rows and slots listed by the ``_faststep`` extension when built);
+    per site one ``torch.ops.shmsteer.steer_`` (gather-add, then clamps), or, at a clamp-free
+    site, a gather kept at the first step of a batch layout and tables and one add of it at
+    that step and the next ones (``ADDEND_BYTES``); with the gate and capture
     operators where the step has them. Each step is one engine call (the resolve, which
     ends the step), plus one report when the step has probe gates. One dtype on one device per
     hooks object (another is :class:`DeviceMismatchError`)."""
@@ -56,7 +57,13 @@ class DeviceHooks(SteeringHooks):
         self._rowsel: Optional[torch.Tensor] = None  # the steered rows (None: every row)
         self._gather: Optional[torch.Tensor] = None  # the gather buffer every site of a step reuses
         self._scratch: List[torch.Tensor] = []  # ops.steer_'s: the gather buffer's view of the steered rows
-        self._addends: Dict[int, torch.Tensor] = {}  # per clamp-free site, its gathered rows (_make_addends)
+        self._addends: Dict[int, torch.Tensor] = {}  # per clamp-free site, its gathered rows (_plan_addends)
+        self._due: Set[int] = set()  # the sites whose gathered rows the layout's first step keeps
+        self._index_rows = INDEX_ROWS  # the extension's (None: numpy's); set per hooks by tests
+        self._host_idx: Optional[torch.Tensor] = None  # int64 [2, cap]: the steered rows, their slots
+        self._host_at = (0, 0)  # its address and cap
+        self._host_views: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # per k (_host_rows)
+        self._k = 0  # the steered rows of the layout
 
     @property
     def mode(self) -> str:
@@ -113,47 +120,70 @@ class DeviceHooks(SteeringHooks):
             changed = True
         if not self._ops:
             self._idx_key = b""
-            self._addends = {}
+            self._addends, self._due = {}, set()
             return
         idx = res.index
         idx_key = idx.tobytes()
         if idx_key != self._idx_key:
-            self._upload_index(idx, tb)
+            self._upload_index(res, tb)
             self._idx_key = idx_key
             changed = True
         if changed:
-            self._make_addends()
+            self._plan_addends()
 
-    def _upload_index(self, idx: np.ndarray, tb: DeviceTables) -> None:
-        nz = np.flatnonzero(idx)
-        if len(nz) == len(idx):
-            self._rowsel = None
-            self._idx = torch.from_numpy(idx.astype(np.int64)).to(tb.device)
+    def _upload_index(self, res: Resolved, tb: DeviceTables) -> None:
+        idx = res.index
+        n = len(idx)
+        if self._index_rows is not None and n:
+            k, rowsel, index, both = self._host_rows(res.index_addr, n, tb)
         else:
-            both = torch.from_numpy(np.stack((nz, idx[nz])).astype(np.int64)).to(tb.device)  # one upload
-            self._rowsel, self._idx = both[0], both[1]
+            nz = np.flatnonzero(idx)
+            k = len(nz)
+            both = torch.from_numpy(np.stack((nz, idx[nz])).astype(np.int64))
+            rowsel, index = both[0], both[1]
+        if tb.device.type != "cpu":
+            both = both.to(tb.device)  # one upload
+            rowsel, index = both[0], both[1]
+        self._rowsel = None if k == n else rowsel
+        self._idx = index
+        self._k = k
         # One gather buffer for every site of the step (and the next steps of its size): the
         # sites allocate nothing for the add.
         g = self._gather
-        if g is None or g.shape[0] < len(nz) or g.dtype != tb.dtype or g.device != tb.device:
-            g = self._gather = torch.empty(max(len(nz), 1), self.hidden, dtype=tb.dtype, device=tb.device)
-        self._scratch = [g[: len(nz)]]
+        if g is None or g.shape[0] < k or g.dtype != tb.dtype or g.device != tb.device:
+            g = self._gather = torch.empty(max(k, 1), self.hidden, dtype=tb.dtype, device=tb.device)
+        self._scratch = [g[:k]]
 
-    def _make_addends(self) -> None:
-        """Each clamp-free site's gathered rows ``table[index]``, made once per batch layout or
-        table change (a steady or advancing decode batch keeps them): its hook then does one
-        add, not a gather and an add. Only while they fit ``ADDEND_BYTES`` together; the sites
-        past it gather at each step."""
-        self._addends = {}
-        budget = ADDEND_BYTES
-        for site, op in self._ops.items():
-            if op.clamps:
-                continue
-            need = self._idx.shape[0] * op.vec.shape[1] * op.vec.element_size()
-            if need > budget:
-                break
-            budget -= need
-            self._addends[site] = op.vec.index_select(0, self._idx)
+    def _host_rows(self, addr: int, n: int, tb: DeviceTables) -> Tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The steered rows of the n-row index at addr and their slots, written by the extension
+        into a kept int64 [2, cap] host buffer (pinned for a CUDA upload): their count k and the
+        buffer's views of the rows, the slots and both ([2, k]), kept per k. On the CPU these
+        views are the step's index: rewritten at the next layout, when the gathers of this one
+        are done (eager CPU ops)."""
+        buf = self._host_idx
+        if buf is None or buf.shape[1] < n:
+            cap = max(n, 64) if buf is None else max(n, 2 * buf.shape[1])
+            buf = self._host_idx = torch.empty((2, cap), dtype=torch.int64, pin_memory=tb.device.type == "cuda")
+            self._host_views = {}
+            self._host_at = (buf.data_ptr(), cap)
+        k = self._index_rows(addr, n, *self._host_at)
+        v = self._host_views.get(k)
+        if v is None:
+            v = self._host_views[k] = (buf[0, :k], buf[1, :k], buf[:, :k])
+        return (k,) + v
+
+    def _plan_addends(self) -> None:
+        """Which clamp-free sites keep their gathered rows ``table[index]`` for this batch layout
+        and tables (a steady or advancing decode batch keeps them): its hook then does one add,
+        not a gather and an add. The layout's first step gathers them at each site, as a site
+        without them does (no gather ahead of the forward). Only while they fit ``ADDEND_BYTES``
+        together (the first sites in order); the sites past it gather at each step."""
+        plain = [site for site, op in self._ops.items() if not op.clamps]
+        if plain:
+            need = self._k * self.hidden * self._ops[plain[0]].vec.element_size()  # one dtype a hooks object
+            if need:
+                del plain[ADDEND_BYTES // need:]
+        self._addends, self._due = {}, set(plain)
 
     def _first_site(self, t: torch.Tensor) -> DeviceTables:
         """The first hooked site: tables on its device, in its dtype, loaded with this step."""
@@ -180,7 +210,10 @@ class DeviceHooks(SteeringHooks):
             if gates.cols:
                 gates.probe(t, site)
             add = addends.get(site)
-            if add is not None:  # a clamp-free site whose rows are gathered already (_make_addends)
+            if add is None and site in self._due:  # this layout's first step: gather and keep
+                self._due.discard(site)
+                add = self._addends[site] = self._ops[site].vec.index_select(0, self._idx)
+            if add is not None:  # a clamp-free site whose rows are gathered already (_plan_addends)
                 rowsel = self._rowsel
                 h = t if t.dim() == 2 else t.view(-1, hidden)
                 if rowsel is not None:

@@ -1,7 +1,9 @@
 """Spans in the C ABI's ``shmsteer_span`` layout: :class:`PackedSpans` (a numpy record array the
 engine's calls read in place) and :class:`SpanPacker`, which packs a step's spans once per
 distinct layout. :mod:`shmsteer.device` re-exports both; the hooks and :mod:`shmsteer.hf` pack
-through them. Numpy and ctypes only (no torch)."""
+through them. Numpy and ctypes only (no torch); the records of a list of 5-tuples are written and
+compared with the last step's in C when ``shmsteer._faststep`` is built (its ``pack``), and in
+Python otherwise (``$SHMSTEER_STEP_CTYPES`` set, or not built)."""
 
 from __future__ import annotations
 
@@ -20,19 +22,48 @@ _SPAN = np.dtype([("id", np.uint64), ("id_len", np.uint64), ("start", np.int64),
                   ("phase", np.int32), ("first_position", np.int32)])
 assert _SPAN.itemsize == ctypes.sizeof(_lib.Span), "shmsteer_span layout"
 
+_ext, _ = _lib.extension("_faststep", _lib.STEP_CTYPES_ENV)
+#: The extension's span packing (None: Python's); checked against the header's record size.
+_PACK: Any = _ext.pack if _ext is not None and _ext.SPAN_BYTES == _SPAN.itemsize else None
+
 
 class PackedSpans:
-    """Spans in ``shmsteer_span`` layout (a numpy record array the C calls read in place)."""
+    """Spans in ``shmsteer_span`` layout, which the C calls read in place at ``addr``: a numpy
+    record array (``arr``), or the extension's bytearray of records, whose numpy view is made
+    when ``arr`` or ``positions`` is first read."""
 
-    __slots__ = ("arr", "_ptr", "addr", "n", "rows", "positions")
+    __slots__ = ("_arr", "_buf", "_ptr", "addr", "n", "rows")
 
     def __init__(self, arr: np.ndarray, rows: Optional[int] = None) -> None:
-        self.arr = arr
-        self.positions = arr["first_position"]  # a view: a decode step writes its positions here
+        self._arr: Optional[np.ndarray] = arr
+        self._buf: Any = None
         self.n = len(arr)
         self._ptr: Any = None
         self.addr: int = arr.ctypes.data if self.n else 0  # the records' address (the _faststep extension's)
         self.rows = rows if rows is not None else (int(arr["end"].max()) if self.n else 0)  #: the highest end
+
+    @classmethod
+    def _adopt(cls, buf: bytearray, addr: int, rows: int) -> "PackedSpans":
+        """Records the extension packed: buf (a bytearray of records), the address of its bytes."""
+        p = cls.__new__(cls)
+        p._arr, p._buf, p._ptr = None, buf, None
+        p.n = len(buf) // _SPAN.itemsize
+        p.addr = addr if p.n else 0
+        p.rows = rows
+        return p
+
+    @property
+    def arr(self) -> np.ndarray:
+        """The records as a numpy record array (writing to it writes the records)."""
+        a = self._arr
+        if a is None:
+            a = self._arr = np.frombuffer(self._buf, dtype=_SPAN)  # pins the bytearray's size
+        return a
+
+    @property
+    def positions(self) -> np.ndarray:
+        """The records' first positions (a view: a decode step writes its positions here)."""
+        return self.arr["first_position"]
 
     @property
     def ptr(self) -> Any:
@@ -40,7 +71,7 @@ class PackedSpans:
         the ctypes calls take it, the extension the address."""
         p = self._ptr
         if p is None and self.n:
-            p = self._ptr = self.arr.ctypes.data_as(POINTER(_lib.Span))
+            p = self._ptr = ctypes.cast(self.addr, POINTER(_lib.Span))
         return p
 
     def __len__(self) -> int:
@@ -60,6 +91,9 @@ class SpanPacker:
         self._last: Optional[List[Any]] = None  # the spans packed last, as tuples
         self._packed: Optional[PackedSpans] = None
         self.packs = 0  #: layouts packed from scratch (not reused, not advanced)
+        self._pack = _PACK  # the extension's (None: Python only); set per packer by tests
+        self._scratch = np.empty(16, dtype=_SPAN)  # where the extension writes a step's records
+        self._scratch_addr: int = self._scratch.ctypes.data
 
     def _id(self, rid: str) -> Tuple[bytes, int]:
         ent = self._ids.get(rid)
@@ -75,6 +109,24 @@ class SpanPacker:
         if type(spans) is PackedSpans:  # packed by the caller (hf's decode steps): as it is
             return spans
         packed, last = self._packed, self._last
+        fast = self._pack
+        if fast is not None and (type(spans) is list or type(spans) is tuple):  # others: Python's
+            n = len(spans)
+            if n > len(self._scratch):
+                self._scratch = np.empty(max(n, 2 * len(self._scratch), 16), dtype=_SPAN)
+                self._scratch_addr = self._scratch.ctypes.data
+            r = fast(spans, self._ids, self._scratch_addr, len(self._scratch),
+                     packed.addr if packed is not None else 0, packed.n if packed is not None else -1)
+            if type(r) is tuple:  # new records
+                self._last = None  # compared in C from now on (see below)
+                self._packed = PackedSpans._adopt(*r)
+                self.packs += 1
+                return self._packed
+            if r >= 0:  # the same records, or their positions advanced in place
+                # A later pack in Python must not compare with spans packed before an advance
+                # written here.
+                self._last = None
+                return packed  # type: ignore[return-value]
         if packed is not None and last is not None:
             if last == spans:
                 return packed

@@ -84,6 +84,9 @@ FAST_STEP: bool = _faststep is not None
 #: The extension's native site apply (``apply(stepper, hook, layer, rows, n, spans, n_spans,
 #: bf16)``: the error code), None without it.
 FAST_APPLY: Any = None if _faststep is None else _faststep.apply
+#: The extension's ``index_rows(index, n, out, cap)`` (the steered rows of a resolve's index as
+#: int64 rows and slots: their count), None without it.
+INDEX_ROWS: Any = None if _faststep is None else _faststep.index_rows
 
 
 class BatchCapturePlanC(Structure):
@@ -139,10 +142,13 @@ class _Views:
     a steady batch makes no view (making one costs about 7 us of Python, twelve of them most of
     a resolve before this cache)."""
 
-    __slots__ = ("_at", "_no_gates")
+    __slots__ = ("_at", "_seen", "_no_gates")
 
     def __init__(self) -> None:
-        self._at: Dict[str, Tuple[Optional[int], Tuple[int, ...], np.ndarray]] = {}
+        self._at: Dict[str, Tuple[Optional[int], Tuple[int, ...], np.ndarray]] = {}  # each field's last view
+        # Views made before, by (field, address, shape): a batch whose size goes back and forth
+        # (a request finishing, another joining) finds its buffers' views again.
+        self._seen: Dict[Tuple[str, Optional[int], Tuple[int, ...]], np.ndarray] = {}
         self._no_gates: Dict[Tuple[int, int], "ResolvedGates"] = {}
 
     def no_gates(self, g: "BatchGatesC", rows: int, hidden: int) -> "ResolvedGates":
@@ -160,10 +166,16 @@ class _Views:
         e = self._at.get(name)
         if e is not None and e[0] == addr and e[1] == shape:
             return e[2]
-        n = 1
-        for d in shape:
-            n *= d
-        v = _np_view(addr, n, dtype, shape) if addr else np.zeros(shape, dtype=dtype)
+        key = (name, addr, shape)
+        v = self._seen.get(key)
+        if v is None:
+            n = 1
+            for d in shape:
+                n *= d
+            v = _np_view(addr, n, dtype, shape) if addr else np.zeros(shape, dtype=dtype)
+            if len(self._seen) >= 256:
+                self._seen.clear()
+            self._seen[key] = v
         self._at[name] = (addr, shape, v)
         return v
 
@@ -211,7 +223,7 @@ class Resolved:
     Attributes:
         version: the region version the step pinned.
         checksum: determinism checksum of what the batch resolved (spans, slots' content hashes).
-        index: int32 [rows], the slot of every row (0: unsteered).
+        index: int32 [rows], the slot of every row (0: unsteered); index_addr: its address (0: none).
         slots: rows a table needs (highest slot of the step + 1).
         sites: int32, the steered sites (hook_id * layers + layer), ascending.
         site_clamps: int32, clamp directions at each of ``sites``.
@@ -221,14 +233,15 @@ class Resolved:
         gates: the step's gate columns (:class:`ResolvedGates`).
     """
 
-    __slots__ = ("version", "checksum", "index", "slots", "sites", "site_clamps", "updates", "stage",
+    __slots__ = ("version", "checksum", "index", "index_addr", "slots", "sites", "site_clamps", "updates", "stage",
                  "clamp_dirs", "clamp_params", "gates")
 
     def __init__(self, info: BatchInfoC, hidden: int, views: Optional[_Views] = None) -> None:
         v = views if views is not None else _Views()
         self.version = info.version
         self.checksum = info.checksum
-        self.index = v.get("index", info.index, np.int32, (info.rows,))
+        self.index_addr = ia = info.index or 0
+        self.index = v.get("index", ia, np.int32, (info.rows,))
         self.slots = int(info.slots)
         ns = info.n_sites
         self.sites = v.get("sites", info.sites, np.int32, (ns,))

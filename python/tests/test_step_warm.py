@@ -260,3 +260,66 @@ def test_gateless_resolves_keep_one_gates_object_per_size(owner):
     again = b.resolve(hooks._packer.pack(two), 2, end=True).gates
     assert g1 is not g2 and again is g2
     assert g2.cols == 0 and g2.rows.shape == (2, 0) and g1.rows.shape == (1, 0)
+
+
+def test_resolve_views_found_again_when_the_size_comes_back(owner):
+    """A batch whose size goes back and forth (a request finishing, another joining) finds the
+    views it made for each size again, showing the current answer."""
+    Scenario(owner, clamps=False)
+    hooks = SteeringHooks(owner, force_device_path=True)
+    attach(hooks, Chain())
+    b = hooks.batch
+    two = [("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)]
+    one = [("b", 0, 1, "decode", 6)]
+    i2 = b.resolve(hooks._packer.pack(two), 2, end=True).index
+    slots = i2.tolist()
+    i1 = b.resolve(hooks._packer.pack(one), 1, end=True).index
+    assert i1.tolist() == slots[1:]
+    swapped = [("b", 0, 1, "decode", 7), ("a", 1, 2, "decode", 6)]
+    again = b.resolve(hooks._packer.pack(swapped), 2, end=True).index
+    assert again is i2 and again.tolist() == slots[::-1], "the size's view, showing the new answer"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_device_row_index_both_forms(owner, dtype):
+    """The device path's row index made by the extension (into a kept host buffer, its views
+    kept per count) and by numpy: the same rows and slots, the same outputs (the native path's)
+    over layouts with unsteered rows (gaps, rows past the spans), every row steered, none, and a
+    batch past the buffer's first size; each layout's first step gathers the rows its later
+    steps add."""
+    Scenario(owner, clamps=False)
+    chains = [Chain(), Chain(), Chain()]
+    fast, slow = SteeringHooks(owner, force_device_path=True), SteeringHooks(owner, force_device_path=True)
+    nat = SteeringHooks(owner)
+    slow._index_rows = None
+    for h, c in zip((fast, slow, nat), chains):
+        attach(h, c)
+    wide = [(("a", "b", "c", "d")[i % 4], i, i + 1, "decode", 4 + i) for i in range(70)]  # ids repeat: one slot each
+    layouts = [
+        ([("a", 0, 1, "decode", 5), ("b", 3, 4, "decode", 3)], 6),  # gaps and rows past the spans
+        ([("a", 0, 1, "decode", 6), ("b", 3, 4, "decode", 4)], 6),  # advanced: kept
+        ([("b", 0, 1, "decode", 5), ("a", 1, 2, "decode", 7)], 2),  # every row steered
+        ([("b", 0, 1, "decode", 6), ("a", 1, 2, "decode", 8)], 2),
+        ([], 3),  # no steered row
+        (wide, 72),  # past the kept buffer's 64 rows
+        ([("a", 0, 1, "decode", 5), ("b", 3, 4, "decode", 3)], 6),
+    ]
+    x = torch.randn(72, HIDDEN).to(dtype)
+    for i, (spans, rows) in enumerate(layouts):
+        outs = []
+        for h, c in zip((fast, slow, nat), chains):
+            y = x[:rows].clone()
+            with torch.no_grad(), h.step(spans, rows=rows):
+                c(y)
+            outs.append(y)
+        tol = 1e-5 if dtype is torch.float32 else 0.05
+        assert torch.equal(outs[0], outs[1]), f"layout {i}"
+        torch.testing.assert_close(outs[0].float(), outs[2].float(), rtol=tol, atol=tol)
+        assert fast._idx.tolist() == slow._idx.tolist(), f"layout {i}"
+        assert (fast._rowsel is None) == (slow._rowsel is None), f"layout {i}"
+        if fast._rowsel is not None:
+            assert fast._rowsel.tolist() == slow._rowsel.tolist(), f"layout {i}"
+        if spans:
+            assert not fast._due and fast._addends, f"layout {i}: the first step gathered the rows"
+    if shmsteer.device.INDEX_ROWS is not None:
+        assert fast._host_idx is not None and fast._host_idx.shape[1] >= 72
