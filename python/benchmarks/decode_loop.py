@@ -23,7 +23,10 @@ time descheduled on a shared machine is not counted; ``--wall`` times wall clock
 admissions too, which are otherwise timed by the process's CPU time).
 Reported per contender: the median decode-step time (steps with no prefill rows) and, against
 ``unhooked`` (``device`` for ``device_gated``), the ratio of medians and the median of per-round
-ratios. Admission from Python is timed too (``Owner.admit`` of an inline override of 32 layers x
+ratios; then (``--host-rounds``, 5 by default, after the timed rounds) each steered contender's
+own steering code per decode step by thread CPU time (the table hook's forward hooks and index;
+the hooks' step entry, sites and exit), on steps whose batch advanced and on steps where a
+request left: a figure the machine's noise moves far less than a step's ratio. Admission from Python is timed too (``Owner.admit`` of an inline override of 32 layers x
 4096 floats as numpy arrays, of a named reference, and of no steering; ``--admission-only`` times
 only those, the same override as JSON float lists, and as the fork's packed field of an OpenAI
 body through ``shmsteer.openai.admission_from_request``).
@@ -176,13 +179,15 @@ class Runner:
                 b.register_forward_hook(lambda _m, _i, out, t=tables[l]: out.add_(t.index_select(0, self.idx)))
             self.which = which
         self.table = table is not None
+        self.host: Optional[HostClock] = None  # set by host_time: times the steering code
         max_len = 64
         self.fresh = lambda: {"len": 0, "k": [torch.zeros(max_len, HIDDEN, dtype=dtype) for _ in range(BLOCKS)],
                               "v": [torch.zeros(max_len, HIDDEN, dtype=dtype) for _ in range(BLOCKS)]}
 
     def run(self, times: Optional[List[float]] = None, clock: Callable[[], float] = time.thread_time) -> torch.Tensor:
-        """The whole schedule once, from empty caches; each decode-only step timed into times.
-        Returns the last step's output."""
+        """The whole schedule once, from empty caches; each decode-only step timed into times
+        (instrumented by host_time: its steering code's thread CPU time in µs). Returns the last
+        step's output."""
         caches: Dict[str, Dict[str, Any]] = {}
         gen = torch.Generator().manual_seed(5)
         out = torch.zeros(0)
@@ -198,13 +203,15 @@ class Runner:
             ids = torch.randint(0, 512, (rows,), generator=gen)
             for b in self.model.blocks:
                 b.batch = batch
+            if self.host is not None:
+                self.host.ns = 0
             t0 = clock()
             if self.table:
-                self.idx = torch.tensor(idx)
+                self.idx = torch.tensor(idx) if self.host is None else self.host.call(torch.tensor, idx)
             out = self.forward(ids, spans)
             dt = clock() - t0
             if times is not None and all(p == "decode" for _, _, p, _ in step):
-                times.append(dt)
+                times.append(dt if self.host is None else self.host.ns / 1e3)
             for c, a, b in batch:
                 c["len"] += b - a
         return out
@@ -257,6 +264,74 @@ def check(runs: Dict[str, Runner], dtype: torch.dtype) -> None:
             got = runs[k].run()
             torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol if tol else 1e-5, msg=f"{k} differs")
     assert not torch.equal(runs["unhooked"].run(), ref), "steering changed nothing"
+
+
+class HostClock:
+    """The thread CPU time spent in a contender's steering code: every callable wrapped by
+    :meth:`wrap` adds its time (the outermost call only: static ``prepare`` may call ``report``)."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self._depth = 0
+
+    def call(self, f: Callable[..., Any], *a: Any) -> Any:
+        self._depth += 1
+        t = time.thread_time_ns()
+        try:
+            return f(*a)
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.ns += time.thread_time_ns() - t
+
+    def wrap(self, f: Callable[..., Any]) -> Callable[..., Any]:
+        return lambda *a: self.call(f, *a)
+
+
+def instrument(r: Runner) -> HostClock:
+    """Wrap a contender's steering code in a HostClock: the table hook's forward hooks (and its
+    index build, in Runner.run); SteeringHooks' step entry and exit (static mode's prepare and
+    report) and each site's function. Not the dispatch around them (torch's forward-hook path,
+    the sited forward)."""
+    h = r.host = HostClock()
+    for b in r.model.blocks:
+        for hid, fn in list(b._forward_hooks.items()):
+            b._forward_hooks[hid] = h.wrap(fn)
+        sites = b.__dict__.get("_shmsteer_sites")
+        if sites is not None:
+            sites[0][:] = [h.wrap(fn) for fn in sites[0]]
+    if r.hooks is not None:
+        for name in ("_step_begin", "_step_end", "prepare", "report"):
+            if hasattr(r.hooks, name):
+                setattr(r.hooks, name, h.wrap(getattr(r.hooks, name)))
+    return h
+
+
+def host_time(runs: Dict[str, Runner], steps: List[Step], rounds: int) -> Dict[str, Dict[str, float]]:
+    """Each steered contender's steering code per decode step (µs of thread CPU time; after the
+    timed rounds, which it would slow): the median over steps whose batch is the last step's
+    (``steady``: the same requests, advanced a token) and over steps where a request left
+    (``changed``), and the mean over both. The runners stay instrumented."""
+    kinds, last = [], None
+    for st in steps:
+        ids = [rid for rid, *_ in st]
+        kinds.append(None if any(p != "decode" for _, _, p, _ in st) else "steady" if ids == last else "changed")
+        last = ids
+    dec = [k for k in kinds if k is not None]
+    clocks = {k: instrument(r) for k, r in runs.items() if k != "unhooked"}
+    per: Dict[str, List[float]] = {k: [] for k in clocks}
+    order = list(clocks)
+    rng = np.random.default_rng(12)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for k in order:
+            runs[k].run(per[k])  # with a host clock: each decode step's host time
+    out = {}
+    for k, v in per.items():
+        by = {c: [t for t, kk in zip(v, dec * rounds) if kk == c] for c in ("steady", "changed")}
+        out[k] = {c: statistics.median(x) if x else float("nan") for c, x in by.items()}
+        out[k]["mean"] = statistics.mean(v)
+    return out
 
 
 def time_loop(runs: Dict[str, Runner], rounds: int, clock: Callable[[], float]) -> Dict[str, Any]:
@@ -357,6 +432,8 @@ def main() -> None:
     ap.add_argument("--admission-only", action="store_true",
                     help="time only the admissions (--admissions rounds), JSON float lists included")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="the loop's dtypes, comma-separated")
+    ap.add_argument("--host-rounds", type=int, default=5,
+                    help="rounds timing each contender's steering code per decode step, after the timed ones (0: none)")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when a goal is missed (each step goal on the median of per-round ratios)")
     ap.add_argument("--slack", type=float, default=1.0,
@@ -384,7 +461,9 @@ def main() -> None:
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
             runs = contenders(owner, base, dtype, steps, which)
             check(runs, dtype)
-            report["loop"][str(dtype).split(".")[1]] = time_loop(runs, args.rounds, clock)
+            r = report["loop"][str(dtype).split(".")[1]] = time_loop(runs, args.rounds, clock)
+            if args.host_rounds > 0:
+                r["host_us"] = host_time(runs, steps, args.host_rounds)
     report["admit_ms"] = time_admission(args.admissions, clock=time.perf_counter if args.wall else time.process_time)
     met = report["met"] = {}
     for dt, r in report["loop"].items():
@@ -473,6 +552,12 @@ def print_report(report: Dict[str, Any], rounds: int) -> None:
                 line += (f"  {v['of_medians']:.3f}x {v['against']} (per-round median {v['median_of_rounds']:.3f}, "
                          f"{v['rounds_min_max'][0]:.3f}-{v['rounds_min_max'][1]:.3f}){goal}")
             print(line)
+        host = r.get("host_us")
+        if host:
+            print("    steering code per decode step, thread CPU µs (median where the batch advanced / where a "
+                  "request left; mean):")
+            for k, v in host.items():
+                print(f"      {k:13s} {v['steady']:6.0f} / {v['changed']:6.0f}  ({v['mean']:.0f})")
     a = report["admit_ms"]
     print(f"  admission from Python (32 x 4096): inline {a['inline']:.2f} ms (goal <= {GOALS['admit_inline_ms']}: "
           f"{'met' if met['admit_inline'] else 'NOT met'}), named {a['named']:.3f} ms (goal <= "

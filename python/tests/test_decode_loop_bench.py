@@ -16,13 +16,18 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "decode_loo
 
 def test_decode_loop_bench_runs() -> None:
     out = subprocess.run([sys.executable, SCRIPT, "--rounds", "1", "--requests", "4", "--concurrency", "2",
-                          "--admissions", "1", "--json"], capture_output=True, text=True, timeout=600)
+                          "--admissions", "1", "--host-rounds", "1", "--json"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert set(r["loop"]) == {"float32", "bfloat16"}
     for dt in ("float32", "bfloat16"):
         assert {"table", "native", "device", "static", "device_gated"} <= set(r["loop"][dt]["ratio"])
     assert r["loop"]["float32"]["ratio"]["device_gated"]["against"] == "device"
+    for dt in ("float32", "bfloat16"):
+        host = r["loop"][dt]["host_us"]
+        assert set(host) == {"table", "native", "device", "static", "device_gated"}
+        for k, v in host.items():  # every steered contender runs steering code on a decode step
+            assert v["mean"] > 0 and v["steady"] > 0, (dt, k, v)
     assert set(r["admit_ms"]) == {"inline", "named", "none"}
     assert r["shape"]["decode_steps"] > 0
     assert isinstance(r["missed"], list) and r["slack"] == 1.0
