@@ -57,7 +57,9 @@ class EagerGates:
     the gate and score the sites compute), and per site a compact table: the distinct probe rows
     the columns read there (equal probes read once: one pass over the rows per distinct probe,
     not one per column) and the distinct add rows they add there. All of it is rebuilt only when
-    the step's columns, factors or the tables change: a steady gated batch uploads nothing."""
+    the step's columns, factors or the tables change: a steady gated batch uploads nothing, and
+    a batch whose rows are all rows of the last step (a request left, rows moved) re-indexes
+    what it has (:meth:`_relayout`)."""
 
     def __init__(self, hidden: int) -> None:
         self.hidden = hidden
@@ -65,6 +67,10 @@ class EagerGates:
         self.cols = 0  #: gate columns of the step (0: no probe gate)
         self.awaiting = False  #: the step awaits its scores (StepBatch.report)
         self.builds = 0  #: times the per-site tables were rebuilt
+        self.relayouts = 0  #: times they were re-indexed for rows the last layout had (_relayout)
+        self._rows_np = np.zeros((0, 0), np.int32)  # the gate slots and factors of the rows they were made for
+        self._factor_np = np.zeros((0, 0), np.float32)
+        self._uploads = -1  # the gate tables' uploads they were made from
         self._key: Tuple[Any, ...] = ()  # the rows, columns, table uploads and factors the site tables were built for
         self._probe: Dict[int, _ProbeSite] = {}
         self._add: Dict[int, _AddSite] = {}
@@ -93,8 +99,10 @@ class EagerGates:
         if key == self._key:
             self._gs.zero_()  # the step's gates and scores
         else:
-            self._build(rows, factor, n, device)
+            if not self._relayout(rows, factor, n, gt.uploads, device):
+                self._build(rows, factor, n, device)
             self._key = key
+            self._rows_np, self._factor_np, self._uploads = rows.copy(), factor.copy(), gt.uploads
         if share is not None:
             self._scratch = [share]
         elif not self._own_scratch or self._own_scratch[0].shape[0] < n or self._own_scratch[0].device != device:
@@ -141,6 +149,40 @@ class EagerGates:
         self._gs = torch.zeros(2, cols, n, dtype=torch.float32, device=device)
         self._gate, self._score = self._gs[0], self._gs[1]
         self.builds += 1
+
+    def _relayout(self, rows: np.ndarray, factor: np.ndarray, n: int, uploads: int, device: torch.device) -> bool:
+        """A layout each of whose rows is a row of the last one (the same gate slot and factor in
+        every column: a request left, or the rows moved), over unchanged gate tables: every
+        per-site table depends on a row's slots and factors only, so each is the last one's
+        indexed by the old row of each new row (its probe and add rows, a superset of what the
+        new rows use, stay). One gather per table instead of a rebuild. False (nothing changed)
+        when that does not hold."""
+        old, cols = self._rows_np, rows.shape[1]
+        if uploads != self._uploads or n == 0 or old.shape[1] != cols or len(old) == 0 or cols == 0:
+            return False
+        w = 8 * cols  # a row's bytes: its slots, then its factors' bits
+        ob = np.concatenate((old, self._factor_np.view(np.int32)), axis=1).tobytes()
+        nb = np.concatenate((rows, factor.view(np.int32)), axis=1).tobytes()
+        first: Dict[bytes, int] = {}
+        for i in range(len(old) - 1, -1, -1):
+            first[ob[i * w:(i + 1) * w]] = i
+        at_old = []
+        for j in range(n):
+            i = first.get(nb[j * w:(j + 1) * w])
+            if i is None:
+                return False  # a row the last layout did not have
+            at_old.append(i)
+        at = torch.tensor(at_old, dtype=torch.int64, device=device)
+        self._probe = {site: e._replace(pick=e.pick.index_select(1, at),
+                                        here=None if e.here is None else e.here.index_select(1, at))
+                       for site, e in self._probe.items()}
+        self._add = {site: e if e.pick is None else e._replace(pick=e.pick.index_select(1, at))
+                     for site, e in self._add.items()}
+        self._params = self._params.index_select(2, at)
+        self._gs = torch.zeros(2, cols, n, dtype=torch.float32, device=device)
+        self._gate, self._score = self._gs[0], self._gs[1]
+        self.relayouts += 1
+        return True
 
     def probe(self, t: torch.Tensor, site: int) -> None:
         """Before the site's gather-add: the columns probing here read their probes."""

@@ -307,3 +307,40 @@ def test_gated_adds_skip_sites_before_their_probe(owner, monkeypatch, order):
     assert len(at) == 3  # every site asked
     layer = {site: i for i, site in enumerate(at if order == "forward" else reversed(at))}
     assert [layer[s] for s in calls] == ([1, 2] if order == "forward" else [1, 0]), calls
+
+
+def test_gate_tables_reindexed_when_requests_leave(owner, monkeypatch):
+    """A gated batch whose requests leave and move: each step whose rows are rows of the last
+    step (same gate slots and factors) re-indexes the per-site gate tables instead of rebuilding
+    them; the outputs and decisions equal the native path's, and a device path that always
+    rebuilds gives the same bits."""
+    owner.register_vector("q", [("post_block", 1, 1.0, _unit(3))], kind="probe")
+    probe_q = dict(PROBE, probe={"kind": "name", "name": "q"})
+    gated = {"r0": [{"when": PROBE, "scope": "this_token", "apply": ADD}],
+             "r1": [{"when": probe_q, "scope": "this_token", "apply": ADD},
+                    {"when": PROBE, "scope": "rest_of_request", "apply": _atten(0.5)}],
+             "r2": [{"when": PROBE, "scope": "next_step", "apply": ADD}],
+             "r3": [],
+             "r4": [{"when": ALWAYS, "scope": "this_token", "apply": ADD}],
+             "r5": [{"when": probe_q, "scope": "this_token", "apply": ADD}]}
+    for rid, gates in gated.items():
+        owner.admit(rid, override=_own_steering(), steering=gates)
+    nat, cn = _hooks(owner, "native", torch.float32, 6)
+    dev, cd = _hooks(owner, "device", torch.float32, 6)
+    full, cf = _hooks(owner, "device", torch.float32, 6)
+    monkeypatch.setattr(full._gates, "_relayout", lambda *a: False)
+    layouts = [["r0", "r5", "r1", "r2", "r3", "r4"], ["r0", "r5", "r1", "r2", "r3", "r4"], ["r0", "r5", "r1", "r3", "r4"],
+               ["r4", "r0", "r1", "r5", "r3"], ["r4", "r1", "r5", "r3"], ["r5", "r4", "r3"], ["r3", "r5", "r4"], ["r5"]]
+    levels = [0.9, 0.1, 0.8, 0.2, 0.7, 0.3]
+    for i, ids in enumerate(layouts):
+        x = _input([levels[(i + j) % len(levels)] for j in range(len(ids))], torch.float32)
+        x[:, 3] = 1 - x[:, 0]  # p fires exactly where q does not: a row probing with the other's probe flips
+        spans = [(rid, j, j + 1, "decode") for j, rid in enumerate(ids)]
+        want = _run(nat, cn, x, spans)
+        got = _run(dev, cd, x, spans)
+        again = _run(full, cf, x, spans)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5, msg=f"step {i}")
+        assert torch.equal(got, again), f"step {i}: re-indexed and rebuilt tables differ"
+        assert dev.stepper.stats()["gate_checksum"] == nat.stepper.stats()["gate_checksum"], f"step {i}: decisions"
+    assert dev._gates.relayouts >= 2 and full._gates.relayouts == 0, (dev._gates.relayouts, dev._gates.builds)
+    assert dev._gates.builds < full._gates.builds
