@@ -359,8 +359,8 @@ static PyObject *pack(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 /* index_rows(index, n, out, cap): the steered rows of a resolve's index (n int32 slots at the
- * address index, 0: unsteered) as int64 at out: out[0:k] the rows, out[cap:cap+k] their slots;
- * returns k (n <= cap). */
+ * address index, 0: unsteered) as int64 at out (room for 2 * cap, n <= cap): out[0:k] the rows,
+ * then out[k:2k] their slots, one contiguous [2, k] block (a single upload); returns k. */
 static PyObject *index_rows(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
   (void)mod;
   if (nargs != 4) {
@@ -386,6 +386,7 @@ static PyObject *index_rows(PyObject *mod, PyObject *const *args, Py_ssize_t nar
       k++;
     }
   }
+  memmove(o + k, o + cap, k * sizeof *o);
   return PyLong_FromSize_t(k);
 }
 
@@ -416,7 +417,7 @@ static PyMethodDef methods[] = {
      "_faststep.c); PACK_SAME, PACK_ADVANCED, PACK_FALLBACK or (records, address, rows)"},
     {"index_rows", (PyCFunction)(void (*)(void))index_rows, METH_FASTCALL,
      "index_rows(index, n, out, cap): the steered rows of n int32 slots at index as int64 rows at out[:k] "
-     "and slots at out[cap:cap+k]; k"},
+     "and their slots at out[k:2k] (out: room for 2 * cap); k"},
     {NULL, NULL, 0, NULL}};
 
 static int exec_module(PyObject *m) {

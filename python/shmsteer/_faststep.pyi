@@ -35,4 +35,4 @@ def pack(spans: object, ids: dict[object, tuple[bytes, int]], scratch: int, cap:
 
 def index_rows(index: int, n: int, out: int, cap: int) -> int:
     """The steered rows of n int32 slots at ``index``, as int64 rows at out[:k] and their slots
-    at out[cap:cap+k]: k."""
+    at out[k:2k] (``out``: room for 2 * cap int64, n <= cap): k."""

@@ -60,7 +60,7 @@ class DeviceHooks(SteeringHooks):
         self._addends: Dict[int, torch.Tensor] = {}  # per clamp-free site, its gathered rows (_plan_addends)
         self._due: Set[int] = set()  # the sites whose gathered rows the layout's first step keeps
         self._index_rows = INDEX_ROWS  # the extension's (None: numpy's); set per hooks by tests
-        self._host_idx: Optional[torch.Tensor] = None  # int64 [2, cap]: the steered rows, their slots
+        self._host_idx: Optional[torch.Tensor] = None  # int64 [2 * cap]: the steered rows, then their slots
         self._host_at = (0, 0)  # its address and cap
         self._host_views: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # per k (_host_rows)
         self._k = 0  # the steered rows of the layout
@@ -156,20 +156,20 @@ class DeviceHooks(SteeringHooks):
 
     def _host_rows(self, addr: int, n: int, tb: DeviceTables) -> Tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The steered rows of the n-row index at addr and their slots, written by the extension
-        into a kept int64 [2, cap] host buffer (pinned for a CUDA upload): their count k and the
-        buffer's views of the rows, the slots and both ([2, k]), kept per k. On the CPU these
-        views are the step's index: rewritten at the next layout, when the gathers of this one
-        are done (eager CPU ops)."""
+        into a kept int64 host buffer (pinned for a CUDA upload) as one contiguous [2, k] block:
+        their count k and the buffer's views of the rows, the slots and both, kept per k. On the
+        CPU these views are the step's index: rewritten at the next layout, when the gathers of
+        this one are done (eager CPU ops)."""
         buf = self._host_idx
-        if buf is None or buf.shape[1] < n:
-            cap = max(n, 64) if buf is None else max(n, 2 * buf.shape[1])
-            buf = self._host_idx = torch.empty((2, cap), dtype=torch.int64, pin_memory=tb.device.type == "cuda")
+        if buf is None or buf.shape[0] < 2 * n:
+            cap = max(n, 64) if buf is None else max(n, buf.shape[0])
+            buf = self._host_idx = torch.empty(2 * cap, dtype=torch.int64, pin_memory=tb.device.type == "cuda")
             self._host_views = {}
             self._host_at = (buf.data_ptr(), cap)
         k = self._index_rows(addr, n, *self._host_at)
         v = self._host_views.get(k)
         if v is None:
-            v = self._host_views[k] = (buf[0, :k], buf[1, :k], buf[:, :k])
+            v = self._host_views[k] = (buf[:k], buf[k:2 * k], buf[:2 * k].view(2, k))
         return (k,) + v
 
     def _plan_addends(self) -> None:
