@@ -17,7 +17,8 @@ with the padded row count, so padding rows are never steered:
 * V1 runner (``GPUModelRunner``, ``CPUModelRunner``): ``_model_forward`` is wrapped; the spans
   come from ``input_batch`` and ``query_start_loc``, already prepared.
 * V2 runner (``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` and its CPU subclass):
-  ``prepare_inputs`` is wrapped to resolve the spans of the ``InputBatch`` it returns; a forward
+  ``prepare_inputs`` is wrapped to resolve the spans of the ``InputBatch`` it returns and read
+  the scheduler's version from the ``SchedulerOutput`` it is given; a forward
   pre-hook on the model opens the step and a forward hook closes it (``execute_model`` is wrapped
   to close a step a failed forward left open). In static mode ``prepare_inputs`` opens the step
   itself (a full-graph replay skips the model's hooks) and ``execute_model`` closes it.
@@ -51,7 +52,7 @@ from .spans import Span, spans_from_v1, spans_from_v2
 from .static import build as build_static
 from .static import static_mode
 
-__all__ = ["WorkerSteering", "patch_runners", "compile_mode"]
+__all__ = ["WorkerSteering", "patch_runners", "patch_v2_runner", "compile_mode"]
 
 log = logging.getLogger("shmsteer.vllm")
 
@@ -119,7 +120,7 @@ class WorkerSteering:
         self._open: Any = None  # the step context a V2 forward pre-hook entered
         self.steps = 0  #: real steps run through the hooks
         self.capturing = False  #: whether the hooks capture (the owner serves capture)
-        self.version = 0  #: the version the last V1 step was handed (0: none, the current one)
+        self.version = 0  #: the version the last step was handed (0: none, the current one)
 
     def _make_follower(self) -> Any:
         from ..client import Follower
@@ -199,17 +200,19 @@ class WorkerSteering:
                 self.sites.active = False
                 self.steps += 1
 
-    def open(self, spans: Sequence[Span], rows: int) -> None:
-        """Enter a step (V2: the model's forward pre-hook); :meth:`close` leaves it."""
+    def open(self, spans: Sequence[Span], rows: int, version: int = 0) -> None:
+        """Enter a step (V2: the model's forward pre-hook) pinned at the region ``version`` the
+        scheduler handed every rank (0: the current one); :meth:`close` leaves it."""
         self.close()
         hooks = self.ensure()
         assert self.sites is not None
+        self.version = version
         if self.static:
-            hooks.prepare(list(spans))
+            hooks.prepare(list(spans), version=version)
             self._open = hooks
             self.sites.active = True
             return
-        ctx = hooks.step(list(spans), rows=rows)
+        ctx = hooks.step(list(spans), version=version, rows=rows)
         ctx.__enter__()
         self._open = ctx
         self.sites.active = True
@@ -345,12 +348,21 @@ def _patch_v1() -> None:
 
 def _patch_v2() -> None:
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2
+    patch_v2_runner(V2)
+
+
+def patch_v2_runner(V2: Any) -> None:
+    """Wrap a V2 model runner class (``prepare_inputs(scheduler_output, ...)`` returning an
+    ``InputBatch``, ``execute_model``, ``get_model``; once). The step is pinned at the version
+    the scheduler handed every rank (``scheduler_output.shmsteer_version``, 0: the current one)."""
     if getattr(V2, "_shmsteer_patched", False):
         return
     orig_prepare, orig_execute = V2.prepare_inputs, V2.execute_model
 
     def prepare_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
         batch = orig_prepare(self, *args, **kwargs)
+        so = args[0] if args else kwargs.get("scheduler_output")
+        version = int(getattr(so, "shmsteer_version", 0) or 0)
         st = _steering(self)
         st.ensure()
         if not self.__dict__.get("_shmsteer_hooked"):
@@ -362,9 +374,9 @@ def _patch_v2() -> None:
             # A full-graph replay (cudagraph_manager.run_fullgraph) bypasses the model's forward
             # hooks: static mode prepares the step here, outside the graph, and reports at the
             # end of execute_model (or at the next prepare).
-            st.open(*spans_from_v2(batch))
+            st.open(*spans_from_v2(batch), version)
         else:
-            self._shmsteer_pending = spans_from_v2(batch)
+            self._shmsteer_pending = (*spans_from_v2(batch), version)
         return batch
 
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -389,7 +401,7 @@ def _patch_v2() -> None:
 
 
 def _v2_open(runner: Any) -> None:
-    pending: Optional[Tuple[List[Span], int]] = runner.__dict__.get("_shmsteer_pending")
+    pending: Optional[Tuple[List[Span], int, int]] = runner.__dict__.get("_shmsteer_pending")
     if pending is None:
         return  # a dummy or warm-up forward
     runner._shmsteer_pending = None
