@@ -3,6 +3,16 @@ package main
 // The Go side of plan.c: a stepper's plain sites handed to C, and C's applies replayed.
 
 /*
+// C keeps none of the Go pointers these are handed (out-parameters on Go's stack) and calls
+// no Go: no heap allocation and no callback bookkeeping on every resolve's settle.
+#cgo noescape capi_plan_trail
+#cgo nocallback capi_plan_trail
+#cgo noescape capi_plan_take_csteps
+#cgo nocallback capi_plan_take_csteps
+#cgo noescape capi_plan_take_dsteps
+#cgo nocallback capi_plan_take_dsteps
+#cgo noescape capi_plan_step
+#cgo nocallback capi_plan_step
 #include <stdint.h>
 #include "plan.h"
 */

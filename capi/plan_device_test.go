@@ -143,3 +143,34 @@ func reclaimedArmed(t *testing.T, o *steer.Owner, bRef, bFast uint64, armed uint
 	require.Equal(t, rcRef, rc)
 	require.False(t, inC)
 }
+
+// TestDeviceResolveInGoAllocatesNothing: a device-path worker's changed batches (requests
+// leaving and joining, their rows moving) resolved through the C ABI's Go entry, on a stepper
+// with its C plan (each resolve settles the plan first): once the batch's buffers have grown,
+// no resolve allocates (an allocation a step, under a model's forward, is a cold heap line and
+// a step closer to a GC cycle).
+func TestDeviceResolveInGoAllocatesNothing(t *testing.T) {
+	o, cfg := planOwner(t)
+	L := int32(cfg.Layers)
+	_, _, _, b := planSteppers(t, o, []int32{2*L + 0, 1*L + 2, 4*L + 1, 0*L + 1})
+	var layouts []*cSpans
+	for _, ids := range [][]string{{"c-0", "entry", "c-2", "clamped"}, {"c-0", "c-2", "clamped"}, {"clamped", "other", "c-0"},
+		{"entry", "c-1", "other", "c-2", "c-0"}} {
+		var spans []steer.Span
+		for i, id := range ids {
+			spans = append(spans, steer.Span{ID: id, Start: 2 * i, End: 2*i + 1, Phase: steer.PhaseDecode, Pos: 30})
+		}
+		cs := newCSpans(spans)
+		t.Cleanup(cs.free)
+		layouts = append(layouts, cs)
+	}
+	round := func() {
+		for _, cs := range layouts {
+			if rc := probeResolveGo(b, cs, 10, probeFlagEnd, 0); rc != 0 {
+				t.Fatalf("resolve: rc %d", rc)
+			}
+		}
+	}
+	round()
+	require.Zero(t, testing.AllocsPerRun(20, round))
+}

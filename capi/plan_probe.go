@@ -202,6 +202,18 @@ func probeResolveDevice(b uint64, spans *cSpans, rows int, flags uint32, version
 	return r, rc, inC
 }
 
+// probeInfo is probeResolveGo's answer buffer, in C memory as a worker's is (made once, so
+// that the probe itself allocates nothing).
+var probeInfo = (*C.shmsteer_batch_info)(C.calloc(1, C.size_t(unsafe.Sizeof(C.shmsteer_batch_info{}))))
+
+// probeResolveGo resolves spans over rows rows through Go's shmsteerGo_batch_resolve (never
+// C's answer) with flags, at version (0: current); its return code. It allocates nothing of
+// its own, so that a test can count what the resolve allocates.
+func probeResolveGo(b uint64, spans *cSpans, rows int, flags uint32, version uint64) int {
+	return int(shmsteerGo_batch_resolve(C.uint64_t(b), C.uint64_t(version), spans.p, C.size_t(spans.n), C.int64_t(rows),
+		C.uint32_t(flags), probeInfo))
+}
+
 // probeBatchStats is batch b's counters after its stepper counted what C did.
 func probeBatchStats(b uint64) steer.BatchStats {
 	bt, ok := getAs[*batch](b)

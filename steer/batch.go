@@ -352,6 +352,10 @@ func (b *Batch) planSlots(batch []Span) error {
 	}
 	for _, k := range b.keys {
 		p := planned{slot: -1}
+		if j := len(b.plan); j < cap(b.plan) { // the last steps' site lists, reused: no allocation a step
+			old := b.plan[:j+1][j]
+			p.steered, p.nclamps = old.steered[:0], old.nclamps[:0]
+		}
 		if sl, ok := b.byKey[k]; ok {
 			p.slot = sl
 		} else if nfree > 0 {
@@ -443,8 +447,9 @@ func (b *Batch) diff(j int, k slotKey) error {
 		}
 		u := BatchUpdate{Site: int32(site), Slot: p.slot, Clamps: int32(n), ClampStart: int32(len(b.ClampParams) / 3)}
 		o := len(b.Stage)
-		b.Stage = append(b.Stage, make([]float32, d)...)
+		b.Stage = slices.Grow(b.Stage, d)[:o+d] // (not append of a make: that allocates under -race)
 		row := b.Stage[o : o+d]
+		clear(row)
 		switch {
 		case gs != nil:
 			gateRow(row, gs, site, rvec, gv)

@@ -187,6 +187,43 @@ func TestBatchSteadyStateAllocatesNothing(t *testing.T) {
 	require.Zero(t, allocs)
 }
 
+// A serving loop's changed batches (requests leaving, joining, their rows moving) and a slot
+// budget too small for them, so that each step evicts and re-stages rows: once the first round
+// has grown the batch's buffers, no step allocates.
+func TestBatchChangingLayoutsAllocateNothing(t *testing.T) {
+	e := newOwner(t, smallCfg, Options{})
+	_, ids, err := scenario(e, 4)
+	require.NoError(t, err)
+	st := e.NewStepper()
+	defer st.Close()
+	b, err := st.NewBatch(BatchOptions{MaxSlots: 5, MaxClamps: 4})
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(3, 4))
+	var layouts [][]Span
+	for i := range 6 { // rotating subsets of the requests, in another order each
+		sub := append([]string(nil), ids[i%3:i%3+4]...)
+		rng.Shuffle(len(sub), func(a, c int) { sub[a], sub[c] = sub[c], sub[a] })
+		layouts = append(layouts, batchFor(rng, sub, 24))
+	}
+	round := func() {
+		for _, batch := range layouts {
+			if err := b.Resolve(0, batch, 24); err != nil {
+				t.Fatal(err)
+			}
+			st.End()
+		}
+	}
+	round()
+	evictions, updates := b.Stats().Evictions, 0
+	allocs := testing.AllocsPerRun(20, func() {
+		round()
+		updates += len(b.Updates)
+	})
+	require.Zero(t, allocs)
+	require.Greater(t, b.Stats().Evictions, evictions, "each round must evict slots and stage rows again")
+	require.NotZero(t, updates)
+}
+
 func TestBatchChecksumDeterministic(t *testing.T) {
 	e := newOwner(t, smallCfg, Options{})
 	_, ids, err := scenario(e, 5)
