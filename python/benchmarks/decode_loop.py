@@ -41,7 +41,7 @@ that check, and (slack above 1) raises a step goal to the plain table hook's rat
 run when that is higher: CI (.ci/run) runs ``--dtypes bfloat16 --rounds 21 --check --slack
 1.15``, which fails on a regression beyond a loaded machine's noise, not on a ratio within 15%
 of its goal or of the table hook; a full run (``--rounds 11``, no slack) is what
-docs/performance.md quotes. No test times anything.
+docs/serving-loop.md quotes. No test times anything.
 
     PYTHONPATH=python python python/benchmarks/decode_loop.py [--rounds 11] [--json] [--check [--slack 1.10]]
     PYTHONPATH=python python python/benchmarks/decode_loop.py --admission-only [--admissions 15]
