@@ -17,13 +17,16 @@ the model (same weights, same token ids), in float32 and in bfloat16:
 * ``device_gated``: the device path where every request also carries a ``this_token`` probe
   gate (probe at block 1, adds at blocks 2-3), against ``device``.
 
-Contenders alternate, round by round in a shuffled order; each round runs the whole schedule
-once per contender and times each step by the thread's CPU time (torch runs on this one thread;
-time descheduled on a shared machine is not counted; ``--wall`` times wall clock, for the
-admissions too, which are otherwise timed by the process's CPU time).
+Contenders alternate step by step: each round runs the whole schedule once per contender, the
+contenders' step i one after another in a new shuffled order at each step (``--interleave
+round``: each contender's whole schedule in turn, the order shuffled per round; a stretch of the
+machine's noise then lands on one contender's round, and the per-round ratios spread about three
+times wider). Each step is timed by the thread's CPU time (torch runs on this one thread; time
+descheduled on a shared machine is not counted; ``--wall`` times wall clock, for the admissions
+too, which are otherwise timed by the process's CPU time).
 Reported per contender: the median decode-step time (steps with no prefill rows) and, against
 ``unhooked`` (``device`` for ``device_gated``), the ratio of medians and the median of per-round
-ratios; then (``--host-rounds``, 5 by default, after the timed rounds) each steered contender's
+ratios, and for each steered path the median of its per-round ratios to the table hook; then (``--host-rounds``, 5 by default, after the timed rounds) each steered contender's
 own steering code per decode step by thread CPU time (the table hook's forward hooks and index;
 the hooks' step entry, sites and exit), on steps whose batch advanced and on steps where a
 request left: a figure the machine's noise moves far less than a step's ratio. Admission from Python is timed too (``Owner.admit`` of an inline override of 32 layers x
@@ -58,7 +61,7 @@ import statistics
 import sys
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -180,6 +183,7 @@ class Runner:
             self.which = which
         self.table = table is not None
         self.host: Optional[HostClock] = None  # set by host_time: times the steering code
+        self.out = torch.zeros(0)  # the last step's output (stepper)
         max_len = 64
         self.fresh = lambda: {"len": 0, "k": [torch.zeros(max_len, HIDDEN, dtype=dtype) for _ in range(BLOCKS)],
                               "v": [torch.zeros(max_len, HIDDEN, dtype=dtype) for _ in range(BLOCKS)]}
@@ -188,9 +192,18 @@ class Runner:
         """The whole schedule once, from empty caches; each decode-only step timed into times
         (instrumented by host_time: its steering code's thread CPU time in µs). Returns the last
         step's output."""
+        for dt in self.stepper(clock):
+            if times is not None and dt is not None:
+                times.append(dt)
+        return self.out
+
+    def stepper(self, clock: Callable[[], float] = time.thread_time) -> Iterator[Optional[float]]:
+        """The whole schedule from empty caches, a step an iteration: each yields the step's time
+        by clock (by the host clock when instrumented) if the step was decode-only, else None;
+        the last step's output is left in self.out."""
         caches: Dict[str, Dict[str, Any]] = {}
         gen = torch.Generator().manual_seed(5)
-        out = torch.zeros(0)
+        self.out = torch.zeros(0)
         for step in self.steps:
             batch, spans, rows, idx = [], [], 0, []
             for rid, n, phase, pos in step:
@@ -208,13 +221,12 @@ class Runner:
             t0 = clock()
             if self.table:
                 self.idx = torch.tensor(idx) if self.host is None else self.host.call(torch.tensor, idx)
-            out = self.forward(ids, spans)
+            self.out = self.forward(ids, spans)
             dt = clock() - t0
-            if times is not None and all(p == "decode" for _, _, p, _ in step):
-                times.append(dt if self.host is None else self.host.ns / 1e3)
             for c, a, b in batch:
                 c["len"] += b - a
-        return out
+            decode = all(p == "decode" for _, _, p, _ in step)
+            yield (dt if self.host is None else self.host.ns / 1e3) if decode else None
 
     def forward(self, ids: torch.Tensor, spans: Sequence[Tuple[str, int, int, str, int]]) -> torch.Tensor:
         with torch.inference_mode():
@@ -334,15 +346,30 @@ def host_time(runs: Dict[str, Runner], steps: List[Step], rounds: int) -> Dict[s
     return out
 
 
-def time_loop(runs: Dict[str, Runner], rounds: int, clock: Callable[[], float]) -> Dict[str, Any]:
+def time_loop(runs: Dict[str, Runner], rounds: int, clock: Callable[[], float], interleave: str = "step") -> Dict[str, Any]:
+    """Each contender's median decode-step time in each of ``rounds`` rounds, and the ratios.
+    ``interleave="step"``: a round runs the schedule once for every contender, step by step, the
+    contenders in a new shuffled order at each step, so a stretch of the machine's noise lands
+    on every contender's same steps; ``"round"``: a round runs each contender's whole schedule
+    in turn, in a shuffled order."""
     per_round: Dict[str, List[float]] = {k: [] for k in runs}
     order = list(runs)
     rng = np.random.default_rng(11)
     for _ in range(rounds):
-        rng.shuffle(order)
-        for k in order:
-            t: List[float] = []
-            runs[k].run(t, clock)
+        times: Dict[str, List[float]] = {k: [] for k in runs}
+        if interleave == "step":
+            its = {k: r.stepper(clock) for k, r in runs.items()}
+            for _step in runs[order[0]].steps:
+                rng.shuffle(order)
+                for k in order:
+                    dt = next(its[k])
+                    if dt is not None:
+                        times[k].append(dt)
+        else:
+            rng.shuffle(order)
+            for k in order:
+                runs[k].run(times[k], clock)
+        for k, t in times.items():
             per_round[k].append(statistics.median(t) * 1e3)
     med = {k: statistics.median(v) for k, v in per_round.items()}
     ratios = {}
@@ -355,6 +382,8 @@ def time_loop(runs: Dict[str, Runner], rounds: int, clock: Callable[[], float]) 
                      "rounds_min_max": [min(a / b for a, b in zip(per_round[k], per_round[base])),
                                         max(a / b for a, b in zip(per_round[k], per_round[base]))],
                      "against": base}
+        if base == "unhooked" and k != "table" and "table" in runs:  # the plain hook's cost, taken out
+            ratios[k]["of_table"] = statistics.median(a / b for a, b in zip(per_round[k], per_round["table"]))
     return {"ms_per_decode_step": med, "ratio": ratios}
 
 
@@ -434,6 +463,9 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16", help="the loop's dtypes, comma-separated")
     ap.add_argument("--host-rounds", type=int, default=5,
                     help="rounds timing each contender's steering code per decode step, after the timed ones (0: none)")
+    ap.add_argument("--interleave", choices=("step", "round"), default="step",
+                    help="step: each round runs the contenders step by step, in a new order each step; "
+                         "round: each contender's whole schedule in turn")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when a goal is missed (each step goal on the median of per-round ratios)")
     ap.add_argument("--slack", type=float, default=1.0,
@@ -453,7 +485,7 @@ def main() -> None:
     report: Dict[str, Any] = {"shape": {"blocks": BLOCKS, "hidden": HIDDEN, "heads": HEADS, "requests": args.requests,
                                         "concurrency": args.concurrency, "steps": len(steps),
                                         "decode_steps": sum(all(p == "decode" for _, _, p, _ in s) for s in steps)},
-                              "rounds": args.rounds, "clock": "wall" if args.wall else "thread_cpu", "goals": GOALS,
+                              "rounds": args.rounds, "interleave": args.interleave, "clock": "wall" if args.wall else "thread_cpu", "goals": GOALS,
                               "loop": {}}
     ns, secret = "bench-loop-" + uuid.uuid4().hex, uuid.uuid4().hex.encode()
     with shmsteer.Owner(ns, secret=secret, hidden=HIDDEN, layers=BLOCKS) as owner:
@@ -461,7 +493,7 @@ def main() -> None:
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
             runs = contenders(owner, base, dtype, steps, which)
             check(runs, dtype)
-            r = report["loop"][str(dtype).split(".")[1]] = time_loop(runs, args.rounds, clock)
+            r = report["loop"][str(dtype).split(".")[1]] = time_loop(runs, args.rounds, clock, args.interleave)
             if args.host_rounds > 0:
                 r["host_us"] = host_time(runs, steps, args.host_rounds)
     report["admit_ms"] = time_admission(args.admissions, clock=time.perf_counter if args.wall else time.process_time)
@@ -477,7 +509,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        print_report(report, args.rounds)
+        print_report(report)
     bad = failing(report["missed"], args.known_miss)
     if args.check and bad:
         sys.exit(1)
@@ -535,12 +567,13 @@ def missed(report: Dict[str, Any], slack: float) -> List[str]:
     return out
 
 
-def print_report(report: Dict[str, Any], rounds: int) -> None:
+def print_report(report: Dict[str, Any]) -> None:
     met = report["met"]
     sh = report["shape"]
+    how = "interleaved step by step" if report["interleave"] == "step" else "shuffled per round"
     print(f"decode loop: {sh['blocks']} blocks, hidden {sh['hidden']}, {sh['requests']} requests, at most "
           f"{sh['concurrency']} at once, {sh['steps']} steps ({sh['decode_steps']} decode-only); "
-          f"{rounds} rounds, contenders shuffled per round")
+          f"{report['rounds']} rounds, contenders {how}")
     for dt, r in report["loop"].items():
         print(f"  {dt}:")
         for k, ms in r["ms_per_decode_step"].items():
@@ -550,7 +583,8 @@ def print_report(report: Dict[str, Any], rounds: int) -> None:
                 g = goal_of(dt, k)
                 goal = "" if g is None else f"  goal (per-round median) <= {g}: " + ("met" if met[f'{dt}.{k}'] else "NOT met")
                 line += (f"  {v['of_medians']:.3f}x {v['against']} (per-round median {v['median_of_rounds']:.3f}, "
-                         f"{v['rounds_min_max'][0]:.3f}-{v['rounds_min_max'][1]:.3f}){goal}")
+                         f"{v['rounds_min_max'][0]:.3f}-{v['rounds_min_max'][1]:.3f}"
+                         + (f"; {v['of_table']:.3f}x table" if "of_table" in v else "") + f"){goal}")
             print(line)
         host = r.get("host_us")
         if host:

@@ -23,6 +23,10 @@ def test_decode_loop_bench_runs() -> None:
     for dt in ("float32", "bfloat16"):
         assert {"table", "native", "device", "static", "device_gated"} <= set(r["loop"][dt]["ratio"])
     assert r["loop"]["float32"]["ratio"]["device_gated"]["against"] == "device"
+    assert r["interleave"] == "step"
+    for dt in ("float32", "bfloat16"):  # each steered path against the plain hook too
+        ratio = r["loop"][dt]["ratio"]
+        assert {k for k, v in ratio.items() if "of_table" in v} == {"native", "device", "static"}, (dt, ratio)
     for dt in ("float32", "bfloat16"):
         host = r["loop"][dt]["host_us"]
         assert set(host) == {"table", "native", "device", "static", "device_gated"}
@@ -77,3 +81,44 @@ def test_known_misses_do_not_fail(capsys) -> None:
     assert "goal missed (known, not failing --check): bfloat16 native" in err and "goal missed: admission named" in err
     assert bench.failing(missed[1:], ["bfloat16.native"]) == missed[1:]
     assert "known miss bfloat16.native passed this run's check" in capsys.readouterr().err
+
+
+class _FakeRunner:
+    """A contender whose steps log (name, step) and take a made-up time: decode steps 1 ms times
+    the runner's factor, the first step a prefill (None)."""
+
+    def __init__(self, name: str, factor: float, log: list) -> None:
+        self.name, self.factor, self.log, self.steps = name, factor, log, [0, 1, 2, 3]
+
+    def stepper(self, clock=None):
+        for i in self.steps:
+            self.log.append((self.name, i))
+            yield None if i == 0 else 1e-3 * self.factor * (1 + i)
+
+    def run(self, times, clock=None):
+        for dt in self.stepper(clock):
+            if dt is not None:
+                times.append(dt)
+
+
+def test_time_loop_interleaves_step_by_step() -> None:
+    bench = _bench()
+    for mode in ("step", "round"):
+        log: list = []
+        runs = {k: _FakeRunner(k, f, log) for k, f in (("unhooked", 1.0), ("table", 1.02), ("device", 1.05),
+                                                       ("device_gated", 1.05 * 1.1))}
+        r = bench.time_loop(runs, 3, None, mode)
+        assert len(log) == 3 * 4 * 4
+        steps_in_order = [i for _, i in log]
+        if mode == "step":  # every contender's step i before anyone's step i + 1
+            assert steps_in_order == [i for _ in range(3) for i in range(4) for _ in range(4)]
+            assert len({tuple(n for n, _ in log[j:j + 4]) for j in range(0, len(log), 4)}) > 1  # orders shuffled
+        else:  # each contender's whole schedule in turn
+            assert steps_in_order == [i for _ in range(3 * 4) for i in range(4)]
+        assert abs(r["ms_per_decode_step"]["unhooked"] - 3.0) < 1e-9  # the median of 2, 3, 4 ms
+        ratio = r["ratio"]
+        assert abs(ratio["device"]["median_of_rounds"] - 1.05) < 1e-9
+        assert abs(ratio["device"]["of_table"] - 1.05 / 1.02) < 1e-9
+        assert ratio["device_gated"]["against"] == "device" and "of_table" not in ratio["device_gated"]
+        assert abs(ratio["device_gated"]["median_of_rounds"] - 1.1) < 1e-9
+        assert "of_table" not in ratio["table"]
