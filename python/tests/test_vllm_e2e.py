@@ -34,9 +34,11 @@ def entry_point_installed() -> bool:
     return any(ep.value == "shmsteer.vllm:register" for ep in entry_points(group="vllm.general_plugins"))
 
 
-def run_script(script: str, model: str, *args: str, extra_env: Optional[Dict[str, str]] = None) -> dict:
+def run_script(script: str, model: str, *args: str, extra_env: Optional[Dict[str, str]] = None,
+               expect_log: Optional[str] = None) -> dict:
     """Runs tests/<script> on model (and args) in a fresh interpreter (an engine is built once
-    per process), with ``extra_env`` set there, and returns its RESULT line's JSON."""
+    per process), with ``extra_env`` set there, and returns its RESULT line's JSON; with
+    ``expect_log``, that text must appear in the run's output (vLLM's log)."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                PYTHONPATH=os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for k in ("SHMSTEER_NAMESPACE", "SHMSTEER_SECRET", "SHMSTEER_SECRET_FILE", "SHMSTEER_VLLM_STATIC"):
@@ -48,6 +50,8 @@ def run_script(script: str, model: str, *args: str, extra_env: Optional[Dict[str
                        capture_output=True, text=True, timeout=1500)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, f"rc {p.returncode}\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}"
+    if expect_log is not None:
+        assert expect_log in p.stdout + p.stderr, f"{script}: no {expect_log!r} in its output\n{p.stdout[-4000:]}"
     return json.loads(lines[-1][len("RESULT "):])
 
 

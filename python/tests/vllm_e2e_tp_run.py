@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 from vllm_e2e_capture_run import TAG, read_captures
 from vllm_e2e_run import MAX_TOKENS, PROMPTS, make_model, packed, vector
@@ -38,7 +38,7 @@ def rank_state(worker: Any) -> Dict[str, Any]:
         return {"steps": 0}
     h = st.hooks
     from shmsteer.vllm.capture import _tp_rank
-    return {"rank": _tp_rank(), "steps": st.steps, "capturing": st.capturing, "writes": bool(h._capturing),
+    return {"rank": _tp_rank(), "runner": type(runner).__module__ + "." + type(runner).__name__, "steps": st.steps, "capturing": st.capturing, "writes": bool(h._capturing),
             "version": st.version, "checksum": h.checksum, "batch_checksum": h.batch_checksum}
 
 
