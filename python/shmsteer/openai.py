@@ -223,15 +223,38 @@ def _clamp_entry(entry: Any, path: str) -> Tuple[List[float], float, float, floa
     if not isinstance(vec, list) or not vec:
         shape = "(0,)" if isinstance(vec, list) else _kind(vec)
         raise SteeringRequestError(f"{path}: Clamp entry vector must be a non-empty 1-D float list, got shape {shape}")
-    for i, x in enumerate(vec):
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            raise SteeringRequestError(f"{path}['vector'][{i}] must be a finite float, got {_kind(x)}")
-        if not math.isfinite(x):
-            raise SteeringRequestError(f"{path}: Clamp entry vector must contain only finite floats")
-    if not any(x != 0 for x in vec):
+    floats = _finite_floats(vec)
+    if floats is None:  # numpy absent, or an element it refuses: find it, as the fork does
+        for i, x in enumerate(vec):
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise SteeringRequestError(f"{path}['vector'][{i}] must be a finite float, got {_kind(x)}")
+            if not math.isfinite(x):
+                raise SteeringRequestError(f"{path}: Clamp entry vector must contain only finite floats")
+        floats = [float(x) for x in vec]
+    if not any(x != 0 for x in floats):
         raise SteeringRequestError(f"{path}: Clamp entry vector must be non-zero (a zero vector cannot be "
                                    "normalized to a direction)")
-    return [float(x) for x in vec], lo, hi, strength
+    return floats, lo, hi, strength
+
+
+_PLAIN_NUMBERS = frozenset((int, float))
+
+
+def _finite_floats(vec: List[Any]) -> Optional[List[float]]:
+    """``[float(x) for x in vec]`` when every element is an int or a float (never a bool) and
+    finite, checked and converted by numpy in one pass (a clamp direction is a JSON list of
+    hidden-size numbers: element by element in Python, 1.4 ms for 1024 of them); None without
+    numpy or when an element fails, for the caller's element-by-element checks to name it."""
+    if _np is None or not set(map(type, vec)) <= _PLAIN_NUMBERS:
+        return None
+    try:
+        a = _np.array(vec, dtype=_np.float64)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    if not _np.isfinite(a).all():
+        return None
+    out: List[float] = a.tolist()
+    return out
 
 
 def _clamps(field: str, spec: Any, hooks: Sequence[str]) -> List[Dict[str, Any]]:

@@ -274,3 +274,41 @@ def test_base64_refusals_word_as_b64decode(data):
     with pytest.raises(SteeringRequestError) as err:
         admit(CHAT, steering_vectors={"pre_attn": {**pack({0: [1.0] * HIDDEN}), "data": data}})
     assert str(err.value) == want
+
+
+@pytest.mark.parametrize("with_numpy", [True, False])
+@pytest.mark.parametrize("bad,match", [
+    (True, r"\['vector'\]\[3\] must be a finite float, got bool"),
+    ("1.0", r"\['vector'\]\[3\] must be a finite float, got str"),
+    (None, r"\['vector'\]\[3\] must be a finite float"),
+    ([1.0], r"\['vector'\]\[3\] must be a finite float"),
+    (float("inf"), "must contain only finite floats"),
+    (float("nan"), "must contain only finite floats"),
+])
+def test_clamp_direction_elements_refused_alike(monkeypatch, with_numpy, bad, match):
+    """Each bad element of a clamp direction is named as the fork names it, whether numpy checks
+    the list in one pass or Python element by element (without numpy), and nothing is admitted."""
+    v = [0.5] * HIDDEN
+    v[3] = bad
+    body = {**CHAT, "steering_clamps": {"post_block": {"5": [{"vector": v, "value": 1.0}]}}}
+    with monkeypatch.context() as m:
+        if not with_numpy:
+            m.setattr(shmsteer.openai, "_np", None)
+        with pytest.raises(SteeringRequestError, match=match):
+            admission_from_request(body, model=MODEL)
+
+
+def test_clamp_direction_same_with_and_without_numpy(monkeypatch):
+    """Ints, floats, negative zero and large values give the same direction either way (plain
+    Python floats), and an all-zero direction (negative zeros included) is refused either way."""
+    v = [1, -0.0, 2.5, -3, 1e300, 7] + [0.25] * (HIDDEN - 6)
+    body = {**CHAT, "steering_clamps": {"post_block": {"5": [{"vector": v, "value": 1.0}]}}}
+    fast = admission_from_request(body, model=MODEL)["override"]["base"]["clamps"][0]
+    slow = _lists_form(monkeypatch, body, model=MODEL)["override"]["base"]["clamps"][0]
+    assert fast == slow
+    got = fast["dir"]
+    assert all(type(x) is float for x in got) and got[:6] == [1.0, -0.0, 2.5, -3.0, 1e300, 7.0]
+    zero = {**CHAT, "steering_clamps": {"post_block": {"5": [{"vector": [-0.0, 0] * (HIDDEN // 2), "value": 1.0}]}}}
+    for form in (lambda b: admission_from_request(b, model=MODEL), lambda b: _lists_form(monkeypatch, b, model=MODEL)):
+        with pytest.raises(SteeringRequestError, match="must be non-zero"):
+            form(zero)
