@@ -96,6 +96,7 @@ var readmeNotRun = map[string]string{
 	`llm = LLM(model="/path/to/model", skip_tokenizer_init=True, dtype="float32",`:                   "needs vLLM; python/tests/vllm_compile_run.py runs the same LLM under torch.compile (test_vllm_compile_e2e.py checks it)",
 	"SHMSTEER_LIB=$PWD/python/shmsteer/libshmsteer.so PYTHONPATH=$PWD/python \\":                     "minutes of benchmarks in vLLM's environment (docs/vllm.md's figure)",
 	"... python/benchmarks/vllm_step.py --rounds 31 --max-tokens 16 --compile [--profile]":           "minutes of benchmarks in vLLM's environment (docs/vllm.md's figure)",
+	"cd python && VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH=. ~/.cache/shmsteer/vllm-venv/bin/python \\":   "minutes of benchmarks in vLLM's environment (docs/vllm.md's figure on the AVX-512 VM)",
 	"bash .ci/pyenv-vllm": "installs vLLM's CPU build (21 minutes, 6.3 GB); python/tests/test_vllm_*.py run with the interpreter it prints",
 	"export SHMSTEER_VLLM=1 SHMSTEER_SECRET=$(head -c 32 /dev/urandom | base64) VLLM_CPU_KVCACHE_SPACE=1": "needs vLLM; python/tests/vllm_e2e_run.py runs the same generate (and test_vllm_e2e.py checks it)",
 }
