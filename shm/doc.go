@@ -37,6 +37,9 @@
 // every write of a transaction or none of it. A replaced blob is retired at the version that
 // replaced it and reused only when every pinned slot is at or above that version; slots of dead
 // processes are found and cleared, so a crashed reader never blocks reclamation for long.
+// A deleted key's index word becomes a tombstone once every reader has seen its deletion; the
+// tombstones that no live key's probe path crosses are emptied again (tombstones.go), so a
+// region that has stored and deleted millions of keys still answers a miss in a few words.
 //
 // A column lives as long as the value it is attached to. The owner reserves it in a
 // transaction (Tx.AllocColumn), writes its cells in place (Tx.Cell) and ties it to a value the

@@ -43,6 +43,11 @@ type writer struct {
 	markRetired []markRef       // tombstones waiting for every pin to pass their version
 
 	cols *columns // the column pool's private bookkeeping (columns.go); nil: no pool
+
+	// tombs counts the index words made tombstones since the last sweepTombstones, which
+	// marks the words live keys' probe paths cross in covered (tombstones.go).
+	tombs   uint64
+	covered []uint64
 }
 
 type retiredBlob struct{ off, size, version uint64 }
@@ -402,10 +407,14 @@ func (r *Region) unlinkMarkers(v uint64) (retired uint64) {
 			continue
 		}
 		store64(r.index, m.slot*8, tombstone)
+		w.tombs++
 		w.retire(m.off, m.size, v)
 		retired += m.size
 	}
 	w.markers = append(w.markers[:0], w.markers[n:]...)
+	if w.tombs >= max(r.l.indexSlots/16, 1) {
+		r.sweepTombstones()
+	}
 	return retired
 }
 

@@ -57,3 +57,40 @@ func BenchmarkAdmit(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdmitChurned times an admission and its end (one inline vector, hidden 1024) in a
+// region of the default size, fresh and after 300,000 requests admitted and ended: the index's
+// tombstones are emptied as they pile up (shm's sweepTombstones), so the second costs what the
+// first does; without the sweep it cost 2.2x (19.6 against 43.6 µs a pair). Run:
+//
+//	go test -run '^$' -bench BenchmarkAdmitChurned -count 5 ./steer/
+func BenchmarkAdmitChurned(b *testing.B) {
+	const D = 1024
+	for _, churn := range []int{0, 300_000} {
+		b.Run(fmt.Sprint("after=", churn), func(b *testing.B) {
+			cfg := ModelConfig{Hidden: D, Layers: 2}
+			rc, err := RegionConfig(cfg, shm.Config{})
+			require.NoError(b, err)
+			r, err := shm.Create(rc)
+			require.NoError(b, err)
+			b.Cleanup(func() { r.Close() })
+			e, err := Open(r, &cfg, Options{Logf: b.Logf})
+			require.NoError(b, err)
+			over := &Steering{Decode: Tier{Vectors: []Vector{{Hook: "post_block", Scale: 1, Data: randVec(rand.New(rand.NewPCG(1, 2)), D)}}}}
+			cycle := func(id string) {
+				if _, err := e.Admit(Admission{RequestID: id, Override: over}); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := e.End(id); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range churn {
+				cycle(fmt.Sprint("churn-", i))
+			}
+			for i := 0; b.Loop(); i++ {
+				cycle(fmt.Sprint("req-", i))
+			}
+		})
+	}
+}
