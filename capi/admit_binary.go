@@ -1,7 +1,8 @@
 package main
 
-// Binary admission (shmsteer_request_admit_binary): an override's inline vectors passed as the
-// caller's float32 buffers, not as JSON float lists. A 32-layer × 4096 override is 512 KiB of
+// Binary admission (shmsteer_request_admit_binary, shmsteer_request_admit_buffers): an
+// override's inline vectors, and its clamps' directions, passed as the caller's float32
+// buffers, not as JSON float lists. A 32-layer × 4096 override is 512 KiB of
 // floats; as JSON it is ~2.7 MB of text to print and parse.
 
 /*
@@ -25,6 +26,59 @@ func shmsteerGo_request_admit_binary(h C.uint64_t, id *C.char, idLen C.size_t, j
 	add := func(inst *instance, s *steer.Steering) C.int { return addBinaryVectors(inst, s, vectors, n) }
 	ad, rc := admitWith(h, id, idLen, js, jsLen, add)
 	return admittedOut(ad, rc, out)
+}
+
+//export shmsteerGo_request_admit_buffers
+func shmsteerGo_request_admit_buffers(h C.uint64_t, id *C.char, idLen C.size_t, js *C.char, jsLen C.size_t,
+	vectors *C.shmsteer_admit_vector, n C.size_t, clamps *C.shmsteer_admit_clamp, nc C.size_t, out *C.shmsteer_admitted) C.int {
+	add := func(inst *instance, s *steer.Steering) C.int {
+		if rc := addBinaryVectors(inst, s, vectors, n); rc != C.SHMSTEER_OK {
+			return rc
+		}
+		return addBinaryClamps(inst, s, clamps, nc)
+	}
+	ad, rc := admitWith(h, id, idLen, js, jsLen, add)
+	return admittedOut(ad, rc, out)
+}
+
+// addBinaryClamps appends clamps[0:n] to the tiers of s, after the clamps the JSON gave, in
+// order. As addBinaryVectors: every pointer, length, tier and hook is checked before a float is
+// read, and the directions are copied once into one Go block; the rest (layer, finite values,
+// min <= max, the direction's norm, the strength's range) is the engine's check of every clamp.
+func addBinaryClamps(inst *instance, s *steer.Steering, clamps *C.shmsteer_admit_clamp, n C.size_t) C.int {
+	if n == 0 {
+		return C.SHMSTEER_OK
+	}
+	if clamps == nil || uint64(n) > math.MaxInt32 {
+		return badArg(fmt.Sprintf("clamps (NULL or n_clamps %d)", uint64(n)))
+	}
+	in := unsafe.Slice(clamps, int(n))
+	hidden := inst.cfg.Hidden
+	for i := range in {
+		c := &in[i]
+		if c.tier > C.SHMSTEER_TIER_DECODE {
+			return badArg(fmt.Sprintf("clamp %d: tier %d (SHMSTEER_TIER_BASE, _PREFILL or _DECODE)", i, uint32(c.tier)))
+		}
+		if c.hook > math.MaxUint16 || inst.cfg.HookName(steer.HookID(c.hook)) == "" {
+			return fail(fmt.Errorf("%w: hook id %d in clamp %d", steer.ErrUnknownHook, uint32(c.hook), i))
+		}
+		if c.dir == nil && c.len > 0 {
+			return badArg(fmt.Sprintf("clamp %d: NULL dir with len %d", i, uint64(c.len)))
+		}
+		if uint64(c.len) != uint64(hidden) {
+			return fail(fmt.Errorf("%w: clamp %d direction has %d floats, hidden size is %d", steer.ErrHiddenSize, i, uint64(c.len), hidden))
+		}
+	}
+	dirs := make([]float32, len(in)*hidden)
+	for i := range in {
+		c := &in[i]
+		dir := dirs[i*hidden : (i+1)*hidden : (i+1)*hidden]
+		copy(dir, unsafe.Slice((*float32)(unsafe.Pointer(c.dir)), hidden))
+		t := s.Tier(steer.Phase(c.tier))
+		t.Clamps = append(t.Clamps, steer.Clamp{Hook: inst.cfg.HookName(steer.HookID(c.hook)), Layer: int(c.layer),
+			Dir: dir, Min: float32(c.min), Max: float32(c.max), Strength: float32(c.strength)})
+	}
+	return C.SHMSTEER_OK
 }
 
 // addBinaryVectors appends vectors[0:n] to the tiers of s. Every pointer, length, tier and hook

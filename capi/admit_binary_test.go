@@ -58,3 +58,46 @@ func TestAdmitBinary(t *testing.T) {
 		require.Contains(t, got, want)
 	}
 }
+
+// shmsteer_request_admit_buffers, called from C: clamps passed by address publish the same
+// request entry as the same clamps in JSON (equal digests), in their order (the decode tier's
+// two clamps swapped make another entry), beside vectors by address; every bad pointer, length,
+// tier, hook, layer, value, bound or strength is refused with its typed error, the region
+// unchanged.
+func TestAdmitBuffersClamps(t *testing.T) {
+	gcc := requireTool(t, "gcc")
+	lib := buildLibrary(t)
+	bin := filepath.Join(t.TempDir(), "admit_clamps")
+	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I", ".", filepath.Join("testdata", "admit_clamps.c"),
+		"-L", lib, "-lshmsteer", "-Wl,-rpath,"+lib, "-lm", "-o", bin).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	ns := fmt.Sprintf("capi-admit-clamps-%d-%d", os.Getpid(), time.Now().UnixNano())
+	out, err = exec.Command(bin, ns).CombinedOutput()
+	got := string(out)
+	t.Log(got)
+	require.NoError(t, err)
+	for _, want := range []string{
+		"json: ok source=1\n",
+		"buffers: ok source=1 latched=1\n",
+		"digests equal\n",
+		"swapped: ok digests differ\n",
+		"both: ok source=1\n",
+		"null clamps: capi.ErrInvalidArgument unchanged\n",
+		"null dir: capi.ErrInvalidArgument unchanged\n",
+		"tier 3: capi.ErrInvalidArgument unchanged\n",
+		"hook 5: steer.ErrUnknownHook unchanged\n",
+		"hook 65538: steer.ErrUnknownHook unchanged\n",
+		"short: steer.ErrHiddenSize unchanged\n",
+		"huge len: steer.ErrHiddenSize unchanged\n",
+		"layer 2: steer.ErrLayerRange unchanged\n",
+		"nan dir: steer.ErrNonFinite unchanged\n",
+		"inf min: steer.ErrNonFinite unchanged\n",
+		"min > max: steer.ErrBadClamp unchanged\n",
+		"zero dir: steer.ErrBadClamp unchanged\n",
+		"strength 2: steer.ErrBadClamp unchanged\n",
+		"strength -0.5: steer.ErrBadClamp unchanged\n",
+		"closed: ok\n",
+	} {
+		require.Contains(t, got, want)
+	}
+}

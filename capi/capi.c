@@ -338,6 +338,16 @@ SHMSTEER_API int shmsteer_request_admit_binary(shmsteer_t *h, const char *id, si
                                          (shmsteer_admit_vector *)vectors, n_vectors, out);
 }
 
+SHMSTEER_API int shmsteer_request_admit_buffers(shmsteer_t *h, const char *id, size_t id_len, const char *json,
+                                                size_t json_len, const shmsteer_admit_vector *vectors,
+                                                size_t n_vectors, const shmsteer_admit_clamp *clamps,
+                                                size_t n_clamps, shmsteer_admitted *out) {
+  ENTER();
+  return shmsteerGo_request_admit_buffers(H(h), (char *)id, id_len, (char *)json, json_len,
+                                          (shmsteer_admit_vector *)vectors, n_vectors,
+                                          (shmsteer_admit_clamp *)clamps, n_clamps, out);
+}
+
 SHMSTEER_API int shmsteer_request_end(shmsteer_t *h, const char *id, size_t id_len, uint64_t *version) {
   ENTER();
   return shmsteerGo_request_end(H(h), (char *)id, id_len, version);

@@ -459,6 +459,32 @@ int shmsteer_request_admit_binary(shmsteer_t *h, const char *id, size_t id_len, 
                                   size_t json_len, const shmsteer_admit_vector *vectors,
                                   size_t n_vectors, shmsteer_admitted *out);
 
+/* A projection clamp of an admission's override, passed by address: at (hook, layer) of tier,
+ * each row's projection p on the unit direction u = dir / |dir| is moved by
+ * strength * (clamp(p, min, max) - p) along u. */
+typedef struct {
+  uint32_t tier;    /* SHMSTEER_TIER_* */
+  uint32_t hook;    /* hook id (shmsteer_hook_id) */
+  int32_t layer;
+  float min;        /* min <= max */
+  float max;
+  float strength;   /* in [0, 1]; 1: clamped exactly */
+  const float *dir; /* caller memory, read (copied once) during the call only */
+  size_t len;       /* = the hidden size */
+} shmsteer_admit_clamp;
+
+/* shmsteer_request_admit_binary with the override's clamps passed by address too:
+ * clamps[0:n_clamps] are appended to the override's tiers after any clamps the JSON lists, in
+ * their order (a tier's clamps apply in order, so pass a tier's clamps all one way). Validated as
+ * the JSON clamps are, in the same pass. Errors: those of shmsteer_request_admit_binary, for a
+ * clamp as for a vector (INVALID_ARGUMENT for NULL clamps with n_clamps > 0 or a NULL dir,
+ * UNKNOWN_HOOK, HIDDEN_SIZE, LAYER_RANGE, NON_FINITE), and BAD_CLAMP (min > max, a zero
+ * direction, a strength outside [0, 1]); nothing is admitted then. */
+int shmsteer_request_admit_buffers(shmsteer_t *h, const char *id, size_t id_len, const char *json,
+                                   size_t json_len, const shmsteer_admit_vector *vectors,
+                                   size_t n_vectors, const shmsteer_admit_clamp *clamps,
+                                   size_t n_clamps, shmsteer_admitted *out);
+
 /* End request id: its steering entry is removed (owner only). */
 int shmsteer_request_end(shmsteer_t *h, const char *id, size_t id_len, uint64_t *version);
 

@@ -71,6 +71,13 @@ class AdmitVectorC(Structure):
                 ("data", POINTER(c_float)), ("len", c_size_t)]
 
 
+class AdmitClampC(Structure):
+    """shmsteer_admit_clamp: an override's clamp, its direction passed by address."""
+
+    _fields_ = [("tier", c_uint32), ("hook", c_uint32), ("layer", c_int32), ("min", c_float), ("max", c_float),
+                ("strength", c_float), ("dir", POINTER(c_float)), ("len", c_size_t)]
+
+
 class CaptureOptionsC(Structure):
     """shmsteer_capture_options."""
 
@@ -142,6 +149,8 @@ def _load() -> ctypes.CDLL:
         "shmsteer_request_admit_result": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(AdmittedC)]),
         "shmsteer_request_admit_binary": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(AdmitVectorC), c_size_t,
                                                   P(AdmittedC)]),
+        "shmsteer_request_admit_buffers": (c_int, [h, c_char_p, c_size_t, c_char_p, c_size_t, P(AdmitVectorC), c_size_t,
+                                                   P(AdmitClampC), c_size_t, P(AdmittedC)]),
         "shmsteer_request_end": (c_int, [h, c_char_p, c_size_t, P(c_uint64)]),
         "shmsteer_stepper_new": (c_int, [h, P(h)]),
         "shmsteer_stepper_free": (c_int, [h]),
@@ -216,7 +225,7 @@ def read_json(fn, handle) -> bytes:
 
 
 __all__ = ["lib", "fast", "check", "last_error", "error_name", "read_json", "OwnerConfig", "VectorEntry",
-           "VectorInfo", "Span", "AdmittedC", "AdmitVectorC", "CaptureOptionsC", "EffectiveC", "PHASE_PREFILL",
+           "VectorInfo", "Span", "AdmittedC", "AdmitVectorC", "AdmitClampC", "CaptureOptionsC", "EffectiveC", "PHASE_PREFILL",
            "PHASE_DECODE", "TIER_BASE", "TIER_PREFILL", "TIER_DECODE", "ABI_VERSION", "c_char"]
 
 

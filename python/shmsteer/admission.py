@@ -1,4 +1,4 @@
-"""Binary admission: an override's inline vectors passed to the engine as float32 buffers.
+"""Binary admission: an override's inline vectors and clamps passed to the engine as float32 buffers.
 
 :meth:`shmsteer.Owner.admit` takes an override in the engine's steering JSON shape. A vector
 whose ``data`` is a float list goes as JSON, as before; one whose ``data`` is a numpy array, a
@@ -13,6 +13,15 @@ is converted to it first (numpy's and torch's rounding: nearest, ties to even). 
 and object data are refused (:class:`~shmsteer.errors.InvalidArgumentError`), as are keys other
 than ``hook``, ``layer``, ``scale`` and ``data`` (the JSON's rule). A vector's hook is a name
 (or an id), its layer an integer, its scale a number (left out: 0, as in the JSON).
+
+A tier's clamps go by address too (``shmsteer_request_admit_buffers``), all of them or none, since
+a tier's clamps apply in order: when every clamp of the tier has exactly the keys ``hook``,
+``layer``, ``dir``, ``min``, ``max`` and ``strength`` (``strength`` may be left out: 0, as in the
+JSON), numbers for the last three and a direction that is a buffer or a list of ints and floats
+(the form :func:`shmsteer.openai.admission_from_request` gives). A list direction is converted
+to float32 from its float64 values (to nearest, ties to even); a 1024-float direction costs
+about 2 ms as JSON text printed and parsed. Any other tier stays in the JSON, for the engine
+to judge as before.
 """
 
 from __future__ import annotations
@@ -170,3 +179,85 @@ def split_override(override: Any, hook_id: Callable[[Union[str, int]], int], hid
     keep: List[Any] = []
     fields = [_vector(where, v, tier, hook_id, hidden, keep) for where, tier, v in taken]
     return rest, _records(fields), keep
+
+
+_CLAMP_KEYS = frozenset(("hook", "layer", "dir", "min", "max", "strength"))
+_NUMBERS = frozenset((int, float))
+
+
+def _plain_number(x: Any) -> bool:
+    return type(x) in _NUMBERS or (isinstance(x, numbers.Real) and not isinstance(x, bool))
+
+
+def _clamp_dir(where: str, d: Any) -> Optional[Tuple[int, int, Any]]:
+    """(address, floats, owner) of a clamp direction as float32, or None when it should stay in
+    the JSON (a list with anything but ints and floats, or beyond float64)."""
+    if _is_list(d):
+        if not set(map(type, d)) <= _NUMBERS:
+            return None
+        try:
+            a = _np.array(d, dtype=_np.float64)
+        except (OverflowError, ValueError, TypeError):
+            return None
+        with _np.errstate(over="ignore"):  # beyond float32: inf, refused by the engine as non-finite
+            a = a.astype(_np.float32)
+        return a.ctypes.data, a.size, a
+    return _buffer(where, d)
+
+
+def _clamp_fields(where: str, c: Any, hook_id: Callable[[Union[str, int]], int], hidden: int,
+                  keep: List[Any]) -> Optional[Tuple[int, int, float, float, float, int, int]]:
+    """The shmsteer_admit_clamp fields (hook, layer, min, max, strength, dir address, len) of the
+    clamp dict ``c``, or None when it is not the plain form (it then stays in the JSON)."""
+    if not isinstance(c, dict) or not _CLAMP_KEYS.issuperset(c) or "dir" not in c or "min" not in c \
+            or "max" not in c:
+        return None
+    layer, lo, hi, strength = c.get("layer", 0), c["min"], c["max"], c.get("strength", 0.0)
+    if type(layer) is not int and (isinstance(layer, bool) or not isinstance(layer, numbers.Integral)) \
+            or not _I32[0] <= int(layer) <= _I32[1] or not all(_plain_number(x) for x in (lo, hi, strength)):
+        return None
+    got = _clamp_dir(where, c["dir"])
+    if got is None:
+        return None
+    ptr, n, owner = got
+    if n != hidden:
+        raise HiddenSizeError(f"shmsteer: clamp direction length is not the hidden size: {where} has {n} floats, "
+                              f"hidden size is {hidden}")
+    keep.append(owner)
+    return hook_id(c.get("hook", "")), int(layer), float(lo), float(hi), float(strength), ptr, n
+
+
+def split_clamps(override: Any, hook_id: Callable[[Union[str, int]], int], hidden: int
+                 ) -> Tuple[Any, Optional[ctypes.Array], List[Any]]:
+    """Take the clamps out of ``override`` (a dict in the engine's steering JSON shape), a whole
+    tier at a time: (the override left for the JSON, the shmsteer_admit_clamp array of the taken
+    ones or None, the objects owning their directions). A tier whose clamps are not all in the
+    plain form stays in the JSON; so does everything without numpy. ``override`` itself is not
+    changed."""
+    if _np is None or not isinstance(override, dict):
+        return override, None, []
+    rest = dict(override)
+    keep: List[Any] = []
+    fields: List[Tuple[int, Tuple[int, int, float, float, float, int, int]]] = []
+    for name, tier in TIERS.items():
+        t = override.get(name)
+        if not isinstance(t, dict) or not isinstance(t.get("clamps"), list) or not t["clamps"]:
+            continue
+        taken, held = [], len(keep)
+        for i, c in enumerate(t["clamps"]):
+            f = _clamp_fields(f"override {name} clamp {i}", c, hook_id, hidden, keep)
+            if f is None:
+                break
+            taken.append((tier, f))
+        if len(taken) != len(t["clamps"]):
+            del keep[held:]
+            continue
+        fields += taken
+        rest[name] = {k: v for k, v in t.items() if k != "clamps"}
+    if not fields:
+        return override, None, []
+    arr = (_lib.AdmitClampC * len(fields))()
+    for e, (tier, (hook, layer, lo, hi, strength, ptr, n)) in zip(arr, fields):
+        e.tier, e.hook, e.layer, e.min, e.max, e.strength = tier, hook, layer, lo, hi, strength
+        e.dir, e.len = ctypes.cast(ptr, POINTER(c_float)), n
+    return rest, arr, keep

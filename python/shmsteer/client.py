@@ -27,7 +27,7 @@ from ._common import (I32, I64, PHASES, U32, U64, BadPhaseError, _b, _int,  # no
 from ._lib import check, lib
 from .errors import ForkedError, InvalidArgumentError
 from .keys import THREAD_READERS, Keys, close_readers, new_keys  # noqa: F401 (THREAD_READERS: re-exported)
-from .admission import split_override
+from .admission import split_clamps, split_override
 from .gates import gates_for_abi
 from .snapshot import ImportedVector, NamedVector, Snapshot, VectorEntry, _Lifetime
 from .stepper import Effective, SpanLike, Stepper, StepperBusyError, span_fields  # noqa: F401 (re-exported)
@@ -560,7 +560,8 @@ class Owner(_Handle):
         {"vectors": [...], "refs": [...], "clamps": [...]}, "compose": n}``). A vector's ``data``
         may be a float list, or a numpy array or torch tensor (1-D, the hidden size; float32
         contiguous CPU memory is read in place, anything else converted): those go to the engine
-        by address (:mod:`shmsteer.admission`), not as JSON. A bad shape or dtype raises
+        by address (:mod:`shmsteer.admission`), not as JSON; so do a tier's clamps (``{"hook",
+        "layer", "dir", "min", "max", "strength"}``, ``dir`` a float list or a buffer). A bad shape or dtype raises
         :class:`~shmsteer.errors.InvalidArgumentError`, a wrong length
         :class:`~shmsteer.errors.HiddenSizeError`.
 
@@ -579,19 +580,27 @@ class Owner(_Handle):
         if prompt_len:
             a["prompt_len"] = _int("prompt_len", prompt_len, I32)
         vecs: Optional[ctypes.Array] = None
+        clamps: Optional[ctypes.Array] = None
         if override is not None:
-            a["override"], vecs, keep = split_override(override, self._hook_ids(), self.model[0])
+            hook_id, hidden = self._hook_ids(), self.model[0]
+            a["override"], vecs, keep = split_override(override, hook_id, hidden)
+            a["override"], clamps, keep_dirs = split_clamps(a["override"], hook_id, hidden)
         if steering is not None:
             a["steering"] = gates_for_abi(steering)
         js = json.dumps(a).encode()
         rid = _b(request_id)
         out = _lib.AdmittedC()
-        if vecs is None:
-            check(lib.shmsteer_request_admit_result(self.handle, rid, len(rid), js, len(js), byref(out)))
-        else:
+        if clamps is not None:
+            check(lib.shmsteer_request_admit_buffers(self.handle, rid, len(rid), js, len(js), vecs,
+                                                     0 if vecs is None else len(vecs), clamps, len(clamps),
+                                                     byref(out)))
+            del keep, keep_dirs  # the engine copied the floats
+        elif vecs is not None:
             check(lib.shmsteer_request_admit_binary(self.handle, rid, len(rid), js, len(js), vecs, len(vecs),
                                                     byref(out)))
             del keep  # the engine copied the floats
+        else:
+            check(lib.shmsteer_request_admit_result(self.handle, rid, len(rid), js, len(js), byref(out)))
         src = SOURCES[out.source] if 0 <= out.source < len(SOURCES) else str(out.source)
         return Admitted(out.version, src, bool(out.latched), bool(out.refused), bool(out.replaced), bytes(out.digest))
 

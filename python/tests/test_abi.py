@@ -47,6 +47,7 @@ STRUCTS = {
     "shmsteer_capture_fs_stats": "capture:_FSStats",
     "shmsteer_admitted": "_lib:AdmittedC",
     "shmsteer_admit_vector": "_lib:AdmitVectorC",
+    "shmsteer_admit_clamp": "_lib:AdmitClampC",
 }
 
 #: Header structs Python does not mirror, and why.
