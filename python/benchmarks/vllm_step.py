@@ -24,7 +24,12 @@ Contenders, alternated round by round (the order rotates each round), each one
   worker in the benchmark's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what
   ``LLM`` uses here.
 
-Time per output token = the contender's wall time / the output tokens (the prefill steps
+Time per output token as vLLM's serving benchmark defines it (``tpot``): each request's time
+from its first token to its last over its tokens after the first, from the engine's own
+timestamps (``RequestOutput.metrics``, with ``disable_log_stats=False``), averaged over the
+requests of a generate; it leaves out the time to the first token (``ttft``, reported beside
+it: the admission, the queue and the prefill). Then the end-to-end time per output token = the
+contender's wall time / the output tokens (``wall``: the admissions and the prefill steps
 included); beside it the process's CPU time per output token (every thread of this process: the
 engine and the worker run here), which other processes' load on a shared machine disturbs less,
 and the main thread's CPU time per output token (the engine loop, the plugin's work and the
@@ -50,7 +55,7 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -242,7 +247,7 @@ def main() -> None:
 
     llm = LLM(model=path, skip_tokenizer_init=True, dtype="float32", enforce_eager=not a.compile,
               compilation_config={"mode": 3 if a.compile else 0}, max_model_len=256, max_num_seqs=32,
-              max_num_batched_tokens=1024,
+              max_num_batched_tokens=1024, disable_log_stats=False,  # RequestOutput.metrics: tpot, ttft
               enable_prefix_caching=False, seed=0)
     with shmsteer.Client(ns, secret) as c:
         c.register_vector(NAMED_A, [("post_block", 0, 1.0, vector(40, a.hidden, 0.5).numpy())])
@@ -260,16 +265,20 @@ def main() -> None:
 
     steered_p, plain_p = params(True), params(False)
     outs: Dict[str, List[List[int]]] = {}
+    last: Dict[str, float] = {}
 
     def gen(sp: List[Any], key: str) -> int:
         res = llm.generate(ps, sp, use_tqdm=False)
         outs[key] = [list(o.outputs[0].token_ids) for o in res]
+        last["tpot"], last["ttft"] = token_times(res)
         return sum(len(t) for t in outs[key])
 
     gen(steered_p, "steered")  # warm: the worker attaches, the tables fill
     gen(plain_p, "unsteered")
     toggle = None if a.no_off else Toggle(llm)
     names = ["steered", "unsteered"] + ([] if a.no_off else ["off"])
+    tpot: Dict[str, List[float]] = {n: [] for n in names}
+    ttft: Dict[str, List[float]] = {n: [] for n in names}
     wall: Dict[str, List[float]] = {n: [] for n in names}
     cpu: Dict[str, List[float]] = {n: [] for n in names}
     thread: Dict[str, List[float]] = {n: [] for n in names}
@@ -283,6 +292,8 @@ def main() -> None:
             dt, dc, dh = time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - h0
             if n == "off" and toggle is not None:
                 toggle.on()
+            tpot[n].append(last["tpot"])
+            ttft[n].append(last["ttft"])
             wall[n].append(dt / toks * 1e3)
             cpu[n].append(dc / toks * 1e3)
             thread[n].append(dh / toks * 1e3)
@@ -293,6 +304,7 @@ def main() -> None:
         "unsteered_equals_off": outs["unsteered"] == outs["off"] if "off" in outs else None,
         "steered_changes_tokens": outs["steered"] != outs["unsteered"],
         "torch_threads": torch.get_num_threads(),
+        "tpot": summary(tpot), "ttft": summary(ttft),
         "wall": summary(wall), "cpu": summary(cpu), "thread": summary(thread),
     }
     if a.profile:
@@ -304,6 +316,21 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+
+
+def token_times(res: List[Any]) -> Tuple[float, float]:
+    """(tpot, ttft) of one generate in ms, means over its requests: a request's time per output
+    token after the first ((last token - first token) / (tokens - 1), the engine core's
+    timestamps) and its time to the first token (from its arrival)."""
+    tp, tf = [], []
+    for o in res:
+        m, n = o.metrics, len(o.outputs[0].token_ids)
+        if m is None or not m.first_token_ts or n < 2:
+            raise RuntimeError("no token timestamps in RequestOutput.metrics (disable_log_stats=False, "
+                               "--max-tokens >= 2)")
+        tp.append((m.last_token_ts - m.first_token_ts) / (n - 1) * 1e3)
+        tf.append(m.first_token_latency * 1e3)
+    return statistics.fmean(tp), statistics.fmean(tf)
 
 
 def summary(times: Dict[str, List[float]]) -> Dict[str, Any]:
@@ -325,8 +352,9 @@ def table(res: Dict[str, Any]) -> str:
     lines = [f"hidden {res['model']['hidden']} x {res['model']['layers']} layers, {res['requests']} requests, "
              f"{res['configs']} configs, {res['max_tokens']} tokens each, {res['rounds']} rounds, "
              f"{'torch.compile' if res['compiled'] else 'eager'}"]
-    for clock in ("wall", "cpu", "thread"):
-        lines.append(f"{clock + ' contender':<16} {'median ms/token':>16} {'min':>8} {'max':>8}")
+    for clock in ("tpot", "ttft", "wall", "cpu", "thread"):
+        unit = "median ms" if clock == "ttft" else "median ms/token"
+        lines.append(f"{clock + ' contender':<16} {unit:>16} {'min':>8} {'max':>8}")
         for n, v in res[clock]["ms_per_token"].items():
             lines.append(f"{'  ' + n:<16} {v['median']:>16.3f} {v['min']:>8.3f} {v['max']:>8.3f}")
         for k in ("steered_vs_unsteered", "steered_vs_off", "unsteered_vs_off"):
