@@ -277,26 +277,7 @@ def main() -> None:
     gen(plain_p, "unsteered")
     toggle = None if a.no_off else Toggle(llm)
     names = ["steered", "unsteered"] + ([] if a.no_off else ["off"])
-    tpot: Dict[str, List[float]] = {n: [] for n in names}
-    ttft: Dict[str, List[float]] = {n: [] for n in names}
-    wall: Dict[str, List[float]] = {n: [] for n in names}
-    cpu: Dict[str, List[float]] = {n: [] for n in names}
-    thread: Dict[str, List[float]] = {n: [] for n in names}
-    for r in range(a.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for n in order:
-            if n == "off" and toggle is not None:
-                toggle.off()
-            t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
-            toks = gen(steered_p if n == "steered" else plain_p, n)
-            dt, dc, dh = time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - h0
-            if n == "off" and toggle is not None:
-                toggle.on()
-            tpot[n].append(last["tpot"])
-            ttft[n].append(last["ttft"])
-            wall[n].append(dt / toks * 1e3)
-            cpu[n].append(dc / toks * 1e3)
-            thread[n].append(dh / toks * 1e3)
+    clocks = time_rounds(names, a.rounds, toggle, lambda n: gen(steered_p if n == "steered" else plain_p, n), last)
 
     res: Dict[str, Any] = {
         "model": {"hidden": a.hidden, "layers": a.layers, "heads": HEADS, "vocab": VOCAB, "dtype": "float32"},
@@ -304,8 +285,7 @@ def main() -> None:
         "unsteered_equals_off": outs["unsteered"] == outs["off"] if "off" in outs else None,
         "steered_changes_tokens": outs["steered"] != outs["unsteered"],
         "torch_threads": torch.get_num_threads(),
-        "tpot": summary(tpot), "ttft": summary(ttft),
-        "wall": summary(wall), "cpu": summary(cpu), "thread": summary(thread),
+        **{clock: summary(times) for clock, times in clocks.items()},
     }
     if a.profile:
         res["profile_ms_per_step"] = profile(llm, lambda: gen(steered_p, "profiled"))
@@ -316,6 +296,29 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+
+
+def time_rounds(names: List[str], rounds: int, toggle: Any, gen: Callable[[str], int],
+                last: Dict[str, float]) -> Dict[str, Dict[str, List[float]]]:
+    """The contenders' generates, alternated round by round (the order rotating): per clock
+    (tpot, ttft, wall, cpu, thread), per contender, one figure a round. ``gen(name)`` runs one
+    generate and returns its tokens, leaving its tpot and ttft in ``last``."""
+    clocks: Dict[str, Dict[str, List[float]]] = {c: {n: [] for n in names}
+                                                 for c in ("tpot", "ttft", "wall", "cpu", "thread")}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for n in order:
+            if n == "off" and toggle is not None:
+                toggle.off()
+            t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
+            toks = gen(n)
+            dt, dc, dh = time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - h0
+            if n == "off" and toggle is not None:
+                toggle.on()
+            for clock, v in (("tpot", last["tpot"]), ("ttft", last["ttft"]), ("wall", dt / toks * 1e3),
+                             ("cpu", dc / toks * 1e3), ("thread", dh / toks * 1e3)):
+                clocks[clock][n].append(v)
+    return clocks
 
 
 def token_times(res: List[Any]) -> Tuple[float, float]:
