@@ -56,17 +56,8 @@ func addBinaryClamps(inst *instance, s *steer.Steering, clamps *C.shmsteer_admit
 	hidden := inst.cfg.Hidden
 	for i := range in {
 		c := &in[i]
-		if c.tier > C.SHMSTEER_TIER_DECODE {
-			return badArg(fmt.Sprintf("clamp %d: tier %d (SHMSTEER_TIER_BASE, _PREFILL or _DECODE)", i, uint32(c.tier)))
-		}
-		if c.hook > math.MaxUint16 || inst.cfg.HookName(steer.HookID(c.hook)) == "" {
-			return fail(fmt.Errorf("%w: hook id %d in clamp %d", steer.ErrUnknownHook, uint32(c.hook), i))
-		}
-		if c.dir == nil && c.len > 0 {
-			return badArg(fmt.Sprintf("clamp %d: NULL dir with len %d", i, uint64(c.len)))
-		}
-		if uint64(c.len) != uint64(hidden) {
-			return fail(fmt.Errorf("%w: clamp %d direction has %d floats, hidden size is %d", steer.ErrHiddenSize, i, uint64(c.len), hidden))
+		if rc := checkBuffer(inst, "clamp", "dir", i, c.tier, c.hook, c.dir == nil, c.len); rc != C.SHMSTEER_OK {
+			return rc
 		}
 	}
 	dirs := make([]float32, len(in)*hidden)
@@ -96,17 +87,8 @@ func addBinaryVectors(inst *instance, s *steer.Steering, vectors *C.shmsteer_adm
 	hidden := inst.cfg.Hidden
 	for i := range in {
 		e := &in[i]
-		if e.tier > C.SHMSTEER_TIER_DECODE {
-			return badArg(fmt.Sprintf("vector %d: tier %d (SHMSTEER_TIER_BASE, _PREFILL or _DECODE)", i, uint32(e.tier)))
-		}
-		if e.hook > math.MaxUint16 || inst.cfg.HookName(steer.HookID(e.hook)) == "" { // not its low 16 bits' hook
-			return fail(fmt.Errorf("%w: hook id %d in vector %d", steer.ErrUnknownHook, uint32(e.hook), i))
-		}
-		if e.data == nil && e.len > 0 {
-			return badArg(fmt.Sprintf("vector %d: NULL data with len %d", i, uint64(e.len)))
-		}
-		if uint64(e.len) != uint64(hidden) {
-			return fail(fmt.Errorf("%w: vector %d has %d floats, hidden size is %d", steer.ErrHiddenSize, i, uint64(e.len), hidden))
+		if rc := checkBuffer(inst, "vector", "data", i, e.tier, e.hook, e.data == nil, e.len); rc != C.SHMSTEER_OK {
+			return rc
 		}
 	}
 	floats := make([]float32, len(in)*hidden)
@@ -116,6 +98,25 @@ func addBinaryVectors(inst *instance, s *steer.Steering, vectors *C.shmsteer_adm
 		copy(data, unsafe.Slice((*float32)(unsafe.Pointer(e.data)), hidden))
 		t := s.Tier(steer.Phase(e.tier)) // SHMSTEER_TIER_* are steer's phases: base 0, prefill 1, decode 2
 		t.Vectors = append(t.Vectors, steer.Vector{Hook: inst.cfg.HookName(steer.HookID(e.hook)), Layer: int(e.layer), Scale: float32(e.scale), Data: data})
+	}
+	return C.SHMSTEER_OK
+}
+
+// checkBuffer checks what a buffer record (a vector's or a clamp's) holds besides its floats,
+// before any float is read: its tier, its hook (an id beyond 16 bits is no hook, not its low
+// 16 bits' one), its pointer and its length, the hidden size.
+func checkBuffer(inst *instance, what, field string, i int, tier, hook C.uint32_t, null bool, n C.size_t) C.int {
+	if tier > C.SHMSTEER_TIER_DECODE {
+		return badArg(fmt.Sprintf("%s %d: tier %d (SHMSTEER_TIER_BASE, _PREFILL or _DECODE)", what, i, uint32(tier)))
+	}
+	if hook > math.MaxUint16 || inst.cfg.HookName(steer.HookID(hook)) == "" {
+		return fail(fmt.Errorf("%w: hook id %d in %s %d", steer.ErrUnknownHook, uint32(hook), what, i))
+	}
+	if null && n > 0 {
+		return badArg(fmt.Sprintf("%s %d: NULL %s with len %d", what, i, field, uint64(n)))
+	}
+	if hidden := inst.cfg.Hidden; uint64(n) != uint64(hidden) {
+		return fail(fmt.Errorf("%w: %s %d has %d floats, hidden size is %d", steer.ErrHiddenSize, what, i, uint64(n), hidden))
 	}
 	return C.SHMSTEER_OK
 }

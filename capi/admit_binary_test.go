@@ -19,17 +19,7 @@ import (
 // its typed error, the region unchanged; a hook id beyond 16 bits is no hook at register (it
 // was cut to its low 16 bits there: 65538 registered post_block) and apply.
 func TestAdmitBinary(t *testing.T) {
-	gcc := requireTool(t, "gcc")
-	lib := buildLibrary(t)
-	bin := filepath.Join(t.TempDir(), "admit_binary")
-	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I", ".", filepath.Join("testdata", "admit_binary.c"),
-		"-L", lib, "-lshmsteer", "-Wl,-rpath,"+lib, "-lm", "-o", bin).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	ns := fmt.Sprintf("capi-admit-binary-%d-%d", os.Getpid(), time.Now().UnixNano())
-	out, err = exec.Command(bin, ns).CombinedOutput()
-	got := string(out)
-	t.Log(got)
-	require.NoError(t, err)
+	got := runAdmitProgram(t, "admit_binary")
 	for _, want := range []string{
 		"json: ok source=1\n",
 		"binary: ok source=1 latched=1\n",
@@ -65,17 +55,7 @@ func TestAdmitBinary(t *testing.T) {
 // tier, hook, layer, value, bound or strength is refused with its typed error, the region
 // unchanged.
 func TestAdmitBuffersClamps(t *testing.T) {
-	gcc := requireTool(t, "gcc")
-	lib := buildLibrary(t)
-	bin := filepath.Join(t.TempDir(), "admit_clamps")
-	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I", ".", filepath.Join("testdata", "admit_clamps.c"),
-		"-L", lib, "-lshmsteer", "-Wl,-rpath,"+lib, "-lm", "-o", bin).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	ns := fmt.Sprintf("capi-admit-clamps-%d-%d", os.Getpid(), time.Now().UnixNano())
-	out, err = exec.Command(bin, ns).CombinedOutput()
-	got := string(out)
-	t.Log(got)
-	require.NoError(t, err)
+	got := runAdmitProgram(t, "admit_clamps")
 	for _, want := range []string{
 		"json: ok source=1\n",
 		"buffers: ok source=1 latched=1\n",
@@ -100,4 +80,21 @@ func TestAdmitBuffersClamps(t *testing.T) {
 	} {
 		require.Contains(t, got, want)
 	}
+}
+
+// runAdmitProgram builds testdata/<name>.c against the library and runs it with a namespace of
+// its own; it returns what the program printed.
+func runAdmitProgram(t *testing.T, name string) string {
+	t.Helper()
+	gcc := requireTool(t, "gcc")
+	lib := buildLibrary(t)
+	bin := filepath.Join(t.TempDir(), name)
+	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I", ".", filepath.Join("testdata", name+".c"),
+		"-L", lib, "-lshmsteer", "-Wl,-rpath,"+lib, "-lm", "-o", bin).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	ns := fmt.Sprintf("capi-%s-%d-%d", name, os.Getpid(), time.Now().UnixNano())
+	out, err = exec.Command(bin, ns).CombinedOutput()
+	t.Log(string(out))
+	require.NoError(t, err)
+	return string(out)
 }
