@@ -1,11 +1,11 @@
 /* _faststep: a worker's engine calls per step as CPython methods: on the device path the
  * resolve (shmsteer_batch_resolve) and the report of a step with probe gates
  * (shmsteer_batch_report), with the comparison of the resolve's answer with the last one; on
- * the native path the resolve that begins the step (SHMSTEER_BATCH_NATIVE) and each site's apply
- * (shmsteer_stepper_apply, shmsteer_stepper_apply_bf16). A steady decode step then runs no
- * ctypes call and builds no Python object of the answer.
+ * the native path the resolve that begins the step (SHMSTEER_BATCH_NATIVE), each site's apply
+ * (shmsteer_stepper_apply, shmsteer_stepper_apply_bf16) and the end (shmsteer_stepper_end). A
+ * steady decode step then runs no ctypes call and builds no Python object of the answer.
  *
- * It calls the exported C ABI only (shmsteer.h: those four functions),
+ * It calls the exported C ABI only (shmsteer.h: those five functions),
  * through the function pointers shmsteer._lib hands to bind() from the library it loaded with
  * ctypes (one copy of libshmsteer.so, the one whose ABI version _lib checked). It knows nothing
  * of the engine: the library answers; this file only compares answers.
@@ -27,6 +27,7 @@
  * Resolver.begin(version, spans, n, rows) is the native resolve (the checksum in the info
  * structure, nothing compared or kept), and apply(stepper, hook, layer, rows, n, spans, n_spans,
  * bf16) a native site's apply; both return the error code, the GIL released around the call.
+ * end(stepper) ends a native step the same way and returns (error code, checksum).
  *
  * Two helpers of the same steps call nothing: pack() writes a step's spans as shmsteer_span
  * records (the header's layout) and compares them with the last step's, for
@@ -50,6 +51,7 @@ static __typeof__(&shmsteer_batch_resolve) batch_resolve;
 static __typeof__(&shmsteer_batch_report) batch_report;
 static __typeof__(&shmsteer_stepper_apply) stepper_apply;
 static __typeof__(&shmsteer_stepper_apply_bf16) stepper_apply_bf16;
+static __typeof__(&shmsteer_stepper_end) stepper_end;
 
 enum { CHANGED = 0, SAME = -1 };
 
@@ -211,6 +213,21 @@ static PyObject *apply(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
                        (size_t)n, (const shmsteer_span *)(uintptr_t)spans, (size_t)nspans);
   Py_END_ALLOW_THREADS
   return PyLong_FromLong(rc);
+}
+
+/* end(stepper): a native step's end (shmsteer_stepper_end), the GIL released: (error code,
+ * checksum). */
+static PyObject *end(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+  (void)mod;
+  if (ready((const void *)stepper_end, nargs, 1, "end(stepper)") < 0) return NULL;
+  unsigned long long st = PyLong_AsUnsignedLongLong(args[0]);
+  if (PyErr_Occurred()) return NULL;
+  uint64_t sum = 0;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = stepper_end((shmsteer_stepper_t *)(uintptr_t)st, &sum);
+  Py_END_ALLOW_THREADS
+  return Py_BuildValue("(iK)", rc, (unsigned long long)sum);
 }
 
 /* pack(spans, ids, scratch, cap, last, last_n): a step's spans in shmsteer_span layout, for
@@ -392,9 +409,9 @@ static PyObject *index_rows(PyObject *mod, PyObject *const *args, Py_ssize_t nar
 
 static PyObject *bind(PyObject *mod, PyObject *args) {
   (void)mod;
-  unsigned long long resolve, report, ap, ap16;
-  if (!PyArg_ParseTuple(args, "KKKK", &resolve, &report, &ap, &ap16)) return NULL;
-  if (resolve == 0 || report == 0 || ap == 0 || ap16 == 0) {
+  unsigned long long resolve, report, ap, ap16, en;
+  if (!PyArg_ParseTuple(args, "KKKKK", &resolve, &report, &ap, &ap16, &en)) return NULL;
+  if (resolve == 0 || report == 0 || ap == 0 || ap16 == 0 || en == 0) {
     PyErr_SetString(PyExc_ValueError, "shmsteer: _faststep.bind: a NULL function address");
     return NULL;
   }
@@ -402,16 +419,19 @@ static PyObject *bind(PyObject *mod, PyObject *args) {
   batch_report = (__typeof__(batch_report))(uintptr_t)report;
   stepper_apply = (__typeof__(stepper_apply))(uintptr_t)ap;
   stepper_apply_bf16 = (__typeof__(stepper_apply_bf16))(uintptr_t)ap16;
+  stepper_end = (__typeof__(stepper_end))(uintptr_t)en;
   Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS,
-     "bind(batch_resolve, batch_report, stepper_apply, stepper_apply_bf16): the addresses of the loaded "
-     "library's functions, before any call"},
+     "bind(batch_resolve, batch_report, stepper_apply, stepper_apply_bf16, stepper_end): the addresses of the "
+     "loaded library's functions, before any call"},
     {"apply", (PyCFunction)(void (*)(void))apply, METH_FASTCALL,
      "apply(stepper, hook, layer, rows, n, spans, n_spans, bf16): shmsteer_stepper_apply (or _bf16) on n "
      "elements at the address rows; the error code"},
+    {"end", (PyCFunction)(void (*)(void))end, METH_FASTCALL,
+     "end(stepper): shmsteer_stepper_end of a native step; (error code, checksum)"},
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL,
      "pack(spans, ids, scratch, cap, last, last_n): a step's 5-tuple spans as shmsteer_span records (see "
      "_faststep.c); PACK_SAME, PACK_ADVANCED, PACK_FALLBACK or (records, address, rows)"},

@@ -20,11 +20,15 @@ class Resolver:
     def report(self, scores: int, n: int) -> tuple[int, int]:
         """shmsteer_batch_report of n float32 scores at ``scores`` (0: none): (error code, gate checksum)."""
 
-def bind(batch_resolve: int, batch_report: int, stepper_apply: int, stepper_apply_bf16: int) -> None:
+def bind(batch_resolve: int, batch_report: int, stepper_apply: int, stepper_apply_bf16: int,
+         stepper_end: int) -> None:
     """The loaded library's functions' addresses."""
 
 def apply(stepper: int, hook: int, layer: int, rows: int, n: int, spans: int, n_spans: int, bf16: bool) -> int:
     """shmsteer_stepper_apply (or _bf16) on n elements at the address rows: the error code."""
+
+def end(stepper: int) -> tuple[int, int]:
+    """shmsteer_stepper_end of a native step: (error code, checksum)."""
 
 def pack(spans: object, ids: dict[object, tuple[bytes, int]], scratch: int, cap: int, last: int,
          last_n: int) -> int | tuple[bytearray, int, int]:

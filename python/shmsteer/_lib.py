@@ -253,5 +253,6 @@ def faststep(info_bytes: int) -> Tuple[Any, str]:
         return None, (f"shmsteer._faststep was built for a shmsteer_batch_info of {mod.INFO_BYTES} bytes, "
                       f"not {info_bytes}: rebuild it (go generate ./capi)")
     mod.bind(*(ctypes.cast(getattr(lib, f), c_void_p).value for f in (
-        "shmsteer_batch_resolve", "shmsteer_batch_report", "shmsteer_stepper_apply", "shmsteer_stepper_apply_bf16")))
+        "shmsteer_batch_resolve", "shmsteer_batch_report", "shmsteer_stepper_apply", "shmsteer_stepper_apply_bf16",
+        "shmsteer_stepper_end")))
     return mod, ""

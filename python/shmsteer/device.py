@@ -84,6 +84,8 @@ FAST_STEP: bool = _faststep is not None
 #: The extension's native site apply (``apply(stepper, hook, layer, rows, n, spans, n_spans,
 #: bf16)``: the error code), None without it.
 FAST_APPLY: Any = None if _faststep is None else _faststep.apply
+#: The extension's native step end (``end(stepper)``: (error code, checksum)), None without it.
+FAST_END: Any = None if _faststep is None else _faststep.end
 #: The extension's ``index_rows(index, n, out, cap)`` (the steered rows of a resolve's index as
 #: int64 rows and slots: their count), None without it.
 INDEX_ROWS: Any = None if _faststep is None else _faststep.index_rows

@@ -5,6 +5,8 @@ with the same messages."""
 
 from __future__ import annotations
 
+import ctypes
+
 import os
 import subprocess
 import sys
@@ -88,8 +90,14 @@ def test_resolver_refuses_bad_arguments():
         ext.apply(1, 1 << 33, 0, 0, 0, 0, 0, False)
     with pytest.raises(OverflowError):
         ext.apply(1, 0, -(1 << 40), 0, 0, 0, 0, False)
+    with pytest.raises(TypeError, match="end"):
+        ext.end()
+    with pytest.raises(OverflowError):
+        ext.end(-1)
     with pytest.raises(ValueError, match="NULL"):
-        ext.bind(0, 0, 0, 0)
+        ext.bind(0, 0, 0, 0, 0)
+    with pytest.raises(TypeError):
+        ext.bind(1, 1, 1, 1)
 
 
 def _outcome(fn: Any) -> Tuple[str, Any]:
@@ -160,18 +168,18 @@ def test_both_paths_answer_alike(owner):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_native_steps_alike(owner, dtype):
-    """The native path through the extension (its resolve and its applies) and through ctypes:
-    the same rows, batch checksums and step checksums over steps that advance, change and
-    repeat; the same error code for an apply outside a step."""
+    """The native path through the extension (its resolve, its applies and its end) and through
+    ctypes: the same rows, batch checksums and step checksums over steps that advance, change
+    and repeat; the same error code for an apply outside a step, the same answer to an end."""
     _need_fast()
     sc = Scenario(owner, clamps=True)
     fast, slow = SteeringHooks(owner), SteeringHooks(owner)
     chain_f, chain_s = Chain(), Chain()
     attach(fast, chain_f)
     attach(slow, chain_s)
-    slow._fast_apply = None
+    slow._fast_apply = slow._fast_end = None
     slow.batch._fast = None
-    assert fast.batch._fast is not None and fast._fast_apply is not None
+    assert fast.batch._fast is not None and fast._fast_apply is not None and fast._fast_end is not None
     x = torch.randn(4, HIDDEN).to(dtype)
     steps = [[("a", 0, 1, "decode", 5), ("b", 1, 3, "prefill", 0)],
              [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 2)],
@@ -198,6 +206,10 @@ def test_native_steps_alike(owner, dtype):
     fn = _lib.lib.shmsteer_stepper_apply_bf16 if bf16 else _lib.lib.shmsteer_stepper_apply
     want = fn(fast.stepper.handle, 0, 0, y.data_ptr(), y.numel(), p.ptr, p.n)
     assert got == want != 0 and torch.equal(y, x)
+    # An end outside a step returns the last step's checksum, through either path.
+    sum_out = ctypes.c_uint64()
+    rc = _lib.lib.shmsteer_stepper_end(slow.stepper.handle, ctypes.byref(sum_out))
+    assert D.FAST_END(fast.stepper.handle) == (0, fast.checksum) and (rc, sum_out.value) == (0, slow.checksum)
 
 
 @pytest.fixture
