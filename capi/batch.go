@@ -143,8 +143,10 @@ func resolveNative(h C.uint64_t, st *stepper, b *batch, version C.uint64_t, rows
 		st.st.End()
 	} else {
 		st.planOpen(spans, nSpans)
-		st.planExport(b.b.AppliedSites())
+		sites := b.b.AppliedSites()
+		st.planExport(sites)
 		st.planPin()
+		st.planExpectEnd(sites)
 		if flags == C.SHMSTEER_BATCH_NATIVE && version == 0 {
 			st.planArm(h, rows, b.b.Version, b.b.Checksum)
 		}

@@ -16,7 +16,10 @@
 // order as those of the last such step Go ended in the same program generation: its checksum
 // is that step's (the fold depends on the sites, the steered spans and their actions, all fixed
 // by the generation), and its pin is released by zeroing the pin word, as Go's Snapshot.Close
-// does. Go ends the step for its own state (EndReleased: gates, counters, the snapshot
+// does. A native resolve of a new generation arms that end before any apply
+// (capi_plan_expect_end): for the sites in the order of the last armed end (else the batch's
+// sites in order), with the checksum Go computes for them (steer's PlainSum); so the first step
+// of a new batch ends here too when its sites run in that order. Go ends the step for its own state (EndReleased: gates, counters, the snapshot
 // forgotten) at its next call, after the trail.
 //
 // And the next steps of the same batch begin here (shmsteer_batch_resolve, capi_plan_resolve)
@@ -283,6 +286,27 @@ int capi_plan_arm_end(capi_plan *p) {
 void capi_plan_end_sum(capi_plan *p, uint64_t sum) {
   memcpy(p->end_trail, p->arm_trail, p->arm_ntrail * sizeof *p->trail);
   p->end_ntrail = p->arm_ntrail;
+  p->end_gen = p->gen;
+  p->end_sum = sum;
+  p->end_ok = 1;
+}
+
+// capi_plan_end_order: the sites, in order, of the steps C may end now (the last armed end's,
+// of any generation; 0 when none was armed): Go's guess of the order a new program's sites run.
+uint32_t capi_plan_end_order(const capi_plan *p, const uint32_t **sites) {
+  *sites = p->end_trail;
+  return p->end_ok ? p->end_ntrail : 0;
+}
+
+// capi_plan_expect_end arms the end of the native step Go's resolve just opened before any of
+// its applies (capi_plan_end): when they are sites (n of them, in order) its checksum is sum,
+// which Go computed for them (steer's PlainSum). An end armed for this generation already
+// stays (Go armed it from a step it ended). sites may be end_trail itself.
+void capi_plan_expect_end(capi_plan *p, const uint32_t *sites, uint32_t n, uint64_t sum) {
+  if (!p->open || !p->fresh || p->pin == NULL || p->gen == 0 || n == 0 || n > (uint32_t)p->nsites * 2) return;
+  if (p->end_ok && p->end_gen == p->gen) return;
+  memmove(p->end_trail, sites, n * sizeof *sites);
+  p->end_ntrail = n;
   p->end_gen = p->gen;
   p->end_sum = sum;
   p->end_ok = 1;

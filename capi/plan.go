@@ -13,6 +13,10 @@ package main
 #cgo nocallback capi_plan_take_dsteps
 #cgo noescape capi_plan_step
 #cgo nocallback capi_plan_step
+#cgo noescape capi_plan_end_order
+#cgo nocallback capi_plan_end_order
+#cgo noescape capi_plan_expect_end
+#cgo nocallback capi_plan_expect_end
 #include <stdint.h>
 #include "plan.h"
 */
@@ -197,6 +201,42 @@ func (st *stepper) planPin() {
 			C.capi_plan_set_pin(p, (*C.uint64_t)(unsafe.Pointer(w)), C.uint64_t(st.st.Version()))
 		}
 	}
+}
+
+// planExpectEnd arms C's end of the native step a resolve just opened (capi_plan_expect_end),
+// before its applies: for the sites in the order of the last end C could make (else sites, the
+// batch's, in order), with the checksum Go's end would give after they ran (steer's PlainSum).
+// The first step of a new batch (a new program generation) then ends in C when its sites run
+// in that order; in any other, Go ends it as before and arms the order it saw.
+func (st *stepper) planExpectEnd(sites []int32) {
+	p := st.plan
+	if p == nil || C.capi_plan_is_open(p) == 0 || !st.st.EndReleases() {
+		return
+	}
+	var cs *C.uint32_t
+	if n := C.capi_plan_end_order(p, &cs); n > 0 {
+		st.order = append(st.order[:0], unsafe.Slice((*uint32)(unsafe.Pointer(cs)), int(n))...)
+		if st.expectEnd() {
+			return
+		}
+	}
+	st.order = st.order[:0]
+	for _, s := range sites {
+		st.order = append(st.order, uint32(s))
+	}
+	st.expectEnd()
+}
+
+// expectEnd arms C's end for the sites in st.order when they are all plain in the step.
+func (st *stepper) expectEnd() bool {
+	if len(st.order) == 0 {
+		return false
+	}
+	sum, ok := st.st.PlainSum(st.order)
+	if ok {
+		C.capi_plan_expect_end(st.plan, (*C.uint32_t)(unsafe.Pointer(&st.order[0])), C.uint32_t(len(st.order)), C.uint64_t(sum))
+	}
+	return ok
 }
 
 // planEnd is Go's end of the stepper's step: when every apply of a native step ran in C and

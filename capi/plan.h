@@ -37,6 +37,8 @@ void capi_plan_set_pin(capi_plan *p, uint64_t *pin, uint64_t ver);
 int capi_plan_arm_end(capi_plan *p);
 void capi_plan_end_sum(capi_plan *p, uint64_t sum);
 int capi_plan_take_ended(capi_plan *p);
+uint32_t capi_plan_end_order(const capi_plan *p, const uint32_t **sites);
+void capi_plan_expect_end(capi_plan *p, const uint32_t *sites, uint32_t n, uint64_t sum);
 
 void capi_plan_arm_resolve(capi_plan *p, uint64_t batch, int64_t rows, uint64_t ver, uint64_t sum,
                            uint64_t *ver_word, uint64_t *horizon_word);

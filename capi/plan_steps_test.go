@@ -16,9 +16,9 @@ import (
 )
 
 // TestPlanNativeStepsInC runs native steps through the C ABI's order, the plan first (resolve,
-// applies, end), against a stepper without a plan that Go runs: once a native resolve armed it
-// and a step ended in C, the next steps of the same batch (positions advanced) begin and end in
-// C without Go, holding the version's pin from begin to end; an owner write, a Go call in the
+// applies, end), against a stepper without a plan that Go runs: a native resolve arms C's end
+// of its step, and the next steps of the same batch (positions advanced) begin and end in C
+// without Go, holding the version's pin from begin to end; an owner write, a Go call in the
 // middle of a step C began (which Go then takes over), other sites at the end, and a freed
 // batch leave C. At every step the bytes, the batch and step checksums and, once Go counts
 // what C did, every counter equal the stepper's without a plan.
@@ -58,7 +58,7 @@ type nativeStep struct {
 
 func nativeSteps(attached []int32) []nativeStep {
 	return []nativeStep{
-		{sites: attached}, // Go: a new program; Go's resolve arms C's begin
+		{sites: attached, endIn: true},              // Go: a new program; Go's resolve arms C's begin and end
 		{sites: attached, begin: true, endIn: true}, // all in C
 		{sites: attached, begin: true, endIn: true},
 		{sites: attached, begin: true, endIn: true},
@@ -74,10 +74,10 @@ func nativeSteps(attached []int32) []nativeStep {
 		{sites: attached, begin: true}, // back: Go ends
 		{sites: attached, begin: true, endIn: true},
 		{sites: attached, begin: true, endIn: true},
-		{sites: attached, swap: true},                           // other ids in the rows: Go, a new program
-		{sites: attached, swap: true, begin: true, endIn: true}, // Go's end armed both
+		{sites: attached, swap: true, endIn: true},              // other ids in the rows: Go, a new program
+		{sites: attached, swap: true, begin: true, endIn: true}, // Go's resolve armed both
 		{sites: attached, swap: true, begin: true, endIn: true},
-		{sites: attached},                      // swapped back: Go, a new program
+		{sites: attached, endIn: true},         // swapped back: Go, a new program
 		{sites: attached, pad: 2, endIn: true}, // a block of other rows: Go begins
 		{sites: attached, pad: 2, begin: true, endIn: true},
 	}

@@ -306,8 +306,9 @@ func testPlanNativeResolve(t *testing.T, bf16 bool) {
 // TestPlanNativeEndInC ends native steps through the plan first, as shmsteer_stepper_end does,
 // on a stepper with a plan and one without: a native step whose every apply ran in C ends in
 // C (its pin word zeroed, Go's step still open until its next call) when its sites are the last
-// Go-ended step's of the same program, in the same order; a step with a Go apply, other sites
-// or a new program ends in Go. The bytes, the checksums and the counts equal the stepper's
+// Go-ended step's of the same program, in the same order, or, in a new program, those of the
+// last end C could make (at first the batch's sites), in their order; a step with a Go apply or
+// other sites ends in Go. The bytes, the checksums and the counts equal the stepper's
 // without a plan at every step, and an owner write between steps that keeps the program
 // changes nothing of that.
 func TestPlanNativeEndInC(t *testing.T) {
@@ -346,8 +347,9 @@ func testPlanNativeEnd(t *testing.T, bf16 bool) {
 		require.NoError(t, err)
 	}
 	readmit := func() { planAdmit(t, o, cfg, rng, "c-0") } // a new composition: a new program
+	reversed := []int32{attached[2], attached[1], attached[0]}
 	steps := []step{
-		{sites: attached},            // a new program: Go ends it, and arms the plan
+		{sites: attached, inC: true}, // a new program: the resolve armed the batch's sites
 		{sites: attached, inC: true}, // positions advance
 		{sites: attached, inC: true}, // again
 		{sites: attached, before: late, inC: true},
@@ -356,14 +358,18 @@ func testPlanNativeEnd(t *testing.T, bf16 bool) {
 		{sites: attached, inC: true},                              // C
 		{sites: append([]int32{clampSite}, attached...)},          // a Go apply, then the armed sites in C: Go
 		{sites: attached, inC: true},                              // C
-		{sites: attached, before: readmit},                        // the same sites in a new program: Go
+		{sites: attached, before: readmit, inC: true},             // the same sites in a new program: armed at the resolve
 		{sites: attached, inC: true},                              // C
-		{sites: []int32{attached[2], attached[1], attached[0]}},   // the same sites in another order: Go
+		{sites: reversed},                                         // the same sites in another order: Go
 		{sites: attached},                                         // and back: Go
 		{sites: attached, inC: true},                              // C
 		{sites: append([]int32{outside}, attached...)},            // the outside site's first apply is Go's, before the C ones: Go
 		{sites: append([]int32{outside}, attached...)},            // every apply in C, but not armed for it yet: Go
 		{sites: append([]int32{outside}, attached...), inC: true}, // C
+		{sites: reversed, before: readmit},                        // a new program, armed for the last order: Go
+		{sites: reversed, inC: true},                              // Go's end armed this order: C
+		{sites: attached, before: readmit},                        // a new program armed for that order: Go
+		{sites: attached, inC: true},                              // C
 	}
 	rows := 6
 	for si, stp := range steps {

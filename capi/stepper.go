@@ -33,6 +33,7 @@ type stepper struct {
 	// exported is the program generation whose plain sites a native resolve last handed the
 	// plan (planExport; 0: none).
 	exported uint64
+	order    []uint32 // planExpectEnd's scratch: the sites a step's end is armed for
 }
 
 //export shmsteerGo_stepper_new

@@ -95,13 +95,44 @@ func (s *Stepper) Replay(hook HookID, layer int) error {
 	s.stats.Applies++
 	s.stats.ColumnRuns += uint64(sp.colRuns)
 	s.stats.RunRows += uint64(sp.runRows)
+	s.sum = s.foldSite(s.sum, hook, layer, sp)
+	return nil
+}
+
+// foldSite is the checksum fold of an apply of site (hook, layer), program sp, from sum.
+func (s *Stepper) foldSite(sum uint64, hook HookID, layer int, sp *siteProg) uint64 {
 	hl := (uint64(hook)<<32 | uint64(layer)) * mixK1
-	sum := s.sum
-	for _, f := range pr.folds[sp.foldLo:sp.foldHi] {
+	for _, f := range s.prog.folds[sp.foldLo:sp.foldHi] {
 		sum = foldSpan(sum, hl, &s.steered[f.p], f.gaM, f.raM)
 	}
-	s.sum = sum
-	return nil
+	return sum
+}
+
+// PlainSum is the checksum End would return after Replay of sites (hook*layers + layer), in
+// order, from the open step as it is now, and true; nothing of the step changes but the sites'
+// programs, built when they were not (as PlainSite builds them). False when the step is not
+// plain or a site is out of range or not plain in the current program. The C ABI arms the end
+// of a native step with it at the resolve, so that a new batch's first step ends in C too.
+func (s *Stepper) PlainSum(sites []uint32) (uint64, bool) {
+	if !s.open || !s.PlainStep() {
+		return 0, false
+	}
+	pr := &s.prog
+	sum := s.sum
+	for _, site := range sites {
+		if int(site) >= len(pr.sites) {
+			return 0, false
+		}
+		sp := &pr.sites[site]
+		if sp.gen != pr.gen {
+			s.build(int(site))
+		}
+		if sp.gated || sp.clampHi > sp.clampLo {
+			return 0, false
+		}
+		sum = s.foldSite(sum, HookID(int(site)/s.layers), int(site)%s.layers, sp)
+	}
+	return sum, true
 }
 
 // CountSteps records k steps a caller ran outside Go after the last step (the C ABI begins

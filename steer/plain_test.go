@@ -107,6 +107,42 @@ func TestPlainSitesMatchApply(t *testing.T) {
 	require.Positive(t, reused, "a repeated batch keeps its program's generation")
 }
 
+// TestPlainSumIsTheEnd: PlainSum of the sites a step replays next, asked before they run, is
+// the checksum End returns after them, in either order, and asking changes nothing of the step.
+func TestPlainSumIsTheEnd(t *testing.T) {
+	e, cfg := mixedDecodeEngine(t)
+	L := cfg.Layers
+	batch := decodeRows("c-0", "c-1", "c-2", "c-3", "plain", "one-site")
+	s := e.NewStepper()
+	defer s.Close()
+	rng := rand.New(rand.NewPCG(13, 14))
+	for round := range 3 {
+		what := fmt.Sprint("round ", round)
+		require.NoError(t, s.Begin(0))
+		require.NoError(t, s.Apply(0, 0, randVec(rng, 8*cfg.Hidden), batch), what) // resolves the batch
+		var sites []uint32
+		for site := 1; site < cfg.NumHooks()*L; site++ {
+			if _, ok := s.PlainSite(nil, HookID(site/L), site%L); ok {
+				sites = append(sites, uint32(site))
+			}
+		}
+		require.Greater(t, len(sites), 2, what)
+		if round == 1 {
+			slices.Reverse(sites)
+		}
+		before, stats := s.Checksum(), s.Stats()
+		sum, ok := s.PlainSum(sites)
+		require.True(t, ok, what)
+		require.Equal(t, before, s.Checksum(), what)
+		require.Equal(t, stats, s.Stats(), what)
+		for _, site := range sites {
+			require.NoError(t, s.Replay(HookID(int(site)/L), int(site)%L), what)
+		}
+		require.NotEqual(t, before, sum, what)
+		require.Equal(t, sum, s.End(), what)
+	}
+}
+
 // TestPlainRefusals: no plain site outside a resolved step or out of range, no replay of a site
 // that is not plain or outside a step, and a capturing step is never plain.
 func TestPlainRefusals(t *testing.T) {
@@ -116,6 +152,8 @@ func TestPlainRefusals(t *testing.T) {
 	_, ok := s.PlainSite(nil, 0, 0)
 	require.False(t, ok, "no step")
 	require.ErrorIs(t, s.Replay(0, 0), ErrNoStep)
+	_, ok = s.PlainSum([]uint32{uint32(cfg.Layers + 1)})
+	require.False(t, ok, "no step")
 	require.NoError(t, s.Begin(0))
 	_, ok = s.PlainSite(nil, 0, 0)
 	require.False(t, ok, "no batch resolved")
@@ -130,6 +168,10 @@ func TestPlainRefusals(t *testing.T) {
 	_, ok = s.PlainSite(nil, 0, 1)
 	require.False(t, ok, "a clamped site")
 	require.ErrorIs(t, s.Replay(0, 1), ErrBadBatch)
+	_, ok = s.PlainSum([]uint32{uint32(cfg.Layers + 1), 1})
+	require.False(t, ok, "a clamped site")
+	_, ok = s.PlainSum([]uint32{uint32(cfg.NumHooks() * cfg.Layers)})
+	require.False(t, ok, "a site out of range")
 	before := s.Checksum()
 	adds, ok := s.PlainSite(nil, 1, 1)
 	require.True(t, ok)
