@@ -29,11 +29,14 @@ class _AddSite(NamedTuple):
     ``[V + 1, hidden]`` (float32) and each column's row in it ``pick [cols, rows]`` (V: the
     column adds nothing here); pick None: only ``column`` adds here, ``adds[0]`` in every row.
     ``probes``: the sites whose probes set the gates of what adds here (until one of them has
-    run in the step, every such gate is still 0: the site adds nothing)."""
+    run in the step, every such gate is still 0: the site adds nothing). ``rows``: each
+    column's gathered add rows ``adds[pick[k]]``, made at the layout's first eager add and
+    kept while it holds (empty until then; a new layout makes a new entry)."""
     adds: torch.Tensor
     pick: Optional[torch.Tensor]
     column: int
     probes: FrozenSet[int]
+    rows: List[torch.Tensor]
 
 
 def _first_of(keys: List[Any]) -> Tuple[np.ndarray, List[int]]:
@@ -76,6 +79,7 @@ class EagerGates:
         self._add: Dict[int, _AddSite] = {}
         self._probed: Set[int] = set()  # the probe sites run in this step
         self._params = self._gs = self._gate = self._score = torch.zeros(0)
+        self._gate_cols: List[torch.Tensor] = []  # each gate column as a [rows, 1] view (add), per layout
         self._scratch: List[torch.Tensor] = []  # the operators' float32 [>= rows, hidden] products this step
         self._own_scratch: List[torch.Tensor] = []  # ours, when the hooks share none
 
@@ -139,15 +143,16 @@ class EagerGates:
             adds[:-1] = gt.adds[site].index_select(0, torch.from_numpy(used).to(device))
             adding = np.flatnonzero(hit.any(axis=1))
             if len(used) == 1 and len(adding) == 1 and hit[adding[0]].all():  # one column, one row: no weights to sum
-                self._add[site] = _AddSite(adds, None, int(adding[0]), probes)
+                self._add[site] = _AddSite(adds, None, int(adding[0]), probes, [])
             else:
-                self._add[site] = _AddSite(adds, torch.from_numpy(lut[slots]).to(device), -1, probes)
+                self._add[site] = _AddSite(adds, torch.from_numpy(lut[slots]).to(device), -1, probes, [])
         flat = torch.from_numpy(slots).to(device).view(-1)
         self._params = torch.stack((gt.thr.index_select(0, flat), gt.sharp.index_select(0, flat),
                                     gt.per_row.index_select(0, flat))).view(3, cols, n)
         self._params[2].mul_(torch.from_numpy(np.ascontiguousarray(factor.T)).to(device))  # the rows' attenuation
         self._gs = torch.zeros(2, cols, n, dtype=torch.float32, device=device)
         self._gate, self._score = self._gs[0], self._gs[1]
+        self._gate_cols = []
         self.builds += 1
 
     def _relayout(self, rows: np.ndarray, factor: np.ndarray, n: int, uploads: int, device: torch.device) -> bool:
@@ -176,11 +181,12 @@ class EagerGates:
         self._probe = {site: e._replace(pick=e.pick.index_select(1, at),
                                         here=None if e.here is None else e.here.index_select(1, at))
                        for site, e in self._probe.items()}
-        self._add = {site: e if e.pick is None else e._replace(pick=e.pick.index_select(1, at))
+        self._add = {site: e if e.pick is None else e._replace(pick=e.pick.index_select(1, at), rows=[])
                      for site, e in self._add.items()}
         self._params = self._params.index_select(2, at)
         self._gs = torch.zeros(2, cols, n, dtype=torch.float32, device=device)
         self._gate, self._score = self._gs[0], self._gs[1]
+        self._gate_cols = []
         self.relayouts += 1
         return True
 
@@ -192,10 +198,27 @@ class EagerGates:
             ops.site_gate_probe_(t, e.probes, e.pick, e.here, self._params, self._gate, self._score, self._scratch)
 
     def add(self, t: torch.Tensor, site: int) -> None:
-        """After the site's gather-add: every column's gated add rows of this site."""
+        """After the site's gather-add: every column's gated add rows of this site. Eager, each
+        column's add rows are gathered once per layout (``_AddSite.rows``) and each step adds
+        them weighted by the column's gates: one ``addcmul_`` a column, what
+        ``ops.site_gate_add_`` computes (the same bits), without its gather and views."""
         e = self._add.get(site)
-        if e is not None and not e.probes.isdisjoint(self._probed):
+        if e is None or e.probes.isdisjoint(self._probed):
+            return
+        if e.pick is None or torch.compiler.is_compiling():
             ops.site_gate_add_(t, e.adds, e.pick, e.column, self._gate, self._scratch)
+            return
+        if not e.rows:
+            e.rows.extend(e.adds.index_select(0, p) for p in e.pick)
+        cols = self._gate_cols
+        if not cols:
+            cols.extend(g.unsqueeze(1) for g in self._gate)
+        n = self._gate.shape[1]
+        h = t if t.dim() == 2 else t.view(-1, self.hidden)
+        if h.shape[0] != n:
+            h = h[:n]
+        for g, a in zip(cols, e.rows):
+            h.addcmul_(g, a)
 
     def scores(self) -> Optional[torch.Tensor]:
         """The step's scores, ``[rows, cols]`` (None without columns)."""
