@@ -19,8 +19,9 @@
 // does. A native resolve of a new generation arms that end before any apply
 // (capi_plan_expect_end): for the sites in the order of the last armed end (else the batch's
 // sites in order), with the checksum Go computes for them (steer's PlainSum); so the first step
-// of a new batch ends here too when its sites run in that order. Go ends the step for its own state (EndReleased: gates, counters, the snapshot
-// forgotten) at its next call, after the trail.
+// of a new batch ends here too when its sites run in that order. Go ends the step for its own
+// state (EndReleased: gates, counters, the snapshot forgotten) at its next call, after the
+// trail.
 //
 // And the next steps of the same batch begin here (shmsteer_batch_resolve, capi_plan_resolve)
 // while they are that step advanced by their first positions (the same ids, rows, phases and
@@ -293,8 +294,10 @@ void capi_plan_end_sum(capi_plan *p, uint64_t sum) {
 
 // capi_plan_end_order: the sites, in order, of the steps C may end now (the last armed end's,
 // of any generation; 0 when none was armed): Go's guess of the order a new program's sites run.
+// UINT32_MAX when the end is armed for the open plan's generation already (nothing to guess).
 uint32_t capi_plan_end_order(const capi_plan *p, const uint32_t **sites) {
   *sites = p->end_trail;
+  if (p->end_ok && p->end_gen == p->gen) return UINT32_MAX;
   return p->end_ok ? p->end_ntrail : 0;
 }
 

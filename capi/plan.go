@@ -214,7 +214,11 @@ func (st *stepper) planExpectEnd(sites []int32) {
 		return
 	}
 	var cs *C.uint32_t
-	if n := C.capi_plan_end_order(p, &cs); n > 0 {
+	n := C.capi_plan_end_order(p, &cs)
+	if n == math.MaxUint32 {
+		return // armed for this generation by an end Go made
+	}
+	if n > 0 {
 		st.order = append(st.order[:0], unsafe.Slice((*uint32)(unsafe.Pointer(cs)), int(n))...)
 		if st.expectEnd() {
 			return
