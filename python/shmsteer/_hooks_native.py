@@ -27,7 +27,7 @@ class NativeHooks(SteeringHooks):
         self._packed: Optional[PackedSpans] = None  # the open step's spans
         self._rows = 0
         self._fast_apply: Any = FAST_APPLY  # the extension's apply (None: ctypes)
-        self._fast_end: Any = FAST_END  # the extension's end (None: ctypes, Stepper.end)
+        self.stepper._fast_end = FAST_END  # its end through the extension (None: ctypes)
 
     @property
     def mode(self) -> str:
@@ -44,21 +44,8 @@ class NativeHooks(SteeringHooks):
 
     def _step_end(self) -> None:
         self._packed = None
+        self.checksum = self.stepper.end()
         self.engine_calls += 1
-        fast, st = self._fast_end, self.stepper
-        if fast is None:
-            self.checksum = st.end()
-            return
-        # Stepper.end without ctypes: the same guard, the extension's call.
-        h = st._enter("end()")
-        try:
-            st._step_thread = None
-            rc, checksum = fast(h)
-        finally:
-            st._busy.release()
-        if rc:
-            check(rc)
-        self.checksum = checksum
 
     def _site_fn(self, site: int) -> Callable[[torch.Tensor], None]:
         # One frame a site for the common case (a contiguous CPU bfloat16 or float32 block of the

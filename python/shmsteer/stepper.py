@@ -105,6 +105,9 @@ class Stepper:
         self._strict = False
         self._end_out = c_uint64()  # end()'s out-parameter, made once (each call holds _busy)
         self._end_ptr = ctypes.pointer(self._end_out)
+        #: end()'s call without ctypes: ``end(handle) -> (error code, checksum)``, the
+        #: ``shmsteer._faststep`` extension's, which the native hooks set; None: ctypes.
+        self._fast_end: Any = None
 
     @property
     def strict(self) -> bool:
@@ -207,6 +210,12 @@ class Stepper:
         h = self._enter("end()")
         try:
             self._step_thread = None
+            fast = self._fast_end
+            if fast is not None:
+                rc, checksum = fast(h)
+                if rc:
+                    check(rc)
+                return checksum
             check(lib.shmsteer_stepper_end(h, self._end_ptr))
             return self._end_out.value
         finally:

@@ -203,13 +203,13 @@ def test_native_path_calls_the_kernels_only(owner, monkeypatch, resolver):
                 calls.append(_name)
                 return _fn(*a)
             monkeypatch.setattr(_lib.lib, name, counted)
-    fast, apply, end = hooks.batch._fast, hooks._fast_apply, hooks._fast_end
+    fast, apply, end = hooks.batch._fast, hooks._fast_apply, hooks.stepper._fast_end
     if resolver == "extension" and (fast is None or apply is None or end is None):
         pytest.skip(f"the _faststep extension is not in use: {FAST_STEP_REASON}")
     if resolver == "ctypes":
         monkeypatch.setattr(hooks.batch, "_fast", None)
         monkeypatch.setattr(hooks, "_fast_apply", None)
-        monkeypatch.setattr(hooks, "_fast_end", None)
+        monkeypatch.setattr(hooks.stepper, "_fast_end", None)
     else:
         def counted_apply(*a):
             calls.append("shmsteer_stepper_apply_bf16" if a[-1] else "shmsteer_stepper_apply")
@@ -220,7 +220,7 @@ def test_native_path_calls_the_kernels_only(owner, monkeypatch, resolver):
             return end(*a)
         monkeypatch.setattr(hooks.batch, "_fast", _CountedResolver(fast, calls))
         monkeypatch.setattr(hooks, "_fast_apply", counted_apply)
-        monkeypatch.setattr(hooks, "_fast_end", counted_end)
+        monkeypatch.setattr(hooks.stepper, "_fast_end", counted_end)
     run(hooks, chain, x, SPANS)
     sites = LAYERS * len(HOOKS)
     # The step's resolve begins it (and gives its batch checksum); the sites call the kernels.

@@ -177,9 +177,9 @@ def test_native_steps_alike(owner, dtype):
     chain_f, chain_s = Chain(), Chain()
     attach(fast, chain_f)
     attach(slow, chain_s)
-    slow._fast_apply = slow._fast_end = None
+    slow._fast_apply = slow.stepper._fast_end = None
     slow.batch._fast = None
-    assert fast.batch._fast is not None and fast._fast_apply is not None and fast._fast_end is not None
+    assert fast.batch._fast is not None and fast._fast_apply is not None and fast.stepper._fast_end is not None
     x = torch.randn(4, HIDDEN).to(dtype)
     steps = [[("a", 0, 1, "decode", 5), ("b", 1, 3, "prefill", 0)],
              [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 2)],
