@@ -116,6 +116,7 @@ struct capi_plan {
   size_t dev_nspans, dev_cap_spans;
   char *dev_ids;
   size_t dev_cap_ids;
+  capi_plan_settled settled; // capi_plan_settle's answer, valid until the plan's next call
 };
 
 #define CAPI_PLANS 65536 /* handles.go's maxHandles */
@@ -260,14 +261,6 @@ int capi_plan_site_ready(const capi_plan *p, uint32_t site) {
   return site < (uint32_t)p->nsites && p->gen != 0 && p->sites[site].gen == p->gen;
 }
 
-uint32_t capi_plan_trail(capi_plan *p, const uint32_t **sites) {
-  uint32_t n = p->ntrail;
-  *sites = p->trail;
-  p->ntrail = 0;
-  p->fresh = 0; // Go is in: what the step does from here on, C no longer sees whole
-  return n;
-}
-
 void capi_plan_set_pin(capi_plan *p, uint64_t *pin, uint64_t ver) {
   if (!p->open) return;
   p->pin = (_Atomic uint64_t *)pin;
@@ -313,12 +306,6 @@ void capi_plan_expect_end(capi_plan *p, const uint32_t *sites, uint32_t n, uint6
   p->end_gen = p->gen;
   p->end_sum = sum;
   p->end_ok = 1;
-}
-
-int capi_plan_take_ended(capi_plan *p) {
-  int e = p->ended;
-  p->ended = 0;
-  return e;
 }
 
 int capi_plan_end(uint64_t h, uint64_t *checksum) {
@@ -377,14 +364,27 @@ int capi_plan_res_ok(const capi_plan *p) { return p->res_ok; }
 
 void capi_plan_rearm(capi_plan *p) { p->res_ok = p->res_batch != 0 && p->res_ver != 0; }
 
-uint32_t capi_plan_cbase(const capi_plan *p) { return p->copen ? p->cbase : UINT32_MAX; }
-
-uint64_t capi_plan_take_csteps(capi_plan *p, const uint32_t **sites, uint32_t *n) {
-  uint64_t k = p->csteps;
+const capi_plan_settled *capi_plan_settle(capi_plan *p, int keep) {
+  capi_plan_settled *s = &p->settled;
+  if (!keep) { // any call but an apply: C begins no step until a native resolve arms it again
+    capi_plan_close(p);
+    capi_plan_disarm(p, 0);
+  }
+  s->cbase = p->copen ? p->cbase : UINT32_MAX;
+  s->trail = p->trail;
+  s->ntrail = p->ntrail;
+  p->ntrail = 0;
+  p->fresh = 0; // Go is in: what the step does from here on, C no longer sees whole
+  s->ended = p->ended;
+  p->ended = 0;
+  s->csteps = p->csteps;
   p->csteps = 0;
-  *sites = p->end_trail;
-  *n = p->end_ntrail;
-  return k;
+  s->csites = p->end_trail;
+  s->ncsites = p->end_ntrail;
+  s->dsteps = p->dsteps;
+  p->dsteps = 0;
+  s->dbatch = p->dev_batch;
+  return s;
 }
 
 const shmsteer_span *capi_plan_step(const capi_plan *p, size_t *n, const char **ids, uint64_t *batch, int64_t *rows,
@@ -436,13 +436,6 @@ void capi_plan_arm_device(capi_plan *p, uint64_t batch, int64_t rows, uint64_t v
   p->dev_info = *info;
   p->dev_ok = 1;
   atomic_store_explicit(&capi_batch_plans[i], p, memory_order_release);
-}
-
-uint64_t capi_plan_take_dsteps(capi_plan *p, uint64_t *batch) {
-  uint64_t k = p->dsteps;
-  p->dsteps = 0;
-  *batch = p->dev_batch;
-  return k;
 }
 
 // capi_plan_device is capi_plan_resolve for a device-path step (SHMSTEER_BATCH_END) at version

@@ -5,12 +5,8 @@ package main
 /*
 // C keeps none of the Go pointers these are handed (out-parameters on Go's stack) and calls
 // no Go: no heap allocation and no callback bookkeeping on every resolve's settle.
-#cgo noescape capi_plan_trail
-#cgo nocallback capi_plan_trail
-#cgo noescape capi_plan_take_csteps
-#cgo nocallback capi_plan_take_csteps
-#cgo noescape capi_plan_take_dsteps
-#cgo nocallback capi_plan_take_dsteps
+#cgo noescape capi_plan_settle
+#cgo nocallback capi_plan_settle
 #cgo noescape capi_plan_step
 #cgo nocallback capi_plan_step
 #cgo noescape capi_plan_end_order
@@ -59,35 +55,30 @@ func (st *stepper) settle(keep bool) C.int {
 	if p == nil {
 		return C.SHMSTEER_OK
 	}
-	if !keep {
-		// Any call but an apply: C begins no step until a native resolve arms it again.
-		C.capi_plan_close(p)
-		C.capi_plan_disarm(p, 0)
+	var k C.int
+	if keep {
+		k = 1
 	}
-	cbase := uint32(C.capi_plan_cbase(p)) // MaxUint32: no step C began is open
-	var sites *C.uint32_t
-	n := C.capi_plan_trail(p, &sites)
-	trail := unsafe.Slice((*uint32)(unsafe.Pointer(sites)), int(n))
+	s := C.capi_plan_settle(p, k) // one crossing: the plan's answer is in C memory
+	cbase := uint32(s.cbase)      // MaxUint32: no step C began is open
+	trail := unsafe.Slice((*uint32)(unsafe.Pointer(s.trail)), int(s.ntrail))
 	mine, open := trail, []uint32(nil)
 	if cbase != math.MaxUint32 {
 		mine, open = trail[:cbase], trail[cbase:]
 	}
 	err := st.replay(mine)
-	if C.capi_plan_take_ended(p) != 0 {
+	if s.ended != 0 {
 		st.st.EndReleased() // C ended the step and released its pin (capi_plan_end)
 	}
-	var cs *C.uint32_t
-	var cn C.uint32_t
-	if k := uint64(C.capi_plan_take_csteps(p, &cs, &cn)); k > 0 {
+	if k := uint64(s.csteps); k > 0 {
 		if b := st.planBatch(); b != nil {
-			if e := b.b.CountSteps(k, unsafe.Slice((*uint32)(unsafe.Pointer(cs)), int(cn))); err == nil {
+			if e := b.b.CountSteps(k, unsafe.Slice((*uint32)(unsafe.Pointer(s.csites)), int(s.ncsites))); err == nil {
 				err = e
 			}
 		}
 	}
-	var dbh C.uint64_t
-	if k := uint64(C.capi_plan_take_dsteps(p, &dbh)); k > 0 {
-		if b, ok := getAs[*batch](uint64(dbh)); ok {
+	if k := uint64(s.dsteps); k > 0 {
+		if b, ok := getAs[*batch](uint64(s.dbatch)); ok {
 			if e := b.b.CountSteps(k, nil); err == nil {
 				err = e
 			}

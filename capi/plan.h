@@ -22,21 +22,36 @@ enum { CAPI_ADD_EACH = 0, CAPI_ADD_BLOCK = 1, CAPI_ADD_PAIR = 2 };
 
 typedef struct capi_plan capi_plan; // opaque to Go
 
+// What C did with a stepper since Go last looked (capi_plan_settle), in C memory: Go passes
+// no pointer of its own and crosses into C once for all of it.
+typedef struct {
+  const uint32_t *trail;  // the sites C applied, in order (ntrail); from cbase on, a step C began
+  const uint32_t *csites; // the applies of each step C began and ended (ncsites)
+  uint64_t csteps;        // steps C began and ended
+  uint64_t dsteps;        // device-path steps C answered, of batch dbatch
+  uint64_t dbatch;
+  uint32_t ntrail, ncsites;
+  uint32_t cbase; // UINT32_MAX: no step C began is open
+  int32_t ended;  // C ended the step Go began (its pin released)
+} capi_plan_settled;
+
 capi_plan *capi_plan_register(uint64_t h, int32_t d, int32_t layers, int32_t nsites);
 void capi_plan_unregister(capi_plan *p);
 int capi_plan_open(capi_plan *p, uint64_t gen, const shmsteer_span *spans, size_t n);
 void capi_plan_close(capi_plan *p);
+// capi_plan_settle takes what C did since Go last looked (the trail, C's end of Go's step, the
+// steps C began and ended, the device steps it answered), closing the plan first unless keep.
+// The answer stays valid until the plan's next call.
+const capi_plan_settled *capi_plan_settle(capi_plan *p, int keep);
 int capi_plan_is_open(const capi_plan *p);
 uint64_t capi_plan_gen(const capi_plan *p);
 int capi_plan_spans_equal(const capi_plan *p, const shmsteer_span *spans, size_t n);
 capi_plan_add *capi_plan_site_reserve(capi_plan *p, uint32_t n);
 void capi_plan_site_commit(capi_plan *p, uint32_t site, uint32_t n);
 int capi_plan_site_ready(const capi_plan *p, uint32_t site);
-uint32_t capi_plan_trail(capi_plan *p, const uint32_t **sites);
 void capi_plan_set_pin(capi_plan *p, uint64_t *pin, uint64_t ver);
 int capi_plan_arm_end(capi_plan *p);
 void capi_plan_end_sum(capi_plan *p, uint64_t sum);
-int capi_plan_take_ended(capi_plan *p);
 uint32_t capi_plan_end_order(const capi_plan *p, const uint32_t **sites);
 void capi_plan_expect_end(capi_plan *p, const uint32_t *sites, uint32_t n, uint64_t sum);
 
@@ -45,14 +60,11 @@ void capi_plan_arm_resolve(capi_plan *p, uint64_t batch, int64_t rows, uint64_t 
 void capi_plan_disarm(capi_plan *p, int all);
 int capi_plan_res_ok(const capi_plan *p);
 void capi_plan_rearm(capi_plan *p);
-uint32_t capi_plan_cbase(const capi_plan *p);
-uint64_t capi_plan_take_csteps(capi_plan *p, const uint32_t **sites, uint32_t *n);
 const shmsteer_span *capi_plan_step(const capi_plan *p, size_t *n, const char **ids, uint64_t *batch, int64_t *rows,
                                     uint64_t *ver);
 void capi_plan_adopted(capi_plan *p);
 void capi_plan_arm_device(capi_plan *p, uint64_t batch, int64_t rows, uint64_t ver, uint64_t *ver_word,
                           uint64_t *horizon_word, const shmsteer_span *spans, size_t n, const shmsteer_batch_info *info);
-uint64_t capi_plan_take_dsteps(capi_plan *p, uint64_t *batch);
 
 // shmsteer_stepper_end's fast path: 1 when the plan ended the native step (checksum set), 0
 // when Go must.
