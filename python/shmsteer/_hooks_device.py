@@ -41,6 +41,8 @@ class DeviceHooks(SteeringHooks):
         self._device: Optional[torch.device] = None if dev is None else torch.device(dev)  # the device asked for
         self._tables: Optional[DeviceTables] = None
         self._tdev = -1  # the tables' device as Tensor.get_device() reports it
+        self._row_bytes = 0  # a table row's bytes (the tables' dtype)
+        self._on_cpu = True  # the tables are on the CPU (no index upload)
         self._gates = EagerGates(self.hidden)
         self._capture = EagerCapture(self.hidden)
         self._in_step = False
@@ -56,7 +58,9 @@ class DeviceHooks(SteeringHooks):
         self._idx: torch.Tensor = torch.zeros(0, dtype=torch.int64)  # the slot of each steered row
         self._rowsel: Optional[torch.Tensor] = None  # the steered rows (None: every row)
         self._gather: Optional[torch.Tensor] = None  # the gather buffer every site of a step reuses
+        self._gather_rows = 0  # its rows
         self._scratch: List[torch.Tensor] = []  # ops.steer_'s: the gather buffer's view of the steered rows
+        self._scratches: Dict[int, List[torch.Tensor]] = {}  # _scratch per k, for the gather buffer kept
         self._addends: Dict[int, torch.Tensor] = {}  # per clamp-free site, its gathered rows (_plan_addends)
         self._due: Set[int] = set()  # the sites whose gathered rows the layout's first step keeps
         self._index_rows = INDEX_ROWS  # the extension's (None: numpy's); set per hooks by tests
@@ -104,8 +108,9 @@ class DeviceHooks(SteeringHooks):
         tb.update(res)
         self._pending = False
         self._load_index(res, tb)
-        g = self._gather  # a float32 gather buffer doubles as the gates' products (fewer lines touched a step)
-        share = g if g is not None and g.dtype is torch.float32 and g.shape[0] >= self._rows else None
+        # A float32 gather buffer (the tables' dtype) doubles as the gates' products (fewer lines
+        # touched a step).
+        share = self._gather if tb.dtype is torch.float32 and self._gather_rows >= self._rows else None
         self._gates.load(res.gates, self._rows, tb.device, tb.dtype, share)
 
     def _load_index(self, res: Resolved, tb: DeviceTables) -> None:
@@ -141,18 +146,23 @@ class DeviceHooks(SteeringHooks):
             k = len(nz)
             both = torch.from_numpy(np.stack((nz, idx[nz])).astype(np.int64))
             rowsel, index = both[0], both[1]
-        if tb.device.type != "cpu":
+        if not self._on_cpu:
             both = both.to(tb.device)  # one upload
             rowsel, index = both[0], both[1]
         self._rowsel = None if k == n else rowsel
         self._idx = index
         self._k = k
         # One gather buffer for every site of the step (and the next steps of its size): the
-        # sites allocate nothing for the add.
-        g = self._gather
-        if g is None or g.shape[0] < k or g.dtype != tb.dtype or g.device != tb.device:
-            g = self._gather = torch.empty(max(k, 1), self.hidden, dtype=tb.dtype, device=tb.device)
-        self._scratch = [g[:k]]
+        # sites allocate nothing for the add. Its view of k rows is kept per k: a batch whose
+        # size goes back and forth makes none (a torch call out of the forward costs 10-20 us).
+        sc = self._scratches.get(k)
+        if sc is None:
+            g = self._gather
+            if g is None or g.shape[0] < k:  # one dtype on one device a hooks object: the tables'
+                g = self._gather = torch.empty(max(k, 1), self.hidden, dtype=tb.dtype, device=tb.device)
+                self._gather_rows, self._scratches = g.shape[0], {}
+            sc = self._scratches[k] = [g[:k]]
+        self._scratch = sc
 
     def _host_rows(self, addr: int, n: int, tb: DeviceTables) -> Tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The steered rows of the n-row index at addr and their slots, written by the extension
@@ -180,7 +190,7 @@ class DeviceHooks(SteeringHooks):
         together (the first sites in order); the sites past it gather at each step."""
         plain = [site for site, op in self._ops.items() if not op.clamps]
         if plain:
-            need = self._k * self.hidden * self._ops[plain[0]].vec.element_size()  # one dtype a hooks object
+            need = self._k * self._row_bytes
             if need:
                 del plain[ADDEND_BYTES // need:]
         self._addends, self._due = {}, set(plain)
@@ -191,6 +201,8 @@ class DeviceHooks(SteeringHooks):
             raise DeviceMismatchError(f"shmsteer: hooks built for {self._device} got a tensor on {t.device}")
         tb = self._tables = DeviceTables(self.hidden, t.device, t.dtype, self.max_clamps)
         self._tdev = t.get_device()
+        self._row_bytes = self.hidden * t.element_size()
+        self._on_cpu = t.device.type == "cpu"
         if self._res is not None:
             self._load(self._res)
         return tb

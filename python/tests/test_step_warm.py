@@ -134,6 +134,35 @@ def test_device_addends_follow_layout_and_tables(owner, dtype):
     assert not torch.equal(got, x)
 
 
+def test_device_gather_views_kept_per_size(owner):
+    """The device path's gather buffer view of a layout's steered rows is kept per row count: a
+    batch whose size goes back and forth makes no view again, a larger one grows the buffer
+    (the views of the smaller one are made again, of the new buffer); every step gives what the
+    native path gives, clamped sites (which gather into the view at each step) included."""
+    Scenario(owner)
+    chain_d, chain_n = Chain(), Chain()
+    dev = SteeringHooks(owner, force_device_path=True)
+    nat = SteeringHooks(owner)
+    attach(dev, chain_d)
+    attach(nat, chain_n)
+    x = torch.randn(8, HIDDEN)
+    two = [("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)]
+    one = [("b", 0, 1, "decode", 4)]
+    four = [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 5), ("c", 2, 3, "decode", 2), ("d", 3, 4, "decode", 1)]
+    seen = []
+    for spans in (two, one, two, four, two):
+        got = _steered(dev, chain_d, x, spans)
+        want = _steered(nat, chain_n, x, spans)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert dev._scratch[0].shape[0] == dev._k and dev._scratch[0].data_ptr() == dev._gather.data_ptr()
+        seen.append((dev._k, dev._scratch, dev._gather))
+    (k2, s2, g2), (k1, s1, _), (k2b, s2b, _), (k4, _, g4), (k2c, s2c, g2c) = seen
+    assert k2 == k2b == k2c == 2 and k1 == 1 and k4 == 4
+    assert s2b is s2, "back to two rows: the view made for two rows"
+    assert g4 is not g2 and g4.shape[0] >= 4, "four rows grew the gather buffer"
+    assert s2c is not s2 and g2c is g4, "two rows again: a view of the grown buffer"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_static_addends_follow_layout_and_tables(owner, dtype):
     """Static mode without clamps adds rows prepare gathered: equal to the native path's result
