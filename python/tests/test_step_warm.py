@@ -192,6 +192,33 @@ def test_static_addends_follow_layout_and_tables(owner, dtype):
         assert torch.equal(y[2], x[2]), "a row past the batch is not steered"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_static_eager_rows_go_back_and_forth(owner, dtype):
+    """Eager static mode over hidden states of fewer rows than max_tokens, their number going
+    back and forth (its addends' first rows kept per row count): each step equals the native
+    path's."""
+    Scenario(owner, clamps=False)
+    chain_s, chain_n = Chain(), Chain()
+    st = SteeringHooks(owner, static=True, max_tokens=4, device="cpu", dtype=dtype, max_clamps=0)
+    nat = SteeringHooks(owner)
+    attach(st, chain_s)
+    attach(nat, chain_n)
+    assert st._addends, "clamp-free static sites add prepared rows"
+    x = torch.randn(4, HIDDEN).to(dtype)
+    tol = 1e-5 if dtype is torch.float32 else 0.05
+    three = [("a", 0, 1, "decode", 5), ("b", 1, 3, "decode", 3)]
+    one = [("b", 0, 1, "decode", 4)]
+    four = [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 5), ("c", 2, 4, "decode", 2)]
+    for spans in (three, one, three, four, one, three):
+        n = spans[-1][2]
+        y = x[:n].clone()
+        with torch.no_grad():
+            st.prepare(spans)
+            chain_s(y)
+        want = _steered(nat, chain_n, x[:n], spans)
+        torch.testing.assert_close(y.float(), want.float(), rtol=tol, atol=tol)
+
+
 def test_packer_passes_packed_spans_through():
     """Spans already packed are the packing (nothing packed again), and leave the packer's own
     reuse as it was: its next list of spans still compares with the last list it packed."""
