@@ -29,11 +29,11 @@ class DeviceHooks(SteeringHooks):
     device), updated only for the rows whose content changed; the row index uploaded when the
     batch layout changes (its rows and slots listed by the ``_faststep`` extension when built);
     per site one ``torch.ops.shmsteer.steer_`` (gather-add, then clamps), or, at a clamp-free
-    site, a gather kept at the first step of a batch layout and tables and one add of it at
-    that step and the next ones (``ADDEND_BYTES``); with the gate and capture
-    operators where the step has them. Each step is one engine call (the resolve, which
-    ends the step), plus one report when the step has probe gates. One dtype on one device per
-    hooks object (another is :class:`DeviceMismatchError`)."""
+    site, a gather kept at the first step of a batch layout and tables (one gather of every
+    site's table) and one add of it at that step and the next ones (``ADDEND_BYTES``); with
+    the gate and capture operators where the step has them. Each step is one engine call (the
+    resolve, which ends the step), plus one report when the step has probe gates. One dtype
+    on one device per hooks object (another is :class:`DeviceMismatchError`)."""
 
     def __init__(self, handle: Any, force_device_path: bool = False, **kw: Any) -> None:
         super().__init__(handle, force_device_path, **kw)
@@ -63,6 +63,7 @@ class DeviceHooks(SteeringHooks):
         self._scratches: Dict[int, List[torch.Tensor]] = {}  # _scratch per k, for the gather buffer kept
         self._addends: Dict[int, torch.Tensor] = {}  # per clamp-free site, its gathered rows (_plan_addends)
         self._due: Set[int] = set()  # the sites whose gathered rows the layout's first step keeps
+        self._stacked = False  # _due's rows come from one gather of every site's table (_keep_rows)
         self._index_rows = INDEX_ROWS  # the extension's (None: numpy's); set per hooks by tests
         self._host_idx: Optional[torch.Tensor] = None  # int64 [2 * cap]: the steered rows, then their slots
         self._host_at = (0, 0)  # its address and cap
@@ -185,21 +186,42 @@ class DeviceHooks(SteeringHooks):
     def _plan_addends(self) -> None:
         """Which clamp-free sites keep their gathered rows ``table[index]`` for this batch layout
         and tables (a steady or advancing decode batch keeps them): its hook then does one add,
-        not a gather and an add. The layout's first step gathers them at each site, as a site
-        without them does (no gather ahead of the forward). Only while they fit ``ADDEND_BYTES``
-        together (the first sites in order); the sites past it gather at each step."""
+        not a gather and an add. The layout's first step gathers them in the forward (no gather
+        ahead of it): all at its first such site, in one gather of every site's table
+        (:meth:`DeviceTables.gather`), while every table's rows fit ``ADDEND_BYTES`` together;
+        else each at its site, while they fit it (the first sites in order), the sites past it
+        gathering at each step."""
         plain = [site for site, op in self._ops.items() if not op.clamps]
-        if plain:
-            need = self._k * self._row_bytes
-            if need:
-                del plain[ADDEND_BYTES // need:]
+        need = self._k * self._row_bytes
+        tb = self._tables
+        assert tb is not None
+        # One gather of every table (stacked) at the first of them: while it fits the budget
+        # (it takes the sites this step does not steer or clamps too) and saves a gather.
+        self._stacked = len(plain) > 1 and len(tb.order) * need <= ADDEND_BYTES
+        if plain and need and not self._stacked:
+            del plain[ADDEND_BYTES // need:]
         self._addends, self._due = {}, set(plain)
+
+    def _keep_rows(self, site: int) -> torch.Tensor:
+        """A due site's rows of this layout, gathered at the layout's first step and kept (with
+        every other due site's, in one gather of all the tables, when stacked)."""
+        if not self._stacked:
+            self._due.discard(site)
+            add = self._addends[site] = self._ops[site].vec.index_select(0, self._idx)
+            return add
+        tb = self._tables
+        assert tb is not None
+        rows, pos = tb.gather(self._idx).unbind(0), tb.pos
+        for s in self._due:
+            self._addends[s] = rows[pos[s]]
+        self._due = set()
+        return self._addends[site]
 
     def _first_site(self, t: torch.Tensor) -> DeviceTables:
         """The first hooked site: tables on its device, in its dtype, loaded with this step."""
         if self._device is not None and t.device.type != self._device.type:
             raise DeviceMismatchError(f"shmsteer: hooks built for {self._device} got a tensor on {t.device}")
-        tb = self._tables = DeviceTables(self.hidden, t.device, t.dtype, self.max_clamps)
+        tb = self._tables = DeviceTables(self.hidden, t.device, t.dtype, self.max_clamps, site_capacity=len(self._sites))
         self._tdev = t.get_device()
         self._row_bytes = self.hidden * t.element_size()
         self._on_cpu = t.device.type == "cpu"
@@ -223,8 +245,7 @@ class DeviceHooks(SteeringHooks):
                 gates.probe(t, site)
             add = addends.get(site)
             if add is None and site in self._due:  # this layout's first step: gather and keep
-                self._due.discard(site)
-                add = self._addends[site] = self._ops[site].vec.index_select(0, self._idx)
+                add = self._keep_rows(site)
             if add is not None:  # a clamp-free site whose rows are gathered already (_plan_addends)
                 rowsel = self._rowsel
                 h = t if t.dim() == 2 else t.view(-1, hidden)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from ctypes import POINTER, Structure, byref, c_float, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -530,13 +530,26 @@ class DeviceTables:
         max_clamps: K, clamp rows per (slot, site).
         capacity: table rows to start with (grown as slots are used); ``static`` tables are
             allocated at ``capacity`` for every site in ``sites`` up front and never grow.
+        site_capacity: the sites the store of tables that grow holds before it grows (the
+            sites a hooks object attached).
+
+    The vectors of tables that grow are views of one ``[sites, capacity, hidden]`` store (site
+    ``s`` at ``order.index(s)``), so one gather takes a batch's rows of every site
+    (:meth:`gather`); a growth moves every site's view (``moves`` counts them). Static tables
+    are one tensor a site: a graph keeps their addresses.
     """
 
     def __init__(self, hidden: int, device: Any, dtype: torch.dtype, max_clamps: int, capacity: int = 16,
-                 static: bool = False, sites: Sequence[int] = ()) -> None:
+                 static: bool = False, sites: Sequence[int] = (), site_capacity: int = 4) -> None:
         self.hidden, self.device, self.dtype, self.k = hidden, torch.device(device), dtype, max_clamps
+        self._site_cap = max(1, site_capacity)
         self.capacity, self.static = capacity, static
         self.sites: Dict[int, _Site] = {}
+        self.order: List[int] = []  #: the sites in the store's order (tables that grow)
+        self.pos: Dict[int, int] = {}  #: each site's place in order
+        self._store: Optional[torch.Tensor] = None  # [site capacity, capacity, hidden]
+        self._used: Optional[torch.Tensor] = None  # its first len(order) sites
+        self.moves = 0  #: times the vectors' views moved (a new store)
         self.uploads = 0  #: table rows written
         for s in sites:
             st = self._site(s)
@@ -546,8 +559,39 @@ class DeviceTables:
     def _site(self, s: int) -> _Site:
         st = self.sites.get(s)
         if st is None:
-            st = self.sites[s] = _Site(torch.zeros(self.capacity, self.hidden, dtype=self.dtype, device=self.device))
+            if self.static:
+                st = self.sites[s] = _Site(torch.zeros(self.capacity, self.hidden, dtype=self.dtype, device=self.device))
+                return st
+            store = self._store
+            if store is None or store.shape[0] == len(self.order):
+                self._restore(max(self._site_cap, 2 * len(self.order)), self.capacity)
+                store = self._store
+                assert store is not None
+            self.pos[s] = len(self.order)
+            self.order.append(s)
+            st = self.sites[s] = _Site(store[len(self.order) - 1])
+            self._used = None
         return st
+
+    def _restore(self, nsites: int, cap: int) -> None:
+        """A new store of nsites x cap rows holding the old one's rows; every site's view moves."""
+        store = torch.zeros(nsites, cap, self.hidden, dtype=self.dtype, device=self.device)
+        old = self._store
+        if old is not None:
+            store[: old.shape[0], : old.shape[1]] = old
+        self._store, self._used = store, None
+        for i, s in enumerate(self.order):
+            self.sites[s].vec = store[i]
+        self.moves += 1
+
+    def gather(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows ``index`` of every site's vectors in one gather: ``[len(order), len(index),
+        hidden]``, site ``order[i]``'s at ``[i]`` (tables that grow only)."""
+        used = self._used
+        if used is None:
+            assert self._store is not None, "gather of static tables or of tables without a site"
+            used = self._used = self._store[: len(self.order)]
+        return used.index_select(1, index)
 
     def _clamp_rows(self, st: _Site) -> None:
         n = st.vec.shape[0]
@@ -562,17 +606,16 @@ class DeviceTables:
         cap = self.capacity
         while cap < need:
             cap *= 2
+        self.capacity = cap  # before the store: a site made from here on has cap rows
+        if self._store is not None:
+            self._restore(self._store.shape[0], cap)
         for st in self.sites.values():
-            n = st.vec.shape[0]
-            vec = torch.zeros(cap, self.hidden, dtype=self.dtype, device=self.device)
-            vec[:n] = st.vec
-            st.vec = vec
             if st.dirs is not None and st.params is not None:
+                n = st.dirs.shape[0]
                 dirs = torch.zeros(cap, self.k, self.hidden, dtype=torch.float32, device=self.device)
                 params = torch.zeros(cap, self.k, 3, dtype=torch.float32, device=self.device)
                 dirs[:n], params[:n] = st.dirs, st.params
                 st.dirs, st.params = dirs, params
-        self.capacity = cap
 
     def update(self, r: Resolved) -> None:
         """Write the rows a resolve reported: one host-to-device copy of the staged rows, then one

@@ -134,6 +134,71 @@ def test_device_addends_follow_layout_and_tables(owner, dtype):
     assert not torch.equal(got, x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_device_stacked_tables_grow(owner, dtype):
+    """The device path's tables are views of one store, and a layout's kept rows come from one
+    gather of it: a batch of more slots than the store has rows, then sites past its sites,
+    grow it (the views move, the rows written before stay); every step equals the native
+    path's."""
+    sc = Scenario(owner, clamps=False)
+    sc.set_global({})
+    for i in range(24):
+        sc.admit(f"r{i}", {"decode": {"vectors": [sc.vec("post_block", i % LAYERS, 0.5 + 0.1 * i)]}})
+    chain_d, chain_n = Chain(), Chain()
+    dev = SteeringHooks(owner, force_device_path=True)
+    nat = SteeringHooks(owner)
+    attach(dev, chain_d)
+    attach(nat, chain_n)
+    x = torch.randn(24, HIDDEN).to(dtype)
+    tol = 1e-5 if dtype is torch.float32 else 0.05
+
+    def batch(ids, pos):
+        return [(f"r{i}", j, j + 1, "decode", pos) for j, i in enumerate(ids)]
+
+    few, many = [0, 1, 2], list(range(24))
+    moves = []
+    for spans in (batch(few, 1), batch(few, 2), batch(many, 3), batch(many, 4), batch(few, 5)):
+        n = len(spans)
+        got = _steered(dev, chain_d, x[:n], spans)
+        want = _steered(nat, chain_n, x[:n], spans)
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+        tb = dev._tables
+        assert dev._stacked and dev._addends and not dev._due
+        for s, add in dev._addends.items():
+            assert add.data_ptr() != tb.sites[s].vec.data_ptr()
+            assert torch.equal(add, tb.sites[s].vec.index_select(0, dev._idx)), f"site {s}: the stacked gather's rows"
+        moves.append(tb.moves)
+    assert moves[2] > moves[1], "24 slots grew the store"
+    # A site no request steered yet: a new row of sites in the store, the rows before kept.
+    sc.admit("late", {"decode": {"vectors": [sc.vec("pre_attn", 3, 2.0), sc.vec("pre_attn", 2, 1.0),
+                                             sc.vec("pre_attn", 1, 1.0), sc.vec("pre_attn", 0, 1.0)]}})
+    for spans in (batch(few, 6) + [("late", 3, 4, "decode", 0)], batch(few, 7) + [("late", 3, 4, "decode", 1)]):
+        got = _steered(dev, chain_d, x[:4], spans)
+        want = _steered(nat, chain_n, x[:4], spans)
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    assert len(dev._tables.order) == 2 * LAYERS
+    assert dev._tables.moves == moves[-1], "the store held the attached sites from the start"
+
+
+def test_device_tables_store_grows_in_sites_and_rows():
+    """Tables that grow: a site past the store's sites, and slots past its rows, make a new
+    store holding every row written before; gather takes each site's rows in order."""
+    from shmsteer.device import DeviceTables
+    tb = DeviceTables(8, "cpu", torch.float32, 0, capacity=2, site_capacity=1)
+    for n, s in enumerate((5, 1, 9)):
+        tb._site(s).vec[1] = float(n + 1)  # each site's slot 1
+    assert tb.order == [5, 1, 9] and tb.moves == 3  # 1 site, then 2, then 4
+    tb._grow(5)
+    assert tb.capacity == 8 and tb.moves == 4
+    tb.sites[9].vec[7] = -1.0
+    got = tb.gather(torch.tensor([1, 0, 7]))
+    assert got.shape == (3, 3, 8)
+    for i, s in enumerate(tb.order):
+        assert torch.equal(got[i], tb.sites[s].vec.index_select(0, torch.tensor([1, 0, 7])))
+        assert got[i, 0].eq(float(i + 1)).all() and got[i, 1].eq(0).all()
+    assert got[2, 2].eq(-1).all() and got[:2, 2].eq(0).all()
+
+
 def test_device_gather_views_kept_per_size(owner):
     """The device path's gather buffer view of a layout's steered rows is kept per row count: a
     batch whose size goes back and forth makes no view again, a larger one grows the buffer
