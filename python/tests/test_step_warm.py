@@ -105,16 +105,22 @@ def _steered(hooks, chain, x, spans):
     return y
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_device_addends_follow_layout_and_tables(owner, dtype):
-    """The device path's kept gathered rows give what the gather gives (the native path's
-    result), and are remade when the layout or a table row changes."""
-    sc = Scenario(owner, clamps=False)
+def _device_and_native(owner):
+    """Device-path hooks (on CPU tensors) and native hooks, each on a chain of its own."""
     chain_d, chain_n = Chain(), Chain()
     dev = SteeringHooks(owner, force_device_path=True)
     nat = SteeringHooks(owner)
     attach(dev, chain_d)
     attach(nat, chain_n)
+    return dev, chain_d, nat, chain_n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_device_addends_follow_layout_and_tables(owner, dtype):
+    """The device path's kept gathered rows give what the gather gives (the native path's
+    result), and are remade when the layout or a table row changes."""
+    sc = Scenario(owner, clamps=False)
+    dev, chain_d, nat, chain_n = _device_and_native(owner)
     x = torch.randn(6, HIDDEN).to(dtype)
     steps = [[("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)],
              [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 4)],  # advancing: addends kept
@@ -144,11 +150,7 @@ def test_device_stacked_tables_grow(owner, dtype):
     sc.set_global({})
     for i in range(24):
         sc.admit(f"r{i}", {"decode": {"vectors": [sc.vec("post_block", i % LAYERS, 0.5 + 0.1 * i)]}})
-    chain_d, chain_n = Chain(), Chain()
-    dev = SteeringHooks(owner, force_device_path=True)
-    nat = SteeringHooks(owner)
-    attach(dev, chain_d)
-    attach(nat, chain_n)
+    dev, chain_d, nat, chain_n = _device_and_native(owner)
     x = torch.randn(24, HIDDEN).to(dtype)
     tol = 1e-5 if dtype is torch.float32 else 0.05
 
@@ -205,11 +207,7 @@ def test_device_gather_views_kept_per_size(owner):
     (the views of the smaller one are made again, of the new buffer); every step gives what the
     native path gives, clamped sites (which gather into the view at each step) included."""
     Scenario(owner)
-    chain_d, chain_n = Chain(), Chain()
-    dev = SteeringHooks(owner, force_device_path=True)
-    nat = SteeringHooks(owner)
-    attach(dev, chain_d)
-    attach(nat, chain_n)
+    dev, chain_d, nat, chain_n = _device_and_native(owner)
     x = torch.randn(8, HIDDEN)
     two = [("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)]
     one = [("b", 0, 1, "decode", 4)]
@@ -228,17 +226,31 @@ def test_device_gather_views_kept_per_size(owner):
     assert s2c is not s2 and g2c is g4, "two rows again: a view of the grown buffer"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_static_addends_follow_layout_and_tables(owner, dtype):
-    """Static mode without clamps adds rows prepare gathered: equal to the native path's result
-    over an advancing, a reordered and a re-registered step, and rows past the batch untouched."""
-    sc = Scenario(owner, clamps=False)
+def _static_and_native(owner, dtype):
+    """Clamp-free static hooks (max_tokens 4) and native hooks, each on a chain of its own."""
     chain_s, chain_n = Chain(), Chain()
     st = SteeringHooks(owner, static=True, max_tokens=4, device="cpu", dtype=dtype, max_clamps=0)
     nat = SteeringHooks(owner)
     attach(st, chain_s)
     attach(nat, chain_n)
     assert st._addends, "clamp-free static sites add prepared rows"
+    return st, chain_s, nat, chain_n
+
+
+def _prepared(st, chain, x, spans):
+    y = x.clone()
+    with torch.no_grad():
+        st.prepare(spans)
+        chain(y)
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_static_addends_follow_layout_and_tables(owner, dtype):
+    """Static mode without clamps adds rows prepare gathered: equal to the native path's result
+    over an advancing, a reordered and a re-registered step, and rows past the batch untouched."""
+    sc = Scenario(owner, clamps=False)
+    st, chain_s, nat, chain_n = _static_and_native(owner, dtype)
     x = torch.randn(3, HIDDEN).to(dtype)
     steps = [[("a", 0, 1, "decode", 5), ("b", 1, 2, "decode", 3)],
              [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 4)],
@@ -248,10 +260,7 @@ def test_static_addends_follow_layout_and_tables(owner, dtype):
     for i, spans in enumerate(steps):
         if i == 3:
             sc.register("n0", [("post_block", l, 2.0, np.full(HIDDEN, 0.25 * (l + 1), np.float32)) for l in range(LAYERS)])
-        y = x.clone()
-        with torch.no_grad():
-            st.prepare(spans)
-            chain_s(y)
+        y = _prepared(st, chain_s, x, spans)
         want = _steered(nat, chain_n, x, spans)
         torch.testing.assert_close(y.float(), want.float(), rtol=tol, atol=tol)
         assert torch.equal(y[2], x[2]), "a row past the batch is not steered"
@@ -263,12 +272,7 @@ def test_static_eager_rows_go_back_and_forth(owner, dtype):
     back and forth (its addends' first rows kept per row count): each step equals the native
     path's."""
     Scenario(owner, clamps=False)
-    chain_s, chain_n = Chain(), Chain()
-    st = SteeringHooks(owner, static=True, max_tokens=4, device="cpu", dtype=dtype, max_clamps=0)
-    nat = SteeringHooks(owner)
-    attach(st, chain_s)
-    attach(nat, chain_n)
-    assert st._addends, "clamp-free static sites add prepared rows"
+    st, chain_s, nat, chain_n = _static_and_native(owner, dtype)
     x = torch.randn(4, HIDDEN).to(dtype)
     tol = 1e-5 if dtype is torch.float32 else 0.05
     three = [("a", 0, 1, "decode", 5), ("b", 1, 3, "decode", 3)]
@@ -276,10 +280,7 @@ def test_static_eager_rows_go_back_and_forth(owner, dtype):
     four = [("a", 0, 1, "decode", 6), ("b", 1, 2, "decode", 5), ("c", 2, 4, "decode", 2)]
     for spans in (three, one, three, four, one, three):
         n = spans[-1][2]
-        y = x[:n].clone()
-        with torch.no_grad():
-            st.prepare(spans)
-            chain_s(y)
+        y = _prepared(st, chain_s, x[:n], spans)
         want = _steered(nat, chain_n, x[:n], spans)
         torch.testing.assert_close(y.float(), want.float(), rtol=tol, atol=tol)
 
