@@ -534,7 +534,7 @@ class DeviceTables:
             sites a hooks object attached).
 
     The vectors of tables that grow are views of one ``[sites, capacity, hidden]`` store (site
-    ``s`` at ``order.index(s)``), so one gather takes a batch's rows of every site
+    ``s`` at ``pos[s]``), so one gather takes a batch's rows of every site
     (:meth:`gather`); a growth moves every site's view (``moves`` counts them). Static tables
     are one tensor a site: a graph keeps their addresses.
     """
